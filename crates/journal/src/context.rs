@@ -1,0 +1,580 @@
+//! The workflow context: what a body calls to journal steps, await wake sources, take
+//! patch decisions and continue as new.
+//!
+//! A fresh step costs one store round trip in steady state: its append also renews the lease
+//! and re-checks the terminal markers. Before a fresh action the context confirms the lease
+//! explicitly only when the last confirmation is older than [`RunOptions::confirm_after`], so a
+//! long gap between steps (or a slow body) never runs an action on a stale lease.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+use time::OffsetDateTime;
+
+use crate::replay::{Lookup, Replay};
+use crate::store::{Append, AppendOutcome, JournalStore};
+use crate::unwind::{CatchPanic, YieldNow};
+use crate::{id, store, Event, Fence, Generation, InstanceKey, Marker, Status, StepKind, WorkflowError};
+
+/// The default lease time-to-live of a run.
+pub const LEASE_TTL_DEFAULT: Duration = Duration::from_secs(60);
+/// The default largest JSON payload (input, step result, output), in bytes.
+pub const PAYLOAD_LEN_MAX_DEFAULT: usize = 4 * 1024 * 1024;
+/// The default reconcile fallback for runs parked on an event with no deadline.
+pub const RECONCILE_DEFAULT: Duration = Duration::from_secs(300);
+
+/// How one run is driven.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The lease the run holds. `None` runs unfenced (inline use, tests).
+    /// Defaults to `None`.
+    pub fence: Option<Fence>,
+    /// How long each renewal extends the lease. Defaults to [`LEASE_TTL_DEFAULT`].
+    pub lease_ttl: Duration,
+    /// A fresh action starts only on a confirmation (a renewal, or an append's implicit one)
+    /// younger than this. Defaults to a quarter of `lease_ttl`, fixed by [`RunOptions::new`].
+    pub confirm_after: Duration,
+    /// The largest encoded payload accepted. Defaults to [`PAYLOAD_LEN_MAX_DEFAULT`].
+    pub payload_len_max: usize,
+    /// A run parked on an event with no natural deadline becomes due again after this, so a
+    /// lost wake heals by an idempotent re-drive. `None` disables it.
+    /// Defaults to [`RECONCILE_DEFAULT`].
+    pub reconcile: Option<Duration>,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self::new(LEASE_TTL_DEFAULT)
+    }
+}
+
+impl RunOptions {
+    /// Options for a lease of `lease_ttl`, with `confirm_after` a quarter of it.
+    pub fn new(lease_ttl: Duration) -> Self {
+        Self {
+            fence: None,
+            lease_ttl,
+            confirm_after: lease_ttl / 4,
+            payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
+            reconcile: Some(RECONCILE_DEFAULT),
+        }
+    }
+}
+
+/// Counts of what a run did, for summaries and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunStats {
+    /// Steps whose action ran (journal misses).
+    pub executed: u64,
+    /// Steps answered from the journal (journal hits).
+    pub replayed: u64,
+    /// Events this run appended (steps, patch decisions, markers).
+    pub appended: u64,
+}
+
+/// Why a run stopped early; the first reason wins.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Halt {
+    Terminal(Marker),
+    LeaseLost,
+    Store,
+    Conflict { step: String },
+    NonDeterminism { step: String, detail: String },
+    ContinueAsNew { input: Value },
+}
+
+impl Halt {
+    fn describe(&self) -> String {
+        match self {
+            Self::Terminal(m) => format!("the instance is {}", m.kind_str()),
+            Self::LeaseLost => "the lease was lost".into(),
+            Self::Store => "a store call failed".into(),
+            Self::Conflict { step } => format!("append of {step} conflicted"),
+            Self::NonDeterminism { step, detail } => format!("non-determinism at {step}: {detail}"),
+            Self::ContinueAsNew { .. } => "continuing as new".into(),
+        }
+    }
+}
+
+pub(crate) struct State {
+    pub(crate) replay: Replay,
+    pub(crate) halt: Option<Halt>,
+    pub(crate) store_error: Option<store::Error>,
+    /// Awaited steps of a suspension, with the earliest natural deadline among them.
+    pub(crate) awaiting: Vec<String>,
+    pub(crate) wake_at: Option<OffsetDateTime>,
+    /// Whether any await had no natural deadline (so the reconcile fallback applies).
+    pub(crate) open_ended: bool,
+    last_confirmed: Instant,
+    pub(crate) stats: RunStats,
+    fresh_generation: bool,
+}
+
+pub(crate) struct Inner {
+    store: Arc<dyn JournalStore>,
+    key: InstanceKey,
+    generation: Generation,
+    options: RunOptions,
+    pub(crate) state: Mutex<State>,
+}
+
+/// The handle a workflow body uses. Cheap to clone; clones share one run.
+#[derive(Clone)]
+pub struct Ctx {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Ctx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ctx")
+            .field("key", &self.inner.key)
+            .field("generation", &self.inner.generation)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ctx {
+    pub(crate) fn new(
+        store: Arc<dyn JournalStore>,
+        key: InstanceKey,
+        generation: Generation,
+        replay: Replay,
+        options: RunOptions,
+    ) -> Self {
+        let fresh_generation = !replay.has_body_steps();
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                key,
+                generation,
+                options,
+                state: Mutex::new(State {
+                    replay,
+                    halt: None,
+                    store_error: None,
+                    awaiting: Vec::new(),
+                    wake_at: None,
+                    open_ended: false,
+                    last_confirmed: Instant::now(),
+                    stats: RunStats::default(),
+                    fresh_generation,
+                }),
+            }),
+        }
+    }
+
+    pub(crate) fn state(&self) -> MutexGuard<'_, State> {
+        // A poisoned lock means a panic while holding it; the state is plain data updated in
+        // single assignments, so it is still consistent.
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The instance this run drives.
+    pub fn key(&self) -> &InstanceKey {
+        &self.inner.key
+    }
+
+    /// The journal generation this run is on.
+    pub fn generation(&self) -> Generation {
+        self.inner.generation
+    }
+
+    /// The run's options.
+    pub fn options(&self) -> &RunOptions {
+        &self.inner.options
+    }
+
+    /// The store the run journals to, for keiro's own wake sources.
+    #[doc(hidden)]
+    pub fn store(&self) -> &Arc<dyn JournalStore> {
+        &self.inner.store
+    }
+
+    /// Runs `action` once and journals its result under `name`; on replay returns the recorded
+    /// result without running it.
+    ///
+    /// The first run returns the JSON round-trip of the result, so a lossy `Serialize`/
+    /// `Deserialize` pair shows at once rather than only after a crash.
+    ///
+    /// An `Err` from the action, or a panic inside it, crashes the run: nothing is journaled,
+    /// and the resume worker retries the run with backoff.
+    ///
+    /// ```no_run
+    /// # async fn body(ctx: keiro_journal::Ctx) -> Result<(), keiro_journal::WorkflowError> {
+    /// let total: u64 = ctx
+    ///     .step("sum", || async { Ok::<_, std::io::Error>(40 + 2) })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`WorkflowError::Step`] or [`WorkflowError::Panicked`] for a failing action;
+    /// [`WorkflowError::Halted`] when the run must stop; [`WorkflowError::NonDeterminism`]
+    /// when the code no longer matches the journal; [`WorkflowError::Decode`] when the recorded
+    /// value does not fit `T`.
+    pub async fn step<T, E, F, Fut>(&self, name: &str, action: F) -> Result<T, WorkflowError>
+    where
+        T: Serialize + DeserializeOwned,
+        E: std::fmt::Display,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        id::validate_user_step(name)?;
+        self.journaled(name, StepKind::Step, action).await
+    }
+
+    /// The general form of [`step`](Self::step) for keiro's own wake sources, which record under
+    /// reserved names and kinds.
+    #[doc(hidden)]
+    pub async fn journaled<T, E, F, Fut>(
+        &self,
+        step: &str,
+        kind: StepKind,
+        action: F,
+    ) -> Result<T, WorkflowError>
+    where
+        T: Serialize + DeserializeOwned,
+        E: std::fmt::Display,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        if let Some(value) = self.replayed(step, kind)? {
+            return decode(step, value);
+        }
+        self.before_fresh_work(step).await?;
+        let value = match CatchPanic::new(action()).await {
+            Ok(Ok(value)) => value,
+            Ok(Err(e)) => {
+                return Err(WorkflowError::Step {
+                    step: step.to_owned(),
+                    message: e.to_string(),
+                })
+            }
+            Err(message) => {
+                return Err(WorkflowError::Panicked {
+                    step: step.to_owned(),
+                    message,
+                })
+            }
+        };
+        self.state().stats.executed += 1;
+        let json = self.encode(step, &value)?;
+        let recorded = self.record(step, kind, json).await?;
+        decode(step, recorded)
+    }
+
+    /// Waits for a value that something outside the run journals under `name` (see
+    /// `deliver`). The first time, the run suspends; once the value is journaled the
+    /// instance becomes runnable and the re-driven run returns it.
+    ///
+    /// ```no_run
+    /// # async fn body(ctx: keiro_journal::Ctx) -> Result<(), keiro_journal::WorkflowError> {
+    /// let approved: bool = ctx.await_step("approval").await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`WorkflowError::Suspended`] while the value is absent (propagate it with `?`), and the
+    /// errors of [`step`](Self::step).
+    pub async fn await_step<T: DeserializeOwned>(&self, name: &str) -> Result<T, WorkflowError> {
+        id::validate_user_step(name)?;
+        self.awaited(name, StepKind::Await, None).await
+    }
+
+    /// The general await: replay a journaled value, or register the suspension. `deadline`
+    /// is the await's natural wake time (a sleep's), `None` for open-ended waits.
+    #[doc(hidden)]
+    pub async fn awaited<T: DeserializeOwned>(
+        &self,
+        step: &str,
+        kind: StepKind,
+        deadline: Option<OffsetDateTime>,
+    ) -> Result<T, WorkflowError> {
+        if let Some(value) = self.replayed(step, kind)? {
+            return decode(step, value);
+        }
+        self.before_fresh_work(step).await?;
+        let mut state = self.state();
+        if !state.awaiting.iter().any(|s| s == step) {
+            state.awaiting.push(step.to_owned());
+        }
+        match deadline {
+            Some(at) => state.wake_at = Some(state.wake_at.map_or(at, |w| w.min(at))),
+            None => state.open_ended = true,
+        }
+        Err(WorkflowError::Suspended {
+            step: step.to_owned(),
+        })
+    }
+
+    /// Whether this run takes the new branch of patch `id`.
+    ///
+    /// A run whose generation had already journaled steps when it met the patch is in flight
+    /// and takes the old branch (`false`); a fresh run takes the new one (`true`). The decision
+    /// is journaled under `patch:<id>`, so every later replay takes the same branch.
+    ///
+    /// ```no_run
+    /// # async fn body(ctx: keiro_journal::Ctx) -> Result<(), keiro_journal::WorkflowError> {
+    /// if ctx.patched("send-receipt").await? {
+    ///     ctx.step("receipt", || async { Ok::<_, std::io::Error>(()) }).await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`WorkflowError::Halted`] when the run must stop.
+    pub async fn patched(&self, id: &str) -> Result<bool, WorkflowError> {
+        id::validate_user_step(id)?;
+        let step = format!("patch:{id}");
+        if let Some(value) = self.replayed(&step, StepKind::Patch)? {
+            return decode(&step, value);
+        }
+        // No divergence check: a patch met before recorded steps is exactly the in-flight
+        // case it exists for.
+        let decision = self.state().fresh_generation;
+        self.confirm_if_stale().await?;
+        let recorded = self
+            .record(&step, StepKind::Patch, Value::Bool(decision))
+            .await?;
+        decode(&step, recorded)
+    }
+
+    /// Ends this generation and continues the same logical instance on a new generation with
+    /// `input` and an empty journal, so long-lived workflows keep a bounded journal.
+    ///
+    /// Always returns an error to propagate with `?`/`return`.
+    ///
+    /// ```no_run
+    /// # async fn body(ctx: keiro_journal::Ctx, n: u32) -> Result<u32, keiro_journal::WorkflowError> {
+    /// if n < 10 {
+    ///     return Err(ctx.continue_as_new(&(n + 1)));
+    /// }
+    /// # Ok(n) }
+    /// ```
+    pub fn continue_as_new<I: Serialize>(&self, input: &I) -> WorkflowError {
+        match self.encode("__workflow_continued_as_new__", input) {
+            Ok(input) => {
+                self.halt(Halt::ContinueAsNew { input });
+                WorkflowError::ContinueAsNew
+            }
+            Err(e) => e,
+        }
+    }
+
+    /// Replay half of every call: `Some(value)` on a journal hit.
+    fn replayed(&self, step: &str, kind: StepKind) -> Result<Option<Value>, WorkflowError> {
+        let mut state = self.state();
+        if let Some(halt) = &state.halt {
+            return Err(WorkflowError::Halted {
+                reason: halt.describe(),
+            });
+        }
+        match state.replay.lookup(step, kind) {
+            Lookup::Hit(value) => {
+                state.stats.replayed += 1;
+                Ok(Some(value))
+            }
+            Lookup::Miss => Ok(None),
+            Lookup::KindMismatch { recorded } => {
+                let detail = format!(
+                    "recorded by a {} call, now read by a {} call",
+                    recorded.as_str(),
+                    kind.as_str()
+                );
+                drop(state);
+                Err(self.diverged(step, detail))
+            }
+        }
+    }
+
+    /// The checks before any fresh side effect: let siblings replay, detect divergence, and
+    /// make sure the lease and the terminal markers were confirmed recently.
+    async fn before_fresh_work(&self, step: &str) -> Result<(), WorkflowError> {
+        YieldNow::new().await;
+        let unreached = {
+            let state = self.state();
+            if let Some(halt) = &state.halt {
+                return Err(WorkflowError::Halted {
+                    reason: halt.describe(),
+                });
+            }
+            state.replay.first_unconsumed().map(str::to_owned)
+        };
+        if let Some(recorded) = unreached {
+            let detail =
+                format!("recorded step {recorded:?} was not reached before fresh step {step:?}");
+            return Err(self.diverged(step, detail));
+        }
+        self.confirm_if_stale().await
+    }
+
+    async fn confirm_if_stale(&self) -> Result<(), WorkflowError> {
+        if self.state().last_confirmed.elapsed() < self.inner.options.confirm_after {
+            return Ok(());
+        }
+        let status = match &self.inner.options.fence {
+            Some(fence) => {
+                self.inner
+                    .store
+                    .instance_confirm(&self.inner.key, fence, self.inner.options.lease_ttl)
+                    .await
+            }
+            None => self
+                .inner
+                .store
+                .instance_get(&self.inner.key)
+                .await
+                .and_then(|row| {
+                    row.map(|r| r.status).ok_or_else(|| store::Error::NotFound {
+                        key: self.inner.key.clone(),
+                    })
+                }),
+        };
+        let status = status.map_err(|e| self.store_failed(e))?;
+        let marker = match status {
+            Status::Cancelled => Some(Marker::Cancelled),
+            Status::Failed => Some(Marker::Failed),
+            Status::Completed => Some(Marker::Completed),
+            Status::Running | Status::Suspended => None,
+        };
+        if let Some(marker) = marker {
+            return Err(self.halt(Halt::Terminal(marker)));
+        }
+        self.state().last_confirmed = Instant::now();
+        Ok(())
+    }
+
+    /// Appends a fresh step result and returns the value every reader must adopt.
+    async fn record(&self, step: &str, kind: StepKind, json: Value) -> Result<Value, WorkflowError> {
+        let append = Append {
+            key: self.inner.key.clone(),
+            generation: Some(self.inner.generation),
+            event: Event::StepRecorded {
+                step: step.to_owned(),
+                kind,
+                result: json.clone(),
+            },
+            fence: self.inner.options.fence.clone(),
+            renew: self
+                .inner
+                .options
+                .fence
+                .as_ref()
+                .map(|_| self.inner.options.lease_ttl),
+        };
+        let started = Instant::now();
+        let outcome = self
+            .inner
+            .store
+            .journal_append(&append)
+            .await
+            .map_err(|e| self.store_failed(e))?;
+        match outcome {
+            AppendOutcome::Appended => {
+                let mut state = self.state();
+                state.stats.appended += 1;
+                state.last_confirmed = started;
+                state.replay.record_fresh(step, kind, json.clone());
+                Ok(json)
+            }
+            AppendOutcome::AlreadyPresent(value) => {
+                let mut state = self.state();
+                state.last_confirmed = started;
+                state.replay.record_fresh(step, kind, value.clone());
+                Ok(value)
+            }
+            AppendOutcome::RefusedTerminal(marker) => Err(self.halt(Halt::Terminal(marker))),
+            AppendOutcome::Conflict => Err(self.halt(Halt::Conflict {
+                step: step.to_owned(),
+            })),
+        }
+    }
+
+    fn encode<T: Serialize + ?Sized>(&self, step: &str, value: &T) -> Result<Value, WorkflowError> {
+        let json = serde_json::to_value(value).map_err(|source| WorkflowError::Encode {
+            step: step.to_owned(),
+            source,
+        })?;
+        check_payload(step, &json, self.inner.options.payload_len_max)?;
+        Ok(json)
+    }
+
+    fn diverged(&self, step: &str, detail: String) -> WorkflowError {
+        self.halt(Halt::NonDeterminism {
+            step: step.to_owned(),
+            detail: detail.clone(),
+        });
+        WorkflowError::NonDeterminism {
+            step: step.to_owned(),
+            detail,
+        }
+    }
+
+    fn store_failed(&self, error: store::Error) -> WorkflowError {
+        let halt = if error.is_lease_lost() {
+            Halt::LeaseLost
+        } else {
+            Halt::Store
+        };
+        let reason = halt.describe();
+        let mut state = self.state();
+        if state.halt.is_none() {
+            state.halt = Some(halt);
+            state.store_error = Some(error);
+        }
+        WorkflowError::Halted { reason }
+    }
+
+    /// Sets the halt reason (first wins) and returns the error the caller propagates.
+    pub(crate) fn halt(&self, halt: Halt) -> WorkflowError {
+        let mut state = self.state();
+        let reason = halt.describe();
+        state.halt.get_or_insert(halt);
+        WorkflowError::Halted { reason }
+    }
+}
+
+/// Checks an encoded payload against the limit.
+pub(crate) fn check_payload(step: &str, json: &Value, limit: usize) -> Result<(), WorkflowError> {
+    // Serializing into a counting sink measures the exact encoded length without allocating it.
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    serde_json::to_writer(&mut counter, json).map_err(|source| WorkflowError::Encode {
+        step: step.to_owned(),
+        source,
+    })?;
+    if counter.0 > limit {
+        return Err(WorkflowError::PayloadTooLarge {
+            step: step.to_owned(),
+            len: counter.0,
+            limit,
+        });
+    }
+    Ok(())
+}
+
+fn decode<T: DeserializeOwned>(step: &str, value: Value) -> Result<T, WorkflowError> {
+    serde_json::from_value(value).map_err(|source| WorkflowError::Decode {
+        step: step.to_owned(),
+        source,
+    })
+}

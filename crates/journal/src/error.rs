@@ -1,0 +1,110 @@
+//! The error a workflow body sees and returns.
+
+use crate::{store, IdError};
+
+/// The error type of workflow bodies and of every context call.
+///
+/// Some variants are control flow the body should simply propagate with `?`
+/// ([`Suspended`](Self::Suspended), [`Halted`](Self::Halted), [`ContinueAsNew`](Self::ContinueAsNew));
+/// the run driver reads the real reason from the context, so a body that swallows one of them
+/// still stops the right way.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkflowError {
+    /// The run waits on a wake source and will be re-driven once it resolves.
+    #[error("the workflow is suspended until {step} is journaled")]
+    Suspended {
+        /// The awaited step.
+        step: String,
+    },
+    /// The run must stop: it was cancelled or failed elsewhere, lost its lease, hit a store
+    /// error, or diverged from its journal. No further side effect runs.
+    #[error("the workflow run is halted: {reason}")]
+    Halted {
+        /// Why, for humans.
+        reason: String,
+    },
+    /// The body asked to continue as new; propagate it.
+    #[error("the workflow continues as new")]
+    ContinueAsNew,
+    /// The code no longer matches the journal.
+    #[error("non-determinism at step {step:?}: {detail}")]
+    NonDeterminism {
+        /// The step where divergence was detected.
+        step: String,
+        /// What differs.
+        detail: String,
+    },
+    /// A recorded value could not be decoded into the type the body asked for.
+    #[error("step {step:?}: the recorded value does not decode into the requested type")]
+    Decode {
+        /// The step.
+        step: String,
+        /// The decoder's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A value could not be encoded as JSON.
+    #[error("step {step:?}: the value does not encode as JSON")]
+    Encode {
+        /// The step.
+        step: String,
+        /// The encoder's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A value was larger than the configured payload limit.
+    #[error("step {step:?}: the payload is {len} bytes, the limit is {limit}")]
+    PayloadTooLarge {
+        /// The step.
+        step: String,
+        /// Its encoded length.
+        len: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The step name is not valid.
+    #[error("invalid step name")]
+    InvalidStep(#[from] IdError),
+    /// A step's action returned an error. The run crashes; the resume worker retries it with
+    /// backoff and fails it at the attempt ceiling.
+    #[error("step {step:?} failed: {message}")]
+    Step {
+        /// The step.
+        step: String,
+        /// The action's error, rendered.
+        message: String,
+    },
+    /// A step's action panicked.
+    #[error("step {step:?} panicked: {message}")]
+    Panicked {
+        /// The step.
+        step: String,
+        /// The panic payload, when it was a string.
+        message: String,
+    },
+    /// A store call made by the context failed.
+    #[error("store error in the workflow context")]
+    Store(#[source] store::Error),
+    /// The body's own failure.
+    #[error("{0}")]
+    Application(String),
+}
+
+impl WorkflowError {
+    /// The body's own failure, from anything printable.
+    ///
+    /// ```
+    /// use keiro_journal::WorkflowError;
+    /// let err = WorkflowError::app("card declined");
+    /// assert_eq!(err.to_string(), "card declined");
+    /// ```
+    pub fn app(message: impl std::fmt::Display) -> Self {
+        Self::Application(message.to_string())
+    }
+
+    /// Whether this is the suspension signal.
+    pub fn is_suspended(&self) -> bool {
+        matches!(self, Self::Suspended { .. })
+    }
+}

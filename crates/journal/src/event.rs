@@ -1,0 +1,322 @@
+//! Journal events: what the append-only log records, and how a row's `(step_name, kind,
+//! payload)` triple encodes each event.
+
+use serde_json::Value;
+use time::OffsetDateTime;
+
+/// A journal generation: 0 for a fresh instance, bumped by each continue-as-new.
+pub type Generation = i32;
+
+/// Reserved step names of the lifecycle markers.
+pub mod marker_name {
+    /// `WorkflowCompleted`.
+    pub const COMPLETED: &str = "__workflow_completed__";
+    /// `WorkflowFailed`.
+    pub const FAILED: &str = "__workflow_failed__";
+    /// `WorkflowCancelled`.
+    pub const CANCELLED: &str = "__workflow_cancelled__";
+    /// `WorkflowContinuedAsNew`.
+    pub const CONTINUED: &str = "__workflow_continued_as_new__";
+    /// The operator's `Resurrected` event.
+    pub const RESURRECTED: &str = "__workflow_resurrected__";
+}
+
+/// What kind of call recorded a step. Replay compares it with the call that reads the step,
+/// so a step recorded by `ctx.step` is never silently consumed by an await of the same name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StepKind {
+    /// `ctx.step`: an action run by the workflow itself.
+    Step,
+    /// `ctx.await_step`: a value journaled from outside the run.
+    Await,
+    /// A durable sleep's completion.
+    Sleep,
+    /// An awakeable's allocation or its completion.
+    Awakeable,
+    /// A signal delivered by token.
+    Signal,
+    /// A child workflow's spawn or result.
+    Child,
+    /// A remote step's result.
+    Remote,
+    /// A journaled patch decision.
+    Patch,
+}
+
+impl StepKind {
+    /// The text stored in the journal's `kind` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Step => "step",
+            Self::Await => "await",
+            Self::Sleep => "sleep",
+            Self::Awakeable => "awakeable",
+            Self::Signal => "signal",
+            Self::Child => "child",
+            Self::Remote => "remote",
+            Self::Patch => "patch",
+        }
+    }
+
+    fn parse(kind: &str) -> Option<Self> {
+        Some(match kind {
+            "step" => Self::Step,
+            "await" => Self::Await,
+            "sleep" => Self::Sleep,
+            "awakeable" => Self::Awakeable,
+            "signal" => Self::Signal,
+            "child" => Self::Child,
+            "remote" => Self::Remote,
+            "patch" => Self::Patch,
+            _ => return None,
+        })
+    }
+}
+
+/// A lifecycle marker: the one event that closes a generation. First writer wins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Marker {
+    /// The body returned a value.
+    Completed,
+    /// The run was failed (crash ceiling, operator, or a failed child).
+    Failed,
+    /// The run was cancelled.
+    Cancelled,
+    /// The generation was closed by continue-as-new.
+    ContinuedAsNew,
+}
+
+impl Marker {
+    /// The reserved step name the marker is stored under.
+    pub fn step_name(self) -> &'static str {
+        match self {
+            Self::Completed => marker_name::COMPLETED,
+            Self::Failed => marker_name::FAILED,
+            Self::Cancelled => marker_name::CANCELLED,
+            Self::ContinuedAsNew => marker_name::CONTINUED,
+        }
+    }
+
+    /// The text stored in the journal's `kind` column.
+    pub fn kind_str(self) -> &'static str {
+        match self {
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+            Self::ContinuedAsNew => "continued",
+        }
+    }
+
+    /// Parses the `kind` column text of a marker.
+    pub fn parse(kind: &str) -> Option<Self> {
+        Some(match kind {
+            "completed" => Self::Completed,
+            "failed" => Self::Failed,
+            "cancelled" => Self::Cancelled,
+            "continued" => Self::ContinuedAsNew,
+            _ => return None,
+        })
+    }
+}
+
+/// One event of the journal.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Event {
+    /// A step's result, recorded once per `(instance, generation, step)`.
+    StepRecorded {
+        /// The full step name (user name, or a reserved-prefix name for wake sources).
+        step: String,
+        /// Which call recorded it.
+        kind: StepKind,
+        /// The result as JSON.
+        result: Value,
+    },
+    /// The body returned `output`.
+    WorkflowCompleted {
+        /// The output as JSON.
+        output: Value,
+    },
+    /// The run failed for `reason`.
+    WorkflowFailed {
+        /// Why.
+        reason: String,
+    },
+    /// The run was cancelled.
+    WorkflowCancelled,
+    /// The generation was closed; the run continues on `next_generation` with `input`.
+    WorkflowContinuedAsNew {
+        /// The generation that continues the run.
+        next_generation: Generation,
+        /// The new generation's input.
+        input: Value,
+    },
+    /// An operator returned a failed instance to running; the failure stays in history.
+    Resurrected,
+}
+
+/// The `(step_name, kind, payload)` triple an event is stored as.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EncodedEvent {
+    /// The step name or reserved marker name.
+    pub step_name: String,
+    /// The `kind` column.
+    pub kind: &'static str,
+    /// The payload column.
+    pub payload: Value,
+}
+
+/// A journal row whose kind or payload keiro cannot read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("journal row {step_name:?} of kind {kind:?} is malformed: {detail}")]
+pub struct MalformedEvent {
+    /// The row's step name.
+    pub step_name: String,
+    /// The row's kind.
+    pub kind: String,
+    /// What is wrong with it.
+    pub detail: String,
+}
+
+impl Event {
+    /// The marker this event is, if it is one.
+    pub fn marker(&self) -> Option<Marker> {
+        match self {
+            Self::WorkflowCompleted { .. } => Some(Marker::Completed),
+            Self::WorkflowFailed { .. } => Some(Marker::Failed),
+            Self::WorkflowCancelled => Some(Marker::Cancelled),
+            Self::WorkflowContinuedAsNew { .. } => Some(Marker::ContinuedAsNew),
+            _ => None,
+        }
+    }
+
+    /// The step name the event is keyed by.
+    pub fn step_name(&self) -> &str {
+        match self {
+            Self::StepRecorded { step, .. } => step,
+            Self::Resurrected => marker_name::RESURRECTED,
+            other => other
+                .marker()
+                .expect("every non-step, non-resurrect event is a marker")
+                .step_name(),
+        }
+    }
+
+    /// Encodes the event as the row keiro stores.
+    pub fn encode(&self) -> EncodedEvent {
+        let (kind, payload) = match self {
+            Self::StepRecorded { kind, result, .. } => (kind.as_str(), result.clone()),
+            Self::WorkflowCompleted { output } => ("completed", output.clone()),
+            Self::WorkflowFailed { reason } => ("failed", Value::String(reason.clone())),
+            Self::WorkflowCancelled => ("cancelled", Value::Null),
+            Self::WorkflowContinuedAsNew {
+                next_generation,
+                input,
+            } => (
+                "continued",
+                serde_json::json!({ "next_generation": next_generation, "input": input }),
+            ),
+            Self::Resurrected => ("resurrected", Value::Null),
+        };
+        EncodedEvent {
+            step_name: self.step_name().to_owned(),
+            kind,
+            payload,
+        }
+    }
+
+    /// Decodes a stored row.
+    ///
+    /// # Errors
+    ///
+    /// [`MalformedEvent`] for an unknown kind or a payload of the wrong shape.
+    pub fn decode(step_name: &str, kind: &str, payload: Value) -> Result<Self, MalformedEvent> {
+        let malformed = |detail: &str| MalformedEvent {
+            step_name: step_name.to_owned(),
+            kind: kind.to_owned(),
+            detail: detail.to_owned(),
+        };
+        if let Some(step_kind) = StepKind::parse(kind) {
+            return Ok(Self::StepRecorded {
+                step: step_name.to_owned(),
+                kind: step_kind,
+                result: payload,
+            });
+        }
+        match kind {
+            "completed" => Ok(Self::WorkflowCompleted { output: payload }),
+            "failed" => match payload {
+                Value::String(reason) => Ok(Self::WorkflowFailed { reason }),
+                _ => Err(malformed("a failure's reason must be a string")),
+            },
+            "cancelled" => Ok(Self::WorkflowCancelled),
+            "continued" => {
+                let next_generation = payload
+                    .get("next_generation")
+                    .and_then(Value::as_i64)
+                    .and_then(|g| Generation::try_from(g).ok())
+                    .ok_or_else(|| malformed("next_generation must be a 32-bit integer"))?;
+                let input = payload.get("input").cloned().unwrap_or(Value::Null);
+                Ok(Self::WorkflowContinuedAsNew {
+                    next_generation,
+                    input,
+                })
+            }
+            "resurrected" => Ok(Self::Resurrected),
+            _ => Err(malformed("unknown event kind")),
+        }
+    }
+}
+
+/// One stored journal event with its position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JournalEntry {
+    /// Global, increasing order of appends.
+    pub seq: i64,
+    /// The generation it belongs to.
+    pub generation: Generation,
+    /// The event.
+    pub event: Event,
+    /// When it was appended (the database clock).
+    pub recorded_at: OffsetDateTime,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn every_event_round_trips_through_its_row() {
+        let events = [
+            Event::StepRecorded {
+                step: "charge".into(),
+                kind: StepKind::Step,
+                result: json!({"id": 7}),
+            },
+            Event::WorkflowCompleted { output: json!(1) },
+            Event::WorkflowFailed {
+                reason: "boom".into(),
+            },
+            Event::WorkflowCancelled,
+            Event::WorkflowContinuedAsNew {
+                next_generation: 3,
+                input: json!([1]),
+            },
+            Event::Resurrected,
+        ];
+        for event in events {
+            let row = event.encode();
+            let back = Event::decode(&row.step_name, row.kind, row.payload).unwrap();
+            assert_eq!(back, event);
+        }
+    }
+
+    #[test]
+    fn malformed_rows_are_typed_errors() {
+        assert!(Event::decode("x", "nonsense", Value::Null).is_err());
+        assert!(Event::decode(marker_name::FAILED, "failed", json!(3)).is_err());
+        assert!(Event::decode(marker_name::CONTINUED, "continued", json!({})).is_err());
+    }
+}

@@ -1,0 +1,70 @@
+//! keiro-journal: the append-only workflow journal, replay, and the workflow context.
+//!
+//! A workflow is an ordinary async function taking a [`Ctx`] and a serde input. Every
+//! [`Ctx::step`] result is journaled; when the run is driven again (after a crash, a deploy, or
+//! a wake) journaled steps return their recorded value without running, and only the
+//! un-journaled tail runs. This crate holds the model and the storage contract; it knows
+//! nothing of Postgres (see `keiro-postgres`) or of workers (see `keiro-resume`).
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use keiro_journal::{run, start, workflow_fn, Ctx, InstanceKey, JournalStore, RunOptions, WorkflowError};
+//!
+//! async fn greet(ctx: Ctx, name: String) -> Result<String, WorkflowError> {
+//!     let greeting: String = ctx
+//!         .step("compose", || async move { Ok::<_, std::io::Error>(format!("hello {name}")) })
+//!         .await?;
+//!     Ok(greeting)
+//! }
+//!
+//! # async fn demo(store: Arc<dyn JournalStore>) -> Result<(), Box<dyn std::error::Error>> {
+//! let key = InstanceKey::parse("greet", "greet-1")?;
+//! start(store.as_ref(), &key, "ada", keiro_journal::PAYLOAD_LEN_MAX_DEFAULT).await?;
+//! let driven = run(store, &key, workflow_fn(greet).as_ref(), RunOptions::default()).await;
+//! println!("{:?}", driven.result?);
+//! # Ok(()) }
+//! ```
+//!
+//! # Guarantees
+//!
+//! - A step whose result is journaled never runs again; each `(instance, generation, step)` is
+//!   journaled exactly once, and racing writers adopt the first result
+//!   ([`AppendOutcome::AlreadyPresent`]).
+//! - Lifecycle markers are first-writer-wins per generation; after `failed` or `cancelled` no
+//!   step lands; a late append never moves a terminal instance row.
+//! - Code that no longer matches its journal stops with `NonDeterminism` before any side effect
+//!   (the rule is in the `replay` module docs, repeated on [`RunError::NonDeterminism`]).
+//!
+//! # Errors
+//!
+//! Identities are validated ([`IdError`]); store operations return [`StoreError`]; a body
+//! sees [`WorkflowError`]; a drive ends in [`RunOutcome`] or [`RunError`].
+
+mod context;
+mod error;
+mod event;
+mod id;
+mod instance;
+mod replay;
+mod run;
+pub mod store;
+mod unwind;
+mod workflow;
+
+pub use context::{Ctx, RunOptions, RunStats, LEASE_TTL_DEFAULT, PAYLOAD_LEN_MAX_DEFAULT, RECONCILE_DEFAULT};
+pub use error::WorkflowError;
+pub use event::{marker_name, EncodedEvent, Event, Generation, JournalEntry, MalformedEvent, Marker, StepKind};
+pub use id::{IdError, InstanceKey, WorkflowId, WorkflowName, ID_LEN_MAX, RESERVED_STEP_PREFIXES};
+pub use instance::{Fence, Instance, StartRequest, Started, Status};
+pub use run::{cancel, deliver, drive, run, start, CancelOutcome, Driven, Error, RunError, RunOutcome};
+pub use store::{Append, AppendOutcome, Error as StoreError, JournalStore, Park, ParkOutcome};
+pub use workflow::{workflow_fn, BoxFuture, FnWorkflow, Workflow, INPUT_STEP, OUTPUT_STEP};
+
+/// Validates a user step name: non-empty, bounded, no control characters, no reserved prefix.
+///
+/// # Errors
+///
+/// [`IdError`] naming the rule broken.
+pub fn validate_step_name(name: &str) -> Result<(), IdError> {
+    id::validate_user_step(name)
+}

@@ -1,0 +1,171 @@
+//! Replay and divergence detection: a pure model of one generation's journal as a run
+//! consumes it.
+//!
+//! # The divergence rule
+//!
+//! Replay is keyed by step name, so moving a step is safe. A run has *diverged* from its
+//! journal, and stops with `NonDeterminism` before it does anything, when:
+//!
+//! 1. a call reads a recorded step of another kind (a `step` where an await was recorded);
+//! 2. the body is about to do fresh work (run a step's action, arm an await) while a step
+//!    that the body itself recorded earlier is still unconsumed — the recorded step was
+//!    renamed, removed, or the body took another path past a recorded decision;
+//! 3. the body returns while such a step is still unconsumed.
+//!
+//! Only steps the body records itself count for 2 and 3 (`ctx.step`, patch decisions, child
+//! spawns, awakeable allocations). Values that arrive from outside — await results, sleep
+//! fires, signals, child results, remote results — may be journaled before the body reaches
+//! them, so they never count.
+//!
+//! Concurrent steps in one body (`join`) are not false positives: before its divergence check
+//! a fresh call yields once, so every sibling future polled in the same round consumes its
+//! recorded steps first, and replayed steps resolve without a store round trip.
+
+use std::collections::{HashMap, HashSet};
+
+use serde_json::Value;
+
+use crate::{Event, JournalEntry, StepKind};
+
+/// What a lookup found.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Lookup {
+    /// Recorded by the same kind of call: replay this value.
+    Hit(Value),
+    /// Recorded by another kind of call.
+    KindMismatch { recorded: StepKind },
+    /// Not recorded: the call must do fresh work.
+    Miss,
+}
+
+/// The generation's recorded steps and which of them this run has consumed.
+#[derive(Debug, Default)]
+pub(crate) struct Replay {
+    recorded: HashMap<String, (StepKind, Value)>,
+    /// Body-recorded steps in journal order, for a stable divergence report.
+    body_order: Vec<String>,
+    consumed: HashSet<String>,
+}
+
+/// Whether the body itself records this step, as opposed to a wake source delivering it.
+pub(crate) fn recorded_by_body(step: &str, kind: StepKind) -> bool {
+    match kind {
+        StepKind::Step | StepKind::Patch => true,
+        StepKind::Awakeable => step.starts_with("awkid:"),
+        StepKind::Child => !step.ends_with(":result"),
+        _ => false,
+    }
+}
+
+impl Replay {
+    /// Builds the model from one generation's entries.
+    pub(crate) fn new(entries: &[JournalEntry]) -> Self {
+        let mut replay = Self::default();
+        for entry in entries {
+            if let Event::StepRecorded { step, kind, result } = &entry.event {
+                replay.insert(step, *kind, result.clone());
+            }
+        }
+        replay
+    }
+
+    fn insert(&mut self, step: &str, kind: StepKind, value: Value) {
+        if self.recorded.contains_key(step) {
+            return; // first record wins, as in the store
+        }
+        if recorded_by_body(step, kind) {
+            self.body_order.push(step.to_owned());
+        }
+        self.recorded.insert(step.to_owned(), (kind, value));
+    }
+
+    /// Whether the journal held any body-recorded step when the run began.
+    pub(crate) fn has_body_steps(&self) -> bool {
+        !self.body_order.is_empty()
+    }
+
+    /// Looks a step up and marks it consumed on a hit.
+    pub(crate) fn lookup(&mut self, step: &str, kind: StepKind) -> Lookup {
+        match self.recorded.get(step) {
+            Some((recorded, value)) if *recorded == kind => {
+                let value = value.clone();
+                self.consumed.insert(step.to_owned());
+                Lookup::Hit(value)
+            }
+            Some((recorded, _)) => Lookup::KindMismatch {
+                recorded: *recorded,
+            },
+            None => Lookup::Miss,
+        }
+    }
+
+    /// Records a fresh result so a repeated name in the same run replays it.
+    pub(crate) fn record_fresh(&mut self, step: &str, kind: StepKind, value: Value) {
+        self.insert(step, kind, value);
+        self.consumed.insert(step.to_owned());
+    }
+
+    /// The first body-recorded step the run has not reached, if any.
+    pub(crate) fn first_unconsumed(&self) -> Option<&str> {
+        self.body_order
+            .iter()
+            .find(|s| !self.consumed.contains(*s))
+            .map(String::as_str)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use time::OffsetDateTime;
+
+    fn entry(seq: i64, step: &str, kind: StepKind) -> JournalEntry {
+        JournalEntry {
+            seq,
+            generation: 0,
+            event: Event::StepRecorded {
+                step: step.into(),
+                kind,
+                result: json!(seq),
+            },
+            recorded_at: OffsetDateTime::UNIX_EPOCH,
+        }
+    }
+
+    #[test]
+    fn hits_consume_and_misses_do_not() {
+        let mut r = Replay::new(&[entry(1, "a", StepKind::Step), entry(2, "b", StepKind::Step)]);
+        assert_eq!(r.first_unconsumed(), Some("a"));
+        assert_eq!(r.lookup("a", StepKind::Step), Lookup::Hit(json!(1)));
+        assert_eq!(r.first_unconsumed(), Some("b"));
+        assert_eq!(r.lookup("c", StepKind::Step), Lookup::Miss);
+        assert_eq!(r.lookup("b", StepKind::Step), Lookup::Hit(json!(2)));
+        assert_eq!(r.first_unconsumed(), None);
+    }
+
+    #[test]
+    fn kind_mismatch_is_reported() {
+        let mut r = Replay::new(&[entry(1, "a", StepKind::Await)]);
+        assert_eq!(
+            r.lookup("a", StepKind::Step),
+            Lookup::KindMismatch {
+                recorded: StepKind::Await
+            }
+        );
+    }
+
+    #[test]
+    fn externally_delivered_values_never_count_as_unreached() {
+        let r = Replay::new(&[
+            entry(1, "approval", StepKind::Await),
+            entry(2, "sleep:x", StepKind::Sleep),
+            entry(3, "child:c1:result", StepKind::Child),
+            entry(4, "awk:123", StepKind::Awakeable),
+        ]);
+        assert_eq!(r.first_unconsumed(), None);
+        assert!(!r.has_body_steps());
+        let r = Replay::new(&[entry(1, "child:c1", StepKind::Child), entry(2, "awkid:a", StepKind::Awakeable)]);
+        assert_eq!(r.first_unconsumed(), Some("child:c1"));
+    }
+}

@@ -1,0 +1,482 @@
+//! Driving one run of a workflow body against its journal, and the inline operations built
+//! on it (`start`, `run`, `cancel`, `deliver`).
+
+use std::error::Error as _;
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde_json::Value;
+use time::OffsetDateTime;
+
+use crate::context::{check_payload, Halt, RunStats};
+use crate::replay::Replay;
+use crate::store::{self, Append, AppendOutcome, JournalStore, Park, ParkOutcome};
+use crate::unwind::CatchPanic;
+use crate::{
+    id, Ctx, Event, Generation, Instance, InstanceKey, JournalEntry, Marker, RunOptions, StartRequest, Started,
+    Status, StepKind, Workflow, WorkflowError,
+};
+
+/// How a run ended normally.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunOutcome {
+    /// The body returned; carries the recorded output.
+    Completed(Value),
+    /// The run is parked on a wake source.
+    Suspended,
+    /// The instance is failed.
+    Failed,
+    /// The instance is cancelled.
+    Cancelled,
+    /// The generation closed and the instance continues on `generation`.
+    ContinuedAsNew {
+        /// The new generation.
+        generation: Generation,
+    },
+}
+
+/// Why a run stopped abnormally.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// The run's lease was lost; it stopped before any further side effect. Not a crash.
+    #[error("lease on {key} lost")]
+    LeaseLost {
+        /// The instance.
+        key: InstanceKey,
+    },
+    /// A store call failed. Transient: the run will be driven again; not a crash.
+    #[error("store error while driving {key}")]
+    Store {
+        /// The instance.
+        key: InstanceKey,
+        /// The store's error.
+        #[source]
+        source: store::Error,
+    },
+    /// The code no longer matches the journal; the instance is parked `failed` with this reason
+    /// and nothing was appended.
+    #[error("{key} diverged from its journal at step {step:?}: {detail}")]
+    NonDeterminism {
+        /// The instance.
+        key: InstanceKey,
+        /// Where.
+        step: String,
+        /// What differs.
+        detail: String,
+    },
+    /// An append met a generation or kind conflict. Transient.
+    #[error("append of step {step:?} to {key} conflicted")]
+    Conflict {
+        /// The instance.
+        key: InstanceKey,
+        /// The step.
+        step: String,
+    },
+    /// The body returned an error or panicked: a crash, counted by the resume worker.
+    #[error("{key} crashed: {message}")]
+    Crashed {
+        /// The instance.
+        key: InstanceKey,
+        /// The error chain, rendered.
+        message: String,
+    },
+}
+
+impl RunError {
+    /// Whether this is a crash (counts an attempt), as opposed to a skip or a transient error.
+    pub fn is_crash(&self) -> bool {
+        matches!(self, Self::Crashed { .. })
+    }
+}
+
+/// The result of one drive and what it did.
+#[derive(Debug)]
+pub struct Driven {
+    /// How the run ended.
+    pub result: Result<RunOutcome, RunError>,
+    /// What it did.
+    pub stats: RunStats,
+}
+
+/// Drives one run of `workflow` for `instance` over its preloaded `journal` (the instance's
+/// current generation).
+///
+/// The caller owns the lease, if any (`options.fence`). Completion and parking release it in
+/// their own transaction; every other ending leaves release to the caller.
+pub async fn drive(
+    store: Arc<dyn JournalStore>,
+    workflow: &dyn Workflow,
+    instance: &Instance,
+    journal: &[JournalEntry],
+    options: RunOptions,
+) -> Driven {
+    if instance.status.is_terminal() {
+        let result = Ok(outcome_of_status(instance));
+        return Driven {
+            result,
+            stats: RunStats::default(),
+        };
+    }
+    let key = instance.key.clone();
+    let generation = instance.generation;
+    let entries: Vec<JournalEntry> = journal
+        .iter()
+        .filter(|e| e.generation == generation)
+        .cloned()
+        .collect();
+    let ctx = Ctx::new(store.clone(), key.clone(), generation, Replay::new(&entries), options.clone());
+    let body = CatchPanic::new(workflow.call(ctx.clone(), instance.input.clone())).await;
+    let result = settle(&store, &ctx, &options, body).await;
+    let stats = ctx.state().stats;
+    Driven { result, stats }
+}
+
+async fn settle(
+    store: &Arc<dyn JournalStore>,
+    ctx: &Ctx,
+    options: &RunOptions,
+    body: Result<Result<Value, WorkflowError>, String>,
+) -> Result<RunOutcome, RunError> {
+    let key = ctx.key().clone();
+    let (halt, store_error, awaiting, wake_at, open_ended) = {
+        let mut state = ctx.state();
+        (
+            state.halt.take(),
+            state.store_error.take(),
+            std::mem::take(&mut state.awaiting),
+            state.wake_at,
+            state.open_ended,
+        )
+    };
+    let store_err = |source| RunError::Store {
+        key: key.clone(),
+        source,
+    };
+    match halt {
+        Some(Halt::LeaseLost) => return Err(RunError::LeaseLost { key }),
+        Some(Halt::Store) => {
+            let source = store_error.unwrap_or_else(|| store::Error::Malformed {
+                operation: "driving a run",
+                detail: "a store halt without its error".into(),
+            });
+            return Err(store_err(source));
+        }
+        Some(Halt::Conflict { step }) => return Err(RunError::Conflict { key, step }),
+        Some(Halt::NonDeterminism { step, detail }) => {
+            return park_diverged(store, ctx, options, step, detail).await;
+        }
+        Some(Halt::Terminal(marker)) => return outcome_of_marker(store, &key, marker).await,
+        Some(Halt::ContinueAsNew { input }) => {
+            let next_generation = ctx.generation() + 1;
+            let event = Event::WorkflowContinuedAsNew {
+                next_generation,
+                input,
+            };
+            return match append_marker(store, ctx, options, event).await? {
+                AppendOutcome::Appended | AppendOutcome::AlreadyPresent(_) => {
+                    Ok(RunOutcome::ContinuedAsNew {
+                        generation: next_generation,
+                    })
+                }
+                AppendOutcome::RefusedTerminal(marker) => outcome_of_marker(store, &key, marker).await,
+                AppendOutcome::Conflict => Err(RunError::Conflict {
+                    key,
+                    step: Marker::ContinuedAsNew.step_name().into(),
+                }),
+            };
+        }
+        None => {}
+    }
+    match body {
+        Err(panic) => Err(RunError::Crashed {
+            key,
+            message: format!("panicked: {panic}"),
+        }),
+        Ok(result) if !awaiting.is_empty() && matches!(&result, Ok(_) | Err(WorkflowError::Suspended { .. })) => {
+            let reconcile = if open_ended {
+                options.reconcile.map(|r| OffsetDateTime::now_utc() + r)
+            } else {
+                None
+            };
+            let wake_after = match (wake_at, reconcile) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let park = Park {
+                key: key.clone(),
+                generation: ctx.generation(),
+                fence: options.fence.clone(),
+                awaited: awaiting,
+                wake_after,
+            };
+            match store.instance_park(&park).await {
+                Ok(ParkOutcome::Suspended | ParkOutcome::WokenBeforePark) => Ok(RunOutcome::Suspended),
+                Ok(ParkOutcome::Terminal(status)) => {
+                    let row = store.instance_get(&key).await.map_err(store_err)?;
+                    Ok(row.map_or(RunOutcome::Cancelled, |r| outcome_of_status(&Instance { status, ..r })))
+                }
+                Err(e) if e.is_lease_lost() => Err(RunError::LeaseLost { key }),
+                Err(e) => Err(store_err(e)),
+            }
+        }
+        Ok(Ok(output)) => {
+            // The body is done: a body-recorded step it never reached is a divergence.
+            let unreached = ctx.state().replay.first_unconsumed().map(str::to_owned);
+            if let Some(step) = unreached {
+                let detail = format!("recorded step {step:?} was never reached before the body returned");
+                return park_diverged(store, ctx, options, step, detail).await;
+            }
+            if let Err(e) = check_payload(crate::workflow::OUTPUT_STEP, &output, options.payload_len_max) {
+                return Err(RunError::Crashed {
+                    key,
+                    message: e.to_string(),
+                });
+            }
+            let event = Event::WorkflowCompleted { output: output.clone() };
+            match append_marker(store, ctx, options, event).await? {
+                AppendOutcome::Appended => Ok(RunOutcome::Completed(output)),
+                AppendOutcome::AlreadyPresent(recorded) => Ok(RunOutcome::Completed(recorded)),
+                AppendOutcome::RefusedTerminal(marker) => outcome_of_marker(store, &key, marker).await,
+                AppendOutcome::Conflict => Err(RunError::Conflict {
+                    key,
+                    step: Marker::Completed.step_name().into(),
+                }),
+            }
+        }
+        Ok(Err(error)) => Err(RunError::Crashed {
+            key,
+            message: error_chain(&error),
+        }),
+    }
+}
+
+async fn park_diverged(
+    store: &Arc<dyn JournalStore>,
+    ctx: &Ctx,
+    options: &RunOptions,
+    step: String,
+    detail: String,
+) -> Result<RunOutcome, RunError> {
+    let key = ctx.key().clone();
+    let reason = format!("non-determinism at step {step:?}: {detail}");
+    match store
+        .instance_fail_diverged(&key, options.fence.as_ref(), &reason)
+        .await
+    {
+        Ok(_) => Err(RunError::NonDeterminism { key, step, detail }),
+        Err(e) if e.is_lease_lost() => Err(RunError::LeaseLost { key }),
+        Err(source) => Err(RunError::Store { key, source }),
+    }
+}
+
+async fn append_marker(
+    store: &Arc<dyn JournalStore>,
+    ctx: &Ctx,
+    options: &RunOptions,
+    event: Event,
+) -> Result<AppendOutcome, RunError> {
+    let key = ctx.key().clone();
+    let append = Append {
+        key: key.clone(),
+        generation: Some(ctx.generation()),
+        event,
+        fence: options.fence.clone(),
+        renew: None,
+    };
+    match store.journal_append(&append).await {
+        Ok(outcome) => {
+            if outcome == AppendOutcome::Appended {
+                ctx.state().stats.appended += 1;
+            }
+            Ok(outcome)
+        }
+        Err(e) if e.is_lease_lost() => Err(RunError::LeaseLost { key }),
+        Err(source) => Err(RunError::Store { key, source }),
+    }
+}
+
+async fn outcome_of_marker(
+    store: &Arc<dyn JournalStore>,
+    key: &InstanceKey,
+    marker: Marker,
+) -> Result<RunOutcome, RunError> {
+    Ok(match marker {
+        Marker::Cancelled => RunOutcome::Cancelled,
+        Marker::Failed => RunOutcome::Failed,
+        Marker::Completed | Marker::ContinuedAsNew => {
+            let row = store.instance_get(key).await.map_err(|source| RunError::Store {
+                key: key.clone(),
+                source,
+            })?;
+            match row {
+                Some(row) if marker == Marker::Completed => outcome_of_status(&row),
+                Some(row) => RunOutcome::ContinuedAsNew {
+                    generation: row.generation,
+                },
+                None => RunOutcome::Cancelled,
+            }
+        }
+    })
+}
+
+fn outcome_of_status(instance: &Instance) -> RunOutcome {
+    match instance.status {
+        Status::Completed => RunOutcome::Completed(instance.output.clone().unwrap_or(Value::Null)),
+        Status::Failed => RunOutcome::Failed,
+        Status::Cancelled => RunOutcome::Cancelled,
+        Status::Running | Status::Suspended => RunOutcome::Suspended,
+    }
+}
+
+fn error_chain(error: &WorkflowError) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}
+
+/// Errors of the inline operations.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A name, id or step name was invalid.
+    #[error("invalid identifier")]
+    InvalidId(#[from] id::IdError),
+    /// A payload did not encode or was too large.
+    #[error("invalid payload")]
+    Payload(#[source] WorkflowError),
+    /// The store failed.
+    #[error("store operation failed")]
+    Store(#[from] store::Error),
+}
+
+/// Starts an instance `running` with `input`; idempotent by key (a second start returns the
+/// existing instance with `created == false` and leaves its input alone).
+///
+/// # Errors
+///
+/// [`Error::Payload`] for an input that does not encode or exceeds `payload_len_max`;
+/// [`Error::Store`] when the store fails.
+pub async fn start<I: Serialize + ?Sized>(
+    store: &dyn JournalStore,
+    key: &InstanceKey,
+    input: &I,
+    payload_len_max: usize,
+) -> Result<Started, Error> {
+    let input = serde_json::to_value(input).map_err(|source| {
+        Error::Payload(WorkflowError::Encode {
+            step: crate::workflow::INPUT_STEP.into(),
+            source,
+        })
+    })?;
+    check_payload(crate::workflow::INPUT_STEP, &input, payload_len_max).map_err(Error::Payload)?;
+    let request = StartRequest {
+        key: key.clone(),
+        input,
+        parent: None,
+        priority: 0,
+    };
+    Ok(store.instance_start(&request).await?)
+}
+
+/// Loads the instance and its current generation's journal and drives one run inline.
+///
+/// # Errors
+///
+/// [`RunError::Store`] with a not-found source when the instance was never started, and the
+/// errors of [`drive`].
+pub async fn run(
+    store: Arc<dyn JournalStore>,
+    key: &InstanceKey,
+    workflow: &dyn Workflow,
+    options: RunOptions,
+) -> Driven {
+    let loaded = async {
+        let instance = store
+            .instance_get(key)
+            .await?
+            .ok_or_else(|| store::Error::NotFound { key: key.clone() })?;
+        let journal = store.journal_load(key, instance.generation).await?;
+        Ok::<_, store::Error>((instance, journal))
+    }
+    .await;
+    match loaded {
+        Ok((instance, journal)) => drive(store, workflow, &instance, &journal, options).await,
+        Err(source) => Driven {
+            result: Err(RunError::Store {
+                key: key.clone(),
+                source,
+            }),
+            stats: RunStats::default(),
+        },
+    }
+}
+
+/// What `cancel` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// The cancel marker was appended; the run stops at its next boundary.
+    Recorded,
+    /// The instance was already cancelled, completed or failed.
+    AlreadyTerminal(Status),
+}
+
+/// Appends the cancel marker to the instance's current generation. First writer wins against
+/// completion and failure: exactly one marker closes a generation.
+///
+/// # Errors
+///
+/// [`store::Error::NotFound`] for an instance that was never started.
+pub async fn cancel(store: &dyn JournalStore, key: &InstanceKey) -> Result<CancelOutcome, store::Error> {
+    let outcome = store
+        .journal_append(&Append::external(key.clone(), Event::WorkflowCancelled))
+        .await?;
+    match outcome {
+        AppendOutcome::Appended => Ok(CancelOutcome::Recorded),
+        AppendOutcome::AlreadyPresent(_) => Ok(CancelOutcome::AlreadyTerminal(Status::Cancelled)),
+        AppendOutcome::RefusedTerminal(marker) => Ok(CancelOutcome::AlreadyTerminal(match marker {
+            Marker::Completed => Status::Completed,
+            Marker::Failed => Status::Failed,
+            Marker::Cancelled => Status::Cancelled,
+            // Rotation won the race; the new generation is live, so cancel it instead.
+            Marker::ContinuedAsNew => return Box::pin(cancel(store, key)).await,
+        })),
+        AppendOutcome::Conflict => Box::pin(cancel(store, key)).await,
+    }
+}
+
+/// Journals `value` under the user step `step` of the instance's current generation, for a run
+/// waiting in [`Ctx::await_step`]. Idempotent: a second delivery returns
+/// [`AppendOutcome::AlreadyPresent`] with the first value.
+///
+/// # Errors
+///
+/// [`Error::InvalidId`] for a reserved or invalid step name, [`Error::Payload`] for a bad
+/// payload, [`Error::Store`] when the store fails.
+pub async fn deliver<T: Serialize + ?Sized>(
+    store: &dyn JournalStore,
+    key: &InstanceKey,
+    step: &str,
+    value: &T,
+    payload_len_max: usize,
+) -> Result<AppendOutcome, Error> {
+    id::validate_user_step(step)?;
+    let value = serde_json::to_value(value).map_err(|source| {
+        Error::Payload(WorkflowError::Encode {
+            step: step.into(),
+            source,
+        })
+    })?;
+    check_payload(step, &value, payload_len_max).map_err(Error::Payload)?;
+    let event = Event::StepRecorded {
+        step: step.to_owned(),
+        kind: StepKind::Await,
+        result: value,
+    };
+    Ok(store.journal_append(&Append::external(key.clone(), event)).await?)
+}

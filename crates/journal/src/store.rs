@@ -1,0 +1,211 @@
+//! The storage contract of the journal: whole atomic operations, never loose row writes.
+//!
+//! Every method is one transaction in the Postgres store and one critical section in the
+//! memory store. The conformance suite in the workspace `tests/` crate runs against both.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::time::Duration;
+
+use serde_json::Value;
+use time::OffsetDateTime;
+
+use crate::{Event, Fence, Generation, Instance, InstanceKey, JournalEntry, Marker, StartRequest, Started, Status};
+
+/// One append to the journal.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Append {
+    /// The instance appended to.
+    pub key: InstanceKey,
+    /// The generation the writer is on; `None` appends to the current one (wake sources do).
+    pub generation: Option<Generation>,
+    /// The event.
+    pub event: Event,
+    /// The writer's lease. When set, the append is refused with [`Error::LeaseLost`] unless
+    /// the instance is still leased to exactly this owner and epoch.
+    pub fence: Option<Fence>,
+    /// When fenced, extend the lease to `now + renew` in the same transaction.
+    pub renew: Option<Duration>,
+}
+
+impl Append {
+    /// An unfenced append to the current generation, as a wake source makes.
+    pub fn external(key: InstanceKey, event: Event) -> Self {
+        Self {
+            key,
+            generation: None,
+            event,
+            fence: None,
+            renew: None,
+        }
+    }
+}
+
+/// What an append did. The four outcomes are exhaustive for a well-formed request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AppendOutcome {
+    /// The event was recorded, and the instance row updated in the same transaction.
+    Appended,
+    /// The same step (or the same marker) was already recorded; carries the recorded value, which
+    /// every writer adopts, so racing writers converge on the first result.
+    AlreadyPresent(Value),
+    /// The generation is closed by this marker: after `failed` or `cancelled` no step lands, and
+    /// after any marker no other marker lands.
+    RefusedTerminal(Marker),
+    /// The writer is on a generation that is no longer current, or the step was recorded by a
+    /// different kind of call. Nothing was written.
+    Conflict,
+}
+
+/// A request to park an instance that is waiting on `awaited` steps.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Park {
+    /// The instance.
+    pub key: InstanceKey,
+    /// The generation the run is on.
+    pub generation: Generation,
+    /// The run's lease, released by the park.
+    pub fence: Option<Fence>,
+    /// The steps the run waits for; if any is already journaled the row stays `running`.
+    pub awaited: Vec<String>,
+    /// When the instance becomes due again without a wake (a sleep's deadline, or the
+    /// reconcile fallback). `None` parks until a wake flips the row.
+    pub wake_after: Option<OffsetDateTime>,
+}
+
+/// What a park did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParkOutcome {
+    /// The row is `suspended`; nothing the run waits for had landed.
+    Suspended,
+    /// An awaited step landed before the park, so the row stays `running` and the next pass
+    /// re-drives it. The wake is never masked.
+    WokenBeforePark,
+    /// The instance went terminal meanwhile; nothing was written.
+    Terminal(Status),
+}
+
+/// Errors of a store operation.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The writer's lease was taken over or released: it must stop before any further side effect.
+    #[error("lease on {key} lost by {owner} (epoch {epoch})")]
+    LeaseLost {
+        /// The instance.
+        key: InstanceKey,
+        /// The stale owner.
+        owner: String,
+        /// The stale epoch.
+        epoch: i64,
+    },
+    /// The instance does not exist.
+    #[error("workflow instance {key} does not exist")]
+    NotFound {
+        /// The instance.
+        key: InstanceKey,
+    },
+    /// A stored row could not be read as keiro data.
+    #[error("{operation}: stored data is malformed: {detail}")]
+    Malformed {
+        /// What was being done.
+        operation: &'static str,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The database could not be reached or the connection broke. Retrying later may succeed.
+    #[error("{operation}: the database is unavailable")]
+    Unavailable {
+        /// What was being done.
+        operation: &'static str,
+        /// The driver's error.
+        #[source]
+        source: Box<dyn StdError + Send + Sync>,
+    },
+    /// The database refused the operation.
+    #[error("{operation} failed")]
+    Database {
+        /// What was being done.
+        operation: &'static str,
+        /// Whether retrying the same operation may succeed (serialization failure, deadlock).
+        retryable: bool,
+        /// The driver's error.
+        #[source]
+        source: Box<dyn StdError + Send + Sync>,
+    },
+}
+
+impl Error {
+    /// A lost lease: stop, do not count a crash.
+    pub fn is_lease_lost(&self) -> bool {
+        matches!(self, Self::LeaseLost { .. })
+    }
+
+    /// Retrying later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Unavailable { .. } => true,
+            Self::Database { retryable, .. } => *retryable,
+            _ => false,
+        }
+    }
+
+    /// The instance is missing.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Self::NotFound { .. })
+    }
+}
+
+/// `Result` with the store's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The journal and instance operations every store implements.
+///
+/// Object-safe so the workflow context can hold an `Arc<dyn JournalStore>` and workflow bodies
+/// are not generic over the store.
+#[async_trait::async_trait]
+pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
+    /// Creates the instance row `running` with its input, idempotently by key.
+    async fn instance_start(&self, request: &StartRequest) -> Result<Started>;
+
+    /// Reads the instance row.
+    async fn instance_get(&self, key: &InstanceKey) -> Result<Option<Instance>>;
+
+    /// Loads one generation's journal in append order, in one query.
+    async fn journal_load(&self, key: &InstanceKey, generation: Generation) -> Result<Vec<JournalEntry>>;
+
+    /// Loads every generation's journal in append order (inspection, tests).
+    async fn journal_history(&self, key: &InstanceKey) -> Result<Vec<JournalEntry>>;
+
+    /// Appends one event and updates the instance row, in one transaction:
+    ///
+    /// - a step that is already recorded returns [`AppendOutcome::AlreadyPresent`] (this check
+    ///   comes first, so a retry of a recorded step is idempotent even after a marker);
+    /// - a step into a `failed`/`cancelled` instance, or a marker into a terminal one, returns
+    ///   [`AppendOutcome::RefusedTerminal`] with the winning marker;
+    /// - a fresh step flips a `suspended` row to `running` (a wake) and notifies listeners;
+    /// - a marker moves the row to its terminal status (or the next generation), clears the
+    ///   lease and the crash counters;
+    /// - a terminal row is never moved back by an append.
+    async fn journal_append(&self, append: &Append) -> Result<AppendOutcome>;
+
+    /// Confirms a fenced run may go on: renews the lease to `now + ttl` and returns the status.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] when the fence no longer matches.
+    async fn instance_confirm(&self, key: &InstanceKey, fence: &Fence, ttl: Duration) -> Result<Status>;
+
+    /// Parks a run waiting on wake sources, releasing its lease; see [`Park`].
+    async fn instance_park(&self, park: &Park) -> Result<ParkOutcome>;
+
+    /// Marks a run whose code diverged from its journal `failed` with `reason`, releasing its
+    /// lease, without appending to the journal, so a fixed deploy can resume the very same journal
+    /// after an operator resurrects it. Returns `false` when the row was already terminal.
+    async fn instance_fail_diverged(
+        &self,
+        key: &InstanceKey,
+        fence: Option<&Fence>,
+        reason: &str,
+    ) -> Result<bool>;
+}

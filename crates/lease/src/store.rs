@@ -1,0 +1,55 @@
+//! The storage contract of leases, discovery and crash accounting.
+
+use std::time::Duration;
+
+use keiro_journal::store::Result;
+use keiro_journal::{Fence, InstanceKey, JournalStore};
+use time::OffsetDateTime;
+
+use crate::{ClaimOutcome, Crash, CrashOutcome, ResurrectOutcome};
+
+/// Lease, discovery and crash operations, each one transaction.
+///
+/// `now` parameters pin the clock in tests; `None` uses the store's clock (the database's
+/// `now()` for Postgres), so the database decides lease expiry.
+#[async_trait::async_trait]
+pub trait LeaseStore: JournalStore {
+    /// Exact discovery: instances `running`, or `suspended` with `wake_after <= now`, highest
+    /// priority first, then oldest. One index query, whatever the number of parked instances.
+    async fn instances_runnable(&self, now: Option<OffsetDateTime>, limit: Option<i64>) -> Result<Vec<InstanceKey>>;
+
+    /// Claims `key` for `owner` until `now + ttl` with one conditional update: runnable, lease
+    /// free or expired, backoff gate passed. A granted claim bumps the epoch and carries the row
+    /// and the current generation's journal; a refusal is classified.
+    async fn instance_claim(
+        &self,
+        key: &InstanceKey,
+        owner: &str,
+        ttl: Duration,
+        now: Option<OffsetDateTime>,
+    ) -> Result<ClaimOutcome>;
+
+    /// Renews a held lease to `now + ttl`.
+    ///
+    /// # Errors
+    ///
+    /// `LeaseLost` when the fence no longer matches.
+    async fn instance_lease_renew(&self, key: &InstanceKey, fence: &Fence, ttl: Duration) -> Result<()>;
+
+    /// Releases a held lease; when `progressed`, also resets attempts, error and backoff gate.
+    /// Returns `false` when the fence no longer matched (nothing changed).
+    async fn instance_release(&self, key: &InstanceKey, fence: &Fence, progressed: bool) -> Result<bool>;
+
+    /// Operator escape hatch: drops whatever lease the instance has. The old holder stops at
+    /// its next boundary because its epoch no longer matches. Returns whether a lease was dropped.
+    async fn instance_lease_force_release(&self, key: &InstanceKey) -> Result<bool>;
+
+    /// Records a crash of the run holding `fence` and releases its lease, in one transaction:
+    /// attempts + 1, `last_error`, `next_attempt_at = now + retry_delay`; at `max_attempts`
+    /// the run is failed instead (marker appended, row `failed`).
+    async fn instance_record_crash(&self, key: &InstanceKey, fence: &Fence, crash: &Crash) -> Result<CrashOutcome>;
+
+    /// Returns a failed instance to `running` with fresh attempts, appending `Resurrected`; its
+    /// failure history stays. It may fail again later.
+    async fn instance_resurrect(&self, key: &InstanceKey) -> Result<ResurrectOutcome>;
+}
