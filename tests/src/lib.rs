@@ -1,1 +1,12 @@
-//! placeholder
+//! keiro-tests: keiro's workspace integration tests and the helpers they share (unpublished).
+//!
+//! The store conformance suite and the multi-process tests live in `tests/`; this library
+//! holds what they and the crates' own integration tests need, such as [`pg::TestDb`], a fresh
+//! migrated Postgres schema per test that reads `TEST_DATABASE_URL` and is dropped afterwards.
+
+pub mod faulty;
+pub mod harness;
+pub mod pg;
+
+pub use faulty::FaultyStore;
+pub use harness::{key, run_inline, run_with, Backend, Harness, Ledger, TestResult};

@@ -18,7 +18,9 @@ use time::OffsetDateTime;
 use crate::replay::{Lookup, Replay};
 use crate::store::{Append, AppendOutcome, JournalStore};
 use crate::unwind::{CatchPanic, YieldNow};
-use crate::{id, store, Event, Fence, Generation, InstanceKey, Marker, Status, StepKind, WorkflowError};
+use crate::{
+    id, store, Event, Fence, Generation, InstanceKey, Marker, Status, StepKind, WorkflowError,
+};
 
 /// The default lease time-to-live of a run.
 pub const LEASE_TTL_DEFAULT: Duration = Duration::from_secs(60);
@@ -455,7 +457,12 @@ impl Ctx {
     }
 
     /// Appends a fresh step result and returns the value every reader must adopt.
-    async fn record(&self, step: &str, kind: StepKind, json: Value) -> Result<Value, WorkflowError> {
+    async fn record(
+        &self,
+        step: &str,
+        kind: StepKind,
+        json: Value,
+    ) -> Result<Value, WorkflowError> {
         let append = Append {
             key: self.inner.key.clone(),
             generation: Some(self.inner.generation),

@@ -51,12 +51,18 @@ pub mod store;
 mod unwind;
 mod workflow;
 
-pub use context::{Ctx, RunOptions, RunStats, LEASE_TTL_DEFAULT, PAYLOAD_LEN_MAX_DEFAULT, RECONCILE_DEFAULT};
+pub use context::{
+    Ctx, RunOptions, RunStats, LEASE_TTL_DEFAULT, PAYLOAD_LEN_MAX_DEFAULT, RECONCILE_DEFAULT,
+};
 pub use error::WorkflowError;
-pub use event::{marker_name, EncodedEvent, Event, Generation, JournalEntry, MalformedEvent, Marker, StepKind};
+pub use event::{
+    marker_name, EncodedEvent, Event, Generation, JournalEntry, MalformedEvent, Marker, StepKind,
+};
 pub use id::{IdError, InstanceKey, WorkflowId, WorkflowName, ID_LEN_MAX, RESERVED_STEP_PREFIXES};
 pub use instance::{Fence, Instance, StartRequest, Started, Status};
-pub use run::{cancel, deliver, drive, run, start, CancelOutcome, Driven, Error, RunError, RunOutcome};
+pub use run::{
+    cancel, deliver, drive, run, start, CancelOutcome, Driven, Error, RunError, RunOutcome,
+};
 pub use store::{Append, AppendOutcome, Error as StoreError, JournalStore, Park, ParkOutcome};
 pub use workflow::{workflow_fn, BoxFuture, FnWorkflow, Workflow, INPUT_STEP, OUTPUT_STEP};
 

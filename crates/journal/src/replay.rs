@@ -165,7 +165,10 @@ mod tests {
         ]);
         assert_eq!(r.first_unconsumed(), None);
         assert!(!r.has_body_steps());
-        let r = Replay::new(&[entry(1, "child:c1", StepKind::Child), entry(2, "awkid:a", StepKind::Awakeable)]);
+        let r = Replay::new(&[
+            entry(1, "child:c1", StepKind::Child),
+            entry(2, "awkid:a", StepKind::Awakeable),
+        ]);
         assert_eq!(r.first_unconsumed(), Some("child:c1"));
     }
 }

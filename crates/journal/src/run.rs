@@ -13,8 +13,8 @@ use crate::replay::Replay;
 use crate::store::{self, Append, AppendOutcome, JournalStore, Park, ParkOutcome};
 use crate::unwind::CatchPanic;
 use crate::{
-    id, Ctx, Event, Generation, Instance, InstanceKey, JournalEntry, Marker, RunOptions, StartRequest, Started,
-    Status, StepKind, Workflow, WorkflowError,
+    id, Ctx, Event, Generation, Instance, InstanceKey, JournalEntry, Marker, RunOptions,
+    StartRequest, Started, Status, StepKind, Workflow, WorkflowError,
 };
 
 /// How a run ended normally.
@@ -125,7 +125,13 @@ pub async fn drive(
         .filter(|e| e.generation == generation)
         .cloned()
         .collect();
-    let ctx = Ctx::new(store.clone(), key.clone(), generation, Replay::new(&entries), options.clone());
+    let ctx = Ctx::new(
+        store.clone(),
+        key.clone(),
+        generation,
+        Replay::new(&entries),
+        options.clone(),
+    );
     let body = CatchPanic::new(workflow.call(ctx.clone(), instance.input.clone())).await;
     let result = settle(&store, &ctx, &options, body).await;
     let stats = ctx.state().stats;
@@ -179,7 +185,9 @@ async fn settle(
                         generation: next_generation,
                     })
                 }
-                AppendOutcome::RefusedTerminal(marker) => outcome_of_marker(store, &key, marker).await,
+                AppendOutcome::RefusedTerminal(marker) => {
+                    outcome_of_marker(store, &key, marker).await
+                }
                 AppendOutcome::Conflict => Err(RunError::Conflict {
                     key,
                     step: Marker::ContinuedAsNew.step_name().into(),
@@ -193,7 +201,10 @@ async fn settle(
             key,
             message: format!("panicked: {panic}"),
         }),
-        Ok(result) if !awaiting.is_empty() && matches!(&result, Ok(_) | Err(WorkflowError::Suspended { .. })) => {
+        Ok(result)
+            if !awaiting.is_empty()
+                && matches!(&result, Ok(_) | Err(WorkflowError::Suspended { .. })) =>
+        {
             let reconcile = if open_ended {
                 options.reconcile.map(|r| OffsetDateTime::now_utc() + r)
             } else {
@@ -211,10 +222,14 @@ async fn settle(
                 wake_after,
             };
             match store.instance_park(&park).await {
-                Ok(ParkOutcome::Suspended | ParkOutcome::WokenBeforePark) => Ok(RunOutcome::Suspended),
+                Ok(ParkOutcome::Suspended | ParkOutcome::WokenBeforePark) => {
+                    Ok(RunOutcome::Suspended)
+                }
                 Ok(ParkOutcome::Terminal(status)) => {
                     let row = store.instance_get(&key).await.map_err(store_err)?;
-                    Ok(row.map_or(RunOutcome::Cancelled, |r| outcome_of_status(&Instance { status, ..r })))
+                    Ok(row.map_or(RunOutcome::Cancelled, |r| {
+                        outcome_of_status(&Instance { status, ..r })
+                    }))
                 }
                 Err(e) if e.is_lease_lost() => Err(RunError::LeaseLost { key }),
                 Err(e) => Err(store_err(e)),
@@ -224,20 +239,29 @@ async fn settle(
             // The body is done: a body-recorded step it never reached is a divergence.
             let unreached = ctx.state().replay.first_unconsumed().map(str::to_owned);
             if let Some(step) = unreached {
-                let detail = format!("recorded step {step:?} was never reached before the body returned");
+                let detail =
+                    format!("recorded step {step:?} was never reached before the body returned");
                 return park_diverged(store, ctx, options, step, detail).await;
             }
-            if let Err(e) = check_payload(crate::workflow::OUTPUT_STEP, &output, options.payload_len_max) {
+            if let Err(e) = check_payload(
+                crate::workflow::OUTPUT_STEP,
+                &output,
+                options.payload_len_max,
+            ) {
                 return Err(RunError::Crashed {
                     key,
                     message: e.to_string(),
                 });
             }
-            let event = Event::WorkflowCompleted { output: output.clone() };
+            let event = Event::WorkflowCompleted {
+                output: output.clone(),
+            };
             match append_marker(store, ctx, options, event).await? {
                 AppendOutcome::Appended => Ok(RunOutcome::Completed(output)),
                 AppendOutcome::AlreadyPresent(recorded) => Ok(RunOutcome::Completed(recorded)),
-                AppendOutcome::RefusedTerminal(marker) => outcome_of_marker(store, &key, marker).await,
+                AppendOutcome::RefusedTerminal(marker) => {
+                    outcome_of_marker(store, &key, marker).await
+                }
                 AppendOutcome::Conflict => Err(RunError::Conflict {
                     key,
                     step: Marker::Completed.step_name().into(),
@@ -305,10 +329,13 @@ async fn outcome_of_marker(
         Marker::Cancelled => RunOutcome::Cancelled,
         Marker::Failed => RunOutcome::Failed,
         Marker::Completed | Marker::ContinuedAsNew => {
-            let row = store.instance_get(key).await.map_err(|source| RunError::Store {
-                key: key.clone(),
-                source,
-            })?;
+            let row = store
+                .instance_get(key)
+                .await
+                .map_err(|source| RunError::Store {
+                    key: key.clone(),
+                    source,
+                })?;
             match row {
                 Some(row) if marker == Marker::Completed => outcome_of_status(&row),
                 Some(row) => RunOutcome::ContinuedAsNew {
@@ -432,20 +459,25 @@ pub enum CancelOutcome {
 /// # Errors
 ///
 /// [`store::Error::NotFound`] for an instance that was never started.
-pub async fn cancel(store: &dyn JournalStore, key: &InstanceKey) -> Result<CancelOutcome, store::Error> {
+pub async fn cancel(
+    store: &dyn JournalStore,
+    key: &InstanceKey,
+) -> Result<CancelOutcome, store::Error> {
     let outcome = store
         .journal_append(&Append::external(key.clone(), Event::WorkflowCancelled))
         .await?;
     match outcome {
         AppendOutcome::Appended => Ok(CancelOutcome::Recorded),
         AppendOutcome::AlreadyPresent(_) => Ok(CancelOutcome::AlreadyTerminal(Status::Cancelled)),
-        AppendOutcome::RefusedTerminal(marker) => Ok(CancelOutcome::AlreadyTerminal(match marker {
-            Marker::Completed => Status::Completed,
-            Marker::Failed => Status::Failed,
-            Marker::Cancelled => Status::Cancelled,
-            // Rotation won the race; the new generation is live, so cancel it instead.
-            Marker::ContinuedAsNew => return Box::pin(cancel(store, key)).await,
-        })),
+        AppendOutcome::RefusedTerminal(marker) => {
+            Ok(CancelOutcome::AlreadyTerminal(match marker {
+                Marker::Completed => Status::Completed,
+                Marker::Failed => Status::Failed,
+                Marker::Cancelled => Status::Cancelled,
+                // Rotation won the race; the new generation is live, so cancel it instead.
+                Marker::ContinuedAsNew => return Box::pin(cancel(store, key)).await,
+            }))
+        }
         AppendOutcome::Conflict => Box::pin(cancel(store, key)).await,
     }
 }
@@ -478,5 +510,7 @@ pub async fn deliver<T: Serialize + ?Sized>(
         kind: StepKind::Await,
         result: value,
     };
-    Ok(store.journal_append(&Append::external(key.clone(), event)).await?)
+    Ok(store
+        .journal_append(&Append::external(key.clone(), event))
+        .await?)
 }

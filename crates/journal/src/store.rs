@@ -10,7 +10,10 @@ use std::time::Duration;
 use serde_json::Value;
 use time::OffsetDateTime;
 
-use crate::{Event, Fence, Generation, Instance, InstanceKey, JournalEntry, Marker, StartRequest, Started, Status};
+use crate::{
+    Event, Fence, Generation, Instance, InstanceKey, JournalEntry, Marker, StartRequest, Started,
+    Status,
+};
 
 /// One append to the journal.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,8 +52,8 @@ pub enum AppendOutcome {
     /// The same step (or the same marker) was already recorded; carries the recorded value, which
     /// every writer adopts, so racing writers converge on the first result.
     AlreadyPresent(Value),
-    /// The generation is closed by this marker: after `failed` or `cancelled` no step lands, and
-    /// after any marker no other marker lands.
+    /// The instance is terminal and this marker closed it: after `completed`, `failed` or
+    /// `cancelled` no step lands, and after any marker no other marker lands.
     RefusedTerminal(Marker),
     /// The writer is on a generation that is no longer current, or the step was recorded by a
     /// different kind of call. Nothing was written.
@@ -172,7 +175,11 @@ pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
     async fn instance_get(&self, key: &InstanceKey) -> Result<Option<Instance>>;
 
     /// Loads one generation's journal in append order, in one query.
-    async fn journal_load(&self, key: &InstanceKey, generation: Generation) -> Result<Vec<JournalEntry>>;
+    async fn journal_load(
+        &self,
+        key: &InstanceKey,
+        generation: Generation,
+    ) -> Result<Vec<JournalEntry>>;
 
     /// Loads every generation's journal in append order (inspection, tests).
     async fn journal_history(&self, key: &InstanceKey) -> Result<Vec<JournalEntry>>;
@@ -194,7 +201,12 @@ pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
     /// # Errors
     ///
     /// [`Error::LeaseLost`] when the fence no longer matches.
-    async fn instance_confirm(&self, key: &InstanceKey, fence: &Fence, ttl: Duration) -> Result<Status>;
+    async fn instance_confirm(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        ttl: Duration,
+    ) -> Result<Status>;
 
     /// Parks a run waiting on wake sources, releasing its lease; see [`Park`].
     async fn instance_park(&self, park: &Park) -> Result<ParkOutcome>;

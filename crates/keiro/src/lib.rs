@@ -1,1 +1,73 @@
-//! placeholder
+//! keiro: durable workflows for Rust on PostgreSQL.
+//!
+//! A workflow is an ordinary async function whose every step result is journaled. When a
+//! process crashes, a deploy restarts it, or a run parks on a wake source, nothing is lost: a
+//! worker notices the unfinished instance, leases it, and re-invokes it; journaled steps
+//! return their recorded results and only the un-journaled tail runs.
+//!
+//! This crate is the facade: it re-exports the layers (`keiro-journal`, `keiro-lease`,
+//! `keiro-resume`, the stores) and assembles them into [`Keiro`] (start, cancel, inspect) and
+//! [`Worker`] (the embeddable resume worker).
+//!
+//! ```no_run
+//! use keiro::{Ctx, Keiro, WorkflowError};
+//!
+//! async fn greet(ctx: Ctx, name: String) -> Result<String, WorkflowError> {
+//!     let line: String = ctx
+//!         .step("compose", || async move { Ok::<_, std::io::Error>(format!("hello {name}")) })
+//!         .await?;
+//!     ctx.step("print", || { let line = line.clone(); async move { println!("{line}"); Ok::<_, std::io::Error>(()) } }).await?;
+//!     Ok(line)
+//! }
+//!
+//! # async fn demo() -> Result<(), keiro::Error> {
+//! let keiro = Keiro::connect("postgres://postgres@127.0.0.1:5432/postgres").await?; // migrates
+//! keiro.start("greet", "greet-1", &"ada").await?;                                  // idempotent by id
+//! let worker = keiro.worker().register("greet", greet).build()?;
+//! worker.run_until(async { let _ = tokio::signal::ctrl_c().await; }).await;
+//! # Ok(()) }
+//! ```
+//!
+//! # Features
+//!
+//! - `postgres` (default): [`Keiro::connect`] and the Postgres store.
+//! - `memory`: the in-memory store, for tests and embedding.
+//!
+//! # Guarantees
+//!
+//! A step whose result is journaled never runs again; one steady-state advancer per instance;
+//! discovery is exact; terminal instances are never resurrected by late deliveries; history is
+//! append-only. The full list, each with its test, is in the design contract.
+//!
+//! # Errors
+//!
+//! Facade operations return [`Error`]; workflow bodies see [`WorkflowError`].
+
+mod engine;
+mod error;
+mod worker;
+
+pub use engine::Keiro;
+pub use error::Error;
+pub use worker::{Worker, WorkerBuilder};
+
+pub use keiro_journal::{
+    store, workflow_fn, Append, AppendOutcome, CancelOutcome, Ctx, Driven, Event, Fence,
+    Generation, IdError, Instance, InstanceKey, JournalEntry, JournalStore, Marker, RunError,
+    RunOptions, RunOutcome, RunStats, Started, Status, StepKind, StoreError, Workflow,
+    WorkflowError, WorkflowId, WorkflowName,
+};
+pub use keiro_lease::{BackoffPolicy, ClaimOutcome, CrashOutcome, LeaseStore, ResurrectOutcome};
+pub use keiro_resume::{
+    drain, resume_once, resume_once_up_to, FixedPoll, LogHook, Registry, RegistryError,
+    ResumeLogEvent, ResumeOptions, ResumeSummary, WakeReason, WakeSource,
+};
+pub use keiro_telemetry::Metrics;
+
+/// The Postgres store.
+#[cfg(feature = "postgres")]
+pub use keiro_postgres as postgres;
+
+/// The in-memory store.
+#[cfg(feature = "memory")]
+pub use keiro_memory as memory;

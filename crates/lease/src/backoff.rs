@@ -66,20 +66,31 @@ impl BackoffPolicy {
     /// `jitter` within `[0, 1]`.
     pub fn validate(&self) -> Result<(), InvalidPolicy> {
         if self.base.is_zero() {
-            return Err(InvalidPolicy { field: "base", problem: "must be positive" });
+            return Err(InvalidPolicy {
+                field: "base",
+                problem: "must be positive",
+            });
         }
         if self.cap < self.base {
-            return Err(InvalidPolicy { field: "cap", problem: "must be at least base" });
+            return Err(InvalidPolicy {
+                field: "cap",
+                problem: "must be at least base",
+            });
         }
         if !(0.0..=1.0).contains(&self.jitter) {
-            return Err(InvalidPolicy { field: "jitter", problem: "must be within [0, 1]" });
+            return Err(InvalidPolicy {
+                field: "jitter",
+                problem: "must be within [0, 1]",
+            });
         }
         Ok(())
     }
 
     /// The delay after a crash with `attempts` earlier crashes, without jitter.
     pub fn delay(&self, attempts: i32) -> Duration {
-        let exponent = u32::try_from(attempts.saturating_add(1)).unwrap_or(0).min(32);
+        let exponent = u32::try_from(attempts.saturating_add(1))
+            .unwrap_or(0)
+            .min(32);
         self.base
             .checked_mul(1u32 << exponent.min(31))
             .unwrap_or(self.cap)
@@ -121,7 +132,10 @@ mod tests {
 
     #[test]
     fn jitter_stays_within_its_fraction() {
-        let p = BackoffPolicy { jitter: 0.5, ..BackoffPolicy::default() };
+        let p = BackoffPolicy {
+            jitter: 0.5,
+            ..BackoffPolicy::default()
+        };
         assert_eq!(p.delay_jittered(0, 0.0), Duration::from_secs(1));
         assert_eq!(p.delay_jittered(0, 1.0), Duration::from_secs(3));
         for _ in 0..100 {
@@ -132,9 +146,15 @@ mod tests {
 
     #[test]
     fn validate_names_the_field() {
-        let bad = BackoffPolicy { jitter: 2.0, ..BackoffPolicy::default() };
+        let bad = BackoffPolicy {
+            jitter: 2.0,
+            ..BackoffPolicy::default()
+        };
         assert_eq!(bad.validate().unwrap_err().field, "jitter");
-        let bad = BackoffPolicy { cap: Duration::from_millis(1), ..BackoffPolicy::default() };
+        let bad = BackoffPolicy {
+            cap: Duration::from_millis(1),
+            ..BackoffPolicy::default()
+        };
         assert_eq!(bad.validate().unwrap_err().field, "cap");
     }
 }

@@ -109,13 +109,35 @@ mod tests {
         let now = OffsetDateTime::now_utc();
         let later = Some(now + Duration::seconds(1));
         let earlier = Some(now - Duration::seconds(1));
-        let gate = |status, lease, next| Some(ClaimGate { status, lease_expires_at: lease, next_attempt_at: next });
+        let gate = |status, lease, next| {
+            Some(ClaimGate {
+                status,
+                lease_expires_at: lease,
+                next_attempt_at: next,
+            })
+        };
         assert_eq!(classify_refusal(None, now), Refusal::Unavailable);
-        assert_eq!(classify_refusal(gate(Status::Completed, later, later), now), Refusal::Unavailable);
-        assert_eq!(classify_refusal(gate(Status::Running, later, later), now), Refusal::LeaseHeld);
-        assert_eq!(classify_refusal(gate(Status::Suspended, earlier, later), now), Refusal::Paced);
-        assert_eq!(classify_refusal(gate(Status::Running, earlier, earlier), now), Refusal::Unavailable);
-        assert!(gate(Status::Running, earlier, earlier).unwrap().is_claimable(now));
-        assert!(!gate(Status::Running, later, None).unwrap().is_claimable(now));
+        assert_eq!(
+            classify_refusal(gate(Status::Completed, later, later), now),
+            Refusal::Unavailable
+        );
+        assert_eq!(
+            classify_refusal(gate(Status::Running, later, later), now),
+            Refusal::LeaseHeld
+        );
+        assert_eq!(
+            classify_refusal(gate(Status::Suspended, earlier, later), now),
+            Refusal::Paced
+        );
+        assert_eq!(
+            classify_refusal(gate(Status::Running, earlier, earlier), now),
+            Refusal::Unavailable
+        );
+        assert!(gate(Status::Running, earlier, earlier)
+            .unwrap()
+            .is_claimable(now));
+        assert!(!gate(Status::Running, later, None)
+            .unwrap()
+            .is_claimable(now));
     }
 }

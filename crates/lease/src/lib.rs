@@ -49,8 +49,8 @@ mod crash;
 mod store;
 
 pub use backoff::{
-    BackoffPolicy, InvalidPolicy, BACKOFF_BASE_DEFAULT, BACKOFF_CAP_DEFAULT, BACKOFF_JITTER_DEFAULT,
-    MAX_ATTEMPTS_DEFAULT,
+    BackoffPolicy, InvalidPolicy, BACKOFF_BASE_DEFAULT, BACKOFF_CAP_DEFAULT,
+    BACKOFF_JITTER_DEFAULT, MAX_ATTEMPTS_DEFAULT,
 };
 pub use claim::{classify_refusal, Claim, ClaimGate, ClaimOutcome, Refusal};
 pub use crash::{Crash, CrashOutcome, ResurrectOutcome};

@@ -16,7 +16,11 @@ use crate::{ClaimOutcome, Crash, CrashOutcome, ResurrectOutcome};
 pub trait LeaseStore: JournalStore {
     /// Exact discovery: instances `running`, or `suspended` with `wake_after <= now`, highest
     /// priority first, then oldest. One index query, whatever the number of parked instances.
-    async fn instances_runnable(&self, now: Option<OffsetDateTime>, limit: Option<i64>) -> Result<Vec<InstanceKey>>;
+    async fn instances_runnable(
+        &self,
+        now: Option<OffsetDateTime>,
+        limit: Option<i64>,
+    ) -> Result<Vec<InstanceKey>>;
 
     /// Claims `key` for `owner` until `now + ttl` with one conditional update: runnable, lease
     /// free or expired, backoff gate passed. A granted claim bumps the epoch and carries the row
@@ -34,11 +38,21 @@ pub trait LeaseStore: JournalStore {
     /// # Errors
     ///
     /// `LeaseLost` when the fence no longer matches.
-    async fn instance_lease_renew(&self, key: &InstanceKey, fence: &Fence, ttl: Duration) -> Result<()>;
+    async fn instance_lease_renew(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        ttl: Duration,
+    ) -> Result<()>;
 
     /// Releases a held lease; when `progressed`, also resets attempts, error and backoff gate.
     /// Returns `false` when the fence no longer matched (nothing changed).
-    async fn instance_release(&self, key: &InstanceKey, fence: &Fence, progressed: bool) -> Result<bool>;
+    async fn instance_release(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        progressed: bool,
+    ) -> Result<bool>;
 
     /// Operator escape hatch: drops whatever lease the instance has. The old holder stops at
     /// its next boundary because its epoch no longer matches. Returns whether a lease was dropped.
@@ -47,7 +61,12 @@ pub trait LeaseStore: JournalStore {
     /// Records a crash of the run holding `fence` and releases its lease, in one transaction:
     /// attempts + 1, `last_error`, `next_attempt_at = now + retry_delay`; at `max_attempts`
     /// the run is failed instead (marker appended, row `failed`).
-    async fn instance_record_crash(&self, key: &InstanceKey, fence: &Fence, crash: &Crash) -> Result<CrashOutcome>;
+    async fn instance_record_crash(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        crash: &Crash,
+    ) -> Result<CrashOutcome>;
 
     /// Returns a failed instance to `running` with fresh attempts, appending `Resurrected`; its
     /// failure history stays. It may fail again later.

@@ -1,1 +1,56 @@
-//! placeholder
+//! keiro-memory: keiro's store in memory.
+//!
+//! [`MemoryStore`] implements [`JournalStore`](keiro_journal::JournalStore) and
+//! [`LeaseStore`](keiro_lease::LeaseStore) with exactly the semantics of the Postgres store
+//! (the workspace's conformance suite runs against both). Use it to test workflows and
+//! workers without a database, to embed keiro where durability across restarts is not needed,
+//! and as the model the Postgres store is checked against in property tests.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use keiro_journal::{run, start, workflow_fn, Ctx, InstanceKey, RunOptions, RunOutcome, WorkflowError};
+//! use keiro_memory::MemoryStore;
+//!
+//! async fn greet(ctx: Ctx, name: String) -> Result<String, WorkflowError> {
+//!     let compose = || async move { Ok::<_, std::io::Error>(format!("hello {name}")) };
+//!     ctx.step("compose", compose).await
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = MemoryStore::new();
+//! let key = InstanceKey::parse("greet", "greet-1")?;
+//! start(&store, &key, "ada", keiro_journal::PAYLOAD_LEN_MAX_DEFAULT).await?;
+//! let driven = run(Arc::new(store.clone()), &key, workflow_fn(greet).as_ref(), RunOptions::default()).await;
+//! assert_eq!(driven.result?, RunOutcome::Completed(serde_json::json!("hello ada")));
+//! # Ok(()) }
+//! ```
+//!
+//! # Guarantees
+//!
+//! - Each store operation is atomic: it runs as one critical section of one lock, which is
+//!   never held across an `.await`, so concurrent callers see operations one after another.
+//! - The rules match the Postgres store's: idempotent start, same-step writers converging on the
+//!   first result, first-writer-wins markers, terminal refusal, fencing by owner and epoch,
+//!   parks that never mask a wake, the crash ceiling, and resurrection that keeps history.
+//! - Wake notifications ([`MemoryStore::subscribe`]) fire at the points where Postgres
+//!   NOTIFYs, after the operation's state change is visible.
+//! - Nothing survives the process: the store is exactly as durable as the value holding it.
+//!
+//! # Errors
+//!
+//! Operations return [`StoreError`](keiro_journal::StoreError): `NotFound` and `LeaseLost` as in
+//! Postgres, `Malformed` for a journal row that does not decode, and a non-retryable
+//! `Database` error for a request the store refuses (appending `Resurrected` through
+//! `journal_append`, an exhausted sequence or epoch, or a lock poisoned by a panic in an
+//! earlier operation). There is no `Unavailable`: memory is always reachable.
+
+mod clock;
+#[cfg(test)]
+mod fixtures;
+mod journal;
+mod lease;
+mod state;
+mod store;
+
+pub use store::{MemoryStore, WAKE_BUFFER_LEN};

@@ -1,1 +1,64 @@
-//! placeholder
+//! keiro-postgres: keiro's PostgreSQL store.
+//!
+//! [`PgStore`] implements `keiro_journal::JournalStore` and `keiro_lease::LeaseStore` on
+//! tokio-postgres with a deadpool-postgres pool. Every store operation is one atomic
+//! transaction and one round trip: the operations that touch more than one row are plpgsql
+//! functions installed by the embedded migrations, which [`PgStore::migrate`] applies.
+//! Everything lives in one schema (`keiro` by default, see [`Config::schema`]), chosen by the
+//! connections' `search_path`, so several installations can share a database.
+//!
+//! ```no_run
+//! use keiro_journal::{InstanceKey, JournalStore, StartRequest};
+//! use keiro_lease::LeaseStore;
+//! use keiro_postgres::{Config, PgStore};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = PgStore::connect(Config::new("postgres://postgres@127.0.0.1:5432/postgres")).await?;
+//! store.migrate().await?; // idempotent; safe to race
+//!
+//! let key = InstanceKey::parse("order", "order-42")?;
+//! let request = StartRequest { key, input: serde_json::json!({ "sku": 7 }), parent: None, priority: 0 };
+//! let started = store.instance_start(&request).await?; // idempotent by key
+//! println!("{} created: {}", started.instance.key, started.created);
+//!
+//! let runnable = store.instances_runnable(None, Some(100)).await?;
+//! println!("{} runnable, {} round trips so far", runnable.len(), store.round_trips());
+//! # Ok(()) }
+//! ```
+//!
+//! # Guarantees
+//!
+//! - Each trait method is one transaction: an append and the instance-row change it causes
+//!   commit together, and so does a wake with its `NOTIFY` on [`PgStore::wake_channel`].
+//! - Every writer of an instance's journal locks its instance row first, so the checks of an
+//!   append (recorded step, terminal row, fence) and its write see one state.
+//! - Leases expire by the database clock unless a caller pins `now`.
+//! - Discovery is one query on the partial index `workflows_active_idx`: terminal and parked
+//!   instances cost nothing per pass.
+//! - Migrations are applied under an advisory lock, each with its bookkeeping row in one
+//!   transaction, and an edited migration is refused.
+//!
+//! # Errors
+//!
+//! Store operations return `keiro_journal::StoreError`: a closed connection, an I/O error or a
+//! pool timeout is `Unavailable`; a serialization failure or deadlock is a retryable
+//! `Database` error; anything else a database refuses is a non-retryable `Database` error;
+//! rows that do not read as keiro data are `Malformed`. Connecting, configuring and migrating
+//! return this crate's [`Error`].
+
+mod config;
+mod error;
+mod journal;
+mod lease;
+mod migrate;
+mod row;
+mod store;
+
+pub use config::{
+    Config, ACQUIRE_TIMEOUT_DEFAULT, APPLICATION_NAME_DEFAULT, CONNECT_TIMEOUT_DEFAULT,
+    POOL_SIZE_DEFAULT, POOL_SIZE_MIN, SCHEMA_DEFAULT, SCHEMA_LEN_MAX, URL_DEFAULT,
+};
+pub use error::{Error, Result};
+#[doc(hidden)]
+pub use lease::INSTANCES_RUNNABLE;
+pub use store::PgStore;

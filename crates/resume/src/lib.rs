@@ -1,1 +1,56 @@
-//! placeholder
+//! keiro-resume: the resume worker that finds unfinished workflow instances and drives them.
+//!
+//! A pass runs one exact discovery query (instances `running`, or `suspended` with a due
+//! `wake_after`), then for each candidate: registry lookup, lease claim, drive, classify,
+//! release. Crashed runs are retried with backoff and failed at the ceiling; a poison workflow
+//! never stops a healthy one. Loops repeat passes on a fixed poll or on push notifications.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use keiro_journal::{Ctx, WorkflowError};
+//! use keiro_lease::LeaseStore;
+//! use keiro_resume::{resume_once, Registry, ResumeOptions};
+//!
+//! async fn double(ctx: Ctx, n: u64) -> Result<u64, WorkflowError> {
+//!     ctx.step("double", || async move { Ok::<_, std::io::Error>(n * 2) }).await
+//! }
+//!
+//! # async fn demo(store: Arc<dyn LeaseStore>) -> Result<(), Box<dyn std::error::Error>> {
+//! let mut registry = Registry::new();
+//! registry.register("double", double)?;
+//! let summary = resume_once(&store, &registry, &ResumeOptions::default()).await?;
+//! println!("completed {} of {}", summary.completed, summary.discovered);
+//! # Ok(()) }
+//! ```
+//!
+//! # Guarantees
+//!
+//! - One steady-state advancer per instance (leases with fencing); a dead worker's instances
+//!   are resumed within `lease_ttl` plus one poll interval.
+//! - Discovery is exact: an instance parked on an unresolved wake source is not returned.
+//! - The summary of a pass is the same whether candidates ran one at a time or concurrently.
+//! - Loops survive failing passes and shut down gracefully.
+//!
+//! # Errors
+//!
+//! Only a failing discovery query fails a pass; everything per candidate is counted in
+//! [`ResumeSummary`] and reported through the log hook ([`ResumeLogEvent`]).
+
+mod log;
+mod options;
+mod pass;
+mod registry;
+mod summary;
+mod wake;
+mod worker;
+
+pub use log::{tracing_log_hook, LogHook, ResumeLogEvent};
+pub use options::{
+    InvalidOptions, ResumeOptions, LEASE_TTL_MIN, MAX_CONCURRENT_ADVANCES_DEFAULT,
+    POLL_INTERVAL_DEFAULT, POLL_INTERVAL_MIN,
+};
+pub use pass::{drain, resume_once, resume_once_up_to};
+pub use registry::{Registry, RegistryError};
+pub use summary::ResumeSummary;
+pub use wake::{FixedPoll, WakeReason, WakeSource};
+pub use worker::run_loop;

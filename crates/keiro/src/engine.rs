@@ -1,0 +1,170 @@
+//! `Keiro`: the client half of the facade (start, cancel, deliver, inspect, operate).
+
+use std::sync::Arc;
+
+use keiro_journal::{
+    AppendOutcome, CancelOutcome, Instance, InstanceKey, JournalEntry, Started,
+    PAYLOAD_LEN_MAX_DEFAULT,
+};
+use keiro_lease::{LeaseStore, ResurrectOutcome};
+use serde::Serialize;
+
+use crate::{Error, WorkerBuilder};
+
+/// A handle on a keiro store: start and operate workflow instances, and build workers.
+/// Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Keiro {
+    store: Arc<dyn LeaseStore>,
+    payload_len_max: usize,
+}
+
+impl Keiro {
+    /// Wraps any store.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")] {
+    /// let keiro = keiro::Keiro::new(keiro::memory::MemoryStore::new());
+    /// # let _ = keiro; }
+    /// ```
+    pub fn new(store: impl LeaseStore) -> Self {
+        Self::from_arc(Arc::new(store))
+    }
+
+    /// Wraps a shared store.
+    pub fn from_arc(store: Arc<dyn LeaseStore>) -> Self {
+        Self {
+            store,
+            payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
+        }
+    }
+
+    /// Connects to Postgres at `url` (schema `keiro`) and applies pending migrations.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Postgres`] when the database cannot be reached or migrated.
+    #[cfg(feature = "postgres")]
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        let config = keiro_postgres::Config::new(url);
+        Self::connect_with(config).await
+    }
+
+    /// Connects with a full Postgres configuration and applies pending migrations.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Postgres`] when the database cannot be reached or migrated.
+    #[cfg(feature = "postgres")]
+    pub async fn connect_with(config: keiro_postgres::Config) -> Result<Self, Error> {
+        let store = keiro_postgres::PgStore::connect(config).await?;
+        store.migrate().await?;
+        Ok(Self::new(store))
+    }
+
+    /// The largest payload accepted by [`start`](Self::start) and [`deliver`](Self::deliver).
+    /// Defaults to [`PAYLOAD_LEN_MAX_DEFAULT`].
+    #[must_use]
+    pub fn with_payload_len_max(mut self, payload_len_max: usize) -> Self {
+        self.payload_len_max = payload_len_max;
+        self
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn LeaseStore> {
+        &self.store
+    }
+
+    /// Starts instance `id` of workflow `name` with `input`, durably: the instance row exists
+    /// (status `running`) when this returns, and a worker will drive it. Idempotent by id: a
+    /// second start returns the existing instance (`created == false`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidId`], [`Error::Payload`] (does not encode, or too large),
+    /// [`Error::Store`].
+    pub async fn start<I: Serialize + ?Sized>(
+        &self,
+        name: &str,
+        id: &str,
+        input: &I,
+    ) -> Result<Started, Error> {
+        let key = InstanceKey::parse(name, id)?;
+        Ok(keiro_journal::start(self.store.as_ref(), &key, input, self.payload_len_max).await?)
+    }
+
+    /// Cancels an instance: appends the cancel marker (first writer wins against completion);
+    /// the run stops at its next boundary.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Store`] with a not-found error for an unknown instance.
+    pub async fn cancel(&self, name: &str, id: &str) -> Result<CancelOutcome, Error> {
+        let key = InstanceKey::parse(name, id)?;
+        Ok(keiro_journal::cancel(self.store.as_ref(), &key).await?)
+    }
+
+    /// Journals `value` for a run waiting in `ctx.await_step(step)`, and wakes it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidId`], [`Error::Payload`], [`Error::Store`].
+    pub async fn deliver<T: Serialize + ?Sized>(
+        &self,
+        name: &str,
+        id: &str,
+        step: &str,
+        value: &T,
+    ) -> Result<AppendOutcome, Error> {
+        let key = InstanceKey::parse(name, id)?;
+        Ok(
+            keiro_journal::deliver(self.store.as_ref(), &key, step, value, self.payload_len_max)
+                .await?,
+        )
+    }
+
+    /// The instance row, if the instance exists.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidId`], [`Error::Store`].
+    pub async fn instance(&self, name: &str, id: &str) -> Result<Option<Instance>, Error> {
+        let key = InstanceKey::parse(name, id)?;
+        Ok(self.store.instance_get(&key).await?)
+    }
+
+    /// The instance's whole journal, every generation, in append order.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidId`], [`Error::Store`].
+    pub async fn journal(&self, name: &str, id: &str) -> Result<Vec<JournalEntry>, Error> {
+        let key = InstanceKey::parse(name, id)?;
+        Ok(self.store.journal_history(&key).await?)
+    }
+
+    /// Operator: returns a failed instance to running, keeping its failure history.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidId`], [`Error::Store`].
+    pub async fn resurrect(&self, name: &str, id: &str) -> Result<ResurrectOutcome, Error> {
+        let key = InstanceKey::parse(name, id)?;
+        Ok(self.store.instance_resurrect(&key).await?)
+    }
+
+    /// Operator: drops the instance's lease; its holder stops at its next boundary.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidId`], [`Error::Store`].
+    pub async fn force_release(&self, name: &str, id: &str) -> Result<bool, Error> {
+        let key = InstanceKey::parse(name, id)?;
+        Ok(self.store.instance_lease_force_release(&key).await?)
+    }
+
+    /// A builder for a worker on this store.
+    pub fn worker(&self) -> WorkerBuilder {
+        WorkerBuilder::new(self.store.clone())
+    }
+}

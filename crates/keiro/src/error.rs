@@ -1,0 +1,38 @@
+//! The facade's error.
+
+/// Errors of [`Keiro`](crate::Keiro) and [`WorkerBuilder`](crate::WorkerBuilder) operations.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A workflow name, id or step name was invalid.
+    #[error("invalid identifier")]
+    InvalidId(#[from] keiro_journal::IdError),
+    /// A payload did not encode, or exceeded the payload limit.
+    #[error("invalid payload")]
+    Payload(#[source] keiro_journal::WorkflowError),
+    /// A store operation failed.
+    #[error("store operation failed")]
+    Store(#[from] keiro_journal::StoreError),
+    /// A registration was refused.
+    #[error("workflow registration refused")]
+    Registry(#[from] keiro_resume::RegistryError),
+    /// The worker options are out of bounds.
+    #[error("invalid worker options")]
+    Options(#[from] keiro_resume::InvalidOptions),
+    /// Connecting to or migrating the Postgres database failed.
+    #[cfg(feature = "postgres")]
+    #[error("connecting to postgres failed")]
+    Postgres(#[from] keiro_postgres::Error),
+}
+
+impl From<keiro_journal::Error> for Error {
+    fn from(error: keiro_journal::Error) -> Self {
+        match error {
+            keiro_journal::Error::InvalidId(e) => Self::InvalidId(e),
+            keiro_journal::Error::Payload(e) => Self::Payload(e),
+            keiro_journal::Error::Store(e) => Self::Store(e),
+            // The journal's error is non-exhaustive; keep the facade total.
+            other => Self::Payload(keiro_journal::WorkflowError::app(other)),
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! `Worker`: the embeddable resume worker, built in a few lines.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use keiro_journal::{Ctx, StoreError, WorkflowError};
+use keiro_lease::{BackoffPolicy, LeaseStore};
+use keiro_resume::{
+    FixedPoll, LogHook, Registry, RegistryError, ResumeOptions, ResumeSummary, WakeSource,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::Error;
+
+/// Builds a [`Worker`]: register workflows, adjust options, then [`build`](Self::build).
+///
+/// Every option defaults to the value documented on [`ResumeOptions`].
+#[must_use]
+pub struct WorkerBuilder {
+    store: Arc<dyn LeaseStore>,
+    registry: Registry,
+    options: ResumeOptions,
+    errors: Vec<RegistryError>,
+}
+
+impl std::fmt::Debug for WorkerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerBuilder")
+            .field("registry", &self.registry)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WorkerBuilder {
+    /// A builder on `store` with an empty registry and default options.
+    pub fn new(store: Arc<dyn LeaseStore>) -> Self {
+        Self {
+            store,
+            registry: Registry::new(),
+            options: ResumeOptions::default(),
+            errors: Vec::new(),
+        }
+    }
+
+    /// Registers `body` under `name`; an invalid or duplicate name is reported by `build`.
+    pub fn register<F, Fut, I, O>(mut self, name: &str, body: F) -> Self
+    where
+        F: Fn(Ctx, I) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<O, WorkflowError>> + Send + 'static,
+        I: DeserializeOwned + 'static,
+        O: Serialize + 'static,
+    {
+        if let Err(error) = self.registry.register(name, body) {
+            self.errors.push(error);
+        }
+        self
+    }
+
+    /// Uses a registry built elsewhere (replacing registrations made so far).
+    pub fn registry(mut self, registry: Registry) -> Self {
+        self.registry = registry;
+        self
+    }
+
+    /// Replaces all options at once.
+    pub fn options(mut self, options: ResumeOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Gap between passes when idle.
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.options.poll_interval = interval;
+        self
+    }
+
+    /// Lease time-to-live.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.options.lease_ttl = ttl;
+        self
+    }
+
+    /// Crash ceiling.
+    pub fn max_attempts(mut self, attempts: i32) -> Self {
+        self.options.max_attempts = attempts;
+        self
+    }
+
+    /// Runs driven at once per pass.
+    pub fn concurrency(mut self, advances: usize) -> Self {
+        self.options.max_concurrent_advances = advances;
+        self
+    }
+
+    /// Crash backoff policy.
+    pub fn backoff(mut self, backoff: BackoffPolicy) -> Self {
+        self.options.backoff = backoff;
+        self
+    }
+
+    /// Reconcile fallback for runs parked with no deadline (`None` disables it).
+    pub fn reconcile(mut self, reconcile: Option<Duration>) -> Self {
+        self.options.reconcile = reconcile;
+        self
+    }
+
+    /// The lease owner id (default: a fresh id per pass).
+    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+        self.options.owner = Some(owner.into());
+        self
+    }
+
+    /// Where notable events go (default: `tracing`).
+    pub fn log(mut self, hook: LogHook) -> Self {
+        self.options.log = hook;
+        self
+    }
+
+    /// Record OpenTelemetry metrics.
+    pub fn metrics(mut self, metrics: keiro_telemetry::Metrics) -> Self {
+        self.options.metrics = Some(metrics);
+        self
+    }
+
+    /// Validates the registrations and options.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Registry`] for the first refused registration, [`Error::Options`] for an option
+    /// out of bounds.
+    pub fn build(mut self) -> Result<Worker, Error> {
+        if !self.errors.is_empty() {
+            return Err(Error::Registry(self.errors.remove(0)));
+        }
+        self.options.validate()?;
+        Ok(Worker {
+            store: self.store,
+            registry: self.registry,
+            options: self.options,
+        })
+    }
+}
+
+/// An embeddable resume worker: finds unfinished instances and drives them.
+#[derive(Debug, Clone)]
+pub struct Worker {
+    store: Arc<dyn LeaseStore>,
+    registry: Registry,
+    options: ResumeOptions,
+}
+
+impl Worker {
+    /// A builder on `store`.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")] {
+    /// use keiro::{Ctx, Worker, WorkflowError};
+    /// async fn noop(_ctx: Ctx, _input: ()) -> Result<(), WorkflowError> { Ok(()) }
+    /// let worker = Worker::builder(keiro::memory::MemoryStore::new())
+    ///     .register("noop", noop)
+    ///     .build()
+    ///     .expect("valid registration");
+    /// # let _ = worker; }
+    /// ```
+    pub fn builder(store: impl LeaseStore) -> WorkerBuilder {
+        WorkerBuilder::new(Arc::new(store))
+    }
+
+    /// The registry.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The options.
+    pub fn options(&self) -> &ResumeOptions {
+        &self.options
+    }
+
+    /// One pass over every runnable instance.
+    ///
+    /// # Errors
+    ///
+    /// The discovery query's store error.
+    pub async fn resume_once(&self) -> Result<ResumeSummary, StoreError> {
+        keiro_resume::resume_once(&self.store, &self.registry, &self.options).await
+    }
+
+    /// Passes until one advances nothing.
+    ///
+    /// # Errors
+    ///
+    /// The first failing discovery query.
+    pub async fn drain(&self) -> Result<ResumeSummary, StoreError> {
+        keiro_resume::drain(&self.store, &self.registry, &self.options).await
+    }
+
+    /// Runs the fixed-poll loop until `shutdown` resolves; in-flight runs finish first.
+    pub async fn run_until(&self, shutdown: impl Future<Output = ()> + Send) -> ResumeSummary {
+        self.run_with(FixedPoll, shutdown).await
+    }
+
+    /// Runs the loop with a custom wake source until `shutdown` resolves.
+    pub async fn run_with<W: WakeSource>(
+        &self,
+        wake: W,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> ResumeSummary {
+        keiro_resume::run_loop(
+            self.store.clone(),
+            self.registry.clone(),
+            self.options.clone(),
+            wake,
+            shutdown,
+        )
+        .await
+    }
+
+    /// Runs until Ctrl-C (SIGINT), then shuts down gracefully.
+    pub async fn run(&self) -> ResumeSummary {
+        self.run_until(async {
+            // If the signal handler cannot be installed, run until the process is killed.
+            if tokio::signal::ctrl_c().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        })
+        .await
+    }
+}

@@ -1,0 +1,751 @@
+//! [`JournalStore`] for [`MemoryStore`]: starting instances, appending events, confirming,
+//! parking and failing diverged runs, each one critical section.
+//!
+//! An append decides in a fixed order, each step returning before anything is written: a
+//! missing instance, a writer on another generation, a step that is already recorded, a
+//! terminal row, a stale fence; only then is the row journaled and the instance row moved.
+//! The order is the contract: a recorded step answers `AlreadyPresent` even on a closed
+//! instance, and a closed instance answers `RefusedTerminal` even to a stale holder.
+
+use std::time::Duration;
+
+use keiro_journal::store::{Append, AppendOutcome, JournalStore, Park, ParkOutcome, Result};
+use keiro_journal::{
+    Event, Fence, Generation, Instance, InstanceKey, JournalEntry, Marker, StartRequest, Started,
+    Status,
+};
+use serde_json::Value;
+
+use crate::clock::later;
+use crate::state::{
+    clear_lease, closing_marker, holds, lease_lost, refused, reset_attempts, Entry, JournalRow,
+    State,
+};
+use crate::MemoryStore;
+
+const APPEND: &str = "appending to the journal";
+
+impl State {
+    fn instance_start(&mut self, request: &StartRequest) -> Started {
+        if let Some(entry) = self.instances.get(&request.key) {
+            return Started {
+                instance: entry.row.clone(),
+                created: false,
+            };
+        }
+        let now = self.clock.now();
+        let row = Instance {
+            key: request.key.clone(),
+            generation: 0,
+            status: Status::Running,
+            input: request.input.clone(),
+            output: None,
+            attempts: 0,
+            last_error: None,
+            next_attempt_at: None,
+            lease_owner: None,
+            lease_epoch: 0,
+            lease_expires_at: None,
+            wake_after: None,
+            parent: request.parent.clone(),
+            priority: request.priority,
+            created_at: now,
+            updated_at: now,
+            completed_at: None,
+        };
+        self.instances
+            .insert(request.key.clone(), Entry::new(row.clone()));
+        self.wake(&request.key);
+        Started {
+            instance: row,
+            created: true,
+        }
+    }
+
+    fn journal_append(&mut self, append: &Append) -> Result<AppendOutcome> {
+        let marker = append.event.marker();
+        if marker.is_none() && !matches!(append.event, Event::StepRecorded { .. }) {
+            // `Resurrected` carries an instance-row change of its own; letting it in here
+            // would journal a resurrection without performing it.
+            return Err(refused(
+                APPEND,
+                "only steps and lifecycle markers go through journal_append",
+            ));
+        }
+        let now = self.clock.now();
+        let entry = self.entry_mut(&append.key)?;
+        let encoded = append.event.encode();
+        let generation = append.generation.unwrap_or(entry.row.generation);
+
+        if generation != entry.row.generation {
+            // A writer on another generation only ever learns what is there; a retried
+            // continue-as-new finds its own marker and converges.
+            return Ok(match entry.step(generation, &encoded.step_name) {
+                Some(stored) => AppendOutcome::AlreadyPresent(stored.payload.clone()),
+                None => AppendOutcome::Conflict,
+            });
+        }
+        if marker.is_none() {
+            // Before the terminal check, so retrying a recorded step stays idempotent after
+            // the instance closed.
+            if let Some(stored) = entry.step(generation, &encoded.step_name) {
+                return Ok(if stored.kind == encoded.kind {
+                    AppendOutcome::AlreadyPresent(stored.payload.clone())
+                } else {
+                    AppendOutcome::Conflict
+                });
+            }
+        }
+        if let Some(closing) = closing_marker(entry.row.status) {
+            return Ok(match marker {
+                Some(marker) if marker == closing => {
+                    AppendOutcome::AlreadyPresent(recorded_value(&entry.row, closing))
+                }
+                _ => AppendOutcome::RefusedTerminal(closing),
+            });
+        }
+        if let Some(fence) = &append.fence {
+            if !holds(&entry.row, fence) {
+                return Err(lease_lost(&append.key, fence));
+            }
+        }
+
+        let step_name = match marker {
+            // A failure may recur after a resurrection; its rows stay unique by numbering.
+            Some(Marker::Failed) => entry.repeatable_name(generation, &encoded.step_name),
+            _ => encoded.step_name,
+        };
+        if entry.step(generation, &step_name).is_some() {
+            // Only a once-per-generation marker can get here (a continue-as-new that named its
+            // own generation as the next one); Postgres would hit the unique index.
+            return Ok(AppendOutcome::Conflict);
+        }
+        let seq = self.seq.next()?;
+        let entry = self.entry_mut(&append.key)?;
+        entry.push(JournalRow {
+            seq,
+            generation,
+            step_name,
+            kind: encoded.kind,
+            payload: encoded.payload,
+            recorded_at: now,
+        })?;
+
+        let row = &mut entry.row;
+        row.updated_at = now;
+        let mut wake = false;
+        match &append.event {
+            Event::WorkflowCompleted { output } => {
+                row.status = Status::Completed;
+                row.output = Some(output.clone());
+                row.completed_at = Some(now);
+                clear_lease(row);
+                reset_attempts(row);
+                row.wake_after = None;
+            }
+            Event::WorkflowFailed { reason } => {
+                row.status = Status::Failed;
+                row.last_error = Some(reason.clone());
+                row.completed_at = Some(now);
+                clear_lease(row);
+                row.wake_after = None;
+            }
+            Event::WorkflowCancelled => {
+                row.status = Status::Cancelled;
+                row.completed_at = Some(now);
+                clear_lease(row);
+                row.wake_after = None;
+            }
+            Event::WorkflowContinuedAsNew {
+                next_generation,
+                input,
+            } => {
+                row.generation = *next_generation;
+                row.input = input.clone();
+                row.status = Status::Running;
+                clear_lease(row);
+                reset_attempts(row);
+                row.wake_after = None;
+                row.output = None;
+                wake = true;
+            }
+            // Only steps remain: everything else was turned away above.
+            _ => {
+                wake = row.status == Status::Suspended;
+                row.status = Status::Running;
+                if let (Some(_), Some(renew)) = (&append.fence, append.renew) {
+                    row.lease_expires_at = Some(later(now, renew));
+                }
+            }
+        }
+        if wake {
+            self.wake(&append.key);
+        }
+        Ok(AppendOutcome::Appended)
+    }
+
+    fn instance_confirm(
+        &mut self,
+        key: &InstanceKey,
+        fence: &Fence,
+        ttl: Duration,
+    ) -> Result<Status> {
+        let now = self.clock.now();
+        let row = &mut self.entry_mut(key)?.row;
+        if row.status.is_terminal() {
+            // The run must learn it is over even if its lease went with the terminal write.
+            return Ok(row.status);
+        }
+        if !holds(row, fence) {
+            return Err(lease_lost(key, fence));
+        }
+        row.lease_expires_at = Some(later(now, ttl));
+        row.updated_at = now;
+        Ok(row.status)
+    }
+
+    fn instance_park(&mut self, park: &Park) -> Result<ParkOutcome> {
+        let now = self.clock.now();
+        let entry = self.entry_mut(&park.key)?;
+        if entry.row.status.is_terminal() {
+            return Ok(ParkOutcome::Terminal(entry.row.status));
+        }
+        if let Some(fence) = &park.fence {
+            if !holds(&entry.row, fence) {
+                return Err(lease_lost(&park.key, fence));
+            }
+        }
+        // Decided under the same lock as the wake's append, so a wake that landed first is
+        // seen here and never masked by a `suspended` written after it.
+        let woken = park.generation != entry.row.generation
+            || park
+                .awaited
+                .iter()
+                .any(|step| entry.step(park.generation, step).is_some());
+        let row = &mut entry.row;
+        clear_lease(row);
+        reset_attempts(row);
+        row.updated_at = now;
+        // A woken park leaves the status alone: whatever woke it already made the row
+        // `running`, and a stale generation's park has no say over the current one's status.
+        if woken {
+            self.wake(&park.key);
+            return Ok(ParkOutcome::WokenBeforePark);
+        }
+        row.status = Status::Suspended;
+        row.wake_after = park.wake_after;
+        Ok(ParkOutcome::Suspended)
+    }
+
+    fn instance_fail_diverged(
+        &mut self,
+        key: &InstanceKey,
+        fence: Option<&Fence>,
+        reason: &str,
+    ) -> Result<bool> {
+        let now = self.clock.now();
+        let row = &mut self.entry_mut(key)?.row;
+        if row.status.is_terminal() {
+            return Ok(false);
+        }
+        if let Some(fence) = fence {
+            if !holds(row, fence) {
+                return Err(lease_lost(key, fence));
+            }
+        }
+        row.status = Status::Failed;
+        row.last_error = Some(reason.to_owned());
+        row.completed_at = Some(now);
+        clear_lease(row);
+        row.updated_at = now;
+        Ok(true)
+    }
+
+    fn journal_load(&self, key: &InstanceKey, generation: Generation) -> Result<Vec<JournalEntry>> {
+        self.instances.get(key).map_or(Ok(Vec::new()), |entry| {
+            entry.load(generation, "loading a journal generation")
+        })
+    }
+
+    fn journal_history(&self, key: &InstanceKey) -> Result<Vec<JournalEntry>> {
+        self.instances.get(key).map_or(Ok(Vec::new()), |entry| {
+            entry.history("loading a journal's history")
+        })
+    }
+}
+
+/// The value a repeated closing marker converges on, read from the row because a failure
+/// recorded by divergence has no journal row to read it from.
+fn recorded_value(row: &Instance, closing: Marker) -> Value {
+    match closing {
+        Marker::Completed => row.output.clone().unwrap_or(Value::Null),
+        Marker::Failed => row.last_error.clone().map_or(Value::Null, Value::String),
+        Marker::Cancelled | Marker::ContinuedAsNew => Value::Null,
+    }
+}
+
+#[async_trait::async_trait]
+impl JournalStore for MemoryStore {
+    async fn instance_start(&self, request: &StartRequest) -> Result<Started> {
+        self.transact("starting an instance", |state| {
+            Ok(state.instance_start(request))
+        })
+    }
+
+    async fn instance_get(&self, key: &InstanceKey) -> Result<Option<Instance>> {
+        self.transact("reading an instance", |state| {
+            Ok(state.instances.get(key).map(|entry| entry.row.clone()))
+        })
+    }
+
+    async fn journal_load(
+        &self,
+        key: &InstanceKey,
+        generation: Generation,
+    ) -> Result<Vec<JournalEntry>> {
+        self.transact("loading a journal generation", |state| {
+            state.journal_load(key, generation)
+        })
+    }
+
+    async fn journal_history(&self, key: &InstanceKey) -> Result<Vec<JournalEntry>> {
+        self.transact("loading a journal's history", |state| {
+            state.journal_history(key)
+        })
+    }
+
+    async fn journal_append(&self, append: &Append) -> Result<AppendOutcome> {
+        self.transact(APPEND, |state| state.journal_append(append))
+    }
+
+    async fn instance_confirm(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        ttl: Duration,
+    ) -> Result<Status> {
+        self.transact("confirming a lease", |state| {
+            state.instance_confirm(key, fence, ttl)
+        })
+    }
+
+    async fn instance_park(&self, park: &Park) -> Result<ParkOutcome> {
+        self.transact("parking an instance", |state| state.instance_park(park))
+    }
+
+    async fn instance_fail_diverged(
+        &self,
+        key: &InstanceKey,
+        fence: Option<&Fence>,
+        reason: &str,
+    ) -> Result<bool> {
+        self.transact("failing a diverged instance", |state| {
+            state.instance_fail_diverged(key, fence, reason)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use keiro_journal::marker_name;
+    use keiro_journal::{StepKind, StoreError};
+    use keiro_lease::{ClaimOutcome, LeaseStore};
+    use serde_json::json;
+    use time::Duration as Span;
+
+    use super::*;
+    use crate::fixtures::{append, claim, start, step, store, T0, TTL};
+
+    #[tokio::test]
+    async fn start_is_idempotent_and_notifies_only_on_create() {
+        let store = store();
+        let mut wakes = store.subscribe();
+        let key = start(&store, "a").await;
+        let again = StartRequest {
+            key: key.clone(),
+            input: json!("other"),
+            parent: None,
+            priority: 9,
+        };
+        let started = store.instance_start(&again).await.unwrap();
+        assert!(!started.created);
+        assert_eq!(
+            (started.instance.input, started.instance.priority),
+            (Value::Null, 0)
+        );
+        assert_eq!(started.instance.created_at, T0);
+        assert_eq!(wakes.try_recv().unwrap(), key);
+        assert!(wakes.try_recv().is_err());
+    }
+
+    #[tokio::test]
+    async fn terminal_rows_refuse_with_their_own_marker_and_repeat_it_as_already_present() {
+        let store = store();
+        let done = start(&store, "done").await;
+        let completed = Event::WorkflowCompleted {
+            output: json!({"ok": 1}),
+        };
+        assert_eq!(
+            append(&store, &done, None, completed.clone(), None)
+                .await
+                .unwrap(),
+            AppendOutcome::Appended
+        );
+        let refused = AppendOutcome::RefusedTerminal(Marker::Completed);
+        assert_eq!(
+            append(&store, &done, None, step("late", json!(1)), None)
+                .await
+                .unwrap(),
+            refused
+        );
+        assert_eq!(
+            append(&store, &done, None, Event::WorkflowCancelled, None)
+                .await
+                .unwrap(),
+            refused
+        );
+        let other = Event::WorkflowCompleted {
+            output: json!("different"),
+        };
+        assert_eq!(
+            append(&store, &done, None, other, None).await.unwrap(),
+            AppendOutcome::AlreadyPresent(json!({"ok": 1}))
+        );
+
+        let failed = start(&store, "failed").await;
+        assert!(store
+            .instance_fail_diverged(&failed, None, "diverged")
+            .await
+            .unwrap());
+        let fail = Event::WorkflowFailed { reason: "x".into() };
+        assert_eq!(
+            append(&store, &failed, None, fail, None).await.unwrap(),
+            AppendOutcome::AlreadyPresent(json!("diverged"))
+        );
+        assert_eq!(
+            append(&store, &failed, None, completed, None)
+                .await
+                .unwrap(),
+            AppendOutcome::RefusedTerminal(Marker::Failed)
+        );
+
+        let cancelled = start(&store, "cancelled").await;
+        append(&store, &cancelled, None, Event::WorkflowCancelled, None)
+            .await
+            .unwrap();
+        assert_eq!(
+            append(&store, &cancelled, None, Event::WorkflowCancelled, None)
+                .await
+                .unwrap(),
+            AppendOutcome::AlreadyPresent(Value::Null)
+        );
+        assert_eq!(store.journal_history(&cancelled).await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn terminal_refusal_comes_before_the_fence_check() {
+        let store = store();
+        let key = start(&store, "a").await;
+        let fence = claim(&store, &key, "w").await;
+        append(&store, &key, None, Event::WorkflowCancelled, None)
+            .await
+            .unwrap();
+        let outcome = append(&store, &key, Some(0), step("s", json!(1)), Some(&fence))
+            .await
+            .unwrap();
+        assert_eq!(outcome, AppendOutcome::RefusedTerminal(Marker::Cancelled));
+        assert_eq!(
+            store.instance_confirm(&key, &fence, TTL).await.unwrap(),
+            Status::Cancelled
+        );
+    }
+
+    #[tokio::test]
+    async fn a_recorded_step_is_already_present_even_after_the_instance_closed() {
+        let store = store();
+        let key = start(&store, "a").await;
+        append(&store, &key, None, step("s", json!("first")), None)
+            .await
+            .unwrap();
+        append(&store, &key, None, Event::WorkflowCancelled, None)
+            .await
+            .unwrap();
+        assert_eq!(
+            append(&store, &key, Some(0), step("s", json!("second")), None)
+                .await
+                .unwrap(),
+            AppendOutcome::AlreadyPresent(json!("first"))
+        );
+        let as_sleep = Event::StepRecorded {
+            step: "s".into(),
+            kind: StepKind::Sleep,
+            result: json!("second"),
+        };
+        assert_eq!(
+            append(&store, &key, Some(0), as_sleep, None).await.unwrap(),
+            AppendOutcome::Conflict
+        );
+    }
+
+    #[tokio::test]
+    async fn only_the_current_holder_may_append_and_its_append_renews() {
+        let store = store();
+        let key = start(&store, "a").await;
+        let stale = claim(&store, &key, "old").await;
+        let after_expiry = Some(T0 + Span::minutes(2));
+        let ClaimOutcome::Acquired(fresh) = store
+            .instance_claim(&key, "new", TTL, after_expiry)
+            .await
+            .unwrap()
+        else {
+            panic!("an expired lease is claimable");
+        };
+        assert_eq!(fresh.fence.epoch, stale.epoch + 1);
+        let err = append(&store, &key, Some(0), step("s", json!(1)), Some(&stale))
+            .await
+            .unwrap_err();
+        assert!(err.is_lease_lost());
+        assert!(store.journal_history(&key).await.unwrap().is_empty());
+
+        store.set_now(Some(T0 + Span::minutes(3)));
+        let renewing = Append {
+            key: key.clone(),
+            generation: Some(0),
+            event: step("s", json!(2)),
+            fence: Some(fresh.fence.clone()),
+            renew: Some(TTL),
+        };
+        assert_eq!(
+            store.journal_append(&renewing).await.unwrap(),
+            AppendOutcome::Appended
+        );
+        let row = store.instance_get(&key).await.unwrap().unwrap();
+        assert_eq!(row.lease_expires_at, Some(T0 + Span::minutes(4)));
+        assert_eq!(row.updated_at, T0 + Span::minutes(3));
+
+        assert!(store.instance_lease_force_release(&key).await.unwrap());
+        let err = store
+            .instance_confirm(&key, &fresh.fence, TTL)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::LeaseLost { ref owner, .. } if owner == "new"));
+    }
+
+    #[tokio::test]
+    async fn writers_on_an_old_generation_converge_or_conflict() {
+        let store = store();
+        let key = start(&store, "a").await;
+        append(&store, &key, None, step("s", json!(1)), None)
+            .await
+            .unwrap();
+        let mut wakes = store.subscribe();
+        let rotate = Event::WorkflowContinuedAsNew {
+            next_generation: 1,
+            input: json!("next"),
+        };
+        assert_eq!(
+            append(&store, &key, Some(0), rotate.clone(), None)
+                .await
+                .unwrap(),
+            AppendOutcome::Appended
+        );
+        assert_eq!(wakes.try_recv().unwrap(), key);
+        let row = store.instance_get(&key).await.unwrap().unwrap();
+        assert_eq!(
+            (row.generation, row.status, row.input),
+            (1, Status::Running, json!("next"))
+        );
+
+        let retried = append(&store, &key, Some(0), rotate, None).await.unwrap();
+        assert_eq!(
+            retried,
+            AppendOutcome::AlreadyPresent(json!({"next_generation": 1, "input": "next"}))
+        );
+        assert_eq!(
+            append(&store, &key, Some(0), step("s", json!(2)), None)
+                .await
+                .unwrap(),
+            AppendOutcome::AlreadyPresent(json!(1))
+        );
+        assert_eq!(
+            append(&store, &key, Some(0), step("t", json!(2)), None)
+                .await
+                .unwrap(),
+            AppendOutcome::Conflict
+        );
+        assert_eq!(
+            append(&store, &key, None, step("s", json!(3)), None)
+                .await
+                .unwrap(),
+            AppendOutcome::Appended
+        );
+        assert_eq!(store.journal_load(&key, 0).await.unwrap().len(), 2);
+        assert_eq!(store.journal_load(&key, 1).await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_park_never_masks_a_wake_that_landed_first() {
+        let store = store();
+        let key = start(&store, "a").await;
+        let fence = claim(&store, &key, "w").await;
+        append(&store, &key, None, step("sleep:nap", json!(null)), None)
+            .await
+            .unwrap();
+        let mut wakes = store.subscribe();
+        let park = Park {
+            key: key.clone(),
+            generation: 0,
+            fence: Some(fence),
+            awaited: vec!["awk:x".into(), "sleep:nap".into()],
+            wake_after: Some(T0 + Span::hours(1)),
+        };
+        assert_eq!(
+            store.instance_park(&park).await.unwrap(),
+            ParkOutcome::WokenBeforePark
+        );
+        assert_eq!(wakes.try_recv().unwrap(), key);
+        let row = store.instance_get(&key).await.unwrap().unwrap();
+        assert_eq!(
+            (row.status, row.lease_owner, row.wake_after),
+            (Status::Running, None, None)
+        );
+
+        let fence = claim(&store, &key, "w").await;
+        let park = Park {
+            awaited: vec!["awk:x".into()],
+            fence: Some(fence),
+            ..park
+        };
+        assert_eq!(
+            store.instance_park(&park).await.unwrap(),
+            ParkOutcome::Suspended
+        );
+        let row = store.instance_get(&key).await.unwrap().unwrap();
+        assert_eq!(
+            (row.status, row.wake_after),
+            (Status::Suspended, Some(T0 + Span::hours(1)))
+        );
+        assert!(store
+            .instances_runnable(None, None)
+            .await
+            .unwrap()
+            .is_empty());
+
+        append(&store, &key, None, step("awk:x", json!("paid")), None)
+            .await
+            .unwrap();
+        assert_eq!(wakes.try_recv().unwrap(), key);
+        assert_eq!(
+            store.instance_get(&key).await.unwrap().unwrap().status,
+            Status::Running
+        );
+
+        let stale_generation = Park {
+            generation: 7,
+            fence: None,
+            ..park
+        };
+        assert_eq!(
+            store.instance_park(&stale_generation).await.unwrap(),
+            ParkOutcome::WokenBeforePark
+        );
+    }
+
+    #[tokio::test]
+    async fn parks_and_divergence_respect_terminal_rows_and_fences() {
+        let store = store();
+        let key = start(&store, "a").await;
+        let stale = claim(&store, &key, "w").await;
+        store.instance_lease_force_release(&key).await.unwrap();
+        let park = Park {
+            key: key.clone(),
+            generation: 0,
+            fence: Some(stale.clone()),
+            awaited: vec!["awk:x".into()],
+            wake_after: None,
+        };
+        assert!(store
+            .instance_park(&park)
+            .await
+            .unwrap_err()
+            .is_lease_lost());
+        assert!(store
+            .instance_fail_diverged(&key, Some(&stale), "r")
+            .await
+            .unwrap_err()
+            .is_lease_lost());
+        assert!(store.instance_fail_diverged(&key, None, "r").await.unwrap());
+        assert!(!store
+            .instance_fail_diverged(&key, None, "again")
+            .await
+            .unwrap());
+        assert_eq!(
+            store.instance_park(&park).await.unwrap(),
+            ParkOutcome::Terminal(Status::Failed)
+        );
+        let row = store.instance_get(&key).await.unwrap().unwrap();
+        assert_eq!(
+            (row.last_error.as_deref(), row.completed_at),
+            (Some("r"), Some(T0))
+        );
+        assert!(store.journal_history(&key).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn resurrected_is_not_appendable_and_missing_instances_are_not_found() {
+        let store = store();
+        let key = start(&store, "a").await;
+        let err = append(&store, &key, None, Event::Resurrected, None)
+            .await
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            StoreError::Database {
+                retryable: false,
+                ..
+            }
+        ));
+        let missing = InstanceKey::parse("wf", "missing").unwrap();
+        assert!(
+            append(&store, &missing, None, Event::WorkflowCancelled, None)
+                .await
+                .unwrap_err()
+                .is_not_found()
+        );
+        assert!(store.journal_load(&missing, 0).await.unwrap().is_empty());
+        assert!(store.instance_get(&missing).await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_failure_after_resurrection_gets_a_numbered_row() {
+        let store = store();
+        let key = start(&store, "a").await;
+        let fail = |reason: &str| Event::WorkflowFailed {
+            reason: reason.into(),
+        };
+        append(&store, &key, None, fail("one"), None).await.unwrap();
+        store.instance_resurrect(&key).await.unwrap();
+        assert_eq!(
+            append(&store, &key, None, fail("two"), None).await.unwrap(),
+            AppendOutcome::Appended
+        );
+        let names = store.inspect(|state| {
+            let entry = &state.instances[&key];
+            [
+                entry.step(0, marker_name::FAILED).is_some(),
+                entry
+                    .step(0, &format!("{}/2", marker_name::FAILED))
+                    .is_some(),
+            ]
+        });
+        assert_eq!(names, [true, true]);
+        let events: Vec<_> = store
+            .journal_history(&key)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.event)
+            .collect();
+        assert_eq!(events, [fail("one"), Event::Resurrected, fail("two")]);
+    }
+}

@@ -1,0 +1,634 @@
+//! [`LeaseStore`] for [`MemoryStore`]: discovery, claims with fencing, renewals, releases,
+//! crash accounting and resurrection, each one critical section.
+//!
+//! The store is authoritative for expiry: a lease is live while `lease_expires_at >= now` by
+//! the store's clock, or by the `now` a caller passes (tests pin it). A claim bumps the
+//! epoch, so every fenced write by an earlier holder (appends, confirms, renewals, parks,
+//! divergence, crash records, releases) compares owner and epoch and fails with `LeaseLost`
+//! instead of landing. Expiry alone fences nothing: a lapsed lease nobody took over still
+//! lets its holder write, exactly as the Postgres `WHERE` clauses do.
+
+use std::cmp::Reverse;
+use std::time::Duration;
+
+use keiro_journal::store::Result;
+use keiro_journal::{marker_name, Event, Fence, InstanceKey, Status};
+use keiro_lease::{
+    classify_refusal, Claim, ClaimGate, ClaimOutcome, Crash, CrashOutcome, LeaseStore,
+    ResurrectOutcome,
+};
+use time::OffsetDateTime;
+
+use crate::clock::later;
+use crate::state::{clear_lease, holds, lease_lost, refused, reset_attempts, JournalRow, State};
+use crate::MemoryStore;
+
+impl State {
+    fn instances_runnable(
+        &self,
+        now: Option<OffsetDateTime>,
+        limit: Option<i64>,
+    ) -> Vec<InstanceKey> {
+        let now = now.unwrap_or_else(|| self.clock.now());
+        let mut due: Vec<_> = self
+            .instances
+            .values()
+            .map(|entry| &entry.row)
+            .filter(|row| match row.status {
+                Status::Running => true,
+                Status::Suspended => row.wake_after.is_some_and(|at| at <= now),
+                Status::Completed | Status::Failed | Status::Cancelled => false,
+            })
+            .collect();
+        due.sort_by_key(|row| (Reverse(row.priority), row.created_at, &row.key));
+        // A negative limit selects nothing rather than everything: asking for fewer than
+        // zero candidates is never a request for all of them.
+        let limit = limit.map_or(usize::MAX, |n| {
+            usize::try_from(n.max(0)).unwrap_or(usize::MAX)
+        });
+        due.into_iter()
+            .take(limit)
+            .map(|row| row.key.clone())
+            .collect()
+    }
+
+    fn instance_claim(
+        &mut self,
+        key: &InstanceKey,
+        owner: &str,
+        ttl: Duration,
+        now: Option<OffsetDateTime>,
+    ) -> Result<ClaimOutcome> {
+        let now = now.unwrap_or_else(|| self.clock.now());
+        let Some(entry) = self.instances.get_mut(key) else {
+            return Ok(classify_refusal(None, now).into());
+        };
+        let gate = ClaimGate {
+            status: entry.row.status,
+            lease_expires_at: entry.row.lease_expires_at,
+            next_attempt_at: entry.row.next_attempt_at,
+        };
+        if !gate.is_claimable(now) {
+            return Ok(classify_refusal(Some(gate), now).into());
+        }
+        // Read before writing: a journal that does not decode must leave the lease untouched.
+        let journal = entry.load(entry.row.generation, "claiming an instance")?;
+        let epoch = entry
+            .row
+            .lease_epoch
+            .checked_add(1)
+            .ok_or_else(|| refused("claiming an instance", "the lease epoch is exhausted"))?;
+        let row = &mut entry.row;
+        row.lease_owner = Some(owner.to_owned());
+        row.lease_epoch = epoch;
+        row.lease_expires_at = Some(later(now, ttl));
+        row.updated_at = now;
+        Ok(ClaimOutcome::Acquired(Box::new(Claim {
+            fence: Fence {
+                owner: owner.to_owned(),
+                epoch,
+            },
+            instance: row.clone(),
+            journal,
+        })))
+    }
+
+    fn instance_lease_renew(
+        &mut self,
+        key: &InstanceKey,
+        fence: &Fence,
+        ttl: Duration,
+    ) -> Result<()> {
+        let now = self.clock.now();
+        let row = &mut self.entry_mut(key)?.row;
+        if row.status.is_terminal() || !holds(row, fence) {
+            return Err(lease_lost(key, fence));
+        }
+        row.lease_expires_at = Some(later(now, ttl));
+        row.updated_at = now;
+        Ok(())
+    }
+
+    fn instance_release(&mut self, key: &InstanceKey, fence: &Fence, progressed: bool) -> bool {
+        let now = self.clock.now();
+        let Some(entry) = self.instances.get_mut(key) else {
+            return false;
+        };
+        let row = &mut entry.row;
+        if !holds(row, fence) {
+            return false;
+        }
+        clear_lease(row);
+        if progressed {
+            reset_attempts(row);
+        }
+        row.updated_at = now;
+        true
+    }
+
+    fn instance_lease_force_release(&mut self, key: &InstanceKey) -> bool {
+        let now = self.clock.now();
+        let Some(entry) = self.instances.get_mut(key) else {
+            return false;
+        };
+        let row = &mut entry.row;
+        if row.lease_owner.is_none() {
+            return false;
+        }
+        clear_lease(row);
+        row.updated_at = now;
+        true
+    }
+
+    fn instance_record_crash(
+        &mut self,
+        key: &InstanceKey,
+        fence: &Fence,
+        crash: &Crash,
+    ) -> Result<CrashOutcome> {
+        let now = self.clock.now();
+        let entry = self.entry_mut(key)?;
+        if entry.row.status.is_terminal() {
+            return Ok(CrashOutcome::AlreadyTerminal);
+        }
+        if !holds(&entry.row, fence) {
+            return Err(lease_lost(key, fence));
+        }
+        let attempts = entry.row.attempts.saturating_add(1);
+        if attempts < crash.max_attempts {
+            let row = &mut entry.row;
+            let next_attempt_at = later(now, crash.retry_delay);
+            row.attempts = attempts;
+            row.last_error = Some(crash.error.clone());
+            row.next_attempt_at = Some(next_attempt_at);
+            clear_lease(row);
+            row.updated_at = now;
+            return Ok(CrashOutcome::Retrying {
+                attempts,
+                next_attempt_at,
+            });
+        }
+
+        let generation = entry.row.generation;
+        let step_name = entry.repeatable_name(generation, marker_name::FAILED);
+        let encoded = Event::WorkflowFailed {
+            reason: crash.error.clone(),
+        }
+        .encode();
+        let seq = self.seq.next()?;
+        let entry = self.entry_mut(key)?;
+        entry.push(JournalRow {
+            seq,
+            generation,
+            step_name,
+            kind: encoded.kind,
+            payload: encoded.payload,
+            recorded_at: now,
+        })?;
+        let row = &mut entry.row;
+        row.attempts = attempts;
+        row.status = Status::Failed;
+        row.last_error = Some(crash.error.clone());
+        row.completed_at = Some(now);
+        clear_lease(row);
+        row.updated_at = now;
+        Ok(CrashOutcome::Failed { attempts })
+    }
+
+    fn instance_resurrect(&mut self, key: &InstanceKey) -> Result<ResurrectOutcome> {
+        let now = self.clock.now();
+        let Some(entry) = self.instances.get(key) else {
+            return Ok(ResurrectOutcome::NotFound);
+        };
+        if entry.row.status != Status::Failed {
+            return Ok(ResurrectOutcome::NotFailed(entry.row.status));
+        }
+        let generation = entry.row.generation;
+        let step_name = entry.repeatable_name(generation, marker_name::RESURRECTED);
+        let encoded = Event::Resurrected.encode();
+        let seq = self.seq.next()?;
+        let entry = self.entry_mut(key)?;
+        entry.push(JournalRow {
+            seq,
+            generation,
+            step_name,
+            kind: encoded.kind,
+            payload: encoded.payload,
+            recorded_at: now,
+        })?;
+        let row = &mut entry.row;
+        row.status = Status::Running;
+        reset_attempts(row);
+        clear_lease(row);
+        row.completed_at = None;
+        row.updated_at = now;
+        self.wake(key);
+        Ok(ResurrectOutcome::Resurrected)
+    }
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for MemoryStore {
+    async fn instances_runnable(
+        &self,
+        now: Option<OffsetDateTime>,
+        limit: Option<i64>,
+    ) -> Result<Vec<InstanceKey>> {
+        self.transact("discovering runnable instances", |state| {
+            Ok(state.instances_runnable(now, limit))
+        })
+    }
+
+    async fn instance_claim(
+        &self,
+        key: &InstanceKey,
+        owner: &str,
+        ttl: Duration,
+        now: Option<OffsetDateTime>,
+    ) -> Result<ClaimOutcome> {
+        self.transact("claiming an instance", |state| {
+            state.instance_claim(key, owner, ttl, now)
+        })
+    }
+
+    async fn instance_lease_renew(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        ttl: Duration,
+    ) -> Result<()> {
+        self.transact("renewing a lease", |state| {
+            state.instance_lease_renew(key, fence, ttl)
+        })
+    }
+
+    async fn instance_release(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        progressed: bool,
+    ) -> Result<bool> {
+        self.transact("releasing a lease", |state| {
+            Ok(state.instance_release(key, fence, progressed))
+        })
+    }
+
+    async fn instance_lease_force_release(&self, key: &InstanceKey) -> Result<bool> {
+        self.transact("force-releasing a lease", |state| {
+            Ok(state.instance_lease_force_release(key))
+        })
+    }
+
+    async fn instance_record_crash(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        crash: &Crash,
+    ) -> Result<CrashOutcome> {
+        self.transact("recording a crash", |state| {
+            state.instance_record_crash(key, fence, crash)
+        })
+    }
+
+    async fn instance_resurrect(&self, key: &InstanceKey) -> Result<ResurrectOutcome> {
+        self.transact("resurrecting an instance", |state| {
+            state.instance_resurrect(key)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use keiro_journal::{JournalStore, Marker, Park, StartRequest};
+    use serde_json::json;
+    use time::Duration as Span;
+
+    use super::*;
+    use crate::fixtures::{append, claim, start, step, store, T0, TTL};
+
+    fn crash(max_attempts: i32) -> Crash {
+        Crash {
+            error: "boom".into(),
+            retry_delay: Duration::from_secs(30),
+            max_attempts,
+        }
+    }
+
+    #[tokio::test]
+    async fn crashes_pace_the_next_claim_and_fail_the_run_at_the_ceiling() {
+        let store = store();
+        let key = start(&store, "a").await;
+        let fence = claim(&store, &key, "w").await;
+        let outcome = store
+            .instance_record_crash(&key, &fence, &crash(2))
+            .await
+            .unwrap();
+        let gate = T0 + Span::seconds(30);
+        assert_eq!(
+            outcome,
+            CrashOutcome::Retrying {
+                attempts: 1,
+                next_attempt_at: gate
+            }
+        );
+        assert!(store
+            .instance_record_crash(&key, &fence, &crash(2))
+            .await
+            .unwrap_err()
+            .is_lease_lost());
+        assert_eq!(
+            store.instance_claim(&key, "w", TTL, None).await.unwrap(),
+            ClaimOutcome::Paced
+        );
+        assert!(matches!(
+            store
+                .instance_claim(&key, "w", TTL, Some(gate))
+                .await
+                .unwrap(),
+            ClaimOutcome::Acquired(_)
+        ));
+
+        let fence = claim_at(&store, &key, gate).await;
+        assert_eq!(
+            store
+                .instance_record_crash(&key, &fence, &crash(2))
+                .await
+                .unwrap(),
+            CrashOutcome::Failed { attempts: 2 }
+        );
+        let row = store.instance_get(&key).await.unwrap().unwrap();
+        assert_eq!(
+            (row.status, row.attempts, row.lease_owner),
+            (Status::Failed, 2, None)
+        );
+        let events: Vec<_> = store
+            .journal_history(&key)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.event)
+            .collect();
+        assert_eq!(
+            events,
+            [Event::WorkflowFailed {
+                reason: "boom".into()
+            }]
+        );
+        assert_eq!(
+            store
+                .instance_record_crash(&key, &fence, &crash(2))
+                .await
+                .unwrap(),
+            CrashOutcome::AlreadyTerminal
+        );
+    }
+
+    /// Claims past the lease of an earlier claim the test left behind.
+    async fn claim_at(store: &MemoryStore, key: &InstanceKey, at: OffsetDateTime) -> Fence {
+        let later = Some(at + Span::hours(1));
+        match store.instance_claim(key, "w", TTL, later).await.unwrap() {
+            ClaimOutcome::Acquired(claim) => claim.fence,
+            refused => panic!("refused: {refused:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn resurrection_keeps_history_and_numbers_repeated_markers() {
+        let store = store();
+        let key = start(&store, "a").await;
+        let missing = InstanceKey::parse("wf", "missing").unwrap();
+        assert_eq!(
+            store.instance_resurrect(&missing).await.unwrap(),
+            ResurrectOutcome::NotFound
+        );
+        assert_eq!(
+            store.instance_resurrect(&key).await.unwrap(),
+            ResurrectOutcome::NotFailed(Status::Running)
+        );
+        for round in 0..2 {
+            let fence = claim(&store, &key, "w").await;
+            assert_eq!(
+                store
+                    .instance_record_crash(&key, &fence, &crash(1))
+                    .await
+                    .unwrap(),
+                CrashOutcome::Failed { attempts: 1 }
+            );
+            let mut wakes = store.subscribe();
+            assert_eq!(
+                store.instance_resurrect(&key).await.unwrap(),
+                ResurrectOutcome::Resurrected
+            );
+            assert_eq!(wakes.try_recv().unwrap(), key, "round {round}");
+        }
+        let row = store.instance_get(&key).await.unwrap().unwrap();
+        assert_eq!(
+            (row.status, row.attempts, row.last_error, row.completed_at),
+            (Status::Running, 0, None, None)
+        );
+        let names = store.inspect(|state| {
+            let entry = &state.instances[&key];
+            let base = [marker_name::FAILED, marker_name::RESURRECTED];
+            base.map(|name| {
+                (
+                    entry.step(0, name).is_some(),
+                    entry.step(0, &format!("{name}/2")).is_some(),
+                    entry.step(0, &format!("{name}/3")).is_some(),
+                )
+            })
+        });
+        assert_eq!(names, [(true, true, false); 2]);
+        assert_eq!(store.journal_load(&key, 0).await.unwrap().len(), 4);
+    }
+
+    #[tokio::test]
+    async fn refusals_are_classified_lease_first_and_claims_carry_the_current_generation() {
+        let store = store();
+        let key = start(&store, "a").await;
+        append(&store, &key, None, step("old", json!(1)), None)
+            .await
+            .unwrap();
+        let rotate = Event::WorkflowContinuedAsNew {
+            next_generation: 1,
+            input: json!(2),
+        };
+        append(&store, &key, None, rotate, None).await.unwrap();
+        append(&store, &key, None, step("new", json!(2)), None)
+            .await
+            .unwrap();
+
+        let fence = claim(&store, &key, "w").await;
+        store
+            .instance_record_crash(&key, &fence, &crash(5))
+            .await
+            .unwrap();
+        store
+            .instance_claim(&key, "w", TTL, Some(T0 + Span::minutes(1)))
+            .await
+            .unwrap();
+        // Leased and paced at once: the live lease is what the caller hears about.
+        assert_eq!(
+            store
+                .instance_claim(&key, "v", TTL, Some(T0 + Span::seconds(20)))
+                .await
+                .unwrap(),
+            ClaimOutcome::LeaseHeld
+        );
+        let ClaimOutcome::Acquired(claim) = store
+            .instance_claim(&key, "v", TTL, Some(T0 + Span::hours(1)))
+            .await
+            .unwrap()
+        else {
+            panic!("an expired lease past the backoff gate is claimable");
+        };
+        assert_eq!(claim.fence.epoch, 3);
+        assert_eq!(claim.instance.lease_owner.as_deref(), Some("v"));
+        let steps: Vec<_> = claim
+            .journal
+            .iter()
+            .map(|e| (e.generation, e.event.step_name().to_owned()))
+            .collect();
+        assert_eq!(steps, [(1, "new".to_owned())]);
+
+        append(&store, &key, None, Event::WorkflowCancelled, None)
+            .await
+            .unwrap();
+        assert_eq!(
+            store.instance_claim(&key, "v", TTL, None).await.unwrap(),
+            ClaimOutcome::Unavailable
+        );
+        let missing = InstanceKey::parse("wf", "missing").unwrap();
+        assert_eq!(
+            store
+                .instance_claim(&missing, "v", TTL, None)
+                .await
+                .unwrap(),
+            ClaimOutcome::Unavailable
+        );
+    }
+
+    #[tokio::test]
+    async fn discovery_is_exact_and_ordered() {
+        let store = store();
+        let start_with = |id: &str, priority: i32| StartRequest {
+            key: InstanceKey::parse("wf", id).unwrap(),
+            input: json!(null),
+            parent: None,
+            priority,
+        };
+        for (id, priority) in [("c", 0), ("b", 0), ("urgent", 5)] {
+            store
+                .instance_start(&start_with(id, priority))
+                .await
+                .unwrap();
+        }
+        store.set_now(Some(T0 - Span::minutes(1)));
+        store.instance_start(&start_with("older", 0)).await.unwrap();
+        store.set_now(Some(T0));
+        let parked = start(&store, "parked").await;
+        let due = start(&store, "due").await;
+        let done = start(&store, "done").await;
+        for (key, wake_after) in [(&parked, None), (&due, Some(T0 + Span::minutes(1)))] {
+            let park = Park {
+                key: key.clone(),
+                generation: 0,
+                fence: None,
+                awaited: vec!["awk:x".into()],
+                wake_after,
+            };
+            store.instance_park(&park).await.unwrap();
+        }
+        append(&store, &done, None, Event::WorkflowCancelled, None)
+            .await
+            .unwrap();
+
+        let ids =
+            |keys: Vec<InstanceKey>| keys.iter().map(|k| k.id.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            ids(store.instances_runnable(None, None).await.unwrap()),
+            ["urgent", "older", "b", "c"]
+        );
+        let at_wake = Some(T0 + Span::minutes(1));
+        assert_eq!(
+            ids(store.instances_runnable(at_wake, None).await.unwrap()),
+            ["urgent", "older", "b", "c", "due"]
+        );
+        assert_eq!(
+            ids(store.instances_runnable(None, Some(2)).await.unwrap()),
+            ["urgent", "older"]
+        );
+        assert!(store
+            .instances_runnable(None, Some(-1))
+            .await
+            .unwrap()
+            .is_empty());
+    }
+
+    #[tokio::test]
+    async fn release_renew_and_force_release_are_fenced() {
+        let store = store();
+        let key = start(&store, "a").await;
+        let fence = claim(&store, &key, "w").await;
+        store
+            .instance_record_crash(&key, &fence, &crash(5))
+            .await
+            .unwrap();
+        let fence = claim_at(&store, &key, T0).await;
+
+        store.set_now(Some(T0 + Span::minutes(10)));
+        store.instance_lease_renew(&key, &fence, TTL).await.unwrap();
+        let row = store.instance_get(&key).await.unwrap().unwrap();
+        assert_eq!(row.lease_expires_at, Some(T0 + Span::minutes(11)));
+
+        let stale = Fence {
+            epoch: fence.epoch - 1,
+            ..fence.clone()
+        };
+        assert!(!store.instance_release(&key, &stale, true).await.unwrap());
+        assert!(store
+            .instance_lease_renew(&key, &stale, TTL)
+            .await
+            .unwrap_err()
+            .is_lease_lost());
+        assert!(store.instance_release(&key, &fence, true).await.unwrap());
+        let row = store.instance_get(&key).await.unwrap().unwrap();
+        assert_eq!(
+            (row.attempts, row.last_error, row.next_attempt_at),
+            (0, None, None)
+        );
+        assert!(!store.instance_release(&key, &fence, true).await.unwrap());
+        assert!(!store.instance_lease_force_release(&key).await.unwrap());
+
+        let fence = claim(&store, &key, "w").await;
+        append(
+            &store,
+            &key,
+            None,
+            Event::WorkflowCompleted { output: json!(1) },
+            Some(&fence),
+        )
+        .await
+        .unwrap();
+        assert!(store
+            .instance_lease_renew(&key, &fence, TTL)
+            .await
+            .unwrap_err()
+            .is_lease_lost());
+        assert_eq!(
+            append(&store, &key, None, Event::WorkflowCancelled, None)
+                .await
+                .unwrap(),
+            keiro_journal::AppendOutcome::RefusedTerminal(Marker::Completed)
+        );
+        let missing = InstanceKey::parse("wf", "missing").unwrap();
+        assert!(store
+            .instance_lease_renew(&missing, &fence, TTL)
+            .await
+            .unwrap_err()
+            .is_not_found());
+        assert!(!store
+            .instance_release(&missing, &fence, false)
+            .await
+            .unwrap());
+    }
+}

@@ -1,0 +1,211 @@
+//! [`MemoryStore`]: the shared handle, its lock, its clock and its wake channel.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use keiro_journal::store::Result;
+use keiro_journal::InstanceKey;
+use time::OffsetDateTime;
+use tokio::sync::broadcast;
+
+use crate::state::{refused, State};
+
+/// How many wake notifications a [`MemoryStore::subscribe`] receiver may fall behind before it
+/// starts losing the oldest ones (it then sees [`broadcast::error::RecvError::Lagged`]).
+///
+/// A lost notification costs latency, never work: the receiver should treat `Lagged` as "run a
+/// pass now", as a Postgres listener does after reconnecting.
+///
+/// ```
+/// assert!(keiro_memory::WAKE_BUFFER_LEN >= 1);
+/// ```
+pub const WAKE_BUFFER_LEN: usize = 1024;
+
+/// keiro's store in memory: [`JournalStore`](keiro_journal::JournalStore) and
+/// [`LeaseStore`](keiro_lease::LeaseStore) with the same semantics as the Postgres store.
+///
+/// Cloning is cheap and every clone sees the same data. Every trait method is one critical
+/// section of a `std::sync::Mutex` that is never held across an `.await`, which is what makes
+/// each operation atomic; timestamps come from the store's clock (the wall clock, or the
+/// instant pinned with [`set_now`](Self::set_now)), read once per operation.
+///
+/// ```
+/// use std::time::Duration;
+/// use keiro_journal::{InstanceKey, JournalStore, StartRequest};
+/// use keiro_lease::{ClaimOutcome, LeaseStore};
+/// use keiro_memory::MemoryStore;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = MemoryStore::new();
+/// let key = InstanceKey::parse("order", "order-42")?;
+/// let request = StartRequest { key: key.clone(), input: serde_json::json!(42), parent: None, priority: 0 };
+/// store.instance_start(&request).await?;
+///
+/// let ttl = Duration::from_secs(60);
+/// let ClaimOutcome::Acquired(claim) = store.instance_claim(&key, "worker-a", ttl, None).await? else {
+///     unreachable!("a fresh instance is free");
+/// };
+/// assert_eq!(store.instance_claim(&key, "worker-b", ttl, None).await?, ClaimOutcome::LeaseHeld);
+/// assert!(store.instance_release(&key, &claim.fence, true).await?);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct MemoryStore {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    wakes: broadcast::Sender<InstanceKey>,
+}
+
+impl MemoryStore {
+    /// An empty store on the wall clock.
+    ///
+    /// ```
+    /// let store = keiro_memory::MemoryStore::new();
+    /// # let _ = store;
+    /// ```
+    pub fn new() -> Self {
+        // The channel's own first receiver is dropped: wakes with nobody subscribed are
+        // simply not delivered, as a NOTIFY with no listener.
+        let (wakes, _) = broadcast::channel(WAKE_BUFFER_LEN);
+        Self {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State::default()),
+                wakes,
+            }),
+        }
+    }
+
+    /// Pins the store's clock to `now`, or returns it to the wall clock with `None`.
+    ///
+    /// Every timestamp the store writes (`created_at`, `recorded_at`, `updated_at`,
+    /// `completed_at`, lease expiry, `next_attempt_at`) and every "now" it compares against
+    /// comes from this clock, except where a [`LeaseStore`](keiro_lease::LeaseStore) method is
+    /// passed its own `now`. Tests simulate lease expiry and backoff by moving it, never by
+    /// sleeping.
+    ///
+    /// ```
+    /// use time::macros::datetime;
+    /// let store = keiro_memory::MemoryStore::new();
+    /// store.set_now(Some(datetime!(2030-01-01 0:00 UTC)));
+    /// assert_eq!(store.now(), datetime!(2030-01-01 0:00 UTC));
+    /// store.set_now(None);
+    /// ```
+    pub fn set_now(&self, now: Option<OffsetDateTime>) {
+        // Pinning the clock touches no instance data, so a lock poisoned by an earlier panic
+        // is no reason to refuse it.
+        let mut state = self
+            .shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        state.clock.pin(now);
+    }
+
+    /// The store's current time: the pinned instant, or the wall clock.
+    ///
+    /// ```
+    /// let store = keiro_memory::MemoryStore::new();
+    /// assert!(store.now() <= time::OffsetDateTime::now_utc());
+    /// ```
+    pub fn now(&self) -> OffsetDateTime {
+        let state = self
+            .shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        state.clock.now()
+    }
+
+    /// Subscribes to wake notifications: the key of every instance that became runnable
+    /// through a start, a step that woke a suspended run, a continue-as-new, a park that found
+    /// its wake already there, or a resurrection (the points where the Postgres store
+    /// NOTIFYs), sent after the operation's critical section ends.
+    ///
+    /// A broadcast channel, because several resume loops may share one store and each must see
+    /// every wake; a `Notify` reaches only one loop or only loops already waiting, and a
+    /// `watch` keeps only the latest key. A receiver sees wakes sent after it subscribed; one
+    /// that falls more than [`WAKE_BUFFER_LEN`] behind gets `Lagged` and should run a pass.
+    ///
+    /// ```
+    /// use keiro_journal::{InstanceKey, JournalStore, StartRequest};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = keiro_memory::MemoryStore::new();
+    /// let mut wakes = store.subscribe();
+    /// let key = InstanceKey::parse("order", "order-42")?;
+    /// let request = StartRequest { key: key.clone(), input: serde_json::Value::Null, parent: None, priority: 0 };
+    /// store.instance_start(&request).await?;
+    /// assert_eq!(wakes.recv().await?, key);
+    /// # Ok(()) }
+    /// ```
+    pub fn subscribe(&self) -> broadcast::Receiver<InstanceKey> {
+        self.shared.wakes.subscribe()
+    }
+
+    /// Runs one operation as one critical section, then delivers the wakes it raised.
+    pub(crate) fn transact<T>(
+        &self,
+        operation: &'static str,
+        op: impl FnOnce(&mut State) -> Result<T>,
+    ) -> Result<T> {
+        let (result, wakes) = {
+            // A panic inside an earlier operation may have left it half applied; refusing
+            // further work is safer than building on a state nobody can vouch for.
+            let mut state = self.shared.state.lock().map_err(|_| {
+                refused(
+                    operation,
+                    "an earlier operation panicked inside the memory store",
+                )
+            })?;
+            let result = op(&mut state);
+            (result, state.take_wakes())
+        };
+        if result.is_ok() {
+            for key in wakes {
+                // Sending fails only when nobody is subscribed; a wake is an optimisation over
+                // the passes, so an unheard one is fine.
+                let _ = self.shared.wakes.send(key);
+            }
+        }
+        result
+    }
+
+    /// Reads the raw state, for tests of what the trait methods do not expose (row names).
+    #[cfg(test)]
+    pub(crate) fn inspect<T>(&self, read: impl FnOnce(&State) -> T) -> T {
+        read(
+            &self
+                .shared
+                .state
+                .lock()
+                .expect("no unit test panics inside the store"),
+        )
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // A summary, not the contents: a store in a test may hold thousands of rows, and
+        // try_lock keeps a Debug call from ever waiting on an operation.
+        let instances = self
+            .shared
+            .state
+            .try_lock()
+            .ok()
+            .map(|state| state.instances.len());
+        f.debug_struct("MemoryStore")
+            .field("instances", &instances)
+            .field("subscribers", &self.shared.wakes.receiver_count())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,356 @@
+//! Connection settings of the Postgres store.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::{Error, Result};
+
+/// The database [`Config::url`] points at unless told otherwise: a local server with the
+/// `postgres` superuser, as in the contributing guide.
+pub const URL_DEFAULT: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+/// The schema keiro's tables live in unless told otherwise.
+pub const SCHEMA_DEFAULT: &str = "keiro";
+
+/// The longest schema name accepted, in bytes: the wake channel `<schema>.wake` must fit in
+/// Postgres' 63-byte identifier limit, which `NOTIFY` and `LISTEN` enforce on channel names.
+pub const SCHEMA_LEN_MAX: usize = 63 - WAKE_CHANNEL_SUFFIX.len();
+
+/// Appended to the schema name to form the wake channel.
+pub(crate) const WAKE_CHANNEL_SUFFIX: &str = ".wake";
+
+/// How many connections the pool opens at most unless told otherwise.
+pub const POOL_SIZE_DEFAULT: usize = 16;
+
+/// The smallest pool that can run the store: one connection.
+pub const POOL_SIZE_MIN: usize = 1;
+
+/// How long opening one connection may take unless told otherwise.
+pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+
+/// How long an operation waits for a free pooled connection unless told otherwise.
+pub const ACQUIRE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+
+/// The `application_name` keiro's connections report unless the URL sets one.
+pub const APPLICATION_NAME_DEFAULT: &str = "keiro";
+
+/// Settings of a [`PgStore`](crate::PgStore).
+///
+/// ```
+/// use keiro_postgres::Config;
+///
+/// let config = Config {
+///     schema: "billing_keiro".into(),
+///     pool_size: 4,
+///     ..Config::new("postgres://app:secret@db.internal/app")
+/// };
+/// config.validate()?;
+/// assert!(!format!("{config:?}").contains("secret"));
+/// # Ok::<(), keiro_postgres::Error>(())
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Where the database is: a `postgres://` URL or a `key=value` connection string, as
+    /// `tokio_postgres::Config` parses them. Redacted in `Debug`. Defaults to [`URL_DEFAULT`].
+    pub url: String,
+    /// The schema keiro's tables and functions live in. Every connection gets it as its
+    /// `search_path`, so two schemas in one database are two isolated installations. A plain
+    /// lowercase identifier (`[a-z_][a-z0-9_]*`) of at most [`SCHEMA_LEN_MAX`] bytes. Defaults
+    /// to [`SCHEMA_DEFAULT`].
+    pub schema: String,
+    /// The most connections the pool holds; they are opened on demand. At least
+    /// [`POOL_SIZE_MIN`]. Defaults to [`POOL_SIZE_DEFAULT`].
+    pub pool_size: usize,
+    /// How long opening a connection may take before the operation fails as unavailable.
+    /// Non-zero. Defaults to [`CONNECT_TIMEOUT_DEFAULT`].
+    pub connect_timeout: Duration,
+    /// How long an operation waits for a free pooled connection before failing as
+    /// unavailable. Non-zero. Defaults to [`ACQUIRE_TIMEOUT_DEFAULT`].
+    pub acquire_timeout: Duration,
+    /// The `application_name` reported to the server (visible in `pg_stat_activity`), used
+    /// when the URL does not set one. Defaults to [`APPLICATION_NAME_DEFAULT`].
+    pub application_name: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self::new(URL_DEFAULT)
+    }
+}
+
+impl Config {
+    /// The defaults, connecting to `url`.
+    ///
+    /// ```
+    /// let config = keiro_postgres::Config::new("postgres://postgres@127.0.0.1/postgres");
+    /// assert_eq!(config.schema, keiro_postgres::SCHEMA_DEFAULT);
+    /// ```
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            schema: SCHEMA_DEFAULT.to_owned(),
+            pool_size: POOL_SIZE_DEFAULT,
+            connect_timeout: CONNECT_TIMEOUT_DEFAULT,
+            acquire_timeout: ACQUIRE_TIMEOUT_DEFAULT,
+            application_name: APPLICATION_NAME_DEFAULT.to_owned(),
+        }
+    }
+
+    /// Checks every field against its bounds.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] naming the first field out of bounds.
+    ///
+    /// ```
+    /// let bad = keiro_postgres::Config { schema: "Keiro; DROP".into(), ..Default::default() };
+    /// assert!(bad.validate().is_err());
+    /// ```
+    pub fn validate(&self) -> Result<()> {
+        validate_schema(&self.schema)?;
+        if self.pool_size < POOL_SIZE_MIN {
+            return Err(invalid(
+                "pool_size",
+                format!("must be at least {POOL_SIZE_MIN}"),
+            ));
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(invalid(
+                "connect_timeout",
+                "must be greater than zero".into(),
+            ));
+        }
+        if self.acquire_timeout.is_zero() {
+            return Err(invalid(
+                "acquire_timeout",
+                "must be greater than zero".into(),
+            ));
+        }
+        self.connection_config().map(drop)
+    }
+
+    /// The driver's settings: the URL plus keiro's session defaults. The schema becomes the
+    /// session's `search_path` through the startup options, so no statement ever has to set it
+    /// and a recycled connection can never run in another schema.
+    pub(crate) fn connection_config(&self) -> Result<tokio_postgres::Config> {
+        let mut config = tokio_postgres::Config::from_str(&self.url).map_err(|e| {
+            invalid(
+                "url",
+                format!("is not a connection string keiro can read ({e})"),
+            )
+        })?;
+        // Appended after the URL's own options so the schema wins over a search_path there.
+        let options = match config.get_options() {
+            Some(existing) if !existing.trim().is_empty() => {
+                format!("{existing} -c search_path={}", self.schema)
+            }
+            _ => format!("-c search_path={}", self.schema),
+        };
+        config.options(options);
+        if config.get_application_name().is_none() {
+            config.application_name(&self.application_name);
+        }
+        config.connect_timeout(self.connect_timeout);
+        Ok(config)
+    }
+
+    /// The URL with any password replaced by `***`, for logs and messages.
+    ///
+    /// ```
+    /// let config = keiro_postgres::Config::new("postgres://app:hunter2@db/app");
+    /// assert_eq!(config.url_redacted(), "postgres://app:***@db/app");
+    /// ```
+    pub fn url_redacted(&self) -> String {
+        redact_url(&self.url)
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("url", &self.url_redacted())
+            .field("schema", &self.schema)
+            .field("pool_size", &self.pool_size)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .field("application_name", &self.application_name)
+            .finish()
+    }
+}
+
+fn invalid(field: &'static str, problem: String) -> Error {
+    Error::Config { field, problem }
+}
+
+/// The schema is spliced into DDL and startup options as an identifier (neither accepts a
+/// bind parameter), so only names that need no quoting or escaping anywhere are accepted.
+fn validate_schema(schema: &str) -> Result<()> {
+    let mut chars = schema.chars();
+    let well_formed = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if !well_formed {
+        return Err(invalid(
+            "schema",
+            format!("{schema:?} must match [a-z_][a-z0-9_]*"),
+        ));
+    }
+    if schema.len() > SCHEMA_LEN_MAX {
+        return Err(invalid(
+            "schema",
+            format!(
+                "is {} bytes long, the limit is {SCHEMA_LEN_MAX}",
+                schema.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Hides the password of a URL's user info and of any `password=` setting (query parameter or
+/// key/value form), leaving everything else readable.
+fn redact_url(url: &str) -> String {
+    let mut out = url.to_owned();
+    if let Some(scheme_end) = out.find("://") {
+        let rest_start = scheme_end + 3;
+        let authority_end = out[rest_start..]
+            .find(['/', '?'])
+            .map_or(out.len(), |i| rest_start + i);
+        if let Some(at) = out[rest_start..authority_end].rfind('@') {
+            let userinfo = &out[rest_start..rest_start + at];
+            if let Some(colon) = userinfo.find(':') {
+                out.replace_range(rest_start + colon + 1..rest_start + at, "***");
+            }
+        }
+    }
+    let mut redacted = String::with_capacity(out.len());
+    let mut rest = out.as_str();
+    while let Some(pos) = rest.find("password=") {
+        let value_start = pos + "password=".len();
+        redacted.push_str(&rest[..value_start]);
+        redacted.push_str("***");
+        // A key/value password may be single-quoted and then contain spaces.
+        let value_end = if rest[value_start..].starts_with('\'') {
+            rest[value_start + 1..]
+                .find('\'')
+                .map_or(rest.len(), |i| value_start + i + 2)
+        } else {
+            rest[value_start..]
+                .find(['&', ' '])
+                .map_or(rest.len(), |i| value_start + i)
+        };
+        rest = &rest[value_end..];
+    }
+    redacted.push_str(rest);
+    redacted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate() {
+        Config::default().validate().unwrap();
+    }
+
+    #[test]
+    fn schema_names_are_plain_identifiers_that_leave_room_for_the_channel() {
+        for good in [
+            "keiro",
+            "_k",
+            "keiro_test_0a1b",
+            &"s".repeat(SCHEMA_LEN_MAX),
+        ] {
+            validate_schema(good).unwrap();
+        }
+        for bad in [
+            "",
+            "Keiro",
+            "1keiro",
+            "ke-iro",
+            "ke iro",
+            "k\"",
+            "k;",
+            &"s".repeat(SCHEMA_LEN_MAX + 1),
+        ] {
+            assert!(validate_schema(bad).is_err(), "{bad:?} should be rejected");
+        }
+        assert_eq!(SCHEMA_LEN_MAX + WAKE_CHANNEL_SUFFIX.len(), 63);
+    }
+
+    #[test]
+    fn bounds_name_their_field() {
+        let config = Config {
+            pool_size: 0,
+            ..Config::default()
+        };
+        assert!(matches!(
+            config.validate(),
+            Err(Error::Config {
+                field: "pool_size",
+                ..
+            })
+        ));
+        let config = Config {
+            acquire_timeout: Duration::ZERO,
+            ..Config::default()
+        };
+        assert!(matches!(
+            config.validate(),
+            Err(Error::Config {
+                field: "acquire_timeout",
+                ..
+            })
+        ));
+        let config = Config::new("postgres://[::1");
+        assert!(matches!(
+            config.validate(),
+            Err(Error::Config { field: "url", .. })
+        ));
+    }
+
+    #[test]
+    fn the_schema_becomes_the_search_path_after_the_urls_own_options() {
+        let config = Config {
+            schema: "tenant_a".into(),
+            ..Config::new(
+                "postgres://u@h/db?options=-c%20statement_timeout%3D5s&application_name=app",
+            )
+        };
+        let pg = config.connection_config().unwrap();
+        assert_eq!(
+            pg.get_options(),
+            Some("-c statement_timeout=5s -c search_path=tenant_a")
+        );
+        assert_eq!(pg.get_application_name(), Some("app"));
+        let pg = Config::new("host=h user=u").connection_config().unwrap();
+        assert_eq!(pg.get_options(), Some("-c search_path=keiro"));
+        assert_eq!(pg.get_application_name(), Some(APPLICATION_NAME_DEFAULT));
+    }
+
+    #[test]
+    fn passwords_never_show() {
+        assert_eq!(
+            redact_url("postgres://u:p%40ss@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(
+            redact_url("postgres://h/db?user=u&password=pw&x=1"),
+            "postgres://h/db?user=u&password=***&x=1"
+        );
+        assert_eq!(
+            redact_url("host=h password=pw user=u"),
+            "host=h password=*** user=u"
+        );
+        assert_eq!(
+            redact_url("host=h password='p w' user=u"),
+            "host=h password=*** user=u"
+        );
+        let debug = format!("{:?}", Config::new("postgres://u:topsecret@h/db"));
+        assert!(!debug.contains("topsecret"), "{debug}");
+    }
+}

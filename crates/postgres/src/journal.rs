@@ -1,0 +1,343 @@
+//! [`JournalStore`] for [`PgStore`]: each operation is one statement, and every one that
+//! writes more than one row is a call of a `keiro_*` function from the migrations, so it is one
+//! round trip and one transaction.
+
+use std::time::Duration;
+
+use keiro_journal::store::{Append, AppendOutcome, JournalStore, Park, ParkOutcome, Result};
+use keiro_journal::{
+    Event, Fence, Generation, Instance, InstanceKey, JournalEntry, Marker, StartRequest, Started,
+    Status, StoreError,
+};
+use serde_json::Value;
+
+use crate::row::{self, column, instance_columns, malformed};
+use crate::store::span_ms;
+use crate::PgStore;
+
+const START: &str = "starting an instance";
+const GET: &str = "reading an instance";
+const LOAD: &str = "loading a journal generation";
+const HISTORY: &str = "loading a journal's history";
+const APPEND: &str = "appending to the journal";
+const CONFIRM: &str = "confirming a lease";
+const PARK: &str = "parking an instance";
+const FAIL_DIVERGED: &str = "failing a diverged instance";
+
+/// The error for an outcome code this build does not know: the schema and the binary disagree.
+pub(crate) fn unknown_outcome(operation: &'static str, outcome: &str) -> StoreError {
+    malformed(
+        operation,
+        format_args!("unknown outcome {outcome:?} from the database"),
+    )
+}
+
+/// [`StoreError::LeaseLost`] for the writer holding `fence`.
+pub(crate) fn lease_lost(key: &InstanceKey, fence: &Fence) -> StoreError {
+    StoreError::LeaseLost {
+        key: key.clone(),
+        owner: fence.owner.clone(),
+        epoch: fence.epoch,
+    }
+}
+
+/// [`StoreError::NotFound`] for `key`.
+pub(crate) fn not_found(key: &InstanceKey) -> StoreError {
+    StoreError::NotFound { key: key.clone() }
+}
+
+const INSTANCE_START: &str = concat!(
+    "SELECT s.created, ",
+    instance_columns!("(s.instance)."),
+    " FROM keiro_instance_start($1, $2, $3, $4, $5, $6) s"
+);
+
+async fn instance_start(store: &PgStore, request: &StartRequest) -> Result<Started> {
+    let parent_name = request.parent.as_ref().map(|p| p.name.as_str());
+    let parent_id = request.parent.as_ref().map(|p| p.id.as_str());
+    let row = store
+        .query_one(
+            START,
+            INSTANCE_START,
+            &[
+                &request.key.name.as_str(),
+                &request.key.id.as_str(),
+                &request.input,
+                &parent_name,
+                &parent_id,
+                &request.priority,
+            ],
+        )
+        .await?;
+    Ok(Started {
+        created: column(&row, "created", START)?,
+        instance: row::instance(&row, START)?,
+    })
+}
+
+const INSTANCE_GET: &str = concat!(
+    "SELECT ",
+    instance_columns!(""),
+    " FROM workflows WHERE workflow_name = $1 AND workflow_id = $2"
+);
+
+async fn instance_get(store: &PgStore, key: &InstanceKey) -> Result<Option<Instance>> {
+    let rows = store
+        .query(GET, INSTANCE_GET, &[&key.name.as_str(), &key.id.as_str()])
+        .await?;
+    rows.first().map(|row| row::instance(row, GET)).transpose()
+}
+
+// Served by the journal's unique index: its (name, id, generation) prefix.
+const JOURNAL_LOAD: &str =
+    "SELECT seq, generation, step_name, kind, payload, recorded_at FROM journal \
+     WHERE workflow_name = $1 AND workflow_id = $2 AND generation = $3 ORDER BY seq";
+
+async fn journal_load(
+    store: &PgStore,
+    key: &InstanceKey,
+    generation: Generation,
+) -> Result<Vec<JournalEntry>> {
+    let rows = store
+        .query(
+            LOAD,
+            JOURNAL_LOAD,
+            &[&key.name.as_str(), &key.id.as_str(), &generation],
+        )
+        .await?;
+    row::entries(&rows, LOAD)
+}
+
+// Served by the journal's unique index: its (name, id) prefix.
+const JOURNAL_HISTORY: &str =
+    "SELECT seq, generation, step_name, kind, payload, recorded_at FROM journal \
+     WHERE workflow_name = $1 AND workflow_id = $2 ORDER BY seq";
+
+async fn journal_history(store: &PgStore, key: &InstanceKey) -> Result<Vec<JournalEntry>> {
+    let rows = store
+        .query(
+            HISTORY,
+            JOURNAL_HISTORY,
+            &[&key.name.as_str(), &key.id.as_str()],
+        )
+        .await?;
+    row::entries(&rows, HISTORY)
+}
+
+const JOURNAL_APPEND: &str =
+    "SELECT outcome, recorded, marker FROM keiro_journal_append($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+
+async fn journal_append(store: &PgStore, append: &Append) -> Result<AppendOutcome> {
+    if matches!(append.event, Event::Resurrected) {
+        // A resurrection changes the instance row in ways an append does not; it goes through
+        // `instance_resurrect`, which journals it together with that change.
+        return Err(StoreError::Database {
+            operation: APPEND,
+            retryable: false,
+            source: "only steps and lifecycle markers go through journal_append".into(),
+        });
+    }
+    let key = &append.key;
+    let encoded = append.event.encode();
+    let owner = append.fence.as_ref().map(|f| f.owner.as_str());
+    let epoch = append.fence.as_ref().map(|f| f.epoch);
+    let renew_ms = append.renew.map(span_ms);
+    let row = store
+        .query_one(
+            APPEND,
+            JOURNAL_APPEND,
+            &[
+                &key.name.as_str(),
+                &key.id.as_str(),
+                &append.generation,
+                &encoded.step_name,
+                &encoded.kind,
+                &encoded.payload,
+                &owner,
+                &epoch,
+                &renew_ms,
+            ],
+        )
+        .await?;
+    let outcome: String = column(&row, "outcome", APPEND)?;
+    match outcome.as_str() {
+        "appended" => Ok(AppendOutcome::Appended),
+        "already_present" => {
+            let recorded: Option<Value> = column(&row, "recorded", APPEND)?;
+            Ok(AppendOutcome::AlreadyPresent(
+                recorded.unwrap_or(Value::Null),
+            ))
+        }
+        "conflict" => Ok(AppendOutcome::Conflict),
+        "refused_terminal" => {
+            let marker: Option<String> = column(&row, "marker", APPEND)?;
+            marker
+                .as_deref()
+                .and_then(Marker::parse)
+                .map(AppendOutcome::RefusedTerminal)
+                .ok_or_else(|| malformed(APPEND, format_args!("unknown closing marker {marker:?}")))
+        }
+        "not_found" => Err(not_found(key)),
+        "lease_lost" => match &append.fence {
+            Some(fence) => Err(lease_lost(key, fence)),
+            None => Err(unknown_outcome(APPEND, "lease_lost without a fence")),
+        },
+        other => Err(unknown_outcome(APPEND, other)),
+    }
+}
+
+const INSTANCE_CONFIRM: &str =
+    "SELECT outcome, row_status FROM keiro_instance_confirm($1, $2, $3, $4, $5)";
+
+async fn instance_confirm(
+    store: &PgStore,
+    key: &InstanceKey,
+    fence: &Fence,
+    ttl: Duration,
+) -> Result<Status> {
+    let row = store
+        .query_one(
+            CONFIRM,
+            INSTANCE_CONFIRM,
+            &[
+                &key.name.as_str(),
+                &key.id.as_str(),
+                &fence.owner,
+                &fence.epoch,
+                &span_ms(ttl),
+            ],
+        )
+        .await?;
+    let outcome: String = column(&row, "outcome", CONFIRM)?;
+    match outcome.as_str() {
+        "confirmed" | "terminal" => {
+            let status: String = column(&row, "row_status", CONFIRM)?;
+            row::status(&status, CONFIRM)
+        }
+        "not_found" => Err(not_found(key)),
+        "lease_lost" => Err(lease_lost(key, fence)),
+        other => Err(unknown_outcome(CONFIRM, other)),
+    }
+}
+
+const INSTANCE_PARK: &str =
+    "SELECT outcome, row_status FROM keiro_instance_park($1, $2, $3, $4, $5, $6, $7)";
+
+async fn instance_park(store: &PgStore, park: &Park) -> Result<ParkOutcome> {
+    let key = &park.key;
+    let owner = park.fence.as_ref().map(|f| f.owner.as_str());
+    let epoch = park.fence.as_ref().map(|f| f.epoch);
+    let row = store
+        .query_one(
+            PARK,
+            INSTANCE_PARK,
+            &[
+                &key.name.as_str(),
+                &key.id.as_str(),
+                &park.generation,
+                &owner,
+                &epoch,
+                &park.awaited,
+                &park.wake_after,
+            ],
+        )
+        .await?;
+    let outcome: String = column(&row, "outcome", PARK)?;
+    match outcome.as_str() {
+        "suspended" => Ok(ParkOutcome::Suspended),
+        "woken" => Ok(ParkOutcome::WokenBeforePark),
+        "terminal" => {
+            let status: String = column(&row, "row_status", PARK)?;
+            Ok(ParkOutcome::Terminal(row::status(&status, PARK)?))
+        }
+        "not_found" => Err(not_found(key)),
+        "lease_lost" => match &park.fence {
+            Some(fence) => Err(lease_lost(key, fence)),
+            None => Err(unknown_outcome(PARK, "lease_lost without a fence")),
+        },
+        other => Err(unknown_outcome(PARK, other)),
+    }
+}
+
+const INSTANCE_FAIL_DIVERGED: &str =
+    "SELECT outcome FROM keiro_instance_fail_diverged($1, $2, $3, $4, $5)";
+
+async fn instance_fail_diverged(
+    store: &PgStore,
+    key: &InstanceKey,
+    fence: Option<&Fence>,
+    reason: &str,
+) -> Result<bool> {
+    let owner = fence.map(|f| f.owner.as_str());
+    let epoch = fence.map(|f| f.epoch);
+    let row = store
+        .query_one(
+            FAIL_DIVERGED,
+            INSTANCE_FAIL_DIVERGED,
+            &[
+                &key.name.as_str(),
+                &key.id.as_str(),
+                &owner,
+                &epoch,
+                &reason,
+            ],
+        )
+        .await?;
+    let outcome: String = column(&row, "outcome", FAIL_DIVERGED)?;
+    match (outcome.as_str(), fence) {
+        ("failed", _) => Ok(true),
+        ("terminal", _) => Ok(false),
+        ("not_found", _) => Err(not_found(key)),
+        ("lease_lost", Some(fence)) => Err(lease_lost(key, fence)),
+        (other, _) => Err(unknown_outcome(FAIL_DIVERGED, other)),
+    }
+}
+
+#[async_trait::async_trait]
+impl JournalStore for PgStore {
+    async fn instance_start(&self, request: &StartRequest) -> Result<Started> {
+        instance_start(self, request).await
+    }
+
+    async fn instance_get(&self, key: &InstanceKey) -> Result<Option<Instance>> {
+        instance_get(self, key).await
+    }
+
+    async fn journal_load(
+        &self,
+        key: &InstanceKey,
+        generation: Generation,
+    ) -> Result<Vec<JournalEntry>> {
+        journal_load(self, key, generation).await
+    }
+
+    async fn journal_history(&self, key: &InstanceKey) -> Result<Vec<JournalEntry>> {
+        journal_history(self, key).await
+    }
+
+    async fn journal_append(&self, append: &Append) -> Result<AppendOutcome> {
+        journal_append(self, append).await
+    }
+
+    async fn instance_confirm(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        ttl: Duration,
+    ) -> Result<Status> {
+        instance_confirm(self, key, fence, ttl).await
+    }
+
+    async fn instance_park(&self, park: &Park) -> Result<ParkOutcome> {
+        instance_park(self, park).await
+    }
+
+    async fn instance_fail_diverged(
+        &self,
+        key: &InstanceKey,
+        fence: Option<&Fence>,
+        reason: &str,
+    ) -> Result<bool> {
+        instance_fail_diverged(self, key, fence, reason).await
+    }
+}

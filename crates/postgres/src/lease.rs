@@ -1,0 +1,381 @@
+//! [`LeaseStore`] for [`PgStore`]: discovery, claims, renewals, releases, crash accounting and
+//! resurrection, each one statement and one round trip.
+//!
+//! # Design
+//!
+//! The database is authoritative for leases: `lease_expires_at` is written and compared with
+//! the database clock (`now()`) unless a caller pins `now` (tests). A claim is one conditional
+//! `UPDATE` that bumps `lease_epoch`, the fencing token; every write a holder makes afterwards
+//! (appends, confirms, parks, crash records, releases) names both owner and epoch and is refused
+//! as `LeaseLost` once either changed. How long a holder trusts its lease between those writes
+//! is the run driver's business (`keiro-lease` docs); this module only makes each check and the
+//! write it guards one atomic statement.
+
+use std::time::Duration;
+
+use keiro_journal::store::Result;
+use keiro_journal::{Fence, Instance, InstanceKey, JournalEntry};
+use keiro_lease::{
+    classify_refusal, Claim, ClaimGate, ClaimOutcome, Crash, CrashOutcome, LeaseStore,
+    ResurrectOutcome,
+};
+use serde_json::Value;
+use time::OffsetDateTime;
+use tokio_postgres::Row;
+
+use crate::journal::{lease_lost, not_found, unknown_outcome};
+use crate::row::{self, column, instance_columns, malformed, StoredEntry};
+use crate::store::span_ms;
+use crate::PgStore;
+
+const RUNNABLE: &str = "discovering runnable instances";
+const CLAIM: &str = "claiming an instance";
+const RENEW: &str = "renewing a lease";
+const RELEASE: &str = "releasing a lease";
+const FORCE_RELEASE: &str = "force-releasing a lease";
+const RECORD_CRASH: &str = "recording a crash";
+const RESURRECT: &str = "resurrecting an instance";
+
+/// The discovery statement. Both arms name their status positively so the planner can prove
+/// the predicate implies `workflows_active_idx`'s and serve it from that partial index, whatever
+/// the number of terminal instances. `LIMIT NULL` is no limit.
+///
+/// Public only so the plan test can `EXPLAIN` the exact statement the store runs.
+#[doc(hidden)]
+pub const INSTANCES_RUNNABLE: &str = "SELECT workflow_name, workflow_id FROM workflows \
+     WHERE status = 'running' \
+        OR (status = 'suspended' AND wake_after IS NOT NULL AND wake_after <= coalesce($1, now())) \
+     ORDER BY priority DESC, created_at, workflow_name, workflow_id \
+     LIMIT $2";
+
+async fn instances_runnable(
+    store: &PgStore,
+    now: Option<OffsetDateTime>,
+    limit: Option<i64>,
+) -> Result<Vec<InstanceKey>> {
+    // A negative limit asks for nothing, not for an SQL error.
+    let limit = limit.map(|n| n.max(0));
+    let rows = store
+        .query(RUNNABLE, INSTANCES_RUNNABLE, &[&now, &limit])
+        .await?;
+    rows.iter()
+        .map(|row| {
+            let name: String = column(row, "workflow_name", RUNNABLE)?;
+            let id: String = column(row, "workflow_id", RUNNABLE)?;
+            InstanceKey::parse(&name, &id)
+                .map_err(|e| malformed(RUNNABLE, format_args!("instance key {name:?}/{id:?}: {e}")))
+        })
+        .collect()
+}
+
+const INSTANCE_CLAIM: &str = concat!(
+    "SELECT c.granted, c.clock, ",
+    instance_columns!("(c.instance)."),
+    ", c.journal_seq, c.journal_step, c.journal_kind, c.journal_payload, c.journal_recorded_at",
+    " FROM keiro_instance_claim($1, $2, $3, $4, $5) c"
+);
+
+async fn instance_claim(
+    store: &PgStore,
+    key: &InstanceKey,
+    owner: &str,
+    ttl: Duration,
+    now: Option<OffsetDateTime>,
+) -> Result<ClaimOutcome> {
+    let row = store
+        .query_one(
+            CLAIM,
+            INSTANCE_CLAIM,
+            &[
+                &key.name.as_str(),
+                &key.id.as_str(),
+                &owner,
+                &span_ms(ttl),
+                &now,
+            ],
+        )
+        .await?;
+    let granted: bool = column(&row, "granted", CLAIM)?;
+    if !granted {
+        let clock: OffsetDateTime = column(&row, "clock", CLAIM)?;
+        return Ok(classify_refusal(gate(&row)?, clock).into());
+    }
+    let instance = row::instance(&row, CLAIM)?;
+    let fence = Fence {
+        owner: owner.to_owned(),
+        epoch: instance.lease_epoch,
+    };
+    let journal = match claimed_journal(&row, &instance) {
+        Ok(journal) => journal,
+        Err(malformed) => {
+            // Nobody can drive a journal that does not decode; hand the lease back rather than
+            // leave the instance blocked until it expires. Best effort: the error is the news.
+            let _ = instance_release(store, key, &fence, false).await;
+            return Err(malformed);
+        }
+    };
+    Ok(ClaimOutcome::Acquired(Box::new(Claim {
+        fence,
+        instance,
+        journal,
+    })))
+}
+
+/// The refused row's claim gate; `None` when the instance does not exist.
+fn gate(row: &Row) -> Result<Option<ClaimGate>> {
+    let status: Option<String> = column(row, "status", CLAIM)?;
+    let Some(status) = status else {
+        return Ok(None);
+    };
+    Ok(Some(ClaimGate {
+        status: row::status(&status, CLAIM)?,
+        lease_expires_at: column(row, "lease_expires_at", CLAIM)?,
+        next_attempt_at: column(row, "next_attempt_at", CLAIM)?,
+    }))
+}
+
+/// The journal a granted claim returned as parallel arrays, in `seq` order.
+fn claimed_journal(row: &Row, instance: &Instance) -> Result<Vec<JournalEntry>> {
+    let seqs: Option<Vec<i64>> = column(row, "journal_seq", CLAIM)?;
+    let steps: Option<Vec<String>> = column(row, "journal_step", CLAIM)?;
+    let kinds: Option<Vec<String>> = column(row, "journal_kind", CLAIM)?;
+    let payloads: Option<Vec<Value>> = column(row, "journal_payload", CLAIM)?;
+    let recorded: Option<Vec<OffsetDateTime>> = column(row, "journal_recorded_at", CLAIM)?;
+    // `array_agg` over no rows is NULL: an empty generation.
+    let (seqs, steps, kinds, payloads, recorded) = (
+        seqs.unwrap_or_default(),
+        steps.unwrap_or_default(),
+        kinds.unwrap_or_default(),
+        payloads.unwrap_or_default(),
+        recorded.unwrap_or_default(),
+    );
+    let len = seqs.len();
+    if [steps.len(), kinds.len(), payloads.len(), recorded.len()] != [len; 4] {
+        return Err(malformed(
+            CLAIM,
+            "the claimed journal's columns differ in length",
+        ));
+    }
+    seqs.into_iter()
+        .zip(steps)
+        .zip(kinds)
+        .zip(payloads)
+        .zip(recorded)
+        .map(|((((seq, step_name), kind), payload), recorded_at)| {
+            StoredEntry {
+                seq,
+                generation: instance.generation,
+                step_name,
+                kind,
+                payload,
+                recorded_at,
+            }
+            .decode(CLAIM)
+        })
+        .collect()
+}
+
+// One statement, so telling "not yours" from "not there" costs no second round trip; both
+// parts read the same snapshot.
+const INSTANCE_LEASE_RENEW: &str = "WITH renewed AS ( \
+         UPDATE workflows SET lease_expires_at = now() + $5::bigint * interval '1 millisecond', \
+                              updated_at = now() \
+         WHERE workflow_name = $1 AND workflow_id = $2 AND lease_owner = $3 AND lease_epoch = $4 \
+           AND status IN ('running', 'suspended') \
+         RETURNING 1) \
+     SELECT EXISTS (SELECT 1 FROM renewed) AS renewed, \
+            EXISTS (SELECT 1 FROM workflows WHERE workflow_name = $1 AND workflow_id = $2) AS present";
+
+async fn instance_lease_renew(
+    store: &PgStore,
+    key: &InstanceKey,
+    fence: &Fence,
+    ttl: Duration,
+) -> Result<()> {
+    let row = store
+        .query_one(
+            RENEW,
+            INSTANCE_LEASE_RENEW,
+            &[
+                &key.name.as_str(),
+                &key.id.as_str(),
+                &fence.owner,
+                &fence.epoch,
+                &span_ms(ttl),
+            ],
+        )
+        .await?;
+    let renewed: bool = column(&row, "renewed", RENEW)?;
+    let present: bool = column(&row, "present", RENEW)?;
+    match (renewed, present) {
+        (true, _) => Ok(()),
+        (false, true) => Err(lease_lost(key, fence)),
+        (false, false) => Err(not_found(key)),
+    }
+}
+
+const INSTANCE_RELEASE: &str = "UPDATE workflows SET lease_owner = NULL, lease_expires_at = NULL, \
+         attempts = CASE WHEN $5 THEN 0 ELSE attempts END, \
+         last_error = CASE WHEN $5 THEN NULL ELSE last_error END, \
+         next_attempt_at = CASE WHEN $5 THEN NULL ELSE next_attempt_at END, \
+         updated_at = now() \
+     WHERE workflow_name = $1 AND workflow_id = $2 AND lease_owner = $3 AND lease_epoch = $4";
+
+async fn instance_release(
+    store: &PgStore,
+    key: &InstanceKey,
+    fence: &Fence,
+    progressed: bool,
+) -> Result<bool> {
+    let changed = store
+        .execute(
+            RELEASE,
+            INSTANCE_RELEASE,
+            &[
+                &key.name.as_str(),
+                &key.id.as_str(),
+                &fence.owner,
+                &fence.epoch,
+                &progressed,
+            ],
+        )
+        .await?;
+    Ok(changed > 0)
+}
+
+// The epoch stays: the old holder's fence no longer matches `lease_owner`, and the next claim
+// bumps the epoch past it anyway.
+const INSTANCE_LEASE_FORCE_RELEASE: &str = "UPDATE workflows \
+     SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now() \
+     WHERE workflow_name = $1 AND workflow_id = $2 AND lease_owner IS NOT NULL";
+
+async fn instance_lease_force_release(store: &PgStore, key: &InstanceKey) -> Result<bool> {
+    let changed = store
+        .execute(
+            FORCE_RELEASE,
+            INSTANCE_LEASE_FORCE_RELEASE,
+            &[&key.name.as_str(), &key.id.as_str()],
+        )
+        .await?;
+    Ok(changed > 0)
+}
+
+const INSTANCE_RECORD_CRASH: &str =
+    "SELECT outcome, crash_attempts, retry_at FROM keiro_instance_record_crash($1, $2, $3, $4, $5, $6, $7)";
+
+async fn instance_record_crash(
+    store: &PgStore,
+    key: &InstanceKey,
+    fence: &Fence,
+    crash: &Crash,
+) -> Result<CrashOutcome> {
+    let row = store
+        .query_one(
+            RECORD_CRASH,
+            INSTANCE_RECORD_CRASH,
+            &[
+                &key.name.as_str(),
+                &key.id.as_str(),
+                &fence.owner,
+                &fence.epoch,
+                &crash.error,
+                &span_ms(crash.retry_delay),
+                &crash.max_attempts,
+            ],
+        )
+        .await?;
+    let outcome: String = column(&row, "outcome", RECORD_CRASH)?;
+    match outcome.as_str() {
+        "retrying" => Ok(CrashOutcome::Retrying {
+            attempts: column(&row, "crash_attempts", RECORD_CRASH)?,
+            next_attempt_at: column(&row, "retry_at", RECORD_CRASH)?,
+        }),
+        "failed" => Ok(CrashOutcome::Failed {
+            attempts: column(&row, "crash_attempts", RECORD_CRASH)?,
+        }),
+        "terminal" => Ok(CrashOutcome::AlreadyTerminal),
+        "not_found" => Err(not_found(key)),
+        "lease_lost" => Err(lease_lost(key, fence)),
+        other => Err(unknown_outcome(RECORD_CRASH, other)),
+    }
+}
+
+const INSTANCE_RESURRECT: &str = "SELECT outcome, row_status FROM keiro_instance_resurrect($1, $2)";
+
+async fn instance_resurrect(store: &PgStore, key: &InstanceKey) -> Result<ResurrectOutcome> {
+    let row = store
+        .query_one(
+            RESURRECT,
+            INSTANCE_RESURRECT,
+            &[&key.name.as_str(), &key.id.as_str()],
+        )
+        .await?;
+    let outcome: String = column(&row, "outcome", RESURRECT)?;
+    match outcome.as_str() {
+        "resurrected" => Ok(ResurrectOutcome::Resurrected),
+        "not_failed" => {
+            let status: String = column(&row, "row_status", RESURRECT)?;
+            Ok(ResurrectOutcome::NotFailed(row::status(
+                &status, RESURRECT,
+            )?))
+        }
+        "not_found" => Ok(ResurrectOutcome::NotFound),
+        other => Err(unknown_outcome(RESURRECT, other)),
+    }
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for PgStore {
+    async fn instances_runnable(
+        &self,
+        now: Option<OffsetDateTime>,
+        limit: Option<i64>,
+    ) -> Result<Vec<InstanceKey>> {
+        instances_runnable(self, now, limit).await
+    }
+
+    async fn instance_claim(
+        &self,
+        key: &InstanceKey,
+        owner: &str,
+        ttl: Duration,
+        now: Option<OffsetDateTime>,
+    ) -> Result<ClaimOutcome> {
+        instance_claim(self, key, owner, ttl, now).await
+    }
+
+    async fn instance_lease_renew(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        ttl: Duration,
+    ) -> Result<()> {
+        instance_lease_renew(self, key, fence, ttl).await
+    }
+
+    async fn instance_release(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        progressed: bool,
+    ) -> Result<bool> {
+        instance_release(self, key, fence, progressed).await
+    }
+
+    async fn instance_lease_force_release(&self, key: &InstanceKey) -> Result<bool> {
+        instance_lease_force_release(self, key).await
+    }
+
+    async fn instance_record_crash(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        crash: &Crash,
+    ) -> Result<CrashOutcome> {
+        instance_record_crash(self, key, fence, crash).await
+    }
+
+    async fn instance_resurrect(&self, key: &InstanceKey) -> Result<ResurrectOutcome> {
+        instance_resurrect(self, key).await
+    }
+}

@@ -1,0 +1,299 @@
+//! The store handle: a connection pool bound to one schema, and the round-trip counter.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use keiro_journal::StoreError;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{NoTls, Row, Statement};
+
+use crate::config::{Config, WAKE_CHANNEL_SUFFIX};
+use crate::error::{Error, Failure, Result};
+
+/// The longest span sent to the database: longer leases and delays are cut to this, which is
+/// "forever" for a workflow, so that `now() + span` can never leave the timestamp range.
+const SPAN_MS_MAX: i64 = 100 * 366 * 24 * 60 * 60 * 1000;
+
+/// keiro's Postgres store: every store trait of `keiro-journal` and `keiro-lease` over a
+/// `deadpool-postgres` pool whose connections all use one schema.
+///
+/// Cloning is cheap and shares the pool and the counter. Build it with [`PgStore::connect`],
+/// then [`migrate`](PgStore::migrate) once per deploy (idempotent, safe to race).
+///
+/// ```no_run
+/// use keiro_postgres::{Config, PgStore};
+///
+/// # async fn demo() -> Result<(), keiro_postgres::Error> {
+/// let store = PgStore::connect(Config::new("postgres://postgres@127.0.0.1/postgres")).await?;
+/// store.migrate().await?;
+/// assert_eq!(store.wake_channel(), "keiro.wake");
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct PgStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    schema: String,
+    wake_channel: String,
+    connection: tokio_postgres::Config,
+    round_trips: AtomicU64,
+}
+
+impl PgStore {
+    /// Validates `config`, builds the pool and opens one connection, so an unreachable or
+    /// misconfigured database shows here rather than at the first operation. Does not migrate.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), keiro_postgres::Error> {
+    /// use keiro_postgres::{Config, PgStore};
+    /// let config = Config { schema: "billing".into(), ..Config::new("postgres://app@db/app") };
+    /// match PgStore::connect(config).await {
+    ///     Ok(store) => println!("connected to schema {}", store.schema()),
+    ///     Err(e) if e.is_unavailable() => eprintln!("database down, retry later: {e}"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for an invalid config; [`Error::Unavailable`] when the database cannot
+    /// be reached within [`Config::connect_timeout`]; [`Error::Database`] when it refuses the
+    /// connection (unknown database, authentication).
+    pub async fn connect(config: Config) -> Result<Self> {
+        let store = Self::connect_lazy(config)?;
+        let first = store
+            .inner
+            .pool
+            .get()
+            .await
+            .map_err(|e| Failure::from(e).into_error("connecting to the database"))?;
+        // Back into the pool: the first operation reuses it.
+        drop(first);
+        Ok(store)
+    }
+
+    /// Validates `config` and builds the pool without opening a connection; the first
+    /// operation connects. Needs no runtime until then.
+    ///
+    /// ```
+    /// let store = keiro_postgres::PgStore::connect_lazy(keiro_postgres::Config::default())?;
+    /// assert_eq!(store.schema(), "keiro");
+    /// assert_eq!(store.round_trips(), 0);
+    /// # Ok::<(), keiro_postgres::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for an invalid config.
+    pub fn connect_lazy(config: Config) -> Result<Self> {
+        config.validate()?;
+        let connection = config.connection_config()?;
+        let manager = Manager::from_config(
+            connection.clone(),
+            NoTls,
+            ManagerConfig {
+                // No statement on checkout: a broken connection surfaces as `Unavailable` on
+                // its first use, and every statement the store sends stays counted.
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(config.pool_size)
+            .wait_timeout(Some(config.acquire_timeout))
+            .create_timeout(Some(config.connect_timeout))
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|e| Error::Database {
+                operation: "building the connection pool",
+                retryable: false,
+                source: Box::new(e),
+            })?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                pool,
+                wake_channel: format!("{}{WAKE_CHANNEL_SUFFIX}", config.schema),
+                schema: config.schema,
+                connection,
+                round_trips: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The connection pool, for queries of your own in keiro's schema (every connection's
+    /// `search_path` is [`schema`](Self::schema)). Statements sent through it directly are
+    /// not counted by [`round_trips`](Self::round_trips).
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
+    /// The schema this store works in.
+    pub fn schema(&self) -> &str {
+        &self.inner.schema
+    }
+
+    /// The channel wake notifications are sent on: `<schema>.wake`, with the payload
+    /// `<workflow_name>/<workflow_id>`, in the same transaction as the change that causes them.
+    /// It contains a dot, so `LISTEN` needs it double-quoted.
+    pub fn wake_channel(&self) -> &str {
+        &self.inner.wake_channel
+    }
+
+    /// The driver settings every pooled connection uses (including the `search_path` option),
+    /// for opening a dedicated connection such as a `LISTEN` one.
+    pub fn connection_config(&self) -> &tokio_postgres::Config {
+        &self.inner.connection
+    }
+
+    /// How many round trips to the server this store has made since it was built: every
+    /// statement executed, plus every statement prepared (once per statement per connection).
+    /// Opening connections is not counted. Benchmarks divide it by the work done.
+    ///
+    /// ```no_run
+    /// # async fn demo(store: keiro_postgres::PgStore, key: keiro_journal::InstanceKey) -> Result<(), Box<dyn std::error::Error>> {
+    /// use keiro_journal::JournalStore;
+    /// let before = store.round_trips();
+    /// store.instance_get(&key).await?;
+    /// assert!(store.round_trips() - before <= 2); // 1 once the statement is prepared
+    /// # Ok(()) }
+    /// ```
+    pub fn round_trips(&self) -> u64 {
+        self.inner.round_trips.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_round_trips(&self, n: u64) {
+        self.inner.round_trips.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A pooled connection for one store operation.
+    pub(crate) async fn client(&self, operation: &'static str) -> Result<Object, StoreError> {
+        self.inner
+            .pool
+            .get()
+            .await
+            .map_err(|e| Failure::from(e).into_store(operation))
+    }
+
+    /// Prepares `sql` once per connection; a cache hit costs no round trip and is not counted.
+    async fn prepared(
+        &self,
+        client: &Object,
+        sql: &str,
+    ) -> Result<Statement, tokio_postgres::Error> {
+        // The connection is ours alone until dropped, so a change of its cache size is exactly
+        // a miss of this call.
+        let cached = client.statement_cache.size();
+        let prepared = client.prepare_cached(sql).await;
+        if prepared.is_err() || client.statement_cache.size() != cached {
+            self.count_round_trips(1);
+        }
+        prepared
+    }
+
+    /// Runs one prepared statement and returns its rows.
+    pub(crate) async fn query(
+        &self,
+        operation: &'static str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, StoreError> {
+        let client = self.client(operation).await?;
+        let statement = self
+            .prepared(&client, sql)
+            .await
+            .map_err(|e| Failure::from(e).into_store(operation))?;
+        self.count_round_trips(1);
+        client
+            .query(&statement, params)
+            .await
+            .map_err(|e| Failure::from(e).into_store(operation))
+    }
+
+    /// Runs one prepared statement that returns exactly one row.
+    pub(crate) async fn query_one(
+        &self,
+        operation: &'static str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, StoreError> {
+        let mut rows = self.query(operation, sql, params).await?;
+        if rows.len() != 1 {
+            return Err(StoreError::Malformed {
+                operation,
+                detail: format!("expected exactly one row, got {}", rows.len()),
+            });
+        }
+        Ok(rows.swap_remove(0))
+    }
+
+    /// Runs one prepared statement and returns the number of rows it changed.
+    pub(crate) async fn execute(
+        &self,
+        operation: &'static str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, StoreError> {
+        let client = self.client(operation).await?;
+        let statement = self
+            .prepared(&client, sql)
+            .await
+            .map_err(|e| Failure::from(e).into_store(operation))?;
+        self.count_round_trips(1);
+        client
+            .execute(&statement, params)
+            .await
+            .map_err(|e| Failure::from(e).into_store(operation))
+    }
+}
+
+impl fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let status = self.inner.pool.status();
+        f.debug_struct("PgStore")
+            .field("schema", &self.inner.schema)
+            .field("pool_size", &status.size)
+            .field("pool_max_size", &status.max_size)
+            .field("round_trips", &self.round_trips())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A span as the whole milliseconds SQL multiplies by `interval '1 millisecond'`, capped at
+/// [`SPAN_MS_MAX`].
+pub(crate) fn span_ms(span: Duration) -> i64 {
+    i64::try_from(span.as_millis()).map_or(SPAN_MS_MAX, |ms| ms.min(SPAN_MS_MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_are_whole_milliseconds_and_capped() {
+        assert_eq!(span_ms(Duration::from_millis(1500)), 1500);
+        assert_eq!(span_ms(Duration::from_micros(2999)), 2);
+        assert_eq!(span_ms(Duration::MAX), SPAN_MS_MAX);
+    }
+
+    #[test]
+    fn a_lazy_store_is_bound_to_its_schema_and_channel() {
+        let store = PgStore::connect_lazy(Config {
+            schema: "tenant_a".into(),
+            ..Config::default()
+        })
+        .unwrap();
+        assert_eq!(store.schema(), "tenant_a");
+        assert_eq!(store.wake_channel(), "tenant_a.wake");
+        assert_eq!(
+            store.connection_config().get_options(),
+            Some("-c search_path=tenant_a")
+        );
+        assert!(format!("{store:?}").contains("tenant_a"));
+    }
+}

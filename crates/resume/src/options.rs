@@ -1,0 +1,136 @@
+//! Options of the resume worker, with the seed's defaults.
+
+use std::time::Duration;
+
+use keiro_journal::{RunOptions, LEASE_TTL_DEFAULT, PAYLOAD_LEN_MAX_DEFAULT, RECONCILE_DEFAULT};
+use keiro_lease::{BackoffPolicy, InvalidPolicy, MAX_ATTEMPTS_DEFAULT};
+
+use crate::log::{tracing_log_hook, LogHook};
+
+/// The default gap between passes of the fixed-poll loop (and the fallback of the push loop).
+pub const POLL_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
+/// The smallest poll interval accepted.
+pub const POLL_INTERVAL_MIN: Duration = Duration::from_millis(10);
+/// The default number of runs one pass drives at once.
+pub const MAX_CONCURRENT_ADVANCES_DEFAULT: usize = 1;
+/// The smallest lease TTL accepted.
+pub const LEASE_TTL_MIN: Duration = Duration::from_millis(100);
+
+/// How the resume worker runs.
+#[derive(Clone)]
+pub struct ResumeOptions {
+    /// Gap between passes when nothing advanced. Defaults to [`POLL_INTERVAL_DEFAULT`].
+    pub poll_interval: Duration,
+    /// Crash ceiling: at this many attempts a run is failed. Defaults to
+    /// [`MAX_ATTEMPTS_DEFAULT`](keiro_lease::MAX_ATTEMPTS_DEFAULT).
+    pub max_attempts: i32,
+    /// Lease time-to-live; a dead worker's runs resume within it plus one poll interval.
+    /// Defaults to [`LEASE_TTL_DEFAULT`](keiro_journal::LEASE_TTL_DEFAULT).
+    pub lease_ttl: Duration,
+    /// Runs one pass drives at once; values below 1 count as 1. Defaults to
+    /// [`MAX_CONCURRENT_ADVANCES_DEFAULT`].
+    pub max_concurrent_advances: usize,
+    /// Reconcile fallback for runs parked on an event with no deadline; `None` disables it.
+    /// Defaults to [`RECONCILE_DEFAULT`](keiro_journal::RECONCILE_DEFAULT).
+    pub reconcile: Option<Duration>,
+    /// Crash backoff. Defaults to [`BackoffPolicy::default`] (`min(2^(attempts+1), 64)` s).
+    pub backoff: BackoffPolicy,
+    /// Largest payload accepted. Defaults to
+    /// [`PAYLOAD_LEN_MAX_DEFAULT`](keiro_journal::PAYLOAD_LEN_MAX_DEFAULT).
+    pub payload_len_max: usize,
+    /// The lease owner id. `None` mints a fresh id per pass, as the seed does.
+    /// Defaults to `None`.
+    pub owner: Option<String>,
+    /// Where notable events go. Defaults to [`tracing_log_hook`].
+    pub log: LogHook,
+    /// Metrics; `None` records nothing. Defaults to `None`.
+    pub metrics: Option<keiro_telemetry::Metrics>,
+}
+
+impl std::fmt::Debug for ResumeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResumeOptions")
+            .field("poll_interval", &self.poll_interval)
+            .field("max_attempts", &self.max_attempts)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("max_concurrent_advances", &self.max_concurrent_advances)
+            .field("reconcile", &self.reconcile)
+            .field("backoff", &self.backoff)
+            .field("payload_len_max", &self.payload_len_max)
+            .field("owner", &self.owner)
+            .field("metrics", &self.metrics.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for ResumeOptions {
+    fn default() -> Self {
+        Self {
+            poll_interval: POLL_INTERVAL_DEFAULT,
+            max_attempts: MAX_ATTEMPTS_DEFAULT,
+            lease_ttl: LEASE_TTL_DEFAULT,
+            max_concurrent_advances: MAX_CONCURRENT_ADVANCES_DEFAULT,
+            reconcile: Some(RECONCILE_DEFAULT),
+            backoff: BackoffPolicy::default(),
+            payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
+            owner: None,
+            log: tracing_log_hook(),
+            metrics: None,
+        }
+    }
+}
+
+/// A resume option out of bounds.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidOptions {
+    /// A field breaks its bound.
+    #[error("resume options: {field} {problem}")]
+    Field {
+        /// The field.
+        field: &'static str,
+        /// The bound.
+        problem: &'static str,
+    },
+    /// The backoff policy is invalid.
+    #[error("resume options: invalid backoff")]
+    Backoff(#[from] InvalidPolicy),
+}
+
+impl ResumeOptions {
+    /// Checks every field's bound.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidOptions`] naming the field and the bound.
+    pub fn validate(&self) -> Result<(), InvalidOptions> {
+        let field = |field, problem| Err(InvalidOptions::Field { field, problem });
+        if self.poll_interval < POLL_INTERVAL_MIN {
+            return field("poll_interval", "must be at least 10ms");
+        }
+        if self.lease_ttl < LEASE_TTL_MIN {
+            return field("lease_ttl", "must be at least 100ms");
+        }
+        if self.max_attempts < 1 {
+            return field("max_attempts", "must be at least 1");
+        }
+        if self.payload_len_max == 0 {
+            return field("payload_len_max", "must be positive");
+        }
+        self.backoff.validate()?;
+        Ok(())
+    }
+
+    /// The effective concurrency (at least 1).
+    pub fn concurrency(&self) -> usize {
+        self.max_concurrent_advances.max(1)
+    }
+
+    /// The options each run is driven with.
+    pub fn run_options(&self) -> RunOptions {
+        let mut run = RunOptions::new(self.lease_ttl);
+        run.payload_len_max = self.payload_len_max;
+        run.reconcile = self.reconcile;
+        run
+    }
+}

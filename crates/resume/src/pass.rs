@@ -1,0 +1,352 @@
+//! One resume pass: discover, then for each candidate look up, claim, drive, classify, release.
+//!
+//! Every candidate is isolated: it runs in its own task, so a panic that escapes even the
+//! driver, a store error, or a poison workflow affects that candidate's line of the summary and
+//! nothing else.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use keiro_journal::{drive, InstanceKey, JournalStore, RunError, RunOutcome, Status, StoreError};
+use keiro_lease::{ClaimOutcome, Crash, CrashOutcome, LeaseStore};
+use time::OffsetDateTime;
+use tokio::task::JoinSet;
+
+use crate::log::{error_chain, ResumeLogEvent};
+use crate::{Registry, ResumeOptions, ResumeSummary};
+
+/// Runs one unbounded resume pass. See [`resume_once_up_to`].
+///
+/// # Errors
+///
+/// The discovery query's store error; per-candidate errors are counted, never returned.
+pub async fn resume_once(
+    store: &Arc<dyn LeaseStore>,
+    registry: &Registry,
+    options: &ResumeOptions,
+) -> Result<ResumeSummary, StoreError> {
+    resume_once_up_to(store, registry, options, None).await
+}
+
+/// Runs one resume pass over at most `limit` candidates (`None`: all).
+///
+/// One discovery query finds the runnable instances (running, or suspended with a due
+/// `wake_after`); each is then claimed and driven, up to `max_concurrent_advances` at once.
+///
+/// # Errors
+///
+/// The discovery query's store error; per-candidate errors are counted, never returned.
+pub async fn resume_once_up_to(
+    store: &Arc<dyn LeaseStore>,
+    registry: &Registry,
+    options: &ResumeOptions,
+    limit: Option<usize>,
+) -> Result<ResumeSummary, StoreError> {
+    pass(store, registry, options, limit, &AtomicBool::new(false)).await
+}
+
+/// A pass that stops claiming new candidates once `stop` is set; runs already started finish.
+pub(crate) async fn pass(
+    store: &Arc<dyn LeaseStore>,
+    registry: &Registry,
+    options: &ResumeOptions,
+    limit: Option<usize>,
+    stop: &AtomicBool,
+) -> Result<ResumeSummary, StoreError> {
+    let limit = limit.map(|l| i64::try_from(l).unwrap_or(i64::MAX));
+    let candidates = store.instances_runnable(None, limit).await?;
+    let owner = options
+        .owner
+        .clone()
+        .unwrap_or_else(|| format!("keiro-{}", uuid::Uuid::new_v4()));
+    let mut summary = ResumeSummary {
+        discovered: u64::try_from(candidates.len()).unwrap_or(u64::MAX),
+        ..ResumeSummary::default()
+    };
+    let mut tasks = JoinSet::new();
+    let mut pending = candidates.into_iter();
+    loop {
+        while tasks.len() < options.concurrency() && !stop.load(Ordering::Relaxed) {
+            let Some(key) = pending.next() else { break };
+            let (store, registry, options, owner) = (
+                store.clone(),
+                registry.clone(),
+                options.clone(),
+                owner.clone(),
+            );
+            tasks.spawn(async move { advance(&store, &registry, &options, &owner, key).await });
+        }
+        match tasks.join_next().await {
+            Some(Ok(line)) => summary += line,
+            Some(Err(join_error)) => {
+                // Only a panic outside the body (inside keiro or the store) lands here: the
+                // candidate is left leased until expiry and retried by a later pass.
+                summary.transient_errors += 1;
+                (options.log)(&ResumeLogEvent::TransientError {
+                    key: None,
+                    error: format!("candidate task failed: {join_error}"),
+                });
+            }
+            None => break,
+        }
+    }
+    (options.log)(&ResumeLogEvent::PassFinished {
+        summary: summary.clone(),
+    });
+    Ok(summary)
+}
+
+/// Repeats passes while they advance something; returns the sum. A pass that advances nothing
+/// means the rest is blocked (paced, unregistered, leased elsewhere, transient, due sleeps
+/// with no timer worker), so the drain stops rather than spinning.
+///
+/// # Errors
+///
+/// The first failing discovery query.
+pub async fn drain(
+    store: &Arc<dyn LeaseStore>,
+    registry: &Registry,
+    options: &ResumeOptions,
+) -> Result<ResumeSummary, StoreError> {
+    let mut total = ResumeSummary::default();
+    loop {
+        let pass = resume_once(store, registry, options).await?;
+        let advanced = pass.advanced;
+        total += pass;
+        if advanced == 0 {
+            return Ok(total);
+        }
+    }
+}
+
+/// One candidate's line of the summary.
+async fn advance(
+    store: &Arc<dyn LeaseStore>,
+    registry: &Registry,
+    options: &ResumeOptions,
+    owner: &str,
+    key: InstanceKey,
+) -> ResumeSummary {
+    let mut line = ResumeSummary::default();
+    let Some(workflow) = registry.get(&key.name).cloned() else {
+        line.unknown_name = 1;
+        line.unregistered_names.insert(key.name.clone());
+        (options.log)(&ResumeLogEvent::UnknownName { key });
+        return line;
+    };
+    let claim = match store
+        .instance_claim(&key, owner, options.lease_ttl, None)
+        .await
+    {
+        Ok(ClaimOutcome::Acquired(claim)) => claim,
+        Ok(refused) => {
+            // All three refusals count as a skip in metrics, as the seed records them.
+            if let Some(metrics) = &options.metrics {
+                metrics.lease_skipped(key.name.as_str());
+            }
+            if refused == ClaimOutcome::Paced {
+                line.paced = 1;
+            } else {
+                line.lease_skipped = 1;
+            }
+            return line;
+        }
+        Err(error) => {
+            line.transient_errors = 1;
+            transient(options, Some(&key), &error);
+            return line;
+        }
+    };
+    line.resumed = 1;
+    let fence = claim.fence.clone();
+    let mut run_options = options.run_options();
+    run_options.fence = Some(fence.clone());
+    let journal_store: Arc<dyn JournalStore> = store.clone();
+    // The guard keeps the active-runs gauge right even if this future is dropped mid-run.
+    let active = options.metrics.as_ref().map(|m| {
+        m.resumed(key.name.as_str());
+        m.run_scope(key.name.as_str())
+    });
+    let driven = drive(
+        journal_store,
+        workflow.as_ref(),
+        &claim.instance,
+        &claim.journal,
+        run_options,
+    )
+    .await;
+    drop(active);
+    if let Some(metrics) = &options.metrics {
+        metrics.step_executed(key.name.as_str(), driven.stats.executed);
+        metrics.step_replayed(key.name.as_str(), driven.stats.replayed);
+    }
+    if driven.stats.appended > 0 {
+        line.advanced = 1;
+    }
+    match driven.result {
+        Ok(RunOutcome::Completed(_)) => {
+            line.completed = 1;
+            if let Some(metrics) = &options.metrics {
+                let length =
+                    claim.journal.len() + usize::try_from(driven.stats.appended).unwrap_or(0);
+                metrics
+                    .journal_length(key.name.as_str(), u64::try_from(length).unwrap_or(u64::MAX));
+            }
+        }
+        Ok(RunOutcome::Suspended) => {
+            if driven.stats.appended > 0 {
+                line.still_suspended = 1;
+            } else {
+                classify_quiet_park(store, options, &key, &mut line).await;
+            }
+        }
+        Ok(RunOutcome::ContinuedAsNew { .. }) => {}
+        Ok(RunOutcome::Cancelled | RunOutcome::Failed) => {
+            release(store, options, &key, &fence, true).await;
+        }
+        Err(RunError::LeaseLost { .. }) => {
+            line.lease_skipped = 1;
+            if let Some(metrics) = &options.metrics {
+                metrics.lease_skipped(key.name.as_str());
+            }
+        }
+        Err(RunError::Store { source, .. }) => {
+            line.transient_errors = 1;
+            transient(options, Some(&key), &source);
+            release(store, options, &key, &fence, false).await;
+        }
+        Err(error @ RunError::Conflict { .. }) => {
+            line.transient_errors = 1;
+            transient(options, Some(&key), &error);
+            release(store, options, &key, &fence, false).await;
+        }
+        Err(RunError::NonDeterminism { detail, step, .. }) => {
+            line.failed = 1;
+            line.advanced = 1;
+            if let Some(metrics) = &options.metrics {
+                metrics.failed(key.name.as_str());
+            }
+            (options.log)(&ResumeLogEvent::Diverged {
+                key,
+                detail: format!("at step {step:?}: {detail}"),
+            });
+        }
+        Err(RunError::Crashed { message, .. }) => {
+            record_crash(
+                store,
+                options,
+                &claim.instance.attempts,
+                &key,
+                &fence,
+                message,
+                &mut line,
+            )
+            .await;
+        }
+        Err(other) => {
+            // RunError is non-exhaustive; an unknown ending is treated as transient.
+            line.transient_errors = 1;
+            transient(options, Some(&key), &other);
+            release(store, options, &key, &fence, false).await;
+        }
+    }
+    line
+}
+
+/// A run that parked without appending: read the row to tell a due sleep that no timer worker
+/// fired (blocked) from a wake that landed mid-run (advanced).
+async fn classify_quiet_park(
+    store: &Arc<dyn LeaseStore>,
+    options: &ResumeOptions,
+    key: &InstanceKey,
+    line: &mut ResumeSummary,
+) {
+    match store.instance_get(key).await {
+        Ok(Some(row)) => match row.status {
+            Status::Running => line.advanced = 1,
+            Status::Suspended
+                if row
+                    .wake_after
+                    .is_some_and(|w| w <= OffsetDateTime::now_utc()) =>
+            {
+                line.sleep_due = 1;
+            }
+            _ => {}
+        },
+        Ok(None) => {}
+        Err(error) => {
+            line.transient_errors = 1;
+            transient(options, Some(key), &error);
+        }
+    }
+}
+
+async fn record_crash(
+    store: &Arc<dyn LeaseStore>,
+    options: &ResumeOptions,
+    attempts_at_claim: &i32,
+    key: &InstanceKey,
+    fence: &keiro_journal::Fence,
+    error: String,
+    line: &mut ResumeSummary,
+) {
+    let crash = Crash {
+        error: error.clone(),
+        retry_delay: options.backoff.delay_random(*attempts_at_claim),
+        max_attempts: options.max_attempts,
+    };
+    match store.instance_record_crash(key, fence, &crash).await {
+        Ok(CrashOutcome::Retrying { attempts, .. }) => {
+            (options.log)(&ResumeLogEvent::Crashed {
+                key: key.clone(),
+                attempts,
+                error,
+            });
+        }
+        Ok(CrashOutcome::Failed { .. }) => {
+            line.failed = 1;
+            line.advanced = 1;
+            if let Some(metrics) = &options.metrics {
+                metrics.failed(key.name.as_str());
+            }
+            (options.log)(&ResumeLogEvent::FailedTerminally {
+                key: key.clone(),
+                error,
+            });
+        }
+        Ok(CrashOutcome::AlreadyTerminal) => {
+            line.transient_errors = 1;
+            (options.log)(&ResumeLogEvent::CrashRecordSkipped { key: key.clone() });
+        }
+        Err(e) if e.is_lease_lost() => {
+            line.lease_skipped = 1;
+        }
+        Err(e) => {
+            line.transient_errors = 1;
+            transient(options, Some(key), &e);
+        }
+    }
+}
+
+async fn release(
+    store: &Arc<dyn LeaseStore>,
+    options: &ResumeOptions,
+    key: &InstanceKey,
+    fence: &keiro_journal::Fence,
+    progressed: bool,
+) {
+    // Best effort: a failed release only delays the next claim until the lease expires.
+    if let Err(error) = store.instance_release(key, fence, progressed).await {
+        transient(options, Some(key), &error);
+    }
+}
+
+fn transient(options: &ResumeOptions, key: Option<&InstanceKey>, error: &dyn std::error::Error) {
+    if let Some(metrics) = &options.metrics {
+        metrics.resume_error("store");
+    }
+    (options.log)(&ResumeLogEvent::TransientError {
+        key: key.cloned(),
+        error: error_chain(error),
+    });
+}

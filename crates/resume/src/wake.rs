@@ -1,0 +1,58 @@
+//! What wakes a worker loop between passes.
+
+use std::time::Duration;
+
+/// Why a loop woke up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WakeReason {
+    /// A notification said something became runnable.
+    Notified,
+    /// The fallback interval elapsed.
+    Timeout,
+    /// The wake source was re-established after a loss; notifications may have been missed, so
+    /// the loop should poll at once.
+    Reconnected,
+}
+
+/// A source of wake-ups. The fixed-poll loop uses [`FixedPoll`]; stores with push
+/// notifications provide their own.
+#[async_trait::async_trait]
+pub trait WakeSource: Send {
+    /// Waits until something may be runnable, or at most `fallback`.
+    async fn wait(&mut self, fallback: Duration) -> WakeReason;
+}
+
+/// Never notified: every wait lasts the full fallback (the fixed-poll loop).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FixedPoll;
+
+#[async_trait::async_trait]
+impl WakeSource for FixedPoll {
+    async fn wait(&mut self, fallback: Duration) -> WakeReason {
+        tokio::time::sleep(fallback).await;
+        WakeReason::Timeout
+    }
+}
+
+/// About ±10% of `interval`, so a fleet started together does not poll in lockstep.
+pub(crate) fn jittered(interval: Duration) -> Duration {
+    let sample = uuid::Uuid::new_v4().as_u128() % 2001;
+    let per_mille = u32::try_from(sample).unwrap_or(1000) + 9000;
+    interval * per_mille / 10_000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stays_within_ten_percent() {
+        for _ in 0..200 {
+            let d = jittered(Duration::from_secs(1));
+            assert!(
+                d >= Duration::from_millis(900) && d <= Duration::from_millis(1100),
+                "{d:?}"
+            );
+        }
+    }
+}

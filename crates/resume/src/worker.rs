@@ -1,0 +1,70 @@
+//! The worker loop: passes, separated by waits on a wake source, until shutdown.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use keiro_lease::LeaseStore;
+
+use crate::log::{error_chain, ResumeLogEvent};
+use crate::pass::pass;
+use crate::wake::{jittered, WakeReason, WakeSource};
+use crate::{Registry, ResumeOptions, ResumeSummary};
+
+/// Runs passes until `shutdown` resolves, returning the sum of every pass.
+///
+/// After a pass that advanced something the next pass starts at once (there may be more);
+/// otherwise the loop waits on `wake` for a notification or `poll_interval` (±10%). A failing
+/// pass is logged and the loop goes on. Shutdown is graceful: once it resolves no new run is
+/// claimed, runs already started finish and release their leases, then the loop returns.
+pub async fn run_loop<W: WakeSource>(
+    store: Arc<dyn LeaseStore>,
+    registry: Registry,
+    options: ResumeOptions,
+    mut wake: W,
+    shutdown: impl Future<Output = ()> + Send,
+) -> ResumeSummary {
+    let mut total = ResumeSummary::default();
+    let mut shutdown = std::pin::pin!(shutdown);
+    let stop = AtomicBool::new(false);
+    loop {
+        let result = {
+            let current = pass(&store, &registry, &options, None, &stop);
+            let mut current = std::pin::pin!(current);
+            loop {
+                tokio::select! {
+                    result = &mut current => break result,
+                    () = &mut shutdown, if !stop.load(Ordering::Relaxed) => stop.store(true, Ordering::Relaxed),
+                }
+            }
+        };
+        let advanced = match result {
+            Ok(summary) => {
+                let advanced = summary.advanced > 0;
+                total += summary;
+                advanced
+            }
+            Err(error) => {
+                (options.log)(&ResumeLogEvent::PassFailed {
+                    error: error_chain(&error),
+                });
+                false
+            }
+        };
+        if stop.load(Ordering::Relaxed) {
+            return total;
+        }
+        if advanced {
+            continue;
+        }
+        tokio::select! {
+            biased;
+            () = &mut shutdown => return total,
+            reason = wake.wait(jittered(options.poll_interval)) => {
+                if reason == WakeReason::Reconnected {
+                    tracing::debug!("wake source reconnected; polling at once");
+                }
+            }
+        }
+    }
+}

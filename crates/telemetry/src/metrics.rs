@@ -1,0 +1,815 @@
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter, MeterProvider, UpDownCounter};
+use opentelemetry::{InstrumentationScope, KeyValue};
+
+use crate::names;
+
+/// Handle to every keiro instrument, created once and cloned into each component that records.
+///
+/// Cloning copies one pointer: the instruments live behind a shared [`Arc`], so a worker can hand
+/// a clone to every task it spawns. Components hold an `Option<Metrics>` and record through
+/// [`MetricsExt`], which does nothing when the option is `None`.
+///
+/// ```
+/// use keiro_telemetry::{names, Metrics};
+///
+/// let meter = opentelemetry::global::meter(names::METER);
+/// let metrics = Metrics::new(&meter);
+/// let for_a_task = metrics.clone();
+/// for_a_task.step_executed("checkout", 1);
+/// ```
+#[derive(Clone)]
+pub struct Metrics {
+    instruments: Arc<Instruments>,
+}
+
+// One field per instrument in `names::INSTRUMENTS`. Kept separate from `Metrics` so that a clone
+// is a single reference-count increment rather than fifteen.
+struct Instruments {
+    steps_executed: Counter<u64>,
+    steps_replayed: Counter<u64>,
+    resumed: Counter<u64>,
+    failed: Counter<u64>,
+    resume_errors: Counter<u64>,
+    lease_skipped: Counter<u64>,
+    active: UpDownCounter<i64>,
+    journal_length: Histogram<u64>,
+    awakeables_pending: Gauge<u64>,
+    timer_backlog: Gauge<u64>,
+    timer_fire_lag: Histogram<f64>,
+    remote_dispatched: Counter<u64>,
+    remote_redispatched: Counter<u64>,
+    remote_lost: Counter<u64>,
+    step_duration: Histogram<f64>,
+}
+
+impl Metrics {
+    /// Creates every keiro instrument on `meter`.
+    ///
+    /// Call it once per process and clone the result: the SDK deduplicates instruments by name,
+    /// but each creation still costs a lookup and a lock. The meter should be named
+    /// [`names::METER`] so that keiro's instruments share one instrumentation scope; use
+    /// [`Metrics::from_provider`] to get that for free.
+    ///
+    /// ```
+    /// use keiro_telemetry::{names, Metrics};
+    /// use opentelemetry::metrics::{MeterProvider, NoopMeterProvider};
+    ///
+    /// let meter = NoopMeterProvider::new().meter(names::METER);
+    /// let metrics = Metrics::new(&meter);
+    /// # let _ = metrics;
+    /// ```
+    pub fn new(meter: &Meter) -> Self {
+        let counter = |name, unit, description| {
+            meter
+                .u64_counter(name)
+                .with_unit(unit)
+                .with_description(description)
+                .build()
+        };
+        let instruments = Instruments {
+            steps_executed: counter(
+                names::WORKFLOW_STEPS_EXECUTED,
+                names::WORKFLOW_STEPS_EXECUTED_UNIT,
+                names::WORKFLOW_STEPS_EXECUTED_DESCRIPTION,
+            ),
+            steps_replayed: counter(
+                names::WORKFLOW_STEPS_REPLAYED,
+                names::WORKFLOW_STEPS_REPLAYED_UNIT,
+                names::WORKFLOW_STEPS_REPLAYED_DESCRIPTION,
+            ),
+            resumed: counter(
+                names::WORKFLOW_RESUMED,
+                names::WORKFLOW_RESUMED_UNIT,
+                names::WORKFLOW_RESUMED_DESCRIPTION,
+            ),
+            failed: counter(
+                names::WORKFLOW_FAILED,
+                names::WORKFLOW_FAILED_UNIT,
+                names::WORKFLOW_FAILED_DESCRIPTION,
+            ),
+            resume_errors: counter(
+                names::WORKFLOW_RESUME_ERRORS,
+                names::WORKFLOW_RESUME_ERRORS_UNIT,
+                names::WORKFLOW_RESUME_ERRORS_DESCRIPTION,
+            ),
+            lease_skipped: counter(
+                names::WORKFLOW_LEASE_SKIPPED,
+                names::WORKFLOW_LEASE_SKIPPED_UNIT,
+                names::WORKFLOW_LEASE_SKIPPED_DESCRIPTION,
+            ),
+            active: meter
+                .i64_up_down_counter(names::WORKFLOW_ACTIVE)
+                .with_unit(names::WORKFLOW_ACTIVE_UNIT)
+                .with_description(names::WORKFLOW_ACTIVE_DESCRIPTION)
+                .build(),
+            journal_length: meter
+                .u64_histogram(names::WORKFLOW_JOURNAL_LENGTH)
+                .with_unit(names::WORKFLOW_JOURNAL_LENGTH_UNIT)
+                .with_description(names::WORKFLOW_JOURNAL_LENGTH_DESCRIPTION)
+                .with_boundaries(names::WORKFLOW_JOURNAL_LENGTH_BOUNDARIES.to_vec())
+                .build(),
+            awakeables_pending: meter
+                .u64_gauge(names::WORKFLOW_AWAKEABLES_PENDING)
+                .with_unit(names::WORKFLOW_AWAKEABLES_PENDING_UNIT)
+                .with_description(names::WORKFLOW_AWAKEABLES_PENDING_DESCRIPTION)
+                .build(),
+            timer_backlog: meter
+                .u64_gauge(names::TIMER_BACKLOG)
+                .with_unit(names::TIMER_BACKLOG_UNIT)
+                .with_description(names::TIMER_BACKLOG_DESCRIPTION)
+                .build(),
+            timer_fire_lag: meter
+                .f64_histogram(names::TIMER_FIRE_LAG)
+                .with_unit(names::TIMER_FIRE_LAG_UNIT)
+                .with_description(names::TIMER_FIRE_LAG_DESCRIPTION)
+                .with_boundaries(names::TIMER_FIRE_LAG_BOUNDARIES.to_vec())
+                .build(),
+            remote_dispatched: counter(
+                names::REMOTE_DISPATCHED,
+                names::REMOTE_DISPATCHED_UNIT,
+                names::REMOTE_DISPATCHED_DESCRIPTION,
+            ),
+            remote_redispatched: counter(
+                names::REMOTE_REDISPATCHED,
+                names::REMOTE_REDISPATCHED_UNIT,
+                names::REMOTE_REDISPATCHED_DESCRIPTION,
+            ),
+            remote_lost: counter(
+                names::REMOTE_LOST,
+                names::REMOTE_LOST_UNIT,
+                names::REMOTE_LOST_DESCRIPTION,
+            ),
+            step_duration: meter
+                .f64_histogram(names::STEP_DURATION)
+                .with_unit(names::STEP_DURATION_UNIT)
+                .with_description(names::STEP_DURATION_DESCRIPTION)
+                .with_boundaries(names::STEP_DURATION_BOUNDARIES.to_vec())
+                .build(),
+        };
+        Self {
+            instruments: Arc::new(instruments),
+        }
+    }
+
+    /// Creates every keiro instrument on a meter from `provider`, scoped [`names::METER`] and
+    /// versioned with this crate's version.
+    ///
+    /// ```
+    /// use keiro_telemetry::Metrics;
+    /// use opentelemetry::metrics::NoopMeterProvider;
+    ///
+    /// let metrics = Metrics::from_provider(&NoopMeterProvider::new());
+    /// # let _ = metrics;
+    /// ```
+    pub fn from_provider<P: MeterProvider + ?Sized>(provider: &P) -> Self {
+        Self::new(&provider.meter_with_scope(scope()))
+    }
+
+    /// Creates every keiro instrument on the global meter provider, like
+    /// [`Metrics::from_provider`].
+    ///
+    /// The instruments bind to whichever provider is installed *now*: call this after
+    /// [`opentelemetry::global::set_meter_provider`], or everything recorded goes to the no-op
+    /// provider.
+    ///
+    /// ```
+    /// let metrics = keiro_telemetry::Metrics::global();
+    /// metrics.resumed("checkout");
+    /// ```
+    pub fn global() -> Self {
+        Self::new(&opentelemetry::global::meter_with_scope(scope()))
+    }
+
+    /// Counts `n` steps of `workflow` whose action ran because the journal had no result.
+    ///
+    /// Records `n` on [`names::WORKFLOW_STEPS_EXECUTED`].
+    ///
+    /// ```
+    /// # let metrics = keiro_telemetry::Metrics::global();
+    /// metrics.step_executed("checkout", 1);
+    /// ```
+    pub fn step_executed(&self, workflow: &str, n: u64) {
+        self.instruments
+            .steps_executed
+            .add(n, &[workflow_attribute(workflow)]);
+    }
+
+    /// Counts `n` steps of `workflow` answered from the journal without running their action.
+    ///
+    /// Records `n` on [`names::WORKFLOW_STEPS_REPLAYED`]. A resumed run replays its whole
+    /// prefix, so callers may count a batch at once.
+    ///
+    /// ```
+    /// # let metrics = keiro_telemetry::Metrics::global();
+    /// metrics.step_replayed("checkout", 3);
+    /// ```
+    pub fn step_replayed(&self, workflow: &str, n: u64) {
+        self.instruments
+            .steps_replayed
+            .add(n, &[workflow_attribute(workflow)]);
+    }
+
+    /// Counts one re-invocation of `workflow` by the resume worker.
+    ///
+    /// Records 1 on [`names::WORKFLOW_RESUMED`], once the worker holds the run's lease and
+    /// before it drives the run, so every claimed run counts whatever it then does.
+    ///
+    /// ```
+    /// # let metrics = keiro_telemetry::Metrics::global();
+    /// metrics.resumed("checkout");
+    /// ```
+    pub fn resumed(&self, workflow: &str) {
+        self.instruments
+            .resumed
+            .add(1, &[workflow_attribute(workflow)]);
+    }
+
+    /// Counts one instance of `workflow` marked terminally failed by the resume worker.
+    ///
+    /// Records 1 on [`names::WORKFLOW_FAILED`].
+    ///
+    /// ```
+    /// # let metrics = keiro_telemetry::Metrics::global();
+    /// metrics.failed("checkout");
+    /// ```
+    pub fn failed(&self, workflow: &str) {
+        self.instruments
+            .failed
+            .add(1, &[workflow_attribute(workflow)]);
+    }
+
+    /// Counts one transient store error absorbed by the resume worker.
+    ///
+    /// Records 1 on [`names::WORKFLOW_RESUME_ERRORS`]. `kind` classifies the error (for
+    /// example `"connection"` or `"serialization"`); the message, which may contain ids or SQL,
+    /// stays in logs.
+    ///
+    /// ```
+    /// # let metrics = keiro_telemetry::Metrics::global();
+    /// metrics.resume_error("connection");
+    /// ```
+    pub fn resume_error(&self, kind: &'static str) {
+        self.instruments
+            .resume_errors
+            .add(1, &[KeyValue::new(names::ERROR_KIND, kind)]);
+    }
+
+    /// Counts one instance of `workflow` skipped because another worker holds its lease.
+    ///
+    /// Records 1 on [`names::WORKFLOW_LEASE_SKIPPED`]. A run that loses its lease mid-way is
+    /// counted here too, never as a crash.
+    ///
+    /// ```
+    /// # let metrics = keiro_telemetry::Metrics::global();
+    /// metrics.lease_skipped("checkout");
+    /// ```
+    pub fn lease_skipped(&self, workflow: &str) {
+        self.instruments
+            .lease_skipped
+            .add(1, &[workflow_attribute(workflow)]);
+    }
+
+    /// Counts a run of `workflow` as in progress in this process.
+    ///
+    /// Adds 1 to [`names::WORKFLOW_ACTIVE`]; pair it with [`Metrics::run_finished`], or use
+    /// [`Metrics::run_scope`], which cannot forget the second half.
+    ///
+    /// The instrument is an up-down counter rather than a gauge. Each run changes the count by
+    /// one from its own task, and an up-down counter sums those deltas in the SDK; a gauge
+    /// records whole values, so every task would have to share and update a counter of its own
+    /// and the last writer would win. Summed deltas also add up across processes, so the
+    /// cluster-wide figure is a plain sum over instances. Backends show it like a gauge.
+    ///
+    /// ```
+    /// # let metrics = keiro_telemetry::Metrics::global();
+    /// metrics.run_started("checkout");
+    /// // ... drive the run ...
+    /// metrics.run_finished("checkout");
+    /// ```
+    pub fn run_started(&self, workflow: &str) {
+        self.instruments
+            .active
+            .add(1, &[workflow_attribute(workflow)]);
+    }
+
+    /// Counts a run of `workflow` as no longer in progress in this process.
+    ///
+    /// Subtracts 1 from [`names::WORKFLOW_ACTIVE`]. Call it exactly once per
+    /// [`Metrics::run_started`], on every path out of the run.
+    ///
+    /// ```
+    /// # let metrics = keiro_telemetry::Metrics::global();
+    /// metrics.run_started("checkout");
+    /// metrics.run_finished("checkout");
+    /// ```
+    pub fn run_finished(&self, workflow: &str) {
+        self.instruments
+            .active
+            .add(-1, &[workflow_attribute(workflow)]);
+    }
+
+    /// Counts a run of `workflow` as in progress until the returned guard is dropped.
+    ///
+    /// Prefer this to [`Metrics::run_started`]/[`Metrics::run_finished`]: an early `?`, a panic
+    /// or a cancelled future all drop the guard, so the count cannot drift upwards.
+    ///
+    /// ```
+    /// # let metrics = keiro_telemetry::Metrics::global();
+    /// let _active = metrics.run_scope("checkout");
+    /// // ... drive the run; the count drops when `_active` goes out of scope ...
+    /// ```
+    pub fn run_scope(&self, workflow: &str) -> ActiveRun {
+        let attributes = [workflow_attribute(workflow)];
+        self.instruments.active.add(1, &attributes);
+        ActiveRun {
+            active: self.instruments.active.clone(),
+            attributes,
+        }
+    }
+
+    /// Records the journal length of a run of `workflow` that reached a terminal state.
+    ///
+    /// Records `len` on [`names::WORKFLOW_JOURNAL_LENGTH`].
+    ///
+    /// ```
+    /// # let metrics = keiro_telemetry::Metrics::global();
+    /// metrics.journal_length("checkout", 12);
+    /// ```
+    pub fn journal_length(&self, workflow: &str, len: u64) {
+        self.instruments
+            .journal_length
+            .record(len, &[workflow_attribute(workflow)]);
+    }
+
+    /// Records how many awakeables are waiting for an external completion.
+    ///
+    /// Sets [`names::WORKFLOW_AWAKEABLES_PENDING`] to `n`. The count comes from the database,
+    /// so every process reporting it reports the same figure.
+    ///
+    /// ```
+    /// # let metrics = keiro_telemetry::Metrics::global();
+    /// metrics.awakeables_pending(4);
+    /// ```
+    pub fn awakeables_pending(&self, n: u64) {
+        self.instruments.awakeables_pending.record(n, &[]);
+    }
+
+    /// Records how many durable timers are due but not yet fired.
+    ///
+    /// Sets [`names::TIMER_BACKLOG`] to `n`.
+    ///
+    /// ```
+    /// # let metrics = keiro_telemetry::Metrics::global();
+    /// metrics.timer_backlog(0);
+    /// ```
+    pub fn timer_backlog(&self, n: u64) {
+        self.instruments.timer_backlog.record(n, &[]);
+    }
+
+    /// Records how long after its due time a timer fired.
+    ///
+    /// Records `lag` in milliseconds on [`names::TIMER_FIRE_LAG`]. A timer fired early (clock
+    /// skew between processes) should be passed as [`Duration::ZERO`].
+    ///
+    /// ```
+    /// # let metrics = keiro_telemetry::Metrics::global();
+    /// use std::time::Duration;
+    ///
+    /// metrics.timer_fire_lag(Duration::from_millis(120));
+    /// ```
+    pub fn timer_fire_lag(&self, lag: Duration) {
+        self.instruments
+            .timer_fire_lag
+            .record(lag.as_secs_f64() * 1_000.0, &[]);
+    }
+
+    /// Counts one remote step task dispatched to worker `group` for the first time.
+    ///
+    /// Records 1 on [`names::REMOTE_DISPATCHED`]. Pass the group without any `@partition`
+    /// suffix unless partitions are few: each distinct value is its own time series.
+    ///
+    /// ```
+    /// # let metrics = keiro_telemetry::Metrics::global();
+    /// metrics.remote_dispatched("print-label");
+    /// ```
+    pub fn remote_dispatched(&self, group: &str) {
+        self.instruments
+            .remote_dispatched
+            .add(1, &[group_attribute(group)]);
+    }
+
+    /// Counts one remote step task dispatched again to worker `group`.
+    ///
+    /// Records 1 on [`names::REMOTE_REDISPATCHED`], whether the redispatch deadline passed or
+    /// an operator asked for it.
+    ///
+    /// ```
+    /// # let metrics = keiro_telemetry::Metrics::global();
+    /// metrics.remote_redispatched("print-label");
+    /// ```
+    pub fn remote_redispatched(&self, group: &str) {
+        self.instruments
+            .remote_redispatched
+            .add(1, &[group_attribute(group)]);
+    }
+
+    /// Counts one remote step task for worker `group` given up as lost.
+    ///
+    /// Records 1 on [`names::REMOTE_LOST`].
+    ///
+    /// ```
+    /// # let metrics = keiro_telemetry::Metrics::global();
+    /// metrics.remote_lost("print-label");
+    /// ```
+    pub fn remote_lost(&self, group: &str) {
+        self.instruments
+            .remote_lost
+            .add(1, &[group_attribute(group)]);
+    }
+
+    /// Records how long one step action of `workflow` took.
+    ///
+    /// Records `duration` in seconds on [`names::STEP_DURATION`]. `step_kind` says what kind of
+    /// step it was (`"local"`, `"remote"`, ...); the step's own name is not recorded because it
+    /// can embed ids.
+    ///
+    /// ```
+    /// # let metrics = keiro_telemetry::Metrics::global();
+    /// use std::time::Duration;
+    ///
+    /// metrics.step_duration("checkout", "local", Duration::from_millis(35));
+    /// ```
+    pub fn step_duration(&self, workflow: &str, step_kind: &'static str, duration: Duration) {
+        self.instruments.step_duration.record(
+            duration.as_secs_f64(),
+            &[
+                workflow_attribute(workflow),
+                KeyValue::new(names::STEP_KIND, step_kind),
+            ],
+        );
+    }
+}
+
+impl fmt::Debug for Metrics {
+    // The instruments are opaque SDK handles; listing them would say nothing useful.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+/// A run counted in [`names::WORKFLOW_ACTIVE`] until this guard is dropped.
+///
+/// Returned by [`Metrics::run_scope`] and [`MetricsExt::run_scope`].
+///
+/// ```
+/// # let metrics = keiro_telemetry::Metrics::global();
+/// {
+///     let _active = metrics.run_scope("checkout");
+///     // counted as active here
+/// }
+/// // and no longer here
+/// ```
+#[must_use = "the run counts as active only while the guard is alive"]
+pub struct ActiveRun {
+    active: UpDownCounter<i64>,
+    // Kept from the increment so the decrement hits the same series without a second
+    // allocation of the workflow name.
+    attributes: [KeyValue; 1],
+}
+
+impl Drop for ActiveRun {
+    fn drop(&mut self) {
+        self.active.add(-1, &self.attributes);
+    }
+}
+
+impl fmt::Debug for ActiveRun {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ActiveRun")
+            .field("attributes", &self.attributes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Recording through an optional [`Metrics`] handle.
+///
+/// Components are configured with `Option<Metrics>`, and this trait lets them call the
+/// recorders on the option directly: with `None` each call is one branch and returns, before any
+/// attribute is built or any workflow name copied. With `Some` it forwards to the method of the
+/// same name on [`Metrics`], which documents the instrument it records.
+///
+/// Implemented for [`Metrics`], `Option<Metrics>` (so `&Option<Metrics>`, the usual type of a
+/// config field, works by auto-reference) and `Option<&Metrics>`. Implement
+/// [`as_metrics`](MetricsExt::as_metrics) to record through a type of your own.
+///
+/// ```
+/// use keiro_telemetry::{Metrics, MetricsExt as _};
+///
+/// struct Worker {
+///     metrics: Option<Metrics>,
+/// }
+///
+/// impl Worker {
+///     fn after_pass(&self, failed: &[&str]) {
+///         for workflow in failed {
+///             self.metrics.failed(workflow);
+///         }
+///         self.metrics.as_ref().timer_backlog(0);
+///     }
+/// }
+///
+/// Worker { metrics: None }.after_pass(&["checkout"]);
+/// Worker { metrics: Some(Metrics::global()) }.after_pass(&["checkout"]);
+/// ```
+pub trait MetricsExt {
+    /// The handle to record through, or `None` to record nothing.
+    ///
+    /// ```
+    /// use keiro_telemetry::{Metrics, MetricsExt};
+    ///
+    /// let metrics: Option<Metrics> = None;
+    /// assert!(metrics.as_metrics().is_none());
+    /// ```
+    fn as_metrics(&self) -> Option<&Metrics>;
+
+    /// [`Metrics::step_executed`] when enabled.
+    ///
+    /// ```
+    /// # use keiro_telemetry::{Metrics, MetricsExt as _};
+    /// let metrics: Option<Metrics> = None;
+    /// metrics.step_executed("checkout", 1);
+    /// ```
+    #[inline]
+    fn step_executed(&self, workflow: &str, n: u64) {
+        if let Some(metrics) = self.as_metrics() {
+            metrics.step_executed(workflow, n);
+        }
+    }
+
+    /// [`Metrics::step_replayed`] when enabled.
+    ///
+    /// ```
+    /// # use keiro_telemetry::{Metrics, MetricsExt as _};
+    /// let metrics: Option<Metrics> = None;
+    /// metrics.step_replayed("checkout", 3);
+    /// ```
+    #[inline]
+    fn step_replayed(&self, workflow: &str, n: u64) {
+        if let Some(metrics) = self.as_metrics() {
+            metrics.step_replayed(workflow, n);
+        }
+    }
+
+    /// [`Metrics::resumed`] when enabled.
+    ///
+    /// ```
+    /// # use keiro_telemetry::{Metrics, MetricsExt as _};
+    /// let metrics: Option<Metrics> = None;
+    /// metrics.resumed("checkout");
+    /// ```
+    #[inline]
+    fn resumed(&self, workflow: &str) {
+        if let Some(metrics) = self.as_metrics() {
+            metrics.resumed(workflow);
+        }
+    }
+
+    /// [`Metrics::failed`] when enabled.
+    ///
+    /// ```
+    /// # use keiro_telemetry::{Metrics, MetricsExt as _};
+    /// let metrics: Option<Metrics> = None;
+    /// metrics.failed("checkout");
+    /// ```
+    #[inline]
+    fn failed(&self, workflow: &str) {
+        if let Some(metrics) = self.as_metrics() {
+            metrics.failed(workflow);
+        }
+    }
+
+    /// [`Metrics::resume_error`] when enabled.
+    ///
+    /// ```
+    /// # use keiro_telemetry::{Metrics, MetricsExt as _};
+    /// let metrics: Option<Metrics> = None;
+    /// metrics.resume_error("connection");
+    /// ```
+    #[inline]
+    fn resume_error(&self, kind: &'static str) {
+        if let Some(metrics) = self.as_metrics() {
+            metrics.resume_error(kind);
+        }
+    }
+
+    /// [`Metrics::lease_skipped`] when enabled.
+    ///
+    /// ```
+    /// # use keiro_telemetry::{Metrics, MetricsExt as _};
+    /// let metrics: Option<Metrics> = None;
+    /// metrics.lease_skipped("checkout");
+    /// ```
+    #[inline]
+    fn lease_skipped(&self, workflow: &str) {
+        if let Some(metrics) = self.as_metrics() {
+            metrics.lease_skipped(workflow);
+        }
+    }
+
+    /// [`Metrics::run_started`] when enabled.
+    ///
+    /// ```
+    /// # use keiro_telemetry::{Metrics, MetricsExt as _};
+    /// let metrics: Option<Metrics> = None;
+    /// metrics.run_started("checkout");
+    /// ```
+    #[inline]
+    fn run_started(&self, workflow: &str) {
+        if let Some(metrics) = self.as_metrics() {
+            metrics.run_started(workflow);
+        }
+    }
+
+    /// [`Metrics::run_finished`] when enabled.
+    ///
+    /// ```
+    /// # use keiro_telemetry::{Metrics, MetricsExt as _};
+    /// let metrics: Option<Metrics> = None;
+    /// metrics.run_finished("checkout");
+    /// ```
+    #[inline]
+    fn run_finished(&self, workflow: &str) {
+        if let Some(metrics) = self.as_metrics() {
+            metrics.run_finished(workflow);
+        }
+    }
+
+    /// [`Metrics::run_scope`] when enabled; `None` otherwise, which is equally fine to hold
+    /// for the length of the run.
+    ///
+    /// ```
+    /// # use keiro_telemetry::{Metrics, MetricsExt as _};
+    /// let metrics: Option<Metrics> = None;
+    /// let _active = metrics.run_scope("checkout");
+    /// ```
+    #[inline]
+    fn run_scope(&self, workflow: &str) -> Option<ActiveRun> {
+        self.as_metrics().map(|metrics| metrics.run_scope(workflow))
+    }
+
+    /// [`Metrics::journal_length`] when enabled.
+    ///
+    /// ```
+    /// # use keiro_telemetry::{Metrics, MetricsExt as _};
+    /// let metrics: Option<Metrics> = None;
+    /// metrics.journal_length("checkout", 12);
+    /// ```
+    #[inline]
+    fn journal_length(&self, workflow: &str, len: u64) {
+        if let Some(metrics) = self.as_metrics() {
+            metrics.journal_length(workflow, len);
+        }
+    }
+
+    /// [`Metrics::awakeables_pending`] when enabled.
+    ///
+    /// ```
+    /// # use keiro_telemetry::{Metrics, MetricsExt as _};
+    /// let metrics: Option<Metrics> = None;
+    /// metrics.awakeables_pending(4);
+    /// ```
+    #[inline]
+    fn awakeables_pending(&self, n: u64) {
+        if let Some(metrics) = self.as_metrics() {
+            metrics.awakeables_pending(n);
+        }
+    }
+
+    /// [`Metrics::timer_backlog`] when enabled.
+    ///
+    /// ```
+    /// # use keiro_telemetry::{Metrics, MetricsExt as _};
+    /// let metrics: Option<Metrics> = None;
+    /// metrics.timer_backlog(0);
+    /// ```
+    #[inline]
+    fn timer_backlog(&self, n: u64) {
+        if let Some(metrics) = self.as_metrics() {
+            metrics.timer_backlog(n);
+        }
+    }
+
+    /// [`Metrics::timer_fire_lag`] when enabled.
+    ///
+    /// ```
+    /// # use keiro_telemetry::{Metrics, MetricsExt as _};
+    /// # use std::time::Duration;
+    /// let metrics: Option<Metrics> = None;
+    /// metrics.timer_fire_lag(Duration::from_millis(120));
+    /// ```
+    #[inline]
+    fn timer_fire_lag(&self, lag: Duration) {
+        if let Some(metrics) = self.as_metrics() {
+            metrics.timer_fire_lag(lag);
+        }
+    }
+
+    /// [`Metrics::remote_dispatched`] when enabled.
+    ///
+    /// ```
+    /// # use keiro_telemetry::{Metrics, MetricsExt as _};
+    /// let metrics: Option<Metrics> = None;
+    /// metrics.remote_dispatched("print-label");
+    /// ```
+    #[inline]
+    fn remote_dispatched(&self, group: &str) {
+        if let Some(metrics) = self.as_metrics() {
+            metrics.remote_dispatched(group);
+        }
+    }
+
+    /// [`Metrics::remote_redispatched`] when enabled.
+    ///
+    /// ```
+    /// # use keiro_telemetry::{Metrics, MetricsExt as _};
+    /// let metrics: Option<Metrics> = None;
+    /// metrics.remote_redispatched("print-label");
+    /// ```
+    #[inline]
+    fn remote_redispatched(&self, group: &str) {
+        if let Some(metrics) = self.as_metrics() {
+            metrics.remote_redispatched(group);
+        }
+    }
+
+    /// [`Metrics::remote_lost`] when enabled.
+    ///
+    /// ```
+    /// # use keiro_telemetry::{Metrics, MetricsExt as _};
+    /// let metrics: Option<Metrics> = None;
+    /// metrics.remote_lost("print-label");
+    /// ```
+    #[inline]
+    fn remote_lost(&self, group: &str) {
+        if let Some(metrics) = self.as_metrics() {
+            metrics.remote_lost(group);
+        }
+    }
+
+    /// [`Metrics::step_duration`] when enabled.
+    ///
+    /// ```
+    /// # use keiro_telemetry::{Metrics, MetricsExt as _};
+    /// # use std::time::Duration;
+    /// let metrics: Option<Metrics> = None;
+    /// metrics.step_duration("checkout", "local", Duration::from_millis(35));
+    /// ```
+    #[inline]
+    fn step_duration(&self, workflow: &str, step_kind: &'static str, duration: Duration) {
+        if let Some(metrics) = self.as_metrics() {
+            metrics.step_duration(workflow, step_kind, duration);
+        }
+    }
+}
+
+impl MetricsExt for Metrics {
+    #[inline]
+    fn as_metrics(&self) -> Option<&Metrics> {
+        Some(self)
+    }
+}
+
+impl MetricsExt for Option<Metrics> {
+    #[inline]
+    fn as_metrics(&self) -> Option<&Metrics> {
+        self.as_ref()
+    }
+}
+
+impl MetricsExt for Option<&Metrics> {
+    #[inline]
+    fn as_metrics(&self) -> Option<&Metrics> {
+        *self
+    }
+}
+
+/// The instrumentation scope every keiro meter should carry.
+fn scope() -> InstrumentationScope {
+    InstrumentationScope::builder(names::METER)
+        .with_version(env!("CARGO_PKG_VERSION"))
+        .build()
+}
+
+// Workflow names are registry keys, a bounded set, but arrive borrowed; the copy is the one
+// allocation a recording makes, and only ever on the enabled path.
+fn workflow_attribute(workflow: &str) -> KeyValue {
+    KeyValue::new(names::WORKFLOW_NAME, workflow.to_owned())
+}
+
+fn group_attribute(group: &str) -> KeyValue {
+    KeyValue::new(names::REMOTE_GROUP, group.to_owned())
+}

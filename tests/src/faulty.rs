@@ -1,0 +1,135 @@
+//! A store wrapper that injects failures, for the "a store error is transient" scenarios.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use keiro::store::{Error, Result};
+use keiro::{
+    Append, AppendOutcome, ClaimOutcome, CrashOutcome, Fence, Instance, InstanceKey, JournalEntry,
+    JournalStore, LeaseStore, ResurrectOutcome, Started, Status,
+};
+use keiro_journal::{Park, ParkOutcome, StartRequest};
+use keiro_lease::Crash;
+use time::OffsetDateTime;
+
+/// Delegates to `inner`, but fails every step append while `fail_appends` is set, with an
+/// error shaped like a dropped connection.
+#[derive(Debug, Clone)]
+pub struct FaultyStore {
+    inner: Arc<dyn LeaseStore>,
+    fail_appends: Arc<AtomicBool>,
+}
+
+impl FaultyStore {
+    /// Wraps `inner`; failures start switched off.
+    pub fn new(inner: Arc<dyn LeaseStore>) -> Self {
+        Self {
+            inner,
+            fail_appends: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Switches append failures on or off.
+    pub fn fail_appends(&self, on: bool) {
+        self.fail_appends.store(on, Ordering::SeqCst);
+    }
+}
+
+fn unavailable(operation: &'static str) -> Error {
+    Error::Unavailable {
+        operation,
+        source: "injected: connection reset".into(),
+    }
+}
+
+#[async_trait::async_trait]
+impl JournalStore for FaultyStore {
+    async fn instance_start(&self, request: &StartRequest) -> Result<Started> {
+        self.inner.instance_start(request).await
+    }
+    async fn instance_get(&self, key: &InstanceKey) -> Result<Option<Instance>> {
+        self.inner.instance_get(key).await
+    }
+    async fn journal_load(&self, key: &InstanceKey, generation: i32) -> Result<Vec<JournalEntry>> {
+        self.inner.journal_load(key, generation).await
+    }
+    async fn journal_history(&self, key: &InstanceKey) -> Result<Vec<JournalEntry>> {
+        self.inner.journal_history(key).await
+    }
+    async fn journal_append(&self, append: &Append) -> Result<AppendOutcome> {
+        if self.fail_appends.load(Ordering::SeqCst) {
+            return Err(unavailable("appending to the journal"));
+        }
+        self.inner.journal_append(append).await
+    }
+    async fn instance_confirm(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        ttl: Duration,
+    ) -> Result<Status> {
+        self.inner.instance_confirm(key, fence, ttl).await
+    }
+    async fn instance_park(&self, park: &Park) -> Result<ParkOutcome> {
+        self.inner.instance_park(park).await
+    }
+    async fn instance_fail_diverged(
+        &self,
+        key: &InstanceKey,
+        fence: Option<&Fence>,
+        reason: &str,
+    ) -> Result<bool> {
+        self.inner.instance_fail_diverged(key, fence, reason).await
+    }
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for FaultyStore {
+    async fn instances_runnable(
+        &self,
+        now: Option<OffsetDateTime>,
+        limit: Option<i64>,
+    ) -> Result<Vec<InstanceKey>> {
+        self.inner.instances_runnable(now, limit).await
+    }
+    async fn instance_claim(
+        &self,
+        key: &InstanceKey,
+        owner: &str,
+        ttl: Duration,
+        now: Option<OffsetDateTime>,
+    ) -> Result<ClaimOutcome> {
+        self.inner.instance_claim(key, owner, ttl, now).await
+    }
+    async fn instance_lease_renew(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        ttl: Duration,
+    ) -> Result<()> {
+        self.inner.instance_lease_renew(key, fence, ttl).await
+    }
+    async fn instance_release(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        progressed: bool,
+    ) -> Result<bool> {
+        self.inner.instance_release(key, fence, progressed).await
+    }
+    async fn instance_lease_force_release(&self, key: &InstanceKey) -> Result<bool> {
+        self.inner.instance_lease_force_release(key).await
+    }
+    async fn instance_record_crash(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        crash: &Crash,
+    ) -> Result<CrashOutcome> {
+        self.inner.instance_record_crash(key, fence, crash).await
+    }
+    async fn instance_resurrect(&self, key: &InstanceKey) -> Result<ResurrectOutcome> {
+        self.inner.instance_resurrect(key).await
+    }
+}

@@ -1,0 +1,162 @@
+//! One test scenario, run against either store: the harness hands out the store, a facade
+//! handle and small tools (a side-effect ledger, option presets).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use keiro::{InstanceKey, Keiro, LeaseStore, ResumeOptions};
+
+use crate::pg::TestDb;
+
+/// What a test returns: `?` works on every error.
+pub type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+/// Which store a scenario runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// `keiro-memory`.
+    Memory,
+    /// `keiro-postgres` on a fresh schema of the test database.
+    Postgres,
+}
+
+/// A store for one test, plus what keeps it alive.
+pub struct Harness {
+    /// Which store this is.
+    pub backend: Backend,
+    /// The store.
+    pub store: Arc<dyn LeaseStore>,
+    /// The facade over the same store.
+    pub keiro: Keiro,
+    /// The Postgres schema, when `backend` is Postgres; dropped with the harness.
+    pub db: Option<TestDb>,
+}
+
+impl std::fmt::Debug for Harness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Harness")
+            .field("backend", &self.backend)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Harness {
+    /// A harness on a fresh in-memory store.
+    pub fn memory() -> Self {
+        let store: Arc<dyn LeaseStore> = Arc::new(keiro_memory::MemoryStore::new());
+        Self {
+            backend: Backend::Memory,
+            keiro: Keiro::from_arc(store.clone()),
+            store,
+            db: None,
+        }
+    }
+
+    /// A harness on a fresh Postgres schema. Panics, naming `TEST_DATABASE_URL`, when the
+    /// database cannot be reached.
+    pub async fn postgres() -> Self {
+        let db = TestDb::new().await;
+        let store: Arc<dyn LeaseStore> = Arc::new(db.store());
+        Self {
+            backend: Backend::Postgres,
+            keiro: Keiro::from_arc(store.clone()),
+            store,
+            db: Some(db),
+        }
+    }
+
+    /// Resume options for fast tests: short leases, millisecond backoff, a fixed owner prefix.
+    pub fn fast_options(&self) -> ResumeOptions {
+        ResumeOptions {
+            poll_interval: Duration::from_millis(20),
+            lease_ttl: Duration::from_secs(30),
+            backoff: keiro::BackoffPolicy {
+                base: Duration::from_millis(1),
+                cap: Duration::from_millis(1),
+                jitter: 0.0,
+            },
+            ..ResumeOptions::default()
+        }
+    }
+}
+
+/// Parses a key, for brevity in tests.
+pub fn key(name: &str, id: &str) -> InstanceKey {
+    InstanceKey::parse(name, id).expect("test keys are valid")
+}
+
+/// Counts side effects by label, shared between a test and the workflow bodies it registers.
+#[derive(Debug, Clone, Default)]
+pub struct Ledger {
+    counts: Arc<Mutex<BTreeMap<String, u32>>>,
+}
+
+impl Ledger {
+    /// Records one execution of `label`.
+    pub fn bump(&self, label: &str) {
+        *self.lock().entry(label.to_owned()).or_default() += 1;
+    }
+
+    /// How many times `label` ran.
+    pub fn count(&self, label: &str) -> u32 {
+        self.lock().get(label).copied().unwrap_or(0)
+    }
+
+    /// Every label and its count.
+    pub fn all(&self) -> BTreeMap<String, u32> {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, u32>> {
+        self.counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Generates one `#[tokio::test]` per scenario and store: `memory::<name>` and
+/// `postgres::<name>`, each calling `<name>(harness)` from the enclosing module.
+#[macro_export]
+macro_rules! on_both_stores {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() -> $crate::TestResult {
+                    super::$name($crate::Harness::memory()).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() -> $crate::TestResult {
+                    super::$name($crate::Harness::postgres().await).await
+                }
+            )*
+        }
+    };
+}
+
+/// Drives one unfenced run of `workflow` for `key` inline, with default options.
+pub async fn run_inline(
+    h: &Harness,
+    key: &InstanceKey,
+    workflow: &dyn keiro::Workflow,
+) -> Result<keiro::RunOutcome, keiro::RunError> {
+    run_with(h, key, workflow, keiro::RunOptions::default()).await
+}
+
+/// Drives one run of `workflow` for `key` inline with `options`.
+pub async fn run_with(
+    h: &Harness,
+    key: &InstanceKey,
+    workflow: &dyn keiro::Workflow,
+    options: keiro::RunOptions,
+) -> Result<keiro::RunOutcome, keiro::RunError> {
+    let store: Arc<dyn keiro::JournalStore> = h.store.clone();
+    keiro_journal::run(store, key, workflow, options)
+        .await
+        .result
+}
