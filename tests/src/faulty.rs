@@ -9,9 +9,14 @@ use keiro::{
     Append, AppendOutcome, ClaimOutcome, CrashOutcome, Fence, Instance, InstanceKey, JournalEntry,
     JournalStore, LeaseStore, ResurrectOutcome, Started, Status,
 };
-use keiro_journal::{Park, ParkOutcome, StartRequest};
+use keiro_journal::{
+    AwakeableOutcome, ChildSpawn, Park, ParkOutcome, SignalSendOutcome, SignalWait,
+    SignalWaitOutcome, StartRequest, TimerArm, TimerFiring,
+};
 use keiro_lease::Crash;
+use serde_json::Value;
 use time::OffsetDateTime;
+use uuid::Uuid;
 
 /// Delegates to `inner`, but fails every step append while `fail_appends` is set, with an
 /// error shaped like a dropped connection.
@@ -81,6 +86,52 @@ impl JournalStore for FaultyStore {
         reason: &str,
     ) -> Result<bool> {
         self.inner.instance_fail_diverged(key, fence, reason).await
+    }
+    async fn timer_arm(&self, arm: &TimerArm) -> Result<OffsetDateTime> {
+        self.inner.timer_arm(arm).await
+    }
+    async fn timers_fire_due(
+        &self,
+        now: Option<OffsetDateTime>,
+        limit: i64,
+    ) -> Result<TimerFiring> {
+        self.inner.timers_fire_due(now, limit).await
+    }
+    async fn timers_requeue_stuck(&self, older_than: Duration) -> Result<u64> {
+        self.inner.timers_requeue_stuck(older_than).await
+    }
+    async fn timers_due_count(&self, now: Option<OffsetDateTime>) -> Result<u64> {
+        self.inner.timers_due_count(now).await
+    }
+    async fn awakeable_create(&self, append: &Append, id: Uuid) -> Result<AppendOutcome> {
+        if self.fail_appends.load(Ordering::SeqCst) {
+            return Err(unavailable("creating an awakeable"));
+        }
+        self.inner.awakeable_create(append, id).await
+    }
+    async fn awakeable_complete(&self, id: Uuid, payload: &Value) -> Result<AwakeableOutcome> {
+        self.inner.awakeable_complete(id, payload).await
+    }
+    async fn awakeable_cancel(&self, id: Uuid) -> Result<AwakeableOutcome> {
+        self.inner.awakeable_cancel(id).await
+    }
+    async fn awakeables_pending(&self) -> Result<u64> {
+        self.inner.awakeables_pending().await
+    }
+    async fn signal_wait(&self, wait: &SignalWait) -> Result<SignalWaitOutcome> {
+        self.inner.signal_wait(wait).await
+    }
+    async fn signal_send(&self, token: &str, payload: &Value) -> Result<SignalSendOutcome> {
+        self.inner.signal_send(token, payload).await
+    }
+    async fn child_spawn(&self, append: &Append, spawn: &ChildSpawn) -> Result<AppendOutcome> {
+        if self.fail_appends.load(Ordering::SeqCst) {
+            return Err(unavailable("spawning a child"));
+        }
+        self.inner.child_spawn(append, spawn).await
+    }
+    async fn instance_cancel(&self, key: &InstanceKey, cascade: bool) -> Result<AppendOutcome> {
+        self.inner.instance_cancel(key, cascade).await
     }
 }
 

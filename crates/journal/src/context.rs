@@ -67,6 +67,24 @@ impl RunOptions {
     }
 }
 
+/// What an await's arm found.
+pub(crate) enum Armed {
+    /// The value is already journaled (by the arm itself, in its own transaction).
+    Ready(Value),
+    /// Not yet: suspend, waking by this deadline if any.
+    Deadline(Option<OffsetDateTime>),
+}
+
+/// The store operation that journals a fresh step.
+pub(crate) enum RecordVia {
+    /// A plain append.
+    Append,
+    /// An append that also registers this awakeable.
+    Awakeable(uuid::Uuid),
+    /// An append that also spawns this child.
+    Child(crate::ChildSpawn),
+}
+
 /// Counts of what a run did, for summaries and metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RunStats {
@@ -114,6 +132,8 @@ pub(crate) struct State {
     last_confirmed: Instant,
     pub(crate) stats: RunStats,
     fresh_generation: bool,
+    /// How many signal waits on each token this run has made, for their step names.
+    pub(crate) signal_ordinals: std::collections::HashMap<String, u32>,
 }
 
 pub(crate) struct Inner {
@@ -164,6 +184,7 @@ impl Ctx {
                     last_confirmed: Instant::now(),
                     stats: RunStats::default(),
                     fresh_generation,
+                    signal_ordinals: std::collections::HashMap::new(),
                 }),
             }),
         }
@@ -301,21 +322,50 @@ impl Ctx {
         kind: StepKind,
         deadline: Option<OffsetDateTime>,
     ) -> Result<T, WorkflowError> {
+        let value = self
+            .awaited_with(step, kind, || async move { Ok(Armed::Deadline(deadline)) })
+            .await?;
+        decode(step, value)
+    }
+
+    /// The await with an arm: on a journal miss, `arm` runs once per drive (it must be
+    /// idempotent: it creates a timer, registers a waiter) and either says the value is already
+    /// journaled, or gives the await's natural deadline before the run suspends.
+    pub(crate) async fn awaited_with<A, Fut>(
+        &self,
+        step: &str,
+        kind: StepKind,
+        arm: A,
+    ) -> Result<Value, WorkflowError>
+    where
+        A: FnOnce() -> Fut,
+        Fut: Future<Output = Result<Armed, WorkflowError>>,
+    {
         if let Some(value) = self.replayed(step, kind)? {
-            return decode(step, value);
+            return Ok(value);
         }
         self.before_fresh_work(step).await?;
-        let mut state = self.state();
-        if !state.awaiting.iter().any(|s| s == step) {
-            state.awaiting.push(step.to_owned());
+        match arm().await? {
+            Armed::Ready(value) => {
+                let mut state = self.state();
+                state.stats.appended += 1;
+                state.replay.record_fresh(step, kind, value.clone());
+                Ok(value)
+            }
+            Armed::Deadline(deadline) => {
+                let mut state = self.state();
+                if !state.awaiting.iter().any(|s| s == step) {
+                    state.awaiting.push(step.to_owned());
+                }
+                match deadline {
+                    Some(at) => state.wake_at = Some(state.wake_at.map_or(at, |w| w.min(at))),
+                    None => state.open_ended = true,
+                }
+                Err(WorkflowError::Suspended {
+                    step: step.to_owned(),
+                })
+            }
         }
-        match deadline {
-            Some(at) => state.wake_at = Some(state.wake_at.map_or(at, |w| w.min(at))),
-            None => state.open_ended = true,
-        }
-        Err(WorkflowError::Suspended {
-            step: step.to_owned(),
-        })
     }
 
     /// Whether this run takes the new branch of patch `id`.
@@ -374,7 +424,11 @@ impl Ctx {
     }
 
     /// Replay half of every call: `Some(value)` on a journal hit.
-    fn replayed(&self, step: &str, kind: StepKind) -> Result<Option<Value>, WorkflowError> {
+    pub(crate) fn replayed(
+        &self,
+        step: &str,
+        kind: StepKind,
+    ) -> Result<Option<Value>, WorkflowError> {
         let mut state = self.state();
         if let Some(halt) = &state.halt {
             return Err(WorkflowError::Halted {
@@ -401,7 +455,7 @@ impl Ctx {
 
     /// The checks before any fresh side effect: let siblings replay, detect divergence, and
     /// make sure the lease and the terminal markers were confirmed recently.
-    async fn before_fresh_work(&self, step: &str) -> Result<(), WorkflowError> {
+    pub(crate) async fn before_fresh_work(&self, step: &str) -> Result<(), WorkflowError> {
         YieldNow::new().await;
         let unreached = {
             let state = self.state();
@@ -463,13 +517,18 @@ impl Ctx {
         kind: StepKind,
         json: Value,
     ) -> Result<Value, WorkflowError> {
-        let append = Append {
+        self.record_via(step, kind, json, RecordVia::Append).await
+    }
+
+    /// The append a fresh step makes, carrying the run's fence and lease renewal.
+    pub(crate) fn fresh_append(&self, step: &str, kind: StepKind, json: Value) -> Append {
+        Append {
             key: self.inner.key.clone(),
             generation: Some(self.inner.generation),
             event: Event::StepRecorded {
                 step: step.to_owned(),
                 kind,
-                result: json.clone(),
+                result: json,
             },
             fence: self.inner.options.fence.clone(),
             renew: self
@@ -478,14 +537,27 @@ impl Ctx {
                 .fence
                 .as_ref()
                 .map(|_| self.inner.options.lease_ttl),
-        };
+        }
+    }
+
+    /// Appends a fresh step through the store operation `via` (a plain append, or one that also
+    /// registers an awakeable or spawns a child in the same transaction).
+    pub(crate) async fn record_via(
+        &self,
+        step: &str,
+        kind: StepKind,
+        json: Value,
+        via: RecordVia,
+    ) -> Result<Value, WorkflowError> {
+        let append = self.fresh_append(step, kind, json.clone());
         let started = Instant::now();
-        let outcome = self
-            .inner
-            .store
-            .journal_append(&append)
-            .await
-            .map_err(|e| self.store_failed(e))?;
+        let store = &self.inner.store;
+        let outcome = match &via {
+            RecordVia::Append => store.journal_append(&append).await,
+            RecordVia::Awakeable(id) => store.awakeable_create(&append, *id).await,
+            RecordVia::Child(spawn) => store.child_spawn(&append, spawn).await,
+        }
+        .map_err(|e| self.store_failed(e))?;
         match outcome {
             AppendOutcome::Appended => {
                 let mut state = self.state();
@@ -507,7 +579,11 @@ impl Ctx {
         }
     }
 
-    fn encode<T: Serialize + ?Sized>(&self, step: &str, value: &T) -> Result<Value, WorkflowError> {
+    pub(crate) fn encode<T: Serialize + ?Sized>(
+        &self,
+        step: &str,
+        value: &T,
+    ) -> Result<Value, WorkflowError> {
         let json = serde_json::to_value(value).map_err(|source| WorkflowError::Encode {
             step: step.to_owned(),
             source,
@@ -527,7 +603,7 @@ impl Ctx {
         }
     }
 
-    fn store_failed(&self, error: store::Error) -> WorkflowError {
+    pub(crate) fn store_failed(&self, error: store::Error) -> WorkflowError {
         let halt = if error.is_lease_lost() {
             Halt::LeaseLost
         } else {
@@ -579,7 +655,7 @@ pub(crate) fn check_payload(step: &str, json: &Value, limit: usize) -> Result<()
     Ok(())
 }
 
-fn decode<T: DeserializeOwned>(step: &str, value: Value) -> Result<T, WorkflowError> {
+pub(crate) fn decode<T: DeserializeOwned>(step: &str, value: Value) -> Result<T, WorkflowError> {
     serde_json::from_value(value).map_err(|source| WorkflowError::Decode {
         step: step.to_owned(),
         source,

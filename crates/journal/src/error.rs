@@ -86,6 +86,32 @@ pub enum WorkflowError {
     /// A store call made by the context failed.
     #[error("store error in the workflow context")]
     Store(#[source] store::Error),
+    /// The awakeable was cancelled instead of completed.
+    #[error("awakeable {id} was cancelled")]
+    AwakeableCancelled {
+        /// The awakeable.
+        id: uuid::Uuid,
+    },
+    /// A signal wait timed out.
+    #[error("no signal on token {token:?} before the timeout")]
+    SignalTimeout {
+        /// The token.
+        token: String,
+    },
+    /// A child workflow failed.
+    #[error("child workflow {child} failed: {reason}")]
+    ChildFailed {
+        /// The child.
+        child: crate::InstanceKey,
+        /// Its failure reason.
+        reason: String,
+    },
+    /// A child workflow was cancelled.
+    #[error("child workflow {child} was cancelled")]
+    ChildCancelled {
+        /// The child.
+        child: crate::InstanceKey,
+    },
     /// The body's own failure.
     #[error("{0}")]
     Application(String),

@@ -47,8 +47,10 @@ mod id;
 mod instance;
 mod replay;
 mod run;
+mod sources;
 pub mod store;
 mod unwind;
+mod wake;
 mod workflow;
 
 pub use context::{
@@ -63,7 +65,12 @@ pub use instance::{Fence, Instance, StartRequest, Started, Status};
 pub use run::{
     cancel, deliver, drive, run, start, CancelOutcome, Driven, Error, RunError, RunOutcome,
 };
+pub use sources::Awakeable;
 pub use store::{Append, AppendOutcome, Error as StoreError, JournalStore, Park, ParkOutcome};
+pub use wake::{
+    awakeable_step, child_result_step, AwakeableOutcome, AwakeableStatus, ChildSpawn, Envelope,
+    FiredTimer, SignalSendOutcome, SignalWait, SignalWaitOutcome, TimerArm, TimerFiring, TimerKind,
+};
 pub use workflow::{workflow_fn, BoxFuture, FnWorkflow, Workflow, INPUT_STEP, OUTPUT_STEP};
 
 /// Validates a user step name: non-empty, bounded, no control characters, no reserved prefix.

@@ -453,8 +453,9 @@ pub enum CancelOutcome {
     AlreadyTerminal(Status),
 }
 
-/// Appends the cancel marker to the instance's current generation. First writer wins against
-/// completion and failure: exactly one marker closes a generation.
+/// Appends the cancel marker to the instance's current generation, and with `cascade` to every
+/// live descendant, in one transaction. First writer wins against completion and failure:
+/// exactly one marker closes a generation.
 ///
 /// # Errors
 ///
@@ -462,11 +463,9 @@ pub enum CancelOutcome {
 pub async fn cancel(
     store: &dyn JournalStore,
     key: &InstanceKey,
+    cascade: bool,
 ) -> Result<CancelOutcome, store::Error> {
-    let outcome = store
-        .journal_append(&Append::external(key.clone(), Event::WorkflowCancelled))
-        .await?;
-    match outcome {
+    match store.instance_cancel(key, cascade).await? {
         AppendOutcome::Appended => Ok(CancelOutcome::Recorded),
         AppendOutcome::AlreadyPresent(_) => Ok(CancelOutcome::AlreadyTerminal(Status::Cancelled)),
         AppendOutcome::RefusedTerminal(marker) => {
@@ -474,11 +473,12 @@ pub async fn cancel(
                 Marker::Completed => Status::Completed,
                 Marker::Failed => Status::Failed,
                 Marker::Cancelled => Status::Cancelled,
-                // Rotation won the race; the new generation is live, so cancel it instead.
-                Marker::ContinuedAsNew => return Box::pin(cancel(store, key)).await,
+                // The store cancels the current generation, which no rotation can have closed.
+                Marker::ContinuedAsNew => Status::Running,
             }))
         }
-        AppendOutcome::Conflict => Box::pin(cancel(store, key)).await,
+        // A rotation committed between reading and appending; the new generation is live.
+        AppendOutcome::Conflict => Box::pin(cancel(store, key, cascade)).await,
     }
 }
 

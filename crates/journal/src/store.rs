@@ -9,7 +9,12 @@ use std::time::Duration;
 
 use serde_json::Value;
 use time::OffsetDateTime;
+use uuid::Uuid;
 
+use crate::wake::{
+    AwakeableOutcome, ChildSpawn, SignalSendOutcome, SignalWait, SignalWaitOutcome, TimerArm,
+    TimerFiring,
+};
 use crate::{
     Event, Fence, Generation, Instance, InstanceKey, JournalEntry, Marker, StartRequest, Started,
     Status,
@@ -220,4 +225,65 @@ pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
         fence: Option<&Fence>,
         reason: &str,
     ) -> Result<bool>;
+
+    // ----- Wake sources -------------------------------------------------------------------
+    //
+    // Every operation that resolves a wake source journals the awaited step into the owner and
+    // flips the owner's row to `running` (with a notification) in the same transaction.
+
+    /// Arms a timer, first arm wins; returns the effective `fire_at` (the first arm's).
+    async fn timer_arm(&self, arm: &TimerArm) -> Result<OffsetDateTime>;
+
+    /// Fires up to `limit` timers due at `now` (store clock when `None`), oldest first, each in
+    /// the same transaction as its journal append and the owner's row flip. Concurrent callers
+    /// never fire the same timer (`FOR UPDATE SKIP LOCKED`). A timer whose step is already
+    /// journaled, whose owner is terminal, or whose signal wait was already satisfied is marked
+    /// fired without journaling anything.
+    async fn timers_fire_due(&self, now: Option<OffsetDateTime>, limit: i64)
+        -> Result<TimerFiring>;
+
+    /// Returns timers stuck in `firing` for longer than `older_than` to `scheduled`; returns how
+    /// many. (Firing is one transaction, so this only heals rows left by an interrupted
+    /// operator action or an older keiro.)
+    async fn timers_requeue_stuck(&self, older_than: Duration) -> Result<u64>;
+
+    /// How many scheduled timers are due at `now`: the timer backlog.
+    async fn timers_due_count(&self, now: Option<OffsetDateTime>) -> Result<u64>;
+
+    /// Journals the awakeable allocation step `append` (its value is the awakeable id) and
+    /// registers the pending awakeable `id` owned by the appending instance, in one transaction.
+    /// A replayed allocation returns `AlreadyPresent` with the first id and registers nothing.
+    async fn awakeable_create(&self, append: &Append, id: Uuid) -> Result<AppendOutcome>;
+
+    /// Completes a pending awakeable with `payload` and journals [`Envelope::ok`](crate::Envelope::ok)
+    /// under `awk:<id>` into its owner, in one transaction. Idempotent.
+    async fn awakeable_complete(&self, id: Uuid, payload: &Value) -> Result<AwakeableOutcome>;
+
+    /// Cancels a pending awakeable and journals [`Envelope::cancelled`](crate::Envelope::cancelled)
+    /// into its owner, in one transaction. Idempotent.
+    async fn awakeable_cancel(&self, id: Uuid) -> Result<AwakeableOutcome>;
+
+    /// How many awakeables are pending.
+    async fn awakeables_pending(&self) -> Result<u64>;
+
+    /// Arms a signal wait under the token's lock: consumes the oldest buffered signal for the
+    /// token (journaling it at once) or registers the waiter.
+    async fn signal_wait(&self, wait: &SignalWait) -> Result<SignalWaitOutcome>;
+
+    /// Sends a signal under the token's lock: delivers it to the oldest live waiter (journaled
+    /// as [`Envelope::ok`](crate::Envelope::ok), owner woken) or buffers it.
+    async fn signal_send(&self, token: &str, payload: &Value) -> Result<SignalSendOutcome>;
+
+    /// Journals the spawn step `append` (its value names the child) and creates the child
+    /// instance `running`, linked to the parent and to `spawn.await_step`, in one transaction.
+    /// A replayed spawn returns `AlreadyPresent` and creates nothing.
+    ///
+    /// From then on the child's terminal transaction (completion, failure including the crash
+    /// ceiling and divergence, cancellation) journals its result envelope into the parent's
+    /// spawning generation under `await_step` and wakes the parent.
+    async fn child_spawn(&self, append: &Append, spawn: &ChildSpawn) -> Result<AppendOutcome>;
+
+    /// Appends the cancel marker to `key` and, when `cascade`, to every live descendant, in one
+    /// transaction. Returns the outcome for `key` itself.
+    async fn instance_cancel(&self, key: &InstanceKey, cascade: bool) -> Result<AppendOutcome>;
 }

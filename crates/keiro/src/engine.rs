@@ -3,20 +3,33 @@
 use std::sync::Arc;
 
 use keiro_journal::{
-    AppendOutcome, CancelOutcome, Instance, InstanceKey, JournalEntry, Started,
-    PAYLOAD_LEN_MAX_DEFAULT,
+    AppendOutcome, AwakeableOutcome, CancelOutcome, Instance, InstanceKey, JournalEntry,
+    SignalSendOutcome, Started, PAYLOAD_LEN_MAX_DEFAULT,
 };
 use keiro_lease::{LeaseStore, ResurrectOutcome};
+use keiro_resume::Notifier;
 use serde::Serialize;
+use uuid::Uuid;
 
 use crate::{Error, WorkerBuilder};
 
 /// A handle on a keiro store: start and operate workflow instances, and build workers.
 /// Cheap to clone.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Keiro {
     store: Arc<dyn LeaseStore>,
+    notifier: Option<Arc<dyn Notifier>>,
     payload_len_max: usize,
+}
+
+impl std::fmt::Debug for Keiro {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keiro")
+            .field("store", &self.store)
+            .field("push", &self.notifier.is_some())
+            .field("payload_len_max", &self.payload_len_max)
+            .finish()
+    }
 }
 
 impl Keiro {
@@ -35,8 +48,26 @@ impl Keiro {
     pub fn from_arc(store: Arc<dyn LeaseStore>) -> Self {
         Self {
             store,
+            notifier: None,
             payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
         }
+    }
+
+    /// Wraps a store that can also push wake-ups, so workers built from this handle wake
+    /// within milliseconds of a wake instead of at their next poll.
+    pub fn with_push<S: LeaseStore + Notifier>(store: S) -> Self {
+        let store = Arc::new(store);
+        Self {
+            store: store.clone(),
+            notifier: Some(store),
+            payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
+        }
+    }
+
+    /// A handle on a fresh in-memory store, with push.
+    #[cfg(feature = "memory")]
+    pub fn memory() -> Self {
+        Self::with_push(keiro_memory::MemoryStore::new())
     }
 
     /// Connects to Postgres at `url` (schema `keiro`) and applies pending migrations.
@@ -59,7 +90,7 @@ impl Keiro {
     pub async fn connect_with(config: keiro_postgres::Config) -> Result<Self, Error> {
         let store = keiro_postgres::PgStore::connect(config).await?;
         store.migrate().await?;
-        Ok(Self::new(store))
+        Ok(Self::with_push(store))
     }
 
     /// The largest payload accepted by [`start`](Self::start) and [`deliver`](Self::deliver).
@@ -101,7 +132,83 @@ impl Keiro {
     /// [`Error::Store`] with a not-found error for an unknown instance.
     pub async fn cancel(&self, name: &str, id: &str) -> Result<CancelOutcome, Error> {
         let key = InstanceKey::parse(name, id)?;
-        Ok(keiro_journal::cancel(self.store.as_ref(), &key).await?)
+        Ok(keiro_journal::cancel(self.store.as_ref(), &key, false).await?)
+    }
+
+    /// Cancels an instance and every live descendant (children, their children, ...), in one
+    /// transaction.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Store`] with a not-found error for an unknown instance.
+    pub async fn cancel_cascade(&self, name: &str, id: &str) -> Result<CancelOutcome, Error> {
+        let key = InstanceKey::parse(name, id)?;
+        Ok(keiro_journal::cancel(self.store.as_ref(), &key, true).await?)
+    }
+
+    /// Completes awakeable `id` with `payload` from any process: journals it into the owner and
+    /// wakes it, in one transaction. Idempotent: a second completion changes nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Payload`] for a payload that does not encode or is too large, [`Error::Store`].
+    pub async fn complete_awakeable<T: Serialize + ?Sized>(
+        &self,
+        id: Uuid,
+        payload: &T,
+    ) -> Result<AwakeableOutcome, Error> {
+        let payload = self.payload("awakeable", payload)?;
+        Ok(self.store.awakeable_complete(id, &payload).await?)
+    }
+
+    /// Cancels awakeable `id`; the run awaiting it sees `WorkflowError::AwakeableCancelled`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Store`].
+    pub async fn cancel_awakeable(&self, id: Uuid) -> Result<AwakeableOutcome, Error> {
+        Ok(self.store.awakeable_cancel(id).await?)
+    }
+
+    /// Sends a signal on `token`: delivered to the oldest run waiting on it, or buffered (first
+    /// in, first out) for the next wait. Never lost, never delivered twice.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Payload`] for a payload that does not encode or is too large, [`Error::Store`].
+    pub async fn signal<T: Serialize + ?Sized>(
+        &self,
+        token: &str,
+        payload: &T,
+    ) -> Result<SignalSendOutcome, Error> {
+        let payload = self.payload(token, payload)?;
+        Ok(self.store.signal_send(token, &payload).await?)
+    }
+
+    fn payload<T: Serialize + ?Sized>(
+        &self,
+        what: &str,
+        payload: &T,
+    ) -> Result<serde_json::Value, Error> {
+        let value = serde_json::to_value(payload).map_err(|source| {
+            Error::Payload(keiro_journal::WorkflowError::Encode {
+                step: what.to_owned(),
+                source,
+            })
+        })?;
+        let len = serde_json::to_vec(&value)
+            .map(|v| v.len())
+            .unwrap_or(usize::MAX);
+        if len > self.payload_len_max {
+            return Err(Error::Payload(
+                keiro_journal::WorkflowError::PayloadTooLarge {
+                    step: what.to_owned(),
+                    len,
+                    limit: self.payload_len_max,
+                },
+            ));
+        }
+        Ok(value)
     }
 
     /// Journals `value` for a run waiting in `ctx.await_step(step)`, and wakes it.
@@ -165,6 +272,11 @@ impl Keiro {
 
     /// A builder for a worker on this store.
     pub fn worker(&self) -> WorkerBuilder {
-        WorkerBuilder::new(self.store.clone())
+        WorkerBuilder::new(self.store.clone()).push(self.notifier.clone())
+    }
+
+    /// The push notifier, when the store has one.
+    pub fn notifier(&self) -> Option<&Arc<dyn Notifier>> {
+        self.notifier.as_ref()
     }
 }

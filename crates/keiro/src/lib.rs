@@ -52,15 +52,16 @@ pub use error::Error;
 pub use worker::{Worker, WorkerBuilder};
 
 pub use keiro_journal::{
-    store, workflow_fn, Append, AppendOutcome, CancelOutcome, Ctx, Driven, Event, Fence,
-    Generation, IdError, Instance, InstanceKey, JournalEntry, JournalStore, Marker, RunError,
-    RunOptions, RunOutcome, RunStats, Started, Status, StepKind, StoreError, Workflow,
-    WorkflowError, WorkflowId, WorkflowName,
+    store, workflow_fn, Append, AppendOutcome, Awakeable, AwakeableOutcome, CancelOutcome, Ctx,
+    Driven, Envelope, Event, Fence, Generation, IdError, Instance, InstanceKey, JournalEntry,
+    JournalStore, Marker, RunError, RunOptions, RunOutcome, RunStats, SignalSendOutcome, Started,
+    Status, StepKind, StoreError, TimerFiring, Workflow, WorkflowError, WorkflowId, WorkflowName,
 };
 pub use keiro_lease::{BackoffPolicy, ClaimOutcome, CrashOutcome, LeaseStore, ResurrectOutcome};
 pub use keiro_resume::{
-    drain, resume_once, resume_once_up_to, FixedPoll, LogHook, Registry, RegistryError,
-    ResumeLogEvent, ResumeOptions, ResumeSummary, WakeReason, WakeSource,
+    drain, resume_once, resume_once_up_to, FixedPoll, LogHook, Notifier, Registry, RegistryError,
+    ResumeLogEvent, ResumeOptions, ResumeSummary, TimerOptions, TimerSummary, WakeFilter,
+    WakeReason, WakeSource,
 };
 pub use keiro_telemetry::Metrics;
 

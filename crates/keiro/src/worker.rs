@@ -7,7 +7,8 @@ use std::time::Duration;
 use keiro_journal::{Ctx, StoreError, WorkflowError};
 use keiro_lease::{BackoffPolicy, LeaseStore};
 use keiro_resume::{
-    FixedPoll, LogHook, Registry, RegistryError, ResumeOptions, ResumeSummary, WakeSource,
+    FixedPoll, LogHook, Notifier, Registry, RegistryError, ResumeOptions, ResumeSummary,
+    TimerOptions, WakeFilter, WakeSource,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -22,6 +23,8 @@ pub struct WorkerBuilder {
     store: Arc<dyn LeaseStore>,
     registry: Registry,
     options: ResumeOptions,
+    timers: Option<TimerOptions>,
+    push: Option<Arc<dyn Notifier>>,
     errors: Vec<RegistryError>,
 }
 
@@ -41,8 +44,25 @@ impl WorkerBuilder {
             store,
             registry: Registry::new(),
             options: ResumeOptions::default(),
+            timers: Some(TimerOptions::default()),
+            push: None,
             errors: Vec::new(),
         }
+    }
+
+    /// Wakes the worker by push notifications from `notifier` (passes run within milliseconds
+    /// of a wake; `poll_interval` becomes the fallback). `None` polls only.
+    /// Defaults to the store's notifier when built through `Keiro::worker`.
+    pub fn push(mut self, notifier: Option<Arc<dyn Notifier>>) -> Self {
+        self.push = notifier;
+        self
+    }
+
+    /// Runs a timer worker beside the resume loop (`None`: don't; another process fires
+    /// timers). Defaults to `Some(TimerOptions::default())`.
+    pub fn timers(mut self, timers: Option<TimerOptions>) -> Self {
+        self.timers = timers;
+        self
     }
 
     /// Registers `body` under `name`; an invalid or duplicate name is reported by `build`.
@@ -136,20 +156,42 @@ impl WorkerBuilder {
             return Err(Error::Registry(self.errors.remove(0)));
         }
         self.options.validate()?;
+        let mut timers = self.timers;
+        if let Some(timers) = &mut timers {
+            timers.metrics = timers
+                .metrics
+                .take()
+                .or_else(|| self.options.metrics.clone());
+        }
         Ok(Worker {
             store: self.store,
             registry: self.registry,
             options: self.options,
+            timers,
+            push: self.push,
         })
     }
 }
 
 /// An embeddable resume worker: finds unfinished instances and drives them.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Worker {
     store: Arc<dyn LeaseStore>,
     registry: Registry,
     options: ResumeOptions,
+    timers: Option<TimerOptions>,
+    push: Option<Arc<dyn Notifier>>,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("registry", &self.registry)
+            .field("options", &self.options)
+            .field("timers", &self.timers)
+            .field("push", &self.push.is_some())
+            .finish()
+    }
 }
 
 impl Worker {
@@ -197,12 +239,53 @@ impl Worker {
         keiro_resume::drain(&self.store, &self.registry, &self.options).await
     }
 
-    /// Runs the fixed-poll loop until `shutdown` resolves; in-flight runs finish first.
+    /// Runs the resume loop (push-aware when the worker has a notifier, fixed-poll otherwise)
+    /// and the timer worker until `shutdown` resolves; in-flight runs finish first.
     pub async fn run_until(&self, shutdown: impl Future<Output = ()> + Send) -> ResumeSummary {
-        self.run_with(FixedPoll, shutdown).await
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            // An error means the sender is gone, which only happens once we are done anyway.
+            let _ = rx.wait_for(|stop| *stop).await;
+        };
+        let timers = self.timers.clone().map(|options| {
+            let wake: Box<dyn WakeSource> = match &self.push {
+                Some(notifier) => notifier.subscribe(WakeFilter::Timers),
+                None => Box::new(FixedPoll),
+            };
+            tokio::spawn(keiro_resume::run_timer_loop(
+                self.store.clone(),
+                options,
+                wake,
+                stopped(stop_rx.clone()),
+            ))
+        });
+        let wake: Box<dyn WakeSource> = match &self.push {
+            Some(notifier) => notifier.subscribe(WakeFilter::Instances),
+            None => Box::new(FixedPoll),
+        };
+        let resume = self.run_with(wake, stopped(stop_rx));
+        let signal = async {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        };
+        let (summary, ()) = tokio::join!(resume, signal);
+        if let Some(timers) = timers {
+            // The timer loop stops on the same signal; a panic inside it is not ours to rethrow.
+            let _ = timers.await;
+        }
+        summary
     }
 
-    /// Runs the loop with a custom wake source until `shutdown` resolves.
+    /// Fires one batch of due timers (for tests and custom loops).
+    ///
+    /// # Errors
+    ///
+    /// The store's error.
+    pub async fn fire_due_timers(&self) -> Result<keiro_journal::TimerFiring, StoreError> {
+        keiro_resume::fire_due_once(&self.store, &self.timers.clone().unwrap_or_default()).await
+    }
+
+    /// Runs the resume loop alone with a custom wake source until `shutdown` resolves.
     pub async fn run_with<W: WakeSource>(
         &self,
         wake: W,

@@ -6,15 +6,23 @@
 //! terminal row, a stale fence; only then is the row journaled and the instance row moved.
 //! The order is the contract: a recorded step answers `AlreadyPresent` even on a closed
 //! instance, and a closed instance answers `RefusedTerminal` even to a stale holder.
+//!
+//! Deciding and writing are separate functions ([`Plan`], then the write of its [`Slot`]), so
+//! an operation that pairs an append with writes of its own (registering an awakeable,
+//! creating a child) can refuse those before the journal is touched, and every wake source
+//! journals through exactly these rules.
 
 use std::time::Duration;
 
 use keiro_journal::store::{Append, AppendOutcome, JournalStore, Park, ParkOutcome, Result};
 use keiro_journal::{
-    Event, Fence, Generation, Instance, InstanceKey, JournalEntry, Marker, StartRequest, Started,
-    Status,
+    AwakeableOutcome, AwakeableStatus, ChildSpawn, Envelope, Event, Fence, Generation, Instance,
+    InstanceKey, JournalEntry, Marker, SignalSendOutcome, SignalWait, SignalWaitOutcome,
+    StartRequest, Started, Status, StoreError, TimerArm, TimerFiring,
 };
 use serde_json::Value;
+use time::OffsetDateTime;
+use uuid::Uuid;
 
 use crate::clock::later;
 use crate::state::{
@@ -25,6 +33,24 @@ use crate::MemoryStore;
 
 const APPEND: &str = "appending to the journal";
 
+/// Where an append that passed every check writes: the generation it went to and the name
+/// its row is stored under.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    pub(crate) generation: Generation,
+    step_name: String,
+}
+
+/// What an append will do, decided before anything is written, so an operation that pairs an
+/// append with writes of its own can refuse those before the journal is touched.
+#[derive(Debug)]
+pub(crate) enum Plan {
+    /// Nothing is written; this is the outcome.
+    Decided(AppendOutcome),
+    /// The append lands in this slot.
+    Write(Slot),
+}
+
 impl State {
     fn instance_start(&mut self, request: &StartRequest) -> Started {
         if let Some(entry) = self.instances.get(&request.key) {
@@ -33,12 +59,33 @@ impl State {
                 created: false,
             };
         }
+        let row = self.instance_create(
+            &request.key,
+            request.input.clone(),
+            request.parent.clone(),
+            request.priority,
+        );
+        Started {
+            instance: row,
+            created: true,
+        }
+    }
+
+    /// Inserts a fresh `running` row at generation 0 and notifies it, as a start does. The
+    /// caller has checked that `key` is free.
+    pub(crate) fn instance_create(
+        &mut self,
+        key: &InstanceKey,
+        input: Value,
+        parent: Option<InstanceKey>,
+        priority: i32,
+    ) -> Instance {
         let now = self.clock.now();
         let row = Instance {
-            key: request.key.clone(),
+            key: key.clone(),
             generation: 0,
             status: Status::Running,
-            input: request.input.clone(),
+            input,
             output: None,
             attempts: 0,
             last_error: None,
@@ -47,22 +94,34 @@ impl State {
             lease_epoch: 0,
             lease_expires_at: None,
             wake_after: None,
-            parent: request.parent.clone(),
-            priority: request.priority,
+            parent,
+            priority,
             created_at: now,
             updated_at: now,
             completed_at: None,
         };
-        self.instances
-            .insert(request.key.clone(), Entry::new(row.clone()));
-        self.wake(&request.key);
-        Started {
-            instance: row,
-            created: true,
+        if let Some(parent) = &row.parent {
+            self.adopt(parent, key);
+        }
+        self.instances.insert(key.clone(), Entry::new(row.clone()));
+        self.wake(key);
+        row
+    }
+
+    /// Applies every rule of `journal_append`: decides, then writes when the decision is to.
+    /// Wake sources journal through here too, so their appends follow exactly the same rules.
+    pub(crate) fn append(&mut self, append: &Append) -> Result<AppendOutcome> {
+        match self.append_plan(append)? {
+            Plan::Decided(outcome) => Ok(outcome),
+            Plan::Write(slot) => {
+                self.append_write(append, slot)?;
+                Ok(AppendOutcome::Appended)
+            }
         }
     }
 
-    fn journal_append(&mut self, append: &Append) -> Result<AppendOutcome> {
+    /// The checks of an append, in their contractual order, without writing anything.
+    pub(crate) fn append_plan(&self, append: &Append) -> Result<Plan> {
         let marker = append.event.marker();
         if marker.is_none() && !matches!(append.event, Event::StepRecorded { .. }) {
             // `Resurrected` carries an instance-row change of its own; letting it in here
@@ -72,37 +131,41 @@ impl State {
                 "only steps and lifecycle markers go through journal_append",
             ));
         }
-        let now = self.clock.now();
-        let entry = self.entry_mut(&append.key)?;
-        let encoded = append.event.encode();
+        let entry = self
+            .instances
+            .get(&append.key)
+            .ok_or_else(|| StoreError::NotFound {
+                key: append.key.clone(),
+            })?;
+        let step_name = append.event.step_name();
         let generation = append.generation.unwrap_or(entry.row.generation);
 
         if generation != entry.row.generation {
             // A writer on another generation only ever learns what is there; a retried
             // continue-as-new finds its own marker and converges.
-            return Ok(match entry.step(generation, &encoded.step_name) {
+            return Ok(Plan::Decided(match entry.step(generation, step_name) {
                 Some(stored) => AppendOutcome::AlreadyPresent(stored.payload.clone()),
                 None => AppendOutcome::Conflict,
-            });
+            }));
         }
-        if marker.is_none() {
+        if let Event::StepRecorded { kind, .. } = &append.event {
             // Before the terminal check, so retrying a recorded step stays idempotent after
             // the instance closed.
-            if let Some(stored) = entry.step(generation, &encoded.step_name) {
-                return Ok(if stored.kind == encoded.kind {
+            if let Some(stored) = entry.step(generation, step_name) {
+                return Ok(Plan::Decided(if stored.kind == kind.as_str() {
                     AppendOutcome::AlreadyPresent(stored.payload.clone())
                 } else {
                     AppendOutcome::Conflict
-                });
+                }));
             }
         }
         if let Some(closing) = closing_marker(entry.row.status) {
-            return Ok(match marker {
+            return Ok(Plan::Decided(match marker {
                 Some(marker) if marker == closing => {
                     AppendOutcome::AlreadyPresent(recorded_value(&entry.row, closing))
                 }
                 _ => AppendOutcome::RefusedTerminal(closing),
-            });
+            }));
         }
         if let Some(fence) = &append.fence {
             if !holds(&entry.row, fence) {
@@ -112,20 +175,31 @@ impl State {
 
         let step_name = match marker {
             // A failure may recur after a resurrection; its rows stay unique by numbering.
-            Some(Marker::Failed) => entry.repeatable_name(generation, &encoded.step_name),
-            _ => encoded.step_name,
+            Some(Marker::Failed) => entry.repeatable_name(generation, step_name),
+            _ => step_name.to_owned(),
         };
         if entry.step(generation, &step_name).is_some() {
             // Only a once-per-generation marker can get here (a continue-as-new that named its
             // own generation as the next one); Postgres would hit the unique index.
-            return Ok(AppendOutcome::Conflict);
+            return Ok(Plan::Decided(AppendOutcome::Conflict));
         }
+        Ok(Plan::Write(Slot {
+            generation,
+            step_name,
+        }))
+    }
+
+    /// Writes an append that [`append_plan`](Self::append_plan) cleared: the journal row, the
+    /// instance row's move, the wake, and the result delivery of a child that went terminal.
+    pub(crate) fn append_write(&mut self, append: &Append, slot: Slot) -> Result<()> {
+        let now = self.clock.now();
+        let encoded = append.event.encode();
         let seq = self.seq.next()?;
         let entry = self.entry_mut(&append.key)?;
         entry.push(JournalRow {
             seq,
-            generation,
-            step_name,
+            generation: slot.generation,
+            step_name: slot.step_name,
             kind: encoded.kind,
             payload: encoded.payload,
             recorded_at: now,
@@ -134,6 +208,7 @@ impl State {
         let row = &mut entry.row;
         row.updated_at = now;
         let mut wake = false;
+        let mut closed = false;
         match &append.event {
             Event::WorkflowCompleted { output } => {
                 row.status = Status::Completed;
@@ -142,6 +217,7 @@ impl State {
                 clear_lease(row);
                 reset_attempts(row);
                 row.wake_after = None;
+                closed = true;
             }
             Event::WorkflowFailed { reason } => {
                 row.status = Status::Failed;
@@ -149,12 +225,14 @@ impl State {
                 row.completed_at = Some(now);
                 clear_lease(row);
                 row.wake_after = None;
+                closed = true;
             }
             Event::WorkflowCancelled => {
                 row.status = Status::Cancelled;
                 row.completed_at = Some(now);
                 clear_lease(row);
                 row.wake_after = None;
+                closed = true;
             }
             Event::WorkflowContinuedAsNew {
                 next_generation,
@@ -169,7 +247,7 @@ impl State {
                 row.output = None;
                 wake = true;
             }
-            // Only steps remain: everything else was turned away above.
+            // Only steps remain: everything else was turned away by the plan.
             _ => {
                 wake = row.status == Status::Suspended;
                 row.status = Status::Running;
@@ -181,7 +259,10 @@ impl State {
         if wake {
             self.wake(&append.key);
         }
-        Ok(AppendOutcome::Appended)
+        if closed {
+            self.deliver_to_parent(&append.key)?;
+        }
+        Ok(())
     }
 
     fn instance_confirm(
@@ -258,6 +339,7 @@ impl State {
         row.completed_at = Some(now);
         clear_lease(row);
         row.updated_at = now;
+        self.deliver_to_parent(key)?;
         Ok(true)
     }
 
@@ -315,7 +397,7 @@ impl JournalStore for MemoryStore {
     }
 
     async fn journal_append(&self, append: &Append) -> Result<AppendOutcome> {
-        self.transact(APPEND, |state| state.journal_append(append))
+        self.transact(APPEND, |state| state.append(append))
     }
 
     async fn instance_confirm(
@@ -343,6 +425,82 @@ impl JournalStore for MemoryStore {
             state.instance_fail_diverged(key, fence, reason)
         })
     }
+
+    async fn timer_arm(&self, arm: &TimerArm) -> Result<OffsetDateTime> {
+        self.transact("arming a timer", |state| state.timer_arm(arm))
+    }
+
+    async fn timers_fire_due(
+        &self,
+        now: Option<OffsetDateTime>,
+        limit: i64,
+    ) -> Result<TimerFiring> {
+        self.transact("firing due timers", |state| {
+            state.timers_fire_due(now, limit)
+        })
+    }
+
+    async fn timers_requeue_stuck(&self, _older_than: Duration) -> Result<u64> {
+        // Firing is one critical section here, so no timer is ever left `firing`: there is
+        // never anything to requeue. Still a transaction, so a poisoned store refuses it too.
+        self.transact("requeuing stuck timers", |_| Ok(0))
+    }
+
+    async fn timers_due_count(&self, now: Option<OffsetDateTime>) -> Result<u64> {
+        self.transact("counting due timers", |state| {
+            Ok(state.timers_due_count(now))
+        })
+    }
+
+    async fn awakeable_create(&self, append: &Append, id: Uuid) -> Result<AppendOutcome> {
+        self.transact("creating an awakeable", |state| {
+            state.awakeable_create(append, id)
+        })
+    }
+
+    async fn awakeable_complete(&self, id: Uuid, payload: &Value) -> Result<AwakeableOutcome> {
+        self.transact("completing an awakeable", |state| {
+            state.awakeable_settle(
+                id,
+                AwakeableStatus::Completed,
+                Envelope::ok(payload.clone()),
+            )
+        })
+    }
+
+    async fn awakeable_cancel(&self, id: Uuid) -> Result<AwakeableOutcome> {
+        self.transact("cancelling an awakeable", |state| {
+            state.awakeable_settle(id, AwakeableStatus::Cancelled, Envelope::cancelled())
+        })
+    }
+
+    async fn awakeables_pending(&self) -> Result<u64> {
+        self.transact("counting pending awakeables", |state| {
+            Ok(state.awakeables_pending())
+        })
+    }
+
+    async fn signal_wait(&self, wait: &SignalWait) -> Result<SignalWaitOutcome> {
+        self.transact("waiting for a signal", |state| state.signal_wait(wait))
+    }
+
+    async fn signal_send(&self, token: &str, payload: &Value) -> Result<SignalSendOutcome> {
+        self.transact("sending a signal", |state| {
+            state.signal_send(token, payload)
+        })
+    }
+
+    async fn child_spawn(&self, append: &Append, spawn: &ChildSpawn) -> Result<AppendOutcome> {
+        self.transact("spawning a child workflow", |state| {
+            state.child_spawn(append, spawn)
+        })
+    }
+
+    async fn instance_cancel(&self, key: &InstanceKey, cascade: bool) -> Result<AppendOutcome> {
+        self.transact("cancelling an instance", |state| {
+            state.instance_cancel(key, cascade)
+        })
+    }
 }
 
 #[cfg(test)]
@@ -355,11 +513,12 @@ mod tests {
 
     use super::*;
     use crate::fixtures::{append, claim, start, step, store, T0, TTL};
+    use crate::Notification;
 
     #[tokio::test]
     async fn start_is_idempotent_and_notifies_only_on_create() {
         let store = store();
-        let mut wakes = store.subscribe();
+        let mut wakes = store.notifications();
         let key = start(&store, "a").await;
         let again = StartRequest {
             key: key.clone(),
@@ -374,7 +533,10 @@ mod tests {
             (Value::Null, 0)
         );
         assert_eq!(started.instance.created_at, T0);
-        assert_eq!(wakes.try_recv().unwrap(), key);
+        assert_eq!(
+            wakes.try_recv().unwrap(),
+            Notification::Instance(key.clone())
+        );
         assert!(wakes.try_recv().is_err());
     }
 
@@ -538,7 +700,7 @@ mod tests {
         append(&store, &key, None, step("s", json!(1)), None)
             .await
             .unwrap();
-        let mut wakes = store.subscribe();
+        let mut wakes = store.notifications();
         let rotate = Event::WorkflowContinuedAsNew {
             next_generation: 1,
             input: json!("next"),
@@ -549,7 +711,10 @@ mod tests {
                 .unwrap(),
             AppendOutcome::Appended
         );
-        assert_eq!(wakes.try_recv().unwrap(), key);
+        assert_eq!(
+            wakes.try_recv().unwrap(),
+            Notification::Instance(key.clone())
+        );
         let row = store.instance_get(&key).await.unwrap().unwrap();
         assert_eq!(
             (row.generation, row.status, row.input),
@@ -591,7 +756,7 @@ mod tests {
         append(&store, &key, None, step("sleep:nap", json!(null)), None)
             .await
             .unwrap();
-        let mut wakes = store.subscribe();
+        let mut wakes = store.notifications();
         let park = Park {
             key: key.clone(),
             generation: 0,
@@ -603,7 +768,10 @@ mod tests {
             store.instance_park(&park).await.unwrap(),
             ParkOutcome::WokenBeforePark
         );
-        assert_eq!(wakes.try_recv().unwrap(), key);
+        assert_eq!(
+            wakes.try_recv().unwrap(),
+            Notification::Instance(key.clone())
+        );
         let row = store.instance_get(&key).await.unwrap().unwrap();
         assert_eq!(
             (row.status, row.lease_owner, row.wake_after),
@@ -634,7 +802,10 @@ mod tests {
         append(&store, &key, None, step("awk:x", json!("paid")), None)
             .await
             .unwrap();
-        assert_eq!(wakes.try_recv().unwrap(), key);
+        assert_eq!(
+            wakes.try_recv().unwrap(),
+            Notification::Instance(key.clone())
+        );
         assert_eq!(
             store.instance_get(&key).await.unwrap().unwrap().status,
             Status::Running

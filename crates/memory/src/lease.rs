@@ -192,6 +192,7 @@ impl State {
         row.completed_at = Some(now);
         clear_lease(row);
         row.updated_at = now;
+        self.deliver_to_parent(key)?;
         Ok(CrashOutcome::Failed { attempts })
     }
 
@@ -305,6 +306,7 @@ mod tests {
 
     use super::*;
     use crate::fixtures::{append, claim, start, step, store, T0, TTL};
+    use crate::Notification;
 
     fn crash(max_attempts: i32) -> Crash {
         Crash {
@@ -414,12 +416,16 @@ mod tests {
                     .unwrap(),
                 CrashOutcome::Failed { attempts: 1 }
             );
-            let mut wakes = store.subscribe();
+            let mut wakes = store.notifications();
             assert_eq!(
                 store.instance_resurrect(&key).await.unwrap(),
                 ResurrectOutcome::Resurrected
             );
-            assert_eq!(wakes.try_recv().unwrap(), key, "round {round}");
+            assert_eq!(
+                wakes.try_recv().unwrap(),
+                Notification::Instance(key.clone()),
+                "round {round}"
+            );
         }
         let row = store.instance_get(&key).await.unwrap().unwrap();
         assert_eq!(

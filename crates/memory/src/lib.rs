@@ -33,8 +33,13 @@
 //! - The rules match the Postgres store's: idempotent start, same-step writers converging on the
 //!   first result, first-writer-wins markers, terminal refusal, fencing by owner and epoch,
 //!   parks that never mask a wake, the crash ceiling, and resurrection that keeps history.
-//! - Wake notifications ([`MemoryStore::subscribe`]) fire at the points where Postgres
-//!   NOTIFYs, after the operation's state change is visible.
+//! - Wake sources (durable timers, awakeables, signals, child workflows, cascading cancels)
+//!   follow the Postgres store's rules too: each resolution journals the awaited step through
+//!   the same append rules and wakes the owner in the same critical section, and a child's
+//!   terminal transaction journals its result envelope into its parent.
+//! - Notifications ([`MemoryStore::notifications`], and the
+//!   [`Notifier`](keiro_resume::Notifier) subscriptions over them) fire at the points where
+//!   Postgres NOTIFYs, after the operation's state change is visible.
 //! - Nothing survives the process: the store is exactly as durable as the value holding it.
 //!
 //! # Errors
@@ -42,15 +47,18 @@
 //! Operations return [`StoreError`](keiro_journal::StoreError): `NotFound` and `LeaseLost` as in
 //! Postgres, `Malformed` for a journal row that does not decode, and a non-retryable
 //! `Database` error for a request the store refuses (appending `Resurrected` through
-//! `journal_append`, an exhausted sequence or epoch, or a lock poisoned by a panic in an
-//! earlier operation). There is no `Unavailable`: memory is always reachable.
+//! `journal_append`, an exhausted sequence or epoch, a timer kind it does not know, an
+//! awakeable id registered twice, or a lock poisoned by a panic in an earlier operation). There is no `Unavailable`: memory is always reachable.
 
 mod clock;
 #[cfg(test)]
 mod fixtures;
 mod journal;
 mod lease;
+mod notify;
+mod sources;
 mod state;
 mod store;
 
+pub use notify::Notification;
 pub use store::{MemoryStore, WAKE_BUFFER_LEN};

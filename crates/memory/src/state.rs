@@ -1,7 +1,8 @@
-//! The data behind the lock: instance rows, their journals, the sequence, the clock and the
-//! wakes an operation raised, plus the small rules every operation shares.
+//! The data behind the lock: instance rows, their journals, the sequence, the clock, the wake
+//! sources and the notifications an operation raised, plus the small rules every operation
+//! shares.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use keiro_journal::store::{Error, Result};
 use keiro_journal::{
@@ -11,6 +12,8 @@ use serde_json::Value;
 use time::OffsetDateTime;
 
 use crate::clock::Clock;
+use crate::notify::Notification;
+use crate::sources::Sources;
 
 /// Everything the store holds. Each trait method runs as one function over `&mut State` under
 /// the store's lock, which is what makes it atomic.
@@ -22,9 +25,14 @@ pub(crate) struct State {
     pub(crate) instances: BTreeMap<InstanceKey, Entry>,
     /// The journal's global order.
     pub(crate) seq: Sequence,
-    /// Instances to notify once the operation has finished (the memory form of NOTIFY, which
-    /// Postgres also delivers only at commit).
-    wakes: Vec<InstanceKey>,
+    /// Timers, awakeables and signals.
+    pub(crate) sources: Sources,
+    /// Parent -> the instances whose `parent` names it: the lookup a cascading cancel needs,
+    /// kept beside the rows because a row's parent only ever goes from none to some.
+    pub(crate) children: BTreeMap<InstanceKey, BTreeSet<InstanceKey>>,
+    /// Notifications to send once the operation has finished (the memory form of NOTIFY,
+    /// which Postgres also delivers only at commit).
+    notifications: Vec<Notification>,
 }
 
 impl State {
@@ -37,12 +45,25 @@ impl State {
 
     /// Queues a wake notification for `key`.
     pub(crate) fn wake(&mut self, key: &InstanceKey) {
-        self.wakes.push(key.clone());
+        self.notifications.push(Notification::Instance(key.clone()));
     }
 
-    /// The wakes queued since the last call.
-    pub(crate) fn take_wakes(&mut self) -> Vec<InstanceKey> {
-        std::mem::take(&mut self.wakes)
+    /// Queues a "timer armed" notification.
+    pub(crate) fn timer_armed(&mut self) {
+        self.notifications.push(Notification::TimerArmed);
+    }
+
+    /// The notifications queued since the last call.
+    pub(crate) fn take_notifications(&mut self) -> Vec<Notification> {
+        std::mem::take(&mut self.notifications)
+    }
+
+    /// Records that `child`'s row names `parent`.
+    pub(crate) fn adopt(&mut self, parent: &InstanceKey, child: &InstanceKey) {
+        self.children
+            .entry(parent.clone())
+            .or_default()
+            .insert(child.clone());
     }
 }
 
@@ -100,6 +121,15 @@ impl JournalRow {
     }
 }
 
+/// Where a child's result envelope is journaled: the parent's spawning generation and the
+/// step it awaits (the `parent_generation` and `parent_step` columns; the parent's key is the
+/// row's `parent`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ParentLink {
+    pub(crate) generation: Generation,
+    pub(crate) step: String,
+}
+
 /// An instance row and its journal.
 ///
 /// The journal lives with its instance rather than in one global list because every read is
@@ -108,6 +138,9 @@ impl JournalRow {
 pub(crate) struct Entry {
     /// The instance row.
     pub(crate) row: Instance,
+    /// Set for a spawned child: where its terminal transaction journals its result. The
+    /// `Instance` snapshot has no field for it, so it lives beside the row.
+    pub(crate) link: Option<ParentLink>,
     /// Every generation's rows, in `seq` order because rows are only ever pushed.
     journal: Vec<JournalRow>,
     /// `(generation, step_name) -> position in journal`: the unique index, for O(1) lookups.
@@ -119,6 +152,7 @@ impl Entry {
     pub(crate) fn new(row: Instance) -> Self {
         Self {
             row,
+            link: None,
             journal: Vec::new(),
             steps: HashMap::new(),
         }

@@ -4,17 +4,18 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use keiro_journal::store::Result;
-use keiro_journal::InstanceKey;
 use time::OffsetDateTime;
 use tokio::sync::broadcast;
 
+use crate::notify::Notification;
 use crate::state::{refused, State};
 
-/// How many wake notifications a [`MemoryStore::subscribe`] receiver may fall behind before it
-/// starts losing the oldest ones (it then sees [`broadcast::error::RecvError::Lagged`]).
+/// How many notifications a [`MemoryStore::notifications`] receiver (and so a
+/// [`Notifier`](keiro_resume::Notifier) subscription) may fall behind before it starts losing
+/// the oldest ones (it then sees [`broadcast::error::RecvError::Lagged`]).
 ///
 /// A lost notification costs latency, never work: the receiver should treat `Lagged` as "run a
-/// pass now", as a Postgres listener does after reconnecting.
+/// pass now", as a Postgres listener does after reconnecting; the store's subscriptions do.
 ///
 /// ```
 /// assert!(keiro_memory::WAKE_BUFFER_LEN >= 1);
@@ -57,7 +58,7 @@ pub struct MemoryStore {
 
 struct Shared {
     state: Mutex<State>,
-    wakes: broadcast::Sender<InstanceKey>,
+    notifications: broadcast::Sender<Notification>,
 }
 
 impl MemoryStore {
@@ -68,13 +69,13 @@ impl MemoryStore {
     /// # let _ = store;
     /// ```
     pub fn new() -> Self {
-        // The channel's own first receiver is dropped: wakes with nobody subscribed are
-        // simply not delivered, as a NOTIFY with no listener.
-        let (wakes, _) = broadcast::channel(WAKE_BUFFER_LEN);
+        // The channel's own first receiver is dropped: notifications with nobody subscribed
+        // are simply not delivered, as a NOTIFY with no listener.
+        let (notifications, _) = broadcast::channel(WAKE_BUFFER_LEN);
         Self {
             shared: Arc::new(Shared {
                 state: Mutex::new(State::default()),
-                wakes,
+                notifications,
             }),
         }
     }
@@ -83,9 +84,11 @@ impl MemoryStore {
     ///
     /// Every timestamp the store writes (`created_at`, `recorded_at`, `updated_at`,
     /// `completed_at`, lease expiry, `next_attempt_at`) and every "now" it compares against
-    /// comes from this clock, except where a [`LeaseStore`](keiro_lease::LeaseStore) method is
-    /// passed its own `now`. Tests simulate lease expiry and backoff by moving it, never by
-    /// sleeping.
+    /// comes from this clock, except where a method is passed its own `now`. That includes
+    /// [`timers_fire_due`](keiro_journal::JournalStore::timers_fire_due) and
+    /// [`timers_due_count`](keiro_journal::JournalStore::timers_due_count) called with `None`:
+    /// a test moves the clock past a sleep's `fire_at` and the timers come due. Tests simulate
+    /// lease expiry, backoff and timers by moving it, never by sleeping.
     ///
     /// ```
     /// use time::macros::datetime;
@@ -120,39 +123,43 @@ impl MemoryStore {
         state.clock.now()
     }
 
-    /// Subscribes to wake notifications: the key of every instance that became runnable
-    /// through a start, a step that woke a suspended run, a continue-as-new, a park that found
-    /// its wake already there, or a resurrection (the points where the Postgres store
-    /// NOTIFYs), sent after the operation's critical section ends.
+    /// Receives every notification, unfiltered: [`Notification::Instance`] for each instance
+    /// that became runnable (a start or spawn, a step that woke a suspended run, a
+    /// continue-as-new, a park that found its wake already there, a resurrection) and
+    /// [`Notification::TimerArmed`] for each newly armed timer, the points where the Postgres
+    /// store NOTIFYs, sent after the operation's critical section ends. Loops subscribe
+    /// through [`Notifier`](keiro_resume::Notifier) instead, which filters and waits.
     ///
-    /// A broadcast channel, because several resume loops may share one store and each must see
-    /// every wake; a `Notify` reaches only one loop or only loops already waiting, and a
-    /// `watch` keeps only the latest key. A receiver sees wakes sent after it subscribed; one
-    /// that falls more than [`WAKE_BUFFER_LEN`] behind gets `Lagged` and should run a pass.
+    /// A broadcast channel, because several loops may share one store and each must see every
+    /// notification; a `Notify` reaches only one loop or only loops already waiting, and a
+    /// `watch` keeps only the latest one. A receiver sees notifications sent after it
+    /// subscribed; one that falls more than [`WAKE_BUFFER_LEN`] behind gets `Lagged` and should
+    /// run a pass.
     ///
     /// ```
     /// use keiro_journal::{InstanceKey, JournalStore, StartRequest};
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use keiro_memory::Notification;
     /// let store = keiro_memory::MemoryStore::new();
-    /// let mut wakes = store.subscribe();
+    /// let mut notifications = store.notifications();
     /// let key = InstanceKey::parse("order", "order-42")?;
     /// let request = StartRequest { key: key.clone(), input: serde_json::Value::Null, parent: None, priority: 0 };
     /// store.instance_start(&request).await?;
-    /// assert_eq!(wakes.recv().await?, key);
+    /// assert_eq!(notifications.recv().await?, Notification::Instance(key));
     /// # Ok(()) }
     /// ```
-    pub fn subscribe(&self) -> broadcast::Receiver<InstanceKey> {
-        self.shared.wakes.subscribe()
+    pub fn notifications(&self) -> broadcast::Receiver<Notification> {
+        self.shared.notifications.subscribe()
     }
 
-    /// Runs one operation as one critical section, then delivers the wakes it raised.
+    /// Runs one operation as one critical section, then sends the notifications it raised.
     pub(crate) fn transact<T>(
         &self,
         operation: &'static str,
         op: impl FnOnce(&mut State) -> Result<T>,
     ) -> Result<T> {
-        let (result, wakes) = {
+        let (result, notifications) = {
             // A panic inside an earlier operation may have left it half applied; refusing
             // further work is safer than building on a state nobody can vouch for.
             let mut state = self.shared.state.lock().map_err(|_| {
@@ -162,13 +169,13 @@ impl MemoryStore {
                 )
             })?;
             let result = op(&mut state);
-            (result, state.take_wakes())
+            (result, state.take_notifications())
         };
         if result.is_ok() {
-            for key in wakes {
-                // Sending fails only when nobody is subscribed; a wake is an optimisation over
-                // the passes, so an unheard one is fine.
-                let _ = self.shared.wakes.send(key);
+            for notification in notifications {
+                // Sending fails only when nobody is subscribed; a notification is an
+                // optimisation over the passes, so an unheard one is fine.
+                let _ = self.shared.notifications.send(notification);
             }
         }
         result
@@ -205,7 +212,7 @@ impl fmt::Debug for MemoryStore {
             .map(|state| state.instances.len());
         f.debug_struct("MemoryStore")
             .field("instances", &instances)
-            .field("subscribers", &self.shared.wakes.receiver_count())
+            .field("subscribers", &self.shared.notifications.receiver_count())
             .finish_non_exhaustive()
     }
 }

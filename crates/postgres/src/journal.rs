@@ -1,19 +1,24 @@
 //! [`JournalStore`] for [`PgStore`]: each operation is one statement, and every one that
 //! writes more than one row is a call of a `keiro_*` function from the migrations, so it is one
-//! round trip and one transaction.
+//! round trip and one transaction. The wake-source operations live in their own modules
+//! (`timer`, `awakeable`, `signal`, `child`); the trait impl here delegates to them.
 
 use std::time::Duration;
 
 use keiro_journal::store::{Append, AppendOutcome, JournalStore, Park, ParkOutcome, Result};
 use keiro_journal::{
-    Event, Fence, Generation, Instance, InstanceKey, JournalEntry, Marker, StartRequest, Started,
-    Status, StoreError,
+    AwakeableOutcome, ChildSpawn, EncodedEvent, Event, Fence, Generation, Instance, InstanceKey,
+    JournalEntry, Marker, SignalSendOutcome, SignalWait, SignalWaitOutcome, StartRequest, Started,
+    Status, StoreError, TimerArm, TimerFiring,
 };
 use serde_json::Value;
+use time::OffsetDateTime;
+use tokio_postgres::Row;
+use uuid::Uuid;
 
 use crate::row::{self, column, instance_columns, malformed};
 use crate::store::span_ms;
-use crate::PgStore;
+use crate::{awakeable, child, signal, timer, PgStore};
 
 const START: &str = "starting an instance";
 const GET: &str = "reading an instance";
@@ -159,30 +164,57 @@ async fn journal_append(store: &PgStore, append: &Append) -> Result<AppendOutcom
             ],
         )
         .await?;
-    let outcome: String = column(&row, "outcome", APPEND)?;
+    append_outcome(&row, APPEND, key, append.fence.as_ref())
+}
+
+/// The encoded event of an append that a wake-source operation makes together with its own
+/// rows (an awakeable's allocation, a child's spawn): always a step, never a marker, which
+/// would close the instance that the new rows are about to wait on.
+pub(crate) fn encoded_step(append: &Append, operation: &'static str) -> Result<EncodedEvent> {
+    match &append.event {
+        Event::StepRecorded { .. } => Ok(append.event.encode()),
+        _ => Err(StoreError::Database {
+            operation,
+            retryable: false,
+            source: format!("expected a step, got {:?}", append.event.step_name()).into(),
+        }),
+    }
+}
+
+/// Reads the `outcome, recorded, marker` columns every append-shaped function returns (an
+/// append to `key` by the holder of `fence`, if any) into its outcome or error.
+pub(crate) fn append_outcome(
+    row: &Row,
+    operation: &'static str,
+    key: &InstanceKey,
+    fence: Option<&Fence>,
+) -> Result<AppendOutcome> {
+    let outcome: String = column(row, "outcome", operation)?;
     match outcome.as_str() {
         "appended" => Ok(AppendOutcome::Appended),
         "already_present" => {
-            let recorded: Option<Value> = column(&row, "recorded", APPEND)?;
+            let recorded: Option<Value> = column(row, "recorded", operation)?;
             Ok(AppendOutcome::AlreadyPresent(
                 recorded.unwrap_or(Value::Null),
             ))
         }
         "conflict" => Ok(AppendOutcome::Conflict),
         "refused_terminal" => {
-            let marker: Option<String> = column(&row, "marker", APPEND)?;
+            let marker: Option<String> = column(row, "marker", operation)?;
             marker
                 .as_deref()
                 .and_then(Marker::parse)
                 .map(AppendOutcome::RefusedTerminal)
-                .ok_or_else(|| malformed(APPEND, format_args!("unknown closing marker {marker:?}")))
+                .ok_or_else(|| {
+                    malformed(operation, format_args!("unknown closing marker {marker:?}"))
+                })
         }
         "not_found" => Err(not_found(key)),
-        "lease_lost" => match &append.fence {
+        "lease_lost" => match fence {
             Some(fence) => Err(lease_lost(key, fence)),
-            None => Err(unknown_outcome(APPEND, "lease_lost without a fence")),
+            None => Err(unknown_outcome(operation, "lease_lost without a fence")),
         },
-        other => Err(unknown_outcome(APPEND, other)),
+        other => Err(unknown_outcome(operation, other)),
     }
 }
 
@@ -339,5 +371,57 @@ impl JournalStore for PgStore {
         reason: &str,
     ) -> Result<bool> {
         instance_fail_diverged(self, key, fence, reason).await
+    }
+
+    async fn timer_arm(&self, arm: &TimerArm) -> Result<OffsetDateTime> {
+        timer::timer_arm(self, arm).await
+    }
+
+    async fn timers_fire_due(
+        &self,
+        now: Option<OffsetDateTime>,
+        limit: i64,
+    ) -> Result<TimerFiring> {
+        timer::timers_fire_due(self, now, limit).await
+    }
+
+    async fn timers_requeue_stuck(&self, older_than: Duration) -> Result<u64> {
+        timer::timers_requeue_stuck(self, older_than).await
+    }
+
+    async fn timers_due_count(&self, now: Option<OffsetDateTime>) -> Result<u64> {
+        timer::timers_due_count(self, now).await
+    }
+
+    async fn awakeable_create(&self, append: &Append, id: Uuid) -> Result<AppendOutcome> {
+        awakeable::awakeable_create(self, append, id).await
+    }
+
+    async fn awakeable_complete(&self, id: Uuid, payload: &Value) -> Result<AwakeableOutcome> {
+        awakeable::awakeable_complete(self, id, payload).await
+    }
+
+    async fn awakeable_cancel(&self, id: Uuid) -> Result<AwakeableOutcome> {
+        awakeable::awakeable_cancel(self, id).await
+    }
+
+    async fn awakeables_pending(&self) -> Result<u64> {
+        awakeable::awakeables_pending(self).await
+    }
+
+    async fn signal_wait(&self, wait: &SignalWait) -> Result<SignalWaitOutcome> {
+        signal::signal_wait(self, wait).await
+    }
+
+    async fn signal_send(&self, token: &str, payload: &Value) -> Result<SignalSendOutcome> {
+        signal::signal_send(self, token, payload).await
+    }
+
+    async fn child_spawn(&self, append: &Append, spawn: &ChildSpawn) -> Result<AppendOutcome> {
+        child::child_spawn(self, append, spawn).await
+    }
+
+    async fn instance_cancel(&self, key: &InstanceKey, cascade: bool) -> Result<AppendOutcome> {
+        child::instance_cancel(self, key, cascade).await
     }
 }

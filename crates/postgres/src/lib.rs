@@ -37,6 +37,14 @@
 //!   instances cost nothing per pass.
 //! - Migrations are applied under an advisory lock, each with its bookkeeping row in one
 //!   transaction, and an edited migration is refused.
+//! - Wake sources (durable timers, awakeables, signals, child workflows) are resolved in the
+//!   same transaction as the journal append they cause, through the same append rules, so a
+//!   wake is never lost and never applied twice: concurrent timer workers split the due timers
+//!   (`FOR UPDATE SKIP LOCKED`), a signal wait and send on one token are serialized by an
+//!   advisory lock, and a child's terminal transaction journals its result into its parent.
+//! - Push: `PgStore` implements `keiro_resume::Notifier` with one `LISTEN` connection per
+//!   store, shared by all subscriptions, reconnected with backoff (reported as
+//!   `Reconnected`), and closed when the last clone of the store is dropped.
 //!
 //! # Errors
 //!
@@ -46,13 +54,18 @@
 //! rows that do not read as keiro data are `Malformed`. Connecting, configuring and migrating
 //! return this crate's [`Error`].
 
+mod awakeable;
+mod child;
 mod config;
 mod error;
 mod journal;
 mod lease;
+mod listen;
 mod migrate;
 mod row;
+mod signal;
 mod store;
+mod timer;
 
 pub use config::{
     Config, ACQUIRE_TIMEOUT_DEFAULT, APPLICATION_NAME_DEFAULT, CONNECT_TIMEOUT_DEFAULT,

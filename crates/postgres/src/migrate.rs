@@ -22,11 +22,18 @@ struct Migration {
 }
 
 /// Every migration this build knows, in order. Numbers are never reused or renumbered.
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "init",
-    sql: include_str!("../../../migrations/0001_init.sql"),
-}];
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "init",
+        sql: include_str!("../../../migrations/0001_init.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "wake_sources",
+        sql: include_str!("../../../migrations/0002_wake_sources.sql"),
+    },
+];
 
 const MIGRATE: &str = "migrating the schema";
 

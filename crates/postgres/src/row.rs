@@ -59,6 +59,12 @@ pub(crate) fn column<'a, T: FromSql<'a>>(
         .map_err(|e| malformed(operation, format_args!("column {name}: {e}")))
 }
 
+/// Reads a `count(*)` column, which is never negative.
+pub(crate) fn count(row: &Row, name: &str, operation: &'static str) -> Result<u64, StoreError> {
+    let n: i64 = column(row, name, operation)?;
+    u64::try_from(n).map_err(|_| malformed(operation, format_args!("negative count {n}")))
+}
+
 /// Reads a stored status.
 pub(crate) fn status(text: &str, operation: &'static str) -> Result<Status, StoreError> {
     Status::parse(text).ok_or_else(|| malformed(operation, format_args!("unknown status {text:?}")))

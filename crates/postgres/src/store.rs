@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
@@ -12,6 +12,7 @@ use tokio_postgres::{NoTls, Row, Statement};
 
 use crate::config::{Config, WAKE_CHANNEL_SUFFIX};
 use crate::error::{Error, Failure, Result};
+use crate::listen::Hub;
 
 /// The longest span sent to the database: longer leases and delays are cut to this, which is
 /// "forever" for a workflow, so that `now() + span` can never leave the timestamp range.
@@ -20,7 +21,8 @@ const SPAN_MS_MAX: i64 = 100 * 366 * 24 * 60 * 60 * 1000;
 /// keiro's Postgres store: every store trait of `keiro-journal` and `keiro-lease` over a
 /// `deadpool-postgres` pool whose connections all use one schema.
 ///
-/// Cloning is cheap and shares the pool and the counter. Build it with [`PgStore::connect`],
+/// Cloning is cheap and shares the pool, the counter and the wake listener (see the
+/// `keiro_resume::Notifier` impl), which stops when the last clone is dropped. Build it with [`PgStore::connect`],
 /// then [`migrate`](PgStore::migrate) once per deploy (idempotent, safe to race).
 ///
 /// ```no_run
@@ -43,6 +45,20 @@ struct Inner {
     wake_channel: String,
     connection: tokio_postgres::Config,
     round_trips: AtomicU64,
+    /// The push notifications: one LISTEN connection, started by the first subscription and
+    /// stopped when this is dropped.
+    wakes: Hub,
+}
+
+/// A handle that does not keep the store (nor its listener) alive: what a subscription holds.
+#[derive(Clone)]
+pub(crate) struct WeakStore(Weak<Inner>);
+
+impl WeakStore {
+    /// The store, while any [`PgStore`] clone is alive.
+    pub(crate) fn upgrade(&self) -> Option<PgStore> {
+        self.0.upgrade().map(|inner| PgStore { inner })
+    }
 }
 
 impl PgStore {
@@ -122,6 +138,7 @@ impl PgStore {
                 schema: config.schema,
                 connection,
                 round_trips: AtomicU64::new(0),
+                wakes: Hub::new(),
             }),
         })
     }
@@ -153,7 +170,7 @@ impl PgStore {
 
     /// How many round trips to the server this store has made since it was built: every
     /// statement executed, plus every statement prepared (once per statement per connection).
-    /// Opening connections is not counted. Benchmarks divide it by the work done.
+    /// Opening connections is not counted, nor is the wake listener's `LISTEN`. Benchmarks divide it by the work done.
     ///
     /// ```no_run
     /// # async fn demo(store: keiro_postgres::PgStore, key: keiro_journal::InstanceKey) -> Result<(), Box<dyn std::error::Error>> {
@@ -165,6 +182,16 @@ impl PgStore {
     /// ```
     pub fn round_trips(&self) -> u64 {
         self.inner.round_trips.load(Ordering::Relaxed)
+    }
+
+    /// The push-notification hub.
+    pub(crate) fn wakes(&self) -> &Hub {
+        &self.inner.wakes
+    }
+
+    /// A handle that does not keep the store alive.
+    pub(crate) fn downgrade(&self) -> WeakStore {
+        WeakStore(Arc::downgrade(&self.inner))
     }
 
     pub(crate) fn count_round_trips(&self, n: u64) {

@@ -41,6 +41,7 @@ mod options;
 mod pass;
 mod registry;
 mod summary;
+mod timer;
 mod wake;
 mod worker;
 
@@ -52,5 +53,9 @@ pub use options::{
 pub use pass::{drain, resume_once, resume_once_up_to};
 pub use registry::{Registry, RegistryError};
 pub use summary::ResumeSummary;
-pub use wake::{FixedPoll, WakeReason, WakeSource};
+pub use timer::{
+    fire_due_once, run_timer_loop, TimerOptions, TimerSummary, TIMER_BATCH_SIZE_DEFAULT,
+    TIMER_IDLE_FALLBACK_DEFAULT, TIMER_REQUEUE_STUCK_AFTER_DEFAULT,
+};
+pub use wake::{FixedPoll, Notifier, WakeFilter, WakeReason, WakeSource};
 pub use worker::run_loop;

@@ -54,6 +54,12 @@ pub(crate) async fn pass(
     stop: &AtomicBool,
 ) -> Result<ResumeSummary, StoreError> {
     let limit = limit.map(|l| i64::try_from(l).unwrap_or(i64::MAX));
+    if let Some(metrics) = &options.metrics {
+        // Sampled once per pass, as the seed does; only costs a query when metrics are on.
+        if let Ok(pending) = store.awakeables_pending().await {
+            metrics.awakeables_pending(pending);
+        }
+    }
     let candidates = store.instances_runnable(None, limit).await?;
     let owner = options
         .owner

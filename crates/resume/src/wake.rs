@@ -56,3 +56,25 @@ mod tests {
         }
     }
 }
+
+/// Which notifications a subscription wants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WakeFilter {
+    /// An instance became runnable (start, wake, continue-as-new, resurrect, spawn).
+    Instances,
+    /// A timer was armed, so the next due time may be earlier.
+    Timers,
+}
+
+/// A store that can push wake-ups: one listener per store, fanned out to every subscription.
+pub trait Notifier: Send + Sync {
+    /// A new subscription; each sees every matching notification sent after it was created.
+    fn subscribe(&self, filter: WakeFilter) -> Box<dyn WakeSource>;
+}
+
+#[async_trait::async_trait]
+impl WakeSource for Box<dyn WakeSource> {
+    async fn wait(&mut self, fallback: Duration) -> WakeReason {
+        self.as_mut().wait(fallback).await
+    }
+}

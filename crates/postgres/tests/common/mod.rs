@@ -73,3 +73,97 @@ impl Listener {
         got
     }
 }
+
+/// An external append of a step.
+pub(crate) fn step(
+    k: &InstanceKey,
+    name: &str,
+    kind: keiro_journal::StepKind,
+    result: serde_json::Value,
+) -> keiro_journal::Append {
+    keiro_journal::Append::external(
+        k.clone(),
+        keiro_journal::Event::StepRecorded {
+            step: name.into(),
+            kind,
+            result,
+        },
+    )
+}
+
+/// Claims `k` for `owner`, failing the test when refused.
+pub(crate) async fn claim(
+    store: &PgStore,
+    k: &InstanceKey,
+    owner: &str,
+) -> Result<keiro_journal::Fence, Box<dyn std::error::Error + Send + Sync>> {
+    use keiro_lease::{ClaimOutcome, LeaseStore};
+    match store
+        .instance_claim(k, owner, Duration::from_secs(60), None)
+        .await?
+    {
+        ClaimOutcome::Acquired(claim) => Ok(claim.fence),
+        refused => Err(format!("claim of {k} refused: {refused:?}").into()),
+    }
+}
+
+/// Starts `k` and parks it `suspended` on generation 0 (no lease, no deadline), as a run
+/// waiting on a wake source leaves it.
+pub(crate) async fn start_parked(
+    store: &PgStore,
+    k: &InstanceKey,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    use keiro_journal::{JournalStore, Park, ParkOutcome};
+    store
+        .instance_start(&start(k, serde_json::Value::Null))
+        .await?;
+    let parked = store
+        .instance_park(&Park {
+            key: k.clone(),
+            generation: 0,
+            fence: None,
+            awaited: Vec::new(),
+            wake_after: None,
+        })
+        .await?;
+    assert_eq!(parked, ParkOutcome::Suspended);
+    Ok(())
+}
+
+/// The instance's status, failing the test when it is missing.
+pub(crate) async fn status(
+    store: &PgStore,
+    k: &InstanceKey,
+) -> Result<keiro_journal::Status, Box<dyn std::error::Error + Send + Sync>> {
+    use keiro_journal::JournalStore;
+    let row = store.instance_get(k).await?;
+    Ok(row.ok_or_else(|| format!("{k} is missing"))?.status)
+}
+
+/// The values journaled under `step` in any generation of `k` (a step is journaled at most
+/// once per generation, so more than one entry in one generation would be a bug).
+pub(crate) async fn recorded(
+    store: &PgStore,
+    k: &InstanceKey,
+    step: &str,
+) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error + Send + Sync>> {
+    use keiro_journal::{Event, JournalStore};
+    Ok(store
+        .journal_history(k)
+        .await?
+        .into_iter()
+        .filter_map(|entry| match entry.event {
+            Event::StepRecorded {
+                step: name, result, ..
+            } if name == step => Some(result),
+            _ => None,
+        })
+        .collect())
+}
+
+/// A pooled connection for SQL of the test's own (backdating, inspecting tables).
+pub(crate) async fn sql(
+    store: &PgStore,
+) -> Result<deadpool_postgres::Object, Box<dyn std::error::Error + Send + Sync>> {
+    Ok(store.pool().get().await?)
+}

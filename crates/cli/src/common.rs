@@ -1,0 +1,203 @@
+//! What every command shares: the global options, connecting, scratch schemas, errors, logs.
+
+use std::fmt;
+use std::str::FromStr;
+
+use clap::Args;
+use keiro::postgres::{Config, PgStore};
+use tokio_postgres::NoTls;
+
+/// The global options, accepted before or after the subcommand.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct Global {
+    /// The database to work in.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = keiro::postgres::URL_DEFAULT,
+        global = true,
+        hide_env_values = true
+    )]
+    pub(crate) database_url: String,
+    /// The schema keiro's tables live in (operator commands and `migrate`).
+    #[arg(
+        long,
+        env = "KEIRO_SCHEMA",
+        default_value = keiro::postgres::SCHEMA_DEFAULT,
+        global = true,
+        hide_env_values = true
+    )]
+    pub(crate) schema: String,
+}
+
+impl Global {
+    /// The store configuration for `schema` with a pool of `pool_size`.
+    pub(crate) fn config(&self, schema: &str, pool_size: usize) -> Config {
+        Config {
+            schema: schema.to_owned(),
+            pool_size,
+            ..Config::new(self.database_url.clone())
+        }
+    }
+}
+
+/// How a command that ran to its end went; errors that stopped it are an [`Error`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Everything asked for was done (or every check passed).
+    Success,
+    /// The command ran, but a check failed or the operation was refused.
+    Failed,
+}
+
+/// The CLI's error: any failure, with the operation that failed in its message and the cause as
+/// its source. A binary has no API to keep typed, so a boxed error is enough; `main` prints the
+/// whole chain.
+pub(crate) type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// `Result` with the CLI's [`Error`].
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An error that names what was being done, keeping the cause as its source.
+#[derive(Debug)]
+struct Context {
+    what: String,
+    source: Error,
+}
+
+impl fmt::Display for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.what)
+    }
+}
+
+impl std::error::Error for Context {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self.source.as_ref())
+    }
+}
+
+/// Adds the failed operation to an error, as `.context("connecting to ...")`.
+pub(crate) trait ResultExt<T> {
+    /// Wraps the error with `what` (lowercase, no trailing period).
+    fn context(self, what: impl Into<String>) -> Result<T>;
+}
+
+impl<T, E: Into<Error>> ResultExt<T> for std::result::Result<T, E> {
+    fn context(self, what: impl Into<String>) -> Result<T> {
+        self.map_err(|source| {
+            Box::new(Context {
+                what: what.into(),
+                source: source.into(),
+            }) as Error
+        })
+    }
+}
+
+/// A plain error message, for failures that have no underlying cause.
+pub(crate) fn failure(message: impl Into<String>) -> Error {
+    message.into().into()
+}
+
+/// Renders an error with its whole source chain on one line.
+pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `warn`), so stdout carries only the
+/// command's own output (the bench's JSON line, the demo worker's report).
+pub(crate) fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Connects the store to `config`'s schema without migrating.
+pub(crate) async fn connect_store(config: Config) -> Result<PgStore> {
+    let target = format!("{} (schema {})", config.url_redacted(), config.schema);
+    PgStore::connect(config)
+        .await
+        .context(format!("connecting to {target}"))
+}
+
+/// Opens a dedicated connection (outside the store's pool and its round-trip count) and drives
+/// it on a background task.
+pub(crate) async fn open_connection(
+    config: &tokio_postgres::Config,
+) -> Result<tokio_postgres::Client> {
+    let (client, connection) = config
+        .connect(NoTls)
+        .await
+        .context("opening a database connection")?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            tracing::warn!(error = %error, "a dedicated database connection closed with an error");
+        }
+    });
+    Ok(client)
+}
+
+/// Drops `schema` with everything in it and creates it empty, so a scratch run (demo, bench)
+/// starts clean whatever an earlier run left.
+///
+/// Refuses the operator's schema (`--schema`), so a stray `KEIRO_SCHEMA` can never point a
+/// scratch run at real data.
+pub(crate) async fn recreate_scratch_schema(global: &Global, schema: &str) -> Result<()> {
+    if schema == global.schema {
+        return Err(failure(format!(
+            "refusing to drop schema {schema}: it is the operator schema (--schema / KEIRO_SCHEMA); \
+             pick another scratch schema"
+        )));
+    }
+    // The schema is spliced into DDL (identifiers take no bind parameters), so it must first pass
+    // the store's identifier check: a plain lowercase name that needs no quoting.
+    let config = global.config(schema, 1);
+    config
+        .validate()
+        .context("checking the scratch schema name")?;
+    let connection =
+        tokio_postgres::Config::from_str(&global.database_url).context("reading --database-url")?;
+    let admin = open_connection(&connection)
+        .await
+        .context(format!("connecting to {}", config.url_redacted()))?;
+    admin
+        .batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
+        ))
+        .await
+        .context(format!("recreating schema {schema}"))?;
+    Ok(())
+}
+
+/// Reads `VmRSS` and `VmHWM` (the peak) of this process from `/proc/self/status`, in MiB.
+/// `None` where the file does not exist (not Linux).
+pub(crate) fn resident_memory_mb() -> Option<(f64, f64)> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let field = |name: &str| -> Option<f64> {
+        let line = status.lines().find(|l| l.starts_with(name))?;
+        let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib / 1024.0)
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// Milliseconds as a float, for reports.
+pub(crate) fn ms(duration: std::time::Duration) -> f64 {
+    duration.as_secs_f64() * 1000.0
+}
+
+/// Rounds to `places` decimals, so the JSON report stays readable.
+pub(crate) fn round(value: f64, places: i32) -> f64 {
+    let scale = 10f64.powi(places);
+    (value * scale).round() / scale
+}

@@ -1,0 +1,90 @@
+//! `keiro demo-worker`: the demo's worker process. `keiro demo` spawns it (twice) and kills the
+//! first one with SIGKILL; it is an ordinary keiro worker with a short lease.
+//!
+//! It runs until its stdin closes, then finishes its in-flight runs and prints one JSON line,
+//! its [`WorkerReport`]. Tying its life to the pipe means that even a parent killed without a
+//! chance to clean up leaves no stray worker behind.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use keiro::Keiro;
+use serde::{Deserialize, Serialize};
+
+use super::workflow::{self, Counters, Ledger};
+use crate::common::{connect_store, Global, Outcome, Result, ResultExt};
+
+/// The worker's options, passed by `keiro demo`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct WorkerArgs {
+    /// The demo's schema.
+    #[arg(long)]
+    pub(crate) demo_schema: String,
+    /// Lease time-to-live, in milliseconds.
+    #[arg(long)]
+    pub(crate) lease_ttl_ms: u64,
+    /// Gap between idle passes, in milliseconds.
+    #[arg(long)]
+    pub(crate) poll_interval_ms: u64,
+    /// Runs driven at once.
+    #[arg(long)]
+    pub(crate) concurrency: usize,
+}
+
+/// What a worker process did, printed as its last stdout line.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub(crate) struct WorkerReport {
+    /// The process id, as in the ledger's `pid` column.
+    pub(crate) pid: u32,
+    /// Step actions run.
+    pub(crate) executed: u64,
+    /// Steps answered from the journal.
+    pub(crate) replayed: u64,
+    /// Runs that completed.
+    pub(crate) completed: u64,
+}
+
+/// Runs the worker until stdin closes.
+pub(crate) async fn run(global: &Global, args: &WorkerArgs) -> Result<Outcome> {
+    // One connection per concurrent run, plus one for the discovery query beside them.
+    let store = connect_store(global.config(&args.demo_schema, args.concurrency + 1)).await?;
+    let ledger = Arc::new(Ledger::open(store.connection_config()).await?);
+    let counters = Arc::new(Counters::default());
+    let body_counters = counters.clone();
+    let worker = Keiro::new(store)
+        .worker()
+        .register(workflow::WORKFLOW, move |ctx, input| {
+            workflow::order(ctx, input, ledger.clone(), body_counters.clone())
+        })
+        .concurrency(args.concurrency)
+        .lease_ttl(Duration::from_millis(args.lease_ttl_ms))
+        .poll_interval(Duration::from_millis(args.poll_interval_ms))
+        .build()
+        .context("building the demo worker")?;
+
+    let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
+    // A plain thread: reading stdin blocks, and the runtime has no stdin support enabled.
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+        let _ = closed_tx.send(());
+    });
+    let summary = worker
+        .run_until(async {
+            let _ = closed_rx.await;
+        })
+        .await;
+
+    let report = WorkerReport {
+        pid: std::process::id(),
+        executed: counters.executed.load(Ordering::Relaxed),
+        replayed: counters.replayed.load(Ordering::Relaxed),
+        completed: summary.completed,
+    };
+    println!(
+        "{}",
+        serde_json::to_string(&report).context("encoding the worker report")?
+    );
+    Ok(Outcome::Success)
+}

@@ -1,0 +1,170 @@
+//! Operator commands on one instance: `show`, `cancel`, `resurrect`, `release`. Each is a thin
+//! call of the facade; none migrates (that is `keiro migrate`'s job).
+//!
+//! There is no `list`: the store traits offer exact discovery of runnable instances only, not a
+//! listing by status, and the CLI sends no SQL of its own against keiro's tables.
+
+use clap::Args;
+use keiro::{CancelOutcome, Instance, JournalEntry, Keiro, ResurrectOutcome};
+use time::format_description::FormatItem;
+use time::macros::format_description;
+use time::{OffsetDateTime, UtcOffset};
+
+use crate::common::{connect_store, Global, Outcome, Result, ResultExt};
+
+/// Which instance: its workflow name and id.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct KeyArgs {
+    /// The workflow name, as registered.
+    pub(crate) name: String,
+    /// The instance id.
+    pub(crate) id: String,
+}
+
+/// A facade on the operator schema. Two connections: `show` reads the row, then the journal.
+async fn keiro(global: &Global) -> Result<Keiro> {
+    Ok(Keiro::new(
+        connect_store(global.config(&global.schema, 2)).await?,
+    ))
+}
+
+/// `keiro show`: the instance row, then every journal event in append order.
+pub(crate) async fn show(global: &Global, key: &KeyArgs) -> Result<Outcome> {
+    let keiro = keiro(global).await?;
+    let what = format!("{}/{}", key.name, key.id);
+    let Some(instance) = keiro
+        .instance(&key.name, &key.id)
+        .await
+        .context(format!("reading instance {what}"))?
+    else {
+        println!("no instance {what} in schema {}", global.schema);
+        return Ok(Outcome::Failed);
+    };
+    let journal = keiro
+        .journal(&key.name, &key.id)
+        .await
+        .context(format!("reading the journal of {what}"))?;
+    print_instance(&instance);
+    print_journal(&journal);
+    Ok(Outcome::Success)
+}
+
+fn print_instance(row: &Instance) {
+    let lease = match &row.lease_owner {
+        Some(owner) => format!(
+            "{owner} (epoch {}, expires {})",
+            row.lease_epoch,
+            timestamp(row.lease_expires_at)
+        ),
+        None => format!("free (epoch {})", row.lease_epoch),
+    };
+    let parent = row
+        .parent
+        .as_ref()
+        .map_or_else(|| "-".to_owned(), ToString::to_string);
+    println!("instance     {}", row.key);
+    println!("status       {}", row.status);
+    println!("generation   {}", row.generation);
+    println!("attempts     {}", row.attempts);
+    println!("last_error   {}", row.last_error.as_deref().unwrap_or("-"));
+    println!("next_attempt {}", timestamp(row.next_attempt_at));
+    println!("lease        {lease}");
+    println!("wake_after   {}", timestamp(row.wake_after));
+    println!("parent       {parent}");
+    println!("priority     {}", row.priority);
+    println!("created_at   {}", timestamp(Some(row.created_at)));
+    println!("updated_at   {}", timestamp(Some(row.updated_at)));
+    println!("completed_at {}", timestamp(row.completed_at));
+    println!("input        {}", row.input);
+    println!(
+        "output       {}",
+        row.output
+            .as_ref()
+            .map_or_else(|| "-".to_owned(), ToString::to_string)
+    );
+}
+
+fn print_journal(journal: &[JournalEntry]) {
+    println!("journal      {} event(s)", journal.len());
+    for entry in journal {
+        let row = entry.event.encode();
+        println!(
+            "  #{:<8} gen {:<3} {}  {:<11} {:<24} {}",
+            entry.seq,
+            entry.generation,
+            timestamp(Some(entry.recorded_at)),
+            row.kind,
+            row.step_name,
+            row.payload
+        );
+    }
+}
+
+/// UTC with a fixed number of digits, so journal lines stay aligned.
+const TIMESTAMP: &[FormatItem<'static>] =
+    format_description!("[year]-[month]-[day] [hour]:[minute]:[second].[subsecond digits:6]Z");
+
+fn timestamp(at: Option<OffsetDateTime>) -> String {
+    at.and_then(|at| at.to_offset(UtcOffset::UTC).format(TIMESTAMP).ok())
+        .unwrap_or_else(|| "-".to_owned())
+}
+
+/// `keiro cancel`: appends the cancel marker; first writer wins against completion.
+pub(crate) async fn cancel(global: &Global, key: &KeyArgs) -> Result<Outcome> {
+    let what = format!("{}/{}", key.name, key.id);
+    let outcome = keiro(global)
+        .await?
+        .cancel(&key.name, &key.id)
+        .await
+        .context(format!("cancelling {what}"))?;
+    Ok(match outcome {
+        CancelOutcome::Recorded => {
+            println!("{what}: cancelled; a running worker stops at its next step boundary");
+            Outcome::Success
+        }
+        CancelOutcome::AlreadyTerminal(status) => {
+            println!("{what}: not cancelled, it is already {status}");
+            Outcome::Failed
+        }
+    })
+}
+
+/// `keiro resurrect`: returns a failed instance to running.
+pub(crate) async fn resurrect(global: &Global, key: &KeyArgs) -> Result<Outcome> {
+    let what = format!("{}/{}", key.name, key.id);
+    let outcome = keiro(global)
+        .await?
+        .resurrect(&key.name, &key.id)
+        .await
+        .context(format!("resurrecting {what}"))?;
+    Ok(match outcome {
+        ResurrectOutcome::Resurrected => {
+            println!("{what}: running again; its failure stays in the journal");
+            Outcome::Success
+        }
+        ResurrectOutcome::NotFailed(status) => {
+            println!("{what}: not resurrected, it is {status}, not failed");
+            Outcome::Failed
+        }
+        ResurrectOutcome::NotFound => {
+            println!("no instance {what} in schema {}", global.schema);
+            Outcome::Failed
+        }
+    })
+}
+
+/// `keiro release`: drops the instance's lease whoever holds it.
+pub(crate) async fn release(global: &Global, key: &KeyArgs) -> Result<Outcome> {
+    let what = format!("{}/{}", key.name, key.id);
+    let dropped = keiro(global)
+        .await?
+        .force_release(&key.name, &key.id)
+        .await
+        .context(format!("releasing the lease of {what}"))?;
+    if dropped {
+        println!("{what}: lease dropped; its holder stops at its next step boundary");
+    } else {
+        println!("{what}: no lease was held");
+    }
+    Ok(Outcome::Success)
+}

@@ -1,0 +1,71 @@
+//! Child workflows and cancellation: spawning a child in the parent's spawn-step transaction,
+//! and cancelling an instance with or without its live descendants.
+//!
+//! The delivery of a child's result is not here: it is part of every terminal transaction of
+//! the child (a closing marker, the crash ceiling, divergence), in `keiro_child_deliver`, so a
+//! parent is woken by the very commit that finishes its child.
+
+use keiro_journal::store::{Append, AppendOutcome, Result};
+use keiro_journal::{ChildSpawn, InstanceKey};
+
+use crate::journal::{append_outcome, encoded_step};
+use crate::store::span_ms;
+use crate::PgStore;
+
+const SPAWN: &str = "spawning a child instance";
+const CANCEL: &str = "cancelling an instance";
+
+const CHILD_SPAWN: &str = "SELECT outcome, recorded, marker \
+     FROM keiro_child_spawn($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
+
+pub(crate) async fn child_spawn(
+    store: &PgStore,
+    append: &Append,
+    spawn: &ChildSpawn,
+) -> Result<AppendOutcome> {
+    let key = &append.key;
+    let encoded = encoded_step(append, SPAWN)?;
+    let owner = append.fence.as_ref().map(|f| f.owner.as_str());
+    let epoch = append.fence.as_ref().map(|f| f.epoch);
+    let renew_ms = append.renew.map(span_ms);
+    let row = store
+        .query_one(
+            SPAWN,
+            CHILD_SPAWN,
+            &[
+                &key.name.as_str(),
+                &key.id.as_str(),
+                &append.generation,
+                &encoded.step_name,
+                &encoded.kind,
+                &encoded.payload,
+                &owner,
+                &epoch,
+                &renew_ms,
+                &spawn.child.name.as_str(),
+                &spawn.child.id.as_str(),
+                &spawn.input,
+                &spawn.await_step,
+            ],
+        )
+        .await?;
+    append_outcome(&row, SPAWN, key, append.fence.as_ref())
+}
+
+const INSTANCE_CANCEL: &str =
+    "SELECT outcome, recorded, marker FROM keiro_instance_cancel($1, $2, $3)";
+
+pub(crate) async fn instance_cancel(
+    store: &PgStore,
+    key: &InstanceKey,
+    cascade: bool,
+) -> Result<AppendOutcome> {
+    let row = store
+        .query_one(
+            CANCEL,
+            INSTANCE_CANCEL,
+            &[&key.name.as_str(), &key.id.as_str(), &cascade],
+        )
+        .await?;
+    append_outcome(&row, CANCEL, key, None)
+}

@@ -1,0 +1,352 @@
+//! Push wake-ups: one `LISTEN` connection per store, fanned out to every subscription.
+//!
+//! # Design
+//!
+//! ```text
+//!   first subscribe ──► spawn listener ──► connect ──► LISTEN "<schema>.wake" ──► Reconnected
+//!                             ▲                                                      │
+//!                             │ backoff 100 ms … 5 s                                 ▼
+//!                             └──────────── connection lost ◄──── forward payloads as Instance / Timer
+//! ```
+//!
+//! The database is authoritative for what is runnable and when timers are due; a notification
+//! only tells a loop to look now instead of at its next poll. So nothing here needs to be
+//! reliable, only prompt: the listener forwards each payload of the wake channel (`timer`, or
+//! `<name>/<id>` for an instance) into a `tokio::sync::broadcast`, and each subscription
+//! filters it. Notifications sent while the listener is not listening are lost, so every
+//! time it (re)establishes `LISTEN` it broadcasts `Reconnected`, and the loops poll at once.
+//! That includes the first connection: a subscription exists before the `LISTEN` takes
+//! effect, and what was sent in between is missed.
+//!
+//! The listener uses its own connection, not a pooled one: it is held for the store's lifetime
+//! and must never be recycled into a store operation. It runs as a task on the runtime of the
+//! first subscription (or of the first wait, when subscribing outside a runtime) and holds no
+//! handle of the store: the store holds the only sender of a stop signal, so the task ends,
+//! closing its connection, when the last [`PgStore`] clone is dropped. Its statements are not
+//! counted in [`PgStore::round_trips`].
+
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use keiro_lease::BackoffPolicy;
+use keiro_resume::{Notifier, WakeFilter, WakeReason, WakeSource};
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+use tokio::sync::{broadcast, oneshot};
+use tokio_postgres::{AsyncMessage, NoTls};
+
+use crate::store::WeakStore;
+use crate::PgStore;
+
+/// How many notifications a subscription may fall behind before older ones are dropped; a
+/// subscription that lagged counts as notified, so nothing but precision is lost.
+const WAKE_BUFFER_LEN: usize = 256;
+
+/// The payload `keiro_notify_timer` sends when a timer is armed.
+const TIMER_PAYLOAD: &str = "timer";
+
+/// The listener's reconnect delays: 100 ms after a lost connection, doubling with each failed
+/// attempt up to 5 s, spread by 10% so a fleet does not reconnect in lockstep after a
+/// database restart.
+const RECONNECT_BACKOFF: BackoffPolicy = BackoffPolicy {
+    base: Duration::from_millis(50),
+    cap: Duration::from_secs(5),
+    jitter: 0.1,
+};
+
+/// One message of the hub.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wake {
+    /// An instance became runnable (any payload but `timer`).
+    Instance,
+    /// A timer was armed.
+    Timer,
+    /// The listener (re)started listening; notifications may have been missed.
+    Reconnected,
+}
+
+impl Wake {
+    fn from_payload(payload: &str) -> Self {
+        if payload == TIMER_PAYLOAD {
+            Self::Timer
+        } else {
+            Self::Instance
+        }
+    }
+
+    fn matches(self, filter: WakeFilter) -> bool {
+        match self {
+            Self::Instance => filter == WakeFilter::Instances,
+            Self::Timer => filter == WakeFilter::Timers,
+            Self::Reconnected => true,
+        }
+    }
+}
+
+/// The store's side of push notifications: the broadcast every subscription receives from,
+/// and the stop signal of the running listener task.
+pub(crate) struct Hub {
+    sender: broadcast::Sender<Wake>,
+    /// `Some` once a listener was spawned. Dropping it (with the store) stops the task; it
+    /// reads as closed when the task is gone (its runtime shut down), so a later subscription
+    /// starts a new one.
+    stop: Mutex<Option<oneshot::Sender<()>>>,
+}
+
+impl Hub {
+    pub(crate) fn new() -> Self {
+        Self {
+            sender: broadcast::channel(WAKE_BUFFER_LEN).0,
+            stop: Mutex::new(None),
+        }
+    }
+}
+
+impl PgStore {
+    /// Spawns the listener task unless one is running; a no-op outside a tokio runtime (the
+    /// subscription's first wait, which runs inside one, tries again).
+    fn listener_start(&self) {
+        let hub = self.wakes();
+        // The guarded value is a plain handle, valid whatever a panicking holder did.
+        let mut stop = hub.stop.lock().unwrap_or_else(PoisonError::into_inner);
+        if stop.as_ref().is_some_and(|running| !running.is_closed()) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let listener = listen(
+            self.connection_config().clone(),
+            self.wake_channel().to_owned(),
+            hub.sender.clone(),
+        );
+        runtime.spawn(async move {
+            tokio::select! {
+                biased;
+                // Sent never; the error means the store (the sender's only holder) is gone.
+                _ = stop_rx => {}
+                () = listener => {}
+            }
+        });
+        *stop = Some(stop_tx);
+    }
+}
+
+/// Listens forever, reconnecting with [`RECONNECT_BACKOFF`].
+async fn listen(
+    connection: tokio_postgres::Config,
+    channel: String,
+    sender: broadcast::Sender<Wake>,
+) {
+    // Failed attempts since the last established connection.
+    let mut failures: i32 = 0;
+    loop {
+        let (listened, error) = session(&connection, &channel, &sender).await;
+        let error = error.map(|e| e.to_string());
+        if listened {
+            failures = 0;
+            tracing::warn!(
+                channel,
+                error,
+                "wake listener lost its connection; reconnecting"
+            );
+        } else {
+            failures = failures.saturating_add(1);
+            tracing::warn!(
+                channel,
+                error,
+                failures,
+                "wake listener cannot listen; retrying"
+            );
+        }
+        tokio::time::sleep(RECONNECT_BACKOFF.delay_random(failures)).await;
+    }
+}
+
+/// One connection: connects, listens, broadcasts [`Wake::Reconnected`], then forwards
+/// notifications until the connection ends. Returns whether it got to listen, and the error
+/// that ended it (`None`: the server closed the connection without one).
+async fn session(
+    connection: &tokio_postgres::Config,
+    channel: &str,
+    sender: &broadcast::Sender<Wake>,
+) -> (bool, Option<tokio_postgres::Error>) {
+    let (client, mut driver) = match connection.connect(NoTls).await {
+        Ok(connected) => connected,
+        Err(e) => return (false, Some(e)),
+    };
+    // The connection's messages: query responses are routed to `client` while this is polled,
+    // notifications come out here.
+    let mut messages = futures_util::stream::poll_fn(move |cx| driver.poll_message(cx));
+    // The channel is an identifier (it contains a dot, so it is quoted); LISTEN takes no bind
+    // parameter. It is `<schema>.wake` and the schema is a validated plain identifier.
+    let statement = format!("LISTEN \"{channel}\"");
+    {
+        let listening = client.batch_execute(&statement);
+        tokio::pin!(listening);
+        loop {
+            tokio::select! {
+                result = &mut listening => match result {
+                    Ok(()) => break,
+                    Err(e) => return (false, Some(e)),
+                },
+                message = messages.next() => match message {
+                    Some(Ok(message)) => forward(sender, &message),
+                    Some(Err(e)) => return (false, Some(e)),
+                    None => return (false, None),
+                },
+            }
+        }
+    }
+    tracing::debug!(channel, "wake listener listening");
+    // Nobody subscribed is fine: the next subscriber starts after this anyway.
+    let _ = sender.send(Wake::Reconnected);
+    loop {
+        match messages.next().await {
+            Some(Ok(message)) => forward(sender, &message),
+            Some(Err(e)) => return (true, Some(e)),
+            None => return (true, None),
+        }
+    }
+}
+
+/// Broadcasts a notification; notices and other messages are ignored.
+fn forward(sender: &broadcast::Sender<Wake>, message: &AsyncMessage) {
+    if let AsyncMessage::Notification(notification) = message {
+        let _ = sender.send(Wake::from_payload(notification.payload()));
+    }
+}
+
+/// A subscription: the hub's messages that match its filter.
+struct Subscription {
+    filter: WakeFilter,
+    receiver: broadcast::Receiver<Wake>,
+    /// To start the listener if subscribing could not (no runtime then), without keeping the
+    /// store alive.
+    store: WeakStore,
+}
+
+impl Subscription {
+    /// Discards whatever is queued, so a burst costs the caller one pass; a `Reconnected`
+    /// among it wins over `reason`, being the stronger request.
+    fn drain(&mut self, mut reason: WakeReason) -> WakeReason {
+        loop {
+            match self.receiver.try_recv() {
+                Ok(Wake::Reconnected) => reason = WakeReason::Reconnected,
+                Ok(_) | Err(TryRecvError::Lagged(_)) => {}
+                Err(TryRecvError::Empty | TryRecvError::Closed) => return reason,
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl WakeSource for Subscription {
+    async fn wait(&mut self, fallback: Duration) -> WakeReason {
+        if let Some(store) = self.store.upgrade() {
+            store.listener_start();
+        }
+        let deadline = tokio::time::sleep(fallback);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                // A queued message wins over an expired fallback: the caller polls either way,
+                // and a `Reconnected` must not be swallowed.
+                biased;
+                received = self.receiver.recv() => match received {
+                    Ok(Wake::Reconnected) => return self.drain(WakeReason::Reconnected),
+                    Ok(wake) if !wake.matches(self.filter) => {}
+                    // A lag lost notifications, never work: wake, and the pass finds it.
+                    Ok(_) | Err(RecvError::Lagged(_)) => return self.drain(WakeReason::Notified),
+                    // The store is gone, so nothing will be sent again: a fixed poll.
+                    Err(RecvError::Closed) => {
+                        deadline.as_mut().await;
+                        return WakeReason::Timeout;
+                    }
+                },
+                () = deadline.as_mut() => return WakeReason::Timeout,
+            }
+        }
+    }
+}
+
+/// Push wake-ups over `LISTEN` on [`PgStore::wake_channel`].
+///
+/// The first subscription starts one listener connection for this store (all clones share
+/// it); every subscription sees the notifications sent after it subscribed.
+/// [`WakeFilter::Instances`] wakes on instance payloads, [`WakeFilter::Timers`] on timer
+/// arms. A wait returns [`WakeReason::Reconnected`] whenever the listener starts listening,
+/// the first time included, because notifications sent before were missed: poll at once.
+/// The listener reconnects by itself (100 ms doubling to 5 s) and stops with the last clone of
+/// the store.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use keiro_postgres::{Config, PgStore};
+/// use keiro_resume::{Notifier, WakeFilter, WakeReason};
+///
+/// # async fn demo() -> Result<(), keiro_postgres::Error> {
+/// let store = PgStore::connect(Config::default()).await?;
+/// let mut wakes = store.subscribe(WakeFilter::Instances);
+/// loop {
+///     match wakes.wait(Duration::from_secs(30)).await {
+///         WakeReason::Notified => println!("something became runnable"),
+///         WakeReason::Reconnected => println!("listening (again): poll now"),
+///         WakeReason::Timeout => println!("fallback poll"),
+///     }
+/// }
+/// # }
+/// ```
+impl Notifier for PgStore {
+    fn subscribe(&self, filter: WakeFilter) -> Box<dyn WakeSource> {
+        // Subscribed before the listener starts, so its first `Reconnected` reaches this one.
+        let receiver = self.wakes().sender.subscribe();
+        self.listener_start();
+        Box::new(Subscription {
+            filter,
+            receiver,
+            store: self.downgrade(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_reach_their_filters() {
+        assert_eq!(Wake::from_payload("timer"), Wake::Timer);
+        assert_eq!(Wake::from_payload("order/o-1"), Wake::Instance);
+        assert!(Wake::Timer.matches(WakeFilter::Timers));
+        assert!(!Wake::Timer.matches(WakeFilter::Instances));
+        assert!(Wake::Instance.matches(WakeFilter::Instances));
+        assert!(!Wake::Instance.matches(WakeFilter::Timers));
+        assert!(Wake::Reconnected.matches(WakeFilter::Timers));
+        assert!(Wake::Reconnected.matches(WakeFilter::Instances));
+    }
+
+    #[test]
+    fn reconnects_back_off_from_100_ms_to_5_s() {
+        let exact = BackoffPolicy {
+            jitter: 0.0,
+            ..RECONNECT_BACKOFF
+        };
+        assert_eq!(exact.delay(0), Duration::from_millis(100));
+        assert_eq!(exact.delay(1), Duration::from_millis(200));
+        assert_eq!(exact.delay(10), Duration::from_secs(5));
+        RECONNECT_BACKOFF.validate().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_subscription_of_a_dropped_store_degrades_to_the_fallback() {
+        let store = PgStore::connect_lazy(crate::Config::default()).unwrap();
+        let mut wakes = store.subscribe(WakeFilter::Timers);
+        drop(store);
+        let fallback = Duration::from_millis(100);
+        let before = tokio::time::Instant::now();
+        assert_eq!(wakes.wait(fallback).await, WakeReason::Timeout);
+        assert!(before.elapsed() >= fallback);
+    }
+}

@@ -1,0 +1,177 @@
+//! The timer worker: fires due durable timers (sleeps, signal-wait timeouts).
+//!
+//! Firing a timer journals its step into the owner and flips the owner's row in one
+//! transaction (the store's `timers_fire_due`), claiming timers with `FOR UPDATE SKIP LOCKED`
+//! so several workers never fire the same one. Between batches the loop sleeps until the next
+//! due time the store reported, or until a timer is armed (push), or at most `idle_fallback`:
+//! an idle worker with no timers makes one query per `idle_fallback`.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use keiro_journal::{StoreError, TimerFiring};
+use keiro_lease::LeaseStore;
+use time::OffsetDateTime;
+
+use crate::log::error_chain;
+use crate::wake::{WakeReason, WakeSource};
+
+/// The default number of timers fired per store call.
+pub const TIMER_BATCH_SIZE_DEFAULT: i64 = 100;
+/// The default longest sleep of an idle timer loop (a safety net: arming a timer notifies).
+pub const TIMER_IDLE_FALLBACK_DEFAULT: Duration = Duration::from_secs(60);
+/// The default age after which a timer stuck in `firing` is requeued (the seed's 300 s).
+pub const TIMER_REQUEUE_STUCK_AFTER_DEFAULT: Duration = Duration::from_secs(300);
+
+/// How the timer worker runs.
+#[derive(Debug, Clone)]
+pub struct TimerOptions {
+    /// Timers fired per store call. Defaults to [`TIMER_BATCH_SIZE_DEFAULT`].
+    pub batch_size: i64,
+    /// The longest wait when no timer is due. Defaults to [`TIMER_IDLE_FALLBACK_DEFAULT`].
+    pub idle_fallback: Duration,
+    /// Requeue timers stuck in `firing` this long. Defaults to
+    /// [`TIMER_REQUEUE_STUCK_AFTER_DEFAULT`].
+    pub requeue_stuck_after: Duration,
+    /// Metrics; `None` records nothing. Defaults to `None`.
+    pub metrics: Option<keiro_telemetry::Metrics>,
+}
+
+impl Default for TimerOptions {
+    fn default() -> Self {
+        Self {
+            batch_size: TIMER_BATCH_SIZE_DEFAULT,
+            idle_fallback: TIMER_IDLE_FALLBACK_DEFAULT,
+            requeue_stuck_after: TIMER_REQUEUE_STUCK_AFTER_DEFAULT,
+            metrics: None,
+        }
+    }
+}
+
+/// What the timer worker did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TimerSummary {
+    /// Timers fired.
+    pub fired: u64,
+    /// Of those, how many journaled their step (the rest found it journaled, or the owner gone).
+    pub delivered: u64,
+    /// Stuck timers requeued.
+    pub requeued: u64,
+}
+
+impl std::ops::AddAssign for TimerSummary {
+    fn add_assign(&mut self, other: Self) {
+        self.fired += other.fired;
+        self.delivered += other.delivered;
+        self.requeued += other.requeued;
+    }
+}
+
+/// Fires one batch of due timers and records its metrics.
+///
+/// # Errors
+///
+/// The store's error.
+pub async fn fire_due_once(
+    store: &Arc<dyn LeaseStore>,
+    options: &TimerOptions,
+) -> Result<TimerFiring, StoreError> {
+    let firing = store.timers_fire_due(None, options.batch_size).await?;
+    if let Some(metrics) = &options.metrics {
+        for timer in &firing.fired {
+            let lag = timer.fired_at - timer.fire_at;
+            metrics.timer_fire_lag(lag.try_into().unwrap_or(Duration::ZERO));
+        }
+        if let Ok(backlog) = store.timers_due_count(None).await {
+            metrics.timer_backlog(backlog);
+        }
+    }
+    Ok(firing)
+}
+
+/// Runs the timer worker until `shutdown` resolves.
+pub async fn run_timer_loop<W: WakeSource>(
+    store: Arc<dyn LeaseStore>,
+    options: TimerOptions,
+    mut wake: W,
+    shutdown: impl Future<Output = ()> + Send,
+) -> TimerSummary {
+    let mut total = TimerSummary::default();
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut last_requeue = tokio::time::Instant::now();
+    loop {
+        let wait = match fire_due_once(&store, &options).await {
+            Ok(firing) => {
+                let fired = u64::try_from(firing.fired.len()).unwrap_or(u64::MAX);
+                total.fired += fired;
+                total.delivered +=
+                    u64::try_from(firing.fired.iter().filter(|t| t.delivered).count()).unwrap_or(0);
+                if i64::try_from(firing.fired.len()).unwrap_or(i64::MAX) >= options.batch_size {
+                    Duration::ZERO // a full batch: there may be more due right now
+                } else {
+                    until(firing.next_due, options.idle_fallback)
+                }
+            }
+            Err(error) => {
+                tracing::warn!(error = %error_chain(&error), "timer pass failed; retrying after the fallback");
+                options.idle_fallback.min(Duration::from_secs(1))
+            }
+        };
+        if last_requeue.elapsed() >= options.requeue_stuck_after {
+            last_requeue = tokio::time::Instant::now();
+            match store
+                .timers_requeue_stuck(options.requeue_stuck_after)
+                .await
+            {
+                Ok(n) => total.requeued += n,
+                Err(error) => {
+                    tracing::warn!(error = %error_chain(&error), "requeueing stuck timers failed")
+                }
+            }
+        }
+        if wait.is_zero() {
+            continue;
+        }
+        tokio::select! {
+            biased;
+            () = &mut shutdown => return total,
+            reason = wake.wait(wait) => {
+                if reason == WakeReason::Reconnected {
+                    tracing::debug!("timer wake source reconnected; firing at once");
+                }
+            }
+        }
+    }
+}
+
+/// How long to wait for `next_due`, at most `fallback`.
+fn until(next_due: Option<OffsetDateTime>, fallback: Duration) -> Duration {
+    match next_due {
+        Some(at) => {
+            let left = at - OffsetDateTime::now_utc();
+            Duration::try_from(left)
+                .unwrap_or(Duration::ZERO)
+                .min(fallback)
+        }
+        None => fallback,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waits_for_the_next_due_timer_at_most_the_fallback() {
+        let fallback = Duration::from_secs(60);
+        assert_eq!(until(None, fallback), fallback);
+        let past = OffsetDateTime::now_utc() - time::Duration::seconds(5);
+        assert_eq!(until(Some(past), fallback), Duration::ZERO);
+        let soon = OffsetDateTime::now_utc() + time::Duration::seconds(2);
+        let wait = until(Some(soon), fallback);
+        assert!(wait > Duration::from_millis(1500) && wait <= Duration::from_secs(2));
+        let far = OffsetDateTime::now_utc() + time::Duration::hours(5);
+        assert_eq!(until(Some(far), fallback), fallback);
+    }
+}
