@@ -29,6 +29,14 @@ pub const PAYLOAD_LEN_MAX_DEFAULT: usize = 4 * 1024 * 1024;
 /// The default reconcile fallback for runs parked on an event with no deadline.
 pub const RECONCILE_DEFAULT: Duration = Duration::from_secs(300);
 
+/// Told about every step that ran its action, for metrics. Implemented by the resume worker
+/// over OpenTelemetry; keep it cheap, it runs on the hot path.
+pub trait StepObserver: Send + Sync + std::fmt::Debug {
+    /// A fresh step of `kind` in workflow `workflow` took `duration` from action start to the
+    /// end of its append.
+    fn step_finished(&self, workflow: &crate::WorkflowName, kind: StepKind, duration: Duration);
+}
+
 /// How one run is driven.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -46,6 +54,8 @@ pub struct RunOptions {
     /// lost wake heals by an idempotent re-drive. `None` disables it.
     /// Defaults to [`RECONCILE_DEFAULT`].
     pub reconcile: Option<Duration>,
+    /// Told about each executed step. Defaults to `None`.
+    pub observer: Option<Arc<dyn StepObserver>>,
 }
 
 impl Default for RunOptions {
@@ -63,6 +73,7 @@ impl RunOptions {
             confirm_after: lease_ttl / 4,
             payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
             reconcile: Some(RECONCILE_DEFAULT),
+            observer: None,
         }
     }
 }
@@ -273,7 +284,9 @@ impl Ctx {
             return decode(step, value);
         }
         self.before_fresh_work(step).await?;
-        let value = match CatchPanic::new(action()).await {
+        let started = Instant::now();
+        let span = tracing::debug_span!("step", keiro.workflow.step = step);
+        let value = match tracing::Instrument::instrument(CatchPanic::new(action()), span).await {
             Ok(Ok(value)) => value,
             Ok(Err(e)) => {
                 return Err(WorkflowError::Step {
@@ -291,6 +304,9 @@ impl Ctx {
         self.state().stats.executed += 1;
         let json = self.encode(step, &value)?;
         let recorded = self.record(step, kind, json).await?;
+        if let Some(observer) = &self.inner.options.observer {
+            observer.step_finished(&self.inner.key.name, kind, started.elapsed());
+        }
         decode(step, recorded)
     }
 

@@ -54,7 +54,8 @@ mod wake;
 mod workflow;
 
 pub use context::{
-    Ctx, RunOptions, RunStats, LEASE_TTL_DEFAULT, PAYLOAD_LEN_MAX_DEFAULT, RECONCILE_DEFAULT,
+    Ctx, RunOptions, RunStats, StepObserver, LEASE_TTL_DEFAULT, PAYLOAD_LEN_MAX_DEFAULT,
+    RECONCILE_DEFAULT,
 };
 pub use error::WorkflowError;
 pub use event::{

@@ -48,7 +48,7 @@ mod worker;
 pub use log::{tracing_log_hook, LogHook, ResumeLogEvent};
 pub use options::{
     InvalidOptions, ResumeOptions, LEASE_TTL_MIN, MAX_CONCURRENT_ADVANCES_DEFAULT,
-    POLL_INTERVAL_DEFAULT, POLL_INTERVAL_MIN,
+    PASS_LIMIT_DEFAULT, POLL_INTERVAL_DEFAULT, POLL_INTERVAL_MIN,
 };
 pub use pass::{drain, resume_once, resume_once_up_to};
 pub use registry::{Registry, RegistryError};

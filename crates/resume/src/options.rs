@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use keiro_journal::{RunOptions, LEASE_TTL_DEFAULT, PAYLOAD_LEN_MAX_DEFAULT, RECONCILE_DEFAULT};
+use keiro_journal::{StepKind, StepObserver, WorkflowName};
 use keiro_lease::{BackoffPolicy, InvalidPolicy, MAX_ATTEMPTS_DEFAULT};
 
 use crate::log::{tracing_log_hook, LogHook};
@@ -13,6 +16,8 @@ pub const POLL_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
 pub const POLL_INTERVAL_MIN: Duration = Duration::from_millis(10);
 /// The default number of runs one pass drives at once.
 pub const MAX_CONCURRENT_ADVANCES_DEFAULT: usize = 1;
+/// The default number of candidates one pass of a worker loop takes.
+pub const PASS_LIMIT_DEFAULT: usize = 256;
 /// The smallest lease TTL accepted.
 pub const LEASE_TTL_MIN: Duration = Duration::from_millis(100);
 
@@ -35,6 +40,11 @@ pub struct ResumeOptions {
     pub reconcile: Option<Duration>,
     /// Crash backoff. Defaults to [`BackoffPolicy::default`] (`min(2^(attempts+1), 64)` s).
     pub backoff: BackoffPolicy,
+    /// How many candidates one pass of a worker loop takes (`None`: all). A pass finishes its
+    /// runs before the next discovery, so bounding it bounds how long a newly runnable instance
+    /// (a dead worker's, a fresh start) can wait behind a long pass. One-off passes
+    /// (`resume_once`) are unbounded. Defaults to `Some(`[`PASS_LIMIT_DEFAULT`]`)`.
+    pub pass_limit: Option<usize>,
     /// Largest payload accepted. Defaults to
     /// [`PAYLOAD_LEN_MAX_DEFAULT`](keiro_journal::PAYLOAD_LEN_MAX_DEFAULT).
     pub payload_len_max: usize,
@@ -56,6 +66,7 @@ impl std::fmt::Debug for ResumeOptions {
             .field("max_concurrent_advances", &self.max_concurrent_advances)
             .field("reconcile", &self.reconcile)
             .field("backoff", &self.backoff)
+            .field("pass_limit", &self.pass_limit)
             .field("payload_len_max", &self.payload_len_max)
             .field("owner", &self.owner)
             .field("metrics", &self.metrics.is_some())
@@ -72,6 +83,7 @@ impl Default for ResumeOptions {
             max_concurrent_advances: MAX_CONCURRENT_ADVANCES_DEFAULT,
             reconcile: Some(RECONCILE_DEFAULT),
             backoff: BackoffPolicy::default(),
+            pass_limit: Some(PASS_LIMIT_DEFAULT),
             payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
             owner: None,
             log: tracing_log_hook(),
@@ -114,6 +126,9 @@ impl ResumeOptions {
         if self.max_attempts < 1 {
             return field("max_attempts", "must be at least 1");
         }
+        if self.pass_limit == Some(0) {
+            return field("pass_limit", "must be positive");
+        }
         if self.payload_len_max == 0 {
             return field("payload_len_max", "must be positive");
         }
@@ -131,6 +146,21 @@ impl ResumeOptions {
         let mut run = RunOptions::new(self.lease_ttl);
         run.payload_len_max = self.payload_len_max;
         run.reconcile = self.reconcile;
+        run.observer = self
+            .metrics
+            .clone()
+            .map(|metrics| Arc::new(StepDurations(metrics)) as Arc<dyn StepObserver>);
         run
+    }
+}
+
+/// Records each executed step's duration in `keiro.step.duration`.
+#[derive(Debug)]
+struct StepDurations(keiro_telemetry::Metrics);
+
+impl StepObserver for StepDurations {
+    fn step_finished(&self, workflow: &WorkflowName, kind: StepKind, duration: Duration) {
+        self.0
+            .step_duration(workflow.as_str(), kind.as_str(), duration);
     }
 }

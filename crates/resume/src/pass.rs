@@ -69,18 +69,18 @@ pub(crate) async fn pass(
         discovered: u64::try_from(candidates.len()).unwrap_or(u64::MAX),
         ..ResumeSummary::default()
     };
+    // Shared once per pass, so each candidate task costs a reference count, not a copy.
+    let shared = Arc::new((registry.clone(), options.clone(), owner));
     let mut tasks = JoinSet::new();
     let mut pending = candidates.into_iter();
     loop {
         while tasks.len() < options.concurrency() && !stop.load(Ordering::Relaxed) {
             let Some(key) = pending.next() else { break };
-            let (store, registry, options, owner) = (
-                store.clone(),
-                registry.clone(),
-                options.clone(),
-                owner.clone(),
-            );
-            tasks.spawn(async move { advance(&store, &registry, &options, &owner, key).await });
+            let (store, shared) = (store.clone(), shared.clone());
+            tasks.spawn(async move {
+                let (registry, options, owner) = &*shared;
+                advance(&store, registry, options, owner, key).await
+            });
         }
         match tasks.join_next().await {
             Some(Ok(line)) => summary += line,
@@ -173,12 +173,22 @@ async fn advance(
         m.resumed(key.name.as_str());
         m.run_scope(key.name.as_str())
     });
-    let driven = drive(
-        journal_store,
-        workflow.as_ref(),
-        &claim.instance,
-        &claim.journal,
-        run_options,
+    // The `workflow <name>` span of the seed; steps nest inside it.
+    let span = tracing::info_span!(
+        "workflow",
+        otel.name = %format_args!("workflow {}", key.name),
+        keiro.workflow.name = %key.name,
+        keiro.workflow.id = %key.id,
+    );
+    let driven = tracing::Instrument::instrument(
+        drive(
+            journal_store,
+            workflow.as_ref(),
+            &claim.instance,
+            &claim.journal,
+            run_options,
+        ),
+        span,
     )
     .await;
     drop(active);

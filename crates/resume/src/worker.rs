@@ -29,7 +29,7 @@ pub async fn run_loop<W: WakeSource>(
     let stop = AtomicBool::new(false);
     loop {
         let result = {
-            let current = pass(&store, &registry, &options, None, &stop);
+            let current = pass(&store, &registry, &options, options.pass_limit, &stop);
             let mut current = std::pin::pin!(current);
             loop {
                 tokio::select! {

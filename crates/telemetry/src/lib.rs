@@ -74,5 +74,7 @@
 
 mod metrics;
 pub mod names;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use metrics::{ActiveRun, Metrics, MetricsExt};
