@@ -583,9 +583,8 @@ impl Ctx {
                 Ok(json)
             }
             AppendOutcome::AlreadyPresent(value) => {
-                let mut state = self.state();
-                state.last_confirmed = started;
-                state.replay.record_fresh(step, kind, value.clone());
+                // Nothing was written, so the lease was not renewed: keep the old confirmation.
+                self.state().replay.record_fresh(step, kind, value.clone());
                 Ok(value)
             }
             AppendOutcome::RefusedTerminal(marker) => Err(self.halt(Halt::Terminal(marker))),
