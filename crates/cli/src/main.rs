@@ -4,8 +4,10 @@
 //! - `keiro show`, `cancel`, `resurrect`, `release` operate on one workflow instance.
 //! - `keiro demo` proves the crash guarantees end to end: it runs 200 workflows through a
 //!   worker process, kills that process with SIGKILL mid-run, lets a second one finish the work,
-//!   and checks from the database that no recorded step ran again.
-//! - `keiro bench` measures throughput, round trips per step, latency and memory.
+//!   and checks from the database that no recorded step ran again. Beside them, durable sleeps
+//!   and awakeables show runs resumed by push, within milliseconds of their wake.
+//! - `keiro bench` measures throughput, round trips per step, latency and memory; wake latency
+//!   (push against polling); and the queries an idle worker makes over parked runs.
 //!
 //! Every command reads `--database-url` (`DATABASE_URL`) and `--schema` (`KEIRO_SCHEMA`); the
 //! demo and the bench work in scratch schemas of their own, which they drop and recreate.

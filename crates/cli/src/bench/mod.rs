@@ -1,41 +1,53 @@
 //! `keiro bench`: measures keiro on the local Postgres, in a scratch schema it recreates.
 //!
 //! A mode is one experiment; each prints human lines and then, as its last stdout line, exactly
-//! one JSON object with its figures, so scripts can `tail -n1`. Only `throughput` exists; wake
-//! latency and remote steps are later modes, added as a variant of [`Mode`] and a function
-//! beside [`throughput`] that reuses [`Setup`].
+//! one JSON object with its figures, so scripts can `tail -n1`. A new mode is a variant of
+//! [`Mode`] and a module beside [`throughput`] that reuses [`Setup`].
 //!
-//! `throughput`: N workflows of K trivial steps through an in-process worker driving C runs at
-//! once, while a few producer tasks start the N workflows concurrently. Measured from the first
-//! start to the last completion, and honest end to end: the round trips include the starts,
-//! the discovery passes and the claims, not only the step appends.
+//! - `throughput`: N workflows of K trivial steps through an in-process worker (see
+//!   [`throughput`]).
+//! - `wake-latency`: how long after an awakeable is completed its run takes its next step, with
+//!   the push-aware worker against the fixed 1 s poll (see [`wake`]).
+//! - `idle`: what a push-aware worker costs the database while 10,000 runs are parked (see
+//!   [`idle`]).
 
-use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+mod idle;
+mod throughput;
+mod wake;
+
+use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use keiro::postgres::PgStore;
-use keiro::{Ctx, Keiro, ResumeLogEvent, ResumeOptions, WorkflowError};
+use keiro::Keiro;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
-use serde::{Deserialize, Serialize};
-use tokio::sync::Notify;
+use serde::Serialize;
 
 use crate::common::{
-    connect_store, ms, open_connection, recreate_scratch_schema, resident_memory_mb, round, Global,
-    Outcome, Result, ResultExt,
+    connect_store, open_connection, recreate_scratch_schema, Global, Outcome, Result, ResultExt,
 };
-
-/// The registered workflow name.
-const WORKFLOW: &str = "bench";
 
 /// Which experiment to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum Mode {
     /// Workflows per second, steps per second, round trips per step, latency, memory.
     Throughput,
+    /// Completion-to-next-step latency of awakeables: push-aware worker against 1 s polling.
+    WakeLatency,
+    /// Queries per minute of an idle push-aware worker over many parked runs.
+    Idle,
+}
+
+impl Mode {
+    /// N when `-n` is not given.
+    fn workflows_default(self) -> u64 {
+        match self {
+            Self::Throughput => 2000,
+            Self::WakeLatency => 200,
+            Self::Idle => 10_000,
+        }
+    }
 }
 
 /// Options of `keiro bench`.
@@ -47,34 +59,62 @@ pub(crate) struct BenchArgs {
     /// The scratch schema the bench drops and recreates (never the `--schema` one).
     #[arg(long, default_value = "keiro_bench")]
     pub(crate) bench_schema: String,
-    /// Workflows started (N).
-    #[arg(short = 'n', long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
-    pub(crate) workflows: u64,
-    /// Steps per workflow (K).
+    /// Workflows started (N). Defaults to 2000 for `throughput`, 200 for `wake-latency` (the
+    /// push samples) and 10000 for `idle` (the parked runs).
+    #[arg(short = 'n', long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) workflows: Option<u64>,
+    /// Steps per workflow (K), `throughput` only.
     #[arg(short = 'k', long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub(crate) steps: u64,
-    /// Runs the worker drives at once (C).
+    /// Runs the worker drives at once (C): the measured worker of `throughput`, the worker
+    /// that parks the runs of `idle`.
     #[arg(short = 'c', long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub(crate) concurrency: u64,
-    /// Tasks starting the workflows concurrently.
+    /// Tasks starting the workflows concurrently (`throughput`, `idle`).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=256))]
     pub(crate) producers: u64,
-    /// The worker's gap between idle passes, in milliseconds.
+    /// The `throughput` worker's gap between idle passes, in milliseconds.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(10..))]
     pub(crate) poll_interval_ms: u64,
     /// Record keiro's OpenTelemetry metrics (SDK meter provider, periodic reader into memory),
-    /// to compare the overhead against a run without.
+    /// to compare the overhead against a run without (`throughput`, `idle`).
     #[arg(long)]
     pub(crate) metrics: bool,
-    /// How long the measured phase may take, in seconds.
+    /// How long the measured phase may take, in seconds (`throughput`).
     #[arg(long, default_value_t = 600)]
     pub(crate) timeout_s: u64,
+    /// `wake-latency`: samples taken with the fixed 1 s poll worker. Each takes about a second
+    /// (half waiting for the poll, half a random gap that spreads the completions over the poll
+    /// cycle), so fewer than the push samples.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) poll_samples: u64,
+    /// `wake-latency`: the pause between one run's wake and the next completion, in
+    /// milliseconds, so each completion finds the worker idle.
+    #[arg(long, default_value_t = 20)]
+    pub(crate) gap_ms: u64,
+    /// `idle`: how long the idle worker runs while its queries are counted, in seconds.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) duration_s: u64,
+    /// `idle`: park the runs without the reconcile fallback (`reconcile: None`), so they are
+    /// never re-driven while parked.
+    #[arg(long)]
+    pub(crate) reconcile_off: bool,
+}
+
+impl BenchArgs {
+    /// N: `-n`, or the mode's default.
+    fn workflows(&self) -> u64 {
+        self.workflows
+            .unwrap_or_else(|| self.mode.workflows_default())
+    }
 }
 
 /// Runs the chosen mode.
 pub(crate) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     match args.mode {
-        Mode::Throughput => throughput(global, args).await,
+        Mode::Throughput => throughput::run(global, args).await,
+        Mode::WakeLatency => wake::run(global, args).await,
+        Mode::Idle => idle::run(global, args).await,
     }
 }
 
@@ -98,159 +138,28 @@ impl Setup {
     }
 }
 
-/// The bench workflow's input.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-struct BenchInput {
-    steps: u64,
-}
-
-/// K trivial steps: the cost measured is keiro's, not the work's.
-async fn bench_workflow(ctx: Ctx, input: BenchInput) -> Result<u64, WorkflowError> {
-    let mut sum = 0;
-    for i in 0..input.steps {
-        sum += ctx
-            .step(
-                &format!("step-{i}"),
-                || async move { Ok::<_, Infallible>(i) },
-            )
-            .await?;
-    }
-    Ok(sum)
-}
-
-/// Noticed through the worker's log hook: the moment completions reach the target, with the
-/// round-trip counter at that moment, so idle passes after the end are not counted.
-struct FinishLine {
-    target: u64,
-    completed: AtomicU64,
-    /// Passes finished, for the report: each costs one discovery query.
-    passes: AtomicU64,
-    reached: OnceLock<(Instant, u64)>,
-    notify: Notify,
-}
-
-impl FinishLine {
-    fn on_pass(&self, completed: u64, store: &PgStore) {
-        if self.reached.get().is_none() {
-            self.passes.fetch_add(1, Ordering::Relaxed);
-        }
-        let total = self.completed.fetch_add(completed, Ordering::Relaxed) + completed;
-        if total >= self.target {
-            self.reached
-                .get_or_init(|| (Instant::now(), store.round_trips()));
-            self.notify.notify_one();
-        }
-    }
-}
-
-/// The throughput figures; serialized as the last line, keys in this order.
-#[derive(Debug, Serialize)]
-struct ThroughputReport {
-    mode: &'static str,
-    workflows: u64,
-    /// Steps per workflow (K).
-    steps: u64,
-    concurrency: u64,
-    elapsed_s: f64,
-    workflows_per_s: f64,
-    steps_per_s: f64,
-    round_trips_per_step: f64,
-    p50_ms: f64,
-    p99_ms: f64,
-    /// Resident memory of the bench process (worker and producers) at the end, and its peak.
-    rss_mb: f64,
-    rss_peak_mb: f64,
-    round_trips: u64,
+/// Starts `name` instances `<prefix>-0000000` .. `<prefix>-<n-1>` with `input`, from
+/// `producers` concurrent tasks (each takes every `producers`-th id).
+async fn start_all<I: Serialize + Clone + Send + Sync + 'static>(
+    keiro: &Keiro,
+    name: &'static str,
+    prefix: &str,
+    n: u64,
     producers: u64,
-    metrics: bool,
-}
-
-/// Start-to-completion latency from the instance rows, and the same span the wall clock saw
-/// as the database saw it.
-const THROUGHPUT_LATENCY: &str = "SELECT count(*),
-    percentile_cont(0.5) WITHIN GROUP (ORDER BY ms),
-    percentile_cont(0.99) WITHIN GROUP (ORDER BY ms),
-    extract(epoch FROM max(completed_at) - min(created_at))::float8
-  FROM (SELECT completed_at, created_at,
-               extract(epoch FROM completed_at - created_at)::float8 * 1000 AS ms
-        FROM workflows WHERE workflow_name = $1 AND status = 'completed') AS done";
-
-/// The throughput mode.
-async fn throughput(global: &Global, args: &BenchArgs) -> Result<Outcome> {
-    let concurrency = usize::try_from(args.concurrency).context("--concurrency")?;
-    let producers = usize::try_from(args.producers).context("--producers")?;
-    // Every concurrent run holds a connection for each store call; producers and the discovery
-    // query need theirs beside them, so nothing waits on the pool.
-    let setup = Setup::new(global, &args.bench_schema, concurrency + producers + 2).await?;
-    let keiro = Keiro::new(setup.store.clone());
-    let total_steps = args.workflows * args.steps;
-
-    let finish = Arc::new(FinishLine {
-        target: args.workflows,
-        completed: AtomicU64::new(0),
-        passes: AtomicU64::new(0),
-        reached: OnceLock::new(),
-        notify: Notify::new(),
-    });
-    let log = {
-        let (finish, store, default_log) = (
-            finish.clone(),
-            setup.store.clone(),
-            ResumeOptions::default().log,
-        );
-        Arc::new(move |event: &ResumeLogEvent| {
-            if let ResumeLogEvent::PassFinished { summary } = event {
-                finish.on_pass(summary.completed, &store);
-            }
-            default_log(event);
-        })
-    };
-    let sink = args.metrics.then(MetricsSink::new);
-    let mut builder = keiro
-        .worker()
-        .register(WORKFLOW, bench_workflow)
-        .concurrency(concurrency)
-        .poll_interval(Duration::from_millis(args.poll_interval_ms))
-        .log(log);
-    if let Some(sink) = &sink {
-        builder = builder.metrics(sink.metrics.clone());
-    }
-    let worker = builder.build().context("building the bench worker")?;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let worker_task = tokio::spawn(async move {
-        worker
-            .run_until(async {
-                let _ = stop_rx.await;
-            })
-            .await
-    });
-
-    println!(
-        "bench: throughput: {} workflows x {} steps, worker concurrency {}, {} producers, poll {} ms, \
-         metrics {}, schema {}",
-        args.workflows,
-        args.steps,
-        args.concurrency,
-        args.producers,
-        args.poll_interval_ms,
-        if args.metrics { "on" } else { "off" },
-        args.bench_schema
-    );
-    let round_trips_before = setup.store.round_trips();
-    let started = Instant::now();
+    input: I,
+) -> Result<()> {
     let mut producing = tokio::task::JoinSet::new();
-    for producer in 0..args.producers {
-        let (keiro, n, step_count, stride) =
-            (keiro.clone(), args.workflows, args.steps, args.producers);
+    for producer in 0..producers {
+        let (keiro, prefix, input) = (keiro.clone(), prefix.to_owned(), input.clone());
         producing.spawn(async move {
             let mut i = producer;
             while i < n {
-                let id = format!("wf-{i:07}");
+                let id = instance_id(&prefix, i);
                 keiro
-                    .start(WORKFLOW, &id, &BenchInput { steps: step_count })
+                    .start(name, &id, &input)
                     .await
-                    .context(format!("starting {WORKFLOW} {id}"))?;
-                i += stride;
+                    .context(format!("starting {name} {id}"))?;
+                i += producers;
             }
             Ok::<_, crate::common::Error>(())
         });
@@ -258,113 +167,56 @@ async fn throughput(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     while let Some(joined) = producing.join_next().await {
         joined.context("a producer task failed")??;
     }
-    let starts_done = started.elapsed();
-    let reached = tokio::time::timeout(Duration::from_secs(args.timeout_s), async {
-        loop {
-            if let Some(reached) = finish.reached.get() {
-                break *reached;
+    Ok(())
+}
+
+/// The id of instance `i` of a bench: zero-padded, so ids sort like numbers.
+fn instance_id(prefix: &str, i: u64) -> String {
+    format!("{prefix}-{i:07}")
+}
+
+/// Latency percentiles of a sample, in milliseconds; serialized into the reports.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+struct Percentiles {
+    samples: usize,
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+    mean_ms: f64,
+}
+
+impl Percentiles {
+    /// Nearest-rank percentiles of `samples` (all zero when empty).
+    fn of(samples: &[Duration]) -> Self {
+        let mut sorted: Vec<f64> = samples.iter().map(|d| crate::common::ms(*d)).collect();
+        sorted.sort_by(f64::total_cmp);
+        let rank = |p: f64| -> f64 {
+            if sorted.is_empty() {
+                return 0.0;
             }
-            finish.notify.notified().await;
+            #[allow(clippy::cast_precision_loss)] // sample counts are far below 2^52
+            let len = sorted.len() as f64;
+            // Nearest rank: the smallest value with at least p of the sample at or below it.
+            let index = (p * len).ceil().max(1.0) - 1.0;
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            // index is in 0..len by construction
+            sorted[(index as usize).min(sorted.len() - 1)]
+        };
+        #[allow(clippy::cast_precision_loss)] // sample counts are far below 2^52
+        let mean = if sorted.is_empty() {
+            0.0
+        } else {
+            sorted.iter().sum::<f64>() / sorted.len() as f64
+        };
+        let r = |v: f64| crate::common::round(v, 2);
+        Self {
+            samples: sorted.len(),
+            p50_ms: r(rank(0.50)),
+            p99_ms: r(rank(0.99)),
+            max_ms: r(sorted.last().copied().unwrap_or(0.0)),
+            mean_ms: r(mean),
         }
-    })
-    .await;
-    let _ = stop_tx.send(());
-    let summary = worker_task.await.context("the bench worker task failed")?;
-    let Ok((finished_at, round_trips_after)) = reached else {
-        println!(
-            "bench: FAIL: only {}/{} workflows completed within {} s",
-            finish.completed.load(Ordering::Relaxed),
-            args.workflows,
-            args.timeout_s
-        );
-        return Ok(Outcome::Failed);
-    };
-    let elapsed = finished_at - started;
-    let round_trips = round_trips_after - round_trips_before;
-
-    let row = setup
-        .db
-        .query_one(THROUGHPUT_LATENCY, &[&WORKFLOW])
-        .await
-        .context("reading the latencies")?;
-    let completed = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
-    let (p50, p99, db_span): (f64, f64, f64) = (row.get(1), row.get(2), row.get(3));
-    let (rss_mb, rss_peak_mb) = resident_memory_mb().unwrap_or((0.0, 0.0));
-    let secs = elapsed.as_secs_f64();
-    #[allow(clippy::cast_precision_loss)] // counts far below 2^52 convert exactly
-    let (workflows_f, steps_f, round_trips_f) = (
-        args.workflows as f64,
-        total_steps as f64,
-        round_trips as f64,
-    );
-
-    println!(
-        "bench: all started after {:.0} ms; last completion after {:.0} ms (database clock: {:.0} ms \
-         from first start to last completion)",
-        ms(starts_done),
-        ms(elapsed),
-        db_span * 1000.0
-    );
-    println!(
-        "bench: {:.0} workflows/s, {:.0} steps/s, {round_trips} round trips = {:.2} per step \
-         ({:.2} per workflow)",
-        workflows_f / secs,
-        steps_f / secs,
-        round_trips_f / steps_f,
-        round_trips_f / workflows_f
-    );
-    println!(
-        "bench: start-to-completion latency p50 {p50:.1} ms, p99 {p99:.1} ms; resident memory \
-         {rss_mb:.1} MiB (peak {rss_peak_mb:.1} MiB)"
-    );
-    println!(
-        "bench: worker: {} passes until the last completion; {} discovered, {} resumed, {} completed, \
-         {} lease skips, {} transient errors",
-        finish.passes.load(Ordering::Relaxed),
-        summary.discovered,
-        summary.resumed,
-        summary.completed,
-        summary.lease_skipped,
-        summary.transient_errors
-    );
-    if let Some(sink) = &sink {
-        match sink.steps_executed() {
-            Some(executed) => println!("bench: metrics recorded {executed} step executions"),
-            None => println!("bench: metrics recorded no step executions"),
-        }
-        sink.shutdown();
     }
-    let outcome = if completed == args.workflows {
-        Outcome::Success
-    } else {
-        println!(
-            "bench: FAIL: {completed}/{} workflows completed according to the database",
-            args.workflows
-        );
-        Outcome::Failed
-    };
-    let report = ThroughputReport {
-        mode: "throughput",
-        workflows: args.workflows,
-        steps: args.steps,
-        concurrency: args.concurrency,
-        elapsed_s: round(secs, 3),
-        workflows_per_s: round(workflows_f / secs, 1),
-        steps_per_s: round(steps_f / secs, 1),
-        round_trips_per_step: round(round_trips_f / steps_f, 3),
-        p50_ms: round(p50, 2),
-        p99_ms: round(p99, 2),
-        rss_mb: round(rss_mb, 1),
-        rss_peak_mb: round(rss_peak_mb, 1),
-        round_trips,
-        producers: args.producers,
-        metrics: args.metrics,
-    };
-    println!(
-        "{}",
-        serde_json::to_string(&report).context("encoding the report")?
-    );
-    Ok(outcome)
 }
 
 /// A real OpenTelemetry pipeline for `--metrics`: an SDK meter provider whose periodic reader
@@ -415,5 +267,31 @@ impl MetricsSink {
         // Nothing is waiting on the export: a failure to stop the reader thread cleanly is moot
         // at exit.
         let _ = self.provider.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_take_the_nearest_rank() {
+        let samples: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        let p = Percentiles::of(&samples);
+        assert_eq!(p.samples, 100);
+        assert!((p.p50_ms - 50.0).abs() < 1e-9, "{p:?}");
+        assert!((p.p99_ms - 99.0).abs() < 1e-9, "{p:?}");
+        assert!((p.max_ms - 100.0).abs() < 1e-9, "{p:?}");
+        assert!((p.mean_ms - 50.5).abs() < 1e-9, "{p:?}");
+        let one = Percentiles::of(&[Duration::from_millis(7)]);
+        assert!((one.p50_ms - 7.0).abs() < 1e-9 && (one.p99_ms - 7.0).abs() < 1e-9);
+        assert_eq!(Percentiles::of(&[]).samples, 0);
+    }
+
+    #[test]
+    fn each_mode_has_its_own_default_n() {
+        assert_eq!(Mode::Throughput.workflows_default(), 2000);
+        assert_eq!(Mode::WakeLatency.workflows_default(), 200);
+        assert_eq!(Mode::Idle.workflows_default(), 10_000);
     }
 }

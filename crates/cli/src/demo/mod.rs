@@ -11,10 +11,21 @@
 //!    in-flight step, which at-least-once allows, and those are counted); every interrupted run
 //!    resumed within lease TTL + poll interval + slack of the kill.
 //!
+//! Alongside the crash workflows it starts a few wake-source workflows (started first, so they
+//! park before the kill and sit parked through it): `demo-sleeper`s sleep durably between
+//! steps, `demo-waiter`s announce an awakeable from a step and wait on it. After the crash part
+//! the demo completes the awakeables from this process, one at a time, and verifies that every
+//! sleeper woke no earlier than its deadline and within a small bound after it (plus the
+//! recovery slack for a sleep that ends while the crash workflows still run, since a woken run
+//! waits for the pass under way), and every waiter within a small bound of its completion: push
+//! through LISTEN/NOTIFY, well inside the workers' poll interval.
+//!
 //! It prints a few lines and a one-line verdict, and exits 0 only if every check passed.
 
 mod child;
 mod verify;
+mod wake;
+mod wake_phase;
 pub(crate) mod worker;
 mod workflow;
 
@@ -25,6 +36,8 @@ use keiro::Keiro;
 
 use self::child::WorkerProcess;
 use self::verify::{AtKill, Findings};
+use self::wake::{NAPS, WAITS_CREATE};
+use self::wake_phase::WakeFindings;
 pub(crate) use self::worker::WorkerArgs;
 use self::workflow::{instance_id, Order, LEDGER_CREATE, STEPS, WORKFLOW};
 use crate::common::{
@@ -77,11 +90,36 @@ pub(crate) struct DemoArgs {
     /// How long the second worker may take to complete everything, in seconds.
     #[arg(long, default_value_t = 120)]
     pub(crate) timeout_s: u64,
+    /// Workflows that sleep durably between steps (two sleeps each).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=99))]
+    pub(crate) sleepers: u64,
+    /// How long each of the sleepers' sleeps lasts, in milliseconds.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
+    pub(crate) sleep_ms: u64,
+    /// How long after its deadline a sleep may end, in milliseconds. The timer loop sleeps
+    /// until the deadline, fires it and notifies, which takes milliseconds on an idle worker. A
+    /// sleep that ends while the crash workflows still run may also take the recovery slack:
+    /// a woken run waits for the pass under way to end.
+    #[arg(long, default_value_t = 250)]
+    pub(crate) sleep_bound_ms: u64,
+    /// Workflows that wait on an awakeable which the demo completes from this process.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=99))]
+    pub(crate) waiters: u64,
+    /// How long after its completion an awakeable's run may take to wake, in milliseconds.
+    /// Below the poll interval, so only push can meet it reliably.
+    #[arg(long, default_value_t = 100)]
+    pub(crate) push_bound_ms: u64,
 }
 
 impl DemoArgs {
     fn lease_ttl(&self) -> Duration {
         Duration::from_millis(self.lease_ttl_ms)
+    }
+
+    /// How long after its deadline a sleep that ends while the crash workflows still run may
+    /// take to wake: the sleep bound plus the recovery slack (see `recovery_slack_ms`).
+    fn sleep_bound_busy_ms(&self) -> u64 {
+        self.sleep_bound_ms + self.recovery_slack_ms
     }
 
     /// How long after the kill an interrupted run may take to get its next journal entry.
@@ -104,7 +142,11 @@ pub(crate) async fn run(global: &Global, args: &DemoArgs) -> Result<Outcome> {
     db.batch_execute(LEDGER_CREATE)
         .await
         .context("creating the demo ledger")?;
+    db.batch_execute(WAITS_CREATE)
+        .await
+        .context("creating the demo's wait table")?;
     let keiro = Keiro::new(store);
+    wake_phase::start(&keiro, args).await?;
     for order in 1..=args.workflows {
         keiro
             .start(WORKFLOW, &instance_id(order), &Order { order })
@@ -113,12 +155,19 @@ pub(crate) async fn run(global: &Global, args: &DemoArgs) -> Result<Outcome> {
     }
     println!(
         "demo: schema {schema}: started {} {WORKFLOW} workflows of {} steps; workers run {} at once, \
-         lease ttl {:.1} s, poll {} ms",
+         lease ttl {:.1} s, poll {} ms, push on",
         args.workflows,
         STEPS.len(),
         args.concurrency,
         args.lease_ttl().as_secs_f64(),
         args.poll_interval_ms
+    );
+    println!(
+        "demo: also started {} sleepers ({NAPS} durable sleeps of {:.1} s between steps) and {} \
+         waiters (each announces an awakeable from a step and parks on it)",
+        args.sleepers,
+        Duration::from_millis(args.sleep_ms).as_secs_f64(),
+        args.waiters
     );
 
     let mut first = WorkerProcess::spawn(global, args)?;
@@ -134,9 +183,26 @@ pub(crate) async fn run(global: &Global, args: &DemoArgs) -> Result<Outcome> {
         at_kill.in_flight.len()
     );
 
-    let second = WorkerProcess::spawn(global, args)?;
+    let mut second = WorkerProcess::spawn(global, args)?;
     println!("demo: worker 2 (pid {}) started", second.pid());
-    let finished = wait_for_completion(&db, second, args, &at_kill).await?;
+    let (after_kill, in_time) = wait_for_completion(&db, &mut second, args, &at_kill).await?;
+    println!(
+        "demo: crash workflows done; waiting for the sleepers, then completing {} awakeables one \
+         at a time",
+        args.waiters
+    );
+    // Worker 2 stays up for the wake phase: it is the one the timers and completions wake.
+    let wakes = wake_phase::run(&db, &keiro, args).await?;
+    if let Some(status) = second.exited()? {
+        return Err(failure(format!(
+            "demo worker 2 exited on its own ({status}) during the wake phase"
+        )));
+    }
+    let finished = Finished {
+        after_kill,
+        worker: second.stop(STOP_GRACE).await?,
+        in_time,
+    };
     let findings = verify::verify(
         &db,
         args.workflows,
@@ -145,7 +211,7 @@ pub(crate) async fn run(global: &Global, args: &DemoArgs) -> Result<Outcome> {
         args.recovery_bound(),
     )
     .await?;
-    Ok(report(args, &at_kill, &finished, &findings))
+    Ok(report(args, &at_kill, &finished, &findings, &wakes))
 }
 
 /// Waits until `target` steps are journaled, failing if the worker dies first or never gets
@@ -176,22 +242,23 @@ async fn wait_for_kill_point(
 
 /// How the second worker's phase ended.
 struct Finished {
-    /// Time from the kill to the last completion seen (or to the timeout).
+    /// Time from the kill to the last crash workflow's completion seen (or to the timeout).
     after_kill: Duration,
-    /// The second worker's own report.
+    /// The second worker's own report (crash workflows and wake phase together).
     worker: worker::WorkerReport,
     /// Whether everything completed before the timeout.
     in_time: bool,
 }
 
-/// Waits until every workflow is completed (or one breaks, or the timeout passes), then stops
-/// the second worker gracefully and collects its report.
+/// Waits until every crash workflow is completed (or one breaks, or the timeout passes), and
+/// returns the time from the kill to then (database clock) and whether it was in time. The
+/// worker keeps running.
 async fn wait_for_completion(
     db: &tokio_postgres::Client,
-    mut worker: WorkerProcess,
+    worker: &mut WorkerProcess,
     args: &DemoArgs,
     at_kill: &AtKill,
-) -> Result<Finished> {
+) -> Result<(Duration, bool)> {
     let started = Instant::now();
     let timeout = Duration::from_secs(args.timeout_s);
     let in_time = loop {
@@ -215,19 +282,20 @@ async fn wait_for_completion(
     };
     let now = verify::clock(db).await?;
     let after_kill = Duration::try_from(now - at_kill.killed_at).unwrap_or(Duration::ZERO);
-    let report = worker.stop(STOP_GRACE).await?;
-    Ok(Finished {
-        after_kill,
-        worker: report,
-        in_time,
-    })
+    Ok((after_kill, in_time))
 }
 
 /// Prints the human lines and the verdict; the outcome is `Success` only if nothing broke.
-fn report(args: &DemoArgs, at_kill: &AtKill, finished: &Finished, findings: &Findings) -> Outcome {
+fn report(
+    args: &DemoArgs,
+    at_kill: &AtKill,
+    finished: &Finished,
+    findings: &Findings,
+    wakes: &WakeFindings,
+) -> Outcome {
     println!(
-        "demo: all done {:.1} s after the kill; worker 2 ran {} steps, answered {} from the journal, \
-         completed {} runs",
+        "demo: all done {:.1} s after the kill; worker 2 ran {} order steps, answered {} from the \
+         journal, completed {} runs (orders, sleepers and waiters)",
         finished.after_kill.as_secs_f64(),
         finished.worker.executed,
         finished.worker.replayed,
@@ -265,7 +333,37 @@ fn report(args: &DemoArgs, at_kill: &AtKill, finished: &Finished, findings: &Fin
         Duration::from_millis(args.poll_interval_ms).as_secs_f64(),
         Duration::from_millis(args.recovery_slack_ms).as_secs_f64()
     );
+    let sleeps = WakeFindings::spread(&wakes.sleep_lags_ms);
+    let idle_sleeps = WakeFindings::spread(&wakes.idle_sleep_lags_ms);
+    let pushes = WakeFindings::spread(&wakes.push_ms);
+    println!(
+        "wake: {} sleeps woke {} after their deadlines, none early: {} ended while the crash \
+         workflows ran (bound {:.2} s: a woken run waits for the pass under way), {} after them, on \
+         an idle worker: {}, bound {} ms",
+        wakes.sleep_lags_ms.len(),
+        range_ms(&wakes.sleep_lags_ms, sleeps),
+        wakes.sleeps_busy,
+        Duration::from_millis(args.sleep_bound_busy_ms()).as_secs_f64(),
+        wakes.idle_sleep_lags_ms.len(),
+        range_ms(&wakes.idle_sleep_lags_ms, idle_sleeps),
+        args.sleep_bound_ms
+    );
+    println!(
+        "push: {} awakeables completed from this process, one every {} ms, woke their runs {} later \
+         (bound {} ms; the workers poll every {} ms)",
+        wakes.push_ms.len(),
+        wake_phase::COMPLETION_GAP.as_millis(),
+        range_ms(&wakes.push_ms, pushes),
+        args.push_bound_ms,
+        args.poll_interval_ms
+    );
+    println!(
+        "wake: {}/{} sleepers and waiters completed with the right output",
+        wakes.completed_ok,
+        args.sleepers + args.waiters
+    );
     let mut problems = findings.problems.clone();
+    problems.extend(wakes.problems.iter().cloned());
     if !finished.in_time {
         problems.insert(
             0,
@@ -282,19 +380,35 @@ fn report(args: &DemoArgs, at_kill: &AtKill, finished: &Finished, findings: &Fin
     let slowest = findings
         .recovery
         .map_or(0.0, |(slowest, _)| slowest.as_secs_f64());
+    let (sleep_median, sleep_max) = sleeps.unwrap_or_default();
+    let (push_median, push_max) = pushes.unwrap_or_default();
     println!(
         "demo: {verdict} {}/{} completed, {} steps journaled once, {} in-flight steps re-run, {} recorded \
-         steps re-executed, recovery {slowest:.1} s (lease ttl {:.1} s)",
+         steps re-executed, recovery {slowest:.1} s (lease ttl {:.1} s); {} sleeps woke {sleep_median:.0} ms \
+         (max {sleep_max:.0} ms) after their deadlines, {} awakeables woke their runs in {push_median:.0} ms \
+         (max {push_max:.0} ms) by push (poll {} ms)",
         findings.completed_ok,
         findings.workflows,
         findings.steps_journaled_once,
         findings.reruns,
         findings.re_executed,
-        args.lease_ttl().as_secs_f64()
+        args.lease_ttl().as_secs_f64(),
+        wakes.sleep_lags_ms.len(),
+        wakes.push_ms.len(),
+        args.poll_interval_ms
     );
     if problems.is_empty() {
         Outcome::Success
     } else {
         Outcome::Failed
     }
+}
+
+/// "min-max ms (median m ms)" of `values`, or "none".
+fn range_ms(values: &[f64], spread: Option<(f64, f64)>) -> String {
+    let Some((median, max)) = spread else {
+        return "none".to_owned();
+    };
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    format!("{min:.1}-{max:.1} ms (median {median:.1} ms)")
 }

@@ -1,5 +1,6 @@
 //! `keiro demo-worker`: the demo's worker process. `keiro demo` spawns it (twice) and kills the
-//! first one with SIGKILL; it is an ordinary keiro worker with a short lease.
+//! first one with SIGKILL; it is an ordinary push-aware keiro worker (resume loop and timer
+//! loop, woken by LISTEN/NOTIFY) with a short lease.
 //!
 //! It runs until its stdin closes, then finishes its in-flight runs and prints one JSON line,
 //! its [`WorkerReport`]. Tying its life to the pipe means that even a parent killed without a
@@ -13,6 +14,7 @@ use clap::Args;
 use keiro::Keiro;
 use serde::{Deserialize, Serialize};
 
+use super::wake::{self, WaitLog};
 use super::workflow::{self, Counters, Ledger};
 use crate::common::{connect_store, Global, Outcome, Result, ResultExt};
 
@@ -48,15 +50,26 @@ pub(crate) struct WorkerReport {
 
 /// Runs the worker until stdin closes.
 pub(crate) async fn run(global: &Global, args: &WorkerArgs) -> Result<Outcome> {
-    // One connection per concurrent run, plus one for the discovery query beside them.
-    let store = connect_store(global.config(&args.demo_schema, args.concurrency + 1)).await?;
+    // One connection per concurrent run, plus one each for the discovery query and the timer
+    // loop beside them (the LISTEN connection is the store's own, outside the pool).
+    let store = connect_store(global.config(&args.demo_schema, args.concurrency + 2)).await?;
     let ledger = Arc::new(Ledger::open(store.connection_config()).await?);
+    let waits = Arc::new(WaitLog::open(store.connection_config()).await?);
     let counters = Arc::new(Counters::default());
     let body_counters = counters.clone();
-    let worker = Keiro::new(store)
+    let (sleeper_log, waiter_log) = (waits.clone(), waits);
+    // With push: fired timers and completed awakeables wake this worker through LISTEN/NOTIFY
+    // within milliseconds; `poll_interval` stays the fallback that finds expired leases.
+    let worker = Keiro::with_push(store)
         .worker()
         .register(workflow::WORKFLOW, move |ctx, input| {
             workflow::order(ctx, input, ledger.clone(), body_counters.clone())
+        })
+        .register(wake::SLEEPER, move |ctx, input| {
+            wake::sleeper(ctx, input, sleeper_log.clone())
+        })
+        .register(wake::WAITER, move |ctx, input| {
+            wake::waiter(ctx, input, waiter_log.clone())
         })
         .concurrency(args.concurrency)
         .lease_ttl(Duration::from_millis(args.lease_ttl_ms))

@@ -1,0 +1,276 @@
+//! `throughput`: N workflows of K trivial steps through an in-process worker driving C runs at
+//! once, while a few producer tasks start the N workflows concurrently. Measured from the first
+//! start to the last completion, and honest end to end: the round trips include the starts,
+//! the discovery passes and the claims, not only the step appends.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use keiro::postgres::PgStore;
+use keiro::{Ctx, Keiro, ResumeLogEvent, ResumeOptions, WorkflowError};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+use super::{start_all, BenchArgs, MetricsSink, Setup};
+use crate::common::{ms, resident_memory_mb, round, Global, Outcome, Result, ResultExt};
+
+/// The registered workflow name.
+const WORKFLOW: &str = "bench";
+
+/// The bench workflow's input.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct BenchInput {
+    steps: u64,
+}
+
+/// K trivial steps: the cost measured is keiro's, not the work's.
+async fn bench_workflow(ctx: Ctx, input: BenchInput) -> Result<u64, WorkflowError> {
+    let mut sum = 0;
+    for i in 0..input.steps {
+        sum += ctx
+            .step(
+                &format!("step-{i}"),
+                || async move { Ok::<_, Infallible>(i) },
+            )
+            .await?;
+    }
+    Ok(sum)
+}
+
+/// Noticed through the worker's log hook: the moment completions reach the target, with the
+/// round-trip counter at that moment, so idle passes after the end are not counted.
+struct FinishLine {
+    target: u64,
+    completed: AtomicU64,
+    /// Passes finished, for the report: each costs one discovery query.
+    passes: AtomicU64,
+    reached: OnceLock<(Instant, u64)>,
+    notify: Notify,
+}
+
+impl FinishLine {
+    fn on_pass(&self, completed: u64, store: &PgStore) {
+        if self.reached.get().is_none() {
+            self.passes.fetch_add(1, Ordering::Relaxed);
+        }
+        let total = self.completed.fetch_add(completed, Ordering::Relaxed) + completed;
+        if total >= self.target {
+            self.reached
+                .get_or_init(|| (Instant::now(), store.round_trips()));
+            self.notify.notify_one();
+        }
+    }
+}
+
+/// The throughput figures; serialized as the last line, keys in this order.
+#[derive(Debug, Serialize)]
+struct ThroughputReport {
+    mode: &'static str,
+    workflows: u64,
+    /// Steps per workflow (K).
+    steps: u64,
+    concurrency: u64,
+    elapsed_s: f64,
+    workflows_per_s: f64,
+    steps_per_s: f64,
+    round_trips_per_step: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    /// Resident memory of the bench process (worker and producers) at the end, and its peak.
+    rss_mb: f64,
+    rss_peak_mb: f64,
+    round_trips: u64,
+    producers: u64,
+    metrics: bool,
+}
+
+/// Start-to-completion latency from the instance rows, and the same span the wall clock saw
+/// as the database saw it.
+const THROUGHPUT_LATENCY: &str = "SELECT count(*),
+    percentile_cont(0.5) WITHIN GROUP (ORDER BY ms),
+    percentile_cont(0.99) WITHIN GROUP (ORDER BY ms),
+    extract(epoch FROM max(completed_at) - min(created_at))::float8
+  FROM (SELECT completed_at, created_at,
+               extract(epoch FROM completed_at - created_at)::float8 * 1000 AS ms
+        FROM workflows WHERE workflow_name = $1 AND status = 'completed') AS done";
+
+/// The throughput mode.
+pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
+    let workflows = args.workflows();
+    let concurrency = usize::try_from(args.concurrency).context("--concurrency")?;
+    let producers = usize::try_from(args.producers).context("--producers")?;
+    // Every concurrent run holds a connection for each store call; producers and the discovery
+    // query need theirs beside them, so nothing waits on the pool.
+    let setup = Setup::new(global, &args.bench_schema, concurrency + producers + 2).await?;
+    let keiro = Keiro::new(setup.store.clone());
+    let total_steps = workflows * args.steps;
+
+    let finish = Arc::new(FinishLine {
+        target: workflows,
+        completed: AtomicU64::new(0),
+        passes: AtomicU64::new(0),
+        reached: OnceLock::new(),
+        notify: Notify::new(),
+    });
+    let log = {
+        let (finish, store, default_log) = (
+            finish.clone(),
+            setup.store.clone(),
+            ResumeOptions::default().log,
+        );
+        Arc::new(move |event: &ResumeLogEvent| {
+            if let ResumeLogEvent::PassFinished { summary } = event {
+                finish.on_pass(summary.completed, &store);
+            }
+            default_log(event);
+        })
+    };
+    let sink = args.metrics.then(MetricsSink::new);
+    let mut builder = keiro
+        .worker()
+        .register(WORKFLOW, bench_workflow)
+        .concurrency(concurrency)
+        .poll_interval(Duration::from_millis(args.poll_interval_ms))
+        .log(log);
+    if let Some(sink) = &sink {
+        builder = builder.metrics(sink.metrics.clone());
+    }
+    let worker = builder.build().context("building the bench worker")?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let worker_task = tokio::spawn(async move {
+        worker
+            .run_until(async {
+                let _ = stop_rx.await;
+            })
+            .await
+    });
+
+    println!(
+        "bench: throughput: {} workflows x {} steps, worker concurrency {}, {} producers, poll {} ms, \
+         metrics {}, schema {}",
+        workflows,
+        args.steps,
+        args.concurrency,
+        args.producers,
+        args.poll_interval_ms,
+        if args.metrics { "on" } else { "off" },
+        args.bench_schema
+    );
+    let round_trips_before = setup.store.round_trips();
+    let started = Instant::now();
+    start_all(
+        &keiro,
+        WORKFLOW,
+        "wf",
+        workflows,
+        args.producers,
+        BenchInput { steps: args.steps },
+    )
+    .await?;
+    let starts_done = started.elapsed();
+    let reached = tokio::time::timeout(Duration::from_secs(args.timeout_s), async {
+        loop {
+            if let Some(reached) = finish.reached.get() {
+                break *reached;
+            }
+            finish.notify.notified().await;
+        }
+    })
+    .await;
+    let _ = stop_tx.send(());
+    let summary = worker_task.await.context("the bench worker task failed")?;
+    let Ok((finished_at, round_trips_after)) = reached else {
+        println!(
+            "bench: FAIL: only {}/{} workflows completed within {} s",
+            finish.completed.load(Ordering::Relaxed),
+            workflows,
+            args.timeout_s
+        );
+        return Ok(Outcome::Failed);
+    };
+    let elapsed = finished_at - started;
+    let round_trips = round_trips_after - round_trips_before;
+
+    let row = setup
+        .db
+        .query_one(THROUGHPUT_LATENCY, &[&WORKFLOW])
+        .await
+        .context("reading the latencies")?;
+    let completed = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
+    let (p50, p99, db_span): (f64, f64, f64) = (row.get(1), row.get(2), row.get(3));
+    let (rss_mb, rss_peak_mb) = resident_memory_mb().unwrap_or((0.0, 0.0));
+    let secs = elapsed.as_secs_f64();
+    #[allow(clippy::cast_precision_loss)] // counts far below 2^52 convert exactly
+    let (workflows_f, steps_f, round_trips_f) =
+        (workflows as f64, total_steps as f64, round_trips as f64);
+
+    println!(
+        "bench: all started after {:.0} ms; last completion after {:.0} ms (database clock: {:.0} ms \
+         from first start to last completion)",
+        ms(starts_done),
+        ms(elapsed),
+        db_span * 1000.0
+    );
+    println!(
+        "bench: {:.0} workflows/s, {:.0} steps/s, {round_trips} round trips = {:.2} per step \
+         ({:.2} per workflow)",
+        workflows_f / secs,
+        steps_f / secs,
+        round_trips_f / steps_f,
+        round_trips_f / workflows_f
+    );
+    println!(
+        "bench: start-to-completion latency p50 {p50:.1} ms, p99 {p99:.1} ms; resident memory \
+         {rss_mb:.1} MiB (peak {rss_peak_mb:.1} MiB)"
+    );
+    println!(
+        "bench: worker: {} passes until the last completion; {} discovered, {} resumed, {} completed, \
+         {} lease skips, {} transient errors",
+        finish.passes.load(Ordering::Relaxed),
+        summary.discovered,
+        summary.resumed,
+        summary.completed,
+        summary.lease_skipped,
+        summary.transient_errors
+    );
+    if let Some(sink) = &sink {
+        match sink.steps_executed() {
+            Some(executed) => println!("bench: metrics recorded {executed} step executions"),
+            None => println!("bench: metrics recorded no step executions"),
+        }
+        sink.shutdown();
+    }
+    let outcome = if completed == workflows {
+        Outcome::Success
+    } else {
+        println!(
+            "bench: FAIL: {completed}/{} workflows completed according to the database",
+            workflows
+        );
+        Outcome::Failed
+    };
+    let report = ThroughputReport {
+        mode: "throughput",
+        workflows,
+        steps: args.steps,
+        concurrency: args.concurrency,
+        elapsed_s: round(secs, 3),
+        workflows_per_s: round(workflows_f / secs, 1),
+        steps_per_s: round(steps_f / secs, 1),
+        round_trips_per_step: round(round_trips_f / steps_f, 3),
+        p50_ms: round(p50, 2),
+        p99_ms: round(p99, 2),
+        rss_mb: round(rss_mb, 1),
+        rss_peak_mb: round(rss_peak_mb, 1),
+        round_trips,
+        producers: args.producers,
+        metrics: args.metrics,
+    };
+    println!(
+        "{}",
+        serde_json::to_string(&report).context("encoding the report")?
+    );
+    Ok(outcome)
+}
