@@ -145,6 +145,8 @@ pub(crate) struct State {
     fresh_generation: bool,
     /// How many signal waits on each token this run has made, for their step names.
     pub(crate) signal_ordinals: std::collections::HashMap<String, u32>,
+    /// The park at the end of the run, if it parked.
+    pub(crate) parked: Option<crate::run::Parked>,
 }
 
 pub(crate) struct Inner {
@@ -196,6 +198,7 @@ impl Ctx {
                     stats: RunStats::default(),
                     fresh_generation,
                     signal_ordinals: std::collections::HashMap::new(),
+                    parked: None,
                 }),
             }),
         }

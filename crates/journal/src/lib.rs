@@ -64,7 +64,7 @@ pub use event::{
 pub use id::{IdError, InstanceKey, WorkflowId, WorkflowName, ID_LEN_MAX, RESERVED_STEP_PREFIXES};
 pub use instance::{Fence, Instance, StartRequest, Started, Status};
 pub use run::{
-    cancel, deliver, drive, run, start, CancelOutcome, Driven, Error, RunError, RunOutcome,
+    cancel, deliver, drive, run, start, CancelOutcome, Driven, Error, Parked, RunError, RunOutcome,
 };
 pub use sources::Awakeable;
 pub use store::{Append, AppendOutcome, Error as StoreError, JournalStore, Park, ParkOutcome};

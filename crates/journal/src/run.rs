@@ -97,6 +97,18 @@ pub struct Driven {
     pub result: Result<RunOutcome, RunError>,
     /// What it did.
     pub stats: RunStats,
+    /// How the park went, when the run parked: lets a caller tell a wake that landed mid-run
+    /// from a due deadline without reading the row again.
+    pub parked: Option<Parked>,
+}
+
+/// The park at the end of a suspended run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Parked {
+    /// What the park did.
+    pub outcome: ParkOutcome,
+    /// The `wake_after` it wrote.
+    pub wake_after: Option<OffsetDateTime>,
 }
 
 /// Drives one run of `workflow` for `instance` over its preloaded `journal` (the instance's
@@ -116,6 +128,7 @@ pub async fn drive(
         return Driven {
             result,
             stats: RunStats::default(),
+            parked: None,
         };
     }
     let key = instance.key.clone();
@@ -134,8 +147,15 @@ pub async fn drive(
     );
     let body = CatchPanic::new(workflow.call(ctx.clone(), instance.input.clone())).await;
     let result = settle(&store, &ctx, &options, body).await;
-    let stats = ctx.state().stats;
-    Driven { result, stats }
+    let (stats, parked) = {
+        let state = ctx.state();
+        (state.stats, state.parked)
+    };
+    Driven {
+        result,
+        stats,
+        parked,
+    }
 }
 
 async fn settle(
@@ -221,7 +241,14 @@ async fn settle(
                 awaited: awaiting,
                 wake_after,
             };
-            match store.instance_park(&park).await {
+            let parked = store.instance_park(&park).await;
+            if let Ok(outcome) = &parked {
+                ctx.state().parked = Some(Parked {
+                    outcome: *outcome,
+                    wake_after,
+                });
+            }
+            match parked {
                 Ok(ParkOutcome::Suspended | ParkOutcome::WokenBeforePark) => {
                     Ok(RunOutcome::Suspended)
                 }
@@ -440,6 +467,7 @@ pub async fn run(
                 source,
             }),
             stats: RunStats::default(),
+            parked: None,
         },
     }
 }

@@ -247,10 +247,15 @@ impl Worker {
             // An error means the sender is gone, which only happens once we are done anyway.
             let _ = rx.wait_for(|stop| *stop).await;
         };
-        let timers = self.timers.clone().map(|options| {
+        let timers = self.timers.clone().map(|mut options| {
             let wake: Box<dyn WakeSource> = match &self.push {
                 Some(notifier) => notifier.subscribe(WakeFilter::Timers),
-                None => Box::new(FixedPoll),
+                None => {
+                    // Without push a newly armed timer is only seen by polling, so the timer
+                    // loop must poll as often as the resume loop does.
+                    options.idle_fallback = options.idle_fallback.min(self.options.poll_interval);
+                    Box::new(FixedPoll)
+                }
             };
             tokio::spawn(keiro_resume::run_timer_loop(
                 self.store.clone(),

@@ -7,7 +7,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use keiro_journal::{drive, InstanceKey, JournalStore, RunError, RunOutcome, Status, StoreError};
+use keiro_journal::{
+    drive, InstanceKey, JournalStore, ParkOutcome, RunError, RunOutcome, StoreError,
+};
 use keiro_lease::{ClaimOutcome, Crash, CrashOutcome, LeaseStore};
 use time::OffsetDateTime;
 use tokio::task::JoinSet;
@@ -213,7 +215,7 @@ async fn advance(
             if driven.stats.appended > 0 {
                 line.still_suspended = 1;
             } else {
-                classify_quiet_park(store, options, &key, &mut line).await;
+                classify_quiet_park(driven.parked, &mut line);
             }
         }
         Ok(RunOutcome::ContinuedAsNew { .. }) => {}
@@ -269,31 +271,19 @@ async fn advance(
     line
 }
 
-/// A run that parked without appending: read the row to tell a due sleep that no timer worker
-/// fired (blocked) from a wake that landed mid-run (advanced).
-async fn classify_quiet_park(
-    store: &Arc<dyn LeaseStore>,
-    options: &ResumeOptions,
-    key: &InstanceKey,
-    line: &mut ResumeSummary,
-) {
-    match store.instance_get(key).await {
-        Ok(Some(row)) => match row.status {
-            Status::Running => line.advanced = 1,
-            Status::Suspended
-                if row
-                    .wake_after
-                    .is_some_and(|w| w <= OffsetDateTime::now_utc()) =>
-            {
-                line.sleep_due = 1;
-            }
-            _ => {}
-        },
-        Ok(None) => {}
-        Err(error) => {
-            line.transient_errors = 1;
-            transient(options, Some(key), &error);
-        }
+/// A run that parked without appending: tell a wake that landed mid-run (advanced) from a
+/// due sleep that no timer worker fired (blocked), from what the park itself reported.
+fn classify_quiet_park(parked: Option<keiro_journal::Parked>, line: &mut ResumeSummary) {
+    match parked {
+        Some(keiro_journal::Parked {
+            outcome: ParkOutcome::WokenBeforePark,
+            ..
+        }) => line.advanced = 1,
+        Some(keiro_journal::Parked {
+            outcome: ParkOutcome::Suspended,
+            wake_after: Some(wake_after),
+        }) if wake_after <= OffsetDateTime::now_utc() => line.sleep_due = 1,
+        _ => {}
     }
 }
 
@@ -351,8 +341,13 @@ async fn release(
     fence: &keiro_journal::Fence,
     progressed: bool,
 ) {
-    // Best effort: a failed release only delays the next claim until the lease expires.
-    if let Err(error) = store.instance_release(key, fence, progressed).await {
+    // Best effort: a failed release only delays the next claim until the lease expires. One
+    // retry, because a connection the database just dropped fails once and is then replaced.
+    let mut result = store.instance_release(key, fence, progressed).await;
+    if matches!(&result, Err(e) if e.is_retryable()) {
+        result = store.instance_release(key, fence, progressed).await;
+    }
+    if let Err(error) = result {
         transient(options, Some(key), &error);
     }
 }

@@ -19,8 +19,9 @@ use crate::wake::{WakeReason, WakeSource};
 
 /// The default number of timers fired per store call.
 pub const TIMER_BATCH_SIZE_DEFAULT: i64 = 100;
-/// The default longest sleep of an idle timer loop (a safety net: arming a timer notifies).
-pub const TIMER_IDLE_FALLBACK_DEFAULT: Duration = Duration::from_secs(60);
+/// The default longest sleep of an idle push-woken timer loop: a safety net, since arming a
+/// timer notifies (a polling loop uses its poll interval instead).
+pub const TIMER_IDLE_FALLBACK_DEFAULT: Duration = Duration::from_secs(300);
 /// The default age after which a timer stuck in `firing` is requeued (the seed's 300 s).
 pub const TIMER_REQUEUE_STUCK_AFTER_DEFAULT: Duration = Duration::from_secs(300);
 

@@ -14,7 +14,7 @@ use crate::{Registry, ResumeOptions, ResumeSummary};
 /// Runs passes until `shutdown` resolves, returning the sum of every pass.
 ///
 /// After a pass that advanced something the next pass starts at once (there may be more);
-/// otherwise the loop waits on `wake` for a notification or `poll_interval` (±10%). A failing
+/// otherwise the loop waits on `wake` for a notification or `poll_interval` (plus 0-20%). A failing
 /// pass is logged and the loop goes on. Shutdown is graceful: once it resolves no new run is
 /// claimed, runs already started finish and release their leases, then the loop returns.
 pub async fn run_loop<W: WakeSource>(
