@@ -1,7 +1,8 @@
 //! The storage contract of the journal: whole atomic operations, never loose row writes.
 //!
 //! Every method is one transaction in the Postgres store and one critical section in the
-//! memory store. The conformance suite in the workspace `tests/` crate runs against both.
+//! memory store. The conformance suite in the workspace `tests/` crate runs against both; the
+//! rule-by-rule contract it checks is `docs/store-contract.md` at the repository root.
 
 use std::error::Error as StdError;
 use std::fmt;

@@ -68,7 +68,7 @@ pub(crate) struct BenchArgs {
     pub(crate) steps: u64,
     /// Runs the worker drives at once (C): the measured worker of `throughput`, the worker
     /// that parks the runs of `idle`.
-    #[arg(short = 'c', long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    #[arg(short = 'c', long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub(crate) concurrency: u64,
     /// Tasks starting the workflows concurrently (`throughput`, `idle`).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=256))]
