@@ -153,6 +153,18 @@ impl LeaseStore for FaultyStore {
     ) -> Result<ClaimOutcome> {
         self.inner.instance_claim(key, owner, ttl, now).await
     }
+    async fn instances_claim_batch(
+        &self,
+        names: &[keiro::WorkflowName],
+        owner: &str,
+        ttl: Duration,
+        limit: i64,
+        now: Option<OffsetDateTime>,
+    ) -> Result<Vec<keiro_lease::Claim>> {
+        self.inner
+            .instances_claim_batch(names, owner, ttl, limit, now)
+            .await
+    }
     async fn instance_lease_renew(
         &self,
         key: &InstanceKey,

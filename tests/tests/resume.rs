@@ -32,6 +32,8 @@ on_both_stores!(
     completed_workflow_is_not_discovered_and_passes_are_stable,
     fixed_poll_loop_survives_poison_and_shuts_down_gracefully,
     backoff_paces_a_crashed_workflow,
+    batch_claim_takes_only_claimable_registered_instances,
+    concurrent_batch_claims_never_share_an_instance,
 );
 
 fn counted(
@@ -775,5 +777,118 @@ async fn backoff_paces_a_crashed_workflow(h: Harness) -> TestResult {
         (1, 1, 0, 0),
         "still discovered, but paced"
     );
+    Ok(())
+}
+
+async fn batch_claim_takes_only_claimable_registered_instances(h: Harness) -> TestResult {
+    let names = [WorkflowName::new("mine")?];
+    let ttl = Duration::from_secs(60);
+    for id in ["fresh", "leased", "paced", "parked", "done", "second"] {
+        h.keiro.start("mine", id, &()).await?;
+    }
+    h.keiro.start("theirs", "other", &()).await?;
+    h.store
+        .journal_append(&Append::external(
+            key("mine", "second"),
+            Event::StepRecorded {
+                step: "s".into(),
+                kind: StepKind::Step,
+                result: json!(7),
+            },
+        ))
+        .await?;
+    assert!(matches!(
+        h.store
+            .instance_claim(&key("mine", "leased"), "someone", ttl, None)
+            .await?,
+        ClaimOutcome::Acquired(_)
+    ));
+    let ClaimOutcome::Acquired(paced) = h
+        .store
+        .instance_claim(&key("mine", "paced"), "someone", ttl, None)
+        .await?
+    else {
+        panic!()
+    };
+    let crash = keiro_lease::Crash {
+        error: "x".into(),
+        retry_delay: Duration::from_secs(60),
+        max_attempts: 5,
+    };
+    h.store
+        .instance_record_crash(&key("mine", "paced"), &paced.fence, &crash)
+        .await?;
+    h.store
+        .instance_park(&keiro_journal::Park {
+            key: key("mine", "parked"),
+            generation: 0,
+            fence: None,
+            awaited: vec!["x".into()],
+            wake_after: None,
+        })
+        .await?;
+    h.store
+        .journal_append(&Append::external(
+            key("mine", "done"),
+            Event::WorkflowCompleted { output: json!(1) },
+        ))
+        .await?;
+
+    let claims = h
+        .store
+        .instances_claim_batch(&names, "me", ttl, 10, None)
+        .await?;
+    let mut got: Vec<String> = claims
+        .iter()
+        .map(|c| c.instance.key.id.to_string())
+        .collect();
+    got.sort();
+    assert_eq!(got, ["fresh", "second"]);
+    for claim in &claims {
+        assert_eq!(claim.fence.owner, "me");
+        assert_eq!(claim.instance.lease_owner.as_deref(), Some("me"));
+        assert_eq!(claim.fence.epoch, claim.instance.lease_epoch);
+    }
+    let second = claims
+        .iter()
+        .find(|c| c.instance.key.id.as_str() == "second")
+        .expect("claimed");
+    assert_eq!(second.journal.len(), 1, "the claim carries the journal");
+    assert!(
+        h.store
+            .instances_claim_batch(&names, "me", ttl, 10, None)
+            .await?
+            .is_empty(),
+        "now all leased"
+    );
+    assert!(h
+        .store
+        .instances_claim_batch(&names, "me", ttl, 0, None)
+        .await?
+        .is_empty());
+    Ok(())
+}
+
+async fn concurrent_batch_claims_never_share_an_instance(h: Harness) -> TestResult {
+    let names = [WorkflowName::new("pile")?];
+    for i in 0..60 {
+        h.keiro.start("pile", &format!("p-{i}"), &()).await?;
+    }
+    let ttl = Duration::from_secs(60);
+    let (a, b, c) = tokio::join!(
+        h.store.instances_claim_batch(&names, "a", ttl, 25, None),
+        h.store.instances_claim_batch(&names, "b", ttl, 25, None),
+        h.store.instances_claim_batch(&names, "c", ttl, 25, None),
+    );
+    let mut all: Vec<String> = [a?, b?, c?]
+        .into_iter()
+        .flatten()
+        .map(|c| c.instance.key.id.to_string())
+        .collect();
+    let total = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), total, "an instance was claimed twice");
+    assert_eq!(total, 60, "together they claimed everything");
     Ok(())
 }

@@ -3,10 +3,10 @@
 use std::time::Duration;
 
 use keiro_journal::store::Result;
-use keiro_journal::{Fence, InstanceKey, JournalStore};
+use keiro_journal::{Fence, InstanceKey, JournalStore, WorkflowName};
 use time::OffsetDateTime;
 
-use crate::{ClaimOutcome, Crash, CrashOutcome, ResurrectOutcome};
+use crate::{Claim, ClaimOutcome, Crash, CrashOutcome, ResurrectOutcome};
 
 /// Lease, discovery and crash operations, each one transaction.
 ///
@@ -32,6 +32,23 @@ pub trait LeaseStore: JournalStore {
         ttl: Duration,
         now: Option<OffsetDateTime>,
     ) -> Result<ClaimOutcome>;
+
+    /// Claims up to `limit` runnable instances whose workflow name is in `names` for `owner`
+    /// until `now + ttl`, in one round trip: runnable as in
+    /// [`instances_runnable`](Self::instances_runnable), lease free or expired, backoff gate
+    /// open; highest priority first, then oldest. Rows another claimer holds at that moment are
+    /// skipped (`SKIP LOCKED`), never waited for, never claimed twice. Each claim carries the
+    /// row after the claim and its current generation's journal, like
+    /// [`instance_claim`](Self::instance_claim). Worker loops use this; the exact seed pass
+    /// (`resume_once`) discovers and classifies instead.
+    async fn instances_claim_batch(
+        &self,
+        names: &[WorkflowName],
+        owner: &str,
+        ttl: Duration,
+        limit: i64,
+        now: Option<OffsetDateTime>,
+    ) -> Result<Vec<Claim>>;
 
     /// Renews a held lease to `now + ttl`.
     ///

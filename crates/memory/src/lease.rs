@@ -12,7 +12,7 @@ use std::cmp::Reverse;
 use std::time::Duration;
 
 use keiro_journal::store::Result;
-use keiro_journal::{marker_name, Event, Fence, InstanceKey, Status};
+use keiro_journal::{marker_name, Event, Fence, InstanceKey, Status, WorkflowName};
 use keiro_lease::{
     classify_refusal, Claim, ClaimGate, ClaimOutcome, Crash, CrashOutcome, LeaseStore,
     ResurrectOutcome,
@@ -249,6 +249,40 @@ impl LeaseStore for MemoryStore {
     ) -> Result<ClaimOutcome> {
         self.transact("claiming an instance", |state| {
             state.instance_claim(key, owner, ttl, now)
+        })
+    }
+
+    async fn instances_claim_batch(
+        &self,
+        names: &[WorkflowName],
+        owner: &str,
+        ttl: Duration,
+        limit: i64,
+        now: Option<OffsetDateTime>,
+    ) -> Result<Vec<Claim>> {
+        self.transact("claiming a batch of instances", |state| {
+            let now = now.unwrap_or_else(|| state.clock.now());
+            // Discovery order, restricted to the caller's names; each candidate then goes
+            // through the single claim, so the rules cannot drift apart. Under the one lock no
+            // other claimer can interleave, which is what SKIP LOCKED buys in Postgres.
+            let candidates: Vec<InstanceKey> = state
+                .instances_runnable(Some(now), None)
+                .into_iter()
+                .filter(|key| names.contains(&key.name))
+                .collect();
+            let limit = usize::try_from(limit.max(0)).unwrap_or(usize::MAX);
+            let mut claims = Vec::new();
+            for key in candidates {
+                if claims.len() >= limit {
+                    break;
+                }
+                if let ClaimOutcome::Acquired(claim) =
+                    state.instance_claim(&key, owner, ttl, Some(now))?
+                {
+                    claims.push(*claim);
+                }
+            }
+            Ok(claims)
         })
     }
 

@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use keiro_journal::store::Result;
-use keiro_journal::{Fence, Instance, InstanceKey, JournalEntry};
+use keiro_journal::{Fence, Instance, InstanceKey, JournalEntry, WorkflowName};
 use keiro_lease::{
     classify_refusal, Claim, ClaimGate, ClaimOutcome, Crash, CrashOutcome, LeaseStore,
     ResurrectOutcome,
@@ -122,6 +122,61 @@ async fn instance_claim(
 }
 
 /// The refused row's claim gate; `None` when the instance does not exist.
+const CLAIM_BATCH: &str = "claiming a batch of instances";
+
+// The function returns one row per claimed instance: the row after the claim and the current
+// generation's journal, so a whole batch of claims costs one round trip.
+const INSTANCES_CLAIM_BATCH: &str = concat!(
+    "SELECT ",
+    instance_columns!("(c.instance)."),
+    ", c.journal_seq, c.journal_step, c.journal_kind, c.journal_payload, c.journal_recorded_at",
+    " FROM keiro_instances_claim_batch($1, $2, $3, $4, $5) c"
+);
+
+async fn instances_claim_batch(
+    store: &PgStore,
+    names: &[WorkflowName],
+    owner: &str,
+    ttl: Duration,
+    limit: i64,
+    now: Option<OffsetDateTime>,
+) -> Result<Vec<Claim>> {
+    let names: Vec<&str> = names.iter().map(WorkflowName::as_str).collect();
+    let limit = i32::try_from(limit.max(0)).unwrap_or(i32::MAX);
+    let rows = store
+        .query(
+            CLAIM_BATCH,
+            INSTANCES_CLAIM_BATCH,
+            &[&names, &owner, &span_ms(ttl), &limit, &now],
+        )
+        .await?;
+    let mut claims = Vec::with_capacity(rows.len());
+    let mut malformed = None;
+    for row in &rows {
+        let instance = row::instance(row, CLAIM_BATCH)?;
+        let fence = Fence {
+            owner: owner.to_owned(),
+            epoch: instance.lease_epoch,
+        };
+        match claimed_journal(row, &instance) {
+            Ok(journal) => claims.push(Claim {
+                fence,
+                instance,
+                journal,
+            }),
+            Err(error) => {
+                // As for a single claim: a journal nobody can drive goes back unleased.
+                let _ = instance_release(store, &instance.key, &fence, false).await;
+                malformed.get_or_insert(error);
+            }
+        }
+    }
+    match malformed {
+        Some(error) if claims.is_empty() => Err(error),
+        _ => Ok(claims),
+    }
+}
+
 fn gate(row: &Row) -> Result<Option<ClaimGate>> {
     let status: Option<String> = column(row, "status", CLAIM)?;
     let Some(status) = status else {
@@ -342,6 +397,17 @@ impl LeaseStore for PgStore {
         now: Option<OffsetDateTime>,
     ) -> Result<ClaimOutcome> {
         instance_claim(self, key, owner, ttl, now).await
+    }
+
+    async fn instances_claim_batch(
+        &self,
+        names: &[WorkflowName],
+        owner: &str,
+        ttl: Duration,
+        limit: i64,
+        now: Option<OffsetDateTime>,
+    ) -> Result<Vec<Claim>> {
+        instances_claim_batch(self, names, owner, ttl, limit, now).await
     }
 
     async fn instance_lease_renew(

@@ -33,6 +33,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "wake_sources",
         sql: include_str!("../../../migrations/0002_wake_sources.sql"),
     },
+    Migration {
+        version: 3,
+        name: "claim_batch",
+        sql: include_str!("../../../migrations/0003_claim_batch.sql"),
+    },
 ];
 
 const MIGRATE: &str = "migrating the schema";

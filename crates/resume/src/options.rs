@@ -40,10 +40,11 @@ pub struct ResumeOptions {
     pub reconcile: Option<Duration>,
     /// Crash backoff. Defaults to [`BackoffPolicy::default`] (`min(2^(attempts+1), 64)` s).
     pub backoff: BackoffPolicy,
-    /// How many candidates one pass of a worker loop takes (`None`: all). A pass finishes its
-    /// runs before the next discovery, so bounding it bounds how long a newly runnable instance
-    /// (a dead worker's, a fresh start) can wait behind a long pass. One-off passes
-    /// (`resume_once`) are unbounded. Defaults to `Some(`[`PASS_LIMIT_DEFAULT`]`)`.
+    /// The most runs one pass of a worker loop claims (`None`: no cap). A pass claims in small
+    /// batches as its slots free up (holding at most twice `max_concurrent_advances` claims at
+    /// once) and ends when nothing more is claimable or this many were claimed. One-off passes
+    /// (`resume_once`) are unbounded.
+    /// Defaults to `Some(`[`PASS_LIMIT_DEFAULT`]`)`.
     pub pass_limit: Option<usize>,
     /// Largest payload accepted. Defaults to
     /// [`PAYLOAD_LEN_MAX_DEFAULT`](keiro_journal::PAYLOAD_LEN_MAX_DEFAULT).

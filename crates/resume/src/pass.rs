@@ -104,6 +104,111 @@ pub(crate) async fn pass(
     Ok(summary)
 }
 
+/// A worker loop's pass: claim up to `limit` runnable instances of the registered workflows in
+/// one round trip, then drive them, up to `max_concurrent_advances` at once. Cheaper than
+/// discover-then-claim (no claim round trip per run); the summary counts only what was claimed,
+/// so unknown names, paced and leased-elsewhere instances are reported by `resume_once`, not
+/// here. Claims not started when `stop` is set are released.
+pub(crate) async fn claim_pass(
+    store: &Arc<dyn LeaseStore>,
+    registry: &Registry,
+    options: &ResumeOptions,
+    limit: usize,
+    stop: &AtomicBool,
+) -> Result<ResumeSummary, StoreError> {
+    if let Some(metrics) = &options.metrics {
+        if let Ok(pending) = store.awakeables_pending().await {
+            metrics.awakeables_pending(pending);
+        }
+    }
+    let owner = options
+        .owner
+        .clone()
+        .unwrap_or_else(|| format!("keiro-{}", uuid::Uuid::new_v4()));
+    let names = registry.names();
+    let refill = options.concurrency().saturating_mul(2);
+    let mut summary = ResumeSummary::default();
+    let shared = Arc::new(options.clone());
+    let mut tasks = JoinSet::new();
+    let mut pending: std::collections::VecDeque<keiro_lease::Claim> =
+        std::collections::VecDeque::new();
+    let (mut claimed, mut exhausted) = (0usize, false);
+    loop {
+        // Keep the slots fed: claim more as soon as fewer than `concurrency` runs are queued or
+        // running, up to twice the concurrency held at once and `limit` per pass. Runs queue
+        // briefly on their leases, never long, and no slot idles behind a slow batch-mate.
+        let held = pending.len() + tasks.len();
+        if !exhausted
+            && !stop.load(Ordering::Relaxed)
+            && held < options.concurrency()
+            && claimed < limit
+        {
+            let want = refill.saturating_sub(held).min(limit - claimed);
+            let batch = store
+                .instances_claim_batch(
+                    &names,
+                    &owner,
+                    options.lease_ttl,
+                    i64::try_from(want).unwrap_or(i64::MAX),
+                    None,
+                )
+                .await;
+            match batch {
+                Ok(claims) => {
+                    exhausted = claims.len() < want;
+                    claimed += claims.len();
+                    summary.discovered += u64::try_from(claims.len()).unwrap_or(u64::MAX);
+                    pending.extend(claims);
+                }
+                // The first claim failing fails the pass, like a failed discovery; a later
+                // one only ends it early, after the runs already claimed.
+                Err(error) if claimed == 0 => return Err(error),
+                Err(error) => {
+                    exhausted = true;
+                    transient(options, None, &error);
+                }
+            }
+        }
+        while tasks.len() < options.concurrency() && !stop.load(Ordering::Relaxed) {
+            let Some(claim) = pending.pop_front() else {
+                break;
+            };
+            let Some(workflow) = registry.get(&claim.instance.key.name).cloned() else {
+                // Only registered names are claimed; a registry cannot shrink mid-pass.
+                release(store, options, &claim.instance.key, &claim.fence, false).await;
+                continue;
+            };
+            let (store, shared) = (store.clone(), shared.clone());
+            tasks.spawn(async move { drive_claimed(&store, workflow, &shared, claim).await });
+        }
+        match tasks.join_next().await {
+            Some(Ok(line)) => summary += line,
+            Some(Err(join_error)) => {
+                summary.transient_errors += 1;
+                (options.log)(&ResumeLogEvent::TransientError {
+                    key: None,
+                    error: format!("candidate task failed: {join_error}"),
+                });
+            }
+            None => {
+                // Nothing running: stop when asked to (unstarted claims are released below) or
+                // when there is nothing left to start or claim.
+                let more = !exhausted && claimed < limit;
+                if stop.load(Ordering::Relaxed) || (pending.is_empty() && !more) {
+                    break;
+                }
+            }
+        }
+    }
+    for claim in pending {
+        release(store, options, &claim.instance.key, &claim.fence, false).await;
+    }
+    (options.log)(&ResumeLogEvent::PassFinished {
+        summary: summary.clone(),
+    });
+    Ok(summary)
+}
+
 /// Repeats passes while they advance something; returns the sum. A pass that advances nothing
 /// means the rest is blocked (paced, unregistered, leased elsewhere, transient, due sleeps
 /// with no timer worker), so the drain stops rather than spinning.
@@ -165,7 +270,22 @@ async fn advance(
             return line;
         }
     };
-    line.resumed = 1;
+    line += drive_claimed(store, workflow, options, *claim).await;
+    line
+}
+
+/// Drives one claimed run and classifies how it ended: the summary line of a granted claim.
+async fn drive_claimed(
+    store: &Arc<dyn LeaseStore>,
+    workflow: Arc<dyn keiro_journal::Workflow>,
+    options: &ResumeOptions,
+    claim: keiro_lease::Claim,
+) -> ResumeSummary {
+    let mut line = ResumeSummary {
+        resumed: 1,
+        ..ResumeSummary::default()
+    };
+    let key = claim.instance.key.clone();
     let fence = claim.fence.clone();
     let mut run_options = options.run_options();
     run_options.fence = Some(fence.clone());

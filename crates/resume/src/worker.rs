@@ -7,11 +7,15 @@ use std::sync::Arc;
 use keiro_lease::LeaseStore;
 
 use crate::log::{error_chain, ResumeLogEvent};
-use crate::pass::pass;
+use crate::pass::claim_pass;
 use crate::wake::{jittered, WakeReason, WakeSource};
 use crate::{Registry, ResumeOptions, ResumeSummary};
 
 /// Runs passes until `shutdown` resolves, returning the sum of every pass.
+///
+/// Each pass claims a batch of runnable instances of the registered workflows in one round
+/// trip (`instances_claim_batch`) and drives them; unknown names, paced and leased-elsewhere
+/// instances are left alone (report them with `resume_once`).
 ///
 /// After a pass that advanced something the next pass starts at once (there may be more);
 /// otherwise the loop waits on `wake` for a notification or `poll_interval` (plus 0-20%). A failing
@@ -29,7 +33,8 @@ pub async fn run_loop<W: WakeSource>(
     let stop = AtomicBool::new(false);
     loop {
         let result = {
-            let current = pass(&store, &registry, &options, options.pass_limit, &stop);
+            let batch = options.pass_limit.unwrap_or(usize::MAX);
+            let current = claim_pass(&store, &registry, &options, batch, &stop);
             let mut current = std::pin::pin!(current);
             loop {
                 tokio::select! {

@@ -1,5 +1,5 @@
 //! Reading back what keiro recorded, through the OpenTelemetry SDK's in-memory exporter
-//! (feature `testing`): for tests of code that takes a [`Metrics`](super::Metrics).
+//! (feature `testing`): for tests of code that takes a [`Metrics`].
 //!
 //! ```
 //! use keiro_telemetry::testing::Recorder;
