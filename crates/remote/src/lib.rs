@@ -9,7 +9,3 @@
 //!
 //! Until then, work that must run elsewhere can be modelled with the journal's wake sources: a
 //! step that enqueues the work and an awakeable whose id travels with it.
-//!
-//! ```
-//! // Nothing to call yet; the crate only reserves its place in the workspace.
-//! ```
