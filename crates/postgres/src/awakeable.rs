@@ -9,9 +9,8 @@ use keiro_journal::{awakeable_step, AwakeableOutcome, AwakeableStatus, Envelope}
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::journal::{append_outcome, encoded_step, unknown_outcome};
+use crate::journal::{append_outcome, encoded_step, unknown_outcome, AppendArgs};
 use crate::row::{column, count, malformed};
-use crate::store::span_ms;
 use crate::PgStore;
 
 const CREATE: &str = "creating an awakeable";
@@ -27,30 +26,11 @@ pub(crate) async fn awakeable_create(
     append: &Append,
     id: Uuid,
 ) -> Result<AppendOutcome> {
-    let key = &append.key;
-    let encoded = encoded_step(append, CREATE)?;
-    let owner = append.fence.as_ref().map(|f| f.owner.as_str());
-    let epoch = append.fence.as_ref().map(|f| f.epoch);
-    let renew_ms = append.renew.map(span_ms);
-    let row = store
-        .query_one(
-            CREATE,
-            AWAKEABLE_CREATE,
-            &[
-                &key.name.as_str(),
-                &key.id.as_str(),
-                &append.generation,
-                &encoded.step_name,
-                &encoded.kind,
-                &encoded.payload,
-                &owner,
-                &epoch,
-                &renew_ms,
-                &id,
-            ],
-        )
-        .await?;
-    append_outcome(&row, CREATE, key, append.fence.as_ref())
+    let args = AppendArgs::new(append, encoded_step(append, CREATE)?);
+    let mut params = args.params();
+    params.push(&id);
+    let row = store.query_one(CREATE, AWAKEABLE_CREATE, &params).await?;
+    append_outcome(&row, CREATE, &append.key, append.fence.as_ref())
 }
 
 const AWAKEABLE_SETTLE: &str =

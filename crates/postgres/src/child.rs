@@ -8,8 +8,9 @@
 use keiro_journal::store::{Append, AppendOutcome, Result};
 use keiro_journal::{ChildSpawn, InstanceKey};
 
-use crate::journal::{append_outcome, encoded_step};
-use crate::store::span_ms;
+use tokio_postgres::types::ToSql;
+
+use crate::journal::{append_outcome, encoded_step, AppendArgs};
 use crate::PgStore;
 
 const SPAWN: &str = "spawning a child instance";
@@ -23,33 +24,17 @@ pub(crate) async fn child_spawn(
     append: &Append,
     spawn: &ChildSpawn,
 ) -> Result<AppendOutcome> {
-    let key = &append.key;
-    let encoded = encoded_step(append, SPAWN)?;
-    let owner = append.fence.as_ref().map(|f| f.owner.as_str());
-    let epoch = append.fence.as_ref().map(|f| f.epoch);
-    let renew_ms = append.renew.map(span_ms);
-    let row = store
-        .query_one(
-            SPAWN,
-            CHILD_SPAWN,
-            &[
-                &key.name.as_str(),
-                &key.id.as_str(),
-                &append.generation,
-                &encoded.step_name,
-                &encoded.kind,
-                &encoded.payload,
-                &owner,
-                &epoch,
-                &renew_ms,
-                &spawn.child.name.as_str(),
-                &spawn.child.id.as_str(),
-                &spawn.input,
-                &spawn.await_step,
-            ],
-        )
-        .await?;
-    append_outcome(&row, SPAWN, key, append.fence.as_ref())
+    let args = AppendArgs::new(append, encoded_step(append, SPAWN)?);
+    let (child_name, child_id) = (spawn.child.name.as_str(), spawn.child.id.as_str());
+    let mut params = args.params();
+    params.extend([
+        &child_name as &(dyn ToSql + Sync),
+        &child_id,
+        &spawn.input,
+        &spawn.await_step,
+    ]);
+    let row = store.query_one(SPAWN, CHILD_SPAWN, &params).await?;
+    append_outcome(&row, SPAWN, &append.key, append.fence.as_ref())
 }
 
 const INSTANCE_CANCEL: &str =

@@ -13,6 +13,7 @@ use keiro_journal::{
 };
 use serde_json::Value;
 use time::OffsetDateTime;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
@@ -142,29 +143,52 @@ async fn journal_append(store: &PgStore, append: &Append) -> Result<AppendOutcom
             source: "only steps and lifecycle markers go through journal_append".into(),
         });
     }
-    let key = &append.key;
-    let encoded = append.event.encode();
-    let owner = append.fence.as_ref().map(|f| f.owner.as_str());
-    let epoch = append.fence.as_ref().map(|f| f.epoch);
-    let renew_ms = append.renew.map(span_ms);
+    let args = AppendArgs::new(append, append.event.encode());
     let row = store
-        .query_one(
-            APPEND,
-            JOURNAL_APPEND,
-            &[
-                &key.name.as_str(),
-                &key.id.as_str(),
-                &append.generation,
-                &encoded.step_name,
-                &encoded.kind,
-                &encoded.payload,
-                &owner,
-                &epoch,
-                &renew_ms,
-            ],
-        )
+        .query_one(APPEND, JOURNAL_APPEND, &args.params())
         .await?;
-    append_outcome(&row, APPEND, key, append.fence.as_ref())
+    append_outcome(&row, APPEND, &append.key, append.fence.as_ref())
+}
+
+/// The nine leading parameters every append-shaped function takes, in order: the instance,
+/// the writer's generation, the encoded event, and the writer's fence with its renewal.
+pub(crate) struct AppendArgs<'a> {
+    name: &'a str,
+    id: &'a str,
+    generation: Option<i32>,
+    encoded: EncodedEvent,
+    owner: Option<&'a str>,
+    epoch: Option<i64>,
+    renew_ms: Option<i64>,
+}
+
+impl<'a> AppendArgs<'a> {
+    pub(crate) fn new(append: &'a Append, encoded: EncodedEvent) -> Self {
+        Self {
+            name: append.key.name.as_str(),
+            id: append.key.id.as_str(),
+            generation: append.generation,
+            encoded,
+            owner: append.fence.as_ref().map(|f| f.owner.as_str()),
+            epoch: append.fence.as_ref().map(|f| f.epoch),
+            renew_ms: append.renew.map(span_ms),
+        }
+    }
+
+    /// The parameters; operations with more append them after these.
+    pub(crate) fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
+        vec![
+            &self.name,
+            &self.id,
+            &self.generation,
+            &self.encoded.step_name,
+            &self.encoded.kind,
+            &self.encoded.payload,
+            &self.owner,
+            &self.epoch,
+            &self.renew_ms,
+        ]
+    }
 }
 
 /// The encoded event of an append that a wake-source operation makes together with its own
