@@ -130,8 +130,11 @@ async fn journal_history(store: &PgStore, key: &InstanceKey) -> Result<Vec<Journ
     row::entries(&rows, HISTORY)
 }
 
-const JOURNAL_APPEND: &str =
-    "SELECT outcome, recorded, marker FROM keiro_journal_append($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+// `keiro_journal_append_to` itself, not the `keiro_journal_append` wrapper: a LANGUAGE sql
+// function returning a record is never inlined, so the wrapper was parsed and planned again on
+// every call, which cost about as much as the append (migration 0004).
+const JOURNAL_APPEND: &str = "SELECT outcome, recorded, marker \
+     FROM keiro_journal_append_to($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
 async fn journal_append(store: &PgStore, append: &Append) -> Result<AppendOutcome> {
     if matches!(append.event, Event::Resurrected) {

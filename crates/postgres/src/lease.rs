@@ -189,7 +189,7 @@ fn gate(row: &Row) -> Result<Option<ClaimGate>> {
     }))
 }
 
-/// The journal a granted claim returned as parallel arrays, in `seq` order.
+/// The journal a granted claim returned as parallel arrays, put in `seq` order.
 fn claimed_journal(row: &Row, instance: &Instance) -> Result<Vec<JournalEntry>> {
     let seqs: Option<Vec<i64>> = column(row, "journal_seq", CLAIM)?;
     let steps: Option<Vec<String>> = column(row, "journal_step", CLAIM)?;
@@ -211,7 +211,8 @@ fn claimed_journal(row: &Row, instance: &Instance) -> Result<Vec<JournalEntry>> 
             "the claimed journal's columns differ in length",
         ));
     }
-    seqs.into_iter()
+    let mut journal = seqs
+        .into_iter()
         .zip(steps)
         .zip(kinds)
         .zip(payloads)
@@ -227,7 +228,11 @@ fn claimed_journal(row: &Row, instance: &Instance) -> Result<Vec<JournalEntry>> 
             }
             .decode(CLAIM)
         })
-        .collect()
+        .collect::<Result<Vec<_>>>()?;
+    // The claim functions aggregate the rows in one pass, in index order (by step name), which
+    // saves the database a sort per array; the replay needs them in append order.
+    journal.sort_unstable_by_key(|entry| entry.seq);
+    Ok(journal)
 }
 
 // One statement, so telling "not yours" from "not there" costs no second round trip; both

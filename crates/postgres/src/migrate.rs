@@ -38,6 +38,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "claim_batch",
         sql: include_str!("../../../migrations/0003_claim_batch.sql"),
     },
+    Migration {
+        version: 4,
+        name: "hot_path",
+        sql: include_str!("../../../migrations/0004_hot_path.sql"),
+    },
 ];
 
 const MIGRATE: &str = "migrating the schema";
