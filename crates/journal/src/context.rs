@@ -2,6 +2,8 @@
 //! patch decisions and continue as new.
 //!
 //! A fresh step costs one store round trip in steady state: its append also renews the lease
+//! (a store may skip the rewrite while more than 3/4 of the lease is left, so a confirmation
+//! always leaves at least half a TTL when the next action starts)
 //! and re-checks the terminal markers. Before a fresh action the context confirms the lease
 //! explicitly only when the last confirmation is older than [`RunOptions::confirm_after`], so a
 //! long gap between steps (or a slow body) never runs an action on a stale lease.
