@@ -10,8 +10,8 @@ use keiro::{
     JournalStore, LeaseStore, ResurrectOutcome, Started, Status,
 };
 use keiro_journal::{
-    AwakeableOutcome, ChildSpawn, Park, ParkOutcome, SignalSendOutcome, SignalWait,
-    SignalWaitOutcome, StartRequest, TimerArm, TimerFiring,
+    AwakeableOutcome, ChildSpawn, Park, ParkOutcome, RemoteArm, RemoteArmOutcome,
+    SignalSendOutcome, SignalWait, SignalWaitOutcome, StartRequest, TimerArm, TimerFiring,
 };
 use keiro_lease::Crash;
 use serde_json::Value;
@@ -132,6 +132,12 @@ impl JournalStore for FaultyStore {
     }
     async fn instance_cancel(&self, key: &InstanceKey, cascade: bool) -> Result<AppendOutcome> {
         self.inner.instance_cancel(key, cascade).await
+    }
+    async fn remote_arm(&self, arm: &RemoteArm) -> Result<RemoteArmOutcome> {
+        if self.fail_appends.load(Ordering::SeqCst) {
+            return Err(unavailable("dispatching a remote step"));
+        }
+        self.inner.remote_arm(arm).await
     }
 }
 

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use keiro::{InstanceKey, Keiro, LeaseStore, ResumeOptions};
+use keiro_remote::{RemoteAdmin, Transport};
 
 use crate::pg::TestDb;
 
@@ -27,6 +28,10 @@ pub struct Harness {
     pub backend: Backend,
     /// The store.
     pub store: Arc<dyn LeaseStore>,
+    /// The same store as a remote-step transport.
+    pub transport: Arc<dyn Transport>,
+    /// The same store's operator tools.
+    pub admin: Arc<dyn RemoteAdmin>,
     /// The facade over the same store.
     pub keiro: Keiro,
     /// The Postgres schema, when `backend` is Postgres; dropped with the harness.
@@ -44,10 +49,12 @@ impl std::fmt::Debug for Harness {
 impl Harness {
     /// A harness on a fresh in-memory store.
     pub fn memory() -> Self {
-        let store: Arc<dyn LeaseStore> = Arc::new(keiro_memory::MemoryStore::new());
+        let store = Arc::new(keiro_memory::MemoryStore::new());
         Self {
             backend: Backend::Memory,
-            keiro: Keiro::from_arc(store.clone()),
+            keiro: Keiro::from_store(store.clone()),
+            transport: store.clone(),
+            admin: store.clone(),
             store,
             db: None,
         }
@@ -57,10 +64,12 @@ impl Harness {
     /// database cannot be reached.
     pub async fn postgres() -> Self {
         let db = TestDb::new().await;
-        let store: Arc<dyn LeaseStore> = Arc::new(db.store());
+        let store = Arc::new(db.store());
         Self {
             backend: Backend::Postgres,
-            keiro: Keiro::from_arc(store.clone()),
+            keiro: Keiro::from_store(store.clone()),
+            transport: store.clone(),
+            admin: store.clone(),
             store,
             db: Some(db),
         }

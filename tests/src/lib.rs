@@ -7,6 +7,7 @@
 pub mod faulty;
 pub mod harness;
 pub mod pg;
+pub mod remote_fixtures;
 
 pub use faulty::FaultyStore;
 pub use harness::{key, run_inline, run_with, Backend, Harness, Ledger, TestResult};

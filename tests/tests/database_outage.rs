@@ -90,7 +90,7 @@ async fn a_database_outage_mid_run_is_transient_and_loses_nothing() -> TestResul
         .journal("outage", "o-1")
         .await?
         .iter()
-        .map(|e| e.event.step_name().to_owned())
+        .map(|e| e.event.step_name().into_owned())
         .collect();
     assert_eq!(names, ["before", "cut", "after", "__workflow_completed__"]);
     Ok(())

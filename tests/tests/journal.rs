@@ -98,7 +98,7 @@ async fn journaled_steps_never_run_again(h: Harness) -> TestResult {
         .journal("three", "t-1")
         .await?
         .into_iter()
-        .map(|e| e.event.step_name().to_owned())
+        .map(|e| e.event.step_name().into_owned())
         .collect();
     assert_eq!(steps, ["a", "b", "c", "__workflow_completed__"]);
     let row = h.keiro.instance("three", "t-1").await?.expect("row");
@@ -402,7 +402,7 @@ async fn cancel_stops_the_run_at_its_next_boundary(h: Harness) -> TestResult {
         .journal("cx", "c-1")
         .await?
         .iter()
-        .map(|e| e.event.step_name().to_owned())
+        .map(|e| e.event.step_name().into_owned())
         .collect();
     assert_eq!(
         names,

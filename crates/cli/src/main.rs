@@ -52,6 +52,12 @@ enum Command {
     Resurrect(ops::KeyArgs),
     /// Force-release an instance's lease; its holder stops at its next step boundary.
     Release(ops::KeyArgs),
+    /// Retry a failed instance: failed remote steps and failed children run again.
+    Requeue(ops::KeyArgs),
+    /// Re-dispatch every pending remote step of an instance.
+    Redispatch(ops::KeyArgs),
+    /// Start `<id>~retry~<hex>` of a failed instance with a corrected input (JSON).
+    RetryWithInput(ops::RetryArgs),
     /// Crash-recovery demo: kill a worker mid-run and verify every guarantee from the database.
     Demo(demo::DemoArgs),
     /// The demo's worker process (spawned by `keiro demo`, not for direct use).
@@ -59,6 +65,9 @@ enum Command {
     DemoWorker(demo::WorkerArgs),
     /// Benchmark: workflows through an in-process worker on a fresh schema.
     Bench(bench::BenchArgs),
+    /// The remote bench's worker process (spawned by `keiro bench --mode remote`).
+    #[command(hide = true)]
+    BenchRemoteWorker(bench::remote::RemoteWorkerArgs),
 }
 
 /// Exit status: 0 on success, 1 when a check failed or an operation was refused, 2 on errors.
@@ -83,9 +92,13 @@ fn main() -> ExitCode {
             Command::Cancel(key) => ops::cancel(&global, &key).await,
             Command::Resurrect(key) => ops::resurrect(&global, &key).await,
             Command::Release(key) => ops::release(&global, &key).await,
+            Command::Requeue(key) => ops::requeue(&global, &key).await,
+            Command::Redispatch(key) => ops::redispatch(&global, &key).await,
+            Command::RetryWithInput(args) => ops::retry_with_input(&global, &args).await,
             Command::Demo(args) => demo::run(&global, &args).await,
             Command::DemoWorker(args) => demo::worker::run(&global, &args).await,
             Command::Bench(args) => bench::run(&global, &args).await,
+            Command::BenchRemoteWorker(args) => bench::remote::worker(&global, &args).await,
         }
     });
     // Waiting for background tasks (pool connections, a worker's in-flight runs) would only

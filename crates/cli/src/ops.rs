@@ -1,11 +1,12 @@
-//! Operator commands on one instance: `show`, `cancel`, `resurrect`, `release`. Each is a thin
-//! call of the facade; none migrates (that is `keiro migrate`'s job).
+//! Operator commands on one instance: `show`, `cancel`, `resurrect`, `release`, `requeue`,
+//! `redispatch`, `retry-with-input`. Each is a thin call of the facade; none migrates (that is
+//! `keiro migrate`'s job).
 //!
 //! There is no `list`: the store traits offer exact discovery of runnable instances only, not a
 //! listing by status, and the CLI sends no SQL of its own against keiro's tables.
 
 use clap::Args;
-use keiro::{CancelOutcome, Instance, JournalEntry, Keiro, ResurrectOutcome};
+use keiro::{CancelOutcome, Instance, JournalEntry, Keiro, RequeueOutcome, ResurrectOutcome};
 use time::format_description::FormatItem;
 use time::macros::format_description;
 use time::{OffsetDateTime, UtcOffset};
@@ -166,5 +167,72 @@ pub(crate) async fn release(global: &Global, key: &KeyArgs) -> Result<Outcome> {
     } else {
         println!("{what}: no lease was held");
     }
+    Ok(Outcome::Success)
+}
+
+/// `keiro requeue`: the operator's retry of a failed instance (and its failed children).
+pub(crate) async fn requeue(global: &Global, key: &KeyArgs) -> Result<Outcome> {
+    let what = format!("{}/{}", key.name, key.id);
+    let outcome = keiro(global)
+        .await?
+        .requeue(&key.name, &key.id)
+        .await
+        .context(format!("requeueing {what}"))?;
+    Ok(match outcome {
+        RequeueOutcome::Requeued {
+            reset_steps,
+            children,
+        } => {
+            let children: Vec<String> = children.iter().map(ToString::to_string).collect();
+            println!(
+                "{what}: running again; {reset_steps} step(s) reset, children requeued: [{}]",
+                children.join(", ")
+            );
+            Outcome::Success
+        }
+        RequeueOutcome::NotFailed(status) => {
+            println!("{what}: not requeued, it is {status}, not failed");
+            Outcome::Failed
+        }
+        RequeueOutcome::NotFound => {
+            println!("no instance {what} in schema {}", global.schema);
+            Outcome::Failed
+        }
+    })
+}
+
+/// `keiro redispatch`: re-dispatches every pending remote step of an instance.
+pub(crate) async fn redispatch(global: &Global, key: &KeyArgs) -> Result<Outcome> {
+    let what = format!("{}/{}", key.name, key.id);
+    let count = keiro(global)
+        .await?
+        .redispatch_pending(&key.name, &key.id)
+        .await
+        .context(format!("re-dispatching the remote steps of {what}"))?;
+    println!("{what}: {count} remote step(s) re-dispatched");
+    Ok(Outcome::Success)
+}
+
+/// Which instance to fix, and its corrected input.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct RetryArgs {
+    #[command(flatten)]
+    pub(crate) key: KeyArgs,
+    /// The corrected input, as JSON.
+    pub(crate) input: String,
+}
+
+/// `keiro retry-with-input`: starts `<id>~retry~<8 hex>` with a corrected input.
+pub(crate) async fn retry_with_input(global: &Global, args: &RetryArgs) -> Result<Outcome> {
+    let key = &args.key;
+    let what = format!("{}/{}", key.name, key.id);
+    let input: serde_json::Value =
+        serde_json::from_str(&args.input).context("reading the input as JSON")?;
+    let retry = keiro(global)
+        .await?
+        .retry_with_input(&key.name, &key.id, &input)
+        .await
+        .context(format!("starting a fix of {what}"))?;
+    println!("{what}: started {retry} with the corrected input");
     Ok(Outcome::Success)
 }

@@ -37,6 +37,23 @@ pub trait StepObserver: Send + Sync + std::fmt::Debug {
     /// A fresh step of `kind` in workflow `workflow` took `duration` from action start to the
     /// end of its append.
     fn step_finished(&self, workflow: &crate::WorkflowName, kind: StepKind, duration: Duration);
+
+    /// A remote step's task was written for worker group `group`.
+    fn remote_dispatched(&self, _group: &str) {}
+
+    /// A remote step's task passed its redispatch deadline and was dispatched again.
+    fn remote_redispatched(&self, _group: &str) {}
+
+    /// A remote step failed with `remote_step_lost` after its last redispatch.
+    fn remote_lost(&self, _group: &str) {}
+}
+
+/// Gives the W3C trace context of the current span, carried on remote tasks so a remote
+/// handler's span joins the workflow's trace (`keiro-telemetry` implements it over
+/// OpenTelemetry).
+pub trait TraceContext: Send + Sync + std::fmt::Debug {
+    /// The `traceparent` header value of the current span; `None` when no trace is exported.
+    fn traceparent(&self) -> Option<String>;
 }
 
 /// How one run is driven.
@@ -58,6 +75,8 @@ pub struct RunOptions {
     pub reconcile: Option<Duration>,
     /// Told about each executed step. Defaults to `None`.
     pub observer: Option<Arc<dyn StepObserver>>,
+    /// Stamps remote tasks with the dispatching span's trace context. Defaults to `None`.
+    pub trace_context: Option<Arc<dyn TraceContext>>,
 }
 
 impl Default for RunOptions {
@@ -76,6 +95,7 @@ impl RunOptions {
             payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
             reconcile: Some(RECONCILE_DEFAULT),
             observer: None,
+            trace_context: None,
         }
     }
 }
@@ -375,8 +395,10 @@ impl Ctx {
             }
             Armed::Deadline(deadline) => {
                 let mut state = self.state();
-                if !state.awaiting.iter().any(|s| s == step) {
-                    state.awaiting.push(step.to_owned());
+                // After an operator's reset the value arrives under the step's next revision.
+                let stored = state.replay.stored_name(step).into_owned();
+                if !state.awaiting.contains(&stored) {
+                    state.awaiting.push(stored);
                 }
                 match deadline {
                     Some(at) => state.wake_at = Some(state.wake_at.map_or(at, |w| w.min(at))),

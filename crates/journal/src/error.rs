@@ -112,6 +112,9 @@ pub enum WorkflowError {
         /// The child.
         child: crate::InstanceKey,
     },
+    /// A remote step failed for good (retries spent, not retryable, or lost).
+    #[error(transparent)]
+    Remote(#[from] crate::RemoteStepError),
     /// The body's own failure.
     #[error("{0}")]
     Application(String),
@@ -132,5 +135,20 @@ impl WorkflowError {
     /// Whether this is the suspension signal.
     pub fn is_suspended(&self) -> bool {
         matches!(self, Self::Suspended { .. })
+    }
+
+    /// Whether the error was read from the journal (a remote step's final failure, a child's
+    /// failure or cancellation, a cancelled awakeable, a signal timeout): every re-drive would
+    /// meet it again, so a body that returns it fails the run at once instead of crashing and
+    /// retrying. An operator's `requeue` resets such steps.
+    pub fn is_journaled_failure(&self) -> bool {
+        matches!(
+            self,
+            Self::Remote(_)
+                | Self::ChildFailed { .. }
+                | Self::ChildCancelled { .. }
+                | Self::AwakeableCancelled { .. }
+                | Self::SignalTimeout { .. }
+        )
     }
 }

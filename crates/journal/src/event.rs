@@ -19,6 +19,44 @@ pub mod marker_name {
     pub const CONTINUED: &str = "__workflow_continued_as_new__";
     /// The operator's `Resurrected` event.
     pub const RESURRECTED: &str = "__workflow_resurrected__";
+    /// The prefix of a `StepReset` row; the superseded row's stored name follows it.
+    pub const STEP_RESET_PREFIX: &str = "__workflow_step_reset__:";
+}
+
+/// The logical step a stored step name records.
+///
+/// An operator's requeue supersedes a delivered remote result or child result with a
+/// [`Event::StepReset`], and the next delivery of that step is stored under `<step>#<n>`
+/// (`n` counts the resets), because the journal keeps one row per stored name and never
+/// rewrites one. Replay reads `<step>#<n>` as `<step>`. Only `remote:` and `child:` steps are
+/// ever revised, and their names cannot contain `#` otherwise (instance names and ids forbid it,
+/// remote step names too), so no user step is mistaken for a revision.
+pub fn logical_step(stored: &str) -> &str {
+    if !(stored.starts_with("remote:") || stored.starts_with("child:")) {
+        return stored;
+    }
+    match stored.rsplit_once('#') {
+        Some((base, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => base,
+        _ => stored,
+    }
+}
+
+/// The revision a stored step name holds: `n` for `<step>#<n>`, 0 for the step's own name.
+pub fn step_revision(stored: &str) -> u32 {
+    let logical = logical_step(stored);
+    if logical.len() == stored.len() {
+        return 0;
+    }
+    stored[logical.len() + 1..].parse().unwrap_or(0)
+}
+
+/// The stored name of revision `revision` of `step` (revision 0 is the step's own name).
+pub fn revised_step(step: &str, revision: u32) -> String {
+    if revision == 0 {
+        step.to_owned()
+    } else {
+        format!("{step}#{revision}")
+    }
 }
 
 /// What kind of call recorded a step. Replay compares it with the call that reads the step,
@@ -154,6 +192,15 @@ pub enum Event {
     },
     /// An operator returned a failed instance to running; the failure stays in history.
     Resurrected,
+    /// An operator's requeue superseded a recorded step (a failed remote step, an awaited
+    /// child's failure): replay forgets it, so the step is awaited again, and its next value
+    /// is stored as the next revision (see [`logical_step`]). The superseded row stays.
+    StepReset {
+        /// The logical step superseded.
+        step: String,
+        /// The stored name of the superseded row.
+        superseded: String,
+    },
 }
 
 /// The `(step_name, kind, payload)` triple an event is stored as.
@@ -191,15 +238,20 @@ impl Event {
         }
     }
 
-    /// The step name the event is keyed by.
-    pub fn step_name(&self) -> &str {
+    /// The step name the event is stored under (before a store's own suffix for repeatable
+    /// markers).
+    pub fn step_name(&self) -> std::borrow::Cow<'_, str> {
         match self {
-            Self::StepRecorded { step, .. } => step,
-            Self::Resurrected => marker_name::RESURRECTED,
+            Self::StepRecorded { step, .. } => step.into(),
+            Self::Resurrected => marker_name::RESURRECTED.into(),
+            Self::StepReset { superseded, .. } => {
+                format!("{}{superseded}", marker_name::STEP_RESET_PREFIX).into()
+            }
             other => other
                 .marker()
-                .expect("every non-step, non-resurrect event is a marker")
-                .step_name(),
+                .expect("every other event is a marker")
+                .step_name()
+                .into(),
         }
     }
 
@@ -218,9 +270,13 @@ impl Event {
                 serde_json::json!({ "next_generation": next_generation, "input": input }),
             ),
             Self::Resurrected => ("resurrected", Value::Null),
+            Self::StepReset { step, superseded } => (
+                "reset",
+                serde_json::json!({ "step": step, "superseded": superseded }),
+            ),
         };
         EncodedEvent {
-            step_name: self.step_name().to_owned(),
+            step_name: self.step_name().into_owned(),
             kind,
             payload,
         }
@@ -264,6 +320,19 @@ impl Event {
                 })
             }
             "resurrected" => Ok(Self::Resurrected),
+            "reset" => {
+                let field = |name: &str| {
+                    payload
+                        .get(name)
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                        .ok_or_else(|| malformed("a step reset names its step and superseded row"))
+                };
+                Ok(Self::StepReset {
+                    step: field("step")?,
+                    superseded: field("superseded")?,
+                })
+            }
             _ => Err(malformed("unknown event kind")),
         }
     }
@@ -305,12 +374,32 @@ mod tests {
                 input: json!([1]),
             },
             Event::Resurrected,
+            Event::StepReset {
+                step: "remote:label".into(),
+                superseded: "remote:label#1".into(),
+            },
         ];
         for event in events {
             let row = event.encode();
             let back = Event::decode(&row.step_name, row.kind, row.payload).unwrap();
             assert_eq!(back, event);
         }
+    }
+
+    #[test]
+    fn revisions_of_remote_and_child_steps_read_as_their_step() {
+        assert_eq!(logical_step("remote:label#2"), "remote:label");
+        assert_eq!(
+            logical_step("child:ship/o-1:result#1"),
+            "child:ship/o-1:result"
+        );
+        assert_eq!(logical_step("remote:label"), "remote:label");
+        assert_eq!(logical_step("user#3"), "user#3");
+        assert_eq!(logical_step("remote:a#b"), "remote:a#b");
+        assert_eq!(step_revision("remote:x#12"), 12);
+        assert_eq!(step_revision("remote:x"), 0);
+        assert_eq!(revised_step("remote:x", 0), "remote:x");
+        assert_eq!(revised_step("remote:x", 2), "remote:x#2");
     }
 
     #[test]

@@ -45,6 +45,7 @@ mod error;
 mod event;
 mod id;
 mod instance;
+mod remote;
 mod replay;
 mod run;
 mod sources;
@@ -54,15 +55,20 @@ mod wake;
 mod workflow;
 
 pub use context::{
-    Ctx, RunOptions, RunStats, StepObserver, LEASE_TTL_DEFAULT, PAYLOAD_LEN_MAX_DEFAULT,
-    RECONCILE_DEFAULT,
+    Ctx, RunOptions, RunStats, StepObserver, TraceContext, LEASE_TTL_DEFAULT,
+    PAYLOAD_LEN_MAX_DEFAULT, RECONCILE_DEFAULT,
 };
 pub use error::WorkflowError;
 pub use event::{
-    marker_name, EncodedEvent, Event, Generation, JournalEntry, MalformedEvent, Marker, StepKind,
+    logical_step, marker_name, revised_step, step_revision, EncodedEvent, Event, Generation,
+    JournalEntry, MalformedEvent, Marker, StepKind,
 };
 pub use id::{IdError, InstanceKey, WorkflowId, WorkflowName, ID_LEN_MAX, RESERVED_STEP_PREFIXES};
 pub use instance::{Fence, Instance, StartRequest, Started, Status};
+pub use remote::{
+    remote_group, remote_step_id, Backoff, RemoteArm, RemoteArmOutcome, RemoteOptions,
+    RemoteStepError, REDISPATCH_MAX_DEFAULT,
+};
 pub use run::{
     cancel, deliver, drive, run, start, CancelOutcome, Driven, Error, Parked, RunError, RunOutcome,
 };

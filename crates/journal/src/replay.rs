@@ -25,6 +25,7 @@ use std::collections::{HashMap, HashSet};
 
 use serde_json::Value;
 
+use crate::event::{logical_step, revised_step, step_revision};
 use crate::{Event, JournalEntry, StepKind};
 
 /// What a lookup found.
@@ -45,6 +46,8 @@ pub(crate) struct Replay {
     /// Body-recorded steps in journal order, for a stable divergence report.
     body_order: Vec<String>,
     consumed: HashSet<String>,
+    /// Steps an operator reset, with the revision their next value is stored under.
+    revisions: HashMap<String, u32>,
 }
 
 /// Whether the body itself records this step, as opposed to a wake source delivering it.
@@ -62,11 +65,28 @@ impl Replay {
     pub(crate) fn new(entries: &[JournalEntry]) -> Self {
         let mut replay = Self::default();
         for entry in entries {
-            if let Event::StepRecorded { step, kind, result } = &entry.event {
-                replay.insert(step, *kind, result.clone());
+            match &entry.event {
+                // A revised step (`remote:x#2`) answers for its logical step.
+                Event::StepRecorded { step, kind, result } => {
+                    replay.insert(logical_step(step), *kind, result.clone());
+                }
+                // Entries come in append order, so a reset forgets exactly the records before
+                // it, and the next revision (appended after it) is the one replayed.
+                Event::StepReset { step, superseded } => {
+                    replay.forget(step);
+                    replay
+                        .revisions
+                        .insert(step.clone(), step_revision(superseded) + 1);
+                }
+                _ => {}
             }
         }
         replay
+    }
+
+    fn forget(&mut self, step: &str) {
+        self.recorded.remove(step);
+        self.body_order.retain(|s| s != step);
     }
 
     fn insert(&mut self, step: &str, kind: StepKind, value: Value) {
@@ -77,6 +97,16 @@ impl Replay {
             self.body_order.push(step.to_owned());
         }
         self.recorded.insert(step.to_owned(), (kind, value));
+    }
+
+    /// The name the next value of `step` is stored under: `step` itself, or its next revision
+    /// after an operator's reset. A park waits on this name, so a superseded record of the
+    /// step does not count as its value having arrived.
+    pub(crate) fn stored_name<'a>(&self, step: &'a str) -> std::borrow::Cow<'a, str> {
+        match self.revisions.get(step) {
+            Some(&revision) => revised_step(step, revision).into(),
+            None => step.into(),
+        }
     }
 
     /// Whether the journal held any body-recorded step when the run began.
@@ -142,6 +172,35 @@ mod tests {
         assert_eq!(r.lookup("c", StepKind::Step), Lookup::Miss);
         assert_eq!(r.lookup("b", StepKind::Step), Lookup::Hit(json!(2)));
         assert_eq!(r.first_unconsumed(), None);
+    }
+
+    #[test]
+    fn a_reset_step_is_awaited_again_and_its_revision_replays() {
+        let reset = |seq: i64, superseded: &str| JournalEntry {
+            seq,
+            generation: 0,
+            event: Event::StepReset {
+                step: "remote:label".into(),
+                superseded: superseded.into(),
+            },
+            recorded_at: OffsetDateTime::UNIX_EPOCH,
+        };
+        let mut r = Replay::new(&[
+            entry(1, "remote:label", StepKind::Remote),
+            reset(2, "remote:label"),
+        ]);
+        assert_eq!(r.lookup("remote:label", StepKind::Remote), Lookup::Miss);
+        assert_eq!(r.stored_name("remote:label"), "remote:label#1");
+        assert_eq!(r.stored_name("remote:other"), "remote:other");
+        let mut r = Replay::new(&[
+            entry(1, "remote:label", StepKind::Remote),
+            reset(2, "remote:label"),
+            entry(3, "remote:label#1", StepKind::Remote),
+        ]);
+        assert_eq!(
+            r.lookup("remote:label", StepKind::Remote),
+            Lookup::Hit(json!(3))
+        );
     }
 
     #[test]

@@ -295,6 +295,23 @@ async fn settle(
                 }),
             }
         }
+        Ok(Err(error)) if error.is_journaled_failure() => {
+            let event = Event::WorkflowFailed {
+                reason: error_chain(&error),
+            };
+            match append_marker(store, ctx, options, event).await? {
+                AppendOutcome::Appended | AppendOutcome::AlreadyPresent(_) => {
+                    Ok(RunOutcome::Failed)
+                }
+                AppendOutcome::RefusedTerminal(marker) => {
+                    outcome_of_marker(store, &key, marker).await
+                }
+                AppendOutcome::Conflict => Err(RunError::Conflict {
+                    key,
+                    step: Marker::Failed.step_name().into(),
+                }),
+            }
+        }
         Ok(Err(error)) => Err(RunError::Crashed {
             key,
             message: error_chain(&error),

@@ -20,6 +20,7 @@ use crate::{
     Event, Fence, Generation, Instance, InstanceKey, JournalEntry, Marker, StartRequest, Started,
     Status,
 };
+use crate::{RemoteArm, RemoteArmOutcome};
 
 /// One append to the journal.
 #[derive(Debug, Clone, PartialEq)]
@@ -287,4 +288,22 @@ pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
     /// Appends the cancel marker to `key` and, when `cascade`, to every live descendant, in one
     /// transaction. Returns the outcome for `key` itself.
     async fn instance_cancel(&self, key: &InstanceKey, cascade: bool) -> Result<AppendOutcome>;
+
+    /// Arms a remote step, in one transaction (see [`RemoteArm`]):
+    ///
+    /// - no task with `step_id`: write it `pending` (available now), notify remote workers,
+    ///   return `Dispatched` with the redispatch deadline (`now + redispatch_after`);
+    /// - a task with its result: return `Settled` with the envelope journaled under its
+    ///   current journal step;
+    /// - a task still pending or claimed whose redispatch deadline has passed: with fewer than
+    ///   `redispatch_max` dispatches, dispatch it again (pending, available now, claim dropped,
+    ///   new deadline) and return `Redispatched`; otherwise fail it with code
+    ///   `remote_step_lost`, journal the error envelope into the owner (flipping its row) and
+    ///   return `Settled { lost: true }`;
+    /// - otherwise return `Waiting` with its deadline.
+    ///
+    /// A stale fence returns [`Error::LeaseLost`] and writes nothing; an owner that is terminal
+    /// or on another generation gets `Waiting { deadline: None }` and nothing is written (the
+    /// park that follows sees the terminal row).
+    async fn remote_arm(&self, arm: &RemoteArm) -> Result<RemoteArmOutcome>;
 }

@@ -171,6 +171,11 @@ impl Envelope {
     pub fn timeout() -> Value {
         json!({ "timeout": true })
     }
+    /// A remote step's final failure: `error` holds `message`, `code`, `retryable` and
+    /// `attempts` (see [`RemoteStepError`](crate::RemoteStepError)).
+    pub fn error(error: Value) -> Value {
+        json!({ "error": error })
+    }
 }
 
 /// A decoded envelope.
@@ -180,6 +185,7 @@ pub(crate) enum Opened {
     Cancelled,
     Failed(String),
     Timeout,
+    Error(Value),
 }
 
 /// Opens an envelope; `None` for a value that is not one.
@@ -201,6 +207,9 @@ pub(crate) fn open(value: Value) -> Option<Opened> {
     }
     if let Some(Value::String(reason)) = map.remove("failed") {
         return Some(Opened::Failed(reason));
+    }
+    if let Some(error @ Value::Object(_)) = map.remove("error") {
+        return Some(Opened::Error(error));
     }
     None
 }
@@ -228,6 +237,10 @@ mod tests {
             Some(Opened::Failed("x".into()))
         );
         assert_eq!(open(Envelope::timeout()), Some(Opened::Timeout));
+        assert_eq!(
+            open(Envelope::error(json!({"message": "m"}))),
+            Some(Opened::Error(json!({"message": "m"})))
+        );
         assert_eq!(open(json!(3)), None);
         assert_eq!(open(json!({"ok": 1, "extra": 2})), None);
     }

@@ -7,17 +7,34 @@ use keiro_journal::{
     SignalSendOutcome, Started, PAYLOAD_LEN_MAX_DEFAULT,
 };
 use keiro_lease::{LeaseStore, ResurrectOutcome};
+use keiro_remote::{
+    RemoteAdmin, RemoteTask, RemoteWorker, RemoteWorkerBuilder, RequeueOutcome, Transport,
+};
 use keiro_resume::Notifier;
 use serde::Serialize;
 use uuid::Uuid;
 
 use crate::{Error, WorkerBuilder};
 
+/// A store with every capability keiro uses: the journal and wake sources, leases, and remote
+/// steps (their transport and the operator's tools). `PgStore` and `MemoryStore` are ones.
+pub trait Store: LeaseStore + Transport + RemoteAdmin {}
+
+impl<T: LeaseStore + Transport + RemoteAdmin> Store for T {}
+
+/// The remote-step halves of a store.
+#[derive(Clone)]
+struct Remote {
+    transport: Arc<dyn Transport>,
+    admin: Arc<dyn RemoteAdmin>,
+}
+
 /// A handle on a keiro store: start and operate workflow instances, and build workers.
 /// Cheap to clone.
 #[derive(Clone)]
 pub struct Keiro {
     store: Arc<dyn LeaseStore>,
+    remote: Option<Remote>,
     notifier: Option<Arc<dyn Notifier>>,
     payload_len_max: usize,
 }
@@ -40,27 +57,41 @@ impl Keiro {
     /// let keiro = keiro::Keiro::new(keiro::memory::MemoryStore::new());
     /// # let _ = keiro; }
     /// ```
-    pub fn new(store: impl LeaseStore) -> Self {
-        Self::from_arc(Arc::new(store))
+    pub fn new(store: impl Store) -> Self {
+        Self::from_store(Arc::new(store))
     }
 
     /// Wraps a shared store.
-    pub fn from_arc(store: Arc<dyn LeaseStore>) -> Self {
+    pub fn from_store<S: Store>(store: Arc<S>) -> Self {
         Self {
-            store,
+            store: store.clone(),
+            remote: Some(Remote {
+                transport: store.clone(),
+                admin: store,
+            }),
             notifier: None,
             payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
         }
     }
 
-    /// Wraps a store that can also push wake-ups, so workers built from this handle wake
-    /// within milliseconds of a wake instead of at their next poll.
-    pub fn with_push<S: LeaseStore + Notifier>(store: S) -> Self {
+    /// Wraps a store that has leases but no remote steps: the remote-step operations then
+    /// return [`Error::Unsupported`].
+    pub fn from_arc(store: Arc<dyn LeaseStore>) -> Self {
+        Self {
+            store,
+            remote: None,
+            notifier: None,
+            payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
+        }
+    }
+
+    /// Wraps a store that can also push wake-ups, so workers built from this handle (resume
+    /// and remote workers) wake within milliseconds of a wake instead of at their next poll.
+    pub fn with_push<S: Store + Notifier>(store: S) -> Self {
         let store = Arc::new(store);
         Self {
-            store: store.clone(),
-            notifier: Some(store),
-            payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
+            notifier: Some(store.clone()),
+            ..Self::from_store(store)
         }
     }
 
@@ -278,5 +309,75 @@ impl Keiro {
     /// The push notifier, when the store has one.
     pub fn notifier(&self) -> Option<&Arc<dyn Notifier>> {
         self.notifier.as_ref()
+    }
+
+    fn remote(&self) -> Result<&Remote, Error> {
+        self.remote.as_ref().ok_or(Error::Unsupported {
+            what: "remote steps (the store was wrapped with `from_arc`)",
+        })
+    }
+
+    /// A builder for a remote worker on this store (woken by push when the store has it):
+    /// register handlers with `handle`, then `build` and `run_until`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] when the store has no remote steps.
+    pub fn remote_worker(&self) -> Result<RemoteWorkerBuilder, Error> {
+        let builder = RemoteWorker::builder(self.remote()?.transport.clone());
+        Ok(match &self.notifier {
+            Some(notifier) => builder.push(notifier.clone()),
+            None => builder,
+        })
+    }
+
+    /// Requeues a failed instance (the operator's retry): its failed remote steps are retried
+    /// from scratch, awaited child failures go back to waiting (failed children are requeued
+    /// too unless a success for them is already there), the error is cleared and the run is
+    /// runnable again. History is appended to, never rewritten.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Admin`] for an unknown instance or a store failure.
+    pub async fn requeue(&self, name: &str, id: &str) -> Result<RequeueOutcome, Error> {
+        let key = InstanceKey::parse(name, id)?;
+        Ok(keiro_remote::requeue(self.remote()?.admin.as_ref(), &key).await?)
+    }
+
+    /// Re-dispatches every pending remote step of an instance and returns how many.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Admin`] for an unknown instance or a store failure.
+    pub async fn redispatch_pending(&self, name: &str, id: &str) -> Result<u64, Error> {
+        let key = InstanceKey::parse(name, id)?;
+        Ok(keiro_remote::redispatch_pending(self.remote()?.admin.as_ref(), &key).await?)
+    }
+
+    /// Fix-and-replay: starts `<id>~retry~<8 hex>` of the same workflow with `input` and a
+    /// clean history; its success is also delivered to a parent awaiting the origin. Returns
+    /// the new instance.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Admin`] for an unknown origin, a bad input or a store failure.
+    pub async fn retry_with_input<I: Serialize + ?Sized>(
+        &self,
+        name: &str,
+        id: &str,
+        input: &I,
+    ) -> Result<InstanceKey, Error> {
+        let key = InstanceKey::parse(name, id)?;
+        Ok(keiro_remote::retry_with_input(self.remote()?.admin.as_ref(), &key, input).await?)
+    }
+
+    /// The remote tasks of an instance, oldest first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Store`].
+    pub async fn remote_tasks(&self, name: &str, id: &str) -> Result<Vec<RemoteTask>, Error> {
+        let key = InstanceKey::parse(name, id)?;
+        Ok(self.remote()?.admin.remote_tasks(&key).await?)
     }
 }

@@ -19,6 +19,15 @@ pub enum Error {
     /// The worker options are out of bounds.
     #[error("invalid worker options")]
     Options(#[from] keiro_resume::InvalidOptions),
+    /// An operator tool failed (unknown instance, bad input, store failure).
+    #[error("operator action failed")]
+    Admin(#[from] keiro_remote::AdminError),
+    /// The store does not offer this capability.
+    #[error("the store does not support {what}")]
+    Unsupported {
+        /// The capability.
+        what: &'static str,
+    },
     /// Connecting to or migrating the Postgres database failed.
     #[cfg(feature = "postgres")]
     #[error("connecting to postgres failed")]

@@ -6,8 +6,9 @@
 //! return their recorded results and only the un-journaled tail runs.
 //!
 //! This crate is the facade: it re-exports the layers (`keiro-journal`, `keiro-lease`,
-//! `keiro-resume`, the stores) and assembles them into [`Keiro`] (start, cancel, inspect) and
-//! [`Worker`] (the embeddable resume worker).
+//! `keiro-resume`, `keiro-remote`, the stores) and assembles them into [`Keiro`] (start, cancel,
+//! inspect, operate), [`Worker`] (the embeddable resume worker) and [`RemoteWorker`] (runs
+//! remote steps, typically in another process).
 //!
 //! ```no_run
 //! use keiro::{Ctx, Keiro, WorkflowError};
@@ -47,7 +48,7 @@ mod engine;
 mod error;
 mod worker;
 
-pub use engine::Keiro;
+pub use engine::{Keiro, Store};
 pub use error::Error;
 pub use worker::{Worker, WorkerBuilder};
 
@@ -57,13 +58,18 @@ pub use keiro_journal::{
     JournalStore, Marker, RunError, RunOptions, RunOutcome, RunStats, SignalSendOutcome, Started,
     Status, StepKind, StoreError, TimerFiring, Workflow, WorkflowError, WorkflowId, WorkflowName,
 };
+pub use keiro_journal::{Backoff, RemoteOptions, RemoteStepError};
 pub use keiro_lease::{BackoffPolicy, ClaimOutcome, CrashOutcome, LeaseStore, ResurrectOutcome};
+pub use keiro_remote::{
+    RemoteTask, RemoteWorker, RemoteWorkerBuilder, RemoteWorkerOptions, ReportOutcome,
+    RequeueOutcome, TaskContext, TaskError, TaskStatus, WorkerStats,
+};
 pub use keiro_resume::{
     drain, resume_once, resume_once_up_to, FixedPoll, LogHook, Notifier, Registry, RegistryError,
     ResumeLogEvent, ResumeOptions, ResumeSummary, TimerOptions, TimerSummary, WakeFilter,
     WakeReason, WakeSource,
 };
-pub use keiro_telemetry::Metrics;
+pub use keiro_telemetry::{Metrics, Tracing};
 
 /// The Postgres store.
 #[cfg(feature = "postgres")]

@@ -145,6 +145,13 @@ impl WorkerBuilder {
         self
     }
 
+    /// Creates a `workflow <name>` OpenTelemetry span per drive, whose trace context the
+    /// remote steps it dispatches carry to their workers.
+    pub fn tracing(mut self, tracing: keiro_telemetry::Tracing) -> Self {
+        self.options.tracing = Some(tracing);
+        self
+    }
+
     /// Validates the registrations and options.
     ///
     /// # Errors

@@ -17,8 +17,8 @@ use std::time::Duration;
 use keiro_journal::store::{Append, AppendOutcome, JournalStore, Park, ParkOutcome, Result};
 use keiro_journal::{
     AwakeableOutcome, AwakeableStatus, ChildSpawn, Envelope, Event, Fence, Generation, Instance,
-    InstanceKey, JournalEntry, Marker, SignalSendOutcome, SignalWait, SignalWaitOutcome,
-    StartRequest, Started, Status, StoreError, TimerArm, TimerFiring,
+    InstanceKey, JournalEntry, Marker, RemoteArm, RemoteArmOutcome, SignalSendOutcome, SignalWait,
+    SignalWaitOutcome, StartRequest, Started, Status, StoreError, TimerArm, TimerFiring,
 };
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -138,6 +138,7 @@ impl State {
                 key: append.key.clone(),
             })?;
         let step_name = append.event.step_name();
+        let step_name: &str = &step_name;
         let generation = append.generation.unwrap_or(entry.row.generation);
 
         if generation != entry.row.generation {
@@ -500,6 +501,10 @@ impl JournalStore for MemoryStore {
         self.transact("cancelling an instance", |state| {
             state.instance_cancel(key, cascade)
         })
+    }
+
+    async fn remote_arm(&self, arm: &RemoteArm) -> Result<RemoteArmOutcome> {
+        self.transact("arming a remote step", |state| state.remote_arm(arm))
     }
 }
 

@@ -526,7 +526,7 @@ mod tests {
         let steps: Vec<_> = claim
             .journal
             .iter()
-            .map(|e| (e.generation, e.event.step_name().to_owned()))
+            .map(|e| (e.generation, e.event.step_name().into_owned()))
             .collect();
         assert_eq!(steps, [(1, "new".to_owned())]);
 

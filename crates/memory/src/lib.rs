@@ -1,10 +1,12 @@
 //! keiro-memory: keiro's store in memory.
 //!
-//! [`MemoryStore`] implements [`JournalStore`](keiro_journal::JournalStore) and
-//! [`LeaseStore`](keiro_lease::LeaseStore) with exactly the semantics of the Postgres store
-//! (the workspace's conformance suite runs against both). Use it to test workflows and
-//! workers without a database, to embed keiro where durability across restarts is not needed,
-//! and as the model the Postgres store is checked against in property tests.
+//! [`MemoryStore`] implements [`JournalStore`](keiro_journal::JournalStore),
+//! [`LeaseStore`](keiro_lease::LeaseStore) and, for remote steps,
+//! [`Transport`](keiro_remote::Transport) and [`RemoteAdmin`](keiro_remote::RemoteAdmin) with
+//! exactly the semantics of the Postgres store (the workspace's conformance suite runs against
+//! both). Use it to test workflows and workers without a database, to embed keiro where
+//! durability across restarts is not needed, and as the model the Postgres store is checked
+//! against in property tests.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -37,6 +39,9 @@
 //!   follow the Postgres store's rules too: each resolution journals the awaited step through
 //!   the same append rules and wakes the owner in the same critical section, and a child's
 //!   terminal transaction journals its result envelope into its parent.
+//! - Remote steps follow them too: a task is written once per step id, a report settles it
+//!   and journals its result into the owner (waking it) in one critical section, and an
+//!   operator's requeue supersedes failed results with `StepReset` rows, never rewriting one.
 //! - Notifications ([`MemoryStore::notifications`], and the
 //!   [`Notifier`](keiro_resume::Notifier) subscriptions over them) fire at the points where
 //!   Postgres NOTIFYs, after the operation's state change is visible.
@@ -56,6 +61,7 @@ mod fixtures;
 mod journal;
 mod lease;
 mod notify;
+mod remote;
 mod sources;
 mod state;
 mod store;

@@ -42,6 +42,9 @@ pub enum Notification {
     /// A timer was armed, so the earliest due time may have moved closer (the `timer` payload
     /// in Postgres).
     TimerArmed,
+    /// A remote task became claimable: it was dispatched, redispatched or requeued (the
+    /// `remote` payload in Postgres). Sent at most once per operation.
+    RemoteTasks,
 }
 
 impl Notification {
@@ -49,6 +52,7 @@ impl Notification {
         match self {
             Self::Instance(_) => filter == WakeFilter::Instances,
             Self::TimerArmed => filter == WakeFilter::Timers,
+            Self::RemoteTasks => filter == WakeFilter::RemoteTasks,
         }
     }
 }
@@ -101,7 +105,8 @@ impl WakeSource for Subscription {
 }
 
 /// Subscriptions over the store's notifications: [`WakeFilter::Instances`] wakes on
-/// [`Notification::Instance`], [`WakeFilter::Timers`] on [`Notification::TimerArmed`]. The
+/// [`Notification::Instance`], [`WakeFilter::Timers`] on [`Notification::TimerArmed`],
+/// [`WakeFilter::RemoteTasks`] on [`Notification::RemoteTasks`]. The
 /// memory store never loses its channel, so a wait ends in `Notified` or `Timeout`, never
 /// `Reconnected`.
 ///

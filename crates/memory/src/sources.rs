@@ -14,7 +14,8 @@
 //! A child's parent link is the row's `parent` plus a [`ParentLink`]. Whenever a linked row
 //! goes terminal (a closing marker, the crash ceiling, divergence) the same critical section
 //! journals its result envelope into the parent through [`State::deliver_to_parent`]; a
-//! parent that refuses (terminal, or on another generation) is ignored.
+//! parent that refuses (terminal, or on another generation) is ignored. A fix of a failed
+//! child (`<id>~retry~<hex>`, linked where its origin is) delivers only when it completes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
@@ -144,6 +145,15 @@ impl Sources {
     }
 }
 
+/// What separates a fix's id from its origin's: `<origin id>~retry~<8 hex>`.
+pub(crate) const RETRY_MARK: &str = "~retry~";
+
+/// Whether `key` is a fix started by `instance_retry_with_input`: its id holds
+/// [`RETRY_MARK`] (Postgres: `strpos(workflow_id, '~retry~') > 0`).
+pub(crate) fn is_retry(key: &InstanceKey) -> bool {
+    key.id.as_str().contains(RETRY_MARK)
+}
+
 /// The envelope a terminal row's result travels in; `None` while it is live.
 fn result_envelope(row: &Instance) -> Option<Value> {
     match row.status {
@@ -193,6 +203,12 @@ impl State {
         let Some(envelope) = result_envelope(&entry.row) else {
             return Ok(());
         };
+        // A fix started by `instance_retry_with_input` (`<origin id>~retry~<hex>`) shares its
+        // origin's link and answers for it only by succeeding: its failure or cancellation
+        // would otherwise take the step from a later, successful fix.
+        if is_retry(child) && entry.row.status != Status::Completed {
+            return Ok(());
+        }
         let target = StepId::new(parent, link.generation, &link.step);
         self.append_external(&target, StepKind::Child, envelope)?;
         Ok(())

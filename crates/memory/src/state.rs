@@ -1,6 +1,6 @@
 //! The data behind the lock: instance rows, their journals, the sequence, the clock, the wake
-//! sources and the notifications an operation raised, plus the small rules every operation
-//! shares.
+//! sources, the remote tasks and the notifications an operation raised, plus the small rules
+//! every operation shares.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -13,6 +13,7 @@ use time::OffsetDateTime;
 
 use crate::clock::Clock;
 use crate::notify::Notification;
+use crate::remote::Tasks;
 use crate::sources::Sources;
 
 /// Everything the store holds. Each trait method runs as one function over `&mut State` under
@@ -27,6 +28,8 @@ pub(crate) struct State {
     pub(crate) seq: Sequence,
     /// Timers, awakeables and signals.
     pub(crate) sources: Sources,
+    /// Remote tasks by step id: the `remote_tasks` table.
+    pub(crate) tasks: Tasks,
     /// Parent -> the instances whose `parent` names it: the lookup a cascading cancel needs,
     /// kept beside the rows because a row's parent only ever goes from none to some.
     pub(crate) children: BTreeMap<InstanceKey, BTreeSet<InstanceKey>>,
@@ -51,6 +54,37 @@ impl State {
     /// Queues a "timer armed" notification.
     pub(crate) fn timer_armed(&mut self) {
         self.notifications.push(Notification::TimerArmed);
+    }
+
+    /// Queues a "remote task claimable" notification, once per operation: Postgres folds
+    /// identical NOTIFY payloads of one transaction into one as well.
+    pub(crate) fn remote_tasks_ready(&mut self) {
+        if !self.notifications.contains(&Notification::RemoteTasks) {
+            self.notifications.push(Notification::RemoteTasks);
+        }
+    }
+
+    /// Stores `event` under `step_name` in `generation` of `key` as it is, without the rules
+    /// of an append and without touching the instance row: for the events an operation
+    /// writes beside a row change of its own (a resurrection, a step reset).
+    pub(crate) fn record(
+        &mut self,
+        key: &InstanceKey,
+        generation: Generation,
+        step_name: String,
+        event: &Event,
+    ) -> Result<()> {
+        let now = self.clock.now();
+        let encoded = event.encode();
+        let seq = self.seq.next()?;
+        self.entry_mut(key)?.push(JournalRow {
+            seq,
+            generation,
+            step_name,
+            kind: encoded.kind,
+            payload: encoded.payload,
+            recorded_at: now,
+        })
     }
 
     /// The notifications queued since the last call.
@@ -177,6 +211,13 @@ impl Entry {
         names.insert(row.step_name.clone(), self.journal.len());
         self.journal.push(row);
         Ok(())
+    }
+
+    /// One generation's rows in append order.
+    pub(crate) fn rows(&self, generation: Generation) -> impl Iterator<Item = &JournalRow> {
+        self.journal
+            .iter()
+            .filter(move |row| row.generation == generation)
     }
 
     /// The name a repeatable marker (`failed`, `resurrected`) is stored under in `generation`:

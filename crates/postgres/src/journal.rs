@@ -1,15 +1,15 @@
 //! [`JournalStore`] for [`PgStore`]: each operation is one statement, and every one that
 //! writes more than one row is a call of a `keiro_*` function from the migrations, so it is one
 //! round trip and one transaction. The wake-source operations live in their own modules
-//! (`timer`, `awakeable`, `signal`, `child`); the trait impl here delegates to them.
+//! (`timer`, `awakeable`, `signal`, `child`, `remote`); the trait impl here delegates to them.
 
 use std::time::Duration;
 
 use keiro_journal::store::{Append, AppendOutcome, JournalStore, Park, ParkOutcome, Result};
 use keiro_journal::{
     AwakeableOutcome, ChildSpawn, EncodedEvent, Event, Fence, Generation, Instance, InstanceKey,
-    JournalEntry, Marker, SignalSendOutcome, SignalWait, SignalWaitOutcome, StartRequest, Started,
-    Status, StoreError, TimerArm, TimerFiring,
+    JournalEntry, Marker, RemoteArm, RemoteArmOutcome, SignalSendOutcome, SignalWait,
+    SignalWaitOutcome, StartRequest, Started, Status, StoreError, TimerArm, TimerFiring,
 };
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -19,7 +19,7 @@ use uuid::Uuid;
 
 use crate::row::{self, column, instance_columns, malformed};
 use crate::store::span_ms;
-use crate::{awakeable, child, signal, timer, PgStore};
+use crate::{awakeable, child, remote, signal, timer, PgStore};
 
 const START: &str = "starting an instance";
 const GET: &str = "reading an instance";
@@ -450,5 +450,9 @@ impl JournalStore for PgStore {
 
     async fn instance_cancel(&self, key: &InstanceKey, cascade: bool) -> Result<AppendOutcome> {
         child::instance_cancel(self, key, cascade).await
+    }
+
+    async fn remote_arm(&self, arm: &RemoteArm) -> Result<RemoteArmOutcome> {
+        remote::remote_arm(self, arm).await
     }
 }

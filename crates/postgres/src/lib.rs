@@ -1,6 +1,7 @@
 //! keiro-postgres: keiro's PostgreSQL store.
 //!
-//! [`PgStore`] implements `keiro_journal::JournalStore` and `keiro_lease::LeaseStore` on
+//! [`PgStore`] implements `keiro_journal::JournalStore`, `keiro_lease::LeaseStore` and the
+//! remote-step traits `keiro_remote::Transport` and `keiro_remote::RemoteAdmin` on
 //! tokio-postgres with a deadpool-postgres pool. Every store operation is one atomic
 //! transaction and one round trip: the operations that touch more than one row are plpgsql
 //! functions installed by the embedded migrations, which [`PgStore::migrate`] applies.
@@ -42,6 +43,10 @@
 //!   wake is never lost and never applied twice: concurrent timer workers split the due timers
 //!   (`FOR UPDATE SKIP LOCKED`), a signal wait and send on one token are serialized by an
 //!   advisory lock, and a child's terminal transaction journals its result into its parent.
+//! - Remote steps: `PgStore` implements `keiro_remote::Transport` over the `remote_tasks`
+//!   table (a claim is one round trip, `FOR UPDATE SKIP LOCKED`; a report settles the task
+//!   and journals its result into the owner in one transaction) and `keiro_remote::RemoteAdmin`
+//!   (redispatch, requeue with `StepReset` rows, fix-and-replay), each one function call.
 //! - Push: `PgStore` implements `keiro_resume::Notifier` with one `LISTEN` connection per
 //!   store, shared by all subscriptions, reconnected with backoff (reported as
 //!   `Reconnected`), and closed when the last clone of the store is dropped.
@@ -62,6 +67,7 @@ mod journal;
 mod lease;
 mod listen;
 mod migrate;
+mod remote;
 mod row;
 mod signal;
 mod store;

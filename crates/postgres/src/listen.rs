@@ -6,13 +6,13 @@
 //!   first subscribe ──► spawn listener ──► connect ──► LISTEN "<schema>.wake" ──► Reconnected
 //!                             ▲                                                      │
 //!                             │ backoff 100 ms … 5 s                                 ▼
-//!                             └──────────── connection lost ◄──── forward payloads as Instance / Timer
+//!                             └──────── connection lost ◄──── forward payloads as Instance / Timer / Remote
 //! ```
 //!
 //! The database is authoritative for what is runnable and when timers are due; a notification
 //! only tells a loop to look now instead of at its next poll. So nothing here needs to be
-//! reliable, only prompt: the listener forwards each payload of the wake channel (`timer`, or
-//! `<name>/<id>` for an instance) into a `tokio::sync::broadcast`, and each subscription
+//! reliable, only prompt: the listener forwards each payload of the wake channel (`timer`,
+//! `remote`, or `<name>/<id>` for an instance) into a `tokio::sync::broadcast`, and each subscription
 //! filters it. Notifications sent while the listener is not listening are lost, so every
 //! time it (re)establishes `LISTEN` it broadcasts `Reconnected`, and the loops poll at once.
 //! That includes the first connection: a subscription exists before the `LISTEN` takes
@@ -45,6 +45,9 @@ const WAKE_BUFFER_LEN: usize = 256;
 /// The payload `keiro_notify_timer` sends when a timer is armed.
 const TIMER_PAYLOAD: &str = "timer";
 
+/// The payload `keiro_notify_remote` sends when a remote task becomes claimable.
+const REMOTE_PAYLOAD: &str = "remote";
+
 /// The listener's reconnect delays: 100 ms after a lost connection, doubling with each failed
 /// attempt up to 5 s, spread by 10% so a fleet does not reconnect in lockstep after a
 /// database restart.
@@ -57,20 +60,23 @@ const RECONNECT_BACKOFF: BackoffPolicy = BackoffPolicy {
 /// One message of the hub.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Wake {
-    /// An instance became runnable (any payload but `timer`).
+    /// An instance became runnable (any payload but `timer` and `remote`; an instance's
+    /// always contains a `/`).
     Instance,
     /// A timer was armed.
     Timer,
+    /// A remote task became claimable (dispatched, redispatched or requeued).
+    Remote,
     /// The listener (re)started listening; notifications may have been missed.
     Reconnected,
 }
 
 impl Wake {
     fn from_payload(payload: &str) -> Self {
-        if payload == TIMER_PAYLOAD {
-            Self::Timer
-        } else {
-            Self::Instance
+        match payload {
+            TIMER_PAYLOAD => Self::Timer,
+            REMOTE_PAYLOAD => Self::Remote,
+            _ => Self::Instance,
         }
     }
 
@@ -78,6 +84,7 @@ impl Wake {
         match self {
             Self::Instance => filter == WakeFilter::Instances,
             Self::Timer => filter == WakeFilter::Timers,
+            Self::Remote => filter == WakeFilter::RemoteTasks,
             Self::Reconnected => true,
         }
     }
@@ -276,7 +283,7 @@ impl WakeSource for Subscription {
 /// The first subscription starts one listener connection for this store (all clones share
 /// it); every subscription sees the notifications sent after it subscribed.
 /// [`WakeFilter::Instances`] wakes on instance payloads, [`WakeFilter::Timers`] on timer
-/// arms. A wait returns [`WakeReason::Reconnected`] whenever the listener starts listening,
+/// arms, [`WakeFilter::RemoteTasks`] on remote tasks becoming claimable. A wait returns [`WakeReason::Reconnected`] whenever the listener starts listening,
 /// the first time included, because notifications sent before were missed: poll at once.
 /// The listener reconnects by itself (100 ms doubling to 5 s) and stops with the last clone of
 /// the store.
@@ -318,13 +325,27 @@ mod tests {
     #[test]
     fn payloads_reach_their_filters() {
         assert_eq!(Wake::from_payload("timer"), Wake::Timer);
+        assert_eq!(Wake::from_payload("remote"), Wake::Remote);
         assert_eq!(Wake::from_payload("order/o-1"), Wake::Instance);
-        assert!(Wake::Timer.matches(WakeFilter::Timers));
-        assert!(!Wake::Timer.matches(WakeFilter::Instances));
-        assert!(Wake::Instance.matches(WakeFilter::Instances));
-        assert!(!Wake::Instance.matches(WakeFilter::Timers));
-        assert!(Wake::Reconnected.matches(WakeFilter::Timers));
-        assert!(Wake::Reconnected.matches(WakeFilter::Instances));
+        // An instance named `remote` still has a `/` in its payload.
+        assert_eq!(Wake::from_payload("remote/r-1"), Wake::Instance);
+        let filters = [
+            WakeFilter::Instances,
+            WakeFilter::Timers,
+            WakeFilter::RemoteTasks,
+        ];
+        for (wake, only) in [
+            (Wake::Instance, WakeFilter::Instances),
+            (Wake::Timer, WakeFilter::Timers),
+            (Wake::Remote, WakeFilter::RemoteTasks),
+        ] {
+            for filter in filters {
+                assert_eq!(wake.matches(filter), filter == only, "{wake:?} {filter:?}");
+            }
+        }
+        for filter in filters {
+            assert!(Wake::Reconnected.matches(filter), "{filter:?}");
+        }
     }
 
     #[test]

@@ -43,6 +43,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "hot_path",
         sql: include_str!("../../../migrations/0004_hot_path.sql"),
     },
+    Migration {
+        version: 5,
+        name: "remote_steps",
+        sql: include_str!("../../../migrations/0005_remote_steps.sql"),
+    },
 ];
 
 const MIGRATE: &str = "migrating the schema";

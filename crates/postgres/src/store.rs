@@ -18,8 +18,8 @@ use crate::listen::Hub;
 /// "forever" for a workflow, so that `now() + span` can never leave the timestamp range.
 const SPAN_MS_MAX: i64 = 100 * 366 * 24 * 60 * 60 * 1000;
 
-/// keiro's Postgres store: every store trait of `keiro-journal` and `keiro-lease` over a
-/// `deadpool-postgres` pool whose connections all use one schema.
+/// keiro's Postgres store: every store trait of `keiro-journal`, `keiro-lease` and
+/// `keiro-remote` over a `deadpool-postgres` pool whose connections all use one schema.
 ///
 /// Cloning is cheap and shares the pool, the counter and the wake listener (see the
 /// `keiro_resume::Notifier` impl), which stops when the last clone is dropped. Build it with [`PgStore::connect`],

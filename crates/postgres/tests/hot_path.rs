@@ -35,7 +35,7 @@ fn fenced_step(k: &InstanceKey, fence: &Fence, name: &str, renew: Duration) -> A
 fn step_names(journal: &[JournalEntry]) -> Vec<String> {
     journal
         .iter()
-        .map(|entry| entry.event.step_name().to_owned())
+        .map(|entry| entry.event.step_name().into_owned())
         .collect()
 }
 

@@ -1,11 +1,40 @@
 //! keiro-remote: remote steps, the part of a workflow that runs in another process.
 //!
-//! This crate is where `ctx.remote(name, input, options)`, the `Transport` trait (with the
-//! Postgres task table as its default), the `RemoteWorker` runtime, durable retry with
-//! backoff, lost-dispatch redispatch, the operator's `redispatch_pending` and `requeue`, and
-//! fix-and-replay (`retry_with_input`) will live. None of it exists yet: the crate sits in the
-//! dependency graph of the design (journal, lease and resume below it, the facade above) so that
-//! it can be filled without moving anything else.
+//! A body calls [`Ctx::remote`](keiro_journal::Ctx::remote): the task is written in its own
+//! transaction with a stable step id and the run parks. A [`RemoteWorker`] (in any process)
+//! claims tasks of the groups it serves, runs typed handlers, heartbeats long ones and reports;
+//! the report journals the result and wakes the run. Failures are retried durably with
+//! backoff; a lost dispatch can be re-dispatched; operators [`requeue`] failed runs and
+//! [`retry_with_input`] fixes a bad input.
 //!
-//! Until then, work that must run elsewhere can be modelled with the journal's wake sources: a
-//! step that enqueues the work and an awakeable whose id travels with it.
+//! ```no_run
+//! use std::sync::Arc;
+//! use keiro_remote::{RemoteWorker, TaskContext, TaskError, Transport};
+//!
+//! # async fn demo(transport: Arc<dyn Transport>) {
+//! let worker = RemoteWorker::builder(transport)
+//!     .handle("print-label", |order: String, task: TaskContext| async move {
+//!         if order.is_empty() {
+//!             return Err(TaskError::fatal("no order").with_code("bad_order"));
+//!         }
+//!         Ok(format!("label for {order} (attempt {})", task.attempt))
+//!     })
+//!     .build();
+//! let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+//! # drop(stop);
+//! worker.run_until(async { let _ = stopped.await; }).await;
+//! # }
+//! ```
+
+mod admin;
+mod store;
+mod worker;
+
+pub use admin::{redispatch_pending, requeue, retry_key, retry_with_input, AdminError};
+pub use store::{
+    ClaimRequest, ClaimedTask, RemoteAdmin, RemoteTask, ReportOutcome, RequeueOutcome, Result,
+    RetryOutcome, TaskFailure, TaskStatus, Transport,
+};
+pub use worker::{
+    RemoteWorker, RemoteWorkerBuilder, RemoteWorkerOptions, TaskContext, TaskError, WorkerStats,
+};

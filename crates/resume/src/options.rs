@@ -56,6 +56,9 @@ pub struct ResumeOptions {
     pub log: LogHook,
     /// Metrics; `None` records nothing. Defaults to `None`.
     pub metrics: Option<keiro_telemetry::Metrics>,
+    /// OpenTelemetry spans: a `workflow <name>` span per drive, current while the body runs,
+    /// whose trace context is stamped on the remote tasks it dispatches. Defaults to `None`.
+    pub tracing: Option<keiro_telemetry::Tracing>,
 }
 
 impl std::fmt::Debug for ResumeOptions {
@@ -71,6 +74,7 @@ impl std::fmt::Debug for ResumeOptions {
             .field("payload_len_max", &self.payload_len_max)
             .field("owner", &self.owner)
             .field("metrics", &self.metrics.is_some())
+            .field("tracing", &self.tracing.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -89,6 +93,7 @@ impl Default for ResumeOptions {
             owner: None,
             log: tracing_log_hook(),
             metrics: None,
+            tracing: None,
         }
     }
 }
@@ -151,11 +156,26 @@ impl ResumeOptions {
             .metrics
             .clone()
             .map(|metrics| Arc::new(StepDurations(metrics)) as Arc<dyn StepObserver>);
+        if self.tracing.is_some() {
+            run.trace_context = Some(Arc::new(CurrentSpan));
+        }
         run
     }
 }
 
-/// Records each executed step's duration in `keiro.step.duration`.
+/// Stamps remote tasks with the trace context of the drive's `workflow <name>` span, which
+/// the pass makes current around the drive.
+#[derive(Debug)]
+struct CurrentSpan;
+
+impl keiro_journal::TraceContext for CurrentSpan {
+    fn traceparent(&self) -> Option<String> {
+        keiro_telemetry::current_traceparent()
+    }
+}
+
+/// Records each executed step's duration in `keiro.step.duration`, and the remote steps a run
+/// dispatches, redispatches and loses.
 #[derive(Debug)]
 struct StepDurations(keiro_telemetry::Metrics);
 
@@ -163,5 +183,17 @@ impl StepObserver for StepDurations {
     fn step_finished(&self, workflow: &WorkflowName, kind: StepKind, duration: Duration) {
         self.0
             .step_duration(workflow.as_str(), kind.as_str(), duration);
+    }
+
+    fn remote_dispatched(&self, group: &str) {
+        self.0.remote_dispatched(group);
+    }
+
+    fn remote_redispatched(&self, group: &str) {
+        self.0.remote_redispatched(group);
+    }
+
+    fn remote_lost(&self, group: &str) {
+        self.0.remote_lost(group);
     }
 }

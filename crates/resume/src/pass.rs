@@ -311,8 +311,16 @@ async fn drive_claimed(
             run_options,
         ),
         span,
-    )
-    .await;
+    );
+    let driven = match &options.tracing {
+        None => driven.await,
+        Some(tracing) => {
+            let cx = tracing.workflow(key.name.as_str(), key.id.as_str());
+            let driven = keiro_telemetry::Tracing::in_context(driven, cx.clone()).await;
+            keiro_telemetry::Tracing::end(&cx);
+            driven
+        }
+    };
     drop(active);
     if let Some(metrics) = &options.metrics {
         metrics.step_executed(key.name.as_str(), driven.stats.executed);

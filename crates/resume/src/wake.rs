@@ -66,6 +66,9 @@ pub enum WakeFilter {
     Instances,
     /// A timer was armed, so the next due time may be earlier.
     Timers,
+    /// A remote task became claimable (dispatched, redispatched or requeued), for remote
+    /// workers.
+    RemoteTasks,
 }
 
 /// A store that can push wake-ups: one listener per store, fanned out to every subscription.

@@ -1,5 +1,6 @@
-//! keiro's metrics: the OpenTelemetry instruments the engine records, behind a handle that
-//! costs nothing when metrics are switched off.
+//! keiro's metrics and spans: the OpenTelemetry instruments the engine records, behind a
+//! handle that costs nothing when metrics are switched off, and [`Tracing`], the optional
+//! `workflow <name>` and `remote <step>` spans joined across processes by W3C trace context.
 //!
 //! This crate depends on the `opentelemetry` API only. The application picks the SDK and the
 //! exporter, builds one [`Metrics`] from a meter, and passes `Some(metrics)` to the keiro
@@ -76,5 +77,8 @@ mod metrics;
 pub mod names;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod trace;
 
 pub use metrics::{ActiveRun, Metrics, MetricsExt};
+pub use opentelemetry::Context;
+pub use trace::{context_from_traceparent, current_traceparent, traceparent, Tracing};

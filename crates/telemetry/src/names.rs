@@ -34,6 +34,9 @@
 /// ```
 pub const METER: &str = "keiro";
 
+/// The instrumentation scope of keiro's OpenTelemetry spans (see [`Tracing`](crate::Tracing)).
+pub const TRACER: &str = "keiro";
+
 // ---------------------------------------------------------------------------------------------
 // Workflow instruments
 // ---------------------------------------------------------------------------------------------
@@ -280,3 +283,10 @@ pub const STEP_KIND: &str = "keiro.step.kind";
 
 /// Attribute key: the worker group a remote step was dispatched to.
 pub const REMOTE_GROUP: &str = "keiro.remote.group";
+
+/// Attribute key: a remote step's name, on `remote <step>` spans.
+pub const REMOTE_STEP: &str = "keiro.remote.step";
+
+/// Attribute key: a remote step's stable id (`<name>/<id>/<generation>/<step>`). For spans
+/// only: it embeds the instance id.
+pub const REMOTE_STEP_ID: &str = "keiro.remote.step_id";

@@ -10,8 +10,11 @@
 //!   the push-aware worker against the fixed 1 s poll (see [`wake`]).
 //! - `idle`: what a push-aware worker costs the database while 10,000 runs are parked (see
 //!   [`idle`]).
+//! - `remote`: remote steps through worker processes: dispatch-to-result latency when idle,
+//!   remote steps per second under load (see [`remote`]).
 
 mod idle;
+pub(crate) mod remote;
 mod throughput;
 mod wake;
 
@@ -37,6 +40,8 @@ pub(crate) enum Mode {
     WakeLatency,
     /// Queries per minute of an idle push-aware worker over many parked runs.
     Idle,
+    /// Remote steps through worker processes: idle latency, then throughput.
+    Remote,
 }
 
 impl Mode {
@@ -46,6 +51,7 @@ impl Mode {
             Self::Throughput => 2000,
             Self::WakeLatency => 200,
             Self::Idle => 10_000,
+            Self::Remote => 2000,
         }
     }
 }
@@ -99,6 +105,15 @@ pub(crate) struct BenchArgs {
     /// never re-driven while parked.
     #[arg(long)]
     pub(crate) reconcile_off: bool,
+    /// `remote`: remote worker processes.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub(crate) remote_workers: u64,
+    /// `remote`: handlers each remote worker process runs at once.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub(crate) remote_concurrency: u64,
+    /// `remote`: one-step workflows run one at a time, for the idle latency.
+    #[arg(long, default_value_t = 200)]
+    pub(crate) samples: u64,
 }
 
 impl BenchArgs {
@@ -115,6 +130,7 @@ pub(crate) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         Mode::Throughput => throughput::run(global, args).await,
         Mode::WakeLatency => wake::run(global, args).await,
         Mode::Idle => idle::run(global, args).await,
+        Mode::Remote => remote::run(global, args).await,
     }
 }
 

@@ -1,0 +1,383 @@
+//! `remote`: remote steps through worker processes. This process runs the resume worker (it
+//! dispatches the steps and resumes the runs); `--remote-workers` child processes
+//! (`keiro bench-remote-worker`, this same binary) claim the tasks, run a trivial handler and
+//! report. Two phases:
+//!
+//! 1. idle latency: `--samples` one-step workflows one after another, each started when
+//!    everything is idle, so a worker can only learn of the task by NOTIFY (its poll is 1 s);
+//! 2. throughput: N workflows of K remote steps started at once, C runs driven at once.
+//!
+//! Dispatch-to-result latency is read from the task rows on the database clock: from the
+//! dispatching transaction (`created_at`) to the report's (`settled_at`).
+
+use std::io::Read;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use keiro::{
+    Ctx, Keiro, RemoteOptions, RemoteWorkerOptions, ResumeLogEvent, ResumeOptions, TaskContext,
+    TaskError, WorkflowError,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+use super::{start_all, BenchArgs, Setup};
+use crate::common::{connect_store, round, Global, Outcome, Result, ResultExt};
+
+/// The registered workflow name.
+const WORKFLOW: &str = "remote-bench";
+/// The remote step (and worker group).
+const STEP: &str = "echo";
+
+/// The workflow's input.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct RemoteInput {
+    steps: u64,
+}
+
+/// K remote steps in sequence, each adding one on a worker process.
+async fn remote_workflow(ctx: Ctx, input: RemoteInput) -> Result<u64, WorkflowError> {
+    let options = RemoteOptions::default();
+    let mut value = 0u64;
+    for i in 0..input.steps {
+        // Each step has its own name: replay is keyed by name.
+        let step = format!("{STEP}-{i}");
+        value = ctx.remote(&step, &value, &options).await?;
+    }
+    Ok(value)
+}
+
+/// Options of the hidden `keiro bench-remote-worker`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct RemoteWorkerArgs {
+    /// The bench's schema.
+    #[arg(long)]
+    pub(crate) bench_schema: String,
+    /// Handlers running at once.
+    #[arg(long)]
+    pub(crate) concurrency: usize,
+    /// The largest K the bench uses (one group per step name).
+    #[arg(long)]
+    pub(crate) steps: u64,
+}
+
+/// The remote worker process: serves `echo-0` .. `echo-<K-1>` until stdin closes, then prints
+/// how many tasks it completed.
+pub(crate) async fn worker(global: &Global, args: &RemoteWorkerArgs) -> Result<Outcome> {
+    let store = connect_store(global.config(&args.bench_schema, 4)).await?;
+    let keiro = Keiro::with_push(store);
+    let options = RemoteWorkerOptions {
+        concurrency: args.concurrency,
+        // NOTIFY wakes it; the poll is only a fallback, slow on purpose so the idle latency
+        // measures push.
+        poll_interval: Duration::from_secs(1),
+        ..RemoteWorkerOptions::default()
+    };
+    let mut builder = keiro
+        .remote_worker()
+        .context("building the remote worker")?
+        .options(options);
+    for i in 0..args.steps {
+        builder = builder.handle(
+            &format!("{STEP}-{i}"),
+            |value: u64, _task: TaskContext| async move { Ok::<_, TaskError>(value + 1) },
+        );
+    }
+    let worker = builder.build();
+    let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
+    // A plain thread: reading stdin blocks, and the runtime has no stdin support enabled.
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+        let _ = closed_tx.send(());
+    });
+    worker
+        .run_until(async {
+            let _ = closed_rx.await;
+        })
+        .await;
+    println!("{}", worker.stats().completed());
+    Ok(Outcome::Success)
+}
+
+/// A remote worker child process; killed and reaped when dropped.
+struct WorkerProcess {
+    child: Child,
+    stdin: Option<ChildStdin>,
+}
+
+impl WorkerProcess {
+    fn spawn(global: &Global, args: &BenchArgs, steps: u64) -> Result<Self> {
+        let exe = std::env::current_exe().context("locating the keiro binary")?;
+        let mut child = Command::new(exe)
+            .env("DATABASE_URL", &global.database_url)
+            .env("KEIRO_SCHEMA", &global.schema)
+            .arg("bench-remote-worker")
+            .arg("--bench-schema")
+            .arg(&args.bench_schema)
+            .arg("--concurrency")
+            .arg(args.remote_concurrency.to_string())
+            .arg("--steps")
+            .arg(steps.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("spawning a remote worker process")?;
+        let stdin = child.stdin.take();
+        Ok(Self { child, stdin })
+    }
+
+    /// Closes stdin, waits for the child and returns the tasks it completed.
+    fn stop(mut self) -> Result<u64> {
+        drop(self.stdin.take());
+        let _ = self.child.wait().context("waiting for a remote worker")?;
+        let mut out = String::new();
+        if let Some(mut pipe) = self.child.stdout.take() {
+            pipe.read_to_string(&mut out)
+                .context("reading a remote worker's report")?;
+        }
+        Ok(out
+            .lines()
+            .last()
+            .and_then(|l| l.trim().parse().ok())
+            .unwrap_or(0))
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Counts completions through the worker's log hook.
+struct Completions {
+    count: AtomicU64,
+    notify: Notify,
+}
+
+impl Completions {
+    async fn wait_for(&self, target: u64, within: Duration) -> bool {
+        tokio::time::timeout(within, async {
+            loop {
+                let notified = self.notify.notified();
+                if self.count.load(Ordering::Relaxed) >= target {
+                    return;
+                }
+                notified.await;
+            }
+        })
+        .await
+        .is_ok()
+    }
+}
+
+/// Dispatch-to-result percentiles of the tasks whose step id starts with a prefix.
+const TASK_LATENCY: &str = "SELECT count(*),
+    coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms), 0),
+    coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms), 0),
+    coalesce(max(ms), 0)
+  FROM (SELECT extract(epoch FROM settled_at - created_at)::float8 * 1000 AS ms
+        FROM remote_tasks WHERE step_id LIKE $1 AND status = 'completed') AS done";
+
+/// The remote figures; serialized as the last line.
+#[derive(Debug, Serialize)]
+struct RemoteReport {
+    mode: &'static str,
+    remote_workers: u64,
+    remote_concurrency: u64,
+    idle_samples: u64,
+    idle_dispatch_to_result_p50_ms: f64,
+    idle_dispatch_to_result_p99_ms: f64,
+    idle_start_to_completion_p50_ms: f64,
+    workflows: u64,
+    steps: u64,
+    concurrency: u64,
+    elapsed_s: f64,
+    remote_steps_per_s: f64,
+    dispatch_to_result_p50_ms: f64,
+    dispatch_to_result_p99_ms: f64,
+    round_trips_per_remote_step: f64,
+}
+
+async fn task_latency(setup: &Setup, prefix: &str) -> Result<(u64, f64, f64)> {
+    let row = setup
+        .db
+        .query_one(TASK_LATENCY, &[&format!("{WORKFLOW}/{prefix}-%")])
+        .await
+        .context("reading task latencies")?;
+    Ok((
+        u64::try_from(row.get::<_, i64>(0)).unwrap_or(0),
+        row.get(1),
+        row.get(2),
+    ))
+}
+
+/// The remote mode.
+pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
+    let workflows = args.workflows();
+    let concurrency = usize::try_from(args.concurrency).context("--concurrency")?;
+    let setup = Setup::new(
+        global,
+        &args.bench_schema,
+        concurrency + usize::try_from(args.producers).context("--producers")? + 2,
+    )
+    .await?;
+    let keiro = Keiro::with_push(setup.store.clone());
+    let completions = Arc::new(Completions {
+        count: AtomicU64::new(0),
+        notify: Notify::new(),
+    });
+    let log = {
+        let (completions, default_log) = (completions.clone(), ResumeOptions::default().log);
+        Arc::new(move |event: &ResumeLogEvent| {
+            if let ResumeLogEvent::PassFinished { summary } = event {
+                if summary.completed > 0 {
+                    completions
+                        .count
+                        .fetch_add(summary.completed, Ordering::Relaxed);
+                    completions.notify.notify_waiters();
+                }
+            }
+            default_log(event);
+        })
+    };
+    let worker = keiro
+        .worker()
+        .register(WORKFLOW, remote_workflow)
+        .concurrency(concurrency)
+        .poll_interval(Duration::from_millis(args.poll_interval_ms))
+        .log(log)
+        .build()
+        .context("building the resume worker")?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let worker_task = tokio::spawn(async move {
+        worker
+            .run_until(async {
+                let _ = stop_rx.await;
+            })
+            .await
+    });
+    let processes: Vec<WorkerProcess> = (0..args.remote_workers)
+        .map(|_| WorkerProcess::spawn(global, args, args.steps))
+        .collect::<Result<_>>()?;
+    println!(
+        "bench: remote: {} worker process(es) x {} handlers; idle phase {} samples; throughput \
+         phase {} workflows x {} remote steps, resume concurrency {}, schema {}",
+        args.remote_workers,
+        args.remote_concurrency,
+        args.samples,
+        workflows,
+        args.steps,
+        args.concurrency,
+        args.bench_schema
+    );
+    // Let the workers connect and LISTEN before the first dispatch.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // Phase 1: one run at a time, everything idle in between.
+    let mut idle_e2e = Vec::new();
+    for i in 0..args.samples {
+        let before = completions.count.load(Ordering::Relaxed);
+        let started = Instant::now();
+        keiro
+            .start(
+                WORKFLOW,
+                &super::instance_id("idle", i),
+                &RemoteInput { steps: 1 },
+            )
+            .await
+            .context("starting an idle sample")?;
+        if !completions
+            .wait_for(before + 1, Duration::from_secs(30))
+            .await
+        {
+            println!("bench: FAIL: idle sample {i} did not complete within 30 s");
+            return Ok(Outcome::Failed);
+        }
+        idle_e2e.push(started.elapsed());
+        tokio::time::sleep(Duration::from_millis(args.gap_ms)).await;
+    }
+    let (idle_n, idle_p50, idle_p99) = task_latency(&setup, "idle").await?;
+    let idle_e2e = super::Percentiles::of(&idle_e2e);
+    println!(
+        "bench: idle: dispatch-to-result p50 {idle_p50:.2} ms, p99 {idle_p99:.2} ms over {idle_n} \
+         tasks; start-to-completion p50 {:.2} ms",
+        idle_e2e.p50_ms
+    );
+
+    // Phase 2: everything at once.
+    let before = completions.count.load(Ordering::Relaxed);
+    let round_trips_before = setup.store.round_trips();
+    let started = Instant::now();
+    start_all(
+        &keiro,
+        WORKFLOW,
+        "load",
+        workflows,
+        args.producers,
+        RemoteInput { steps: args.steps },
+    )
+    .await?;
+    let done = completions
+        .wait_for(before + workflows, Duration::from_secs(args.timeout_s))
+        .await;
+    let elapsed = started.elapsed();
+    let round_trips = setup.store.round_trips() - round_trips_before;
+    let _ = stop_tx.send(());
+    let _ = worker_task.await;
+    let mut remote_completed = 0;
+    for process in processes {
+        remote_completed += process.stop()?;
+    }
+    if !done {
+        println!(
+            "bench: FAIL: the throughput phase did not finish within {} s",
+            args.timeout_s
+        );
+        return Ok(Outcome::Failed);
+    }
+    let (load_n, p50, p99) = task_latency(&setup, "load").await?;
+    let remote_steps = workflows * args.steps;
+    #[allow(clippy::cast_precision_loss)] // counts far below 2^52 convert exactly
+    let (steps_f, round_trips_f) = (remote_steps as f64, round_trips as f64);
+    let secs = elapsed.as_secs_f64();
+    println!(
+        "bench: throughput: {remote_steps} remote steps in {secs:.2} s = {:.0} remote steps/s; \
+         dispatch-to-result p50 {p50:.2} ms, p99 {p99:.2} ms over {load_n} tasks; {round_trips} \
+         round trips from this process = {:.2} per remote step (the workers' reports and claims \
+         are not counted); workers completed {remote_completed} tasks",
+        steps_f / secs,
+        round_trips_f / steps_f
+    );
+    let report = RemoteReport {
+        mode: "remote",
+        remote_workers: args.remote_workers,
+        remote_concurrency: args.remote_concurrency,
+        idle_samples: args.samples,
+        idle_dispatch_to_result_p50_ms: round(idle_p50, 2),
+        idle_dispatch_to_result_p99_ms: round(idle_p99, 2),
+        idle_start_to_completion_p50_ms: idle_e2e.p50_ms,
+        workflows,
+        steps: args.steps,
+        concurrency: args.concurrency,
+        elapsed_s: round(secs, 3),
+        remote_steps_per_s: round(steps_f / secs, 1),
+        dispatch_to_result_p50_ms: round(p50, 2),
+        dispatch_to_result_p99_ms: round(p99, 2),
+        round_trips_per_remote_step: round(round_trips_f / steps_f, 3),
+    };
+    println!(
+        "{}",
+        serde_json::to_string(&report).context("encoding the report")?
+    );
+    Ok(if load_n == remote_steps {
+        Outcome::Success
+    } else {
+        Outcome::Failed
+    })
+}

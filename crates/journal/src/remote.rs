@@ -1,0 +1,446 @@
+//! Remote steps, the workflow side: `ctx.remote` dispatches a task to a worker group and
+//! suspends until the task's result is journaled.
+//!
+//! The dispatch is an await arm, like a sleep's timer: on a journal miss the context asks the
+//! store to write the task row (once per step id; a replay finds it and only learns its state),
+//! in one transaction of its own. Workers claim tasks, run handlers and report; the report
+//! journals the result into this run and flips its row in the same transaction (the workers
+//! live in `keiro-remote`). Retries with backoff happen in the task table, without waking the
+//! run; only the final result is journaled, as `{"ok": value}` or `{"error": {..}}`.
+
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use time::OffsetDateTime;
+
+use crate::context::{decode, Armed};
+use crate::wake::{open, Opened};
+use crate::{id, Ctx, Fence, Generation, IdError, InstanceKey, StepKind, WorkflowError};
+
+/// The default number of times a lost dispatch is re-dispatched before the step fails with
+/// [`RemoteStepError::LOST`].
+pub const REDISPATCH_MAX_DEFAULT: u32 = 10;
+
+/// Exponential backoff between the attempts of a remote step.
+///
+/// The delay before attempt `n + 1` (after `n` failures) is `initial * 2^(n-1)`, capped at
+/// `max`; with `jitter` it is scaled by a random factor in `[0.5, 1.0]`, so a fleet of failing
+/// tasks does not retry in lockstep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Backoff {
+    /// The delay after the first failure. Defaults to 1 s.
+    pub initial: Duration,
+    /// The largest delay. Defaults to 5 min.
+    pub max: Duration,
+    /// Whether delays are jittered. Defaults to `true`.
+    pub jitter: bool,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(300),
+            jitter: true,
+        }
+    }
+}
+
+impl Backoff {
+    /// Exponential backoff from `initial`, capped at `max`, jittered.
+    pub fn exponential(initial: Duration, max: Duration) -> Self {
+        Self {
+            initial,
+            max,
+            jitter: true,
+        }
+    }
+
+    /// The same delays without jitter.
+    pub fn without_jitter(self) -> Self {
+        Self {
+            jitter: false,
+            ..self
+        }
+    }
+
+    /// The delay after `failures` failed attempts (at least 1), before jitter.
+    pub fn delay(&self, failures: u32) -> Duration {
+        let doublings = failures.saturating_sub(1).min(32);
+        self.initial
+            .checked_mul(1u32 << doublings.min(31))
+            .map_or(self.max, |d| d.min(self.max))
+    }
+
+    /// The delay after `failures` failed attempts with jitter applied, drawing the random
+    /// factor from `unit` (a number in `[0, 1]`).
+    pub fn jittered_delay(&self, failures: u32, unit: f64) -> Duration {
+        let delay = self.delay(failures);
+        if self.jitter {
+            delay.mul_f64(0.5 + unit.clamp(0.0, 1.0) * 0.5)
+        } else {
+            delay
+        }
+    }
+}
+
+/// How a remote step is dispatched, retried and recovered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteOptions {
+    /// Routes the task to the worker group `<step>@<partition>` instead of `<step>`.
+    /// Defaults to `None`.
+    pub partition: Option<String>,
+    /// Higher priorities are claimed first; equal priorities oldest first. Defaults to 0.
+    pub priority: i32,
+    /// How many times a failed attempt is retried (so `retries + 1` attempts in all).
+    /// A failure reported as not retryable is never retried. Defaults to 0.
+    pub retries: u32,
+    /// The delays between attempts. Defaults to [`Backoff::default`].
+    pub backoff: Backoff,
+    /// Opt-in recovery of a lost dispatch: when no result arrived this long after the task
+    /// became available, re-dispatch the same step id (a worker may then run it twice, so
+    /// handlers should be idempotent by step id). Defaults to `None` (off).
+    pub redispatch_after: Option<Duration>,
+    /// How many dispatches in all before the step fails with [`RemoteStepError::LOST`].
+    /// Defaults to [`REDISPATCH_MAX_DEFAULT`].
+    pub redispatch_max: u32,
+}
+
+impl Default for RemoteOptions {
+    fn default() -> Self {
+        Self {
+            partition: None,
+            priority: 0,
+            retries: 0,
+            backoff: Backoff::default(),
+            redispatch_after: None,
+            redispatch_max: REDISPATCH_MAX_DEFAULT,
+        }
+    }
+}
+
+impl RemoteOptions {
+    /// Retries a failed attempt `retries` times with `backoff` between attempts.
+    pub fn retries(mut self, retries: u32, backoff: Backoff) -> Self {
+        self.retries = retries;
+        self.backoff = backoff;
+        self
+    }
+
+    /// Routes to the group `<step>@<partition>`.
+    pub fn partition(mut self, partition: impl Into<String>) -> Self {
+        self.partition = Some(partition.into());
+        self
+    }
+
+    /// Sets the priority.
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Re-dispatches a task with no result after `after`, at most `max` dispatches in all.
+    pub fn redispatch(mut self, after: Duration, max: u32) -> Self {
+        self.redispatch_after = Some(after);
+        self.redispatch_max = max.max(1);
+        self
+    }
+}
+
+/// The final failure of a remote step, as the body sees it: all retries are spent, the
+/// handler said the failure is not retryable, or the dispatch was lost too often.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("remote step {step:?} failed after {attempts} attempt(s): {message}")]
+pub struct RemoteStepError {
+    /// The remote step (its user name).
+    pub step: String,
+    /// The handler's message.
+    pub message: String,
+    /// The handler's error code, or [`RemoteStepError::LOST`].
+    pub code: Option<String>,
+    /// Whether the handler called the last failure retryable.
+    pub retryable: bool,
+    /// How many attempts failed.
+    pub attempts: u32,
+}
+
+impl RemoteStepError {
+    /// The code of a step whose dispatch was lost `redispatch_max` times.
+    pub const LOST: &'static str = "remote_step_lost";
+
+    /// Whether the dispatch was lost rather than failed by a handler.
+    pub fn is_lost(&self) -> bool {
+        self.code.as_deref() == Some(Self::LOST)
+    }
+}
+
+/// The task a remote step writes, and what the dispatch knows of the run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RemoteArm {
+    /// The stable task id, `<name>/<id>/<generation>/<step>`: every dispatch of the step uses
+    /// it, so handlers can deduplicate on it.
+    pub step_id: String,
+    /// The owner.
+    pub key: InstanceKey,
+    /// The owner's generation; the result is journaled into it and no other.
+    pub generation: Generation,
+    /// The remote step's user name, which is also the handler's name.
+    pub step: String,
+    /// The journal step the result is recorded under (`remote:<step>`).
+    pub journal_step: String,
+    /// The worker group: `<step>` or `<step>@<partition>`.
+    pub group: String,
+    /// The handler's input.
+    pub input: Value,
+    /// Claim priority, higher first.
+    pub priority: i32,
+    /// The W3C `traceparent` of the dispatching span, if tracing is exported.
+    pub traceparent: Option<String>,
+    /// Attempts in all (`retries + 1`).
+    pub max_attempts: u32,
+    /// The delays between attempts.
+    pub backoff: Backoff,
+    /// See [`RemoteOptions::redispatch_after`].
+    pub redispatch_after: Option<Duration>,
+    /// See [`RemoteOptions::redispatch_max`].
+    pub redispatch_max: u32,
+    /// The run's lease; a stale holder dispatches nothing.
+    pub fence: Option<Fence>,
+}
+
+/// What arming a remote step did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RemoteArmOutcome {
+    /// The task was written now.
+    Dispatched {
+        /// When the run should look again if no result arrives (the redispatch deadline).
+        deadline: Option<OffsetDateTime>,
+    },
+    /// The task exists and waits for a worker or its result.
+    Waiting {
+        /// As for `Dispatched`.
+        deadline: Option<OffsetDateTime>,
+    },
+    /// The task's redispatch deadline had passed with no result: it was dispatched again.
+    Redispatched {
+        /// The new deadline.
+        deadline: Option<OffsetDateTime>,
+    },
+    /// The task has its result, journaled (now or before) as this envelope. `lost` when this
+    /// arm failed it with [`RemoteStepError::LOST`].
+    Settled {
+        /// The journaled envelope.
+        value: Value,
+        /// Whether the dispatch was declared lost by this arm.
+        lost: bool,
+    },
+}
+
+/// The stable task id of a remote step.
+pub fn remote_step_id(key: &InstanceKey, generation: Generation, step: &str) -> String {
+    format!("{}/{}/{generation}/{step}", key.name, key.id)
+}
+
+/// The worker group a remote step routes to.
+pub fn remote_group(step: &str, partition: Option<&str>) -> String {
+    match partition {
+        Some(p) if !p.is_empty() && p != "default" => format!("{step}@{p}"),
+        _ => step.to_owned(),
+    }
+}
+
+/// Checks a remote step name: a user step name without `#` (it marks revisions) or `@` (it
+/// separates the partition of a group).
+fn validate_remote_step(name: &str) -> Result<(), IdError> {
+    id::validate_user_step(name)?;
+    if let Some(ch) = name.chars().find(|c| matches!(c, '#' | '@')) {
+        return Err(IdError::ForbiddenChar {
+            what: "remote step name",
+            value: name.to_owned(),
+            ch,
+        });
+    }
+    Ok(())
+}
+
+fn validate_partition(partition: &str) -> Result<(), IdError> {
+    if partition.is_empty() {
+        return Err(IdError::Empty { what: "partition" });
+    }
+    if let Some(ch) = partition
+        .chars()
+        .find(|c| c.is_control() || matches!(c, '#' | '@'))
+    {
+        return Err(IdError::ForbiddenChar {
+            what: "partition",
+            value: partition.to_owned(),
+            ch,
+        });
+    }
+    Ok(())
+}
+
+impl Ctx {
+    /// Runs the remote step `name` on a worker serving its group and returns the handler's
+    /// output. The task is written once (with a stable step id) and the run parks; whichever
+    /// process receives the worker's report journals the result and wakes the run.
+    ///
+    /// ```no_run
+    /// # async fn body(ctx: keiro_journal::Ctx) -> Result<(), keiro_journal::WorkflowError> {
+    /// use std::time::Duration;
+    /// use keiro_journal::{Backoff, RemoteOptions};
+    /// let options = RemoteOptions::default()
+    ///     .retries(3, Backoff::exponential(Duration::from_millis(200), Duration::from_secs(10)));
+    /// let label: String = ctx.remote("print-label", &"order-42", &options).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`WorkflowError::Suspended`] until the result arrives (propagate it),
+    /// [`WorkflowError::Remote`] when the step failed for good (handle it, or propagate it to
+    /// fail the run), [`WorkflowError::InvalidStep`] for a bad name or partition.
+    pub async fn remote<I, O>(
+        &self,
+        name: &str,
+        input: &I,
+        options: &RemoteOptions,
+    ) -> Result<O, WorkflowError>
+    where
+        I: Serialize + ?Sized,
+        O: DeserializeOwned,
+    {
+        validate_remote_step(name)?;
+        if let Some(partition) = &options.partition {
+            validate_partition(partition)?;
+        }
+        let journal_step = format!("remote:{name}");
+        let value = self
+            .awaited_with(&journal_step, StepKind::Remote, || async {
+                let arm = RemoteArm {
+                    step_id: remote_step_id(self.key(), self.generation(), name),
+                    key: self.key().clone(),
+                    generation: self.generation(),
+                    step: name.to_owned(),
+                    journal_step: journal_step.clone(),
+                    group: remote_group(name, options.partition.as_deref()),
+                    input: self.encode(&journal_step, input)?,
+                    priority: options.priority,
+                    traceparent: self
+                        .options()
+                        .trace_context
+                        .as_ref()
+                        .and_then(|t| t.traceparent()),
+                    max_attempts: options.retries.saturating_add(1),
+                    backoff: options.backoff,
+                    redispatch_after: options.redispatch_after,
+                    redispatch_max: options.redispatch_max.max(1),
+                    fence: self.options().fence.clone(),
+                };
+                let outcome = self
+                    .store()
+                    .remote_arm(&arm)
+                    .await
+                    .map_err(|e| self.store_failed(e))?;
+                let observer = self.options().observer.as_ref();
+                Ok(match outcome {
+                    RemoteArmOutcome::Dispatched { deadline } => {
+                        if let Some(o) = observer {
+                            o.remote_dispatched(&arm.group);
+                        }
+                        Armed::Deadline(deadline)
+                    }
+                    RemoteArmOutcome::Waiting { deadline } => Armed::Deadline(deadline),
+                    RemoteArmOutcome::Redispatched { deadline } => {
+                        if let Some(o) = observer {
+                            o.remote_redispatched(&arm.group);
+                        }
+                        Armed::Deadline(deadline)
+                    }
+                    RemoteArmOutcome::Settled { value, lost } => {
+                        if lost {
+                            if let Some(o) = observer {
+                                o.remote_lost(&arm.group);
+                            }
+                        }
+                        Armed::Ready(value)
+                    }
+                })
+            })
+            .await?;
+        match open(value.clone()) {
+            Some(Opened::Ok(v)) => decode(&journal_step, v),
+            Some(Opened::Error(error)) => Err(WorkflowError::Remote(remote_error(name, &error))),
+            _ => decode(&journal_step, value),
+        }
+    }
+}
+
+/// Reads the `error` of a journaled failure envelope, tolerating missing fields.
+fn remote_error(step: &str, error: &Value) -> RemoteStepError {
+    let text = |field: &str| error.get(field).and_then(Value::as_str).map(str::to_owned);
+    RemoteStepError {
+        step: step.to_owned(),
+        message: text("message").unwrap_or_default(),
+        code: text("code"),
+        retryable: error
+            .get("retryable")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        attempts: error
+            .get("attempts")
+            .and_then(Value::as_u64)
+            .and_then(|n| u32::try_from(n).ok())
+            .unwrap_or(0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap() {
+        let b = Backoff::exponential(Duration::from_millis(100), Duration::from_millis(500))
+            .without_jitter();
+        let delays: Vec<_> = (1..=5).map(|n| b.delay(n).as_millis()).collect();
+        assert_eq!(delays, [100, 200, 400, 500, 500]);
+        assert_eq!(b.delay(200), Duration::from_millis(500));
+    }
+
+    #[test]
+    fn jitter_stays_within_half_and_full_delay() {
+        let b = Backoff::exponential(Duration::from_millis(100), Duration::from_secs(1));
+        assert_eq!(b.jittered_delay(1, 0.0), Duration::from_millis(50));
+        assert_eq!(b.jittered_delay(1, 1.0), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn groups_carry_the_partition() {
+        assert_eq!(remote_group("label", None), "label");
+        assert_eq!(remote_group("label", Some("eu")), "label@eu");
+        assert_eq!(remote_group("label", Some("default")), "label");
+    }
+
+    #[test]
+    fn remote_step_names_reject_revision_and_partition_marks() {
+        assert!(validate_remote_step("print-label").is_ok());
+        assert!(validate_remote_step("a#1").is_err());
+        assert!(validate_remote_step("a@b").is_err());
+        assert!(validate_remote_step("remote:x").is_err());
+        assert!(validate_partition("").is_err());
+    }
+
+    #[test]
+    fn failure_envelopes_read_back_as_errors() {
+        let e = remote_error(
+            "label",
+            &serde_json::json!({"message": "m", "code": RemoteStepError::LOST, "retryable": true, "attempts": 3}),
+        );
+        assert!(e.is_lost());
+        assert_eq!(e.attempts, 3);
+        assert!(e.retryable);
+    }
+}

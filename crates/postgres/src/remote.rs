@@ -1,0 +1,445 @@
+//! Remote steps: arming a task (the workflow side), the task-table transport (claim,
+//! heartbeat, report) and the operator's recovery tools (redispatch, requeue, fix-and-replay).
+//!
+//! # Design
+//!
+//! A remote task is a row of `remote_tasks` keyed by its stable step id. Every operation is
+//! one call of a `keiro_*` function from migration 0005, so one round trip and one
+//! transaction:
+//!
+//! - arming locks the task row (when it exists), reads the owner's row without locking it, and
+//!   writes the task once; a re-arm only learns its state, and redispatches or loses it when
+//!   its deadline passed;
+//! - a claim returns expired claims of its groups to `pending`, then takes available pending
+//!   tasks `FOR UPDATE SKIP LOCKED` in priority-then-age order, so concurrent workers split
+//!   the backlog and never wait for each other;
+//! - a report locks the task row, settles it and journals the result into the owner through
+//!   the shared append rules (task row before instance row), which flip a parked owner to
+//!   `running` and notify it;
+//! - the requeue locks the failed tasks and the linked instance tree before the instance
+//!   itself, supersedes failed results with `reset` rows (history is never rewritten) and
+//!   returns the run, and its failed children, to `running`.
+//!
+//! A task that became claimable notifies `remote` on the wake channel (see `listen`).
+
+use std::time::Duration;
+
+use keiro_journal::store::Result;
+use keiro_journal::{Backoff, InstanceKey, RemoteArm, RemoteArmOutcome};
+use keiro_remote::{
+    ClaimRequest, ClaimedTask, RemoteAdmin, RemoteTask, ReportOutcome, RequeueOutcome,
+    RetryOutcome, TaskFailure, TaskStatus, Transport,
+};
+use serde_json::Value;
+use time::OffsetDateTime;
+use tokio_postgres::Row;
+use uuid::Uuid;
+
+use crate::journal::{lease_lost, not_found, unknown_outcome};
+use crate::row::{self, column, malformed};
+use crate::store::span_ms;
+use crate::PgStore;
+
+const ARM: &str = "arming a remote step";
+const CLAIM: &str = "claiming remote tasks";
+const HEARTBEAT: &str = "heartbeating a remote task";
+const COMPLETE: &str = "completing a remote task";
+const FAIL: &str = "failing a remote task";
+const REDISPATCH: &str = "redispatching remote tasks";
+const REQUEUE: &str = "requeueing an instance";
+const RETRY: &str = "starting a fix-and-replay";
+const TASKS: &str = "reading remote tasks";
+
+/// A count or limit for an `integer` column; larger values mean "no limit" anyway.
+fn int(n: u32) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+/// Reads an `integer` column that is never negative.
+fn natural(row: &Row, name: &str, operation: &'static str) -> Result<u32> {
+    let n: i32 = column(row, name, operation)?;
+    u32::try_from(n).map_err(|_| malformed(operation, format_args!("negative {name} {n}")))
+}
+
+/// Reads a `bigint` column of milliseconds.
+fn millis(row: &Row, name: &str, operation: &'static str) -> Result<Duration> {
+    let ms: i64 = column(row, name, operation)?;
+    u64::try_from(ms)
+        .map(Duration::from_millis)
+        .map_err(|_| malformed(operation, format_args!("negative {name} {ms}")))
+}
+
+/// Reads the owner columns.
+fn owner(row: &Row, operation: &'static str) -> Result<InstanceKey> {
+    let name: String = column(row, "workflow_name", operation)?;
+    let id: String = column(row, "workflow_id", operation)?;
+    parse_key(&name, &id, operation)
+}
+
+fn parse_key(name: &str, id: &str, operation: &'static str) -> Result<InstanceKey> {
+    InstanceKey::parse(name, id)
+        .map_err(|e| malformed(operation, format_args!("instance key {name:?}/{id:?}: {e}")))
+}
+
+const REMOTE_ARM: &str = "SELECT outcome, deadline, settled FROM keiro_remote_arm(\
+     $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)";
+
+/// [`JournalStore::remote_arm`](keiro_journal::JournalStore::remote_arm).
+pub(crate) async fn remote_arm(store: &PgStore, arm: &RemoteArm) -> Result<RemoteArmOutcome> {
+    let owner = arm.fence.as_ref().map(|f| f.owner.as_str());
+    let epoch = arm.fence.as_ref().map(|f| f.epoch);
+    let row = store
+        .query_one(
+            ARM,
+            REMOTE_ARM,
+            &[
+                &arm.step_id,
+                &arm.key.name.as_str(),
+                &arm.key.id.as_str(),
+                &arm.generation,
+                &arm.step,
+                &arm.journal_step,
+                &arm.group,
+                &arm.input,
+                &arm.priority,
+                &arm.traceparent,
+                &int(arm.max_attempts),
+                &span_ms(arm.backoff.initial),
+                &span_ms(arm.backoff.max),
+                &arm.backoff.jitter,
+                &arm.redispatch_after.map(span_ms),
+                &int(arm.redispatch_max),
+                &owner,
+                &epoch,
+            ],
+        )
+        .await?;
+    let outcome: String = column(&row, "outcome", ARM)?;
+    let deadline: Option<OffsetDateTime> = column(&row, "deadline", ARM)?;
+    let settled = |lost| -> Result<RemoteArmOutcome> {
+        let value: Option<Value> = column(&row, "settled", ARM)?;
+        Ok(RemoteArmOutcome::Settled {
+            value: value.unwrap_or(Value::Null),
+            lost,
+        })
+    };
+    match outcome.as_str() {
+        "dispatched" => Ok(RemoteArmOutcome::Dispatched { deadline }),
+        "waiting" => Ok(RemoteArmOutcome::Waiting { deadline }),
+        "redispatched" => Ok(RemoteArmOutcome::Redispatched { deadline }),
+        "settled" => settled(false),
+        "lost" => settled(true),
+        "not_found" => Err(not_found(&arm.key)),
+        "lease_lost" => match &arm.fence {
+            Some(fence) => Err(lease_lost(&arm.key, fence)),
+            None => Err(unknown_outcome(ARM, "lease_lost without a fence")),
+        },
+        other => Err(unknown_outcome(ARM, other)),
+    }
+}
+
+// The columns are spelled out (never `*`), so a column added by a later migration cannot change
+// the result type of a statement a running process has already prepared.
+const TASKS_CLAIM: &str = "SELECT step_id, claim, workflow_name, workflow_id, generation, step, \
+     grp, input, priority, traceparent, attempts, max_attempts, backoff_initial_ms, \
+     backoff_max_ms, backoff_jitter, dispatches, available_at \
+     FROM keiro_remote_tasks_claim($1, $2, $3, $4)";
+
+async fn tasks_claim(store: &PgStore, request: &ClaimRequest) -> Result<Vec<ClaimedTask>> {
+    if request.groups.is_empty() || request.limit == 0 {
+        return Ok(Vec::new());
+    }
+    let rows = store
+        .query(
+            CLAIM,
+            TASKS_CLAIM,
+            &[
+                &request.groups,
+                &request.worker,
+                &int(request.limit),
+                &span_ms(request.claim_ttl),
+            ],
+        )
+        .await?;
+    rows.iter().map(claimed_task).collect()
+}
+
+fn claimed_task(row: &Row) -> Result<ClaimedTask> {
+    let claim: Option<Uuid> = column(row, "claim", CLAIM)?;
+    Ok(ClaimedTask {
+        step_id: column(row, "step_id", CLAIM)?,
+        claim: claim.ok_or_else(|| malformed(CLAIM, "a claimed task has no claim"))?,
+        key: owner(row, CLAIM)?,
+        generation: column(row, "generation", CLAIM)?,
+        step: column(row, "step", CLAIM)?,
+        group: column(row, "grp", CLAIM)?,
+        input: column(row, "input", CLAIM)?,
+        priority: column(row, "priority", CLAIM)?,
+        traceparent: column(row, "traceparent", CLAIM)?,
+        attempt: natural(row, "attempts", CLAIM)?.saturating_add(1),
+        max_attempts: natural(row, "max_attempts", CLAIM)?,
+        backoff: Backoff {
+            initial: millis(row, "backoff_initial_ms", CLAIM)?,
+            max: millis(row, "backoff_max_ms", CLAIM)?,
+            jitter: column(row, "backoff_jitter", CLAIM)?,
+        },
+        dispatches: natural(row, "dispatches", CLAIM)?,
+        available_at: column(row, "available_at", CLAIM)?,
+    })
+}
+
+// One row by primary key; `claim_expires_at` is in `remote_tasks_running_idx`, so this is not a
+// HOT update, which a heartbeat every few seconds per running task can afford.
+const TASK_HEARTBEAT: &str = "UPDATE remote_tasks SET \
+     claim_expires_at = now() + $3::bigint * interval '1 millisecond', updated_at = now() \
+     WHERE step_id = $1 AND status = 'running' AND claim = $2";
+
+async fn task_heartbeat(
+    store: &PgStore,
+    step_id: &str,
+    claim: Uuid,
+    ttl: Duration,
+) -> Result<bool> {
+    let changed = store
+        .execute(
+            HEARTBEAT,
+            TASK_HEARTBEAT,
+            &[&step_id, &claim, &span_ms(ttl)],
+        )
+        .await?;
+    Ok(changed > 0)
+}
+
+/// Reads the outcome of a report.
+fn report(row: &Row, operation: &'static str) -> Result<ReportOutcome> {
+    let outcome: String = column(row, "outcome", operation)?;
+    match outcome.as_str() {
+        "delivered" => Ok(ReportOutcome::Delivered),
+        "owner_gone" => Ok(ReportOutcome::OwnerGone),
+        "already_settled" => Ok(ReportOutcome::AlreadySettled),
+        "stale" => Ok(ReportOutcome::Stale),
+        "not_found" => Ok(ReportOutcome::NotFound),
+        "retrying" => {
+            let at: Option<OffsetDateTime> = column(row, "retry_at", operation)?;
+            at.map(|at| ReportOutcome::Retrying { at })
+                .ok_or_else(|| malformed(operation, "a retry without its time"))
+        }
+        other => Err(unknown_outcome(operation, other)),
+    }
+}
+
+const TASK_COMPLETE: &str = "SELECT outcome FROM keiro_remote_task_complete($1, $2)";
+
+async fn task_complete(store: &PgStore, step_id: &str, output: &Value) -> Result<ReportOutcome> {
+    let row = store
+        .query_one(COMPLETE, TASK_COMPLETE, &[&step_id, output])
+        .await?;
+    report(&row, COMPLETE)
+}
+
+const TASK_FAIL: &str =
+    "SELECT outcome, retry_at FROM keiro_remote_task_fail($1, $2, $3, $4, $5, $6)";
+
+async fn task_fail(
+    store: &PgStore,
+    step_id: &str,
+    claim: Uuid,
+    failure: &TaskFailure,
+    retry_delay: Duration,
+) -> Result<ReportOutcome> {
+    let row = store
+        .query_one(
+            FAIL,
+            TASK_FAIL,
+            &[
+                &step_id,
+                &claim,
+                &failure.message,
+                &failure.code,
+                &failure.retryable,
+                &span_ms(retry_delay),
+            ],
+        )
+        .await?;
+    report(&row, FAIL)
+}
+
+const REDISPATCH_PENDING: &str =
+    "SELECT outcome, redispatched FROM keiro_remote_redispatch_pending($1, $2)";
+
+async fn remote_redispatch_pending(store: &PgStore, key: &InstanceKey) -> Result<Option<u64>> {
+    let row = store
+        .query_one(
+            REDISPATCH,
+            REDISPATCH_PENDING,
+            &[&key.name.as_str(), &key.id.as_str()],
+        )
+        .await?;
+    let outcome: String = column(&row, "outcome", REDISPATCH)?;
+    match outcome.as_str() {
+        "redispatched" => Ok(Some(row::count(&row, "redispatched", REDISPATCH)?)),
+        "not_found" => Ok(None),
+        other => Err(unknown_outcome(REDISPATCH, other)),
+    }
+}
+
+const INSTANCE_REQUEUE: &str = "SELECT outcome, row_status, reset_steps, child_names, child_ids \
+     FROM keiro_instance_requeue($1, $2)";
+
+async fn instance_requeue(store: &PgStore, key: &InstanceKey) -> Result<RequeueOutcome> {
+    let row = store
+        .query_one(
+            REQUEUE,
+            INSTANCE_REQUEUE,
+            &[&key.name.as_str(), &key.id.as_str()],
+        )
+        .await?;
+    let outcome: String = column(&row, "outcome", REQUEUE)?;
+    match outcome.as_str() {
+        "requeued" => {
+            let names: Option<Vec<String>> = column(&row, "child_names", REQUEUE)?;
+            let ids: Option<Vec<String>> = column(&row, "child_ids", REQUEUE)?;
+            let (names, ids) = (names.unwrap_or_default(), ids.unwrap_or_default());
+            if names.len() != ids.len() {
+                return Err(malformed(
+                    REQUEUE,
+                    "the requeued children's columns differ in length",
+                ));
+            }
+            let children = names
+                .iter()
+                .zip(&ids)
+                .map(|(name, id)| parse_key(name, id, REQUEUE))
+                .collect::<Result<Vec<_>>>()?;
+            Ok(RequeueOutcome::Requeued {
+                reset_steps: row::count(&row, "reset_steps", REQUEUE)?,
+                children,
+            })
+        }
+        "not_failed" => {
+            let status: String = column(&row, "row_status", REQUEUE)?;
+            Ok(RequeueOutcome::NotFailed(row::status(&status, REQUEUE)?))
+        }
+        "not_found" => Ok(RequeueOutcome::NotFound),
+        other => Err(unknown_outcome(REQUEUE, other)),
+    }
+}
+
+const RETRY_WITH_INPUT: &str =
+    "SELECT outcome FROM keiro_instance_retry_with_input($1, $2, $3, $4, $5)";
+
+async fn instance_retry_with_input(
+    store: &PgStore,
+    origin: &InstanceKey,
+    retry: &InstanceKey,
+    input: &Value,
+) -> Result<RetryOutcome> {
+    let row = store
+        .query_one(
+            RETRY,
+            RETRY_WITH_INPUT,
+            &[
+                &origin.name.as_str(),
+                &origin.id.as_str(),
+                &retry.name.as_str(),
+                &retry.id.as_str(),
+                input,
+            ],
+        )
+        .await?;
+    let outcome: String = column(&row, "outcome", RETRY)?;
+    match outcome.as_str() {
+        "started" => Ok(RetryOutcome::Started(retry.clone())),
+        "exists" => Ok(RetryOutcome::Exists(retry.clone())),
+        "origin_not_found" => Ok(RetryOutcome::OriginNotFound),
+        other => Err(unknown_outcome(RETRY, other)),
+    }
+}
+
+// Served by `remote_tasks_owner_idx` (its (name, id) prefix).
+const REMOTE_TASKS: &str = "SELECT step_id, workflow_name, workflow_id, generation, step, \
+     journal_step, grp, status, attempts, max_attempts, dispatches, claimed_by, last_error, \
+     output, traceparent FROM remote_tasks \
+     WHERE workflow_name = $1 AND workflow_id = $2 ORDER BY created_at, step_id";
+
+async fn remote_tasks(store: &PgStore, key: &InstanceKey) -> Result<Vec<RemoteTask>> {
+    let rows = store
+        .query(TASKS, REMOTE_TASKS, &[&key.name.as_str(), &key.id.as_str()])
+        .await?;
+    rows.iter().map(remote_task).collect()
+}
+
+fn remote_task(row: &Row) -> Result<RemoteTask> {
+    let status: String = column(row, "status", TASKS)?;
+    Ok(RemoteTask {
+        step_id: column(row, "step_id", TASKS)?,
+        key: owner(row, TASKS)?,
+        generation: column(row, "generation", TASKS)?,
+        step: column(row, "step", TASKS)?,
+        journal_step: column(row, "journal_step", TASKS)?,
+        group: column(row, "grp", TASKS)?,
+        status: TaskStatus::parse(&status).ok_or_else(|| {
+            malformed(TASKS, format_args!("unknown remote task status {status:?}"))
+        })?,
+        attempts: natural(row, "attempts", TASKS)?,
+        max_attempts: natural(row, "max_attempts", TASKS)?,
+        dispatches: natural(row, "dispatches", TASKS)?,
+        claimed_by: column(row, "claimed_by", TASKS)?,
+        last_error: column(row, "last_error", TASKS)?,
+        output: column(row, "output", TASKS)?,
+        traceparent: column(row, "traceparent", TASKS)?,
+    })
+}
+
+/// The task table as the remote workers' transport: a claim is one round trip that also
+/// returns expired claims to the pool, and a report settles the task and journals its result
+/// into the owner in one transaction.
+#[async_trait::async_trait]
+impl Transport for PgStore {
+    async fn tasks_claim(&self, request: &ClaimRequest) -> Result<Vec<ClaimedTask>> {
+        tasks_claim(self, request).await
+    }
+
+    async fn task_heartbeat(&self, step_id: &str, claim: Uuid, ttl: Duration) -> Result<bool> {
+        task_heartbeat(self, step_id, claim, ttl).await
+    }
+
+    async fn task_complete(&self, step_id: &str, output: &Value) -> Result<ReportOutcome> {
+        task_complete(self, step_id, output).await
+    }
+
+    async fn task_fail(
+        &self,
+        step_id: &str,
+        claim: Uuid,
+        failure: &TaskFailure,
+        retry_delay: Duration,
+    ) -> Result<ReportOutcome> {
+        task_fail(self, step_id, claim, failure, retry_delay).await
+    }
+}
+
+/// The operator's recovery tools, each one function call (one transaction).
+#[async_trait::async_trait]
+impl RemoteAdmin for PgStore {
+    async fn remote_redispatch_pending(&self, key: &InstanceKey) -> Result<Option<u64>> {
+        remote_redispatch_pending(self, key).await
+    }
+
+    async fn instance_requeue(&self, key: &InstanceKey) -> Result<RequeueOutcome> {
+        instance_requeue(self, key).await
+    }
+
+    async fn instance_retry_with_input(
+        &self,
+        origin: &InstanceKey,
+        retry: &InstanceKey,
+        input: &Value,
+    ) -> Result<RetryOutcome> {
+        instance_retry_with_input(self, origin, retry, input).await
+    }
+
+    async fn remote_tasks(&self, key: &InstanceKey) -> Result<Vec<RemoteTask>> {
+        remote_tasks(self, key).await
+    }
+}

@@ -1,0 +1,133 @@
+//! Typed handlers and what they see of a task.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+
+use keiro_journal::{Generation, InstanceKey};
+
+use crate::store::{ClaimedTask, TaskFailure};
+
+/// What a handler knows of the task it runs.
+#[derive(Debug, Clone)]
+pub struct TaskContext {
+    /// The stable step id: the same on every attempt and dispatch, the key to deduplicate
+    /// side effects on.
+    pub step_id: String,
+    /// The workflow instance that dispatched the task.
+    pub key: InstanceKey,
+    /// Its generation.
+    pub generation: Generation,
+    /// The group the task was routed to.
+    pub group: String,
+    /// This attempt, from 1.
+    pub attempt: u32,
+    /// Attempts in all.
+    pub max_attempts: u32,
+    /// Dispatches so far (1 + redispatches).
+    pub dispatches: u32,
+    /// The W3C `traceparent` of the dispatching span, when tracing was exported.
+    pub traceparent: Option<String>,
+}
+
+impl TaskContext {
+    pub(crate) fn of(task: &ClaimedTask) -> Self {
+        Self {
+            step_id: task.step_id.clone(),
+            key: task.key.clone(),
+            generation: task.generation,
+            group: task.group.clone(),
+            attempt: task.attempt,
+            max_attempts: task.max_attempts,
+            dispatches: task.dispatches,
+            traceparent: task.traceparent.clone(),
+        }
+    }
+
+    /// Whether this is the last attempt the step's retry policy allows.
+    pub fn is_last_attempt(&self) -> bool {
+        self.attempt >= self.max_attempts
+    }
+}
+
+/// A handler's failure: retryable (the step's retry policy decides) or not (the step fails at
+/// once), with an optional machine-readable code the workflow body sees in
+/// [`RemoteStepError::code`](keiro_journal::RemoteStepError).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct TaskError {
+    /// For humans.
+    pub message: String,
+    /// For machines.
+    pub code: Option<String>,
+    /// Whether another attempt may succeed.
+    pub retryable: bool,
+}
+
+impl TaskError {
+    /// A failure another attempt may fix (a timeout, a 503).
+    pub fn retryable(message: impl std::fmt::Display) -> Self {
+        Self {
+            message: message.to_string(),
+            code: None,
+            retryable: true,
+        }
+    }
+
+    /// A failure no retry fixes (a validation error, a 4xx): the step fails at once.
+    pub fn fatal(message: impl std::fmt::Display) -> Self {
+        Self {
+            message: message.to_string(),
+            code: None,
+            retryable: false,
+        }
+    }
+
+    /// Adds a code.
+    pub fn with_code(mut self, code: impl Into<String>) -> Self {
+        self.code = Some(code.into());
+        self
+    }
+
+    pub(crate) fn into_failure(self) -> TaskFailure {
+        TaskFailure {
+            message: self.message,
+            code: self.code,
+            retryable: self.retryable,
+        }
+    }
+}
+
+pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// A handler with its input and output types erased to JSON.
+pub(crate) type ErasedHandler =
+    Arc<dyn Fn(Value, TaskContext) -> BoxFuture<Result<Value, TaskError>> + Send + Sync>;
+
+/// Erases a typed handler: decodes the input (a bad input fails the step at once with code
+/// `bad_input`, since no retry can decode it) and encodes the output.
+pub(crate) fn erase<I, O, F, Fut>(handler: F) -> ErasedHandler
+where
+    I: DeserializeOwned + Send + 'static,
+    O: Serialize + Send + 'static,
+    F: Fn(I, TaskContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<O, TaskError>> + Send + 'static,
+{
+    let handler = Arc::new(handler);
+    Arc::new(move |input: Value, task: TaskContext| {
+        let handler = handler.clone();
+        Box::pin(async move {
+            let input: I = serde_json::from_value(input).map_err(|e| {
+                TaskError::fatal(format!("the input does not decode: {e}")).with_code("bad_input")
+            })?;
+            let output = handler(input, task).await?;
+            serde_json::to_value(output).map_err(|e| {
+                TaskError::fatal(format!("the output does not encode: {e}")).with_code("bad_output")
+            })
+        })
+    })
+}

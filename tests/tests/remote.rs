@@ -1,0 +1,827 @@
+//! Remote-step conformance: dispatch, durable retry, lost-dispatch redispatch, the operator's
+//! redispatch, requeue and fix-and-replay, against the memory and Postgres stores. The
+//! multi-process scenarios are in `remote_processes.rs`.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use keiro::{
+    Backoff, Ctx, Event, Registry, RemoteOptions, RemoteWorker, RemoteWorkerOptions,
+    RequeueOutcome, ResumeOptions, Status, TaskContext, TaskError, TaskStatus, WorkflowError,
+};
+use keiro_tests::{key, on_both_stores, Harness, Ledger, TestResult};
+use serde_json::json;
+
+on_both_stores!(
+    a_remote_step_runs_on_a_worker_and_the_run_resumes,
+    a_dispatch_is_written_once_per_step_id,
+    retryable_failures_back_off_then_succeed,
+    a_not_retryable_failure_fails_at_once,
+    exhausted_retries_reach_the_body_as_a_remote_step_error,
+    a_silent_task_is_redispatched_and_then_lost,
+    a_dead_workers_task_is_redispatched_and_completes,
+    redispatch_pending_counts_the_runs_pending_steps,
+    requeue_retries_a_failed_remote_step,
+    requeue_parent_first_cascades_to_the_failed_child,
+    requeue_child_first_then_parent_adopts_its_success,
+    a_fix_and_replay_success_unblocks_the_origins_parent,
+    bad_remote_step_names_are_typed_errors,
+    a_requeued_run_parks_until_its_retry_reports,
+    a_result_reported_while_the_run_was_failed_is_kept,
+);
+
+fn options(h: &Harness) -> ResumeOptions {
+    h.fast_options()
+}
+
+/// Runs resume passes until `name`/`id` reaches `status` (or panics after 10 s).
+async fn until_status(
+    h: &Harness,
+    registry: &Registry,
+    name: &str,
+    id: &str,
+    status: Status,
+) -> TestResult {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        keiro::resume_once(&h.store, registry, &options(h)).await?;
+        let row = h.keiro.instance(name, id).await?.expect("instance");
+        if row.status == status {
+            return Ok(());
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name}/{id} is {:?} ({:?}), never {status:?}",
+            row.status,
+            row.last_error
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A remote worker running in the background until the guard drops.
+struct Running {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Running {
+    fn start(worker: RemoteWorker) -> Self {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            worker
+                .run_until(async {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        Self {
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+fn worker_options() -> RemoteWorkerOptions {
+    RemoteWorkerOptions {
+        poll_interval: Duration::from_millis(20),
+        ..RemoteWorkerOptions::default()
+    }
+}
+
+/// `shipping`: one remote step `print` with the given options, then a local step.
+fn shipping(remote: RemoteOptions, ledger: Ledger) -> Result<Registry, keiro::RegistryError> {
+    let mut registry = Registry::new();
+    registry.register("shipping", move |ctx: Ctx, order: String| {
+        let (remote, ledger) = (remote.clone(), ledger.clone());
+        async move {
+            let label: String = ctx.remote("print", &order, &remote).await?;
+            ctx.step("after", || async {
+                ledger.bump("after");
+                Ok::<_, std::convert::Infallible>(())
+            })
+            .await?;
+            Ok(label)
+        }
+    })?;
+    Ok(registry)
+}
+
+async fn a_remote_step_runs_on_a_worker_and_the_run_resumes(h: Harness) -> TestResult {
+    let ledger = Ledger::default();
+    let registry = shipping(RemoteOptions::default(), ledger.clone())?;
+    h.keiro.start("shipping", "s-1", &"order-1").await?;
+    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    let row = h.keiro.instance("shipping", "s-1").await?.expect("row");
+    assert_eq!(row.status, Status::Suspended, "parked on the remote step");
+    let tasks = h.keiro.remote_tasks("shipping", "s-1").await?;
+    assert_eq!(tasks.len(), 1);
+    assert_eq!(tasks[0].step_id, "shipping/s-1/0/print");
+    assert_eq!(tasks[0].group, "print");
+    assert_eq!(tasks[0].status, TaskStatus::Pending);
+
+    let seen = Ledger::default();
+    let s = seen.clone();
+    let worker = RemoteWorker::builder(h.transport.clone())
+        .options(worker_options())
+        .handle("print", move |order: String, task: TaskContext| {
+            let s = s.clone();
+            async move {
+                s.bump(&format!("{}#{}", task.step_id, task.attempt));
+                Ok::<_, TaskError>(format!("label:{order}"))
+            }
+        })
+        .build();
+    let running = Running::start(worker);
+    until_status(&h, &registry, "shipping", "s-1", Status::Completed).await?;
+    running.stop().await;
+
+    let row = h.keiro.instance("shipping", "s-1").await?.expect("row");
+    assert_eq!(row.output, Some(json!("label:order-1")));
+    assert_eq!(seen.count("shipping/s-1/0/print#1"), 1);
+    assert_eq!(ledger.count("after"), 1);
+    let journal = h.keiro.journal("shipping", "s-1").await?;
+    let recorded: Vec<_> = journal
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::StepRecorded { step, result, .. } if step.starts_with("remote:") => {
+                Some((step.clone(), result.clone()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        recorded,
+        [("remote:print".to_owned(), json!({"ok": "label:order-1"}))]
+    );
+    let tasks = h.keiro.remote_tasks("shipping", "s-1").await?;
+    assert_eq!(tasks[0].status, TaskStatus::Completed);
+    Ok(())
+}
+
+async fn a_dispatch_is_written_once_per_step_id(h: Harness) -> TestResult {
+    let registry = shipping(RemoteOptions::default(), Ledger::default())?;
+    h.keiro.start("shipping", "s-2", &"order-2").await?;
+    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    // A re-drive (here: a forced one, as after a crash) arms again and finds the task.
+    let k = key("shipping", "s-2");
+    let workflow = registry.get(&k.name).expect("registered");
+    keiro_tests::run_inline(&h, &k, workflow.as_ref()).await?;
+    keiro_tests::run_inline(&h, &k, workflow.as_ref()).await?;
+    let tasks = h.keiro.remote_tasks("shipping", "s-2").await?;
+    assert_eq!(tasks.len(), 1);
+    assert_eq!(tasks[0].dispatches, 1);
+
+    // Completing it twice journals once; the second report is AlreadySettled.
+    let first = h
+        .transport
+        .task_complete(&tasks[0].step_id, &json!("a"))
+        .await?;
+    let second = h
+        .transport
+        .task_complete(&tasks[0].step_id, &json!("b"))
+        .await?;
+    assert_eq!(first, keiro::ReportOutcome::Delivered);
+    assert_eq!(second, keiro::ReportOutcome::AlreadySettled);
+    until_status(&h, &registry, "shipping", "s-2", Status::Completed).await?;
+    let row = h.keiro.instance("shipping", "s-2").await?.expect("row");
+    assert_eq!(row.output, Some(json!("a")));
+    Ok(())
+}
+
+async fn retryable_failures_back_off_then_succeed(h: Harness) -> TestResult {
+    let backoff =
+        Backoff::exponential(Duration::from_millis(30), Duration::from_millis(60)).without_jitter();
+    let registry = shipping(
+        RemoteOptions::default().retries(3, backoff),
+        Ledger::default(),
+    )?;
+    h.keiro.start("shipping", "s-3", &"order-3").await?;
+    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    let attempts = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let a = attempts.clone();
+    let worker = RemoteWorker::builder(h.transport.clone())
+        .options(worker_options())
+        .handle("print", move |_: String, task: TaskContext| {
+            let a = a.clone();
+            async move {
+                a.lock()
+                    .unwrap()
+                    .push((task.attempt, std::time::Instant::now()));
+                if task.attempt < 3 {
+                    Err(TaskError::retryable("printer busy"))
+                } else {
+                    Ok("printed".to_owned())
+                }
+            }
+        })
+        .build();
+    let running = Running::start(worker);
+    until_status(&h, &registry, "shipping", "s-3", Status::Completed).await?;
+    running.stop().await;
+    let attempts = attempts.lock().unwrap().clone();
+    let numbers: Vec<u32> = attempts.iter().map(|(n, _)| *n).collect();
+    assert_eq!(numbers, [1, 2, 3]);
+    // The backoff held: 30 ms after the first failure, 60 ms after the second.
+    assert!(
+        attempts[1].1 - attempts[0].1 >= Duration::from_millis(25),
+        "{attempts:?}"
+    );
+    assert!(
+        attempts[2].1 - attempts[1].1 >= Duration::from_millis(50),
+        "{attempts:?}"
+    );
+    let tasks = h.keiro.remote_tasks("shipping", "s-3").await?;
+    assert_eq!(
+        (tasks[0].status, tasks[0].attempts),
+        (TaskStatus::Completed, 2)
+    );
+    Ok(())
+}
+
+async fn a_not_retryable_failure_fails_at_once(h: Harness) -> TestResult {
+    let registry = shipping(
+        RemoteOptions::default().retries(5, Backoff::default()),
+        Ledger::default(),
+    )?;
+    h.keiro.start("shipping", "s-4", &"order-4").await?;
+    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let worker = RemoteWorker::builder(h.transport.clone())
+        .options(worker_options())
+        .handle("print", move |_: String, _task: TaskContext| {
+            let c = c.clone();
+            async move {
+                c.fetch_add(1, Ordering::SeqCst);
+                Err::<String, _>(TaskError::fatal("no such address").with_code("bad_address"))
+            }
+        })
+        .build();
+    let running = Running::start(worker);
+    // The body propagates the error: the run fails at once, without crash retries.
+    until_status(&h, &registry, "shipping", "s-4", Status::Failed).await?;
+    running.stop().await;
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let row = h.keiro.instance("shipping", "s-4").await?.expect("row");
+    let error = row.last_error.unwrap_or_default();
+    assert!(error.contains("no such address"), "{error}");
+    let tasks = h.keiro.remote_tasks("shipping", "s-4").await?;
+    assert_eq!(
+        (tasks[0].status, tasks[0].attempts),
+        (TaskStatus::Failed, 1)
+    );
+    assert_eq!(
+        tasks[0]
+            .last_error
+            .as_ref()
+            .and_then(|e| e.get("code"))
+            .cloned(),
+        Some(json!("bad_address"))
+    );
+    Ok(())
+}
+
+async fn exhausted_retries_reach_the_body_as_a_remote_step_error(h: Harness) -> TestResult {
+    let backoff = Backoff::exponential(Duration::from_millis(5), Duration::from_millis(5));
+    let mut registry = Registry::new();
+    registry.register("fallback", move |ctx: Ctx, (): ()| {
+        let backoff = backoff;
+        async move {
+            let options = RemoteOptions::default().retries(2, backoff);
+            match ctx.remote::<_, String>("print", &(), &options).await {
+                Ok(label) => Ok(label),
+                Err(WorkflowError::Remote(e)) => Ok(format!(
+                    "handled {} after {} attempts, code {:?}, retryable {}",
+                    e.message, e.attempts, e.code, e.retryable
+                )),
+                Err(e) => Err(e),
+            }
+        }
+    })?;
+    h.keiro.start("fallback", "f-1", &()).await?;
+    let worker = RemoteWorker::builder(h.transport.clone())
+        .options(worker_options())
+        .handle("print", |(): (), _task: TaskContext| async move {
+            Err::<String, _>(TaskError::retryable("jammed").with_code("jam"))
+        })
+        .build();
+    let running = Running::start(worker);
+    until_status(&h, &registry, "fallback", "f-1", Status::Completed).await?;
+    running.stop().await;
+    let row = h.keiro.instance("fallback", "f-1").await?.expect("row");
+    assert_eq!(
+        row.output,
+        Some(json!(
+            "handled jammed after 3 attempts, code Some(\"jam\"), retryable true"
+        ))
+    );
+    Ok(())
+}
+
+async fn a_silent_task_is_redispatched_and_then_lost(h: Harness) -> TestResult {
+    let mut registry = Registry::new();
+    registry.register("silent", |ctx: Ctx, (): ()| async move {
+        let options = RemoteOptions::default().redispatch(Duration::from_millis(150), 2);
+        match ctx.remote::<_, String>("void", &(), &options).await {
+            Err(WorkflowError::Remote(e)) if e.is_lost() => Ok(format!("lost: {}", e.message)),
+            other => other,
+        }
+    })?;
+    h.keiro.start("silent", "v-1", &()).await?;
+    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    let row = h.keiro.instance("silent", "v-1").await?.expect("row");
+    assert_eq!(row.status, Status::Suspended);
+    assert!(
+        row.wake_after.is_some(),
+        "the redispatch deadline is the wake hint"
+    );
+    // Nobody serves `void`: after the deadline the next pass re-dispatches, after the second
+    // the step is lost and the body handles it.
+    let mut dispatches = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+        let tasks = h.keiro.remote_tasks("silent", "v-1").await?;
+        dispatches.push(tasks[0].dispatches);
+        if h.keiro
+            .instance("silent", "v-1")
+            .await?
+            .expect("row")
+            .status
+            == Status::Completed
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never lost: {dispatches:?}"
+        );
+    }
+    assert!(dispatches.contains(&2), "{dispatches:?}");
+    let row = h.keiro.instance("silent", "v-1").await?.expect("row");
+    let output = row
+        .output
+        .and_then(|o| o.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    assert!(output.starts_with("lost: "), "{output}");
+    let tasks = h.keiro.remote_tasks("silent", "v-1").await?;
+    assert_eq!(
+        (tasks[0].status, tasks[0].dispatches),
+        (TaskStatus::Failed, 2)
+    );
+    assert_eq!(
+        tasks[0]
+            .last_error
+            .as_ref()
+            .and_then(|e| e.get("code"))
+            .cloned(),
+        Some(json!(keiro::RemoteStepError::LOST))
+    );
+    Ok(())
+}
+
+async fn a_dead_workers_task_is_redispatched_and_completes(h: Harness) -> TestResult {
+    let registry = shipping(
+        RemoteOptions::default().redispatch(Duration::from_millis(200), 5),
+        Ledger::default(),
+    )?;
+    h.keiro.start("shipping", "s-5", &"order-5").await?;
+    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    // A worker claims the task with a long claim and dies without a word.
+    let claimed = h
+        .transport
+        .tasks_claim(&keiro_remote::ClaimRequest {
+            groups: vec!["print".into()],
+            worker: "doomed".into(),
+            limit: 10,
+            claim_ttl: Duration::from_secs(3600),
+        })
+        .await?;
+    assert_eq!(claimed.len(), 1);
+    let dead_claim = claimed[0].claim;
+    let worker = RemoteWorker::builder(h.transport.clone())
+        .options(worker_options())
+        .handle("print", |order: String, task: TaskContext| async move {
+            Ok::<_, TaskError>(format!("{order} on dispatch {}", task.dispatches))
+        })
+        .build();
+    let running = Running::start(worker);
+    until_status(&h, &registry, "shipping", "s-5", Status::Completed).await?;
+    running.stop().await;
+    let row = h.keiro.instance("shipping", "s-5").await?.expect("row");
+    assert_eq!(row.output, Some(json!("order-5 on dispatch 2")));
+    // The dead claim's late failure is ignored.
+    let late = h
+        .transport
+        .task_fail(
+            &claimed[0].step_id,
+            dead_claim,
+            &keiro_remote::TaskFailure {
+                message: "late".into(),
+                code: None,
+                retryable: true,
+            },
+            Duration::ZERO,
+        )
+        .await?;
+    assert_eq!(late, keiro::ReportOutcome::AlreadySettled);
+    Ok(())
+}
+
+async fn redispatch_pending_counts_the_runs_pending_steps(h: Harness) -> TestResult {
+    let mut registry = Registry::new();
+    registry.register("pair", |ctx: Ctx, (): ()| async move {
+        let options = RemoteOptions::default();
+        let (a, b) = tokio::join!(
+            ctx.remote::<_, u32>("left", &1, &options),
+            ctx.remote::<_, u32>("right", &2, &options)
+        );
+        Ok(a? + b?)
+    })?;
+    h.keiro.start("pair", "p-1", &()).await?;
+    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    assert_eq!(h.keiro.remote_tasks("pair", "p-1").await?.len(), 2);
+    assert_eq!(h.keiro.redispatch_pending("pair", "p-1").await?, 2);
+    let tasks = h.keiro.remote_tasks("pair", "p-1").await?;
+    assert!(tasks
+        .iter()
+        .all(|t| t.dispatches == 2 && t.status == TaskStatus::Pending));
+    assert!(matches!(
+        h.keiro.redispatch_pending("pair", "nobody").await,
+        Err(keiro::Error::Admin(
+            keiro_remote::AdminError::NotFound { .. }
+        ))
+    ));
+    // Once both complete there is nothing left to re-dispatch.
+    for task in &tasks {
+        let n = if task.step == "left" { 1 } else { 2 };
+        h.transport
+            .task_complete(&task.step_id, &json!(n * 10))
+            .await?;
+    }
+    until_status(&h, &registry, "pair", "p-1", Status::Completed).await?;
+    assert_eq!(h.keiro.redispatch_pending("pair", "p-1").await?, 0);
+    assert_eq!(
+        h.keiro.instance("pair", "p-1").await?.expect("row").output,
+        Some(json!(30))
+    );
+    Ok(())
+}
+
+/// A `print` handler that fails (not retryable) while `broken` is set.
+fn flaky_printer(h: &Harness, broken: Arc<AtomicBool>, calls: Ledger) -> RemoteWorker {
+    RemoteWorker::builder(h.transport.clone())
+        .options(worker_options())
+        .handle("print", move |order: String, _task: TaskContext| {
+            let (broken, calls) = (broken.clone(), calls.clone());
+            async move {
+                calls.bump(&order);
+                if broken.load(Ordering::SeqCst) {
+                    Err(TaskError::fatal("printer on fire"))
+                } else {
+                    Ok(format!("label:{order}"))
+                }
+            }
+        })
+        .build()
+}
+
+async fn requeue_retries_a_failed_remote_step(h: Harness) -> TestResult {
+    let ledger = Ledger::default();
+    let registry = shipping(RemoteOptions::default(), ledger.clone())?;
+    h.keiro.start("shipping", "s-6", &"order-6").await?;
+    let broken = Arc::new(AtomicBool::new(true));
+    let calls = Ledger::default();
+    let running = Running::start(flaky_printer(&h, broken.clone(), calls.clone()));
+    until_status(&h, &registry, "shipping", "s-6", Status::Failed).await?;
+
+    broken.store(false, Ordering::SeqCst);
+    let outcome = h.keiro.requeue("shipping", "s-6").await?;
+    assert_eq!(
+        outcome,
+        RequeueOutcome::Requeued {
+            reset_steps: 1,
+            children: vec![]
+        }
+    );
+    let row = h.keiro.instance("shipping", "s-6").await?.expect("row");
+    assert_eq!(
+        (row.status, row.last_error.as_deref()),
+        (Status::Running, None)
+    );
+    until_status(&h, &registry, "shipping", "s-6", Status::Completed).await?;
+    running.stop().await;
+    assert_eq!(calls.count("order-6"), 2);
+    assert_eq!(ledger.count("after"), 1);
+
+    // History is appended to: the failure, the reset, the retry's result all remain.
+    let journal = h.keiro.journal("shipping", "s-6").await?;
+    let names: Vec<String> = journal
+        .iter()
+        .map(|e| e.event.step_name().into_owned())
+        .collect();
+    let position = |name: &str| {
+        names
+            .iter()
+            .position(|n| n == name)
+            .unwrap_or_else(|| panic!("{name} missing from {names:?}"))
+    };
+    assert!(position("remote:print") < position("__workflow_step_reset__:remote:print"));
+    assert!(position("__workflow_step_reset__:remote:print") < position("remote:print#1"));
+    assert!(names.iter().any(|n| n.starts_with("__workflow_failed__")));
+    assert!(names
+        .iter()
+        .any(|n| n.starts_with("__workflow_resurrected__")));
+    // A run that is not failed is not requeued.
+    assert_eq!(
+        h.keiro.requeue("shipping", "s-6").await?,
+        RequeueOutcome::NotFailed(Status::Completed)
+    );
+    Ok(())
+}
+
+/// `parent` awaits child `kid`, whose only step is the remote `print`.
+fn family() -> Result<Registry, keiro::RegistryError> {
+    let mut registry = Registry::new();
+    registry.register("parent", |ctx: Ctx, id: String| async move {
+        let label: String = ctx.child("kid", &id, &id).await?;
+        Ok(format!("parent got {label}"))
+    })?;
+    registry.register("kid", |ctx: Ctx, order: String| async move {
+        let label: String = ctx
+            .remote("print", &order, &RemoteOptions::default())
+            .await?;
+        Ok(label)
+    })?;
+    Ok(registry)
+}
+
+async fn requeue_parent_first_cascades_to_the_failed_child(h: Harness) -> TestResult {
+    let registry = family()?;
+    h.keiro.start("parent", "p-2", &"k-2").await?;
+    let broken = Arc::new(AtomicBool::new(true));
+    let calls = Ledger::default();
+    let running = Running::start(flaky_printer(&h, broken.clone(), calls.clone()));
+    until_status(&h, &registry, "parent", "p-2", Status::Failed).await?;
+    assert_eq!(
+        h.keiro.instance("kid", "k-2").await?.expect("kid").status,
+        Status::Failed
+    );
+
+    broken.store(false, Ordering::SeqCst);
+    let outcome = h.keiro.requeue("parent", "p-2").await?;
+    assert_eq!(
+        outcome,
+        RequeueOutcome::Requeued {
+            reset_steps: 2,
+            children: vec![key("kid", "k-2")]
+        }
+    );
+    until_status(&h, &registry, "parent", "p-2", Status::Completed).await?;
+    running.stop().await;
+    assert_eq!(
+        h.keiro
+            .instance("parent", "p-2")
+            .await?
+            .expect("row")
+            .output,
+        Some(json!("parent got label:k-2"))
+    );
+    assert_eq!(calls.count("k-2"), 2);
+    Ok(())
+}
+
+async fn requeue_child_first_then_parent_adopts_its_success(h: Harness) -> TestResult {
+    let registry = family()?;
+    h.keiro.start("parent", "p-3", &"k-3").await?;
+    let broken = Arc::new(AtomicBool::new(true));
+    let calls = Ledger::default();
+    let running = Running::start(flaky_printer(&h, broken.clone(), calls.clone()));
+    until_status(&h, &registry, "parent", "p-3", Status::Failed).await?;
+
+    broken.store(false, Ordering::SeqCst);
+    assert!(matches!(
+        h.keiro.requeue("kid", "k-3").await?,
+        RequeueOutcome::Requeued { reset_steps: 1, .. }
+    ));
+    until_status(&h, &registry, "kid", "k-3", Status::Completed).await?;
+    // The parent is still failed: the child's success waits in the child's row.
+    assert_eq!(
+        h.keiro
+            .instance("parent", "p-3")
+            .await?
+            .expect("row")
+            .status,
+        Status::Failed
+    );
+    let outcome = h.keiro.requeue("parent", "p-3").await?;
+    assert_eq!(
+        outcome,
+        RequeueOutcome::Requeued {
+            reset_steps: 1,
+            children: vec![]
+        }
+    );
+    until_status(&h, &registry, "parent", "p-3", Status::Completed).await?;
+    running.stop().await;
+    assert_eq!(
+        h.keiro
+            .instance("parent", "p-3")
+            .await?
+            .expect("row")
+            .output,
+        Some(json!("parent got label:k-3"))
+    );
+    assert_eq!(
+        calls.count("k-3"),
+        2,
+        "the child's step is not run a third time"
+    );
+    Ok(())
+}
+
+async fn a_fix_and_replay_success_unblocks_the_origins_parent(h: Harness) -> TestResult {
+    let registry = family()?;
+    h.keiro.start("parent", "p-4", &"k-4").await?;
+    // The printer rejects this order's input for good; a corrected input will do.
+    let worker = RemoteWorker::builder(h.transport.clone())
+        .options(worker_options())
+        .handle("print", |order: String, _task: TaskContext| async move {
+            if order.contains("fixed") {
+                Ok(format!("label:{order}"))
+            } else {
+                Err(TaskError::fatal("unknown address"))
+            }
+        })
+        .build();
+    let running = Running::start(worker);
+    until_status(&h, &registry, "parent", "p-4", Status::Failed).await?;
+
+    let retry = h.keiro.retry_with_input("kid", "k-4", &"k-4 fixed").await?;
+    assert!(retry.id.as_str().starts_with("k-4~retry~"), "{retry}");
+    until_status(&h, &registry, "kid", retry.id.as_str(), Status::Completed).await?;
+    // The origin is untouched.
+    assert_eq!(
+        h.keiro.instance("kid", "k-4").await?.expect("row").status,
+        Status::Failed
+    );
+    let outcome = h.keiro.requeue("parent", "p-4").await?;
+    assert_eq!(
+        outcome,
+        RequeueOutcome::Requeued {
+            reset_steps: 1,
+            children: vec![]
+        },
+        "the retry's success counts as the child's: the origin is not requeued"
+    );
+    until_status(&h, &registry, "parent", "p-4", Status::Completed).await?;
+    running.stop().await;
+    assert_eq!(
+        h.keiro
+            .instance("parent", "p-4")
+            .await?
+            .expect("row")
+            .output,
+        Some(json!("parent got label:k-4 fixed"))
+    );
+    assert_eq!(
+        h.keiro.instance("kid", "k-4").await?.expect("row").status,
+        Status::Failed
+    );
+    Ok(())
+}
+
+async fn bad_remote_step_names_are_typed_errors(h: Harness) -> TestResult {
+    let mut registry = Registry::new();
+    registry.register("names", |ctx: Ctx, name: String| async move {
+        match ctx
+            .remote::<_, ()>(&name, &(), &RemoteOptions::default())
+            .await
+        {
+            Err(WorkflowError::InvalidStep(_)) => Ok("invalid".to_owned()),
+            Err(e) => Err(e),
+            Ok(()) => Ok("accepted".to_owned()),
+        }
+    })?;
+    for (i, name) in ["a#1", "a@b", "remote:x", ""].iter().enumerate() {
+        let id = format!("n-{i}");
+        h.keiro.start("names", &id, name).await?;
+        until_status(&h, &registry, "names", &id, Status::Completed).await?;
+        assert_eq!(
+            h.keiro.instance("names", &id).await?.expect("row").output,
+            Some(json!("invalid")),
+            "{name:?}"
+        );
+    }
+    assert!(h.keiro.remote_tasks("names", "n-0").await?.is_empty());
+    Ok(())
+}
+
+async fn a_requeued_run_parks_until_its_retry_reports(h: Harness) -> TestResult {
+    let registry = shipping(RemoteOptions::default(), Ledger::default())?;
+    h.keiro.start("shipping", "s-7", &"order-7").await?;
+    let broken = Arc::new(AtomicBool::new(true));
+    let running = Running::start(flaky_printer(&h, broken, Ledger::default()));
+    until_status(&h, &registry, "shipping", "s-7", Status::Failed).await?;
+    running.stop().await;
+
+    h.keiro.requeue("shipping", "s-7").await?;
+    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    // The superseded failure does not count as the step's value: the run parks, and a pass
+    // finds nothing to do until the retry reports.
+    let row = h.keiro.instance("shipping", "s-7").await?.expect("row");
+    assert_eq!(row.status, Status::Suspended);
+    assert_eq!(
+        keiro::resume_once(&h.store, &registry, &options(&h))
+            .await?
+            .discovered,
+        0
+    );
+    let tasks = h.keiro.remote_tasks("shipping", "s-7").await?;
+    assert_eq!(
+        (tasks[0].status, tasks[0].journal_step.as_str()),
+        (TaskStatus::Pending, "remote:print#1")
+    );
+    h.transport
+        .task_complete(&tasks[0].step_id, &json!("label:again"))
+        .await?;
+    until_status(&h, &registry, "shipping", "s-7", Status::Completed).await?;
+    assert_eq!(
+        h.keiro
+            .instance("shipping", "s-7")
+            .await?
+            .expect("row")
+            .output,
+        Some(json!("label:again"))
+    );
+    Ok(())
+}
+
+async fn a_result_reported_while_the_run_was_failed_is_kept(h: Harness) -> TestResult {
+    let mut registry = Registry::new();
+    registry.register("pair", |ctx: Ctx, (): ()| async move {
+        let options = RemoteOptions::default();
+        let (a, b) = tokio::join!(
+            ctx.remote::<_, u32>("left", &1, &options),
+            ctx.remote::<_, u32>("right", &2, &options)
+        );
+        Ok(a? + b?)
+    })?;
+    h.keiro.start("pair", "p-2", &()).await?;
+    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    let claim = |group: &str| keiro_remote::ClaimRequest {
+        groups: vec![group.into()],
+        worker: "test".into(),
+        limit: 1,
+        claim_ttl: Duration::from_secs(60),
+    };
+    let left = h.transport.tasks_claim(&claim("left")).await?.remove(0);
+    let right = h.transport.tasks_claim(&claim("right")).await?.remove(0);
+    let fatal = keiro_remote::TaskFailure {
+        message: "left broke".into(),
+        code: None,
+        retryable: false,
+    };
+    h.transport
+        .task_fail(&left.step_id, left.claim, &fatal, Duration::ZERO)
+        .await?;
+    until_status(&h, &registry, "pair", "p-2", Status::Failed).await?;
+    // The sibling's result arrives while its run is failed.
+    assert_eq!(
+        h.transport
+            .task_complete(&right.step_id, &json!(20))
+            .await?,
+        keiro::ReportOutcome::OwnerGone
+    );
+    h.keiro.requeue("pair", "p-2").await?;
+    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    let left = h.transport.tasks_claim(&claim("left")).await?.remove(0);
+    h.transport.task_complete(&left.step_id, &json!(10)).await?;
+    until_status(&h, &registry, "pair", "p-2", Status::Completed).await?;
+    assert_eq!(
+        h.keiro.instance("pair", "p-2").await?.expect("row").output,
+        Some(json!(30)),
+        "the kept result of `right` counts"
+    );
+    Ok(())
+}
