@@ -48,6 +48,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "remote_steps",
         sql: include_str!("../../../migrations/0005_remote_steps.sql"),
     },
+    Migration {
+        version: 6,
+        name: "claim_order",
+        sql: include_str!("../../../migrations/0006_claim_order.sql"),
+    },
 ];
 
 const MIGRATE: &str = "migrating the schema";

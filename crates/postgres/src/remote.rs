@@ -237,6 +237,34 @@ async fn task_complete(store: &PgStore, step_id: &str, output: &Value) -> Result
     report(&row, COMPLETE)
 }
 
+const TASKS_COMPLETE: &str = "SELECT step_id, outcome FROM keiro_remote_tasks_complete($1, $2)";
+
+async fn tasks_complete(
+    store: &PgStore,
+    reports: &[(String, Value)],
+) -> Result<Vec<ReportOutcome>> {
+    let step_ids: Vec<&str> = reports.iter().map(|(id, _)| id.as_str()).collect();
+    let outputs: Vec<&Value> = reports.iter().map(|(_, output)| output).collect();
+    let rows = store
+        .query(COMPLETE, TASKS_COMPLETE, &[&step_ids, &outputs])
+        .await?;
+    // The function journals in its own (lock) order; answer in the caller's.
+    let mut by_id = std::collections::HashMap::with_capacity(rows.len());
+    for row in &rows {
+        let step_id: String = column(row, "step_id", COMPLETE)?;
+        by_id.insert(step_id, report(row, COMPLETE)?);
+    }
+    step_ids
+        .iter()
+        .map(|id| {
+            by_id
+                .get(*id)
+                .copied()
+                .ok_or_else(|| malformed(COMPLETE, "a report without its outcome"))
+        })
+        .collect()
+}
+
 const TASK_FAIL: &str =
     "SELECT outcome, retry_at FROM keiro_remote_task_fail($1, $2, $3, $4, $5, $6)";
 
@@ -406,6 +434,10 @@ impl Transport for PgStore {
 
     async fn task_complete(&self, step_id: &str, output: &Value) -> Result<ReportOutcome> {
         task_complete(self, step_id, output).await
+    }
+
+    async fn tasks_complete(&self, reports: &[(String, Value)]) -> Result<Vec<ReportOutcome>> {
+        tasks_complete(self, reports).await
     }
 
     async fn task_fail(

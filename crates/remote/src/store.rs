@@ -192,6 +192,18 @@ pub trait Transport: Send + Sync + std::fmt::Debug + 'static {
     /// into the owner under the task's journal step, flipping its row, in one transaction.
     async fn task_complete(&self, step_id: &str, output: &Value) -> Result<ReportOutcome>;
 
+    /// Reports several outputs at once: each as by [`task_complete`](Self::task_complete), with
+    /// one outcome per report in order. A transport that can settle them in one transaction
+    /// should (the Postgres one does: a busy worker then pays one commit for many results);
+    /// the default reports them one by one.
+    async fn tasks_complete(&self, reports: &[(String, Value)]) -> Result<Vec<ReportOutcome>> {
+        let mut outcomes = Vec::with_capacity(reports.len());
+        for (step_id, output) in reports {
+            outcomes.push(self.task_complete(step_id, output).await?);
+        }
+        Ok(outcomes)
+    }
+
     /// Reports a handler's failure for `claim`. With attempts left and `retryable`, the task is
     /// pending again after `retry_delay`; otherwise it is failed and
     /// `{"error": {message, code, retryable, attempts}}` is journaled into the owner, in one

@@ -20,7 +20,7 @@ use keiro_resume::{FixedPoll, Notifier, WakeFilter, WakeSource};
 use crate::store::{ClaimRequest, ClaimedTask, Transport};
 use handler::{erase, ErasedHandler};
 pub use handler::{TaskContext, TaskError};
-use report::{report_with_retries, Report};
+use report::{report_with_retries, run_reporter, Completion, Report};
 
 /// How a remote worker claims and runs tasks.
 #[derive(Debug, Clone)]
@@ -256,10 +256,16 @@ impl RemoteWorker {
         // for it rather than waiting for its next poll.
         let mut retry_at: Option<Instant> = None;
         let (retry_tx, mut retry_rx) = tokio::sync::mpsc::unbounded_channel::<Instant>();
+        let (completions, reporting) =
+            tokio::sync::mpsc::channel::<Completion>(concurrency_of(&inner.options) * 2);
+        let reporter = tokio::spawn(run_reporter(inner.transport.clone(), reporting));
         tokio::pin!(shutdown);
         let concurrency = inner.options.concurrency.max(1);
         let mut idle_backoff = Duration::ZERO;
         loop {
+            // Count only handlers still running: finished ones free their slot now, so one
+            // claim refills every free slot instead of one claim per finished task.
+            while running.try_join_next().is_some() {}
             let free = concurrency.saturating_sub(running.len());
             let mut full_batch = false;
             if free > 0 {
@@ -269,8 +275,10 @@ impl RemoteWorker {
                         full_batch = tasks.len() == free;
                         for task in tasks {
                             let worker = self.clone();
-                            let retry_tx = retry_tx.clone();
-                            running.spawn(async move { worker.execute(task, retry_tx).await });
+                            let (retry_tx, completions) = (retry_tx.clone(), completions.clone());
+                            running.spawn(async move {
+                                worker.execute(task, retry_tx, completions).await;
+                            });
                         }
                     }
                     Err(error) => {
@@ -324,6 +332,9 @@ impl RemoteWorker {
             );
             running.abort_all();
         }
+        // Every handler is done: the reporter sends what is left, then stops.
+        drop(completions);
+        let _ = reporter.await;
     }
 
     async fn claim(&self, limit: usize) -> crate::Result<Vec<ClaimedTask>> {
@@ -348,6 +359,7 @@ impl RemoteWorker {
         self,
         task: ClaimedTask,
         retry_tx: tokio::sync::mpsc::UnboundedSender<Instant>,
+        completions: tokio::sync::mpsc::Sender<Completion>,
     ) {
         let inner = &self.inner;
         let Some(handler) = inner.handlers.get(&task.group).cloned() else {
@@ -408,7 +420,25 @@ impl RemoteWorker {
             Err(_) => return, // aborted at the drain timeout: the claim will expire
         };
         let succeeded = matches!(report, Report::Complete(_));
-        match report_with_retries(inner.transport.as_ref(), &task, report).await {
+        let reported = match report {
+            // Outputs go through the batch reporter; failures are rare and reported alone.
+            Report::Complete(output) => {
+                let (reply, replied) = tokio::sync::oneshot::channel();
+                let completion = Completion {
+                    step_id: task.step_id.clone(),
+                    output,
+                    reply,
+                };
+                if completions.send(completion).await.is_err() {
+                    return; // the worker is gone; the claim will expire
+                }
+                replied.await.unwrap_or(Ok(crate::ReportOutcome::NotFound))
+            }
+            fail @ Report::Fail(_) => {
+                report_with_retries(inner.transport.as_ref(), &task, fail).await
+            }
+        };
+        match reported {
             Ok(crate::ReportOutcome::Retrying { at }) => {
                 let wait = (at - time::OffsetDateTime::now_utc()).max(time::Duration::ZERO);
                 let wait = Duration::try_from(wait).unwrap_or_default();
@@ -428,6 +458,10 @@ impl RemoteWorker {
             }
         }
     }
+}
+
+fn concurrency_of(options: &RemoteWorkerOptions) -> usize {
+    options.concurrency.max(1)
 }
 
 fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {

@@ -60,3 +60,60 @@ fn unit_random() -> f64 {
     let sample = uuid::Uuid::new_v4().as_u128() % 10_001;
     f64::from(u32::try_from(sample).unwrap_or(0)) / 10_000.0
 }
+
+/// One output waiting for the batch reporter, with where its outcome goes.
+pub(crate) struct Completion {
+    pub(crate) step_id: String,
+    pub(crate) output: Value,
+    pub(crate) reply: tokio::sync::oneshot::Sender<crate::Result<ReportOutcome>>,
+}
+
+/// The most outputs one batch carries.
+const BATCH_MAX: usize = 128;
+
+/// Reports outputs in batches until every sender is gone: whatever finished while the previous
+/// batch was in flight goes in the next one, so an idle worker reports at once and a busy one
+/// pays one commit for many results.
+pub(crate) async fn run_reporter(
+    transport: std::sync::Arc<dyn Transport>,
+    mut completions: tokio::sync::mpsc::Receiver<Completion>,
+) {
+    let mut batch = Vec::with_capacity(BATCH_MAX);
+    while completions.recv_many(&mut batch, BATCH_MAX).await > 0 {
+        let reports: Vec<(String, Value)> = batch
+            .iter()
+            .map(|c| (c.step_id.clone(), c.output.clone()))
+            .collect();
+        let mut pause = Duration::from_millis(50);
+        let mut tries = 0;
+        let result = loop {
+            tries += 1;
+            match transport.tasks_complete(&reports).await {
+                Err(error) if error.is_retryable() && tries < REPORT_TRIES => {
+                    tracing::debug!(%error, tries, "remote worker: batch report failed, retrying");
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+                other => break other,
+            }
+        };
+        match result {
+            Ok(outcomes) => {
+                for (completion, outcome) in batch.drain(..).zip(outcomes) {
+                    let _ = completion.reply.send(Ok(outcome));
+                }
+            }
+            Err(error) => {
+                let message = error.to_string();
+                for completion in batch.drain(..) {
+                    let _ = completion
+                        .reply
+                        .send(Err(keiro_journal::StoreError::Malformed {
+                            operation: "reporting remote results",
+                            detail: message.clone(),
+                        }));
+                }
+            }
+        }
+    }
+}
