@@ -800,3 +800,55 @@ BEGIN
                                     keiro_child_envelope(p_child), NULL, NULL, NULL);
 END;
 $$;
+
+-- instance_park_dispatch: the remote steps a run deferred, armed as by keiro_remote_arm (in
+-- order), and the run's park, in one transaction, so a run that dispatches and suspends pays
+-- one commit for both, and its dispatch is atomic with its suspension. The park wakes by the
+-- earliest redispatch deadline an arm returned, if earlier than the run's own. Locks follow
+-- the lock order: the arms lock task rows, the park then the instance row. An arm that finds
+-- the instance missing or the fence stale ends the call with that outcome before the park
+-- (every arm checks the same fence, so that is the first arm unless the lease moved meanwhile).
+-- Outcomes: the park's (suspended, woken, terminal, not_found, lease_lost), with one arm
+-- outcome, deadline and settled value per arm. Commits asynchronously, as the arm and the
+-- park do on their own (see the header).
+CREATE FUNCTION keiro_instance_park_dispatch(
+    p_name text, p_id text, p_generation integer, p_owner text, p_epoch bigint,
+    p_awaited text[], p_wake_after timestamptz,
+    p_step_ids text[], p_steps text[], p_journal_steps text[], p_groups text[],
+    p_inputs jsonb[], p_priorities integer[], p_traceparents text[], p_max_attempts integer[],
+    p_backoff_initial_ms bigint[], p_backoff_max_ms bigint[], p_backoff_jitter boolean[],
+    p_redispatch_after_ms bigint[], p_redispatch_max integer[],
+    OUT outcome text, OUT row_status text, OUT arm_outcomes text[],
+    OUT arm_deadlines timestamptz[], OUT arm_settled jsonb[])
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_arm  record;
+    v_wake timestamptz := p_wake_after;
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    arm_outcomes := '{}';
+    arm_deadlines := '{}';
+    arm_settled := '{}';
+    FOR i IN 1 .. coalesce(array_length(p_step_ids, 1), 0) LOOP
+        SELECT a.outcome, a.deadline, a.settled INTO v_arm
+        FROM keiro_remote_arm(p_step_ids[i], p_name, p_id, p_generation, p_steps[i],
+                              p_journal_steps[i], p_groups[i], p_inputs[i], p_priorities[i],
+                              p_traceparents[i], p_max_attempts[i], p_backoff_initial_ms[i],
+                              p_backoff_max_ms[i], p_backoff_jitter[i],
+                              p_redispatch_after_ms[i], p_redispatch_max[i],
+                              p_owner, p_epoch) a;
+        IF v_arm.outcome IN ('not_found', 'lease_lost') THEN
+            outcome := v_arm.outcome;
+            RETURN;
+        END IF;
+        arm_outcomes := array_append(arm_outcomes, v_arm.outcome);
+        arm_deadlines := array_append(arm_deadlines, v_arm.deadline);
+        arm_settled := array_append(arm_settled, v_arm.settled);
+        -- LEAST ignores NULLs: a park without a wake time gets the deadline.
+        v_wake := least(v_wake, v_arm.deadline);
+    END LOOP;
+    SELECT p.outcome, p.row_status INTO outcome, row_status
+    FROM keiro_instance_park(p_name, p_id, p_generation, p_owner, p_epoch, p_awaited, v_wake) p;
+END;
+$$;

@@ -169,6 +169,9 @@ pub(crate) struct State {
     pub(crate) signal_ordinals: std::collections::HashMap<String, u32>,
     /// The park at the end of the run, if it parked.
     pub(crate) parked: Option<crate::run::Parked>,
+    /// Remote steps armed but not yet written: they go with the park, or before the body's
+    /// next other fresh action.
+    pub(crate) deferred: Vec<crate::RemoteArm>,
 }
 
 pub(crate) struct Inner {
@@ -221,6 +224,7 @@ impl Ctx {
                     fresh_generation,
                     signal_ordinals: std::collections::HashMap::new(),
                     parked: None,
+                    deferred: Vec::new(),
                 }),
             }),
         }
@@ -382,10 +386,40 @@ impl Ctx {
         A: FnOnce() -> Fut,
         Fut: Future<Output = Result<Armed, WorkflowError>>,
     {
+        self.awaited_inner(step, kind, true, arm).await
+    }
+
+    /// [`awaited_with`](Self::awaited_with) for an arm that defers its write (a remote
+    /// step's): it does not write the dispatches deferred before it either, so remote steps
+    /// awaited together are all written with the park.
+    pub(crate) async fn awaited_deferring<A, Fut>(
+        &self,
+        step: &str,
+        kind: StepKind,
+        arm: A,
+    ) -> Result<Value, WorkflowError>
+    where
+        A: FnOnce() -> Fut,
+        Fut: Future<Output = Result<Armed, WorkflowError>>,
+    {
+        self.awaited_inner(step, kind, false, arm).await
+    }
+
+    async fn awaited_inner<A, Fut>(
+        &self,
+        step: &str,
+        kind: StepKind,
+        flush: bool,
+        arm: A,
+    ) -> Result<Value, WorkflowError>
+    where
+        A: FnOnce() -> Fut,
+        Fut: Future<Output = Result<Armed, WorkflowError>>,
+    {
         if let Some(value) = self.replayed(step, kind)? {
             return Ok(value);
         }
-        self.before_fresh_work(step).await?;
+        self.prepare_fresh(step, flush).await?;
         match arm().await? {
             Armed::Ready(value) => {
                 let mut state = self.state();
@@ -499,6 +533,35 @@ impl Ctx {
     /// The checks before any fresh side effect: let siblings replay, detect divergence, and
     /// make sure the lease and the terminal markers were confirmed recently.
     pub(crate) async fn before_fresh_work(&self, step: &str) -> Result<(), WorkflowError> {
+        self.prepare_fresh(step, true).await
+    }
+
+    /// Queues a remote step's dispatch for the park (deduplicated by step id).
+    pub(crate) fn defer_dispatch(&self, arm: crate::RemoteArm) {
+        let mut state = self.state();
+        if !state.deferred.iter().any(|a| a.step_id == arm.step_id) {
+            state.deferred.push(arm);
+        }
+    }
+
+    /// Writes the deferred dispatches now, because the body is about to do something else
+    /// that could take long (a step's action) or not park at all.
+    async fn flush_deferred(&self) -> Result<(), WorkflowError> {
+        let arms = std::mem::take(&mut self.state().deferred);
+        for arm in arms {
+            let outcome = self
+                .inner
+                .store
+                .remote_arm(&arm)
+                .await
+                .map_err(|e| self.store_failed(e))?;
+            // A result found here is journaled: the park sees it and the run is re-driven.
+            outcome.observe(self.inner.options.observer.as_ref(), &arm.group);
+        }
+        Ok(())
+    }
+
+    async fn prepare_fresh(&self, step: &str, flush: bool) -> Result<(), WorkflowError> {
         YieldNow::new().await;
         let unreached = {
             let state = self.state();
@@ -514,7 +577,11 @@ impl Ctx {
                 format!("recorded step {recorded:?} was not reached before fresh step {step:?}");
             return Err(self.diverged(step, detail));
         }
-        self.confirm_if_stale().await
+        self.confirm_if_stale().await?;
+        if flush && !self.state().deferred.is_empty() {
+            self.flush_deferred().await?;
+        }
+        Ok(())
     }
 
     async fn confirm_if_stale(&self) -> Result<(), WorkflowError> {

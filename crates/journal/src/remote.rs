@@ -238,6 +238,33 @@ pub enum RemoteArmOutcome {
     },
 }
 
+impl RemoteArmOutcome {
+    /// The redispatch deadline the run should wake by, when the step still waits.
+    pub fn deadline(&self) -> Option<OffsetDateTime> {
+        match self {
+            Self::Dispatched { deadline }
+            | Self::Waiting { deadline }
+            | Self::Redispatched { deadline } => *deadline,
+            Self::Settled { .. } => None,
+        }
+    }
+
+    /// Tells `observer` what the arm did: a dispatch, a redispatch or a loss.
+    pub(crate) fn observe(
+        &self,
+        observer: Option<&std::sync::Arc<dyn crate::StepObserver>>,
+        group: &str,
+    ) {
+        let Some(observer) = observer else { return };
+        match self {
+            Self::Dispatched { .. } => observer.remote_dispatched(group),
+            Self::Redispatched { .. } => observer.remote_redispatched(group),
+            Self::Settled { lost: true, .. } => observer.remote_lost(group),
+            Self::Waiting { .. } | Self::Settled { lost: false, .. } => {}
+        }
+    }
+}
+
 /// The stable task id of a remote step.
 pub fn remote_step_id(key: &InstanceKey, generation: Generation, step: &str) -> String {
     format!("{}/{}/{generation}/{step}", key.name, key.id)
@@ -317,57 +344,40 @@ impl Ctx {
             validate_partition(partition)?;
         }
         let journal_step = format!("remote:{name}");
+        let arm = RemoteArm {
+            step_id: remote_step_id(self.key(), self.generation(), name),
+            key: self.key().clone(),
+            generation: self.generation(),
+            step: name.to_owned(),
+            journal_step: journal_step.clone(),
+            group: remote_group(name, options.partition.as_deref()),
+            input: serde_json::Value::Null,
+            priority: options.priority,
+            traceparent: None,
+            max_attempts: options.retries.saturating_add(1),
+            backoff: options.backoff,
+            redispatch_after: options.redispatch_after,
+            redispatch_max: options.redispatch_max.max(1),
+            fence: self.options().fence.clone(),
+        };
         let value = self
-            .awaited_with(&journal_step, StepKind::Remote, || async {
+            .awaited_deferring(&journal_step, StepKind::Remote, || async {
+                // The task is written with the park that follows (one transaction for both),
+                // or before the body's next other fresh action, whichever comes first.
                 let arm = RemoteArm {
-                    step_id: remote_step_id(self.key(), self.generation(), name),
-                    key: self.key().clone(),
-                    generation: self.generation(),
-                    step: name.to_owned(),
-                    journal_step: journal_step.clone(),
-                    group: remote_group(name, options.partition.as_deref()),
                     input: self.encode(&journal_step, input)?,
-                    priority: options.priority,
                     traceparent: self
                         .options()
                         .trace_context
                         .as_ref()
                         .and_then(|t| t.traceparent()),
-                    max_attempts: options.retries.saturating_add(1),
-                    backoff: options.backoff,
-                    redispatch_after: options.redispatch_after,
-                    redispatch_max: options.redispatch_max.max(1),
-                    fence: self.options().fence.clone(),
+                    ..arm
                 };
-                let outcome = self
-                    .store()
-                    .remote_arm(&arm)
-                    .await
-                    .map_err(|e| self.store_failed(e))?;
-                let observer = self.options().observer.as_ref();
-                Ok(match outcome {
-                    RemoteArmOutcome::Dispatched { deadline } => {
-                        if let Some(o) = observer {
-                            o.remote_dispatched(&arm.group);
-                        }
-                        Armed::Deadline(deadline)
-                    }
-                    RemoteArmOutcome::Waiting { deadline } => Armed::Deadline(deadline),
-                    RemoteArmOutcome::Redispatched { deadline } => {
-                        if let Some(o) = observer {
-                            o.remote_redispatched(&arm.group);
-                        }
-                        Armed::Deadline(deadline)
-                    }
-                    RemoteArmOutcome::Settled { value, lost } => {
-                        if lost {
-                            if let Some(o) = observer {
-                                o.remote_lost(&arm.group);
-                            }
-                        }
-                        Armed::Ready(value)
-                    }
-                })
+                let provisional = arm
+                    .redispatch_after
+                    .map(|after| OffsetDateTime::now_utc() + after);
+                self.defer_dispatch(arm);
+                Ok(Armed::Deadline(provisional))
             })
             .await?;
         match open(value.clone()) {

@@ -241,7 +241,21 @@ async fn settle(
                 awaited: awaiting,
                 wake_after,
             };
-            let parked = store.instance_park(&park).await;
+            let deferred = std::mem::take(&mut ctx.state().deferred);
+            let parked = if deferred.is_empty() {
+                store.instance_park(&park).await
+            } else {
+                // The dispatches the body deferred go with the park, in one transaction.
+                store
+                    .instance_park_dispatch(&park, &deferred)
+                    .await
+                    .map(|(outcome, arms)| {
+                        for (arm, outcome) in deferred.iter().zip(&arms) {
+                            outcome.observe(options.observer.as_ref(), &arm.group);
+                        }
+                        outcome
+                    })
+            };
             if let Ok(outcome) = &parked {
                 ctx.state().parked = Some(Parked {
                     outcome: *outcome,

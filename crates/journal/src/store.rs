@@ -306,4 +306,30 @@ pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
     /// or on another generation gets `Waiting { deadline: None }` and nothing is written (the
     /// park that follows sees the terminal row).
     async fn remote_arm(&self, arm: &RemoteArm) -> Result<RemoteArmOutcome>;
+
+    /// Arms remote steps and parks the run, as [`remote_arm`](Self::remote_arm) for each arm
+    /// (in order) followed by [`instance_park`](Self::instance_park), with `wake_after` moved
+    /// to the earliest deadline an arm returned. A run that dispatches remote steps and then
+    /// suspends (the usual case) so writes its tasks and its park in one transaction: the
+    /// dispatch is atomic with the suspension, and costs no transaction of its own.
+    ///
+    /// An arm refused for a stale fence ([`Error::LeaseLost`]) or a missing instance stops the
+    /// operation with that error and nothing is written. A store that cannot do it in one
+    /// transaction may rely on this default: each arm is idempotent, so the sequence is safe.
+    async fn instance_park_dispatch(
+        &self,
+        park: &Park,
+        arms: &[RemoteArm],
+    ) -> Result<(ParkOutcome, Vec<RemoteArmOutcome>)> {
+        let mut park = park.clone();
+        let mut outcomes = Vec::with_capacity(arms.len());
+        for arm in arms {
+            let outcome = self.remote_arm(arm).await?;
+            if let Some(deadline) = outcome.deadline() {
+                park.wake_after = Some(park.wake_after.map_or(deadline, |w| w.min(deadline)));
+            }
+            outcomes.push(outcome);
+        }
+        Ok((self.instance_park(&park).await?, outcomes))
+    }
 }

@@ -506,6 +506,25 @@ impl JournalStore for MemoryStore {
     async fn remote_arm(&self, arm: &RemoteArm) -> Result<RemoteArmOutcome> {
         self.transact("arming a remote step", |state| state.remote_arm(arm))
     }
+
+    async fn instance_park_dispatch(
+        &self,
+        park: &Park,
+        arms: &[RemoteArm],
+    ) -> Result<(ParkOutcome, Vec<RemoteArmOutcome>)> {
+        self.transact("parking a run with its remote dispatches", |state| {
+            let mut park = park.clone();
+            let mut outcomes = Vec::with_capacity(arms.len());
+            for arm in arms {
+                let outcome = state.remote_arm(arm)?;
+                if let Some(deadline) = outcome.deadline() {
+                    park.wake_after = Some(park.wake_after.map_or(deadline, |w| w.min(deadline)));
+                }
+                outcomes.push(outcome);
+            }
+            Ok((state.instance_park(&park)?, outcomes))
+        })
+    }
 }
 
 #[cfg(test)]

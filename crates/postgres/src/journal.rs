@@ -462,4 +462,12 @@ impl JournalStore for PgStore {
     async fn remote_arm(&self, arm: &RemoteArm) -> Result<RemoteArmOutcome> {
         remote::remote_arm(self, arm).await
     }
+
+    async fn instance_park_dispatch(
+        &self,
+        park: &Park,
+        arms: &[RemoteArm],
+    ) -> Result<(ParkOutcome, Vec<RemoteArmOutcome>)> {
+        remote::instance_park_dispatch(self, park, arms).await
+    }
 }

@@ -25,7 +25,7 @@
 use std::time::Duration;
 
 use keiro_journal::store::Result;
-use keiro_journal::{Backoff, InstanceKey, RemoteArm, RemoteArmOutcome};
+use keiro_journal::{Backoff, InstanceKey, Park, ParkOutcome, RemoteArm, RemoteArmOutcome};
 use keiro_remote::{
     ClaimRequest, ClaimedTask, RemoteAdmin, RemoteTask, ReportOutcome, RequeueOutcome,
     RetryOutcome, TaskFailure, TaskStatus, Transport,
@@ -45,6 +45,7 @@ const CLAIM: &str = "claiming remote tasks";
 const HEARTBEAT: &str = "heartbeating a remote task";
 const COMPLETE: &str = "completing a remote task";
 const FAIL: &str = "failing a remote task";
+const PARK_DISPATCH: &str = "parking a run with its remote dispatches";
 const REDISPATCH: &str = "redispatching remote tasks";
 const REQUEUE: &str = "requeueing an instance";
 const RETRY: &str = "starting a fix-and-replay";
@@ -116,19 +117,27 @@ pub(crate) async fn remote_arm(store: &PgStore, arm: &RemoteArm) -> Result<Remot
         .await?;
     let outcome: String = column(&row, "outcome", ARM)?;
     let deadline: Option<OffsetDateTime> = column(&row, "deadline", ARM)?;
-    let settled = |lost| -> Result<RemoteArmOutcome> {
-        let value: Option<Value> = column(&row, "settled", ARM)?;
-        Ok(RemoteArmOutcome::Settled {
-            value: value.unwrap_or(Value::Null),
-            lost,
-        })
+    let settled: Option<Value> = column(&row, "settled", ARM)?;
+    arm_outcome(&outcome, deadline, settled, arm)
+}
+
+/// Reads one arm's outcome code (with its deadline and settled value).
+fn arm_outcome(
+    outcome: &str,
+    deadline: Option<OffsetDateTime>,
+    settled: Option<Value>,
+    arm: &RemoteArm,
+) -> Result<RemoteArmOutcome> {
+    let settled = |lost| RemoteArmOutcome::Settled {
+        value: settled.unwrap_or(Value::Null),
+        lost,
     };
-    match outcome.as_str() {
+    match outcome {
         "dispatched" => Ok(RemoteArmOutcome::Dispatched { deadline }),
         "waiting" => Ok(RemoteArmOutcome::Waiting { deadline }),
         "redispatched" => Ok(RemoteArmOutcome::Redispatched { deadline }),
-        "settled" => settled(false),
-        "lost" => settled(true),
+        "settled" => Ok(settled(false)),
+        "lost" => Ok(settled(true)),
         "not_found" => Err(not_found(&arm.key)),
         "lease_lost" => match &arm.fence {
             Some(fence) => Err(lease_lost(&arm.key, fence)),
@@ -136,6 +145,99 @@ pub(crate) async fn remote_arm(store: &PgStore, arm: &RemoteArm) -> Result<Remot
         },
         other => Err(unknown_outcome(ARM, other)),
     }
+}
+
+// Statement parameters are spelled out like the other operations'; the arrays carry one
+// element per deferred arm.
+const INSTANCE_PARK_DISPATCH: &str = "SELECT p.outcome, p.row_status, p.arm_outcomes, \
+     p.arm_deadlines, p.arm_settled \
+     FROM keiro_instance_park_dispatch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
+     $14, $15, $16, $17, $18, $19, $20) p";
+
+/// [`JournalStore::instance_park_dispatch`](keiro_journal::JournalStore::instance_park_dispatch)
+/// in one transaction: the arms, then the park.
+pub(crate) async fn instance_park_dispatch(
+    store: &PgStore,
+    park: &Park,
+    arms: &[RemoteArm],
+) -> Result<(ParkOutcome, Vec<RemoteArmOutcome>)> {
+    let key = &park.key;
+    let owner = park.fence.as_ref().map(|f| f.owner.as_str());
+    let epoch = park.fence.as_ref().map(|f| f.epoch);
+    let column_of = |f: fn(&RemoteArm) -> String| arms.iter().map(f).collect::<Vec<_>>();
+    let step_ids = column_of(|a| a.step_id.clone());
+    let steps = column_of(|a| a.step.clone());
+    let journal_steps = column_of(|a| a.journal_step.clone());
+    let groups = column_of(|a| a.group.clone());
+    let inputs: Vec<&Value> = arms.iter().map(|a| &a.input).collect();
+    let priorities: Vec<i32> = arms.iter().map(|a| a.priority).collect();
+    let traceparents: Vec<Option<&str>> = arms.iter().map(|a| a.traceparent.as_deref()).collect();
+    let max_attempts: Vec<i32> = arms.iter().map(|a| int(a.max_attempts)).collect();
+    let initial: Vec<i64> = arms.iter().map(|a| span_ms(a.backoff.initial)).collect();
+    let max: Vec<i64> = arms.iter().map(|a| span_ms(a.backoff.max)).collect();
+    let jitter: Vec<bool> = arms.iter().map(|a| a.backoff.jitter).collect();
+    let redispatch_after: Vec<Option<i64>> = arms
+        .iter()
+        .map(|a| a.redispatch_after.map(span_ms))
+        .collect();
+    let redispatch_max: Vec<i32> = arms.iter().map(|a| int(a.redispatch_max)).collect();
+    let row = store
+        .query_one(
+            PARK_DISPATCH,
+            INSTANCE_PARK_DISPATCH,
+            &[
+                &key.name.as_str(),
+                &key.id.as_str(),
+                &park.generation,
+                &owner,
+                &epoch,
+                &park.awaited,
+                &park.wake_after,
+                &step_ids,
+                &steps,
+                &journal_steps,
+                &groups,
+                &inputs,
+                &priorities,
+                &traceparents,
+                &max_attempts,
+                &initial,
+                &max,
+                &jitter,
+                &redispatch_after,
+                &redispatch_max,
+            ],
+        )
+        .await?;
+    let outcome: String = column(&row, "outcome", PARK_DISPATCH)?;
+    let park_outcome = match outcome.as_str() {
+        "suspended" => ParkOutcome::Suspended,
+        "woken" => ParkOutcome::WokenBeforePark,
+        "terminal" => {
+            let status: String = column(&row, "row_status", PARK_DISPATCH)?;
+            ParkOutcome::Terminal(row::status(&status, PARK_DISPATCH)?)
+        }
+        "not_found" => return Err(not_found(key)),
+        "lease_lost" => {
+            return Err(match &park.fence {
+                Some(fence) => lease_lost(key, fence),
+                None => unknown_outcome(PARK_DISPATCH, "lease_lost without a fence"),
+            })
+        }
+        other => return Err(unknown_outcome(PARK_DISPATCH, other)),
+    };
+    let codes: Vec<String> = column(&row, "arm_outcomes", PARK_DISPATCH)?;
+    let deadlines: Vec<Option<OffsetDateTime>> = column(&row, "arm_deadlines", PARK_DISPATCH)?;
+    let settled: Vec<Option<Value>> = column(&row, "arm_settled", PARK_DISPATCH)?;
+    if codes.len() != arms.len() || deadlines.len() != arms.len() || settled.len() != arms.len() {
+        return Err(malformed(PARK_DISPATCH, "one outcome per arm"));
+    }
+    let outcomes = arms
+        .iter()
+        .zip(codes.iter().zip(deadlines.into_iter().zip(settled)))
+        .map(|(arm, (code, (deadline, settled)))| arm_outcome(code, deadline, settled, arm))
+        .collect::<Result<Vec<_>>>()?;
+    Ok((park_outcome, outcomes))
 }
 
 // The columns are spelled out (never `*`), so a column added by a later migration cannot change

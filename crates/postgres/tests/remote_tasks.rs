@@ -1309,3 +1309,57 @@ async fn each_remote_operation_is_one_round_trip() -> TestResult {
     assert_eq!(second_run_round_trips(s, tasks).await?, 1, "remote_tasks");
     Ok(())
 }
+
+#[tokio::test]
+async fn park_dispatch_writes_the_tasks_and_the_park_in_one_round_trip() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let owner = key("owner", "pd-1");
+    store.instance_start(&start(&owner, Value::Null)).await?;
+    let park = |awaited: Vec<String>| keiro_journal::Park {
+        key: owner.clone(),
+        generation: 0,
+        fence: None,
+        awaited,
+        wake_after: None,
+    };
+    // Prepare the statement once, on another instance's run.
+    let other = key("owner", "pd-0");
+    store.instance_start(&start(&other, Value::Null)).await?;
+    let warm = keiro_journal::Park {
+        key: other.clone(),
+        ..park(vec!["remote:w".into()])
+    };
+    store
+        .instance_park_dispatch(&warm, &[arm(&other, "w", json!(0))])
+        .await?;
+
+    let arms = [
+        RemoteArm {
+            redispatch_after: Some(Duration::from_secs(30)),
+            ..arm(&owner, "a", json!(1))
+        },
+        arm(&owner, "b", json!(2)),
+    ];
+    let before = store.round_trips();
+    let (parked, outcomes) = store
+        .instance_park_dispatch(&park(vec!["remote:a".into(), "remote:b".into()]), &arms)
+        .await?;
+    assert_eq!(store.round_trips() - before, 1);
+    assert_eq!(parked, keiro_journal::ParkOutcome::Suspended);
+    assert!(matches!(
+        outcomes[0],
+        RemoteArmOutcome::Dispatched { deadline: Some(_) }
+    ));
+    assert_eq!(outcomes[1], RemoteArmOutcome::Dispatched { deadline: None });
+    let tasks = store.remote_tasks(&owner).await?;
+    assert_eq!(tasks.len(), 2);
+    let row = store.instance_get(&owner).await?.expect("row");
+    assert_eq!(row.status, Status::Suspended);
+    assert_eq!(
+        row.wake_after,
+        outcomes[0].deadline(),
+        "the park wakes by the redispatch deadline"
+    );
+    Ok(())
+}

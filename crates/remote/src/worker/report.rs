@@ -71,48 +71,66 @@ pub(crate) struct Completion {
 /// The most outputs one batch carries.
 const BATCH_MAX: usize = 128;
 
-/// Reports outputs in batches until every sender is gone: whatever finished while the previous
-/// batch was in flight goes in the next one, so an idle worker reports at once and a busy one
-/// pays one commit for many results.
+/// Batches in flight at once: while one commits, the next fills; several let the database
+/// work on a busy worker's results in parallel.
+const BATCHES_IN_FLIGHT: usize = 4;
+
+/// Reports outputs in batches until every sender is gone: whatever finished while the
+/// batches in flight were committing goes in the next one, so an idle worker reports at once
+/// and a busy one pays one commit for many results.
 pub(crate) async fn run_reporter(
     transport: std::sync::Arc<dyn Transport>,
     mut completions: tokio::sync::mpsc::Receiver<Completion>,
 ) {
-    let mut batch = Vec::with_capacity(BATCH_MAX);
-    while completions.recv_many(&mut batch, BATCH_MAX).await > 0 {
-        let reports: Vec<(String, Value)> = batch
-            .iter()
-            .map(|c| (c.step_id.clone(), c.output.clone()))
-            .collect();
-        let mut pause = Duration::from_millis(50);
-        let mut tries = 0;
-        let result = loop {
-            tries += 1;
-            match transport.tasks_complete(&reports).await {
-                Err(error) if error.is_retryable() && tries < REPORT_TRIES => {
-                    tracing::debug!(%error, tries, "remote worker: batch report failed, retrying");
-                    tokio::time::sleep(pause).await;
-                    pause *= 2;
-                }
-                other => break other,
+    let mut in_flight = tokio::task::JoinSet::new();
+    loop {
+        if in_flight.len() >= BATCHES_IN_FLIGHT {
+            in_flight.join_next().await;
+            continue;
+        }
+        let mut batch = Vec::with_capacity(BATCH_MAX);
+        if completions.recv_many(&mut batch, BATCH_MAX).await == 0 {
+            break;
+        }
+        in_flight.spawn(report_batch(transport.clone(), batch));
+    }
+    while in_flight.join_next().await.is_some() {}
+}
+
+/// Reports one batch, retrying transient errors, and answers each report.
+async fn report_batch(transport: std::sync::Arc<dyn Transport>, batch: Vec<Completion>) {
+    let reports: Vec<(String, Value)> = batch
+        .iter()
+        .map(|c| (c.step_id.clone(), c.output.clone()))
+        .collect();
+    let mut pause = Duration::from_millis(50);
+    let mut tries = 0;
+    let result = loop {
+        tries += 1;
+        match transport.tasks_complete(&reports).await {
+            Err(error) if error.is_retryable() && tries < REPORT_TRIES => {
+                tracing::debug!(%error, tries, "remote worker: batch report failed, retrying");
+                tokio::time::sleep(pause).await;
+                pause *= 2;
             }
-        };
-        match result {
-            Ok(outcomes) => {
-                for (completion, outcome) in batch.drain(..).zip(outcomes) {
-                    let _ = completion.reply.send(Ok(outcome));
-                }
+            other => break other,
+        }
+    };
+    match result {
+        Ok(outcomes) => {
+            for (completion, outcome) in batch.into_iter().zip(outcomes) {
+                let _ = completion.reply.send(Ok(outcome));
             }
-            Err(error) => {
-                let message = error.to_string();
-                for completion in batch.drain(..) {
-                    let _ = completion
-                        .reply
-                        .send(Err(keiro_journal::StoreError::Malformed {
-                            operation: "reporting remote results",
-                            detail: message.clone(),
-                        }));
-                }
+        }
+        Err(error) => {
+            let message = error.to_string();
+            for completion in batch {
+                let _ = completion
+                    .reply
+                    .send(Err(keiro_journal::StoreError::Malformed {
+                        operation: "reporting remote results",
+                        detail: message.clone(),
+                    }));
             }
         }
     }
