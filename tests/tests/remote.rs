@@ -449,15 +449,7 @@ async fn a_dead_workers_task_is_redispatched_and_completes(h: Harness) -> TestRe
 }
 
 async fn redispatch_pending_counts_the_runs_pending_steps(h: Harness) -> TestResult {
-    let mut registry = Registry::new();
-    registry.register("pair", |ctx: Ctx, (): ()| async move {
-        let options = RemoteOptions::default();
-        let (a, b) = tokio::join!(
-            ctx.remote::<_, u32>("left", &1, &options),
-            ctx.remote::<_, u32>("right", &2, &options)
-        );
-        Ok(a? + b?)
-    })?;
+    let registry = pair()?;
     h.keiro.start("pair", "p-1", &()).await?;
     keiro::resume_once(&h.store, &registry, &options(&h)).await?;
     assert_eq!(h.keiro.remote_tasks("pair", "p-1").await?.len(), 2);
@@ -486,6 +478,20 @@ async fn redispatch_pending_counts_the_runs_pending_steps(h: Harness) -> TestRes
         Some(json!(30))
     );
     Ok(())
+}
+
+/// `pair`: two remote steps awaited together (`left` and `right`), their sum.
+fn pair() -> Result<Registry, keiro::RegistryError> {
+    let mut registry = Registry::new();
+    registry.register("pair", |ctx: Ctx, (): ()| async move {
+        let options = RemoteOptions::default();
+        let (a, b) = tokio::join!(
+            ctx.remote::<_, u32>("left", &1, &options),
+            ctx.remote::<_, u32>("right", &2, &options)
+        );
+        Ok(a? + b?)
+    })?;
+    Ok(registry)
 }
 
 /// A `print` handler that fails (not retryable) while `broken` is set.
@@ -778,15 +784,7 @@ async fn a_requeued_run_parks_until_its_retry_reports(h: Harness) -> TestResult 
 }
 
 async fn a_result_reported_while_the_run_was_failed_is_kept(h: Harness) -> TestResult {
-    let mut registry = Registry::new();
-    registry.register("pair", |ctx: Ctx, (): ()| async move {
-        let options = RemoteOptions::default();
-        let (a, b) = tokio::join!(
-            ctx.remote::<_, u32>("left", &1, &options),
-            ctx.remote::<_, u32>("right", &2, &options)
-        );
-        Ok(a? + b?)
-    })?;
+    let registry = pair()?;
     h.keiro.start("pair", "p-2", &()).await?;
     keiro::resume_once(&h.store, &registry, &options(&h)).await?;
     let claim = |group: &str| keiro_remote::ClaimRequest {

@@ -308,20 +308,27 @@ async fn instance_park(store: &PgStore, park: &Park) -> Result<ParkOutcome> {
             ],
         )
         .await?;
-    let outcome: String = column(&row, "outcome", PARK)?;
+    park_outcome(&row, park, PARK)
+}
+
+/// Reads a park's outcome (`outcome`, `row_status`), for `instance_park` and the park that
+/// carries remote dispatches.
+pub(crate) fn park_outcome(row: &Row, park: &Park, operation: &'static str) -> Result<ParkOutcome> {
+    let key = &park.key;
+    let outcome: String = column(row, "outcome", operation)?;
     match outcome.as_str() {
         "suspended" => Ok(ParkOutcome::Suspended),
         "woken" => Ok(ParkOutcome::WokenBeforePark),
         "terminal" => {
-            let status: String = column(&row, "row_status", PARK)?;
-            Ok(ParkOutcome::Terminal(row::status(&status, PARK)?))
+            let status: String = column(row, "row_status", operation)?;
+            Ok(ParkOutcome::Terminal(row::status(&status, operation)?))
         }
         "not_found" => Err(not_found(key)),
         "lease_lost" => match &park.fence {
             Some(fence) => Err(lease_lost(key, fence)),
-            None => Err(unknown_outcome(PARK, "lease_lost without a fence")),
+            None => Err(unknown_outcome(operation, "lease_lost without a fence")),
         },
-        other => Err(unknown_outcome(PARK, other)),
+        other => Err(unknown_outcome(operation, other)),
     }
 }
 

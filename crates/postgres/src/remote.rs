@@ -35,7 +35,7 @@ use time::OffsetDateTime;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
-use crate::journal::{lease_lost, not_found, unknown_outcome};
+use crate::journal::{lease_lost, not_found, park_outcome, unknown_outcome};
 use crate::row::{self, column, malformed};
 use crate::store::span_ms;
 use crate::PgStore;
@@ -209,23 +209,7 @@ pub(crate) async fn instance_park_dispatch(
             ],
         )
         .await?;
-    let outcome: String = column(&row, "outcome", PARK_DISPATCH)?;
-    let park_outcome = match outcome.as_str() {
-        "suspended" => ParkOutcome::Suspended,
-        "woken" => ParkOutcome::WokenBeforePark,
-        "terminal" => {
-            let status: String = column(&row, "row_status", PARK_DISPATCH)?;
-            ParkOutcome::Terminal(row::status(&status, PARK_DISPATCH)?)
-        }
-        "not_found" => return Err(not_found(key)),
-        "lease_lost" => {
-            return Err(match &park.fence {
-                Some(fence) => lease_lost(key, fence),
-                None => unknown_outcome(PARK_DISPATCH, "lease_lost without a fence"),
-            })
-        }
-        other => return Err(unknown_outcome(PARK_DISPATCH, other)),
-    };
+    let park_outcome = park_outcome(&row, park, PARK_DISPATCH)?;
     let codes: Vec<String> = column(&row, "arm_outcomes", PARK_DISPATCH)?;
     let deadlines: Vec<Option<OffsetDateTime>> = column(&row, "arm_deadlines", PARK_DISPATCH)?;
     let settled: Vec<Option<Value>> = column(&row, "arm_settled", PARK_DISPATCH)?;
