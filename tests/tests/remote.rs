@@ -29,6 +29,9 @@ on_both_stores!(
     bad_remote_step_names_are_typed_errors,
     a_requeued_run_parks_until_its_retry_reports,
     a_result_reported_while_the_run_was_failed_is_kept,
+    heartbeats_keep_a_long_task_from_a_second_worker,
+    shutdown_lets_a_running_handler_finish_and_report,
+    a_panicking_handler_is_a_retryable_failure_and_a_bad_input_a_fatal_one,
 );
 
 fn options(h: &Harness) -> ResumeOptions {
@@ -821,5 +824,137 @@ async fn a_result_reported_while_the_run_was_failed_is_kept(h: Harness) -> TestR
         Some(json!(30)),
         "the kept result of `right` counts"
     );
+    Ok(())
+}
+
+async fn heartbeats_keep_a_long_task_from_a_second_worker(h: Harness) -> TestResult {
+    let registry = shipping(RemoteOptions::default(), Ledger::default())?;
+    h.keiro.start("shipping", "s-8", &"order-8").await?;
+    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    // Claims last 300 ms; the handler takes 1.2 s; heartbeats every 100 ms keep the claim.
+    let runs = Ledger::default();
+    let slow_worker = |name: &str| {
+        let (runs, name) = (runs.clone(), name.to_owned());
+        RemoteWorker::builder(h.transport.clone())
+            .options(RemoteWorkerOptions {
+                poll_interval: Duration::from_millis(20),
+                claim_ttl: Duration::from_millis(300),
+                heartbeat_every: Duration::from_millis(100),
+                ..RemoteWorkerOptions::default()
+            })
+            .handle("print", move |order: String, _task: TaskContext| {
+                let (runs, name) = (runs.clone(), name.clone());
+                async move {
+                    runs.bump("print");
+                    runs.bump(&name);
+                    tokio::time::sleep(Duration::from_millis(1200)).await;
+                    Ok::<_, TaskError>(format!("slow label:{order}"))
+                }
+            })
+            .build()
+    };
+    let first = Running::start(slow_worker("first"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while runs.count("print") == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "never claimed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let second = Running::start(slow_worker("second"));
+    until_status(&h, &registry, "shipping", "s-8", Status::Completed).await?;
+    first.stop().await;
+    second.stop().await;
+    assert_eq!(runs.count("print"), 1, "{:?}", runs.all());
+    assert_eq!(runs.count("first"), 1);
+    Ok(())
+}
+
+async fn shutdown_lets_a_running_handler_finish_and_report(h: Harness) -> TestResult {
+    let registry = shipping(RemoteOptions::default(), Ledger::default())?;
+    h.keiro.start("shipping", "s-9", &"order-9").await?;
+    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    let started = Arc::new(AtomicBool::new(false));
+    let s = started.clone();
+    let worker = RemoteWorker::builder(h.transport.clone())
+        .options(worker_options())
+        .handle("print", move |order: String, _task: TaskContext| {
+            let s = s.clone();
+            async move {
+                s.store(true, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Ok::<_, TaskError>(format!("label:{order}"))
+            }
+        })
+        .build();
+    let running = Running::start(worker);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !started.load(Ordering::SeqCst) {
+        assert!(tokio::time::Instant::now() < deadline, "never claimed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Asked to stop mid-handler: it claims nothing more, but the running handler finishes
+    // and its result is reported before `run_until` returns.
+    running.stop().await;
+    let tasks = h.keiro.remote_tasks("shipping", "s-9").await?;
+    assert_eq!(tasks[0].status, TaskStatus::Completed);
+    until_status(&h, &registry, "shipping", "s-9", Status::Completed).await?;
+    Ok(())
+}
+
+async fn a_panicking_handler_is_a_retryable_failure_and_a_bad_input_a_fatal_one(
+    h: Harness,
+) -> TestResult {
+    let mut registry = Registry::new();
+    registry.register("odd", |ctx: Ctx, input: serde_json::Value| async move {
+        let options = RemoteOptions::default().retries(
+            1,
+            Backoff::exponential(Duration::from_millis(5), Duration::from_millis(5)),
+        );
+        match ctx.remote::<_, u32>("count", &input, &options).await {
+            Err(WorkflowError::Remote(e)) => Ok(format!(
+                "{} after {} attempt(s): {}",
+                e.code.unwrap_or_default(),
+                e.attempts,
+                e.message
+            )),
+            Err(e) => Err(e),
+            Ok(n) => Ok(n.to_string()),
+        }
+    })?;
+    h.keiro.start("odd", "panics", &json!(7)).await?;
+    h.keiro
+        .start("odd", "bad-input", &json!("not a number"))
+        .await?;
+    let worker = RemoteWorker::builder(h.transport.clone())
+        .options(worker_options())
+        .handle("count", |n: u32, _task: TaskContext| async move {
+            if n == 7 {
+                panic!("seven is unlucky");
+            }
+            Ok::<_, TaskError>(n)
+        })
+        .build();
+    let running = Running::start(worker);
+    until_status(&h, &registry, "odd", "panics", Status::Completed).await?;
+    until_status(&h, &registry, "odd", "bad-input", Status::Completed).await?;
+    running.stop().await;
+    let output = |id: &str| {
+        let keiro = h.keiro.clone();
+        let id = id.to_owned();
+        async move {
+            keiro
+                .instance("odd", &id)
+                .await
+                .map(|row| row.and_then(|r| r.output).unwrap_or_default())
+        }
+    };
+    let panicked = output("panics").await?;
+    let panicked = panicked.as_str().unwrap_or_default();
+    assert!(
+        panicked.starts_with(" after 2 attempt(s): the handler panicked: seven is unlucky"),
+        "a panic is retried, then reported: {panicked}"
+    );
+    let bad = output("bad-input").await?;
+    let bad = bad.as_str().unwrap_or_default();
+    assert!(bad.starts_with("bad_input after 1 attempt(s)"), "{bad}");
     Ok(())
 }
