@@ -303,6 +303,11 @@ $$;
 CREATE FUNCTION keiro_remote_tasks_claim(p_groups text[], p_worker text, p_limit integer,
                                          p_ttl_ms bigint)
 RETURNS SETOF remote_tasks
+-- Every statement here is meant to be index-driven. A fresh installation starts with an
+-- empty table, and the plans a session caches while it is small are sequential scans that it
+-- then keeps as the table grows (measured: 3,362 sequential scans reading 15 million rows in
+-- one 6,000-step bench), so sequential scans are ruled out here.
+SET enable_seqscan = off
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 BEGIN
@@ -389,6 +394,11 @@ $$;
 -- outcome per step id.
 CREATE FUNCTION keiro_remote_tasks_complete(p_step_ids text[], p_outputs jsonb[])
 RETURNS TABLE (step_id text, outcome text)
+-- Every statement here is meant to be index-driven. A fresh installation starts with an
+-- empty table, and the plans a session caches while it is small are sequential scans that it
+-- then keeps as the table grows (measured: 3,362 sequential scans reading 15 million rows in
+-- one 6,000-step bench), so sequential scans are ruled out here.
+SET enable_seqscan = off
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
