@@ -20,7 +20,7 @@ use keiro_resume::{FixedPoll, Notifier, WakeFilter, WakeSource};
 use crate::store::{ClaimRequest, ClaimedTask, Transport};
 use handler::{erase, ErasedHandler};
 pub use handler::{TaskContext, TaskError};
-use report::{report_with_retries, run_reporter, Completion, Report};
+use report::{report_failure, run_reporter, Completion, Report};
 
 /// How a remote worker claims and runs tasks.
 #[derive(Debug, Clone)]
@@ -434,9 +434,7 @@ impl RemoteWorker {
                 }
                 replied.await.unwrap_or(Ok(crate::ReportOutcome::NotFound))
             }
-            fail @ Report::Fail(_) => {
-                report_with_retries(inner.transport.as_ref(), &task, fail).await
-            }
+            Report::Fail(error) => report_failure(inner.transport.as_ref(), &task, error).await,
         };
         match reported {
             Ok(crate::ReportOutcome::Retrying { at }) => {

@@ -17,34 +17,18 @@ pub(crate) enum Report {
 /// and another worker runs the task again: at least once, never lost).
 const REPORT_TRIES: u32 = 6;
 
-/// Reports `report` for `task`, retrying transient store errors with a doubling pause
-/// (50 ms .. 1.6 s, about 3 s in all).
-pub(crate) async fn report_with_retries(
-    transport: &dyn Transport,
-    task: &ClaimedTask,
-    report: Report,
-) -> crate::Result<ReportOutcome> {
-    let (failure, retry_delay) = match &report {
-        Report::Complete(_) => (None, Duration::ZERO),
-        Report::Fail(error) => (
-            Some(error.clone().into_failure()),
-            task.backoff.jittered_delay(task.attempt, unit_random()),
-        ),
-    };
+/// Runs `call` until it succeeds, fails for good, or has failed transiently `REPORT_TRIES`
+/// times, pausing 50 ms, doubling, between tries (about 3 s in all).
+async fn retrying<T, F, Fut>(mut call: F) -> crate::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = crate::Result<T>>,
+{
     let mut pause = Duration::from_millis(50);
     let mut tries = 0;
     loop {
         tries += 1;
-        let result = match (&report, &failure) {
-            (Report::Complete(output), _) => transport.task_complete(&task.step_id, output).await,
-            (Report::Fail(_), Some(failure)) => {
-                transport
-                    .task_fail(&task.step_id, task.claim, failure, retry_delay)
-                    .await
-            }
-            (Report::Fail(_), None) => unreachable!("a failure report carries its failure"),
-        };
-        match result {
+        match call().await {
             Err(error) if error.is_retryable() && tries < REPORT_TRIES => {
                 tracing::debug!(%error, tries, "remote worker: report failed, retrying");
                 tokio::time::sleep(pause).await;
@@ -53,6 +37,17 @@ pub(crate) async fn report_with_retries(
             other => return other,
         }
     }
+}
+
+/// Reports a handler's failure for `task`, with the retry delay its backoff gives (jittered).
+pub(crate) async fn report_failure(
+    transport: &dyn Transport,
+    task: &ClaimedTask,
+    error: TaskError,
+) -> crate::Result<ReportOutcome> {
+    let failure = error.into_failure();
+    let retry_delay = task.backoff.jittered_delay(task.attempt, unit_random());
+    retrying(|| transport.task_fail(&task.step_id, task.claim, &failure, retry_delay)).await
 }
 
 /// A number in `[0, 1]` for backoff jitter, from the same source as task claims' ids.
@@ -103,19 +98,7 @@ async fn report_batch(transport: std::sync::Arc<dyn Transport>, batch: Vec<Compl
         .iter()
         .map(|c| (c.step_id.clone(), c.output.clone()))
         .collect();
-    let mut pause = Duration::from_millis(50);
-    let mut tries = 0;
-    let result = loop {
-        tries += 1;
-        match transport.tasks_complete(&reports).await {
-            Err(error) if error.is_retryable() && tries < REPORT_TRIES => {
-                tracing::debug!(%error, tries, "remote worker: batch report failed, retrying");
-                tokio::time::sleep(pause).await;
-                pause *= 2;
-            }
-            other => break other,
-        }
-    };
+    let result = retrying(|| transport.tasks_complete(&reports)).await;
     match result {
         Ok(outcomes) => {
             for (completion, outcome) in batch.into_iter().zip(outcomes) {
