@@ -44,7 +44,7 @@ struct Cli {
 enum Command {
     /// Create the schema if needed and apply pending migrations.
     Migrate,
-    /// Print an instance row and its whole journal.
+    /// Print an instance row, its whole journal and its remote tasks.
     Show(ops::KeyArgs),
     /// Cancel an instance: the run stops at its next step boundary.
     Cancel(ops::KeyArgs),

@@ -22,7 +22,8 @@ pub(crate) struct KeyArgs {
     pub(crate) id: String,
 }
 
-/// A facade on the operator schema. Two connections: `show` reads the row, then the journal.
+/// A facade on the operator schema. Two connections: `show` reads the row, the journal and the
+/// remote tasks.
 async fn keiro(global: &Global) -> Result<Keiro> {
     Ok(Keiro::new(
         connect_store(global.config(&global.schema, 2)).await?,
@@ -45,9 +46,36 @@ pub(crate) async fn show(global: &Global, key: &KeyArgs) -> Result<Outcome> {
         .journal(&key.name, &key.id)
         .await
         .context(format!("reading the journal of {what}"))?;
+    let tasks = keiro
+        .remote_tasks(&key.name, &key.id)
+        .await
+        .context(format!("reading the remote tasks of {what}"))?;
     print_instance(&instance);
     print_journal(&journal);
+    print_tasks(&tasks);
     Ok(Outcome::Success)
+}
+
+fn print_tasks(tasks: &[keiro::RemoteTask]) {
+    if tasks.is_empty() {
+        return;
+    }
+    println!("remote tasks {}", tasks.len());
+    for task in tasks {
+        println!(
+            "  {:<40} {:<9} attempts {}/{}  dispatches {}  group {}  journal {}{}",
+            task.step_id,
+            task.status.as_str(),
+            task.attempts,
+            task.max_attempts,
+            task.dispatches,
+            task.group,
+            task.journal_step,
+            task.last_error
+                .as_ref()
+                .map_or_else(String::new, |e| format!("  last error {e}"))
+        );
+    }
 }
 
 fn print_instance(row: &Instance) {
