@@ -32,6 +32,9 @@ on_both_stores!(
     heartbeats_keep_a_long_task_from_a_second_worker,
     shutdown_lets_a_running_handler_finish_and_report,
     a_panicking_handler_is_a_retryable_failure_and_a_bad_input_a_fatal_one,
+    an_oversized_output_fails_the_step_at_once,
+    a_remote_step_beside_a_local_step_is_dispatched_while_the_action_runs,
+    bad_operator_input_is_a_typed_error_and_starts_nothing,
 );
 
 fn options(h: &Harness) -> ResumeOptions {
@@ -292,14 +295,7 @@ async fn a_not_retryable_failure_fails_at_once(h: Harness) -> TestResult {
         (tasks[0].status, tasks[0].attempts),
         (TaskStatus::Failed, 1)
     );
-    assert_eq!(
-        tasks[0]
-            .last_error
-            .as_ref()
-            .and_then(|e| e.get("code"))
-            .cloned(),
-        Some(json!("bad_address"))
-    );
+    assert_eq!(last_error_code(&tasks[0]), Some(json!("bad_address")));
     Ok(())
 }
 
@@ -393,11 +389,7 @@ async fn a_silent_task_is_redispatched_and_then_lost(h: Harness) -> TestResult {
         (TaskStatus::Failed, 2)
     );
     assert_eq!(
-        tasks[0]
-            .last_error
-            .as_ref()
-            .and_then(|e| e.get("code"))
-            .cloned(),
+        last_error_code(&tasks[0]),
         Some(json!(keiro::RemoteStepError::LOST))
     );
     Ok(())
@@ -957,4 +949,136 @@ async fn a_panicking_handler_is_a_retryable_failure_and_a_bad_input_a_fatal_one(
     let bad = bad.as_str().unwrap_or_default();
     assert!(bad.starts_with("bad_input after 1 attempt(s)"), "{bad}");
     Ok(())
+}
+
+async fn an_oversized_output_fails_the_step_at_once(h: Harness) -> TestResult {
+    let registry = shipping(
+        RemoteOptions::default().retries(3, Backoff::default()),
+        Ledger::default(),
+    )?;
+    h.keiro.start("shipping", "s-10", &"order-10").await?;
+    let worker = RemoteWorker::builder(h.transport.clone())
+        .options(RemoteWorkerOptions {
+            payload_len_max: 64,
+            ..worker_options()
+        })
+        .handle("print", |_: String, _task: TaskContext| async move {
+            Ok::<_, TaskError>("x".repeat(100))
+        })
+        .build();
+    let running = Running::start(worker);
+    until_status(&h, &registry, "shipping", "s-10", Status::Failed).await?;
+    running.stop().await;
+    let tasks = h.keiro.remote_tasks("shipping", "s-10").await?;
+    assert_eq!(
+        (tasks[0].status, tasks[0].attempts),
+        (TaskStatus::Failed, 1)
+    );
+    assert_eq!(last_error_code(&tasks[0]), Some(json!("output_too_large")));
+    assert_eq!(tasks[0].output, None, "the oversized output is not stored");
+    Ok(())
+}
+
+async fn a_remote_step_beside_a_local_step_is_dispatched_while_the_action_runs(
+    h: Harness,
+) -> TestResult {
+    // The dispatch waits for the park only while nothing else is to be done: a step's action
+    // running beside the remote step could take long, so the task is written meanwhile.
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let (admin, s) = (h.admin.clone(), seen.clone());
+    let mut registry = Registry::new();
+    registry.register("beside", move |ctx: Ctx, (): ()| {
+        let (admin, seen) = (admin.clone(), s.clone());
+        async move {
+            let owner = ctx.key().clone();
+            let options = RemoteOptions::default();
+            let (label, local) = tokio::join!(
+                ctx.remote::<_, String>("print", &"b", &options),
+                ctx.step("local", || async move {
+                    // A long action: the remote step must not wait for it.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    let tasks = admin
+                        .remote_tasks(&owner)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    *seen.lock().unwrap() = Some(tasks.len());
+                    Ok::<_, String>(1u32)
+                })
+            );
+            Ok(format!("{}+{}", label?, local?))
+        }
+    })?;
+    h.keiro.start("beside", "b-1", &()).await?;
+    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    assert_eq!(
+        *seen.lock().unwrap(),
+        Some(1),
+        "the task was written while the action ran"
+    );
+    let tasks = h.keiro.remote_tasks("beside", "b-1").await?;
+    h.transport
+        .task_complete(&tasks[0].step_id, &json!("L"))
+        .await?;
+    until_status(&h, &registry, "beside", "b-1", Status::Completed).await?;
+    assert_eq!(
+        h.keiro
+            .instance("beside", "b-1")
+            .await?
+            .expect("row")
+            .output,
+        Some(json!("L+1"))
+    );
+    assert_eq!(h.keiro.remote_tasks("beside", "b-1").await?.len(), 1);
+    Ok(())
+}
+
+async fn bad_operator_input_is_a_typed_error_and_starts_nothing(h: Harness) -> TestResult {
+    let keiro = h.keiro.clone().with_payload_len_max(32);
+    h.keiro.start("shipping", "s-11", &"order-11").await?;
+    let oversized = keiro
+        .retry_with_input("shipping", "s-11", &"y".repeat(100))
+        .await;
+    assert!(
+        matches!(
+            oversized,
+            Err(keiro::Error::Admin(keiro_remote::AdminError::Payload(_)))
+        ),
+        "{oversized:?}"
+    );
+    let unknown = keiro.retry_with_input("shipping", "nobody", &"z").await;
+    assert!(
+        matches!(
+            unknown,
+            Err(keiro::Error::Admin(
+                keiro_remote::AdminError::NotFound { .. }
+            ))
+        ),
+        "{unknown:?}"
+    );
+    assert!(matches!(
+        h.keiro.requeue("shipping", "nobody").await,
+        Err(keiro::Error::Admin(
+            keiro_remote::AdminError::NotFound { .. }
+        ))
+    ));
+    assert!(matches!(
+        h.keiro.requeue("shipping", "bad/id").await,
+        Err(keiro::Error::InvalidId(_))
+    ));
+    // Nothing was started beside the origin.
+    let retries = h
+        .keiro
+        .instance("shipping", "s-11")
+        .await?
+        .map(|row| row.key.id.to_string());
+    assert_eq!(retries.as_deref(), Some("s-11"));
+    Ok(())
+}
+
+/// The `code` of a task's last error.
+fn last_error_code(task: &keiro::RemoteTask) -> Option<serde_json::Value> {
+    task.last_error
+        .as_ref()
+        .and_then(|e| e.get("code"))
+        .cloned()
 }

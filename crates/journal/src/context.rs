@@ -172,6 +172,9 @@ pub(crate) struct State {
     /// Remote steps armed but not yet written: they go with the park, or before the body's
     /// next other fresh action.
     pub(crate) deferred: Vec<crate::RemoteArm>,
+    /// Step actions running now (concurrent branches of a `join`): while one runs, a remote
+    /// step is dispatched at once instead of waiting for the park.
+    pub(crate) actions_running: u32,
 }
 
 pub(crate) struct Inner {
@@ -225,6 +228,7 @@ impl Ctx {
                     signal_ordinals: std::collections::HashMap::new(),
                     parked: None,
                     deferred: Vec::new(),
+                    actions_running: 0,
                 }),
             }),
         }
@@ -313,6 +317,9 @@ impl Ctx {
             return decode(step, value);
         }
         self.before_fresh_work(step).await?;
+        // No await between the flush in `before_fresh_work` and this count: a remote step
+        // armed from now on, while the action runs, is dispatched at once.
+        let _running = ActionRunning::new(self);
         let started = Instant::now();
         let span = tracing::debug_span!("step", keiro.workflow.step = step);
         let value = match tracing::Instrument::instrument(CatchPanic::new(action()), span).await {
@@ -536,12 +543,30 @@ impl Ctx {
         self.prepare_fresh(step, true).await
     }
 
-    /// Queues a remote step's dispatch for the park (deduplicated by step id).
-    pub(crate) fn defer_dispatch(&self, arm: crate::RemoteArm) {
-        let mut state = self.state();
-        if !state.deferred.iter().any(|a| a.step_id == arm.step_id) {
-            state.deferred.push(arm);
+    /// Queues a remote step's dispatch for the park (deduplicated by step id), or writes it
+    /// now when a step action is running beside it (the park may be far off). Returns what a
+    /// write now found, `None` when queued.
+    pub(crate) async fn dispatch(
+        &self,
+        arm: crate::RemoteArm,
+    ) -> Result<Option<crate::RemoteArmOutcome>, WorkflowError> {
+        {
+            let mut state = self.state();
+            if state.actions_running == 0 {
+                if !state.deferred.iter().any(|a| a.step_id == arm.step_id) {
+                    state.deferred.push(arm);
+                }
+                return Ok(None);
+            }
         }
+        let outcome = self
+            .inner
+            .store
+            .remote_arm(&arm)
+            .await
+            .map_err(|e| self.store_failed(e))?;
+        outcome.observe(self.inner.options.observer.as_ref(), &arm.group);
+        Ok(Some(outcome))
     }
 
     /// Writes the deferred dispatches now, because the body is about to do something else
@@ -733,6 +758,24 @@ impl Ctx {
         let reason = halt.describe();
         state.halt.get_or_insert(halt);
         WorkflowError::Halted { reason }
+    }
+}
+
+/// Counts a running step action for as long as it lives (dropped on completion, panic or
+/// cancellation alike).
+struct ActionRunning<'a>(&'a Ctx);
+
+impl<'a> ActionRunning<'a> {
+    fn new(ctx: &'a Ctx) -> Self {
+        ctx.state().actions_running += 1;
+        Self(ctx)
+    }
+}
+
+impl Drop for ActionRunning<'_> {
+    fn drop(&mut self) {
+        let mut state = self.0.state();
+        state.actions_running = state.actions_running.saturating_sub(1);
     }
 }
 

@@ -363,7 +363,8 @@ impl Ctx {
         let value = self
             .awaited_deferring(&journal_step, StepKind::Remote, || async {
                 // The task is written with the park that follows (one transaction for both),
-                // or before the body's next other fresh action, whichever comes first.
+                // or before the body's next other fresh action, whichever comes first; at once
+                // if a step action is already running beside this await.
                 let arm = RemoteArm {
                     input: self.encode(&journal_step, input)?,
                     traceparent: self
@@ -376,8 +377,11 @@ impl Ctx {
                 let provisional = arm
                     .redispatch_after
                     .map(|after| OffsetDateTime::now_utc() + after);
-                self.defer_dispatch(arm);
-                Ok(Armed::Deadline(provisional))
+                Ok(match self.dispatch(arm).await? {
+                    None => Armed::Deadline(provisional),
+                    Some(RemoteArmOutcome::Settled { value, .. }) => Armed::Ready(value),
+                    Some(outcome) => Armed::Deadline(outcome.deadline()),
+                })
             })
             .await?;
         match open(value.clone()) {

@@ -368,7 +368,13 @@ impl Keiro {
         input: &I,
     ) -> Result<InstanceKey, Error> {
         let key = InstanceKey::parse(name, id)?;
-        Ok(keiro_remote::retry_with_input(self.remote()?.admin.as_ref(), &key, input).await?)
+        Ok(keiro_remote::retry_with_input(
+            self.remote()?.admin.as_ref(),
+            &key,
+            input,
+            self.payload_len_max,
+        )
+        .await?)
     }
 
     /// The remote tasks of an instance, oldest first.

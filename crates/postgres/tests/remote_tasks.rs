@@ -1363,3 +1363,52 @@ async fn park_dispatch_writes_the_tasks_and_the_park_in_one_round_trip() -> Test
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_batch_of_reports_answers_each_in_the_callers_order() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let (first, second) = (key("owner", "b-1"), key("owner", "b-2"));
+    for owner in [&first, &second] {
+        store.instance_start(&start(owner, Value::Null)).await?;
+    }
+    // Owners in the opposite order of the step ids, so the function's lock order (by owner)
+    // differs from the caller's.
+    for (owner, step) in [(&second, "a"), (&first, "b"), (&first, "c")] {
+        store.remote_arm(&arm(owner, step, json!(step))).await?;
+    }
+    let id = |owner: &InstanceKey, step: &str| remote_step_id(owner, 0, step);
+    store
+        .task_complete(&id(&first, "b"), &json!("early"))
+        .await?;
+    let reports = vec![
+        (id(&first, "c"), json!("C")),
+        ("owner/nobody/0/x".to_owned(), json!("?")),
+        (id(&second, "a"), json!("A")),
+        (id(&first, "b"), json!("late")),
+    ];
+    let outcomes = store.tasks_complete(&reports).await?;
+    assert_eq!(
+        outcomes,
+        [
+            ReportOutcome::Delivered,
+            ReportOutcome::NotFound,
+            ReportOutcome::Delivered,
+            ReportOutcome::AlreadySettled
+        ]
+    );
+    assert_eq!(
+        recorded(&store, &first, "remote:c").await?,
+        [json!({"ok": "C"})]
+    );
+    assert_eq!(
+        recorded(&store, &second, "remote:a").await?,
+        [json!({"ok": "A"})]
+    );
+    assert_eq!(
+        recorded(&store, &first, "remote:b").await?,
+        [json!({"ok": "early"})],
+        "first result wins"
+    );
+    Ok(())
+}

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use keiro_journal::{IdError, InstanceKey, StoreError, WorkflowId, PAYLOAD_LEN_MAX_DEFAULT};
+use keiro_journal::{IdError, InstanceKey, StoreError, WorkflowId};
 
 use crate::store::{RemoteAdmin, RequeueOutcome, RetryOutcome};
 
@@ -77,7 +77,8 @@ pub fn retry_key(origin: &InstanceKey) -> Result<InstanceKey, IdError> {
 /// Fix-and-replay: starts `<id>~retry~<8 hex>` of the origin's workflow with `input` and a
 /// clean history. The origin is left as it is; if a parent awaits the origin, the retry's
 /// success (not its failure) is journaled there too, and a later [`requeue`] of the parent
-/// adopts it. Returns the new instance's key.
+/// adopts it. Returns the new instance's key. An input larger than `payload_len_max` bytes
+/// (encoded) is refused and nothing is started.
 ///
 /// # Errors
 ///
@@ -87,14 +88,15 @@ pub async fn retry_with_input<I: Serialize + ?Sized>(
     store: &dyn RemoteAdmin,
     origin: &InstanceKey,
     input: &I,
+    payload_len_max: usize,
 ) -> Result<InstanceKey, AdminError> {
     let input = serde_json::to_value(input).map_err(|e| AdminError::Payload(e.to_string()))?;
     let len = serde_json::to_vec(&input)
         .map_err(|e| AdminError::Payload(e.to_string()))?
         .len();
-    if len > PAYLOAD_LEN_MAX_DEFAULT {
+    if len > payload_len_max {
         return Err(AdminError::Payload(format!(
-            "the input is {len} bytes, the limit is {PAYLOAD_LEN_MAX_DEFAULT}"
+            "the input is {len} bytes, the limit is {payload_len_max}"
         )));
     }
     let retry = retry_key(origin)?;

@@ -40,6 +40,10 @@ pub struct RemoteWorkerOptions {
     /// How long shutdown waits for running handlers before abandoning them (their claims
     /// expire and another worker runs them again). Defaults to 10 s.
     pub drain_timeout: Duration,
+    /// The largest encoded handler output reported; a larger one fails the step at once with
+    /// code `output_too_large` (it would be journaled and replayed on every drive).
+    /// Defaults to [`PAYLOAD_LEN_MAX_DEFAULT`](keiro_journal::PAYLOAD_LEN_MAX_DEFAULT).
+    pub payload_len_max: usize,
 }
 
 impl Default for RemoteWorkerOptions {
@@ -52,6 +56,7 @@ impl Default for RemoteWorkerOptions {
             heartbeat_every: claim_ttl / 3,
             poll_interval: Duration::from_secs(1),
             drain_timeout: Duration::from_secs(10),
+            payload_len_max: keiro_journal::PAYLOAD_LEN_MAX_DEFAULT,
         }
     }
 }
@@ -411,7 +416,17 @@ impl RemoteWorker {
             metrics.step_duration(task.key.name.as_str(), "remote", started.elapsed());
         }
         let report = match outcome {
-            Ok(Ok(output)) => Report::Complete(output),
+            Ok(Ok(output)) => match serde_json::to_vec(&output).map(|v| v.len()) {
+                Ok(len) if len <= inner.options.payload_len_max => Report::Complete(output),
+                Ok(len) => Report::Fail(
+                    TaskError::fatal(format!(
+                        "the output is {len} bytes, the limit is {}",
+                        inner.options.payload_len_max
+                    ))
+                    .with_code("output_too_large"),
+                ),
+                Err(e) => Report::Fail(TaskError::fatal(e).with_code("bad_output")),
+            },
             Ok(Err(error)) => Report::Fail(error),
             Err(join) if join.is_panic() => Report::Fail(TaskError::retryable(format!(
                 "the handler panicked: {}",
