@@ -135,6 +135,13 @@ LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
     END;
 $$;
 
+-- The envelope a failed task's result is journaled as: its last error with its attempts.
+CREATE FUNCTION keiro_remote_error_envelope(p_task remote_tasks) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_object('error', coalesce(p_task.last_error, '{}'::jsonb)
+                                       || jsonb_build_object('attempts', p_task.attempts));
+$$;
+
 -- Journals a settled task's result envelope into its owner's generation under the task's
 -- journal step (external, through the append rules) and says what became of it: delivered
 -- (appended, or the same step was already recorded) or owner_gone (terminal, another
@@ -250,8 +257,7 @@ BEGIN
             v_task,
             CASE WHEN v_task.status = 'completed'
                 THEN jsonb_build_object('ok', coalesce(v_task.output, 'null'::jsonb))
-                ELSE jsonb_build_object('error', coalesce(v_task.last_error, '{}'::jsonb)
-                                                 || jsonb_build_object('attempts', v_task.attempts))
+                ELSE keiro_remote_error_envelope(v_task)
             END) d;
         outcome := CASE WHEN v_outcome = 'delivered' THEN 'settled' ELSE 'waiting' END;
         RETURN;
@@ -283,8 +289,7 @@ BEGIN
         SELECT d.outcome, d.recorded INTO v_outcome, settled
         FROM keiro_remote_deliver(
             v_task,
-            jsonb_build_object('error',
-                               v_error || jsonb_build_object('attempts', v_task.attempts))) d;
+            keiro_remote_error_envelope(v_task)) d;
         -- owner_gone: it closed or moved on since it was read; the park sees that.
         outcome := CASE WHEN v_outcome = 'delivered' THEN 'lost' ELSE 'waiting' END;
         RETURN;
@@ -473,8 +478,7 @@ BEGIN
     SELECT d.outcome INTO outcome
     FROM keiro_remote_deliver(
         v_task,
-        jsonb_build_object('error',
-                           v_error || jsonb_build_object('attempts', v_task.attempts))) d;
+        keiro_remote_error_envelope(v_task)) d;
 END;
 $$;
 
