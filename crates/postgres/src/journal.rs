@@ -475,6 +475,6 @@ impl JournalStore for PgStore {
         park: &Park,
         arms: &[RemoteArm],
     ) -> Result<(ParkOutcome, Vec<RemoteArmOutcome>)> {
-        remote::instance_park_dispatch(self, park, arms).await
+        crate::park_batch::park_dispatch(self, park, arms).await
     }
 }

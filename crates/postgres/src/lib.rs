@@ -67,6 +67,7 @@ mod journal;
 mod lease;
 mod listen;
 mod migrate;
+mod park_batch;
 mod remote;
 mod row;
 mod signal;

@@ -53,6 +53,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "claim_order",
         sql: include_str!("../../../migrations/0006_claim_order.sql"),
     },
+    Migration {
+        version: 7,
+        name: "remote_hot_path",
+        sql: include_str!("../../../migrations/0007_remote_hot_path.sql"),
+    },
 ];
 
 const MIGRATE: &str = "migrating the schema";

@@ -4,8 +4,9 @@
 //! # Design
 //!
 //! A remote task is a row of `remote_tasks` keyed by its stable step id. Every operation is
-//! one call of a `keiro_*` function from migration 0005, so one round trip and one
-//! transaction:
+//! one call of a `keiro_*` function from migrations 0005 and 0007, so one round trip and one
+//! transaction (the parks of several runs that dispatch at the same moment share one: see
+//! `park_batch`):
 //!
 //! - arming locks the task row (when it exists), reads the owner's row without locking it, and
 //!   writes the task once; a re-arm only learns its state, and redispatches or loses it when
@@ -32,6 +33,7 @@ use keiro_remote::{
 };
 use serde_json::Value;
 use time::OffsetDateTime;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
@@ -154,8 +156,64 @@ const INSTANCE_PARK_DISPATCH: &str = "SELECT p.outcome, p.row_status, p.arm_outc
      FROM keiro_instance_park_dispatch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
      $14, $15, $16, $17, $18, $19, $20) p";
 
+/// The task columns of a list of arms, one array per column, as the park statements take them.
+#[derive(Default)]
+pub(crate) struct ArmColumns<'a> {
+    step_ids: Vec<&'a str>,
+    steps: Vec<&'a str>,
+    journal_steps: Vec<&'a str>,
+    groups: Vec<&'a str>,
+    inputs: Vec<&'a Value>,
+    priorities: Vec<i32>,
+    traceparents: Vec<Option<&'a str>>,
+    max_attempts: Vec<i32>,
+    backoff_initial: Vec<i64>,
+    backoff_max: Vec<i64>,
+    backoff_jitter: Vec<bool>,
+    redispatch_after: Vec<Option<i64>>,
+    redispatch_max: Vec<i32>,
+}
+
+impl<'a> ArmColumns<'a> {
+    pub(crate) fn push(&mut self, arm: &'a RemoteArm) {
+        self.step_ids.push(&arm.step_id);
+        self.steps.push(&arm.step);
+        self.journal_steps.push(&arm.journal_step);
+        self.groups.push(&arm.group);
+        self.inputs.push(&arm.input);
+        self.priorities.push(arm.priority);
+        self.traceparents.push(arm.traceparent.as_deref());
+        self.max_attempts.push(int(arm.max_attempts));
+        self.backoff_initial.push(span_ms(arm.backoff.initial));
+        self.backoff_max.push(span_ms(arm.backoff.max));
+        self.backoff_jitter.push(arm.backoff.jitter);
+        self.redispatch_after
+            .push(arm.redispatch_after.map(span_ms));
+        self.redispatch_max.push(int(arm.redispatch_max));
+    }
+
+    /// The arrays, in the order both park statements take them.
+    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 13] {
+        [
+            &self.step_ids,
+            &self.steps,
+            &self.journal_steps,
+            &self.groups,
+            &self.inputs,
+            &self.priorities,
+            &self.traceparents,
+            &self.max_attempts,
+            &self.backoff_initial,
+            &self.backoff_max,
+            &self.backoff_jitter,
+            &self.redispatch_after,
+            &self.redispatch_max,
+        ]
+    }
+}
+
 /// [`JournalStore::instance_park_dispatch`](keiro_journal::JournalStore::instance_park_dispatch)
-/// in one transaction: the arms, then the park.
+/// in one transaction of its own: the arms, then the park.
 pub(crate) async fn instance_park_dispatch(
     store: &PgStore,
     park: &Park,
@@ -164,55 +222,35 @@ pub(crate) async fn instance_park_dispatch(
     let key = &park.key;
     let owner = park.fence.as_ref().map(|f| f.owner.as_str());
     let epoch = park.fence.as_ref().map(|f| f.epoch);
-    let column_of = |f: fn(&RemoteArm) -> String| arms.iter().map(f).collect::<Vec<_>>();
-    let step_ids = column_of(|a| a.step_id.clone());
-    let steps = column_of(|a| a.step.clone());
-    let journal_steps = column_of(|a| a.journal_step.clone());
-    let groups = column_of(|a| a.group.clone());
-    let inputs: Vec<&Value> = arms.iter().map(|a| &a.input).collect();
-    let priorities: Vec<i32> = arms.iter().map(|a| a.priority).collect();
-    let traceparents: Vec<Option<&str>> = arms.iter().map(|a| a.traceparent.as_deref()).collect();
-    let max_attempts: Vec<i32> = arms.iter().map(|a| int(a.max_attempts)).collect();
-    let initial: Vec<i64> = arms.iter().map(|a| span_ms(a.backoff.initial)).collect();
-    let max: Vec<i64> = arms.iter().map(|a| span_ms(a.backoff.max)).collect();
-    let jitter: Vec<bool> = arms.iter().map(|a| a.backoff.jitter).collect();
-    let redispatch_after: Vec<Option<i64>> = arms
-        .iter()
-        .map(|a| a.redispatch_after.map(span_ms))
-        .collect();
-    let redispatch_max: Vec<i32> = arms.iter().map(|a| int(a.redispatch_max)).collect();
+    let mut columns = ArmColumns::default();
+    arms.iter().for_each(|arm| columns.push(arm));
+    let (name, id) = (key.name.as_str(), key.id.as_str());
+    let mut params: Vec<&(dyn ToSql + Sync)> = vec![
+        &name,
+        &id,
+        &park.generation,
+        &owner,
+        &epoch,
+        &park.awaited,
+        &park.wake_after,
+    ];
+    params.extend(columns.params());
     let row = store
-        .query_one(
-            PARK_DISPATCH,
-            INSTANCE_PARK_DISPATCH,
-            &[
-                &key.name.as_str(),
-                &key.id.as_str(),
-                &park.generation,
-                &owner,
-                &epoch,
-                &park.awaited,
-                &park.wake_after,
-                &step_ids,
-                &steps,
-                &journal_steps,
-                &groups,
-                &inputs,
-                &priorities,
-                &traceparents,
-                &max_attempts,
-                &initial,
-                &max,
-                &jitter,
-                &redispatch_after,
-                &redispatch_max,
-            ],
-        )
+        .query_one(PARK_DISPATCH, INSTANCE_PARK_DISPATCH, &params)
         .await?;
-    let park_outcome = park_outcome(&row, park, PARK_DISPATCH)?;
-    let codes: Vec<String> = column(&row, "arm_outcomes", PARK_DISPATCH)?;
-    let deadlines: Vec<Option<OffsetDateTime>> = column(&row, "arm_deadlines", PARK_DISPATCH)?;
-    let settled: Vec<Option<Value>> = column(&row, "arm_settled", PARK_DISPATCH)?;
+    park_dispatch_outcome(&row, park, arms)
+}
+
+/// Reads one park-with-dispatches row (`outcome`, `row_status` and the three arm arrays).
+pub(crate) fn park_dispatch_outcome(
+    row: &Row,
+    park: &Park,
+    arms: &[RemoteArm],
+) -> Result<(ParkOutcome, Vec<RemoteArmOutcome>)> {
+    let park_outcome = park_outcome(row, park, PARK_DISPATCH)?;
+    let codes: Vec<String> = column(row, "arm_outcomes", PARK_DISPATCH)?;
+    let deadlines: Vec<Option<OffsetDateTime>> = column(row, "arm_deadlines", PARK_DISPATCH)?;
+    let settled: Vec<Option<Value>> = column(row, "arm_settled", PARK_DISPATCH)?;
     if codes.len() != arms.len() || deadlines.len() != arms.len() || settled.len() != arms.len() {
         return Err(malformed(PARK_DISPATCH, "one outcome per arm"));
     }

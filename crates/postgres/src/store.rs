@@ -13,6 +13,7 @@ use tokio_postgres::{NoTls, Row, Statement};
 use crate::config::{Config, WAKE_CHANNEL_SUFFIX};
 use crate::error::{Error, Failure, Result};
 use crate::listen::Hub;
+use crate::park_batch::ParkBatcher;
 
 /// The longest span sent to the database: longer leases and delays are cut to this, which is
 /// "forever" for a workflow, so that `now() + span` can never leave the timestamp range.
@@ -48,6 +49,8 @@ struct Inner {
     /// The push notifications: one LISTEN connection, started by the first subscription and
     /// stopped when this is dropped.
     wakes: Hub,
+    /// Parks with remote dispatches, sent in batches by a task started with the first one.
+    parks: ParkBatcher,
 }
 
 /// A handle that does not keep the store (nor its listener) alive: what a subscription holds.
@@ -139,6 +142,7 @@ impl PgStore {
                 connection,
                 round_trips: AtomicU64::new(0),
                 wakes: Hub::new(),
+                parks: ParkBatcher::default(),
             }),
         })
     }
@@ -187,6 +191,11 @@ impl PgStore {
     /// The push-notification hub.
     pub(crate) fn wakes(&self) -> &Hub {
         &self.inner.wakes
+    }
+
+    /// The batcher of parks with remote dispatches.
+    pub(crate) fn park_batcher(&self) -> &ParkBatcher {
+        &self.inner.parks
     }
 
     /// A handle that does not keep the store alive.

@@ -1412,3 +1412,131 @@ async fn a_batch_of_reports_answers_each_in_the_callers_order() -> TestResult {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn parks_of_runs_at_once_share_a_transaction_and_each_gets_its_own_answer() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let park = |owner: &InstanceKey, awaited: &[&str]| keiro_journal::Park {
+        key: owner.clone(),
+        generation: 0,
+        fence: None,
+        awaited: awaited.iter().map(|s| format!("remote:{s}")).collect(),
+        wake_after: None,
+    };
+    // Prepare the statements first, so the round trips counted below are executions only.
+    let warm: Vec<InstanceKey> = (0..3).map(|i| key("warm", &format!("w-{i}"))).collect();
+    let mut warming = tokio::task::JoinSet::new();
+    for owner in &warm {
+        store.instance_start(&start(owner, Value::Null)).await?;
+        let (store, owner) = (store.clone(), owner.clone());
+        warming.spawn(async move {
+            store
+                .instance_park_dispatch(&park(&owner, &["s"]), &[arm(&owner, "s", json!(0))])
+                .await
+        });
+    }
+    while let Some(parked) = warming.join_next().await {
+        parked??;
+    }
+
+    // Twelve plain parks, listed against their key order (the batch runs them in key order).
+    let plain: Vec<InstanceKey> = (0..12)
+        .rev()
+        .map(|i| key("p", &format!("p-{i:02}")))
+        .collect();
+    let two = key("p", "two-arms");
+    let settled = key("p", "settled");
+    let fenced = key("p", "fenced");
+    let missing = key("p", "missing");
+    for owner in plain.iter().chain([&two, &settled, &fenced]) {
+        store.instance_start(&start(owner, Value::Null)).await?;
+    }
+    // `settled`'s task exists and has its result: the re-arm learns it and the park wakes.
+    store.remote_arm(&arm(&settled, "s", json!(1))).await?;
+    store
+        .task_complete(&remote_step_id(&settled, 0, "s"), &json!("done"))
+        .await?;
+
+    let mut requests: Vec<(keiro_journal::Park, Vec<RemoteArm>)> = plain
+        .iter()
+        .enumerate()
+        .map(|(i, owner)| (park(owner, &["s"]), vec![arm(owner, "s", json!(i))]))
+        .collect();
+    requests.push((
+        park(&two, &["a", "b"]),
+        vec![arm(&two, "a", json!("a")), arm(&two, "b", json!("b"))],
+    ));
+    requests.push((park(&settled, &["s"]), vec![arm(&settled, "s", json!(1))]));
+    requests.push((
+        keiro_journal::Park {
+            fence: Some(keiro_journal::Fence {
+                owner: "somebody-else".into(),
+                epoch: 7,
+            }),
+            ..park(&fenced, &["s"])
+        },
+        vec![arm(&fenced, "s", json!(0))],
+    ));
+    requests.push((park(&missing, &["s"]), vec![arm(&missing, "s", json!(0))]));
+
+    let before = store.round_trips();
+    let mut parking = tokio::task::JoinSet::new();
+    for (i, (park, arms)) in requests.iter().cloned().enumerate() {
+        let store = store.clone();
+        parking.spawn(async move { (i, store.instance_park_dispatch(&park, &arms).await) });
+    }
+    let mut answers: Vec<Option<_>> = requests.iter().map(|_| None).collect();
+    while let Some(answer) = parking.join_next().await {
+        let (i, outcome) = answer?;
+        answers[i] = Some(outcome);
+    }
+    let round_trips = store.round_trips() - before;
+    assert!(
+        round_trips <= 2,
+        "{} parks sent at once took {round_trips} round trips",
+        requests.len()
+    );
+
+    let mut answers = answers.into_iter().map(|a| a.expect("every park answered"));
+    for (i, owner) in plain.iter().enumerate() {
+        let (parked, arms) = answers.next().expect("answer")?;
+        assert_eq!(parked, keiro_journal::ParkOutcome::Suspended, "{owner:?}");
+        assert_eq!(arms, [RemoteArmOutcome::Dispatched { deadline: None }]);
+        let input: Value = sql(&store)
+            .await?
+            .query_one(
+                "SELECT input FROM remote_tasks WHERE step_id = $1",
+                &[&remote_step_id(owner, 0, "s")],
+            )
+            .await?
+            .get(0);
+        assert_eq!(input, json!(i), "each park wrote its own task");
+        assert_eq!(status(&store, owner).await?, Status::Suspended);
+    }
+    let (parked, arms) = answers.next().expect("answer")?;
+    assert_eq!(parked, keiro_journal::ParkOutcome::Suspended);
+    assert_eq!(arms.len(), 2);
+    assert_eq!(store.remote_tasks(&two).await?.len(), 2);
+    let (parked, arms) = answers.next().expect("answer")?;
+    assert_eq!(parked, keiro_journal::ParkOutcome::WokenBeforePark);
+    assert_eq!(
+        arms,
+        [RemoteArmOutcome::Settled {
+            value: json!({"ok": "done"}),
+            lost: false
+        }]
+    );
+    let fenced_answer = answers.next().expect("answer");
+    assert!(
+        matches!(&fenced_answer, Err(e) if e.is_lease_lost()),
+        "{fenced_answer:?}"
+    );
+    assert!(store.remote_tasks(&fenced).await?.is_empty());
+    let missing_answer = answers.next().expect("answer");
+    assert!(
+        matches!(&missing_answer, Err(e) if e.is_not_found()),
+        "{missing_answer:?}"
+    );
+    Ok(())
+}

@@ -267,17 +267,23 @@ impl RemoteWorker {
         tokio::pin!(shutdown);
         let concurrency = inner.options.concurrency.max(1);
         let mut idle_backoff = Duration::ZERO;
+        // Whether claimable tasks may be waiting: set by a wake (a notification, the poll, a
+        // retry coming due) and by a claim that filled every free slot. A claim that came back
+        // short saw the queue empty, so a handler finishing after it claims nothing new: only
+        // the next wake does (an empty claim costs the database as much as a full one).
+        let mut may_have_work = true;
         loop {
             // Count only handlers still running: finished ones free their slot now, so one
             // claim refills every free slot instead of one claim per finished task.
             while running.try_join_next().is_some() {}
             let free = concurrency.saturating_sub(running.len());
             let mut full_batch = false;
-            if free > 0 {
+            if free > 0 && may_have_work {
                 match self.claim(free).await {
                     Ok(tasks) => {
                         idle_backoff = Duration::ZERO;
                         full_batch = tasks.len() == free;
+                        may_have_work = full_batch;
                         for task in tasks {
                             let worker = self.clone();
                             let (retry_tx, completions) = (retry_tx.clone(), completions.clone());
@@ -319,6 +325,7 @@ impl RemoteWorker {
                 }
                 Some(_) = running.join_next(), if !running.is_empty() => {}
                 _ = wake.wait(fallback) => {
+                    may_have_work = true;
                     if retry_at.is_some_and(|at| at <= Instant::now()) {
                         retry_at = None;
                     }
