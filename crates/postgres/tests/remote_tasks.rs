@@ -1540,3 +1540,54 @@ async fn parks_of_runs_at_once_share_a_transaction_and_each_gets_its_own_answer(
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_park_that_fails_does_not_fail_the_parks_sent_with_it() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let owners: Vec<InstanceKey> = (0..4).map(|i| key("p", &format!("q-{i}"))).collect();
+    for owner in &owners {
+        store.instance_start(&start(owner, Value::Null)).await?;
+    }
+    let park = |owner: &InstanceKey| keiro_journal::Park {
+        key: owner.clone(),
+        generation: 0,
+        fence: None,
+        awaited: vec!["remote:s".into()],
+        wake_after: None,
+    };
+    // A step id too long for the task table's primary key index (random, so compression
+    // cannot shrink it under the limit): its INSERT raises, which rolls back the whole batch
+    // statement it rides in. The context never builds one (names are capped at 200 bytes); it
+    // stands for any park the database refuses.
+    let noise: String = (0..400)
+        .map(|_| Uuid::new_v4().simple().to_string())
+        .collect();
+    let broken = RemoteArm {
+        step_id: format!("{}/{noise}", remote_step_id(&owners[0], 0, "s")),
+        ..arm(&owners[0], "s", json!(0))
+    };
+    let mut parking = tokio::task::JoinSet::new();
+    for (i, owner) in owners.iter().enumerate() {
+        let arms = if i == 0 {
+            vec![broken.clone()]
+        } else {
+            vec![arm(owner, "s", json!(i))]
+        };
+        let (store, park) = (store.clone(), park(owner));
+        parking.spawn(async move { (i, store.instance_park_dispatch(&park, &arms).await) });
+    }
+    while let Some(answer) = parking.join_next().await {
+        let (i, outcome) = answer?;
+        if i == 0 {
+            assert!(outcome.is_err(), "the broken park fails: {outcome:?}");
+            assert_eq!(status(&store, &owners[0]).await?, Status::Running);
+        } else {
+            let (parked, arms) = outcome?;
+            assert_eq!(parked, keiro_journal::ParkOutcome::Suspended);
+            assert_eq!(arms, [RemoteArmOutcome::Dispatched { deadline: None }]);
+            assert_eq!(store.remote_tasks(&owners[i]).await?.len(), 1);
+        }
+    }
+    Ok(())
+}
