@@ -66,8 +66,10 @@ pub(crate) async fn park_dispatch(store: &PgStore, park: &Park, arms: &[RemoteAr
             return outcome;
         }
     }
-    // The batcher's task is gone (the runtime it was started on shut down): park directly.
-    // A request it dropped unanswered was never sent, or its batch rolled back.
+    // The batcher's task is gone (the runtime it was started on shut down): park directly. A
+    // request it dropped unanswered was most likely never sent; if its batch did commit,
+    // parking again is still safe: the re-arm learns the task it wrote (the first arm wins)
+    // and the park is repeated.
     instance_park_dispatch(store, park, arms).await
 }
 
