@@ -10,7 +10,7 @@
 //! Dispatch-to-result latency is read from the task rows on the database clock: from the
 //! dispatching transaction (`created_at`) to the report's (`settled_at`).
 
-use std::io::Read;
+use std::io::{BufRead, Read, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -65,10 +65,12 @@ pub(crate) struct RemoteWorkerArgs {
 }
 
 /// The remote worker process: serves `echo-0` .. `echo-<K-1>` until stdin closes, then prints
-/// how many tasks it completed.
+/// how many tasks it completed and how many round trips it made since the last line it read
+/// on stdin (the bench writes one when its measured phase begins).
 pub(crate) async fn worker(global: &Global, args: &RemoteWorkerArgs) -> Result<Outcome> {
     // Every running handler reports on a connection of its own; the claim needs one beside.
     let store = connect_store(global.config(&args.bench_schema, args.concurrency + 2)).await?;
+    let counted = store.clone();
     let keiro = Keiro::with_push(store);
     let options = RemoteWorkerOptions {
         concurrency: args.concurrency,
@@ -89,9 +91,14 @@ pub(crate) async fn worker(global: &Global, args: &RemoteWorkerArgs) -> Result<O
     }
     let worker = builder.build();
     let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
+    let mark = Arc::new(AtomicU64::new(counted.round_trips()));
+    let marked = Arc::clone(&mark);
+    let marking = counted.clone();
     // A plain thread: reading stdin blocks, and the runtime has no stdin support enabled.
     std::thread::spawn(move || {
-        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+        for _line in std::io::stdin().lock().lines() {
+            marked.store(marking.round_trips(), Ordering::Relaxed);
+        }
         let _ = closed_tx.send(());
     });
     worker
@@ -99,7 +106,8 @@ pub(crate) async fn worker(global: &Global, args: &RemoteWorkerArgs) -> Result<O
             let _ = closed_rx.await;
         })
         .await;
-    println!("{}", worker.stats().completed());
+    let since_mark = counted.round_trips() - mark.load(Ordering::Relaxed);
+    println!("{} {since_mark}", worker.stats().completed());
     Ok(Outcome::Success)
 }
 
@@ -131,8 +139,18 @@ impl WorkerProcess {
         Ok(Self { child, stdin })
     }
 
-    /// Closes stdin, waits for the child and returns the tasks it completed.
-    fn stop(mut self) -> Result<u64> {
+    /// Tells the child the measured phase begins: it counts its round trips from here.
+    fn mark(&mut self) -> Result<()> {
+        if let Some(stdin) = self.stdin.as_mut() {
+            writeln!(stdin, "mark").context("marking a remote worker's phase")?;
+            stdin.flush().context("marking a remote worker's phase")?;
+        }
+        Ok(())
+    }
+
+    /// Closes stdin, waits for the child and returns the tasks it completed and its round
+    /// trips since the last [`mark`](Self::mark).
+    fn stop(mut self) -> Result<(u64, u64)> {
         drop(self.stdin.take());
         let _ = self.child.wait().context("waiting for a remote worker")?;
         let mut out = String::new();
@@ -140,11 +158,13 @@ impl WorkerProcess {
             pipe.read_to_string(&mut out)
                 .context("reading a remote worker's report")?;
         }
-        Ok(out
+        let mut numbers = out
             .lines()
             .last()
-            .and_then(|l| l.trim().parse().ok())
-            .unwrap_or(0))
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(|n| n.parse::<u64>().unwrap_or(0));
+        Ok((numbers.next().unwrap_or(0), numbers.next().unwrap_or(0)))
     }
 }
 
@@ -221,6 +241,7 @@ struct RemoteReport {
     dispatch_to_result_p50_ms: f64,
     dispatch_to_result_p99_ms: f64,
     round_trips_per_remote_step: f64,
+    worker_round_trips_per_remote_step: f64,
 }
 
 async fn task_latency(setup: &Setup, prefix: &str) -> Result<(u64, f64, f64)> {
@@ -276,7 +297,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
             .context("building the resume worker")
     };
     let (stop_tx, worker_task) = spawn_worker(resume_worker(concurrency)?);
-    let processes: Vec<WorkerProcess> = (0..args.remote_workers)
+    let mut processes: Vec<WorkerProcess> = (0..args.remote_workers)
         .map(|_| WorkerProcess::spawn(global, args, args.steps))
         .collect::<Result<_>>()?;
     println!(
@@ -341,6 +362,9 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     )
     .await?;
     let starts = starts_began.elapsed();
+    for process in &mut processes {
+        process.mark()?;
+    }
     let round_trips_before = setup.store.round_trips();
     let started = Instant::now();
     let (stop_tx, worker_task) = spawn_worker(resume_worker(concurrency)?);
@@ -351,9 +375,11 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let round_trips = setup.store.round_trips() - round_trips_before;
     let _ = stop_tx.send(());
     let _ = worker_task.await;
-    let mut remote_completed = 0;
+    let (mut remote_completed, mut worker_round_trips) = (0, 0);
     for process in processes {
-        remote_completed += process.stop()?;
+        let (completed, round_trips) = process.stop()?;
+        remote_completed += completed;
+        worker_round_trips += round_trips;
     }
     if !done {
         println!(
@@ -369,15 +395,21 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let (load_n, p50, p99) = task_latency(&setup, "load").await?;
     let remote_steps = workflows * args.steps;
     #[allow(clippy::cast_precision_loss)] // counts far below 2^52 convert exactly
-    let (steps_f, round_trips_f) = (remote_steps as f64, round_trips as f64);
+    let (steps_f, round_trips_f, worker_round_trips_f) = (
+        remote_steps as f64,
+        round_trips as f64,
+        worker_round_trips as f64,
+    );
     let secs = elapsed.as_secs_f64();
     println!(
         "bench: throughput: {remote_steps} remote steps in {secs:.2} s = {:.0} remote steps/s; \
-         dispatch-to-result p50 {p50:.2} ms, p99 {p99:.2} ms over {load_n} tasks; {round_trips} \
-         round trips from this process = {:.2} per remote step (the workers' reports and claims \
-         are not counted); workers completed {remote_completed} tasks",
+         dispatch-to-result p50 {p50:.2} ms, p99 {p99:.2} ms over {load_n} tasks; round trips \
+         per remote step {:.2} from this process ({round_trips}) + {:.2} from the remote \
+         workers ({worker_round_trips}: claims and reports); workers completed \
+         {remote_completed} tasks",
         steps_f / secs,
-        round_trips_f / steps_f
+        round_trips_f / steps_f,
+        worker_round_trips_f / steps_f
     );
     let report = RemoteReport {
         mode: "remote",
@@ -395,6 +427,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         dispatch_to_result_p50_ms: round(p50, 2),
         dispatch_to_result_p99_ms: round(p99, 2),
         round_trips_per_remote_step: round(round_trips_f / steps_f, 3),
+        worker_round_trips_per_remote_step: round(worker_round_trips_f / steps_f, 3),
     };
     println!(
         "{}",
