@@ -224,7 +224,10 @@ $$;
 -- Lock order: 0005's, across the whole batch. The existing tasks of every park are locked
 -- first, in step id order (as a batched report locks its tasks), then the parks run in the
 -- order of their owner's key (as a batched report journals), so a batch and a report never
--- wait for each other in opposite orders.
+-- wait for each other in opposite orders. A cascading cancel locks a tree deepest first
+-- instead; one racing a batch that parks both a parent and its child can deadlock with it,
+-- which the server detects (after `deadlock_timeout`) and breaks by failing one side: a
+-- failed batch is retried park by park, a failed cancel is a retryable error.
 CREATE FUNCTION keiro_instances_park_dispatch(
     p_names text[], p_ids text[], p_generations integer[], p_owners text[], p_epochs bigint[],
     p_wake_after timestamptz[], p_awaited_from integer[], p_awaited_to integer[],
