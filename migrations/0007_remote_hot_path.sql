@@ -10,21 +10,19 @@
 --   busy worker pays one round trip and one commit for many; a lone park keeps
 --   `keiro_instance_park_dispatch`. This alone: +10-25% remote steps/s, 1.42 -> 0.93 round
 --   trips per remote step from the dispatching process.
--- * `keiro_instance_park_dispatch` reads the owner's row once: existing tasks locked first (as
---   0005's lock order asks), then the owner's row, then a plain INSERT per fresh task, instead
---   of a `keiro_remote_arm` call per task (a probe of the task, a read of the owner) before
---   the park read the owner again.
 -- * `keiro_remote_tasks_complete` settles its whole batch with one UPDATE instead of a
 --   `keiro_remote_task_complete` call (a second locking read and an UPDATE) per report; the
 --   results are then journaled one by one through `keiro_remote_deliver`, in owner order, as
 --   before.
--- * Generic plans for these and for `keiro_remote_tasks_claim`. Statements over array
---   parameters were planned again on every call: plpgsql's plan cache kept choosing custom
---   plans, whose estimates used the arrays' real (short) lengths. Measured on an empty table,
+-- * Generic plans for these (and what they call) and for `keiro_remote_tasks_claim`.
+--   Statements over array parameters were planned again on every call: plpgsql's plan cache
+--   kept choosing custom plans, whose estimates used the arrays' real (short) lengths. Measured on an empty table,
 --   0.63 ms a claim, 0.33 ms with the generic plan, which is the same index-driven plan.
 --
--- Measured and left alone: dropping the task table's foreign key and CHECK constraints moved
--- nothing measurable (three interleaved pairs).
+-- Measured and left out: dropping the task table's foreign key and CHECK constraints, and a
+-- `keiro_instance_park_dispatch` that read the owner's row once (a plain INSERT per fresh task
+-- instead of a `keiro_remote_arm` call): neither moved the figures beyond their noise (three
+-- interleaved pairs each; the arm's statements cost the same wherever they run).
 
 CREATE OR REPLACE FUNCTION keiro_remote_tasks_complete(p_step_ids text[], p_outputs jsonb[])
 RETURNS TABLE (step_id text, outcome text)
@@ -90,125 +88,6 @@ $$;
 
 ALTER FUNCTION keiro_remote_tasks_claim(text[], text, integer, bigint)
     SET plan_cache_mode = force_generic_plan;
-
--- instance_park_dispatch, as in 0005, with the owner's row read once. 0005 called
--- `keiro_remote_arm` per task (a locking probe of the task, a read of the owner, the INSERT)
--- and then `keiro_instance_park` (the owner again). Now the tasks of the park that already
--- exist are locked first, in step id order (0005's lock order: task rows before the owner's),
--- then the owner's row; a fresh task is a plain INSERT under that lock, and an existing one
--- still takes `keiro_remote_arm`'s path (its row is ours by then, so it waits for nothing).
--- The outcomes are 0005's: an arm's checks come first (not_found, then lease_lost; a terminal
--- row or another generation makes every arm wait), then the park's.
-CREATE OR REPLACE FUNCTION keiro_instance_park_dispatch(
-    p_name text, p_id text, p_generation integer, p_owner text, p_epoch bigint,
-    p_awaited text[], p_wake_after timestamptz,
-    p_step_ids text[], p_steps text[], p_journal_steps text[], p_groups text[],
-    p_inputs jsonb[], p_priorities integer[], p_traceparents text[], p_max_attempts integer[],
-    p_backoff_initial_ms bigint[], p_backoff_max_ms bigint[], p_backoff_jitter boolean[],
-    p_redispatch_after_ms bigint[], p_redispatch_max integer[],
-    OUT outcome text, OUT row_status text, OUT arm_outcomes text[],
-    OUT arm_deadlines timestamptz[], OUT arm_settled jsonb[])
--- Generic plans, index-driven: see the header.
-SET enable_seqscan = off
-SET plan_cache_mode = force_generic_plan
-LANGUAGE plpgsql AS $$
-#variable_conflict use_column
-DECLARE
-    v_count    integer := coalesce(array_length(p_step_ids, 1), 0);
-    v_existing text[];
-    v_row      workflows%ROWTYPE;
-    v_outcome  text;
-    v_deadline timestamptz;
-    v_settled  jsonb;
-    v_notify   boolean := false;
-    v_wake     timestamptz := p_wake_after;
-BEGIN
-    -- See 0005's header: acted on only through later synchronous commits.
-    PERFORM set_config('synchronous_commit', 'off', true);
-    arm_outcomes := '{}';
-    arm_deadlines := '{}';
-    arm_settled := '{}';
-    IF v_count > 0 THEN
-        SELECT coalesce(array_agg(e.step_id), '{}') INTO v_existing FROM (
-            SELECT t.step_id FROM remote_tasks t WHERE t.step_id = ANY (p_step_ids)
-            ORDER BY t.step_id FOR UPDATE
-        ) e;
-        SELECT * INTO v_row FROM workflows w
-        WHERE w.workflow_name = p_name AND w.workflow_id = p_id
-        FOR UPDATE;
-        IF NOT FOUND THEN
-            outcome := 'not_found';
-            RETURN;
-        END IF;
-        IF p_owner IS NOT NULL
-           AND (v_row.lease_owner IS DISTINCT FROM p_owner OR v_row.lease_epoch <> p_epoch) THEN
-            outcome := 'lease_lost';
-            RETURN;
-        END IF;
-        FOR i IN 1 .. v_count LOOP
-            IF v_row.status IN ('completed', 'failed', 'cancelled')
-               OR p_generation <> v_row.generation THEN
-                -- The park below answers terminal, or wakes the run for its new generation.
-                v_outcome := 'waiting';
-                v_deadline := NULL;
-                v_settled := NULL;
-            ELSE
-                v_outcome := NULL;
-                IF NOT (p_step_ids[i] = ANY (v_existing)) THEN
-                    INSERT INTO remote_tasks AS t (step_id, workflow_name, workflow_id,
-                                                   generation, step, journal_step, grp, input,
-                                                   priority, traceparent, max_attempts,
-                                                   backoff_initial_ms, backoff_max_ms,
-                                                   backoff_jitter, redispatch_after_ms,
-                                                   redispatch_max, deadline_at)
-                    VALUES (p_step_ids[i], p_name, p_id, p_generation, p_steps[i],
-                            p_journal_steps[i], p_groups[i], p_inputs[i], p_priorities[i],
-                            p_traceparents[i], greatest(p_max_attempts[i], 1),
-                            p_backoff_initial_ms[i], p_backoff_max_ms[i], p_backoff_jitter[i],
-                            p_redispatch_after_ms[i], greatest(p_redispatch_max[i], 1),
-                            now() + p_redispatch_after_ms[i] * interval '1 millisecond')
-                    ON CONFLICT (step_id) DO NOTHING
-                    RETURNING 'dispatched', t.deadline_at, NULL
-                    INTO v_outcome, v_deadline, v_settled;
-                    v_notify := v_notify OR FOUND;
-                END IF;
-                IF v_outcome IS NULL THEN
-                    -- It exists: learn its state (a step id given twice lands here too, and
-                    -- so does a concurrent arm's insert, which the INSERT waited for).
-                    SELECT a.outcome, a.deadline, a.settled
-                    INTO v_outcome, v_deadline, v_settled
-                    FROM keiro_remote_arm(p_step_ids[i], p_name, p_id, p_generation,
-                                          p_steps[i], p_journal_steps[i], p_groups[i],
-                                          p_inputs[i], p_priorities[i], p_traceparents[i],
-                                          p_max_attempts[i], p_backoff_initial_ms[i],
-                                          p_backoff_max_ms[i], p_backoff_jitter[i],
-                                          p_redispatch_after_ms[i], p_redispatch_max[i],
-                                          p_owner, p_epoch) a;
-                    IF v_outcome IN ('not_found', 'lease_lost') THEN
-                        -- Not reached (the owner's row is locked and was checked); kept so
-                        -- the outcome stays 0005's whatever the arm answers.
-                        outcome := v_outcome;
-                        arm_outcomes := '{}';
-                        arm_deadlines := '{}';
-                        arm_settled := '{}';
-                        RETURN;
-                    END IF;
-                END IF;
-            END IF;
-            arm_outcomes := array_append(arm_outcomes, v_outcome);
-            arm_deadlines := array_append(arm_deadlines, v_deadline);
-            arm_settled := array_append(arm_settled, v_settled);
-            -- LEAST ignores NULLs: a park without a wake time gets the earliest deadline.
-            v_wake := least(v_wake, v_deadline);
-        END LOOP;
-        IF v_notify THEN
-            PERFORM keiro_notify_remote();
-        END IF;
-    END IF;
-    SELECT p.outcome, p.row_status INTO outcome, row_status
-    FROM keiro_instance_park(p_name, p_id, p_generation, p_owner, p_epoch, p_awaited, v_wake) p;
-END;
-$$;
 
 -- instances_park_dispatch: the parks of several runs in one transaction, each exactly as
 -- `keiro_instance_park_dispatch` does it, one outcome row per park (`park` is its 1-based
