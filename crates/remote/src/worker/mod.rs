@@ -91,20 +91,15 @@ impl WorkerStats {
 
 /// Builds a [`RemoteWorker`].
 pub struct RemoteWorkerBuilder {
-    transport: Arc<dyn Transport>,
-    handlers: HashMap<String, ErasedHandler>,
-    groups: Vec<String>,
-    options: RemoteWorkerOptions,
-    notifier: Option<Arc<dyn Notifier>>,
-    metrics: Option<keiro_telemetry::Metrics>,
-    tracing: Option<keiro_telemetry::Tracing>,
+    /// What the worker will hold, filled in by the builder's methods.
+    inner: Inner,
 }
 
 impl std::fmt::Debug for RemoteWorkerBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RemoteWorkerBuilder")
-            .field("groups", &self.groups)
-            .field("options", &self.options)
+            .field("groups", &self.inner.groups)
+            .field("options", &self.inner.options)
             .finish_non_exhaustive()
     }
 }
@@ -141,29 +136,29 @@ impl RemoteWorkerBuilder {
         Fut: Future<Output = Result<O, TaskError>> + Send + 'static,
     {
         let group = keiro_journal::remote_group(step, partition);
-        if !self.groups.contains(&group) {
-            self.groups.push(group.clone());
+        if !self.inner.groups.contains(&group) {
+            self.inner.groups.push(group.clone());
         }
-        self.handlers.insert(group, erase(handler));
+        self.inner.handlers.insert(group, erase(handler));
         self
     }
 
     /// Replaces the options.
     pub fn options(mut self, options: RemoteWorkerOptions) -> Self {
-        self.options = options;
+        self.inner.options = options;
         self
     }
 
     /// Wakes the worker as soon as a task is dispatched (Postgres LISTEN/NOTIFY) instead of at
     /// its next poll.
     pub fn push(mut self, notifier: Arc<dyn Notifier>) -> Self {
-        self.notifier = Some(notifier);
+        self.inner.notifier = Some(notifier);
         self
     }
 
     /// Records `keiro.step.duration` for handlers (kind `remote`). Defaults to `None`.
     pub fn metrics(mut self, metrics: Option<keiro_telemetry::Metrics>) -> Self {
-        self.metrics = metrics;
+        self.inner.metrics = metrics;
         self
     }
 
@@ -171,23 +166,14 @@ impl RemoteWorkerBuilder {
     /// drive's `workflow <name>` span (through the task's W3C trace context), so the handler's
     /// spans join the workflow's trace. Defaults to `None`.
     pub fn tracing(mut self, tracing: Option<keiro_telemetry::Tracing>) -> Self {
-        self.tracing = tracing;
+        self.inner.tracing = tracing;
         self
     }
 
     /// The worker.
     pub fn build(self) -> RemoteWorker {
         RemoteWorker {
-            inner: Arc::new(Inner {
-                transport: self.transport,
-                handlers: self.handlers,
-                groups: self.groups,
-                options: self.options,
-                notifier: self.notifier,
-                metrics: self.metrics,
-                tracing: self.tracing,
-                stats: WorkerStats::default(),
-            }),
+            inner: Arc::new(self.inner),
         }
     }
 }
@@ -224,13 +210,16 @@ impl RemoteWorker {
     /// A builder over `transport` (a `PgStore` or a `MemoryStore`).
     pub fn builder(transport: Arc<dyn Transport>) -> RemoteWorkerBuilder {
         RemoteWorkerBuilder {
-            transport,
-            handlers: HashMap::new(),
-            groups: Vec::new(),
-            options: RemoteWorkerOptions::default(),
-            notifier: None,
-            metrics: None,
-            tracing: None,
+            inner: Inner {
+                transport,
+                handlers: HashMap::new(),
+                groups: Vec::new(),
+                options: RemoteWorkerOptions::default(),
+                notifier: None,
+                metrics: None,
+                tracing: None,
+                stats: WorkerStats::default(),
+            },
         }
     }
 
