@@ -35,6 +35,7 @@ on_both_stores!(
     an_oversized_output_fails_the_step_at_once,
     a_remote_step_beside_a_local_step_is_dispatched_while_the_action_runs,
     bad_operator_input_is_a_typed_error_and_starts_nothing,
+    a_worker_claims_again_after_a_full_claim_not_after_every_handler,
 );
 
 fn options(h: &Harness) -> ResumeOptions {
@@ -1081,4 +1082,130 @@ fn last_error_code(task: &keiro::RemoteTask) -> Option<serde_json::Value> {
         .as_ref()
         .and_then(|e| e.get("code"))
         .cloned()
+}
+
+/// A transport that counts claims, so a test can see when the worker asks for work.
+#[derive(Debug)]
+struct CountingClaims {
+    inner: Arc<dyn keiro_remote::Transport>,
+    claims: AtomicU32,
+}
+
+#[async_trait::async_trait]
+impl keiro_remote::Transport for CountingClaims {
+    async fn tasks_claim(
+        &self,
+        request: &keiro_remote::ClaimRequest,
+    ) -> keiro_journal::store::Result<Vec<keiro_remote::ClaimedTask>> {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        self.inner.tasks_claim(request).await
+    }
+
+    async fn task_heartbeat(
+        &self,
+        step_id: &str,
+        claim: uuid::Uuid,
+        ttl: Duration,
+    ) -> keiro_journal::store::Result<bool> {
+        self.inner.task_heartbeat(step_id, claim, ttl).await
+    }
+
+    async fn task_complete(
+        &self,
+        step_id: &str,
+        output: &serde_json::Value,
+    ) -> keiro_journal::store::Result<keiro::ReportOutcome> {
+        self.inner.task_complete(step_id, output).await
+    }
+
+    async fn tasks_complete(
+        &self,
+        reports: &[(String, serde_json::Value)],
+    ) -> keiro_journal::store::Result<Vec<keiro::ReportOutcome>> {
+        self.inner.tasks_complete(reports).await
+    }
+
+    async fn task_fail(
+        &self,
+        step_id: &str,
+        claim: uuid::Uuid,
+        failure: &keiro_remote::TaskFailure,
+        retry_delay: Duration,
+    ) -> keiro_journal::store::Result<keiro::ReportOutcome> {
+        self.inner
+            .task_fail(step_id, claim, failure, retry_delay)
+            .await
+    }
+}
+
+/// Waits until the remote tasks of the `shipping` runs `ids` have all completed (10 s at most).
+async fn all_completed(h: &Harness, ids: &[&str]) -> TestResult {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut done = 0;
+        for id in ids {
+            let tasks = h.keiro.remote_tasks("shipping", id).await?;
+            done += tasks
+                .iter()
+                .filter(|t| t.status == TaskStatus::Completed)
+                .count();
+        }
+        if done == ids.len() {
+            return Ok(());
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a task waited for the poll"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn a_worker_claims_again_after_a_full_claim_not_after_every_handler(
+    h: Harness,
+) -> TestResult {
+    let registry = shipping(RemoteOptions::default(), Ledger::default())?;
+    // A worker whose poll lies far beyond the test: only its own claims can move it.
+    let worker = |concurrency: usize| {
+        let counting = Arc::new(CountingClaims {
+            inner: h.transport.clone(),
+            claims: AtomicU32::new(0),
+        });
+        let worker = RemoteWorker::builder(counting.clone())
+            .options(RemoteWorkerOptions {
+                concurrency,
+                poll_interval: Duration::from_secs(600),
+                ..RemoteWorkerOptions::default()
+            })
+            .handle("print", |order: String, _task: TaskContext| async move {
+                Ok::<_, TaskError>(format!("label:{order}"))
+            })
+            .build();
+        (counting, Running::start(worker))
+    };
+    // Two slots, one task: the claim comes back short, so the queue was empty then, and the
+    // handler finishing does not send the worker back to the store (only a wake would).
+    h.keiro.start("shipping", "c-1", &"c-1").await?;
+    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    let (counting, running) = worker(2);
+    all_completed(&h, &["c-1"]).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let claims = counting.claims.load(Ordering::SeqCst);
+    running.stop().await;
+    assert_eq!(claims, 1, "one claim, none after the handler finished");
+
+    // One slot, two tasks: the first claim fills the slot, so more may be waiting and the
+    // worker claims again as soon as the slot is free, without waiting for the poll; the third
+    // claim comes back empty.
+    for id in ["c-2", "c-3"] {
+        h.keiro.start("shipping", id, &id).await?;
+    }
+    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    let (counting, running) = worker(1);
+    all_completed(&h, &["c-2", "c-3"]).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let claims = counting.claims.load(Ordering::SeqCst);
+    running.stop().await;
+    assert_eq!(claims, 3, "full, full, then empty");
+    Ok(())
 }
