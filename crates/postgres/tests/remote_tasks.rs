@@ -1591,3 +1591,34 @@ async fn a_park_that_fails_does_not_fail_the_parks_sent_with_it() -> TestResult 
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn the_hot_remote_functions_keep_generic_index_driven_plans() -> TestResult {
+    // A later `CREATE OR REPLACE` of one of these without its SET clauses would silently bring
+    // back a plan made on every call (plpgsql keeps custom-planning statements over arrays) or
+    // a sequential scan cached while the table was small: see migrations 0005 and 0007.
+    let db = TestDb::new().await;
+    let store = db.store();
+    for function in [
+        "keiro_remote_tasks_claim",
+        "keiro_remote_tasks_complete",
+        "keiro_instances_park_dispatch",
+    ] {
+        let settings: Vec<String> = sql(&store)
+            .await?
+            .query_one(
+                "SELECT coalesce(p.proconfig, '{}') FROM pg_proc p \
+                 WHERE p.proname = $1 AND p.pronamespace = current_schema()::regnamespace",
+                &[&function],
+            )
+            .await?
+            .get(0);
+        for wanted in ["enable_seqscan=off", "plan_cache_mode=force_generic_plan"] {
+            assert!(
+                settings.iter().any(|s| s == wanted),
+                "{function} lacks {wanted}: {settings:?}"
+            );
+        }
+    }
+    Ok(())
+}
