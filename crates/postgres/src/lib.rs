@@ -47,6 +47,9 @@
 //!   table (a claim is one round trip, `FOR UPDATE SKIP LOCKED`; a report settles the task
 //!   and journals its result into the owner in one transaction) and `keiro_remote::RemoteAdmin`
 //!   (redispatch, requeue with `StepReset` rows, fix-and-replay), each one function call.
+//!   Parks that dispatch remote steps, from runs parking at the same moment, share one
+//!   transaction and round trip (each park still atomic with its own tasks, and answered as
+//!   if it had been alone).
 //! - Push: `PgStore` implements `keiro_resume::Notifier` with one `LISTEN` connection per
 //!   store, shared by all subscriptions, reconnected with backoff (reported as
 //!   `Reconnected`), and closed when the last clone of the store is dropped.
