@@ -49,6 +49,7 @@ mod remote;
 mod replay;
 mod run;
 mod sources;
+mod storable;
 pub mod store;
 mod unwind;
 mod wake;
@@ -73,6 +74,7 @@ pub use run::{
     cancel, deliver, drive, run, start, CancelOutcome, Driven, Error, Parked, RunError, RunOutcome,
 };
 pub use sources::Awakeable;
+pub use storable::{check_value, storable_text};
 pub use store::{Append, AppendOutcome, Error as StoreError, JournalStore, Park, ParkOutcome};
 pub use wake::{
     awakeable_step, child_result_step, AwakeableOutcome, AwakeableStatus, ChildSpawn, Envelope,

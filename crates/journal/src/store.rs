@@ -132,6 +132,17 @@ pub enum Error {
         #[source]
         source: Box<dyn StdError + Send + Sync>,
     },
+    /// The store refused a value it was asked to write (for PostgreSQL a data exception: a NUL
+    /// character in a jsonb string or a text column, an invalid byte sequence, a value past a
+    /// program limit). Deterministic: writing the same value again is refused again, so the
+    /// caller must not retry it; a run fails once with a typed error instead.
+    #[error("{operation}: the store refused the value: {reason}")]
+    ValueRefused {
+        /// What was being done.
+        operation: &'static str,
+        /// Why, for humans (already safe to store).
+        reason: String,
+    },
     /// The database refused the operation.
     #[error("{operation} failed")]
     Database {
@@ -158,6 +169,11 @@ impl Error {
             Self::Database { retryable, .. } => *retryable,
             _ => false,
         }
+    }
+
+    /// The store refused a value; the same write will be refused again.
+    pub fn is_value_refused(&self) -> bool {
+        matches!(self, Self::ValueRefused { .. })
     }
 
     /// The instance is missing.
