@@ -2,14 +2,20 @@
 //!
 //! The mapping lives here and nowhere else: a broken or unreachable connection (closed
 //! socket, I/O error, pool timeout, server shutting down) is *unavailable*; a serialization
-//! failure or deadlock is a *retryable* database error; anything else is a database error
-//! that retrying the same call will not fix.
+//! failure or deadlock is a *retryable* database error; a data exception (SQLSTATE class 22:
+//! a NUL in a jsonb string or a text value, an invalid byte sequence, a value out of range)
+//! or a program limit (54000: a jsonb or index row too large) is a *refused value*, which the
+//! same call will meet again with the same value; anything else is a database error that
+//! retrying the same call will not fix.
+//!
+//! keiro's own SQL functions raise no SQLSTATE of their own (no `RAISE` in the migrations),
+//! so every class 22 or 54000 error comes from a value a caller passed in.
 
 use std::error::Error as StdError;
 
 use deadpool_postgres::PoolError;
-use keiro_journal::StoreError;
-use tokio_postgres::error::SqlState;
+use keiro_journal::{storable_text, StoreError};
+use tokio_postgres::error::{DbError, SqlState};
 
 /// The boxed cause every variant keeps as its `source`.
 type Source = Box<dyn StdError + Send + Sync>;
@@ -106,6 +112,8 @@ pub(crate) enum Class {
     Unavailable,
     /// The server gave up on this transaction; the same call may succeed next time.
     Retryable,
+    /// The server refused a value passed in; the same value is refused every time.
+    ValueRefused,
     /// The server refused; retrying will not help.
     Refused,
 }
@@ -116,6 +124,8 @@ pub(crate) enum Class {
 pub(crate) struct Failure {
     class: Class,
     source: Source,
+    /// Why the server refused a value, for [`Class::ValueRefused`].
+    reason: Option<String>,
 }
 
 impl Failure {
@@ -126,6 +136,10 @@ impl Failure {
                 operation,
                 source: self.source,
             },
+            Class::ValueRefused => StoreError::ValueRefused {
+                operation,
+                reason: self.reason.unwrap_or_else(|| self.source.to_string()),
+            },
             Class::Retryable | Class::Refused => StoreError::Database {
                 operation,
                 retryable: self.class == Class::Retryable,
@@ -134,14 +148,15 @@ impl Failure {
         }
     }
 
-    /// As this crate's error.
+    /// As this crate's error, where a refused value is a plain database error: connecting
+    /// and migrating pass no user value, so there is no run to fail with it.
     pub(crate) fn into_error(self, operation: &'static str) -> Error {
         match self.class {
             Class::Unavailable => Error::Unavailable {
                 operation,
                 source: self.source,
             },
-            Class::Retryable | Class::Refused => Error::Database {
+            Class::Retryable | Class::ValueRefused | Class::Refused => Error::Database {
                 operation,
                 retryable: self.class == Class::Retryable,
                 source: self.source,
@@ -154,6 +169,7 @@ impl From<tokio_postgres::Error> for Failure {
     fn from(error: tokio_postgres::Error) -> Self {
         Self {
             class: classify(&error),
+            reason: error.as_db_error().map(server_reason),
             source: Box::new(error),
         }
     }
@@ -161,17 +177,42 @@ impl From<tokio_postgres::Error> for Failure {
 
 impl From<PoolError> for Failure {
     fn from(error: PoolError) -> Self {
-        let class = match &error {
-            PoolError::Backend(e) => classify(e),
-            PoolError::Timeout(_) | PoolError::Closed => Class::Unavailable,
+        let (class, reason) = match &error {
+            PoolError::Backend(e) => (classify(e), e.as_db_error().map(server_reason)),
+            PoolError::Timeout(_) | PoolError::Closed => (Class::Unavailable, None),
             // Neither can happen with the pool `PgStore` builds (a runtime is set, no hooks),
             // so reaching them is a programming error, not an outage.
-            PoolError::NoRuntimeSpecified | PoolError::PostCreateHook(_) => Class::Refused,
+            PoolError::NoRuntimeSpecified | PoolError::PostCreateHook(_) => (Class::Refused, None),
         };
         Self {
             class,
             source: Box::new(error),
+            reason,
         }
+    }
+}
+
+/// The longest reason kept from a server's message, in characters: the detail of a data
+/// exception can quote the refused value, which may be large.
+const REASON_CHARS_MAX: usize = 200;
+
+fn server_reason(error: &DbError) -> String {
+    refusal_reason(error.message(), error.detail())
+}
+
+/// A short reason from the server's message and detail, such as `unsupported Unicode escape
+/// sequence: \u0000 cannot be converted to text`, safe to store in a text column (the
+/// detail may quote the refused value, NUL included).
+fn refusal_reason(message: &str, detail: Option<&str>) -> String {
+    let trim = |text: &str| text.trim().trim_end_matches('.').to_owned();
+    let mut reason = trim(message);
+    if let Some(detail) = detail.map(trim).filter(|d| !d.is_empty()) {
+        reason = format!("{reason}: {detail}");
+    }
+    let reason = storable_text(&reason);
+    match reason.char_indices().nth(REASON_CHARS_MAX) {
+        Some((cut, _)) => format!("{}…", &reason[..cut]),
+        None => reason.into_owned(),
     }
 }
 
@@ -203,6 +244,12 @@ pub(crate) fn classify_code(code: &SqlState) -> Class {
     {
         return Class::Unavailable;
     }
+    // Class 22 is "data exception" (22P05: a NUL in jsonb; 22021: a NUL or a bad byte in
+    // text); 54000 is a value past a program limit (a jsonb or an index row too large).
+    // Both are decided by the value alone, so the same call is refused again.
+    if code.code().starts_with("22") || *code == SqlState::PROGRAM_LIMIT_EXCEEDED {
+        return Class::ValueRefused;
+    }
     Class::Refused
 }
 
@@ -231,9 +278,16 @@ mod tests {
             ("57P01", Class::Unavailable),
             ("57P03", Class::Unavailable),
             ("53300", Class::Unavailable),
+            ("22P05", Class::ValueRefused),
+            ("22021", Class::ValueRefused),
+            ("22P02", Class::ValueRefused),
+            ("22023", Class::ValueRefused),
+            ("22001", Class::ValueRefused),
+            ("54000", Class::ValueRefused),
+            ("54001", Class::Refused),
             ("23505", Class::Refused),
             ("42P01", Class::Refused),
-            ("22023", Class::Refused),
+            ("P0001", Class::Refused),
         ];
         for (code, class) in cases {
             assert_eq!(classify_code(&SqlState::from_code(code)), class, "{code}");
@@ -241,10 +295,52 @@ mod tests {
     }
 
     #[test]
+    fn a_refused_value_keeps_a_short_storable_reason() {
+        assert_eq!(
+            refusal_reason(
+                "unsupported Unicode escape sequence",
+                Some("\\u0000 cannot be converted to text.")
+            ),
+            "unsupported Unicode escape sequence: \\u0000 cannot be converted to text"
+        );
+        assert_eq!(
+            refusal_reason("invalid byte sequence for encoding \"UTF8\": 0x00", None),
+            "invalid byte sequence for encoding \"UTF8\": 0x00"
+        );
+        let quoted = refusal_reason("invalid input", Some(&format!("a\0{}", "x".repeat(500))));
+        assert!(!quoted.contains('\0'), "{quoted}");
+        assert_eq!(quoted.chars().count(), REASON_CHARS_MAX + 1, "{quoted}");
+    }
+
+    #[test]
+    fn a_refused_value_is_its_own_store_error_but_a_database_error_when_migrating() {
+        let refused = || Failure {
+            class: Class::ValueRefused,
+            source: "22P05".into(),
+            reason: Some("unsupported Unicode escape sequence".into()),
+        };
+        let err = refused().into_store("appending to the journal");
+        assert!(err.is_value_refused() && !err.is_retryable());
+        assert_eq!(
+            err.to_string(),
+            "appending to the journal: the store refused the value: unsupported Unicode escape sequence"
+        );
+        let err = refused().into_error("migrating");
+        assert!(matches!(
+            err,
+            Error::Database {
+                retryable: false,
+                ..
+            }
+        ));
+    }
+
+    #[test]
     fn failures_keep_the_operation_and_retryability() {
         let failure = Failure {
             class: Class::Retryable,
             source: "deadlock".into(),
+            reason: None,
         };
         let err = failure.into_store("appending to the journal");
         assert!(err.is_retryable());
@@ -252,6 +348,7 @@ mod tests {
         let failure = Failure {
             class: Class::Unavailable,
             source: "refused".into(),
+            reason: None,
         };
         let err = failure.into_error("connecting");
         assert!(err.is_unavailable() && err.is_retryable());
