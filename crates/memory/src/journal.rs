@@ -29,9 +29,19 @@ use crate::state::{
     clear_lease, closing_marker, holds, lease_lost, refused, reset_attempts, Entry, JournalRow,
     State,
 };
-use crate::MemoryStore;
+use crate::{storable, MemoryStore};
 
 const APPEND: &str = "appending to the journal";
+const START: &str = "starting an instance";
+const FAIL_DIVERGED: &str = "failing a diverged instance";
+const ARM_TIMER: &str = "arming a timer";
+const CREATE_AWAKEABLE: &str = "creating an awakeable";
+const COMPLETE_AWAKEABLE: &str = "completing an awakeable";
+const WAIT_SIGNAL: &str = "waiting for a signal";
+const SEND_SIGNAL: &str = "sending a signal";
+const SPAWN: &str = "spawning a child workflow";
+const ARM_REMOTE: &str = "arming a remote step";
+const PARK_DISPATCH: &str = "parking a run with its remote dispatches";
 
 /// Where an append that passed every check writes: the generation it went to and the name
 /// its row is stored under.
@@ -370,9 +380,8 @@ fn recorded_value(row: &Instance, closing: Marker) -> Value {
 #[async_trait::async_trait]
 impl JournalStore for MemoryStore {
     async fn instance_start(&self, request: &StartRequest) -> Result<Started> {
-        self.transact("starting an instance", |state| {
-            Ok(state.instance_start(request))
-        })
+        storable::value(START, &request.input)?;
+        self.transact(START, |state| Ok(state.instance_start(request)))
     }
 
     async fn instance_get(&self, key: &InstanceKey) -> Result<Option<Instance>> {
@@ -398,6 +407,7 @@ impl JournalStore for MemoryStore {
     }
 
     async fn journal_append(&self, append: &Append) -> Result<AppendOutcome> {
+        storable::append(APPEND, append)?;
         self.transact(APPEND, |state| state.append(append))
     }
 
@@ -422,13 +432,15 @@ impl JournalStore for MemoryStore {
         fence: Option<&Fence>,
         reason: &str,
     ) -> Result<bool> {
-        self.transact("failing a diverged instance", |state| {
+        storable::text(FAIL_DIVERGED, "failure reason", reason)?;
+        self.transact(FAIL_DIVERGED, |state| {
             state.instance_fail_diverged(key, fence, reason)
         })
     }
 
     async fn timer_arm(&self, arm: &TimerArm) -> Result<OffsetDateTime> {
-        self.transact("arming a timer", |state| state.timer_arm(arm))
+        storable::timer(ARM_TIMER, arm)?;
+        self.transact(ARM_TIMER, |state| state.timer_arm(arm))
     }
 
     async fn timers_fire_due(
@@ -454,13 +466,13 @@ impl JournalStore for MemoryStore {
     }
 
     async fn awakeable_create(&self, append: &Append, id: Uuid) -> Result<AppendOutcome> {
-        self.transact("creating an awakeable", |state| {
-            state.awakeable_create(append, id)
-        })
+        storable::append(CREATE_AWAKEABLE, append)?;
+        self.transact(CREATE_AWAKEABLE, |state| state.awakeable_create(append, id))
     }
 
     async fn awakeable_complete(&self, id: Uuid, payload: &Value) -> Result<AwakeableOutcome> {
-        self.transact("completing an awakeable", |state| {
+        storable::value(COMPLETE_AWAKEABLE, payload)?;
+        self.transact(COMPLETE_AWAKEABLE, |state| {
             state.awakeable_settle(
                 id,
                 AwakeableStatus::Completed,
@@ -482,19 +494,20 @@ impl JournalStore for MemoryStore {
     }
 
     async fn signal_wait(&self, wait: &SignalWait) -> Result<SignalWaitOutcome> {
-        self.transact("waiting for a signal", |state| state.signal_wait(wait))
+        storable::text(WAIT_SIGNAL, "step name", &wait.step)?;
+        storable::text(WAIT_SIGNAL, "signal token", &wait.token)?;
+        self.transact(WAIT_SIGNAL, |state| state.signal_wait(wait))
     }
 
     async fn signal_send(&self, token: &str, payload: &Value) -> Result<SignalSendOutcome> {
-        self.transact("sending a signal", |state| {
-            state.signal_send(token, payload)
-        })
+        storable::text(SEND_SIGNAL, "signal token", token)?;
+        storable::value(SEND_SIGNAL, payload)?;
+        self.transact(SEND_SIGNAL, |state| state.signal_send(token, payload))
     }
 
     async fn child_spawn(&self, append: &Append, spawn: &ChildSpawn) -> Result<AppendOutcome> {
-        self.transact("spawning a child workflow", |state| {
-            state.child_spawn(append, spawn)
-        })
+        storable::spawn(SPAWN, append, spawn)?;
+        self.transact(SPAWN, |state| state.child_spawn(append, spawn))
     }
 
     async fn instance_cancel(&self, key: &InstanceKey, cascade: bool) -> Result<AppendOutcome> {
@@ -504,7 +517,8 @@ impl JournalStore for MemoryStore {
     }
 
     async fn remote_arm(&self, arm: &RemoteArm) -> Result<RemoteArmOutcome> {
-        self.transact("arming a remote step", |state| state.remote_arm(arm))
+        storable::remote_arm(ARM_REMOTE, arm)?;
+        self.transact(ARM_REMOTE, |state| state.remote_arm(arm))
     }
 
     async fn instance_park_dispatch(
@@ -512,7 +526,10 @@ impl JournalStore for MemoryStore {
         park: &Park,
         arms: &[RemoteArm],
     ) -> Result<(ParkOutcome, Vec<RemoteArmOutcome>)> {
-        self.transact("parking a run with its remote dispatches", |state| {
+        for arm in arms {
+            storable::remote_arm(PARK_DISPATCH, arm)?;
+        }
+        self.transact(PARK_DISPATCH, |state| {
             let mut park = park.clone();
             let mut outcomes = Vec::with_capacity(arms.len());
             for arm in arms {

@@ -21,7 +21,9 @@ use time::OffsetDateTime;
 
 use crate::clock::later;
 use crate::state::{clear_lease, holds, lease_lost, refused, reset_attempts, JournalRow, State};
-use crate::MemoryStore;
+use crate::{storable, MemoryStore};
+
+const RECORD_CRASH: &str = "recording a crash";
 
 impl State {
     fn instances_runnable(
@@ -320,7 +322,8 @@ impl LeaseStore for MemoryStore {
         fence: &Fence,
         crash: &Crash,
     ) -> Result<CrashOutcome> {
-        self.transact("recording a crash", |state| {
+        storable::text(RECORD_CRASH, "crash error", &crash.error)?;
+        self.transact(RECORD_CRASH, |state| {
             state.instance_record_crash(key, fence, crash)
         })
     }

@@ -53,7 +53,10 @@
 //! Postgres, `Malformed` for a journal row that does not decode, and a non-retryable
 //! `Database` error for a request the store refuses (appending `Resurrected` through
 //! `journal_append`, an exhausted sequence or epoch, a timer kind it does not know, an
-//! awakeable id registered twice, or a lock poisoned by a panic in an earlier operation). There is no `Unavailable`: memory is always reachable.
+//! awakeable id registered twice, or a lock poisoned by a panic in an earlier operation).
+//! A value PostgreSQL would refuse (a NUL character in a JSON string or in a stored text) is
+//! refused with `ValueRefused`, before anything is decided or written, as in Postgres. There
+//! is no `Unavailable`: memory is always reachable.
 
 mod clock;
 #[cfg(test)]
@@ -64,6 +67,7 @@ mod notify;
 mod remote;
 mod sources;
 mod state;
+mod storable;
 mod store;
 
 pub use notify::Notification;

@@ -35,7 +35,7 @@ use uuid::Uuid;
 use crate::clock::later;
 use crate::sources::RETRY_MARK;
 use crate::state::{clear_lease, holds, lease_lost, reset_attempts, Entry, State};
-use crate::MemoryStore;
+use crate::{storable, MemoryStore};
 
 /// The remote task table.
 #[derive(Debug, Default)]
@@ -763,8 +763,23 @@ impl Transport for MemoryStore {
     }
 
     async fn task_complete(&self, step_id: &str, output: &Value) -> Result<ReportOutcome> {
+        storable::value("completing a remote task", output)?;
         self.transact("completing a remote task", |state| {
             state.task_complete(step_id, output)
+        })
+    }
+
+    /// One critical section for the whole batch, as Postgres takes one transaction: a value
+    /// it refuses refuses the batch, and nothing of it is written.
+    async fn tasks_complete(&self, reports: &[(String, Value)]) -> Result<Vec<ReportOutcome>> {
+        for (_, output) in reports {
+            storable::value("completing remote tasks", output)?;
+        }
+        self.transact("completing remote tasks", |state| {
+            reports
+                .iter()
+                .map(|(step_id, output)| state.task_complete(step_id, output))
+                .collect()
         })
     }
 
@@ -775,6 +790,7 @@ impl Transport for MemoryStore {
         failure: &TaskFailure,
         retry_delay: Duration,
     ) -> Result<ReportOutcome> {
+        storable::failure("failing a remote task", failure)?;
         self.transact("failing a remote task", |state| {
             state.task_fail(step_id, claim, failure, retry_delay)
         })
@@ -799,6 +815,7 @@ impl RemoteAdmin for MemoryStore {
         retry: &InstanceKey,
         input: &Value,
     ) -> Result<RetryOutcome> {
+        storable::value("retrying an instance with a new input", input)?;
         self.transact("retrying an instance with a new input", |state| {
             state.instance_retry_with_input(origin, retry, input)
         })
