@@ -26,7 +26,8 @@ pub struct ClaimRequest {
     /// At most this many tasks.
     pub limit: u32,
     /// How long the claim lasts without a heartbeat. A task whose claim expired is claimable
-    /// again, so a killed worker's tasks are picked up by another one.
+    /// again, so a killed worker's tasks are picked up by another one; the expiry counts as a
+    /// failed attempt, so a handler that kills its process cannot run forever.
     pub claim_ttl: Duration,
 }
 
@@ -152,7 +153,7 @@ pub struct RemoteTask {
     pub group: String,
     /// Its state.
     pub status: TaskStatus,
-    /// Failed attempts so far.
+    /// Failed attempts so far: reported failures and expired claims.
     pub attempts: u32,
     /// Attempts in all.
     pub max_attempts: u32,
@@ -183,6 +184,11 @@ pub trait Transport: Send + Sync + std::fmt::Debug + 'static {
     /// Claims up to `limit` tasks of the groups: pending tasks that are available, and claimed
     /// tasks whose claim expired, highest priority first, then oldest. Concurrent claimers never
     /// get the same task (`FOR UPDATE SKIP LOCKED`).
+    ///
+    /// An expired claim counts as a failed attempt, in the same transaction: at the task's
+    /// `max_attempts` the task is failed with code
+    /// [`RemoteStepError::CRASHED`](keiro_journal::RemoteStepError::CRASHED) and its error
+    /// envelope is journaled into the owner (flipping its row) instead of being claimed.
     async fn tasks_claim(&self, request: &ClaimRequest) -> Result<Vec<ClaimedTask>>;
 
     /// Extends a claim to `now + ttl`; `false` when the claim is no longer the task's.
@@ -196,6 +202,12 @@ pub trait Transport: Send + Sync + std::fmt::Debug + 'static {
     /// one outcome per report in order. A transport that can settle them in one transaction
     /// should (the Postgres one does: a busy worker then pays one commit for many results);
     /// the default reports them one by one.
+    ///
+    /// An output the store refuses ([`StoreError::ValueRefused`]) fails the whole call: in one
+    /// transaction nothing is settled; with the default, the reports before it are. Either
+    /// way the worker then reports the batch again one report at a time, so only the refused
+    /// one fails (a report that already landed answers
+    /// [`AlreadySettled`](ReportOutcome::AlreadySettled)).
     async fn tasks_complete(&self, reports: &[(String, Value)]) -> Result<Vec<ReportOutcome>> {
         let mut outcomes = Vec::with_capacity(reports.len());
         for (step_id, output) in reports {

@@ -20,7 +20,7 @@ use keiro_resume::{FixedPoll, Notifier, WakeFilter, WakeSource};
 use crate::store::{ClaimRequest, ClaimedTask, Transport};
 use handler::{erase, ErasedHandler};
 pub use handler::{TaskContext, TaskError};
-use report::{report_failure, run_reporter, Completion, Report};
+use report::{output_refused, report_failure, run_reporter, Completion, Report};
 
 /// How a remote worker claims and runs tasks.
 #[derive(Debug, Clone)]
@@ -30,7 +30,8 @@ pub struct RemoteWorkerOptions {
     /// Handlers running at once. Defaults to 16.
     pub concurrency: usize,
     /// How long a claim lasts without a heartbeat; a killed worker's tasks are claimable again
-    /// after it. Defaults to 30 s.
+    /// after it, each expiry counting as a failed attempt (see
+    /// [`RemoteStepError::CRASHED`](keiro_journal::RemoteStepError::CRASHED)). Defaults to 30 s.
     pub claim_ttl: Duration,
     /// How often a running handler's claim is extended. Defaults to a third of `claim_ttl`.
     pub heartbeat_every: Duration,
@@ -38,7 +39,8 @@ pub struct RemoteWorkerOptions {
     /// (without). Defaults to 1 s.
     pub poll_interval: Duration,
     /// How long shutdown waits for running handlers before abandoning them (their claims
-    /// expire and another worker runs them again). Defaults to 10 s.
+    /// expire, which counts an attempt, and another worker runs them again if attempts remain).
+    /// Defaults to 10 s.
     pub drain_timeout: Duration,
     /// The largest encoded handler output reported; a larger one fails the step at once with
     /// code `output_too_large` (it would be journaled and replayed on every drive).
@@ -355,7 +357,9 @@ impl RemoteWorker {
     }
 
     /// Runs one claimed task: the handler (in its own task, so a panic is a failure, not a
-    /// crash of the worker) beside a heartbeat, then the report.
+    /// crash of the worker) beside a heartbeat, then the report. An output the store refuses
+    /// (a NUL character in a string, say) is reported as a fatal failure with code
+    /// `output_refused` instead: it would be refused again on every attempt.
     async fn execute(
         self,
         task: ClaimedTask,
@@ -430,8 +434,7 @@ impl RemoteWorker {
             ))),
             Err(_) => return, // aborted at the drain timeout: the claim will expire
         };
-        let succeeded = matches!(report, Report::Complete(_));
-        let reported = match report {
+        let (reported, succeeded) = match report {
             // Outputs go through the batch reporter; failures are rare and reported alone.
             Report::Complete(output) => {
                 let (reply, replied) = tokio::sync::oneshot::channel();
@@ -443,9 +446,19 @@ impl RemoteWorker {
                 if completions.send(completion).await.is_err() {
                     return; // the worker is gone; the claim will expire
                 }
-                replied.await.unwrap_or(Ok(crate::ReportOutcome::NotFound))
+                let reported = replied.await.unwrap_or(Ok(crate::ReportOutcome::NotFound));
+                match reported.as_ref().err().and_then(output_refused) {
+                    Some(error) => (
+                        report_failure(inner.transport.as_ref(), &task, error).await,
+                        false,
+                    ),
+                    None => (reported, true),
+                }
             }
-            Report::Fail(error) => report_failure(inner.transport.as_ref(), &task, error).await,
+            Report::Fail(error) => (
+                report_failure(inner.transport.as_ref(), &task, error).await,
+                false,
+            ),
         };
         match reported {
             Ok(crate::ReportOutcome::Retrying { at }) => {

@@ -1,7 +1,9 @@
-//! Reporting a handler's result, surviving a short store outage.
+//! Reporting a handler's result, surviving a short store outage, and a store that refuses
+//! one output of a batch.
 
 use std::time::Duration;
 
+use keiro_journal::{storable_text, StoreError};
 use serde_json::Value;
 
 use crate::store::{ClaimedTask, ReportOutcome, Transport};
@@ -50,6 +52,25 @@ pub(crate) async fn report_failure(
     retrying(|| transport.task_fail(&task.step_id, task.claim, &failure, retry_delay)).await
 }
 
+/// The code of the failure a refused output becomes.
+const OUTPUT_REFUSED: &str = "output_refused";
+
+/// The fatal failure to report instead of an output the store refused: the store refuses the
+/// same output on every attempt, so the step fails at once rather than running again after
+/// its claim expires. `None` for any other error.
+pub(crate) fn output_refused(error: &StoreError) -> Option<TaskError> {
+    match error {
+        StoreError::ValueRefused { reason, .. } => Some(
+            TaskError::fatal(format!(
+                "the store refused the handler's output: {}",
+                storable_text(reason)
+            ))
+            .with_code(OUTPUT_REFUSED),
+        ),
+        _ => None,
+    }
+}
+
 /// A number in `[0, 1]` for backoff jitter, from the same source as task claims' ids.
 fn unit_random() -> f64 {
     let sample = uuid::Uuid::new_v4().as_u128() % 10_001;
@@ -96,7 +117,11 @@ pub(crate) async fn run_reporter(
 }
 
 /// Reports one batch, retrying transient errors, and answers each report.
-async fn report_batch(transport: std::sync::Arc<dyn Transport>, batch: Vec<Completion>) {
+///
+/// A batch the store refuses for a value (one output it cannot keep) is reported again one
+/// report at a time, so only the report holding that value is refused and every other one
+/// lands (one that already landed answers `AlreadySettled`).
+async fn report_batch(transport: std::sync::Arc<dyn Transport>, mut batch: Vec<Completion>) {
     let reports: Vec<(String, Value)> = batch
         .iter()
         .map(|c| (c.step_id.clone(), c.output.clone()))
@@ -106,6 +131,20 @@ async fn report_batch(transport: std::sync::Arc<dyn Transport>, batch: Vec<Compl
         Ok(outcomes) => {
             for (completion, outcome) in batch.into_iter().zip(outcomes) {
                 let _ = completion.reply.send(Ok(outcome));
+            }
+        }
+        Err(error) if batch.len() == 1 => {
+            if let Some(completion) = batch.pop() {
+                let _ = completion.reply.send(Err(error));
+            }
+        }
+        Err(error) if error.is_value_refused() => {
+            tracing::debug!(%error, reports = batch.len(), "remote worker: a report batch was refused; reporting one by one");
+            for completion in batch {
+                let outcome =
+                    retrying(|| transport.task_complete(&completion.step_id, &completion.output))
+                        .await;
+                let _ = completion.reply.send(outcome);
             }
         }
         Err(error) => {
@@ -119,5 +158,129 @@ async fn report_batch(transport: std::sync::Arc<dyn Transport>, batch: Vec<Compl
                     }));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use serde_json::json;
+    use uuid::Uuid;
+
+    use super::*;
+    use crate::store::{ClaimRequest, TaskFailure};
+
+    /// Refuses a value the way PostgreSQL does (a batch as a whole), and records every call.
+    #[derive(Debug, Default)]
+    struct Refusing {
+        calls: Mutex<Vec<String>>,
+    }
+
+    fn refusal(output: &Value) -> crate::Result<()> {
+        keiro_journal::check_value(output).map_err(|reason| StoreError::ValueRefused {
+            operation: "test",
+            reason,
+        })
+    }
+
+    #[async_trait::async_trait]
+    impl Transport for Refusing {
+        async fn tasks_claim(&self, _: &ClaimRequest) -> crate::Result<Vec<ClaimedTask>> {
+            Ok(Vec::new())
+        }
+
+        async fn task_heartbeat(&self, _: &str, _: Uuid, _: Duration) -> crate::Result<bool> {
+            Ok(true)
+        }
+
+        async fn task_complete(
+            &self,
+            step_id: &str,
+            output: &Value,
+        ) -> crate::Result<ReportOutcome> {
+            self.calls.lock().unwrap().push(format!("one {step_id}"));
+            refusal(output)?;
+            Ok(ReportOutcome::Delivered)
+        }
+
+        async fn tasks_complete(
+            &self,
+            reports: &[(String, Value)],
+        ) -> crate::Result<Vec<ReportOutcome>> {
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("batch of {}", reports.len()));
+            for (_, output) in reports {
+                refusal(output)?;
+            }
+            Ok(vec![ReportOutcome::Delivered; reports.len()])
+        }
+
+        async fn task_fail(
+            &self,
+            _: &str,
+            _: Uuid,
+            _: &TaskFailure,
+            _: Duration,
+        ) -> crate::Result<ReportOutcome> {
+            Ok(ReportOutcome::Delivered)
+        }
+    }
+
+    fn completion(
+        step_id: &str,
+        output: Value,
+    ) -> (
+        Completion,
+        tokio::sync::oneshot::Receiver<crate::Result<ReportOutcome>>,
+    ) {
+        let (reply, replied) = tokio::sync::oneshot::channel();
+        let completion = Completion {
+            step_id: step_id.to_owned(),
+            output,
+            reply,
+        };
+        (completion, replied)
+    }
+
+    #[tokio::test]
+    async fn a_refused_batch_is_reported_one_by_one_and_only_the_refused_report_fails() {
+        let transport = Arc::new(Refusing::default());
+        let (a, a_replied) = completion("a", json!("fine"));
+        let (b, b_replied) = completion("b", json!({"label": "x\u{0}y"}));
+        let (c, c_replied) = completion("c", json!(3));
+        report_batch(transport.clone(), vec![a, b, c]).await;
+
+        assert_eq!(a_replied.await.unwrap().unwrap(), ReportOutcome::Delivered);
+        assert_eq!(c_replied.await.unwrap().unwrap(), ReportOutcome::Delivered);
+        let refused = b_replied.await.unwrap().unwrap_err();
+        assert!(refused.is_value_refused(), "{refused}");
+        assert_eq!(
+            *transport.calls.lock().unwrap(),
+            ["batch of 3", "one a", "one b", "one c"]
+        );
+
+        let failure = output_refused(&refused).expect("a refused value");
+        assert_eq!(
+            (failure.code.as_deref(), failure.retryable),
+            (Some(OUTPUT_REFUSED), false)
+        );
+        assert!(failure.message.contains("/label"), "{}", failure.message);
+        let other = StoreError::Malformed {
+            operation: "test",
+            detail: "x".into(),
+        };
+        assert!(output_refused(&other).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_batch_of_one_answers_with_the_stores_own_error() {
+        let transport = Arc::new(Refusing::default());
+        let (b, b_replied) = completion("b", json!("\u{0}"));
+        report_batch(transport.clone(), vec![b]).await;
+        assert!(b_replied.await.unwrap().unwrap_err().is_value_refused());
+        assert_eq!(*transport.calls.lock().unwrap(), ["batch of 1"]);
     }
 }
