@@ -90,6 +90,16 @@ impl Harness {
     }
 }
 
+/// An error that crashes a run (counted, retried with backoff), as a failing step gives:
+/// tests that simulate a crash use it, because the body's own `WorkflowError::app` fails the
+/// run for good.
+pub fn crash(message: &str) -> keiro::WorkflowError {
+    keiro::WorkflowError::Step {
+        step: "crash".into(),
+        message: message.into(),
+    }
+}
+
 /// Parses a key, for brevity in tests.
 pub fn key(name: &str, id: &str) -> InstanceKey {
     InstanceKey::parse(name, id).expect("test keys are valid")

@@ -10,4 +10,4 @@ pub mod pg;
 pub mod remote_fixtures;
 
 pub use faulty::FaultyStore;
-pub use harness::{key, run_inline, run_with, Backend, Harness, Ledger, TestResult};
+pub use harness::{crash, key, run_inline, run_with, Backend, Harness, Ledger, TestResult};

@@ -443,7 +443,9 @@ fn named_steps(names: &'static [&'static str], ledger: Ledger) -> Arc<dyn keiro:
                 .await?;
             }
             if crash {
-                return Err(WorkflowError::app("simulated crash"));
+                // A failing step crashes the run (a business failure would fail it for good).
+                ctx.step("crash", || async { Err::<(), _>("simulated crash") })
+                    .await?;
             }
             Ok(())
         }
@@ -749,14 +751,17 @@ async fn oversized_payloads_are_refused_and_lose_nothing(h: Harness) -> TestResu
     options.payload_len_max = 64;
     let k = key("big", "b-2");
     let out = run_with(&h, &k, wf.as_ref(), options).await;
+    // The action ran and its result is over the limit: running it again would only make the
+    // same result, so the run fails at once (no crash, no retry) and the step is not journaled.
+    assert!(matches!(&out, Ok(RunOutcome::Failed)), "{out:?}");
+    let journal = h.store.journal_load(&k, 0).await?;
     assert!(
-        matches!(&out, Err(RunError::Crashed { message, .. }) if message.contains("limit")),
-        "{out:?}"
+        matches!(&journal[..], [e] if matches!(&e.event, Event::WorkflowFailed { reason } if reason.contains("limit"))),
+        "{journal:?}"
     );
-    assert!(h.store.journal_load(&k, 0).await?.is_empty());
     assert_eq!(
         h.store.instance_get(&k).await?.expect("row").status,
-        Status::Running
+        Status::Failed
     );
     Ok(())
 }

@@ -64,7 +64,7 @@ fn counted(
                 .await?;
             if fail.load(Ordering::SeqCst) {
                 ledger.bump("crash");
-                return Err(WorkflowError::app("simulated crash after b"));
+                return Err(keiro_tests::crash("simulated crash after b"));
             }
             let c: u32 = ctx
                 .step("c", || async {
@@ -295,7 +295,7 @@ async fn crash_against_a_terminal_workflow_records_no_attempt(h: Harness) -> Tes
                 .cancel("self-cancel", "sc-1")
                 .await
                 .map_err(WorkflowError::app)?;
-            Err::<(), _>(WorkflowError::app("crash after the cancel landed"))
+            Err::<(), _>(keiro_tests::crash("crash after the cancel landed"))
         }
     })?;
     h.keiro.start("self-cancel", "sc-1", &()).await?;
@@ -757,7 +757,7 @@ async fn fixed_poll_loop_survives_poison_and_shuts_down_gracefully(h: Harness) -
 async fn backoff_paces_a_crashed_workflow(h: Harness) -> TestResult {
     let mut registry = Registry::new();
     registry.register("crashy", |_ctx: Ctx, (): ()| async move {
-        Err::<(), _>(WorkflowError::app("nope"))
+        Err::<(), _>(keiro_tests::crash("nope"))
     })?;
     let mut options = h.fast_options();
     options.backoff = keiro::BackoffPolicy::default(); // 2 s after the first crash

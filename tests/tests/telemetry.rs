@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use keiro::{ClaimOutcome, Ctx, LeaseStore, Registry, ResumeOptions, TimerOptions, WorkflowError};
+use keiro::{ClaimOutcome, Ctx, LeaseStore, Registry, ResumeOptions, TimerOptions};
 use keiro_telemetry::names;
 use keiro_telemetry::testing::Recorder;
 use keiro_tests::{key, on_both_stores, FaultyStore, Harness, TestResult};
@@ -27,14 +27,14 @@ fn registry(fail: Arc<AtomicBool>) -> Result<Registry, keiro::RegistryError> {
             ctx.step("a", || async { Ok::<_, Infallible>(1) }).await?;
             ctx.step("b", || async { Ok::<_, Infallible>(2) }).await?;
             if fail.swap(false, Ordering::SeqCst) {
-                return Err(WorkflowError::app("crash once"));
+                return Err(keiro_tests::crash("crash once"));
             }
             ctx.step("c", || async { Ok::<_, Infallible>(3) }).await?;
             Ok(())
         }
     })?;
     registry.register("always-fails", |_ctx: Ctx, (): ()| async move {
-        Err::<(), _>(WorkflowError::app("no"))
+        Err::<(), _>(keiro_tests::crash("no"))
     })?;
     registry.register("parks", |ctx: Ctx, (): ()| async move {
         let approval = ctx.awakeable::<bool>("approval").await?;

@@ -77,6 +77,11 @@ pub struct RunOptions {
     pub observer: Option<Arc<dyn StepObserver>>,
     /// Stamps remote tasks with the dispatching span's trace context. Defaults to `None`.
     pub trace_context: Option<Arc<dyn TraceContext>>,
+    /// When the lease in `fence` was last confirmed before the drive: the time its claim was
+    /// asked for. A run that waited in a worker's queue after a batch claim so confirms again
+    /// before its first fresh action when this is older than `confirm_after`. `None` counts
+    /// from the start of the drive. Defaults to `None`.
+    pub confirmed_at: Option<Instant>,
 }
 
 impl Default for RunOptions {
@@ -96,6 +101,7 @@ impl RunOptions {
             reconcile: Some(RECONCILE_DEFAULT),
             observer: None,
             trace_context: None,
+            confirmed_at: None,
         }
     }
 }
@@ -135,9 +141,21 @@ pub(crate) enum Halt {
     Terminal(Marker),
     LeaseLost,
     Store,
-    Conflict { step: String },
-    NonDeterminism { step: String, detail: String },
-    ContinueAsNew { input: Value },
+    Conflict {
+        step: String,
+    },
+    NonDeterminism {
+        step: String,
+        detail: String,
+    },
+    ContinueAsNew {
+        input: Value,
+    },
+    /// The run must fail at once with this reason: a value the store refused, or a step result
+    /// found unstorable after its action ran (running the action again would not help).
+    Fail {
+        reason: String,
+    },
 }
 
 impl Halt {
@@ -149,6 +167,7 @@ impl Halt {
             Self::Conflict { step } => format!("append of {step} conflicted"),
             Self::NonDeterminism { step, detail } => format!("non-determinism at {step}: {detail}"),
             Self::ContinueAsNew { .. } => "continuing as new".into(),
+            Self::Fail { reason } => format!("the run fails: {reason}"),
         }
     }
 }
@@ -209,6 +228,7 @@ impl Ctx {
         options: RunOptions,
     ) -> Self {
         let fresh_generation = !replay.has_body_steps();
+        let last_confirmed = options.confirmed_at.unwrap_or_else(Instant::now);
         Self {
             inner: Arc::new(Inner {
                 store,
@@ -222,7 +242,7 @@ impl Ctx {
                     awaiting: Vec::new(),
                     wake_at: None,
                     open_ended: false,
-                    last_confirmed: Instant::now(),
+                    last_confirmed,
                     stats: RunStats::default(),
                     fresh_generation,
                     signal_ordinals: std::collections::HashMap::new(),
@@ -322,7 +342,8 @@ impl Ctx {
         let _running = ActionRunning::new(self);
         let started = Instant::now();
         let span = tracing::debug_span!("step", keiro.workflow.step = step);
-        let value = match tracing::Instrument::instrument(CatchPanic::new(action()), span).await {
+        let action = tracing::Instrument::instrument(CatchPanic::new(action()), span);
+        let value = match self.keep_alive(action).await {
             Ok(Ok(value)) => value,
             Ok(Err(e)) => {
                 return Err(WorkflowError::Step {
@@ -338,7 +359,25 @@ impl Ctx {
             }
         };
         self.state().stats.executed += 1;
-        let json = self.encode(step, &value)?;
+        self.record_result(step, kind, started, &value).await
+    }
+
+    /// Journals the result of an action that has run: an unstorable result fails the run at
+    /// once, because running the action again would only produce it again.
+    pub(crate) async fn record_result<T>(
+        &self,
+        step: &str,
+        kind: StepKind,
+        started: Instant,
+        value: &T,
+    ) -> Result<T, WorkflowError>
+    where
+        T: Serialize + DeserializeOwned,
+    {
+        let json = match self.encode(step, value) {
+            Ok(json) => json,
+            Err(error) => return Err(self.fail_at_once(error)),
+        };
         let recorded = self.record(step, kind, json).await?;
         if let Some(observer) = &self.inner.options.observer {
             observer.step_finished(&self.inner.key.name, kind, started.elapsed());
@@ -564,7 +603,7 @@ impl Ctx {
             .store
             .remote_arm(&arm)
             .await
-            .map_err(|e| self.store_failed(e))?;
+            .map_err(|e| self.store_failed(&arm.journal_step, e))?;
         outcome.observe(self.inner.options.observer.as_ref(), &arm.group);
         Ok(Some(outcome))
     }
@@ -579,7 +618,7 @@ impl Ctx {
                 .store
                 .remote_arm(&arm)
                 .await
-                .map_err(|e| self.store_failed(e))?;
+                .map_err(|e| self.store_failed(&arm.journal_step, e))?;
             // A result found here is journaled: the park sees it and the run is re-driven.
             outcome.observe(self.inner.options.observer.as_ref(), &arm.group);
         }
@@ -631,7 +670,7 @@ impl Ctx {
                     })
                 }),
         };
-        let status = status.map_err(|e| self.store_failed(e))?;
+        let status = status.map_err(|e| self.store_failed("__workflow_confirm__", e))?;
         let marker = match status {
             Status::Cancelled => Some(Marker::Cancelled),
             Status::Failed => Some(Marker::Failed),
@@ -641,12 +680,21 @@ impl Ctx {
         if let Some(marker) = marker {
             return Err(self.halt(Halt::Terminal(marker)));
         }
-        self.state().last_confirmed = Instant::now();
+        self.confirmed(Instant::now());
         Ok(())
     }
 
+    /// Notes a confirmation of the lease that was asked for at `at` (concurrent confirmations
+    /// may finish out of order; the newest wins).
+    pub(crate) fn confirmed(&self, at: Instant) {
+        let mut state = self.state();
+        if at > state.last_confirmed {
+            state.last_confirmed = at;
+        }
+    }
+
     /// Appends a fresh step result and returns the value every reader must adopt.
-    async fn record(
+    pub(crate) async fn record(
         &self,
         step: &str,
         kind: StepKind,
@@ -692,12 +740,12 @@ impl Ctx {
             RecordVia::Awakeable(id) => store.awakeable_create(&append, *id).await,
             RecordVia::Child(spawn) => store.child_spawn(&append, spawn).await,
         }
-        .map_err(|e| self.store_failed(e))?;
+        .map_err(|e| self.store_failed(step, e))?;
         match outcome {
             AppendOutcome::Appended => {
+                self.confirmed(started);
                 let mut state = self.state();
                 state.stats.appended += 1;
-                state.last_confirmed = started;
                 state.replay.record_fresh(step, kind, json.clone());
                 Ok(json)
             }
@@ -718,12 +766,7 @@ impl Ctx {
         step: &str,
         value: &T,
     ) -> Result<Value, WorkflowError> {
-        let json = serde_json::to_value(value).map_err(|source| WorkflowError::Encode {
-            step: step.to_owned(),
-            source,
-        })?;
-        check_payload(step, &json, self.inner.options.payload_len_max)?;
-        Ok(json)
+        encode_payload(step, value, self.inner.options.payload_len_max)
     }
 
     fn diverged(&self, step: &str, detail: String) -> WorkflowError {
@@ -737,7 +780,15 @@ impl Ctx {
         }
     }
 
-    pub(crate) fn store_failed(&self, error: store::Error) -> WorkflowError {
+    /// The error a failed store call at `step` gives the body, with the halt it implies: a
+    /// refused value fails the run at once; a lost lease or any other store error stops it.
+    pub(crate) fn store_failed(&self, step: &str, error: store::Error) -> WorkflowError {
+        if let store::Error::ValueRefused { reason, .. } = &error {
+            return self.fail_at_once(WorkflowError::PayloadRefused {
+                step: step.to_owned(),
+                reason: reason.clone(),
+            });
+        }
         let halt = if error.is_lease_lost() {
             Halt::LeaseLost
         } else {
@@ -750,6 +801,15 @@ impl Ctx {
             state.store_error = Some(error);
         }
         WorkflowError::Halted { reason }
+    }
+
+    /// Makes the run fail at once with `error` as its reason (first halt wins), and returns
+    /// `error` for the body, which may see it but can no longer do fresh work.
+    pub(crate) fn fail_at_once(&self, error: WorkflowError) -> WorkflowError {
+        self.halt(Halt::Fail {
+            reason: crate::run::error_chain(&error),
+        });
+        error
     }
 
     /// Sets the halt reason (first wins) and returns the error the caller propagates.
@@ -777,6 +837,37 @@ impl Drop for ActionRunning<'_> {
         let mut state = self.0.state();
         state.actions_running = state.actions_running.saturating_sub(1);
     }
+}
+
+/// Encodes a payload a run or a caller writes under `step`: it must encode as JSON, fit
+/// `limit` bytes, and hold nothing a store refuses (see [`check_value`](crate::check_value)).
+///
+/// ```
+/// use keiro_journal::{encode_payload, WorkflowError};
+/// assert!(encode_payload("input", &"ok", 1024).is_ok());
+/// let refused = encode_payload("input", &"a\u{0}b", 1024);
+/// assert!(matches!(refused, Err(WorkflowError::PayloadRefused { .. })));
+/// ```
+///
+/// # Errors
+///
+/// [`WorkflowError::Encode`], [`WorkflowError::PayloadTooLarge`] or
+/// [`WorkflowError::PayloadRefused`], naming `step`.
+pub fn encode_payload<T: Serialize + ?Sized>(
+    step: &str,
+    value: &T,
+    limit: usize,
+) -> Result<Value, WorkflowError> {
+    let json = serde_json::to_value(value).map_err(|source| WorkflowError::Encode {
+        step: step.to_owned(),
+        source,
+    })?;
+    check_payload(step, &json, limit)?;
+    crate::check_value(&json).map_err(|reason| WorkflowError::PayloadRefused {
+        step: step.to_owned(),
+        reason,
+    })?;
+    Ok(json)
 }
 
 /// Checks an encoded payload against the limit.

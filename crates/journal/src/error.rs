@@ -63,6 +63,28 @@ pub enum WorkflowError {
         /// The limit.
         limit: usize,
     },
+    /// The store refuses the value (a NUL character in a string, for PostgreSQL's jsonb and
+    /// text). Deterministic: the run fails at once with this reason, and a step whose result
+    /// was refused is not run again.
+    #[error("step {step:?}: the value cannot be stored: {reason}")]
+    PayloadRefused {
+        /// The step (or `__workflow_input__`, `__workflow_output__`).
+        step: String,
+        /// Why.
+        reason: String,
+    },
+    /// A step run under a retry policy ([`Ctx::step_with`](crate::Ctx::step_with)) failed on
+    /// every attempt it was allowed, or with an error the policy does not retry. Journaled:
+    /// every replay returns it without running the action again. The body may handle it.
+    #[error("step {step:?} failed after {attempts} attempt(s): {message}")]
+    StepFailed {
+        /// The step.
+        step: String,
+        /// How many attempts ran.
+        attempts: u32,
+        /// The last attempt's error, rendered.
+        message: String,
+    },
     /// The step name is not valid.
     #[error("invalid step name")]
     InvalidStep(#[from] IdError),
@@ -121,6 +143,22 @@ pub enum WorkflowError {
 }
 
 impl WorkflowError {
+    /// Whether a body that returns this error fails its run at once instead of crashing and
+    /// being retried: the body's own [`Application`](Self::Application) failure (a business
+    /// outcome), a value that cannot be encoded, is over the payload limit or is refused by the
+    /// store (every retry would meet it again), and every
+    /// [journaled failure](Self::is_journaled_failure).
+    pub fn fails_run_at_once(&self) -> bool {
+        self.is_journaled_failure()
+            || matches!(
+                self,
+                Self::Application(_)
+                    | Self::Encode { .. }
+                    | Self::PayloadTooLarge { .. }
+                    | Self::PayloadRefused { .. }
+            )
+    }
+
     /// The body's own failure, from anything printable.
     ///
     /// ```
@@ -145,6 +183,7 @@ impl WorkflowError {
         matches!(
             self,
             Self::Remote(_)
+                | Self::StepFailed { .. }
                 | Self::ChildFailed { .. }
                 | Self::ChildCancelled { .. }
                 | Self::AwakeableCancelled { .. }

@@ -80,6 +80,8 @@ pub enum StepKind {
     Remote,
     /// A journaled patch decision.
     Patch,
+    /// A failed attempt of a step run under a retry policy, or its final failure.
+    Attempt,
 }
 
 impl StepKind {
@@ -94,6 +96,7 @@ impl StepKind {
             Self::Child => "child",
             Self::Remote => "remote",
             Self::Patch => "patch",
+            Self::Attempt => "attempt",
         }
     }
 
@@ -107,6 +110,7 @@ impl StepKind {
             "child" => Self::Child,
             "remote" => Self::Remote,
             "patch" => Self::Patch,
+            "attempt" => Self::Attempt,
             _ => return None,
         })
     }

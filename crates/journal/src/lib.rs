@@ -43,10 +43,12 @@
 mod context;
 mod error;
 mod event;
+mod heartbeat;
 mod id;
 mod instance;
 mod remote;
 mod replay;
+mod retry;
 mod run;
 mod sources;
 mod storable;
@@ -56,7 +58,7 @@ mod wake;
 mod workflow;
 
 pub use context::{
-    Ctx, RunOptions, RunStats, StepObserver, TraceContext, LEASE_TTL_DEFAULT,
+    encode_payload, Ctx, RunOptions, RunStats, StepObserver, TraceContext, LEASE_TTL_DEFAULT,
     PAYLOAD_LEN_MAX_DEFAULT, RECONCILE_DEFAULT,
 };
 pub use error::WorkflowError;
@@ -70,6 +72,7 @@ pub use remote::{
     remote_group, remote_step_id, Backoff, RemoteArm, RemoteArmOutcome, RemoteOptions,
     RemoteStepError, REDISPATCH_MAX_DEFAULT,
 };
+pub use retry::{StepOptions, STEP_ATTEMPTS_DEFAULT};
 pub use run::{
     cancel, deliver, drive, run, start, CancelOutcome, Driven, Error, Parked, RunError, RunOutcome,
 };

@@ -56,6 +56,7 @@ pub(crate) fn recorded_by_body(step: &str, kind: StepKind) -> bool {
         StepKind::Step | StepKind::Patch => true,
         StepKind::Awakeable => step.starts_with("awkid:"),
         StepKind::Child => !step.ends_with(":result"),
+        StepKind::Attempt => crate::retry::is_final_attempt(step),
         _ => false,
     }
 }

@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde_json::Value;
 use time::OffsetDateTime;
 
-use crate::context::{check_payload, Halt, RunStats};
+use crate::context::{check_payload, encode_payload, Halt, RunStats};
 use crate::replay::Replay;
 use crate::store::{self, Append, AppendOutcome, JournalStore, Park, ParkOutcome};
 use crate::unwind::CatchPanic;
@@ -193,6 +193,7 @@ async fn settle(
             return park_diverged(store, ctx, options, step, detail).await;
         }
         Some(Halt::Terminal(marker)) => return outcome_of_marker(store, &key, marker).await,
+        Some(Halt::Fail { reason }) => return fail_run(store, ctx, options, &reason).await,
         Some(Halt::ContinueAsNew { input }) => {
             let next_generation = ctx.generation() + 1;
             let event = Event::WorkflowContinuedAsNew {
@@ -273,6 +274,9 @@ async fn settle(
                     }))
                 }
                 Err(e) if e.is_lease_lost() => Err(RunError::LeaseLost { key }),
+                Err(e @ store::Error::ValueRefused { .. }) => {
+                    fail_run(store, ctx, options, &e.to_string()).await
+                }
                 Err(e) => Err(store_err(e)),
             }
         }
@@ -284,51 +288,65 @@ async fn settle(
                     format!("recorded step {step:?} was never reached before the body returned");
                 return park_diverged(store, ctx, options, step, detail).await;
             }
-            if let Err(e) = check_payload(
-                crate::workflow::OUTPUT_STEP,
-                &output,
-                options.payload_len_max,
-            ) {
-                return Err(RunError::Crashed {
-                    key,
-                    message: e.to_string(),
+            // An output that cannot be stored fails the run: the body would return it again.
+            let output_step = crate::workflow::OUTPUT_STEP;
+            let checked =
+                check_payload(output_step, &output, options.payload_len_max).and_then(|()| {
+                    crate::check_value(&output).map_err(|reason| WorkflowError::PayloadRefused {
+                        step: output_step.into(),
+                        reason,
+                    })
                 });
+            if let Err(e) = checked {
+                return fail_run(store, ctx, options, &error_chain(&e)).await;
             }
             let event = Event::WorkflowCompleted {
                 output: output.clone(),
             };
-            match append_marker(store, ctx, options, event).await? {
-                AppendOutcome::Appended => Ok(RunOutcome::Completed(output)),
-                AppendOutcome::AlreadyPresent(recorded) => Ok(RunOutcome::Completed(recorded)),
-                AppendOutcome::RefusedTerminal(marker) => {
+            match append_marker(store, ctx, options, event).await {
+                Ok(AppendOutcome::Appended) => Ok(RunOutcome::Completed(output)),
+                Ok(AppendOutcome::AlreadyPresent(recorded)) => Ok(RunOutcome::Completed(recorded)),
+                Ok(AppendOutcome::RefusedTerminal(marker)) => {
                     outcome_of_marker(store, &key, marker).await
                 }
-                AppendOutcome::Conflict => Err(RunError::Conflict {
+                Ok(AppendOutcome::Conflict) => Err(RunError::Conflict {
                     key,
                     step: Marker::Completed.step_name().into(),
                 }),
+                Err(RunError::Store {
+                    source: source @ store::Error::ValueRefused { .. },
+                    ..
+                }) => fail_run(store, ctx, options, &source.to_string()).await,
+                Err(e) => Err(e),
             }
         }
-        Ok(Err(error)) if error.is_journaled_failure() => {
-            let event = Event::WorkflowFailed {
-                reason: error_chain(&error),
-            };
-            match append_marker(store, ctx, options, event).await? {
-                AppendOutcome::Appended | AppendOutcome::AlreadyPresent(_) => {
-                    Ok(RunOutcome::Failed)
-                }
-                AppendOutcome::RefusedTerminal(marker) => {
-                    outcome_of_marker(store, &key, marker).await
-                }
-                AppendOutcome::Conflict => Err(RunError::Conflict {
-                    key,
-                    step: Marker::Failed.step_name().into(),
-                }),
-            }
+        // The body's own failure, or one every retry would meet again: final, not a crash.
+        Ok(Err(error)) if error.fails_run_at_once() => {
+            fail_run(store, ctx, options, &error_chain(&error)).await
         }
         Ok(Err(error)) => Err(RunError::Crashed {
             key,
             message: error_chain(&error),
+        }),
+    }
+}
+
+/// Closes the generation with the failed marker and `reason` (made storable first).
+async fn fail_run(
+    store: &Arc<dyn JournalStore>,
+    ctx: &Ctx,
+    options: &RunOptions,
+    reason: &str,
+) -> Result<RunOutcome, RunError> {
+    let event = Event::WorkflowFailed {
+        reason: crate::storable_text(reason).into_owned(),
+    };
+    match append_marker(store, ctx, options, event).await? {
+        AppendOutcome::Appended | AppendOutcome::AlreadyPresent(_) => Ok(RunOutcome::Failed),
+        AppendOutcome::RefusedTerminal(marker) => outcome_of_marker(store, ctx.key(), marker).await,
+        AppendOutcome::Conflict => Err(RunError::Conflict {
+            key: ctx.key().clone(),
+            step: Marker::Failed.step_name().into(),
         }),
     }
 }
@@ -341,7 +359,8 @@ async fn park_diverged(
     detail: String,
 ) -> Result<RunOutcome, RunError> {
     let key = ctx.key().clone();
-    let reason = format!("non-determinism at step {step:?}: {detail}");
+    let reason =
+        crate::storable_text(&format!("non-determinism at step {step:?}: {detail}")).into_owned();
     match store
         .instance_fail_diverged(&key, options.fence.as_ref(), &reason)
         .await
@@ -414,7 +433,7 @@ fn outcome_of_status(instance: &Instance) -> RunOutcome {
     }
 }
 
-fn error_chain(error: &WorkflowError) -> String {
+pub(crate) fn error_chain(error: &WorkflowError) -> String {
     let mut message = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
@@ -445,7 +464,8 @@ pub enum Error {
 ///
 /// # Errors
 ///
-/// [`Error::Payload`] for an input that does not encode or exceeds `payload_len_max`;
+/// [`Error::Payload`] for an input that does not encode, exceeds `payload_len_max` or holds a
+/// value no store keeps (a NUL character in a string);
 /// [`Error::Store`] when the store fails.
 pub async fn start<I: Serialize + ?Sized>(
     store: &dyn JournalStore,
@@ -453,13 +473,8 @@ pub async fn start<I: Serialize + ?Sized>(
     input: &I,
     payload_len_max: usize,
 ) -> Result<Started, Error> {
-    let input = serde_json::to_value(input).map_err(|source| {
-        Error::Payload(WorkflowError::Encode {
-            step: crate::workflow::INPUT_STEP.into(),
-            source,
-        })
-    })?;
-    check_payload(crate::workflow::INPUT_STEP, &input, payload_len_max).map_err(Error::Payload)?;
+    let input = encode_payload(crate::workflow::INPUT_STEP, input, payload_len_max)
+        .map_err(Error::Payload)?;
     let request = StartRequest {
         key: key.clone(),
         input,
@@ -557,13 +572,7 @@ pub async fn deliver<T: Serialize + ?Sized>(
     payload_len_max: usize,
 ) -> Result<AppendOutcome, Error> {
     id::validate_user_step(step)?;
-    let value = serde_json::to_value(value).map_err(|source| {
-        Error::Payload(WorkflowError::Encode {
-            step: step.into(),
-            source,
-        })
-    })?;
-    check_payload(step, &value, payload_len_max).map_err(Error::Payload)?;
+    let value = encode_payload(step, value, payload_len_max).map_err(Error::Payload)?;
     let event = Event::StepRecorded {
         step: step.to_owned(),
         kind: StepKind::Await,

@@ -110,7 +110,7 @@ impl Ctx {
                 .store()
                 .timer_arm(&arm)
                 .await
-                .map_err(|e| self.store_failed(e))?;
+                .map_err(|e| self.store_failed(&step, e))?;
             Ok(Armed::Deadline(Some(fire_at)))
         })
         .await?;
@@ -202,7 +202,7 @@ impl Ctx {
                     .store()
                     .signal_wait(&wait)
                     .await
-                    .map_err(|e| self.store_failed(e))?;
+                    .map_err(|e| self.store_failed(&step, e))?;
                 match outcome {
                     SignalWaitOutcome::Delivered(value) => Ok(Armed::Ready(value)),
                     SignalWaitOutcome::Waiting => match timeout {
@@ -221,7 +221,7 @@ impl Ctx {
                                 .store()
                                 .timer_arm(&arm)
                                 .await
-                                .map_err(|e| self.store_failed(e))?;
+                                .map_err(|e| self.store_failed(&step, e))?;
                             Ok(Armed::Deadline(Some(fire_at)))
                         }
                     },

@@ -124,7 +124,10 @@ impl Keiro {
         Ok(Self::with_push(store))
     }
 
-    /// The largest payload accepted by [`start`](Self::start) and [`deliver`](Self::deliver).
+    /// The largest payload accepted by [`start`](Self::start), [`deliver`](Self::deliver),
+    /// signals and awakeable completions, and the default limit of the step results and outputs
+    /// of the workers built by [`worker`](Self::worker) and of the handler outputs of those built
+    /// by [`remote_worker`](Self::remote_worker) (each can still set its own).
     /// Defaults to [`PAYLOAD_LEN_MAX_DEFAULT`].
     #[must_use]
     pub fn with_payload_len_max(mut self, payload_len_max: usize) -> Self {
@@ -221,25 +224,7 @@ impl Keiro {
         what: &str,
         payload: &T,
     ) -> Result<serde_json::Value, Error> {
-        let value = serde_json::to_value(payload).map_err(|source| {
-            Error::Payload(keiro_journal::WorkflowError::Encode {
-                step: what.to_owned(),
-                source,
-            })
-        })?;
-        let len = serde_json::to_vec(&value)
-            .map(|v| v.len())
-            .unwrap_or(usize::MAX);
-        if len > self.payload_len_max {
-            return Err(Error::Payload(
-                keiro_journal::WorkflowError::PayloadTooLarge {
-                    step: what.to_owned(),
-                    len,
-                    limit: self.payload_len_max,
-                },
-            ));
-        }
-        Ok(value)
+        keiro_journal::encode_payload(what, payload, self.payload_len_max).map_err(Error::Payload)
     }
 
     /// Journals `value` for a run waiting in `ctx.await_step(step)`, and wakes it.
@@ -303,7 +288,9 @@ impl Keiro {
 
     /// A builder for a worker on this store.
     pub fn worker(&self) -> WorkerBuilder {
-        WorkerBuilder::new(self.store.clone()).push(self.notifier.clone())
+        WorkerBuilder::new(self.store.clone())
+            .push(self.notifier.clone())
+            .payload_len_max(self.payload_len_max)
     }
 
     /// The push notifier, when the store has one.
@@ -324,7 +311,12 @@ impl Keiro {
     ///
     /// [`Error::Unsupported`] when the store has no remote steps.
     pub fn remote_worker(&self) -> Result<RemoteWorkerBuilder, Error> {
-        let builder = RemoteWorker::builder(self.remote()?.transport.clone());
+        let builder = RemoteWorker::builder(self.remote()?.transport.clone()).options(
+            keiro_remote::RemoteWorkerOptions {
+                payload_len_max: self.payload_len_max,
+                ..keiro_remote::RemoteWorkerOptions::default()
+            },
+        );
         Ok(match &self.notifier {
             Some(notifier) => builder.push(notifier.clone()),
             None => builder,

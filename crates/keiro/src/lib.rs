@@ -58,7 +58,7 @@ pub use keiro_journal::{
     JournalStore, Marker, RunError, RunOptions, RunOutcome, RunStats, SignalSendOutcome, Started,
     Status, StepKind, StoreError, TimerFiring, Workflow, WorkflowError, WorkflowId, WorkflowName,
 };
-pub use keiro_journal::{Backoff, RemoteOptions, RemoteStepError};
+pub use keiro_journal::{Backoff, BoxFuture, RemoteOptions, RemoteStepError, StepOptions};
 pub use keiro_lease::{BackoffPolicy, ClaimOutcome, CrashOutcome, LeaseStore, ResurrectOutcome};
 pub use keiro_remote::{
     RemoteTask, RemoteWorker, RemoteWorkerBuilder, RemoteWorkerOptions, ReportOutcome,

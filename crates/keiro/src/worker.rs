@@ -65,6 +65,15 @@ impl WorkerBuilder {
         self
     }
 
+    /// The largest step result or workflow output the worker's runs journal; a larger one
+    /// fails its run at once. Defaults to the facade's limit when built through `Keiro::worker`
+    /// ([`Keiro::with_payload_len_max`](crate::Keiro::with_payload_len_max)), else
+    /// [`PAYLOAD_LEN_MAX_DEFAULT`](keiro_journal::PAYLOAD_LEN_MAX_DEFAULT).
+    pub fn payload_len_max(mut self, payload_len_max: usize) -> Self {
+        self.options.payload_len_max = payload_len_max;
+        self
+    }
+
     /// Registers `body` under `name`; an invalid or duplicate name is reported by `build`.
     pub fn register<F, Fut, I, O>(mut self, name: &str, body: F) -> Self
     where

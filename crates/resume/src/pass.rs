@@ -6,6 +6,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use keiro_journal::{
     drive, InstanceKey, JournalStore, ParkOutcome, RunError, RunOutcome, StoreError,
@@ -130,7 +131,9 @@ pub(crate) async fn claim_pass(
     let mut summary = ResumeSummary::default();
     let shared = Arc::new(options.clone());
     let mut tasks = JoinSet::new();
-    let mut pending: std::collections::VecDeque<keiro_lease::Claim> =
+    // Each claim waits with the time it was asked for: its lease was granted no earlier, so a
+    // run that waited past `confirm_after` confirms its lease before its first fresh action.
+    let mut pending: std::collections::VecDeque<(keiro_lease::Claim, Instant)> =
         std::collections::VecDeque::new();
     let (mut claimed, mut exhausted) = (0usize, false);
     loop {
@@ -144,6 +147,7 @@ pub(crate) async fn claim_pass(
             && claimed < limit
         {
             let want = refill.saturating_sub(held).min(limit - claimed);
+            let asked = Instant::now();
             let batch = store
                 .instances_claim_batch(
                     &names,
@@ -158,7 +162,7 @@ pub(crate) async fn claim_pass(
                     exhausted = claims.len() < want;
                     claimed += claims.len();
                     summary.discovered += u64::try_from(claims.len()).unwrap_or(u64::MAX);
-                    pending.extend(claims);
+                    pending.extend(claims.into_iter().map(|claim| (claim, asked)));
                 }
                 // The first claim failing fails the pass, like a failed discovery; a later
                 // one only ends it early, after the runs already claimed.
@@ -170,7 +174,7 @@ pub(crate) async fn claim_pass(
             }
         }
         while tasks.len() < options.concurrency() && !stop.load(Ordering::Relaxed) {
-            let Some(claim) = pending.pop_front() else {
+            let Some((claim, asked)) = pending.pop_front() else {
                 break;
             };
             let Some(workflow) = registry.get(&claim.instance.key.name).cloned() else {
@@ -179,7 +183,8 @@ pub(crate) async fn claim_pass(
                 continue;
             };
             let (store, shared) = (store.clone(), shared.clone());
-            tasks.spawn(async move { drive_claimed(&store, workflow, &shared, claim).await });
+            tasks
+                .spawn(async move { drive_claimed(&store, workflow, &shared, claim, asked).await });
         }
         match tasks.join_next().await {
             Some(Ok(line)) => summary += line,
@@ -200,7 +205,7 @@ pub(crate) async fn claim_pass(
             }
         }
     }
-    for claim in pending {
+    for (claim, _) in pending {
         release(store, options, &claim.instance.key, &claim.fence, false).await;
     }
     (options.log)(&ResumeLogEvent::PassFinished {
@@ -247,6 +252,7 @@ async fn advance(
         (options.log)(&ResumeLogEvent::UnknownName { key });
         return line;
     };
+    let asked = Instant::now();
     let claim = match store
         .instance_claim(&key, owner, options.lease_ttl, None)
         .await
@@ -270,16 +276,18 @@ async fn advance(
             return line;
         }
     };
-    line += drive_claimed(store, workflow, options, *claim).await;
+    line += drive_claimed(store, workflow, options, *claim, asked).await;
     line
 }
 
-/// Drives one claimed run and classifies how it ended: the summary line of a granted claim.
+/// Drives one claimed run and classifies how it ended: the summary line of a granted claim
+/// asked for at `asked`.
 async fn drive_claimed(
     store: &Arc<dyn LeaseStore>,
     workflow: Arc<dyn keiro_journal::Workflow>,
     options: &ResumeOptions,
     claim: keiro_lease::Claim,
+    asked: Instant,
 ) -> ResumeSummary {
     let mut line = ResumeSummary {
         resumed: 1,
@@ -289,6 +297,7 @@ async fn drive_claimed(
     let fence = claim.fence.clone();
     let mut run_options = options.run_options();
     run_options.fence = Some(fence.clone());
+    run_options.confirmed_at = Some(asked);
     let journal_store: Arc<dyn JournalStore> = store.clone();
     // The guard keeps the active-runs gauge right even if this future is dropped mid-run.
     let active = options.metrics.as_ref().map(|m| {
@@ -424,6 +433,9 @@ async fn record_crash(
     error: String,
     line: &mut ResumeSummary,
 ) {
+    // A message quoting a refused value must not make the crash record refused in turn, or
+    // the attempt ceiling would never be reached.
+    let error = keiro_journal::storable_text(&error).into_owned();
     let crash = Crash {
         error: error.clone(),
         retry_delay: options.backoff.delay_random(*attempts_at_claim),

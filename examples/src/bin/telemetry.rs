@@ -45,7 +45,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     })
                     .await?;
                 if crash_once.swap(false, Ordering::SeqCst) {
-                    return Err(WorkflowError::app("simulated crash after compose"));
+                    // A panic is a crash: the run is retried and resumes after `compose`.
+                    panic!("simulated crash after compose");
                 }
                 ctx.step("print", || async { Ok::<_, Infallible>(line.len()) })
                     .await?;

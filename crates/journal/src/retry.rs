@@ -1,0 +1,284 @@
+//! Steps with a retry policy: [`Ctx::step_with`] and [`StepOptions`].
+//!
+//! A plain [`Ctx::step`] runs its action once per drive; an error crashes the run and the
+//! resume worker retries the whole run with crash backoff. A step run with `step_with` retries
+//! its action in place instead, by its own policy, without re-driving the body, and keeps the
+//! run's lease alive while it waits between attempts.
+//!
+//! Every failed attempt is journaled under `attempt:<step>:<n>` (kind `attempt`), so a crash in
+//! the middle of the retries does not reset the budget: the next drive counts the attempts
+//! already made and goes on from there. When the budget is spent (or the policy refuses to
+//! retry an error) the final failure is journaled under `attempt:<step>:failed`, and the body
+//! gets [`WorkflowError::StepFailed`], on this drive and on every replay, without the action
+//! running again. Attempt records are wake-source-like bookkeeping for divergence detection,
+//! except the final failure, which the body acts on and so counts like a recorded step.
+
+use std::any::Any;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::context::decode;
+use crate::unwind::CatchPanic;
+use crate::{id, Ctx, StepKind, WorkflowError};
+
+/// The default number of attempts of a step run with [`Ctx::step_with`].
+pub const STEP_ATTEMPTS_DEFAULT: u32 = 3;
+
+/// A predicate over an action's error: `true` retries it.
+type RetryIf = Arc<dyn Fn(&dyn Any) -> bool + Send + Sync>;
+
+/// How a step's action is retried in place (see [`Ctx::step_with`]).
+///
+/// The wait before attempt `n + 1` is `initial_interval * backoff_factor^(n-1)`, capped at
+/// `max_interval`, then scaled by a random factor in `[1 - jitter, 1]`.
+///
+/// ```
+/// use std::time::Duration;
+/// use keiro_journal::StepOptions;
+/// let options = StepOptions::new(5)
+///     .initial_interval(Duration::from_millis(200))
+///     .backoff_factor(3.0)
+///     .max_interval(Duration::from_secs(10))
+///     .retry_if(|e: &std::io::Error| e.kind() != std::io::ErrorKind::PermissionDenied);
+/// assert_eq!(options.max_attempts, 5);
+/// ```
+#[derive(Clone)]
+pub struct StepOptions {
+    /// Attempts in all, the first included (at least 1). Defaults to
+    /// [`STEP_ATTEMPTS_DEFAULT`].
+    pub max_attempts: u32,
+    /// The wait after the first failure. Defaults to 1 s.
+    pub initial_interval: Duration,
+    /// How much each wait grows over the previous one. Defaults to 2.
+    pub backoff_factor: f64,
+    /// The longest wait. Defaults to 60 s.
+    pub max_interval: Duration,
+    /// The fraction of each wait drawn at random (0: none; 1: anywhere in `[0, wait]`), so
+    /// many failing runs do not retry in lockstep. Defaults to 0.5.
+    pub jitter: f64,
+    retry_if: Option<RetryIf>,
+}
+
+impl std::fmt::Debug for StepOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StepOptions")
+            .field("max_attempts", &self.max_attempts)
+            .field("initial_interval", &self.initial_interval)
+            .field("backoff_factor", &self.backoff_factor)
+            .field("max_interval", &self.max_interval)
+            .field("jitter", &self.jitter)
+            .field("retry_if", &self.retry_if.is_some())
+            .finish()
+    }
+}
+
+impl Default for StepOptions {
+    fn default() -> Self {
+        Self::new(STEP_ATTEMPTS_DEFAULT)
+    }
+}
+
+impl StepOptions {
+    /// `max_attempts` attempts in all, with the default waits between them.
+    pub fn new(max_attempts: u32) -> Self {
+        Self {
+            max_attempts: max_attempts.max(1),
+            initial_interval: Duration::from_secs(1),
+            backoff_factor: 2.0,
+            max_interval: Duration::from_secs(60),
+            jitter: 0.5,
+            retry_if: None,
+        }
+    }
+
+    /// Sets the wait after the first failure.
+    #[must_use]
+    pub fn initial_interval(mut self, interval: Duration) -> Self {
+        self.initial_interval = interval;
+        self
+    }
+
+    /// Sets how much each wait grows over the previous one (at least 1).
+    #[must_use]
+    pub fn backoff_factor(mut self, factor: f64) -> Self {
+        self.backoff_factor = factor;
+        self
+    }
+
+    /// Sets the longest wait.
+    #[must_use]
+    pub fn max_interval(mut self, interval: Duration) -> Self {
+        self.max_interval = interval;
+        self
+    }
+
+    /// Sets the random fraction of each wait (clamped to `[0, 1]`).
+    #[must_use]
+    pub fn jitter(mut self, jitter: f64) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// Retries only the errors for which `retry` returns `true`; any other error fails the
+    /// step at once. `E` is the action's error type; errors of another type are retried.
+    #[must_use]
+    pub fn retry_if<E: 'static>(
+        mut self,
+        retry: impl Fn(&E) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.retry_if = Some(Arc::new(move |error: &dyn Any| {
+            error.downcast_ref::<E>().is_none_or(&retry)
+        }));
+        self
+    }
+
+    /// The wait after `failures` failed attempts (at least 1), before jitter.
+    pub fn interval(&self, failures: u32) -> Duration {
+        let exponent = i32::try_from(failures.saturating_sub(1)).unwrap_or(i32::MAX);
+        let factor = self.backoff_factor.max(1.0).powi(exponent);
+        let max = self.max_interval.as_secs_f64();
+        Duration::from_secs_f64((self.initial_interval.as_secs_f64() * factor).min(max))
+    }
+
+    fn jittered_interval(&self, failures: u32) -> Duration {
+        // A v4 UUID carries 122 random bits; 53 of them make a uniform f64 in [0, 1).
+        let bits = uuid::Uuid::new_v4().as_u128() >> 75;
+        #[allow(clippy::cast_precision_loss)] // 53 bits fit an f64 mantissa exactly
+        let unit = bits as f64 / (1u64 << 53) as f64;
+        let jitter = self.jitter.clamp(0.0, 1.0);
+        self.interval(failures).mul_f64(1.0 - jitter * unit)
+    }
+
+    fn retries(&self, error: &dyn Any) -> bool {
+        self.retry_if.as_ref().is_none_or(|retry| retry(error))
+    }
+}
+
+/// The journal name of failed attempt `n` of `step`.
+fn attempt_step(step: &str, n: u32) -> String {
+    format!("attempt:{step}:{n}")
+}
+
+/// The journal name of `step`'s final failure.
+pub(crate) fn attempt_failed_step(step: &str) -> String {
+    format!("attempt:{step}:failed")
+}
+
+/// Whether a journal row of kind `attempt` is a step's final failure (which the body acts
+/// on, so it counts for divergence detection like a recorded step).
+pub(crate) fn is_final_attempt(step: &str) -> bool {
+    step.ends_with(":failed")
+}
+
+impl Ctx {
+    /// Runs `action` under a retry policy and journals its result under `name`; on replay
+    /// returns the recorded result (or the recorded final failure) without running it.
+    ///
+    /// Failed attempts are retried in place after the policy's wait, without re-driving the
+    /// body; the run's lease is kept alive meanwhile. Attempts are journaled, so a crash during
+    /// the retries does not reset the budget. A panic inside the action counts as a failed
+    /// attempt.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use keiro_journal::{StepOptions, WorkflowError};
+    /// # async fn charge() -> Result<u64, std::io::Error> { Ok(1) }
+    /// # async fn body(ctx: keiro_journal::Ctx) -> Result<(), WorkflowError> {
+    /// let policy = StepOptions::new(5).initial_interval(Duration::from_millis(500));
+    /// match ctx.step_with("charge", &policy, charge).await {
+    ///     Ok(receipt) => { let _: u64 = receipt; }
+    ///     Err(WorkflowError::StepFailed { attempts, message, .. }) => {
+    ///         // the attempts are spent: handle it (a fallback step, a compensation)
+    ///         let _ = (attempts, message);
+    ///     }
+    ///     Err(other) => return Err(other),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`WorkflowError::StepFailed`] once the attempts are spent or the policy does not retry
+    /// an error; otherwise the errors of [`step`](Self::step).
+    pub async fn step_with<T, E, F, Fut>(
+        &self,
+        name: &str,
+        options: &StepOptions,
+        mut action: F,
+    ) -> Result<T, WorkflowError>
+    where
+        T: Serialize + DeserializeOwned,
+        E: std::fmt::Display + 'static,
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        id::validate_user_step(name)?;
+        if let Some(value) = self.replayed(name, StepKind::Step)? {
+            return decode(name, value);
+        }
+        let failed_step = attempt_failed_step(name);
+        if let Some(failure) = self.replayed(&failed_step, StepKind::Attempt)? {
+            return Err(step_failed(name, &failure));
+        }
+        let mut failures = 0;
+        while self
+            .replayed(&attempt_step(name, failures + 1), StepKind::Attempt)?
+            .is_some()
+        {
+            failures += 1;
+        }
+        self.before_fresh_work(name).await?;
+        let started = Instant::now();
+        let max_attempts = options.max_attempts.max(1);
+        loop {
+            let attempt = failures + 1;
+            let span = tracing::debug_span!("step", keiro.workflow.step = name, attempt);
+            let run = tracing::Instrument::instrument(CatchPanic::new(action()), span);
+            let outcome = self.keep_alive(run).await;
+            self.state().stats.executed += 1;
+            let (message, retry) = match outcome {
+                Ok(Ok(value)) => {
+                    return self
+                        .record_result(name, StepKind::Step, started, &value)
+                        .await
+                }
+                Ok(Err(error)) => (error.to_string(), options.retries(&error)),
+                Err(panic) => (format!("panicked: {panic}"), true),
+            };
+            failures = attempt;
+            let record = json!({ "attempt": attempt, "message": crate::storable_text(&message) });
+            if !retry || attempt >= max_attempts {
+                let recorded = self.record(&failed_step, StepKind::Attempt, record).await?;
+                return Err(step_failed(name, &recorded));
+            }
+            self.record(&attempt_step(name, attempt), StepKind::Attempt, record)
+                .await?;
+            self.keep_alive(tokio::time::sleep(options.jittered_interval(failures)))
+                .await;
+            // The wait may have outlived the lease or met a cancel: stop before the next try.
+            self.before_fresh_work(name).await?;
+        }
+    }
+}
+
+/// The body's error for a journaled final failure of `step`.
+fn step_failed(step: &str, failure: &Value) -> WorkflowError {
+    WorkflowError::StepFailed {
+        step: step.to_owned(),
+        attempts: failure
+            .get("attempt")
+            .and_then(Value::as_u64)
+            .and_then(|n| u32::try_from(n).ok())
+            .unwrap_or(0),
+        message: failure
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+    }
+}
