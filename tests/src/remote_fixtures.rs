@@ -13,6 +13,9 @@ pub struct Parcel {
     pub order: String,
     /// Opt-in redispatch deadline, in milliseconds.
     pub redispatch_ms: Option<u64>,
+    /// The remote step's retries (so `retries + 1` attempts in all). Absent in older inputs.
+    #[serde(default)]
+    pub retries: u32,
 }
 
 /// `parcel`: prints a label on a remote worker, then records which process resumed it.
@@ -21,7 +24,10 @@ pub struct Parcel {
 ///
 /// Suspension while the label is printed, and the remote step's final failure.
 pub async fn parcel(ctx: Ctx, parcel: Parcel) -> Result<String, WorkflowError> {
-    let mut options = RemoteOptions::default();
+    let mut options = RemoteOptions {
+        retries: parcel.retries,
+        ..RemoteOptions::default()
+    };
     if let Some(ms) = parcel.redispatch_ms {
         options = options.redispatch(Duration::from_millis(ms), 5);
     }

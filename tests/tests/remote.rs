@@ -36,6 +36,8 @@ on_both_stores!(
     a_remote_step_beside_a_local_step_is_dispatched_while_the_action_runs,
     bad_operator_input_is_a_typed_error_and_starts_nothing,
     a_worker_claims_again_after_a_full_claim_not_after_every_handler,
+    a_claim_that_expires_counts_an_attempt_and_at_the_limit_the_step_crashed,
+    a_claim_expired_at_the_redispatch_deadline_counts_an_attempt_too,
 );
 
 fn options(h: &Harness) -> ResumeOptions {
@@ -1207,5 +1209,138 @@ async fn a_worker_claims_again_after_a_full_claim_not_after_every_handler(
     let claims = counting.claims.load(Ordering::SeqCst);
     running.stop().await;
     assert_eq!(claims, 3, "full, full, then empty");
+    Ok(())
+}
+
+/// `fragile`: one remote step `print` with `retries` (and `redispatch`, when given); the body
+/// turns the step's final failure into its output, `"<code> after <attempts>"`.
+fn fragile(retries: u32, redispatch: Option<Duration>) -> Result<Registry, keiro::RegistryError> {
+    let mut registry = Registry::new();
+    registry.register("fragile", move |ctx: Ctx, order: String| async move {
+        let mut options = RemoteOptions::default().retries(retries, Backoff::default());
+        if let Some(after) = redispatch {
+            options = options.redispatch(after, 10);
+        }
+        match ctx.remote::<_, String>("print", &order, &options).await {
+            Ok(label) => Ok(label),
+            Err(WorkflowError::Remote(e)) => Ok(format!(
+                "{} after {}",
+                e.code.unwrap_or_default(),
+                e.attempts
+            )),
+            Err(e) => Err(e),
+        }
+    })?;
+    Ok(registry)
+}
+
+/// Claims the `print` tasks as a worker that dies at once: nothing is ever reported, the claim
+/// only expires (after 50 ms).
+async fn claim_and_die(h: &Harness) -> Result<Vec<keiro_remote::ClaimedTask>, keiro::StoreError> {
+    h.transport
+        .tasks_claim(&keiro_remote::ClaimRequest {
+            groups: vec!["print".into()],
+            worker: "doomed".into(),
+            limit: 10,
+            claim_ttl: Duration::from_millis(50),
+        })
+        .await
+}
+
+async fn a_claim_that_expires_counts_an_attempt_and_at_the_limit_the_step_crashed(
+    h: Harness,
+) -> TestResult {
+    // Three attempts in all; every one is claimed by a worker whose process dies.
+    let registry = fragile(2, None)?;
+    h.keiro.start("fragile", "f-1", &"order-1").await?;
+    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    for attempt in 1..=3 {
+        let claimed = claim_and_die(&h).await?;
+        assert_eq!(
+            claimed.iter().map(|t| t.attempt).collect::<Vec<_>>(),
+            [attempt],
+            "the expired claims before this one each counted an attempt"
+        );
+        tokio::time::sleep(Duration::from_millis(120)).await;
+    }
+    // The third claim expired too: the next claim fails the step instead of handing it out
+    // again, and the run sees the crash.
+    let calls = Ledger::default();
+    let c = calls.clone();
+    let worker = RemoteWorker::builder(h.transport.clone())
+        .options(worker_options())
+        .handle("print", move |order: String, _task: TaskContext| {
+            let c = c.clone();
+            async move {
+                c.bump("print");
+                Ok::<_, TaskError>(format!("label:{order}"))
+            }
+        })
+        .build();
+    let running = Running::start(worker);
+    until_status(&h, &registry, "fragile", "f-1", Status::Completed).await?;
+    running.stop().await;
+    assert_eq!(calls.count("print"), 0, "the crashed step never ran again");
+    let row = h.keiro.instance("fragile", "f-1").await?.expect("row");
+    assert_eq!(
+        row.output,
+        Some(json!(format!(
+            "{} after 3",
+            keiro::RemoteStepError::CRASHED
+        )))
+    );
+    let tasks = h.keiro.remote_tasks("fragile", "f-1").await?;
+    assert_eq!(
+        (tasks[0].status, tasks[0].attempts, tasks[0].dispatches),
+        (TaskStatus::Failed, 3, 1)
+    );
+    assert_eq!(
+        last_error_code(&tasks[0]),
+        Some(json!(keiro::RemoteStepError::CRASHED))
+    );
+    assert!(claim_and_die(&h).await?.is_empty());
+    Ok(())
+}
+
+async fn a_claim_expired_at_the_redispatch_deadline_counts_an_attempt_too(
+    h: Harness,
+) -> TestResult {
+    // Two attempts in all. No worker claims between a claim's expiry and the step's
+    // redispatch deadline, so the run's re-arm is what finds the dead claim.
+    let registry = fragile(1, Some(Duration::from_millis(150)))?;
+    h.keiro.start("fragile", "f-2", &"order-2").await?;
+    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    assert_eq!(claim_and_die(&h).await?.len(), 1);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+        let tasks = h.keiro.remote_tasks("fragile", "f-2").await?;
+        if tasks[0].dispatches == 2 {
+            assert_eq!(
+                (tasks[0].status, tasks[0].attempts),
+                (TaskStatus::Pending, 1),
+                "the redispatch counted the expired claim"
+            );
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never redispatched");
+    }
+    let claimed = claim_and_die(&h).await?;
+    assert_eq!(claimed.iter().map(|t| t.attempt).collect::<Vec<_>>(), [2]);
+    until_status(&h, &registry, "fragile", "f-2", Status::Completed).await?;
+    let row = h.keiro.instance("fragile", "f-2").await?.expect("row");
+    assert_eq!(
+        row.output,
+        Some(json!(format!(
+            "{} after 2",
+            keiro::RemoteStepError::CRASHED
+        )))
+    );
+    let tasks = h.keiro.remote_tasks("fragile", "f-2").await?;
+    assert_eq!(
+        (tasks[0].status, tasks[0].attempts, tasks[0].dispatches),
+        (TaskStatus::Failed, 2, 2)
+    );
     Ok(())
 }

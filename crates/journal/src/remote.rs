@@ -95,7 +95,9 @@ pub struct RemoteOptions {
     /// Higher priorities are claimed first; equal priorities oldest first. Defaults to 0.
     pub priority: i32,
     /// How many times a failed attempt is retried (so `retries + 1` attempts in all).
-    /// A failure reported as not retryable is never retried. Defaults to 0.
+    /// A failure reported as not retryable is never retried. A claim that expires without a
+    /// report (the handler's process died) is a failed attempt too; at the last one the step
+    /// fails with [`RemoteStepError::CRASHED`]. Defaults to 0.
     pub retries: u32,
     /// The delays between attempts. Defaults to [`Backoff::default`].
     pub backoff: Backoff,
@@ -150,7 +152,8 @@ impl RemoteOptions {
 }
 
 /// The final failure of a remote step, as the body sees it: all retries are spent, the
-/// handler said the failure is not retryable, or the dispatch was lost too often.
+/// handler said the failure is not retryable, the dispatch was lost too often, or the last
+/// attempt's claim expired without a report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 #[error("remote step {step:?} failed after {attempts} attempt(s): {message}")]
 pub struct RemoteStepError {
@@ -158,7 +161,7 @@ pub struct RemoteStepError {
     pub step: String,
     /// The handler's message.
     pub message: String,
-    /// The handler's error code, or [`RemoteStepError::LOST`].
+    /// The handler's error code, [`RemoteStepError::LOST`] or [`RemoteStepError::CRASHED`].
     pub code: Option<String>,
     /// Whether the handler called the last failure retryable.
     pub retryable: bool,
@@ -170,9 +173,20 @@ impl RemoteStepError {
     /// The code of a step whose dispatch was lost `redispatch_max` times.
     pub const LOST: &'static str = "remote_step_lost";
 
+    /// The code of a step whose last attempt ended with its claim expiring without a report:
+    /// the handler's process died (killed, out of memory, aborted) or lost touch with the
+    /// store. An expired claim counts as a failed attempt, so this comes after as many
+    /// attempts as a retryable failure gets (`retries + 1`).
+    pub const CRASHED: &'static str = "remote_step_crashed";
+
     /// Whether the dispatch was lost rather than failed by a handler.
     pub fn is_lost(&self) -> bool {
         self.code.as_deref() == Some(Self::LOST)
+    }
+
+    /// Whether the last attempt's claim expired without a report (see [`Self::CRASHED`]).
+    pub fn is_crashed(&self) -> bool {
+        self.code.as_deref() == Some(Self::CRASHED)
     }
 }
 

@@ -115,6 +115,33 @@ impl Task {
         self.updated_at = now;
     }
 
+    /// Whether the task is claimed by a claim that expired at `now`.
+    fn claim_expired(&self, now: OffsetDateTime) -> bool {
+        self.status == TaskStatus::Running && self.claim_expires_at.is_some_and(|at| at <= now)
+    }
+
+    /// Counts an expired claim as a failed attempt (its holder stopped heartbeating without a
+    /// report: its process most likely died): the task is pending again with attempts left,
+    /// else failed with [`RemoteStepError::CRASHED`]. Returns whether it failed.
+    fn expire_claim(&mut self, now: OffsetDateTime) -> bool {
+        let attempts = self.attempts.saturating_add(1);
+        let message = format!(
+            "the claim of {} expired without a report (attempt {attempts} of {})",
+            self.claimed_by.as_deref().unwrap_or_default(),
+            self.max_attempts
+        );
+        self.attempts = attempts;
+        self.last_error = Some(last_error(&message, Some(RemoteStepError::CRASHED), true));
+        if attempts >= self.max_attempts {
+            self.settle(TaskStatus::Failed, now);
+            return true;
+        }
+        self.status = TaskStatus::Pending;
+        self.drop_claim();
+        self.updated_at = now;
+        false
+    }
+
     fn claimed(&self, claim: Uuid) -> ClaimedTask {
         ClaimedTask {
             step_id: self.step_id.clone(),
@@ -275,6 +302,22 @@ impl State {
         }
     }
 
+    /// Journals the error envelope of the failed task `step_id` into its owner, as the
+    /// report that failed it would. Returns the envelope and what became of it.
+    fn journal_failure(&mut self, step_id: &str) -> Result<(Value, Option<AppendOutcome>)> {
+        let Some(task) = self.tasks.by_id.get(step_id) else {
+            return Ok((Value::Null, None));
+        };
+        let envelope = error_envelope(
+            task.last_error.as_ref().unwrap_or(&Value::Null),
+            task.attempts,
+        );
+        let (key, generation, step) =
+            (task.key.clone(), task.generation, task.journal_step.clone());
+        let outcome = self.journal_result(&key, generation, &step, envelope.clone())?;
+        Ok((envelope, outcome))
+    }
+
     pub(crate) fn remote_arm(&mut self, arm: &RemoteArm) -> Result<RemoteArmOutcome> {
         let now = self.clock.now();
         let entry = self
@@ -373,6 +416,21 @@ impl State {
                 deadline: task.deadline_at,
             });
         }
+        // The redispatch below would drop this claim unseen by any claim's sweep.
+        if task.claim_expired(now) && task.expire_claim(now) {
+            return Ok(match self.journal_failure(&arm.step_id)? {
+                (value, Some(AppendOutcome::Appended)) => {
+                    RemoteArmOutcome::Settled { value, lost: false }
+                }
+                (_, Some(AppendOutcome::AlreadyPresent(value))) => {
+                    RemoteArmOutcome::Settled { value, lost: false }
+                }
+                // The owner closed or moved on: the park that follows sees that.
+                (_, Some(AppendOutcome::RefusedTerminal(_) | AppendOutcome::Conflict) | None) => {
+                    RemoteArmOutcome::Waiting { deadline: None }
+                }
+            });
+        }
         if task.dispatches < task.redispatch_max {
             task.dispatches = task.dispatches.saturating_add(1);
             task.make_available(now);
@@ -410,17 +468,20 @@ impl State {
         )
     }
 
-    fn tasks_claim(&mut self, request: &ClaimRequest) -> Vec<ClaimedTask> {
+    fn tasks_claim(&mut self, request: &ClaimRequest) -> Result<Vec<ClaimedTask>> {
         let now = self.clock.now();
         let served = |task: &Task| request.groups.contains(&task.group);
+        // Each expired claim is a failed attempt; the failures it ends are journaled in owner
+        // key order, as the Postgres sweep does.
+        let mut crashed = Vec::new();
         for task in self.tasks.by_id.values_mut() {
-            let expired = task.status == TaskStatus::Running
-                && task.claim_expires_at.is_some_and(|at| at <= now);
-            if expired && served(task) {
-                task.status = TaskStatus::Pending;
-                task.drop_claim();
-                task.updated_at = now;
+            if task.claim_expired(now) && served(task) && task.expire_claim(now) {
+                crashed.push((task.key.clone(), task.step_id.clone()));
             }
+        }
+        crashed.sort();
+        for (_, step_id) in crashed {
+            self.journal_failure(&step_id)?;
         }
         let mut due: Vec<&mut Task> = self
             .tasks
@@ -439,7 +500,8 @@ impl State {
             )
         });
         let limit = usize::try_from(request.limit).unwrap_or(usize::MAX);
-        due.into_iter()
+        Ok(due
+            .into_iter()
             .take(limit)
             .map(|task| {
                 let claim = Uuid::new_v4();
@@ -450,7 +512,7 @@ impl State {
                 task.updated_at = now;
                 task.claimed(claim)
             })
-            .collect()
+            .collect())
     }
 
     fn task_heartbeat(&mut self, step_id: &str, claim: Uuid, ttl: Duration) -> bool {
@@ -751,9 +813,7 @@ impl State {
 #[async_trait::async_trait]
 impl Transport for MemoryStore {
     async fn tasks_claim(&self, request: &ClaimRequest) -> Result<Vec<ClaimedTask>> {
-        self.transact("claiming remote tasks", |state| {
-            Ok(state.tasks_claim(request))
-        })
+        self.transact("claiming remote tasks", |state| state.tasks_claim(request))
     }
 
     async fn task_heartbeat(&self, step_id: &str, claim: Uuid, ttl: Duration) -> Result<bool> {
@@ -1172,7 +1232,11 @@ mod tests {
     async fn an_expired_claim_is_claimable_again_and_heartbeats_extend_a_claim() {
         let store = store();
         let key = start(&store, "a").await;
-        store.remote_arm(&arm(&key, "label")).await.unwrap();
+        let retried = RemoteArm {
+            max_attempts: 3,
+            ..arm(&key, "label")
+        };
+        store.remote_arm(&retried).await.unwrap();
         let step_id = id(&key, "label");
         let first = claim_one(&store, "label").await;
 
@@ -1205,8 +1269,8 @@ mod tests {
             .remove(0);
         assert_eq!(second.step_id, step_id);
         assert_ne!(second.claim, first.claim);
-        // An expired claim is no failed attempt.
-        assert_eq!(second.attempt, 1);
+        // An expired claim is a failed attempt.
+        assert_eq!(second.attempt, 2);
         let current = task(&store, &key, "label").await;
         assert_eq!(
             (
@@ -1214,7 +1278,15 @@ mod tests {
                 current.claimed_by.as_deref(),
                 current.attempts
             ),
-            (TaskStatus::Running, Some("w2"), 0)
+            (TaskStatus::Running, Some("w2"), 1)
+        );
+        assert_eq!(
+            current.last_error,
+            Some(json!({
+                "message": "the claim of w1 expired without a report (attempt 1 of 3)",
+                "code": RemoteStepError::CRASHED,
+                "retryable": true,
+            }))
         );
 
         assert!(!store
@@ -1229,7 +1301,133 @@ mod tests {
                 .unwrap(),
             ReportOutcome::Stale
         );
-        assert_eq!(task(&store, &key, "label").await.attempts, 0);
+        assert_eq!(task(&store, &key, "label").await.attempts, 1);
+    }
+
+    #[tokio::test]
+    async fn expired_claims_count_attempts_and_the_last_one_fails_the_step_as_crashed() {
+        let store = store();
+        let key = start(&store, "a").await;
+        let twice = RemoteArm {
+            max_attempts: 2,
+            ..arm(&key, "label")
+        };
+        store.remote_arm(&twice).await.unwrap();
+        park(&store, &key, "remote:label").await;
+        let first = claim_one(&store, "label").await;
+        assert_eq!(first.attempt, 1);
+        store.set_now(Some(T0 + Span::seconds(60)));
+        let second = claim_one(&store, "label").await;
+        assert_eq!(second.attempt, 2);
+        assert_eq!(status(&store, &key).await, Status::Suspended);
+
+        // The last attempt's claim expires too: the next claim fails the step, journals the
+        // error into the parked owner and wakes it, and hands out nothing.
+        let mut notifications = store.notifications();
+        store.set_now(Some(T0 + Span::seconds(120)));
+        assert!(store
+            .tasks_claim(&request(&["label"], "w2", 1))
+            .await
+            .unwrap()
+            .is_empty());
+        let crashed = json!({"error": {
+            "message": "the claim of w1 expired without a report (attempt 2 of 2)",
+            "code": RemoteStepError::CRASHED,
+            "retryable": true,
+            "attempts": 2,
+        }});
+        assert_eq!(
+            rows(&store, &key),
+            [row("remote:label", "remote", crashed.clone())]
+        );
+        assert_eq!(status(&store, &key).await, Status::Running);
+        assert_eq!(
+            drain(&mut notifications),
+            [Notification::Instance(key.clone())]
+        );
+        let failed = task(&store, &key, "label").await;
+        assert_eq!(
+            (failed.status, failed.attempts, failed.claimed_by),
+            (TaskStatus::Failed, 2, None)
+        );
+        // The dead claimant's late words change nothing; a re-arm reads the failure.
+        let late = failure("late", None, true);
+        assert_eq!(
+            store
+                .task_fail(&second.step_id, second.claim, &late, TTL)
+                .await
+                .unwrap(),
+            ReportOutcome::AlreadySettled
+        );
+        assert_eq!(
+            store.remote_arm(&twice).await.unwrap(),
+            RemoteArmOutcome::Settled {
+                value: crashed,
+                lost: false
+            }
+        );
+        // Another group's expired claims are left to its own claimers.
+        let other = start(&store, "b").await;
+        store.remote_arm(&arm(&other, "scan")).await.unwrap();
+        claim_one(&store, "scan").await;
+        store.set_now(Some(T0 + Span::seconds(240)));
+        assert!(store
+            .tasks_claim(&request(&["label"], "w2", 1))
+            .await
+            .unwrap()
+            .is_empty());
+        let scan = task(&store, &other, "scan").await;
+        assert_eq!((scan.status, scan.attempts), (TaskStatus::Running, 0));
+    }
+
+    #[tokio::test]
+    async fn a_passed_deadline_counts_the_expired_claim_it_drops() {
+        let store = store();
+        let key = start(&store, "a").await;
+        let twice = RemoteArm {
+            max_attempts: 2,
+            redispatch_after: Some(TEN_MINUTES),
+            ..arm(&key, "label")
+        };
+        store.remote_arm(&twice).await.unwrap();
+        claim_one(&store, "label").await;
+        store.set_now(Some(T0 + Span::minutes(10)));
+        assert_eq!(
+            store.remote_arm(&twice).await.unwrap(),
+            RemoteArmOutcome::Redispatched {
+                deadline: Some(T0 + Span::minutes(20))
+            }
+        );
+        let redispatched = task(&store, &key, "label").await;
+        assert_eq!(
+            (
+                redispatched.status,
+                redispatched.attempts,
+                redispatched.dispatches
+            ),
+            (TaskStatus::Pending, 1, 2)
+        );
+        assert_eq!(claim_one(&store, "label").await.attempt, 2);
+        store.set_now(Some(T0 + Span::minutes(20)));
+        let crashed = json!({"error": {
+            "message": "the claim of w1 expired without a report (attempt 2 of 2)",
+            "code": RemoteStepError::CRASHED,
+            "retryable": true,
+            "attempts": 2,
+        }});
+        assert_eq!(
+            store.remote_arm(&twice).await.unwrap(),
+            RemoteArmOutcome::Settled {
+                value: crashed.clone(),
+                lost: false
+            }
+        );
+        assert_eq!(rows(&store, &key), [row("remote:label", "remote", crashed)]);
+        let failed = task(&store, &key, "label").await;
+        assert_eq!(
+            (failed.status, failed.attempts, failed.dispatches),
+            (TaskStatus::Failed, 2, 2)
+        );
     }
 
     #[tokio::test]
@@ -1470,7 +1668,13 @@ mod tests {
         };
         let step_id = id(&key, "label");
         store.remote_arm(&lossy).await.unwrap();
-        let first = claim_one(&store, "label").await;
+        // Claimants that stay alive (their claims outlast the test) and never report: the
+        // deadline redispatches without counting an attempt.
+        let alive = ClaimRequest {
+            claim_ttl: Duration::from_secs(3600),
+            ..request(&["label"], "w1", 1)
+        };
+        let first = store.tasks_claim(&alive).await.unwrap().remove(0);
 
         store.set_now(Some(T0 + Span::minutes(5)));
         assert_eq!(
@@ -1510,7 +1714,7 @@ mod tests {
                 .unwrap(),
             ReportOutcome::Stale
         );
-        let second = claim_one(&store, "label").await;
+        let second = store.tasks_claim(&alive).await.unwrap().remove(0);
         assert_eq!((second.dispatches, second.attempt), (2, 1));
 
         store.set_now(Some(T0 + Span::minutes(20)));

@@ -58,6 +58,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "remote_hot_path",
         sql: include_str!("../../../migrations/0007_remote_hot_path.sql"),
     },
+    Migration {
+        version: 8,
+        name: "remote_claim_attempts",
+        sql: include_str!("../../../migrations/0008_remote_claim_attempts.sql"),
+    },
 ];
 
 const MIGRATE: &str = "migrating the schema";

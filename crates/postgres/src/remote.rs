@@ -4,16 +4,17 @@
 //! # Design
 //!
 //! A remote task is a row of `remote_tasks` keyed by its stable step id. Every operation is
-//! one call of a `keiro_*` function from migrations 0005 and 0007, so one round trip and one
+//! one call of a `keiro_*` function from migrations 0005, 0007 and 0008, so one round trip and one
 //! transaction (the parks of several runs that dispatch at the same moment share one: see
 //! `park_batch`):
 //!
 //! - arming locks the task row (when it exists), reads the owner's row without locking it, and
 //!   writes the task once; a re-arm only learns its state, and redispatches or loses it when
 //!   its deadline passed;
-//! - a claim returns expired claims of its groups to `pending`, then takes available pending
-//!   tasks `FOR UPDATE SKIP LOCKED` in priority-then-age order, so concurrent workers split
-//!   the backlog and never wait for each other;
+//! - a claim counts each expired claim of its groups as a failed attempt (the task is
+//!   `pending` again, or failed as `remote_step_crashed` at its limit, journaled into the
+//!   owner), then takes available pending tasks `FOR UPDATE SKIP LOCKED` in priority-then-age
+//!   order, so concurrent workers split the backlog and never wait for each other;
 //! - a report locks the task row, settles it and journals the result into the owner through
 //!   the shared append rules (task row before instance row), which flip a parked owner to
 //!   `running` and notify it;
@@ -544,8 +545,8 @@ fn remote_task(row: &Row) -> Result<RemoteTask> {
 }
 
 /// The task table as the remote workers' transport: a claim is one round trip that also
-/// returns expired claims to the pool, and a report settles the task and journals its result
-/// into the owner in one transaction.
+/// counts expired claims as failed attempts, and a report settles the task and journals its
+/// result into the owner in one transaction.
 #[async_trait::async_trait]
 impl Transport for PgStore {
     async fn tasks_claim(&self, request: &ClaimRequest) -> Result<Vec<ClaimedTask>> {

@@ -317,7 +317,7 @@ async fn an_expired_claim_is_claimable_again_and_its_holder_is_stale() -> TestRe
     let new = store.tasks_claim(&fresh).await?.remove(0);
     assert_eq!(new.step_id, old.step_id);
     assert_ne!(new.claim, old.claim);
-    assert_eq!(new.attempt, 1, "an expired claim is not a failed attempt");
+    assert_eq!(new.attempt, 2, "an expired claim is a failed attempt");
     assert!(
         !store
             .task_heartbeat(&old.step_id, old.claim, Duration::from_secs(60))
@@ -335,8 +335,72 @@ async fn an_expired_claim_is_claimable_again_and_its_holder_is_stale() -> TestRe
     assert_eq!(stale, ReportOutcome::Stale);
     let stored = task(&store, &owner, &a.step_id).await?;
     assert_eq!(stored.status, TaskStatus::Running);
-    assert_eq!(stored.attempts, 0);
+    assert_eq!(stored.attempts, 1);
     assert_eq!(stored.claimed_by.as_deref(), Some("w-new"));
+    assert_eq!(
+        stored.last_error,
+        Some(json!({
+            "message": "the claim of w-old expired without a report (attempt 1 of 3)",
+            "code": "remote_step_crashed",
+            "retryable": true,
+        }))
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_last_expired_claim_fails_the_step_as_crashed_and_wakes_the_owner() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let owner = key("owner", "o-1");
+    start_parked(&store, &owner).await?;
+    let a = RemoteArm {
+        max_attempts: 2,
+        ..arm(&owner, "label", json!(1))
+    };
+    store.remote_arm(&a).await?;
+    let short = claim_request(&["label"], "w-dead", 1, Duration::from_millis(50));
+    for attempt in 1..=2 {
+        let claimed = store.tasks_claim(&short).await?;
+        assert_eq!(
+            claimed.iter().map(|t| t.attempt).collect::<Vec<_>>(),
+            [attempt]
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status(&store, &owner).await?, Status::Suspended);
+    let mut listener = Listener::on(&store).await?;
+    assert!(claim_tasks(&store, &["label"], 1).await?.is_empty());
+    let crashed = json!({"error": {
+        "message": "the claim of w-dead expired without a report (attempt 2 of 2)",
+        "code": "remote_step_crashed",
+        "retryable": true,
+        "attempts": 2,
+    }});
+    assert_eq!(
+        recorded(&store, &owner, "remote:label").await?,
+        std::slice::from_ref(&crashed)
+    );
+    assert_eq!(status(&store, &owner).await?, Status::Running);
+    let payloads: Vec<_> = listener
+        .drain(Duration::from_millis(200))
+        .await
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect();
+    assert_eq!(payloads, ["owner/o-1"]);
+    let stored = task(&store, &owner, &a.step_id).await?;
+    assert_eq!(
+        (stored.status, stored.attempts, stored.claimed_by),
+        (TaskStatus::Failed, 2, None)
+    );
+    assert_eq!(
+        store.remote_arm(&a).await?,
+        RemoteArmOutcome::Settled {
+            value: crashed,
+            lost: false
+        }
+    );
     Ok(())
 }
 

@@ -1,8 +1,10 @@
 //! A remote worker process for the multi-process remote-step tests.
 //!
-//! Usage: `keiro-test-remote-worker <database-url> <schema> <ok|hang>`; runs until killed.
-//! `ok` serves `print` and also resumes `parcel` runs; `hang` claims `print` tasks and never
-//! finishes them (a worker about to be killed).
+//! Usage: `keiro-test-remote-worker <database-url> <schema> <ok|hang|abort> [witness-file]`;
+//! runs until killed. `ok` serves `print` and also resumes `parcel` runs; `hang` claims `print`
+//! tasks and never finishes them (a worker about to be killed); `abort` claims a `print` task,
+//! appends `<pid> <attempt>` to the witness file and aborts the process (a handler that
+//! kills its process, as an out-of-memory kill would), with claims that expire after 300 ms.
 
 use std::time::Duration;
 
@@ -14,7 +16,10 @@ use keiro_tests::remote_fixtures::{parcel, print};
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let (Some(url), Some(schema), Some(mode)) = (args.next(), args.next(), args.next()) else {
-        return Err("usage: keiro-test-remote-worker <database-url> <schema> <ok|hang>".into());
+        return Err(
+            "usage: keiro-test-remote-worker <database-url> <schema> <ok|hang|abort> [witness]"
+                .into(),
+        );
     };
     let store = PgStore::connect(Config {
         schema,
@@ -53,7 +58,45 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .build();
             remote.run_until(forever).await;
         }
+        "abort" => {
+            let witness = args.next().ok_or("abort needs a witness file")?;
+            let remote = keiro
+                .remote_worker()?
+                .options(RemoteWorkerOptions {
+                    claim_ttl: Duration::from_millis(300),
+                    heartbeat_every: Duration::from_millis(100),
+                    ..options
+                })
+                .handle("print", move |_: String, task: TaskContext| {
+                    abort_after_witness(witness.clone(), task)
+                })
+                .build();
+            remote.run_until(forever).await;
+        }
         other => return Err(format!("unknown mode {other:?}").into()),
     }
     Ok(())
+}
+
+/// The `abort` mode's handler: records its start, then kills its own process.
+async fn abort_after_witness(witness: String, task: TaskContext) -> Result<String, TaskError> {
+    witness_start(&witness, task.attempt);
+    std::process::abort()
+}
+
+/// Appends `<pid> <attempt>` to the witness file and flushes it to disk, so the line survives
+/// the abort that follows.
+fn witness_start(path: &str, attempt: u32) {
+    use std::io::Write;
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut file| {
+            writeln!(file, "{} {attempt}", std::process::id())?;
+            file.sync_all()
+        });
+    if let Err(error) = written {
+        eprintln!("keiro-test-remote-worker: witness {path}: {error}");
+    }
 }
