@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use keiro::{Ctx, Keiro, Metrics, Status, WorkflowError};
+use keiro::{Ctx, Keiro, Metrics, Status};
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 
 #[tokio::main]
