@@ -13,9 +13,13 @@
 //! 3. the body returns while such a step is still unconsumed.
 //!
 //! Only steps the body records itself count for 2 and 3 (`ctx.step`, patch decisions, child
-//! spawns, awakeable allocations). Values that arrive from outside — await results, sleep
-//! fires, signals, child results, remote results — may be journaled before the body reaches
-//! them, so they never count.
+//! spawns, awakeable allocations, final failures of `step_with`), and remote results: a worker
+//! journals a remote result from outside, but the task exists only because the body dispatched
+//! it, so a recorded `remote:<step>` is evidence of the body's own call, as a spawn is. A
+//! remote step still pending has no record and is not checked; after an operator's requeue
+//! the superseded result no longer counts and its next revision (`remote:<step>#<n>`) counts
+//! as the step. Values that may be journaled before the body reaches them — await results,
+//! sleep fires, signals, child results, awakeable values — never count.
 //!
 //! Concurrent steps in one body (`join`) are not false positives: before its divergence check
 //! a fresh call yields once, so every sibling future polled in the same round consumes its
@@ -53,7 +57,8 @@ pub(crate) struct Replay {
 /// Whether the body itself records this step, as opposed to a wake source delivering it.
 pub(crate) fn recorded_by_body(step: &str, kind: StepKind) -> bool {
     match kind {
-        StepKind::Step | StepKind::Patch => true,
+        // A remote result exists only for a task the body dispatched.
+        StepKind::Step | StepKind::Patch | StepKind::Remote => true,
         StepKind::Awakeable => step.starts_with("awkid:"),
         StepKind::Child => !step.ends_with(":result"),
         StepKind::Attempt => crate::retry::is_final_attempt(step),
@@ -175,9 +180,8 @@ mod tests {
         assert_eq!(r.first_unconsumed(), None);
     }
 
-    #[test]
-    fn a_reset_step_is_awaited_again_and_its_revision_replays() {
-        let reset = |seq: i64, superseded: &str| JournalEntry {
+    fn reset(seq: i64, superseded: &str) -> JournalEntry {
+        JournalEntry {
             seq,
             generation: 0,
             event: Event::StepReset {
@@ -185,7 +189,11 @@ mod tests {
                 superseded: superseded.into(),
             },
             recorded_at: OffsetDateTime::UNIX_EPOCH,
-        };
+        }
+    }
+
+    #[test]
+    fn a_reset_step_is_awaited_again_and_its_revision_replays() {
         let mut r = Replay::new(&[
             entry(1, "remote:label", StepKind::Remote),
             reset(2, "remote:label"),
@@ -202,6 +210,37 @@ mod tests {
             r.lookup("remote:label", StepKind::Remote),
             Lookup::Hit(json!(3))
         );
+    }
+
+    #[test]
+    fn a_remote_result_counts_as_reached_only_while_it_is_current() {
+        let mut r = Replay::new(&[
+            entry(1, "remote:label", StepKind::Remote),
+            entry(2, "after", StepKind::Step),
+        ]);
+        assert_eq!(r.first_unconsumed(), Some("remote:label"));
+        assert_eq!(
+            r.lookup("remote:label", StepKind::Remote),
+            Lookup::Hit(json!(1))
+        );
+        assert_eq!(r.first_unconsumed(), Some("after"));
+        // A superseded result waits for its next revision, which then counts as the step.
+        let r = Replay::new(&[
+            entry(1, "remote:label", StepKind::Remote),
+            reset(2, "remote:label"),
+        ]);
+        assert_eq!(r.first_unconsumed(), None);
+        let mut r = Replay::new(&[
+            entry(1, "remote:label", StepKind::Remote),
+            reset(2, "remote:label"),
+            entry(3, "remote:label#1", StepKind::Remote),
+        ]);
+        assert_eq!(r.first_unconsumed(), Some("remote:label"));
+        assert_eq!(
+            r.lookup("remote:label", StepKind::Remote),
+            Lookup::Hit(json!(3))
+        );
+        assert_eq!(r.first_unconsumed(), None);
     }
 
     #[test]
