@@ -803,6 +803,8 @@ fn patched_flow(ledger: Ledger) -> Arc<dyn keiro::Workflow> {
                 })
                 .await?;
             }
+            ctx.step("second", || async { Ok::<_, Infallible>(()) })
+                .await?;
             let _: bool = ctx.await_step("go").await?;
             Ok(new)
         }
@@ -811,9 +813,12 @@ fn patched_flow(ledger: Ledger) -> Arc<dyn keiro::Workflow> {
 
 async fn patched_takes_old_branch_in_flight_and_new_branch_fresh(h: Harness) -> TestResult {
     let ledger = Ledger::default();
-    // In flight: the old code (no patch) already recorded "first" and parked.
+    // In flight: the old code (no patch) already recorded "first" and, past the patch's
+    // place, "second", then parked.
     let old = workflow_fn(|ctx: Ctx, (): ()| async move {
         ctx.step("first", || async { Ok::<_, Infallible>(()) })
+            .await?;
+        ctx.step("second", || async { Ok::<_, Infallible>(()) })
             .await?;
         let _: bool = ctx.await_step("go").await?;
         Ok(false)

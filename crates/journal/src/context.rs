@@ -183,7 +183,6 @@ pub(crate) struct State {
     pub(crate) open_ended: bool,
     last_confirmed: Instant,
     pub(crate) stats: RunStats,
-    fresh_generation: bool,
     /// How many signal waits on each token this run has made, for their step names.
     pub(crate) signal_ordinals: std::collections::HashMap<String, u32>,
     /// The park at the end of the run, if it parked.
@@ -227,7 +226,6 @@ impl Ctx {
         replay: Replay,
         options: RunOptions,
     ) -> Self {
-        let fresh_generation = !replay.has_body_steps();
         let last_confirmed = options.confirmed_at.unwrap_or_else(Instant::now);
         Self {
             inner: Arc::new(Inner {
@@ -244,7 +242,6 @@ impl Ctx {
                     open_ended: false,
                     last_confirmed,
                     stats: RunStats::default(),
-                    fresh_generation,
                     signal_ordinals: std::collections::HashMap::new(),
                     parked: None,
                     deferred: Vec::new(),
@@ -493,9 +490,16 @@ impl Ctx {
 
     /// Whether this run takes the new branch of patch `id`.
     ///
-    /// A run whose generation had already journaled steps when it met the patch is in flight
-    /// and takes the old branch (`false`); a fresh run takes the new one (`true`). The decision
-    /// is journaled under `patch:<id>`, so every later replay takes the same branch.
+    /// The first time a run meets the patch, it takes the old branch (`false`) when the old
+    /// code already ran past this point: the journal holds a step the body recorded (see the
+    /// `replay` module docs) that this drive has not replayed yet when the call is reached,
+    /// so the new branch could contradict it. Otherwise it takes the new branch (`true`),
+    /// wherever the patch sits: a run started on the new code, or an older run that had not
+    /// recorded anything past this point (it may have parked on an await past it), gets the
+    /// new branch even after any number of parks. Before deciding, the call lets the branches
+    /// of a `join` polled with it replay their recorded steps, so a step recorded beside the
+    /// patch does not count as past it. The decision is journaled under `patch:<id>`, so every
+    /// later replay takes the same branch.
     ///
     /// ```no_run
     /// # async fn body(ctx: keiro_journal::Ctx) -> Result<(), keiro_journal::WorkflowError> {
@@ -514,9 +518,19 @@ impl Ctx {
         if let Some(value) = self.replayed(&step, StepKind::Patch)? {
             return decode(&step, value);
         }
-        // No divergence check: a patch met before recorded steps is exactly the in-flight
-        // case it exists for.
-        let decision = self.state().fresh_generation;
+        // As before a fresh step, siblings replay first, so only steps recorded past this
+        // point (not beside it) are still unconsumed. No divergence check: a patch met before
+        // recorded steps is exactly the in-flight case it exists for.
+        YieldNow::new().await;
+        let decision = {
+            let state = self.state();
+            if let Some(halt) = &state.halt {
+                return Err(WorkflowError::Halted {
+                    reason: halt.describe(),
+                });
+            }
+            state.replay.first_unconsumed().is_none()
+        };
         self.confirm_if_stale().await?;
         let recorded = self
             .record(&step, StepKind::Patch, Value::Bool(decision))

@@ -24,6 +24,18 @@
 //! Concurrent steps in one body (`join`) are not false positives: before its divergence check
 //! a fresh call yields once, so every sibling future polled in the same round consumes its
 //! recorded steps first, and replayed steps resolve without a store round trip.
+//!
+//! # Patch decisions
+//!
+//! The same model decides a patch met for the first time (no `patch:<id>` record): the old
+//! branch exactly when a body-recorded step is still unconsumed at that point (after the same
+//! yield), because then the old code ran past the patch and recorded what the new branch may
+//! not match; the new branch otherwise. So the decision is taken per patch position, not per
+//! run: a patch placed after a park still reaches runs that parked before it. Nothing but the
+//! journal is evidence: an older run that parked on an await past the patch without recording
+//! a step past it takes the new branch (the new code runs before the await is read, which the
+//! journal does not contradict), and a remote step it dispatched past the patch counts only
+//! once its result is journaled.
 
 use std::collections::{HashMap, HashSet};
 
@@ -113,11 +125,6 @@ impl Replay {
             Some(&revision) => revised_step(step, revision).into(),
             None => step.into(),
         }
-    }
-
-    /// Whether the journal held any body-recorded step when the run began.
-    pub(crate) fn has_body_steps(&self) -> bool {
-        !self.body_order.is_empty()
     }
 
     /// Looks a step up and marks it consumed on a hit.
@@ -263,7 +270,6 @@ mod tests {
             entry(4, "awk:123", StepKind::Awakeable),
         ]);
         assert_eq!(r.first_unconsumed(), None);
-        assert!(!r.has_body_steps());
         let r = Replay::new(&[
             entry(1, "child:c1", StepKind::Child),
             entry(2, "awkid:a", StepKind::Awakeable),
