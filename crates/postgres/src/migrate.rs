@@ -63,6 +63,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "remote_claim_attempts",
         sql: include_str!("../../../migrations/0008_remote_claim_attempts.sql"),
     },
+    Migration {
+        version: 9,
+        name: "function_search_path",
+        sql: include_str!("../../../migrations/0009_function_search_path.sql"),
+    },
 ];
 
 const MIGRATE: &str = "migrating the schema";
