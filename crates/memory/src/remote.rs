@@ -631,7 +631,28 @@ impl State {
 
     /// Requeues the failed instance `key`, and through it its failed children. The caller has
     /// checked that `key` is failed and put it in `visited`.
+    ///
+    /// A worklist, not recursion: a chain of failed children can be as deep as users nest
+    /// them, and each level would cost a stack frame. Children are taken depth first in the
+    /// order their parents' records name them, so `children` lists each before its own.
     fn requeue_failed(&mut self, key: &InstanceKey, requeue: &mut Requeue) -> Result<()> {
+        let mut pending = self.requeue_one(key, requeue)?;
+        pending.reverse();
+        while let Some(child) = pending.pop() {
+            requeue.children.push(child.clone());
+            let found = self.requeue_one(&child, requeue)?;
+            pending.extend(found.into_iter().rev());
+        }
+        Ok(())
+    }
+
+    /// Requeues the failed instance `key` alone and returns its failed children still to
+    /// requeue, already in `visited`.
+    fn requeue_one(
+        &mut self,
+        key: &InstanceKey,
+        requeue: &mut Requeue,
+    ) -> Result<Vec<InstanceKey>> {
         let now = self.clock.now();
         let entry = self
             .instances
@@ -643,6 +664,7 @@ impl State {
         let mut redispatched = false;
         // Journaled once the row is running again: an append into a failed row is refused.
         let mut buffered = Vec::new();
+        let mut found = Vec::new();
         for (stored, failure) in failures {
             self.reset_step(key, generation, &stored)?;
             requeue.reset_steps = requeue.reset_steps.saturating_add(1);
@@ -676,8 +698,7 @@ impl State {
                 .get(&child)
                 .is_some_and(|entry| entry.row.status == Status::Failed);
             if failed && requeue.visited.insert(child.clone()) {
-                requeue.children.push(child.clone());
-                self.requeue_failed(&child, requeue)?;
+                found.push(child);
             }
         }
 
@@ -710,7 +731,7 @@ impl State {
         if redispatched {
             self.remote_tasks_ready();
         }
-        Ok(())
+        Ok(found)
     }
 
     /// Supersedes the row stored as `stored` with a `StepReset`.
