@@ -103,6 +103,10 @@ impl Keiro {
 
     /// Connects to Postgres at `url` (schema `keiro`) and applies pending migrations.
     ///
+    /// Applying a migration needs the CREATE privilege; on an up-to-date schema nothing is
+    /// applied and a role without it connects all the same. A role that must never migrate
+    /// connects with [`connect_without_migrating`](Self::connect_without_migrating).
+    ///
     /// # Errors
     ///
     /// [`Error::Postgres`] when the database cannot be reached or migrated.
@@ -112,15 +116,41 @@ impl Keiro {
         Self::connect_with(config).await
     }
 
-    /// Connects with a full Postgres configuration and applies pending migrations.
+    /// Connects to Postgres at `url` (schema `keiro`) without migrating, for a role that only
+    /// runs workflows: it needs USAGE on the schema, SELECT, INSERT, UPDATE and DELETE on its
+    /// tables, and EXECUTE on its functions, but no CREATE. Another role migrates the schema
+    /// (`keiro migrate`, [`PgStore::migrate`](keiro_postgres::PgStore::migrate)) before this
+    /// build runs on it.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), keiro::Error> {
+    /// let keiro = keiro::Keiro::connect_without_migrating("postgres://app_runner@db/app").await?;
+    /// # let _ = keiro; Ok(()) }
+    /// ```
     ///
     /// # Errors
     ///
-    /// [`Error::Postgres`] when the database cannot be reached or migrated.
+    /// [`Error::Postgres`] when the database cannot be reached.
+    #[cfg(feature = "postgres")]
+    pub async fn connect_without_migrating(url: &str) -> Result<Self, Error> {
+        Self::connect_with(keiro_postgres::Config::new(url).migrate(false)).await
+    }
+
+    /// Connects with a full Postgres configuration and, unless
+    /// [`Config::migrate`](keiro_postgres::Config#structfield.migrate) is off, applies pending
+    /// migrations.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Postgres`] when the database cannot be reached or migrated (a pending
+    /// migration the role may not apply is `keiro_postgres::Error::MigrationPrivilege`).
     #[cfg(feature = "postgres")]
     pub async fn connect_with(config: keiro_postgres::Config) -> Result<Self, Error> {
+        let migrate = config.migrate;
         let store = keiro_postgres::PgStore::connect(config).await?;
-        store.migrate().await?;
+        if migrate {
+            store.migrate().await?;
+        }
         Ok(Self::with_push(store))
     }
 

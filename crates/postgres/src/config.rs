@@ -56,8 +56,11 @@ pub struct Config {
     pub url: String,
     /// The schema keiro's tables and functions live in. Every connection gets it as its
     /// `search_path`, so two schemas in one database are two isolated installations. A plain
-    /// lowercase identifier (`[a-z_][a-z0-9_]*`) of at most [`SCHEMA_LEN_MAX`] bytes. Defaults
-    /// to [`SCHEMA_DEFAULT`].
+    /// lowercase identifier (`[a-z_][a-z0-9_]*`) of at most [`SCHEMA_LEN_MAX`] bytes, and not a
+    /// shared one (`public`, `information_schema`, `pg_*`) unless [`allow_shared_schema`] is
+    /// set. Defaults to [`SCHEMA_DEFAULT`].
+    ///
+    /// [`allow_shared_schema`]: #structfield.allow_shared_schema
     pub schema: String,
     /// The most connections the pool holds; they are opened on demand. At least
     /// [`POOL_SIZE_MIN`]. Defaults to [`POOL_SIZE_DEFAULT`].
@@ -71,6 +74,16 @@ pub struct Config {
     /// The `application_name` reported to the server (visible in `pg_stat_activity`), used
     /// when the URL does not set one. Defaults to [`APPLICATION_NAME_DEFAULT`].
     pub application_name: String,
+    /// Whether `keiro::Keiro::connect_with` applies pending migrations when it connects.
+    /// Turn it off for a role that runs workflows but may not change the schema (it needs no
+    /// CREATE privilege then); [`PgStore::connect`](crate::PgStore::connect) never migrates
+    /// either way. Defaults to `true`.
+    pub migrate: bool,
+    /// Whether [`schema`](#structfield.schema) may be a schema usually shared with other roles or
+    /// reserved by PostgreSQL: `public`, `information_schema` or a `pg_` name. keiro's functions
+    /// trust every object in their own schema, so a role that can create objects there could
+    /// have them call its code instead of a built-in. Defaults to `false`.
+    pub allow_shared_schema: bool,
 }
 
 impl Default for Config {
@@ -94,7 +107,38 @@ impl Config {
             connect_timeout: CONNECT_TIMEOUT_DEFAULT,
             acquire_timeout: ACQUIRE_TIMEOUT_DEFAULT,
             application_name: APPLICATION_NAME_DEFAULT.to_owned(),
+            migrate: true,
+            allow_shared_schema: false,
         }
+    }
+
+    /// Sets the [`migrate`](#structfield.migrate) field: whether `keiro::Keiro::connect_with`
+    /// applies pending migrations.
+    ///
+    /// ```
+    /// let config = keiro_postgres::Config::new("postgres://app_runner@db/app").migrate(false);
+    /// assert!(!config.migrate);
+    /// ```
+    #[must_use]
+    pub fn migrate(mut self, migrate: bool) -> Self {
+        self.migrate = migrate;
+        self
+    }
+
+    /// Sets the [`allow_shared_schema`](#structfield.allow_shared_schema) field: whether keiro
+    /// may live in `public`, `information_schema` or a `pg_` schema.
+    ///
+    /// ```
+    /// use keiro_postgres::Config;
+    ///
+    /// let public = Config { schema: "public".into(), ..Config::default() };
+    /// assert!(public.clone().validate().is_err());
+    /// assert!(public.allow_shared_schema(true).validate().is_ok());
+    /// ```
+    #[must_use]
+    pub fn allow_shared_schema(mut self, allow: bool) -> Self {
+        self.allow_shared_schema = allow;
+        self
     }
 
     /// Checks every field against its bounds.
@@ -109,6 +153,17 @@ impl Config {
     /// ```
     pub fn validate(&self) -> Result<()> {
         validate_schema(&self.schema)?;
+        if !self.allow_shared_schema && is_shared_schema(&self.schema) {
+            return Err(invalid(
+                "schema",
+                format!(
+                    "{:?} is shared with other roles or reserved by PostgreSQL; keiro's functions \
+                     trust every object in their schema, so give keiro a schema of its own or \
+                     set allow_shared_schema",
+                    self.schema
+                ),
+            ));
+        }
         if self.pool_size < POOL_SIZE_MIN {
             return Err(invalid(
                 "pool_size",
@@ -175,6 +230,8 @@ impl fmt::Debug for Config {
             .field("connect_timeout", &self.connect_timeout)
             .field("acquire_timeout", &self.acquire_timeout)
             .field("application_name", &self.application_name)
+            .field("migrate", &self.migrate)
+            .field("allow_shared_schema", &self.allow_shared_schema)
             .finish()
     }
 }
@@ -207,6 +264,12 @@ fn validate_schema(schema: &str) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Whether `schema` is one other roles usually may create objects in (`public`, where they
+/// could before PostgreSQL 15 and still can in many databases) or one PostgreSQL reserves.
+fn is_shared_schema(schema: &str) -> bool {
+    schema == "public" || schema == "information_schema" || schema.starts_with("pg_")
 }
 
 /// Hides the password of a URL's user info and of any `password=` setting (query parameter or
@@ -279,6 +342,48 @@ mod tests {
             assert!(validate_schema(bad).is_err(), "{bad:?} should be rejected");
         }
         assert_eq!(SCHEMA_LEN_MAX + WAKE_CHANNEL_SUFFIX.len(), 63);
+    }
+
+    #[test]
+    fn shared_schemas_need_an_explicit_opt_in() {
+        for shared in [
+            "public",
+            "information_schema",
+            "pg_catalog",
+            "pg_temp",
+            "pg_keiro",
+        ] {
+            let config = Config {
+                schema: shared.into(),
+                ..Config::default()
+            };
+            assert!(
+                matches!(
+                    config.validate(),
+                    Err(Error::Config {
+                        field: "schema",
+                        ..
+                    })
+                ),
+                "{shared} should be refused"
+            );
+            config.allow_shared_schema(true).validate().unwrap();
+        }
+        for own in ["keiro", "publicity", "_pg_keiro", "keiro_pg_"] {
+            Config {
+                schema: own.into(),
+                ..Config::default()
+            }
+            .validate()
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn migrating_on_connect_is_the_default_and_can_be_turned_off() {
+        assert!(Config::default().migrate);
+        assert!(!Config::default().migrate(false).migrate);
+        assert!(!Config::default().allow_shared_schema);
     }
 
     #[test]

@@ -66,6 +66,24 @@ pub enum Error {
         /// The migration's name.
         name: &'static str,
     },
+    /// A migration is pending, but the connecting role lacks a privilege applying it needs;
+    /// nothing was applied. Migrate with the role that owns the schema (or connect the running
+    /// role with [`Config::migrate`](crate::Config#structfield.migrate) off until then).
+    #[error(
+        "migration {version} ({name}) is pending in schema {schema}, but the role lacks \
+         {privilege}, which applying it needs; migrate with the role that owns the schema"
+    )]
+    MigrationPrivilege {
+        /// The schema.
+        schema: String,
+        /// The first pending migration's number.
+        version: i32,
+        /// The first pending migration's name.
+        name: &'static str,
+        /// The missing privilege, as PostgreSQL grants it, such as
+        /// `CREATE on schema keiro`.
+        privilege: String,
+    },
     /// Applying a migration failed; its transaction was rolled back.
     #[error("applying migration {version} ({name}) to schema {schema} failed")]
     Migration {

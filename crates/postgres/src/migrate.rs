@@ -6,6 +6,11 @@
 //! in one transaction together with its bookkeeping row in `keiro_migrations`, so a failure
 //! leaves no half-applied migration. A file that was applied with a different checksum is
 //! refused: migrations are never edited once shipped, later files change what earlier ones did.
+//!
+//! Only applying needs privileges beyond a running role's: what is applied is read first (a
+//! catalog lookup, then a plain SELECT on the bookkeeping table), so a role without CREATE on
+//! an up-to-date schema migrates as a no-op, and one that would need it is told so before
+//! anything is attempted.
 
 use deadpool_postgres::Object;
 use sha2::{Digest, Sha256};
@@ -95,7 +100,11 @@ impl PgStore {
     /// Creates the schema if needed and applies every migration it lacks, in order. Returns
     /// the versions applied by this call: empty when the schema was up to date.
     ///
-    /// Safe to run from many processes at once, and at every start.
+    /// Safe to run from many processes at once, and at every start. On an up-to-date schema it
+    /// only reads, so a role with no CREATE privilege (one that only runs workflows) can call it
+    /// too; applying a migration needs CREATE on the schema (on the database, when the schema is
+    /// missing) and ownership of keiro's tables and functions, which the role that first
+    /// migrated the schema has.
     ///
     /// ```no_run
     /// # async fn demo(store: keiro_postgres::PgStore) -> Result<(), keiro_postgres::Error> {
@@ -108,8 +117,10 @@ impl PgStore {
     /// # Errors
     ///
     /// [`Error::MigrationChanged`] when an applied migration differs from the embedded file
-    /// (nothing is applied then); [`Error::Migration`] when a file fails to apply (its
-    /// transaction is rolled back); [`Error::Unavailable`] or [`Error::Database`] otherwise.
+    /// (nothing is applied then); [`Error::MigrationPrivilege`] when a migration is pending and
+    /// the role lacks the CREATE privilege applying it needs (nothing is applied then);
+    /// [`Error::Migration`] when a file fails to apply (its transaction is rolled back);
+    /// [`Error::Unavailable`] or [`Error::Database`] otherwise.
     pub async fn migrate(&self) -> Result<Vec<i32>> {
         let mut client = self
             .pool()
@@ -137,8 +148,12 @@ impl PgStore {
     }
 
     async fn migrate_locked(&self, client: &mut Object) -> Result<Vec<i32>> {
-        self.schema_create(client).await?;
-        let applied = self.migrations_applied(client).await?;
+        let state = self.schema_state(client).await?;
+        let applied = if state.bookkept {
+            self.migrations_applied(client).await?
+        } else {
+            Vec::new()
+        };
         // Every applied file is checked before anything is applied, so an edited migration
         // stops the run with the schema untouched.
         for migration in MIGRATIONS {
@@ -162,11 +177,29 @@ impl PgStore {
                 "the schema has a migration this build does not know"
             );
         }
+        let pending: Vec<&Migration> = MIGRATIONS
+            .iter()
+            .filter(|m| !applied.iter().any(|(v, _)| *v == m.version))
+            .collect();
+        let Some(first) = pending.first() else {
+            return Ok(Vec::new());
+        };
+        if !state.may_create {
+            let privilege = if state.schema_exists {
+                format!("CREATE on schema {}", self.schema())
+            } else {
+                format!("CREATE on database {}", state.database)
+            };
+            return Err(Error::MigrationPrivilege {
+                schema: self.schema().to_owned(),
+                version: first.version,
+                name: first.name,
+                privilege,
+            });
+        }
+        self.schema_create(client, &state).await?;
         let mut done = Vec::new();
-        for migration in MIGRATIONS {
-            if applied.iter().any(|(v, _)| *v == migration.version) {
-                continue;
-            }
+        for migration in pending {
             self.migration_apply(client, migration)
                 .await
                 .map_err(|source| Error::Migration {
@@ -187,7 +220,25 @@ impl PgStore {
     }
 }
 
-const SCHEMA_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)";
+/// What is there before anything is applied, read from the catalogs, which every role may read.
+struct SchemaState {
+    schema_exists: bool,
+    /// Whether the bookkeeping table exists.
+    bookkept: bool,
+    /// Whether the role may create what is missing: on the schema, or on the database when the
+    /// schema itself is missing.
+    may_create: bool,
+    /// The database's name, for the message of a missing privilege.
+    database: String,
+}
+
+const SCHEMA_STATE: &str = "SELECT n.oid IS NOT NULL, \
+         EXISTS (SELECT 1 FROM pg_class c \
+                 WHERE c.relnamespace = n.oid AND c.relname = 'keiro_migrations'), \
+         CASE WHEN n.oid IS NULL THEN has_database_privilege(current_database(), 'CREATE') \
+              ELSE has_schema_privilege(n.oid, 'CREATE') END, \
+         current_database()::text \
+     FROM (SELECT $1::text AS name) s LEFT JOIN pg_namespace n ON n.nspname = s.name";
 const MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS keiro_migrations ( \
          version    integer PRIMARY KEY, \
          name       text NOT NULL, \
@@ -195,18 +246,27 @@ const MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS keiro_migrations ( \
          applied_at timestamptz NOT NULL DEFAULT now())";
 
 impl PgStore {
-    /// Creates the schema and the bookkeeping table when missing.
-    async fn schema_create(&self, client: &Object) -> Result<()> {
-        // Checked first because `CREATE SCHEMA IF NOT EXISTS` demands the CREATE privilege on
-        // the database even when the schema exists, which a least-privilege role lacks.
+    /// Reads what exists and what the role may create, touching nothing.
+    async fn schema_state(&self, client: &Object) -> Result<SchemaState> {
+        let fail = |e| Failure::from(e).into_error(MIGRATE);
         self.count_round_trips(1);
-        let exists: bool = client
-            .query_typed_one(SCHEMA_EXISTS, &[(&self.schema(), Type::TEXT)])
+        let row = client
+            .query_typed_one(SCHEMA_STATE, &[(&self.schema(), Type::TEXT)])
             .await
-            .map_err(|e| Failure::from(e).into_error(MIGRATE))?
-            .try_get(0)
-            .map_err(|e| Failure::from(e).into_error(MIGRATE))?;
-        if !exists {
+            .map_err(fail)?;
+        Ok(SchemaState {
+            schema_exists: row.try_get(0).map_err(fail)?,
+            bookkept: row.try_get(1).map_err(fail)?,
+            may_create: row.try_get(2).map_err(fail)?,
+            database: row.try_get(3).map_err(fail)?,
+        })
+    }
+
+    /// Creates the schema and the bookkeeping table when missing.
+    async fn schema_create(&self, client: &Object, state: &SchemaState) -> Result<()> {
+        // Only when missing: even with `IF NOT EXISTS`, `CREATE SCHEMA` demands CREATE on the
+        // database and `CREATE TABLE` CREATE on the schema when there is nothing to create.
+        if !state.schema_exists {
             // DDL takes no bind parameters for identifiers. The name is a validated plain
             // identifier ([a-z_][a-z0-9_]*), so quoting it is all it needs.
             let create = format!("CREATE SCHEMA IF NOT EXISTS \"{}\"", self.schema());
@@ -215,6 +275,9 @@ impl PgStore {
                 .batch_execute(&create)
                 .await
                 .map_err(|e| Failure::from(e).into_error(MIGRATE))?;
+        }
+        if state.bookkept {
+            return Ok(());
         }
         // Unqualified: it lands in the connection's search_path, the store's schema.
         self.count_round_trips(1);
