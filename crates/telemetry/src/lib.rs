@@ -46,6 +46,10 @@
 //! | `keiro.remote.lost` | counter | `{task}` | group | [`Metrics::remote_lost`] |
 //! | `keiro.step.duration` | histogram | `s` | workflow, step kind | [`Metrics::step_duration`] |
 //!
+//! The two gauges are counts the database computes; [`Metrics::sample_due`] paces them (at
+//! most once per [`GAUGE_INTERVAL_DEFAULT`] per handle, [`Metrics::gauge_interval`] to change
+//! it), so observing a large backlog does not add to the load it causes.
+//!
 //! `keiro.workflow.active` is an up-down counter, not a gauge, because runs start and finish
 //! in separate tasks that can each report a ±1 without sharing state; see
 //! [`Metrics::run_started`].
@@ -54,7 +58,8 @@
 //!
 //! Each distinct attribute combination is a time series the SDK keeps in memory and the
 //! backend stores, so attributes carry only values from small, fixed sets: the workflow's
-//! registered *name*, a remote worker group, and `&'static str` kinds. Instance ids, step
+//! registered *name*, a remote worker group (without its `@partition`, which the application
+//! chooses), and `&'static str` kinds. Instance ids, step
 //! names (which can embed ids), error messages and payloads never become attributes; they
 //! belong on spans and in logs. Taking kinds as `&'static str` makes passing formatted text a
 //! compile error rather than a slow leak.
@@ -79,6 +84,6 @@ pub mod names;
 pub mod testing;
 mod trace;
 
-pub use metrics::{ActiveRun, Metrics, MetricsExt};
+pub use metrics::{ActiveRun, Metrics, MetricsExt, SampledGauge, GAUGE_INTERVAL_DEFAULT};
 pub use opentelemetry::Context;
 pub use trace::{context_from_traceparent, current_traceparent, traceparent, Tracing};

@@ -1,6 +1,6 @@
 use std::fmt;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter, MeterProvider, UpDownCounter};
 use opentelemetry::{InstrumentationScope, KeyValue};
@@ -24,6 +24,34 @@ use crate::names;
 #[derive(Clone)]
 pub struct Metrics {
     instruments: Arc<Instruments>,
+    /// How often a [`SampledGauge`] is due; see [`Metrics::gauge_interval`].
+    gauge_interval: Duration,
+}
+
+/// How often the gauges keiro reads from the database are sampled by default: at most once
+/// per 10 s per [`Metrics`] handle and its clones, whatever the number of passes and batches.
+pub const GAUGE_INTERVAL_DEFAULT: Duration = Duration::from_secs(10);
+
+/// A gauge whose value costs a database query, sampled on a period rather than on every pass
+/// or batch (see [`Metrics::sample_due`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SampledGauge {
+    /// [`names::WORKFLOW_AWAKEABLES_PENDING`], counted by the resume worker.
+    AwakeablesPending,
+    /// [`names::TIMER_BACKLOG`], counted by the timer worker.
+    TimerBacklog,
+}
+
+impl SampledGauge {
+    const COUNT: usize = 2;
+
+    fn slot(self) -> usize {
+        match self {
+            Self::AwakeablesPending => 0,
+            Self::TimerBacklog => 1,
+        }
+    }
 }
 
 // One field per instrument in `names::INSTRUMENTS`. Kept separate from `Metrics` so that a clone
@@ -44,6 +72,9 @@ struct Instruments {
     remote_redispatched: Counter<u64>,
     remote_lost: Counter<u64>,
     step_duration: Histogram<f64>,
+    /// When each [`SampledGauge`] was last claimed, shared by every clone so that the workers
+    /// of one process sample a gauge once between them, not once each.
+    sampled: Mutex<[Option<Instant>; SampledGauge::COUNT]>,
 }
 
 impl Metrics {
@@ -149,10 +180,76 @@ impl Metrics {
                 .with_description(names::STEP_DURATION_DESCRIPTION)
                 .with_boundaries(names::STEP_DURATION_BOUNDARIES.to_vec())
                 .build(),
+            sampled: Mutex::new([None; SampledGauge::COUNT]),
         };
         Self {
             instruments: Arc::new(instruments),
+            gauge_interval: GAUGE_INTERVAL_DEFAULT,
         }
+    }
+
+    /// Samples the gauges of [`SampledGauge`] at most once per `interval` (default
+    /// [`GAUGE_INTERVAL_DEFAULT`]); `Duration::ZERO` samples at every chance.
+    ///
+    /// Each sample is a count over a table that grows with the backlog, so sampling on every
+    /// resume pass or timer batch would make the busiest moments the most expensive to observe.
+    /// The handle returned and its clones share the last sampling times with `self`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use keiro_telemetry::Metrics;
+    ///
+    /// let metrics = Metrics::global().gauge_interval(Duration::from_secs(30));
+    /// assert_eq!(metrics.sampling_interval(), Duration::from_secs(30));
+    /// ```
+    #[must_use]
+    pub fn gauge_interval(mut self, interval: Duration) -> Self {
+        self.gauge_interval = interval;
+        self
+    }
+
+    /// The period set by [`Metrics::gauge_interval`].
+    ///
+    /// ```
+    /// use keiro_telemetry::{Metrics, GAUGE_INTERVAL_DEFAULT};
+    ///
+    /// assert_eq!(Metrics::global().sampling_interval(), GAUGE_INTERVAL_DEFAULT);
+    /// ```
+    pub fn sampling_interval(&self) -> Duration {
+        self.gauge_interval
+    }
+
+    /// Whether `gauge` is due for a sample; `true` claims it, so the caller then queries and
+    /// records it, and every other caller sharing this handle's instruments gets `false` until
+    /// the interval has passed again. The first call is always due.
+    ///
+    /// A failed query is not retried before the next period: a gauge that is a little stale is
+    /// better than a database that is asked more when it struggles.
+    ///
+    /// ```
+    /// use keiro_telemetry::{Metrics, SampledGauge};
+    ///
+    /// let metrics = Metrics::global();
+    /// if metrics.sample_due(SampledGauge::TimerBacklog) {
+    ///     let backlog = 0; // counted by the caller
+    ///     metrics.timer_backlog(backlog);
+    /// }
+    /// assert!(!metrics.sample_due(SampledGauge::TimerBacklog));
+    /// ```
+    pub fn sample_due(&self, gauge: SampledGauge) -> bool {
+        let now = Instant::now();
+        // The guarded value is plain timestamps, valid whatever a panicking holder did.
+        let mut sampled = self
+            .instruments
+            .sampled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let last = &mut sampled[gauge.slot()];
+        if last.is_some_and(|at| now.saturating_duration_since(at) < self.gauge_interval) {
+            return false;
+        }
+        *last = Some(now);
+        true
     }
 
     /// Creates every keiro instrument on a meter from `provider`, scoped [`names::METER`] and
@@ -389,8 +486,10 @@ impl Metrics {
 
     /// Counts one remote step task dispatched to worker `group` for the first time.
     ///
-    /// Records 1 on [`names::REMOTE_DISPATCHED`]. Pass the group without any `@partition`
-    /// suffix unless partitions are few: each distinct value is its own time series.
+    /// Records 1 on [`names::REMOTE_DISPATCHED`]. The attribute is the group without its
+    /// `@partition` suffix (`print-label@tenant-7` counts as `print-label`): partitions are
+    /// chosen by the application, often per tenant or per key, and each distinct value would be
+    /// a time series of its own.
     ///
     /// ```
     /// # let metrics = keiro_telemetry::Metrics::global();
@@ -810,6 +909,9 @@ fn workflow_attribute(workflow: &str) -> KeyValue {
     KeyValue::new(names::WORKFLOW_NAME, workflow.to_owned())
 }
 
+// A group is `<step>` or `<step>@<partition>`, and a step name cannot contain `@`, so the
+// first `@` starts the partition.
 fn group_attribute(group: &str) -> KeyValue {
-    KeyValue::new(names::REMOTE_GROUP, group.to_owned())
+    let step = group.split_once('@').map_or(group, |(step, _)| step);
+    KeyValue::new(names::REMOTE_GROUP, step.to_owned())
 }

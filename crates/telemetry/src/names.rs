@@ -132,7 +132,8 @@ pub const WORKFLOW_JOURNAL_LENGTH_BOUNDARIES: &[f64] = &[
     1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1_000.0, 2_000.0, 5_000.0, 10_000.0,
 ];
 
-/// Gauge: awakeables waiting for an external completion, as last counted.
+/// Gauge: awakeables waiting for an external completion, as last counted (every
+/// `Metrics::gauge_interval`, 10 s by default).
 ///
 /// No attributes.
 pub const WORKFLOW_AWAKEABLES_PENDING: &str = "keiro.workflow.awakeables.pending";
@@ -145,7 +146,8 @@ pub const WORKFLOW_AWAKEABLES_PENDING_DESCRIPTION: &str = "Awakeables awaiting a
 // Timer instruments
 // ---------------------------------------------------------------------------------------------
 
-/// Gauge: durable timers that are due but not yet fired, as last counted by the timer worker.
+/// Gauge: durable timers that are due but not yet fired, as last counted by the timer worker
+/// (every `Metrics::gauge_interval`, 10 s by default).
 ///
 /// No attributes.
 pub const TIMER_BACKLOG: &str = "keiro.timer.backlog";
@@ -281,7 +283,8 @@ pub const ERROR_KIND: &str = "keiro.error.kind";
 /// Attribute key: the kind of a step (`"local"`, `"remote"`, ...), never its name.
 pub const STEP_KIND: &str = "keiro.step.kind";
 
-/// Attribute key: the worker group a remote step was dispatched to.
+/// Attribute key: the worker group a remote step was dispatched to, without its `@partition`
+/// (partitions are the application's, unbounded in number).
 pub const REMOTE_GROUP: &str = "keiro.remote.group";
 
 /// Attribute key: a remote step's name, on `remote <step>` spans.

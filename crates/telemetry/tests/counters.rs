@@ -168,3 +168,30 @@ fn a_recorder_touches_only_its_own_instrument() -> TestResult {
     assert_eq!(exported, vec![names::WORKFLOW_FAILED.to_owned()]);
     Ok(())
 }
+
+#[test]
+fn remote_counters_leave_the_partition_out_of_the_group() -> TestResult {
+    let h = Harness::new();
+    // Partitions are user-chosen (a tenant, a region): one series per partition would grow
+    // without bound, so they count under their step's group.
+    h.metrics.remote_dispatched("print-label@tenant-1");
+    h.metrics.remote_dispatched("print-label@tenant-2");
+    h.metrics.remote_dispatched("print-label");
+    h.metrics.remote_redispatched("print-label@tenant-3");
+    h.metrics.remote_lost("charge-card@eu");
+
+    let group = |g| attrs(&[(names::REMOTE_GROUP, g)]);
+    assert_eq!(
+        h.points(names::REMOTE_DISPATCHED)?,
+        vec![(group("print-label"), Value::U64(3))]
+    );
+    assert_eq!(
+        h.points(names::REMOTE_REDISPATCHED)?,
+        vec![(group("print-label"), Value::U64(1))]
+    );
+    assert_eq!(
+        h.points(names::REMOTE_LOST)?,
+        vec![(group("charge-card"), Value::U64(1))]
+    );
+    Ok(())
+}
