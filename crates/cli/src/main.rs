@@ -8,12 +8,16 @@
 //!   and awakeables show runs resumed by push, within milliseconds of their wake.
 //! - `keiro bench` measures throughput, round trips per step, latency and memory; wake latency
 //!   (push against polling); and the queries an idle worker makes over parked runs.
+//! - `keiro chaos` proves the guarantees under faults: worker and remote worker processes killed
+//!   with SIGKILL every 0.5 s and PostgreSQL restarted in immediate mode, then every invariant
+//!   checked from the journal and a table of witnesses; one JSON line.
 //!
 //! Every command reads `--database-url` (`DATABASE_URL`) and `--schema` (`KEIRO_SCHEMA`); the
 //! demo and the bench work in scratch schemas of their own, which they drop and recreate.
 //! Logs go to stderr, filtered by `RUST_LOG` (default `warn`).
 
 mod bench;
+mod chaos;
 mod common;
 mod demo;
 mod migrate;
@@ -68,6 +72,14 @@ enum Command {
     /// The remote bench's worker process (spawned by `keiro bench --mode remote`).
     #[command(hide = true)]
     BenchRemoteWorker(bench::remote::RemoteWorkerArgs),
+    /// Chaos: SIGKILLs and PostgreSQL restarts under load, then every invariant checked.
+    Chaos(chaos::ChaosArgs),
+    /// The chaos run's worker process (spawned by `keiro chaos`, not for direct use).
+    #[command(hide = true)]
+    ChaosWorker(chaos::WorkerArgs),
+    /// The chaos run's remote worker process (spawned by `keiro chaos`, not for direct use).
+    #[command(hide = true)]
+    ChaosRemoteWorker(chaos::RemoteWorkerArgs),
 }
 
 /// Exit status: 0 on success, 1 when a check failed or an operation was refused, 2 on errors.
@@ -99,6 +111,9 @@ fn main() -> ExitCode {
             Command::DemoWorker(args) => demo::worker::run(&global, &args).await,
             Command::Bench(args) => bench::run(&global, &args).await,
             Command::BenchRemoteWorker(args) => bench::remote::worker(&global, &args).await,
+            Command::Chaos(args) => chaos::run(&global, &args).await,
+            Command::ChaosWorker(args) => chaos::child::worker(&global, &args).await,
+            Command::ChaosRemoteWorker(args) => chaos::child::remote_worker(&global, &args).await,
         }
     });
     // Waiting for background tasks (pool connections, a worker's in-flight runs) would only

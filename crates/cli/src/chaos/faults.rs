@@ -1,0 +1,204 @@
+//! The faults the chaos command injects beside the SIGKILLs (which the fleet sends): PostgreSQL
+//! restarts in immediate mode, and the random source that picks the victims.
+
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use time::OffsetDateTime;
+
+use crate::common::{failure, open_connection, Result, ResultExt};
+
+/// Where Debian's PostgreSQL keeps one directory per installed major version.
+const CLUSTERS: &str = "/etc/postgresql";
+
+/// How long the restart command may run.
+const RESTART_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How long PostgreSQL may take to accept connections once the restart command returned.
+const ACCEPT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How often the restart command and the server are checked: the recovery figure is no finer
+/// than this.
+const PROBE_EVERY: Duration = Duration::from_millis(10);
+
+/// The time on the database clock, and the start of the server that answered.
+const PROBE: &str = "SELECT clock_timestamp(), pg_postmaster_start_time()";
+
+/// A small deterministic random source (xorshift64*): the victims of a run follow from its seed.
+#[derive(Debug, Clone)]
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    /// A source seeded with `seed` (any value; zero is mapped to a fixed non-zero state).
+    pub(crate) fn new(seed: u64) -> Self {
+        Self(if seed == 0 {
+            0x9E37_79B9_7F4A_7C15
+        } else {
+            seed
+        })
+    }
+
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// A number in `0..n` (`n` > 0); the modulo bias is irrelevant for a handful of choices.
+    pub(crate) fn below(&mut self, n: usize) -> usize {
+        let n = u64::try_from(n).unwrap_or(u64::MAX).max(1);
+        usize::try_from(self.next() % n).unwrap_or(0)
+    }
+}
+
+/// The command that restarts the local cluster in immediate mode, found as `.ci/run` finds it:
+/// the highest version under `/etc/postgresql`, cluster `main`.
+pub(crate) fn local_cluster_restart() -> Result<String> {
+    let entries = std::fs::read_dir(CLUSTERS).context(format!(
+        "looking for the local PostgreSQL cluster in {CLUSTERS} (pass --pg-restart-cmd, or \
+         --no-pg-restart where the server cannot be restarted)"
+    ))?;
+    let names = entries
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .collect::<Vec<_>>();
+    let version = highest_version(&names).ok_or_else(|| {
+        failure(format!(
+            "no PostgreSQL version under {CLUSTERS} (pass --pg-restart-cmd, or --no-pg-restart)"
+        ))
+    })?;
+    Ok(format!(
+        "pg_ctlcluster --skip-systemctl-redirect {version} main restart -m immediate"
+    ))
+}
+
+/// The highest of `names` that reads as a version (`15`, `9.6`), compared as numbers.
+fn highest_version(names: &[String]) -> Option<&str> {
+    let key = |name: &str| -> Option<Vec<u64>> {
+        name.split('.').map(|part| part.parse().ok()).collect()
+    };
+    names
+        .iter()
+        .filter_map(|name| Some((key(name)?, name.as_str())))
+        .max()
+        .map(|(_, name)| name)
+}
+
+/// One restart of PostgreSQL, as observed.
+#[derive(Debug, Clone)]
+pub(crate) struct Restart {
+    /// How long the restart command ran.
+    pub(crate) command: Duration,
+    /// When the new server started (`pg_postmaster_start_time()`): every journal row recorded
+    /// after it was written by the new server.
+    pub(crate) server_started: OffsetDateTime,
+    /// The database clock at the first query the new server answered: when it accepted
+    /// connections again, to within [`PROBE_EVERY`].
+    pub(crate) accepted_at: OffsetDateTime,
+}
+
+/// Runs `command` (through `sh -c`) and waits until a server started after it answers.
+///
+/// The command runs in a process group of its own, so a Ctrl-C meant for the chaos command does
+/// not cut a restart halfway and leave the server down; if the chaos command stops meanwhile,
+/// the restart still runs to its end.
+pub(crate) async fn restart_postgres(
+    command: &str,
+    config: &tokio_postgres::Config,
+) -> Result<Restart> {
+    let (_, before) = probe(config)
+        .await
+        .context("reading the server's start time before the restart")?;
+    let began = Instant::now();
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(command)
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context(format!("running the restart command `{command}`"))?;
+    let status = loop {
+        if let Some(status) = child
+            .try_wait()
+            .context("waiting for the restart command")?
+        {
+            break status;
+        }
+        if began.elapsed() > RESTART_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(failure(format!(
+                "the restart command `{command}` did not end within {RESTART_TIMEOUT:?}; killed it"
+            )));
+        }
+        tokio::time::sleep(PROBE_EVERY).await;
+    };
+    let ran = began.elapsed();
+    if !status.success() {
+        return Err(failure(format!(
+            "the restart command `{command}` exited with {status}"
+        )));
+    }
+    // The command may return before the old server is gone or before the new one accepts
+    // connections: only an answer from a server started after `before` counts.
+    let waiting = Instant::now();
+    loop {
+        if let Ok((now, started)) = probe(config).await {
+            if started > before {
+                return Ok(Restart {
+                    command: ran,
+                    server_started: started,
+                    accepted_at: now,
+                });
+            }
+        }
+        if waiting.elapsed() > ACCEPT_TIMEOUT {
+            return Err(failure(format!(
+                "no restarted PostgreSQL answered within {ACCEPT_TIMEOUT:?} of `{command}`"
+            )));
+        }
+        tokio::time::sleep(PROBE_EVERY).await;
+    }
+}
+
+/// One query on a fresh connection: the database clock and the server's start time.
+async fn probe(config: &tokio_postgres::Config) -> Result<(OffsetDateTime, OffsetDateTime)> {
+    let mut config = config.clone();
+    config.connect_timeout(Duration::from_secs(1));
+    let client = open_connection(&config).await?;
+    let row = client
+        .query_one(PROBE, &[])
+        .await
+        .context("probing the server")?;
+    Ok((row.get(0), row.get(1)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_highest_version_is_compared_as_numbers() {
+        let names = ["9.6", "15", "12", "common", "16beta"].map(String::from);
+        assert_eq!(highest_version(&names), Some("15"));
+        assert_eq!(highest_version(&["main".to_owned()]), None);
+    }
+
+    #[test]
+    fn the_random_source_is_deterministic_and_in_range() {
+        let (mut a, mut b) = (Rng::new(7), Rng::new(7));
+        for _ in 0..100 {
+            let x = a.below(5);
+            assert_eq!(x, b.below(5));
+            assert!(x < 5);
+        }
+        let mut zero = Rng::new(0);
+        let picks: std::collections::BTreeSet<usize> = (0..100).map(|_| zero.below(5)).collect();
+        assert_eq!(picks.len(), 5, "every process gets picked");
+    }
+}
