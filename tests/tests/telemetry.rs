@@ -140,17 +140,22 @@ async fn lease_skip_failure_and_store_errors_are_counted(h: Harness) -> TestResu
 
 async fn awakeables_and_timers_are_sampled(h: Harness) -> TestResult {
     let recorder = Recorder::new();
-    let options = with_metrics(&h, &recorder);
+    // Sampled at every chance here; the default pace is tests/tests/metric_queries.rs's.
+    let metrics = recorder.metrics.clone().gauge_interval(Duration::ZERO);
+    let options = ResumeOptions {
+        metrics: Some(metrics.clone()),
+        ..h.fast_options()
+    };
     let registry = registry(Arc::new(AtomicBool::new(false)))?;
     h.keiro.start("parks", "p-1", &()).await?;
     h.keiro.start("naps", "n-1", &()).await?;
     keiro::resume_once(&h.store, &registry, &options).await?;
-    // The gauge is sampled at the start of each pass: the next pass sees the one pending.
+    // The gauge is sampled at the start of a pass: the next pass sees the one pending.
     keiro::resume_once(&h.store, &registry, &options).await?;
     assert_eq!(recorder.total(names::WORKFLOW_AWAKEABLES_PENDING)?, 1.0);
     tokio::time::sleep(Duration::from_millis(10)).await;
     let timers = TimerOptions {
-        metrics: Some(recorder.metrics.clone()),
+        metrics: Some(metrics),
         ..TimerOptions::default()
     };
     let fired = keiro_resume::fire_due_once(&h.store, &timers).await?;

@@ -57,12 +57,7 @@ pub(crate) async fn pass(
     stop: &AtomicBool,
 ) -> Result<ResumeSummary, StoreError> {
     let limit = limit.map(|l| i64::try_from(l).unwrap_or(i64::MAX));
-    if let Some(metrics) = &options.metrics {
-        // Sampled once per pass, as the seed does; only costs a query when metrics are on.
-        if let Ok(pending) = store.awakeables_pending().await {
-            metrics.awakeables_pending(pending);
-        }
-    }
+    sample_awakeables_pending(store, options).await;
     let candidates = store.instances_runnable(None, limit).await?;
     let owner = options
         .owner
@@ -117,11 +112,7 @@ pub(crate) async fn claim_pass(
     limit: usize,
     stop: &AtomicBool,
 ) -> Result<ResumeSummary, StoreError> {
-    if let Some(metrics) = &options.metrics {
-        if let Ok(pending) = store.awakeables_pending().await {
-            metrics.awakeables_pending(pending);
-        }
-    }
+    sample_awakeables_pending(store, options).await;
     let owner = options
         .owner
         .clone()
@@ -212,6 +203,21 @@ pub(crate) async fn claim_pass(
         summary: summary.clone(),
     });
     Ok(summary)
+}
+
+/// Records the pending awakeables when metrics are on and a sample is due: a count over a
+/// table that grows with the backlog, so it is paced by the metrics handle (see
+/// [`keiro_telemetry::Metrics::sample_due`]) rather than run on every pass.
+async fn sample_awakeables_pending(store: &Arc<dyn LeaseStore>, options: &ResumeOptions) {
+    let Some(metrics) = &options.metrics else {
+        return;
+    };
+    if !metrics.sample_due(keiro_telemetry::SampledGauge::AwakeablesPending) {
+        return;
+    }
+    if let Ok(pending) = store.awakeables_pending().await {
+        metrics.awakeables_pending(pending);
+    }
 }
 
 /// Repeats passes while they advance something; returns the sum. A pass that advances nothing

@@ -69,7 +69,8 @@ impl std::ops::AddAssign for TimerSummary {
     }
 }
 
-/// Fires one batch of due timers and records its metrics.
+/// Fires one batch of due timers and records its metrics: the lag of each fired timer, and
+/// the backlog when a sample of it is due ([`keiro_telemetry::Metrics::sample_due`]).
 ///
 /// # Errors
 ///
@@ -84,8 +85,12 @@ pub async fn fire_due_once(
             let lag = timer.fired_at - timer.fire_at;
             metrics.timer_fire_lag(lag.try_into().unwrap_or(Duration::ZERO));
         }
-        if let Ok(backlog) = store.timers_due_count(None).await {
-            metrics.timer_backlog(backlog);
+        // A count of the due timers, so paced by the metrics handle rather than run per batch:
+        // a large backlog must not make every batch dearer.
+        if metrics.sample_due(keiro_telemetry::SampledGauge::TimerBacklog) {
+            if let Ok(backlog) = store.timers_due_count(None).await {
+                metrics.timer_backlog(backlog);
+            }
         }
     }
     Ok(firing)
