@@ -35,6 +35,12 @@ pub const ACQUIRE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 /// The `application_name` keiro's connections report unless the URL sets one.
 pub const APPLICATION_NAME_DEFAULT: &str = "keiro";
 
+/// How often the wake listener checks its connection unless told otherwise.
+pub const LISTEN_CHECK_INTERVAL_DEFAULT: Duration = Duration::from_secs(30);
+
+/// How long the wake listener waits for a check's answer unless told otherwise.
+pub const LISTEN_CHECK_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+
 /// Settings of a [`PgStore`](crate::PgStore).
 ///
 /// ```
@@ -84,6 +90,17 @@ pub struct Config {
     /// trust every object in their own schema, so a role that can create objects there could
     /// have them call its code instead of a built-in. Defaults to `false`.
     pub allow_shared_schema: bool,
+    /// How often the wake listener makes a round trip (`SELECT 1`) on its `LISTEN` connection.
+    /// A connection a NAT or a load balancer dropped without telling either end looks idle,
+    /// not broken; a check it cannot answer within
+    /// [`listen_check_timeout`](#structfield.listen_check_timeout) replaces it, and the loops
+    /// poll at once (`WakeReason::Reconnected`) instead of waiting for their fallback. TCP
+    /// keepalives on that connection catch a peer that is gone; the check also catches a path
+    /// that went silent. Non-zero. Defaults to [`LISTEN_CHECK_INTERVAL_DEFAULT`].
+    pub listen_check_interval: Duration,
+    /// How long a check of the `LISTEN` connection may go unanswered before the connection is
+    /// replaced. Non-zero. Defaults to [`LISTEN_CHECK_TIMEOUT_DEFAULT`].
+    pub listen_check_timeout: Duration,
 }
 
 impl Default for Config {
@@ -109,6 +126,8 @@ impl Config {
             application_name: APPLICATION_NAME_DEFAULT.to_owned(),
             migrate: true,
             allow_shared_schema: false,
+            listen_check_interval: LISTEN_CHECK_INTERVAL_DEFAULT,
+            listen_check_timeout: LISTEN_CHECK_TIMEOUT_DEFAULT,
         }
     }
 
@@ -182,6 +201,18 @@ impl Config {
                 "must be greater than zero".into(),
             ));
         }
+        if self.listen_check_interval.is_zero() {
+            return Err(invalid(
+                "listen_check_interval",
+                "must be greater than zero".into(),
+            ));
+        }
+        if self.listen_check_timeout.is_zero() {
+            return Err(invalid(
+                "listen_check_timeout",
+                "must be greater than zero".into(),
+            ));
+        }
         self.connection_config().map(drop)
     }
 
@@ -232,6 +263,8 @@ impl fmt::Debug for Config {
             .field("application_name", &self.application_name)
             .field("migrate", &self.migrate)
             .field("allow_shared_schema", &self.allow_shared_schema)
+            .field("listen_check_interval", &self.listen_check_interval)
+            .field("listen_check_timeout", &self.listen_check_timeout)
             .finish()
     }
 }

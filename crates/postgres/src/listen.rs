@@ -18,17 +18,27 @@
 //! That includes the first connection: a subscription exists before the `LISTEN` takes
 //! effect, and what was sent in between is missed.
 //!
+//! A connection can die without either end hearing of it: a NAT or a load balancer that drops
+//! an idle flow leaves the listener waiting on a socket nothing will ever arrive on, and every
+//! wake then waits for the loops' fallback poll. So the connection has TCP keepalives (a peer
+//! that is gone), and the listener makes a round trip on it every
+//! [`Config::listen_check_interval`] (a path that went silent, which keepalives answered by a
+//! middlebox do not reveal): a check unanswered within [`Config::listen_check_timeout`], or
+//! failing, ends the session like a lost connection, so the listener reconnects and the loops
+//! hear `Reconnected`.
+//!
 //! The listener uses its own connection, not a pooled one: it is held for the store's lifetime
 //! and must never be recycled into a store operation. It runs as a task on the runtime of the
 //! first subscription (or of the first wait, when subscribing outside a runtime) and holds no
 //! handle of the store: the store holds the only sender of a stop signal, so the task ends,
-//! closing its connection, when the last [`PgStore`] clone is dropped. Its statements are not
-//! counted in [`PgStore::round_trips`].
+//! closing its connection, when the last [`PgStore`] clone is dropped. Its statements (the
+//! `LISTEN` and the checks) are not counted in [`PgStore::round_trips`].
 
+use std::fmt;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use futures_util::{Stream, StreamExt};
 use keiro_lease::BackoffPolicy;
 use keiro_resume::{Notifier, WakeFilter, WakeReason, WakeSource};
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
@@ -36,7 +46,7 @@ use tokio::sync::{broadcast, oneshot};
 use tokio_postgres::{AsyncMessage, NoTls};
 
 use crate::store::WeakStore;
-use crate::PgStore;
+use crate::{Config, PgStore};
 
 /// How many notifications a subscription may fall behind before older ones are dropped; a
 /// subscription that lagged counts as notified, so nothing but precision is lost.
@@ -56,6 +66,42 @@ const RECONNECT_BACKOFF: BackoffPolicy = BackoffPolicy {
     cap: Duration::from_secs(5),
     jitter: 0.1,
 };
+
+/// TCP keepalives of the `LISTEN` connection: the first probe after 30 s without traffic, then
+/// every 10 s, and the connection is given up after 3 unanswered ones, so a peer that vanished is
+/// noticed within about a minute even between health checks. Shorter than the idle timeouts of
+/// the usual NATs and load balancers (minutes), which the probes also keep from expiring.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_RETRIES: u32 = 3;
+
+/// The round trip of a health check: the cheapest statement that needs an answer.
+const CHECK: &str = "SELECT 1";
+
+/// How the listener connects and checks its connection.
+#[derive(Clone)]
+struct Settings {
+    /// The pool's settings plus TCP keepalives.
+    connection: tokio_postgres::Config,
+    check_interval: Duration,
+    check_timeout: Duration,
+}
+
+impl Settings {
+    fn new(config: &Config, connection: &tokio_postgres::Config) -> Self {
+        let mut connection = connection.clone();
+        connection
+            .keepalives(true)
+            .keepalives_idle(KEEPALIVE_IDLE)
+            .keepalives_interval(KEEPALIVE_INTERVAL)
+            .keepalives_retries(KEEPALIVE_RETRIES);
+        Self {
+            connection,
+            check_interval: config.listen_check_interval,
+            check_timeout: config.listen_check_timeout,
+        }
+    }
+}
 
 /// One message of the hub.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,13 +144,16 @@ pub(crate) struct Hub {
     /// reads as closed when the task is gone (its runtime shut down), so a later subscription
     /// starts a new one.
     stop: Mutex<Option<oneshot::Sender<()>>>,
+    settings: Settings,
 }
 
 impl Hub {
-    pub(crate) fn new() -> Self {
+    /// The hub of a store with `config`, whose pooled connections use `connection`.
+    pub(crate) fn new(config: &Config, connection: &tokio_postgres::Config) -> Self {
         Self {
             sender: broadcast::channel(WAKE_BUFFER_LEN).0,
             stop: Mutex::new(None),
+            settings: Settings::new(config, connection),
         }
     }
 }
@@ -124,7 +173,7 @@ impl PgStore {
         };
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let listener = listen(
-            self.connection_config().clone(),
+            hub.settings.clone(),
             self.wake_channel().to_owned(),
             hub.sender.clone(),
         );
@@ -141,16 +190,12 @@ impl PgStore {
 }
 
 /// Listens forever, reconnecting with [`RECONNECT_BACKOFF`].
-async fn listen(
-    connection: tokio_postgres::Config,
-    channel: String,
-    sender: broadcast::Sender<Wake>,
-) {
+async fn listen(settings: Settings, channel: String, sender: broadcast::Sender<Wake>) {
     // Failed attempts since the last established connection.
     let mut failures: i32 = 0;
     loop {
-        let (listened, error) = session(&connection, &channel, &sender).await;
-        let error = error.map(|e| e.to_string());
+        let (listened, ended) = session(&settings, &channel, &sender).await;
+        let error = ended.to_string();
         if listened {
             failures = 0;
             tracing::warn!(
@@ -171,17 +216,41 @@ async fn listen(
     }
 }
 
+/// Why a session ended.
+#[derive(Debug)]
+enum Ended {
+    /// The connection failed.
+    Error(tokio_postgres::Error),
+    /// The server closed the connection without an error.
+    Closed,
+    /// A health check went unanswered for this long: the connection is presumed dead.
+    Unanswered(Duration),
+}
+
+impl fmt::Display for Ended {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Error(error) => write!(f, "{error}"),
+            Self::Closed => f.write_str("the server closed the connection"),
+            Self::Unanswered(after) => {
+                write!(f, "a health check went unanswered for {after:?}")
+            }
+        }
+    }
+}
+
 /// One connection: connects, listens, broadcasts [`Wake::Reconnected`], then forwards
-/// notifications until the connection ends. Returns whether it got to listen, and the error
-/// that ended it (`None`: the server closed the connection without one).
+/// notifications and checks the connection every `check_interval` until it ends. Returns
+/// whether it got to listen, and why it ended; dropping the client and the connection on the
+/// way out closes the socket, dead or not.
 async fn session(
-    connection: &tokio_postgres::Config,
+    settings: &Settings,
     channel: &str,
     sender: &broadcast::Sender<Wake>,
-) -> (bool, Option<tokio_postgres::Error>) {
-    let (client, mut driver) = match connection.connect(NoTls).await {
+) -> (bool, Ended) {
+    let (client, mut driver) = match settings.connection.connect(NoTls).await {
         Ok(connected) => connected,
-        Err(e) => return (false, Some(e)),
+        Err(e) => return (false, Ended::Error(e)),
     };
     // The connection's messages: query responses are routed to `client` while this is polled,
     // notifications come out here.
@@ -189,32 +258,76 @@ async fn session(
     // The channel is an identifier (it contains a dot, so it is quoted); LISTEN takes no bind
     // parameter. It is `<schema>.wake` and the schema is a validated plain identifier.
     let statement = format!("LISTEN \"{channel}\"");
+    // Bounded like a check: a connection that accepts the LISTEN and never answers is as dead.
+    if let Err(ended) = round_trip(
+        client.batch_execute(&statement),
+        &mut messages,
+        sender,
+        settings.check_timeout,
+    )
+    .await
     {
-        let listening = client.batch_execute(&statement);
-        tokio::pin!(listening);
-        loop {
-            tokio::select! {
-                result = &mut listening => match result {
-                    Ok(()) => break,
-                    Err(e) => return (false, Some(e)),
-                },
-                message = messages.next() => match message {
-                    Some(Ok(message)) => forward(sender, &message),
-                    Some(Err(e)) => return (false, Some(e)),
-                    None => return (false, None),
-                },
-            }
-        }
+        return (false, ended);
     }
     tracing::debug!(channel, "wake listener listening");
     // Nobody subscribed is fine: the next subscriber starts after this anyway.
     let _ = sender.send(Wake::Reconnected);
+    let mut checks = tokio::time::interval_at(
+        tokio::time::Instant::now() + settings.check_interval,
+        settings.check_interval,
+    );
+    checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        match messages.next().await {
-            Some(Ok(message)) => forward(sender, &message),
-            Some(Err(e)) => return (true, Some(e)),
-            None => return (true, None),
+        tokio::select! {
+            message = messages.next() => {
+                if let Err(ended) = received(sender, message) {
+                    return (true, ended);
+                }
+            }
+            _ = checks.tick() => {
+                let check = client.simple_query(CHECK);
+                if let Err(ended) =
+                    round_trip(check, &mut messages, sender, settings.check_timeout).await
+                {
+                    return (true, ended);
+                }
+            }
         }
+    }
+}
+
+/// Awaits `request` on the connection whose messages are `messages` (which must be polled for
+/// the answer to arrive), forwarding the notifications that come meanwhile; at most `timeout`.
+async fn round_trip<T>(
+    request: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    messages: &mut (impl Stream<Item = Result<AsyncMessage, tokio_postgres::Error>> + Unpin),
+    sender: &broadcast::Sender<Wake>,
+    timeout: Duration,
+) -> Result<(), Ended> {
+    tokio::pin!(request);
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            result = &mut request => return result.map(drop).map_err(Ended::Error),
+            message = messages.next() => received(sender, message)?,
+            () = &mut deadline => return Err(Ended::Unanswered(timeout)),
+        }
+    }
+}
+
+/// Forwards what the connection yielded; its end or error ends the session.
+fn received(
+    sender: &broadcast::Sender<Wake>,
+    message: Option<Result<AsyncMessage, tokio_postgres::Error>>,
+) -> Result<(), Ended> {
+    match message {
+        Some(Ok(message)) => {
+            forward(sender, &message);
+            Ok(())
+        }
+        Some(Err(e)) => Err(Ended::Error(e)),
+        None => Err(Ended::Closed),
     }
 }
 
@@ -286,7 +399,8 @@ impl WakeSource for Subscription {
 /// arms, [`WakeFilter::RemoteTasks`] on remote tasks becoming claimable. A wait returns [`WakeReason::Reconnected`] whenever the listener starts listening,
 /// the first time included, because notifications sent before were missed: poll at once.
 /// The listener reconnects by itself (100 ms doubling to 5 s) and stops with the last clone of
-/// the store.
+/// the store. Its connection has TCP keepalives and is checked with a round trip every
+/// [`Config::listen_check_interval`]; one that stops answering is replaced, as a lost one is.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -358,6 +472,33 @@ mod tests {
         assert_eq!(exact.delay(1), Duration::from_millis(200));
         assert_eq!(exact.delay(10), Duration::from_secs(5));
         RECONNECT_BACKOFF.validate().unwrap();
+    }
+
+    #[test]
+    fn the_listen_connection_has_keepalives_and_the_configured_checks() {
+        let config = Config {
+            listen_check_interval: Duration::from_secs(7),
+            listen_check_timeout: Duration::from_secs(3),
+            ..Config::default()
+        };
+        let pooled = config.connection_config().unwrap();
+        let settings = Settings::new(&config, &pooled);
+        assert!(settings.connection.get_keepalives());
+        assert_eq!(settings.connection.get_keepalives_idle(), KEEPALIVE_IDLE);
+        assert_eq!(
+            settings.connection.get_keepalives_interval(),
+            Some(KEEPALIVE_INTERVAL)
+        );
+        assert_eq!(
+            settings.connection.get_keepalives_retries(),
+            Some(KEEPALIVE_RETRIES)
+        );
+        // Otherwise the pool's: same server, schema and application name.
+        assert_eq!(settings.connection.get_options(), pooled.get_options());
+        assert_eq!(
+            (settings.check_interval, settings.check_timeout),
+            (Duration::from_secs(7), Duration::from_secs(3))
+        );
     }
 
     #[tokio::test]

@@ -114,6 +114,7 @@ impl PgStore {
     pub fn connect_lazy(config: Config) -> Result<Self> {
         config.validate()?;
         let connection = config.connection_config()?;
+        let wakes = Hub::new(&config, &connection);
         let manager = Manager::from_config(
             connection.clone(),
             NoTls,
@@ -141,7 +142,7 @@ impl PgStore {
                 schema: config.schema,
                 connection,
                 round_trips: AtomicU64::new(0),
-                wakes: Hub::new(),
+                wakes,
                 parks: ParkBatcher::default(),
             }),
         })
