@@ -15,7 +15,7 @@ const CLUSTERS: &str = "/etc/postgresql";
 /// How long the restart command may run.
 const RESTART_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// How long PostgreSQL may take to accept connections once the restart command returned.
+/// How long PostgreSQL may take to accept connections beyond the restart command's time.
 const ACCEPT_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// How often the restart command and the server are checked: the recovery figure is no finer
@@ -95,8 +95,9 @@ pub(crate) struct Restart {
     /// When the new server started (`pg_postmaster_start_time()`): every journal row recorded
     /// after it was written by the new server.
     pub(crate) server_started: OffsetDateTime,
-    /// The database clock at the first query the new server answered: when it accepted
-    /// connections again, to within [`PROBE_EVERY`].
+    /// The database clock at the first query the new server answered, probing every
+    /// [`PROBE_EVERY`] from the moment the restart began: when it accepted connections again,
+    /// to within a probe (a connection and a query).
     pub(crate) accepted_at: OffsetDateTime,
 }
 
@@ -122,44 +123,46 @@ pub(crate) async fn restart_postgres(
         .stderr(Stdio::inherit())
         .spawn()
         .context(format!("running the restart command `{command}`"))?;
-    let status = loop {
-        if let Some(status) = child
-            .try_wait()
-            .context("waiting for the restart command")?
-        {
-            break status;
+    // Probed from the start, beside the command: the command may return well after the new
+    // server accepts connections (or, for another command, before the old one is gone), and
+    // only an answer from a server started after `before` counts.
+    let mut status = None;
+    let mut accepted = None;
+    loop {
+        if status.is_none() {
+            status = child
+                .try_wait()
+                .context("waiting for the restart command")?
+                .map(|status| (status, began.elapsed()));
+            if let Some((status, _)) = status.filter(|(status, _)| !status.success()) {
+                return Err(failure(format!(
+                    "the restart command `{command}` exited with {status}"
+                )));
+            }
         }
-        if began.elapsed() > RESTART_TIMEOUT {
+        if accepted.is_none() {
+            if let Ok((now, started)) = probe(config).await {
+                accepted = (started > before).then_some((now, started));
+            }
+        }
+        if let (Some((_, ran)), Some((accepted_at, server_started))) = (status, accepted) {
+            return Ok(Restart {
+                command: ran,
+                server_started,
+                accepted_at,
+            });
+        }
+        if status.is_none() && began.elapsed() > RESTART_TIMEOUT {
             let _ = child.kill();
             let _ = child.wait();
             return Err(failure(format!(
                 "the restart command `{command}` did not end within {RESTART_TIMEOUT:?}; killed it"
             )));
         }
-        tokio::time::sleep(PROBE_EVERY).await;
-    };
-    let ran = began.elapsed();
-    if !status.success() {
-        return Err(failure(format!(
-            "the restart command `{command}` exited with {status}"
-        )));
-    }
-    // The command may return before the old server is gone or before the new one accepts
-    // connections: only an answer from a server started after `before` counts.
-    let waiting = Instant::now();
-    loop {
-        if let Ok((now, started)) = probe(config).await {
-            if started > before {
-                return Ok(Restart {
-                    command: ran,
-                    server_started: started,
-                    accepted_at: now,
-                });
-            }
-        }
-        if waiting.elapsed() > ACCEPT_TIMEOUT {
+        if began.elapsed() > RESTART_TIMEOUT + ACCEPT_TIMEOUT {
             return Err(failure(format!(
-                "no restarted PostgreSQL answered within {ACCEPT_TIMEOUT:?} of `{command}`"
+                "no restarted PostgreSQL answered within {:?} of `{command}`",
+                RESTART_TIMEOUT + ACCEPT_TIMEOUT
             )));
         }
         tokio::time::sleep(PROBE_EVERY).await;

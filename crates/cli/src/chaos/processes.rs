@@ -76,11 +76,18 @@ impl SpawnSpec {
             Role::Worker => &self.worker_args,
             Role::Remote => &self.remote_args,
         };
-        let mut child = Command::new(exe)
-            // Through the environment rather than argv, so a password in the URL does not show
-            // in the process list.
+        let mut command = Command::new(exe);
+        // Through the environment rather than argv, so a password in the URL does not show in
+        // the process list.
+        command
             .env("DATABASE_URL", &self.database_url)
-            .env("KEIRO_SCHEMA", &self.schema)
+            .env("KEIRO_SCHEMA", &self.schema);
+        // Every restart makes every child log its lost connections: expected here, so they log
+        // only when asked to (RUST_LOG set). A panic still reaches stderr.
+        if std::env::var_os("RUST_LOG").is_none() {
+            command.env("RUST_LOG", "off");
+        }
+        let mut child = command
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
