@@ -108,7 +108,28 @@ impl MemoryStore {
         state.clock.pin(now);
     }
 
-    /// The store's current time: the pinned instant, or the wall clock.
+    /// Runs the store's clock `offset` ahead of the wall clock (behind, when negative), as a
+    /// database server's clock may be ahead of or behind its workers': a test of what a worker
+    /// does with a skewed clock runs its worker on the wall clock against this store. An
+    /// instant pinned with [`set_now`](Self::set_now) wins while it is set. Defaults to zero.
+    ///
+    /// ```
+    /// let store = keiro_memory::MemoryStore::new();
+    /// store.set_clock_offset(time::Duration::minutes(1));
+    /// assert!(store.now() > time::OffsetDateTime::now_utc() + time::Duration::seconds(59));
+    /// ```
+    pub fn set_clock_offset(&self, offset: time::Duration) {
+        // As for `set_now`: the clock is no instance data.
+        let mut state = self
+            .shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        state.clock.skew(offset);
+    }
+
+    /// The store's current time: the pinned instant, or the wall clock (moved by the offset
+    /// of [`set_clock_offset`](Self::set_clock_offset)).
     ///
     /// ```
     /// let store = keiro_memory::MemoryStore::new();
