@@ -10,7 +10,7 @@ use keiro::{
     JournalStore, LeaseStore, ResurrectOutcome, Started, Status,
 };
 use keiro_journal::{
-    AwakeableOutcome, ChildSpawn, Park, ParkOutcome, RemoteArm, RemoteArmOutcome,
+    AwakeableOutcome, ChildSpawn, Park, ParkOutcome, RemoteArm, RemoteArmOutcome, SignalOptions,
     SignalSendOutcome, SignalWait, SignalWaitOutcome, StartRequest, TimerArm, TimerFiring,
 };
 use keiro_lease::Crash;
@@ -76,6 +76,14 @@ impl JournalStore for FaultyStore {
     ) -> Result<Status> {
         self.inner.instance_confirm(key, fence, ttl).await
     }
+    async fn signal_withdraw(
+        &self,
+        key: &InstanceKey,
+        generation: i32,
+        step: &str,
+    ) -> Result<bool> {
+        self.inner.signal_withdraw(key, generation, step).await
+    }
     async fn instance_park(&self, park: &Park) -> Result<ParkOutcome> {
         self.inner.instance_park(park).await
     }
@@ -121,8 +129,13 @@ impl JournalStore for FaultyStore {
     async fn signal_wait(&self, wait: &SignalWait) -> Result<SignalWaitOutcome> {
         self.inner.signal_wait(wait).await
     }
-    async fn signal_send(&self, token: &str, payload: &Value) -> Result<SignalSendOutcome> {
-        self.inner.signal_send(token, payload).await
+    async fn signal_send_with(
+        &self,
+        token: &str,
+        payload: &Value,
+        options: &SignalOptions,
+    ) -> Result<SignalSendOutcome> {
+        self.inner.signal_send_with(token, payload, options).await
     }
     async fn child_spawn(&self, append: &Append, spawn: &ChildSpawn) -> Result<AppendOutcome> {
         if self.fail_appends.load(Ordering::SeqCst) {

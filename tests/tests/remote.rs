@@ -38,6 +38,9 @@ on_both_stores!(
     a_worker_claims_again_after_a_full_claim_not_after_every_handler,
     a_claim_that_expires_counts_an_attempt_and_at_the_limit_the_step_crashed,
     a_claim_expired_at_the_redispatch_deadline_counts_an_attempt_too,
+    a_cascading_cancel_cancels_a_pending_task_and_no_handler_runs,
+    a_running_handler_learns_its_run_was_cancelled_and_its_report_is_refused,
+    continuing_as_new_cancels_the_tasks_of_the_generation_left_behind,
 );
 
 fn options(h: &Harness) -> ResumeOptions {
@@ -1108,7 +1111,7 @@ impl keiro_remote::Transport for CountingClaims {
         step_id: &str,
         claim: uuid::Uuid,
         ttl: Duration,
-    ) -> keiro_journal::store::Result<bool> {
+    ) -> keiro_journal::store::Result<keiro_remote::HeartbeatOutcome> {
         self.inner.task_heartbeat(step_id, claim, ttl).await
     }
 
@@ -1341,6 +1344,260 @@ async fn a_claim_expired_at_the_redispatch_deadline_counts_an_attempt_too(
     assert_eq!(
         (tasks[0].status, tasks[0].attempts, tasks[0].dispatches),
         (TaskStatus::Failed, 2, 2)
+    );
+    Ok(())
+}
+
+/// `checkout` awaits its child `order`, whose remote step `charge` retries three times; the
+/// `charge` input is the order's id. `rotor` leaves its generation 0 with its `charge` task
+/// pending: the task is dispatched while a step action runs beside it, and the body continues
+/// as new without awaiting it.
+fn payments() -> Result<Registry, keiro::RegistryError> {
+    let mut registry = Registry::new();
+    registry.register("checkout", |ctx: Ctx, order: String| async move {
+        let receipt: String = ctx.child("order", &order, &order).await?;
+        Ok(receipt)
+    })?;
+    registry.register("order", |ctx: Ctx, order: String| async move {
+        let backoff = Backoff::exponential(Duration::from_millis(5), Duration::from_millis(5));
+        let options = RemoteOptions::default().retries(3, backoff);
+        let receipt: String = ctx.remote("charge", &order, &options).await?;
+        Ok(receipt)
+    })?;
+    registry.register("rotor", |ctx: Ctx, generation: u32| async move {
+        if generation > 0 {
+            return Ok(format!("generation {generation}"));
+        }
+        let options = RemoteOptions::default();
+        let (charged, slow) = tokio::join!(
+            ctx.remote::<_, String>("charge", &"rotor", &options),
+            ctx.step("slow", || async {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Ok::<_, std::convert::Infallible>(())
+            })
+        );
+        slow?;
+        match charged {
+            // Given up on: this generation ends with the task pending.
+            Err(WorkflowError::Suspended { .. }) => Err(ctx.continue_as_new(&1u32)),
+            other => other,
+        }
+    })?;
+    Ok(registry)
+}
+
+/// Runs resume passes until `name`/`id` has a remote task (10 s at most).
+async fn until_dispatched(h: &Harness, registry: &Registry, name: &str, id: &str) -> TestResult {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while h.keiro.remote_tasks(name, id).await?.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name}/{id} never dispatched"
+        );
+        keiro::resume_once(&h.store, registry, &options(h)).await?;
+    }
+    Ok(())
+}
+
+/// A `charge` worker that records every call and charges at once.
+fn cashier(h: &Harness, calls: Ledger) -> RemoteWorker {
+    RemoteWorker::builder(h.transport.clone())
+        .options(worker_options())
+        .handle("charge", move |order: String, _task: TaskContext| {
+            let calls = calls.clone();
+            async move {
+                calls.bump(&order);
+                Ok::<_, TaskError>(format!("receipt:{order}"))
+            }
+        })
+        .build()
+}
+
+/// The remote results journaled for `name`/`id`.
+async fn remote_results(h: &Harness, name: &str, id: &str) -> Result<Vec<String>, keiro::Error> {
+    Ok(h.keiro
+        .journal(name, id)
+        .await?
+        .into_iter()
+        .filter_map(|e| match e.event {
+            Event::StepRecorded { step, .. } if step.starts_with("remote:") => Some(step),
+            _ => None,
+        })
+        .collect())
+}
+
+async fn a_cascading_cancel_cancels_a_pending_task_and_no_handler_runs(h: Harness) -> TestResult {
+    let registry = payments()?;
+    h.keiro.start("checkout", "c-1", &"o-1").await?;
+    until_dispatched(&h, &registry, "order", "o-1").await?;
+    h.keiro.cancel_cascade("checkout", "c-1").await?;
+    for (name, id) in [("checkout", "c-1"), ("order", "o-1")] {
+        let row = h.keiro.instance(name, id).await?.expect("row");
+        assert_eq!(row.status, Status::Cancelled, "{name}/{id}");
+    }
+    let tasks = h.keiro.remote_tasks("order", "o-1").await?;
+    assert_eq!(
+        (tasks.len(), tasks[0].status, tasks[0].claimed_by.as_deref()),
+        (1, TaskStatus::Cancelled, None),
+        "cancelled with its run, in the same transaction"
+    );
+
+    // A run dispatched later, which a worker claims together with anything else claimable: once
+    // it completed, the cancelled task was passed over, not merely not reached yet.
+    h.keiro.start("order", "o-2", &"o-2").await?;
+    until_dispatched(&h, &registry, "order", "o-2").await?;
+    let calls = Ledger::default();
+    let worker = cashier(&h, calls.clone());
+    let running = Running::start(worker.clone());
+    until_status(&h, &registry, "order", "o-2", Status::Completed).await?;
+    running.stop().await;
+    assert_eq!(
+        calls.all(),
+        [("o-2".to_owned(), 1)].into(),
+        "never charged o-1"
+    );
+    assert_eq!(worker.stats().claimed(), 1);
+    let tasks = h.keiro.remote_tasks("order", "o-1").await?;
+    assert_eq!(
+        (tasks[0].status, tasks[0].attempts, tasks[0].output.as_ref()),
+        (TaskStatus::Cancelled, 0, None)
+    );
+    assert!(remote_results(&h, "order", "o-1").await?.is_empty());
+    assert_eq!(
+        h.keiro.instance("order", "o-1").await?.expect("row").status,
+        Status::Cancelled
+    );
+    Ok(())
+}
+
+async fn a_running_handler_learns_its_run_was_cancelled_and_its_report_is_refused(
+    h: Harness,
+) -> TestResult {
+    const HEARTBEAT: Duration = Duration::from_millis(100);
+    let registry = payments()?;
+    // o-3's handler reports a success once told, o-4's a retryable failure: both are refused,
+    // and the failure is not retried although the step has retries left.
+    for id in ["o-3", "o-4"] {
+        h.keiro.start("order", id, &id).await?;
+        until_dispatched(&h, &registry, "order", id).await?;
+    }
+    let calls = Ledger::default();
+    let told = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (c, t) = (calls.clone(), told.clone());
+    let worker = RemoteWorker::builder(h.transport.clone())
+        .options(RemoteWorkerOptions {
+            heartbeat_every: HEARTBEAT,
+            ..worker_options()
+        })
+        .handle("charge", move |order: String, task: TaskContext| {
+            let (calls, told) = (c.clone(), t.clone());
+            async move {
+                calls.bump(&order);
+                assert!(!task.is_cancelled());
+                tokio::select! {
+                    () = task.cancelled() => {}
+                    () = tokio::time::sleep(Duration::from_secs(30)) => {
+                        return Ok(format!("receipt:{order}"));
+                    }
+                }
+                assert!(task.is_cancelled());
+                told.lock()
+                    .unwrap()
+                    .push((order.clone(), tokio::time::Instant::now()));
+                if order == "o-3" {
+                    Ok(format!("receipt:{order}"))
+                } else {
+                    Err(TaskError::retryable("stopped: the run was cancelled"))
+                }
+            }
+        })
+        .build();
+    let running = Running::start(worker.clone());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while calls.count("o-3") + calls.count("o-4") < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "never claimed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let cancelled_at = tokio::time::Instant::now();
+    h.keiro.cancel("order", "o-3").await?;
+    h.keiro.cancel("order", "o-4").await?;
+    while worker.stats().cancelled() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the handlers were never told, or their reports never refused: {:?}",
+            told.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    running.stop().await;
+
+    let told = told.lock().unwrap().clone();
+    assert_eq!(told.len(), 2, "{told:?}");
+    for (order, at) in &told {
+        // One heartbeat period after the cancellation, with room for a loaded machine.
+        let waited = at.duration_since(cancelled_at);
+        assert!(waited < HEARTBEAT * 20, "{order} was told after {waited:?}");
+    }
+    let stats = worker.stats();
+    assert_eq!(
+        (
+            stats.claimed(),
+            stats.completed(),
+            stats.failed(),
+            stats.cancelled()
+        ),
+        (2, 0, 0, 2)
+    );
+    assert_eq!(
+        calls.all(),
+        [("o-3".to_owned(), 1), ("o-4".to_owned(), 1)].into()
+    );
+    for id in ["o-3", "o-4"] {
+        let tasks = h.keiro.remote_tasks("order", id).await?;
+        assert_eq!(
+            (tasks[0].status, tasks[0].attempts, tasks[0].output.as_ref()),
+            (TaskStatus::Cancelled, 0, None),
+            "{id}"
+        );
+        assert!(remote_results(&h, "order", id).await?.is_empty(), "{id}");
+        keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+        let row = h.keiro.instance("order", id).await?.expect("row");
+        assert_eq!((row.status, row.output), (Status::Cancelled, None), "{id}");
+    }
+    Ok(())
+}
+
+async fn continuing_as_new_cancels_the_tasks_of_the_generation_left_behind(
+    h: Harness,
+) -> TestResult {
+    let registry = payments()?;
+    h.keiro.start("rotor", "r-1", &0u32).await?;
+    until_status(&h, &registry, "rotor", "r-1", Status::Completed).await?;
+    let row = h.keiro.instance("rotor", "r-1").await?.expect("row");
+    assert_eq!(
+        (row.generation, row.output),
+        (1, Some(json!("generation 1")))
+    );
+    let tasks = h.keiro.remote_tasks("rotor", "r-1").await?;
+    assert_eq!(
+        tasks
+            .iter()
+            .map(|t| (t.generation, t.status))
+            .collect::<Vec<_>>(),
+        [(0, TaskStatus::Cancelled)],
+        "dispatched in generation 0, cancelled by the continue-as-new"
+    );
+
+    h.keiro.start("order", "o-5", &"o-5").await?;
+    until_dispatched(&h, &registry, "order", "o-5").await?;
+    let calls = Ledger::default();
+    let running = Running::start(cashier(&h, calls.clone()));
+    until_status(&h, &registry, "order", "o-5", Status::Completed).await?;
+    running.stop().await;
+    assert_eq!(calls.count("rotor"), 0, "{:?}", calls.all());
+    assert_eq!(
+        h.keiro.remote_tasks("rotor", "r-1").await?[0].status,
+        TaskStatus::Cancelled
     );
     Ok(())
 }

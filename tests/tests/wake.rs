@@ -144,7 +144,7 @@ async fn first_sleep_arm_wins(h: Harness) -> TestResult {
         key: key("sleeper", "s-3"),
         generation: 0,
         step: "sleep:nap".into(),
-        fire_at: OffsetDateTime::now_utc() + time::Duration::minutes(5),
+        due: keiro_journal::TimerDue::After(Duration::from_secs(5 * 60)),
         kind: keiro_journal::TimerKind::Sleep,
     };
     assert_eq!(h.store.timer_arm(&arm).await?, first);
@@ -305,9 +305,10 @@ async fn awakeable_of_a_terminal_owner_journals_nothing(h: Harness) -> TestResul
     let id = ids.lock().expect("lock")[0];
     let before = h.keiro.journal("approver", "a-4").await?.len();
     h.keiro.cancel("approver", "a-4").await?;
+    // The cancel settled the awakeable (0012): a completion finds it cancelled.
     assert_eq!(
         h.keiro.complete_awakeable(id, "too late").await?,
-        AwakeableOutcome::OwnerGone
+        AwakeableOutcome::AlreadySettled(keiro_journal::AwakeableStatus::Cancelled)
     );
     let after = h.keiro.journal("approver", "a-4").await?;
     assert_eq!(after.len(), before + 1, "only the cancel marker was added");

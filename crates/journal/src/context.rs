@@ -82,6 +82,9 @@ pub struct RunOptions {
     /// before its first fresh action when this is older than `confirm_after`. `None` counts
     /// from the start of the drive. Defaults to `None`.
     pub confirmed_at: Option<Instant>,
+    /// How long one generation's journal may grow before fresh steps fail with
+    /// [`WorkflowError::JournalFull`]. Defaults to [`JournalBudget::default`](crate::JournalBudget::default).
+    pub journal_budget: crate::JournalBudget,
 }
 
 impl Default for RunOptions {
@@ -102,6 +105,7 @@ impl RunOptions {
             observer: None,
             trace_context: None,
             confirmed_at: None,
+            journal_budget: crate::JournalBudget::default(),
         }
     }
 }
@@ -193,6 +197,13 @@ pub(crate) struct State {
     /// Step actions running now (concurrent branches of a `join`): while one runs, a remote
     /// step is dispatched at once instead of waiting for the park.
     pub(crate) actions_running: u32,
+    /// Set while the body polls a branch that lost a decided [`Ctx::select`]: it may replay,
+    /// but any fresh work (an arm, an action) suspends instead of happening.
+    pub(crate) disarmed: bool,
+    /// The steps of signal waits this drive registered, so a race can withdraw its losers'.
+    pub(crate) signal_waits_armed: Vec<String>,
+    /// What the generation's journal holds, for the journal budget.
+    pub(crate) journal_size: crate::budget::JournalSize,
 }
 
 pub(crate) struct Inner {
@@ -224,6 +235,7 @@ impl Ctx {
         key: InstanceKey,
         generation: Generation,
         replay: Replay,
+        journal_size: crate::budget::JournalSize,
         options: RunOptions,
     ) -> Self {
         let last_confirmed = options.confirmed_at.unwrap_or_else(Instant::now);
@@ -246,6 +258,9 @@ impl Ctx {
                     parked: None,
                     deferred: Vec::new(),
                     actions_running: 0,
+                    disarmed: false,
+                    signal_waits_armed: Vec::new(),
+                    journal_size,
                 }),
             }),
         }
@@ -465,6 +480,7 @@ impl Ctx {
         self.prepare_fresh(step, flush).await?;
         match arm().await? {
             Armed::Ready(value) => {
+                self.count_appended(&value);
                 let mut state = self.state();
                 state.stats.appended += 1;
                 state.replay.record_fresh(step, kind, value.clone());
@@ -640,6 +656,13 @@ impl Ctx {
     }
 
     async fn prepare_fresh(&self, step: &str, flush: bool) -> Result<(), WorkflowError> {
+        if self.state().disarmed {
+            // A losing branch of a decided race: it replays what is journaled, and waits
+            // forever on anything else, without arming it.
+            return Err(WorkflowError::Suspended {
+                step: step.to_owned(),
+            });
+        }
         YieldNow::new().await;
         let unreached = {
             let state = self.state();
@@ -655,6 +678,7 @@ impl Ctx {
                 format!("recorded step {recorded:?} was not reached before fresh step {step:?}");
             return Err(self.diverged(step, detail));
         }
+        self.check_budget(step)?;
         self.confirm_if_stale().await?;
         if flush && !self.state().deferred.is_empty() {
             self.flush_deferred().await?;
@@ -746,6 +770,7 @@ impl Ctx {
         json: Value,
         via: RecordVia,
     ) -> Result<Value, WorkflowError> {
+        self.check_budget_for(step, &json)?;
         let append = self.fresh_append(step, kind, json.clone());
         let started = Instant::now();
         let store = &self.inner.store;
@@ -758,6 +783,7 @@ impl Ctx {
         match outcome {
             AppendOutcome::Appended => {
                 self.confirmed(started);
+                self.count_appended(&json);
                 let mut state = self.state();
                 state.stats.appended += 1;
                 state.replay.record_fresh(step, kind, json.clone());
@@ -783,7 +809,7 @@ impl Ctx {
         encode_payload(step, value, self.inner.options.payload_len_max)
     }
 
-    fn diverged(&self, step: &str, detail: String) -> WorkflowError {
+    pub(crate) fn diverged(&self, step: &str, detail: String) -> WorkflowError {
         self.halt(Halt::NonDeterminism {
             step: step.to_owned(),
             detail: detail.clone(),

@@ -85,6 +85,24 @@ pub enum WorkflowError {
         /// The last attempt's error, rendered.
         message: String,
     },
+    /// The generation's journal reached its budget (`RunOptions::journal_budget`). Continue as
+    /// new (`ctx.continue_as_new`) to go on with an empty journal.
+    #[error(
+        "step {step:?}: the journal is full ({steps} entries, {bytes} bytes; the budget is \
+         {budget_steps} entries, {budget_bytes} bytes): continue as new to start an empty one"
+    )]
+    JournalFull {
+        /// The step that did not fit.
+        step: String,
+        /// The entries it would take the journal to.
+        steps: usize,
+        /// The bytes it would take the journal to.
+        bytes: usize,
+        /// The entries budget.
+        budget_steps: usize,
+        /// The bytes budget.
+        budget_bytes: usize,
+    },
     /// The step name is not valid.
     #[error("invalid step name")]
     InvalidStep(#[from] IdError),
@@ -134,6 +152,15 @@ pub enum WorkflowError {
         /// The child.
         child: crate::InstanceKey,
     },
+    /// The spawn was refused: an instance with the child's key is running for another parent,
+    /// which alone receives its result. Journaled with the spawn, so every replay sees it too.
+    #[error("child workflow {child} is already running for {parent}")]
+    ChildTaken {
+        /// The child.
+        child: crate::InstanceKey,
+        /// The parent it runs for.
+        parent: crate::InstanceKey,
+    },
     /// A remote step failed for good (retries spent, not retryable, or lost).
     #[error(transparent)]
     Remote(#[from] crate::RemoteStepError),
@@ -156,6 +183,7 @@ impl WorkflowError {
                     | Self::Encode { .. }
                     | Self::PayloadTooLarge { .. }
                     | Self::PayloadRefused { .. }
+                    | Self::JournalFull { .. }
             )
     }
 
@@ -176,9 +204,10 @@ impl WorkflowError {
     }
 
     /// Whether the error was read from the journal (a remote step's final failure, a child's
-    /// failure or cancellation, a cancelled awakeable, a signal timeout): every re-drive would
-    /// meet it again, so a body that returns it fails the run at once instead of crashing and
-    /// retrying. An operator's `requeue` resets such steps.
+    /// failure or cancellation, a refused spawn, a cancelled awakeable, a signal timeout):
+    /// every re-drive would meet it again, so a body that returns it fails the run at once
+    /// instead of crashing and retrying. An operator's `requeue` resets remote and child
+    /// failures.
     pub fn is_journaled_failure(&self) -> bool {
         matches!(
             self,
@@ -186,6 +215,7 @@ impl WorkflowError {
                 | Self::StepFailed { .. }
                 | Self::ChildFailed { .. }
                 | Self::ChildCancelled { .. }
+                | Self::ChildTaken { .. }
                 | Self::AwakeableCancelled { .. }
                 | Self::SignalTimeout { .. }
         )

@@ -82,6 +82,8 @@ pub enum StepKind {
     Patch,
     /// A failed attempt of a step run under a retry policy, or its final failure.
     Attempt,
+    /// The winner of a [`Ctx::select`](crate::Ctx::select) race.
+    Race,
 }
 
 impl StepKind {
@@ -97,6 +99,7 @@ impl StepKind {
             Self::Remote => "remote",
             Self::Patch => "patch",
             Self::Attempt => "attempt",
+            Self::Race => "race",
         }
     }
 
@@ -111,6 +114,7 @@ impl StepKind {
             "remote" => Self::Remote,
             "patch" => Self::Patch,
             "attempt" => Self::Attempt,
+            "race" => Self::Race,
             _ => return None,
         })
     }

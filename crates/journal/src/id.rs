@@ -186,8 +186,9 @@ identity!(
 );
 
 /// Step-name prefixes keiro reserves for its own wake sources and markers.
-pub const RESERVED_STEP_PREFIXES: [&str; 9] = [
+pub const RESERVED_STEP_PREFIXES: [&str; 10] = [
     "attempt:",
+    "race:",
     "sleep:",
     "awk:",
     "awkid:",

@@ -40,12 +40,14 @@
 //! Identities are validated ([`IdError`]); store operations return [`StoreError`]; a body
 //! sees [`WorkflowError`]; a drive ends in [`RunOutcome`] or [`RunError`].
 
+mod budget;
 mod context;
 mod error;
 mod event;
 mod heartbeat;
 mod id;
 mod instance;
+mod race;
 mod remote;
 mod replay;
 mod retry;
@@ -57,6 +59,7 @@ mod unwind;
 mod wake;
 mod workflow;
 
+pub use budget::{JournalBudget, JOURNAL_BYTES_MAX_DEFAULT, JOURNAL_STEPS_MAX_DEFAULT};
 pub use context::{
     encode_payload, Ctx, RunOptions, RunStats, StepObserver, TraceContext, LEASE_TTL_DEFAULT,
     PAYLOAD_LEN_MAX_DEFAULT, RECONCILE_DEFAULT,
@@ -80,8 +83,10 @@ pub use sources::Awakeable;
 pub use storable::{check_value, storable_text};
 pub use store::{Append, AppendOutcome, Error as StoreError, JournalStore, Park, ParkOutcome};
 pub use wake::{
-    awakeable_step, child_result_step, AwakeableOutcome, AwakeableStatus, ChildSpawn, Envelope,
-    FiredTimer, SignalSendOutcome, SignalWait, SignalWaitOutcome, TimerArm, TimerFiring, TimerKind,
+    awakeable_step, child_result_step, validate_signal_token, AwakeableOutcome, AwakeableStatus,
+    ChildSpawn, Envelope, FiredTimer, SignalOptions, SignalSendOutcome, SignalWait,
+    SignalWaitOutcome, TimerArm, TimerDue, TimerFiring, TimerKind, SIGNAL_TTL_DEFAULT,
+    SIGNAL_TTL_MAX,
 };
 pub use workflow::{workflow_fn, BoxFuture, FnWorkflow, Workflow, INPUT_STEP, OUTPUT_STEP};
 

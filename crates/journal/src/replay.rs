@@ -74,6 +74,7 @@ pub(crate) fn recorded_by_body(step: &str, kind: StepKind) -> bool {
         StepKind::Awakeable => step.starts_with("awkid:"),
         StepKind::Child => !step.ends_with(":result"),
         StepKind::Attempt => crate::retry::is_final_attempt(step),
+        StepKind::Race => true,
         _ => false,
     }
 }

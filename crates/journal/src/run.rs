@@ -143,6 +143,7 @@ pub async fn drive(
         key.clone(),
         generation,
         Replay::new(&entries),
+        crate::budget::JournalSize::of(&entries),
         options.clone(),
     );
     let body = CatchPanic::new(workflow.call(ctx.clone(), instance.input.clone())).await;

@@ -17,8 +17,9 @@ use uuid::Uuid;
 use crate::context::{decode, Armed, RecordVia};
 use crate::wake::{open, Opened};
 use crate::{
-    awakeable_step, child_result_step, id, ChildSpawn, Ctx, InstanceKey, SignalWait,
-    SignalWaitOutcome, StepKind, TimerArm, TimerKind, WorkflowError, WorkflowId, WorkflowName,
+    awakeable_step, child_result_step, id, validate_signal_token, ChildSpawn, Ctx, InstanceKey,
+    SignalWait, SignalWaitOutcome, StepKind, TimerArm, TimerDue, TimerKind, WorkflowError,
+    WorkflowId, WorkflowName,
 };
 
 /// An awakeable: a durable promise with a random id, completed from anywhere by id.
@@ -60,21 +61,12 @@ impl<T: DeserializeOwned> Awakeable<T> {
     }
 }
 
-fn validate_token(token: &str) -> Result<(), WorkflowError> {
-    // Tokens are user text like step names: bounded, printable; reserved prefixes don't apply.
-    if token.is_empty() || token.len() > crate::ID_LEN_MAX || token.chars().any(char::is_control) {
-        return Err(WorkflowError::InvalidStep(crate::IdError::ForbiddenChar {
-            what: "signal token",
-            value: token.to_owned(),
-            ch: token.chars().find(|c| c.is_control()).unwrap_or('\0'),
-        }));
-    }
-    Ok(())
-}
-
 impl Ctx {
     /// Sleeps durably for `duration`: the run parks and costs nothing until a timer worker fires
-    /// the sleep. The first arm fixes the deadline; a replay never postpones it.
+    /// the sleep. The first arm fixes the deadline; a replay never postpones it. The deadline is
+    /// `duration` after the store's clock at the arm (the database's `now()`), the clock that
+    /// also decides when the timer is due, so a worker whose own clock is off by a minute still
+    /// sleeps `duration`.
     ///
     /// ```no_run
     /// # async fn body(ctx: keiro_journal::Ctx) -> Result<(), keiro_journal::WorkflowError> {
@@ -86,23 +78,28 @@ impl Ctx {
     ///
     /// [`WorkflowError::Suspended`] until the sleep has fired (propagate it).
     pub async fn sleep(&self, name: &str, duration: Duration) -> Result<(), WorkflowError> {
-        self.sleep_until(name, OffsetDateTime::now_utc() + duration)
-            .await
+        self.sleep_on(name, TimerDue::After(duration)).await
     }
 
-    /// Sleeps durably until `at`. See [`sleep`](Self::sleep).
+    /// Sleeps durably until `at`, an instant of the store's clock (the database's `now()` for
+    /// Postgres), which is what decides when the timer is due: a worker whose clock is skewed
+    /// against the database's sees it fire by the database's time. See [`sleep`](Self::sleep).
     ///
     /// # Errors
     ///
     /// [`WorkflowError::Suspended`] until the sleep has fired (propagate it).
     pub async fn sleep_until(&self, name: &str, at: OffsetDateTime) -> Result<(), WorkflowError> {
+        self.sleep_on(name, TimerDue::At(at)).await
+    }
+
+    async fn sleep_on(&self, name: &str, due: TimerDue) -> Result<(), WorkflowError> {
         id::validate_user_step(name)?;
         let step = format!("sleep:{name}");
         let arm = TimerArm {
             key: self.key().clone(),
             generation: self.generation(),
             step: step.clone(),
-            fire_at: at,
+            due,
             kind: TimerKind::Sleep,
         };
         self.awaited_with(&step, StepKind::Sleep, || async {
@@ -180,7 +177,7 @@ impl Ctx {
         token: &str,
         timeout: Option<Duration>,
     ) -> Result<T, WorkflowError> {
-        validate_token(token)?;
+        validate_signal_token(token)?;
         // The n-th wait on a token in this body is always the n-th step for it, on every drive.
         let ordinal = {
             let mut state = self.state();
@@ -203,6 +200,9 @@ impl Ctx {
                     .signal_wait(&wait)
                     .await
                     .map_err(|e| self.store_failed(&step, e))?;
+                if outcome == SignalWaitOutcome::Waiting {
+                    self.state().signal_waits_armed.push(step.clone());
+                }
                 match outcome {
                     SignalWaitOutcome::Delivered(value) => Ok(Armed::Ready(value)),
                     SignalWaitOutcome::Waiting => match timeout {
@@ -212,7 +212,7 @@ impl Ctx {
                                 key: self.key().clone(),
                                 generation: self.generation(),
                                 step: step.clone(),
-                                fire_at: OffsetDateTime::now_utc() + timeout,
+                                due: TimerDue::After(timeout),
                                 kind: TimerKind::SignalTimeout {
                                     token: token.to_owned(),
                                 },
@@ -244,6 +244,17 @@ impl Ctx {
     /// failure (including failure at the crash ceiling) or cancellation is journaled into this
     /// run in the child's terminal transaction.
     ///
+    /// A running child has one parent, which alone receives its result. When an instance with
+    /// the child's key already exists:
+    /// - finished: its result is journaled here at once (ids are never reused, so a spawn of a
+    ///   finished child reads its outcome);
+    /// - running with no parent, or for an earlier generation of this very instance (this run
+    ///   continued as new since it spawned it): this generation becomes its parent;
+    /// - running for another instance: the spawn is refused with
+    ///   [`WorkflowError::ChildTaken`], at once and journaled, so every replay takes the same
+    ///   branch. Wait for the other parent's outcome another way (a signal it sends, say), or
+    ///   give children of different parents different ids.
+    ///
     /// ```no_run
     /// # async fn body(ctx: keiro_journal::Ctx) -> Result<(), keiro_journal::WorkflowError> {
     /// let label: String = ctx.child("ship", "order-42-ship", &"order-42").await?;
@@ -253,7 +264,8 @@ impl Ctx {
     /// # Errors
     ///
     /// [`WorkflowError::Suspended`] until the child finishes, [`WorkflowError::ChildFailed`],
-    /// [`WorkflowError::ChildCancelled`], [`WorkflowError::InvalidStep`] for a bad name or id.
+    /// [`WorkflowError::ChildCancelled`], [`WorkflowError::ChildTaken`],
+    /// [`WorkflowError::InvalidStep`] for a bad name or id.
     pub async fn child<I: Serialize + ?Sized, O: DeserializeOwned>(
         &self,
         name: &str,
@@ -266,11 +278,13 @@ impl Ctx {
 
     /// Spawns child `name`/`id` without waiting for it; await it later with
     /// [`await_child`](Self::await_child), or never (fire and forget). The child row is created
-    /// in the spawn step's transaction and never re-created on replay.
+    /// in the spawn step's transaction and never re-created on replay. A child running for
+    /// another parent refuses the spawn (see [`child`](Self::child)).
     ///
     /// # Errors
     ///
-    /// [`WorkflowError::InvalidStep`] for a bad name or id, [`WorkflowError::Halted`].
+    /// [`WorkflowError::ChildTaken`], [`WorkflowError::InvalidStep`] for a bad name or id,
+    /// [`WorkflowError::Halted`].
     pub async fn spawn_child<I: Serialize + ?Sized>(
         &self,
         name: &str,
@@ -279,19 +293,29 @@ impl Ctx {
     ) -> Result<(), WorkflowError> {
         let child = child_key(name, id)?;
         let spawn_step = format!("child:{}/{}", child.name, child.id);
-        if self.replayed(&spawn_step, StepKind::Child)?.is_none() {
-            self.before_fresh_work(&spawn_step).await?;
-            let input = self.encode(&spawn_step, input)?;
-            let spawn = ChildSpawn {
-                await_step: child_result_step(&child),
-                child: child.clone(),
-                input,
-            };
-            let named = serde_json::json!({ "name": child.name, "id": child.id });
-            self.record_via(&spawn_step, StepKind::Child, named, RecordVia::Child(spawn))
-                .await?;
+        let recorded = match self.replayed(&spawn_step, StepKind::Child)? {
+            Some(recorded) => recorded,
+            None => {
+                self.before_fresh_work(&spawn_step).await?;
+                let input = self.encode(&spawn_step, input)?;
+                let spawn = ChildSpawn {
+                    await_step: child_result_step(&child),
+                    child: child.clone(),
+                    input,
+                };
+                let named = serde_json::json!({ "name": child.name, "id": child.id });
+                self.record_via(&spawn_step, StepKind::Child, named, RecordVia::Child(spawn))
+                    .await?
+            }
+        };
+        // A refused spawn is recorded with the parent that holds the child.
+        match recorded.get("taken") {
+            None => Ok(()),
+            Some(parent) => {
+                let parent: InstanceKey = decode(&spawn_step, parent.clone())?;
+                Err(WorkflowError::ChildTaken { child, parent })
+            }
         }
-        Ok(())
     }
 
     /// Waits for child `name`/`id` (spawned by this run) to finish.
@@ -299,7 +323,8 @@ impl Ctx {
     /// # Errors
     ///
     /// [`WorkflowError::Suspended`] until it finishes, [`WorkflowError::ChildFailed`],
-    /// [`WorkflowError::ChildCancelled`].
+    /// [`WorkflowError::ChildCancelled`], [`WorkflowError::ChildTaken`] when the spawn was
+    /// refused.
     pub async fn await_child<O: DeserializeOwned>(
         &self,
         name: &str,
@@ -316,6 +341,7 @@ impl Ctx {
             Some(Opened::Ok(v)) => decode(&await_step, v),
             Some(Opened::Failed(reason)) => Err(WorkflowError::ChildFailed { child, reason }),
             Some(Opened::Cancelled) => Err(WorkflowError::ChildCancelled { child }),
+            Some(Opened::Taken(parent)) => Err(WorkflowError::ChildTaken { child, parent }),
             _ => decode(&await_step, value),
         }
     }

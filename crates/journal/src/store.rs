@@ -13,8 +13,8 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::wake::{
-    AwakeableOutcome, ChildSpawn, SignalSendOutcome, SignalWait, SignalWaitOutcome, TimerArm,
-    TimerFiring,
+    AwakeableOutcome, ChildSpawn, SignalOptions, SignalSendOutcome, SignalWait, SignalWaitOutcome,
+    TimerArm, TimerFiring,
 };
 use crate::{
     Event, Fence, Generation, Instance, InstanceKey, JournalEntry, Marker, StartRequest, Started,
@@ -249,7 +249,11 @@ pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
     // Every operation that resolves a wake source journals the awaited step into the owner and
     // flips the owner's row to `running` (with a notification) in the same transaction.
 
-    /// Arms a timer, first arm wins; returns the effective `fire_at` (the first arm's).
+    /// Arms a timer, first arm wins; returns the effective `fire_at` (the first arm's). The
+    /// store computes `fire_at` with its own clock: `now() + span` for
+    /// [`TimerDue::After`](crate::TimerDue::After) (cut to
+    /// [`TimerDue::AFTER_MAX`](crate::TimerDue::AFTER_MAX)), the instant itself for
+    /// [`TimerDue::At`](crate::TimerDue::At).
     async fn timer_arm(&self, arm: &TimerArm) -> Result<OffsetDateTime>;
 
     /// Fires up to `limit` timers due at `now` (store clock when `None`), oldest first, each in
@@ -288,9 +292,39 @@ pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
     /// token (journaling it at once) or registers the waiter.
     async fn signal_wait(&self, wait: &SignalWait) -> Result<SignalWaitOutcome>;
 
+    /// Withdraws the signal waiter of `step` (a wait that lost a [`Ctx::select`](crate::Ctx::select)
+    /// race), so a signal sent from now on goes to the next waiter or the buffer instead of
+    /// being swallowed by a wait the body no longer makes. A signal already delivered to it
+    /// stays journaled. Returns whether a waiter was removed.
+    async fn signal_withdraw(
+        &self,
+        key: &InstanceKey,
+        generation: Generation,
+        step: &str,
+    ) -> Result<bool>;
+
     /// Sends a signal under the token's lock: delivers it to the oldest live waiter (journaled
-    /// as [`Envelope::ok`](crate::Envelope::ok), owner woken) or buffers it.
-    async fn signal_send(&self, token: &str, payload: &Value) -> Result<SignalSendOutcome>;
+    /// as [`Envelope::ok`](crate::Envelope::ok), owner woken) or buffers it until
+    /// `options.time_to_live()` has passed. An expired buffered signal is never delivered;
+    /// each send deletes its token's expired signals and a few expired ones of any token.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ValueRefused`] for a token [`validate_signal_token`](crate::validate_signal_token)
+    /// rejects, before anything is written.
+    async fn signal_send_with(
+        &self,
+        token: &str,
+        payload: &Value,
+        options: &SignalOptions,
+    ) -> Result<SignalSendOutcome>;
+
+    /// [`signal_send_with`](Self::signal_send_with) with the default options: a buffered
+    /// signal expires after [`SIGNAL_TTL_DEFAULT`](crate::SIGNAL_TTL_DEFAULT).
+    async fn signal_send(&self, token: &str, payload: &Value) -> Result<SignalSendOutcome> {
+        self.signal_send_with(token, payload, &SignalOptions::default())
+            .await
+    }
 
     /// Journals the spawn step `append` (its value names the child) and creates the child
     /// instance `running`, linked to the parent and to `spawn.await_step`, in one transaction.
@@ -299,6 +333,15 @@ pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
     /// From then on the child's terminal transaction (completion, failure including the crash
     /// ceiling and divergence, cancellation) journals its result envelope into the parent's
     /// spawning generation under `await_step` and wakes the parent.
+    ///
+    /// A running child has one parent. When an instance with the child's key exists: it adopts
+    /// the spawner if it has no parent or its parent is the spawner itself (an earlier
+    /// generation: the link moves to this one); its result is journaled under `await_step` at
+    /// once if it is terminal; and if it is running for another instance, the spawn is refused:
+    /// the spawn step is journaled with `"taken": {"name", "id"}` (the other parent) added to
+    /// its value, [`Envelope::taken`](crate::Envelope::taken) under `await_step`, and the
+    /// outcome is `AlreadyPresent` with the stored value, which the body turns into
+    /// [`WorkflowError::ChildTaken`](crate::WorkflowError::ChildTaken).
     async fn child_spawn(&self, append: &Append, spawn: &ChildSpawn) -> Result<AppendOutcome>;
 
     /// Appends the cancel marker to `key` and, when `cascade`, to every live descendant, in one

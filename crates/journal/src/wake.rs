@@ -5,11 +5,13 @@
 //! flips the owner's instance row in the same transaction, so a wake is never lost: a resume
 //! pass finds the instance runnable whether or not a push notification arrived.
 
+use std::time::Duration;
+
 use serde_json::{json, Value};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use crate::{Generation, InstanceKey};
+use crate::{Generation, IdError, InstanceKey, ID_LEN_MAX};
 
 /// What a due timer does when it fires.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,7 +37,41 @@ impl TimerKind {
     }
 }
 
-/// A timer to arm. First arm wins: re-arming never moves `fire_at`.
+/// When a timer is due, on the store's clock (the database's `now()` for Postgres), which is
+/// also the clock that decides when it fires: a worker's own clock plays no part, so a worker
+/// whose clock is skewed fires nothing early or late.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimerDue {
+    /// At this instant of the store's clock.
+    At(OffsetDateTime),
+    /// This long after the store's clock at the arm: the store computes `now() + span`. A span
+    /// longer than [`TimerDue::AFTER_MAX`] is cut to it.
+    After(Duration),
+}
+
+impl TimerDue {
+    /// The longest span [`TimerDue::After`] stands for: 100 years (365-day years), "never" for
+    /// a workflow, so that `now() + span` fits every store's timestamps.
+    pub const AFTER_MAX: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
+    /// The span of [`TimerDue::After`], cut to [`TimerDue::AFTER_MAX`]; `None` for an instant.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use keiro_journal::TimerDue;
+    ///
+    /// assert_eq!(TimerDue::After(Duration::from_secs(5)).span(), Some(Duration::from_secs(5)));
+    /// assert_eq!(TimerDue::After(Duration::MAX).span(), Some(TimerDue::AFTER_MAX));
+    /// ```
+    pub fn span(&self) -> Option<Duration> {
+        match self {
+            Self::At(_) => None,
+            Self::After(span) => Some((*span).min(Self::AFTER_MAX)),
+        }
+    }
+}
+
+/// A timer to arm. First arm wins: re-arming never moves its due time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TimerArm {
     /// The owner.
@@ -44,8 +80,8 @@ pub struct TimerArm {
     pub generation: Generation,
     /// The step the fire journals (`sleep:<name>`, or the signal wait's step).
     pub step: String,
-    /// When it is due.
-    pub fire_at: OffsetDateTime,
+    /// When it is due. The store turns it into the stored `fire_at` with its own clock.
+    pub due: TimerDue,
     /// What firing does.
     pub kind: TimerKind,
 }
@@ -67,13 +103,17 @@ pub struct FiredTimer {
 }
 
 /// The result of firing a batch of due timers.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TimerFiring {
     /// The timers fired by this call.
     pub fired: Vec<FiredTimer>,
     /// The earliest `fire_at` still scheduled after this call, so the timer loop knows how long
     /// it may sleep.
     pub next_due: Option<OffsetDateTime>,
+    /// The store's clock this call fired against (the `now` it was given, or the database's
+    /// `now()`). `next_due - clock` is how long until the next timer is due, whatever the
+    /// caller's own clock says.
+    pub clock: OffsetDateTime,
 }
 
 /// The state of an awakeable.
@@ -126,6 +166,88 @@ pub enum SignalWaitOutcome {
     Waiting,
 }
 
+/// Checks a signal token: non-empty, at most [`ID_LEN_MAX`] bytes, no control character. Waits
+/// and sends apply this one rule, so a token a send accepts is one a wait can take.
+///
+/// ```
+/// use keiro_journal::{validate_signal_token, IdError};
+/// assert!(validate_signal_token("order-42/paid").is_ok());
+/// assert!(matches!(validate_signal_token(""), Err(IdError::Empty { .. })));
+/// assert!(matches!(validate_signal_token("a\nb"), Err(IdError::ForbiddenChar { .. })));
+/// ```
+///
+/// # Errors
+///
+/// [`IdError::Empty`], [`IdError::TooLong`] or [`IdError::ForbiddenChar`].
+pub fn validate_signal_token(token: &str) -> Result<(), IdError> {
+    const WHAT: &str = "signal token";
+    if token.is_empty() {
+        return Err(IdError::Empty { what: WHAT });
+    }
+    if token.len() > ID_LEN_MAX {
+        return Err(IdError::TooLong {
+            what: WHAT,
+            len: token.len(),
+        });
+    }
+    if let Some(ch) = token.chars().find(|c| c.is_control()) {
+        return Err(IdError::ForbiddenChar {
+            what: WHAT,
+            value: token.to_owned(),
+            ch,
+        });
+    }
+    Ok(())
+}
+
+/// How long a buffered signal waits for a wait unless its send says otherwise: 7 days.
+pub const SIGNAL_TTL_DEFAULT: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+
+/// The longest time a buffered signal is kept: 100 years (365-day years). A longer TTL is cut
+/// to it, so the expiry always fits the stores' timestamps.
+pub const SIGNAL_TTL_MAX: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
+/// How a signal is sent.
+///
+/// A signal that finds no waiter is buffered for its TTL ([`SIGNAL_TTL_DEFAULT`] unless set):
+/// once the TTL has passed it is never delivered, and the store deletes it.
+///
+/// ```
+/// use std::time::Duration;
+/// use keiro_journal::{SignalOptions, SIGNAL_TTL_DEFAULT};
+///
+/// assert_eq!(SignalOptions::default().time_to_live(), SIGNAL_TTL_DEFAULT);
+/// let brief = SignalOptions::default().ttl(Duration::from_secs(60));
+/// assert_eq!(brief.time_to_live(), Duration::from_secs(60));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SignalOptions {
+    ttl: Duration,
+}
+
+impl Default for SignalOptions {
+    fn default() -> Self {
+        Self {
+            ttl: SIGNAL_TTL_DEFAULT,
+        }
+    }
+}
+
+impl SignalOptions {
+    /// Sets how long the signal stays buffered when no wait takes it at once, at most
+    /// [`SIGNAL_TTL_MAX`]. Zero means "deliver to a current waiter or not at all".
+    #[must_use]
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl.min(SIGNAL_TTL_MAX);
+        self
+    }
+
+    /// How long the signal stays buffered.
+    pub fn time_to_live(&self) -> Duration {
+        self.ttl
+    }
+}
+
 /// What sending a signal did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SignalSendOutcome {
@@ -134,7 +256,7 @@ pub enum SignalSendOutcome {
         /// The instance that received it.
         to: InstanceKey,
     },
-    /// No live waiter: it is buffered, first in first out per token.
+    /// No live waiter: it is buffered, first in first out per token, until its TTL passes.
     Buffered,
 }
 
@@ -176,6 +298,10 @@ impl Envelope {
     pub fn error(error: Value) -> Value {
         json!({ "error": error })
     }
+    /// A refused spawn: the child runs for `parent`, another instance.
+    pub fn taken(parent: &InstanceKey) -> Value {
+        json!({ "taken": { "name": parent.name, "id": parent.id } })
+    }
 }
 
 /// A decoded envelope.
@@ -186,6 +312,7 @@ pub(crate) enum Opened {
     Failed(String),
     Timeout,
     Error(Value),
+    Taken(InstanceKey),
 }
 
 /// Opens an envelope; `None` for a value that is not one.
@@ -210,6 +337,9 @@ pub(crate) fn open(value: Value) -> Option<Opened> {
     }
     if let Some(error @ Value::Object(_)) = map.remove("error") {
         return Some(Opened::Error(error));
+    }
+    if let Some(parent) = map.remove("taken") {
+        return serde_json::from_value(parent).ok().map(Opened::Taken);
     }
     None
 }
@@ -241,6 +371,9 @@ mod tests {
             open(Envelope::error(json!({"message": "m"}))),
             Some(Opened::Error(json!({"message": "m"})))
         );
+        let parent = InstanceKey::parse("p", "p-1").unwrap();
+        assert_eq!(open(Envelope::taken(&parent)), Some(Opened::Taken(parent)));
+        assert_eq!(open(json!({"taken": {"name": "p"}})), None);
         assert_eq!(open(json!(3)), None);
         assert_eq!(open(json!({"ok": 1, "extra": 2})), None);
     }

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use keiro_journal::{
-    AppendOutcome, AwakeableOutcome, CancelOutcome, Instance, InstanceKey, JournalEntry,
-    SignalSendOutcome, Started, PAYLOAD_LEN_MAX_DEFAULT,
+    validate_signal_token, AppendOutcome, AwakeableOutcome, CancelOutcome, Instance, InstanceKey,
+    JournalEntry, SignalOptions, SignalSendOutcome, Started, PAYLOAD_LEN_MAX_DEFAULT,
 };
 use keiro_lease::{LeaseStore, ResurrectOutcome};
 use keiro_remote::{
@@ -235,18 +235,53 @@ impl Keiro {
     }
 
     /// Sends a signal on `token`: delivered to the oldest run waiting on it, or buffered (first
-    /// in, first out) for the next wait. Never lost, never delivered twice.
+    /// in, first out) for the next wait, for at most
+    /// [`SIGNAL_TTL_DEFAULT`](keiro_journal::SIGNAL_TTL_DEFAULT) (7 days; see
+    /// [`signal_with`](Self::signal_with)). Never delivered twice, and never lost while it is
+    /// buffered.
     ///
     /// # Errors
     ///
-    /// [`Error::Payload`] for a payload that does not encode or is too large, [`Error::Store`].
+    /// [`Error::InvalidId`] for a token no wait could take (empty, over 200 bytes, or with a
+    /// control character: see [`validate_signal_token`]), [`Error::Payload`] for a payload
+    /// that does not encode or is too large, [`Error::Store`]. Nothing is sent then.
     pub async fn signal<T: Serialize + ?Sized>(
         &self,
         token: &str,
         payload: &T,
     ) -> Result<SignalSendOutcome, Error> {
+        self.signal_with(token, payload, SignalOptions::default())
+            .await
+    }
+
+    /// [`signal`](Self::signal) with options: how long the signal stays buffered when no run
+    /// waits on the token yet. Once that has passed it is never delivered, and the store
+    /// deletes it.
+    ///
+    /// ```no_run
+    /// # async fn demo(keiro: keiro::Keiro) -> Result<(), keiro::Error> {
+    /// use std::time::Duration;
+    /// // Only worth delivering within the hour.
+    /// let options = keiro::SignalOptions::default().ttl(Duration::from_secs(3600));
+    /// keiro.signal_with("order-42/nudge", &"ping", options).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`signal`](Self::signal).
+    pub async fn signal_with<T: Serialize + ?Sized>(
+        &self,
+        token: &str,
+        payload: &T,
+        options: SignalOptions,
+    ) -> Result<SignalSendOutcome, Error> {
+        validate_signal_token(token)?;
         let payload = self.payload(token, payload)?;
-        Ok(self.store.signal_send(token, &payload).await?)
+        Ok(self
+            .store
+            .signal_send_with(token, &payload, &options)
+            .await?)
     }
 
     fn payload<T: Serialize + ?Sized>(

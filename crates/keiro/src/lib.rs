@@ -55,10 +55,13 @@ pub use worker::{Worker, WorkerBuilder};
 pub use keiro_journal::{
     store, workflow_fn, Append, AppendOutcome, Awakeable, AwakeableOutcome, CancelOutcome, Ctx,
     Driven, Envelope, Event, Fence, Generation, IdError, Instance, InstanceKey, JournalEntry,
-    JournalStore, Marker, RunError, RunOptions, RunOutcome, RunStats, SignalSendOutcome, Started,
-    Status, StepKind, StoreError, TimerFiring, Workflow, WorkflowError, WorkflowId, WorkflowName,
+    JournalStore, Marker, RunError, RunOptions, RunOutcome, RunStats, SignalOptions,
+    SignalSendOutcome, Started, Status, StepKind, StoreError, TimerFiring, Workflow, WorkflowError,
+    WorkflowId, WorkflowName, SIGNAL_TTL_DEFAULT,
 };
-pub use keiro_journal::{Backoff, BoxFuture, RemoteOptions, RemoteStepError, StepOptions};
+pub use keiro_journal::{
+    Backoff, BoxFuture, JournalBudget, RemoteOptions, RemoteStepError, StepOptions,
+};
 pub use keiro_lease::{BackoffPolicy, ClaimOutcome, CrashOutcome, LeaseStore, ResurrectOutcome};
 pub use keiro_remote::{
     RemoteTask, RemoteWorker, RemoteWorkerBuilder, RemoteWorkerOptions, ReportOutcome,

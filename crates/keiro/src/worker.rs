@@ -74,6 +74,13 @@ impl WorkerBuilder {
         self
     }
 
+    /// How long one generation's journal may grow before fresh steps fail with
+    /// `WorkflowError::JournalFull`. Defaults to [`JournalBudget::default`](crate::JournalBudget).
+    pub fn journal_budget(mut self, budget: crate::JournalBudget) -> Self {
+        self.options.journal_budget = budget;
+        self
+    }
+
     /// Registers `body` under `name`; an invalid or duplicate name is reported by `build`.
     pub fn register<F, Fut, I, O>(mut self, name: &str, body: F) -> Self
     where

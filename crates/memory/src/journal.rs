@@ -17,8 +17,9 @@ use std::time::Duration;
 use keiro_journal::store::{Append, AppendOutcome, JournalStore, Park, ParkOutcome, Result};
 use keiro_journal::{
     AwakeableOutcome, AwakeableStatus, ChildSpawn, Envelope, Event, Fence, Generation, Instance,
-    InstanceKey, JournalEntry, Marker, RemoteArm, RemoteArmOutcome, SignalSendOutcome, SignalWait,
-    SignalWaitOutcome, StartRequest, Started, Status, StoreError, TimerArm, TimerFiring,
+    InstanceKey, JournalEntry, Marker, RemoteArm, RemoteArmOutcome, SignalOptions,
+    SignalSendOutcome, SignalWait, SignalWaitOutcome, StartRequest, Started, Status, StoreError,
+    TimerArm, TimerFiring,
 };
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -38,6 +39,7 @@ const ARM_TIMER: &str = "arming a timer";
 const CREATE_AWAKEABLE: &str = "creating an awakeable";
 const COMPLETE_AWAKEABLE: &str = "completing an awakeable";
 const WAIT_SIGNAL: &str = "waiting for a signal";
+const WITHDRAW_SIGNAL: &str = "withdrawing a signal wait";
 const SEND_SIGNAL: &str = "sending a signal";
 const SPAWN: &str = "spawning a child workflow";
 const ARM_REMOTE: &str = "arming a remote step";
@@ -206,10 +208,11 @@ impl State {
         let now = self.clock.now();
         let encoded = append.event.encode();
         let seq = self.seq.next()?;
+        let generation = slot.generation;
         let entry = self.entry_mut(&append.key)?;
         entry.push(JournalRow {
             seq,
-            generation: slot.generation,
+            generation,
             step_name: slot.step_name,
             kind: encoded.kind,
             payload: encoded.payload,
@@ -266,6 +269,15 @@ impl State {
                     row.lease_expires_at = Some(later(now, renew));
                 }
             }
+        }
+        if matches!(
+            append.event,
+            Event::WorkflowCancelled | Event::WorkflowContinuedAsNew { .. }
+        ) {
+            // Nothing of this generation will await its remote steps any more.
+            self.remote_tasks_cancel(&append.key, generation);
+            // Nor its awakeables (Postgres: 0012's trigger on the marker's row).
+            self.awakeables_cancel(&append.key, generation);
         }
         if wake {
             self.wake(&append.key);
@@ -499,10 +511,28 @@ impl JournalStore for MemoryStore {
         self.transact(WAIT_SIGNAL, |state| state.signal_wait(wait))
     }
 
-    async fn signal_send(&self, token: &str, payload: &Value) -> Result<SignalSendOutcome> {
+    async fn signal_withdraw(
+        &self,
+        key: &InstanceKey,
+        generation: Generation,
+        step: &str,
+    ) -> Result<bool> {
+        self.transact(WITHDRAW_SIGNAL, |state| {
+            Ok(state.signal_withdraw(key, generation, step))
+        })
+    }
+
+    async fn signal_send_with(
+        &self,
+        token: &str,
+        payload: &Value,
+        options: &SignalOptions,
+    ) -> Result<SignalSendOutcome> {
         storable::text(SEND_SIGNAL, "signal token", token)?;
         storable::value(SEND_SIGNAL, payload)?;
-        self.transact(SEND_SIGNAL, |state| state.signal_send(token, payload))
+        self.transact(SEND_SIGNAL, |state| {
+            state.signal_send(token, payload, options)
+        })
     }
 
     async fn child_spawn(&self, append: &Append, spawn: &ChildSpawn) -> Result<AppendOutcome> {

@@ -150,7 +150,7 @@ mod tests {
             key: key.clone(),
             generation: 0,
             step: step.to_owned(),
-            fire_at: T0 + Span::minutes(5),
+            due: keiro_journal::TimerDue::At(T0 + Span::minutes(5)),
             kind: TimerKind::Sleep,
         }
     }

@@ -25,8 +25,8 @@ use keiro_journal::{
     InstanceKey, RemoteArm, RemoteArmOutcome, RemoteStepError, Status, StepKind, StoreError,
 };
 use keiro_remote::{
-    ClaimRequest, ClaimedTask, RemoteAdmin, RemoteTask, ReportOutcome, RequeueOutcome,
-    RetryOutcome, TaskFailure, TaskStatus, Transport,
+    ClaimRequest, ClaimedTask, HeartbeatOutcome, RemoteAdmin, RemoteTask, ReportOutcome,
+    RequeueOutcome, RetryOutcome, TaskFailure, TaskStatus, Transport,
 };
 use serde_json::{json, Value};
 use time::OffsetDateTime;
@@ -82,8 +82,12 @@ struct Task {
 }
 
 impl Task {
+    /// Whether the task is final: settled by a result, or cancelled with its run.
     fn is_settled(&self) -> bool {
-        matches!(self.status, TaskStatus::Completed | TaskStatus::Failed)
+        matches!(
+            self.status,
+            TaskStatus::Completed | TaskStatus::Failed | TaskStatus::Cancelled
+        )
     }
 
     fn drop_claim(&mut self) {
@@ -375,6 +379,11 @@ impl State {
             return Ok(RemoteArmOutcome::Dispatched { deadline });
         };
 
+        if task.status == TaskStatus::Cancelled {
+            // Only a cancelled owner or a generation left behind cancels a task, and both were
+            // answered above; no result will ever come.
+            return Ok(RemoteArmOutcome::Waiting { deadline: None });
+        }
         if task.is_settled() {
             // The result went to the journal with the settlement, unless the owner was failed
             // then (a sibling step failed the run, and an operator requeued it since): the
@@ -515,16 +524,34 @@ impl State {
             .collect())
     }
 
-    fn task_heartbeat(&mut self, step_id: &str, claim: Uuid, ttl: Duration) -> bool {
+    fn task_heartbeat(&mut self, step_id: &str, claim: Uuid, ttl: Duration) -> HeartbeatOutcome {
         let now = self.clock.now();
         match self.tasks.by_id.get_mut(step_id) {
             Some(task) if task.status == TaskStatus::Running && task.claim == Some(claim) => {
                 task.claim_expires_at = Some(later(now, ttl));
                 task.updated_at = now;
-                true
+                HeartbeatOutcome::Extended
             }
-            _ => false,
+            // The cancellation dropped the claim, so any claimant of the task is told.
+            Some(task) if task.status == TaskStatus::Cancelled => HeartbeatOutcome::Cancelled,
+            _ => HeartbeatOutcome::Lost,
         }
+    }
+
+    /// Cancels the pending and claimed tasks of `key`'s `generation`, which its run will never
+    /// await again (it was cancelled, or continued as new): they are never claimed again, their
+    /// claimants learn it at their next heartbeat, and their reports are refused. Settled tasks
+    /// keep their result. Returns how many were cancelled.
+    pub(crate) fn remote_tasks_cancel(&mut self, key: &InstanceKey, generation: Generation) -> u64 {
+        let now = self.clock.now();
+        let mut count = 0u64;
+        for task in self.tasks.by_id.values_mut() {
+            if task.key == *key && task.generation == generation && !task.is_settled() {
+                task.settle(TaskStatus::Cancelled, now);
+                count = count.saturating_add(1);
+            }
+        }
+        count
     }
 
     fn task_complete(&mut self, step_id: &str, output: &Value) -> Result<ReportOutcome> {
@@ -532,6 +559,9 @@ impl State {
         let Some(task) = self.tasks.by_id.get_mut(step_id) else {
             return Ok(ReportOutcome::NotFound);
         };
+        if task.status == TaskStatus::Cancelled {
+            return Ok(ReportOutcome::Cancelled);
+        }
         if task.is_settled() {
             return Ok(ReportOutcome::AlreadySettled);
         }
@@ -555,6 +585,10 @@ impl State {
         let Some(task) = self.tasks.by_id.get_mut(step_id) else {
             return Ok(ReportOutcome::NotFound);
         };
+        // Before the claim check: the cancellation dropped every claim.
+        if task.status == TaskStatus::Cancelled {
+            return Ok(ReportOutcome::Cancelled);
+        }
         if task.is_settled() {
             return Ok(ReportOutcome::AlreadySettled);
         }
@@ -837,7 +871,12 @@ impl Transport for MemoryStore {
         self.transact("claiming remote tasks", |state| state.tasks_claim(request))
     }
 
-    async fn task_heartbeat(&self, step_id: &str, claim: Uuid, ttl: Duration) -> Result<bool> {
+    async fn task_heartbeat(
+        &self,
+        step_id: &str,
+        claim: Uuid,
+        ttl: Duration,
+    ) -> Result<HeartbeatOutcome> {
         self.transact("heartbeating a remote task", |state| {
             Ok(state.task_heartbeat(step_id, claim, ttl))
         })
@@ -1262,18 +1301,27 @@ mod tests {
         let first = claim_one(&store, "label").await;
 
         store.set_now(Some(T0 + Span::seconds(30)));
-        assert!(store
-            .task_heartbeat(&step_id, first.claim, TTL)
-            .await
-            .unwrap());
-        assert!(!store
-            .task_heartbeat(&step_id, Uuid::nil(), TTL)
-            .await
-            .unwrap());
-        assert!(!store
-            .task_heartbeat("wf/a/0/missing", first.claim, TTL)
-            .await
-            .unwrap());
+        assert_eq!(
+            store
+                .task_heartbeat(&step_id, first.claim, TTL)
+                .await
+                .unwrap(),
+            HeartbeatOutcome::Extended
+        );
+        assert_eq!(
+            store
+                .task_heartbeat(&step_id, Uuid::nil(), TTL)
+                .await
+                .unwrap(),
+            HeartbeatOutcome::Lost
+        );
+        assert_eq!(
+            store
+                .task_heartbeat("wf/a/0/missing", first.claim, TTL)
+                .await
+                .unwrap(),
+            HeartbeatOutcome::Lost
+        );
 
         // The heartbeat moved the expiry from T0 + 60 s to T0 + 90 s.
         store.set_now(Some(T0 + Span::seconds(89)));
@@ -1310,10 +1358,13 @@ mod tests {
             }))
         );
 
-        assert!(!store
-            .task_heartbeat(&step_id, first.claim, TTL)
-            .await
-            .unwrap());
+        assert_eq!(
+            store
+                .task_heartbeat(&step_id, first.claim, TTL)
+                .await
+                .unwrap(),
+            HeartbeatOutcome::Lost
+        );
         let jammed = failure("jammed", None, true);
         assert_eq!(
             store
@@ -1514,10 +1565,11 @@ mod tests {
             ReportOutcome::NotFound
         );
 
-        // An owner that closed meanwhile takes nothing; the task still settles.
+        // An owner that failed meanwhile takes nothing; the task still settles, its result
+        // kept for a requeue. (A cancelled owner cancels its tasks instead.)
         let gone = start(&store, "gone").await;
         store.remote_arm(&arm(&gone, "label")).await.unwrap();
-        store.instance_cancel(&gone, false).await.unwrap();
+        fail(&store, &gone, "broken").await;
         assert_eq!(
             store
                 .task_complete(&id(&gone, "label"), &json!("L"))
@@ -1531,7 +1583,7 @@ mod tests {
         );
         assert_eq!(
             rows(&store, &gone),
-            [row(marker_name::CANCELLED, "cancelled", Value::Null)]
+            [row(marker_name::FAILED, "failed", json!("broken"))]
         );
     }
 
@@ -1723,10 +1775,13 @@ mod tests {
             (TaskStatus::Pending, 2, None)
         );
         // The first claimant's reports no longer count, but its output would.
-        assert!(!store
-            .task_heartbeat(&step_id, first.claim, TTL)
-            .await
-            .unwrap());
+        assert_eq!(
+            store
+                .task_heartbeat(&step_id, first.claim, TTL)
+                .await
+                .unwrap(),
+            HeartbeatOutcome::Lost
+        );
         let jammed = failure("jammed", None, true);
         assert_eq!(
             store
@@ -1826,10 +1881,13 @@ mod tests {
         assert_eq!(task(&store, &key, "y").await.dispatches, 2);
         let done = task(&store, &key, "done").await;
         assert_eq!((done.status, done.dispatches), (TaskStatus::Completed, 1));
-        assert!(!store
-            .task_heartbeat(&id(&key, "x"), claimed.claim, TTL)
-            .await
-            .unwrap());
+        assert_eq!(
+            store
+                .task_heartbeat(&id(&key, "x"), claimed.claim, TTL)
+                .await
+                .unwrap(),
+            HeartbeatOutcome::Lost
+        );
         let again = claim_one(&store, "x").await;
         assert_eq!(
             (again.dispatches, again.available_at),
@@ -2316,5 +2374,128 @@ mod tests {
         store.remote_arm(&arm(&key, "label")).await.unwrap();
         assert_eq!(instances.wait(fallback).await, WakeReason::Timeout);
         assert_eq!(remote.wait(fallback).await, WakeReason::Notified);
+    }
+
+    #[tokio::test]
+    async fn a_cancel_cancels_the_live_tasks_of_the_run_and_refuses_their_reports() {
+        let store = store();
+        let key = start(&store, "a").await;
+        for step in ["claimed", "pending", "done"] {
+            store.remote_arm(&arm(&key, step)).await.unwrap();
+        }
+        let claimed = claim_one(&store, "claimed").await;
+        store
+            .task_complete(&id(&key, "done"), &json!("kept"))
+            .await
+            .unwrap();
+
+        store.instance_cancel(&key, false).await.unwrap();
+        for (step, status) in [
+            ("claimed", TaskStatus::Cancelled),
+            ("pending", TaskStatus::Cancelled),
+            ("done", TaskStatus::Completed),
+        ] {
+            let task = task(&store, &key, step).await;
+            assert_eq!((task.status, task.claimed_by), (status, None), "{step}");
+        }
+        for held in [claimed.claim, Uuid::nil()] {
+            assert_eq!(
+                store
+                    .task_heartbeat(&claimed.step_id, held, TTL)
+                    .await
+                    .unwrap(),
+                HeartbeatOutcome::Cancelled
+            );
+        }
+        assert!(store
+            .tasks_claim(&request(&["claimed", "pending"], "w2", 10))
+            .await
+            .unwrap()
+            .is_empty());
+        assert_eq!(
+            store
+                .task_complete(&id(&key, "pending"), &json!("late"))
+                .await
+                .unwrap(),
+            ReportOutcome::Cancelled
+        );
+        let batch = [
+            (id(&key, "claimed"), json!("late")),
+            (id(&key, "done"), json!("again")),
+        ];
+        assert_eq!(
+            store.tasks_complete(&batch).await.unwrap(),
+            [ReportOutcome::Cancelled, ReportOutcome::AlreadySettled]
+        );
+        let declined = failure("declined", None, true);
+        assert_eq!(
+            store
+                .task_fail(&claimed.step_id, claimed.claim, &declined, TTL)
+                .await
+                .unwrap(),
+            ReportOutcome::Cancelled
+        );
+        let after = task(&store, &key, "claimed").await;
+        assert_eq!(
+            (after.attempts, after.output, after.last_error),
+            (0, None, None)
+        );
+        assert_eq!(
+            rows(&store, &key),
+            [
+                row("remote:done", "remote", json!({"ok": "kept"})),
+                row(marker_name::CANCELLED, "cancelled", Value::Null),
+            ]
+        );
+        assert_eq!(
+            store.remote_arm(&arm(&key, "pending")).await.unwrap(),
+            RemoteArmOutcome::Waiting { deadline: None }
+        );
+        assert_eq!(
+            store.remote_redispatch_pending(&key).await.unwrap(),
+            Some(0)
+        );
+        assert_eq!(
+            task(&store, &key, "pending").await.status,
+            TaskStatus::Cancelled
+        );
+    }
+
+    #[tokio::test]
+    async fn a_continue_as_new_cancels_the_tasks_of_the_generation_it_leaves() {
+        let store = store();
+        let key = start(&store, "a").await;
+        store.remote_arm(&arm(&key, "label")).await.unwrap();
+        let claimed = claim_one(&store, "label").await;
+        let rotate = Event::WorkflowContinuedAsNew {
+            next_generation: 1,
+            input: json!("next"),
+        };
+        assert_eq!(
+            append(&store, &key, None, rotate, None).await.unwrap(),
+            AppendOutcome::Appended
+        );
+        assert_eq!(status(&store, &key).await, Status::Running);
+        assert_eq!(
+            task(&store, &key, "label").await.status,
+            TaskStatus::Cancelled
+        );
+        assert_eq!(
+            store
+                .task_heartbeat(&claimed.step_id, claimed.claim, TTL)
+                .await
+                .unwrap(),
+            HeartbeatOutcome::Cancelled
+        );
+        let next = RemoteArm {
+            step_id: remote_step_id(&key, 1, "label"),
+            generation: 1,
+            ..arm(&key, "label")
+        };
+        assert_eq!(
+            store.remote_arm(&next).await.unwrap(),
+            RemoteArmOutcome::Dispatched { deadline: None }
+        );
+        assert_eq!(claim_one(&store, "label").await.step_id, next.step_id);
     }
 }

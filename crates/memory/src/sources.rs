@@ -17,18 +17,20 @@
 //! parent that refuses (terminal, or on another generation) is ignored. A fix of a failed
 //! child (`<id>~retry~<hex>`, linked where its origin is) delivers only when it completes.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use keiro_journal::store::{Append, AppendOutcome, Result};
 use keiro_journal::{
-    awakeable_step, AwakeableOutcome, AwakeableStatus, ChildSpawn, Envelope, Event, FiredTimer,
-    Generation, Instance, InstanceKey, SignalSendOutcome, SignalWait, SignalWaitOutcome, Status,
-    StepKind, StoreError, TimerArm, TimerFiring, TimerKind,
+    awakeable_step, validate_signal_token, AwakeableOutcome, AwakeableStatus, ChildSpawn, Envelope,
+    Event, FiredTimer, Generation, Instance, InstanceKey, SignalOptions, SignalSendOutcome,
+    SignalWait, SignalWaitOutcome, Status, StepKind, StoreError, TimerArm, TimerDue, TimerFiring,
+    TimerKind,
 };
 use serde_json::Value;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use crate::clock::later;
 use crate::journal::Plan;
 use crate::state::{refused, ParentLink, State};
 
@@ -75,6 +77,20 @@ struct Awakeable {
     status: AwakeableStatus,
 }
 
+/// A signal no wait took yet.
+#[derive(Debug)]
+struct Buffered {
+    payload: Value,
+    /// From then on it is never delivered, and the next send or wait on its token, or a
+    /// send's sweep, deletes it.
+    expires_at: OffsetDateTime,
+}
+
+/// How many expired signals of any token a send deletes besides its own token's, so tokens
+/// nobody uses again do not keep theirs forever (Postgres: the same bound in
+/// `keiro_signal_send`).
+const SIGNAL_SWEEP_BATCH: usize = 16;
+
 /// The wake-source tables.
 #[derive(Debug, Default)]
 pub(crate) struct Sources {
@@ -83,8 +99,13 @@ pub(crate) struct Sources {
     /// `fire_at WHERE status = 'scheduled'`, serving the fire, the next due time and the count.
     scheduled: BTreeSet<(OffsetDateTime, StepId)>,
     awakeables: HashMap<Uuid, Awakeable>,
-    /// Undelivered signal payloads per token, oldest first.
-    buffered: HashMap<String, VecDeque<Value>>,
+    /// Undelivered signals per token, by arrival number (oldest first).
+    buffered: HashMap<String, BTreeMap<u64, Buffered>>,
+    /// The buffered signals by expiry: the memory form of the index on `expires_at` that
+    /// serves the sweep of a send.
+    expiring: BTreeSet<(OffsetDateTime, u64, String)>,
+    /// The last buffered signal's arrival number, like the `seq` identity of `signal_buffer`.
+    buffer_seq: u64,
     /// Registered waiters with their token and arrival number.
     waiters: BTreeMap<StepId, (String, u64)>,
     /// Per token, the waiters by arrival: the `(token, seq)` index.
@@ -131,18 +152,101 @@ impl Sources {
         Some(oldest)
     }
 
-    fn buffered_oldest(&self, token: &str) -> Option<&Value> {
-        self.buffered.get(token)?.front()
+    fn buffer_push(
+        &mut self,
+        token: &str,
+        payload: Value,
+        expires_at: OffsetDateTime,
+    ) -> Result<()> {
+        let seq = self.buffer_seq.checked_add(1).ok_or_else(|| {
+            refused(
+                "sending a signal",
+                "the signal buffer sequence is exhausted",
+            )
+        })?;
+        self.buffer_seq = seq;
+        self.buffered.entry(token.to_owned()).or_default().insert(
+            seq,
+            Buffered {
+                payload,
+                expires_at,
+            },
+        );
+        self.expiring.insert((expires_at, seq, token.to_owned()));
+        Ok(())
     }
 
-    fn buffered_pop(&mut self, token: &str) {
-        if let Some(queue) = self.buffered.get_mut(token) {
-            queue.pop_front();
-            if queue.is_empty() {
-                self.buffered.remove(token);
-            }
+    fn buffered_remove(&mut self, token: &str, seq: u64) {
+        let Some(queue) = self.buffered.get_mut(token) else {
+            return;
+        };
+        if let Some(signal) = queue.remove(&seq) {
+            self.expiring
+                .remove(&(signal.expires_at, seq, token.to_owned()));
+        }
+        if queue.is_empty() {
+            self.buffered.remove(token);
         }
     }
+
+    /// Deletes the signals of `token` expired at `now`.
+    fn buffered_expire(&mut self, token: &str, now: OffsetDateTime) {
+        let Some(queue) = self.buffered.get(token) else {
+            return;
+        };
+        let expired: Vec<u64> = queue
+            .iter()
+            .filter(|(_, signal)| signal.expires_at <= now)
+            .map(|(seq, _)| *seq)
+            .collect();
+        for seq in expired {
+            self.buffered_remove(token, seq);
+        }
+    }
+
+    /// The oldest signal of `token` still live at `now`, after deleting the token's expired
+    /// ones.
+    fn buffered_oldest(&mut self, token: &str, now: OffsetDateTime) -> Option<(u64, Value)> {
+        self.buffered_expire(token, now);
+        let (seq, signal) = self.buffered.get(token)?.first_key_value()?;
+        Some((*seq, signal.payload.clone()))
+    }
+
+    /// Deletes up to `limit` signals of any token expired at `now`, the first to expire first.
+    fn buffered_sweep(&mut self, now: OffsetDateTime, limit: usize) {
+        let expired: Vec<(u64, String)> = self
+            .expiring
+            .iter()
+            .take_while(|(expires_at, _, _)| *expires_at <= now)
+            .take(limit)
+            .map(|(_, seq, token)| (*seq, token.clone()))
+            .collect();
+        for (seq, token) in expired {
+            self.buffered_remove(&token, seq);
+        }
+    }
+}
+
+/// Refuses a token that no wait could take (see [`validate_signal_token`]) before anything is
+/// written, as the Postgres store does.
+fn signal_token(operation: &'static str, token: &str) -> Result<()> {
+    validate_signal_token(token).map_err(|e| StoreError::ValueRefused {
+        operation,
+        reason: e.to_string(),
+    })
+}
+
+/// When a signal buffered at `now` for `options` expires. A TTL is at most
+/// [`SIGNAL_TTL_MAX`](keiro_journal::SIGNAL_TTL_MAX), so this only saturates on a clock set
+/// near the end of time.
+fn signal_expiry(now: OffsetDateTime, options: &SignalOptions) -> OffsetDateTime {
+    time::Duration::try_from(options.time_to_live())
+        .ok()
+        .and_then(|ttl| now.checked_add(ttl))
+        .unwrap_or(OffsetDateTime::new_utc(
+            time::Date::MAX,
+            time::Time::MIDNIGHT,
+        ))
 }
 
 /// What separates a fix's id from its origin's: `<origin id>~retry~<8 hex>`.
@@ -231,16 +335,15 @@ impl State {
             // when armed, not discovered when due.
             _ => return Err(refused("arming a timer", "unknown timer kind")),
         };
-        self.sources.scheduled.insert((arm.fire_at, id.clone()));
-        self.sources.timers.insert(
-            id,
-            Timer {
-                fire_at: arm.fire_at,
-                fire,
-            },
-        );
+        // On the store's clock, as Postgres computes `now() + span` in the arm's statement.
+        let fire_at = match arm.due {
+            TimerDue::At(at) => at,
+            TimerDue::After(_) => later(self.clock.now(), arm.due.span().unwrap_or_default()),
+        };
+        self.sources.scheduled.insert((fire_at, id.clone()));
+        self.sources.timers.insert(id, Timer { fire_at, fire });
         self.timer_armed();
-        Ok(arm.fire_at)
+        Ok(fire_at)
     }
 
     pub(crate) fn timers_fire_due(
@@ -295,7 +398,11 @@ impl State {
             });
         }
         let next_due = self.sources.scheduled.first().map(|(fire_at, _)| *fire_at);
-        Ok(TimerFiring { fired, next_due })
+        Ok(TimerFiring {
+            fired,
+            next_due,
+            clock: now,
+        })
     }
 
     pub(crate) fn timers_due_count(&self, now: Option<OffsetDateTime>) -> u64 {
@@ -362,6 +469,23 @@ impl State {
         )
     }
 
+    /// Cancels the pending awakeables of a generation that was just closed (cancelled, or left
+    /// by continue-as-new): nothing will await them, and a late completion must not count them
+    /// as pending forever. Nothing is journaled. Returns how many.
+    pub(crate) fn awakeables_cancel(&mut self, key: &InstanceKey, generation: Generation) -> u64 {
+        let mut cancelled = 0;
+        for awakeable in self.sources.awakeables.values_mut() {
+            if awakeable.status == AwakeableStatus::Pending
+                && awakeable.generation == generation
+                && awakeable.owner == *key
+            {
+                awakeable.status = AwakeableStatus::Cancelled;
+                cancelled += 1;
+            }
+        }
+        cancelled
+    }
+
     pub(crate) fn awakeables_pending(&self) -> u64 {
         let pending = self
             .sources
@@ -372,7 +496,19 @@ impl State {
         u64::try_from(pending).unwrap_or(u64::MAX)
     }
 
+    /// Drops the waiter of `step`, if it is still registered.
+    pub(crate) fn signal_withdraw(
+        &mut self,
+        key: &InstanceKey,
+        generation: Generation,
+        step: &str,
+    ) -> bool {
+        self.sources
+            .waiter_remove(&StepId::new(key, generation, step))
+    }
+
     pub(crate) fn signal_wait(&mut self, wait: &SignalWait) -> Result<SignalWaitOutcome> {
+        signal_token("waiting for a signal", &wait.token)?;
         let entry = self
             .instances
             .get(&wait.key)
@@ -386,8 +522,9 @@ impl State {
         if self.sources.waiters.contains_key(&id) {
             return Ok(SignalWaitOutcome::Waiting);
         }
-        if let Some(payload) = self.sources.buffered_oldest(&wait.token) {
-            let envelope = Envelope::ok(payload.clone());
+        let now = self.clock.now();
+        if let Some((seq, payload)) = self.sources.buffered_oldest(&wait.token, now) {
+            let envelope = Envelope::ok(payload);
             let append = Append {
                 key: wait.key.clone(),
                 generation: Some(wait.generation),
@@ -401,7 +538,7 @@ impl State {
             };
             return Ok(match self.append(&append)? {
                 AppendOutcome::Appended => {
-                    self.sources.buffered_pop(&wait.token);
+                    self.sources.buffered_remove(&wait.token, seq);
                     SignalWaitOutcome::Delivered(envelope)
                 }
                 // Unreachable under the lock (the step was checked above), but if it were
@@ -421,7 +558,14 @@ impl State {
         &mut self,
         token: &str,
         payload: &Value,
+        options: &SignalOptions,
     ) -> Result<SignalSendOutcome> {
+        signal_token("sending a signal", token)?;
+        let now = self.clock.now();
+        // Expired signals are undeliverable whatever happens below, so an error after this
+        // point may leave them deleted.
+        self.sources.buffered_expire(token, now);
+        self.sources.buffered_sweep(now, SIGNAL_SWEEP_BATCH);
         let envelope = Envelope::ok(payload.clone());
         while let Some(waiter) = self.sources.waiter_pop_oldest(token) {
             let outcome = self.append_external(&waiter, StepKind::Signal, envelope.clone())?;
@@ -432,10 +576,7 @@ impl State {
             // answered) is dropped, and the next one in line is offered the signal.
         }
         self.sources
-            .buffered
-            .entry(token.to_owned())
-            .or_default()
-            .push_back(payload.clone());
+            .buffer_push(token, payload.clone(), signal_expiry(now, options))?;
         Ok(SignalSendOutcome::Buffered)
     }
 
@@ -452,33 +593,64 @@ impl State {
             generation: slot.generation,
             step: spawn.await_step.clone(),
         };
-        self.append_write(append, slot)?;
+        let spawner = &append.key;
+        let await_target = StepId::new(spawner, link.generation, &link.step);
 
         let Some(entry) = self.instances.get_mut(&spawn.child) else {
-            self.instance_create(
-                &spawn.child,
-                spawn.input.clone(),
-                Some(append.key.clone()),
-                0,
-            );
+            self.append_write(append, slot)?;
+            self.instance_create(&spawn.child, spawn.input.clone(), Some(spawner.clone()), 0);
             self.entry_mut(&spawn.child)?.link = Some(link);
             return Ok(AppendOutcome::Appended);
         };
-        // An instance under this key exists already: it adopts the spawner unless it has a
-        // parent of its own, and if it has finished, the spawner gets its result right away.
-        let adopted = entry.row.parent.is_none();
-        if adopted {
-            entry.row.parent = Some(append.key.clone());
-            entry.link = Some(link.clone());
-            entry.row.updated_at = self.clock.now();
-        }
+        // An instance under this key exists already. A finished one answers the spawner at
+        // once. A running one has one parent, which alone gets its result: the spawner
+        // becomes it when there is none or when it is the spawner itself on an earlier
+        // generation (a link to a generation that continued as new could never deliver);
+        // another parent keeps it, and the spawn is refused.
         let envelope = result_envelope(&entry.row);
+        let other_parent = entry
+            .row
+            .parent
+            .clone()
+            .filter(|parent| parent != spawner && envelope.is_none());
+        if let Some(parent) = other_parent {
+            // Recorded in the spawn step, so every replay of the spawner is refused the same
+            // way, and under the awaited step, so a wait for the child ends too.
+            let Event::StepRecorded { step, kind, result } = &append.event else {
+                return Err(refused("spawning a child workflow", "a spawn is a step"));
+            };
+            let mut refused_spawn = result.clone();
+            if let (Value::Object(fields), Value::Object(mut taken)) =
+                (&mut refused_spawn, Envelope::taken(&parent))
+            {
+                fields.append(&mut taken);
+            }
+            let recorded = Append {
+                event: Event::StepRecorded {
+                    step: step.clone(),
+                    kind: *kind,
+                    result: refused_spawn.clone(),
+                },
+                ..append.clone()
+            };
+            self.append_write(&recorded, slot)?;
+            self.append_external(&await_target, StepKind::Child, Envelope::taken(&parent))?;
+            return Ok(AppendOutcome::AlreadyPresent(refused_spawn));
+        }
+        self.append_write(append, slot)?;
+        let now = self.clock.now();
+        let entry = self.entry_mut(&spawn.child)?;
+        let adopted = entry.row.parent.is_none();
+        if adopted || envelope.is_none() {
+            entry.row.parent = Some(spawner.clone());
+            entry.link = Some(link);
+            entry.row.updated_at = now;
+        }
         if adopted {
-            self.adopt(&append.key, &spawn.child);
+            self.adopt(spawner, &spawn.child);
         }
         if let Some(envelope) = envelope {
-            let target = StepId::new(&append.key, link.generation, &link.step);
-            self.append_external(&target, StepKind::Child, envelope)?;
+            self.append_external(&await_target, StepKind::Child, envelope)?;
         }
         Ok(AppendOutcome::Appended)
     }
@@ -571,7 +743,7 @@ mod tests {
             key: key.clone(),
             generation: 0,
             step: step.to_owned(),
-            fire_at: T0 + Span::minutes(minutes),
+            due: TimerDue::At(T0 + Span::minutes(minutes)),
             kind: TimerKind::Sleep,
         }
     }
@@ -641,7 +813,8 @@ mod tests {
             idle,
             TimerFiring {
                 fired: vec![],
-                next_due: Some(T0 + Span::minutes(5))
+                next_due: Some(T0 + Span::minutes(5)),
+                clock: T0,
             }
         );
         assert_eq!(store.timers_due_count(None).await.unwrap(), 0);
@@ -668,6 +841,7 @@ mod tests {
                     delivered: true,
                 }],
                 next_due: Some(T0 + Span::minutes(10)),
+                clock: T0 + Span::minutes(7),
             }
         );
         assert_eq!(
@@ -987,9 +1161,10 @@ mod tests {
             .unwrap();
         store.instance_cancel(&owner, false).await.unwrap();
         let before = journal(&store, &owner).await;
+        // The cancel settled it: nothing will await it any more.
         assert_eq!(
             store.awakeable_cancel(orphaned).await.unwrap(),
-            AwakeableOutcome::OwnerGone
+            AwakeableOutcome::AlreadySettled(AwakeableStatus::Cancelled)
         );
         assert_eq!(journal(&store, &owner).await, before);
         assert_eq!(

@@ -8,8 +8,9 @@ use std::time::Duration;
 use keiro_journal::store::{Append, AppendOutcome, JournalStore, Park, ParkOutcome, Result};
 use keiro_journal::{
     AwakeableOutcome, ChildSpawn, EncodedEvent, Event, Fence, Generation, Instance, InstanceKey,
-    JournalEntry, Marker, RemoteArm, RemoteArmOutcome, SignalSendOutcome, SignalWait,
-    SignalWaitOutcome, StartRequest, Started, Status, StoreError, TimerArm, TimerFiring,
+    JournalEntry, Marker, RemoteArm, RemoteArmOutcome, SignalOptions, SignalSendOutcome,
+    SignalWait, SignalWaitOutcome, StartRequest, Started, Status, StoreError, TimerArm,
+    TimerFiring,
 };
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -454,8 +455,22 @@ impl JournalStore for PgStore {
         signal::signal_wait(self, wait).await
     }
 
-    async fn signal_send(&self, token: &str, payload: &Value) -> Result<SignalSendOutcome> {
-        signal::signal_send(self, token, payload).await
+    async fn signal_send_with(
+        &self,
+        token: &str,
+        payload: &Value,
+        options: &SignalOptions,
+    ) -> Result<SignalSendOutcome> {
+        signal::signal_send(self, token, payload, options).await
+    }
+
+    async fn signal_withdraw(
+        &self,
+        key: &InstanceKey,
+        generation: Generation,
+        step: &str,
+    ) -> Result<bool> {
+        signal::signal_withdraw(self, key, generation, step).await
     }
 
     async fn child_spawn(&self, append: &Append, spawn: &ChildSpawn) -> Result<AppendOutcome> {
@@ -467,7 +482,13 @@ impl JournalStore for PgStore {
     }
 
     async fn remote_arm(&self, arm: &RemoteArm) -> Result<RemoteArmOutcome> {
-        remote::remote_arm(self, arm).await
+        let outcome = remote::remote_arm(self, arm).await?;
+        if matches!(outcome, RemoteArmOutcome::Settled { .. }) {
+            // The body acts on a settled value at once: the report it comes from, committed
+            // asynchronously, must be on disk first.
+            crate::flush::flushed(self, &arm.step_id).await?;
+        }
+        Ok(outcome)
     }
 
     async fn instance_park_dispatch(

@@ -66,6 +66,7 @@ mod awakeable;
 mod child;
 mod config;
 mod error;
+mod flush;
 mod journal;
 mod lease;
 mod listen;

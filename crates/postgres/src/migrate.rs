@@ -73,6 +73,21 @@ const MIGRATIONS: &[Migration] = &[
         name: "function_search_path",
         sql: include_str!("../../../migrations/0009_function_search_path.sql"),
     },
+    Migration {
+        version: 10,
+        name: "cancel_remote_tasks",
+        sql: include_str!("../../../migrations/0010_cancel_remote_tasks.sql"),
+    },
+    Migration {
+        version: 11,
+        name: "signal_ttl_and_children",
+        sql: include_str!("../../../migrations/0011_signal_ttl_and_children.sql"),
+    },
+    Migration {
+        version: 12,
+        name: "settle_abandoned_awakeables",
+        sql: include_str!("../../../migrations/0012_settle_abandoned_awakeables.sql"),
+    },
 ];
 
 const MIGRATE: &str = "migrating the schema";

@@ -4,13 +4,13 @@
 //! # Design
 //!
 //! A remote task is a row of `remote_tasks` keyed by its stable step id. Every operation is
-//! one call of a `keiro_*` function from migrations 0005, 0007 and 0008, so one round trip and one
-//! transaction (the parks of several runs that dispatch at the same moment share one: see
-//! `park_batch`):
+//! one call of a `keiro_*` function from migrations 0005, 0007, 0008 and 0010, so one round trip
+//! and one transaction (the parks of several runs that dispatch at the same moment share one:
+//! see `park_batch`):
 //!
-//! - arming locks the task row (when it exists), reads the owner's row without locking it, and
-//!   writes the task once; a re-arm only learns its state, and redispatches or loses it when
-//!   its deadline passed;
+//! - arming locks the task row (when it exists), then the owner's row `FOR KEY SHARE` (so a
+//!   cancellation committing meanwhile cannot miss the task), and writes the task once; a
+//!   re-arm only learns its state, and redispatches or loses it when its deadline passed;
 //! - a claim counts each expired claim of its groups as a failed attempt (the task is
 //!   `pending` again, or failed as `remote_step_crashed` at its limit, journaled into the
 //!   owner), then takes available pending tasks `FOR UPDATE SKIP LOCKED` in priority-then-age
@@ -20,7 +20,10 @@
 //!   `running` and notify it;
 //! - the requeue locks the failed tasks and the linked instance tree before the instance
 //!   itself, supersedes failed results with `reset` rows (history is never rewritten) and
-//!   returns the run, and its failed children, to `running`.
+//!   returns the run, and its failed children, to `running`;
+//! - cancelling a run, or continuing it as new, cancels the pending and claimed tasks of the
+//!   generation it closes, in the same transaction: a cancelled task is never claimed again,
+//!   its heartbeats answer `cancelled` and its reports are refused.
 //!
 //! A task that became claimable notifies `remote` on the wake channel (see `listen`).
 
@@ -29,8 +32,8 @@ use std::time::Duration;
 use keiro_journal::store::Result;
 use keiro_journal::{Backoff, InstanceKey, Park, ParkOutcome, RemoteArm, RemoteArmOutcome};
 use keiro_remote::{
-    ClaimRequest, ClaimedTask, RemoteAdmin, RemoteTask, ReportOutcome, RequeueOutcome,
-    RetryOutcome, TaskFailure, TaskStatus, Transport,
+    ClaimRequest, ClaimedTask, HeartbeatOutcome, RemoteAdmin, RemoteTask, ReportOutcome,
+    RequeueOutcome, RetryOutcome, TaskFailure, TaskStatus, Transport,
 };
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -313,26 +316,28 @@ fn claimed_task(row: &Row) -> Result<ClaimedTask> {
     })
 }
 
-// One row by primary key; `claim_expires_at` is in `remote_tasks_running_idx`, so this is not a
-// HOT update, which a heartbeat every few seconds per running task can afford.
-const TASK_HEARTBEAT: &str = "UPDATE remote_tasks SET \
-     claim_expires_at = now() + $3::bigint * interval '1 millisecond', updated_at = now() \
-     WHERE step_id = $1 AND status = 'running' AND claim = $2";
+const TASK_HEARTBEAT: &str = "SELECT outcome FROM keiro_remote_task_heartbeat($1, $2, $3)";
 
 async fn task_heartbeat(
     store: &PgStore,
     step_id: &str,
     claim: Uuid,
     ttl: Duration,
-) -> Result<bool> {
-    let changed = store
-        .execute(
+) -> Result<HeartbeatOutcome> {
+    let row = store
+        .query_one(
             HEARTBEAT,
             TASK_HEARTBEAT,
             &[&step_id, &claim, &span_ms(ttl)],
         )
         .await?;
-    Ok(changed > 0)
+    let outcome: String = column(&row, "outcome", HEARTBEAT)?;
+    match outcome.as_str() {
+        "extended" => Ok(HeartbeatOutcome::Extended),
+        "lost" => Ok(HeartbeatOutcome::Lost),
+        "cancelled" => Ok(HeartbeatOutcome::Cancelled),
+        other => Err(unknown_outcome(HEARTBEAT, other)),
+    }
 }
 
 /// Reads the outcome of a report.
@@ -344,6 +349,7 @@ fn report(row: &Row, operation: &'static str) -> Result<ReportOutcome> {
         "already_settled" => Ok(ReportOutcome::AlreadySettled),
         "stale" => Ok(ReportOutcome::Stale),
         "not_found" => Ok(ReportOutcome::NotFound),
+        "cancelled" => Ok(ReportOutcome::Cancelled),
         "retrying" => {
             let at: Option<OffsetDateTime> = column(row, "retry_at", operation)?;
             at.map(|at| ReportOutcome::Retrying { at })
@@ -553,7 +559,12 @@ impl Transport for PgStore {
         tasks_claim(self, request).await
     }
 
-    async fn task_heartbeat(&self, step_id: &str, claim: Uuid, ttl: Duration) -> Result<bool> {
+    async fn task_heartbeat(
+        &self,
+        step_id: &str,
+        claim: Uuid,
+        ttl: Duration,
+    ) -> Result<HeartbeatOutcome> {
         task_heartbeat(self, step_id, claim, ttl).await
     }
 

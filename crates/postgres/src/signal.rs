@@ -7,7 +7,10 @@
 //! envelope into the waiter and flips it `running` in the same transaction.
 
 use keiro_journal::store::Result;
-use keiro_journal::{InstanceKey, SignalSendOutcome, SignalWait, SignalWaitOutcome};
+use keiro_journal::{
+    validate_signal_token, InstanceKey, SignalOptions, SignalSendOutcome, SignalWait,
+    SignalWaitOutcome, StoreError,
+};
 use serde_json::Value;
 
 use crate::journal::{lease_lost, not_found, unknown_outcome};
@@ -20,7 +23,17 @@ const SEND: &str = "sending a signal";
 const SIGNAL_WAIT: &str =
     "SELECT outcome, delivered FROM keiro_signal_wait($1, $2, $3, $4, $5, $6, $7)";
 
+/// Refuses a token no wait could take before the database is asked anything: a send would
+/// buffer it for nobody.
+fn signal_token(operation: &'static str, token: &str) -> Result<()> {
+    validate_signal_token(token).map_err(|e| StoreError::ValueRefused {
+        operation,
+        reason: e.to_string(),
+    })
+}
+
 pub(crate) async fn signal_wait(store: &PgStore, wait: &SignalWait) -> Result<SignalWaitOutcome> {
+    signal_token(WAIT, &wait.token)?;
     let key = &wait.key;
     let owner = wait.fence.as_ref().map(|f| f.owner.as_str());
     let epoch = wait.fence.as_ref().map(|f| f.epoch);
@@ -57,15 +70,19 @@ pub(crate) async fn signal_wait(store: &PgStore, wait: &SignalWait) -> Result<Si
     }
 }
 
-const SIGNAL_SEND: &str = "SELECT outcome, to_name, to_id FROM keiro_signal_send($1, $2)";
+const SIGNAL_SEND: &str = "SELECT outcome, to_name, to_id FROM keiro_signal_send($1, $2, $3)";
 
 pub(crate) async fn signal_send(
     store: &PgStore,
     token: &str,
     payload: &Value,
+    options: &SignalOptions,
 ) -> Result<SignalSendOutcome> {
+    signal_token(SEND, token)?;
+    // At most `SIGNAL_TTL_MAX`, a hundred years of milliseconds: far inside an i64.
+    let ttl_ms = i64::try_from(options.time_to_live().as_millis()).unwrap_or(i64::MAX);
     let row = store
-        .query_one(SEND, SIGNAL_SEND, &[&token, payload])
+        .query_one(SEND, SIGNAL_SEND, &[&token, payload, &ttl_ms])
         .await?;
     let outcome: String = column(&row, "outcome", SEND)?;
     match outcome.as_str() {
@@ -79,4 +96,28 @@ pub(crate) async fn signal_send(
         "buffered" => Ok(SignalSendOutcome::Buffered),
         other => Err(unknown_outcome(SEND, other)),
     }
+}
+
+const WITHDRAW: &str = "withdrawing a signal wait";
+
+// A plain DELETE, not under the token's advisory lock: a send that takes the waiter first holds
+// its row lock, so the DELETE either removes a waiter no send has taken (the next send buffers
+// or goes to the next waiter) or finds the row gone (the signal was delivered to it).
+const SIGNAL_WITHDRAW: &str = "DELETE FROM signal_waiters \
+     WHERE workflow_name = $1 AND workflow_id = $2 AND generation = $3 AND step = $4";
+
+pub(crate) async fn signal_withdraw(
+    store: &PgStore,
+    key: &InstanceKey,
+    generation: i32,
+    step: &str,
+) -> Result<bool> {
+    let removed = store
+        .execute(
+            WITHDRAW,
+            SIGNAL_WITHDRAW,
+            &[&key.name.as_str(), &key.id.as_str(), &generation, &step],
+        )
+        .await?;
+    Ok(removed > 0)
 }

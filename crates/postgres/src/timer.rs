@@ -8,12 +8,14 @@
 //! batch: the due rows are picked `FOR UPDATE SKIP LOCKED`, so concurrent timer workers split
 //! the backlog instead of firing a timer twice, and each fire journals its step through the
 //! shared append rules, which flip a parked owner to `running` and notify it. The database is
-//! authoritative for due-ness: `now` is the caller's pin or the database clock.
+//! authoritative for due-ness: `now` is the caller's pin or the database clock, and a timer
+//! armed with a span is due at the database's `now()` plus that span, so workers' clocks matter
+//! for neither.
 
 use std::time::Duration;
 
 use keiro_journal::store::Result;
-use keiro_journal::{FiredTimer, InstanceKey, TimerArm, TimerFiring, TimerKind};
+use keiro_journal::{FiredTimer, InstanceKey, TimerArm, TimerDue, TimerFiring, TimerKind};
 use time::OffsetDateTime;
 
 use crate::journal::{not_found, unknown_outcome};
@@ -26,13 +28,27 @@ const FIRE_DUE: &str = "firing due timers";
 const REQUEUE_STUCK: &str = "requeueing stuck timers";
 const DUE_COUNT: &str = "counting due timers";
 
-const TIMER_ARM: &str =
-    "SELECT outcome, stored_fire_at FROM keiro_timer_arm($1, $2, $3, $4, $5, $6, $7)";
+// The due time is computed here, in the arm's own statement, from the database's clock: an
+// instant ($7) as given, or `now()` plus a span ($8, microseconds). The worker's clock never
+// enters it, so a worker whose clock is skewed arms what the database will fire on time.
+const TIMER_ARM: &str = "SELECT outcome, stored_fire_at FROM keiro_timer_arm($1, $2, $3, $4, $5, \
+     $6, coalesce($7::timestamptz, now() + $8::bigint * interval '1 microsecond'))";
 
 pub(crate) async fn timer_arm(store: &PgStore, arm: &TimerArm) -> Result<OffsetDateTime> {
     let token = match &arm.kind {
         TimerKind::SignalTimeout { token } => Some(token.as_str()),
         _ => None,
+    };
+    let (at, after_us) = match arm.due {
+        TimerDue::At(at) => (Some(at), None),
+        // `span()` is at most `AFTER_MAX`, 100 years: far inside both an i64 of microseconds
+        // and the timestamp range.
+        TimerDue::After(_) => (
+            None,
+            arm.due
+                .span()
+                .map(|span| i64::try_from(span.as_micros()).unwrap_or(i64::MAX)),
+        ),
     };
     let row = store
         .query_one(
@@ -45,7 +61,8 @@ pub(crate) async fn timer_arm(store: &PgStore, arm: &TimerArm) -> Result<OffsetD
                 &arm.step,
                 &arm.kind.as_str(),
                 &token,
-                &arm.fire_at,
+                &at,
+                &after_us,
             ],
         )
         .await?;
@@ -111,6 +128,7 @@ pub(crate) async fn timers_fire_due(
     Ok(TimerFiring {
         fired,
         next_due: column(&row, "next_due", FIRE_DUE)?,
+        clock: fired_at,
     })
 }
 

@@ -16,8 +16,8 @@ use keiro_journal::{
 };
 use keiro_postgres::PgStore;
 use keiro_remote::{
-    ClaimRequest, ClaimedTask, RemoteAdmin, RemoteTask, ReportOutcome, RequeueOutcome,
-    RetryOutcome, TaskFailure, TaskStatus, Transport,
+    ClaimRequest, ClaimedTask, HeartbeatOutcome, RemoteAdmin, RemoteTask, ReportOutcome,
+    RequeueOutcome, RetryOutcome, TaskFailure, TaskStatus, Transport,
 };
 use keiro_resume::{Notifier, WakeFilter, WakeReason};
 use keiro_tests::pg::TestDb;
@@ -318,10 +318,11 @@ async fn an_expired_claim_is_claimable_again_and_its_holder_is_stale() -> TestRe
     assert_eq!(new.step_id, old.step_id);
     assert_ne!(new.claim, old.claim);
     assert_eq!(new.attempt, 2, "an expired claim is a failed attempt");
-    assert!(
-        !store
+    assert_eq!(
+        store
             .task_heartbeat(&old.step_id, old.claim, Duration::from_secs(60))
-            .await?
+            .await?,
+        HeartbeatOutcome::Lost
     );
     // The old holder's failure is ignored; the new claim stands.
     let stale = store
@@ -414,20 +415,23 @@ async fn a_heartbeat_extends_only_the_current_claim() -> TestResult {
     store.remote_arm(&a).await?;
     let short = claim_request(&["label"], "w-1", 1, Duration::from_millis(200));
     let claimed = store.tasks_claim(&short).await?.remove(0);
-    assert!(
+    assert_eq!(
         store
             .task_heartbeat(&a.step_id, claimed.claim, Duration::from_secs(60))
-            .await?
+            .await?,
+        HeartbeatOutcome::Extended
     );
-    assert!(
-        !store
+    assert_eq!(
+        store
             .task_heartbeat(&a.step_id, Uuid::new_v4(), Duration::from_secs(60))
-            .await?
+            .await?,
+        HeartbeatOutcome::Lost
     );
-    assert!(
-        !store
+    assert_eq!(
+        store
             .task_heartbeat("owner/o-1/0/nope", claimed.claim, Duration::from_secs(60))
-            .await?
+            .await?,
+        HeartbeatOutcome::Lost
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
@@ -435,10 +439,11 @@ async fn a_heartbeat_extends_only_the_current_claim() -> TestResult {
         "the heartbeat kept the claim past its first ttl"
     );
     store.task_complete(&a.step_id, &json!("done")).await?;
-    assert!(
-        !store
+    assert_eq!(
+        store
             .task_heartbeat(&a.step_id, claimed.claim, Duration::from_secs(60))
             .await?,
+        HeartbeatOutcome::Lost,
         "a settled task has no claim"
     );
     Ok(())
@@ -529,7 +534,9 @@ async fn a_completion_without_a_claim_wins_and_a_gone_owner_is_reported() -> Tes
     );
     let b = arm(&owner, "other", json!(1));
     store.remote_arm(&b).await?;
-    store.instance_cancel(&owner, false).await?;
+    // Failed, not cancelled: a cancellation cancels the task instead, and a failed owner's
+    // task keeps its result for a requeue.
+    fail_instance(&store, &owner, "broken").await?;
     assert_eq!(
         store.task_complete(&b.step_id, &json!(3)).await?,
         ReportOutcome::OwnerGone
@@ -831,10 +838,11 @@ async fn a_passed_deadline_redispatches_until_the_step_is_lost() -> TestResult {
     let stored = task(&store, &owner, &a.step_id).await?;
     assert_eq!((stored.status, stored.dispatches), (TaskStatus::Pending, 2));
     assert_eq!(stored.claimed_by, None);
-    assert!(
-        !store
+    assert_eq!(
+        store
             .task_heartbeat(&a.step_id, claimed.claim, Duration::from_secs(60))
-            .await?
+            .await?,
+        HeartbeatOutcome::Lost
     );
     let again = claim_one(&store, "label").await?;
     assert_eq!(again.dispatches, 2);
@@ -1684,5 +1692,248 @@ async fn the_hot_remote_functions_keep_generic_index_driven_plans() -> TestResul
             );
         }
     }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_cancel_cancels_the_live_tasks_of_the_run_and_refuses_their_reports() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let owner = key("owner", "o-1");
+    store.instance_start(&start(&owner, Value::Null)).await?;
+    let (claimed, pending, done) = (
+        arm(&owner, "claimed", json!(1)),
+        arm(&owner, "pending", json!(2)),
+        arm(&owner, "done", json!(3)),
+    );
+    for a in [&claimed, &pending, &done] {
+        store.remote_arm(a).await?;
+    }
+    let claim = claim_one(&store, "claimed").await?;
+    store.task_complete(&done.step_id, &json!("kept")).await?;
+
+    store.instance_cancel(&owner, false).await?;
+    let statuses: Vec<(String, TaskStatus, Option<String>)> = store
+        .remote_tasks(&owner)
+        .await?
+        .into_iter()
+        .map(|t| (t.step, t.status, t.claimed_by))
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            ("claimed".to_owned(), TaskStatus::Cancelled, None),
+            ("pending".to_owned(), TaskStatus::Cancelled, None),
+            ("done".to_owned(), TaskStatus::Completed, None),
+        ]
+    );
+    let stored: (Option<OffsetDateTime>, Option<Uuid>) = {
+        let row = sql(&store)
+            .await?
+            .query_one(
+                "SELECT settled_at, claim FROM remote_tasks WHERE step_id = $1",
+                &[&claimed.step_id],
+            )
+            .await?;
+        (row.get(0), row.get(1))
+    };
+    assert!(stored.0.is_some() && stored.1.is_none(), "{stored:?}");
+
+    // The claimant learns it, whatever claim it holds; nobody claims the tasks again.
+    for held in [claim.claim, Uuid::new_v4()] {
+        assert_eq!(
+            store
+                .task_heartbeat(&claimed.step_id, held, Duration::from_secs(60))
+                .await?,
+            HeartbeatOutcome::Cancelled
+        );
+    }
+    assert!(claim_tasks(&store, &["claimed", "pending"], 10)
+        .await?
+        .is_empty());
+    // Every report is refused: one, a batch, a retryable failure of the claim it had.
+    assert_eq!(
+        store
+            .task_complete(&pending.step_id, &json!("late"))
+            .await?,
+        ReportOutcome::Cancelled
+    );
+    assert_eq!(
+        store
+            .tasks_complete(&[
+                (claimed.step_id.clone(), json!("late")),
+                (done.step_id.clone(), json!("again")),
+                ("owner/o-1/0/nope".to_owned(), json!(0)),
+            ])
+            .await?,
+        [
+            ReportOutcome::Cancelled,
+            ReportOutcome::AlreadySettled,
+            ReportOutcome::NotFound
+        ]
+    );
+    assert_eq!(
+        store
+            .task_fail(
+                &claimed.step_id,
+                claim.claim,
+                &failure("declined", None, true),
+                Duration::ZERO,
+            )
+            .await?,
+        ReportOutcome::Cancelled
+    );
+    let after = task(&store, &owner, &claimed.step_id).await?;
+    assert_eq!(
+        (after.status, after.attempts, after.output, after.last_error),
+        (TaskStatus::Cancelled, 0, None, None)
+    );
+    for step in ["remote:claimed", "remote:pending"] {
+        assert!(recorded(&store, &owner, step).await?.is_empty(), "{step}");
+    }
+    // A re-arm (a stale run's) changes nothing.
+    assert_eq!(
+        store.remote_arm(&pending).await?,
+        RemoteArmOutcome::Waiting { deadline: None }
+    );
+    assert_eq!(
+        task(&store, &owner, &pending.step_id).await?.status,
+        TaskStatus::Cancelled
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_continue_as_new_cancels_the_tasks_of_the_generation_it_leaves() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let owner = key("owner", "o-1");
+    store.instance_start(&start(&owner, Value::Null)).await?;
+    let left = arm(&owner, "label", json!(1));
+    store.remote_arm(&left).await?;
+    let claim = claim_one(&store, "label").await?;
+    let continued = store
+        .journal_append(&Append::external(
+            owner.clone(),
+            Event::WorkflowContinuedAsNew {
+                next_generation: 1,
+                input: json!("next"),
+            },
+        ))
+        .await?;
+    assert_eq!(continued, AppendOutcome::Appended);
+    assert_eq!(status(&store, &owner).await?, Status::Running);
+    assert_eq!(
+        task(&store, &owner, &left.step_id).await?.status,
+        TaskStatus::Cancelled
+    );
+    assert_eq!(
+        store
+            .task_heartbeat(&left.step_id, claim.claim, Duration::from_secs(60))
+            .await?,
+        HeartbeatOutcome::Cancelled
+    );
+    assert_eq!(
+        store.task_complete(&left.step_id, &json!("late")).await?,
+        ReportOutcome::Cancelled
+    );
+    // The new generation's tasks are its own.
+    let next = RemoteArm {
+        step_id: remote_step_id(&owner, 1, "label"),
+        generation: 1,
+        ..arm(&owner, "label", json!(2))
+    };
+    assert_eq!(
+        store.remote_arm(&next).await?,
+        RemoteArmOutcome::Dispatched { deadline: None }
+    );
+    assert_eq!(claim_one(&store, "label").await?.step_id, next.step_id);
+    Ok(())
+}
+
+const ARM_SQL: &str = "SELECT outcome FROM keiro_remote_arm($1, $2, $3, $4, $5, $6, $7, $8, \
+     $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)";
+
+/// Runs `keiro_remote_arm` for `a` (unfenced) on `client`, inside whatever transaction it has
+/// open.
+async fn arm_on(client: &tokio_postgres::Client, a: &RemoteArm) -> Result<String, Error> {
+    let none: Option<&str> = None;
+    let (no_ms, no_epoch): (Option<i64>, Option<i64>) = (None, None);
+    let row = client
+        .query_one(
+            ARM_SQL,
+            &[
+                &a.step_id,
+                &a.key.name.as_str(),
+                &a.key.id.as_str(),
+                &a.generation,
+                &a.step,
+                &a.journal_step,
+                &a.group,
+                &a.input,
+                &a.priority,
+                &none,
+                &1i32,
+                &1000i64,
+                &1000i64,
+                &false,
+                &no_ms,
+                &10i32,
+                &none,
+                &no_epoch,
+            ],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+#[tokio::test]
+async fn an_arm_and_a_cancel_at_the_same_moment_leave_no_live_task() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let (first, second) = (key("owner", "o-1"), key("owner", "o-2"));
+    for k in [&first, &second] {
+        store.instance_start(&start(k, Value::Null)).await?;
+    }
+
+    // A cancellation in progress: the arm waits for it, then sees the run cancelled.
+    let holder = sql(&store).await?;
+    holder.batch_execute("BEGIN").await?;
+    holder
+        .query(
+            "SELECT outcome FROM keiro_instance_cancel($1, $2, false)",
+            &[&"owner", &"o-1"],
+        )
+        .await?;
+    let arming = tokio::spawn({
+        let (store, a) = (store.clone(), arm(&first, "label", json!(1)));
+        async move { store.remote_arm(&a).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!arming.is_finished(), "the arm waits for the cancellation");
+    holder.batch_execute("COMMIT").await?;
+    assert_eq!(arming.await??, RemoteArmOutcome::Waiting { deadline: None });
+    assert!(store.remote_tasks(&first).await?.is_empty());
+
+    // An arm in progress: the cancellation waits for it, then cancels the task it wrote.
+    let a = arm(&second, "label", json!(2));
+    holder.batch_execute("BEGIN").await?;
+    assert_eq!(arm_on(&holder, &a).await?, "dispatched");
+    let cancelling = tokio::spawn({
+        let (store, k) = (store.clone(), second.clone());
+        async move { store.instance_cancel(&k, false).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !cancelling.is_finished(),
+        "the cancellation waits for the arm"
+    );
+    holder.batch_execute("COMMIT").await?;
+    assert_eq!(cancelling.await??, AppendOutcome::Appended);
+    assert_eq!(
+        task(&store, &second, &a.step_id).await?.status,
+        TaskStatus::Cancelled
+    );
+    assert!(claim_tasks(&store, &["label"], 10).await?.is_empty());
     Ok(())
 }

@@ -143,7 +143,7 @@ async fn timeouts_and_sends_racing_on_one_token_lose_nothing() -> TestResult {
                 key: k.clone(),
                 generation: 0,
                 step: "signal:go".into(),
-                fire_at: due,
+                due: keiro_journal::TimerDue::At(due),
                 kind: keiro_journal::TimerKind::SignalTimeout {
                     token: "shared".into(),
                 },

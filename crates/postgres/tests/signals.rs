@@ -183,7 +183,7 @@ async fn a_pending_wait_times_out_and_a_satisfied_one_does_not() -> TestResult {
         key: k.clone(),
         generation: 0,
         step: "signal:go".into(),
-        fire_at: now - time::Duration::seconds(seconds_ago),
+        due: keiro_journal::TimerDue::At(now - time::Duration::seconds(seconds_ago)),
         kind: TimerKind::SignalTimeout { token: "t".into() },
     };
     let lonely = key("waiter", "lonely");

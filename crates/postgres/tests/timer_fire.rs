@@ -18,7 +18,7 @@ fn sleep_arm(k: &InstanceKey, step: &str, fire_at: OffsetDateTime) -> TimerArm {
         key: k.clone(),
         generation: 0,
         step: step.into(),
-        fire_at,
+        due: keiro_journal::TimerDue::At(fire_at),
         kind: TimerKind::Sleep,
     }
 }

@@ -44,7 +44,7 @@ async fn concurrent_callers_fire_each_timer_once() -> TestResult {
                 key: k.clone(),
                 generation: 0,
                 step: "sleep:nap".into(),
-                fire_at: due,
+                due: keiro_journal::TimerDue::At(due),
                 kind: TimerKind::Sleep,
             })
             .await?;
@@ -97,7 +97,7 @@ async fn many_workers_in_small_batches_fire_each_timer_once() -> TestResult {
                     key: k.clone(),
                     generation: 0,
                     step: step.into(),
-                    fire_at: due,
+                    due: keiro_journal::TimerDue::At(due),
                     kind: TimerKind::Sleep,
                 })
                 .await?;

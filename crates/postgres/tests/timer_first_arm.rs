@@ -19,7 +19,7 @@ fn sleep_arm(k: &keiro_journal::InstanceKey, step: &str, fire_at: OffsetDateTime
         key: k.clone(),
         generation: 0,
         step: step.into(),
-        fire_at,
+        due: keiro_journal::TimerDue::At(fire_at),
         kind: TimerKind::Sleep,
     }
 }

@@ -24,7 +24,7 @@ async fn only_timers_stuck_longer_than_the_threshold_are_requeued() -> TestResul
                 key: k.clone(),
                 generation: 0,
                 step: step.into(),
-                fire_at: due,
+                due: keiro_journal::TimerDue::At(due),
                 kind: TimerKind::Sleep,
             })
             .await?;

@@ -73,7 +73,7 @@ async fn a_wake_is_notified_within_milliseconds_and_only_to_its_filter() -> Test
         key: key("order", "o-0"),
         generation: 0,
         step: "sleep:nap".into(),
-        fire_at: datetime!(2030-01-01 0:00 UTC),
+        due: keiro_journal::TimerDue::At(datetime!(2030-01-01 0:00 UTC)),
         kind: TimerKind::Sleep,
     };
     store.timer_arm(&arm).await?;

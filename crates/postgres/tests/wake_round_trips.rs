@@ -43,7 +43,7 @@ async fn each_wake_source_operation_is_one_round_trip() -> TestResult {
             key: k.clone(),
             generation: 0,
             step: format!("sleep:{n}"),
-            fire_at: datetime!(2030-01-01 0:00 UTC),
+            due: keiro_journal::TimerDue::At(datetime!(2030-01-01 0:00 UTC)),
             kind: TimerKind::Sleep,
         })
         .await

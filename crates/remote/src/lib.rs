@@ -5,7 +5,9 @@
 //! claims tasks of the groups it serves, runs typed handlers, heartbeats long ones and reports;
 //! the report journals the result and wakes the run. Failures are retried durably with
 //! backoff; a lost dispatch can be re-dispatched; operators [`requeue`] failed runs and
-//! [`retry_with_input`] fixes a bad input.
+//! [`retry_with_input`] fixes a bad input. Cancelling a run cancels its tasks: they are never
+//! claimed again, a running handler learns it through [`TaskContext::cancelled`], and its
+//! report is refused.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -32,8 +34,8 @@ mod worker;
 
 pub use admin::{redispatch_pending, requeue, retry_key, retry_with_input, AdminError};
 pub use store::{
-    ClaimRequest, ClaimedTask, RemoteAdmin, RemoteTask, ReportOutcome, RequeueOutcome, Result,
-    RetryOutcome, TaskFailure, TaskStatus, Transport,
+    ClaimRequest, ClaimedTask, HeartbeatOutcome, RemoteAdmin, RemoteTask, ReportOutcome,
+    RequeueOutcome, Result, RetryOutcome, TaskFailure, TaskStatus, Transport,
 };
 pub use worker::{
     RemoteWorker, RemoteWorkerBuilder, RemoteWorkerOptions, TaskContext, TaskError, WorkerStats,

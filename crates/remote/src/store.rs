@@ -97,6 +97,24 @@ pub enum ReportOutcome {
     Stale,
     /// No task has this step id.
     NotFound,
+    /// The task was cancelled: its run was cancelled, or left the task's generation by
+    /// continuing as new. The report is refused and nothing is journaled; a failure is not
+    /// retried.
+    Cancelled,
+}
+
+/// What a heartbeat learned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeartbeatOutcome {
+    /// The claim is the task's and was extended.
+    Extended,
+    /// The claim is no longer the task's (the task was redispatched, re-claimed after the
+    /// claim expired, or settled), or there is no such task. The handler may go on: a success
+    /// still counts (first result wins), a failure will be ignored as stale.
+    Lost,
+    /// The task was cancelled (see [`ReportOutcome::Cancelled`]): the handler should stop, and
+    /// whatever it reports is refused.
+    Cancelled,
 }
 
 /// The state of a remote task.
@@ -110,6 +128,9 @@ pub enum TaskStatus {
     Completed,
     /// It failed for good.
     Failed,
+    /// Its run was cancelled, or continued as new on another generation, before it settled:
+    /// it is never claimed again and its reports are refused.
+    Cancelled,
 }
 
 impl TaskStatus {
@@ -120,6 +141,7 @@ impl TaskStatus {
             Self::Running => "running",
             Self::Completed => "completed",
             Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
         }
     }
 
@@ -130,6 +152,7 @@ impl TaskStatus {
             "running" => Self::Running,
             "completed" => Self::Completed,
             "failed" => Self::Failed,
+            "cancelled" => Self::Cancelled,
             _ => return None,
         })
     }
@@ -178,7 +201,8 @@ pub struct RemoteTask {
 /// exclusive until it expires; `task_complete` is idempotent by step id and accepted from any
 /// claimant (first result wins); `task_fail` counts only for the current claim; a report must
 /// reach the journal store in one transaction with the task's settlement (a broker transport
-/// relays reports to it rather than settling them itself).
+/// relays reports to it rather than settling them itself); a task the journal store cancelled
+/// with its run is never claimed again, and its heartbeats and reports answer `Cancelled`.
 #[async_trait::async_trait]
 pub trait Transport: Send + Sync + std::fmt::Debug + 'static {
     /// Claims up to `limit` tasks of the groups: pending tasks that are available, and claimed
@@ -191,11 +215,20 @@ pub trait Transport: Send + Sync + std::fmt::Debug + 'static {
     /// envelope is journaled into the owner (flipping its row) instead of being claimed.
     async fn tasks_claim(&self, request: &ClaimRequest) -> Result<Vec<ClaimedTask>>;
 
-    /// Extends a claim to `now + ttl`; `false` when the claim is no longer the task's.
-    async fn task_heartbeat(&self, step_id: &str, claim: Uuid, ttl: Duration) -> Result<bool>;
+    /// Extends a claim to `now + ttl` while it is the task's
+    /// ([`Extended`](HeartbeatOutcome::Extended)); tells a claimant whose task was cancelled
+    /// ([`Cancelled`](HeartbeatOutcome::Cancelled), whatever the claim), and any other one
+    /// that it lost its claim ([`Lost`](HeartbeatOutcome::Lost)).
+    async fn task_heartbeat(
+        &self,
+        step_id: &str,
+        claim: Uuid,
+        ttl: Duration,
+    ) -> Result<HeartbeatOutcome>;
 
     /// Reports a handler's output: settles the task `completed` and journals `{"ok": output}`
-    /// into the owner under the task's journal step, flipping its row, in one transaction.
+    /// into the owner under the task's journal step, flipping its row, in one transaction. A
+    /// cancelled task refuses it ([`ReportOutcome::Cancelled`]).
     async fn task_complete(&self, step_id: &str, output: &Value) -> Result<ReportOutcome>;
 
     /// Reports several outputs at once: each as by [`task_complete`](Self::task_complete), with
@@ -219,7 +252,8 @@ pub trait Transport: Send + Sync + std::fmt::Debug + 'static {
     /// Reports a handler's failure for `claim`. With attempts left and `retryable`, the task is
     /// pending again after `retry_delay`; otherwise it is failed and
     /// `{"error": {message, code, retryable, attempts}}` is journaled into the owner, in one
-    /// transaction.
+    /// transaction. A cancelled task refuses it ([`ReportOutcome::Cancelled`]), whatever the
+    /// claim: it is not retried.
     async fn task_fail(
         &self,
         step_id: &str,

@@ -49,6 +49,10 @@ pub struct ResumeOptions {
     /// Largest payload accepted. Defaults to
     /// [`PAYLOAD_LEN_MAX_DEFAULT`](keiro_journal::PAYLOAD_LEN_MAX_DEFAULT).
     pub payload_len_max: usize,
+    /// How long one generation's journal may grow before fresh steps fail with
+    /// `WorkflowError::JournalFull` (continue as new to go on). Defaults to
+    /// [`JournalBudget::default`](keiro_journal::JournalBudget::default): 50,000 entries, 50 MiB.
+    pub journal_budget: keiro_journal::JournalBudget,
     /// The lease owner id. `None` mints a fresh id per pass, as the seed does.
     /// Defaults to `None`.
     pub owner: Option<String>,
@@ -72,6 +76,7 @@ impl std::fmt::Debug for ResumeOptions {
             .field("backoff", &self.backoff)
             .field("pass_limit", &self.pass_limit)
             .field("payload_len_max", &self.payload_len_max)
+            .field("journal_budget", &self.journal_budget)
             .field("owner", &self.owner)
             .field("metrics", &self.metrics.is_some())
             .field("tracing", &self.tracing.is_some())
@@ -90,6 +95,7 @@ impl Default for ResumeOptions {
             backoff: BackoffPolicy::default(),
             pass_limit: Some(PASS_LIMIT_DEFAULT),
             payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
+            journal_budget: keiro_journal::JournalBudget::default(),
             owner: None,
             log: tracing_log_hook(),
             metrics: None,
@@ -151,6 +157,7 @@ impl ResumeOptions {
     pub fn run_options(&self) -> RunOptions {
         let mut run = RunOptions::new(self.lease_ttl);
         run.payload_len_max = self.payload_len_max;
+        run.journal_budget = self.journal_budget;
         run.reconcile = self.reconcile;
         run.observer = self
             .metrics

@@ -5,6 +5,13 @@
 //! so several workers never fire the same one. Between batches the loop sleeps until the next
 //! due time the store reported, or until a timer is armed (push), or at most `idle_fallback`:
 //! an idle worker with no timers makes one query per `idle_fallback`.
+//!
+//! The wait is measured on the store's clock: the next due time minus the store's clock of the
+//! same batch ([`TimerFiring::clock`]), never minus this process's clock, so a worker whose clock
+//! is ahead of the database's does not wake early and poll until the database catches up, and
+//! one behind does not oversleep. A batch that was not full is followed by at least
+//! `min_wait`: a due timer this worker could not fire is held by another worker's open batch
+//! (`SKIP LOCKED`), and polling for it in a loop would only load the database.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -24,6 +31,8 @@ pub const TIMER_BATCH_SIZE_DEFAULT: i64 = 100;
 pub const TIMER_IDLE_FALLBACK_DEFAULT: Duration = Duration::from_secs(300);
 /// The default age after which a timer stuck in `firing` is requeued (the seed's 300 s).
 pub const TIMER_REQUEUE_STUCK_AFTER_DEFAULT: Duration = Duration::from_secs(300);
+/// The default shortest gap between two batches of a timer loop, unless the first was full.
+pub const TIMER_MIN_WAIT_DEFAULT: Duration = Duration::from_millis(50);
 
 /// How the timer worker runs.
 #[derive(Debug, Clone)]
@@ -37,6 +46,11 @@ pub struct TimerOptions {
     pub requeue_stuck_after: Duration,
     /// Metrics; `None` records nothing. Defaults to `None`.
     pub metrics: Option<keiro_telemetry::Metrics>,
+    /// The shortest gap between the start of a batch that was not full and the start of the
+    /// next, whatever wakes the loop: a timer due meanwhile fires up to this late, and a timer
+    /// held by another worker's open batch costs at most one query per `min_wait`. Defaults to
+    /// [`TIMER_MIN_WAIT_DEFAULT`].
+    pub min_wait: Duration,
 }
 
 impl Default for TimerOptions {
@@ -46,6 +60,7 @@ impl Default for TimerOptions {
             idle_fallback: TIMER_IDLE_FALLBACK_DEFAULT,
             requeue_stuck_after: TIMER_REQUEUE_STUCK_AFTER_DEFAULT,
             metrics: None,
+            min_wait: TIMER_MIN_WAIT_DEFAULT,
         }
     }
 }
@@ -107,6 +122,7 @@ pub async fn run_timer_loop<W: WakeSource>(
     let mut shutdown = std::pin::pin!(shutdown);
     let mut last_requeue = tokio::time::Instant::now();
     loop {
+        let started = tokio::time::Instant::now();
         let wait = match fire_due_once(&store, &options).await {
             Ok(firing) => {
                 let fired = u64::try_from(firing.fired.len()).unwrap_or(u64::MAX);
@@ -116,12 +132,16 @@ pub async fn run_timer_loop<W: WakeSource>(
                 if i64::try_from(firing.fired.len()).unwrap_or(i64::MAX) >= options.batch_size {
                     Duration::ZERO // a full batch: there may be more due right now
                 } else {
-                    until(firing.next_due, options.idle_fallback)
+                    until(firing.next_due, firing.clock, options.idle_fallback)
+                        .max(options.min_wait)
                 }
             }
             Err(error) => {
                 tracing::warn!(error = %error_chain(&error), "timer pass failed; retrying after the fallback");
-                options.idle_fallback.min(Duration::from_secs(1))
+                options
+                    .idle_fallback
+                    .min(Duration::from_secs(1))
+                    .max(options.min_wait)
             }
         };
         if last_requeue.elapsed() >= options.requeue_stuck_after {
@@ -144,22 +164,27 @@ pub async fn run_timer_loop<W: WakeSource>(
             () = &mut shutdown => return total,
             reason = wake.wait(wait) => {
                 if reason == WakeReason::Reconnected {
-                    tracing::debug!("timer wake source reconnected; firing at once");
+                    tracing::debug!("timer wake source reconnected; firing soon");
                 }
             }
+        }
+        // A wake-up (an arm, a reconnect) may come sooner; the next batch still waits for
+        // `min_wait`, so a stream of arms costs at most one batch per `min_wait`.
+        tokio::select! {
+            biased;
+            () = &mut shutdown => return total,
+            () = tokio::time::sleep_until(started + options.min_wait) => {}
         }
     }
 }
 
-/// How long to wait for `next_due`, at most `fallback`.
-fn until(next_due: Option<OffsetDateTime>, fallback: Duration) -> Duration {
+/// How long to wait for `next_due`, at most `fallback`: both instants are the store's, so the
+/// caller's clock, however skewed, plays no part.
+fn until(next_due: Option<OffsetDateTime>, clock: OffsetDateTime, fallback: Duration) -> Duration {
     match next_due {
-        Some(at) => {
-            let left = at - OffsetDateTime::now_utc();
-            Duration::try_from(left)
-                .unwrap_or(Duration::ZERO)
-                .min(fallback)
-        }
+        Some(at) => Duration::try_from(at - clock)
+            .unwrap_or(Duration::ZERO)
+            .min(fallback),
         None => fallback,
     }
 }
@@ -171,13 +196,13 @@ mod tests {
     #[test]
     fn waits_for_the_next_due_timer_at_most_the_fallback() {
         let fallback = Duration::from_secs(60);
-        assert_eq!(until(None, fallback), fallback);
-        let past = OffsetDateTime::now_utc() - time::Duration::seconds(5);
-        assert_eq!(until(Some(past), fallback), Duration::ZERO);
-        let soon = OffsetDateTime::now_utc() + time::Duration::seconds(2);
-        let wait = until(Some(soon), fallback);
-        assert!(wait > Duration::from_millis(1500) && wait <= Duration::from_secs(2));
-        let far = OffsetDateTime::now_utc() + time::Duration::hours(5);
-        assert_eq!(until(Some(far), fallback), fallback);
+        let clock = OffsetDateTime::UNIX_EPOCH;
+        assert_eq!(until(None, clock, fallback), fallback);
+        let past = clock - time::Duration::seconds(5);
+        assert_eq!(until(Some(past), clock, fallback), Duration::ZERO);
+        let soon = clock + time::Duration::seconds(2);
+        assert_eq!(until(Some(soon), clock, fallback), Duration::from_secs(2));
+        let far = clock + time::Duration::hours(5);
+        assert_eq!(until(Some(far), clock, fallback), fallback);
     }
 }

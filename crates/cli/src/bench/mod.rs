@@ -12,7 +12,10 @@
 //!   [`idle`]).
 //! - `remote`: remote steps through worker processes: dispatch-to-result latency when idle,
 //!   remote steps per second under load (see [`remote`]).
+//! - `drive-cost`: the cost of one drive against the length of the journal it replays (see
+//!   [`drive_cost`]).
 
+mod drive_cost;
 mod idle;
 pub(crate) mod remote;
 mod throughput;
@@ -42,6 +45,8 @@ pub(crate) enum Mode {
     Idle,
     /// Remote steps through worker processes: idle latency, then throughput.
     Remote,
+    /// Milliseconds per drive against the length of the journal the drive replays.
+    DriveCost,
 }
 
 impl Mode {
@@ -52,6 +57,7 @@ impl Mode {
             Self::WakeLatency => 200,
             Self::Idle => 10_000,
             Self::Remote => 2000,
+            Self::DriveCost => 1,
         }
     }
 }
@@ -131,6 +137,7 @@ pub(crate) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         Mode::WakeLatency => wake::run(global, args).await,
         Mode::Idle => idle::run(global, args).await,
         Mode::Remote => remote::run(global, args).await,
+        Mode::DriveCost => drive_cost::run(global, args).await,
     }
 }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
+use tokio::sync::watch;
 
 use keiro_journal::{Generation, InstanceKey};
 
@@ -32,10 +33,13 @@ pub struct TaskContext {
     pub dispatches: u32,
     /// The W3C `traceparent` of the dispatching span, when tracing was exported.
     pub traceparent: Option<String>,
+    /// Turns `true` once the worker's heartbeat learns that the task was cancelled; the worker
+    /// holds the sender for as long as it runs the handler.
+    cancel: watch::Receiver<bool>,
 }
 
 impl TaskContext {
-    pub(crate) fn of(task: &ClaimedTask) -> Self {
+    pub(crate) fn of(task: &ClaimedTask, cancel: watch::Receiver<bool>) -> Self {
         Self {
             step_id: task.step_id.clone(),
             key: task.key.clone(),
@@ -45,6 +49,37 @@ impl TaskContext {
             max_attempts: task.max_attempts,
             dispatches: task.dispatches,
             traceparent: task.traceparent.clone(),
+            cancel,
+        }
+    }
+
+    /// Whether the task was cancelled since it was claimed: its run was cancelled, or left the
+    /// task's generation by continuing as new. The worker learns it from its heartbeats, so
+    /// within [`heartbeat_every`](crate::RemoteWorkerOptions::heartbeat_every) of the
+    /// cancellation. Whatever the handler reports afterwards is refused and nothing is
+    /// journaled, so a handler should check this before a side effect it can still skip.
+    pub fn is_cancelled(&self) -> bool {
+        *self.cancel.borrow()
+    }
+
+    /// Resolves once the task is cancelled (see [`is_cancelled`](Self::is_cancelled)), and
+    /// never if it is not: race it against the handler's work to stop early.
+    ///
+    /// ```no_run
+    /// # use keiro_remote::{TaskContext, TaskError};
+    /// # async fn charge(card: &str) -> Result<String, TaskError> { Ok(card.to_owned()) }
+    /// async fn handler(card: String, task: TaskContext) -> Result<String, TaskError> {
+    ///     tokio::select! {
+    ///         receipt = charge(&card) => receipt,
+    ///         () = task.cancelled() => Err(TaskError::fatal("the run was cancelled")),
+    ///     }
+    /// }
+    /// ```
+    pub async fn cancelled(&self) {
+        let mut cancel = self.cancel.clone();
+        if cancel.wait_for(|cancelled| *cancelled).await.is_err() {
+            // The worker let go of the task without it being cancelled: it never will be.
+            std::future::pending::<()>().await;
         }
     }
 

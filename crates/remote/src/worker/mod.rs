@@ -1,5 +1,6 @@
 //! The remote worker: claims tasks of the groups it serves, runs their handlers, heartbeats
-//! long ones and reports results, until shut down gracefully.
+//! long ones (telling a handler when its task was cancelled with its run) and reports results,
+//! until shut down gracefully.
 
 mod handler;
 mod report;
@@ -17,7 +18,7 @@ use tokio::time::Instant;
 
 use keiro_resume::{FixedPoll, Notifier, WakeFilter, WakeSource};
 
-use crate::store::{ClaimRequest, ClaimedTask, Transport};
+use crate::store::{ClaimRequest, ClaimedTask, HeartbeatOutcome, ReportOutcome, Transport};
 use handler::{erase, ErasedHandler};
 pub use handler::{TaskContext, TaskError};
 use report::{output_refused, report_failure, run_reporter, Completion, Report};
@@ -69,6 +70,7 @@ pub struct WorkerStats {
     claimed: AtomicU64,
     completed: AtomicU64,
     failed: AtomicU64,
+    cancelled: AtomicU64,
     report_errors: AtomicU64,
 }
 
@@ -84,6 +86,12 @@ impl WorkerStats {
     /// Tasks whose handler failed (or panicked) and whose failure was reported.
     pub fn failed(&self) -> u64 {
         self.failed.load(Ordering::Relaxed)
+    }
+    /// Tasks whose report was refused because the task was cancelled while its handler ran
+    /// (its run was cancelled, or continued as new): nothing was journaled, and a failure was
+    /// not retried.
+    pub fn cancelled(&self) -> u64 {
+        self.cancelled.load(Ordering::Relaxed)
     }
     /// Reports that could not reach the store (the claim then expires and the task runs again).
     pub fn report_errors(&self) -> u64 {
@@ -381,7 +389,8 @@ impl RemoteWorker {
             traceparent = task.traceparent.as_deref().unwrap_or(""),
         );
         let started = std::time::Instant::now();
-        let context = TaskContext::of(&task);
+        let (cancel, cancelled) = tokio::sync::watch::channel(false);
+        let context = TaskContext::of(&task, cancelled);
         let handling = tracing::Instrument::instrument(handler(task.input.clone(), context), span);
         let mut run = match &inner.tracing {
             None => tokio::spawn(handling),
@@ -398,15 +407,23 @@ impl RemoteWorker {
             Instant::now() + inner.options.heartbeat_every,
             inner.options.heartbeat_every.max(Duration::from_millis(10)),
         );
+        // A cancelled task is settled for good: there is no claim left to keep alive.
+        let mut was_cancelled = false;
         let outcome = loop {
             tokio::select! {
                 joined = &mut run => break joined,
-                _ = beat.tick() => {
+                _ = beat.tick(), if !was_cancelled => {
                     match inner.transport.task_heartbeat(&task.step_id, task.claim, inner.options.claim_ttl).await {
-                        Ok(true) => {}
+                        Ok(HeartbeatOutcome::Extended) => {}
                         // Redispatched or re-claimed: keep running; a success still counts
                         // (first result wins), a failure will be ignored as stale.
-                        Ok(false) => tracing::debug!(step_id = %task.step_id, "remote worker: claim lost"),
+                        Ok(HeartbeatOutcome::Lost) => tracing::debug!(step_id = %task.step_id, "remote worker: claim lost"),
+                        // The handler decides how to stop; its report will be refused anyway.
+                        Ok(HeartbeatOutcome::Cancelled) => {
+                            tracing::info!(step_id = %task.step_id, "remote worker: the task was cancelled; telling its handler");
+                            was_cancelled = true;
+                            cancel.send_replace(true);
+                        }
                         Err(error) => tracing::warn!(%error, "remote worker: heartbeat failed"),
                     }
                 }
@@ -446,7 +463,7 @@ impl RemoteWorker {
                 if completions.send(completion).await.is_err() {
                     return; // the worker is gone; the claim will expire
                 }
-                let reported = replied.await.unwrap_or(Ok(crate::ReportOutcome::NotFound));
+                let reported = replied.await.unwrap_or(Ok(ReportOutcome::NotFound));
                 match reported.as_ref().err().and_then(output_refused) {
                     Some(error) => (
                         report_failure(inner.transport.as_ref(), &task, error).await,
@@ -461,7 +478,12 @@ impl RemoteWorker {
             ),
         };
         match reported {
-            Ok(crate::ReportOutcome::Retrying { at }) => {
+            Ok(ReportOutcome::Cancelled) => {
+                inner.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(step_id = %task.step_id,
+                    "remote worker: the task was cancelled; its report was refused");
+            }
+            Ok(ReportOutcome::Retrying { at }) => {
                 let wait = (at - time::OffsetDateTime::now_utc()).max(time::Duration::ZERO);
                 let wait = Duration::try_from(wait).unwrap_or_default();
                 let _ = retry_tx.send(Instant::now() + wait);

@@ -190,8 +190,13 @@ mod tests {
             Ok(Vec::new())
         }
 
-        async fn task_heartbeat(&self, _: &str, _: Uuid, _: Duration) -> crate::Result<bool> {
-            Ok(true)
+        async fn task_heartbeat(
+            &self,
+            _: &str,
+            _: Uuid,
+            _: Duration,
+        ) -> crate::Result<crate::store::HeartbeatOutcome> {
+            Ok(crate::store::HeartbeatOutcome::Extended)
         }
 
         async fn task_complete(

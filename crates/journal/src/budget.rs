@@ -1,0 +1,125 @@
+//! The journal budget: how long one generation's journal may grow.
+//!
+//! Every drive loads the whole generation's journal (in the claim's round trip) and replays it,
+//! so a drive costs O(n) in the journal's length and a workflow that loops n times in one
+//! generation costs O(n²) in all; and a journal past PostgreSQL's limits (a jsonb array of at
+//! most 256 MiB) cannot be loaded by a claim at all. The budget stops a generation before
+//! either: a fresh step past it fails with [`WorkflowError::JournalFull`], whose message says to
+//! continue as new (`ctx.continue_as_new`), which starts an empty journal.
+
+use serde_json::Value;
+
+use crate::context::Halt;
+use crate::{Ctx, JournalEntry, WorkflowError};
+
+/// The default budget of journal entries per generation.
+pub const JOURNAL_STEPS_MAX_DEFAULT: usize = 50_000;
+/// The default budget of journal bytes (encoded payloads) per generation.
+pub const JOURNAL_BYTES_MAX_DEFAULT: usize = 50 * 1024 * 1024;
+
+/// How long one generation's journal may grow (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JournalBudget {
+    /// Entries per generation. Defaults to [`JOURNAL_STEPS_MAX_DEFAULT`].
+    pub steps: usize,
+    /// Encoded payload bytes per generation. Defaults to [`JOURNAL_BYTES_MAX_DEFAULT`].
+    pub bytes: usize,
+}
+
+impl Default for JournalBudget {
+    fn default() -> Self {
+        Self {
+            steps: JOURNAL_STEPS_MAX_DEFAULT,
+            bytes: JOURNAL_BYTES_MAX_DEFAULT,
+        }
+    }
+}
+
+/// What one generation's journal holds: entries and encoded payload bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct JournalSize {
+    pub(crate) steps: usize,
+    pub(crate) bytes: usize,
+}
+
+impl JournalSize {
+    /// The size of a loaded generation.
+    pub(crate) fn of(entries: &[JournalEntry]) -> Self {
+        let bytes = entries
+            .iter()
+            .map(|e| encoded_len(&e.event.encode().payload))
+            .sum();
+        Self {
+            steps: entries.len(),
+            bytes,
+        }
+    }
+}
+
+/// The encoded length of a payload, without allocating it.
+pub(crate) fn encoded_len(value: &Value) -> usize {
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    // Writing a `Value` into an infallible sink cannot fail.
+    let _ = serde_json::to_writer(&mut counter, value);
+    counter.0
+}
+
+impl Ctx {
+    /// Refuses fresh work at `step` once the journal is full: before an action runs, so a
+    /// body that continues as new on the error has run nothing it cannot journal.
+    pub(crate) fn check_budget(&self, step: &str) -> Result<(), WorkflowError> {
+        let budget = self.options().journal_budget;
+        let size = self.state().journal_size;
+        if size.steps >= budget.steps || size.bytes >= budget.bytes {
+            return Err(journal_full(step, size, budget));
+        }
+        Ok(())
+    }
+
+    /// Refuses to journal `json` at `step` when it would take the journal past its byte
+    /// budget. The action has run by then, so the run fails at once instead of running it
+    /// again.
+    pub(crate) fn check_budget_for(&self, step: &str, json: &Value) -> Result<(), WorkflowError> {
+        let budget = self.options().journal_budget;
+        let size = self.state().journal_size;
+        let grown = JournalSize {
+            steps: size.steps + 1,
+            bytes: size.bytes + encoded_len(json),
+        };
+        if grown.steps > budget.steps || grown.bytes > budget.bytes {
+            let error = journal_full(step, grown, budget);
+            self.halt(Halt::Fail {
+                reason: error.to_string(),
+            });
+            return Err(error);
+        }
+        Ok(())
+    }
+
+    /// Counts an entry this run appended.
+    pub(crate) fn count_appended(&self, json: &Value) {
+        let mut state = self.state();
+        state.journal_size.steps += 1;
+        state.journal_size.bytes += encoded_len(json);
+    }
+}
+
+fn journal_full(step: &str, size: JournalSize, budget: JournalBudget) -> WorkflowError {
+    WorkflowError::JournalFull {
+        step: step.to_owned(),
+        steps: size.steps,
+        bytes: size.bytes,
+        budget_steps: budget.steps,
+        budget_bytes: budget.bytes,
+    }
+}

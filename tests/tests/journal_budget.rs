@@ -1,0 +1,128 @@
+//! The journal budget (issue 17, item 5): a generation's journal stops growing at its budget
+//! with a typed error that a body can answer by continuing as new. Both stores.
+
+use std::convert::Infallible;
+
+use keiro::{Ctx, JournalBudget, Status, WorkflowError};
+use keiro_tests::{on_both_stores, Harness, Ledger, TestResult};
+
+on_both_stores!(
+    a_step_past_the_budget_fails_the_run_before_its_action,
+    a_body_continues_as_new_when_its_journal_is_full,
+    a_result_past_the_byte_budget_fails_the_run_without_a_retry,
+);
+
+fn budget(steps: usize, bytes: usize) -> JournalBudget {
+    JournalBudget { steps, bytes }
+}
+
+async fn a_step_past_the_budget_fails_the_run_before_its_action(h: Harness) -> TestResult {
+    let ledger = Ledger::default();
+    let l = ledger.clone();
+    let worker = h
+        .keiro
+        .worker()
+        .options(h.fast_options())
+        .journal_budget(budget(10, 1 << 20))
+        .register("loop", move |ctx: Ctx, (): ()| {
+            let l = l.clone();
+            async move {
+                for i in 0..20 {
+                    ctx.step(&format!("s-{i}"), || async {
+                        l.bump("step");
+                        Ok::<_, Infallible>(i)
+                    })
+                    .await?;
+                }
+                Ok(())
+            }
+        })
+        .build()?;
+    h.keiro.start("loop", "l-1", &()).await?;
+    worker.drain().await?;
+    let row = h.keiro.instance("loop", "l-1").await?.expect("row");
+    assert_eq!((row.status, row.attempts), (Status::Failed, 0));
+    assert_eq!(ledger.count("step"), 10, "the 11th action never ran");
+    let error = row.last_error.unwrap_or_default();
+    assert!(error.contains("continue as new"), "{error}");
+    Ok(())
+}
+
+async fn a_body_continues_as_new_when_its_journal_is_full(h: Harness) -> TestResult {
+    let ledger = Ledger::default();
+    let l = ledger.clone();
+    let worker = h
+        .keiro
+        .worker()
+        .options(h.fast_options())
+        .journal_budget(budget(10, 1 << 20))
+        .register("long", move |ctx: Ctx, from: u32| {
+            let l = l.clone();
+            async move {
+                for i in from..25 {
+                    let step = ctx
+                        .step(&format!("s-{i}"), || async {
+                            l.bump(&format!("s-{i}"));
+                            Ok::<_, Infallible>(i)
+                        })
+                        .await;
+                    match step {
+                        Ok(_) => {}
+                        Err(WorkflowError::JournalFull { .. }) => {
+                            return Err(ctx.continue_as_new(&i));
+                        }
+                        Err(other) => return Err(other),
+                    }
+                }
+                Ok(25u32)
+            }
+        })
+        .build()?;
+    h.keiro.start("long", "l-1", &0u32).await?;
+    worker.drain().await?;
+    let row = h.keiro.instance("long", "l-1").await?.expect("row");
+    assert_eq!(row.status, Status::Completed, "{:?}", row.last_error);
+    assert_eq!(row.generation, 2, "two continues as new");
+    assert_eq!(ledger.all().len(), 25);
+    assert!(ledger.all().values().all(|n| *n == 1), "{:?}", ledger.all());
+    Ok(())
+}
+
+async fn a_result_past_the_byte_budget_fails_the_run_without_a_retry(h: Harness) -> TestResult {
+    let ledger = Ledger::default();
+    let l = ledger.clone();
+    let worker = h
+        .keiro
+        .worker()
+        .options(h.fast_options())
+        .journal_budget(budget(1000, 1000))
+        .register("wide", move |ctx: Ctx, (): ()| {
+            let l = l.clone();
+            async move {
+                for i in 0..3 {
+                    ctx.step(&format!("s-{i}"), || async {
+                        l.bump("step");
+                        Ok::<_, Infallible>("x".repeat(600))
+                    })
+                    .await?;
+                }
+                Ok(())
+            }
+        })
+        .build()?;
+    h.keiro.start("wide", "w-1", &()).await?;
+    worker.drain().await?;
+    let row = h.keiro.instance("wide", "w-1").await?.expect("row");
+    assert_eq!((row.status, row.attempts), (Status::Failed, 0));
+    assert_eq!(
+        ledger.count("step"),
+        2,
+        "the second result did not fit and was not retried"
+    );
+    assert_eq!(
+        h.keiro.journal("wide", "w-1").await?.len(),
+        2,
+        "s-0 and the failure"
+    );
+    Ok(())
+}
