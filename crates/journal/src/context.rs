@@ -534,6 +534,10 @@ impl Ctx {
         if let Some(value) = self.replayed(&step, StepKind::Patch)? {
             return decode(&step, value);
         }
+        if self.state().disarmed {
+            // A losing branch of a decided race records nothing new.
+            return Err(WorkflowError::Suspended { step });
+        }
         // As before a fresh step, siblings replay first, so only steps recorded past this
         // point (not beside it) are still unconsumed. No divergence check: a patch met before
         // recorded steps is exactly the in-flight case it exists for.
