@@ -34,7 +34,7 @@ use uuid::Uuid;
 
 use crate::clock::later;
 use crate::sources::RETRY_MARK;
-use crate::state::{clear_lease, holds, lease_lost, reset_attempts, Entry, State};
+use crate::state::{clear_lease, holds, lease_lost, reset_attempts, Entry, JournalRow, State};
 use crate::{storable, MemoryStore};
 
 /// The remote task table.
@@ -250,9 +250,17 @@ fn current_failures(entry: &Entry, generation: Generation) -> Vec<(String, Failu
         let logical = logical_step(stored);
         logical.starts_with("child:") && logical.ends_with(":result")
     };
-    entry
-        .rows(generation)
-        .filter_map(|row| {
+    let rows: Vec<&JournalRow> = entry.rows(generation).collect();
+    // The reason the run failed with last: it names the failure the body did not handle.
+    let reason = rows
+        .iter()
+        .rev()
+        .find(|row| row.kind == "failed")
+        .and_then(|row| row.payload.as_str())
+        .unwrap_or_default();
+    rows.iter()
+        .enumerate()
+        .filter_map(|(at, row)| {
             let failure = match row.kind {
                 "remote" if has(&row.payload, "error") => Failure::Remote,
                 "child" if has(&row.payload, "failed") && child_result(&row.step_name) => {
@@ -261,12 +269,42 @@ fn current_failures(entry: &Entry, generation: Generation) -> Vec<(String, Failu
                 _ => return None,
             };
             let reset = format!("{}{}", marker_name::STEP_RESET_PREFIX, row.step_name);
-            entry
-                .step(generation, &reset)
-                .is_none()
-                .then(|| (row.step_name.clone(), failure))
+            if entry.step(generation, &reset).is_some() {
+                return None;
+            }
+            // A failure the body went on past, recording steps of its own after it, was handled
+            // (a fallback ran): resetting it would send a re-drive down the success path and
+            // past the recorded fallback. Unless the run failed on it after all.
+            let handled = rows[at + 1..].iter().any(|later| written_by_body(later))
+                && !reason.contains(&failure_mention(&row.step_name));
+            (!handled).then(|| (row.step_name.clone(), failure))
         })
         .collect()
+}
+
+/// Whether the body itself wrote this row (as opposed to a wake source delivering it), as
+/// `keiro_journal_written_by_body` (migration 0013) decides.
+fn written_by_body(row: &JournalRow) -> bool {
+    match row.kind {
+        "step" | "patch" | "race" | "attempt" => true,
+        "child" => !logical_step(&row.step_name).ends_with(":result"),
+        "awakeable" => row.step_name.starts_with("awkid:"),
+        _ => false,
+    }
+}
+
+/// How a run's failure reason names the failed remote step or child of `stored`
+/// (`RemoteStepError` and `WorkflowError::ChildFailed` render them so).
+fn failure_mention(stored: &str) -> String {
+    let logical = logical_step(stored);
+    if let Some(step) = logical.strip_prefix("remote:") {
+        return format!("remote step {step:?} failed");
+    }
+    let child = logical
+        .strip_prefix("child:")
+        .and_then(|c| c.strip_suffix(":result"))
+        .unwrap_or(logical);
+    format!("child workflow {child} failed")
 }
 
 /// What a requeue has done so far, across the instances it reached.

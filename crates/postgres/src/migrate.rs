@@ -88,6 +88,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "settle_abandoned_awakeables",
         sql: include_str!("../../../migrations/0012_settle_abandoned_awakeables.sql"),
     },
+    Migration {
+        version: 13,
+        name: "requeue_unhandled_failures",
+        sql: include_str!("../../../migrations/0013_requeue_unhandled_failures.sql"),
+    },
 ];
 
 const MIGRATE: &str = "migrating the schema";
