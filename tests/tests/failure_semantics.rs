@@ -27,19 +27,21 @@ on_both_stores!(
     refused_inputs_and_deliveries_are_typed_errors,
 );
 
-/// Runs `workers` until `name`/`id` is terminal (or `within` passes) and returns its row.
+/// Starts each worker after its delay and runs them all until every instance `name`/`ids` is
+/// terminal (or `within` passes); returns the rows.
 async fn run_until_terminal(
     h: &Harness,
-    workers: Vec<keiro::Worker>,
+    workers: Vec<(Duration, keiro::Worker)>,
     name: &str,
     ids: &[&str],
     within: Duration,
 ) -> Result<Vec<keiro::Instance>, Box<dyn std::error::Error + Send + Sync>> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut handles = Vec::new();
-    for worker in workers {
+    for (delay, worker) in workers {
         let mut rx = stop_rx.clone();
         handles.push(tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
             worker
                 .run_until(async move {
                     let _ = rx.wait_for(|s| *s).await;
@@ -101,23 +103,12 @@ async fn a_step_longer_than_its_lease_runs_once(h: Harness) -> TestResult {
             .poll_interval(Duration::from_millis(50))
             .build()
     };
-    let first = worker()?;
-    let second = worker()?;
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut rx = stop_rx.clone();
-    let early = tokio::spawn(async move {
-        first
-            .run_until(async move {
-                let _ = rx.wait_for(|s| *s).await;
-            })
-            .await
-    });
     // The first worker has the run; the second starts while the action runs.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let rows =
-        run_until_terminal(&h, vec![second], "long", &["l-1"], Duration::from_secs(15)).await?;
-    let _ = stop_tx.send(true);
-    early.await?;
+    let workers = vec![
+        (Duration::ZERO, worker()?),
+        (Duration::from_millis(200), worker()?),
+    ];
+    let rows = run_until_terminal(&h, workers, "long", &["l-1"], Duration::from_secs(15)).await?;
     assert_eq!(rows[0].status, Status::Completed);
     assert_eq!(ledger.count("l-1"), 1, "the action ran exactly once");
     Ok(())
@@ -139,28 +130,12 @@ async fn a_run_queued_behind_a_long_one_confirms_its_lease_before_acting(h: Harn
             .concurrency(1)
             .build()
     };
-    let first = worker()?;
-    let second = worker()?;
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut rx = stop_rx.clone();
-    let early = tokio::spawn(async move {
-        first
-            .run_until(async move {
-                let _ = rx.wait_for(|s| *s).await;
-            })
-            .await
-    });
-    tokio::time::sleep(Duration::from_millis(1150)).await;
-    let rows = run_until_terminal(
-        &h,
-        vec![second],
-        "queued",
-        &["a", "b"],
-        Duration::from_secs(15),
-    )
-    .await?;
-    let _ = stop_tx.send(true);
-    early.await?;
+    let workers = vec![
+        (Duration::ZERO, worker()?),
+        (Duration::from_millis(1150), worker()?),
+    ];
+    let rows =
+        run_until_terminal(&h, workers, "queued", &["a", "b"], Duration::from_secs(15)).await?;
     assert!(
         rows.iter().all(|r| r.status == Status::Completed),
         "{rows:?}"
