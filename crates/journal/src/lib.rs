@@ -77,7 +77,8 @@ pub use remote::{
 };
 pub use retry::{StepOptions, STEP_ATTEMPTS_DEFAULT};
 pub use run::{
-    cancel, deliver, drive, run, start, CancelOutcome, Driven, Error, Parked, RunError, RunOutcome,
+    cancel, deliver, deliver_to, drive, run, start, CancelOutcome, DeliveryRefusal, Driven, Error,
+    Parked, RunError, RunOutcome,
 };
 pub use sources::Awakeable;
 pub use storable::{check_value, storable_text};

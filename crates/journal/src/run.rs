@@ -458,6 +458,33 @@ pub enum Error {
     /// The store failed.
     #[error("store operation failed")]
     Store(#[from] store::Error),
+    /// A delivery was refused and nothing was written.
+    #[error("delivery to step {step:?} refused: {reason}")]
+    DeliveryRefused {
+        /// The step delivered to.
+        step: String,
+        /// Why.
+        reason: DeliveryRefusal,
+    },
+}
+
+/// Why a delivery was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeliveryRefusal {
+    /// The step is journaled by another kind of call (a `ctx.step`, a wake source): an await
+    /// never reads it, and appending it would fail the run.
+    #[error("the step is recorded by another kind of call than an await")]
+    KindMismatch,
+    /// The delivery names a generation the instance has left (continue-as-new): it answers
+    /// an await that no longer exists.
+    #[error("the instance left generation {generation}; it is on {current}")]
+    StaleGeneration {
+        /// The generation named.
+        generation: Generation,
+        /// The instance's current generation.
+        current: Generation,
+    },
 }
 
 /// Starts an instance `running` with `input`; idempotent by key (a second start returns the
@@ -561,13 +588,48 @@ pub async fn cancel(
 /// waiting in [`Ctx::await_step`]. Idempotent: a second delivery returns
 /// [`AppendOutcome::AlreadyPresent`] with the first value.
 ///
+/// A delivery may arrive before the run reaches its await: it waits in the journal. When the
+/// caller knows which generation the await belongs to (a run that continues as new awaits the
+/// same step name again in each generation), [`deliver_to`] binds the delivery to it.
+///
 /// # Errors
 ///
 /// [`Error::InvalidId`] for a reserved or invalid step name, [`Error::Payload`] for a bad
-/// payload, [`Error::Store`] when the store fails.
+/// payload, [`Error::DeliveryRefused`] when the step is recorded by another kind of call,
+/// [`Error::Store`] when the store fails.
 pub async fn deliver<T: Serialize + ?Sized>(
     store: &dyn JournalStore,
     key: &InstanceKey,
+    step: &str,
+    value: &T,
+    payload_len_max: usize,
+) -> Result<AppendOutcome, Error> {
+    deliver_at(store, key, None, step, value, payload_len_max).await
+}
+
+/// [`deliver`] to generation `generation` only: a delivery that answers an await of a
+/// generation the instance has left (a webhook retried after a continue-as-new) is refused
+/// with [`DeliveryRefusal::StaleGeneration`] instead of being taken by the next generation's
+/// await of the same name. A body hands out its generation with [`Ctx::generation`].
+///
+/// # Errors
+///
+/// As [`deliver`].
+pub async fn deliver_to<T: Serialize + ?Sized>(
+    store: &dyn JournalStore,
+    key: &InstanceKey,
+    generation: Generation,
+    step: &str,
+    value: &T,
+    payload_len_max: usize,
+) -> Result<AppendOutcome, Error> {
+    deliver_at(store, key, Some(generation), step, value, payload_len_max).await
+}
+
+async fn deliver_at<T: Serialize + ?Sized>(
+    store: &dyn JournalStore,
+    key: &InstanceKey,
+    generation: Option<Generation>,
     step: &str,
     value: &T,
     payload_len_max: usize,
@@ -579,7 +641,31 @@ pub async fn deliver<T: Serialize + ?Sized>(
         kind: StepKind::Await,
         result: value,
     };
-    Ok(store
-        .journal_append(&Append::external(key.clone(), event))
-        .await?)
+    let append = Append {
+        generation,
+        ..Append::external(key.clone(), event)
+    };
+    match store.journal_append(&append).await? {
+        // The store's conflict: the generation named is not current, or the step is recorded
+        // by another kind of call in it. Nothing was written either way.
+        AppendOutcome::Conflict => {
+            let current = store
+                .instance_get(key)
+                .await?
+                .ok_or_else(|| store::Error::NotFound { key: key.clone() })?
+                .generation;
+            let reason = match generation {
+                Some(generation) if generation != current => DeliveryRefusal::StaleGeneration {
+                    generation,
+                    current,
+                },
+                _ => DeliveryRefusal::KindMismatch,
+            };
+            Err(Error::DeliveryRefused {
+                step: step.to_owned(),
+                reason,
+            })
+        }
+        outcome => Ok(outcome),
+    }
 }

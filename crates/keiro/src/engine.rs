@@ -292,11 +292,13 @@ impl Keiro {
         keiro_journal::encode_payload(what, payload, self.payload_len_max).map_err(Error::Payload)
     }
 
-    /// Journals `value` for a run waiting in `ctx.await_step(step)`, and wakes it.
+    /// Journals `value` for a run waiting in `ctx.await_step(step)`, and wakes it. A delivery
+    /// that comes before the run reaches its await waits in the journal.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidId`], [`Error::Payload`], [`Error::Store`].
+    /// [`Error::InvalidId`], [`Error::Payload`], [`Error::DeliveryRefused`] when the step is
+    /// recorded by another kind of call, [`Error::Store`].
     pub async fn deliver<T: Serialize + ?Sized>(
         &self,
         name: &str,
@@ -309,6 +311,35 @@ impl Keiro {
             keiro_journal::deliver(self.store.as_ref(), &key, step, value, self.payload_len_max)
                 .await?,
         )
+    }
+
+    /// [`deliver`](Self::deliver) bound to generation `generation` (which a body reads with
+    /// `ctx.generation()` and hands out with the await it waits on): refused with
+    /// [`DeliveryRefusal::StaleGeneration`](keiro_journal::DeliveryRefusal) once the instance
+    /// has continued as new, so a retried webhook is not taken by the next generation's await
+    /// of the same name.
+    ///
+    /// # Errors
+    ///
+    /// As [`deliver`](Self::deliver).
+    pub async fn deliver_to<T: Serialize + ?Sized>(
+        &self,
+        name: &str,
+        id: &str,
+        generation: keiro_journal::Generation,
+        step: &str,
+        value: &T,
+    ) -> Result<AppendOutcome, Error> {
+        let key = InstanceKey::parse(name, id)?;
+        Ok(keiro_journal::deliver_to(
+            self.store.as_ref(),
+            &key,
+            generation,
+            step,
+            value,
+            self.payload_len_max,
+        )
+        .await?)
     }
 
     /// The instance row, if the instance exists.

@@ -22,6 +22,15 @@ pub enum Error {
     /// An operator tool failed (unknown instance, bad input, store failure).
     #[error("operator action failed")]
     Admin(#[from] keiro_remote::AdminError),
+    /// A delivery was refused and nothing was written (the step is recorded by another kind
+    /// of call, or the generation named is no longer current).
+    #[error("delivery to step {step:?} refused: {reason}")]
+    DeliveryRefused {
+        /// The step delivered to.
+        step: String,
+        /// Why.
+        reason: keiro_journal::DeliveryRefusal,
+    },
     /// The store does not offer this capability.
     #[error("the store does not support {what}")]
     Unsupported {
@@ -40,6 +49,9 @@ impl From<keiro_journal::Error> for Error {
             keiro_journal::Error::InvalidId(e) => Self::InvalidId(e),
             keiro_journal::Error::Payload(e) => Self::Payload(e),
             keiro_journal::Error::Store(e) => Self::Store(e),
+            keiro_journal::Error::DeliveryRefused { step, reason } => {
+                Self::DeliveryRefused { step, reason }
+            }
             // The journal's error is non-exhaustive; keep the facade total.
             other => Self::Payload(keiro_journal::WorkflowError::app(other)),
         }

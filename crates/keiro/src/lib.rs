@@ -60,7 +60,7 @@ pub use keiro_journal::{
     WorkflowId, WorkflowName, SIGNAL_TTL_DEFAULT,
 };
 pub use keiro_journal::{
-    Backoff, BoxFuture, JournalBudget, RemoteOptions, RemoteStepError, StepOptions,
+    Backoff, BoxFuture, DeliveryRefusal, JournalBudget, RemoteOptions, RemoteStepError, StepOptions,
 };
 pub use keiro_lease::{BackoffPolicy, ClaimOutcome, CrashOutcome, LeaseStore, ResurrectOutcome};
 pub use keiro_remote::{
