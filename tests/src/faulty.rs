@@ -19,11 +19,14 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 /// Delegates to `inner`, but fails every step append while `fail_appends` is set, with an
-/// error shaped like a dropped connection.
+/// error shaped like a dropped connection; and refuses every claim that would load the
+/// journal of the instance set with `unloadable`, as PostgreSQL refuses a journal past what one
+/// jsonb array holds (54000).
 #[derive(Debug, Clone)]
 pub struct FaultyStore {
     inner: Arc<dyn LeaseStore>,
     fail_appends: Arc<AtomicBool>,
+    unloadable: Arc<std::sync::Mutex<Option<InstanceKey>>>,
 }
 
 impl FaultyStore {
@@ -32,7 +35,44 @@ impl FaultyStore {
         Self {
             inner,
             fail_appends: Arc::new(AtomicBool::new(false)),
+            unloadable: Arc::default(),
         }
+    }
+
+    /// Makes the journal of `key` one no claim can load (`None`: every journal loads).
+    pub fn unloadable(&self, key: Option<InstanceKey>) {
+        *self
+            .unloadable
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = key;
+    }
+
+    /// The refusal a claim gets when it would load the unloadable journal: while that instance
+    /// is runnable, every batch claim may pick it, so every batch claim is refused.
+    async fn refuse_unloadable(&self, key: Option<&InstanceKey>) -> Result<()> {
+        let unloadable = self
+            .unloadable
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let Some(unloadable) = unloadable else {
+            return Ok(());
+        };
+        if key.is_some_and(|k| *k != unloadable) {
+            return Ok(());
+        }
+        let runnable = self
+            .inner
+            .instance_get(&unloadable)
+            .await?
+            .is_some_and(|row| matches!(row.status, Status::Running | Status::Suspended));
+        if runnable {
+            return Err(Error::ValueRefused {
+                operation: "claiming instances",
+                reason: "injected: total size of jsonb array elements exceeds the maximum".into(),
+            });
+        }
+        Ok(())
     }
 
     /// Switches append failures on or off.
@@ -170,6 +210,7 @@ impl LeaseStore for FaultyStore {
         ttl: Duration,
         now: Option<OffsetDateTime>,
     ) -> Result<ClaimOutcome> {
+        self.refuse_unloadable(Some(key)).await?;
         self.inner.instance_claim(key, owner, ttl, now).await
     }
     async fn instances_claim_batch(
@@ -180,6 +221,7 @@ impl LeaseStore for FaultyStore {
         limit: i64,
         now: Option<OffsetDateTime>,
     ) -> Result<Vec<keiro_lease::Claim>> {
+        self.refuse_unloadable(None).await?;
         self.inner
             .instances_claim_batch(names, owner, ttl, limit, now)
             .await

@@ -10,6 +10,7 @@ on_both_stores!(
     a_step_past_the_budget_fails_the_run_before_its_action,
     a_body_continues_as_new_when_its_journal_is_full,
     a_result_past_the_byte_budget_fails_the_run_without_a_retry,
+    an_instance_whose_journal_cannot_be_loaded_does_not_block_the_others,
 );
 
 fn budget(steps: usize, bytes: usize) -> JournalBudget {
@@ -124,5 +125,60 @@ async fn a_result_past_the_byte_budget_fails_the_run_without_a_retry(h: Harness)
         2,
         "s-0 and the failure"
     );
+    Ok(())
+}
+
+async fn an_instance_whose_journal_cannot_be_loaded_does_not_block_the_others(
+    h: Harness,
+) -> TestResult {
+    // A journal past what one claim can load (PostgreSQL: a jsonb array over 256 MiB, 54000)
+    // refuses every batch claim that may pick it. The worker loop claims one at a time then:
+    // the others run, and that instance is failed with a reason instead of tried forever.
+    let faulty = keiro_tests::FaultyStore::new(h.store.clone());
+    let keiro = keiro::Keiro::from_arc(std::sync::Arc::new(faulty.clone()));
+    for id in ["a", "big", "c"] {
+        keiro.start("plain", id, &()).await?;
+    }
+    faulty.unloadable(Some(keiro_tests::key("plain", "big")));
+    let worker = keiro
+        .worker()
+        .options(h.fast_options())
+        .register("plain", |ctx: Ctx, (): ()| async move {
+            ctx.step("one", || async { Ok::<_, Infallible>(1u32) })
+                .await
+        })
+        .build()?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        worker
+            .run_until(async {
+                let _ = stop_rx.await;
+            })
+            .await
+    });
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let statuses = loop {
+        let mut statuses = Vec::new();
+        for id in ["a", "big", "c"] {
+            statuses.push(keiro.instance("plain", id).await?.expect("row").status);
+        }
+        if statuses.iter().all(|s| s.is_terminal()) || tokio::time::Instant::now() > deadline {
+            break statuses;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    let _ = stop_tx.send(());
+    running.await?;
+    assert_eq!(
+        statuses,
+        [Status::Completed, Status::Failed, Status::Completed]
+    );
+    let error = keiro
+        .instance("plain", "big")
+        .await?
+        .expect("row")
+        .last_error
+        .unwrap_or_default();
+    assert!(error.contains("cannot be claimed"), "{error}");
     Ok(())
 }

@@ -155,6 +155,13 @@ pub(crate) async fn claim_pass(
                     summary.discovered += u64::try_from(claims.len()).unwrap_or(u64::MAX);
                     pending.extend(claims.into_iter().map(|claim| (claim, asked)));
                 }
+                // A refused value (a journal past what one claim can load) refuses every
+                // batch that may pick its instance: claim one instance at a time instead, so
+                // the others run and that one is set aside.
+                Err(error) if claimed == 0 && error.is_value_refused() => {
+                    transient(options, None, &error);
+                    return pass(store, registry, options, Some(limit), stop).await;
+                }
                 // The first claim failing fails the pass, like a failed discovery; a later
                 // one only ends it early, after the runs already claimed.
                 Err(error) if claimed == 0 => return Err(error),
@@ -276,6 +283,10 @@ async fn advance(
             }
             return line;
         }
+        Err(error) if error.is_value_refused() => {
+            fail_unclaimable(store, options, &key, &error, &mut line).await;
+            return line;
+        }
         Err(error) => {
             line.transient_errors = 1;
             transient(options, Some(&key), &error);
@@ -284,6 +295,39 @@ async fn advance(
     };
     line += drive_claimed(store, workflow, options, *claim, asked).await;
     line
+}
+
+/// Fails an instance whose claim the store refuses for a value (its journal is past what a
+/// claim can load): no worker can ever run it, and left runnable it would be tried on every
+/// pass. Unfenced, because no lease can be had; the reason says what to do.
+async fn fail_unclaimable(
+    store: &Arc<dyn LeaseStore>,
+    options: &ResumeOptions,
+    key: &InstanceKey,
+    error: &StoreError,
+    line: &mut ResumeSummary,
+) {
+    let reason = format!(
+        "the instance cannot be claimed: {error}: its journal is larger than the store can \
+         load; keep generations within the journal budget (continue as new)"
+    );
+    match store.instance_fail_diverged(key, None, &reason).await {
+        Ok(_) => {
+            line.failed = 1;
+            line.advanced = 1;
+            if let Some(metrics) = &options.metrics {
+                metrics.failed(key.name.as_str());
+            }
+            (options.log)(&ResumeLogEvent::FailedTerminally {
+                key: key.clone(),
+                error: reason,
+            });
+        }
+        Err(error) => {
+            line.transient_errors = 1;
+            transient(options, Some(key), &error);
+        }
+    }
 }
 
 /// Drives one claimed run and classifies how it ended: the summary line of a granted claim
