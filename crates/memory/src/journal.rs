@@ -272,12 +272,9 @@ impl State {
         }
         if matches!(
             append.event,
-            Event::WorkflowCancelled
-                | Event::WorkflowContinuedAsNew { .. }
-                | Event::WorkflowCompleted { .. }
+            Event::WorkflowCancelled | Event::WorkflowContinuedAsNew { .. }
         ) {
-            // Nothing of this generation will await its remote steps any more (Postgres: 0010
-            // for cancel and continue-as-new, 0014's trigger for completion).
+            // Nothing of this generation will await its remote steps any more.
             self.remote_tasks_cancel(&append.key, generation);
             // Nor its awakeables (Postgres: 0012's trigger on the marker's row).
             self.awakeables_cancel(&append.key, generation);

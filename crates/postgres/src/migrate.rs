@@ -93,11 +93,6 @@ const MIGRATIONS: &[Migration] = &[
         name: "requeue_unhandled_failures",
         sql: include_str!("../../../migrations/0013_requeue_unhandled_failures.sql"),
     },
-    Migration {
-        version: 14,
-        name: "completion_settles_leftovers",
-        sql: include_str!("../../../migrations/0014_completion_settles_leftovers.sql"),
-    },
 ];
 
 const MIGRATE: &str = "migrating the schema";
