@@ -132,6 +132,10 @@ impl JournalStore for CountingStore {
         self.count("instance_park");
         self.inner.instance_park(&self.park_inward(park)).await
     }
+    async fn instance_settle_leftovers(&self, key: &InstanceKey, generation: i32) -> Result<u64> {
+        self.count("instance_settle_leftovers");
+        self.inner.instance_settle_leftovers(key, generation).await
+    }
     async fn instance_fail_diverged(
         &self,
         key: &InstanceKey,

@@ -127,6 +127,9 @@ impl JournalStore for FaultyStore {
     async fn instance_park(&self, park: &Park) -> Result<ParkOutcome> {
         self.inner.instance_park(park).await
     }
+    async fn instance_settle_leftovers(&self, key: &InstanceKey, generation: i32) -> Result<u64> {
+        self.inner.instance_settle_leftovers(key, generation).await
+    }
     async fn instance_fail_diverged(
         &self,
         key: &InstanceKey,

@@ -149,6 +149,12 @@ impl Replay {
         self.consumed.insert(step.to_owned());
     }
 
+    /// Whether the generation holds a step whose name starts with `prefix` (recorded before or
+    /// during this run).
+    pub(crate) fn holds_prefix(&self, prefix: &str) -> bool {
+        self.recorded.keys().any(|step| step.starts_with(prefix))
+    }
+
     /// The first body-recorded step the run has not reached, if any.
     pub(crate) fn first_unconsumed(&self) -> Option<&str> {
         self.body_order

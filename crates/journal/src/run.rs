@@ -305,7 +305,10 @@ async fn settle(
                 output: output.clone(),
             };
             match append_marker(store, ctx, options, event).await {
-                Ok(AppendOutcome::Appended) => Ok(RunOutcome::Completed(output)),
+                Ok(AppendOutcome::Appended) => {
+                    settle_leftovers(store, ctx).await;
+                    Ok(RunOutcome::Completed(output))
+                }
                 Ok(AppendOutcome::AlreadyPresent(recorded)) => Ok(RunOutcome::Completed(recorded)),
                 Ok(AppendOutcome::RefusedTerminal(marker)) => {
                     outcome_of_marker(store, &key, marker).await
@@ -329,6 +332,26 @@ async fn settle(
             key,
             message: error_chain(&error),
         }),
+    }
+}
+
+/// After a completion: a run that decided a race or allocated an awakeable may have left a
+/// losing branch's remote task or an unawaited awakeable live; settle them (one call, only for
+/// such runs). Best effort: the run is complete either way, and a task left live only runs
+/// for nothing.
+async fn settle_leftovers(store: &Arc<dyn JournalStore>, ctx: &Ctx) {
+    let may_have = {
+        let state = ctx.state();
+        state.replay.holds_prefix("race:") || state.replay.holds_prefix("awkid:")
+    };
+    if !may_have {
+        return;
+    }
+    if let Err(error) = store
+        .instance_settle_leftovers(ctx.key(), ctx.generation())
+        .await
+    {
+        tracing::warn!(key = %ctx.key(), %error, "settling a completed run's leftovers failed");
     }
 }
 

@@ -234,6 +234,17 @@ pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
     /// Parks a run waiting on wake sources, releasing its lease; see [`Park`].
     async fn instance_park(&self, park: &Park) -> Result<ParkOutcome>;
 
+    /// Settles what a completed run left live in `generation`: its pending or claimed remote
+    /// tasks become `cancelled` (a claimed one's heartbeat learns it, its report is refused),
+    /// its pending awakeables `cancelled`; nothing is journaled. Does nothing unless the
+    /// instance is completed. The run calls it after its completion only when its journal
+    /// holds a decided race or an awakeable allocation. Returns how many were settled.
+    async fn instance_settle_leftovers(
+        &self,
+        key: &InstanceKey,
+        generation: Generation,
+    ) -> Result<u64>;
+
     /// Marks a run whose code diverged from its journal `failed` with `reason`, releasing its
     /// lease, without appending to the journal, so a fixed deploy can resume the very same journal
     /// after an operator resurrects it. Returns `false` when the row was already terminal.

@@ -40,6 +40,7 @@ const CREATE_AWAKEABLE: &str = "creating an awakeable";
 const COMPLETE_AWAKEABLE: &str = "completing an awakeable";
 const WAIT_SIGNAL: &str = "waiting for a signal";
 const WITHDRAW_SIGNAL: &str = "withdrawing a signal wait";
+const SETTLE_LEFTOVERS: &str = "settling a completed run's leftovers";
 const SEND_SIGNAL: &str = "sending a signal";
 const SPAWN: &str = "spawning a child workflow";
 const ARM_REMOTE: &str = "arming a remote step";
@@ -436,6 +437,24 @@ impl JournalStore for MemoryStore {
 
     async fn instance_park(&self, park: &Park) -> Result<ParkOutcome> {
         self.transact("parking an instance", |state| state.instance_park(park))
+    }
+
+    async fn instance_settle_leftovers(
+        &self,
+        key: &InstanceKey,
+        generation: Generation,
+    ) -> Result<u64> {
+        self.transact(SETTLE_LEFTOVERS, |state| {
+            let completed = state
+                .instances
+                .get(key)
+                .is_some_and(|entry| entry.row.status == Status::Completed);
+            if !completed {
+                return Ok(0);
+            }
+            let tasks = state.remote_tasks_cancel(key, generation);
+            Ok(tasks + state.awakeables_cancel(key, generation))
+        })
     }
 
     async fn instance_fail_diverged(

@@ -336,6 +336,10 @@ pub(crate) fn park_outcome(row: &Row, park: &Park, operation: &'static str) -> R
 const INSTANCE_FAIL_DIVERGED: &str =
     "SELECT outcome FROM keiro_instance_fail_diverged($1, $2, $3, $4, $5)";
 
+const SETTLE_LEFTOVERS: &str = "settling a completed run's leftovers";
+const INSTANCE_SETTLE_LEFTOVERS: &str =
+    "SELECT keiro_instance_settle_leftovers($1, $2, $3) AS settled";
+
 async fn instance_fail_diverged(
     store: &PgStore,
     key: &InstanceKey,
@@ -404,6 +408,22 @@ impl JournalStore for PgStore {
 
     async fn instance_park(&self, park: &Park) -> Result<ParkOutcome> {
         instance_park(self, park).await
+    }
+
+    async fn instance_settle_leftovers(
+        &self,
+        key: &InstanceKey,
+        generation: Generation,
+    ) -> Result<u64> {
+        let row = self
+            .query_one(
+                SETTLE_LEFTOVERS,
+                INSTANCE_SETTLE_LEFTOVERS,
+                &[&key.name.as_str(), &key.id.as_str(), &generation],
+            )
+            .await?;
+        let settled: i64 = crate::row::column(&row, "settled", SETTLE_LEFTOVERS)?;
+        Ok(u64::try_from(settled).unwrap_or(0))
     }
 
     async fn instance_fail_diverged(

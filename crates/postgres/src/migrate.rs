@@ -93,6 +93,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "requeue_unhandled_failures",
         sql: include_str!("../../../migrations/0013_requeue_unhandled_failures.sql"),
     },
+    Migration {
+        version: 14,
+        name: "settle_leftovers_of_completed_runs",
+        sql: include_str!("../../../migrations/0014_settle_leftovers_of_completed_runs.sql"),
+    },
 ];
 
 const MIGRATE: &str = "migrating the schema";

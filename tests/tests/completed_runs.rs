@@ -1,0 +1,92 @@
+//! A completed run settles what it left behind (issue 17, item 8's "terminal runs"): the remote
+//! task of a race's losing branch is cancelled, never run, and an awakeable it never awaited
+//! stops counting as pending (`JournalStore::instance_settle_leftovers`). Both stores.
+
+use std::time::Duration;
+
+use keiro::{AwakeableOutcome, Ctx, RemoteOptions, Status, TaskStatus};
+use keiro_tests::{on_both_stores, Harness, TestResult};
+
+on_both_stores!(a_completed_run_cancels_its_leftover_task_and_awakeable);
+
+async fn a_completed_run_cancels_its_leftover_task_and_awakeable(h: Harness) -> TestResult {
+    let worker = h
+        .keiro
+        .worker()
+        .options(h.fast_options())
+        .register("quick", |ctx: Ctx, (): ()| async move {
+            let spare = ctx.awakeable::<u32>("spare").await?;
+            ctx.step("announce", || async move {
+                Ok::<_, std::convert::Infallible>(spare.id())
+            })
+            .await?;
+            // The remote step loses to the approval; its task was dispatched while both waited.
+            let options = RemoteOptions::default();
+            ctx.select(
+                "slow-or-approval",
+                vec![
+                    Box::pin(async { ctx.remote::<_, String>("slow", &"x", &options).await }),
+                    Box::pin(async { ctx.await_step::<String>("approval").await }),
+                ],
+            )
+            .await
+        })
+        .build()?;
+    h.keiro.start("quick", "q-1", &()).await?;
+    worker.drain().await?;
+    let tasks = h.keiro.remote_tasks("quick", "q-1").await?;
+    assert_eq!(tasks.len(), 1, "{tasks:?}");
+    h.keiro.deliver("quick", "q-1", "approval", &"yes").await?;
+    worker.drain().await?;
+    let row = h.keiro.instance("quick", "q-1").await?.expect("row");
+    assert_eq!(row.status, Status::Completed, "{:?}", row.last_error);
+
+    let tasks = h.keiro.remote_tasks("quick", "q-1").await?;
+    assert_eq!(tasks[0].status, TaskStatus::Cancelled, "{tasks:?}");
+    assert_eq!(h.store.awakeables_pending().await?, 0);
+    let spare: uuid::Uuid = h
+        .keiro
+        .journal("quick", "q-1")
+        .await?
+        .into_iter()
+        .find_map(|e| match e.event {
+            keiro::Event::StepRecorded { step, result, .. } if step == "announce" => {
+                serde_json::from_value(result).ok()
+            }
+            _ => None,
+        })
+        .expect("announced");
+    let late = h.keiro.complete_awakeable(spare, &1u32).await?;
+    assert!(!matches!(late, AwakeableOutcome::Delivered), "{late:?}");
+
+    // A remote worker never runs the cancelled task.
+    let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = ran.clone();
+    let remote = h
+        .keiro
+        .remote_worker()?
+        .handle("slow", move |_: String, _task: keiro::TaskContext| {
+            let seen = seen.clone();
+            async move {
+                seen.store(true, std::sync::atomic::Ordering::SeqCst);
+                Ok::<_, keiro::TaskError>("done".to_owned())
+            }
+        })
+        .build();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        remote
+            .run_until(async {
+                let _ = stop_rx.await;
+            })
+            .await;
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _ = stop_tx.send(());
+    let _ = running.await;
+    assert!(
+        !ran.load(std::sync::atomic::Ordering::SeqCst),
+        "the handler ran"
+    );
+    Ok(())
+}
