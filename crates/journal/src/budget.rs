@@ -10,7 +10,7 @@
 use serde_json::Value;
 
 use crate::context::Halt;
-use crate::{Ctx, JournalEntry, WorkflowError};
+use crate::{Ctx, Event, JournalEntry, WorkflowError};
 
 /// The default budget of journal entries per generation.
 pub const JOURNAL_STEPS_MAX_DEFAULT: usize = 50_000;
@@ -45,14 +45,20 @@ pub(crate) struct JournalSize {
 impl JournalSize {
     /// The size of a loaded generation.
     pub(crate) fn of(entries: &[JournalEntry]) -> Self {
-        let bytes = entries
-            .iter()
-            .map(|e| encoded_len(&e.event.encode().payload))
-            .sum();
+        let bytes = entries.iter().map(|e| payload_len(&e.event)).sum();
         Self {
             steps: entries.len(),
             bytes,
         }
+    }
+}
+
+/// The encoded length of an event's payload; a step's result is measured in place (a drive
+/// measures every entry it loads, so no clone of it).
+fn payload_len(event: &Event) -> usize {
+    match event {
+        Event::StepRecorded { result, .. } => encoded_len(result),
+        other => encoded_len(&other.encode().payload),
     }
 }
 
@@ -86,15 +92,15 @@ impl Ctx {
         Ok(())
     }
 
-    /// Refuses to journal `json` at `step` when it would take the journal past its byte
-    /// budget. The action has run by then, so the run fails at once instead of running it
-    /// again.
-    pub(crate) fn check_budget_for(&self, step: &str, json: &Value) -> Result<(), WorkflowError> {
+    /// Refuses to journal a value of `len` encoded bytes at `step` when it would take the
+    /// journal past its budget. The action has run by then, so the run fails at once instead
+    /// of running it again.
+    pub(crate) fn check_budget_for(&self, step: &str, len: usize) -> Result<(), WorkflowError> {
         let budget = self.options().journal_budget;
         let size = self.state().journal_size;
         let grown = JournalSize {
             steps: size.steps + 1,
-            bytes: size.bytes + encoded_len(json),
+            bytes: size.bytes + len,
         };
         if grown.steps > budget.steps || grown.bytes > budget.bytes {
             let error = journal_full(step, grown, budget);
@@ -106,11 +112,11 @@ impl Ctx {
         Ok(())
     }
 
-    /// Counts an entry this run appended.
-    pub(crate) fn count_appended(&self, json: &Value) {
+    /// Counts an entry of `len` encoded bytes this run appended.
+    pub(crate) fn count_appended(&self, len: usize) {
         let mut state = self.state();
         state.journal_size.steps += 1;
-        state.journal_size.bytes += encoded_len(json);
+        state.journal_size.bytes += len;
     }
 }
 

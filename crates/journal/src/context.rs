@@ -480,7 +480,7 @@ impl Ctx {
         self.prepare_fresh(step, flush).await?;
         match arm().await? {
             Armed::Ready(value) => {
-                self.count_appended(&value);
+                self.count_appended(crate::budget::encoded_len(&value));
                 let mut state = self.state();
                 state.stats.appended += 1;
                 state.replay.record_fresh(step, kind, value.clone());
@@ -774,7 +774,8 @@ impl Ctx {
         json: Value,
         via: RecordVia,
     ) -> Result<Value, WorkflowError> {
-        self.check_budget_for(step, &json)?;
+        let len = crate::budget::encoded_len(&json);
+        self.check_budget_for(step, len)?;
         let append = self.fresh_append(step, kind, json.clone());
         let started = Instant::now();
         let store = &self.inner.store;
@@ -787,7 +788,7 @@ impl Ctx {
         match outcome {
             AppendOutcome::Appended => {
                 self.confirmed(started);
-                self.count_appended(&json);
+                self.count_appended(len);
                 let mut state = self.state();
                 state.stats.appended += 1;
                 state.replay.record_fresh(step, kind, json.clone());
@@ -916,26 +917,11 @@ pub fn encode_payload<T: Serialize + ?Sized>(
 
 /// Checks an encoded payload against the limit.
 pub(crate) fn check_payload(step: &str, json: &Value, limit: usize) -> Result<(), WorkflowError> {
-    // Serializing into a counting sink measures the exact encoded length without allocating it.
-    struct Counter(usize);
-    impl std::io::Write for Counter {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut counter = Counter(0);
-    serde_json::to_writer(&mut counter, json).map_err(|source| WorkflowError::Encode {
-        step: step.to_owned(),
-        source,
-    })?;
-    if counter.0 > limit {
+    let len = crate::budget::encoded_len(json);
+    if len > limit {
         return Err(WorkflowError::PayloadTooLarge {
             step: step.to_owned(),
-            len: counter.0,
+            len,
             limit,
         });
     }

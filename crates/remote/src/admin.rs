@@ -90,15 +90,10 @@ pub async fn retry_with_input<I: Serialize + ?Sized>(
     input: &I,
     payload_len_max: usize,
 ) -> Result<InstanceKey, AdminError> {
-    let input = serde_json::to_value(input).map_err(|e| AdminError::Payload(e.to_string()))?;
-    let len = serde_json::to_vec(&input)
-        .map_err(|e| AdminError::Payload(e.to_string()))?
-        .len();
-    if len > payload_len_max {
-        return Err(AdminError::Payload(format!(
-            "the input is {len} bytes, the limit is {payload_len_max}"
-        )));
-    }
+    // The same checks as every other payload: encodes, fits the limit, holds nothing a store
+    // refuses.
+    let input = keiro_journal::encode_payload(keiro_journal::INPUT_STEP, input, payload_len_max)
+        .map_err(|e| AdminError::Payload(e.to_string()))?;
     let retry = retry_key(origin)?;
     match store
         .instance_retry_with_input(origin, &retry, &input)
