@@ -413,7 +413,33 @@ impl Ctx {
     /// errors of [`step`](Self::step).
     pub async fn await_step<T: DeserializeOwned>(&self, name: &str) -> Result<T, WorkflowError> {
         id::validate_user_step(name)?;
-        self.awaited(name, StepKind::Await, None).await
+        if let Some(value) = self.delivered_under_bare_name(name) {
+            return decode(name, value);
+        }
+        let stored = crate::event::await_step_name(name);
+        let value = self
+            .awaited_with(&stored, StepKind::Await, || async {
+                Ok(Armed::Deadline(None))
+            })
+            .await?;
+        decode(name, value)
+    }
+
+    /// A value an older keiro delivered under the await's bare name, before deliveries got
+    /// their own `await:` namespace: a run parked across the upgrade still reads it. Anything
+    /// else recorded under the bare name is the body's own step and not this await's business.
+    fn delivered_under_bare_name(&self, name: &str) -> Option<Value> {
+        let mut state = self.state();
+        if state.halt.is_some() {
+            return None; // the await itself reports the halt
+        }
+        match state.replay.lookup(name, StepKind::Await) {
+            Lookup::Hit(value) => {
+                state.stats.replayed += 1;
+                Some(value)
+            }
+            Lookup::KindMismatch { .. } | Lookup::Miss => None,
+        }
     }
 
     /// The general await: replay a journaled value, or register the suspension. `deadline`

@@ -23,6 +23,13 @@ pub mod marker_name {
     pub const STEP_RESET_PREFIX: &str = "__workflow_step_reset__:";
 }
 
+/// The journal name of the value delivered to `ctx.await_step(step)`: deliveries have their
+/// own namespace, so a delivery that names a step the body runs itself (`ctx.step`) waits for
+/// an await of that name instead of standing in for the step.
+pub(crate) fn await_step_name(step: &str) -> String {
+    format!("await:{step}")
+}
+
 /// The logical step a stored step name records.
 ///
 /// An operator's requeue supersedes a delivered remote result or child result with a

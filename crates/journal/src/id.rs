@@ -186,7 +186,8 @@ identity!(
 );
 
 /// Step-name prefixes keiro reserves for its own wake sources and markers.
-pub const RESERVED_STEP_PREFIXES: [&str; 10] = [
+pub const RESERVED_STEP_PREFIXES: [&str; 11] = [
+    "await:",
     "attempt:",
     "race:",
     "sleep:",

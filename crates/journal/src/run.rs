@@ -495,8 +495,8 @@ pub enum Error {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum DeliveryRefusal {
-    /// The step is journaled by another kind of call (a `ctx.step`, a wake source): an await
-    /// never reads it, and appending it would fail the run.
+    /// The delivery's journal name is recorded by another kind of call than an await. No call
+    /// of the public API writes an await's name otherwise; a journal written by hand can.
     #[error("the step is recorded by another kind of call than an await")]
     KindMismatch,
     /// The delivery names a generation the instance has left (continue-as-new): it answers
@@ -611,15 +611,17 @@ pub async fn cancel(
 /// waiting in [`Ctx::await_step`]. Idempotent: a second delivery returns
 /// [`AppendOutcome::AlreadyPresent`] with the first value.
 ///
-/// A delivery may arrive before the run reaches its await: it waits in the journal. When the
-/// caller knows which generation the await belongs to (a run that continues as new awaits the
-/// same step name again in each generation), [`deliver_to`] binds the delivery to it.
+/// A delivery may arrive before the run reaches its await: it waits in the journal, under
+/// `await:<step>`, which only an await of that name reads. So a delivery that names a step the
+/// body runs itself with `ctx.step`, before or after the body gets there, changes nothing the
+/// run does; nor does one no await ever reads. When the caller knows which generation the
+/// await belongs to (a run that continues as new awaits the same step name again in each
+/// generation), [`deliver_to`] binds the delivery to it.
 ///
 /// # Errors
 ///
 /// [`Error::InvalidId`] for a reserved or invalid step name, [`Error::Payload`] for a bad
-/// payload, [`Error::DeliveryRefused`] when the step is recorded by another kind of call,
-/// [`Error::Store`] when the store fails.
+/// payload, [`Error::Store`] when the store fails.
 pub async fn deliver<T: Serialize + ?Sized>(
     store: &dyn JournalStore,
     key: &InstanceKey,
@@ -660,7 +662,7 @@ async fn deliver_at<T: Serialize + ?Sized>(
     id::validate_user_step(step)?;
     let value = encode_payload(step, value, payload_len_max).map_err(Error::Payload)?;
     let event = Event::StepRecorded {
-        step: step.to_owned(),
+        step: crate::event::await_step_name(step),
         kind: StepKind::Await,
         result: value,
     };
