@@ -18,7 +18,7 @@ use serde_json::Value;
 use time::OffsetDateTime;
 
 use crate::replay::{Lookup, Replay};
-use crate::store::{Append, AppendOutcome, JournalStore};
+use crate::store::{Append, JournalStore};
 use crate::unwind::{CatchPanic, YieldNow};
 use crate::{
     id, store, Event, Fence, Generation, InstanceKey, Marker, Status, StepKind, WorkflowError,
@@ -811,25 +811,7 @@ impl Ctx {
             RecordVia::Child(spawn) => store.child_spawn(&append, spawn).await,
         }
         .map_err(|e| self.store_failed(step, e))?;
-        match outcome {
-            AppendOutcome::Appended => {
-                self.confirmed(started);
-                self.count_appended(len);
-                let mut state = self.state();
-                state.stats.appended += 1;
-                state.replay.record_fresh(step, kind, json.clone());
-                Ok(json)
-            }
-            AppendOutcome::AlreadyPresent(value) => {
-                // Nothing was written, so the lease was not renewed: keep the old confirmation.
-                self.state().replay.record_fresh(step, kind, value.clone());
-                Ok(value)
-            }
-            AppendOutcome::RefusedTerminal(marker) => Err(self.halt(Halt::Terminal(marker))),
-            AppendOutcome::Conflict => Err(self.halt(Halt::Conflict {
-                step: step.to_owned(),
-            })),
-        }
+        self.adopt(step, kind, json, len, outcome, started)
     }
 
     pub(crate) fn encode<T: Serialize + ?Sized>(
@@ -894,10 +876,10 @@ impl Ctx {
 
 /// Counts a running step action for as long as it lives (dropped on completion, panic or
 /// cancellation alike).
-struct ActionRunning<'a>(&'a Ctx);
+pub(crate) struct ActionRunning<'a>(&'a Ctx);
 
 impl<'a> ActionRunning<'a> {
-    fn new(ctx: &'a Ctx) -> Self {
+    pub(crate) fn new(ctx: &'a Ctx) -> Self {
         ctx.state().actions_running += 1;
         Self(ctx)
     }

@@ -123,6 +123,15 @@ pub enum WorkflowError {
         /// The panic payload, when it was a string.
         message: String,
     },
+    /// The call needs something this run's store does not offer (a Postgres transaction step
+    /// on another store). The run fails at once: retrying on the same store cannot help.
+    #[error("step {step:?} cannot run on this store: {reason}")]
+    Unsupported {
+        /// The step.
+        step: String,
+        /// What is missing.
+        reason: String,
+    },
     /// A store call made by the context failed.
     #[error("store error in the workflow context")]
     Store(#[source] store::Error),
@@ -184,6 +193,7 @@ impl WorkflowError {
                     | Self::PayloadTooLarge { .. }
                     | Self::PayloadRefused { .. }
                     | Self::JournalFull { .. }
+                    | Self::Unsupported { .. }
             )
     }
 

@@ -52,6 +52,7 @@ mod remote;
 mod replay;
 mod retry;
 mod run;
+mod self_journaled;
 mod sources;
 mod storable;
 pub mod store;
@@ -80,6 +81,7 @@ pub use run::{
     cancel, deliver, deliver_to, drive, run, start, CancelOutcome, DeliveryRefusal, Driven, Error,
     Parked, RunError, RunOutcome,
 };
+pub use self_journaled::{SelfJournalError, SelfJournaled, StepJournal};
 pub use sources::Awakeable;
 pub use storable::{check_value, storable_text};
 pub use store::{Append, AppendOutcome, Error as StoreError, JournalStore, Park, ParkOutcome};

@@ -191,6 +191,13 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// are not generic over the store.
 #[async_trait::async_trait]
 pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
+    /// This store as [`Any`](std::any::Any), so that a store crate's own kind of step finds its
+    /// store behind a [`Ctx`](crate::Ctx) (the Postgres store's transaction step). `None` by
+    /// default: a store without such steps need not say what it is.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
+
     /// Creates the instance row `running` with its input, idempotently by key.
     async fn instance_start(&self, request: &StartRequest) -> Result<Started>;
 

@@ -373,6 +373,10 @@ async fn instance_fail_diverged(
 
 #[async_trait::async_trait]
 impl JournalStore for PgStore {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
     async fn instance_start(&self, request: &StartRequest) -> Result<Started> {
         instance_start(self, request).await
     }

@@ -77,6 +77,7 @@ mod row;
 mod signal;
 mod store;
 mod timer;
+mod transaction_step;
 
 pub use config::{
     Config, ACQUIRE_TIMEOUT_DEFAULT, APPLICATION_NAME_DEFAULT, CONNECT_TIMEOUT_DEFAULT,
@@ -87,3 +88,8 @@ pub use error::{Error, Result};
 #[doc(hidden)]
 pub use lease::INSTANCES_RUNNABLE;
 pub use store::PgStore;
+pub use transaction_step::TransactionStep;
+
+/// The driver, re-exported for the transaction step's closures (`tokio_postgres::Transaction`,
+/// `tokio_postgres::Error`) so their types match keiro's own.
+pub use tokio_postgres;

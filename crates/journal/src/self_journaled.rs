@@ -1,0 +1,199 @@
+//! Steps whose action journals its own result, in the action's own transaction.
+//!
+//! A plain step runs its action, then journals the result in a second transaction: a crash
+//! between the two runs the action again, so its effects are at-least-once. When the action's
+//! effects live in the store's own database (the Postgres store's `ctx.transaction`), the
+//! action can instead make the step's journal append itself, inside the transaction that holds
+//! its effects, and commit both at once: the effects then happen exactly once.
+//!
+//! The context keeps every rule of a plain step: replay returns the journaled value without
+//! running the action; the divergence and lease checks run before it; the lease is kept alive
+//! while it runs; and the append the action makes carries the run's fence, so a writer that
+//! lost its lease is refused and must roll its effects back.
+
+use std::future::Future;
+use std::time::Instant;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::context::{decode, Halt};
+use crate::unwind::CatchPanic;
+use crate::{id, store, Append, AppendOutcome, Ctx, StepKind, WorkflowError};
+
+/// What a self-journaling step's action gets: the step's name and the append its result must
+/// be journaled with.
+pub struct StepJournal<'a> {
+    ctx: &'a Ctx,
+    step: &'a str,
+}
+
+impl std::fmt::Debug for StepJournal<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StepJournal")
+            .field("key", self.ctx.key())
+            .field("step", &self.step)
+            .finish()
+    }
+}
+
+impl StepJournal<'_> {
+    /// The step being run.
+    pub fn step(&self) -> &str {
+        self.step
+    }
+
+    /// The append that journals `value` as this step's result, carrying the run's fence and
+    /// lease renewal. The action makes it inside its own transaction and commits only when it
+    /// answers [`AppendOutcome::Appended`].
+    ///
+    /// # Errors
+    ///
+    /// The errors of an unstorable result ([`WorkflowError::Encode`],
+    /// [`WorkflowError::PayloadTooLarge`]) and [`WorkflowError::JournalFull`]: the action
+    /// rolls back and returns them as [`SelfJournalError::Refused`].
+    pub fn append_for<T: Serialize + ?Sized>(&self, value: &T) -> Result<Append, WorkflowError> {
+        let json = self.ctx.encode(self.step, value)?;
+        self.ctx
+            .check_budget_for(self.step, crate::budget::encoded_len(&json))?;
+        Ok(self.ctx.fresh_append(self.step, StepKind::Step, json))
+    }
+}
+
+/// What a self-journaling step's action reports when it ran to its append.
+#[derive(Debug)]
+pub struct SelfJournaled {
+    /// The result the action journaled (or tried to), as its append carried it.
+    pub value: Value,
+    /// What the append answered. The action committed its transaction exactly when this is
+    /// [`AppendOutcome::Appended`], and rolled it back otherwise.
+    pub outcome: AppendOutcome,
+}
+
+/// Why a self-journaling step's action did not reach a committed append.
+#[derive(Debug)]
+pub enum SelfJournalError<E> {
+    /// The action's own error; its transaction was rolled back. The run crashes and is retried,
+    /// as for a failing [`Ctx::step`].
+    Action(E),
+    /// The result was refused by [`StepJournal::append_for`]; the transaction was rolled back.
+    Refused(WorkflowError),
+    /// The store failed: the append, the commit, or the transaction itself. A commit that
+    /// failed may still have committed; the next drive's journal tells.
+    Store(store::Error),
+}
+
+impl Ctx {
+    /// Runs a step whose `action` journals its own result, inside the action's own
+    /// transaction (see the module docs of `self_journaled`): on replay returns the journaled
+    /// value without running `action`.
+    ///
+    /// This is for store crates that offer such steps (the Postgres store's
+    /// `ctx.transaction`); a workflow body calls theirs.
+    ///
+    /// # Errors
+    ///
+    /// As [`step`](Self::step); an action that lost the lease or raced another holder sees
+    /// its append refused and rolls back, and the run stops.
+    pub async fn step_journaled_by<'c, T, E, F, Fut>(
+        &'c self,
+        name: &'c str,
+        action: F,
+    ) -> Result<T, WorkflowError>
+    where
+        T: DeserializeOwned,
+        E: std::fmt::Display,
+        F: FnOnce(StepJournal<'c>) -> Fut,
+        Fut: Future<Output = Result<SelfJournaled, SelfJournalError<E>>>,
+    {
+        id::validate_user_step(name)?;
+        if let Some(value) = self.replayed(name, StepKind::Step)? {
+            return decode(name, value);
+        }
+        self.before_fresh_work(name).await?;
+        let started = Instant::now();
+        let journal = StepJournal {
+            ctx: self,
+            step: name,
+        };
+        let ran = {
+            let _running = crate::context::ActionRunning::new(self);
+            let span = tracing::debug_span!("step", keiro.workflow.step = name);
+            let action = tracing::Instrument::instrument(CatchPanic::new(action(journal)), span);
+            self.keep_alive(action).await
+        };
+        let journaled = match ran {
+            Ok(Ok(journaled)) => journaled,
+            Ok(Err(SelfJournalError::Action(e))) => {
+                return Err(WorkflowError::Step {
+                    step: name.to_owned(),
+                    message: e.to_string(),
+                })
+            }
+            Ok(Err(SelfJournalError::Refused(error))) => {
+                return Err(if error.fails_run_at_once() {
+                    self.fail_at_once(error)
+                } else {
+                    error
+                })
+            }
+            Ok(Err(SelfJournalError::Store(error))) => return Err(self.store_failed(name, error)),
+            Err(message) => {
+                return Err(WorkflowError::Panicked {
+                    step: name.to_owned(),
+                    message,
+                })
+            }
+        };
+        self.state().stats.executed += 1;
+        let len = crate::budget::encoded_len(&journaled.value);
+        let value = self.adopt(
+            name,
+            StepKind::Step,
+            journaled.value,
+            len,
+            journaled.outcome,
+            started,
+        )?;
+        if let Some(observer) = &self.options().observer {
+            observer.step_finished(&self.key().name, StepKind::Step, started.elapsed());
+        }
+        decode(name, value)
+    }
+}
+
+impl Ctx {
+    /// Takes what a fresh append of `step` answered into the run: the value every reader must
+    /// adopt, or the halt the answer implies. `len` is `json`'s encoded length. `started` is when the append (or the action that
+    /// made it) began, which its success confirms the lease as of.
+    pub(crate) fn adopt(
+        &self,
+        step: &str,
+        kind: StepKind,
+        json: Value,
+        len: usize,
+        outcome: AppendOutcome,
+        started: Instant,
+    ) -> Result<Value, WorkflowError> {
+        match outcome {
+            AppendOutcome::Appended => {
+                self.confirmed(started);
+                self.count_appended(len);
+                let mut state = self.state();
+                state.stats.appended += 1;
+                state.replay.record_fresh(step, kind, json.clone());
+                Ok(json)
+            }
+            AppendOutcome::AlreadyPresent(value) => {
+                // Nothing was written, so the lease was not renewed: keep the old confirmation.
+                self.state().replay.record_fresh(step, kind, value.clone());
+                Ok(value)
+            }
+            AppendOutcome::RefusedTerminal(marker) => Err(self.halt(Halt::Terminal(marker))),
+            AppendOutcome::Conflict => Err(self.halt(Halt::Conflict {
+                step: step.to_owned(),
+            })),
+        }
+    }
+}
