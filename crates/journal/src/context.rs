@@ -85,6 +85,12 @@ pub struct RunOptions {
     /// How long one generation's journal may grow before fresh steps fail with
     /// [`WorkflowError::JournalFull`]. Defaults to [`JournalBudget::default`](crate::JournalBudget::default).
     pub journal_budget: crate::JournalBudget,
+    /// Where runs crash on purpose, for tests. Defaults to `None`.
+    pub faults: Option<Arc<dyn crate::Faults>>,
+    /// Replay only: any fresh work (a step's action, an await's arm) is a divergence instead of
+    /// being done, so a recorded history can be checked against the current code without
+    /// running anything. Defaults to `false`.
+    pub replay_only: bool,
 }
 
 impl Default for RunOptions {
@@ -106,6 +112,8 @@ impl RunOptions {
             trace_context: None,
             confirmed_at: None,
             journal_budget: crate::JournalBudget::default(),
+            faults: None,
+            replay_only: false,
         }
     }
 }
@@ -160,6 +168,10 @@ pub(crate) enum Halt {
     Fail {
         reason: String,
     },
+    /// The run crashes (injected by [`Faults`](crate::Faults)): retried like a failing step.
+    Crash {
+        message: String,
+    },
 }
 
 impl Halt {
@@ -172,6 +184,7 @@ impl Halt {
             Self::NonDeterminism { step, detail } => format!("non-determinism at {step}: {detail}"),
             Self::ContinueAsNew { .. } => "continuing as new".into(),
             Self::Fail { reason } => format!("the run fails: {reason}"),
+            Self::Crash { message } => format!("the run crashed: {message}"),
         }
     }
 }
@@ -706,6 +719,10 @@ impl Ctx {
         if let Some(recorded) = unreached {
             let detail =
                 format!("recorded step {recorded:?} was not reached before fresh step {step:?}");
+            return Err(self.diverged(step, detail));
+        }
+        if self.inner.options.replay_only {
+            let detail = "replay only: the journal has no record of this step".to_owned();
             return Err(self.diverged(step, detail));
         }
         self.check_budget(step)?;

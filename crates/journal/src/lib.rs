@@ -44,6 +44,7 @@ mod budget;
 mod context;
 mod error;
 mod event;
+mod faults;
 mod heartbeat;
 mod id;
 mod instance;
@@ -70,6 +71,7 @@ pub use event::{
     logical_step, marker_name, revised_step, step_revision, EncodedEvent, Event, Generation,
     JournalEntry, MalformedEvent, Marker, StepKind,
 };
+pub use faults::Faults;
 pub use id::{IdError, InstanceKey, WorkflowId, WorkflowName, ID_LEN_MAX, RESERVED_STEP_PREFIXES};
 pub use instance::{Fence, Instance, StartRequest, Started, Status};
 pub use remote::{

@@ -195,6 +195,7 @@ async fn settle(
         }
         Some(Halt::Terminal(marker)) => return outcome_of_marker(store, &key, marker).await,
         Some(Halt::Fail { reason }) => return fail_run(store, ctx, options, &reason).await,
+        Some(Halt::Crash { message }) => return Err(RunError::Crashed { key, message }),
         Some(Halt::ContinueAsNew { input }) => {
             let next_generation = ctx.generation() + 1;
             let event = Event::WorkflowContinuedAsNew {

@@ -180,9 +180,18 @@ impl Ctx {
             AppendOutcome::Appended => {
                 self.confirmed(started);
                 self.count_appended(len);
-                let mut state = self.state();
-                state.stats.appended += 1;
-                state.replay.record_fresh(step, kind, json.clone());
+                {
+                    let mut state = self.state();
+                    state.stats.appended += 1;
+                    state.replay.record_fresh(step, kind, json.clone());
+                }
+                if let Some(faults) = &self.options().faults {
+                    if faults.crash_after(self.key(), step) {
+                        return Err(self.halt(Halt::Crash {
+                            message: format!("injected crash after step {step:?} was journaled"),
+                        }));
+                    }
+                }
                 Ok(json)
             }
             AppendOutcome::AlreadyPresent(value) => {

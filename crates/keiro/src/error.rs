@@ -37,6 +37,20 @@ pub enum Error {
         /// The capability.
         what: &'static str,
     },
+    /// The test kit's workflows kept waking each other past the round limit.
+    #[error("the workflows did not settle after {rounds} rounds")]
+    Unsettled {
+        /// The rounds driven.
+        rounds: u32,
+    },
+    /// The instance has not completed, so it has no output.
+    #[error("the instance is {status}, not completed{}", last_error.as_deref().map(|e| format!(": {e}")).unwrap_or_default())]
+    NotCompleted {
+        /// Its status.
+        status: keiro_journal::Status,
+        /// Its last error, if any.
+        last_error: Option<String>,
+    },
     /// Connecting to or migrating the Postgres database failed.
     #[cfg(feature = "postgres")]
     #[error("connecting to postgres failed")]

@@ -33,6 +33,8 @@
 //!
 //! - `postgres` (default): [`Keiro::connect`] and the Postgres store.
 //! - `memory`: the in-memory store, for tests and embedding.
+//! - `testing`: [`testing::TestEnv`], a test kit with time skipping, crash injection and
+//!   replay verification (implies `memory`).
 //!
 //! # Guarantees
 //!
@@ -46,6 +48,8 @@
 
 mod engine;
 mod error;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod worker;
 
 pub use engine::{Keiro, Store};

@@ -63,6 +63,8 @@ pub struct ResumeOptions {
     /// OpenTelemetry spans: a `workflow <name>` span per drive, current while the body runs,
     /// whose trace context is stamped on the remote tasks it dispatches. Defaults to `None`.
     pub tracing: Option<keiro_telemetry::Tracing>,
+    /// Where runs crash on purpose, for tests (`keiro::testing`). Defaults to `None`.
+    pub faults: Option<Arc<dyn keiro_journal::Faults>>,
 }
 
 impl std::fmt::Debug for ResumeOptions {
@@ -80,6 +82,7 @@ impl std::fmt::Debug for ResumeOptions {
             .field("owner", &self.owner)
             .field("metrics", &self.metrics.is_some())
             .field("tracing", &self.tracing.is_some())
+            .field("faults", &self.faults)
             .finish_non_exhaustive()
     }
 }
@@ -100,6 +103,7 @@ impl Default for ResumeOptions {
             log: tracing_log_hook(),
             metrics: None,
             tracing: None,
+            faults: None,
         }
     }
 }
@@ -159,6 +163,7 @@ impl ResumeOptions {
         run.payload_len_max = self.payload_len_max;
         run.journal_budget = self.journal_budget;
         run.reconcile = self.reconcile;
+        run.faults = self.faults.clone();
         run.observer = self
             .metrics
             .clone()

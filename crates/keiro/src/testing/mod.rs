@@ -1,0 +1,363 @@
+//! A test kit: drive workflows to quiescence, skip time, inject crashes, and check recorded
+//! histories against the current code (feature `testing`).
+//!
+//! A [`TestEnv`] holds a store (in memory, or a throwaway Postgres schema), a [`Keiro`] handle
+//! on it and a worker for the workflows you register. Nothing runs in the background: each call
+//! that drives ([`run_until_idle`](TestEnv::run_until_idle), [`advance`](TestEnv::advance)) runs
+//! resume passes and fires due timers inline until nothing is left to do, so a week-long
+//! workflow is tested in milliseconds.
+//!
+//! ```
+//! use std::time::Duration;
+//! use keiro::testing::TestEnv;
+//! use keiro::{Ctx, Status, WorkflowError};
+//!
+//! /// A 7-day trial: sleep a week, then send a reminder.
+//! async fn trial(ctx: Ctx, user: String) -> Result<String, WorkflowError> {
+//!     ctx.sleep("trial-period", Duration::from_secs(7 * 24 * 3600)).await?;
+//!     ctx.step("remind", || async move { Ok::<_, std::io::Error>(format!("reminded {user}")) })
+//!         .await
+//! }
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let env = TestEnv::memory().register("trial", trial).build()?;
+//! env.start("trial", "ada", &"ada").await?;
+//! env.run_until_idle().await?;
+//! assert_eq!(env.status("trial", "ada").await?, Status::Suspended); // asleep
+//! env.advance(Duration::from_secs(7 * 24 * 3600)).await?; // a week, at once
+//! assert_eq!(env.status("trial", "ada").await?, Status::Completed);
+//! assert_eq!(env.steps("trial", "ada").await?, ["sleep:trial-period", "remind"]);
+//! # Ok::<_, keiro::Error>(()) }).unwrap();
+//! ```
+
+mod clock;
+mod crash;
+mod replay;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use keiro_journal::{AppendOutcome, Instance, InstanceKey, JournalEntry, Started, Status};
+use keiro_resume::{ResumeOptions, ResumeSummary};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+pub use replay::{verify_replay, ReplayMismatch};
+
+use crate::{Ctx, Error, Keiro, Worker, WorkerBuilder, WorkflowError};
+use clock::TestClock;
+use crash::CrashPoints;
+
+/// How many drive rounds [`TestEnv::run_until_idle`] makes before it reports that the
+/// workflows never settle (a loop that keeps waking itself).
+pub const ROUNDS_MAX: u32 = 10_000;
+
+/// Builds a [`TestEnv`]: register workflows, then [`build`](Self::build).
+#[must_use]
+pub struct TestEnvBuilder {
+    keiro: Keiro,
+    clock: TestClock,
+    worker: WorkerBuilder,
+}
+
+impl std::fmt::Debug for TestEnvBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestEnvBuilder")
+            .field("keiro", &self.keiro)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TestEnvBuilder {
+    fn new(keiro: Keiro, clock: TestClock) -> Self {
+        let worker = keiro.worker();
+        Self {
+            keiro,
+            clock,
+            worker,
+        }
+    }
+
+    /// Registers `body` under `name`, as [`WorkerBuilder::register`] does.
+    pub fn register<F, Fut, I, O>(mut self, name: &str, body: F) -> Self
+    where
+        F: Fn(Ctx, I) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<O, WorkflowError>> + Send + 'static,
+        I: DeserializeOwned + 'static,
+        O: Serialize + 'static,
+    {
+        self.worker = self.worker.register(name, body);
+        self
+    }
+
+    /// The environment.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Registry`] for an invalid or duplicate registration.
+    pub fn build(self) -> Result<TestEnv, Error> {
+        let crashes = Arc::new(CrashPoints::default());
+        let options = ResumeOptions {
+            lease_ttl: Duration::from_secs(30),
+            // Crashes retry at once: time in a test env moves only when told to.
+            backoff: keiro_lease::BackoffPolicy {
+                base: Duration::from_millis(1),
+                cap: Duration::from_millis(1),
+                jitter: 0.0,
+            },
+            faults: Some(crashes.clone()),
+            ..ResumeOptions::default()
+        };
+        let worker = self.worker.options(options).build()?;
+        Ok(TestEnv {
+            keiro: self.keiro,
+            clock: self.clock,
+            worker,
+            crashes,
+        })
+    }
+}
+
+/// A store, a [`Keiro`] handle on it and a worker, driven inline by the test.
+pub struct TestEnv {
+    keiro: Keiro,
+    clock: TestClock,
+    worker: Worker,
+    crashes: Arc<CrashPoints>,
+}
+
+impl std::fmt::Debug for TestEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestEnv")
+            .field("keiro", &self.keiro)
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TestEnv {
+    /// An environment on a fresh in-memory store.
+    pub fn memory() -> TestEnvBuilder {
+        let store = keiro_memory::MemoryStore::new();
+        let clock = TestClock::memory(store.clone());
+        TestEnvBuilder::new(Keiro::with_push(store), clock)
+    }
+
+    /// An environment on a throwaway schema (`keiro_testenv_<random>`) of the PostgreSQL at
+    /// `url`, migrated, and dropped when the environment is dropped.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Postgres`] when the database cannot be reached or migrated.
+    #[cfg(feature = "postgres")]
+    pub async fn postgres(url: &str) -> Result<TestEnvBuilder, Error> {
+        let suffix = uuid::Uuid::new_v4().simple().to_string();
+        let config = keiro_postgres::Config {
+            schema: format!("keiro_testenv_{}", &suffix[..16]),
+            ..keiro_postgres::Config::new(url)
+        };
+        let store = keiro_postgres::PgStore::connect(config.clone()).await?;
+        // Owned before migrating, so the schema goes even if migrating fails half-way.
+        let clock = TestClock::postgres(store.clone(), config);
+        store.migrate().await?;
+        Ok(TestEnvBuilder::new(Keiro::with_push(store), clock))
+    }
+
+    /// The handle on the environment's store, for everything the kit does not wrap.
+    pub fn keiro(&self) -> &Keiro {
+        &self.keiro
+    }
+
+    /// The worker that drives the registered workflows.
+    pub fn worker(&self) -> &Worker {
+        &self.worker
+    }
+
+    /// Starts an instance, as [`Keiro::start`] does. It runs on the next drive.
+    ///
+    /// # Errors
+    ///
+    /// As [`Keiro::start`].
+    pub async fn start<I: Serialize + ?Sized>(
+        &self,
+        name: &str,
+        id: &str,
+        input: &I,
+    ) -> Result<Started, Error> {
+        self.keiro.start(name, id, input).await
+    }
+
+    /// Drives until nothing is left to do now: resume passes and due timers, round after
+    /// round, until two rounds in a row advance nothing (a crashed run's retry, due a
+    /// millisecond later, falls between them).
+    ///
+    /// # Errors
+    ///
+    /// A store error, or [`Error::Unsettled`] after [`ROUNDS_MAX`] rounds.
+    pub async fn run_until_idle(&self) -> Result<ResumeSummary, Error> {
+        let mut total = ResumeSummary::default();
+        let mut idle = 0;
+        for _ in 0..ROUNDS_MAX {
+            let pass = self.worker.drain().await?;
+            let fired = self.worker.fire_due_timers().await?.fired.len();
+            let advanced = pass.advanced;
+            total += pass;
+            if advanced == 0 && fired == 0 {
+                idle += 1;
+                if idle == 2 {
+                    return Ok(total);
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            } else {
+                idle = 0;
+            }
+        }
+        Err(Error::Unsettled { rounds: ROUNDS_MAX })
+    }
+
+    /// Moves the environment's clock `by` forward without waiting, then drives until idle:
+    /// every sleep, timeout and retry due by then fires. On the memory store the store's clock
+    /// moves; on Postgres, whose clock is the server's, every pending deadline of the schema
+    /// (timers, wake-ups, crash retries, leases) moves `by` earlier instead.
+    ///
+    /// # Errors
+    ///
+    /// As [`run_until_idle`](Self::run_until_idle).
+    pub async fn advance(&self, by: Duration) -> Result<ResumeSummary, Error> {
+        self.clock.advance(by).await?;
+        self.run_until_idle().await
+    }
+
+    /// Makes the next run that journals a step named `step` crash right after it, as a
+    /// process dying after its commit would: the crash is counted and retried, the step is
+    /// replayed, and only the tail runs again. One crash per call.
+    pub fn crash_after(&self, step: &str) {
+        self.crashes.arm(step);
+    }
+
+    /// How many crashes armed with [`crash_after`](Self::crash_after) have not happened.
+    pub fn crashes_pending(&self) -> u32 {
+        self.crashes.pending()
+    }
+
+    /// Delivers `value` to the await `step` of an instance, as [`Keiro::deliver`] does.
+    ///
+    /// # Errors
+    ///
+    /// As [`Keiro::deliver`].
+    pub async fn deliver<T: Serialize + ?Sized>(
+        &self,
+        name: &str,
+        id: &str,
+        step: &str,
+        value: &T,
+    ) -> Result<AppendOutcome, Error> {
+        self.keiro.deliver(name, id, step, value).await
+    }
+
+    /// Sends a signal by token, as [`Keiro::signal`] does.
+    ///
+    /// # Errors
+    ///
+    /// As [`Keiro::signal`].
+    pub async fn signal<T: Serialize + ?Sized>(
+        &self,
+        token: &str,
+        payload: &T,
+    ) -> Result<keiro_journal::SignalSendOutcome, Error> {
+        self.keiro.signal(token, payload).await
+    }
+
+    /// The instance row.
+    ///
+    /// # Errors
+    ///
+    /// A store error, or [`Error::Store`] with not-found for an unknown instance.
+    pub async fn instance(&self, name: &str, id: &str) -> Result<Instance, Error> {
+        let key = InstanceKey::parse(name, id)?;
+        self.keiro
+            .instance(name, id)
+            .await?
+            .ok_or_else(|| Error::Store(keiro_journal::StoreError::NotFound { key }))
+    }
+
+    /// The instance's status.
+    ///
+    /// # Errors
+    ///
+    /// As [`instance`](Self::instance).
+    pub async fn status(&self, name: &str, id: &str) -> Result<Status, Error> {
+        Ok(self.instance(name, id).await?.status)
+    }
+
+    /// The instance's output decoded as `T`, once it completed.
+    ///
+    /// # Errors
+    ///
+    /// As [`instance`](Self::instance), and [`Error::NotCompleted`] when it has not
+    /// completed, [`Error::Payload`] when the output does not decode as `T`.
+    pub async fn output<T: DeserializeOwned>(&self, name: &str, id: &str) -> Result<T, Error> {
+        let row = self.instance(name, id).await?;
+        match (row.status, row.output) {
+            (Status::Completed, Some(output)) => serde_json::from_value(output).map_err(|e| {
+                Error::Payload(WorkflowError::Decode {
+                    step: keiro_journal::OUTPUT_STEP.into(),
+                    source: e,
+                })
+            }),
+            (status, _) => Err(Error::NotCompleted {
+                status,
+                last_error: row.last_error,
+            }),
+        }
+    }
+
+    /// The instance's whole journal, every generation, in append order.
+    ///
+    /// # Errors
+    ///
+    /// A store error.
+    pub async fn journal(&self, name: &str, id: &str) -> Result<Vec<JournalEntry>, Error> {
+        self.keiro.journal(name, id).await
+    }
+
+    /// The names of the steps the instance journaled in its current generation, in order,
+    /// without lifecycle markers: what a test usually asserts.
+    ///
+    /// # Errors
+    ///
+    /// A store error.
+    pub async fn steps(&self, name: &str, id: &str) -> Result<Vec<String>, Error> {
+        let generation = self.instance(name, id).await?.generation;
+        Ok(self
+            .journal(name, id)
+            .await?
+            .into_iter()
+            .filter(|e| e.generation == generation && e.event.marker().is_none())
+            .map(|e| e.event.step_name().into_owned())
+            .collect())
+    }
+
+    /// Re-drives the instance's recorded history against the workflow now registered under
+    /// its name, doing nothing fresh (see [`verify_replay`]): the check a CI runs after a
+    /// code change against histories recorded by the old code.
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayMismatch`] inside `Ok(Err(..))` when the code no longer matches; the outer
+    /// error for a store failure or an unknown instance.
+    pub async fn verify_replay(
+        &self,
+        name: &str,
+        id: &str,
+    ) -> Result<Result<(), ReplayMismatch>, Error> {
+        let row = self.instance(name, id).await?;
+        let history = self.journal(name, id).await?;
+        let Some(workflow) = self.worker.registry().get(&row.key.name) else {
+            return Ok(Err(ReplayMismatch::Unreplayable(format!(
+                "no workflow is registered under {name:?}"
+            ))));
+        };
+        Ok(verify_replay(workflow.as_ref(), &row.key, &row.input, &history).await)
+    }
+}

@@ -1,0 +1,126 @@
+//! Replay verification: re-drive a recorded history against the current code, doing nothing
+//! fresh, and report where the code no longer matches it.
+
+use std::sync::Arc;
+
+use keiro_journal::{
+    Append, Event, InstanceKey, JournalEntry, JournalStore, Marker, RunError, RunOptions,
+    RunOutcome, StartRequest, Workflow,
+};
+use keiro_memory::MemoryStore;
+use serde_json::Value;
+
+/// Why a recorded history does not replay against the current code.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReplayMismatch {
+    /// The code diverged from the journal: a renamed, removed, reordered or new step, another
+    /// kind of call, or fresh work the history does not hold.
+    #[error("non-determinism at step {step:?}: {detail}")]
+    NonDeterminism {
+        /// Where.
+        step: String,
+        /// What the replay found.
+        detail: String,
+    },
+    /// The replay finished with another ending than the recorded one.
+    #[error("the history ended {recorded}, the replay ended {replayed}")]
+    Ending {
+        /// The recorded ending (`completed with ..`, `failed`, ...).
+        recorded: String,
+        /// The replay's.
+        replayed: String,
+    },
+    /// The history cannot be replayed (no completed generation, an unknown workflow).
+    #[error("cannot replay: {0}")]
+    Unreplayable(String),
+}
+
+/// Re-drives the last generation of `history` (an instance's journal, as
+/// [`Keiro::journal`](crate::Keiro::journal) returns it) with `input` against `workflow`, in a
+/// scratch in-memory store and in replay-only mode: no action runs, no await arms, so nothing
+/// outside the scratch store happens. Passes when the code consumes the recorded steps and
+/// ends as the history ended.
+///
+/// # Errors
+///
+/// The [`ReplayMismatch`] found.
+pub async fn verify_replay(
+    workflow: &dyn Workflow,
+    key: &InstanceKey,
+    input: &Value,
+    history: &[JournalEntry],
+) -> Result<(), ReplayMismatch> {
+    let generation = history.iter().map(|e| e.generation).max().unwrap_or(0);
+    let entries: Vec<&JournalEntry> = history
+        .iter()
+        .filter(|e| e.generation == generation)
+        .collect();
+    let recorded = entries
+        .iter()
+        .find_map(|e| e.event.marker().map(|m| (m, e.event.clone())))
+        .map(|(marker, event)| ending_of_marker(marker, &event));
+    let store = MemoryStore::new();
+    let unreplayable = |e: &dyn std::fmt::Display| ReplayMismatch::Unreplayable(e.to_string());
+    store
+        .instance_start(&StartRequest {
+            key: key.clone(),
+            input: input.clone(),
+            parent: None,
+            priority: 0,
+        })
+        .await
+        .map_err(|e| unreplayable(&e))?;
+    for entry in &entries {
+        if let Event::StepRecorded { .. } = entry.event {
+            store
+                .journal_append(&Append::external(key.clone(), entry.event.clone()))
+                .await
+                .map_err(|e| unreplayable(&e))?;
+        }
+    }
+    let options = RunOptions {
+        replay_only: true,
+        reconcile: None,
+        ..RunOptions::default()
+    };
+    let store: Arc<dyn JournalStore> = Arc::new(store);
+    let replayed = match keiro_journal::run(store, key, workflow, options)
+        .await
+        .result
+    {
+        Err(RunError::NonDeterminism { step, detail, .. }) => {
+            return Err(ReplayMismatch::NonDeterminism { step, detail })
+        }
+        Ok(outcome) => ending_of_outcome(&outcome),
+        Err(other) => format!("with an error: {other}"),
+    };
+    match recorded {
+        Some(recorded) if recorded == replayed => Ok(()),
+        Some(recorded) => Err(ReplayMismatch::Ending { recorded, replayed }),
+        None if replayed == "suspended" => Ok(()),
+        None => Err(ReplayMismatch::Ending {
+            recorded: "still running".into(),
+            replayed,
+        }),
+    }
+}
+
+fn ending_of_marker(marker: Marker, event: &Event) -> String {
+    match (marker, event) {
+        (Marker::Completed, Event::WorkflowCompleted { output }) => {
+            format!("completed with {output}")
+        }
+        (marker, _) => marker.kind_str().to_owned(),
+    }
+}
+
+fn ending_of_outcome(outcome: &RunOutcome) -> String {
+    match outcome {
+        RunOutcome::Completed(output) => format!("completed with {output}"),
+        RunOutcome::Suspended => "suspended".into(),
+        RunOutcome::Failed => Marker::Failed.kind_str().into(),
+        RunOutcome::Cancelled => Marker::Cancelled.kind_str().into(),
+        RunOutcome::ContinuedAsNew { .. } => Marker::ContinuedAsNew.kind_str().into(),
+    }
+}
