@@ -65,6 +65,7 @@
 mod awakeable;
 mod child;
 mod config;
+mod conninfo;
 mod error;
 mod flush;
 mod journal;
@@ -77,6 +78,7 @@ mod row;
 mod signal;
 mod store;
 mod timer;
+mod tls;
 
 pub use config::{
     Config, ACQUIRE_TIMEOUT_DEFAULT, APPLICATION_NAME_DEFAULT, CONNECT_TIMEOUT_DEFAULT,
@@ -87,3 +89,4 @@ pub use error::{Error, Result};
 #[doc(hidden)]
 pub use lease::INSTANCES_RUNNABLE;
 pub use store::PgStore;
+pub use tls::{SslMode, TlsConnector, UnknownSslMode};
