@@ -46,6 +46,19 @@ impl ConnInfo {
         let mut driver = tokio_postgres::Config::from_str(&rest)
             .map_err(|e| format!("is not a connection string keiro can read ({e})"))?;
         driver.ssl_mode(tls.mode.driver_mode());
+        // The driver refuses TLS without a host name, where libpq connects by address alone.
+        // The addresses stand in as the names (a certificate for an IP names that IP), one
+        // per address, as the driver pairs hosts with addresses.
+        if tls.mode != SslMode::Disable && driver.get_hosts().is_empty() {
+            let addrs: Vec<String> = driver
+                .get_hostaddrs()
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            for addr in addrs {
+                driver.host(&addr);
+            }
+        }
         if driver.get_password().is_none() {
             if let Some(password) = env(PASSWORD_ENV).filter(|p| !p.is_empty()) {
                 driver.password(password);
@@ -313,6 +326,23 @@ mod tests {
         let info = parse("postgres://u:p?ss@h/db?sslmode=require");
         assert_eq!(info.driver.get_password(), Some(&b"p?ss"[..]));
         assert_eq!(info.tls.mode, SslMode::Require);
+    }
+
+    #[test]
+    fn addresses_name_the_hosts_the_driver_needs_for_tls() {
+        let info = parse("hostaddr=10.0.0.1,10.0.0.2 user=u");
+        assert_eq!(
+            info.driver.get_hosts(),
+            [Host::Tcp("10.0.0.1".into()), Host::Tcp("10.0.0.2".into())]
+        );
+        assert!(parse("hostaddr=10.0.0.1 sslmode=disable")
+            .driver
+            .get_hosts()
+            .is_empty());
+        assert_eq!(
+            parse("host=db hostaddr=10.0.0.1").driver.get_hosts(),
+            [Host::Tcp("db".into())]
+        );
     }
 
     #[test]

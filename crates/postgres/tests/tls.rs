@@ -186,6 +186,30 @@ async fn disable_is_not_encrypted() -> TestResult {
 }
 
 #[tokio::test]
+async fn require_connects_by_address_alone() -> TestResult {
+    if server_tls().await?.is_none() {
+        return Ok(());
+    }
+    // No host name to send or check: `require` and `prefer` need none.
+    let server = test_server();
+    let address = match host_of_test_server().parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.to_string(),
+        Err(_) => "127.0.0.1".to_owned(),
+    };
+    for mode in ["require", "prefer"] {
+        let url = format!(
+            "hostaddr={address} port={} user={} dbname={} sslmode={mode}",
+            server.get_ports().first().copied().unwrap_or(5432),
+            server.get_user().unwrap_or("postgres"),
+            server.get_dbname().unwrap_or("postgres"),
+        );
+        let store = PgStore::connect(config(url, &unique_name("tls_addr"))).await?;
+        assert!(pooled_session_is_encrypted(&store).await?, "{mode}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
 async fn verify_full_refuses_a_certificate_that_does_not_name_the_host() -> TestResult {
     let Some(server) = server_tls().await? else {
         return Ok(());
