@@ -1,14 +1,13 @@
 //! What every command shares: the global options, connecting, scratch schemas, errors, logs.
 
 use std::fmt;
-use std::str::FromStr;
+use std::sync::OnceLock;
 
 use clap::Args;
-use keiro::postgres::{Config, PgStore};
-use tokio_postgres::NoTls;
+use keiro::postgres::{Config, PgStore, TlsConnector};
 
 /// The global options, accepted before or after the subcommand.
-#[derive(Debug, Clone, Args)]
+#[derive(Clone, Args)]
 pub(crate) struct Global {
     /// The database to work in.
     #[arg(
@@ -28,6 +27,33 @@ pub(crate) struct Global {
         hide_env_values = true
     )]
     pub(crate) schema: String,
+}
+
+/// The URL's password is never printed: `Debug` shows it as the store's config would.
+impl fmt::Debug for Global {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Global")
+            .field("database_url", &self.config(&self.schema, 1).url_redacted())
+            .field("schema", &self.schema)
+            .finish()
+    }
+}
+
+/// The TLS connector of `--database-url` (its `sslmode` and `sslrootcert`), for the dedicated
+/// connections [`open_connection`] makes; set once by [`init_tls`] before any command runs, so
+/// every connection of the process is encrypted and verified as the store's are.
+static TLS: OnceLock<TlsConnector> = OnceLock::new();
+
+/// Reads `--database-url`'s TLS settings (and `sslrootcert`, or the platform's roots) once.
+pub(crate) fn init_tls(global: &Global) -> Result<()> {
+    let config = global.config(&global.schema, 1);
+    let tls = config.tls_connector().context(format!(
+        "reading the TLS settings of {}",
+        config.url_redacted()
+    ))?;
+    // A second call keeps the first connector, read from the same URL.
+    let _ = TLS.set(tls);
+    Ok(())
 }
 
 impl Global {
@@ -124,19 +150,24 @@ pub(crate) fn init_tracing() {
 
 /// Connects the store to `config`'s schema without migrating.
 pub(crate) async fn connect_store(config: Config) -> Result<PgStore> {
-    let target = format!("{} (schema {})", config.url_redacted(), config.schema);
+    // The Display of a config is its redacted URL and its schema, never the password.
+    let target = config.to_string();
     PgStore::connect(config)
         .await
         .context(format!("connecting to {target}"))
 }
 
 /// Opens a dedicated connection (outside the store's pool and its round-trip count) and drives
-/// it on a background task.
+/// it on a background task, with `--database-url`'s TLS settings.
 pub(crate) async fn open_connection(
     config: &tokio_postgres::Config,
 ) -> Result<tokio_postgres::Client> {
+    let tls = TLS
+        .get()
+        .expect("main reads the TLS settings before any command runs")
+        .clone();
     let (client, connection) = config
-        .connect(NoTls)
+        .connect(tls)
         .await
         .context("opening a database connection")?;
     tokio::spawn(async move {
@@ -165,11 +196,12 @@ pub(crate) async fn recreate_scratch_schema(global: &Global, schema: &str) -> Re
     config
         .validate()
         .context("checking the scratch schema name")?;
-    let connection =
-        tokio_postgres::Config::from_str(&global.database_url).context("reading --database-url")?;
+    let connection = config
+        .connection_config()
+        .context("reading --database-url")?;
     let admin = open_connection(&connection)
         .await
-        .context(format!("connecting to {}", config.url_redacted()))?;
+        .context(format!("connecting to {config}"))?;
     admin
         .batch_execute(&format!(
             "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"

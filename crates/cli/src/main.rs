@@ -98,6 +98,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         let global = cli.global;
+        common::init_tls(&global)?;
         match cli.command {
             Command::Migrate => migrate::run(&global).await,
             Command::Show(key) => ops::show(&global, &key).await,

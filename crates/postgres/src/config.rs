@@ -1,9 +1,10 @@
 //! Connection settings of the Postgres store.
 
 use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
+use crate::conninfo::ConnInfo;
+use crate::tls::TlsConnector;
 use crate::{Error, Result};
 
 /// The database [`Config::url`] points at unless told otherwise: a local server with the
@@ -58,7 +59,12 @@ pub const LISTEN_CHECK_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 #[derive(Clone, PartialEq, Eq)]
 pub struct Config {
     /// Where the database is: a `postgres://` URL or a `key=value` connection string, as
-    /// `tokio_postgres::Config` parses them. Redacted in `Debug`. Defaults to [`URL_DEFAULT`].
+    /// `tokio_postgres::Config` parses them, plus libpq's TLS settings the driver lacks:
+    /// `sslmode` (`disable`, `prefer` (the default), `require`, `verify-ca`, `verify-full`;
+    /// see [`SslMode`](crate::SslMode)) and `sslrootcert` (a PEM file of trusted roots, or
+    /// `system`). Without a password in it, `PGPASSWORD` gives one, as with libpq. Never
+    /// printed: `Debug` and `Display` show [`url_redacted`](Config::url_redacted). Defaults to
+    /// [`URL_DEFAULT`].
     pub url: String,
     /// The schema keiro's tables and functions live in. Every connection gets it as its
     /// `search_path`, so two schemas in one database are two isolated installations. A plain
@@ -171,6 +177,12 @@ impl Config {
     /// assert!(bad.validate().is_err());
     /// ```
     pub fn validate(&self) -> Result<()> {
+        self.validate_fields()?;
+        self.tls_connector().map(drop)
+    }
+
+    /// [`validate`](Self::validate) but for the URL, which the caller reads next anyway.
+    pub(crate) fn validate_fields(&self) -> Result<()> {
         validate_schema(&self.schema)?;
         if !self.allow_shared_schema && is_shared_schema(&self.schema) {
             return Err(invalid(
@@ -213,19 +225,32 @@ impl Config {
                 "must be greater than zero".into(),
             ));
         }
-        self.connection_config().map(drop)
+        Ok(())
+    }
+
+    /// What the URL says, with `PGPASSWORD` for a missing password.
+    pub(crate) fn conninfo(&self) -> Result<ConnInfo> {
+        ConnInfo::parse(&self.url, |key| std::env::var(key).ok())
+            .map_err(|problem| invalid("url", problem))
     }
 
     /// The driver's settings: the URL plus keiro's session defaults. The schema becomes the
     /// session's `search_path` through the startup options, so no statement ever has to set it
-    /// and a recycled connection can never run in another schema.
-    pub(crate) fn connection_config(&self) -> Result<tokio_postgres::Config> {
-        let mut config = tokio_postgres::Config::from_str(&self.url).map_err(|e| {
-            invalid(
-                "url",
-                format!("is not a connection string keiro can read ({e})"),
-            )
-        })?;
+    /// and a recycled connection can never run in another schema. Connect with
+    /// [`tls_connector`](Self::tls_connector), which knows how to verify the server.
+    ///
+    /// ```
+    /// let config = keiro_postgres::Config::new("postgres://app@db/app?sslmode=verify-full");
+    /// let driver = config.connection_config()?;
+    /// assert_eq!(driver.get_options(), Some("-c search_path=keiro"));
+    /// # Ok::<(), keiro_postgres::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] on `url` when the URL cannot be read.
+    pub fn connection_config(&self) -> Result<tokio_postgres::Config> {
+        let mut config = self.conninfo()?.driver;
         // Appended after the URL's own options so the schema wins over a search_path there.
         let options = match config.get_options() {
             Some(existing) if !existing.trim().is_empty() => {
@@ -241,14 +266,55 @@ impl Config {
         Ok(config)
     }
 
-    /// The URL with any password replaced by `***`, for logs and messages.
+    /// The TLS connector for the URL's `sslmode` and `sslrootcert`: what the store's pool and
+    /// `LISTEN` connection use, for dedicated connections of your own. Reads `sslrootcert`, or
+    /// the platform's trusted roots, when the mode verifies the server.
+    ///
+    /// ```
+    /// use keiro_postgres::{Config, SslMode};
+    ///
+    /// let config = Config::new("postgres://app@db/app?sslmode=require");
+    /// assert_eq!(config.tls_connector()?.mode(), SslMode::Require);
+    /// # Ok::<(), keiro_postgres::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] on `url` when the URL cannot be read, `sslmode` is unknown, or the
+    /// trusted roots cannot be read.
+    pub fn tls_connector(&self) -> Result<TlsConnector> {
+        self.conninfo()?
+            .tls
+            .connector()
+            .map_err(|problem| invalid("url", problem))
+    }
+
+    /// The connection settings as a `key=value` string with the password as `***`, for logs
+    /// and messages. Written from the parsed settings, so no spelling of a password shows; a
+    /// URL that cannot be read is not shown at all.
     ///
     /// ```
     /// let config = keiro_postgres::Config::new("postgres://app:hunter2@db/app");
-    /// assert_eq!(config.url_redacted(), "postgres://app:***@db/app");
+    /// assert_eq!(config.url_redacted(), "host=db port=5432 user=app password=*** dbname=app sslmode=prefer");
+    /// let config = keiro_postgres::Config::new(r"host=db password = 'hunter 2\'s'");
+    /// assert_eq!(config.url_redacted(), "host=db password=*** sslmode=prefer");
     /// ```
     pub fn url_redacted(&self) -> String {
-        redact_url(&self.url)
+        match self.conninfo() {
+            Ok(info) => info.redacted(),
+            Err(_) => UNREADABLE.to_owned(),
+        }
+    }
+}
+
+/// What is shown of a URL that cannot be parsed: nothing of it, since without parsing it
+/// there is no telling where a password is.
+const UNREADABLE: &str = "<a connection string keiro cannot read>";
+
+/// The redacted URL and the schema, as messages name a store: `host=db ... (schema keiro)`.
+impl fmt::Display for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (schema {})", self.url_redacted(), self.schema)
     }
 }
 
@@ -303,44 +369,6 @@ fn validate_schema(schema: &str) -> Result<()> {
 /// could before PostgreSQL 15 and still can in many databases) or one PostgreSQL reserves.
 fn is_shared_schema(schema: &str) -> bool {
     schema == "public" || schema == "information_schema" || schema.starts_with("pg_")
-}
-
-/// Hides the password of a URL's user info and of any `password=` setting (query parameter or
-/// key/value form), leaving everything else readable.
-fn redact_url(url: &str) -> String {
-    let mut out = url.to_owned();
-    if let Some(scheme_end) = out.find("://") {
-        let rest_start = scheme_end + 3;
-        let authority_end = out[rest_start..]
-            .find(['/', '?'])
-            .map_or(out.len(), |i| rest_start + i);
-        if let Some(at) = out[rest_start..authority_end].rfind('@') {
-            let userinfo = &out[rest_start..rest_start + at];
-            if let Some(colon) = userinfo.find(':') {
-                out.replace_range(rest_start + colon + 1..rest_start + at, "***");
-            }
-        }
-    }
-    let mut redacted = String::with_capacity(out.len());
-    let mut rest = out.as_str();
-    while let Some(pos) = rest.find("password=") {
-        let value_start = pos + "password=".len();
-        redacted.push_str(&rest[..value_start]);
-        redacted.push_str("***");
-        // A key/value password may be single-quoted and then contain spaces.
-        let value_end = if rest[value_start..].starts_with('\'') {
-            rest[value_start + 1..]
-                .find('\'')
-                .map_or(rest.len(), |i| value_start + i + 2)
-        } else {
-            rest[value_start..]
-                .find(['&', ' '])
-                .map_or(rest.len(), |i| value_start + i)
-        };
-        rest = &rest[value_end..];
-    }
-    redacted.push_str(rest);
-    redacted
 }
 
 #[cfg(test)]
@@ -471,24 +499,20 @@ mod tests {
 
     #[test]
     fn passwords_never_show() {
+        for url in [
+            "postgres://u:p%40zw@h:5432/db",
+            "postgres://h/db?user=u&password=p%40zw&application_name=x",
+            "host=h password=p@zw user=u",
+            "host=h password='p@zw' user=u",
+        ] {
+            let config = Config::new(url);
+            assert!(config.url_redacted().contains("password=***"), "{url}");
+            assert!(!format!("{config:?} {config}").contains("zw"), "{url}");
+        }
         assert_eq!(
-            redact_url("postgres://u:p%40ss@h:5432/db"),
-            "postgres://u:***@h:5432/db"
+            Config::new("postgres://u@h/db").url_redacted(),
+            "host=h port=5432 user=u dbname=db sslmode=prefer"
         );
-        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(
-            redact_url("postgres://h/db?user=u&password=pw&x=1"),
-            "postgres://h/db?user=u&password=***&x=1"
-        );
-        assert_eq!(
-            redact_url("host=h password=pw user=u"),
-            "host=h password=*** user=u"
-        );
-        assert_eq!(
-            redact_url("host=h password='p w' user=u"),
-            "host=h password=*** user=u"
-        );
-        let debug = format!("{:?}", Config::new("postgres://u:topsecret@h/db"));
-        assert!(!debug.contains("topsecret"), "{debug}");
+        assert_eq!(Config::new("host=h password='x").url_redacted(), UNREADABLE);
     }
 }

@@ -42,6 +42,20 @@ pub enum Error {
         #[source]
         source: Source,
     },
+    /// The TLS handshake failed: with `verify-ca` or `verify-full`, most often a server
+    /// certificate that the trusted roots do not vouch for or that does not name the host.
+    /// The source says which. Retrying will not help until the certificate or the connection
+    /// string changes.
+    #[error("{operation}: the TLS handshake with the server failed (sslmode={mode})")]
+    Tls {
+        /// What was being done.
+        operation: &'static str,
+        /// The connection string's `sslmode`.
+        mode: crate::SslMode,
+        /// The driver's error, with rustls' reason at the end of its chain.
+        #[source]
+        source: Source,
+    },
     /// The database refused the operation.
     #[error("{operation} failed")]
     Database {

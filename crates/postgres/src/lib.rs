@@ -65,6 +65,7 @@
 mod awakeable;
 mod child;
 mod config;
+mod conninfo;
 mod error;
 mod flush;
 mod journal;
@@ -77,6 +78,7 @@ mod row;
 mod signal;
 mod store;
 mod timer;
+mod tls;
 mod transaction_step;
 
 pub use config::{
@@ -88,6 +90,7 @@ pub use error::{Error, Result};
 #[doc(hidden)]
 pub use lease::INSTANCES_RUNNABLE;
 pub use store::PgStore;
+pub use tls::{SslMode, TlsConnector, UnknownSslMode};
 pub use transaction_step::TransactionStep;
 
 /// The driver, re-exported for the transaction step's closures (`tokio_postgres::Transaction`,

@@ -43,10 +43,10 @@ use keiro_lease::BackoffPolicy;
 use keiro_resume::{Notifier, WakeFilter, WakeReason, WakeSource};
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tokio::sync::{broadcast, oneshot};
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::AsyncMessage;
 
 use crate::store::WeakStore;
-use crate::{Config, PgStore};
+use crate::{Config, PgStore, TlsConnector};
 
 /// How many notifications a subscription may fall behind before older ones are dropped; a
 /// subscription that lagged counts as notified, so nothing but precision is lost.
@@ -83,12 +83,14 @@ const CHECK: &str = "SELECT 1";
 struct Settings {
     /// The pool's settings plus TCP keepalives.
     connection: tokio_postgres::Config,
+    /// The pool's TLS: the LISTEN connection is encrypted and verified as the pool's are.
+    tls: TlsConnector,
     check_interval: Duration,
     check_timeout: Duration,
 }
 
 impl Settings {
-    fn new(config: &Config, connection: &tokio_postgres::Config) -> Self {
+    fn new(config: &Config, connection: &tokio_postgres::Config, tls: &TlsConnector) -> Self {
         let mut connection = connection.clone();
         connection
             .keepalives(true)
@@ -97,6 +99,7 @@ impl Settings {
             .keepalives_retries(KEEPALIVE_RETRIES);
         Self {
             connection,
+            tls: tls.clone(),
             check_interval: config.listen_check_interval,
             check_timeout: config.listen_check_timeout,
         }
@@ -148,12 +151,16 @@ pub(crate) struct Hub {
 }
 
 impl Hub {
-    /// The hub of a store with `config`, whose pooled connections use `connection`.
-    pub(crate) fn new(config: &Config, connection: &tokio_postgres::Config) -> Self {
+    /// The hub of a store with `config`, whose pooled connections use `connection` and `tls`.
+    pub(crate) fn new(
+        config: &Config,
+        connection: &tokio_postgres::Config,
+        tls: &TlsConnector,
+    ) -> Self {
         Self {
             sender: broadcast::channel(WAKE_BUFFER_LEN).0,
             stop: Mutex::new(None),
-            settings: Settings::new(config, connection),
+            settings: Settings::new(config, connection, tls),
         }
     }
 }
@@ -248,7 +255,7 @@ async fn session(
     channel: &str,
     sender: &broadcast::Sender<Wake>,
 ) -> (bool, Ended) {
-    let (client, mut driver) = match settings.connection.connect(NoTls).await {
+    let (client, mut driver) = match settings.connection.connect(settings.tls.clone()).await {
         Ok(connected) => connected,
         Err(e) => return (false, Ended::Error(e)),
     };
@@ -482,7 +489,7 @@ mod tests {
             ..Config::default()
         };
         let pooled = config.connection_config().unwrap();
-        let settings = Settings::new(&config, &pooled);
+        let settings = Settings::new(&config, &pooled, &config.tls_connector().unwrap());
         assert!(settings.connection.get_keepalives());
         assert_eq!(settings.connection.get_keepalives_idle(), KEEPALIVE_IDLE);
         assert_eq!(

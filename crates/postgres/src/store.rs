@@ -8,12 +8,13 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use keiro_journal::StoreError;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{NoTls, Row, Statement};
+use tokio_postgres::{Row, Statement};
 
 use crate::config::{Config, WAKE_CHANNEL_SUFFIX};
 use crate::error::{Error, Failure, Result};
 use crate::listen::Hub;
 use crate::park_batch::ParkBatcher;
+use crate::tls::{rustls_error, TlsConnector};
 
 /// The longest span sent to the database: longer leases and delays are cut to this, which is
 /// "forever" for a workflow, so that `now() + span` can never leave the timestamp range.
@@ -45,6 +46,7 @@ struct Inner {
     schema: String,
     wake_channel: String,
     connection: tokio_postgres::Config,
+    tls: TlsConnector,
     round_trips: AtomicU64,
     /// The push notifications: one LISTEN connection, started by the first subscription and
     /// stopped when this is dropped.
@@ -83,16 +85,24 @@ impl PgStore {
     /// # Errors
     ///
     /// [`Error::Config`] for an invalid config; [`Error::Unavailable`] when the database cannot
-    /// be reached within [`Config::connect_timeout`]; [`Error::Database`] when it refuses the
-    /// connection (unknown database, authentication).
+    /// be reached within [`Config::connect_timeout`]; [`Error::Tls`] when the TLS handshake
+    /// fails (a certificate `verify-ca` or `verify-full` refuses); [`Error::Database`] when the
+    /// server refuses the connection (unknown database, authentication, no TLS under
+    /// `sslmode=require`).
     pub async fn connect(config: Config) -> Result<Self> {
+        const CONNECT: &str = "connecting to the database";
         let store = Self::connect_lazy(config)?;
-        let first = store
-            .inner
-            .pool
-            .get()
-            .await
-            .map_err(|e| Failure::from(e).into_error("connecting to the database"))?;
+        let first = store.inner.pool.get().await.map_err(|e| {
+            // A refused certificate is refused again: not an outage to wait out.
+            if rustls_error(&e).is_some() {
+                return Error::Tls {
+                    operation: CONNECT,
+                    mode: store.inner.tls.mode(),
+                    source: Box::new(e),
+                };
+            }
+            Failure::from(e).into_error(CONNECT)
+        })?;
         // Back into the pool: the first operation reuses it.
         drop(first);
         Ok(store)
@@ -112,12 +122,13 @@ impl PgStore {
     ///
     /// [`Error::Config`] for an invalid config.
     pub fn connect_lazy(config: Config) -> Result<Self> {
-        config.validate()?;
+        config.validate_fields()?;
         let connection = config.connection_config()?;
-        let wakes = Hub::new(&config, &connection);
+        let tls = config.tls_connector()?;
+        let wakes = Hub::new(&config, &connection, &tls);
         let manager = Manager::from_config(
             connection.clone(),
-            NoTls,
+            tls.clone(),
             ManagerConfig {
                 // No statement on checkout: a broken connection surfaces as `Unavailable` on
                 // its first use, and every statement the store sends stays counted.
@@ -141,6 +152,7 @@ impl PgStore {
                 wake_channel: format!("{}{WAKE_CHANNEL_SUFFIX}", config.schema),
                 schema: config.schema,
                 connection,
+                tls,
                 round_trips: AtomicU64::new(0),
                 wakes,
                 parks: ParkBatcher::default(),
@@ -171,6 +183,20 @@ impl PgStore {
     /// for opening a dedicated connection such as a `LISTEN` one.
     pub fn connection_config(&self) -> &tokio_postgres::Config {
         &self.inner.connection
+    }
+
+    /// The TLS connector every pooled connection uses (the URL's `sslmode` and
+    /// `sslrootcert`), for a dedicated connection with [`connection_config`](Self::connection_config).
+    ///
+    /// ```no_run
+    /// # async fn demo(store: keiro_postgres::PgStore) -> Result<(), tokio_postgres::Error> {
+    /// let (client, connection) =
+    ///     store.connection_config().connect(store.tls_connector().clone()).await?;
+    /// tokio::spawn(connection);
+    /// # Ok(()) }
+    /// ```
+    pub fn tls_connector(&self) -> &TlsConnector {
+        &self.inner.tls
     }
 
     /// How many round trips to the server this store has made since it was built: every

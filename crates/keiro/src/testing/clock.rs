@@ -91,6 +91,7 @@ impl Drop for TestClock {
         };
         store.pool().close();
         let connection = store.connection_config().clone();
+        let tls = store.tls_connector().clone();
         let schema = config.schema.clone();
         // Drop runs inside the test's runtime, which cannot be blocked on; a thread with its
         // own runtime can, and joining it keeps the schema from outliving the environment.
@@ -101,7 +102,7 @@ impl Drop for TestClock {
                 .map_err(|e| e.to_string())?;
             runtime.block_on(async move {
                 let (client, driver) = connection
-                    .connect(keiro_postgres::tokio_postgres::NoTls)
+                    .connect(tls)
                     .await
                     .map_err(|e| e.to_string())?;
                 let driver = tokio::spawn(driver);
