@@ -67,12 +67,14 @@ mod child;
 mod config;
 mod error;
 mod flush;
+mod inspect;
 mod journal;
 mod lease;
 mod listen;
 mod migrate;
 mod park_batch;
 mod remote;
+mod retention;
 mod row;
 mod signal;
 mod store;
@@ -84,6 +86,8 @@ pub use config::{
     SCHEMA_DEFAULT, SCHEMA_LEN_MAX, URL_DEFAULT,
 };
 pub use error::{Error, Result};
+#[doc(hidden)]
+pub use inspect::ListStatement;
 #[doc(hidden)]
 pub use lease::INSTANCES_RUNNABLE;
 pub use store::PgStore;

@@ -63,6 +63,11 @@ pub struct ResumeOptions {
     /// OpenTelemetry spans: a `workflow <name>` span per drive, current while the body runs,
     /// whose trace context is stamped on the remote tasks it dispatches. Defaults to `None`.
     pub tracing: Option<keiro_telemetry::Tracing>,
+    /// Retention: when set, the worker also deletes terminal instances that went terminal
+    /// longer ago than this, with everything they own, in bounded batches at a bounded rate
+    /// (see [`RetentionOptions`](crate::RetentionOptions); at most one worker collects at a
+    /// time). Needs a store with retention (`Keiro::worker` passes it). Defaults to `None`.
+    pub retention: Option<Duration>,
 }
 
 impl std::fmt::Debug for ResumeOptions {
@@ -80,6 +85,7 @@ impl std::fmt::Debug for ResumeOptions {
             .field("owner", &self.owner)
             .field("metrics", &self.metrics.is_some())
             .field("tracing", &self.tracing.is_some())
+            .field("retention", &self.retention)
             .finish_non_exhaustive()
     }
 }
@@ -100,6 +106,7 @@ impl Default for ResumeOptions {
             log: tracing_log_hook(),
             metrics: None,
             tracing: None,
+            retention: None,
         }
     }
 }
@@ -143,6 +150,9 @@ impl ResumeOptions {
         }
         if self.payload_len_max == 0 {
             return field("payload_len_max", "must be positive");
+        }
+        if self.retention == Some(Duration::ZERO) {
+            return field("retention", "must be positive");
         }
         self.backoff.validate()?;
         Ok(())
