@@ -628,7 +628,14 @@ mod tests {
         };
         let text = cursor.encode();
         assert_eq!(Cursor::parse(&text), Ok(cursor));
-        for bad in ["", "zz", "abc", &text[..text.len() - 2], "76323a313a613a62"] {
+        for bad in [
+            "",
+            "zz",
+            "abc",
+            &text[..text.len() - 1],
+            "76323a313a613a62",
+            "76313a313a613a",
+        ] {
             assert!(
                 matches!(Cursor::parse(bad), Err(FilterError::MalformedCursor { .. })),
                 "{bad:?} was accepted"
