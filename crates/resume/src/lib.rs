@@ -55,7 +55,7 @@ pub use pass::{drain, resume_once, resume_once_up_to};
 pub use registry::{Registry, RegistryError};
 pub use retention::{
     collect, run_retention_loop, RetentionOptions, RETENTION_BATCHES_PER_SWEEP_DEFAULT,
-    RETENTION_INTERVAL_DEFAULT, RETENTION_PAUSE_DEFAULT,
+    RETENTION_BATCH_DEFAULT, RETENTION_INTERVAL_DEFAULT, RETENTION_PAUSE_DEFAULT,
 };
 pub use summary::ResumeSummary;
 pub use timer::{
