@@ -90,4 +90,6 @@ pub use error::{Error, Result};
 pub use inspect::ListStatement;
 #[doc(hidden)]
 pub use lease::INSTANCES_RUNNABLE;
+#[doc(hidden)]
+pub use retention::INSTANCES_GC_CANDIDATES;
 pub use store::PgStore;

@@ -52,7 +52,9 @@ macro_rules! eligible {
     };
 }
 
-const INSTANCES_GC_CANDIDATES: &str = concat!(
+/// Retention's candidates query (exported for the plan test): `$1` the cutoff, `$2` the batch.
+#[doc(hidden)]
+pub const INSTANCES_GC_CANDIDATES: &str = concat!(
     "SELECT w.workflow_name, w.workflow_id, w.parent_name, w.parent_id FROM workflows w WHERE ",
     eligible!(),
     " ORDER BY w.completed_at LIMIT $2 FOR UPDATE OF w SKIP LOCKED"

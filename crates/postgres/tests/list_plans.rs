@@ -7,7 +7,7 @@ mod common;
 
 use common::TestResult;
 use keiro_journal::{Cursor, InstanceKey, ListOrder, ListRequest, Status};
-use keiro_postgres::ListStatement;
+use keiro_postgres::{ListStatement, INSTANCES_GC_CANDIDATES};
 use keiro_tests::pg::TestDb;
 use time::{Duration, OffsetDateTime};
 
@@ -109,6 +109,21 @@ async fn no_list_query_shape_scans_a_table_sequentially() -> TestResult {
         shapes += 1;
     }
     assert_eq!(shapes, 64 * 4 + 2);
+
+    // Retention's batch walks the terminal instances oldest first through their partial index,
+    // probing each one's parent (primary key) and children (the parent index).
+    for cutoff in [now - Duration::days(1), now - Duration::days(29)] {
+        let rows = client
+            .query(
+                &format!("EXPLAIN (FORMAT JSON) {INSTANCES_GC_CANDIDATES}"),
+                &[&cutoff, &500_i64],
+            )
+            .await?;
+        let plan: serde_json::Value = rows[0].get(0);
+        let plan = plan.to_string();
+        assert!(!plan.contains("Seq Scan"), "{plan}");
+        assert!(plan.contains("workflows_terminal_idx"), "{plan}");
+    }
 
     // Sanity: the queries return what they say on this data.
     let mut request = ListRequest::default();
