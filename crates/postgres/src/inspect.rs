@@ -229,7 +229,8 @@ impl PgStore {
     async fn list(&self, request: &ListRequest) -> Result<Page> {
         let statement = ListStatement::new(request);
         let client = self.client(LIST).await?;
-        self.count_round_trips(1);
+        // An unprepared query with parameters is a parse, then a bind and execute: two.
+        self.count_round_trips(2);
         // Unprepared on purpose: an unnamed statement is planned with its values (see the
         // module docs); a cached prepared one could fall back to a generic plan.
         let rows = client
