@@ -2,6 +2,8 @@
 //!
 //! - `keiro migrate` applies the schema migrations.
 //! - `keiro show`, `cancel`, `resurrect`, `release` operate on one workflow instance.
+//! - `keiro list` and `keiro stats` list instances by filter (keyset pages) and count them;
+//!   `keiro gc` deletes instances terminal for longer than a window (retention).
 //! - `keiro demo` proves the crash guarantees end to end: it runs 200 workflows through a
 //!   worker process, kills that process with SIGKILL mid-run, lets a second one finish the work,
 //!   and checks from the database that no recorded step ran again. Beside them, durable sleeps
@@ -16,12 +18,16 @@
 //! demo and the bench work in scratch schemas of their own, which they drop and recreate.
 //! Logs go to stderr, filtered by `RUST_LOG` (default `warn`).
 
+mod age;
 mod bench;
 mod chaos;
 mod common;
 mod demo;
+mod gc;
+mod list;
 mod migrate;
 mod ops;
+mod timeline;
 
 use std::process::ExitCode;
 
@@ -48,8 +54,14 @@ struct Cli {
 enum Command {
     /// Create the schema if needed and apply pending migrations.
     Migrate,
-    /// Print an instance row, its whole journal and its remote tasks.
+    /// Print an instance row, its whole journal, its timeline and its remote tasks.
     Show(ops::KeyArgs),
+    /// List instances by filter, newest first, one page at a time (keyset cursor).
+    List(list::ListArgs),
+    /// Count instances by workflow and status, the timer backlog and remote tasks by group.
+    Stats(list::StatsArgs),
+    /// Delete instances terminal for longer than a window, with everything they own.
+    Gc(gc::GcArgs),
     /// Cancel an instance: the run stops at its next step boundary.
     Cancel(ops::KeyArgs),
     /// Return a failed instance to running, keeping its failure history.
@@ -102,6 +114,9 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Migrate => migrate::run(&global).await,
             Command::Show(key) => ops::show(&global, &key).await,
+            Command::List(args) => list::list(&global, &args).await,
+            Command::Stats(args) => list::stats(&global, &args).await,
+            Command::Gc(args) => gc::run(&global, &args).await,
             Command::Cancel(key) => ops::cancel(&global, &key).await,
             Command::Resurrect(key) => ops::resurrect(&global, &key).await,
             Command::Release(key) => ops::release(&global, &key).await,

@@ -1,9 +1,6 @@
 //! Operator commands on one instance: `show`, `cancel`, `resurrect`, `release`, `requeue`,
 //! `redispatch`, `retry-with-input`. Each is a thin call of the facade; none migrates (that is
-//! `keiro migrate`'s job).
-//!
-//! There is no `list`: the store traits offer exact discovery of runnable instances only, not a
-//! listing by status, and the CLI sends no SQL of its own against keiro's tables.
+//! `keiro migrate`'s job). Listing, counts and retention are in `list.rs` and `gc.rs`.
 
 use clap::Args;
 use keiro::{CancelOutcome, Instance, JournalEntry, Keiro, RequeueOutcome, ResurrectOutcome};
@@ -24,13 +21,14 @@ pub(crate) struct KeyArgs {
 
 /// A facade on the operator schema. Two connections: `show` reads the row, the journal and the
 /// remote tasks.
-async fn keiro(global: &Global) -> Result<Keiro> {
+pub(crate) async fn keiro(global: &Global) -> Result<Keiro> {
     Ok(Keiro::new(
         connect_store(global.config(&global.schema, 2)).await?,
     ))
 }
 
-/// `keiro show`: the instance row, then every journal event in append order.
+/// `keiro show`: the instance row, every journal event in append order, then the journal as a
+/// timeline (each step's duration and the time spent parked).
 pub(crate) async fn show(global: &Global, key: &KeyArgs) -> Result<Outcome> {
     let keiro = keiro(global).await?;
     let what = format!("{}/{}", key.name, key.id);
@@ -52,6 +50,7 @@ pub(crate) async fn show(global: &Global, key: &KeyArgs) -> Result<Outcome> {
         .context(format!("reading the remote tasks of {what}"))?;
     print_instance(&instance);
     print_journal(&journal);
+    crate::timeline::print(&instance, &journal);
     print_tasks(&tasks);
     Ok(Outcome::Success)
 }
@@ -133,7 +132,7 @@ fn print_journal(journal: &[JournalEntry]) {
 const TIMESTAMP: &[FormatItem<'static>] =
     format_description!("[year]-[month]-[day] [hour]:[minute]:[second].[subsecond digits:6]Z");
 
-fn timestamp(at: Option<OffsetDateTime>) -> String {
+pub(crate) fn timestamp(at: Option<OffsetDateTime>) -> String {
     at.and_then(|at| at.to_offset(UtcOffset::UTC).format(TIMESTAMP).ok())
         .unwrap_or_else(|| "-".to_owned())
 }

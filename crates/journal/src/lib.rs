@@ -47,10 +47,12 @@ mod event;
 mod faults;
 mod heartbeat;
 mod id;
+mod inspect;
 mod instance;
 mod race;
 mod remote;
 mod replay;
+mod retention;
 mod retry;
 mod run;
 mod self_journaled;
@@ -73,11 +75,17 @@ pub use event::{
 };
 pub use faults::Faults;
 pub use id::{IdError, InstanceKey, WorkflowId, WorkflowName, ID_LEN_MAX, RESERVED_STEP_PREFIXES};
+pub use inspect::{
+    parse_status, Counts, Cursor, FilterError, GroupCount, InspectStore, InstanceSummary,
+    ListFilter, ListOrder, ListRequest, Page, StatusCount, TimeRange, ID_PREFIX_LEN_MAX,
+    LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX,
+};
 pub use instance::{Fence, Instance, StartRequest, Started, Status};
 pub use remote::{
     remote_group, remote_step_id, Backoff, RemoteArm, RemoteArmOutcome, RemoteOptions,
     RemoteStepError, REDISPATCH_MAX_DEFAULT,
 };
+pub use retention::{GcBatch, GcRequest, RetentionStore, GC_BATCH_DEFAULT, GC_BATCH_MAX};
 pub use retry::{StepOptions, STEP_ATTEMPTS_DEFAULT};
 pub use run::{
     cancel, deliver, deliver_to, drive, run, start, CancelOutcome, DeliveryRefusal, Driven, Error,

@@ -14,13 +14,16 @@ use keiro_resume::Notifier;
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::operate::Operate;
 use crate::{Error, WorkerBuilder};
+use keiro_journal::{InspectStore, RetentionStore};
 
-/// A store with every capability keiro uses: the journal and wake sources, leases, and remote
-/// steps (their transport and the operator's tools). `PgStore` and `MemoryStore` are ones.
-pub trait Store: LeaseStore + Transport + RemoteAdmin {}
+/// A store with every capability keiro uses: the journal and wake sources, leases, remote
+/// steps (their transport and the operator's tools), and the operators' list, counts and
+/// retention. `PgStore` and `MemoryStore` are ones.
+pub trait Store: LeaseStore + Transport + RemoteAdmin + InspectStore + RetentionStore {}
 
-impl<T: LeaseStore + Transport + RemoteAdmin> Store for T {}
+impl<T: LeaseStore + Transport + RemoteAdmin + InspectStore + RetentionStore> Store for T {}
 
 /// The remote-step halves of a store.
 #[derive(Clone)]
@@ -37,6 +40,8 @@ pub struct Keiro {
     remote: Option<Remote>,
     notifier: Option<Arc<dyn Notifier>>,
     payload_len_max: usize,
+    /// The operators' list, counts and retention; `None` for a store wrapped with `from_arc`.
+    pub(crate) operate: Option<Operate>,
 }
 
 impl std::fmt::Debug for Keiro {
@@ -65,6 +70,7 @@ impl Keiro {
     pub fn from_store<S: Store>(store: Arc<S>) -> Self {
         Self {
             store: store.clone(),
+            operate: Some(Operate::new(store.clone())),
             remote: Some(Remote {
                 transport: store.clone(),
                 admin: store,
@@ -82,6 +88,7 @@ impl Keiro {
             remote: None,
             notifier: None,
             payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
+            operate: None,
         }
     }
 
@@ -387,6 +394,7 @@ impl Keiro {
         WorkerBuilder::new(self.store.clone())
             .push(self.notifier.clone())
             .payload_len_max(self.payload_len_max)
+            .retention_store(self.operate.as_ref().map(Operate::retention))
     }
 
     /// The push notifier, when the store has one.

@@ -31,6 +31,10 @@ pub enum Error {
         /// Why.
         reason: keiro_journal::DeliveryRefusal,
     },
+    /// A list request was refused: an unknown filter or value, a malformed cursor, a limit
+    /// out of range.
+    #[error("invalid list request")]
+    Filter(#[from] keiro_journal::FilterError),
     /// The store does not offer this capability.
     #[error("the store does not support {what}")]
     Unsupported {

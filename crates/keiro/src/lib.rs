@@ -48,6 +48,7 @@
 
 mod engine;
 mod error;
+mod operate;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod worker;
@@ -66,6 +67,11 @@ pub use keiro_journal::{
 pub use keiro_journal::{
     Backoff, BoxFuture, DeliveryRefusal, JournalBudget, RemoteOptions, RemoteStepError, StepOptions,
 };
+pub use keiro_journal::{
+    Counts, Cursor, FilterError, GcBatch, GcRequest, GroupCount, InspectStore, InstanceSummary,
+    ListFilter, ListOrder, ListRequest, Page, RetentionStore, StatusCount, TimeRange,
+    GC_BATCH_DEFAULT, GC_BATCH_MAX, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX,
+};
 pub use keiro_lease::{BackoffPolicy, ClaimOutcome, CrashOutcome, LeaseStore, ResurrectOutcome};
 pub use keiro_remote::{
     RemoteTask, RemoteWorker, RemoteWorkerBuilder, RemoteWorkerOptions, ReportOutcome,
@@ -73,8 +79,8 @@ pub use keiro_remote::{
 };
 pub use keiro_resume::{
     drain, resume_once, resume_once_up_to, FixedPoll, LogHook, Notifier, Registry, RegistryError,
-    ResumeLogEvent, ResumeOptions, ResumeSummary, TimerOptions, TimerSummary, WakeFilter,
-    WakeReason, WakeSource,
+    ResumeLogEvent, ResumeOptions, ResumeSummary, RetentionOptions, TimerOptions, TimerSummary,
+    WakeFilter, WakeReason, WakeSource,
 };
 pub use keiro_telemetry::{Metrics, Tracing};
 

@@ -4,7 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use keiro_journal::{Ctx, StoreError, WorkflowError};
+use keiro_journal::{Ctx, RetentionStore, StoreError, WorkflowError};
 use keiro_lease::{BackoffPolicy, LeaseStore};
 use keiro_resume::{
     FixedPoll, LogHook, Notifier, Registry, RegistryError, ResumeOptions, ResumeSummary,
@@ -26,6 +26,7 @@ pub struct WorkerBuilder {
     timers: Option<TimerOptions>,
     push: Option<Arc<dyn Notifier>>,
     errors: Vec<RegistryError>,
+    retention: Option<Arc<dyn RetentionStore>>,
 }
 
 impl std::fmt::Debug for WorkerBuilder {
@@ -47,6 +48,7 @@ impl WorkerBuilder {
             timers: Some(TimerOptions::default()),
             push: None,
             errors: Vec::new(),
+            retention: None,
         }
     }
 
@@ -78,6 +80,21 @@ impl WorkerBuilder {
     /// `WorkflowError::JournalFull`. Defaults to [`JournalBudget::default`](crate::JournalBudget).
     pub fn journal_budget(mut self, budget: crate::JournalBudget) -> Self {
         self.options.journal_budget = budget;
+        self
+    }
+
+    /// The store retention deletes from when [`retention`](Self::retention) is set. Defaults
+    /// to the store's own when built through `Keiro::worker`, else `None`.
+    pub fn retention_store(mut self, store: Option<Arc<dyn RetentionStore>>) -> Self {
+        self.retention = store;
+        self
+    }
+
+    /// Deletes terminal instances once they have been terminal for longer than `older_than`
+    /// (`None`: keep them forever), in bounded batches at a bounded rate beside the resume
+    /// loop; at most one worker collects at a time. Defaults to `None`.
+    pub fn retention(mut self, older_than: Option<Duration>) -> Self {
+        self.options.retention = older_than;
         self
     }
 
@@ -179,6 +196,11 @@ impl WorkerBuilder {
             return Err(Error::Registry(self.errors.remove(0)));
         }
         self.options.validate()?;
+        if self.options.retention.is_some() && self.retention.is_none() {
+            return Err(Error::Unsupported {
+                what: "retention (the worker has no retention store)",
+            });
+        }
         let mut timers = self.timers;
         if let Some(timers) = &mut timers {
             timers.metrics = timers
@@ -192,6 +214,7 @@ impl WorkerBuilder {
             options: self.options,
             timers,
             push: self.push,
+            retention: self.retention,
         })
     }
 }
@@ -204,6 +227,7 @@ pub struct Worker {
     options: ResumeOptions,
     timers: Option<TimerOptions>,
     push: Option<Arc<dyn Notifier>>,
+    retention: Option<Arc<dyn RetentionStore>>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -287,6 +311,7 @@ impl Worker {
                 stopped(stop_rx.clone()),
             ))
         });
+        let retention = self.retention_loop(stopped(stop_rx.clone()));
         let wake: Box<dyn WakeSource> = match &self.push {
             Some(notifier) => notifier.subscribe(WakeFilter::Instances),
             None => Box::new(FixedPoll),
@@ -301,7 +326,25 @@ impl Worker {
             // The timer loop stops on the same signal; a panic inside it is not ours to rethrow.
             let _ = timers.await;
         }
+        if let Some(retention) = retention {
+            // As for the timer loop.
+            let _ = retention.await;
+        }
         summary
+    }
+
+    /// Spawns the retention loop when the options ask for one.
+    fn retention_loop(
+        &self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Option<tokio::task::JoinHandle<keiro_journal::GcBatch>> {
+        let older_than = self.options.retention?;
+        let store = self.retention.clone()?;
+        Some(tokio::spawn(keiro_resume::run_retention_loop(
+            store,
+            keiro_resume::RetentionOptions::new(older_than),
+            shutdown,
+        )))
     }
 
     /// Fires one batch of due timers (for tests and custom loops).

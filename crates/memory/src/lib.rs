@@ -61,10 +61,12 @@
 mod clock;
 #[cfg(test)]
 mod fixtures;
+mod inspect;
 mod journal;
 mod lease;
 mod notify;
 mod remote;
+mod retention;
 mod sources;
 mod state;
 mod storable;

@@ -984,6 +984,37 @@ impl RemoteAdmin for MemoryStore {
     }
 }
 
+// The operators' reads (crate::inspect) and retention (crate::retention) see the tasks through
+// these, so the table's private layout stays in this module.
+impl Tasks {
+    /// Whether `key` has a task that failed for good.
+    pub(crate) fn has_failed(&self, key: &InstanceKey) -> bool {
+        self.by_id
+            .values()
+            .any(|task| task.key == *key && task.status == TaskStatus::Failed)
+    }
+
+    /// Pending and running tasks per group, groups with neither left out.
+    pub(crate) fn backlog(&self) -> BTreeMap<String, (u64, u64)> {
+        let mut groups: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+        for task in self.by_id.values() {
+            match task.status {
+                TaskStatus::Pending => groups.entry(task.group.clone()).or_default().0 += 1,
+                TaskStatus::Running => groups.entry(task.group.clone()).or_default().1 += 1,
+                _ => {}
+            }
+        }
+        groups
+    }
+
+    /// Deletes every task `key` owns; how many.
+    pub(crate) fn forget(&mut self, key: &InstanceKey) -> u64 {
+        let before = self.by_id.len();
+        self.by_id.retain(|_, task| task.key != *key);
+        u64::try_from(before - self.by_id.len()).unwrap_or(u64::MAX)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use keiro_journal::{

@@ -697,6 +697,54 @@ impl State {
     }
 }
 
+// The operators' counts (crate::inspect) and retention (crate::retention) read and delete the
+// wake-source rows through these, so the tables' private layout stays in this module.
+impl Sources {
+    /// Scheduled timers due at `now`, and due later.
+    pub(crate) fn timer_backlog(&self, now: OffsetDateTime) -> (u64, u64) {
+        let due = self
+            .scheduled
+            .iter()
+            .take_while(|(fire_at, _)| *fire_at <= now)
+            .count();
+        let future = self.scheduled.len() - due;
+        (
+            u64::try_from(due).unwrap_or(u64::MAX),
+            u64::try_from(future).unwrap_or(u64::MAX),
+        )
+    }
+
+    /// Deletes every timer, awakeable and signal wait `key` owns; how many of each.
+    pub(crate) fn forget(&mut self, key: &InstanceKey) -> (u64, u64, u64) {
+        let timers: Vec<StepId> = self
+            .timers
+            .keys()
+            .filter(|step| step.key == *key)
+            .cloned()
+            .collect();
+        for step in &timers {
+            if let Some(timer) = self.timers.remove(step) {
+                self.scheduled.remove(&(timer.fire_at, step.clone()));
+            }
+        }
+        let before = self.awakeables.len();
+        self.awakeables
+            .retain(|_, awakeable| awakeable.owner != *key);
+        let awakeables = before - self.awakeables.len();
+        let waiters: Vec<StepId> = self
+            .waiters
+            .keys()
+            .filter(|step| step.key == *key)
+            .cloned()
+            .collect();
+        for waiter in &waiters {
+            self.waiter_remove(waiter);
+        }
+        let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        (count(timers.len()), count(awakeables), count(waiters.len()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use keiro_journal::{child_result_step, JournalStore, Marker, Park};

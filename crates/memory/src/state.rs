@@ -192,6 +192,11 @@ impl Entry {
         }
     }
 
+    /// How many journal rows it has, every generation (retention counts what it deletes).
+    pub(crate) fn journal_len(&self) -> usize {
+        self.journal.len()
+    }
+
     /// The row stored under `step_name` in `generation`.
     pub(crate) fn step(&self, generation: Generation, step_name: &str) -> Option<&JournalRow> {
         let position = *self.steps.get(&generation)?.get(step_name)?;

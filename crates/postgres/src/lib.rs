@@ -68,12 +68,14 @@ mod config;
 mod conninfo;
 mod error;
 mod flush;
+mod inspect;
 mod journal;
 mod lease;
 mod listen;
 mod migrate;
 mod park_batch;
 mod remote;
+mod retention;
 mod row;
 mod signal;
 mod store;
@@ -88,7 +90,11 @@ pub use config::{
 };
 pub use error::{Error, Result};
 #[doc(hidden)]
+pub use inspect::ListStatement;
+#[doc(hidden)]
 pub use lease::INSTANCES_RUNNABLE;
+#[doc(hidden)]
+pub use retention::INSTANCES_GC_CANDIDATES;
 pub use store::PgStore;
 pub use tls::{SslMode, TlsConnector, UnknownSslMode};
 pub use transaction_step::TransactionStep;

@@ -98,6 +98,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "settle_leftovers_of_completed_runs",
         sql: include_str!("../../../migrations/0014_settle_leftovers_of_completed_runs.sql"),
     },
+    Migration {
+        version: 15,
+        name: "list_and_retention_indexes",
+        sql: include_str!("../../../migrations/0015_list_and_retention_indexes.sql"),
+    },
 ];
 
 const MIGRATE: &str = "migrating the schema";

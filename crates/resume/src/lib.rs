@@ -40,6 +40,7 @@ mod log;
 mod options;
 mod pass;
 mod registry;
+mod retention;
 mod summary;
 mod timer;
 mod wake;
@@ -52,6 +53,10 @@ pub use options::{
 };
 pub use pass::{drain, resume_once, resume_once_up_to};
 pub use registry::{Registry, RegistryError};
+pub use retention::{
+    collect, run_retention_loop, RetentionOptions, RETENTION_BATCHES_PER_SWEEP_DEFAULT,
+    RETENTION_BATCH_DEFAULT, RETENTION_INTERVAL_DEFAULT, RETENTION_PAUSE_DEFAULT,
+};
 pub use summary::ResumeSummary;
 pub use timer::{
     fire_due_once, run_timer_loop, TimerOptions, TimerSummary, TIMER_BATCH_SIZE_DEFAULT,

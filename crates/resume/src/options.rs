@@ -65,6 +65,11 @@ pub struct ResumeOptions {
     pub tracing: Option<keiro_telemetry::Tracing>,
     /// Where runs crash on purpose, for tests (`keiro::testing`). Defaults to `None`.
     pub faults: Option<Arc<dyn keiro_journal::Faults>>,
+    /// Retention: when set, the worker also deletes terminal instances that went terminal
+    /// longer ago than this, with everything they own, in bounded batches at a bounded rate
+    /// (see [`RetentionOptions`](crate::RetentionOptions); at most one worker collects at a
+    /// time). Needs a store with retention (`Keiro::worker` passes it). Defaults to `None`.
+    pub retention: Option<Duration>,
 }
 
 impl std::fmt::Debug for ResumeOptions {
@@ -83,6 +88,7 @@ impl std::fmt::Debug for ResumeOptions {
             .field("metrics", &self.metrics.is_some())
             .field("tracing", &self.tracing.is_some())
             .field("faults", &self.faults)
+            .field("retention", &self.retention)
             .finish_non_exhaustive()
     }
 }
@@ -104,6 +110,7 @@ impl Default for ResumeOptions {
             metrics: None,
             tracing: None,
             faults: None,
+            retention: None,
         }
     }
 }
@@ -147,6 +154,9 @@ impl ResumeOptions {
         }
         if self.payload_len_max == 0 {
             return field("payload_len_max", "must be positive");
+        }
+        if self.retention == Some(Duration::ZERO) {
+            return field("retention", "must be positive");
         }
         self.backoff.validate()?;
         Ok(())

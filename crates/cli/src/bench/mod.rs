@@ -14,8 +14,11 @@
 //!   remote steps per second under load (see [`remote`]).
 //! - `drive-cost`: the cost of one drive against the length of the journal it replays (see
 //!   [`drive_cost`]).
+//! - `gc`: retention's deletion rate in rows per second, and a running workload's throughput
+//!   with and without a collecting worker, in interleaved rounds (see [`gc`]).
 
 mod drive_cost;
+mod gc;
 mod idle;
 pub(crate) mod remote;
 mod throughput;
@@ -47,6 +50,8 @@ pub(crate) enum Mode {
     Remote,
     /// Milliseconds per drive against the length of the journal the drive replays.
     DriveCost,
+    /// Retention: deletion rows per second, and workload throughput with and without gc.
+    Gc,
 }
 
 impl Mode {
@@ -58,6 +63,7 @@ impl Mode {
             Self::Idle => 10_000,
             Self::Remote => 2000,
             Self::DriveCost => 1,
+            Self::Gc => 20_000,
         }
     }
 }
@@ -72,7 +78,8 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value = "keiro_bench")]
     pub(crate) bench_schema: String,
     /// Workflows started (N). Defaults to 2000 for `throughput`, 200 for `wake-latency` (the
-    /// push samples) and 10000 for `idle` (the parked runs).
+    /// push samples), 10000 for `idle` (the parked runs) and 20000 for `gc` (the expired
+    /// backlog seeded each round).
     #[arg(short = 'n', long, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) workflows: Option<u64>,
     /// Steps per workflow (K), `throughput` only.
@@ -120,6 +127,12 @@ pub(crate) struct BenchArgs {
     /// `remote`: one-step workflows run one at a time, for the idle latency.
     #[arg(long, default_value_t = 200)]
     pub(crate) samples: u64,
+    /// `gc`: workflows of the workload each round runs (N is the expired backlog seeded).
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) workload: u64,
+    /// `gc`: pairs of rounds (without gc, then with), interleaved.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub(crate) rounds: u64,
 }
 
 impl BenchArgs {
@@ -138,6 +151,7 @@ pub(crate) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         Mode::Idle => idle::run(global, args).await,
         Mode::Remote => remote::run(global, args).await,
         Mode::DriveCost => drive_cost::run(global, args).await,
+        Mode::Gc => gc::run(global, args).await,
     }
 }
 

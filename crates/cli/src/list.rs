@@ -1,0 +1,205 @@
+//! `keiro list` and `keiro stats`: the operators' list (filters, keyset pages) and overview
+//! counts, through the facade's `Keiro::list` and `Keiro::counts` (the dashboard's calls too).
+
+use clap::Args;
+use keiro::{Counts, ListRequest, Page, Status};
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+
+use crate::common::{failure, Global, Outcome, Result, ResultExt};
+use crate::ops::{keiro, timestamp};
+
+/// The filters and paging of `keiro list`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct ListArgs {
+    /// Only this workflow.
+    #[arg(long)]
+    name: Option<String>,
+    /// Only this status: running, suspended, completed, failed or cancelled.
+    #[arg(long)]
+    status: Option<String>,
+    /// Only instances started within this age (`90s`, `15m`, `1h`, `30d`).
+    #[arg(long)]
+    since: Option<String>,
+    /// Only the children of this instance, as `<name>/<id>`.
+    #[arg(long)]
+    parent: Option<String>,
+    /// Only ids starting with this text.
+    #[arg(long)]
+    id_prefix: Option<String>,
+    /// Only instances with a remote task that failed for good.
+    #[arg(long)]
+    failed_remote: bool,
+    /// Oldest first instead of newest first.
+    #[arg(long)]
+    oldest_first: bool,
+    /// Rows per page (1 to 1000).
+    #[arg(long, default_value_t = keiro::LIST_LIMIT_DEFAULT)]
+    limit: u32,
+    /// Start after this cursor (printed under the previous page).
+    #[arg(long)]
+    cursor: Option<String>,
+    /// One JSON object (`instances`, `next_cursor`) instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+impl ListArgs {
+    /// The request, checked the way the facade and a JSON API check theirs.
+    fn request(&self, now: OffsetDateTime) -> Result<ListRequest> {
+        let since = match &self.since {
+            Some(age) => {
+                let age = time::Duration::try_from(crate::age::parse(age)?)
+                    .map_err(|_| failure(format!("--since {age:?} is too large")))?;
+                Some(
+                    now.checked_sub(age)
+                        .unwrap_or(OffsetDateTime::UNIX_EPOCH)
+                        .format(&Rfc3339)
+                        .context("formatting --since")?,
+                )
+            }
+            None => None,
+        };
+        let limit = self.limit.to_string();
+        let mut pairs: Vec<(&str, &str)> = vec![("limit", &limit)];
+        let optional = [
+            ("name", self.name.as_deref()),
+            ("status", self.status.as_deref()),
+            ("created_since", since.as_deref()),
+            ("parent", self.parent.as_deref()),
+            ("id_prefix", self.id_prefix.as_deref()),
+            ("cursor", self.cursor.as_deref()),
+        ];
+        pairs.extend(
+            optional
+                .into_iter()
+                .filter_map(|(key, value)| value.map(|value| (key, value))),
+        );
+        if self.failed_remote {
+            pairs.push(("failed_remote", "true"));
+        }
+        if self.oldest_first {
+            pairs.push(("order", "oldest_first"));
+        }
+        ListRequest::from_pairs(pairs).context("reading the filters")
+    }
+}
+
+/// `keiro list`.
+pub(crate) async fn list(global: &Global, args: &ListArgs) -> Result<Outcome> {
+    let request = args.request(OffsetDateTime::now_utc())?;
+    let page = keiro(global)
+        .await?
+        .list(&request)
+        .await
+        .context("listing instances")?;
+    if args.json {
+        println!("{}", serde_json::to_string(&page)?);
+    } else {
+        print_page(&page);
+    }
+    Ok(Outcome::Success)
+}
+
+/// The longest error text a table row shows; `keiro show` has the whole of it.
+const ERROR_COLUMN_LEN: usize = 60;
+
+fn print_page(page: &Page) {
+    println!(
+        "{:<20} {:<36} {:<9} {:>3} {:>3}  {:<27} {:<27} error",
+        "name", "id", "status", "gen", "att", "created_at", "updated_at"
+    );
+    for row in &page.instances {
+        let error: String = row
+            .last_error
+            .as_deref()
+            .unwrap_or("")
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .take(ERROR_COLUMN_LEN)
+            .collect();
+        println!(
+            "{:<20} {:<36} {:<9} {:>3} {:>3}  {:<27} {:<27} {error}",
+            row.key.name.as_str(),
+            row.key.id.as_str(),
+            row.status.as_str(),
+            row.generation,
+            row.attempts,
+            timestamp(Some(row.created_at)),
+            timestamp(Some(row.updated_at)),
+        );
+    }
+    match &page.next_cursor {
+        Some(cursor) => println!(
+            "{} row(s); next page: --cursor {cursor}",
+            page.instances.len()
+        ),
+        None => println!("{} row(s); last page", page.instances.len()),
+    }
+}
+
+/// Options of `keiro stats`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct StatsArgs {
+    /// One JSON object instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `keiro stats`.
+pub(crate) async fn stats(global: &Global, args: &StatsArgs) -> Result<Outcome> {
+    let counts = keiro(global)
+        .await?
+        .counts()
+        .await
+        .context("counting instances")?;
+    if args.json {
+        println!("{}", serde_json::to_string(&counts)?);
+    } else {
+        print_counts(&counts);
+    }
+    Ok(Outcome::Success)
+}
+
+const STATUSES: [Status; 5] = [
+    Status::Running,
+    Status::Suspended,
+    Status::Completed,
+    Status::Failed,
+    Status::Cancelled,
+];
+
+fn print_counts(counts: &Counts) {
+    print!("{:<24}", "workflow");
+    for status in STATUSES {
+        print!(" {:>10}", status.as_str());
+    }
+    println!();
+    let mut names: Vec<&str> = counts.instances.iter().map(|c| c.name.as_str()).collect();
+    names.dedup();
+    for name in names {
+        print!("{name:<24}");
+        for status in STATUSES {
+            let n = counts
+                .instances
+                .iter()
+                .find(|c| c.name.as_str() == name && c.status == status)
+                .map_or(0, |c| c.count);
+            print!(" {n:>10}");
+        }
+        println!();
+    }
+    println!(
+        "timers       {} due, {} scheduled later",
+        counts.timers_due, counts.timers_future
+    );
+    if counts.remote.is_empty() {
+        println!("remote tasks none pending or running");
+    }
+    for group in &counts.remote {
+        println!(
+            "remote group {:<24} {} pending, {} running",
+            group.group, group.pending, group.running
+        );
+    }
+}

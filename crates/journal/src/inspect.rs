@@ -1,0 +1,695 @@
+//! Operators' reads: list instances by filter with keyset pagination, and count them.
+//!
+//! The types here are what a CLI, a JSON API and a web page exchange, so all of them are
+//! serde-serializable; the request is built from query pairs ([`ListRequest::from_pairs`]) or
+//! deserialized, and either way an unknown filter, an unknown value or a malformed cursor is a
+//! typed [`FilterError`], never a silently ignored parameter.
+//!
+//! Pagination is keyset, never OFFSET: a page ends with a [`Cursor`] naming its last row's
+//! `(created_at, name, id)`, and the next page starts strictly after it in the same order. A
+//! cursor is opaque to callers (hex of a versioned text), so its layout may change.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+
+use crate::store::Result;
+use crate::{IdError, Instance, InstanceKey, Status, WorkflowName};
+
+/// Rows a page holds when the request does not say. Defaults to 50.
+pub const LIST_LIMIT_DEFAULT: u32 = 50;
+/// The most rows one page may hold: a page is one bounded index walk.
+pub const LIST_LIMIT_MAX: u32 = 1000;
+/// The longest id prefix accepted (an id is at most [`ID_LEN_MAX`](crate::ID_LEN_MAX) bytes).
+pub const ID_PREFIX_LEN_MAX: usize = crate::ID_LEN_MAX;
+
+/// A request the list refuses: named so a JSON API can answer 400 with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FilterError {
+    /// A parameter that is no filter of the list.
+    #[error("unknown filter {field:?}")]
+    UnknownFilter {
+        /// The parameter's name.
+        field: String,
+    },
+    /// A filter value that does not parse.
+    #[error("filter {field}: invalid value {value:?}: {reason}")]
+    InvalidValue {
+        /// The filter.
+        field: &'static str,
+        /// The value given.
+        value: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// A cursor that this list did not hand out (or that was altered).
+    #[error("malformed cursor: {reason}")]
+    MalformedCursor {
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A page size of zero or above [`LIST_LIMIT_MAX`].
+    #[error("limit {limit} is out of range 1..={max}")]
+    Limit {
+        /// The limit asked for.
+        limit: u64,
+        /// The largest allowed.
+        max: u32,
+    },
+}
+
+impl FilterError {
+    fn invalid(field: &'static str, value: &str, reason: impl fmt::Display) -> Self {
+        Self::InvalidValue {
+            field,
+            value: value.to_owned(),
+            reason: reason.to_string(),
+        }
+    }
+}
+
+/// A time window; either end may be open. `since` is inclusive, `until` exclusive.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TimeRange {
+    /// The earliest instant included.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub since: Option<OffsetDateTime>,
+    /// The first instant excluded.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub until: Option<OffsetDateTime>,
+}
+
+impl TimeRange {
+    /// Whether `at` is inside the window.
+    pub fn contains(&self, at: OffsetDateTime) -> bool {
+        self.since.is_none_or(|since| at >= since) && self.until.is_none_or(|until| at < until)
+    }
+
+    /// Whether both ends are open.
+    pub fn is_open(&self) -> bool {
+        self.since.is_none() && self.until.is_none()
+    }
+}
+
+/// Which instances a list returns; every field set narrows it (they combine with AND).
+///
+/// ```
+/// use keiro_journal::{ListFilter, Status};
+/// let filter = ListFilter { status: Some(Status::Failed), failed_remote: true, ..ListFilter::default() };
+/// assert!(filter.status.is_some());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ListFilter {
+    /// Only this workflow.
+    pub name: Option<WorkflowName>,
+    /// Only this status.
+    #[serde(with = "status_option")]
+    pub status: Option<Status>,
+    /// Only instances started in this window.
+    pub created: TimeRange,
+    /// Only instances whose row last changed in this window. Not index-served on Postgres by
+    /// design: `updated_at` changes on every step append, and an index on it would cost every
+    /// append its HOT update; the list walks another filter's index and checks this on each
+    /// row, so combine it with a narrower filter on large tables (or use `finished`).
+    pub updated: TimeRange,
+    /// Only terminal instances that went terminal in this window (index-served).
+    pub finished: TimeRange,
+    /// Only the children of this instance.
+    pub parent: Option<InstanceKey>,
+    /// Only ids starting with this text (byte-wise).
+    pub id_prefix: Option<String>,
+    /// Only instances with at least one remote task that failed for good.
+    pub failed_remote: bool,
+}
+
+impl ListFilter {
+    /// Whether `instance` passes every filter but `failed_remote` (which needs the tasks).
+    pub fn matches_row(&self, instance: &Instance) -> bool {
+        self.name
+            .as_ref()
+            .is_none_or(|name| instance.key.name == *name)
+            && self.status.is_none_or(|status| instance.status == status)
+            && self.created.contains(instance.created_at)
+            && self.updated.contains(instance.updated_at)
+            && (self.finished.is_open()
+                || (instance.status.is_terminal()
+                    && instance
+                        .completed_at
+                        .is_some_and(|at| self.finished.contains(at))))
+            && self
+                .parent
+                .as_ref()
+                .is_none_or(|parent| instance.parent.as_ref() == Some(parent))
+            && self
+                .id_prefix
+                .as_ref()
+                .is_none_or(|prefix| instance.key.id.as_str().starts_with(prefix.as_str()))
+    }
+}
+
+/// The order of a list: by start time, then name, then id.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ListOrder {
+    /// Most recently started first. The default.
+    #[default]
+    NewestFirst,
+    /// Oldest first.
+    OldestFirst,
+}
+
+/// Where a page ends: the last row's start time and key. The next page starts strictly after
+/// it. Serialized as an opaque string.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cursor {
+    /// The last row's `created_at`.
+    pub created_at: OffsetDateTime,
+    /// The last row's key.
+    pub key: InstanceKey,
+}
+
+/// The version tag inside every cursor, so a later layout can refuse an old one by name.
+const CURSOR_VERSION: &str = "v1";
+
+impl Cursor {
+    /// The cursor just after `instance`.
+    pub fn after(instance: &InstanceSummary) -> Self {
+        Self {
+            created_at: instance.created_at,
+            key: instance.key.clone(),
+        }
+    }
+
+    /// The opaque text handed to callers: hex of `v1:<unix nanos>:<name>:<id>` (names and ids
+    /// never contain `:`).
+    pub fn encode(&self) -> String {
+        let text = format!(
+            "{CURSOR_VERSION}:{}:{}:{}",
+            self.created_at.unix_timestamp_nanos(),
+            self.key.name,
+            self.key.id
+        );
+        text.bytes().map(|byte| format!("{byte:02x}")).collect()
+    }
+
+    /// Reads a cursor handed out by [`encode`](Self::encode).
+    ///
+    /// # Errors
+    ///
+    /// [`FilterError::MalformedCursor`] for anything else.
+    ///
+    /// ```
+    /// use keiro_journal::Cursor;
+    /// assert!(Cursor::parse("not-a-cursor").is_err());
+    /// ```
+    pub fn parse(text: &str) -> Result<Self, FilterError> {
+        let malformed = |reason| FilterError::MalformedCursor { reason };
+        if text.len() % 2 != 0 || text.len() > 4 * crate::ID_LEN_MAX {
+            return Err(malformed("wrong length"));
+        }
+        let bytes = (0..text.len())
+            .step_by(2)
+            .map(|at| {
+                text.get(at..at + 2)
+                    .and_then(|pair| u8::from_str_radix(pair, 16).ok())
+            })
+            .collect::<Option<Vec<u8>>>()
+            .ok_or(malformed("not hexadecimal"))?;
+        let text = String::from_utf8(bytes).map_err(|_| malformed("not UTF-8"))?;
+        let mut parts = text.splitn(4, ':');
+        if parts.next() != Some(CURSOR_VERSION) {
+            return Err(malformed("unknown version"));
+        }
+        let nanos: i128 = parts
+            .next()
+            .and_then(|nanos| nanos.parse().ok())
+            .ok_or(malformed("bad time"))?;
+        let created_at =
+            OffsetDateTime::from_unix_timestamp_nanos(nanos).map_err(|_| malformed("bad time"))?;
+        let (Some(name), Some(id)) = (parts.next(), parts.next()) else {
+            return Err(malformed("missing key"));
+        };
+        let key = InstanceKey::parse(name, id).map_err(|_| malformed("bad key"))?;
+        Ok(Self { created_at, key })
+    }
+
+    /// Whether a row at `(created_at, key)` comes strictly after this cursor in `order`.
+    pub fn precedes(
+        &self,
+        order: ListOrder,
+        created_at: OffsetDateTime,
+        key: &InstanceKey,
+    ) -> bool {
+        let row = (created_at, key);
+        let cursor = (self.created_at, &self.key);
+        match order {
+            ListOrder::NewestFirst => row < cursor,
+            ListOrder::OldestFirst => row > cursor,
+        }
+    }
+}
+
+impl fmt::Display for Cursor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.encode())
+    }
+}
+
+impl Serialize for Cursor {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.encode())
+    }
+}
+
+impl<'de> Deserialize<'de> for Cursor {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        Self::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// One page request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ListRequest {
+    /// Which instances.
+    pub filter: ListFilter,
+    /// In which order. Defaults to [`ListOrder::NewestFirst`].
+    pub order: ListOrder,
+    /// At most this many rows, 1 to [`LIST_LIMIT_MAX`]. Defaults to [`LIST_LIMIT_DEFAULT`].
+    pub limit: u32,
+    /// Start after this cursor (the previous page's `next_cursor`). Defaults to the start.
+    pub cursor: Option<Cursor>,
+}
+
+impl Default for ListRequest {
+    fn default() -> Self {
+        Self {
+            filter: ListFilter::default(),
+            order: ListOrder::default(),
+            limit: LIST_LIMIT_DEFAULT,
+            cursor: None,
+        }
+    }
+}
+
+impl ListRequest {
+    /// Checks the bounds a store relies on.
+    ///
+    /// # Errors
+    ///
+    /// [`FilterError::Limit`] for a limit of 0 or above [`LIST_LIMIT_MAX`],
+    /// [`FilterError::InvalidValue`] for an empty or oversized id prefix.
+    pub fn validate(&self) -> Result<(), FilterError> {
+        if self.limit == 0 || self.limit > LIST_LIMIT_MAX {
+            return Err(FilterError::Limit {
+                limit: u64::from(self.limit),
+                max: LIST_LIMIT_MAX,
+            });
+        }
+        if let Some(prefix) = &self.filter.id_prefix {
+            if prefix.is_empty() || prefix.len() > ID_PREFIX_LEN_MAX {
+                return Err(FilterError::invalid(
+                    "id_prefix",
+                    prefix,
+                    format_args!("must be 1 to {ID_PREFIX_LEN_MAX} bytes"),
+                ));
+            }
+            if prefix.chars().any(char::is_control) {
+                return Err(FilterError::invalid(
+                    "id_prefix",
+                    prefix,
+                    "contains a control character",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Builds a request from text parameters, as a URL query or command-line flags carry them:
+    /// `name`, `status`, `created_since`, `created_until`, `updated_since`, `updated_until`,
+    /// `finished_since`, `finished_until` (RFC 3339), `parent` (`<name>/<id>`), `id_prefix`, `failed_remote` (`true`/`false`),
+    /// `order` (`newest_first`/`oldest_first`), `limit`, `cursor`. An empty value is ignored.
+    ///
+    /// ```
+    /// use keiro_journal::{FilterError, ListRequest, Status};
+    /// let request = ListRequest::from_pairs([("status", "failed"), ("limit", "10")])?;
+    /// assert_eq!(request.filter.status, Some(Status::Failed));
+    /// assert!(matches!(
+    ///     ListRequest::from_pairs([("colour", "red")]),
+    ///     Err(FilterError::UnknownFilter { .. })
+    /// ));
+    /// # Ok::<(), FilterError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`FilterError`] naming the first refused parameter.
+    pub fn from_pairs<K: AsRef<str>, V: AsRef<str>>(
+        pairs: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<Self, FilterError> {
+        let mut request = Self::default();
+        for (key, value) in pairs {
+            let (key, value) = (key.as_ref(), value.as_ref());
+            if value.is_empty() {
+                continue;
+            }
+            let filter = &mut request.filter;
+            match key {
+                "name" => {
+                    filter.name = Some(
+                        WorkflowName::new(value)
+                            .map_err(|e: IdError| FilterError::invalid("name", value, e))?,
+                    );
+                }
+                "status" => filter.status = Some(parse_status(value)?),
+                "created_since" => filter.created.since = Some(parse_time("created_since", value)?),
+                "created_until" => filter.created.until = Some(parse_time("created_until", value)?),
+                "updated_since" => filter.updated.since = Some(parse_time("updated_since", value)?),
+                "updated_until" => filter.updated.until = Some(parse_time("updated_until", value)?),
+                "finished_since" => {
+                    filter.finished.since = Some(parse_time("finished_since", value)?);
+                }
+                "finished_until" => {
+                    filter.finished.until = Some(parse_time("finished_until", value)?);
+                }
+                "parent" => filter.parent = Some(parse_key("parent", value)?),
+                "id_prefix" => filter.id_prefix = Some(value.to_owned()),
+                "failed_remote" => {
+                    filter.failed_remote = match value {
+                        "true" | "1" => true,
+                        "false" | "0" => false,
+                        _ => {
+                            return Err(FilterError::invalid(
+                                "failed_remote",
+                                value,
+                                "not a boolean",
+                            ))
+                        }
+                    };
+                }
+                "order" => {
+                    request.order = match value {
+                        "newest_first" => ListOrder::NewestFirst,
+                        "oldest_first" => ListOrder::OldestFirst,
+                        _ => return Err(FilterError::invalid("order", value, "unknown order")),
+                    };
+                }
+                "limit" => {
+                    let limit: u64 = value
+                        .parse()
+                        .map_err(|_| FilterError::invalid("limit", value, "not a number"))?;
+                    request.limit = u32::try_from(limit)
+                        .ok()
+                        .filter(|limit| (1..=LIST_LIMIT_MAX).contains(limit))
+                        .ok_or(FilterError::Limit {
+                            limit,
+                            max: LIST_LIMIT_MAX,
+                        })?;
+                }
+                "cursor" => request.cursor = Some(Cursor::parse(value)?),
+                other => {
+                    return Err(FilterError::UnknownFilter {
+                        field: other.to_owned(),
+                    })
+                }
+            }
+        }
+        request.validate()?;
+        Ok(request)
+    }
+}
+
+/// Parses a status filter value.
+///
+/// # Errors
+///
+/// [`FilterError::InvalidValue`] for a status keiro does not have.
+pub fn parse_status(value: &str) -> Result<Status, FilterError> {
+    Status::parse(value).ok_or_else(|| {
+        FilterError::invalid(
+            "status",
+            value,
+            "expected running, suspended, completed, failed or cancelled",
+        )
+    })
+}
+
+fn parse_time(field: &'static str, value: &str) -> Result<OffsetDateTime, FilterError> {
+    OffsetDateTime::parse(value, &Rfc3339).map_err(|e| FilterError::invalid(field, value, e))
+}
+
+fn parse_key(field: &'static str, value: &str) -> Result<InstanceKey, FilterError> {
+    let (name, id) = value
+        .split_once('/')
+        .ok_or_else(|| FilterError::invalid(field, value, "expected <name>/<id>"))?;
+    InstanceKey::parse(name, id).map_err(|e| FilterError::invalid(field, value, e))
+}
+
+/// One listed instance: the row without its input and output (a page stays small; the
+/// instance itself has them).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InstanceSummary {
+    /// Name and id.
+    #[serde(flatten)]
+    pub key: InstanceKey,
+    /// The current generation.
+    pub generation: i32,
+    /// Lifecycle status.
+    #[serde(with = "status_text")]
+    pub status: Status,
+    /// Crashes since the last progress.
+    pub attempts: i32,
+    /// The last crash's error, or the failure reason.
+    pub last_error: Option<String>,
+    /// The parent, for a child workflow.
+    pub parent: Option<InstanceKey>,
+    /// Discovery priority.
+    pub priority: i32,
+    /// When it was started.
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    /// Last change to the row.
+    #[serde(with = "time::serde::rfc3339")]
+    pub updated_at: OffsetDateTime,
+    /// When it went terminal.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub completed_at: Option<OffsetDateTime>,
+}
+
+impl From<&Instance> for InstanceSummary {
+    fn from(row: &Instance) -> Self {
+        Self {
+            key: row.key.clone(),
+            generation: row.generation,
+            status: row.status,
+            attempts: row.attempts,
+            last_error: row.last_error.clone(),
+            parent: row.parent.clone(),
+            priority: row.priority,
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+            completed_at: row.completed_at,
+        }
+    }
+}
+
+/// One page of a list.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Page {
+    /// The rows, in the request's order.
+    pub instances: Vec<InstanceSummary>,
+    /// Where the next page starts; `None` when this page is the last.
+    pub next_cursor: Option<Cursor>,
+}
+
+impl Page {
+    /// The page for `rows` fetched with one row more than `limit` (the probe that tells
+    /// whether a next page exists without a second query).
+    pub fn from_probe(mut rows: Vec<InstanceSummary>, limit: u32) -> Self {
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        let more = rows.len() > limit;
+        rows.truncate(limit);
+        let next_cursor = if more {
+            rows.last().map(Cursor::after)
+        } else {
+            None
+        };
+        Self {
+            instances: rows,
+            next_cursor,
+        }
+    }
+}
+
+/// Instances of one workflow in one status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusCount {
+    /// The workflow.
+    pub name: WorkflowName,
+    /// The status.
+    #[serde(with = "status_text")]
+    pub status: Status,
+    /// How many.
+    pub count: u64,
+}
+
+/// Remote tasks of one worker group that are waiting or running.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupCount {
+    /// The worker group.
+    pub group: String,
+    /// Tasks waiting to be claimed (including those backing off before a retry).
+    pub pending: u64,
+    /// Tasks claimed by a worker.
+    pub running: u64,
+}
+
+/// What an operator's overview shows: instances by workflow and status, the timer backlog,
+/// and the remote tasks waiting per group.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    /// Instances by (workflow, status), sorted by workflow then status; absent pairs are 0.
+    pub instances: Vec<StatusCount>,
+    /// Scheduled timers already due (a backlog the timer worker has not fired yet).
+    pub timers_due: u64,
+    /// Scheduled timers due later.
+    pub timers_future: u64,
+    /// Pending and running remote tasks by group, sorted by group; groups with neither are
+    /// left out.
+    pub remote: Vec<GroupCount>,
+}
+
+/// The store operations behind the operators' list and counts. Reads only.
+#[async_trait::async_trait]
+pub trait InspectStore: Send + Sync + fmt::Debug + 'static {
+    /// One page of instances matching `request` (already validated by the caller), in its
+    /// order, after its cursor. Postgres serves every filter from an index (migration 0015).
+    async fn instances_list(&self, request: &ListRequest) -> Result<Page>;
+
+    /// The counts, with timers due at `now` (`None`: the store's clock).
+    async fn instances_counts(&self, now: Option<OffsetDateTime>) -> Result<Counts>;
+}
+
+/// Serde for a status as its column text.
+mod status_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::Status;
+
+    pub(super) fn serialize<S: Serializer>(status: &Status, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(status.as_str())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Status, D::Error> {
+        let text = String::deserialize(d)?;
+        super::parse_status(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Serde for an optional status as its column text.
+mod status_option {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::Status;
+
+    pub(super) fn serialize<S: Serializer>(
+        status: &Option<Status>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match status {
+            Some(status) => s.serialize_some(status.as_str()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Status>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|text| super::parse_status(&text).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cursor_round_trips_and_a_tampered_one_is_refused() {
+        let cursor = Cursor {
+            created_at: OffsetDateTime::from_unix_timestamp_nanos(1_700_000_000_123_456_000)
+                .expect("in range"),
+            key: InstanceKey::parse("order", "o-1").expect("valid"),
+        };
+        let text = cursor.encode();
+        assert_eq!(Cursor::parse(&text), Ok(cursor));
+        for bad in [
+            "",
+            "zz",
+            "abc",
+            &text[..text.len() - 1],
+            "76323a313a613a62",
+            "76313a313a613a",
+        ] {
+            assert!(
+                matches!(Cursor::parse(bad), Err(FilterError::MalformedCursor { .. })),
+                "{bad:?} was accepted"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_filters_and_values_are_typed_errors() {
+        assert!(matches!(
+            ListRequest::from_pairs([("since", "1h")]),
+            Err(FilterError::UnknownFilter { field }) if field == "since"
+        ));
+        assert!(matches!(
+            ListRequest::from_pairs([("status", "bogus")]),
+            Err(FilterError::InvalidValue {
+                field: "status",
+                ..
+            })
+        ));
+        assert!(matches!(
+            ListRequest::from_pairs([("limit", "0")]),
+            Err(FilterError::Limit { .. })
+        ));
+        assert!(matches!(
+            ListRequest::from_pairs([("limit", "1001")]),
+            Err(FilterError::Limit { .. })
+        ));
+        assert!(matches!(
+            ListRequest::from_pairs([("parent", "nope")]),
+            Err(FilterError::InvalidValue {
+                field: "parent",
+                ..
+            })
+        ));
+        assert!(serde_json::from_str::<ListRequest>(r#"{"filter":{"colour":"red"}}"#).is_err());
+        assert!(serde_json::from_str::<ListRequest>(r#"{"filter":{"status":"bogus"}}"#).is_err());
+        assert!(serde_json::from_str::<ListRequest>(r#"{"cursor":"00"}"#).is_err());
+    }
+
+    #[test]
+    fn a_request_serializes_to_json_and_back() {
+        let request = ListRequest::from_pairs([
+            ("name", "order"),
+            ("status", "failed"),
+            ("created_since", "2030-01-01T00:00:00Z"),
+            ("parent", "batch/b-1"),
+            ("failed_remote", "true"),
+        ])
+        .expect("valid");
+        let json = serde_json::to_string(&request).expect("serializes");
+        assert_eq!(
+            serde_json::from_str::<ListRequest>(&json).expect("parses"),
+            request
+        );
+    }
+}

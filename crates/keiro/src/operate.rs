@@ -1,0 +1,131 @@
+//! The operators' facade calls: list and count instances, and retention. The CLI and the
+//! dashboard use these same calls.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use keiro_journal::{Counts, GcBatch, GcRequest, InspectStore, ListRequest, Page, RetentionStore};
+
+use crate::{Error, Keiro, Store};
+
+/// The operator halves of a store.
+#[derive(Clone)]
+pub(crate) struct Operate {
+    inspect: Arc<dyn InspectStore>,
+    retention: Arc<dyn RetentionStore>,
+}
+
+impl Operate {
+    pub(crate) fn new<S: Store>(store: Arc<S>) -> Self {
+        Self {
+            inspect: store.clone(),
+            retention: store,
+        }
+    }
+
+    pub(crate) fn retention(&self) -> Arc<dyn RetentionStore> {
+        self.retention.clone()
+    }
+}
+
+impl Keiro {
+    fn operate(&self) -> Result<&Operate, Error> {
+        self.operate.as_ref().ok_or(Error::Unsupported {
+            what: "listing, counting and retention (the store was wrapped with `from_arc`)",
+        })
+    }
+
+    /// One page of instances, newest first unless the request says otherwise; pass the page's
+    /// `next_cursor` in the next request to go on (keyset pagination: pages stay consistent
+    /// and cost the same however deep).
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), keiro::Error> {
+    /// use keiro::{ListRequest, Status};
+    /// let keiro = keiro::Keiro::memory();
+    /// keiro.start("order", "order-1", &1).await?;
+    /// let mut request = ListRequest::from_pairs([("status", "running"), ("limit", "10")])?;
+    /// loop {
+    ///     let page = keiro.list(&request).await?;
+    ///     for row in &page.instances {
+    ///         assert_eq!(row.status, Status::Running);
+    ///     }
+    ///     match page.next_cursor {
+    ///         Some(cursor) => request.cursor = Some(cursor),
+    ///         None => break,
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Filter`] for a request out of bounds, [`Error::Store`],
+    /// [`Error::Unsupported`] for a store wrapped with `from_arc`.
+    pub async fn list(&self, request: &ListRequest) -> Result<Page, Error> {
+        request.validate()?;
+        Ok(self.operate()?.inspect.instances_list(request).await?)
+    }
+
+    /// Instances by workflow and status, the timer backlog (due and future), and the pending
+    /// and running remote tasks by group.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Store`], [`Error::Unsupported`] for a store wrapped with `from_arc`.
+    pub async fn counts(&self) -> Result<Counts, Error> {
+        Ok(self.operate()?.inspect.instances_counts(None).await?)
+    }
+
+    /// Retention, one batch: deletes up to `request.batch` instances that have been terminal
+    /// for longer than `request.older_than`, with their journal, timers, awakeables, signal
+    /// waits and remote tasks, in one short transaction. Never a live instance, nor one whose
+    /// parent or child is not expired too.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Store`], [`Error::Unsupported`] for a store wrapped with `from_arc`.
+    pub async fn gc_batch(&self, request: &GcRequest) -> Result<GcBatch, Error> {
+        Ok(self.operate()?.retention.instances_gc(request).await?)
+    }
+
+    /// Retention, until done: batches (`pause` apart) until a batch finds fewer rows than it
+    /// asked for or another collector holds the retention lock (then `locked_out` is set).
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), keiro::Error> {
+    /// use std::time::Duration;
+    /// let keiro = keiro::Keiro::memory();
+    /// let request = keiro::GcRequest::new(Duration::from_secs(30 * 86_400));
+    /// let deleted = keiro.gc(&request, Duration::ZERO).await?;
+    /// assert_eq!(deleted.instances, 0);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The first failing batch's [`Error::Store`] (earlier batches stay deleted).
+    pub async fn gc(&self, request: &GcRequest, pause: Duration) -> Result<GcBatch, Error> {
+        let store = self.operate()?.retention.as_ref();
+        Ok(keiro_resume::collect(store, request, u32::MAX, pause).await?)
+    }
+
+    /// How many instances [`gc`](Self::gc) with `request` would delete now (a dry run).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Store`], [`Error::Unsupported`] for a store wrapped with `from_arc`.
+    pub async fn gc_eligible(&self, request: &GcRequest) -> Result<u64, Error> {
+        Ok(self
+            .operate()?
+            .retention
+            .instances_gc_eligible(request)
+            .await?)
+    }
+}

@@ -1,0 +1,254 @@
+//! Retention on Postgres: one batch of terminal instances deleted, with everything they own,
+//! in one short transaction.
+//!
+//! The batch, in order:
+//!
+//! 1. `pg_try_advisory_xact_lock` on the schema's retention key: a second collector (another
+//!    worker, or `keiro gc` beside one) returns at once with `locked_out` instead of queueing
+//!    behind this one. The lock goes with the transaction.
+//! 2. The candidates, oldest terminal first (`workflows_terminal_idx`), with the eligibility
+//!    rule (keiro-journal's `retention` module) in the query, so ineligible rows never take a
+//!    slot of the batch: `FOR UPDATE OF w SKIP LOCKED`, so a row some run or operator holds is
+//!    left for a later batch, and Postgres re-checks the row's status on the locked version.
+//! 3. Their parents that are not candidates too, `FOR SHARE SKIP LOCKED`, re-checked terminal:
+//!    an operator's requeue or resurrect of a parent locks the parent first, so once this
+//!    holds it the parent stays terminal until commit. A candidate whose parent could not be
+//!    locked, or is no longer eligible, stays.
+//! 4. One statement deletes the instance rows and, table by table, what they own, counting
+//!    each (the foreign keys' cascades and the journal's trigger then find nothing left).
+
+use keiro_journal::{GcBatch, GcRequest, RetentionStore, StoreError};
+use time::OffsetDateTime;
+
+use crate::error::Failure;
+use crate::row::{column, count};
+use crate::store::span_ms;
+use crate::PgStore;
+
+type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+const GC: &str = "deleting expired instances";
+const GC_ELIGIBLE: &str = "counting expired instances";
+
+// The retention lock's key carries the schema, so installations sharing a database do not
+// contend; the cutoff is computed by the database clock unless a `now` is given.
+const INSTANCES_GC_LOCK: &str = "SELECT \
+     pg_try_advisory_xact_lock(hashtextextended(current_schema() || '.retention', 0)) AS locked, \
+     coalesce($1::timestamptz, now()) - $2::bigint * interval '1 millisecond' AS cutoff";
+
+// The eligibility rule, on `w` against `$1` (the cutoff). The parent and child probes are
+// served by the primary key and workflows_list_parent_idx.
+macro_rules! eligible {
+    () => {
+        "w.status IN ('completed', 'failed', 'cancelled') AND w.completed_at < $1 \
+         AND NOT EXISTS (SELECT 1 FROM workflows p \
+             WHERE p.workflow_name = w.parent_name AND p.workflow_id = w.parent_id \
+             AND NOT (p.status IN ('completed', 'failed', 'cancelled') \
+                      AND coalesce(p.completed_at < $1, false))) \
+         AND NOT EXISTS (SELECT 1 FROM workflows c \
+             WHERE c.parent_name = w.workflow_name AND c.parent_id = w.workflow_id \
+             AND NOT (c.status IN ('completed', 'failed', 'cancelled') \
+                      AND coalesce(c.completed_at < $1, false)))"
+    };
+}
+
+/// Retention's candidates query (exported for the plan test): `$1` the cutoff, `$2` the batch.
+#[doc(hidden)]
+pub const INSTANCES_GC_CANDIDATES: &str = concat!(
+    "SELECT w.workflow_name, w.workflow_id, w.parent_name, w.parent_id FROM workflows w WHERE ",
+    eligible!(),
+    " ORDER BY w.completed_at LIMIT $2 FOR UPDATE OF w SKIP LOCKED"
+);
+
+const INSTANCES_GC_ELIGIBLE: &str =
+    concat!("SELECT count(*) AS n FROM workflows w WHERE ", eligible!());
+
+// The parents of candidates that are not candidates themselves, locked against a concurrent
+// requeue or resurrect; a parent another transaction holds is skipped, and so is its child.
+const INSTANCES_GC_PARENTS: &str = "SELECT p.workflow_name, p.workflow_id FROM workflows p \
+     JOIN unnest($2::text[], $3::text[]) AS c(name, id) \
+       ON p.workflow_name = c.name AND p.workflow_id = c.id \
+     WHERE p.status IN ('completed', 'failed', 'cancelled') AND p.completed_at < $1 \
+     FOR SHARE OF p SKIP LOCKED";
+
+// The same parents, unlocked: which of them exist at all.
+const INSTANCES_GC_PARENTS_EXISTING: &str = "SELECT p.workflow_name, p.workflow_id \
+     FROM workflows p JOIN unnest($1::text[], $2::text[]) AS c(name, id) \
+       ON p.workflow_name = c.name AND p.workflow_id = c.id";
+
+// The cutoff alone, for a dry run.
+const INSTANCES_GC_CUTOFF: &str =
+    "SELECT coalesce($1::timestamptz, now()) - $2::bigint * interval '1 millisecond' AS cutoff";
+
+// One statement, so each table's rows are counted as they go. Every owned table is named:
+// journal (its trigger's cascade then finds nothing), timers, awakeables, signal waits and
+// remote tasks (their foreign keys' cascades likewise). Each delete is served by the owner's
+// index of its table (the journal's unique key, the timers' and signal waits' primary keys,
+// awakeables_owner_idx, remote_tasks_owner_idx).
+const INSTANCES_GC_DELETE: &str = "WITH d AS (\
+         SELECT * FROM unnest($1::text[], $2::text[]) AS d(name, id)), \
+     j AS (DELETE FROM journal x USING d \
+         WHERE x.workflow_name = d.name AND x.workflow_id = d.id RETURNING 1), \
+     t AS (DELETE FROM timers x USING d \
+         WHERE x.workflow_name = d.name AND x.workflow_id = d.id RETURNING 1), \
+     a AS (DELETE FROM awakeables x USING d \
+         WHERE x.workflow_name = d.name AND x.workflow_id = d.id RETURNING 1), \
+     s AS (DELETE FROM signal_waiters x USING d \
+         WHERE x.workflow_name = d.name AND x.workflow_id = d.id RETURNING 1), \
+     r AS (DELETE FROM remote_tasks x USING d \
+         WHERE x.workflow_name = d.name AND x.workflow_id = d.id RETURNING 1), \
+     w AS (DELETE FROM workflows x USING d \
+         WHERE x.workflow_name = d.name AND x.workflow_id = d.id \
+         AND x.status IN ('completed', 'failed', 'cancelled') RETURNING 1) \
+     SELECT (SELECT count(*) FROM w) AS instances, (SELECT count(*) FROM j) AS journal, \
+            (SELECT count(*) FROM t) AS timers, (SELECT count(*) FROM a) AS awakeables, \
+            (SELECT count(*) FROM s) AS signal_waiters, (SELECT count(*) FROM r) AS remote_tasks";
+
+impl PgStore {
+    async fn gc_batch(&self, request: &GcRequest) -> Result<GcBatch> {
+        let fail = |e: tokio_postgres::Error| Failure::from(e).into_store(GC);
+        let mut client = self.client(GC).await?;
+        let tx = client.transaction().await.map_err(fail)?;
+        let older_than = span_ms(request.older_than);
+        self.count_round_trips(1);
+        let head = tx
+            .query_one(INSTANCES_GC_LOCK, &[&request.now, &older_than])
+            .await
+            .map_err(fail)?;
+        if !column::<bool>(&head, "locked", GC)? {
+            return Ok(GcBatch {
+                locked_out: true,
+                ..GcBatch::default()
+            });
+        }
+        let cutoff: OffsetDateTime = column(&head, "cutoff", GC)?;
+        let batch = i64::from(request.batch_bounded());
+        self.count_round_trips(1);
+        let candidates = tx
+            .query(INSTANCES_GC_CANDIDATES, &[&cutoff, &batch])
+            .await
+            .map_err(fail)?;
+        let mut names = Vec::with_capacity(candidates.len());
+        let mut ids = Vec::with_capacity(candidates.len());
+        let mut parents: Vec<(String, String)> = Vec::new();
+        for row in &candidates {
+            names.push(column::<String>(row, "workflow_name", GC)?);
+            ids.push(column::<String>(row, "workflow_id", GC)?);
+            let parent_name: Option<String> = column(row, "parent_name", GC)?;
+            let parent_id: Option<String> = column(row, "parent_id", GC)?;
+            parents.push((
+                parent_name.unwrap_or_default(),
+                parent_id.unwrap_or_default(),
+            ));
+        }
+        if names.is_empty() {
+            tx.commit().await.map_err(fail)?;
+            return Ok(GcBatch::default());
+        }
+        let in_batch = |name: &str, id: &str| {
+            names
+                .iter()
+                .zip(&ids)
+                .any(|(n, i)| n.as_str() == name && i.as_str() == id)
+        };
+        let (outside_names, outside_ids): (Vec<String>, Vec<String>) = parents
+            .iter()
+            .filter(|(name, id)| !name.is_empty() && !in_batch(name, id))
+            .cloned()
+            .unzip();
+        let mut keep = vec![true; names.len()];
+        if !outside_names.is_empty() {
+            self.count_round_trips(1);
+            let locked = tx
+                .query(
+                    INSTANCES_GC_PARENTS,
+                    &[&cutoff, &outside_names, &outside_ids],
+                )
+                .await
+                .map_err(fail)?;
+            let locked = locked
+                .iter()
+                .map(|row| {
+                    Ok((
+                        column::<String>(row, "workflow_name", GC)?,
+                        column::<String>(row, "workflow_id", GC)?,
+                    ))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            // A parent the candidates query saw but this one did not lock (held elsewhere, or
+            // no longer terminal) keeps its child for a later batch. A parent row that does
+            // not exist at all passed the candidates query's probe, and cannot appear since
+            // only retention deletes and we hold its lock.
+            let existing = tx
+                .query(
+                    INSTANCES_GC_PARENTS_EXISTING,
+                    &[&outside_names, &outside_ids],
+                )
+                .await
+                .map_err(fail)?;
+            self.count_round_trips(1);
+            let existing = existing
+                .iter()
+                .map(|row| {
+                    Ok((
+                        column::<String>(row, "workflow_name", GC)?,
+                        column::<String>(row, "workflow_id", GC)?,
+                    ))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            for (slot, parent) in keep.iter_mut().zip(&parents) {
+                if parent.0.is_empty() || in_batch(&parent.0, &parent.1) {
+                    continue;
+                }
+                if existing.contains(parent) && !locked.contains(parent) {
+                    *slot = false;
+                }
+            }
+        }
+        let (names, ids): (Vec<String>, Vec<String>) = names
+            .into_iter()
+            .zip(ids)
+            .zip(keep)
+            .filter_map(|(pair, keep)| keep.then_some(pair))
+            .unzip();
+        self.count_round_trips(1);
+        let row = tx
+            .query_one(INSTANCES_GC_DELETE, &[&names, &ids])
+            .await
+            .map_err(fail)?;
+        let deleted = GcBatch {
+            instances: count(&row, "instances", GC)?,
+            journal: count(&row, "journal", GC)?,
+            timers: count(&row, "timers", GC)?,
+            awakeables: count(&row, "awakeables", GC)?,
+            signal_waiters: count(&row, "signal_waiters", GC)?,
+            remote_tasks: count(&row, "remote_tasks", GC)?,
+            locked_out: false,
+        };
+        self.count_round_trips(1);
+        tx.commit().await.map_err(fail)?;
+        Ok(deleted)
+    }
+}
+
+#[async_trait::async_trait]
+impl RetentionStore for PgStore {
+    async fn instances_gc(&self, request: &GcRequest) -> Result<GcBatch> {
+        self.gc_batch(request).await
+    }
+
+    async fn instances_gc_eligible(&self, request: &GcRequest) -> Result<u64> {
+        let head = self
+            .query_one(
+                GC_ELIGIBLE,
+                INSTANCES_GC_CUTOFF,
+                &[&request.now, &span_ms(request.older_than)],
+            )
+            .await?;
+        let cutoff: OffsetDateTime = column(&head, "cutoff", GC_ELIGIBLE)?;
+        let row = self
+            .query_one(GC_ELIGIBLE, INSTANCES_GC_ELIGIBLE, &[&cutoff])
+            .await?;
+        count(&row, "n", GC_ELIGIBLE)
+    }
+}
