@@ -389,6 +389,12 @@ impl Keiro {
             .payload_len_max(self.payload_len_max)
     }
 
+    /// This handle with `notifier` as its push notifier.
+    pub(crate) fn replace_notifier(mut self, notifier: Option<Arc<dyn Notifier>>) -> Self {
+        self.notifier = notifier;
+        self
+    }
+
     /// The push notifier, when the store has one.
     pub fn notifier(&self) -> Option<&Arc<dyn Notifier>> {
         self.notifier.as_ref()

@@ -98,6 +98,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "settle_leftovers_of_completed_runs",
         sql: include_str!("../../../migrations/0014_settle_leftovers_of_completed_runs.sql"),
     },
+    Migration {
+        version: 17,
+        name: "notify_terminal",
+        sql: include_str!("../../../migrations/0017_notify_terminal.sql"),
+    },
 ];
 
 const MIGRATE: &str = "migrating the schema";
