@@ -1601,3 +1601,105 @@ async fn continuing_as_new_cancels_the_tasks_of_the_generation_left_behind(
     );
     Ok(())
 }
+
+mod handlers {
+    //! One handler serves many steps of one run (issue 14, item 1): the step name is the journal
+    //! key and step id, `RemoteOptions::handler` names the worker group.
+
+    use super::*;
+
+    on_both_stores!(
+        one_handler_serves_many_steps_of_one_run,
+        a_bad_handler_name_is_a_typed_error
+    );
+
+    fn labels() -> Result<Registry, keiro::RegistryError> {
+        let mut registry = Registry::new();
+        registry.register("labels", |ctx: Ctx, order: String| async move {
+            let print = RemoteOptions::default().handler("print-label");
+            let (a, b) = (format!("{order}/a"), format!("{order}/b"));
+            let (first, second) = tokio::join!(
+                ctx.remote::<_, String>("label-1", &a, &print),
+                ctx.remote::<_, String>("label-2", &b, &print),
+            );
+            Ok(vec![first?, second?])
+        })?;
+        Ok(registry)
+    }
+
+    async fn one_handler_serves_many_steps_of_one_run(h: Harness) -> TestResult {
+        let registry = labels()?;
+        h.keiro.start("labels", "l-1", &"o-1").await?;
+        keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+        let mut tasks = h.keiro.remote_tasks("labels", "l-1").await?;
+        tasks.sort_by(|a, b| a.step_id.cmp(&b.step_id));
+        let routed: Vec<_> = tasks
+            .iter()
+            .map(|t| (t.step_id.as_str(), t.group.as_str()))
+            .collect();
+        assert_eq!(
+            routed,
+            [
+                ("labels/l-1/0/label-1", "print-label"),
+                ("labels/l-1/0/label-2", "print-label")
+            ]
+        );
+
+        let worker = RemoteWorker::builder(h.transport.clone())
+            .options(worker_options())
+            .handle(
+                "print-label",
+                |parcel: String, task: TaskContext| async move {
+                    Ok::<_, TaskError>(format!("{}:{parcel}", task.step))
+                },
+            )
+            .build();
+        let running = Running::start(worker);
+        until_status(&h, &registry, "labels", "l-1", Status::Completed).await?;
+        running.stop().await;
+        let row = h.keiro.instance("labels", "l-1").await?.expect("row");
+        assert_eq!(row.output, Some(json!(["label-1:o-1/a", "label-2:o-1/b"])));
+        let journaled: Vec<_> = h
+            .keiro
+            .journal("labels", "l-1")
+            .await?
+            .into_iter()
+            .filter_map(|e| match e.event {
+                Event::StepRecorded { step, .. } if step.starts_with("remote:") => Some(step),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(journaled.len(), 2);
+        assert!(journaled.contains(&"remote:label-1".to_owned()));
+        assert!(journaled.contains(&"remote:label-2".to_owned()));
+        Ok(())
+    }
+
+    async fn a_bad_handler_name_is_a_typed_error(h: Harness) -> TestResult {
+        let mut registry = Registry::new();
+        registry.register("bad-handler", |ctx: Ctx, handler: String| async move {
+            let options = RemoteOptions::default().handler(handler);
+            match ctx.remote::<_, String>("label", &(), &options).await {
+                Err(WorkflowError::InvalidStep(_)) => Ok("invalid".to_owned()),
+                Err(e) => Err(e),
+                Ok(_) => Ok("accepted".to_owned()),
+            }
+        })?;
+        for (i, handler) in ["print@eu", "print#1", "remote:x", ""].iter().enumerate() {
+            let id = format!("b-{i}");
+            h.keiro.start("bad-handler", &id, handler).await?;
+            until_status(&h, &registry, "bad-handler", &id, Status::Completed).await?;
+            assert_eq!(
+                h.keiro
+                    .instance("bad-handler", &id)
+                    .await?
+                    .expect("row")
+                    .output,
+                Some(json!("invalid")),
+                "{handler:?}"
+            );
+            assert!(h.keiro.remote_tasks("bad-handler", &id).await?.is_empty());
+        }
+        Ok(())
+    }
+}

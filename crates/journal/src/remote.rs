@@ -89,7 +89,13 @@ impl Backoff {
 /// How a remote step is dispatched, retried and recovered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteOptions {
-    /// Routes the task to the worker group `<step>@<partition>` instead of `<step>`.
+    /// The handler that runs the step: the task goes to the worker group `<handler>` (or
+    /// `<handler>@<partition>`), served by a remote worker's `.handle("<handler>", ..)`, while
+    /// the step keeps its own name as its journal key and step id. So one handler serves many
+    /// steps of one run (`label-1`, `label-2`, ... all printed by `print-label`). Defaults to
+    /// `None`: the step's name is its handler.
+    pub handler: Option<String>,
+    /// Routes the task to the worker group `<handler>@<partition>` instead of `<handler>`.
     /// Defaults to `None`.
     pub partition: Option<String>,
     /// Higher priorities are claimed first; equal priorities oldest first. Defaults to 0.
@@ -113,6 +119,7 @@ pub struct RemoteOptions {
 impl Default for RemoteOptions {
     fn default() -> Self {
         Self {
+            handler: None,
             partition: None,
             priority: 0,
             retries: 0,
@@ -131,7 +138,23 @@ impl RemoteOptions {
         self
     }
 
-    /// Routes to the group `<step>@<partition>`.
+    /// Runs the step with `handler`'s workers (group `<handler>`) instead of the step name's;
+    /// the step's name stays its journal key.
+    ///
+    /// ```no_run
+    /// # async fn body(ctx: keiro_journal::Ctx) -> Result<(), keiro_journal::WorkflowError> {
+    /// use keiro_journal::RemoteOptions;
+    /// let print = RemoteOptions::default().handler("print-label");
+    /// let first: String = ctx.remote("label-1", &"parcel-1", &print).await?;
+    /// let second: String = ctx.remote("label-2", &"parcel-2", &print).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn handler(mut self, handler: impl Into<String>) -> Self {
+        self.handler = Some(handler.into());
+        self
+    }
+
+    /// Routes to the group `<handler>@<partition>`.
     pub fn partition(mut self, partition: impl Into<String>) -> Self {
         self.partition = Some(partition.into());
         self
@@ -204,7 +227,8 @@ pub struct RemoteArm {
     pub step: String,
     /// The journal step the result is recorded under (`remote:<step>`).
     pub journal_step: String,
-    /// The worker group: `<step>` or `<step>@<partition>`.
+    /// The worker group: `<handler>` or `<handler>@<partition>`, where the handler is the
+    /// step's name unless [`RemoteOptions::handler`] names another.
     pub group: String,
     /// The handler's input.
     pub input: Value,
@@ -354,9 +378,13 @@ impl Ctx {
         O: DeserializeOwned,
     {
         validate_remote_step(name)?;
+        if let Some(handler) = &options.handler {
+            validate_remote_step(handler)?;
+        }
         if let Some(partition) = &options.partition {
             validate_partition(partition)?;
         }
+        let handler = options.handler.as_deref().unwrap_or(name);
         let journal_step = format!("remote:{name}");
         let arm = RemoteArm {
             step_id: remote_step_id(self.key(), self.generation(), name),
@@ -364,7 +392,7 @@ impl Ctx {
             generation: self.generation(),
             step: name.to_owned(),
             journal_step: journal_step.clone(),
-            group: remote_group(name, options.partition.as_deref()),
+            group: remote_group(handler, options.partition.as_deref()),
             input: serde_json::Value::Null,
             priority: options.priority,
             traceparent: None,

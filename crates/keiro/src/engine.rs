@@ -397,6 +397,12 @@ impl Keiro {
             .retention_store(self.operate.as_ref().map(Operate::retention))
     }
 
+    /// This handle with `notifier` as its push notifier.
+    pub(crate) fn replace_notifier(mut self, notifier: Option<Arc<dyn Notifier>>) -> Self {
+        self.notifier = notifier;
+        self
+    }
+
     /// The push notifier, when the store has one.
     pub fn notifier(&self) -> Option<&Arc<dyn Notifier>> {
         self.notifier.as_ref()

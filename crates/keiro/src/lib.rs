@@ -49,12 +49,18 @@
 mod engine;
 mod error;
 mod operate;
+mod result;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod typed;
 mod worker;
 
 pub use engine::{Keiro, Store};
 pub use error::Error;
+pub use result::{
+    ResultError, ResultOptions, RESULT_POLL_INTERVAL_DEFAULT, RESULT_POLL_INTERVAL_MIN,
+};
+pub use typed::{Handle, WorkflowDef};
 pub use worker::{Worker, WorkerBuilder};
 
 pub use keiro_journal::{
@@ -78,9 +84,9 @@ pub use keiro_remote::{
     RequeueOutcome, TaskContext, TaskError, TaskStatus, WorkerStats,
 };
 pub use keiro_resume::{
-    drain, resume_once, resume_once_up_to, FixedPoll, LogHook, Notifier, Registry, RegistryError,
-    ResumeLogEvent, ResumeOptions, ResumeSummary, RetentionOptions, TimerOptions, TimerSummary,
-    WakeFilter, WakeReason, WakeSource,
+    drain, resume_once, resume_once_up_to, ClosedWait, ClosedWaiters, FixedPoll, LogHook, Notifier,
+    Registry, RegistryError, ResumeLogEvent, ResumeOptions, ResumeSummary, RetentionOptions,
+    TimerOptions, TimerSummary, WakeFilter, WakeReason, WakeSource,
 };
 pub use keiro_telemetry::{Metrics, Tracing};
 

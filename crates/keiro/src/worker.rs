@@ -112,6 +112,42 @@ impl WorkerBuilder {
         self
     }
 
+    /// Registers the typed workflow `W` under [`W::NAME`](crate::WorkflowDef::NAME), with
+    /// `W::default()` as its definition (for a unit struct, `#[derive(Default)]`); an invalid
+    /// or duplicate name is reported by `build`.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")] {
+    /// use keiro::{Ctx, WorkflowDef, WorkflowError};
+    ///
+    /// #[derive(Default)]
+    /// struct Noop;
+    ///
+    /// impl WorkflowDef for Noop {
+    ///     const NAME: &'static str = "noop";
+    ///     type Input = ();
+    ///     type Output = ();
+    ///     async fn run(&self, _ctx: Ctx, _input: ()) -> Result<(), WorkflowError> { Ok(()) }
+    /// }
+    ///
+    /// let worker = keiro::Keiro::memory().worker().register_workflow::<Noop>().build();
+    /// assert!(worker.is_ok());
+    /// # }
+    /// ```
+    pub fn register_workflow<W: crate::WorkflowDef + Default>(self) -> Self {
+        self.register_workflow_with(W::default())
+    }
+
+    /// Registers `definition`, a typed workflow whose body needs state of its own (a client, a
+    /// pool), under [`W::NAME`](crate::WorkflowDef::NAME); shared by every run of the worker.
+    pub fn register_workflow_with<W: crate::WorkflowDef>(self, definition: W) -> Self {
+        let definition = Arc::new(definition);
+        self.register(W::NAME, move |ctx: Ctx, input: W::Input| {
+            let definition = definition.clone();
+            async move { definition.run(ctx, input).await }
+        })
+    }
+
     /// Uses a registry built elsewhere (replacing registrations made so far).
     pub fn registry(mut self, registry: Registry) -> Self {
         self.registry = registry;

@@ -284,6 +284,7 @@ impl State {
             self.wake(&append.key);
         }
         if closed {
+            self.close(&append.key);
             self.deliver_to_parent(&append.key)?;
         }
         Ok(())
@@ -363,6 +364,7 @@ impl State {
         row.completed_at = Some(now);
         clear_lease(row);
         row.updated_at = now;
+        self.close(key);
         self.deliver_to_parent(key)?;
         Ok(true)
     }

@@ -194,6 +194,7 @@ impl State {
         row.completed_at = Some(now);
         clear_lease(row);
         row.updated_at = now;
+        self.close(key);
         self.deliver_to_parent(key)?;
         Ok(CrashOutcome::Failed { attempts })
     }

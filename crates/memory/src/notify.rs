@@ -132,6 +132,12 @@ impl Notifier for MemoryStore {
             receiver: self.notifications(),
         })
     }
+
+    /// Wakes when an operation closes `key` (completes, fails or cancels it), once that
+    /// operation's critical section has ended.
+    fn subscribe_closed(&self, key: &InstanceKey) -> Box<dyn WakeSource> {
+        Box::new(self.closed_waiters().subscribe(key))
+    }
 }
 
 #[cfg(test)]

@@ -36,6 +36,9 @@ pub(crate) struct State {
     /// Notifications to send once the operation has finished (the memory form of NOTIFY,
     /// which Postgres also delivers only at commit).
     notifications: Vec<Notification>,
+    /// Instances the operation closed (completed, failed, cancelled), whose result waiters to
+    /// wake once it has finished: the memory form of migration 0016's `done:` NOTIFY.
+    closed: Vec<InstanceKey>,
 }
 
 impl State {
@@ -49,6 +52,16 @@ impl State {
     /// Queues a wake notification for `key`.
     pub(crate) fn wake(&mut self, key: &InstanceKey) {
         self.notifications.push(Notification::Instance(key.clone()));
+    }
+
+    /// Queues the wake-up of `key`'s result waiters: it reached a terminal status.
+    pub(crate) fn close(&mut self, key: &InstanceKey) {
+        self.closed.push(key.clone());
+    }
+
+    /// The instances closed since the last call.
+    pub(crate) fn take_closed(&mut self) -> Vec<InstanceKey> {
+        std::mem::take(&mut self.closed)
     }
 
     /// Queues a "timer armed" notification.

@@ -59,6 +59,8 @@ pub struct MemoryStore {
 struct Shared {
     state: Mutex<State>,
     notifications: broadcast::Sender<Notification>,
+    /// Result waiters by instance, woken when an operation closes their instance.
+    closed: keiro_resume::ClosedWaiters,
 }
 
 impl MemoryStore {
@@ -76,6 +78,7 @@ impl MemoryStore {
             shared: Arc::new(Shared {
                 state: Mutex::new(State::default()),
                 notifications,
+                closed: keiro_resume::ClosedWaiters::default(),
             }),
         }
     }
@@ -174,13 +177,19 @@ impl MemoryStore {
         self.shared.notifications.subscribe()
     }
 
-    /// Runs one operation as one critical section, then sends the notifications it raised.
+    /// The result waiters of this store, woken as instances close.
+    pub(crate) fn closed_waiters(&self) -> &keiro_resume::ClosedWaiters {
+        &self.shared.closed
+    }
+
+    /// Runs one operation as one critical section, then sends the notifications it raised and
+    /// wakes the result waiters of the instances it closed.
     pub(crate) fn transact<T>(
         &self,
         operation: &'static str,
         op: impl FnOnce(&mut State) -> Result<T>,
     ) -> Result<T> {
-        let (result, notifications) = {
+        let (result, notifications, closed) = {
             // A panic inside an earlier operation may have left it half applied; refusing
             // further work is safer than building on a state nobody can vouch for.
             let mut state = self.shared.state.lock().map_err(|_| {
@@ -190,9 +199,12 @@ impl MemoryStore {
                 )
             })?;
             let result = op(&mut state);
-            (result, state.take_notifications())
+            (result, state.take_notifications(), state.take_closed())
         };
         if result.is_ok() {
+            for key in &closed {
+                self.shared.closed.closed(key);
+            }
             for notification in notifications {
                 // Sending fails only when nobody is subscribed; a notification is an
                 // optimisation over the passes, so an unheard one is fine.

@@ -62,6 +62,7 @@
 //! rows that do not read as keiro data are `Malformed`. Connecting, configuring and migrating
 //! return this crate's [`Error`].
 
+mod awaited;
 mod awakeable;
 mod child;
 mod config;

@@ -15,6 +15,9 @@
 //! `remote`, or `<name>/<id>` for an instance) into a `tokio::sync::broadcast`, and each subscription
 //! filters it. Notifications sent while the listener is not listening are lost, so every
 //! time it (re)establishes `LISTEN` it broadcasts `Reconnected`, and the loops poll at once.
+//! A `done:<name>/<id>` payload (an instance closed, migration 0016) is not broadcast: it wakes
+//! only the result waiters of that instance ([`ClosedWaiters`]), so callers awaiting results
+//! share this one connection without waking each other or the loops.
 //! That includes the first connection: a subscription exists before the `LISTEN` takes
 //! effect, and what was sent in between is missed.
 //!
@@ -39,8 +42,9 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
+use keiro_journal::InstanceKey;
 use keiro_lease::BackoffPolicy;
-use keiro_resume::{Notifier, WakeFilter, WakeReason, WakeSource};
+use keiro_resume::{ClosedWaiters, Notifier, WakeFilter, WakeReason, WakeSource};
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tokio::sync::{broadcast, oneshot};
 use tokio_postgres::AsyncMessage;
@@ -57,6 +61,10 @@ const TIMER_PAYLOAD: &str = "timer";
 
 /// The payload `keiro_notify_remote` sends when a remote task becomes claimable.
 const REMOTE_PAYLOAD: &str = "remote";
+
+/// The prefix of the payload `keiro_notify_terminal` (migration 0016) sends when an instance
+/// closes: `done:<name>/<id>`. Names cannot contain `:`, so no instance payload starts so.
+const CLOSED_PREFIX: &str = "done:";
 
 /// The listener's reconnect delays: 100 ms after a lost connection, doubling with each failed
 /// attempt up to 5 s, spread by 10% so a fleet does not reconnect in lockstep after a
@@ -143,6 +151,8 @@ impl Wake {
 /// and the stop signal of the running listener task.
 pub(crate) struct Hub {
     sender: broadcast::Sender<Wake>,
+    /// Result waiters by instance: a `done:` payload wakes only those of its instance.
+    closed: ClosedWaiters,
     /// `Some` once a listener was spawned. Dropping it (with the store) stops the task; it
     /// reads as closed when the task is gone (its runtime shut down), so a later subscription
     /// starts a new one.
@@ -159,6 +169,7 @@ impl Hub {
     ) -> Self {
         Self {
             sender: broadcast::channel(WAKE_BUFFER_LEN).0,
+            closed: ClosedWaiters::default(),
             stop: Mutex::new(None),
             settings: Settings::new(config, connection, tls),
         }
@@ -182,7 +193,10 @@ impl PgStore {
         let listener = listen(
             hub.settings.clone(),
             self.wake_channel().to_owned(),
-            hub.sender.clone(),
+            Outlets {
+                sender: hub.sender.clone(),
+                closed: hub.closed.clone(),
+            },
         );
         runtime.spawn(async move {
             tokio::select! {
@@ -196,8 +210,23 @@ impl PgStore {
     }
 }
 
+/// Where the listener sends what it hears: the loops' broadcast, and the result waiters.
+struct Outlets {
+    sender: broadcast::Sender<Wake>,
+    closed: ClosedWaiters,
+}
+
+impl Outlets {
+    /// Tells every subscription and every result waiter that notifications may have been
+    /// missed. Nobody subscribed is fine: the next subscriber starts after this anyway.
+    fn reconnected(&self) {
+        let _ = self.sender.send(Wake::Reconnected);
+        self.closed.reconnected();
+    }
+}
+
 /// Listens forever, reconnecting with [`RECONNECT_BACKOFF`].
-async fn listen(settings: Settings, channel: String, sender: broadcast::Sender<Wake>) {
+async fn listen(settings: Settings, channel: String, sender: Outlets) {
     // Failed attempts since the last established connection.
     let mut failures: i32 = 0;
     loop {
@@ -250,11 +279,7 @@ impl fmt::Display for Ended {
 /// notifications and checks the connection every `check_interval` until it ends. Returns
 /// whether it got to listen, and why it ended; dropping the client and the connection on the
 /// way out closes the socket, dead or not.
-async fn session(
-    settings: &Settings,
-    channel: &str,
-    sender: &broadcast::Sender<Wake>,
-) -> (bool, Ended) {
+async fn session(settings: &Settings, channel: &str, sender: &Outlets) -> (bool, Ended) {
     let (client, mut driver) = match settings.connection.connect(settings.tls.clone()).await {
         Ok(connected) => connected,
         Err(e) => return (false, Ended::Error(e)),
@@ -277,8 +302,7 @@ async fn session(
         return (false, ended);
     }
     tracing::debug!(channel, "wake listener listening");
-    // Nobody subscribed is fine: the next subscriber starts after this anyway.
-    let _ = sender.send(Wake::Reconnected);
+    sender.reconnected();
     let mut checks = tokio::time::interval_at(
         tokio::time::Instant::now() + settings.check_interval,
         settings.check_interval,
@@ -308,7 +332,7 @@ async fn session(
 async fn round_trip<T>(
     request: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
     messages: &mut (impl Stream<Item = Result<AsyncMessage, tokio_postgres::Error>> + Unpin),
-    sender: &broadcast::Sender<Wake>,
+    sender: &Outlets,
     timeout: Duration,
 ) -> Result<(), Ended> {
     tokio::pin!(request);
@@ -325,7 +349,7 @@ async fn round_trip<T>(
 
 /// Forwards what the connection yielded; its end or error ends the session.
 fn received(
-    sender: &broadcast::Sender<Wake>,
+    sender: &Outlets,
     message: Option<Result<AsyncMessage, tokio_postgres::Error>>,
 ) -> Result<(), Ended> {
     match message {
@@ -338,11 +362,26 @@ fn received(
     }
 }
 
-/// Broadcasts a notification; notices and other messages are ignored.
-fn forward(sender: &broadcast::Sender<Wake>, message: &AsyncMessage) {
+/// Broadcasts a notification, or wakes the result waiters of an instance that closed; notices
+/// and other messages are ignored.
+fn forward(sender: &Outlets, message: &AsyncMessage) {
     if let AsyncMessage::Notification(notification) = message {
-        let _ = sender.send(Wake::from_payload(notification.payload()));
+        let payload = notification.payload();
+        if let Some(closed) = payload.strip_prefix(CLOSED_PREFIX) {
+            if let Some(key) = closed_key(closed) {
+                sender.closed.closed(&key);
+            }
+            return;
+        }
+        let _ = sender.sender.send(Wake::from_payload(payload));
     }
+}
+
+/// The instance of a `done:` payload's `<name>/<id>` (neither may contain `/`); `None` for one
+/// no instance could have sent, which is ignored.
+fn closed_key(payload: &str) -> Option<InstanceKey> {
+    let (name, id) = payload.split_once('/')?;
+    InstanceKey::parse(name, id).ok()
 }
 
 /// A subscription: the hub's messages that match its filter.
@@ -437,6 +476,57 @@ impl Notifier for PgStore {
             store: self.downgrade(),
         })
     }
+
+    /// Wakes when `key` closes (a `done:<name>/<id>` payload, sent by migration 0016's trigger
+    /// when an awaited instance closes) or when the listener (re)connects. Every waiter of
+    /// this store shares its one listener connection; a notification wakes only the waiters of
+    /// its instance. The first wait marks the instance awaited (one UPDATE of its row), so that
+    /// its close notifies; it returns [`WakeReason::Notified`] at once when the instance is
+    /// already closed, and falls back to the plain fallback when the mark fails (it is tried
+    /// again at the next wait).
+    fn subscribe_closed(&self, key: &InstanceKey) -> Box<dyn WakeSource> {
+        // Registered before the listener starts, so its first `Reconnected` reaches this one.
+        let wait = self.wakes().closed.subscribe(key);
+        self.listener_start();
+        Box::new(ClosedSubscription {
+            key: key.clone(),
+            marked: false,
+            wait,
+            store: self.downgrade(),
+        })
+    }
+}
+
+/// A result waiter: its registration, whether its instance is marked awaited yet, and the
+/// store, to mark it and to start the listener if subscribing could not (no runtime then).
+struct ClosedSubscription {
+    key: InstanceKey,
+    marked: bool,
+    wait: keiro_resume::ClosedWait,
+    store: WeakStore,
+}
+
+#[async_trait::async_trait]
+impl WakeSource for ClosedSubscription {
+    async fn wait(&mut self, fallback: Duration) -> WakeReason {
+        if let Some(store) = self.store.upgrade() {
+            store.listener_start();
+            if !self.marked {
+                match crate::awaited::instance_mark_awaited(&store, &self.key).await {
+                    Ok(true) => self.marked = true,
+                    // Closed already (or gone): nothing will notify; read now.
+                    Ok(false) => return WakeReason::Notified,
+                    // Only push is lost: the fallback still reads, and the next wait marks.
+                    Err(error) => tracing::warn!(
+                        key = %self.key,
+                        error = %error,
+                        "cannot mark an instance awaited; its waiter polls"
+                    ),
+                }
+            }
+        }
+        self.wait.wait(fallback).await
+    }
 }
 
 #[cfg(test)]
@@ -467,6 +557,14 @@ mod tests {
         for filter in filters {
             assert!(Wake::Reconnected.matches(filter), "{filter:?}");
         }
+    }
+
+    #[test]
+    fn closed_payloads_name_their_instance() {
+        let key = closed_key("order/o-1").unwrap();
+        assert_eq!(key.to_string(), "order/o-1");
+        assert!(closed_key("order").is_none());
+        assert!(closed_key("order/").is_none());
     }
 
     #[test]

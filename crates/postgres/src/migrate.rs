@@ -103,6 +103,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "list_and_retention_indexes",
         sql: include_str!("../../../migrations/0015_list_and_retention_indexes.sql"),
     },
+    Migration {
+        version: 16,
+        name: "notify_terminal",
+        sql: include_str!("../../../migrations/0016_notify_terminal.sql"),
+    },
 ];
 
 const MIGRATE: &str = "migrating the schema";

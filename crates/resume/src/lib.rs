@@ -36,6 +36,7 @@
 //! Only a failing discovery query fails a pass; everything per candidate is counted in
 //! [`ResumeSummary`] and reported through the log hook ([`ResumeLogEvent`]).
 
+mod closed;
 mod log;
 mod options;
 mod pass;
@@ -46,6 +47,7 @@ mod timer;
 mod wake;
 mod worker;
 
+pub use closed::{ClosedWait, ClosedWaiters};
 pub use log::{tracing_log_hook, LogHook, ResumeLogEvent};
 pub use options::{
     InvalidOptions, ResumeOptions, LEASE_TTL_MIN, MAX_CONCURRENT_ADVANCES_DEFAULT,

@@ -75,6 +75,16 @@ pub enum WakeFilter {
 pub trait Notifier: Send + Sync {
     /// A new subscription; each sees every matching notification sent after it was created.
     fn subscribe(&self, filter: WakeFilter) -> Box<dyn WakeSource>;
+
+    /// A subscription that wakes when instance `key` reaches a terminal status (completed,
+    /// failed, cancelled) after this call, or when notifications may have been missed; for
+    /// callers awaiting a result. The default never wakes early (a fixed poll): stores that
+    /// notify terminal transitions override it, with one [`ClosedWaiters`](crate::ClosedWaiters)
+    /// registry each, so waiters share the store's one listener.
+    fn subscribe_closed(&self, key: &keiro_journal::InstanceKey) -> Box<dyn WakeSource> {
+        let _ = key;
+        Box::new(FixedPoll)
+    }
 }
 
 #[async_trait::async_trait]

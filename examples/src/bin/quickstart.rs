@@ -1,29 +1,38 @@
-//! Starts one order workflow, approves it from "another process", and runs a worker until the
-//! order completes. Run twice: the second start is a no-op (idempotent by id) and the journal
-//! answers every step.
+//! Starts one order workflow, approves it from "another process", runs a worker, and awaits
+//! the order's result. Run twice: the second start is a no-op (idempotent by id) and the
+//! journal answers every step.
 
 use std::convert::Infallible;
 use std::time::Duration;
 
-use keiro::{Ctx, Keiro, Status, WorkflowError};
+use keiro::{Ctx, Keiro, WorkflowDef, WorkflowError};
 
-async fn order(ctx: Ctx, order_id: String) -> Result<String, WorkflowError> {
-    let charge: String = ctx
-        .step("charge", || async {
-            Ok::<_, Infallible>(format!("ch_{order_id}"))
-        })
-        .await?;
-    let approved: bool = ctx.await_step("approval").await?; // parks; costs nothing while parked
-    if !approved {
-        return Err(WorkflowError::app("rejected"));
+#[derive(Default)]
+struct Order;
+
+impl WorkflowDef for Order {
+    const NAME: &'static str = "order";
+    type Input = String; // the order id
+    type Output = String; // the receipt
+
+    async fn run(&self, ctx: Ctx, order_id: String) -> Result<String, WorkflowError> {
+        let charge: String = ctx
+            .step("charge", || async {
+                Ok::<_, Infallible>(format!("ch_{order_id}"))
+            })
+            .await?; // journaled: never re-run once recorded
+        let approved: bool = ctx.await_step("approval").await?; // parks; costs nothing while parked
+        if !approved {
+            return Err(WorkflowError::app("rejected"));
+        }
+        ctx.sleep("cool-off", Duration::from_millis(200)).await?; // durable timer
+        let label: String = ctx
+            .step("ship", || async {
+                Ok::<_, Infallible>(format!("label-{order_id}"))
+            })
+            .await?;
+        Ok(format!("{charge} {label}"))
     }
-    ctx.sleep("cool-off", Duration::from_millis(200)).await?; // durable timer
-    let label: String = ctx
-        .step("ship", || async {
-            Ok::<_, Infallible>(format!("label-{order_id}"))
-        })
-        .await?;
-    Ok(format!("{charge} {label}"))
 }
 
 #[tokio::main]
@@ -33,29 +42,26 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = keiro::postgres::Config::new(url);
     config.schema = "keiro_quickstart".into();
     let keiro = Keiro::connect_with(config).await?; // migrates
-    keiro.start("order", "order-42", "order-42").await?; // durable, idempotent by id
-    keiro
-        .deliver("order", "order-42", "approval", &true)
-        .await?; // from anywhere
 
-    let worker = keiro.worker().register("order", order).build()?;
-    let watcher = keiro.clone();
-    worker
-        .run_until(async move {
-            while !matches!(watcher.instance("order", "order-42").await, Ok(Some(row)) if row.status == Status::Completed) {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-        .await;
-    let row = keiro
-        .instance("order", "order-42")
-        .await?
-        .ok_or("the order exists")?;
-    println!(
-        "order-42 {}: {}",
-        row.status,
-        row.output.unwrap_or_default()
-    );
+    let order = keiro
+        .start_workflow::<Order>("order-42", &"order-42".to_owned())
+        .await?; // durable, idempotent by id; the input type is checked
+    order.deliver("approval", &true).await?; // from anywhere
+
+    let worker = keiro.worker().register_workflow::<Order>().build()?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        worker
+            .run_until(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    let receipt = order.result_within(Duration::from_secs(30)).await?; // woken by push
+    let _ = stop.send(());
+    running.await?;
+
+    println!("order-42 completed: {receipt}");
     for entry in keiro.journal("order", "order-42").await? {
         println!("  journal #{}: {}", entry.seq, entry.event.step_name());
     }

@@ -23,6 +23,9 @@ pub struct TaskContext {
     pub key: InstanceKey,
     /// Its generation.
     pub generation: Generation,
+    /// The remote step's name (its journal key): several steps of one run may share one
+    /// handler ([`RemoteOptions::handler`](keiro_journal::RemoteOptions::handler)).
+    pub step: String,
     /// The group the task was routed to.
     pub group: String,
     /// This attempt, from 1.
@@ -44,6 +47,7 @@ impl TaskContext {
             step_id: task.step_id.clone(),
             key: task.key.clone(),
             generation: task.generation,
+            step: task.step.clone(),
             group: task.group.clone(),
             attempt: task.attempt,
             max_attempts: task.max_attempts,

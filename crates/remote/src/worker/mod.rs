@@ -115,7 +115,9 @@ impl std::fmt::Debug for RemoteWorkerBuilder {
 }
 
 impl RemoteWorkerBuilder {
-    /// Serves the remote step `step` (group `<step>`) with `handler`.
+    /// Serves the group `step` with `handler`: the remote steps named `step`, and the steps of
+    /// any name dispatched with [`RemoteOptions::handler`](keiro_journal::RemoteOptions::handler)
+    /// naming it ([`TaskContext::step`] tells them apart).
     pub fn handle<I, O, F, Fut>(self, step: &str, handler: F) -> Self
     where
         I: DeserializeOwned + Send + 'static,

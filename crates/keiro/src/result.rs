@@ -1,0 +1,263 @@
+//! Awaiting an instance's result: [`Keiro::result`] and its options and error.
+//!
+//! # Design
+//!
+//! ```text
+//!   subscribe_closed(key) ──► read the row ──► terminal? ──► Ok(output as T) / Failed / Cancelled
+//!                                  ▲               │ no
+//!                                  │               ▼
+//!                                  └── woken: the instance closed, the listener reconnected,
+//!                                      or the fallback (jittered, never shorter) elapsed
+//! ```
+//!
+//! The instance row is authoritative: a waiter decides only on what it reads there. The
+//! store's push (`done:<name>/<id>` on the Postgres wake channel, sent by migration 0016's
+//! trigger when the row closes; the memory store's operations) only says when reading again
+//! is worthwhile, so a lost notification costs latency, never a result. The subscription is
+//! made before the first read, so a close that lands between the two still wakes the waiter.
+//! Waiters share the store's one listener and are woken by key: one waiter's instance closing
+//! makes no other waiter read. Without push (a store wrapped by [`Keiro::from_arc`] or
+//! [`Keiro::from_store`]) a waiter reads once per fallback interval.
+
+use std::time::Duration;
+
+use keiro_journal::{IdError, Instance, InstanceKey, Status, StoreError};
+use keiro_resume::{FixedPoll, WakeSource};
+use serde::de::DeserializeOwned;
+
+use crate::Keiro;
+
+/// The default of [`ResultOptions::poll_interval`]: 1 s, the resume loop's own default poll.
+pub const RESULT_POLL_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
+
+/// The smallest [`ResultOptions::poll_interval`] accepted: 10 ms. Shorter fallbacks are
+/// raised to it, so a waiter never reads more often than 100 times a second.
+pub const RESULT_POLL_INTERVAL_MIN: Duration = Duration::from_millis(10);
+
+/// How [`Keiro::result_with`] waits.
+///
+/// ```
+/// use std::time::Duration;
+/// let options = keiro::ResultOptions {
+///     timeout: Some(Duration::from_secs(30)),
+///     ..keiro::ResultOptions::default()
+/// };
+/// # let _ = options;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResultOptions {
+    /// How long to wait for the instance to close before [`ResultError::Timeout`]; `None`
+    /// waits as long as it takes. Defaults to `None`.
+    pub timeout: Option<Duration>,
+    /// The fallback: how long to wait for a notification before reading the row anyway
+    /// (stretched by up to 20% so waiters started together do not read in lockstep; never
+    /// below [`RESULT_POLL_INTERVAL_MIN`]). Defaults to [`RESULT_POLL_INTERVAL_DEFAULT`].
+    pub poll_interval: Duration,
+}
+
+impl Default for ResultOptions {
+    fn default() -> Self {
+        Self {
+            timeout: None,
+            poll_interval: RESULT_POLL_INTERVAL_DEFAULT,
+        }
+    }
+}
+
+/// Why awaiting a result gave no output.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResultError {
+    /// The workflow name or instance id is invalid.
+    #[error("invalid identifier")]
+    InvalidId(#[from] IdError),
+    /// No such instance.
+    #[error("instance {key} not found")]
+    NotFound {
+        /// The instance.
+        key: InstanceKey,
+    },
+    /// The run failed (a business failure, the crash ceiling, divergence); an operator may
+    /// still requeue or resurrect it.
+    #[error("instance {key} failed: {reason}")]
+    Failed {
+        /// The instance.
+        key: InstanceKey,
+        /// The failure recorded on the instance.
+        reason: String,
+    },
+    /// The run was cancelled.
+    #[error("instance {key} was cancelled")]
+    Cancelled {
+        /// The instance.
+        key: InstanceKey,
+    },
+    /// The instance did not close within the timeout; it may still.
+    #[error("instance {key} did not finish within {waited:?}")]
+    Timeout {
+        /// The instance.
+        key: InstanceKey,
+        /// The timeout.
+        waited: Duration,
+    },
+    /// The run completed, but its output does not decode as the type asked for.
+    #[error("decoding the output of instance {key}")]
+    Decode {
+        /// The instance.
+        key: InstanceKey,
+        /// The decoder's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// Reading the instance failed.
+    #[error("reading instance {key}")]
+    Store {
+        /// The instance.
+        key: InstanceKey,
+        /// The store's error.
+        #[source]
+        source: StoreError,
+    },
+}
+
+impl ResultError {
+    /// Whether the instance is known to have failed or been cancelled (not a timeout, not a
+    /// store error): waiting again gives the same answer until an operator acts.
+    pub fn is_final(&self) -> bool {
+        matches!(self, Self::Failed { .. } | Self::Cancelled { .. })
+    }
+}
+
+impl Keiro {
+    /// Uses `notifier` for push wake-ups: result waiters, and the workers built from this
+    /// handle afterwards. For a store wrapped with [`from_store`](Self::from_store) or
+    /// [`from_arc`](Self::from_arc) (a wrapper of your own, say) whose underlying store pushes.
+    #[must_use]
+    pub fn with_notifier(self, notifier: std::sync::Arc<dyn keiro_resume::Notifier>) -> Self {
+        self.replace_notifier(Some(notifier))
+    }
+
+    /// Waits until instance `id` of workflow `name` is terminal, at most `timeout`, and returns
+    /// its output decoded as `T`. Woken by the store's push when it has one (every waiter
+    /// shares the store's one listener), else by a poll once a second.
+    ///
+    /// ```no_run
+    /// # async fn demo(keiro: keiro::Keiro) -> Result<(), keiro::ResultError> {
+    /// use std::time::Duration;
+    /// let receipt: String = keiro.result("order", "order-42", Duration::from_secs(30)).await?;
+    /// # let _ = receipt; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ResultError::Failed`] (with the reason) or [`ResultError::Cancelled`] for a run that
+    /// ended so, [`ResultError::NotFound`], [`ResultError::Timeout`], [`ResultError::Decode`]
+    /// when the output is no `T`, [`ResultError::InvalidId`], [`ResultError::Store`].
+    pub async fn result<T: DeserializeOwned>(
+        &self,
+        name: &str,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<T, ResultError> {
+        let options = ResultOptions {
+            timeout: Some(timeout),
+            ..ResultOptions::default()
+        };
+        self.result_with(name, id, &options).await
+    }
+
+    /// [`result`](Self::result) with options: no timeout, or another fallback interval.
+    ///
+    /// # Errors
+    ///
+    /// As [`result`](Self::result).
+    pub async fn result_with<T: DeserializeOwned>(
+        &self,
+        name: &str,
+        id: &str,
+        options: &ResultOptions,
+    ) -> Result<T, ResultError> {
+        let key = InstanceKey::parse(name, id)?;
+        self.result_of(&key, options).await
+    }
+
+    pub(crate) async fn result_of<T: DeserializeOwned>(
+        &self,
+        key: &InstanceKey,
+        options: &ResultOptions,
+    ) -> Result<T, ResultError> {
+        // Subscribed before the first read: a close between the two still wakes us.
+        let mut wake: Box<dyn WakeSource> = match self.notifier() {
+            Some(notifier) => notifier.subscribe_closed(key),
+            None => Box::new(FixedPoll),
+        };
+        let deadline = options
+            .timeout
+            .map(|timeout| (tokio::time::Instant::now() + timeout, timeout));
+        let poll = options.poll_interval.max(RESULT_POLL_INTERVAL_MIN);
+        loop {
+            let row = self
+                .store()
+                .instance_get(key)
+                .await
+                .map_err(|source| ResultError::Store {
+                    key: key.clone(),
+                    source,
+                })?
+                .ok_or_else(|| ResultError::NotFound { key: key.clone() })?;
+            if let Some(outcome) = outcome(row) {
+                return outcome;
+            }
+            let mut wait = jittered(poll);
+            if let Some((deadline, timeout)) = deadline {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                if left.is_zero() {
+                    return Err(ResultError::Timeout {
+                        key: key.clone(),
+                        waited: timeout,
+                    });
+                }
+                wait = wait.min(left);
+            }
+            wake.wait(wait).await;
+        }
+    }
+}
+
+/// The answer a row gives, if it is terminal.
+fn outcome<T: DeserializeOwned>(row: Instance) -> Option<Result<T, ResultError>> {
+    let key = row.key;
+    match row.status {
+        Status::Completed => Some(
+            serde_json::from_value(row.output.unwrap_or(serde_json::Value::Null))
+                .map_err(|source| ResultError::Decode { key, source }),
+        ),
+        Status::Failed => Some(Err(ResultError::Failed {
+            key,
+            reason: row.last_error.unwrap_or_default(),
+        })),
+        Status::Cancelled => Some(Err(ResultError::Cancelled { key })),
+        Status::Running | Status::Suspended => None,
+    }
+}
+
+/// `interval` stretched by a random 0-20%: waiters started together spread their fallback
+/// reads, and none reads more often than once per `interval`.
+fn jittered(interval: Duration) -> Duration {
+    let sample = uuid::Uuid::new_v4().as_u128() % 2001;
+    let per_ten_thousand = u32::try_from(sample).unwrap_or(0) + 10_000;
+    interval * per_ten_thousand / 10_000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fallback_is_only_ever_stretched() {
+        for _ in 0..200 {
+            let wait = jittered(Duration::from_secs(1));
+            assert!(wait >= Duration::from_secs(1) && wait <= Duration::from_millis(1200));
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! Typed workflows: a definition names its workflow and fixes its input and output types, so
+//! starting one with the wrong input, or reading its result as the wrong type, does not compile.
+//!
+//! A trait rather than a macro or a builder: the associated types are what the compiler checks
+//! `start_workflow::<W>(id, &input)` and `Handle<W>::result` against, a trait is the one place
+//! both the starting side and the worker side can name them, and it needs no proc-macro crate.
+//! The stringly API ([`Keiro::start`], [`WorkerBuilder::register`](crate::WorkerBuilder::register))
+//! stays for dynamic callers; a typed definition is registered under its [`WorkflowDef::NAME`],
+//! so both address the same instances.
+//!
+//! ```no_run
+//! use keiro::{Ctx, Keiro, WorkflowDef, WorkflowError};
+//!
+//! #[derive(Default)]
+//! struct Greet;
+//!
+//! impl WorkflowDef for Greet {
+//!     const NAME: &'static str = "greet";
+//!     type Input = String;
+//!     type Output = String;
+//!
+//!     async fn run(&self, ctx: Ctx, name: String) -> Result<String, WorkflowError> {
+//!         ctx.step("compose", || async move { Ok::<_, std::io::Error>(format!("hello {name}")) })
+//!             .await
+//!     }
+//! }
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let keiro = Keiro::connect("postgres://postgres@127.0.0.1:5432/postgres").await?;
+//! let worker = keiro.worker().register_workflow::<Greet>().build()?;
+//! tokio::spawn(async move { worker.run().await });
+//! let greeting = keiro.start_workflow::<Greet>("greet-1", &"ada".to_owned()).await?;
+//! assert_eq!(greeting.result().await?, "hello ada");
+//! # Ok(()) }
+//! ```
+//!
+//! A wrong input type is a compile error:
+//!
+//! ```compile_fail
+//! # use keiro::{Ctx, Keiro, WorkflowDef, WorkflowError};
+//! # #[derive(Default)]
+//! # struct Greet;
+//! # impl WorkflowDef for Greet {
+//! #     const NAME: &'static str = "greet";
+//! #     type Input = String;
+//! #     type Output = String;
+//! #     async fn run(&self, _ctx: Ctx, name: String) -> Result<String, WorkflowError> { Ok(name) }
+//! # }
+//! # async fn demo(keiro: Keiro) -> Result<(), keiro::Error> {
+//! keiro.start_workflow::<Greet>("greet-1", &42_u32).await?; // expected `&String`, found `&u32`
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use keiro_journal::{
+    AppendOutcome, CancelOutcome, Ctx, Instance, InstanceKey, SignalSendOutcome, WorkflowError,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::{Error, Keiro, ResultError, ResultOptions};
+
+/// A workflow definition: its registered name, its input and output types, and its body.
+///
+/// Implement it on a unit struct (registered with
+/// [`register_workflow`](crate::WorkerBuilder::register_workflow)) or on a struct holding the
+/// body's dependencies, such as a client or a pool (registered as a value with
+/// [`register_workflow_with`](crate::WorkerBuilder::register_workflow_with)). Write `run` as an
+/// `async fn`; its future must be `Send`, as a worker drives runs on a multi-threaded runtime.
+///
+/// ```
+/// use keiro::{Ctx, WorkflowDef, WorkflowError};
+///
+/// struct Double;
+///
+/// impl WorkflowDef for Double {
+///     const NAME: &'static str = "double";
+///     type Input = u32;
+///     type Output = u64;
+///
+///     async fn run(&self, ctx: Ctx, n: u32) -> Result<u64, WorkflowError> {
+///         ctx.step("double", || async move { Ok::<_, std::io::Error>(u64::from(n) * 2) }).await
+///     }
+/// }
+/// ```
+pub trait WorkflowDef: Send + Sync + 'static {
+    /// The name instances are started and registered under: a valid workflow name (no `:`,
+    /// `#`, `/`, surrounding whitespace or control characters), checked when it is used.
+    const NAME: &'static str;
+    /// What `start_workflow` takes and the body receives.
+    type Input: Serialize + DeserializeOwned + Send + 'static;
+    /// What the body returns and `Handle::result` decodes.
+    type Output: Serialize + DeserializeOwned + Send + 'static;
+
+    /// The body: runs (and re-runs) with the instance's input; journaled steps replay.
+    fn run(
+        &self,
+        ctx: Ctx,
+        input: Self::Input,
+    ) -> impl Future<Output = Result<Self::Output, WorkflowError>> + Send;
+}
+
+/// A typed handle on one instance of workflow `W`: await its result, cancel it, deliver to it.
+/// Cheap to clone; holding one keeps nothing open.
+pub struct Handle<W> {
+    keiro: Keiro,
+    key: InstanceKey,
+    created: bool,
+    // `fn() -> W`: the handle is Send + Sync whatever W is, and owns no W.
+    _workflow: PhantomData<fn() -> W>,
+}
+
+impl<W> Clone for Handle<W> {
+    fn clone(&self) -> Self {
+        Self {
+            keiro: self.keiro.clone(),
+            key: self.key.clone(),
+            created: self.created,
+            _workflow: PhantomData,
+        }
+    }
+}
+
+impl<W> std::fmt::Debug for Handle<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handle")
+            .field("key", &self.key)
+            .field("created", &self.created)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<W: WorkflowDef> Handle<W> {
+    /// The instance: `W::NAME` and the id.
+    pub fn key(&self) -> &InstanceKey {
+        &self.key
+    }
+
+    /// The instance id.
+    pub fn id(&self) -> &str {
+        self.key.id.as_str()
+    }
+
+    /// Whether the start that returned this handle created the instance (`false`: it existed
+    /// already, and its original input stands). `false` for a handle from
+    /// [`Keiro::handle`].
+    pub fn created(&self) -> bool {
+        self.created
+    }
+
+    /// Waits, as long as it takes, until the instance is terminal, and returns its output.
+    ///
+    /// # Errors
+    ///
+    /// As [`Keiro::result`], but never [`ResultError::Timeout`].
+    pub async fn result(&self) -> Result<W::Output, ResultError> {
+        self.result_with(&ResultOptions::default()).await
+    }
+
+    /// [`result`](Self::result), giving up after `timeout`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Keiro::result`].
+    pub async fn result_within(&self, timeout: Duration) -> Result<W::Output, ResultError> {
+        let options = ResultOptions {
+            timeout: Some(timeout),
+            ..ResultOptions::default()
+        };
+        self.result_with(&options).await
+    }
+
+    /// [`result`](Self::result) with options.
+    ///
+    /// # Errors
+    ///
+    /// As [`Keiro::result`].
+    pub async fn result_with(&self, options: &ResultOptions) -> Result<W::Output, ResultError> {
+        self.keiro.result_of(&self.key, options).await
+    }
+
+    /// Cancels the instance ([`Keiro::cancel`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Keiro::cancel`].
+    pub async fn cancel(&self) -> Result<CancelOutcome, Error> {
+        self.keiro
+            .cancel(self.key.name.as_str(), self.key.id.as_str())
+            .await
+    }
+
+    /// Cancels the instance and its live descendants ([`Keiro::cancel_cascade`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Keiro::cancel_cascade`].
+    pub async fn cancel_cascade(&self) -> Result<CancelOutcome, Error> {
+        self.keiro
+            .cancel_cascade(self.key.name.as_str(), self.key.id.as_str())
+            .await
+    }
+
+    /// Journals `value` for the instance's `ctx.await_step(step)` and wakes it
+    /// ([`Keiro::deliver`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Keiro::deliver`].
+    pub async fn deliver<T: Serialize + ?Sized>(
+        &self,
+        step: &str,
+        value: &T,
+    ) -> Result<AppendOutcome, Error> {
+        self.keiro
+            .deliver(self.key.name.as_str(), self.key.id.as_str(), step, value)
+            .await
+    }
+
+    /// Sends a signal on `token` ([`Keiro::signal`]). Signals are addressed by token, not by
+    /// instance: the instance receives it when one of its `ctx.wait_signal(token, ..)` is the
+    /// oldest wait on the token, so give each instance tokens of its own (such as
+    /// `<id>/approval`).
+    ///
+    /// # Errors
+    ///
+    /// As [`Keiro::signal`].
+    pub async fn signal<T: Serialize + ?Sized>(
+        &self,
+        token: &str,
+        payload: &T,
+    ) -> Result<SignalSendOutcome, Error> {
+        self.keiro.signal(token, payload).await
+    }
+
+    /// The instance row as it is now; `None` only if it was never started (a handle from
+    /// [`Keiro::handle`]) or has been deleted.
+    ///
+    /// # Errors
+    ///
+    /// As [`Keiro::instance`].
+    pub async fn instance(&self) -> Result<Option<Instance>, Error> {
+        Ok(self.keiro.store().instance_get(&self.key).await?)
+    }
+}
+
+impl Keiro {
+    /// Starts instance `id` of the typed workflow `W` with `input` (checked against
+    /// `W::Input` at compile time) and returns its handle. Durable and idempotent by id like
+    /// [`start`](Self::start): a second start returns a handle on the existing instance
+    /// ([`Handle::created`] is `false`).
+    ///
+    /// ```no_run
+    /// # use keiro::{Ctx, WorkflowDef, WorkflowError};
+    /// # struct Double;
+    /// # impl WorkflowDef for Double {
+    /// #     const NAME: &'static str = "double";
+    /// #     type Input = u32;
+    /// #     type Output = u64;
+    /// #     async fn run(&self, _ctx: Ctx, n: u32) -> Result<u64, WorkflowError> { Ok(u64::from(n) * 2) }
+    /// # }
+    /// # async fn demo(keiro: keiro::Keiro) -> Result<(), Box<dyn std::error::Error>> {
+    /// let doubled = keiro.start_workflow::<Double>("double-1", &21).await?;
+    /// assert_eq!(doubled.result().await?, 42);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start): [`Error::InvalidId`] (also for an invalid `W::NAME`),
+    /// [`Error::Payload`], [`Error::Store`].
+    pub async fn start_workflow<W: WorkflowDef>(
+        &self,
+        id: &str,
+        input: &W::Input,
+    ) -> Result<Handle<W>, Error> {
+        let started = self.start(W::NAME, id, input).await?;
+        Ok(Handle {
+            keiro: self.clone(),
+            key: started.instance.key,
+            created: started.created,
+            _workflow: PhantomData,
+        })
+    }
+
+    /// A handle on instance `id` of `W`, started before or elsewhere; nothing is read.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidId`].
+    pub fn handle<W: WorkflowDef>(&self, id: &str) -> Result<Handle<W>, Error> {
+        Ok(Handle {
+            keiro: self.clone(),
+            key: InstanceKey::parse(W::NAME, id)?,
+            created: false,
+            _workflow: PhantomData,
+        })
+    }
+}

@@ -1,0 +1,184 @@
+//! Waiting for one instance to close: the registry a store's notifier wakes when an instance
+//! reaches a terminal status, for callers awaiting a result.
+//!
+//! A resume loop wants every wake-up; a caller awaiting `order/order-42` wants only that one.
+//! Fanning each terminal notification out to every waiter would wake all of them for each
+//! instance that closes, and each would re-read its row: with hundreds of waiters that is a
+//! storm of reads. So waiters register under their instance key, and a notification wakes only
+//! the waiters of its key, in O(waiters of that key). One registry per store, fed by the
+//! store's one listener (Postgres) or its operations (memory): however many callers wait, the
+//! store keeps one `LISTEN` connection.
+//!
+//! A notification is an optimisation over the waiter's fallback poll, never the only way it
+//! learns the outcome: a notification lost (the listener was reconnecting) costs latency, and
+//! a reconnection wakes every waiter once, since what was sent meanwhile is unknown.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use keiro_journal::InstanceKey;
+use tokio::sync::Notify;
+
+use crate::{WakeReason, WakeSource};
+
+/// The waiters of a store, by the instance they wait on. Cheap to clone (clones share it).
+///
+/// ```
+/// use std::time::Duration;
+/// use keiro_journal::InstanceKey;
+/// use keiro_resume::{ClosedWaiters, WakeReason, WakeSource};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), keiro_journal::IdError> {
+/// let waiters = ClosedWaiters::default();
+/// let key = InstanceKey::parse("order", "order-42")?;
+/// let mut wait = waiters.subscribe(&key);
+/// waiters.closed(&key); // the store saw the instance close
+/// assert_eq!(wait.wait(Duration::from_secs(30)).await, WakeReason::Notified);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ClosedWaiters {
+    inner: Arc<Mutex<Registry>>,
+}
+
+#[derive(Debug, Default)]
+struct Registry {
+    next_id: u64,
+    by_key: HashMap<InstanceKey, Vec<(u64, Arc<Notify>)>>,
+}
+
+impl ClosedWaiters {
+    /// Registers a waiter on `key`: its [`wait`](WakeSource::wait) returns
+    /// [`WakeReason::Notified`] once [`closed`](Self::closed) names `key` (or
+    /// [`reconnected`](Self::reconnected) is called) after this call, even when that happens
+    /// before the wait starts. Dropping the returned source unregisters it.
+    pub fn subscribe(&self, key: &InstanceKey) -> ClosedWait {
+        let notify = Arc::new(Notify::new());
+        let mut registry = self.lock();
+        registry.next_id += 1;
+        let id = registry.next_id;
+        registry
+            .by_key
+            .entry(key.clone())
+            .or_default()
+            .push((id, notify.clone()));
+        ClosedWait {
+            waiters: self.clone(),
+            key: key.clone(),
+            id,
+            notify,
+        }
+    }
+
+    /// Wakes the waiters of `key`: the instance reached a terminal status.
+    pub fn closed(&self, key: &InstanceKey) {
+        if let Some(waiters) = self.lock().by_key.get(key) {
+            for (_, notify) in waiters {
+                // Stores a permit when the waiter is between waits, so nothing is missed.
+                notify.notify_one();
+            }
+        }
+    }
+
+    /// Wakes every waiter: notifications may have been missed (the listener reconnected).
+    pub fn reconnected(&self) {
+        for waiters in self.lock().by_key.values() {
+            for (_, notify) in waiters {
+                notify.notify_one();
+            }
+        }
+    }
+
+    /// How many waiters are registered, over every key.
+    pub fn len(&self) -> usize {
+        self.lock().by_key.values().map(Vec::len).sum()
+    }
+
+    /// Whether no waiter is registered.
+    pub fn is_empty(&self) -> bool {
+        self.lock().by_key.is_empty()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
+        // The registry holds plain handles, valid whatever a panicking holder did.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn unregister(&self, key: &InstanceKey, id: u64) {
+        let mut registry = self.lock();
+        if let Some(waiters) = registry.by_key.get_mut(key) {
+            waiters.retain(|(waiter, _)| *waiter != id);
+            if waiters.is_empty() {
+                registry.by_key.remove(key);
+            }
+        }
+    }
+}
+
+/// One waiter of a [`ClosedWaiters`] registry: a [`WakeSource`] that wakes when its instance
+/// closes, or after the fallback.
+#[derive(Debug)]
+pub struct ClosedWait {
+    waiters: ClosedWaiters,
+    key: InstanceKey,
+    id: u64,
+    notify: Arc<Notify>,
+}
+
+impl Drop for ClosedWait {
+    fn drop(&mut self) {
+        self.waiters.unregister(&self.key, self.id);
+    }
+}
+
+#[async_trait::async_trait]
+impl WakeSource for ClosedWait {
+    async fn wait(&mut self, fallback: Duration) -> WakeReason {
+        tokio::select! {
+            biased;
+            () = self.notify.notified() => WakeReason::Notified,
+            () = tokio::time::sleep(fallback) => WakeReason::Timeout,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(id: &str) -> InstanceKey {
+        InstanceKey::parse("order", id).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_close_wakes_only_the_waiters_of_its_key() {
+        let waiters = ClosedWaiters::default();
+        let mut a1 = waiters.subscribe(&key("a"));
+        let mut a2 = waiters.subscribe(&key("a"));
+        let mut b = waiters.subscribe(&key("b"));
+        assert_eq!(waiters.len(), 3);
+        waiters.closed(&key("a"));
+        let fallback = Duration::from_secs(30);
+        assert_eq!(a1.wait(fallback).await, WakeReason::Notified);
+        assert_eq!(a2.wait(fallback).await, WakeReason::Notified);
+        assert_eq!(b.wait(fallback).await, WakeReason::Timeout);
+        // One permit per close: the next wait runs to the fallback.
+        assert_eq!(a1.wait(fallback).await, WakeReason::Timeout);
+        waiters.reconnected();
+        assert_eq!(b.wait(fallback).await, WakeReason::Notified);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_waiter_unregisters() {
+        let waiters = ClosedWaiters::default();
+        let first = waiters.subscribe(&key("a"));
+        let second = waiters.subscribe(&key("a"));
+        drop(first);
+        assert_eq!(waiters.len(), 1);
+        drop(second);
+        assert!(waiters.is_empty());
+        // Closing a key nobody waits on is a no-op.
+        waiters.closed(&key("a"));
+    }
+}
