@@ -101,10 +101,7 @@ impl Drop for TestClock {
                 .build()
                 .map_err(|e| e.to_string())?;
             runtime.block_on(async move {
-                let (client, driver) = connection
-                    .connect(tls)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let (client, driver) = connection.connect(tls).await.map_err(|e| e.to_string())?;
                 let driver = tokio::spawn(driver);
                 // The schema name is one we generated; DDL takes no bind parameters for names.
                 // A lock held by a session of the (now blocked) test runtime must not hang it.
