@@ -360,3 +360,122 @@ async fn on_a_store_without_transactions_the_step_is_refused_typed() -> TestResu
     assert!(reason.contains("Postgres store"), "{reason}");
     Ok(())
 }
+
+/// A transfer under a retry policy whose closure fails its first `failing` attempts after the
+/// debit: each failed attempt rolls back and is journaled; returns the worker.
+fn retrying_transfer(
+    h: &Harness,
+    failing: u32,
+    runs: Arc<AtomicU32>,
+) -> Result<keiro::Worker, keiro::Error> {
+    let s = schema(h);
+    h.keiro
+        .worker()
+        .options(h.fast_options())
+        .register("transfer", move |ctx: Ctx, (): ()| {
+            let (s, runs) = (s.clone(), runs.clone());
+            async move {
+                let policy = keiro::StepOptions::new(3).initial_interval(Duration::from_millis(1));
+                let outcome = ctx
+                    .transaction_with("move-30", &policy, |tx| {
+                        let (s, runs) = (s.clone(), runs.clone());
+                        Box::pin(async move {
+                            let run = runs.fetch_add(1, Ordering::SeqCst);
+                            tx.execute(
+                                &format!(
+                                    "UPDATE {s}.accounts SET balance = balance - 30 WHERE id = 'a'"
+                                ),
+                                &[],
+                            )
+                            .await
+                            .map_err(|e| e.to_string())?;
+                            if run < failing {
+                                return Err(format!("declined on attempt {}", run + 1));
+                            }
+                            tx.execute(
+                                &format!(
+                                    "UPDATE {s}.accounts SET balance = balance + 30 WHERE id = 'b'"
+                                ),
+                                &[],
+                            )
+                            .await
+                            .map_err(|e| e.to_string())?;
+                            tx.execute(
+                                &format!("INSERT INTO {s}.transfers VALUES ('t-1', 30)"),
+                                &[],
+                            )
+                            .await
+                            .map_err(|e| e.to_string())?;
+                            Ok::<_, String>(30i64)
+                        })
+                    })
+                    .await;
+                match outcome {
+                    Ok(moved) => Ok(moved),
+                    Err(WorkflowError::StepFailed { attempts, .. }) => Ok(-i64::from(attempts)),
+                    Err(other) => Err(other),
+                }
+            }
+        })
+        .build()
+}
+
+#[tokio::test]
+async fn a_failing_closure_rolls_back_and_counts_as_an_attempt_of_its_retry_policy() -> TestResult {
+    let h = Harness::postgres().await;
+    accounts(&h).await?;
+    let runs = Arc::new(AtomicU32::new(0));
+    let worker = retrying_transfer(&h, 2, runs.clone())?;
+    h.keiro.start("transfer", "t-1", &()).await?;
+    worker.drain().await?;
+    let row = h.keiro.instance("transfer", "t-1").await?.expect("row");
+    assert_eq!(
+        (row.status, row.output),
+        (Status::Completed, Some(serde_json::json!(30))),
+        "{:?}",
+        row.last_error
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        3,
+        "two failed attempts, then success"
+    );
+    assert_eq!(
+        balances(&h).await?,
+        (70, 130, 1),
+        "failed attempts left no trace"
+    );
+    let steps: Vec<String> = h
+        .keiro
+        .journal("transfer", "t-1")
+        .await?
+        .iter()
+        .map(|e| e.event.step_name().into_owned())
+        .collect();
+    assert!(
+        steps.contains(&"attempt:move-30:1".to_owned())
+            && steps.contains(&"attempt:move-30:2".to_owned()),
+        "{steps:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn spent_attempts_give_the_body_step_failed_and_no_effects() -> TestResult {
+    let h = Harness::postgres().await;
+    accounts(&h).await?;
+    let runs = Arc::new(AtomicU32::new(0));
+    let worker = retrying_transfer(&h, 10, runs.clone())?;
+    h.keiro.start("transfer", "t-1", &()).await?;
+    worker.drain().await?;
+    let row = h.keiro.instance("transfer", "t-1").await?.expect("row");
+    assert_eq!(
+        (row.status, row.output),
+        (Status::Completed, Some(serde_json::json!(-3))),
+        "the body saw StepFailed after 3 attempts: {:?}",
+        row.last_error
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    assert_eq!(balances(&h).await?, (100, 100, 0));
+    Ok(())
+}

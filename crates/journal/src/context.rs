@@ -399,6 +399,18 @@ impl Ctx {
     where
         T: Serialize + DeserializeOwned,
     {
+        let recorded = self.record_encoded(step, kind, started, value).await?;
+        decode(step, recorded)
+    }
+
+    /// [`record_result`](Self::record_result) up to the journaled value, undecoded.
+    pub(crate) async fn record_encoded<T: Serialize + ?Sized>(
+        &self,
+        step: &str,
+        kind: StepKind,
+        started: Instant,
+        value: &T,
+    ) -> Result<Value, WorkflowError> {
         let json = match self.encode(step, value) {
             Ok(json) => json,
             Err(error) => return Err(self.fail_at_once(error)),
@@ -407,7 +419,7 @@ impl Ctx {
         if let Some(observer) = &self.inner.options.observer {
             observer.step_finished(&self.inner.key.name, kind, started.elapsed());
         }
-        decode(step, recorded)
+        Ok(recorded)
     }
 
     /// Waits for a value that something outside the run journals under `name` (see

@@ -154,7 +154,7 @@ impl StepOptions {
         self.interval(failures).mul_f64(1.0 - jitter * unit)
     }
 
-    fn retries(&self, error: &dyn Any) -> bool {
+    pub(crate) fn retries(&self, error: &dyn Any) -> bool {
         self.retry_if.as_ref().is_none_or(|retry| retry(error))
     }
 }
@@ -217,6 +217,47 @@ impl Ctx {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        let started = Instant::now();
+        self.retrying(name, options, |attempt| {
+            let span = tracing::debug_span!("step", keiro.workflow.step = name, attempt);
+            let run = tracing::Instrument::instrument(CatchPanic::new(action()), span);
+            async move {
+                match self.keep_alive(run).await {
+                    Ok(Ok(value)) => {
+                        let recorded = self
+                            .record_encoded(name, StepKind::Step, started, &value)
+                            .await?;
+                        Ok(Attempt::Succeeded(recorded))
+                    }
+                    Ok(Err(error)) => Ok(Attempt::Failed {
+                        message: error.to_string(),
+                        retry: options.retries(&error),
+                    }),
+                    Err(panic) => Ok(Attempt::Failed {
+                        message: format!("panicked: {panic}"),
+                        retry: true,
+                    }),
+                }
+            }
+        })
+        .await
+    }
+
+    /// The attempt loop of every step kind with a retry policy: replays a recorded result or
+    /// final failure, counts the failed attempts already journaled, then runs `attempt(n)`
+    /// until one succeeds (it journals its own result) or the policy gives up, journaling each
+    /// failure and keeping the lease alive between attempts.
+    pub(crate) async fn retrying<T, A, Fut>(
+        &self,
+        name: &str,
+        options: &StepOptions,
+        mut attempt: A,
+    ) -> Result<T, WorkflowError>
+    where
+        T: DeserializeOwned,
+        A: FnMut(u32) -> Fut,
+        Fut: Future<Output = Result<Attempt, WorkflowError>>,
+    {
         id::validate_user_step(name)?;
         if let Some(value) = self.replayed(name, StepKind::Step)? {
             return decode(name, value);
@@ -233,30 +274,22 @@ impl Ctx {
             failures += 1;
         }
         self.before_fresh_work(name).await?;
-        let started = Instant::now();
         let max_attempts = options.max_attempts.max(1);
         loop {
-            let attempt = failures + 1;
-            let span = tracing::debug_span!("step", keiro.workflow.step = name, attempt);
-            let run = tracing::Instrument::instrument(CatchPanic::new(action()), span);
-            let outcome = self.keep_alive(run).await;
+            let n = failures + 1;
+            let outcome = attempt(n).await;
             self.state().stats.executed += 1;
-            let (message, retry) = match outcome {
-                Ok(Ok(value)) => {
-                    return self
-                        .record_result(name, StepKind::Step, started, &value)
-                        .await
-                }
-                Ok(Err(error)) => (error.to_string(), options.retries(&error)),
-                Err(panic) => (format!("panicked: {panic}"), true),
+            let (message, retry) = match outcome? {
+                Attempt::Succeeded(value) => return decode(name, value),
+                Attempt::Failed { message, retry } => (message, retry),
             };
-            failures = attempt;
-            let record = json!({ "attempt": attempt, "message": crate::storable_text(&message) });
-            if !retry || attempt >= max_attempts {
+            failures = n;
+            let record = json!({ "attempt": n, "message": crate::storable_text(&message) });
+            if !retry || n >= max_attempts {
                 let recorded = self.record(&failed_step, StepKind::Attempt, record).await?;
                 return Err(step_failed(name, &recorded));
             }
-            self.record(&attempt_step(name, attempt), StepKind::Attempt, record)
+            self.record(&attempt_step(name, n), StepKind::Attempt, record)
                 .await?;
             self.keep_alive(tokio::time::sleep(options.jittered_interval(failures)))
                 .await;
@@ -264,6 +297,14 @@ impl Ctx {
             self.before_fresh_work(name).await?;
         }
     }
+}
+
+/// How one attempt of a step with a retry policy ended, when the run goes on.
+pub(crate) enum Attempt {
+    /// The result, journaled.
+    Succeeded(Value),
+    /// The action failed; `retry` is the policy's verdict on its error.
+    Failed { message: String, retry: bool },
 }
 
 /// The body's error for a journaled final failure of `step`.

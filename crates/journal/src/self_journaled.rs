@@ -19,8 +19,9 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::context::{decode, Halt};
+use crate::retry::Attempt;
 use crate::unwind::CatchPanic;
-use crate::{id, store, Append, AppendOutcome, Ctx, StepKind, WorkflowError};
+use crate::{id, store, Append, AppendOutcome, Ctx, StepKind, StepOptions, WorkflowError};
 
 /// What a self-journaling step's action gets: the step's name and the append its result must
 /// be journaled with.
@@ -103,7 +104,7 @@ impl Ctx {
     ) -> Result<T, WorkflowError>
     where
         T: DeserializeOwned,
-        E: std::fmt::Display,
+        E: std::fmt::Display + 'static,
         F: FnOnce(StepJournal<'c>) -> Fut,
         Fut: Future<Output = Result<SelfJournaled, SelfJournalError<E>>>,
     {
@@ -112,54 +113,108 @@ impl Ctx {
             return decode(name, value);
         }
         self.before_fresh_work(name).await?;
-        let started = Instant::now();
-        let journal = StepJournal {
+        let run = action(StepJournal {
             ctx: self,
             step: name,
-        };
+        });
+        let attempt = self.self_journaled_attempt(name, Instant::now(), run, None);
+        let outcome = attempt.await;
+        self.state().stats.executed += 1;
+        match outcome? {
+            Attempt::Succeeded(value) => decode(name, value),
+            Attempt::Failed { message, .. } => Err(WorkflowError::Step {
+                step: name.to_owned(),
+                message,
+            }),
+        }
+    }
+
+    /// [`step_journaled_by`](Self::step_journaled_by) under a retry policy, as
+    /// [`step_with`](Self::step_with) runs a plain step: an action error rolls its transaction
+    /// back and counts as a failed attempt; when the attempts are spent the body gets
+    /// [`WorkflowError::StepFailed`].
+    ///
+    /// # Errors
+    ///
+    /// As [`step_with`](Self::step_with).
+    pub async fn step_journaled_with<'c, T, E, F, Fut>(
+        &'c self,
+        name: &'c str,
+        options: &StepOptions,
+        mut action: F,
+    ) -> Result<T, WorkflowError>
+    where
+        T: DeserializeOwned,
+        E: std::fmt::Display + 'static,
+        F: FnMut(StepJournal<'c>) -> Fut,
+        Fut: Future<Output = Result<SelfJournaled, SelfJournalError<E>>>,
+    {
+        let started = Instant::now();
+        self.retrying(name, options, |_| {
+            let run = action(StepJournal {
+                ctx: self,
+                step: name,
+            });
+            self.self_journaled_attempt(name, started, run, Some(options))
+        })
+        .await
+    }
+
+    /// One attempt of a self-journaling step: the action runs under the lease's heartbeat, and
+    /// what its append answered is adopted. Without a retry policy (`options` is `None`) an
+    /// action error or panic is reported as a failed attempt that may not be retried.
+    async fn self_journaled_attempt<E, Fut>(
+        &self,
+        name: &str,
+        started: Instant,
+        run: Fut,
+        options: Option<&StepOptions>,
+    ) -> Result<Attempt, WorkflowError>
+    where
+        E: std::fmt::Display + 'static,
+        Fut: Future<Output = Result<SelfJournaled, SelfJournalError<E>>>,
+    {
         let ran = {
             let _running = crate::context::ActionRunning::new(self);
             let span = tracing::debug_span!("step", keiro.workflow.step = name);
-            let action = tracing::Instrument::instrument(CatchPanic::new(action(journal)), span);
-            self.keep_alive(action).await
+            let run = tracing::Instrument::instrument(CatchPanic::new(run), span);
+            self.keep_alive(run).await
         };
-        let journaled = match ran {
-            Ok(Ok(journaled)) => journaled,
-            Ok(Err(SelfJournalError::Action(e))) => {
-                return Err(WorkflowError::Step {
-                    step: name.to_owned(),
-                    message: e.to_string(),
-                })
+        match ran {
+            Ok(Ok(journaled)) => {
+                let len = crate::budget::encoded_len(&journaled.value);
+                let value = self.adopt(
+                    name,
+                    StepKind::Step,
+                    journaled.value,
+                    len,
+                    journaled.outcome,
+                    started,
+                )?;
+                if let Some(observer) = &self.options().observer {
+                    observer.step_finished(&self.key().name, StepKind::Step, started.elapsed());
+                }
+                Ok(Attempt::Succeeded(value))
             }
-            Ok(Err(SelfJournalError::Refused(error))) => {
-                return Err(if error.fails_run_at_once() {
-                    self.fail_at_once(error)
-                } else {
-                    error
-                })
-            }
-            Ok(Err(SelfJournalError::Store(error))) => return Err(self.store_failed(name, error)),
-            Err(message) => {
-                return Err(WorkflowError::Panicked {
-                    step: name.to_owned(),
-                    message,
-                })
-            }
-        };
-        self.state().stats.executed += 1;
-        let len = crate::budget::encoded_len(&journaled.value);
-        let value = self.adopt(
-            name,
-            StepKind::Step,
-            journaled.value,
-            len,
-            journaled.outcome,
-            started,
-        )?;
-        if let Some(observer) = &self.options().observer {
-            observer.step_finished(&self.key().name, StepKind::Step, started.elapsed());
+            Ok(Err(SelfJournalError::Action(e))) => Ok(Attempt::Failed {
+                message: e.to_string(),
+                retry: options.is_some_and(|options| options.retries(&e)),
+            }),
+            Ok(Err(SelfJournalError::Refused(error))) => Err(if error.fails_run_at_once() {
+                self.fail_at_once(error)
+            } else {
+                error
+            }),
+            Ok(Err(SelfJournalError::Store(error))) => Err(self.store_failed(name, error)),
+            Err(message) if options.is_some() => Ok(Attempt::Failed {
+                message: format!("panicked: {message}"),
+                retry: true,
+            }),
+            Err(message) => Err(WorkflowError::Panicked {
+                step: name.to_owned(),
+                message,
+            }),
         }
-        decode(name, value)
     }
 }
 

@@ -12,7 +12,7 @@
 
 use keiro_journal::{
     AppendOutcome, BoxFuture, Ctx, Event, SelfJournalError, SelfJournaled, StepJournal,
-    WorkflowError,
+    StepOptions, WorkflowError,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -69,8 +69,30 @@ pub trait TransactionStep {
     ) -> BoxFuture<'a, Result<T, WorkflowError>>
     where
         T: Serialize + DeserializeOwned + Send + 'a,
-        E: std::fmt::Display + Send + 'a,
+        E: std::fmt::Display + Send + 'static,
         F: for<'t> FnOnce(&'t Transaction<'t>) -> BoxFuture<'t, Result<T, E>> + Send + 'a;
+
+    /// [`transaction`](Self::transaction) under a retry policy, as
+    /// [`Ctx::step_with`] runs a plain step: an `Err` from `work` (or a panic) rolls its
+    /// transaction back and counts as a failed attempt, journaled; the next attempt runs in a
+    /// new transaction after the policy's wait; when the attempts are spent, or the policy
+    /// does not retry the error, the body gets [`WorkflowError::StepFailed`]. `work` is called
+    /// once per attempt, so it is `Fn`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Ctx::step_with`], and [`WorkflowError::Unsupported`] when the run's store is not a
+    /// [`PgStore`].
+    fn transaction_with<'a, T, E, F>(
+        &'a self,
+        name: &'a str,
+        options: &'a StepOptions,
+        work: F,
+    ) -> BoxFuture<'a, Result<T, WorkflowError>>
+    where
+        T: Serialize + DeserializeOwned + Send + 'a,
+        E: std::fmt::Display + Send + 'static,
+        F: for<'t> Fn(&'t Transaction<'t>) -> BoxFuture<'t, Result<T, E>> + Send + Sync + 'a;
 }
 
 impl TransactionStep for Ctx {
@@ -81,28 +103,49 @@ impl TransactionStep for Ctx {
     ) -> BoxFuture<'a, Result<T, WorkflowError>>
     where
         T: Serialize + DeserializeOwned + Send + 'a,
-        E: std::fmt::Display + Send + 'a,
+        E: std::fmt::Display + Send + 'static,
         F: for<'t> FnOnce(&'t Transaction<'t>) -> BoxFuture<'t, Result<T, E>> + Send + 'a,
     {
         Box::pin(async move {
-            let store = self
-                .store()
-                .as_any()
-                .and_then(|any| any.downcast_ref::<PgStore>())
-                .cloned();
-            let Some(store) = store else {
-                return Err(WorkflowError::Unsupported {
-                    step: name.to_owned(),
-                    reason: format!(
-                        "a transaction step needs the Postgres store; this run's store is {:?}",
-                        self.store()
-                    ),
-                });
-            };
+            let store = pg_store(self, name)?;
             self.step_journaled_by(name, |journal| run(store, journal, work))
                 .await
         })
     }
+
+    fn transaction_with<'a, T, E, F>(
+        &'a self,
+        name: &'a str,
+        options: &'a StepOptions,
+        work: F,
+    ) -> BoxFuture<'a, Result<T, WorkflowError>>
+    where
+        T: Serialize + DeserializeOwned + Send + 'a,
+        E: std::fmt::Display + Send + 'static,
+        F: for<'t> Fn(&'t Transaction<'t>) -> BoxFuture<'t, Result<T, E>> + Send + Sync + 'a,
+    {
+        Box::pin(async move {
+            let store = pg_store(self, name)?;
+            let work = &work;
+            self.step_journaled_with(name, options, |journal| run(store.clone(), journal, work))
+                .await
+        })
+    }
+}
+
+/// The run's store as the Postgres store a transaction step needs.
+fn pg_store(ctx: &Ctx, step: &str) -> Result<PgStore, WorkflowError> {
+    ctx.store()
+        .as_any()
+        .and_then(|any| any.downcast_ref::<PgStore>())
+        .cloned()
+        .ok_or_else(|| WorkflowError::Unsupported {
+            step: step.to_owned(),
+            reason: format!(
+                "a transaction step needs the Postgres store; this run's store is {:?}",
+                ctx.store()
+            ),
+        })
 }
 
 /// One fresh run of a transaction step: the user's statements, then the step's fenced append,
