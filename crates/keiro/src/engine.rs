@@ -10,17 +10,18 @@ use keiro_lease::{LeaseStore, ResurrectOutcome};
 use keiro_remote::{
     RemoteAdmin, RemoteTask, RemoteWorker, RemoteWorkerBuilder, RequeueOutcome, Transport,
 };
-use keiro_resume::Notifier;
+use keiro_resume::{Notifier, ScheduleStore};
 use serde::Serialize;
 use uuid::Uuid;
 
 use crate::{Error, WorkerBuilder};
 
-/// A store with every capability keiro uses: the journal and wake sources, leases, and remote
-/// steps (their transport and the operator's tools). `PgStore` and `MemoryStore` are ones.
-pub trait Store: LeaseStore + Transport + RemoteAdmin {}
+/// A store with every capability keiro uses: the journal and wake sources, leases, remote
+/// steps (their transport and the operator's tools) and schedules. `PgStore` and
+/// `MemoryStore` are ones.
+pub trait Store: LeaseStore + Transport + RemoteAdmin + ScheduleStore {}
 
-impl<T: LeaseStore + Transport + RemoteAdmin> Store for T {}
+impl<T: LeaseStore + Transport + RemoteAdmin + ScheduleStore> Store for T {}
 
 /// The remote-step halves of a store.
 #[derive(Clone)]
@@ -36,7 +37,9 @@ pub struct Keiro {
     store: Arc<dyn LeaseStore>,
     remote: Option<Remote>,
     notifier: Option<Arc<dyn Notifier>>,
-    payload_len_max: usize,
+    pub(crate) payload_len_max: usize,
+    /// Schedules (`None` for a store wrapped with `from_arc`).
+    pub(crate) schedules: Option<Arc<dyn ScheduleStore>>,
 }
 
 impl std::fmt::Debug for Keiro {
@@ -67,10 +70,11 @@ impl Keiro {
             store: store.clone(),
             remote: Some(Remote {
                 transport: store.clone(),
-                admin: store,
+                admin: store.clone(),
             }),
             notifier: None,
             payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
+            schedules: Some(store),
         }
     }
 
@@ -82,6 +86,7 @@ impl Keiro {
             remote: None,
             notifier: None,
             payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
+            schedules: None,
         }
     }
 
@@ -387,6 +392,7 @@ impl Keiro {
         WorkerBuilder::new(self.store.clone())
             .push(self.notifier.clone())
             .payload_len_max(self.payload_len_max)
+            .schedule_store(self.schedules.clone())
     }
 
     /// The push notifier, when the store has one.

@@ -46,10 +46,12 @@
 
 mod engine;
 mod error;
+mod schedule;
 mod worker;
 
 pub use engine::{Keiro, Store};
 pub use error::Error;
+pub use schedule::{ScheduleBuilder, Schedules};
 pub use worker::{Worker, WorkerBuilder};
 
 pub use keiro_journal::{
@@ -71,6 +73,10 @@ pub use keiro_resume::{
     drain, resume_once, resume_once_up_to, FixedPoll, LogHook, Notifier, Registry, RegistryError,
     ResumeLogEvent, ResumeOptions, ResumeSummary, TimerOptions, TimerSummary, WakeFilter,
     WakeReason, WakeSource,
+};
+pub use keiro_resume::{
+    Cadence, CatchUp, Overlap, Schedule, ScheduleError, ScheduleSpec, ScheduleStore,
+    SchedulerOptions, SchedulerSummary,
 };
 pub use keiro_telemetry::{Metrics, Tracing};
 

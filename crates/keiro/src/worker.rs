@@ -26,6 +26,8 @@ pub struct WorkerBuilder {
     timers: Option<TimerOptions>,
     push: Option<Arc<dyn Notifier>>,
     errors: Vec<RegistryError>,
+    /// Where schedules live, and how this worker's scheduler runs (schedule.rs).
+    pub(crate) schedules: crate::schedule::WorkerSchedules,
 }
 
 impl std::fmt::Debug for WorkerBuilder {
@@ -47,6 +49,7 @@ impl WorkerBuilder {
             timers: Some(TimerOptions::default()),
             push: None,
             errors: Vec::new(),
+            schedules: crate::schedule::WorkerSchedules::default(),
         }
     }
 
@@ -192,6 +195,7 @@ impl WorkerBuilder {
             options: self.options,
             timers,
             push: self.push,
+            schedules: self.schedules,
         })
     }
 }
@@ -204,6 +208,7 @@ pub struct Worker {
     options: ResumeOptions,
     timers: Option<TimerOptions>,
     push: Option<Arc<dyn Notifier>>,
+    pub(crate) schedules: crate::schedule::WorkerSchedules,
 }
 
 impl std::fmt::Debug for Worker {
@@ -287,6 +292,7 @@ impl Worker {
                 stopped(stop_rx.clone()),
             ))
         });
+        let scheduler = self.spawn_scheduler(stopped(stop_rx.clone()));
         let wake: Box<dyn WakeSource> = match &self.push {
             Some(notifier) => notifier.subscribe(WakeFilter::Instances),
             None => Box::new(FixedPoll),
@@ -300,6 +306,10 @@ impl Worker {
         if let Some(timers) = timers {
             // The timer loop stops on the same signal; a panic inside it is not ours to rethrow.
             let _ = timers.await;
+        }
+        if let Some(scheduler) = scheduler {
+            // As the timer loop: it stops on the same signal.
+            let _ = scheduler.await;
         }
         summary
     }

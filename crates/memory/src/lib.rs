@@ -65,6 +65,7 @@ mod journal;
 mod lease;
 mod notify;
 mod remote;
+mod schedule;
 mod sources;
 mod state;
 mod storable;

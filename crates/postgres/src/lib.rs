@@ -74,6 +74,7 @@ mod migrate;
 mod park_batch;
 mod remote;
 mod row;
+mod schedule;
 mod signal;
 mod store;
 mod timer;

@@ -98,6 +98,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "settle_leftovers_of_completed_runs",
         sql: include_str!("../../../migrations/0014_settle_leftovers_of_completed_runs.sql"),
     },
+    Migration {
+        version: 18,
+        name: "schedules",
+        sql: include_str!("../../../migrations/0018_schedules.sql"),
+    },
 ];
 
 const MIGRATE: &str = "migrating the schema";

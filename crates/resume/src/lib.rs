@@ -55,9 +55,8 @@ pub use pass::{drain, resume_once, resume_once_up_to};
 pub use registry::{Registry, RegistryError};
 pub use schedule::cadence::{Cadence, INTERVAL_MIN, TIME_ZONE_DEFAULT};
 pub use schedule::scheduler::{
-    run_scheduler_loop, schedule_once, SchedulerOptions, SchedulerSummary,
-    CATCH_UP_WINDOW_DEFAULT, SCHEDULER_BATCH_DEFAULT, SCHEDULER_LEASE_TTL_DEFAULT,
-    SCHEDULER_POLL_INTERVAL_DEFAULT,
+    run_scheduler_loop, schedule_once, SchedulerOptions, SchedulerSummary, CATCH_UP_WINDOW_DEFAULT,
+    SCHEDULER_BATCH_DEFAULT, SCHEDULER_LEASE_TTL_DEFAULT, SCHEDULER_POLL_INTERVAL_DEFAULT,
 };
 pub use schedule::spec::{
     tick_instance_id, trigger_instance_id, validate_name as validate_schedule_name, CatchUp,

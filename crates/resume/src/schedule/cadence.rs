@@ -92,11 +92,10 @@ impl Cadence {
                         expression: expression.clone(),
                         reason: e.to_string(),
                     })?;
-                let zone = chrono_tz::Tz::from_str(time_zone).map_err(|_| {
-                    ScheduleError::TimeZone {
+                let zone =
+                    chrono_tz::Tz::from_str(time_zone).map_err(|_| ScheduleError::TimeZone {
                         time_zone: time_zone.clone(),
-                    }
-                })?;
+                    })?;
                 Ok(Compiled::Cron(Box::new(cron), zone))
             }
             Self::Every(interval) => {
@@ -149,9 +148,14 @@ impl Compiled {
     /// The first tick at or after `at`.
     pub(crate) fn at_or_after(&self, at: OffsetDateTime) -> Option<OffsetDateTime> {
         match self {
-            Self::Cron(cron, zone) => {
-                let from = to_zoned(at, *zone)?;
-                from_zoned(&cron.find_next_occurrence(&from, true).ok()?)
+            Self::Cron(..) => {
+                // Not croner's inclusive search: a tick a daylight-saving gap moved (02:30 to
+                // 03:00) does not match the pattern at its own instant, only from before it.
+                let mut tick = self.next_after(at - time::Duration::SECOND)?;
+                while tick < at {
+                    tick = self.next_after(tick)?;
+                }
+                Some(tick)
             }
             Self::Every(step) => {
                 let n = at.unix_timestamp_nanos();
@@ -178,7 +182,7 @@ impl Compiled {
 }
 
 fn to_zoned(at: OffsetDateTime, zone: chrono_tz::Tz) -> Option<DateTime<chrono_tz::Tz>> {
-    let nanos = u32::try_from(at.nanosecond()).ok()?;
+    let nanos = at.nanosecond();
     let utc = Utc.timestamp_opt(at.unix_timestamp(), nanos).single()?;
     Some(utc.with_timezone(&zone))
 }
@@ -209,10 +213,23 @@ mod tests {
         let c = berlin_0230();
         let before = datetime!(2026-03-28 01:30 UTC); // 02:30 CET the day before
         let gap_day = c.next_after(before).expect("a tick");
-        assert_eq!(gap_day, datetime!(2026-03-29 01:00 UTC), "03:00 CEST, right after the gap");
+        assert_eq!(
+            gap_day,
+            datetime!(2026-03-29 01:00 UTC),
+            "03:00 CEST, right after the gap"
+        );
         let after = c.next_after(gap_day).expect("a tick");
-        assert_eq!(after, datetime!(2026-03-30 00:30 UTC), "02:30 CEST the next day");
+        assert_eq!(
+            after,
+            datetime!(2026-03-30 00:30 UTC),
+            "02:30 CEST the next day"
+        );
         assert_eq!(c.before(after), Some(gap_day));
+        assert_eq!(
+            c.at_or_after(gap_day),
+            Some(gap_day),
+            "found again from itself"
+        );
     }
 
     #[test]
@@ -221,14 +238,24 @@ mod tests {
         let c = berlin_0230();
         let before = datetime!(2026-10-24 00:30 UTC); // 02:30 CEST the day before
         let first = c.next_after(before).expect("a tick");
-        assert_eq!(first, datetime!(2026-10-25 00:30 UTC), "02:30 CEST, the first pass");
+        assert_eq!(
+            first,
+            datetime!(2026-10-25 00:30 UTC),
+            "02:30 CEST, the first pass"
+        );
         let next = c.next_after(first).expect("a tick");
-        assert_eq!(next, datetime!(2026-10-26 01:30 UTC), "not 02:30 CET the same day");
+        assert_eq!(
+            next,
+            datetime!(2026-10-26 01:30 UTC),
+            "not 02:30 CET the same day"
+        );
     }
 
     #[test]
     fn intervals_are_anchored_at_the_epoch() {
-        let c = Cadence::Every(Duration::from_secs(60)).compile().expect("valid");
+        let c = Cadence::Every(Duration::from_secs(60))
+            .compile()
+            .expect("valid");
         let t = datetime!(2026-01-01 10:00 UTC);
         assert_eq!(c.next_after(t), Some(datetime!(2026-01-01 10:01 UTC)));
         assert_eq!(c.at_or_after(t), Some(t));
@@ -256,6 +283,9 @@ mod tests {
             Cadence::Every(Duration::from_millis(1500)).validate(),
             Err(ScheduleError::Interval { .. })
         ));
-        assert!(Cadence::cron("*/10 * * * * *", "UTC").validate().is_ok(), "seconds field");
+        assert!(
+            Cadence::cron("*/10 * * * * *", "UTC").validate().is_ok(),
+            "seconds field"
+        );
     }
 }

@@ -64,7 +64,13 @@ pub(crate) fn plan(
                 due.extend(missed);
             }
         }
-        let mut tick = cadence.at_or_after(first.max(window_start));
+        // The row's next tick is a tick by construction (and may be one a daylight-saving
+        // gap moved, which no search from it would find again).
+        let mut tick = if first >= window_start {
+            Some(first)
+        } else {
+            cadence.at_or_after(window_start)
+        };
         let mut on_time = 0;
         while let Some(t) = tick.filter(|t| *t <= now && on_time < ON_TIME_MAX) {
             due.push(t);
@@ -137,13 +143,21 @@ mod tests {
 
     #[test]
     fn a_tick_not_yet_due_changes_nothing() {
-        let s = every_minute(Overlap::Skip, CatchUp::None, datetime!(2026-01-01 10:01 UTC));
+        let s = every_minute(
+            Overlap::Skip,
+            CatchUp::None,
+            datetime!(2026-01-01 10:01 UTC),
+        );
         assert_eq!(run(&s, datetime!(2026-01-01 10:00:59 UTC), false), None);
     }
 
     #[test]
     fn an_on_time_tick_starts() {
-        let s = every_minute(Overlap::Skip, CatchUp::None, datetime!(2026-01-01 10:01 UTC));
+        let s = every_minute(
+            Overlap::Skip,
+            CatchUp::None,
+            datetime!(2026-01-01 10:01 UTC),
+        );
         let p = run(&s, datetime!(2026-01-01 10:01:02 UTC), false).expect("a plan");
         assert_eq!(p.starts, vec![datetime!(2026-01-01 10:01 UTC)]);
         assert_eq!(p.next_tick, Some(datetime!(2026-01-01 10:02 UTC)));
@@ -162,7 +176,10 @@ mod tests {
         assert_eq!(starts(CatchUp::None), vec![datetime!(2026-01-01 10:05 UTC)]);
         assert_eq!(
             starts(CatchUp::Last),
-            vec![datetime!(2026-01-01 10:04 UTC), datetime!(2026-01-01 10:05 UTC)]
+            vec![
+                datetime!(2026-01-01 10:04 UTC),
+                datetime!(2026-01-01 10:05 UTC)
+            ]
         );
         assert_eq!(
             starts(CatchUp::All { max: 2 }),
@@ -182,12 +199,20 @@ mod tests {
         let skip = run(&every_minute(Overlap::Skip, CatchUp::None, next), now, true).expect("plan");
         assert!(skip.starts.is_empty());
         assert_eq!(skip.dropped, 1);
-        let buffer =
-            run(&every_minute(Overlap::BufferOne, CatchUp::None, next), now, true).expect("plan");
+        let buffer = run(
+            &every_minute(Overlap::BufferOne, CatchUp::None, next),
+            now,
+            true,
+        )
+        .expect("plan");
         assert!(buffer.starts.is_empty());
         assert_eq!(buffer.buffered, Some(next));
-        let all =
-            run(&every_minute(Overlap::AllowAll, CatchUp::None, next), now, true).expect("plan");
+        let all = run(
+            &every_minute(Overlap::AllowAll, CatchUp::None, next),
+            now,
+            true,
+        )
+        .expect("plan");
         assert_eq!(all.starts, vec![next]);
     }
 

@@ -75,7 +75,9 @@ pub enum ScheduleError {
     },
     /// The schedule's workflow is not registered with the worker whose scheduler is leader:
     /// it starts nothing, and records this on the schedule's row (`last_error`).
-    #[error("schedule {schedule} starts workflow {workflow}, which this worker has not registered")]
+    #[error(
+        "schedule {schedule} starts workflow {workflow}, which this worker has not registered"
+    )]
     Unregistered {
         /// The schedule.
         schedule: String,

@@ -134,4 +134,3 @@ pub trait ScheduleStore: Send + Sync + std::fmt::Debug + 'static {
     /// applies. `false` when the row moved on or is gone.
     async fn schedule_record_error(&self, name: &str, revision: i64, error: &str) -> Result<bool>;
 }
-
