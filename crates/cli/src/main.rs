@@ -2,6 +2,7 @@
 //!
 //! - `keiro migrate` applies the schema migrations.
 //! - `keiro show`, `cancel`, `resurrect`, `release` operate on one workflow instance.
+//! - `keiro schedule list|pause|resume|trigger` operate on schedules.
 //! - `keiro demo` proves the crash guarantees end to end: it runs 200 workflows through a
 //!   worker process, kills that process with SIGKILL mid-run, lets a second one finish the work,
 //!   and checks from the database that no recorded step ran again. Beside them, durable sleeps
@@ -22,6 +23,7 @@ mod common;
 mod demo;
 mod migrate;
 mod ops;
+mod schedule;
 
 use std::process::ExitCode;
 
@@ -62,6 +64,9 @@ enum Command {
     Redispatch(ops::KeyArgs),
     /// Start `<id>~retry~<hex>` of a failed instance with a corrected input (JSON).
     RetryWithInput(ops::RetryArgs),
+    /// Operate schedules: list, pause, resume, trigger.
+    #[command(subcommand)]
+    Schedule(schedule::ScheduleCommand),
     /// Crash-recovery demo: kill a worker mid-run and verify every guarantee from the database.
     Demo(demo::DemoArgs),
     /// The demo's worker process (spawned by `keiro demo`, not for direct use).
@@ -107,6 +112,7 @@ fn main() -> ExitCode {
             Command::Requeue(key) => ops::requeue(&global, &key).await,
             Command::Redispatch(key) => ops::redispatch(&global, &key).await,
             Command::RetryWithInput(args) => ops::retry_with_input(&global, &args).await,
+            Command::Schedule(command) => schedule::run(&global, &command).await,
             Command::Demo(args) => demo::run(&global, &args).await,
             Command::DemoWorker(args) => demo::worker::run(&global, &args).await,
             Command::Bench(args) => bench::run(&global, &args).await,
