@@ -39,6 +39,15 @@ impl Default for WorkerSchedules {
     }
 }
 
+impl WorkerSchedules {
+    /// Checks the scheduler's options, when it runs.
+    pub(crate) fn validate(&self) -> Result<(), keiro_resume::InvalidOptions> {
+        self.options
+            .as_ref()
+            .map_or(Ok(()), SchedulerOptions::validate)
+    }
+}
+
 fn unsupported() -> Error {
     Error::Unsupported {
         what: "schedules (the store was wrapped with `from_arc`)",

@@ -182,6 +182,7 @@ impl WorkerBuilder {
             return Err(Error::Registry(self.errors.remove(0)));
         }
         self.options.validate()?;
+        self.schedules.validate()?;
         let mut timers = self.timers;
         if let Some(timers) = &mut timers {
             timers.metrics = timers

@@ -29,7 +29,7 @@ use super::spec::{tick_instance_id, ScheduleError};
 use super::store::{FireOutcome, ScheduleFire, ScheduleStore};
 use crate::log::error_chain;
 use crate::wake::jittered;
-use crate::Registry;
+use crate::{InvalidOptions, Registry, POLL_INTERVAL_MIN};
 
 /// The default longest wait between two scheduler passes: a tick starts at most this late.
 pub const SCHEDULER_POLL_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
@@ -44,7 +44,11 @@ pub const SCHEDULER_BATCH_DEFAULT: i64 = 100;
 /// How the scheduler runs.
 #[derive(Debug, Clone)]
 pub struct SchedulerOptions {
-    /// The longest wait between passes. Defaults to [`SCHEDULER_POLL_INTERVAL_DEFAULT`].
+    /// The longest wait between passes of a leader with an active schedule. A follower, or a
+    /// leader with no unpaused schedule, passes every `lease_ttl / 3` instead, so an idle
+    /// worker costs one or two queries per five seconds by default (a new schedule is picked up
+    /// within that; its first ticks are still on time, see `catch_up_window`). Defaults to
+    /// [`SCHEDULER_POLL_INTERVAL_DEFAULT`].
     pub poll_interval: Duration,
     /// The leadership's time-to-live, renewed every pass; keep it well above
     /// `poll_interval`. Defaults to [`SCHEDULER_LEASE_TTL_DEFAULT`].
@@ -69,6 +73,37 @@ impl Default for SchedulerOptions {
             batch: SCHEDULER_BATCH_DEFAULT,
             owner: format!("scheduler-{}", uuid::Uuid::new_v4().simple()),
         }
+    }
+}
+
+impl SchedulerOptions {
+    /// Checks every field's bound.
+    ///
+    /// ```
+    /// let mut options = keiro_resume::SchedulerOptions::default();
+    /// assert!(options.validate().is_ok());
+    /// options.lease_ttl = options.poll_interval;
+    /// assert!(options.validate().is_err());
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidOptions::Field`] naming the field and its bound.
+    pub fn validate(&self) -> Result<(), InvalidOptions> {
+        let field = |field, problem| Err(InvalidOptions::Field { field, problem });
+        if self.poll_interval < POLL_INTERVAL_MIN {
+            return field("scheduler.poll_interval", "must be at least 10ms");
+        }
+        if self.lease_ttl <= self.poll_interval {
+            return field("scheduler.lease_ttl", "must exceed the poll interval");
+        }
+        if self.batch < 1 {
+            return field("scheduler.batch", "must be positive");
+        }
+        if self.owner.is_empty() {
+            return field("scheduler.owner", "must not be empty");
+        }
+        Ok(())
     }
 }
 
@@ -121,7 +156,8 @@ pub async fn schedule_once(
     Ok(pass(store, registry, options, now).await?.0)
 }
 
-/// A pass, and the instant of the next tick as the store saw it (with its clock).
+/// A pass, and how long until the next tick as the store saw it: `None` when this worker does
+/// not lead or no schedule is active.
 async fn pass(
     store: &dyn ScheduleStore,
     registry: &Registry,
@@ -223,12 +259,19 @@ async fn pass(
         }
     }
     let full = i64::try_from(found.due.len()).unwrap_or(i64::MAX) >= options.batch;
-    let wait = if full {
-        Some(Duration::ZERO)
+    let progressed = summary.started + summary.already_started > 0;
+    let wait = if full && progressed {
+        Some(Duration::ZERO) // there may be more due right now
     } else {
-        found
-            .next_due
-            .map(|at| Duration::try_from(at - found.clock).unwrap_or(Duration::ZERO))
+        // Until the next tick, at most the poll interval; a tick already due that this pass
+        // left (an unregistered workflow, a live previous run) waits the poll interval, not
+        // nothing, or the loop would spin on it.
+        found.next_due.map(|at| {
+            Duration::try_from(at - found.clock)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .unwrap_or(options.poll_interval)
+        })
     };
     Ok((summary, wait))
 }
@@ -246,7 +289,9 @@ pub async fn run_scheduler_loop(
         let wait = match pass(store.as_ref(), &registry, &options, None).await {
             Ok((summary, until_next)) => {
                 total += summary;
-                until_next.map_or(options.poll_interval, |d| d.min(options.poll_interval))
+                // A follower, or a leader with nothing scheduled, only needs to keep its lease
+                // (or notice a new schedule, or a dead leader) in time: a third of the lease.
+                until_next.map_or(options.lease_ttl / 3, |d| d.min(options.poll_interval))
             }
             Err(error) => {
                 tracing::warn!(error = %error_chain(&error), "scheduler pass failed; retrying");
