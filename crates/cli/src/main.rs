@@ -4,6 +4,7 @@
 //! - `keiro show`, `cancel`, `resurrect`, `release` operate on one workflow instance.
 //! - `keiro list` and `keiro stats` list instances by filter (keyset pages) and count them;
 //!   `keiro gc` deletes instances terminal for longer than a window (retention).
+//! - `keiro schedule list|pause|resume|trigger` operate on schedules.
 //! - `keiro demo` proves the crash guarantees end to end: it runs 200 workflows through a
 //!   worker process, kills that process with SIGKILL mid-run, lets a second one finish the work,
 //!   and checks from the database that no recorded step ran again. Beside them, durable sleeps
@@ -27,6 +28,7 @@ mod gc;
 mod list;
 mod migrate;
 mod ops;
+mod schedule;
 mod timeline;
 
 use std::process::ExitCode;
@@ -74,6 +76,9 @@ enum Command {
     Redispatch(ops::KeyArgs),
     /// Start `<id>~retry~<hex>` of a failed instance with a corrected input (JSON).
     RetryWithInput(ops::RetryArgs),
+    /// Operate schedules: list, pause, resume, trigger.
+    #[command(subcommand)]
+    Schedule(schedule::ScheduleCommand),
     /// Crash-recovery demo: kill a worker mid-run and verify every guarantee from the database.
     Demo(demo::DemoArgs),
     /// The demo's worker process (spawned by `keiro demo`, not for direct use).
@@ -123,6 +128,7 @@ fn main() -> ExitCode {
             Command::Requeue(key) => ops::requeue(&global, &key).await,
             Command::Redispatch(key) => ops::redispatch(&global, &key).await,
             Command::RetryWithInput(args) => ops::retry_with_input(&global, &args).await,
+            Command::Schedule(command) => schedule::run(&global, &command).await,
             Command::Demo(args) => demo::run(&global, &args).await,
             Command::DemoWorker(args) => demo::worker::run(&global, &args).await,
             Command::Bench(args) => bench::run(&global, &args).await,

@@ -10,7 +10,7 @@ use keiro_lease::{LeaseStore, ResurrectOutcome};
 use keiro_remote::{
     RemoteAdmin, RemoteTask, RemoteWorker, RemoteWorkerBuilder, RequeueOutcome, Transport,
 };
-use keiro_resume::Notifier;
+use keiro_resume::{Notifier, ScheduleStore};
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -19,11 +19,17 @@ use crate::{Error, WorkerBuilder};
 use keiro_journal::{InspectStore, RetentionStore};
 
 /// A store with every capability keiro uses: the journal and wake sources, leases, remote
-/// steps (their transport and the operator's tools), and the operators' list, counts and
-/// retention. `PgStore` and `MemoryStore` are ones.
-pub trait Store: LeaseStore + Transport + RemoteAdmin + InspectStore + RetentionStore {}
+/// steps (their transport and the operator's tools), the operators' list, counts and
+/// retention, and schedules. `PgStore` and `MemoryStore` are ones.
+pub trait Store:
+    LeaseStore + Transport + RemoteAdmin + InspectStore + RetentionStore + ScheduleStore
+{
+}
 
-impl<T: LeaseStore + Transport + RemoteAdmin + InspectStore + RetentionStore> Store for T {}
+impl<T: LeaseStore + Transport + RemoteAdmin + InspectStore + RetentionStore + ScheduleStore> Store
+    for T
+{
+}
 
 /// The remote-step halves of a store.
 #[derive(Clone)]
@@ -39,9 +45,11 @@ pub struct Keiro {
     store: Arc<dyn LeaseStore>,
     remote: Option<Remote>,
     notifier: Option<Arc<dyn Notifier>>,
-    payload_len_max: usize,
+    pub(crate) payload_len_max: usize,
     /// The operators' list, counts and retention; `None` for a store wrapped with `from_arc`.
     pub(crate) operate: Option<Operate>,
+    /// Schedules (`None` for a store wrapped with `from_arc`).
+    pub(crate) schedules: Option<Arc<dyn ScheduleStore>>,
 }
 
 impl std::fmt::Debug for Keiro {
@@ -73,10 +81,11 @@ impl Keiro {
             operate: Some(Operate::new(store.clone())),
             remote: Some(Remote {
                 transport: store.clone(),
-                admin: store,
+                admin: store.clone(),
             }),
             notifier: None,
             payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
+            schedules: Some(store),
         }
     }
 
@@ -89,6 +98,7 @@ impl Keiro {
             notifier: None,
             payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
             operate: None,
+            schedules: None,
         }
     }
 
@@ -395,6 +405,7 @@ impl Keiro {
             .push(self.notifier.clone())
             .payload_len_max(self.payload_len_max)
             .retention_store(self.operate.as_ref().map(Operate::retention))
+            .schedule_store(self.schedules.clone())
     }
 
     /// This handle with `notifier` as its push notifier.

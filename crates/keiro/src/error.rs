@@ -35,6 +35,16 @@ pub enum Error {
     /// out of range.
     #[error("invalid list request")]
     Filter(#[from] keiro_journal::FilterError),
+    /// A schedule was refused: a cron expression that does not parse, an unknown time zone,
+    /// a bad interval, name or catch-up bound.
+    #[error("schedule refused")]
+    Schedule(#[from] keiro_resume::ScheduleError),
+    /// No schedule has this name.
+    #[error("no schedule {name}")]
+    NoSchedule {
+        /// The name asked for.
+        name: String,
+    },
     /// The store does not offer this capability.
     #[error("the store does not support {what}")]
     Unsupported {

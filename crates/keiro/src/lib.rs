@@ -50,6 +50,7 @@ mod engine;
 mod error;
 mod operate;
 mod result;
+mod schedule;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod typed;
@@ -60,6 +61,7 @@ pub use error::Error;
 pub use result::{
     ResultError, ResultOptions, RESULT_POLL_INTERVAL_DEFAULT, RESULT_POLL_INTERVAL_MIN,
 };
+pub use schedule::{ScheduleBuilder, Schedules};
 pub use typed::{Handle, WorkflowDef};
 pub use worker::{Worker, WorkerBuilder};
 
@@ -87,6 +89,10 @@ pub use keiro_resume::{
     drain, resume_once, resume_once_up_to, ClosedWait, ClosedWaiters, FixedPoll, LogHook, Notifier,
     Registry, RegistryError, ResumeLogEvent, ResumeOptions, ResumeSummary, RetentionOptions,
     TimerOptions, TimerSummary, WakeFilter, WakeReason, WakeSource,
+};
+pub use keiro_resume::{
+    Cadence, CatchUp, Overlap, Schedule, ScheduleError, ScheduleSpec, ScheduleStore,
+    SchedulerOptions, SchedulerSummary,
 };
 pub use keiro_telemetry::{Metrics, Tracing};
 

@@ -27,6 +27,8 @@ pub struct WorkerBuilder {
     push: Option<Arc<dyn Notifier>>,
     errors: Vec<RegistryError>,
     retention: Option<Arc<dyn RetentionStore>>,
+    /// Where schedules live, and how this worker's scheduler runs (schedule.rs).
+    pub(crate) schedules: crate::schedule::WorkerSchedules,
 }
 
 impl std::fmt::Debug for WorkerBuilder {
@@ -49,6 +51,7 @@ impl WorkerBuilder {
             push: None,
             errors: Vec::new(),
             retention: None,
+            schedules: crate::schedule::WorkerSchedules::default(),
         }
     }
 
@@ -237,6 +240,7 @@ impl WorkerBuilder {
                 what: "retention (the worker has no retention store)",
             });
         }
+        self.schedules.validate()?;
         let mut timers = self.timers;
         if let Some(timers) = &mut timers {
             timers.metrics = timers
@@ -251,6 +255,7 @@ impl WorkerBuilder {
             timers,
             push: self.push,
             retention: self.retention,
+            schedules: self.schedules,
         })
     }
 }
@@ -264,6 +269,7 @@ pub struct Worker {
     timers: Option<TimerOptions>,
     push: Option<Arc<dyn Notifier>>,
     retention: Option<Arc<dyn RetentionStore>>,
+    pub(crate) schedules: crate::schedule::WorkerSchedules,
 }
 
 impl std::fmt::Debug for Worker {
@@ -348,6 +354,7 @@ impl Worker {
             ))
         });
         let retention = self.retention_loop(stopped(stop_rx.clone()));
+        let scheduler = self.spawn_scheduler(stopped(stop_rx.clone()));
         let wake: Box<dyn WakeSource> = match &self.push {
             Some(notifier) => notifier.subscribe(WakeFilter::Instances),
             None => Box::new(FixedPoll),
@@ -365,6 +372,10 @@ impl Worker {
         if let Some(retention) = retention {
             // As for the timer loop.
             let _ = retention.await;
+        }
+        if let Some(scheduler) = scheduler {
+            // As the timer loop: it stops on the same signal.
+            let _ = scheduler.await;
         }
         summary
     }

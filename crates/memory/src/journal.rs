@@ -65,7 +65,7 @@ pub(crate) enum Plan {
 }
 
 impl State {
-    fn instance_start(&mut self, request: &StartRequest) -> Started {
+    pub(crate) fn instance_start(&mut self, request: &StartRequest) -> Started {
         if let Some(entry) = self.instances.get(&request.key) {
             return Started {
                 instance: entry.row.clone(),

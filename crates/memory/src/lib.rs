@@ -67,6 +67,7 @@ mod lease;
 mod notify;
 mod remote;
 mod retention;
+mod schedule;
 mod sources;
 mod state;
 mod storable;

@@ -33,6 +33,8 @@ pub(crate) struct State {
     /// Parent -> the instances whose `parent` names it: the lookup a cascading cancel needs,
     /// kept beside the rows because a row's parent only ever goes from none to some.
     pub(crate) children: BTreeMap<InstanceKey, BTreeSet<InstanceKey>>,
+    /// The schedules and the scheduler's leadership.
+    pub(crate) schedules: crate::schedule::Schedules,
     /// Notifications to send once the operation has finished (the memory form of NOTIFY,
     /// which Postgres also delivers only at commit).
     notifications: Vec<Notification>,

@@ -53,7 +53,7 @@ pub(crate) fn not_found(key: &InstanceKey) -> StoreError {
     StoreError::NotFound { key: key.clone() }
 }
 
-const INSTANCE_START: &str = concat!(
+pub(crate) const INSTANCE_START: &str = concat!(
     "SELECT s.created, ",
     instance_columns!("(s.instance)."),
     " FROM keiro_instance_start($1, $2, $3, $4, $5, $6) s"

@@ -78,6 +78,7 @@ mod park_batch;
 mod remote;
 mod retention;
 mod row;
+mod schedule;
 mod signal;
 mod store;
 mod timer;

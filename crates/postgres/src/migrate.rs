@@ -108,6 +108,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "notify_terminal",
         sql: include_str!("../../../migrations/0016_notify_terminal.sql"),
     },
+    Migration {
+        version: 17,
+        name: "schedules",
+        sql: include_str!("../../../migrations/0017_schedules.sql"),
+    },
 ];
 
 const MIGRATE: &str = "migrating the schema";

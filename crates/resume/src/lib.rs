@@ -42,6 +42,7 @@ mod options;
 mod pass;
 mod registry;
 mod retention;
+mod schedule;
 mod summary;
 mod timer;
 mod wake;
@@ -59,6 +60,16 @@ pub use retention::{
     collect, run_retention_loop, RetentionOptions, RETENTION_BATCHES_PER_SWEEP_DEFAULT,
     RETENTION_BATCH_DEFAULT, RETENTION_INTERVAL_DEFAULT, RETENTION_PAUSE_DEFAULT,
 };
+pub use schedule::cadence::{Cadence, INTERVAL_MIN, TIME_ZONE_DEFAULT};
+pub use schedule::scheduler::{
+    run_scheduler_loop, schedule_once, SchedulerOptions, SchedulerSummary, CATCH_UP_WINDOW_DEFAULT,
+    SCHEDULER_BATCH_DEFAULT, SCHEDULER_LEASE_TTL_DEFAULT, SCHEDULER_POLL_INTERVAL_DEFAULT,
+};
+pub use schedule::spec::{
+    tick_instance_id, trigger_instance_id, validate_name as validate_schedule_name, CatchUp,
+    Overlap, Schedule, ScheduleError, ScheduleSpec, CATCH_UP_MAX, SCHEDULE_NAME_LEN_MAX,
+};
+pub use schedule::store::{DueSchedule, FireOutcome, ScheduleFire, ScheduleStore, SchedulesDue};
 pub use summary::ResumeSummary;
 pub use timer::{
     fire_due_once, run_timer_loop, TimerOptions, TimerSummary, TIMER_BATCH_SIZE_DEFAULT,

@@ -1,0 +1,365 @@
+//! Schedules in the facade: create or update one with [`Keiro::schedule`], operate them with
+//! [`Keiro::schedules`], and let every [`Worker`] run the elected scheduler.
+//!
+//! Where bad input is caught: a cron expression that does not parse, an unknown time zone, a
+//! bad interval, name or catch-up bound are refused by [`ScheduleBuilder::save`] with
+//! [`Error::Schedule`], before anything is written. Whether the workflow is registered cannot
+//! be known there (the facade has no registry; workers in other processes have theirs): the
+//! scheduler that leads refuses to start a workflow its worker has not registered, writes
+//! [`ScheduleError::Unregistered`](keiro_resume::ScheduleError::Unregistered)'s message to the
+//! schedule's `last_error`, and leaves its ticks due; `keiro schedule list` shows it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use keiro_journal::{encode_payload, Started, WorkflowName};
+use keiro_resume::{
+    Cadence, CatchUp, Overlap, Schedule, ScheduleSpec, ScheduleStore, SchedulerOptions,
+    SchedulerSummary, TIME_ZONE_DEFAULT,
+};
+use serde::Serialize;
+use serde_json::Value;
+use time::OffsetDateTime;
+
+use crate::{Error, Keiro, Worker, WorkerBuilder};
+
+/// A worker's schedule store and scheduler options.
+#[derive(Clone)]
+pub(crate) struct WorkerSchedules {
+    store: Option<Arc<dyn ScheduleStore>>,
+    options: Option<SchedulerOptions>,
+}
+
+impl Default for WorkerSchedules {
+    fn default() -> Self {
+        Self {
+            store: None,
+            options: Some(SchedulerOptions::default()),
+        }
+    }
+}
+
+impl WorkerSchedules {
+    /// Checks the scheduler's options, when it runs.
+    pub(crate) fn validate(&self) -> Result<(), keiro_resume::InvalidOptions> {
+        self.options
+            .as_ref()
+            .map_or(Ok(()), SchedulerOptions::validate)
+    }
+}
+
+fn unsupported() -> Error {
+    Error::Unsupported {
+        what: "schedules (the store was wrapped with `from_arc`)",
+    }
+}
+
+impl WorkerBuilder {
+    /// Where schedules live; the worker runs a scheduler only with one. Defaults to the
+    /// facade's store when built through [`Keiro::worker`], else `None`.
+    pub fn schedule_store(mut self, store: Option<Arc<dyn ScheduleStore>>) -> Self {
+        self.schedules.store = store;
+        self
+    }
+
+    /// How this worker's scheduler runs; `None`: this worker never schedules (another one
+    /// does, or its registry lacks the scheduled workflows). Every scheduling worker competes
+    /// for one leadership, and only the leader starts runs. Defaults to
+    /// `Some(SchedulerOptions::default())`.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")] {
+    /// let worker = keiro::Keiro::memory().worker().scheduler(None).build()?;
+    /// # let _ = worker; }
+    /// # Ok::<(), keiro::Error>(())
+    /// ```
+    pub fn scheduler(mut self, options: Option<SchedulerOptions>) -> Self {
+        self.schedules.options = options;
+        self
+    }
+}
+
+impl Worker {
+    /// One scheduler pass at `now` (`None`: the store's clock), for tests and custom loops:
+    /// take or renew the leadership, then start the due runs of registered workflows.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] without a schedule store or with the scheduler turned off,
+    /// [`Error::Store`].
+    pub async fn schedule_once(
+        &self,
+        now: Option<OffsetDateTime>,
+    ) -> Result<SchedulerSummary, Error> {
+        let (Some(store), Some(options)) = (&self.schedules.store, &self.schedules.options) else {
+            return Err(unsupported());
+        };
+        Ok(keiro_resume::schedule_once(store.as_ref(), self.registry(), options, now).await?)
+    }
+
+    /// Starts the scheduler loop, when this worker has a schedule store and its scheduler is on.
+    pub(crate) fn spawn_scheduler(
+        &self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Option<tokio::task::JoinHandle<SchedulerSummary>> {
+        let store = self.schedules.store.clone()?;
+        let options = self.schedules.options.clone()?;
+        Some(tokio::spawn(keiro_resume::run_scheduler_loop(
+            store,
+            self.registry().clone(),
+            options,
+            shutdown,
+        )))
+    }
+}
+
+impl Keiro {
+    /// Creates or updates schedule `name`, which starts `workflow`; finish with
+    /// [`save`](ScheduleBuilder::save).
+    ///
+    /// ```no_run
+    /// # async fn demo(keiro: keiro::Keiro) -> Result<(), keiro::Error> {
+    /// use keiro::{CatchUp, Overlap};
+    /// keiro.schedule("nightly-report", "report")
+    ///     .cron("30 2 * * *")
+    ///     .time_zone("Europe/Berlin")
+    ///     .input(&"all-regions")
+    ///     .overlap(Overlap::Skip)
+    ///     .catch_up(CatchUp::Last)
+    ///     .save()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn schedule(&self, name: &str, workflow: &str) -> ScheduleBuilder {
+        ScheduleBuilder {
+            store: self.schedules.clone(),
+            payload_len_max: self.payload_len_max,
+            name: name.to_owned(),
+            workflow: workflow.to_owned(),
+            cadence: None,
+            time_zone: TIME_ZONE_DEFAULT.to_owned(),
+            input: Ok(Value::Null),
+            overlap: Overlap::default(),
+            catch_up: CatchUp::default(),
+        }
+    }
+
+    /// The store's schedule half (`None` for a store wrapped with `from_arc`), for tests and
+    /// custom schedulers.
+    pub fn schedule_store(&self) -> Option<&Arc<dyn ScheduleStore>> {
+        self.schedules.as_ref()
+    }
+
+    /// The schedules' operations: list, pause, resume, trigger, delete.
+    pub fn schedules(&self) -> Schedules {
+        Schedules {
+            store: self.schedules.clone(),
+        }
+    }
+}
+
+/// Builds a schedule's definition; see [`Keiro::schedule`].
+#[must_use]
+pub struct ScheduleBuilder {
+    store: Option<Arc<dyn ScheduleStore>>,
+    payload_len_max: usize,
+    name: String,
+    workflow: String,
+    cadence: Option<Cadence>,
+    time_zone: String,
+    input: Result<Value, keiro_journal::WorkflowError>,
+    overlap: Overlap,
+    catch_up: CatchUp,
+}
+
+impl std::fmt::Debug for ScheduleBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScheduleBuilder")
+            .field("name", &self.name)
+            .field("workflow", &self.workflow)
+            .field("cadence", &self.cadence)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ScheduleBuilder {
+    /// Ticks by a cron expression: five fields (minute first) or six (seconds first), with
+    /// `L`, `W`, `#` and names; in [`time_zone`](Self::time_zone).
+    pub fn cron(mut self, expression: &str) -> Self {
+        self.cadence = Some(Cadence::cron(expression, ""));
+        self
+    }
+
+    /// Ticks every `interval` (whole seconds, at least one), at its multiples since the Unix
+    /// epoch.
+    pub fn every(mut self, interval: Duration) -> Self {
+        self.cadence = Some(Cadence::Every(interval));
+        self
+    }
+
+    /// The IANA time zone a cron expression is read in. Defaults to [`TIME_ZONE_DEFAULT`].
+    pub fn time_zone(mut self, zone: &str) -> Self {
+        zone.clone_into(&mut self.time_zone);
+        self
+    }
+
+    /// The input of every run. Defaults to JSON `null`.
+    pub fn input<T: Serialize + ?Sized>(mut self, input: &T) -> Self {
+        self.input = encode_payload("schedule input", input, self.payload_len_max);
+        self
+    }
+
+    /// What a tick does while the previous run is live. Defaults to [`Overlap::Skip`].
+    pub fn overlap(mut self, overlap: Overlap) -> Self {
+        self.overlap = overlap;
+        self
+    }
+
+    /// What happens to missed ticks. Defaults to [`CatchUp::None`].
+    pub fn catch_up(mut self, catch_up: CatchUp) -> Self {
+        self.catch_up = catch_up;
+        self
+    }
+
+    /// The checked definition, without writing it.
+    ///
+    /// # Errors
+    ///
+    /// As [`save`](Self::save), less the store's.
+    pub fn spec(self) -> Result<ScheduleSpec, Error> {
+        let workflow = WorkflowName::new(self.workflow)
+            .map_err(keiro_resume::ScheduleError::InvalidWorkflow)?;
+        let cadence = match self.cadence {
+            Some(Cadence::Cron { expression, .. }) => Cadence::Cron {
+                expression,
+                time_zone: self.time_zone,
+            },
+            Some(every) => every,
+            None => return Err(keiro_resume::ScheduleError::NoCadence { name: self.name }.into()),
+        };
+        let spec = ScheduleSpec {
+            name: self.name,
+            workflow,
+            cadence,
+            input: self.input.map_err(Error::Payload)?,
+            overlap: self.overlap,
+            catch_up: self.catch_up,
+        };
+        spec.validate()?;
+        // A cron expression for a date that never comes is refused here, on this process's
+        // clock; the store computes the real next tick on its own.
+        spec.first_tick_after(OffsetDateTime::now_utc())?;
+        Ok(spec)
+    }
+
+    /// Creates the schedule, or updates its definition (its next tick is recomputed from the
+    /// store's clock; its paused flag and history are kept).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Schedule`] for a cron expression that does not parse, an unknown time zone, a
+    /// bad interval, name or catch-up bound, or no cadence; [`Error::Payload`] for an input
+    /// that does not encode or is too large; [`Error::Unsupported`] on a store without
+    /// schedules; [`Error::Store`].
+    pub async fn save(self) -> Result<Schedule, Error> {
+        let store = self.store.clone().ok_or_else(unsupported)?;
+        let spec = self.spec()?;
+        Ok(store.schedule_upsert(&spec, None).await?)
+    }
+}
+
+/// The operations on existing schedules; see [`Keiro::schedules`].
+#[derive(Clone)]
+pub struct Schedules {
+    store: Option<Arc<dyn ScheduleStore>>,
+}
+
+impl std::fmt::Debug for Schedules {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Schedules").finish_non_exhaustive()
+    }
+}
+
+impl Schedules {
+    fn store(&self) -> Result<&Arc<dyn ScheduleStore>, Error> {
+        self.store.as_ref().ok_or_else(unsupported)
+    }
+
+    /// Every schedule, by name.
+    ///
+    /// ```no_run
+    /// # async fn demo(keiro: keiro::Keiro) -> Result<(), keiro::Error> {
+    /// for s in keiro.schedules().list().await? {
+    ///     println!("{} next {:?} error {:?}", s.spec.name, s.next_tick, s.last_error);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`], [`Error::Store`].
+    pub async fn list(&self) -> Result<Vec<Schedule>, Error> {
+        Ok(self.store()?.schedules_list().await?)
+    }
+
+    /// One schedule.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`], [`Error::Store`].
+    pub async fn get(&self, name: &str) -> Result<Option<Schedule>, Error> {
+        Ok(self.store()?.schedule_get(name).await?)
+    }
+
+    /// Pauses a schedule: no tick starts anything until it is resumed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoSchedule`], [`Error::Unsupported`], [`Error::Store`].
+    pub async fn pause(&self, name: &str) -> Result<Schedule, Error> {
+        self.set_paused(name, true).await
+    }
+
+    /// Resumes a paused schedule from its next tick after now: the ticks that fell while it
+    /// was paused are skipped, whatever its catch-up policy.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoSchedule`], [`Error::Unsupported`], [`Error::Store`].
+    pub async fn resume(&self, name: &str) -> Result<Schedule, Error> {
+        self.set_paused(name, false).await
+    }
+
+    async fn set_paused(&self, name: &str, paused: bool) -> Result<Schedule, Error> {
+        self.store()?
+            .schedule_set_paused(name, paused, None)
+            .await?
+            .ok_or_else(|| Error::NoSchedule {
+                name: name.to_owned(),
+            })
+    }
+
+    /// Starts one run now, outside the cadence, whatever the overlap policy and even when
+    /// paused, with the id `<name>@<now, to the millisecond>`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoSchedule`], [`Error::Unsupported`], [`Error::Store`].
+    pub async fn trigger(&self, name: &str) -> Result<Started, Error> {
+        self.store()?
+            .schedule_trigger(name, None)
+            .await?
+            .ok_or_else(|| Error::NoSchedule {
+                name: name.to_owned(),
+            })
+    }
+
+    /// Deletes a schedule; the runs it started stay. `false` when there was none.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`], [`Error::Store`].
+    pub async fn delete(&self, name: &str) -> Result<bool, Error> {
+        Ok(self.store()?.schedule_delete(name).await?)
+    }
+}
