@@ -50,6 +50,8 @@ mod engine;
 mod error;
 mod operate;
 mod result;
+#[cfg(feature = "postgres")]
+mod start_in;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod typed;
