@@ -660,17 +660,7 @@ async fn deliver_at<T: Serialize + ?Sized>(
     value: &T,
     payload_len_max: usize,
 ) -> Result<AppendOutcome, Error> {
-    id::validate_user_step(step)?;
-    let value = encode_payload(step, value, payload_len_max).map_err(Error::Payload)?;
-    let event = Event::StepRecorded {
-        step: crate::event::await_step_name(step),
-        kind: StepKind::Await,
-        result: value,
-    };
-    let append = Append {
-        generation,
-        ..Append::external(key.clone(), event)
-    };
+    let append = delivery_append(key, generation, step, value, payload_len_max)?;
     match store.journal_append(&append).await? {
         // The store's conflict: the generation named is not current, or the step is recorded
         // by another kind of call in it. Nothing was written either way.
@@ -680,18 +670,53 @@ async fn deliver_at<T: Serialize + ?Sized>(
                 .await?
                 .ok_or_else(|| store::Error::NotFound { key: key.clone() })?
                 .generation;
-            let reason = match generation {
-                Some(generation) if generation != current => DeliveryRefusal::StaleGeneration {
-                    generation,
-                    current,
-                },
-                _ => DeliveryRefusal::KindMismatch,
-            };
-            Err(Error::DeliveryRefused {
-                step: step.to_owned(),
-                reason,
-            })
+            Err(delivery_refused(step, generation, current))
         }
         outcome => Ok(outcome),
+    }
+}
+
+/// The append a [`deliver`] (with `generation`: a [`deliver_to`]) makes, after the same
+/// checks: for a store's own form of a delivery (such as one inside a caller's transaction)
+/// that must validate and encode exactly as `deliver` does.
+///
+/// # Errors
+///
+/// [`Error::InvalidId`] for a reserved or invalid step name, [`Error::Payload`] for a bad
+/// payload.
+pub fn delivery_append<T: Serialize + ?Sized>(
+    key: &InstanceKey,
+    generation: Option<Generation>,
+    step: &str,
+    value: &T,
+    payload_len_max: usize,
+) -> Result<Append, Error> {
+    id::validate_user_step(step)?;
+    let value = encode_payload(step, value, payload_len_max).map_err(Error::Payload)?;
+    let event = Event::StepRecorded {
+        step: crate::event::await_step_name(step),
+        kind: StepKind::Await,
+        result: value,
+    };
+    Ok(Append {
+        generation,
+        ..Append::external(key.clone(), event)
+    })
+}
+
+/// The error of a delivery of [`delivery_append`] that the store answered with
+/// [`AppendOutcome::Conflict`], given the instance's `current` generation: the generation
+/// named is stale, or else the step is recorded by another kind of call.
+pub fn delivery_refused(step: &str, generation: Option<Generation>, current: Generation) -> Error {
+    let reason = match generation {
+        Some(generation) if generation != current => DeliveryRefusal::StaleGeneration {
+            generation,
+            current,
+        },
+        _ => DeliveryRefusal::KindMismatch,
+    };
+    Error::DeliveryRefused {
+        step: step.to_owned(),
+        reason,
     }
 }

@@ -187,6 +187,11 @@ impl Keiro {
         &self.store
     }
 
+    /// The payload limit of [`with_payload_len_max`](Self::with_payload_len_max).
+    pub(crate) fn payload_len_max(&self) -> usize {
+        self.payload_len_max
+    }
+
     /// Starts instance `id` of workflow `name` with `input`, durably: the instance row exists
     /// (status `running`) when this returns, and a worker will drive it. Idempotent by id: a
     /// second start returns the existing instance (`created == false`).

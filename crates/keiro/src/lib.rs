@@ -51,6 +51,8 @@ mod error;
 mod operate;
 mod result;
 mod schedule;
+#[cfg(feature = "postgres")]
+mod start_in;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod typed;

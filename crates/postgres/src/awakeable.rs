@@ -7,6 +7,7 @@
 use keiro_journal::store::{Append, AppendOutcome, Result};
 use keiro_journal::{awakeable_step, AwakeableOutcome, AwakeableStatus, Envelope};
 use serde_json::Value;
+use tokio_postgres::Row;
 use uuid::Uuid;
 
 use crate::journal::{append_outcome, encoded_step, unknown_outcome, AppendArgs};
@@ -14,8 +15,8 @@ use crate::row::{column, count, malformed};
 use crate::PgStore;
 
 const CREATE: &str = "creating an awakeable";
-const COMPLETE: &str = "completing an awakeable";
-const CANCEL: &str = "cancelling an awakeable";
+pub(crate) const COMPLETE: &str = "completing an awakeable";
+pub(crate) const CANCEL: &str = "cancelling an awakeable";
 const PENDING: &str = "counting pending awakeables";
 
 const AWAKEABLE_CREATE: &str = "SELECT outcome, recorded, marker \
@@ -59,13 +60,18 @@ async fn awakeable_settle(
             ],
         )
         .await?;
-    let outcome: String = column(&row, "outcome", operation)?;
+    settle_outcome(&row, operation)
+}
+
+/// Reads the `outcome, settled_status` columns of `keiro_awakeable_settle`.
+pub(crate) fn settle_outcome(row: &Row, operation: &'static str) -> Result<AwakeableOutcome> {
+    let outcome: String = column(row, "outcome", operation)?;
     match outcome.as_str() {
         "delivered" => Ok(AwakeableOutcome::Delivered),
         "owner_gone" => Ok(AwakeableOutcome::OwnerGone),
         "not_found" => Ok(AwakeableOutcome::NotFound),
         "already_settled" => {
-            let settled: String = column(&row, "settled_status", operation)?;
+            let settled: String = column(row, "settled_status", operation)?;
             Ok(AwakeableOutcome::AlreadySettled(parse_status(
                 &settled, operation,
             )?))
@@ -113,7 +119,7 @@ pub(crate) async fn awakeables_pending(store: &PgStore) -> Result<u64> {
 }
 
 /// The text stored in the awakeable's `status` column.
-fn status_text(status: AwakeableStatus) -> &'static str {
+pub(crate) fn status_text(status: AwakeableStatus) -> &'static str {
     match status {
         AwakeableStatus::Pending => "pending",
         AwakeableStatus::Completed => "completed",

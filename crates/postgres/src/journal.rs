@@ -22,11 +22,11 @@ use crate::row::{self, column, instance_columns, malformed};
 use crate::store::span_ms;
 use crate::{awakeable, child, remote, signal, timer, PgStore};
 
-const START: &str = "starting an instance";
-const GET: &str = "reading an instance";
+pub(crate) const START: &str = "starting an instance";
+pub(crate) const GET: &str = "reading an instance";
 const LOAD: &str = "loading a journal generation";
 const HISTORY: &str = "loading a journal's history";
-const APPEND: &str = "appending to the journal";
+pub(crate) const APPEND: &str = "appending to the journal";
 const CONFIRM: &str = "confirming a lease";
 const PARK: &str = "parking an instance";
 const FAIL_DIVERGED: &str = "failing a diverged instance";
@@ -138,6 +138,16 @@ const JOURNAL_APPEND: &str = "SELECT outcome, recorded, marker \
      FROM keiro_journal_append_to($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
 async fn journal_append(store: &PgStore, append: &Append) -> Result<AppendOutcome> {
+    appendable(append)?;
+    let args = AppendArgs::new(append, append.event.encode());
+    let row = store
+        .query_one(APPEND, JOURNAL_APPEND, &args.params())
+        .await?;
+    append_outcome(&row, APPEND, &append.key, append.fence.as_ref())
+}
+
+/// Refuses an event `journal_append` does not take.
+pub(crate) fn appendable(append: &Append) -> Result<()> {
     if matches!(append.event, Event::Resurrected) {
         // A resurrection changes the instance row in ways an append does not; it goes through
         // `instance_resurrect`, which journals it together with that change.
@@ -147,11 +157,7 @@ async fn journal_append(store: &PgStore, append: &Append) -> Result<AppendOutcom
             source: "only steps and lifecycle markers go through journal_append".into(),
         });
     }
-    let args = AppendArgs::new(append, append.event.encode());
-    let row = store
-        .query_one(APPEND, JOURNAL_APPEND, &args.params())
-        .await?;
-    append_outcome(&row, APPEND, &append.key, append.fence.as_ref())
+    Ok(())
 }
 
 /// The nine leading parameters every append-shaped function takes, in order: the instance,

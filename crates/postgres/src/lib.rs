@@ -69,6 +69,7 @@ mod config;
 mod conninfo;
 mod error;
 mod flush;
+mod in_transaction;
 mod inspect;
 mod journal;
 mod lease;
@@ -91,6 +92,7 @@ pub use config::{
     SCHEMA_DEFAULT, SCHEMA_LEN_MAX, URL_DEFAULT,
 };
 pub use error::{Error, Result};
+pub use in_transaction::InTransaction;
 #[doc(hidden)]
 pub use inspect::ListStatement;
 #[doc(hidden)]

@@ -12,20 +12,21 @@ use keiro_journal::{
     SignalWaitOutcome, StoreError,
 };
 use serde_json::Value;
+use tokio_postgres::Row;
 
 use crate::journal::{lease_lost, not_found, unknown_outcome};
 use crate::row::{column, malformed};
 use crate::PgStore;
 
 const WAIT: &str = "waiting for a signal";
-const SEND: &str = "sending a signal";
+pub(crate) const SEND: &str = "sending a signal";
 
 const SIGNAL_WAIT: &str =
     "SELECT outcome, delivered FROM keiro_signal_wait($1, $2, $3, $4, $5, $6, $7)";
 
 /// Refuses a token no wait could take before the database is asked anything: a send would
 /// buffer it for nobody.
-fn signal_token(operation: &'static str, token: &str) -> Result<()> {
+pub(crate) fn signal_token(operation: &'static str, token: &str) -> Result<()> {
     validate_signal_token(token).map_err(|e| StoreError::ValueRefused {
         operation,
         reason: e.to_string(),
@@ -79,16 +80,26 @@ pub(crate) async fn signal_send(
     options: &SignalOptions,
 ) -> Result<SignalSendOutcome> {
     signal_token(SEND, token)?;
-    // At most `SIGNAL_TTL_MAX`, a hundred years of milliseconds: far inside an i64.
-    let ttl_ms = i64::try_from(options.time_to_live().as_millis()).unwrap_or(i64::MAX);
+    let ttl_ms = ttl_ms(options);
     let row = store
         .query_one(SEND, SIGNAL_SEND, &[&token, payload, &ttl_ms])
         .await?;
-    let outcome: String = column(&row, "outcome", SEND)?;
+    send_outcome(&row)
+}
+
+/// The signal's time to live as the milliseconds `keiro_signal_send` takes.
+pub(crate) fn ttl_ms(options: &SignalOptions) -> i64 {
+    // At most `SIGNAL_TTL_MAX`, a hundred years of milliseconds: far inside an i64.
+    i64::try_from(options.time_to_live().as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Reads the `outcome, to_name, to_id` columns of `keiro_signal_send`.
+pub(crate) fn send_outcome(row: &Row) -> Result<SignalSendOutcome> {
+    let outcome: String = column(row, "outcome", SEND)?;
     match outcome.as_str() {
         "delivered" => {
-            let name: String = column(&row, "to_name", SEND)?;
-            let id: String = column(&row, "to_id", SEND)?;
+            let name: String = column(row, "to_name", SEND)?;
+            let id: String = column(row, "to_id", SEND)?;
             let to = InstanceKey::parse(&name, &id)
                 .map_err(|e| malformed(SEND, format_args!("instance key {name:?}/{id:?}: {e}")))?;
             Ok(SignalSendOutcome::Delivered { to })

@@ -1,0 +1,286 @@
+//! `Keiro::start_in` and its siblings: start, deliver, signal and settle awakeables inside the
+//! caller's own Postgres transaction, so a business row and the workflow that follows it
+//! commit together, or neither does (the transactional outbox, without an outbox).
+//!
+//! Each method checks its input exactly as its pooled twin does (ids, step names, tokens,
+//! payload encoding and size) before anything reaches the database, and answers with the same
+//! outcomes and errors. Wake-ups come with the commit: keiro's functions `NOTIFY` inside the
+//! caller's transaction, and PostgreSQL delivers a notification only when it commits.
+
+use keiro_journal::{
+    encode_payload, AppendOutcome, AwakeableOutcome, Generation, InstanceKey, SignalOptions,
+    SignalSendOutcome, StartRequest, Started, StoreError, INPUT_STEP,
+};
+use keiro_postgres::tokio_postgres::GenericClient;
+use keiro_postgres::{InTransaction, PgStore};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::{Error, Keiro};
+
+impl Keiro {
+    /// The Postgres store's operations on the caller's `client`.
+    fn in_transaction<'c, C>(&self, client: &'c C) -> Result<InTransaction<'c, C>, Error>
+    where
+        C: GenericClient + Sync + ?Sized,
+    {
+        self.store()
+            .as_any()
+            .and_then(|any| any.downcast_ref::<PgStore>())
+            .map(|store| store.in_transaction(client))
+            .ok_or(Error::Unsupported {
+                what: "operations in the caller's transaction (they need the Postgres store)",
+            })
+    }
+
+    /// [`start`](Self::start) inside the caller's transaction `client` (a
+    /// `tokio_postgres::Transaction`, or a `Client` for a statement of its own) on keiro's
+    /// database: the instance exists once the caller commits, and a worker then runs it; if the
+    /// caller rolls back, nothing of it is left, and the id can be started again. Idempotent by
+    /// id, within the transaction too. The caller's `search_path` does not matter.
+    ///
+    /// ```no_run
+    /// # async fn demo(keiro: keiro::Keiro, client: &mut keiro::postgres::tokio_postgres::Client) -> Result<(), Box<dyn std::error::Error>> {
+    /// let tx = client.transaction().await?;
+    /// tx.execute("INSERT INTO orders (id, sku) VALUES ($1, $2)", &[&"order-42", &7_i32]).await?;
+    /// keiro.start_in(&tx, "order", "order-42", &serde_json::json!({ "sku": 7 })).await?;
+    /// tx.commit().await?; // the order and its workflow, or neither
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start), and [`Error::Unsupported`] when this handle's store is not
+    /// the Postgres store. An error from the database (not a refused id or payload, which are
+    /// checked first) leaves the caller's transaction aborted, as any failed statement does.
+    pub async fn start_in<C, I>(
+        &self,
+        client: &C,
+        name: &str,
+        id: &str,
+        input: &I,
+    ) -> Result<Started, Error>
+    where
+        C: GenericClient + Sync + ?Sized,
+        I: Serialize + ?Sized,
+    {
+        let key = InstanceKey::parse(name, id)?;
+        let input =
+            encode_payload(INPUT_STEP, input, self.payload_len_max()).map_err(Error::Payload)?;
+        let request = StartRequest {
+            key,
+            input,
+            parent: None,
+            priority: 0,
+        };
+        Ok(self
+            .in_transaction(client)?
+            .instance_start(&request)
+            .await?)
+    }
+
+    /// [`deliver`](Self::deliver) inside the caller's transaction `client`: the value is
+    /// journaled, and the waiting run woken, when the caller commits.
+    ///
+    /// ```no_run
+    /// # async fn demo(keiro: keiro::Keiro, tx: keiro::postgres::tokio_postgres::Transaction<'_>) -> Result<(), Box<dyn std::error::Error>> {
+    /// tx.execute("UPDATE payments SET state = 'paid' WHERE id = $1", &[&"pay-7"]).await?;
+    /// keiro.deliver_in(&tx, "order", "order-42", "payment", &"paid").await?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`deliver`](Self::deliver) and [`start_in`](Self::start_in).
+    pub async fn deliver_in<C, T>(
+        &self,
+        client: &C,
+        name: &str,
+        id: &str,
+        step: &str,
+        value: &T,
+    ) -> Result<AppendOutcome, Error>
+    where
+        C: GenericClient + Sync + ?Sized,
+        T: Serialize + ?Sized,
+    {
+        self.deliver_at_in(client, name, id, None, step, value)
+            .await
+    }
+
+    /// [`deliver_to`](Self::deliver_to) inside the caller's transaction `client`.
+    ///
+    /// ```no_run
+    /// # async fn demo(keiro: keiro::Keiro, tx: keiro::postgres::tokio_postgres::Transaction<'_>) -> Result<(), Box<dyn std::error::Error>> {
+    /// keiro.deliver_to_in(&tx, "order", "order-42", 0, "payment", &"paid").await?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`deliver_to`](Self::deliver_to) and [`start_in`](Self::start_in).
+    pub async fn deliver_to_in<C, T>(
+        &self,
+        client: &C,
+        name: &str,
+        id: &str,
+        generation: Generation,
+        step: &str,
+        value: &T,
+    ) -> Result<AppendOutcome, Error>
+    where
+        C: GenericClient + Sync + ?Sized,
+        T: Serialize + ?Sized,
+    {
+        self.deliver_at_in(client, name, id, Some(generation), step, value)
+            .await
+    }
+
+    /// `keiro_journal::deliver`'s steps, on the caller's client.
+    async fn deliver_at_in<C, T>(
+        &self,
+        client: &C,
+        name: &str,
+        id: &str,
+        generation: Option<Generation>,
+        step: &str,
+        value: &T,
+    ) -> Result<AppendOutcome, Error>
+    where
+        C: GenericClient + Sync + ?Sized,
+        T: Serialize + ?Sized,
+    {
+        let key = InstanceKey::parse(name, id)?;
+        let append =
+            keiro_journal::delivery_append(&key, generation, step, value, self.payload_len_max())?;
+        let tx = self.in_transaction(client)?;
+        match tx.journal_append(&append).await? {
+            // Nothing was written: read the generation, in the same transaction, to say why.
+            AppendOutcome::Conflict => {
+                let current = tx
+                    .instance_get(&key)
+                    .await?
+                    .ok_or(StoreError::NotFound { key })?
+                    .generation;
+                Err(keiro_journal::delivery_refused(step, generation, current).into())
+            }
+            outcome => Ok(outcome),
+        }
+    }
+
+    /// [`signal`](Self::signal) inside the caller's transaction `client`: delivered or
+    /// buffered when the caller commits. The token's lock is held until then.
+    ///
+    /// ```no_run
+    /// # async fn demo(keiro: keiro::Keiro, tx: keiro::postgres::tokio_postgres::Transaction<'_>) -> Result<(), Box<dyn std::error::Error>> {
+    /// keiro.signal_in(&tx, "order-42/nudge", &"ping").await?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`signal`](Self::signal) and [`start_in`](Self::start_in).
+    pub async fn signal_in<C, T>(
+        &self,
+        client: &C,
+        token: &str,
+        payload: &T,
+    ) -> Result<SignalSendOutcome, Error>
+    where
+        C: GenericClient + Sync + ?Sized,
+        T: Serialize + ?Sized,
+    {
+        self.signal_with_in(client, token, payload, SignalOptions::default())
+            .await
+    }
+
+    /// [`signal_with`](Self::signal_with) inside the caller's transaction `client`.
+    ///
+    /// ```no_run
+    /// # async fn demo(keiro: keiro::Keiro, tx: keiro::postgres::tokio_postgres::Transaction<'_>) -> Result<(), Box<dyn std::error::Error>> {
+    /// let options = keiro::SignalOptions::default().ttl(std::time::Duration::from_secs(3600));
+    /// keiro.signal_with_in(&tx, "order-42/nudge", &"ping", options).await?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`signal`](Self::signal) and [`start_in`](Self::start_in).
+    pub async fn signal_with_in<C, T>(
+        &self,
+        client: &C,
+        token: &str,
+        payload: &T,
+        options: SignalOptions,
+    ) -> Result<SignalSendOutcome, Error>
+    where
+        C: GenericClient + Sync + ?Sized,
+        T: Serialize + ?Sized,
+    {
+        keiro_journal::validate_signal_token(token)?;
+        let payload =
+            encode_payload(token, payload, self.payload_len_max()).map_err(Error::Payload)?;
+        Ok(self
+            .in_transaction(client)?
+            .signal_send_with(token, &payload, &options)
+            .await?)
+    }
+
+    /// [`complete_awakeable`](Self::complete_awakeable) inside the caller's transaction
+    /// `client`: the owner is woken when the caller commits.
+    ///
+    /// ```no_run
+    /// # async fn demo(keiro: keiro::Keiro, tx: keiro::postgres::tokio_postgres::Transaction<'_>, id: uuid::Uuid) -> Result<(), Box<dyn std::error::Error>> {
+    /// keiro.complete_awakeable_in(&tx, id, &"approved").await?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`complete_awakeable`](Self::complete_awakeable) and [`start_in`](Self::start_in).
+    pub async fn complete_awakeable_in<C, T>(
+        &self,
+        client: &C,
+        id: Uuid,
+        payload: &T,
+    ) -> Result<AwakeableOutcome, Error>
+    where
+        C: GenericClient + Sync + ?Sized,
+        T: Serialize + ?Sized,
+    {
+        let payload =
+            encode_payload("awakeable", payload, self.payload_len_max()).map_err(Error::Payload)?;
+        Ok(self
+            .in_transaction(client)?
+            .awakeable_complete(id, &payload)
+            .await?)
+    }
+
+    /// [`cancel_awakeable`](Self::cancel_awakeable) inside the caller's transaction `client`.
+    ///
+    /// ```no_run
+    /// # async fn demo(keiro: keiro::Keiro, tx: keiro::postgres::tokio_postgres::Transaction<'_>, id: uuid::Uuid) -> Result<(), Box<dyn std::error::Error>> {
+    /// keiro.cancel_awakeable_in(&tx, id).await?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`cancel_awakeable`](Self::cancel_awakeable) and [`start_in`](Self::start_in).
+    pub async fn cancel_awakeable_in<C>(
+        &self,
+        client: &C,
+        id: Uuid,
+    ) -> Result<AwakeableOutcome, Error>
+    where
+        C: GenericClient + Sync + ?Sized,
+    {
+        Ok(self.in_transaction(client)?.awakeable_cancel(id).await?)
+    }
+}

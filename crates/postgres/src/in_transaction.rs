@@ -1,0 +1,276 @@
+//! Store operations inside the caller's own transaction: the transactional outbox without an
+//! outbox.
+//!
+//! A service writes its business row and starts the workflow that follows it in one
+//! transaction of its own: if it commits, the instance exists and a worker runs it; if it rolls
+//! back, nothing of keiro's is left, not even a wake-up, because keiro's functions `NOTIFY` in
+//! the transaction that calls them, and PostgreSQL delivers a notification only on commit.
+//!
+//! The caller's session is the caller's: its `search_path` need not name keiro's schema, so
+//! every statement here names the schema itself. Each operation is one call of the same
+//! `keiro_*` function as the pooled path, read back by the same row readers, so outcomes and
+//! errors are the same; they just commit (or not) with the caller.
+
+use keiro_journal::store::{Append, AppendOutcome, Result};
+use keiro_journal::{
+    awakeable_step, AwakeableOutcome, AwakeableStatus, Envelope, Instance, InstanceKey,
+    SignalOptions, SignalSendOutcome, StartRequest, Started, StoreError,
+};
+use serde_json::Value;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{GenericClient, Row};
+use uuid::Uuid;
+
+use crate::awakeable::{self, settle_outcome, status_text};
+use crate::error::Failure;
+use crate::journal::{append_outcome, appendable, AppendArgs, APPEND, GET, START};
+use crate::row::{self, column, instance_columns};
+use crate::signal::{self, send_outcome, signal_token, ttl_ms};
+use crate::PgStore;
+
+/// keiro's store operations on a client or transaction the caller owns, for one schema: get
+/// one with [`PgStore::in_transaction`].
+///
+/// Nothing here commits, rolls back or opens a transaction: on a `Transaction` the operations
+/// take effect when the caller commits, on a plain `Client` each is its own transaction.
+/// Values are taken as the store traits take them (a parsed [`InstanceKey`], an encoded
+/// payload); the facade's `Keiro::start_in` and its siblings check payload sizes first, as
+/// `Keiro::start` does.
+///
+/// ```no_run
+/// use keiro_journal::{InstanceKey, StartRequest};
+/// use keiro_postgres::PgStore;
+///
+/// # async fn demo(store: PgStore, client: &mut keiro_postgres::tokio_postgres::Client) -> Result<(), Box<dyn std::error::Error>> {
+/// let tx = client.transaction().await?;
+/// tx.execute("INSERT INTO orders (id) VALUES ($1)", &[&"order-42"]).await?;
+/// let key = InstanceKey::parse("order", "order-42")?;
+/// let request = StartRequest { key, input: serde_json::json!({ "sku": 7 }), parent: None, priority: 0 };
+/// store.in_transaction(&tx).instance_start(&request).await?;
+/// tx.commit().await?; // the order row and the instance, or neither
+/// # Ok(()) }
+/// ```
+pub struct InTransaction<'c, C: ?Sized> {
+    client: &'c C,
+    /// keiro's schema, quoted, for qualifying every function and table.
+    schema: String,
+}
+
+impl<C: ?Sized> std::fmt::Debug for InTransaction<'_, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InTransaction")
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgStore {
+    /// keiro's operations on `client`, a transaction (or connection) of the caller's, on the
+    /// same database as this store: see [`InTransaction`].
+    pub fn in_transaction<'c, C>(&self, client: &'c C) -> InTransaction<'c, C>
+    where
+        C: GenericClient + Sync + ?Sized,
+    {
+        InTransaction {
+            client,
+            // `Config` refuses a schema name that is not a plain identifier, so quoting it
+            // needs no escaping.
+            schema: format!("\"{}\"", self.schema()),
+        }
+    }
+}
+
+impl<C> InTransaction<'_, C>
+where
+    C: GenericClient + Sync + ?Sized,
+{
+    /// Runs `sql` (already qualified) on the caller's client and returns its one row.
+    async fn query_one(
+        &self,
+        operation: &'static str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row> {
+        let mut rows = self.query(operation, sql, params).await?;
+        if rows.len() != 1 {
+            return Err(StoreError::Malformed {
+                operation,
+                detail: format!("expected exactly one row, got {}", rows.len()),
+            });
+        }
+        Ok(rows.swap_remove(0))
+    }
+
+    async fn query(
+        &self,
+        operation: &'static str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>> {
+        // Classified as the pooled path classifies, so a refused value or a lost connection is
+        // the same `StoreError` here.
+        self.client
+            .query(sql, params)
+            .await
+            .map_err(|e| Failure::from(e).into_store(operation))
+    }
+
+    /// [`JournalStore::instance_start`](keiro_journal::JournalStore::instance_start) in the
+    /// caller's transaction: idempotent by key within it too, and a key a rolled-back
+    /// transaction started is free again.
+    ///
+    /// # Errors
+    ///
+    /// As the pooled operation.
+    pub async fn instance_start(&self, request: &StartRequest) -> Result<Started> {
+        let sql = format!(
+            "SELECT s.created, {} FROM {}.keiro_instance_start($1, $2, $3, $4, $5, $6) s",
+            instance_columns!("(s.instance)."),
+            self.schema
+        );
+        let parent_name = request.parent.as_ref().map(|p| p.name.as_str());
+        let parent_id = request.parent.as_ref().map(|p| p.id.as_str());
+        let row = self
+            .query_one(
+                START,
+                &sql,
+                &[
+                    &request.key.name.as_str(),
+                    &request.key.id.as_str(),
+                    &request.input,
+                    &parent_name,
+                    &parent_id,
+                    &request.priority,
+                ],
+            )
+            .await?;
+        Ok(Started {
+            created: column(&row, "created", START)?,
+            instance: row::instance(&row, START)?,
+        })
+    }
+
+    /// [`JournalStore::instance_get`](keiro_journal::JournalStore::instance_get) as the
+    /// caller's transaction sees it (its own uncommitted starts included).
+    ///
+    /// # Errors
+    ///
+    /// As the pooled operation.
+    pub async fn instance_get(&self, key: &InstanceKey) -> Result<Option<Instance>> {
+        let sql = format!(
+            "SELECT {} FROM {}.workflows WHERE workflow_name = $1 AND workflow_id = $2",
+            instance_columns!(""),
+            self.schema
+        );
+        let rows = self
+            .query(GET, &sql, &[&key.name.as_str(), &key.id.as_str()])
+            .await?;
+        rows.first().map(|row| row::instance(row, GET)).transpose()
+    }
+
+    /// [`JournalStore::journal_append`](keiro_journal::JournalStore::journal_append) in the
+    /// caller's transaction, as a delivery (`keiro_journal::delivery_append`) makes.
+    ///
+    /// # Errors
+    ///
+    /// As the pooled operation.
+    pub async fn journal_append(&self, append: &Append) -> Result<AppendOutcome> {
+        appendable(append)?;
+        let sql = format!(
+            "SELECT outcome, recorded, marker \
+             FROM {}.keiro_journal_append_to($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            self.schema
+        );
+        let args = AppendArgs::new(append, append.event.encode());
+        let row = self.query_one(APPEND, &sql, &args.params()).await?;
+        append_outcome(&row, APPEND, &append.key, append.fence.as_ref())
+    }
+
+    /// Settles awakeable `id` as `status`, journaling `envelope` into its owner.
+    async fn awakeable_settle(
+        &self,
+        operation: &'static str,
+        id: Uuid,
+        status: AwakeableStatus,
+        payload: Option<&Value>,
+        envelope: Value,
+    ) -> Result<AwakeableOutcome> {
+        let sql = format!(
+            "SELECT outcome, settled_status FROM {}.keiro_awakeable_settle($1, $2, $3, $4, $5)",
+            self.schema
+        );
+        let row = self
+            .query_one(
+                operation,
+                &sql,
+                &[
+                    &id,
+                    &status_text(status),
+                    &payload,
+                    &awakeable_step(id),
+                    &envelope,
+                ],
+            )
+            .await?;
+        settle_outcome(&row, operation)
+    }
+
+    /// [`JournalStore::awakeable_complete`](keiro_journal::JournalStore::awakeable_complete)
+    /// in the caller's transaction.
+    ///
+    /// # Errors
+    ///
+    /// As the pooled operation.
+    pub async fn awakeable_complete(&self, id: Uuid, payload: &Value) -> Result<AwakeableOutcome> {
+        let envelope = Envelope::ok(payload.clone());
+        self.awakeable_settle(
+            awakeable::COMPLETE,
+            id,
+            AwakeableStatus::Completed,
+            Some(payload),
+            envelope,
+        )
+        .await
+    }
+
+    /// [`JournalStore::awakeable_cancel`](keiro_journal::JournalStore::awakeable_cancel) in
+    /// the caller's transaction.
+    ///
+    /// # Errors
+    ///
+    /// As the pooled operation.
+    pub async fn awakeable_cancel(&self, id: Uuid) -> Result<AwakeableOutcome> {
+        self.awakeable_settle(
+            awakeable::CANCEL,
+            id,
+            AwakeableStatus::Cancelled,
+            None,
+            Envelope::cancelled(),
+        )
+        .await
+    }
+
+    /// [`JournalStore::signal_send_with`](keiro_journal::JournalStore::signal_send_with) in
+    /// the caller's transaction. The token's advisory lock is a transaction lock, so it is
+    /// held until the caller commits or rolls back.
+    ///
+    /// # Errors
+    ///
+    /// As the pooled operation: [`StoreError::ValueRefused`] for a token no wait could take.
+    pub async fn signal_send_with(
+        &self,
+        token: &str,
+        payload: &Value,
+        options: &SignalOptions,
+    ) -> Result<SignalSendOutcome> {
+        signal_token(signal::SEND, token)?;
+        let sql = format!(
+            "SELECT outcome, to_name, to_id FROM {}.keiro_signal_send($1, $2, $3)",
+            self.schema
+        );
+        let row = self
+            .query_one(signal::SEND, &sql, &[&token, payload, &ttl_ms(options)])
+            .await?;
+        send_outcome(&row)
+    }
+}

@@ -1,0 +1,447 @@
+//! Start inside the caller's transaction (issue 16 item 3): `Keiro::start_in(&tx, ..)` and its
+//! siblings (deliver, signal, awakeable completion) commit with the caller's own rows or not
+//! at all. Postgres only; the memory store refuses them with a typed error.
+//!
+//! The caller's connection is its own (not keiro's pool) with `search_path = app`, a schema
+//! that does not even exist, so every statement keiro sends must name keiro's schema itself.
+//! Its business table is a temporary one, which PostgreSQL finds through `pg_temp`.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use keiro::postgres::tokio_postgres::{self, AsyncMessage, Client, NoTls};
+use keiro::{
+    AppendOutcome, AwakeableOutcome, Ctx, Error, InstanceKey, Keiro, Registry, SignalSendOutcome,
+    Status, StoreError, WorkflowError,
+};
+use keiro_tests::{Harness, TestResult};
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+type AnyError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A test's keiro schema, a facade on it, and the application's own connection.
+struct App {
+    h: Harness,
+    keiro: Keiro,
+    client: Client,
+}
+
+impl App {
+    async fn new() -> Result<Self, AnyError> {
+        let h = Harness::postgres().await;
+        let db = h.db.as_ref().expect("a postgres harness");
+        let keiro = Keiro::from_store(Arc::new(db.store()));
+        let client = connect(db.url()).await?;
+        client
+            .batch_execute(
+                "SET search_path = app;
+                 CREATE TEMP TABLE orders (id text PRIMARY KEY)",
+            )
+            .await?;
+        Ok(Self { h, keiro, client })
+    }
+
+    fn schema(&self) -> String {
+        format!("\"{}\"", self.h.db.as_ref().expect("postgres").schema())
+    }
+
+    async fn count(&self, sql: &str) -> Result<i64, AnyError> {
+        let store = self.h.db.as_ref().expect("postgres").store();
+        let client = store.pool().get().await?;
+        Ok(client.query_one(sql, &[]).await?.get(0))
+    }
+
+    async fn journal_rows(&self, name: &str, id: &str) -> Result<i64, AnyError> {
+        let s = self.schema();
+        self.count(&format!(
+            "SELECT count(*) FROM {s}.journal WHERE workflow_name = '{name}' AND workflow_id = '{id}'"
+        ))
+        .await
+    }
+}
+
+/// A connection of the application's own, driven on its own task.
+async fn connect(url: &str) -> Result<Client, AnyError> {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
+/// Listens on the store's wake channel; returns once the `LISTEN` is in effect.
+async fn wakes(app: &App) -> Result<mpsc::UnboundedReceiver<String>, AnyError> {
+    let db = app.h.db.as_ref().expect("postgres");
+    let store = db.store();
+    let channel = store.wake_channel().to_owned();
+    let (client, mut connection) = tokio_postgres::connect(db.url(), NoTls).await?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let drive = async {
+            while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                match message {
+                    Ok(AsyncMessage::Notification(n)) => {
+                        if tx.send(n.payload().to_owned()).is_err() {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(_) => return,
+                }
+            }
+        };
+        let listen = async {
+            let sql = format!("LISTEN \"{channel}\"");
+            let _ = ready_tx.send(client.batch_execute(&sql).await);
+            // Keep the client (and so the connection) alive while the drive runs.
+            std::future::pending::<()>().await;
+        };
+        tokio::select! {
+            () = drive => {}
+            () = listen => {}
+        }
+    });
+    ready_rx.await??;
+    Ok(rx)
+}
+
+/// The wakes received within `wait`.
+async fn drain(rx: &mut mpsc::UnboundedReceiver<String>, wait: Duration) -> Vec<String> {
+    let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + wait;
+    while let Ok(Some(payload)) = tokio::time::timeout_at(deadline, rx.recv()).await {
+        got.push(payload);
+    }
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_committed_start_exists_and_a_worker_runs_it() -> TestResult {
+    let mut app = App::new().await?;
+    let db = app.h.db.as_ref().expect("postgres");
+    // Push only: a 30 s poll cannot finish this within the deadline, so the commit's NOTIFY
+    // must wake the worker.
+    let keiro = Keiro::with_push(db.store());
+    let mut registry = Registry::new();
+    registry.register("order", |_ctx: Ctx, sku: u32| async move { Ok(sku * 2) })?;
+    let mut options = app.h.fast_options();
+    options.poll_interval = Duration::from_secs(30);
+    let worker = keiro.worker().registry(registry).options(options).build()?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        worker
+            .run_until(async {
+                let _ = stop_rx.await;
+            })
+            .await
+    });
+    let mut wakes = wakes(&app).await?;
+
+    let tx = app.client.transaction().await?;
+    tx.execute("INSERT INTO orders VALUES ($1)", &[&"o-1"])
+        .await?;
+    let started = app.keiro.start_in(&tx, "order", "o-1", &21u32).await?;
+    assert!(started.created);
+    assert_eq!(started.instance.status, Status::Running);
+    // Not visible, and nobody woken, before the commit.
+    assert!(keiro.instance("order", "o-1").await?.is_none());
+    assert!(drain(&mut wakes, Duration::from_millis(200))
+        .await
+        .is_empty());
+    tx.commit().await?;
+
+    assert_eq!(
+        drain(&mut wakes, Duration::from_millis(500)).await.first(),
+        Some(&"order/o-1".to_owned()),
+        "the commit notifies"
+    );
+    let output: u32 = keiro
+        .result("order", "o-1", Duration::from_secs(10))
+        .await?;
+    assert_eq!(output, 42);
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(5), running).await??;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolled_back_start_leaves_nothing_and_the_id_starts_again() -> TestResult {
+    let mut app = App::new().await?;
+    let mut wakes = wakes(&app).await?;
+
+    let tx = app.client.transaction().await?;
+    tx.execute("INSERT INTO orders VALUES ($1)", &[&"o-1"])
+        .await?;
+    assert!(app.keiro.start_in(&tx, "order", "o-1", &1).await?.created);
+    tx.rollback().await?;
+
+    assert!(app.keiro.instance("order", "o-1").await?.is_none());
+    assert_eq!(app.journal_rows("order", "o-1").await?, 0);
+    assert!(app.h.store.instances_runnable(None, None).await?.is_empty());
+    // A start committed afterwards is the first (and only) wake the channel carries.
+    app.keiro.start("order", "sentinel", &0).await?;
+    assert_eq!(
+        drain(&mut wakes, Duration::from_millis(500)).await,
+        vec!["order/sentinel".to_owned()],
+        "a rollback wakes nothing"
+    );
+
+    // The id is free again, with the input of the start that commits.
+    let tx = app.client.transaction().await?;
+    let again = app.keiro.start_in(&tx, "order", "o-1", &2).await?;
+    tx.commit().await?;
+    assert!(again.created);
+    let instance = app
+        .keiro
+        .instance("order", "o-1")
+        .await?
+        .expect("committed");
+    assert_eq!(instance.input, serde_json::json!(2));
+    assert_eq!(
+        app.client
+            .query_one("SELECT count(*) FROM orders", &[])
+            .await?
+            .get::<_, i64>(0),
+        0,
+        "the business row went with the rollback"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starting_twice_in_one_transaction_is_idempotent() -> TestResult {
+    let mut app = App::new().await?;
+    let tx = app.client.transaction().await?;
+    let first = app.keiro.start_in(&tx, "order", "o-1", &1).await?;
+    let second = app.keiro.start_in(&tx, "order", "o-1", &2).await?;
+    assert!(first.created);
+    assert!(!second.created);
+    assert_eq!(
+        second.instance.input,
+        serde_json::json!(1),
+        "the first input stays"
+    );
+    tx.commit().await?;
+    assert_eq!(
+        app.count(&format!("SELECT count(*) FROM {}.workflows", app.schema()))
+            .await?,
+        1
+    );
+    // And against a committed instance, from a later transaction.
+    let tx = app.client.transaction().await?;
+    assert!(!app.keiro.start_in(&tx, "order", "o-1", &3).await?.created);
+    tx.commit().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolled_back_delivery_leaves_nothing() -> TestResult {
+    let mut app = App::new().await?;
+    app.keiro.start("gate", "g-1", &()).await?;
+    let before = app.journal_rows("gate", "g-1").await?;
+
+    let tx = app.client.transaction().await?;
+    assert_eq!(
+        app.keiro.deliver_in(&tx, "gate", "g-1", "open", &5).await?,
+        AppendOutcome::Appended
+    );
+    tx.rollback().await?;
+    assert_eq!(app.journal_rows("gate", "g-1").await?, before);
+
+    // Committed, it is journaled once, and a redelivery in the same way is idempotent.
+    let tx = app.client.transaction().await?;
+    app.keiro.deliver_in(&tx, "gate", "g-1", "open", &5).await?;
+    assert_eq!(
+        app.keiro.deliver_in(&tx, "gate", "g-1", "open", &6).await?,
+        AppendOutcome::AlreadyPresent(serde_json::json!(5))
+    );
+    tx.commit().await?;
+    assert_eq!(app.journal_rows("gate", "g-1").await?, before + 1);
+
+    // A delivery bound to a generation the instance is not on is refused as deliver_to is.
+    let tx = app.client.transaction().await?;
+    let refused = app
+        .keiro
+        .deliver_to_in(&tx, "gate", "g-1", 3, "later", &1)
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(Error::DeliveryRefused {
+                reason: keiro::DeliveryRefusal::StaleGeneration {
+                    generation: 3,
+                    current: 0
+                },
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    tx.rollback().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolled_back_signal_leaves_nothing() -> TestResult {
+    let mut app = App::new().await?;
+    let buffered = format!("SELECT count(*) FROM {}.signal_buffer", app.schema());
+
+    let tx = app.client.transaction().await?;
+    assert_eq!(
+        app.keiro.signal_in(&tx, "order-1/paid", &7).await?,
+        SignalSendOutcome::Buffered
+    );
+    tx.rollback().await?;
+    assert_eq!(app.count(&buffered).await?, 0);
+
+    let tx = app.client.transaction().await?;
+    app.keiro.signal_in(&tx, "order-1/paid", &7).await?;
+    tx.commit().await?;
+    assert_eq!(app.count(&buffered).await?, 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolled_back_awakeable_completion_leaves_nothing() -> TestResult {
+    let mut app = App::new().await?;
+    let ids = Arc::new(Mutex::new(Vec::<Uuid>::new()));
+    let mut registry = Registry::new();
+    let seen = ids.clone();
+    registry.register("approver", move |ctx: Ctx, (): ()| {
+        let seen = seen.clone();
+        async move {
+            let approval = ctx.awakeable::<String>("approval").await?;
+            seen.lock().expect("lock").push(approval.id());
+            approval.value().await
+        }
+    })?;
+    let options = app.h.fast_options();
+    app.keiro.start("approver", "a-1", &()).await?;
+    keiro::resume_once(&app.h.store, &registry, &options).await?;
+    let id = ids.lock().expect("lock")[0];
+    let before = app.journal_rows("approver", "a-1").await?;
+    assert_eq!(app.h.store.awakeables_pending().await?, 1);
+
+    let tx = app.client.transaction().await?;
+    assert_eq!(
+        app.keiro.complete_awakeable_in(&tx, id, "yes").await?,
+        AwakeableOutcome::Delivered
+    );
+    tx.rollback().await?;
+    assert_eq!(app.h.store.awakeables_pending().await?, 1);
+    assert_eq!(app.journal_rows("approver", "a-1").await?, before);
+    let tx = app.client.transaction().await?;
+    app.keiro.cancel_awakeable_in(&tx, id).await?;
+    tx.rollback().await?;
+    assert_eq!(app.h.store.awakeables_pending().await?, 1);
+
+    let tx = app.client.transaction().await?;
+    app.keiro.complete_awakeable_in(&tx, id, "yes").await?;
+    tx.commit().await?;
+    assert_eq!(app.h.store.awakeables_pending().await?, 0);
+    keiro::resume_once(&app.h.store, &registry, &options).await?;
+    let instance = app.keiro.instance("approver", "a-1").await?.expect("row");
+    assert_eq!(instance.status, Status::Completed);
+    assert_eq!(instance.output, Some(serde_json::json!("yes")));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_ids_and_payloads_get_the_errors_of_the_pooled_paths() -> TestResult {
+    let mut app = App::new().await?;
+    let keiro = app.keiro.clone().with_payload_len_max(64);
+    let big = "x".repeat(100);
+    let tx = app.client.transaction().await?;
+    tx.execute("INSERT INTO orders VALUES ($1)", &[&"o-1"])
+        .await?;
+
+    let pooled = keiro.start("", "o-1", &1).await;
+    let inside = keiro.start_in(&tx, "", "o-1", &1).await;
+    assert!(matches!(pooled, Err(Error::InvalidId(_))), "{pooled:?}");
+    assert!(matches!(inside, Err(Error::InvalidId(_))), "{inside:?}");
+    assert_eq!(format!("{pooled:?}"), format!("{inside:?}"));
+
+    let pooled = keiro.start("order", "o-2", &big).await;
+    let inside = keiro.start_in(&tx, "order", "o-2", &big).await;
+    assert!(
+        matches!(
+            inside,
+            Err(Error::Payload(WorkflowError::PayloadTooLarge { .. }))
+        ),
+        "{inside:?}"
+    );
+    assert_eq!(format!("{pooled:?}"), format!("{inside:?}"));
+
+    let inside = keiro.deliver_in(&tx, "order", "o-1", "", &1).await;
+    let pooled = keiro.deliver("order", "o-1", "", &1).await;
+    assert!(matches!(inside, Err(Error::InvalidId(_))), "{inside:?}");
+    assert_eq!(format!("{pooled:?}"), format!("{inside:?}"));
+    let inside = keiro.deliver_in(&tx, "order", "o-1", "open", &big).await;
+    let pooled = keiro.deliver("order", "o-1", "open", &big).await;
+    assert_eq!(format!("{pooled:?}"), format!("{inside:?}"));
+
+    let inside = keiro.signal_in(&tx, "", &1).await;
+    let pooled = keiro.signal("", &1).await;
+    assert!(matches!(inside, Err(Error::InvalidId(_))), "{inside:?}");
+    assert_eq!(format!("{pooled:?}"), format!("{inside:?}"));
+    let inside = keiro.signal_in(&tx, "t", &big).await;
+    let pooled = keiro.signal("t", &big).await;
+    assert_eq!(format!("{pooled:?}"), format!("{inside:?}"));
+
+    let id = Uuid::new_v4();
+    let inside = keiro.complete_awakeable_in(&tx, id, &big).await;
+    let pooled = keiro.complete_awakeable(id, &big).await;
+    assert!(matches!(inside, Err(Error::Payload(_))), "{inside:?}");
+    assert_eq!(format!("{pooled:?}"), format!("{inside:?}"));
+    assert_eq!(
+        keiro.complete_awakeable_in(&tx, id, "ok").await?,
+        AwakeableOutcome::NotFound
+    );
+
+    // A NUL character is refused before the database sees it, as on the pooled path.
+    let inside = keiro.start_in(&tx, "order", "o-3", "a\0b").await;
+    assert!(matches!(inside, Err(Error::Payload(_))), "{inside:?}");
+
+    // Nothing was sent for the refusals: the caller's transaction is still good.
+    tx.commit().await?;
+    assert_eq!(
+        app.client
+            .query_one("SELECT count(*) FROM orders", &[])
+            .await?
+            .get::<_, i64>(0),
+        1
+    );
+    assert_eq!(
+        app.count(&format!("SELECT count(*) FROM {}.workflows", app.schema()))
+            .await?,
+        0
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deliver_to_an_unknown_instance_is_not_found() -> TestResult {
+    let mut app = App::new().await?;
+    let tx = app.client.transaction().await?;
+    let inside = app
+        .keiro
+        .deliver_in(&tx, "gate", "nobody", "open", &1)
+        .await;
+    assert!(
+        matches!(inside, Err(Error::Store(StoreError::NotFound { ref key })) if *key == InstanceKey::parse("gate", "nobody")?),
+        "{inside:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_store_refuses_with_a_typed_error() -> TestResult {
+    let app = App::new().await?;
+    let memory = Keiro::memory();
+    let refused = memory.start_in(&app.client, "order", "o-1", &1).await;
+    assert!(
+        matches!(refused, Err(Error::Unsupported { .. })),
+        "{refused:?}"
+    );
+    Ok(())
+}
