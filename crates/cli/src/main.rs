@@ -4,6 +4,8 @@
 //! - `keiro show`, `cancel`, `resurrect`, `release` operate on one workflow instance.
 //! - `keiro list` and `keiro stats` list instances by filter (keyset pages) and count them;
 //!   `keiro gc` deletes instances terminal for longer than a window (retention).
+//! - `keiro ui` serves the dashboard (a JSON API under `/api/v1` and HTML pages) on
+//!   127.0.0.1:8080; actions need `--token` (`KEIRO_UI_TOKEN`), without it it is read-only.
 //! - `keiro demo` proves the crash guarantees end to end: it runs 200 workflows through a
 //!   worker process, kills that process with SIGKILL mid-run, lets a second one finish the work,
 //!   and checks from the database that no recorded step ran again. Beside them, durable sleeps
@@ -28,6 +30,7 @@ mod list;
 mod migrate;
 mod ops;
 mod timeline;
+mod ui;
 
 use std::process::ExitCode;
 
@@ -74,6 +77,8 @@ enum Command {
     Redispatch(ops::KeyArgs),
     /// Start `<id>~retry~<hex>` of a failed instance with a corrected input (JSON).
     RetryWithInput(ops::RetryArgs),
+    /// Serve the dashboard: counts, the instance list, instance pages and operator actions.
+    Ui(ui::UiArgs),
     /// Crash-recovery demo: kill a worker mid-run and verify every guarantee from the database.
     Demo(demo::DemoArgs),
     /// The demo's worker process (spawned by `keiro demo`, not for direct use).
@@ -123,6 +128,7 @@ fn main() -> ExitCode {
             Command::Requeue(key) => ops::requeue(&global, &key).await,
             Command::Redispatch(key) => ops::redispatch(&global, &key).await,
             Command::RetryWithInput(args) => ops::retry_with_input(&global, &args).await,
+            Command::Ui(args) => ui::run(&global, &args).await,
             Command::Demo(args) => demo::run(&global, &args).await,
             Command::DemoWorker(args) => demo::worker::run(&global, &args).await,
             Command::Bench(args) => bench::run(&global, &args).await,
