@@ -5,6 +5,8 @@
 //! - `keiro list` and `keiro stats` list instances by filter (keyset pages) and count them;
 //!   `keiro gc` deletes instances terminal for longer than a window (retention).
 //! - `keiro schedule list|pause|resume|trigger` operate on schedules.
+//! - `keiro ui` serves the dashboard (a JSON API under `/api/v1` and HTML pages) on
+//!   127.0.0.1:8080; actions need `--token` (`KEIRO_UI_TOKEN`), without it it is read-only.
 //! - `keiro demo` proves the crash guarantees end to end: it runs 200 workflows through a
 //!   worker process, kills that process with SIGKILL mid-run, lets a second one finish the work,
 //!   and checks from the database that no recorded step ran again. Beside them, durable sleeps
@@ -30,6 +32,7 @@ mod migrate;
 mod ops;
 mod schedule;
 mod timeline;
+mod ui;
 
 use std::process::ExitCode;
 
@@ -79,6 +82,8 @@ enum Command {
     /// Operate schedules: list, pause, resume, trigger.
     #[command(subcommand)]
     Schedule(schedule::ScheduleCommand),
+    /// Serve the dashboard: counts, the instance list, instance pages and operator actions.
+    Ui(ui::UiArgs),
     /// Crash-recovery demo: kill a worker mid-run and verify every guarantee from the database.
     Demo(demo::DemoArgs),
     /// The demo's worker process (spawned by `keiro demo`, not for direct use).
@@ -129,6 +134,7 @@ fn main() -> ExitCode {
             Command::Redispatch(key) => ops::redispatch(&global, &key).await,
             Command::RetryWithInput(args) => ops::retry_with_input(&global, &args).await,
             Command::Schedule(command) => schedule::run(&global, &command).await,
+            Command::Ui(args) => ui::run(&global, &args).await,
             Command::Demo(args) => demo::run(&global, &args).await,
             Command::DemoWorker(args) => demo::worker::run(&global, &args).await,
             Command::Bench(args) => bench::run(&global, &args).await,

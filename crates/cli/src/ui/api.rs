@@ -1,0 +1,138 @@
+//! The JSON API under `/api/v1`: what the pages show, for scripts.
+//!
+//! - `GET /counts`: `Keiro::counts`.
+//! - `GET /instances?name=&status=&created_since=&...&cursor=`: `Keiro::list`, the query
+//!   pairs read by `ListRequest::from_pairs` (an unknown filter or a malformed cursor is 400).
+//! - `GET /instances/{name}/{id}`: the row, the timeline, remote tasks and children.
+//! - `POST /instances/{name}/{id}/{action}` with `Authorization: Bearer <token>` (and, for
+//!   `retry-with-input`, a body `{"input": ...}`).
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::HeaderMap;
+use axum::Json;
+use keiro::{Counts, ListRequest, Page};
+use serde_json::Value;
+
+use super::actions::{self, Done};
+use super::error::ApiError;
+use super::view::InstanceView;
+use super::AppState;
+
+/// `GET /api/v1/counts`.
+pub(crate) async fn counts(State(state): State<AppState>) -> Result<Json<Counts>, ApiError> {
+    Ok(Json(state.keiro.counts().await?))
+}
+
+/// Reads the list's filters from a query string, keeping empty values out (an HTML form
+/// sends every field, filled or not).
+pub(crate) fn list_request(query: Option<&str>) -> Result<ListRequest, ApiError> {
+    let pairs = parse_query(query.unwrap_or(""));
+    let pairs = pairs
+        .iter()
+        .filter(|(_, value)| !value.is_empty())
+        .map(|(key, value)| (key.as_str(), value.as_str()));
+    Ok(ListRequest::from_pairs(pairs).map_err(keiro::Error::from)?)
+}
+
+/// Splits and percent-decodes `a=b&c=d` (`+` is a space, as forms encode it).
+pub(crate) fn parse_query(query: &str) -> Vec<(String, String)> {
+    query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            (decode(key), decode(value))
+        })
+        .collect()
+}
+
+fn decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(byte) => {
+                        out.push(byte);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            byte => out.push(byte),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `GET /api/v1/instances`.
+pub(crate) async fn list(
+    State(state): State<AppState>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Page>, ApiError> {
+    let request = list_request(query.as_deref())?;
+    Ok(Json(state.keiro.list(&request).await?))
+}
+
+/// `GET /api/v1/instances/{name}/{id}`.
+pub(crate) async fn instance(
+    State(state): State<AppState>,
+    Path((name, id)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(
+        InstanceView::read(&state.keiro, &name, &id)
+            .await?
+            .to_json(),
+    ))
+}
+
+/// `POST /api/v1/instances/{name}/{id}/{action}`.
+pub(crate) async fn action(
+    State(state): State<AppState>,
+    Path((name, id, action)): Path<(String, String, String)>,
+    headers: HeaderMap,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Result<Json<Done>, ApiError> {
+    // The token first: nothing about the body is told to a caller who may not act.
+    state.auth.check_bearer(&headers)?;
+    let input = match body {
+        Ok(Json(body)) => body.get("input").cloned(),
+        Err(JsonRejection::MissingJsonContentType(_)) if action != "retry-with-input" => None,
+        Err(rejection) => {
+            return Err(ApiError::new(
+                rejection.status(),
+                "body",
+                rejection.body_text(),
+            ))
+        }
+    };
+    Ok(Json(
+        actions::run(&state.keiro, &action, &name, &id, input).await?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_decode_as_forms_encode_them() {
+        assert_eq!(
+            parse_query("status=failed&name=a+b&id_prefix=x%2Fy&empty=&bad=%zz&end=%4"),
+            vec![
+                ("status".into(), "failed".into()),
+                ("name".into(), "a b".into()),
+                ("id_prefix".into(), "x/y".into()),
+                ("empty".into(), String::new()),
+                ("bad".into(), "%zz".into()),
+                ("end".into(), "%4".into()),
+            ]
+        );
+    }
+}

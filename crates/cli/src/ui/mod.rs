@@ -1,0 +1,141 @@
+//! `keiro ui`: the operators' dashboard. A JSON API under `/api/v1` and HTML pages over the
+//! same facade calls the CLI makes (`Keiro::counts`, `list`, `instance`, `journal`,
+//! `remote_tasks` and the operator actions), served by axum on 127.0.0.1 by default.
+//!
+//! Security: without a token the dashboard is read-only (actions answer 403); with one
+//! (`--token` or `KEIRO_UI_TOKEN`) an action needs it, as `Authorization: Bearer <token>` on
+//! the API or typed into the page's action form. Forms also carry a per-process CSRF value
+//! (see [`auth`]). Every page is rendered by maud, which escapes every value it interpolates,
+//! and served under a Content-Security-Policy that allows no inline script; the page's script
+//! and style are embedded in the binary.
+
+mod actions;
+mod api;
+mod assets;
+mod auth;
+mod error;
+mod pages;
+mod view;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::{header, HeaderValue};
+use axum::routing::{get, post};
+use axum::Router;
+use clap::Args;
+use keiro::Keiro;
+
+use crate::common::{connect_store, Global, Outcome, Result, ResultExt};
+
+/// The largest request body accepted (an action form, a retry's corrected input): a larger one
+/// is answered 413 before it is read whole.
+pub(crate) const BODY_LEN_MAX: usize = 64 * 1024;
+
+/// Options of `keiro ui`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct UiArgs {
+    /// The address to serve on; keep it on loopback unless a proxy with TLS is in front.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// The operator token that actions require; without it the dashboard is read-only.
+    #[arg(long, env = "KEIRO_UI_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+pub(crate) struct AppState {
+    /// The facade on the operator schema.
+    pub(crate) keiro: Keiro,
+    /// The token and the CSRF value.
+    pub(crate) auth: Arc<auth::Auth>,
+}
+
+/// `keiro ui`: serves until interrupted (Ctrl-C or SIGTERM).
+pub(crate) async fn run(global: &Global, args: &UiArgs) -> Result<Outcome> {
+    let keiro = Keiro::new(connect_store(global.config(&global.schema, 4)).await?);
+    let state = AppState {
+        keiro,
+        auth: Arc::new(auth::Auth::new(args.token.clone())),
+    };
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .context(format!("listening on {}", args.listen))?;
+    let address = listener.local_addr().context("reading the bound address")?;
+    // The one stdout line: scripts and tests read the address from it (port 0 picks one).
+    println!("keiro ui listening on http://{address}");
+    if state.auth.read_only() {
+        eprintln!("no --token or KEIRO_UI_TOKEN: the dashboard is read-only");
+    }
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown())
+        .await
+        .context("serving the dashboard")?;
+    Ok(Outcome::Success)
+}
+
+async fn shutdown() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+/// The routes, with the body limit and the security headers on every response.
+pub(crate) fn router(state: AppState) -> Router {
+    let api = Router::new()
+        .route("/counts", get(api::counts))
+        .route("/instances", get(api::list))
+        .route("/instances/{name}/{id}", get(api::instance))
+        .route("/instances/{name}/{id}/{action}", post(api::action));
+    Router::new()
+        .route("/", get(pages::overview))
+        .route("/instances", get(pages::list))
+        .route("/instances/{name}/{id}", get(pages::instance))
+        .route("/instances/{name}/{id}/{action}", post(pages::action))
+        .route("/assets/app.js", get(assets::script))
+        .route("/assets/app.css", get(assets::style))
+        .nest("/api/v1", api)
+        .layer(DefaultBodyLimit::max(BODY_LEN_MAX))
+        .layer(axum::middleware::map_response(security_headers))
+        .with_state(state)
+}
+
+/// No inline script or style may run (an escaping slip stays inert), no framing
+/// (clickjacking of the action buttons), no MIME sniffing, no referrer leaking ids.
+async fn security_headers(mut response: axum::response::Response) -> axum::response::Response {
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
+             img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    response
+}

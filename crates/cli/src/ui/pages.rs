@@ -1,0 +1,346 @@
+//! The HTML pages: the overview (counts, refreshed live by the embedded script), the instance
+//! list with the filters of `Keiro::list`, and the instance page with its action forms.
+//! Rendered with maud, which escapes every interpolated value.
+
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::Form;
+use maud::{html, Markup, DOCTYPE};
+use serde::Deserialize;
+
+use super::actions::{self, ACTIONS};
+use super::api::{list_request, parse_query};
+use super::error::ApiError;
+use super::view::{task_json, InstanceView};
+use super::AppState;
+use crate::ops::timestamp;
+
+const STATUSES: [&str; 5] = ["running", "suspended", "completed", "failed", "cancelled"];
+
+fn layout(title: &str, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · keiro" }
+                link rel="stylesheet" href="/assets/app.css";
+                script src="/assets/app.js" defer {}
+            }
+            body {
+                nav {
+                    a href="/" { "keiro" }
+                    a href="/instances" { "Instances" }
+                    a href="/instances?status=failed" { "Failed" }
+                }
+                main { (body) }
+            }
+        }
+    }
+}
+
+/// An error as a page, with the same status the API would answer.
+fn error_page(error: ApiError) -> Response {
+    let page = layout(
+        "Error",
+        html! {
+            h1 { "Error " (error.status.as_u16()) }
+            p.error { (error.message) }
+            p { a href="/instances" { "Back to the list" } }
+        },
+    );
+    (error.status, Html(page.into_string())).into_response()
+}
+
+/// `GET /`: instances by workflow and status, the timer backlog and remote tasks by group.
+pub(crate) async fn overview(State(state): State<AppState>) -> Response {
+    let counts = match state.keiro.counts().await {
+        Ok(counts) => counts,
+        Err(error) => return error_page(error.into()),
+    };
+    let mut names: Vec<&str> = counts.instances.iter().map(|c| c.name.as_str()).collect();
+    names.dedup();
+    let page = layout(
+        "Overview",
+        html! {
+            h1 { "Overview" }
+            table #counts data-live="/api/v1/counts" {
+                thead { tr { th { "workflow" } @for status in STATUSES { th { (status) } } } }
+                tbody {
+                    @for name in &names {
+                        tr {
+                            td { (name) }
+                            @for status in STATUSES {
+                                @let n = counts.instances.iter()
+                                    .find(|c| c.name.as_str() == *name && c.status.as_str() == status)
+                                    .map_or(0, |c| c.count);
+                                td {
+                                    @if n > 0 {
+                                        a href={ "/instances?name=" (urlencode(name)) "&status=" (status) } { (n) }
+                                    } @else { "0" }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            p #timers { "Timers: " (counts.timers_due) " due, " (counts.timers_future) " scheduled later" }
+            h2 { "Remote tasks" }
+            table #remote {
+                thead { tr { th { "group" } th { "pending" } th { "running" } } }
+                tbody {
+                    @for group in &counts.remote {
+                        tr { td { (group.group) } td { (group.pending) } td { (group.running) } }
+                    }
+                }
+            }
+        },
+    );
+    Html(page.into_string()).into_response()
+}
+
+/// `GET /instances`: one page of the list, with the filter form.
+pub(crate) async fn list(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
+    let pairs = parse_query(query.as_deref().unwrap_or(""));
+    let value = |key: &str| {
+        pairs
+            .iter()
+            .find(|(k, _)| k == key)
+            .map_or("", |(_, v)| v.as_str())
+            .to_owned()
+    };
+    let page = match list_request(query.as_deref()) {
+        Ok(request) => state.keiro.list(&request).await.map_err(ApiError::from),
+        Err(error) => Err(error),
+    };
+    let page = match page {
+        Ok(page) => page,
+        Err(error) => return error_page(error),
+    };
+    let next = page.next_cursor.as_ref().map(|cursor| {
+        let mut kept: Vec<String> = pairs
+            .iter()
+            .filter(|(k, v)| k != "cursor" && !v.is_empty())
+            .map(|(k, v)| format!("{}={}", urlencode(k), urlencode(v)))
+            .collect();
+        kept.push(format!("cursor={}", urlencode(&cursor.to_string())));
+        format!("/instances?{}", kept.join("&"))
+    });
+    let status = value("status");
+    let body = html! {
+        h1 { "Instances" }
+        form #filters method="get" action="/instances" {
+            label { "Workflow " input name="name" value=(value("name")); }
+            label { "Status "
+                select name="status" {
+                    option value="" { "any" }
+                    @for s in STATUSES { option value=(s) selected[status == s] { (s) } }
+                }
+            }
+            label { "Id prefix " input name="id_prefix" value=(value("id_prefix")); }
+            label { "Parent " input name="parent" placeholder="name/id" value=(value("parent")); }
+            label { "Created since " input name="created_since" placeholder="RFC 3339" value=(value("created_since")); }
+            label { "Failed remote tasks " input type="checkbox" name="failed_remote" value="true" checked[value("failed_remote") == "true"]; }
+            button #apply type="submit" { "Filter" }
+        }
+        table #instances {
+            thead { tr { th { "workflow" } th { "id" } th { "status" } th { "gen" } th { "attempts" } th { "created" } th { "updated" } th { "last error" } } }
+            tbody {
+                @for row in &page.instances {
+                    tr {
+                        td { (row.key.name.as_str()) }
+                        td { a.instance href=(instance_href(row.key.name.as_str(), row.key.id.as_str())) { (row.key.id.as_str()) } }
+                        td { span class={ "status " (row.status.as_str()) } { (row.status.as_str()) } }
+                        td { (row.generation) }
+                        td { (row.attempts) }
+                        td { (timestamp(Some(row.created_at))) }
+                        td { (timestamp(Some(row.updated_at))) }
+                        td.error { (row.last_error.as_deref().unwrap_or("")) }
+                    }
+                }
+            }
+        }
+        p { (page.instances.len()) " row(s). "
+            @if let Some(next) = &next { a #next href=(next) { "Next page" } } @else { "Last page." }
+        }
+    };
+    Html(layout("Instances", body).into_string()).into_response()
+}
+
+fn instance_href(name: &str, id: &str) -> String {
+    format!("/instances/{}/{}", urlencode(name), urlencode(id))
+}
+
+/// Percent-encodes everything but unreserved characters, for links built from stored names.
+fn urlencode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+/// The `?notice=` an action's redirect carries.
+#[derive(Debug, Deserialize)]
+pub(crate) struct Notice {
+    notice: Option<String>,
+}
+
+/// `GET /instances/{name}/{id}`.
+pub(crate) async fn instance(
+    State(state): State<AppState>,
+    Path((name, id)): Path<(String, String)>,
+    axum::extract::Query(notice): axum::extract::Query<Notice>,
+) -> Response {
+    let view = match InstanceView::read(&state.keiro, &name, &id).await {
+        Ok(view) => view,
+        Err(error) => return error_page(error),
+    };
+    let row = &view.instance;
+    let pretty = |value: &serde_json::Value| {
+        serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
+    };
+    let href = instance_href(&name, &id);
+    let body = html! {
+        h1 { (row.key.name.as_str()) " / " span #instance-id { (row.key.id.as_str()) } }
+        @if let Some(notice) = &notice.notice { p #notice.notice { (notice) } }
+        dl.fields {
+            dt { "status" } dd { span #status class={ "status " (row.status.as_str()) } { (row.status.as_str()) } }
+            dt { "generation" } dd { (row.generation) }
+            dt { "attempts" } dd { (row.attempts) }
+            dt { "last error" } dd.error { (row.last_error.as_deref().unwrap_or("-")) }
+            dt { "lease" } dd { (row.lease_owner.as_deref().unwrap_or("free")) " (epoch " (row.lease_epoch) ")" }
+            dt { "parent" } dd {
+                @if let Some(parent) = &row.parent {
+                    a href=(instance_href(parent.name.as_str(), parent.id.as_str())) { (parent.to_string()) }
+                } @else { "-" }
+            }
+            dt { "created" } dd { (timestamp(Some(row.created_at))) }
+            dt { "updated" } dd { (timestamp(Some(row.updated_at))) }
+            dt { "completed" } dd { (timestamp(row.completed_at)) }
+            dt { "wake after" } dd { (timestamp(row.wake_after)) }
+        }
+        h2 { "Input" } pre #input { (pretty(&row.input)) }
+        h2 { "Output" } pre #output { (row.output.as_ref().map_or_else(|| "-".to_owned(), pretty)) }
+        h2 { "Timeline" }
+        table #timeline {
+            thead { tr { th { "#" } th { "gen" } th { "offset ms" } th { "gap ms" } th { "spent" } th { "event" } th { "step" } th { "payload" } } }
+            tbody {
+                @for t in view.timeline() {
+                    tr {
+                        td { (t.seq) } td { (t.generation) } td { (t.offset_ms) } td { (t.gap_ms) }
+                        td { (t.spent) } td { (t.kind) } td { (t.step) }
+                        td { code { (t.payload.to_string()) } }
+                    }
+                }
+            }
+        }
+        h2 { "Remote tasks" }
+        table #remote-tasks {
+            thead { tr { th { "step" } th { "group" } th { "status" } th { "attempts" } th { "dispatches" } th { "last error" } } }
+            tbody {
+                @for task in &view.tasks {
+                    @let json = task_json(task);
+                    tr {
+                        td { (task.journal_step) } td { (task.group) } td { (task.status.as_str()) }
+                        td { (task.attempts) "/" (task.max_attempts) } td { (task.dispatches) }
+                        td.error { (json["last_error"].to_string()) }
+                    }
+                }
+            }
+        }
+        h2 { "Children" }
+        ul #children {
+            @for child in &view.children {
+                li { a href=(instance_href(child.key.name.as_str(), child.key.id.as_str())) { (child.key.to_string()) } " " (child.status.as_str()) }
+            }
+        }
+        h2 { "Actions" }
+        @if state.auth.read_only() {
+            p { "Read-only: start " code { "keiro ui" } " with " code { "--token" } " or " code { "KEIRO_UI_TOKEN" } " to act." }
+        } @else {
+            form #actions method="post" action=(format!("{href}/requeue")) {
+                input type="hidden" name="csrf" value=(state.auth.csrf());
+                label { "Operator token " input #token type="password" name="token" autocomplete="off" required; }
+                label.wide { "Corrected input (JSON, for retry with input) "
+                    textarea #retry-input name="input" rows="4" data-json { (pretty(&row.input)) }
+                }
+                div.buttons {
+                    @for (action, label) in ACTIONS {
+                        button id={ "action-" (action) } type="submit" formaction={ (href) "/" (action) }
+                            data-confirm={ (label) " " (row.key.to_string()) "?" } { (label) }
+                    }
+                }
+            }
+        }
+    };
+    Html(layout(&row.key.to_string(), body).into_string()).into_response()
+}
+
+/// An action form's fields.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ActionForm {
+    token: Option<String>,
+    csrf: Option<String>,
+    input: Option<String>,
+}
+
+/// `POST /instances/{name}/{id}/{action}`: runs the action, then back to the instance page
+/// with what it did (post/redirect/get, so a reload does not act twice).
+pub(crate) async fn action(
+    State(state): State<AppState>,
+    Path((name, id, action)): Path<(String, String, String)>,
+    form: Result<Form<ActionForm>, axum::extract::rejection::FormRejection>,
+) -> Response {
+    let form = match form {
+        Ok(Form(form)) => form,
+        Err(rejection) => {
+            return error_page(ApiError::new(
+                rejection.status(),
+                "body",
+                rejection.body_text(),
+            ))
+        }
+    };
+    if let Err(error) = state
+        .auth
+        .check_form(form.token.as_deref(), form.csrf.as_deref())
+    {
+        return error_page(error);
+    }
+    let input = if action == "retry-with-input" {
+        match form.input.as_deref().map(serde_json::from_str) {
+            Some(Ok(input)) => Some(input),
+            Some(Err(error)) => {
+                return error_page(ApiError::bad_request(
+                    "input",
+                    format!("the input is not JSON: {error}"),
+                ))
+            }
+            None => None,
+        }
+    } else {
+        None
+    };
+    match actions::run(&state.keiro, &action, &name, &id, input).await {
+        Ok(done) => Redirect::to(&format!(
+            "{}?notice={}",
+            instance_href(&name, &id),
+            urlencode(&done.message)
+        ))
+        .into_response(),
+        Err(error) if error.status == StatusCode::CONFLICT => Redirect::to(&format!(
+            "{}?notice={}",
+            instance_href(&name, &id),
+            urlencode(&error.message)
+        ))
+        .into_response(),
+        Err(error) => error_page(error),
+    }
+}

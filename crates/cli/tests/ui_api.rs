@@ -1,0 +1,333 @@
+//! `keiro ui`'s JSON API and pages, driven over HTTP against a seeded schema: counts, the
+//! list and its typed 400s, an instance, the actions and their token checks, the body limit,
+//! and a stored XSS payload rendered inert.
+
+mod ui_support;
+
+use std::sync::atomic::Ordering;
+
+use keiro::Status;
+use keiro_tests::{Harness, TestResult};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use ui_support::{broken, drive_until, registry, seed, Ui, TOKEN, XSS};
+
+async fn get_json(
+    client: &reqwest::Client,
+    url: &str,
+) -> Result<(StatusCode, Value), reqwest::Error> {
+    let response = client.get(url).send().await?;
+    let status = response.status();
+    Ok((status, response.json().await?))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_reads_filters_and_refuses_bad_input() -> TestResult {
+    let h = Harness::postgres().await;
+    let registry = registry(broken());
+    seed(&h, &registry).await?;
+    let ui = Ui::start(&h, Some(TOKEN));
+    let client = reqwest::Client::new();
+    let api = format!("{}/api/v1", ui.base);
+
+    let (status, counts) = get_json(&client, &format!("{api}/counts")).await?;
+    assert_eq!(status, StatusCode::OK);
+    let failed = counts["instances"]
+        .as_array()
+        .expect("instances")
+        .iter()
+        .find(|c| c["name"] == "charge" && c["status"] == "failed")
+        .expect("the failed charge is counted");
+    assert_eq!(failed["count"], 1);
+
+    let (status, page) = get_json(&client, &format!("{api}/instances?status=failed")).await?;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(page["instances"].as_array().map(Vec::len), Some(1));
+    assert_eq!(page["instances"][0]["id"], "c-1");
+
+    // Paging: the cursor of a one-row page leads to the next row.
+    let (_, first) = get_json(&client, &format!("{api}/instances?name=greet&limit=1")).await?;
+    let cursor = first["next_cursor"].as_str().expect("more than one greet");
+    let (status, second) = get_json(
+        &client,
+        &format!("{api}/instances?name=greet&limit=1&cursor={cursor}"),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::OK);
+    assert_ne!(second["instances"][0]["id"], first["instances"][0]["id"]);
+
+    // An unknown filter, a bad value and a malformed cursor: 400 with a typed body.
+    let (status, body) = get_json(&client, &format!("{api}/instances?colour=red")).await?;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"], "filter");
+    assert!(
+        body["message"].as_str().unwrap_or("").contains("colour"),
+        "{body}"
+    );
+    let (status, body) = get_json(&client, &format!("{api}/instances?status=sleepy")).await?;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("filter"))
+    );
+    let (status, body) = get_json(&client, &format!("{api}/instances?cursor=not-a-cursor")).await?;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"], "cursor");
+    let (status, body) = get_json(&client, &format!("{api}/instances?limit=0")).await?;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("filter"))
+    );
+
+    // An instance: row, timeline, remote tasks, children; 404 for an unknown one.
+    let (status, charge) = get_json(&client, &format!("{api}/instances/charge/c-1")).await?;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(charge["status"], "failed");
+    assert_eq!(charge["input"], 42);
+    let steps: Vec<&str> = charge["timeline"]
+        .as_array()
+        .expect("timeline")
+        .iter()
+        .filter_map(|t| t["step"].as_str())
+        .collect();
+    assert!(steps.contains(&"authorize"), "{steps:?}");
+    assert!(charge["remote_tasks"].is_array() && charge["children"].is_array());
+    let (status, body) = get_json(&client, &format!("{api}/instances/charge/nope")).await?;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_found"))
+    );
+
+    // Actions: no token 401, a wrong one 403, and nothing changed.
+    let requeue = format!("{api}/instances/charge/c-1/requeue");
+    let response = client.post(&requeue).send().await?;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let response = client.post(&requeue).bearer_auth("guess").send().await?;
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    let response = client
+        .post(&requeue)
+        .header("authorization", format!("Basic {TOKEN}"))
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        h.keiro
+            .instance("charge", "c-1")
+            .await?
+            .expect("row")
+            .status,
+        Status::Failed
+    );
+
+    // An oversized retry-with-input body is refused before it is read whole.
+    let huge = json!({"input": "x".repeat(200 * 1024)});
+    let response = client
+        .post(format!("{api}/instances/charge/c-1/retry-with-input"))
+        .bearer_auth(TOKEN)
+        .json(&huge)
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    // Malformed JSON is 400; a refused action (cancelling a completed run) 409.
+    let response = client
+        .post(format!("{api}/instances/charge/c-1/retry-with-input"))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let response = client
+        .post(format!("{api}/instances/greet/xss-1/cancel"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+    let response = client
+        .post(format!("{api}/instances/charge/c-1/explode"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+
+    // With the token, requeue runs (the next test sees the run complete).
+    let response = client.post(&requeue).bearer_auth(TOKEN).send().await?;
+    assert_eq!(response.status(), StatusCode::OK);
+    let done: Value = response.json().await?;
+    assert_eq!(done["action"], "requeue");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requeue_through_the_api_lets_the_run_complete() -> TestResult {
+    let h = Harness::postgres().await;
+    let broken = broken();
+    let registry = registry(broken.clone());
+    seed(&h, &registry).await?;
+    let ui = Ui::start(&h, Some(TOKEN));
+    broken.store(false, Ordering::SeqCst);
+    let response = reqwest::Client::new()
+        .post(format!("{}/api/v1/instances/charge/c-1/requeue", ui.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::OK);
+    drive_until(&h, &registry, "charge", "c-1", Status::Completed).await?;
+    let row = h.keiro.instance("charge", "c-1").await?.expect("row");
+    assert_eq!(row.output, Some(json!("auth-42 captured")));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_token_the_dashboard_is_read_only() -> TestResult {
+    let h = Harness::postgres().await;
+    let registry = registry(broken());
+    seed(&h, &registry).await?;
+    let ui = Ui::start(&h, None);
+    let client = reqwest::Client::new();
+    let (status, _) = get_json(&client, &format!("{}/api/v1/counts", ui.base)).await?;
+    assert_eq!(status, StatusCode::OK);
+    for token in [None, Some(TOKEN), Some("")] {
+        let mut request = client.post(format!("{}/api/v1/instances/charge/c-1/requeue", ui.base));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await?;
+        assert_eq!(response.status(), StatusCode::FORBIDDEN);
+        let body: Value = response.json().await?;
+        assert_eq!(body["error"], "read_only");
+    }
+    // The page's action form: refused too, and the page shows no form.
+    let response = client
+        .post(format!("{}/instances/charge/c-1/requeue", ui.base))
+        .form(&[("token", TOKEN), ("csrf", "x")])
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    let page = client
+        .get(format!("{}/instances/charge/c-1", ui.base))
+        .send()
+        .await?
+        .text()
+        .await?;
+    assert!(page.contains("Read-only") && !page.contains("action-requeue"));
+    assert_eq!(
+        h.keiro
+            .instance("charge", "c-1")
+            .await?
+            .expect("row")
+            .status,
+        Status::Failed
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_escape_stored_values_and_forms_need_the_csrf_value() -> TestResult {
+    let h = Harness::postgres().await;
+    let registry = registry(broken());
+    seed(&h, &registry).await?;
+    let ui = Ui::start(&h, Some(TOKEN));
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()?;
+
+    let response = client
+        .get(format!("{}/instances/greet/xss-1", ui.base))
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::OK);
+    let csp = response
+        .headers()
+        .get("content-security-policy")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    assert!(
+        csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"),
+        "{csp}"
+    );
+    let page = response.text().await?;
+    // The payload is there, as text: every `<` escaped, no live tag or handler.
+    assert!(
+        page.contains("&lt;script&gt;window.keiroPwned=1&lt;/script&gt;"),
+        "{page}"
+    );
+    assert!(!page.contains(XSS) && !page.contains("<script>window"));
+    assert!(!page.contains("<img src=x"));
+    assert!(!page.contains("<i>operator</i>") && page.contains("&lt;i&gt;operator&lt;/i&gt;"));
+    // The failure reason of the charge is escaped on the list page too.
+    let list = client
+        .get(format!("{}/instances?status=failed", ui.base))
+        .send()
+        .await?
+        .text()
+        .await?;
+    assert!(list.contains("&lt;b&gt;gateway&lt;/b&gt;") && !list.contains("<b>gateway"));
+    // A bad filter on the page: 400, with the error escaped.
+    let response = client
+        .get(format!("{}/instances?%3Cscript%3E=1", ui.base))
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let text = response.text().await?;
+    assert!(
+        !text.contains("<script>") || text.matches("<script").count() == 1,
+        "{text}"
+    );
+    assert!(text.contains("&lt;script&gt;"));
+
+    // The form: the token is never in the page; the CSRF value is, and is required.
+    let page = client
+        .get(format!("{}/instances/charge/c-1", ui.base))
+        .send()
+        .await?
+        .text()
+        .await?;
+    assert!(!page.contains(TOKEN));
+    let csrf = page
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("a csrf field")
+        .to_owned();
+    let action = format!("{}/instances/charge/c-1/resurrect", ui.base);
+    let refused = [
+        (vec![("token", TOKEN)], StatusCode::FORBIDDEN),
+        (
+            vec![("token", TOKEN), ("csrf", "forged")],
+            StatusCode::FORBIDDEN,
+        ),
+        (vec![("csrf", csrf.as_str())], StatusCode::UNAUTHORIZED),
+        (
+            vec![("token", "guess"), ("csrf", csrf.as_str())],
+            StatusCode::FORBIDDEN,
+        ),
+    ];
+    for (form, status) in refused {
+        let response = client.post(&action).form(&form).send().await?;
+        assert_eq!(response.status(), status, "{form:?}");
+    }
+    assert_eq!(
+        h.keiro
+            .instance("charge", "c-1")
+            .await?
+            .expect("row")
+            .status,
+        Status::Failed
+    );
+    let response = client
+        .post(&action)
+        .form(&[("token", TOKEN), ("csrf", csrf.as_str())])
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    assert_eq!(
+        h.keiro
+            .instance("charge", "c-1")
+            .await?
+            .expect("row")
+            .status,
+        Status::Running
+    );
+    Ok(())
+}

@@ -1,0 +1,237 @@
+//! `keiro ui` in a real browser: Debian's headless chromium driven through chromedriver
+//! (WebDriver). It opens the list, filters on failed, opens the failed instance, requeues it
+//! with the token (accepting the confirmation), sees it complete, checks that a request
+//! without the token is refused, and saves a screenshot of the instance page: to the test's
+//! scratch directory, or to docs/ui-instance.png (shown in the README) when
+//! `KEIRO_UI_SCREENSHOT=docs` asks for the README's copy to be refreshed.
+//!
+//! Skips, saying why, only when chromium or chromedriver is not installed and
+//! `KEIRO_REQUIRE_BROWSER` is unset; CI (`.ci/run`) installs both and sets it.
+
+mod ui_support;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use fantoccini::{ClientBuilder, Locator};
+use keiro::Status;
+use keiro_tests::{Harness, TestResult};
+use serde_json::json;
+use ui_support::{broken, registry, seed, Ui, TOKEN};
+
+/// The first of `names` found on `PATH`.
+fn which(names: &[&str]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .flat_map(|dir| names.iter().map(move |name| dir.join(name)))
+        .find(|candidate| candidate.is_file())
+}
+
+/// chromedriver, killed when dropped.
+struct Driver(Child);
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+async fn wait_for_port(port: u16) {
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("chromedriver did not listen on {port}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_requeues_a_failed_run_in_the_browser() -> TestResult {
+    let browser = which(&["chromium", "chromium-browser", "google-chrome"]);
+    let driver = which(&["chromedriver"]);
+    let (Some(browser), Some(driver)) = (browser, driver) else {
+        if std::env::var_os("KEIRO_REQUIRE_BROWSER").is_some() {
+            panic!("KEIRO_REQUIRE_BROWSER is set but chromium or chromedriver is not installed");
+        }
+        println!("skipped: chromium and chromedriver are not installed (apt-get install chromium chromium-driver)");
+        return Ok(());
+    };
+
+    let h = Harness::postgres().await;
+    let broken = broken();
+    let registry = registry(broken.clone());
+    seed(&h, &registry).await?;
+    let ui = Ui::start(&h, Some(TOKEN));
+
+    // A worker for the requeued run: resume passes until the test ends.
+    let worker = {
+        let (store, registry, options) = (
+            h.store.clone(),
+            ui_support::registry(broken.clone()),
+            h.fast_options(),
+        );
+        tokio::spawn(async move {
+            loop {
+                let _ = keiro::resume_once(&store, &registry, &options).await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+
+    let port = free_port();
+    let _driver = Driver(
+        Command::new(&driver)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    wait_for_port(port).await;
+    let mut capabilities = serde_json::Map::new();
+    capabilities.insert(
+        "goog:chromeOptions".into(),
+        json!({
+            "binary": browser,
+            // Root in CI has no user namespace sandbox; the page is our own, on loopback.
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1100"],
+        }),
+    );
+    let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+        .capabilities(capabilities)
+        .connect(&format!("http://127.0.0.1:{port}"))
+        .await?;
+    let result = drive(&client, &ui.base, &h, &broken).await;
+    let _ = client.close().await;
+    worker.abort();
+    result
+}
+
+async fn drive(
+    client: &fantoccini::Client,
+    base: &str,
+    h: &Harness,
+    broken: &std::sync::atomic::AtomicBool,
+) -> TestResult {
+    // The list, filtered on failed through the form.
+    client.goto(&format!("{base}/instances")).await?;
+    let rows = client.find_all(Locator::Css("#instances tbody tr")).await?;
+    assert!(
+        rows.len() >= 5,
+        "the seeded instances are listed: {}",
+        rows.len()
+    );
+    client
+        .find(Locator::Css("#filters select[name=status]"))
+        .await?
+        .select_by_value("failed")
+        .await?;
+    client.find(Locator::Id("apply")).await?.click().await?;
+    wait_for_url(client, "status=failed").await?;
+    let rows = client.find_all(Locator::Css("#instances tbody tr")).await?;
+    assert_eq!(rows.len(), 1, "only the failed charge");
+
+    // Its page: failed, with the escaped reason.
+    client.find(Locator::LinkText("c-1")).await?.click().await?;
+    wait_for_url(client, "/instances/charge/c-1").await?;
+    assert_eq!(
+        client.find(Locator::Id("status")).await?.text().await?,
+        "failed"
+    );
+
+    // Requeue with the token, through the confirmation dialog.
+    broken.store(false, Ordering::SeqCst);
+    client
+        .find(Locator::Id("token"))
+        .await?
+        .send_keys(TOKEN)
+        .await?;
+    client
+        .find(Locator::Id("action-requeue"))
+        .await?
+        .click()
+        .await?;
+    let confirm = client.get_alert_text().await?;
+    assert!(confirm.contains("Requeue charge/c-1"), "{confirm}");
+    client.accept_alert().await?;
+    let notice = client.wait().for_element(Locator::Id("notice")).await?;
+    assert!(notice.text().await?.contains("running again"));
+
+    // It completes: the page shows it after a reload.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        client.goto(&format!("{base}/instances/charge/c-1")).await?;
+        let status = client.find(Locator::Id("status")).await?.text().await?;
+        if status == "completed" {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "still {status}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(client
+        .find(Locator::Id("output"))
+        .await?
+        .text()
+        .await?
+        .contains("auth-42 captured"));
+    assert_eq!(
+        h.keiro
+            .instance("charge", "c-1")
+            .await?
+            .expect("row")
+            .status,
+        Status::Completed
+    );
+
+    // The browser's own tokenless request is refused.
+    let refused = client
+        .execute_async(
+            "const done = arguments[arguments.length - 1];
+             fetch('/api/v1/instances/charge/c-1/cancel', {method: 'POST'})
+               .then(r => done(r.status)).catch(e => done(String(e)));",
+            vec![],
+        )
+        .await?;
+    assert_eq!(refused, json!(401));
+
+    // The screenshot the README shows.
+    let png = client.screenshot().await?;
+    // A test run leaves the committed picture alone unless asked to refresh it.
+    let path = if std::env::var("KEIRO_UI_SCREENSHOT").as_deref() == Ok("docs") {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/ui-instance.png")
+    } else {
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui-instance.png")
+    };
+    std::fs::write(&path, &png)?;
+    println!("saved {} ({} bytes)", path.display(), png.len());
+    Ok(())
+}
+
+/// Waits (5 s at most) until the browser's URL contains `part`: a click's navigation.
+async fn wait_for_url(client: &fantoccini::Client, part: &str) -> TestResult {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = client.current_url().await?;
+        if now.as_str().contains(part) {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(format!("the browser is at {now}, not at {part}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -1,0 +1,136 @@
+//! What the dashboard's tests share: a seeded schema and a `keiro ui` process serving it.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use keiro::{Ctx, Registry, Status, WorkflowError};
+use keiro_tests::{Harness, TestResult};
+
+/// The operator token the tests start the dashboard with.
+pub const TOKEN: &str = "s3cret-operator-token";
+
+/// A stored XSS payload: markup, an event handler and a script, in a workflow's output.
+pub const XSS: &str =
+    "<script>window.keiroPwned=1</script><img src=x onerror=\"window.keiroPwned=2\">";
+
+/// The workflows the seed runs: `greet` completes with [`XSS`] in its output; `charge` fails
+/// for good while `broken` is set and completes once it is cleared (so a requeue succeeds).
+pub fn registry(broken: Arc<AtomicBool>) -> Registry {
+    let mut registry = Registry::new();
+    registry
+        .register("greet", |_ctx: Ctx, who: String| async move {
+            Ok::<_, WorkflowError>(format!("{XSS} hello {who}"))
+        })
+        .expect("registering greet");
+    registry
+        .register("charge", move |ctx: Ctx, amount: i64| {
+            let broken = broken.clone();
+            async move {
+                let receipt: String = ctx
+                    .step("authorize", || async move {
+                        Ok::<_, std::convert::Infallible>(format!("auth-{amount}"))
+                    })
+                    .await?;
+                if broken.load(Ordering::SeqCst) {
+                    return Err(WorkflowError::app("card declined: <b>gateway</b> down"));
+                }
+                Ok(format!("{receipt} captured"))
+            }
+        })
+        .expect("registering charge");
+    registry
+}
+
+/// Drives resume passes until `name/id` has `status` (10 s at most).
+pub async fn drive_until(
+    h: &Harness,
+    registry: &Registry,
+    name: &str,
+    id: &str,
+    status: Status,
+) -> TestResult {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        keiro::resume_once(&h.store, registry, &h.fast_options()).await?;
+        let row = h
+            .keiro
+            .instance(name, id)
+            .await?
+            .expect("a seeded instance");
+        if row.status == status {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(format!("{name}/{id} is {}, not {status}", row.status).into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Seeds `greet/xss-1` (completed, XSS in its output) and `charge/c-1` (failed) plus a few
+/// running `greet` instances, on the harness's fresh schema.
+pub async fn seed(h: &Harness, registry: &Registry) -> TestResult {
+    h.keiro.start("greet", "xss-1", &"<i>operator</i>").await?;
+    h.keiro.start("charge", "c-1", &42).await?;
+    drive_until(h, registry, "greet", "xss-1", Status::Completed).await?;
+    drive_until(h, registry, "charge", "c-1", Status::Failed).await?;
+    for n in 0..3 {
+        h.keiro.start("greet", &format!("later-{n}"), &"x").await?;
+    }
+    Ok(())
+}
+
+/// A `keiro ui` process on the harness's schema; killed when dropped.
+pub struct Ui {
+    child: Child,
+    /// `http://127.0.0.1:<port>`.
+    pub base: String,
+}
+
+impl Ui {
+    /// Starts `keiro ui` on a free loopback port, with `token` if any, and waits for its
+    /// address line.
+    pub fn start(h: &Harness, token: Option<&str>) -> Self {
+        let db = h.db.as_ref().expect("a Postgres harness");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_keiro"));
+        command
+            .env("DATABASE_URL", db.url())
+            .env("KEIRO_SCHEMA", db.schema())
+            .env_remove("KEIRO_UI_TOKEN")
+            .args(["ui", "--listen", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        if let Some(token) = token {
+            command.env("KEIRO_UI_TOKEN", token);
+        }
+        let mut child = command.spawn().expect("starting keiro ui");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("reading the address line");
+        let base = line
+            .trim()
+            .strip_prefix("keiro ui listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_owned();
+        Self { child, base }
+    }
+}
+
+impl Drop for Ui {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether the charge workflow should still fail.
+pub fn broken() -> Arc<AtomicBool> {
+    Arc::new(AtomicBool::new(true))
+}
