@@ -26,7 +26,6 @@ mod report;
 mod witness;
 mod workload;
 
-use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use clap::Args;
@@ -414,8 +413,11 @@ async fn drop_schema(global: &Global, schema: &str) -> Result<()> {
             "refusing to drop schema {schema}: it is the operator schema"
         )));
     }
-    let connection =
-        tokio_postgres::Config::from_str(&global.database_url).context("reading --database-url")?;
+    // From the parsed settings, as every other connection: the driver alone cannot read
+    // libpq's verify-ca / verify-full / sslrootcert.
+    let connection = config
+        .connection_config()
+        .context("reading --database-url")?;
     let mut db = Db::new(&connection);
     db.query(
         &format!("DROP SCHEMA IF EXISTS {schema} CASCADE"),
