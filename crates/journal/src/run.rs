@@ -706,7 +706,8 @@ pub fn delivery_append<T: Serialize + ?Sized>(
 
 /// The error of a delivery of [`delivery_append`] that the store answered with
 /// [`AppendOutcome::Conflict`], given the instance's `current` generation: the generation
-/// named is stale, or else the step is recorded by another kind of call.
+/// named is stale, or else the delivery's `await:` name holds another kind of record (only in
+/// a journal written by hand).
 pub fn delivery_refused(step: &str, generation: Option<Generation>, current: Generation) -> Error {
     let reason = match generation {
         Some(generation) if generation != current => DeliveryRefusal::StaleGeneration {

@@ -315,12 +315,13 @@ impl Keiro {
     }
 
     /// Journals `value` for a run waiting in `ctx.await_step(step)`, and wakes it. A delivery
-    /// that comes before the run reaches its await waits in the journal.
+    /// that comes before the run reaches its await waits in the journal (under
+    /// `await:<step>`, which only an await reads, so a delivery naming a `ctx.step` of the body
+    /// changes nothing).
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidId`], [`Error::Payload`], [`Error::DeliveryRefused`] when the step is
-    /// recorded by another kind of call, [`Error::Store`].
+    /// [`Error::InvalidId`], [`Error::Payload`], [`Error::Store`].
     pub async fn deliver<T: Serialize + ?Sized>(
         &self,
         name: &str,

@@ -22,8 +22,8 @@ pub enum Error {
     /// An operator tool failed (unknown instance, bad input, store failure).
     #[error("operator action failed")]
     Admin(#[from] keiro_remote::AdminError),
-    /// A delivery was refused and nothing was written (the step is recorded by another kind
-    /// of call, or the generation named is no longer current).
+    /// A delivery was refused and nothing was written: the generation named is no longer
+    /// current (or, in a journal written by hand, its `await:` name holds another kind).
     #[error("delivery to step {step:?} refused: {reason}")]
     DeliveryRefused {
         /// The step delivered to.
