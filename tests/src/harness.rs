@@ -80,11 +80,11 @@ impl Harness {
         ResumeOptions {
             poll_interval: Duration::from_millis(20),
             lease_ttl: Duration::from_secs(30),
-            backoff: keiro::BackoffPolicy {
-                base: Duration::from_millis(1),
-                cap: Duration::from_millis(1),
-                jitter: 0.0,
-            },
+            backoff: keiro::Backoff::exponential(
+                Duration::from_millis(1),
+                Duration::from_millis(1),
+            )
+            .without_jitter(),
             ..ResumeOptions::default()
         }
     }

@@ -55,11 +55,11 @@ async fn a_database_outage_mid_run_is_transient_and_loses_nothing() -> TestResul
         }
     })?;
     let options = keiro::ResumeOptions {
-        backoff: keiro::BackoffPolicy {
-            base: std::time::Duration::from_millis(1),
-            cap: std::time::Duration::from_millis(1),
-            jitter: 0.0,
-        },
+        backoff: keiro::Backoff::exponential(
+            std::time::Duration::from_millis(1),
+            std::time::Duration::from_millis(1),
+        )
+        .without_jitter(),
         lease_ttl: std::time::Duration::from_millis(300),
         ..keiro::ResumeOptions::default()
     };

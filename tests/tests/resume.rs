@@ -760,7 +760,7 @@ async fn backoff_paces_a_crashed_workflow(h: Harness) -> TestResult {
         Err::<(), _>(keiro_tests::crash("nope"))
     })?;
     let mut options = h.fast_options();
-    options.backoff = keiro::BackoffPolicy::default(); // 2 s after the first crash
+    options.backoff = keiro::CRASH_BACKOFF_DEFAULT; // 2 s after the first crash
     h.keiro.start("crashy", "c-1", &()).await?;
     let first = keiro::resume_once(&h.store, &registry, &options).await?;
     assert_eq!(first.resumed, 1);

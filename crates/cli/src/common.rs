@@ -125,17 +125,7 @@ pub(crate) fn failure(message: impl Into<String>) -> Error {
     message.into().into()
 }
 
-/// Renders an error with its whole source chain on one line.
-pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    message
-}
+pub(crate) use keiro::error_chain;
 
 /// Logs to stderr, filtered by `RUST_LOG` (default `warn`), so stdout carries only the
 /// command's own output (the bench's JSON line, the demo worker's report).

@@ -62,8 +62,13 @@ fn payload_len(event: &Event) -> usize {
     }
 }
 
-/// The encoded length of a payload, without allocating it.
-pub(crate) fn encoded_len(value: &Value) -> usize {
+/// The encoded length of a payload in bytes (what every payload limit is measured in), without
+/// allocating the encoding.
+///
+/// ```
+/// assert_eq!(keiro_journal::encoded_len(&serde_json::json!({"a": 1})), 7);
+/// ```
+pub fn encoded_len(value: &Value) -> usize {
     struct Counter(usize);
     impl std::io::Write for Counter {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {

@@ -889,7 +889,7 @@ impl Ctx {
     /// `error` for the body, which may see it but can no longer do fresh work.
     pub(crate) fn fail_at_once(&self, error: WorkflowError) -> WorkflowError {
         self.halt(Halt::Fail {
-            reason: crate::run::error_chain(&error),
+            reason: crate::error_chain(&error),
         });
         error
     }

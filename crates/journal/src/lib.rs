@@ -40,8 +40,10 @@
 //! Identities are validated ([`IdError`]); store operations return [`StoreError`]; a body
 //! sees [`WorkflowError`]; a drive ends in [`RunOutcome`] or [`RunError`].
 
+mod backoff;
 mod budget;
 mod context;
+mod diagnostics;
 mod error;
 mod event;
 mod faults;
@@ -63,11 +65,15 @@ mod unwind;
 mod wake;
 mod workflow;
 
-pub use budget::{JournalBudget, JOURNAL_BYTES_MAX_DEFAULT, JOURNAL_STEPS_MAX_DEFAULT};
+pub use backoff::{stretched, unit_random, Backoff, InvalidBackoff};
+pub use budget::{
+    encoded_len, JournalBudget, JOURNAL_BYTES_MAX_DEFAULT, JOURNAL_STEPS_MAX_DEFAULT,
+};
 pub use context::{
     encode_payload, Ctx, RunOptions, RunStats, StepObserver, TraceContext, LEASE_TTL_DEFAULT,
     PAYLOAD_LEN_MAX_DEFAULT, RECONCILE_DEFAULT,
 };
+pub use diagnostics::{error_chain, panic_message};
 pub use error::WorkflowError;
 pub use event::{
     logical_step, marker_name, revised_step, step_revision, EncodedEvent, Event, Generation,
@@ -82,8 +88,8 @@ pub use inspect::{
 };
 pub use instance::{Fence, Instance, StartRequest, Started, Status};
 pub use remote::{
-    remote_group, remote_step_id, Backoff, RemoteArm, RemoteArmOutcome, RemoteOptions,
-    RemoteStepError, REDISPATCH_MAX_DEFAULT,
+    remote_group, remote_step_id, RemoteArm, RemoteArmOutcome, RemoteOptions, RemoteStepError,
+    REDISPATCH_MAX_DEFAULT,
 };
 pub use retention::{GcBatch, GcRequest, RetentionStore, GC_BATCH_DEFAULT, GC_BATCH_MAX};
 pub use retry::{StepOptions, STEP_ATTEMPTS_DEFAULT};

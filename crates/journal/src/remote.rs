@@ -17,74 +17,11 @@ use time::OffsetDateTime;
 
 use crate::context::{decode, Armed};
 use crate::wake::{open, Opened};
-use crate::{id, Ctx, Fence, Generation, IdError, InstanceKey, StepKind, WorkflowError};
+use crate::{id, Backoff, Ctx, Fence, Generation, IdError, InstanceKey, StepKind, WorkflowError};
 
 /// The default number of times a lost dispatch is re-dispatched before the step fails with
 /// [`RemoteStepError::LOST`].
 pub const REDISPATCH_MAX_DEFAULT: u32 = 10;
-
-/// Exponential backoff between the attempts of a remote step.
-///
-/// The delay before attempt `n + 1` (after `n` failures) is `initial * 2^(n-1)`, capped at
-/// `max`; with `jitter` it is scaled by a random factor in `[0.5, 1.0]`, so a fleet of failing
-/// tasks does not retry in lockstep.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Backoff {
-    /// The delay after the first failure. Defaults to 1 s.
-    pub initial: Duration,
-    /// The largest delay. Defaults to 5 min.
-    pub max: Duration,
-    /// Whether delays are jittered. Defaults to `true`.
-    pub jitter: bool,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self {
-            initial: Duration::from_secs(1),
-            max: Duration::from_secs(300),
-            jitter: true,
-        }
-    }
-}
-
-impl Backoff {
-    /// Exponential backoff from `initial`, capped at `max`, jittered.
-    pub fn exponential(initial: Duration, max: Duration) -> Self {
-        Self {
-            initial,
-            max,
-            jitter: true,
-        }
-    }
-
-    /// The same delays without jitter.
-    pub fn without_jitter(self) -> Self {
-        Self {
-            jitter: false,
-            ..self
-        }
-    }
-
-    /// The delay after `failures` failed attempts (at least 1), before jitter.
-    pub fn delay(&self, failures: u32) -> Duration {
-        let doublings = failures.saturating_sub(1).min(32);
-        self.initial
-            .checked_mul(1u32 << doublings.min(31))
-            .map_or(self.max, |d| d.min(self.max))
-    }
-
-    /// The delay after `failures` failed attempts with jitter applied, drawing the random
-    /// factor from `unit` (a number in `[0, 1]`).
-    pub fn jittered_delay(&self, failures: u32, unit: f64) -> Duration {
-        let delay = self.delay(failures);
-        if self.jitter {
-            delay.mul_f64(0.5 + unit.clamp(0.0, 1.0) * 0.5)
-        } else {
-            delay
-        }
-    }
-}
 
 /// How a remote step is dispatched, retried and recovered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -456,22 +393,6 @@ fn remote_error(step: &str, error: &Value) -> RemoteStepError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backoff_doubles_up_to_its_cap() {
-        let b = Backoff::exponential(Duration::from_millis(100), Duration::from_millis(500))
-            .without_jitter();
-        let delays: Vec<_> = (1..=5).map(|n| b.delay(n).as_millis()).collect();
-        assert_eq!(delays, [100, 200, 400, 500, 500]);
-        assert_eq!(b.delay(200), Duration::from_millis(500));
-    }
-
-    #[test]
-    fn jitter_stays_within_half_and_full_delay() {
-        let b = Backoff::exponential(Duration::from_millis(100), Duration::from_secs(1));
-        assert_eq!(b.jittered_delay(1, 0.0), Duration::from_millis(50));
-        assert_eq!(b.jittered_delay(1, 1.0), Duration::from_millis(100));
-    }
 
     #[test]
     fn groups_carry_the_partition() {

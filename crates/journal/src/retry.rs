@@ -146,10 +146,7 @@ impl StepOptions {
     }
 
     fn jittered_interval(&self, failures: u32) -> Duration {
-        // A v4 UUID carries 122 random bits; 53 of them make a uniform f64 in [0, 1).
-        let bits = uuid::Uuid::new_v4().as_u128() >> 75;
-        #[allow(clippy::cast_precision_loss)] // 53 bits fit an f64 mantissa exactly
-        let unit = bits as f64 / (1u64 << 53) as f64;
+        let unit = crate::unit_random();
         let jitter = self.jitter.clamp(0.0, 1.0);
         self.interval(failures).mul_f64(1.0 - jitter * unit)
     }

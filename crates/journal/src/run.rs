@@ -1,7 +1,6 @@
 //! Driving one run of a workflow body against its journal, and the inline operations built
 //! on it (`start`, `run`, `cancel`, `deliver`).
 
-use std::error::Error as _;
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -300,7 +299,7 @@ async fn settle(
                     })
                 });
             if let Err(e) = checked {
-                return fail_run(store, ctx, options, &error_chain(&e)).await;
+                return fail_run(store, ctx, options, &crate::error_chain(&e)).await;
             }
             let event = Event::WorkflowCompleted {
                 output: output.clone(),
@@ -327,11 +326,11 @@ async fn settle(
         }
         // The body's own failure, or one every retry would meet again: final, not a crash.
         Ok(Err(error)) if error.fails_run_at_once() => {
-            fail_run(store, ctx, options, &error_chain(&error)).await
+            fail_run(store, ctx, options, &crate::error_chain(&error)).await
         }
         Ok(Err(error)) => Err(RunError::Crashed {
             key,
-            message: error_chain(&error),
+            message: crate::error_chain(&error),
         }),
     }
 }
@@ -456,17 +455,6 @@ fn outcome_of_status(instance: &Instance) -> RunOutcome {
         Status::Cancelled => RunOutcome::Cancelled,
         Status::Running | Status::Suspended => RunOutcome::Suspended,
     }
-}
-
-pub(crate) fn error_chain(error: &WorkflowError) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    message
 }
 
 /// Errors of the inline operations.

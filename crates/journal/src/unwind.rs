@@ -1,7 +1,6 @@
 //! Two tiny futures the context needs without pulling in an async runtime: one that turns a
 //! panic inside a step or body into a value, and one that yields once to sibling futures.
 
-use std::any::Any;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
@@ -30,19 +29,8 @@ impl<F: Future> Future for CatchPanic<F> {
         match catch_unwind(AssertUnwindSafe(|| inner.poll(cx))) {
             Ok(Poll::Ready(out)) => Poll::Ready(Ok(out)),
             Ok(Poll::Pending) => Poll::Pending,
-            Err(payload) => Poll::Ready(Err(panic_message(payload.as_ref()))),
+            Err(payload) => Poll::Ready(Err(crate::panic_message(payload.as_ref()))),
         }
-    }
-}
-
-/// The text of a panic payload.
-pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_owned()
     }
 }
 

@@ -68,6 +68,10 @@ pub use typed::{Handle, WorkflowDef};
 pub use worker::{Worker, WorkerBuilder};
 
 pub use keiro_journal::{
+    error_chain, panic_message, Backoff, BoxFuture, DeliveryRefusal, JournalBudget, RemoteOptions,
+    RemoteStepError, StepOptions,
+};
+pub use keiro_journal::{
     store, workflow_fn, Append, AppendOutcome, Awakeable, AwakeableOutcome, CancelOutcome, Ctx,
     Driven, Envelope, Event, Fence, Generation, IdError, Instance, InstanceKey, JournalEntry,
     JournalStore, Marker, RunError, RunOptions, RunOutcome, RunStats, SignalOptions,
@@ -75,14 +79,13 @@ pub use keiro_journal::{
     WorkflowId, WorkflowName, SIGNAL_TTL_DEFAULT,
 };
 pub use keiro_journal::{
-    Backoff, BoxFuture, DeliveryRefusal, JournalBudget, RemoteOptions, RemoteStepError, StepOptions,
-};
-pub use keiro_journal::{
     Counts, Cursor, FilterError, GcBatch, GcRequest, GroupCount, InspectStore, InstanceSummary,
     ListFilter, ListOrder, ListRequest, Page, RetentionStore, StatusCount, TimeRange,
     GC_BATCH_DEFAULT, GC_BATCH_MAX, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX,
 };
-pub use keiro_lease::{BackoffPolicy, ClaimOutcome, CrashOutcome, LeaseStore, ResurrectOutcome};
+pub use keiro_lease::{
+    ClaimOutcome, CrashOutcome, LeaseStore, ResurrectOutcome, CRASH_BACKOFF_DEFAULT,
+};
 pub use keiro_remote::{
     RemoteTask, RemoteWorker, RemoteWorkerBuilder, RemoteWorkerOptions, ReportOutcome,
     RequeueOutcome, TaskContext, TaskError, TaskStatus, WorkerStats,

@@ -208,7 +208,8 @@ impl Keiro {
             if let Some(outcome) = outcome(row) {
                 return outcome;
             }
-            let mut wait = jittered(poll);
+            // Stretched, never shortened: no waiter reads more often than once per `poll`.
+            let mut wait = keiro_journal::stretched(poll);
             if let Some((deadline, timeout)) = deadline {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 if left.is_zero() {
@@ -238,26 +239,5 @@ fn outcome<T: DeserializeOwned>(row: Instance) -> Option<Result<T, ResultError>>
         })),
         Status::Cancelled => Some(Err(ResultError::Cancelled { key })),
         Status::Running | Status::Suspended => None,
-    }
-}
-
-/// `interval` stretched by a random 0-20%: waiters started together spread their fallback
-/// reads, and none reads more often than once per `interval`.
-fn jittered(interval: Duration) -> Duration {
-    let sample = uuid::Uuid::new_v4().as_u128() % 2001;
-    let per_ten_thousand = u32::try_from(sample).unwrap_or(0) + 10_000;
-    interval * per_ten_thousand / 10_000
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_fallback_is_only_ever_stretched() {
-        for _ in 0..200 {
-            let wait = jittered(Duration::from_secs(1));
-            assert!(wait >= Duration::from_secs(1) && wait <= Duration::from_millis(1200));
-        }
     }
 }

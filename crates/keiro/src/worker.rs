@@ -4,8 +4,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use keiro_journal::Backoff;
 use keiro_journal::{Ctx, RetentionStore, StoreError, WorkflowError};
-use keiro_lease::{BackoffPolicy, LeaseStore};
+use keiro_lease::LeaseStore;
 use keiro_resume::{
     FixedPoll, LogHook, Notifier, Registry, RegistryError, ResumeOptions, ResumeSummary,
     TimerOptions, WakeFilter, WakeSource,
@@ -187,8 +188,9 @@ impl WorkerBuilder {
         self
     }
 
-    /// Crash backoff policy.
-    pub fn backoff(mut self, backoff: BackoffPolicy) -> Self {
+    /// Crash backoff: the wait after a run's `n`-th crash is `backoff`'s rung `n`. Defaults to
+    /// [`CRASH_BACKOFF_DEFAULT`](keiro_lease::CRASH_BACKOFF_DEFAULT).
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
         self.options.backoff = backoff;
         self
     }

@@ -48,10 +48,7 @@ mod claim;
 mod crash;
 mod store;
 
-pub use backoff::{
-    BackoffPolicy, InvalidPolicy, BACKOFF_BASE_DEFAULT, BACKOFF_CAP_DEFAULT,
-    BACKOFF_JITTER_DEFAULT, MAX_ATTEMPTS_DEFAULT,
-};
+pub use backoff::{crash_delay, CRASH_BACKOFF_DEFAULT, MAX_ATTEMPTS_DEFAULT};
 pub use claim::{classify_refusal, Claim, ClaimGate, ClaimOutcome, Refusal};
 pub use crash::{Crash, CrashOutcome, ResurrectOutcome};
 pub use store::LeaseStore;

@@ -42,8 +42,8 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
+use keiro_journal::Backoff;
 use keiro_journal::InstanceKey;
-use keiro_lease::BackoffPolicy;
 use keiro_resume::{ClosedWaiters, Notifier, WakeFilter, WakeReason, WakeSource};
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tokio::sync::{broadcast, oneshot};
@@ -67,13 +67,10 @@ const REMOTE_PAYLOAD: &str = "remote";
 const CLOSED_PREFIX: &str = "done:";
 
 /// The listener's reconnect delays: 100 ms after a lost connection, doubling with each failed
-/// attempt up to 5 s, spread by 10% so a fleet does not reconnect in lockstep after a
-/// database restart.
-const RECONNECT_BACKOFF: BackoffPolicy = BackoffPolicy {
-    base: Duration::from_millis(50),
-    cap: Duration::from_secs(5),
-    jitter: 0.1,
-};
+/// attempt up to 5 s, jittered so a fleet does not reconnect in lockstep after a database
+/// restart.
+const RECONNECT_BACKOFF: Backoff =
+    Backoff::exponential(Duration::from_millis(100), Duration::from_secs(5));
 
 /// TCP keepalives of the `LISTEN` connection: the first probe after 30 s without traffic, then
 /// every 10 s, and the connection is given up after 3 unanswered ones, so a peer that vanished is
@@ -228,7 +225,7 @@ impl Outlets {
 /// Listens forever, reconnecting with [`RECONNECT_BACKOFF`].
 async fn listen(settings: Settings, channel: String, sender: Outlets) {
     // Failed attempts since the last established connection.
-    let mut failures: i32 = 0;
+    let mut failures: u32 = 0;
     loop {
         let (listened, ended) = session(&settings, &channel, &sender).await;
         let error = ended.to_string();
@@ -248,7 +245,7 @@ async fn listen(settings: Settings, channel: String, sender: Outlets) {
                 "wake listener cannot listen; retrying"
             );
         }
-        tokio::time::sleep(RECONNECT_BACKOFF.delay_random(failures)).await;
+        tokio::time::sleep(RECONNECT_BACKOFF.delay_random(failures.saturating_add(1))).await;
     }
 }
 
@@ -569,12 +566,9 @@ mod tests {
 
     #[test]
     fn reconnects_back_off_from_100_ms_to_5_s() {
-        let exact = BackoffPolicy {
-            jitter: 0.0,
-            ..RECONNECT_BACKOFF
-        };
-        assert_eq!(exact.delay(0), Duration::from_millis(100));
-        assert_eq!(exact.delay(1), Duration::from_millis(200));
+        let exact = RECONNECT_BACKOFF.without_jitter();
+        assert_eq!(exact.delay(1), Duration::from_millis(100));
+        assert_eq!(exact.delay(2), Duration::from_millis(200));
         assert_eq!(exact.delay(10), Duration::from_secs(5));
         RECONNECT_BACKOFF.validate().unwrap();
     }

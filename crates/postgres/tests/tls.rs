@@ -228,7 +228,7 @@ async fn verify_full_refuses_a_certificate_that_does_not_name_the_host() -> Test
         !err.is_retryable(),
         "a refused certificate is refused again"
     );
-    let chain = error_chain(&err);
+    let chain = keiro_journal::error_chain(&err);
     assert!(chain.contains("verify-full"), "{chain}");
     assert!(chain.contains("127.0.0.1"), "{chain}");
     Ok(())
@@ -294,16 +294,4 @@ fn host_of_test_server() -> String {
         Some(Host::Tcp(host)) => host.clone(),
         _ => "127.0.0.1".to_owned(),
     }
-}
-
-/// An error and its sources on one line.
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    message
 }

@@ -102,15 +102,3 @@ pub fn tracing_log_hook() -> LogHook {
         }
     })
 }
-
-/// Renders an error with its whole source chain.
-pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    message
-}

@@ -4,9 +4,10 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
+use keiro_journal::{Backoff, InvalidBackoff};
 use keiro_journal::{RunOptions, LEASE_TTL_DEFAULT, PAYLOAD_LEN_MAX_DEFAULT, RECONCILE_DEFAULT};
 use keiro_journal::{StepKind, StepObserver, WorkflowName};
-use keiro_lease::{BackoffPolicy, InvalidPolicy, MAX_ATTEMPTS_DEFAULT};
+use keiro_lease::{CRASH_BACKOFF_DEFAULT, MAX_ATTEMPTS_DEFAULT};
 
 use crate::log::{tracing_log_hook, LogHook};
 
@@ -38,8 +39,9 @@ pub struct ResumeOptions {
     /// Reconcile fallback for runs parked on an event with no deadline; `None` disables it.
     /// Defaults to [`RECONCILE_DEFAULT`](keiro_journal::RECONCILE_DEFAULT).
     pub reconcile: Option<Duration>,
-    /// Crash backoff. Defaults to [`BackoffPolicy::default`] (`min(2^(attempts+1), 64)` s).
-    pub backoff: BackoffPolicy,
+    /// Crash backoff: after a crash with `n` earlier ones the run waits the ladder's rung
+    /// `n + 1`. Defaults to [`CRASH_BACKOFF_DEFAULT`] (`min(2^(n+1), 64)` s, no jitter).
+    pub backoff: Backoff,
     /// The most runs one pass of a worker loop claims (`None`: no cap). A pass claims in small
     /// batches as its slots free up (holding at most twice `max_concurrent_advances` claims at
     /// once) and ends when nothing more is claimable or this many were claimed. One-off passes
@@ -101,7 +103,7 @@ impl Default for ResumeOptions {
             lease_ttl: LEASE_TTL_DEFAULT,
             max_concurrent_advances: MAX_CONCURRENT_ADVANCES_DEFAULT,
             reconcile: Some(RECONCILE_DEFAULT),
-            backoff: BackoffPolicy::default(),
+            backoff: CRASH_BACKOFF_DEFAULT,
             pass_limit: Some(PASS_LIMIT_DEFAULT),
             payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
             journal_budget: keiro_journal::JournalBudget::default(),
@@ -129,7 +131,7 @@ pub enum InvalidOptions {
     },
     /// The backoff policy is invalid.
     #[error("resume options: invalid backoff")]
-    Backoff(#[from] InvalidPolicy),
+    Backoff(#[from] InvalidBackoff),
 }
 
 impl ResumeOptions {

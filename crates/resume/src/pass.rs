@@ -15,8 +15,9 @@ use keiro_lease::{ClaimOutcome, Crash, CrashOutcome, LeaseStore};
 use time::OffsetDateTime;
 use tokio::task::JoinSet;
 
-use crate::log::{error_chain, ResumeLogEvent};
+use crate::log::ResumeLogEvent;
 use crate::{Registry, ResumeOptions, ResumeSummary};
+use keiro_journal::error_chain;
 
 /// Runs one unbounded resume pass. See [`resume_once_up_to`].
 ///
@@ -488,7 +489,7 @@ async fn record_crash(
     let error = keiro_journal::storable_text(&error).into_owned();
     let crash = Crash {
         error: error.clone(),
-        retry_delay: options.backoff.delay_random(*attempts_at_claim),
+        retry_delay: keiro_lease::crash_delay(&options.backoff, *attempts_at_claim),
         max_attempts: options.max_attempts,
     };
     match store.instance_record_crash(key, fence, &crash).await {

@@ -14,8 +14,6 @@ use std::time::Duration;
 
 use keiro_journal::{GcBatch, GcRequest, RetentionStore, StoreError};
 
-use crate::wake::jittered;
-
 /// Gap between two sweeps. Defaults to 60 s.
 pub const RETENTION_INTERVAL_DEFAULT: Duration = Duration::from_secs(60);
 /// Instances per batch of the loop. Defaults to 100: with [`RETENTION_PAUSE_DEFAULT`], at most
@@ -130,7 +128,7 @@ pub async fn run_retention_loop(
         tokio::select! {
             biased;
             () = &mut shutdown => return total,
-            () = tokio::time::sleep(jittered(options.interval)) => {}
+            () = tokio::time::sleep(keiro_journal::stretched(options.interval)) => {}
         }
     }
 }

@@ -21,8 +21,8 @@ use keiro_journal::{StoreError, TimerFiring};
 use keiro_lease::LeaseStore;
 use time::OffsetDateTime;
 
-use crate::log::error_chain;
 use crate::wake::{WakeReason, WakeSource};
+use keiro_journal::error_chain;
 
 /// The default number of timers fired per store call.
 pub const TIMER_BATCH_SIZE_DEFAULT: i64 = 100;

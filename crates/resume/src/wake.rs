@@ -34,31 +34,6 @@ impl WakeSource for FixedPoll {
     }
 }
 
-/// `interval` stretched by a random 0-20%, so a fleet started together does not poll in
-/// lockstep. One-sided, so the loop never polls more often than once per `interval`: an idle
-/// worker's query rate is bounded by its poll interval.
-pub(crate) fn jittered(interval: Duration) -> Duration {
-    let sample = uuid::Uuid::new_v4().as_u128() % 2001;
-    let per_ten_thousand = u32::try_from(sample).unwrap_or(0) + 10_000;
-    interval * per_ten_thousand / 10_000
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn jitter_only_stretches_by_up_to_twenty_percent() {
-        for _ in 0..200 {
-            let d = jittered(Duration::from_secs(1));
-            assert!(
-                d >= Duration::from_secs(1) && d <= Duration::from_millis(1200),
-                "{d:?}"
-            );
-        }
-    }
-}
-
 /// Which notifications a subscription wants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WakeFilter {

@@ -6,10 +6,11 @@ use std::sync::Arc;
 
 use keiro_lease::LeaseStore;
 
-use crate::log::{error_chain, ResumeLogEvent};
+use crate::log::ResumeLogEvent;
 use crate::pass::claim_pass;
-use crate::wake::{jittered, WakeReason, WakeSource};
+use crate::wake::{WakeReason, WakeSource};
 use crate::{Registry, ResumeOptions, ResumeSummary};
+use keiro_journal::error_chain;
 
 /// Runs passes until `shutdown` resolves, returning the sum of every pass.
 ///
@@ -65,7 +66,7 @@ pub async fn run_loop<W: WakeSource>(
         tokio::select! {
             biased;
             () = &mut shutdown => return total,
-            reason = wake.wait(jittered(options.poll_interval)) => {
+            reason = wake.wait(keiro_journal::stretched(options.poll_interval)) => {
                 if reason == WakeReason::Reconnected {
                     tracing::debug!("wake source reconnected; polling at once");
                 }

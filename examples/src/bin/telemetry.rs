@@ -54,11 +54,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         })
         .metrics(metrics)
-        .backoff(keiro::BackoffPolicy {
-            base: Duration::from_millis(50),
-            cap: Duration::from_millis(200),
-            jitter: 0.0,
-        })
+        .backoff(
+            keiro::Backoff::exponential(Duration::from_millis(100), Duration::from_millis(200))
+                .without_jitter(),
+        )
         .poll_interval(Duration::from_millis(100))
         .build()?;
     let names = ["ada", "grace", "edsger"];

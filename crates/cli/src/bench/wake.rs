@@ -334,7 +334,6 @@ fn pause(phase: &Phase, args: &BenchArgs) -> Duration {
         return gap;
     }
     let interval_ms = u64::try_from(POLL.as_millis()).unwrap_or(u64::MAX).max(1);
-    // A v4 uuid is 122 random bits: enough randomness, and no new dependency for it.
-    let random = Uuid::new_v4().as_u128() % u128::from(interval_ms);
-    gap + Duration::from_millis(u64::try_from(random).unwrap_or(0))
+    let random = fastrand::u64(..interval_ms);
+    gap + Duration::from_millis(random)
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use keiro::{BackoffPolicy, Keiro, RemoteWorkerOptions, TaskContext};
+use keiro::{Backoff, Keiro, RemoteWorkerOptions, TaskContext};
 
 use super::witness::Witness;
 use super::workload::{self, Input, LOCAL, MIXED, REMOTE_STEPS};
@@ -25,11 +25,7 @@ const MAX_ATTEMPTS: i32 = 1_000;
 
 /// The crash backoff of the chaos workers: short, so a run that crashed on a restart resumes
 /// soon after PostgreSQL is back.
-const BACKOFF: BackoffPolicy = BackoffPolicy {
-    base: Duration::from_millis(50),
-    cap: Duration::from_secs(1),
-    jitter: 0.5,
-};
+const BACKOFF: Backoff = Backoff::exponential(Duration::from_millis(100), Duration::from_secs(1));
 
 /// Options of the hidden `keiro chaos-worker`, passed by `keiro chaos`.
 #[derive(Debug, Clone, Args)]

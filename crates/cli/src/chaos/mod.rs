@@ -134,9 +134,7 @@ impl ChaosArgs {
 /// Runs the chaos command.
 pub(crate) async fn run(global: &Global, args: &ChaosArgs) -> Result<Outcome> {
     let restart = args.restart_command()?;
-    let seed = args
-        .seed
-        .unwrap_or_else(|| u64::try_from(uuid::Uuid::new_v4().as_u128() >> 64).unwrap_or(1));
+    let seed = args.seed.unwrap_or_else(|| fastrand::u64(1..));
     // Dropping `drive` on a signal drops the fleet, which kills and reaps every child.
     let outcome = tokio::select! {
         outcome = drive(global, args, restart.as_deref(), seed) => outcome,

@@ -100,11 +100,11 @@ impl TestEnvBuilder {
         let options = ResumeOptions {
             lease_ttl: Duration::from_secs(30),
             // Crashes retry at once: time in a test env moves only when told to.
-            backoff: keiro_lease::BackoffPolicy {
-                base: Duration::from_millis(1),
-                cap: Duration::from_millis(1),
-                jitter: 0.0,
-            },
+            backoff: keiro_journal::Backoff::exponential(
+                Duration::from_millis(1),
+                Duration::from_millis(1),
+            )
+            .without_jitter(),
             faults: Some(crashes.clone()),
             ..ResumeOptions::default()
         };

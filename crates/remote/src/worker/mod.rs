@@ -23,6 +23,12 @@ use handler::{erase, ErasedHandler};
 pub use handler::{TaskContext, TaskError};
 use report::{output_refused, report_failure, run_reporter, Completion, Report};
 
+/// The pauses between claims while the store is unreachable: 50 ms, doubling, jittered so a
+/// fleet does not hammer a recovering database in lockstep, and never longer than the poll
+/// interval.
+const CLAIM_RETRY_BACKOFF: keiro_journal::Backoff =
+    keiro_journal::Backoff::exponential(Duration::from_millis(50), Duration::from_secs(60));
+
 /// How a remote worker claims and runs tasks.
 #[derive(Debug, Clone)]
 pub struct RemoteWorkerOptions {
@@ -267,7 +273,7 @@ impl RemoteWorker {
         let reporter = tokio::spawn(run_reporter(inner.transport.clone(), reporting));
         tokio::pin!(shutdown);
         let concurrency = inner.options.concurrency.max(1);
-        let mut idle_backoff = Duration::ZERO;
+        let mut claim_failures = 0u32;
         // Whether claimable tasks may be waiting: set by a wake (a notification, the poll, a
         // retry coming due) and by a claim that filled every free slot. A claim that came back
         // short saw the queue empty, so a handler finishing after it claims nothing new: only
@@ -282,7 +288,7 @@ impl RemoteWorker {
             if free > 0 && may_have_work {
                 match self.claim(free).await {
                     Ok(tasks) => {
-                        idle_backoff = Duration::ZERO;
+                        claim_failures = 0;
                         full_batch = tasks.len() == free;
                         may_have_work = full_batch;
                         for task in tasks {
@@ -295,13 +301,14 @@ impl RemoteWorker {
                     }
                     Err(error) => {
                         // A store outage: back off (up to the poll interval) and try again.
-                        idle_backoff = (idle_backoff * 2)
-                            .max(Duration::from_millis(50))
+                        claim_failures = claim_failures.saturating_add(1);
+                        let pause = CLAIM_RETRY_BACKOFF
+                            .delay_random(claim_failures)
                             .min(inner.options.poll_interval);
                         tracing::warn!(%error, "remote worker: claim failed");
                         tokio::select! {
                             _ = &mut shutdown => break,
-                            _ = tokio::time::sleep(idle_backoff) => {}
+                            _ = tokio::time::sleep(pause) => {}
                         }
                         continue;
                     }
@@ -435,21 +442,20 @@ impl RemoteWorker {
             metrics.step_duration(task.key.name.as_str(), "remote", started.elapsed());
         }
         let report = match outcome {
-            Ok(Ok(output)) => match serde_json::to_vec(&output).map(|v| v.len()) {
-                Ok(len) if len <= inner.options.payload_len_max => Report::Complete(output),
-                Ok(len) => Report::Fail(
+            Ok(Ok(output)) => match keiro_journal::encoded_len(&output) {
+                len if len <= inner.options.payload_len_max => Report::Complete(output),
+                len => Report::Fail(
                     TaskError::fatal(format!(
                         "the output is {len} bytes, the limit is {}",
                         inner.options.payload_len_max
                     ))
                     .with_code("output_too_large"),
                 ),
-                Err(e) => Report::Fail(TaskError::fatal(e).with_code("bad_output")),
             },
             Ok(Err(error)) => Report::Fail(error),
             Err(join) if join.is_panic() => Report::Fail(TaskError::retryable(format!(
                 "the handler panicked: {}",
-                panic_message(join.into_panic())
+                keiro_journal::panic_message(join.into_panic().as_ref())
             ))),
             Err(_) => return, // aborted at the drain timeout: the claim will expire
         };
@@ -508,14 +514,4 @@ impl RemoteWorker {
 
 fn concurrency_of(options: &RemoteWorkerOptions) -> usize {
     options.concurrency.max(1)
-}
-
-fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a non-string payload".to_owned()
-    }
 }

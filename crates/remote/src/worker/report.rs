@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use keiro_journal::{storable_text, StoreError};
+use keiro_journal::{storable_text, Backoff, StoreError};
 use serde_json::Value;
 
 use crate::store::{ClaimedTask, ReportOutcome, Transport};
@@ -19,22 +19,25 @@ pub(crate) enum Report {
 /// and another worker runs the task again: at least once, never lost).
 const REPORT_TRIES: u32 = 6;
 
+/// The pauses between a report's tries: 50 ms, doubling, jittered so the workers of a fleet
+/// that lost the database together do not report in lockstep (at most about 3 s in all).
+const REPORT_RETRY_BACKOFF: Backoff =
+    Backoff::exponential(Duration::from_millis(50), Duration::from_secs(2));
+
 /// Runs `call` until it succeeds, fails for good, or has failed transiently `REPORT_TRIES`
-/// times, pausing 50 ms, doubling, between tries (about 3 s in all).
+/// times, pausing on [`REPORT_RETRY_BACKOFF`] between tries.
 async fn retrying<T, F, Fut>(mut call: F) -> crate::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = crate::Result<T>>,
 {
-    let mut pause = Duration::from_millis(50);
     let mut tries = 0;
     loop {
         tries += 1;
         match call().await {
             Err(error) if error.is_retryable() && tries < REPORT_TRIES => {
                 tracing::debug!(%error, tries, "remote worker: report failed, retrying");
-                tokio::time::sleep(pause).await;
-                pause *= 2;
+                tokio::time::sleep(REPORT_RETRY_BACKOFF.delay_random(tries)).await;
             }
             other => return other,
         }
@@ -48,7 +51,7 @@ pub(crate) async fn report_failure(
     error: TaskError,
 ) -> crate::Result<ReportOutcome> {
     let failure = error.into_failure();
-    let retry_delay = task.backoff.jittered_delay(task.attempt, unit_random());
+    let retry_delay = task.backoff.delay_random(task.attempt);
     retrying(|| transport.task_fail(&task.step_id, task.claim, &failure, retry_delay)).await
 }
 
@@ -69,12 +72,6 @@ pub(crate) fn output_refused(error: &StoreError) -> Option<TaskError> {
         ),
         _ => None,
     }
-}
-
-/// A number in `[0, 1]` for backoff jitter, from the same source as task claims' ids.
-fn unit_random() -> f64 {
-    let sample = uuid::Uuid::new_v4().as_u128() % 10_001;
-    f64::from(u32::try_from(sample).unwrap_or(0)) / 10_000.0
 }
 
 /// One output waiting for the batch reporter, with where its outcome goes.

@@ -27,9 +27,9 @@ use time::OffsetDateTime;
 use super::plan::plan;
 use super::spec::{tick_instance_id, ScheduleError};
 use super::store::{FireOutcome, ScheduleFire, ScheduleStore};
-use crate::log::error_chain;
-use crate::wake::jittered;
 use crate::{InvalidOptions, Registry, POLL_INTERVAL_MIN};
+use keiro_journal::error_chain;
+use keiro_journal::stretched as jittered;
 
 /// The default longest wait between two scheduler passes: a tick starts at most this late.
 pub const SCHEDULER_POLL_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
