@@ -7,12 +7,8 @@
 //! loop wants instance wakes. A notification only shortens a wait; the loops' fallback polls
 //! are what guarantee progress, so a subscription that fell behind simply reports a wake.
 
-use std::time::Duration;
-
 use keiro_journal::InstanceKey;
-use keiro_resume::{Notifier, WakeFilter, WakeReason, WakeSource};
-use tokio::sync::broadcast::error::{RecvError, TryRecvError};
-use tokio::sync::broadcast::Receiver;
+use keiro_resume::{BroadcastWake, Notifier, WakeFilter, WakeMessage, WakeReason, WakeSource};
 
 use crate::MemoryStore;
 
@@ -47,60 +43,14 @@ pub enum Notification {
     RemoteTasks,
 }
 
-impl Notification {
-    fn matches(&self, filter: WakeFilter) -> bool {
-        match self {
-            Self::Instance(_) => filter == WakeFilter::Instances,
-            Self::TimerArmed => filter == WakeFilter::Timers,
-            Self::RemoteTasks => filter == WakeFilter::RemoteTasks,
-        }
-    }
-}
-
-/// A [`WakeSource`] over the store's broadcast channel, keeping the notifications that match
-/// its filter.
-#[derive(Debug)]
-struct Subscription {
-    filter: WakeFilter,
-    receiver: Receiver<Notification>,
-}
-
-impl Subscription {
-    /// Discards whatever is queued, so a burst of notifications costs the caller one pass.
-    fn drain(&mut self) {
-        // A lag only means more was queued than kept; the rest is still to be drained.
-        while let Ok(_) | Err(TryRecvError::Lagged(_)) = self.receiver.try_recv() {}
-    }
-}
-
-#[async_trait::async_trait]
-impl WakeSource for Subscription {
-    async fn wait(&mut self, fallback: Duration) -> WakeReason {
-        let deadline = tokio::time::sleep(fallback);
-        tokio::pin!(deadline);
-        loop {
-            tokio::select! {
-                // A notification already queued wins over an expired fallback: it is the more
-                // precise answer, and the caller runs a pass either way.
-                biased;
-                received = self.receiver.recv() => match received {
-                    Ok(notification) if !notification.matches(self.filter) => {}
-                    // Falling behind loses notifications, never work: wake and let the pass
-                    // find whatever they were about.
-                    Ok(_) | Err(RecvError::Lagged(_)) => {
-                        self.drain();
-                        return WakeReason::Notified;
-                    }
-                    // Every handle of the store is gone, so nothing will ever be sent; the
-                    // subscription degrades to the fixed poll.
-                    Err(RecvError::Closed) => {
-                        deadline.as_mut().await;
-                        return WakeReason::Timeout;
-                    }
-                },
-                () = deadline.as_mut() => return WakeReason::Timeout,
-            }
-        }
+impl WakeMessage for Notification {
+    fn wakes(&self, filter: WakeFilter) -> Option<WakeReason> {
+        let wanted = match self {
+            Self::Instance(_) => WakeFilter::Instances,
+            Self::TimerArmed => WakeFilter::Timers,
+            Self::RemoteTasks => WakeFilter::RemoteTasks,
+        };
+        (filter == wanted).then_some(WakeReason::Notified)
     }
 }
 
@@ -127,10 +77,7 @@ impl WakeSource for Subscription {
 /// ```
 impl Notifier for MemoryStore {
     fn subscribe(&self, filter: WakeFilter) -> Box<dyn WakeSource> {
-        Box::new(Subscription {
-            filter,
-            receiver: self.notifications(),
-        })
+        Box::new(BroadcastWake::new(filter, self.notifications()))
     }
 
     /// Wakes when an operation closes `key` (completes, fails or cancels it), once that
@@ -143,6 +90,7 @@ impl Notifier for MemoryStore {
 #[cfg(test)]
 mod tests {
     use keiro_journal::{JournalStore, TimerArm, TimerKind};
+    use std::time::Duration;
     use time::Duration as Span;
 
     use super::*;

@@ -44,8 +44,9 @@ use std::time::Duration;
 use futures_util::{Stream, StreamExt};
 use keiro_journal::Backoff;
 use keiro_journal::InstanceKey;
-use keiro_resume::{ClosedWaiters, Notifier, WakeFilter, WakeReason, WakeSource};
-use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+use keiro_resume::{
+    BroadcastWake, ClosedWaiters, Notifier, WakeFilter, WakeMessage, WakeReason, WakeSource,
+};
 use tokio::sync::{broadcast, oneshot};
 use tokio_postgres::AsyncMessage;
 
@@ -133,14 +134,17 @@ impl Wake {
             _ => Self::Instance,
         }
     }
+}
 
-    fn matches(self, filter: WakeFilter) -> bool {
-        match self {
-            Self::Instance => filter == WakeFilter::Instances,
-            Self::Timer => filter == WakeFilter::Timers,
-            Self::Remote => filter == WakeFilter::RemoteTasks,
-            Self::Reconnected => true,
-        }
+impl WakeMessage for Wake {
+    fn wakes(&self, filter: WakeFilter) -> Option<WakeReason> {
+        let wanted = match self {
+            Self::Instance => WakeFilter::Instances,
+            Self::Timer => WakeFilter::Timers,
+            Self::Remote => WakeFilter::RemoteTasks,
+            Self::Reconnected => return Some(WakeReason::Reconnected),
+        };
+        (filter == wanted).then_some(WakeReason::Notified)
     }
 }
 
@@ -381,59 +385,6 @@ fn closed_key(payload: &str) -> Option<InstanceKey> {
     InstanceKey::parse(name, id).ok()
 }
 
-/// A subscription: the hub's messages that match its filter.
-struct Subscription {
-    filter: WakeFilter,
-    receiver: broadcast::Receiver<Wake>,
-    /// To start the listener if subscribing could not (no runtime then), without keeping the
-    /// store alive.
-    store: WeakStore,
-}
-
-impl Subscription {
-    /// Discards whatever is queued, so a burst costs the caller one pass; a `Reconnected`
-    /// among it wins over `reason`, being the stronger request.
-    fn drain(&mut self, mut reason: WakeReason) -> WakeReason {
-        loop {
-            match self.receiver.try_recv() {
-                Ok(Wake::Reconnected) => reason = WakeReason::Reconnected,
-                Ok(_) | Err(TryRecvError::Lagged(_)) => {}
-                Err(TryRecvError::Empty | TryRecvError::Closed) => return reason,
-            }
-        }
-    }
-}
-
-#[async_trait::async_trait]
-impl WakeSource for Subscription {
-    async fn wait(&mut self, fallback: Duration) -> WakeReason {
-        if let Some(store) = self.store.upgrade() {
-            store.listener_start();
-        }
-        let deadline = tokio::time::sleep(fallback);
-        tokio::pin!(deadline);
-        loop {
-            tokio::select! {
-                // A queued message wins over an expired fallback: the caller polls either way,
-                // and a `Reconnected` must not be swallowed.
-                biased;
-                received = self.receiver.recv() => match received {
-                    Ok(Wake::Reconnected) => return self.drain(WakeReason::Reconnected),
-                    Ok(wake) if !wake.matches(self.filter) => {}
-                    // A lag lost notifications, never work: wake, and the pass finds it.
-                    Ok(_) | Err(RecvError::Lagged(_)) => return self.drain(WakeReason::Notified),
-                    // The store is gone, so nothing will be sent again: a fixed poll.
-                    Err(RecvError::Closed) => {
-                        deadline.as_mut().await;
-                        return WakeReason::Timeout;
-                    }
-                },
-                () = deadline.as_mut() => return WakeReason::Timeout,
-            }
-        }
-    }
-}
-
 /// Push wake-ups over `LISTEN` on [`PgStore::wake_channel`].
 ///
 /// The first subscription starts one listener connection for this store (all clones share
@@ -467,11 +418,14 @@ impl Notifier for PgStore {
         // Subscribed before the listener starts, so its first `Reconnected` reaches this one.
         let receiver = self.wakes().sender.subscribe();
         self.listener_start();
-        Box::new(Subscription {
-            filter,
-            receiver,
-            store: self.downgrade(),
-        })
+        // The listener may not have started (no runtime when subscribing): each wait tries
+        // again, through a weak handle that does not keep the store alive.
+        let store = self.downgrade();
+        Box::new(BroadcastWake::new(filter, receiver).before_wait(move || {
+            if let Some(store) = store.upgrade() {
+                store.listener_start();
+            }
+        }))
     }
 
     /// Wakes when `key` closes (a `done:<name>/<id>` payload, sent by migration 0016's trigger
@@ -548,11 +502,19 @@ mod tests {
             (Wake::Remote, WakeFilter::RemoteTasks),
         ] {
             for filter in filters {
-                assert_eq!(wake.matches(filter), filter == only, "{wake:?} {filter:?}");
+                assert_eq!(
+                    wake.wakes(filter),
+                    (filter == only).then_some(WakeReason::Notified),
+                    "{wake:?} {filter:?}"
+                );
             }
         }
         for filter in filters {
-            assert!(Wake::Reconnected.matches(filter), "{filter:?}");
+            assert_eq!(
+                Wake::Reconnected.wakes(filter),
+                Some(WakeReason::Reconnected),
+                "{filter:?}"
+            );
         }
     }
 

@@ -75,5 +75,7 @@ pub use timer::{
     fire_due_once, run_timer_loop, TimerOptions, TimerSummary, TIMER_BATCH_SIZE_DEFAULT,
     TIMER_IDLE_FALLBACK_DEFAULT, TIMER_MIN_WAIT_DEFAULT, TIMER_REQUEUE_STUCK_AFTER_DEFAULT,
 };
-pub use wake::{FixedPoll, Notifier, WakeFilter, WakeReason, WakeSource};
+pub use wake::{
+    BroadcastWake, FixedPoll, Notifier, WakeFilter, WakeMessage, WakeReason, WakeSource,
+};
 pub use worker::run_loop;

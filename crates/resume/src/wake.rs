@@ -68,3 +68,128 @@ impl WakeSource for Box<dyn WakeSource> {
         self.as_mut().wait(fallback).await
     }
 }
+
+/// A message on a store's wake broadcast, as a subscription with a given filter sees it.
+///
+/// Each store has its own message type (Postgres payloads, the memory store's notifications);
+/// this is all a [`BroadcastWake`] needs to know of it.
+pub trait WakeMessage: Clone + Send + 'static {
+    /// What this message means to a subscription with `filter`: `Some(reason)` ends its wait,
+    /// `None` is ignored.
+    fn wakes(&self, filter: WakeFilter) -> Option<WakeReason>;
+}
+
+/// The one [`WakeSource`] over a store's broadcast channel, shared by every store that pushes.
+///
+/// A wait ends at the first message that wakes its filter, or at the fallback. A burst costs
+/// one pass: whatever else is queued is drained, and a `Reconnected` among it wins, being the
+/// stronger request. A subscription that fell behind (a lag) wakes: notifications were lost,
+/// never work, and the pass finds it. A closed channel (the store is gone) degrades to the
+/// fixed poll.
+///
+/// ```
+/// use std::time::Duration;
+/// use keiro_resume::{BroadcastWake, WakeFilter, WakeMessage, WakeReason, WakeSource};
+///
+/// #[derive(Clone)]
+/// struct Ping;
+/// impl WakeMessage for Ping {
+///     fn wakes(&self, filter: WakeFilter) -> Option<WakeReason> {
+///         (filter == WakeFilter::Instances).then_some(WakeReason::Notified)
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let (sender, receiver) = tokio::sync::broadcast::channel(16);
+/// let mut wakes = BroadcastWake::new(WakeFilter::Instances, receiver);
+/// sender.send(Ping).ok();
+/// sender.send(Ping).ok();
+/// assert_eq!(wakes.wait(Duration::from_secs(5)).await, WakeReason::Notified);
+/// // The second ping was drained with the first: one pass for the burst.
+/// assert_eq!(wakes.wait(Duration::from_millis(10)).await, WakeReason::Timeout);
+/// # }
+/// ```
+pub struct BroadcastWake<M> {
+    filter: WakeFilter,
+    receiver: tokio::sync::broadcast::Receiver<M>,
+    before_wait: Option<Box<dyn FnMut() + Send>>,
+}
+
+impl<M> std::fmt::Debug for BroadcastWake<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BroadcastWake")
+            .field("filter", &self.filter)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<M: WakeMessage> BroadcastWake<M> {
+    /// A subscription with `filter` over `receiver`. Subscribe the receiver before whatever
+    /// starts sending, so no message sent after the caller asked is missed.
+    pub fn new(filter: WakeFilter, receiver: tokio::sync::broadcast::Receiver<M>) -> Self {
+        Self {
+            filter,
+            receiver,
+            before_wait: None,
+        }
+    }
+
+    /// Runs `hook` at the start of every wait: a store whose sender is fed by a background
+    /// task (the Postgres listener) restarts it there if it could not be started before.
+    #[must_use]
+    pub fn before_wait(mut self, hook: impl FnMut() + Send + 'static) -> Self {
+        self.before_wait = Some(Box::new(hook));
+        self
+    }
+
+    /// Discards whatever is queued, keeping the strongest reason seen.
+    fn drain(&mut self, mut reason: WakeReason) -> WakeReason {
+        use tokio::sync::broadcast::error::TryRecvError;
+        loop {
+            match self.receiver.try_recv() {
+                Ok(message) => {
+                    if message.wakes(self.filter) == Some(WakeReason::Reconnected) {
+                        reason = WakeReason::Reconnected;
+                    }
+                }
+                // A lag only means more was queued than kept; the rest is still to drain.
+                Err(TryRecvError::Lagged(_)) => {}
+                Err(TryRecvError::Empty | TryRecvError::Closed) => return reason,
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl<M: WakeMessage> WakeSource for BroadcastWake<M> {
+    async fn wait(&mut self, fallback: Duration) -> WakeReason {
+        use tokio::sync::broadcast::error::RecvError;
+        if let Some(hook) = self.before_wait.as_mut() {
+            hook();
+        }
+        let deadline = tokio::time::sleep(fallback);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                // A queued message wins over an expired fallback: it is the more precise
+                // answer, the caller polls either way, and a `Reconnected` must not be lost.
+                biased;
+                received = self.receiver.recv() => match received {
+                    Ok(message) => {
+                        if let Some(reason) = message.wakes(self.filter) {
+                            return self.drain(reason);
+                        }
+                    }
+                    Err(RecvError::Lagged(_)) => return self.drain(WakeReason::Notified),
+                    // Nothing will be sent again: the fallback alone paces the loop.
+                    Err(RecvError::Closed) => {
+                        deadline.as_mut().await;
+                        return WakeReason::Timeout;
+                    }
+                },
+                () = deadline.as_mut() => return WakeReason::Timeout,
+            }
+        }
+    }
+}
