@@ -84,7 +84,7 @@ pub use keiro_journal::{
 };
 pub use keiro_lease::{BackoffPolicy, ClaimOutcome, CrashOutcome, LeaseStore, ResurrectOutcome};
 pub use keiro_remote::{
-    RemoteTask, RemoteWorker, RemoteWorkerBuilder, RemoteWorkerOptions, ReportOutcome,
+    AdminError, RemoteTask, RemoteWorker, RemoteWorkerBuilder, RemoteWorkerOptions, ReportOutcome,
     RequeueOutcome, TaskContext, TaskError, TaskStatus, WorkerStats,
 };
 pub use keiro_resume::{
