@@ -76,9 +76,10 @@ pub use event::{
 pub use faults::Faults;
 pub use id::{IdError, InstanceKey, WorkflowId, WorkflowName, ID_LEN_MAX, RESERVED_STEP_PREFIXES};
 pub use inspect::{
-    parse_status, Counts, Cursor, FilterError, GroupCount, InspectStore, InstanceSummary,
-    ListFilter, ListOrder, ListRequest, Page, StatusCount, TimeRange, ID_PREFIX_LEN_MAX,
-    LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX,
+    parse_status, AwakeableInfo, Counts, Cursor, FilterError, GroupCount, InspectStore,
+    InstanceSummary, ListFilter, ListOrder, ListRequest, Page, SignalWaitInfo, StatusCount,
+    TimeRange, TimerInfo, TimerState, Waits, ID_PREFIX_LEN_MAX, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX,
+    WAITS_LIMIT_DEFAULT,
 };
 pub use instance::{Fence, Instance, StartRequest, Started, Status};
 pub use remote::{

@@ -75,12 +75,13 @@ pub use keiro_journal::{
     WorkflowId, WorkflowName, SIGNAL_TTL_DEFAULT,
 };
 pub use keiro_journal::{
-    Backoff, BoxFuture, DeliveryRefusal, JournalBudget, RemoteOptions, RemoteStepError, StepOptions,
+    AwakeableInfo, AwakeableStatus, Counts, Cursor, FilterError, GcBatch, GcRequest, GroupCount,
+    InspectStore, InstanceSummary, ListFilter, ListOrder, ListRequest, Page, RetentionStore,
+    SignalWaitInfo, StatusCount, TimeRange, TimerInfo, TimerKind, TimerState, Waits,
+    GC_BATCH_DEFAULT, GC_BATCH_MAX, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, WAITS_LIMIT_DEFAULT,
 };
 pub use keiro_journal::{
-    Counts, Cursor, FilterError, GcBatch, GcRequest, GroupCount, InspectStore, InstanceSummary,
-    ListFilter, ListOrder, ListRequest, Page, RetentionStore, StatusCount, TimeRange,
-    GC_BATCH_DEFAULT, GC_BATCH_MAX, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX,
+    Backoff, BoxFuture, DeliveryRefusal, JournalBudget, RemoteOptions, RemoteStepError, StepOptions,
 };
 pub use keiro_lease::{BackoffPolicy, ClaimOutcome, CrashOutcome, LeaseStore, ResurrectOutcome};
 pub use keiro_remote::{
