@@ -83,8 +83,8 @@ pub use inspect::{
 };
 pub use instance::{Fence, Instance, StartRequest, Started, Status};
 pub use remote::{
-    remote_group, remote_step_id, Backoff, RemoteArm, RemoteArmOutcome, RemoteOptions,
-    RemoteStepError, REDISPATCH_MAX_DEFAULT,
+    remote_group, remote_step_id, Backoff, RemoteArm, RemoteArmOutcome, RemoteHandlerDef,
+    RemoteOptions, RemoteStepError, REDISPATCH_MAX_DEFAULT,
 };
 pub use retention::{GcBatch, GcRequest, RetentionStore, GC_BATCH_DEFAULT, GC_BATCH_MAX};
 pub use retry::{StepOptions, STEP_ATTEMPTS_DEFAULT};

@@ -81,12 +81,13 @@ pub use keiro_journal::{
     GC_BATCH_DEFAULT, GC_BATCH_MAX, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, WAITS_LIMIT_DEFAULT,
 };
 pub use keiro_journal::{
-    Backoff, BoxFuture, DeliveryRefusal, JournalBudget, RemoteOptions, RemoteStepError, StepOptions,
+    Backoff, BoxFuture, DeliveryRefusal, JournalBudget, RemoteHandlerDef, RemoteOptions,
+    RemoteStepError, StepOptions,
 };
 pub use keiro_lease::{BackoffPolicy, ClaimOutcome, CrashOutcome, LeaseStore, ResurrectOutcome};
 pub use keiro_remote::{
     AdminError, RemoteTask, RemoteWorker, RemoteWorkerBuilder, RemoteWorkerOptions, ReportOutcome,
-    RequeueOutcome, TaskContext, TaskError, TaskStatus, WorkerStats,
+    RequeueOutcome, TaskContext, TaskError, TaskHandler, TaskStatus, WorkerStats,
 };
 pub use keiro_resume::{
     drain, resume_once, resume_once_up_to, ClosedWait, ClosedWaiters, FixedPoll, LogHook, Notifier,
