@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use keiro::testing::{TestEnv, TestEnvBuilder};
 use keiro::{InstanceKey, Keiro, LeaseStore, ResumeOptions};
 use keiro_remote::{RemoteAdmin, Transport};
 
@@ -134,11 +135,31 @@ impl Ledger {
     }
 }
 
+/// A test kit environment on a fresh in-memory store, to register workflows on.
+pub fn env_memory() -> TestEnvBuilder {
+    TestEnv::memory()
+}
+
+/// A test kit environment on a throwaway schema of the test database. Panics, naming
+/// `TEST_DATABASE_URL`, when the database cannot be reached.
+pub async fn env_postgres() -> TestEnvBuilder {
+    let url = crate::pg::test_database_url();
+    match TestEnv::postgres(&url).await {
+        Ok(env) => env,
+        Err(e) => panic!(
+            "the test database at {url} (TEST_DATABASE_URL) could not be reached or migrated: {e}"
+        ),
+    }
+}
+
 /// Generates one `#[tokio::test]` per scenario and store: `memory::<name>` and
-/// `postgres::<name>`, each calling `<name>(harness)` from the enclosing module.
+/// `postgres::<name>`, each calling `<name>(harness)` from the enclosing module. Scenarios
+/// listed after `; env:` take a test kit environment instead
+/// (`keiro::testing::TestEnvBuilder`, on the same store kind) and are named the same way, so
+/// one file mixes both.
 #[macro_export]
 macro_rules! on_both_stores {
-    ($($name:ident),* $(,)?) => {
+    ($($name:ident),* $(,)? $(; env: $($env:ident),* $(,)?)?) => {
         mod memory {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -146,6 +167,12 @@ macro_rules! on_both_stores {
                     super::$name($crate::Harness::memory()).await
                 }
             )*
+            $($(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $env() -> $crate::TestResult {
+                    super::$env($crate::harness::env_memory()).await
+                }
+            )*)?
         }
         mod postgres {
             $(
@@ -154,7 +181,21 @@ macro_rules! on_both_stores {
                     super::$name($crate::Harness::postgres().await).await
                 }
             )*
+            $($(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $env() -> $crate::TestResult {
+                    super::$env($crate::harness::env_postgres().await).await
+                }
+            )*)?
         }
+    };
+}
+
+/// [`on_both_stores!`] for a file whose scenarios all take a test kit environment.
+#[macro_export]
+macro_rules! on_both_envs {
+    ($($env:ident),* $(,)?) => {
+        $crate::on_both_stores!(; env: $($env),*);
     };
 }
 

@@ -1,19 +1,20 @@
 //! A completed run settles what it left behind (issue 17, item 8's "terminal runs"): the remote
 //! task of a race's losing branch is cancelled, never run, and an awakeable it never awaited
-//! stops counting as pending (`JournalStore::instance_settle_leftovers`). Both stores.
+//! stops counting as pending (`JournalStore::instance_settle_leftovers`). Both stores, driven
+//! by the test kit.
 
 use std::time::Duration;
 
+use keiro::testing::TestEnvBuilder;
 use keiro::{AwakeableOutcome, Ctx, RemoteOptions, Status, TaskStatus};
-use keiro_tests::{on_both_stores, Harness, TestResult};
+use keiro_tests::{on_both_envs, TestResult};
 
-on_both_stores!(a_completed_run_cancels_its_leftover_task_and_awakeable);
+on_both_envs!(a_completed_run_cancels_its_leftover_task_and_awakeable);
 
-async fn a_completed_run_cancels_its_leftover_task_and_awakeable(h: Harness) -> TestResult {
-    let worker = h
-        .keiro
-        .worker()
-        .options(h.fast_options())
+async fn a_completed_run_cancels_its_leftover_task_and_awakeable(
+    env: TestEnvBuilder,
+) -> TestResult {
+    let env = env
         .register("quick", |ctx: Ctx, (): ()| async move {
             let spare = ctx.awakeable::<u32>("spare").await?;
             ctx.step("announce", || async move {
@@ -32,20 +33,20 @@ async fn a_completed_run_cancels_its_leftover_task_and_awakeable(h: Harness) -> 
             .await
         })
         .build()?;
-    h.keiro.start("quick", "q-1", &()).await?;
-    worker.drain().await?;
-    let tasks = h.keiro.remote_tasks("quick", "q-1").await?;
+    let keiro = env.keiro();
+    env.start("quick", "q-1", &()).await?;
+    env.run_until_idle().await?;
+    let tasks = keiro.remote_tasks("quick", "q-1").await?;
     assert_eq!(tasks.len(), 1, "{tasks:?}");
-    h.keiro.deliver("quick", "q-1", "approval", &"yes").await?;
-    worker.drain().await?;
-    let row = h.keiro.instance("quick", "q-1").await?.expect("row");
+    env.deliver("quick", "q-1", "approval", &"yes").await?;
+    env.run_until_idle().await?;
+    let row = env.instance("quick", "q-1").await?;
     assert_eq!(row.status, Status::Completed, "{:?}", row.last_error);
 
-    let tasks = h.keiro.remote_tasks("quick", "q-1").await?;
+    let tasks = keiro.remote_tasks("quick", "q-1").await?;
     assert_eq!(tasks[0].status, TaskStatus::Cancelled, "{tasks:?}");
-    assert_eq!(h.store.awakeables_pending().await?, 0);
-    let spare: uuid::Uuid = h
-        .keiro
+    assert_eq!(keiro.store().awakeables_pending().await?, 0);
+    let spare: uuid::Uuid = env
         .journal("quick", "q-1")
         .await?
         .into_iter()
@@ -56,14 +57,13 @@ async fn a_completed_run_cancels_its_leftover_task_and_awakeable(h: Harness) -> 
             _ => None,
         })
         .expect("announced");
-    let late = h.keiro.complete_awakeable(spare, &1u32).await?;
+    let late = keiro.complete_awakeable(spare, &1u32).await?;
     assert!(!matches!(late, AwakeableOutcome::Delivered), "{late:?}");
 
     // A remote worker never runs the cancelled task.
     let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let seen = ran.clone();
-    let remote = h
-        .keiro
+    let remote = keiro
         .remote_worker()?
         .handle("slow", move |_: String, _task: keiro::TaskContext| {
             let seen = seen.clone();

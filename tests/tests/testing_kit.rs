@@ -6,38 +6,17 @@ use std::time::{Duration, Instant};
 
 use keiro::testing::{verify_replay, ReplayMismatch, TestEnv, TestEnvBuilder};
 use keiro::{workflow_fn, Ctx, InstanceKey, Status, WorkflowError};
-use keiro_tests::{Ledger, TestResult};
+use keiro_tests::{on_both_envs, Ledger, TestResult};
 
 const WEEK: Duration = Duration::from_secs(7 * 24 * 3600);
-
-/// Runs `scenario` on a memory environment and on a throwaway Postgres schema.
-macro_rules! on_both_envs {
-    ($($scenario:ident),* $(,)?) => {
-        mod memory {
-            $(
-                #[tokio::test]
-                async fn $scenario() -> keiro_tests::TestResult {
-                    super::$scenario(keiro::testing::TestEnv::memory()).await
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test]
-                async fn $scenario() -> keiro_tests::TestResult {
-                    let url = keiro_tests::pg::test_database_url();
-                    super::$scenario(keiro::testing::TestEnv::postgres(&url).await?).await
-                }
-            )*
-        }
-    };
-}
 
 on_both_envs!(
     a_seven_day_trial_runs_in_milliseconds,
     a_crash_after_a_step_replays_it_and_runs_the_tail,
     deliveries_and_signals_reach_the_workflow,
     a_signal_timeout_fires_when_time_is_advanced,
+    a_parked_wait_stays_parked_when_time_passes_its_reconcile_window,
+    the_worker_reads_deadlines_on_the_moved_clock,
     a_history_verifies_against_the_code_that_made_it,
 );
 
@@ -148,6 +127,54 @@ async fn a_signal_timeout_fires_when_time_is_advanced(env: TestEnvBuilder) -> Te
     assert_eq!(env.status("reminder", "r-1").await?, Status::Suspended);
     env.advance(Duration::from_secs(3601)).await?;
     assert_eq!(env.output::<String>("reminder", "r-1").await?, "timed out");
+    Ok(())
+}
+
+/// An open-ended wait's reconcile deadline is on the store's clock, which `advance` moves: a
+/// day later the run is due once (the reconcile re-drive), then parked again for five
+/// minutes of the moved clock, not due on every pass.
+async fn a_parked_wait_stays_parked_when_time_passes_its_reconcile_window(
+    env: TestEnvBuilder,
+) -> TestResult {
+    let env = env
+        .register("gate", |ctx: Ctx, (): ()| async move {
+            ctx.await_step::<bool>("open").await
+        })
+        .build()?;
+    env.start("gate", "g-1", &()).await?;
+    env.run_until_idle().await?;
+    env.advance(Duration::from_secs(24 * 3600)).await?;
+    assert_eq!(env.status("gate", "g-1").await?, Status::Suspended);
+    let pass = env.worker().resume_once().await?;
+    assert_eq!(pass.discovered, 0, "a parked run costs nothing: {pass:?}");
+    let wake_after = env.instance("gate", "g-1").await?.wake_after;
+    env.move_clock(Duration::from_secs(4 * 60)).await?;
+    assert_eq!(env.worker().resume_once().await?.discovered, 0);
+    env.move_clock(Duration::from_secs(2 * 60)).await?;
+    let pass = env.worker().resume_once().await?;
+    assert_eq!(pass.discovered, 1, "the reconcile re-drive: {pass:?}");
+    assert_ne!(env.instance("gate", "g-1").await?.wake_after, wake_after);
+    env.deliver("gate", "g-1", "open", &true).await?;
+    env.run_until_idle().await?;
+    assert!(env.output::<bool>("gate", "g-1").await?);
+    Ok(())
+}
+
+/// A sleep due on the moved clock but not yet fired is what a pass reports as `sleep_due`.
+async fn the_worker_reads_deadlines_on_the_moved_clock(env: TestEnvBuilder) -> TestResult {
+    let env = env
+        .register("nap", |ctx: Ctx, (): ()| async move {
+            ctx.sleep("nap", Duration::from_secs(3600)).await
+        })
+        .build()?;
+    env.start("nap", "n-1", &()).await?;
+    env.worker().resume_once().await?;
+    env.move_clock(Duration::from_secs(3601)).await?;
+    let pass = env.worker().resume_once().await?;
+    assert_eq!((pass.discovered, pass.sleep_due), (1, 1), "{pass:?}");
+    assert_eq!(env.worker().fire_due_timers().await?.fired.len(), 1);
+    env.run_until_idle().await?;
+    assert_eq!(env.status("nap", "n-1").await?, Status::Completed);
     Ok(())
 }
 

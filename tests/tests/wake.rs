@@ -1,11 +1,14 @@
 //! Wake-source conformance: durable sleep, awakeables, signals, child workflows, cascade
-//! cancellation and push, against the memory and Postgres stores.
+//! cancellation and push, against the memory and Postgres stores. The scenarios that wait for
+//! deadlines or drive to quiescence use the test kit (`TestEnv`): its clock moves instead of
+//! the test sleeping.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use keiro::testing::TestEnvBuilder;
 use keiro::{
     AwakeableOutcome, Ctx, Keiro, Registry, ResumeOptions, RunOutcome, SignalSendOutcome, Status,
     WorkflowError,
@@ -15,7 +18,6 @@ use serde_json::json;
 use time::OffsetDateTime;
 
 on_both_stores!(
-    sleep_parks_until_its_timer_fires,
     a_timer_firing_twice_journals_once,
     first_sleep_arm_wins,
     awakeable_parked_is_not_discovered_until_completed,
@@ -26,12 +28,14 @@ on_both_stores!(
     signal_sent_after_the_wait_is_delivered,
     signal_and_wait_race_deliver_exactly_once,
     signals_are_fifo_per_token,
+    push_wakes_a_worker_without_waiting_for_its_poll;
+    env:
+    sleep_parks_until_its_timer_fires,
     signal_wait_times_out,
     child_result_reaches_the_parent,
     child_failure_at_the_ceiling_wakes_the_parent,
     cancel_child_and_cascade,
     open_ended_park_gets_the_reconcile_deadline,
-    push_wakes_a_worker_without_waiting_for_its_poll,
 );
 
 fn options(h: &Harness) -> ResumeOptions {
@@ -64,39 +68,40 @@ fn sleeper(ledger: Ledger) -> Result<Registry, keiro::RegistryError> {
     Ok(registry)
 }
 
-async fn sleep_parks_until_its_timer_fires(h: Harness) -> TestResult {
+async fn sleep_parks_until_its_timer_fires(env: TestEnvBuilder) -> TestResult {
     let ledger = Ledger::default();
-    let registry = sleeper(ledger.clone())?;
-    h.keiro.start("sleeper", "s-1", &200u64).await?;
-    let first = pass(&h, &registry).await?;
+    let env = env.registry(sleeper(ledger.clone())?).build()?;
+    let (worker, store) = (env.worker(), env.keiro().store());
+    let hour = Duration::from_secs(3600);
+    env.start("sleeper", "s-1", &3_600_000u64).await?;
+    let first = worker.resume_once().await?;
     assert_eq!((first.resumed, first.still_suspended), (1, 1));
-    let row = h.keiro.instance("sleeper", "s-1").await?.expect("row");
+    let row = env.instance("sleeper", "s-1").await?;
     assert_eq!(row.status, Status::Suspended);
-    let wake_after = row
-        .wake_after
-        .expect("the sleep's deadline is the wake hint");
+    assert!(
+        row.wake_after.is_some(),
+        "the sleep's deadline is the wake hint"
+    );
 
     // Not due yet: nothing to discover, nothing to fire.
-    assert_eq!(pass(&h, &registry).await?.discovered, 0);
-    assert!(h.store.timers_fire_due(None, 10).await?.fired.is_empty());
+    assert_eq!(worker.resume_once().await?.discovered, 0);
+    assert!(store.timers_fire_due(None, 10).await?.fired.is_empty());
 
     // Due, but no timer worker fired it: discovered, re-parked, reported as a due sleep.
-    let after_due = wake_after + time::Duration::milliseconds(10);
-    let wait = after_due - OffsetDateTime::now_utc();
-    tokio::time::sleep(Duration::try_from(wait).unwrap_or_default()).await;
-    let blocked = pass(&h, &registry).await?;
+    env.move_clock(hour + Duration::from_millis(10)).await?;
+    let blocked = worker.resume_once().await?;
     assert_eq!((blocked.sleep_due, blocked.advanced), (1, 0), "{blocked:?}");
 
-    let fired = h.store.timers_fire_due(None, 10).await?;
+    let fired = store.timers_fire_due(None, 10).await?;
     assert_eq!(fired.fired.len(), 1);
     assert!(fired.fired[0].delivered);
-    let row = h.keiro.instance("sleeper", "s-1").await?.expect("row");
+    let row = env.instance("sleeper", "s-1").await?;
     assert_eq!(
         (row.status, row.wake_after),
         (Status::Running, None),
         "the fire flipped the row and cleared the hint"
     );
-    let done = pass(&h, &registry).await?;
+    let done = worker.resume_once().await?;
     assert_eq!(done.completed, 1);
     assert_eq!((ledger.count("before"), ledger.count("after")), (1, 1));
     Ok(())
@@ -459,34 +464,31 @@ async fn signals_are_fifo_per_token(h: Harness) -> TestResult {
     Ok(())
 }
 
-async fn signal_wait_times_out(h: Harness) -> TestResult {
-    let mut registry = Registry::new();
-    registry.register("impatient", |ctx: Ctx, (): ()| async move {
-        match ctx
-            .wait_signal::<u32>("never-sent", Some(Duration::from_millis(50)))
-            .await
-        {
-            Err(WorkflowError::SignalTimeout { token }) => Ok(format!("timed out on {token}")),
-            other => other.map(|v| v.to_string()),
-        }
-    })?;
-    h.keiro.start("impatient", "i-1", &()).await?;
-    pass(&h, &registry).await?;
-    tokio::time::sleep(Duration::from_millis(80)).await;
-    let fired = h.store.timers_fire_due(None, 10).await?;
+async fn signal_wait_times_out(env: TestEnvBuilder) -> TestResult {
+    let env = env
+        .register("impatient", |ctx: Ctx, (): ()| async move {
+            match ctx
+                .wait_signal::<u32>("never-sent", Some(Duration::from_secs(60)))
+                .await
+            {
+                Err(WorkflowError::SignalTimeout { token }) => Ok(format!("timed out on {token}")),
+                other => other.map(|v| v.to_string()),
+            }
+        })
+        .build()?;
+    env.start("impatient", "i-1", &()).await?;
+    env.worker().resume_once().await?;
+    env.move_clock(Duration::from_secs(61)).await?;
+    let fired = env.worker().fire_due_timers().await?;
     assert_eq!(fired.fired.len(), 1);
-    pass(&h, &registry).await?;
+    env.worker().resume_once().await?;
     assert_eq!(
-        h.keiro
-            .instance("impatient", "i-1")
-            .await?
-            .expect("row")
-            .output,
-        Some(json!("timed out on never-sent"))
+        env.output::<String>("impatient", "i-1").await?,
+        "timed out on never-sent"
     );
     // A signal sent after the timeout is buffered for someone else, not lost into the old wait.
     assert_eq!(
-        h.keiro.signal("never-sent", &1).await?,
+        env.signal("never-sent", &1).await?,
         SignalSendOutcome::Buffered
     );
     Ok(())
@@ -533,41 +535,27 @@ fn family(ledger: Ledger, child_fails: Arc<AtomicBool>) -> Result<Registry, keir
     Ok(registry)
 }
 
-async fn child_result_reaches_the_parent(h: Harness) -> TestResult {
+async fn child_result_reaches_the_parent(env: TestEnvBuilder) -> TestResult {
     let ledger = Ledger::default();
-    let registry = family(ledger.clone(), Arc::new(AtomicBool::new(false)))?;
-    h.keiro.start("parent", "p-1", &()).await?;
-    keiro::drain(&h.store, &registry, &options(&h)).await?;
-    let child = h
-        .keiro
-        .instance("kid", "kid-1")
-        .await?
-        .expect("spawned in the parent's step transaction");
+    let env = env
+        .registry(family(ledger.clone(), Arc::new(AtomicBool::new(false)))?)
+        .build()?;
+    env.start("parent", "p-1", &()).await?;
+    env.run_until_idle().await?;
+    let child = env.instance("kid", "kid-1").await?; // spawned in the parent's step transaction
     assert_eq!(child.parent, Some(key("parent", "p-1")));
+    assert_eq!(env.status("parent", "p-1").await?, Status::Suspended);
+    env.deliver("kid", "kid-1", "hold", &true).await?;
+    env.run_until_idle().await?;
     assert_eq!(
-        h.keiro
-            .instance("parent", "p-1")
-            .await?
-            .expect("row")
-            .status,
-        Status::Suspended
-    );
-    h.keiro.deliver("kid", "kid-1", "hold", &true).await?;
-    keiro::drain(&h.store, &registry, &options(&h)).await?;
-    assert_eq!(
-        h.keiro
-            .instance("parent", "p-1")
-            .await?
-            .expect("row")
-            .output,
-        Some(json!("child said 21"))
+        env.output::<String>("parent", "p-1").await?,
+        "child said 21"
     );
     assert_eq!(
         (ledger.count("parent-before"), ledger.count("kid-work")),
         (1, 1)
     );
-    let spawns = h
-        .keiro
+    let spawns = env
         .journal("parent", "p-1")
         .await?
         .iter()
@@ -577,18 +565,16 @@ async fn child_result_reaches_the_parent(h: Harness) -> TestResult {
     Ok(())
 }
 
-async fn child_failure_at_the_ceiling_wakes_the_parent(h: Harness) -> TestResult {
-    let registry = family(Ledger::default(), Arc::new(AtomicBool::new(true)))?;
-    let mut opts = options(&h);
-    opts.max_attempts = 2;
-    h.keiro.start("parent", "p-2", &()).await?;
-    for _ in 0..6 {
-        keiro::drain(&h.store, &registry, &opts).await?;
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let child = h.keiro.instance("kid", "kid-1").await?.expect("row");
+async fn child_failure_at_the_ceiling_wakes_the_parent(env: TestEnvBuilder) -> TestResult {
+    let env = env
+        .registry(family(Ledger::default(), Arc::new(AtomicBool::new(true)))?)
+        .resume_options(|options| options.max_attempts = 2)
+        .build()?;
+    env.start("parent", "p-2", &()).await?;
+    env.run_until_idle().await?;
+    let child = env.instance("kid", "kid-1").await?;
     assert_eq!((child.status, child.attempts), (Status::Failed, 2));
-    let parent = h.keiro.instance("parent", "p-2").await?.expect("row");
+    let parent = env.instance("parent", "p-2").await?;
     assert_eq!(parent.status, Status::Completed);
     let out = parent.output.expect("output").to_string();
     assert!(
@@ -598,7 +584,7 @@ async fn child_failure_at_the_ceiling_wakes_the_parent(h: Harness) -> TestResult
     Ok(())
 }
 
-async fn cancel_child_and_cascade(h: Harness) -> TestResult {
+async fn cancel_child_and_cascade(env: TestEnvBuilder) -> TestResult {
     let mut registry = family(Ledger::default(), Arc::new(AtomicBool::new(false)))?;
     registry.register("canceller", |ctx: Ctx, (): ()| async move {
         ctx.spawn_child("kid", "kid-9", &1u32).await?;
@@ -608,60 +594,39 @@ async fn cancel_child_and_cascade(h: Harness) -> TestResult {
             other => other.map(|v| v.to_string()),
         }
     })?;
-    h.keiro.start("canceller", "c-1", &()).await?;
-    keiro::drain(&h.store, &registry, &options(&h)).await?;
+    let env = env.registry(registry).build()?;
+    env.start("canceller", "c-1", &()).await?;
+    env.run_until_idle().await?;
+    assert_eq!(env.status("kid", "kid-9").await?, Status::Cancelled);
     assert_eq!(
-        h.keiro.instance("kid", "kid-9").await?.expect("row").status,
-        Status::Cancelled
-    );
-    assert_eq!(
-        h.keiro
-            .instance("canceller", "c-1")
-            .await?
-            .expect("row")
-            .output,
-        Some(json!("saw the cancel"))
+        env.output::<String>("canceller", "c-1").await?,
+        "saw the cancel"
     );
 
     // Cascade: cancelling a parent cancels its live child, which in turn reports to nobody live.
-    h.keiro.start("parent", "p-3", &()).await?;
-    keiro::drain(&h.store, &registry, &options(&h)).await?;
-    assert_eq!(
-        h.keiro.instance("kid", "kid-1").await?.expect("row").status,
-        Status::Suspended
-    );
-    h.keiro.cancel_cascade("parent", "p-3").await?;
-    assert_eq!(
-        h.keiro
-            .instance("parent", "p-3")
-            .await?
-            .expect("row")
-            .status,
-        Status::Cancelled
-    );
-    assert_eq!(
-        h.keiro.instance("kid", "kid-1").await?.expect("row").status,
-        Status::Cancelled
-    );
+    env.start("parent", "p-3", &()).await?;
+    env.run_until_idle().await?;
+    assert_eq!(env.status("kid", "kid-1").await?, Status::Suspended);
+    env.keiro().cancel_cascade("parent", "p-3").await?;
+    assert_eq!(env.status("parent", "p-3").await?, Status::Cancelled);
+    assert_eq!(env.status("kid", "kid-1").await?, Status::Cancelled);
     Ok(())
 }
 
-async fn open_ended_park_gets_the_reconcile_deadline(h: Harness) -> TestResult {
-    let mut registry = Registry::new();
-    registry.register("waits", |ctx: Ctx, (): ()| async move {
-        let v: u32 = ctx.await_step("x").await?;
-        Ok(v)
-    })?;
-    let mut opts = options(&h);
-    opts.reconcile = Some(Duration::from_secs(300));
-    h.keiro.start("waits", "w-1", &()).await?;
+async fn open_ended_park_gets_the_reconcile_deadline(env: TestEnvBuilder) -> TestResult {
+    let env = env
+        .register("waits", |ctx: Ctx, (): ()| async move {
+            let v: u32 = ctx.await_step("x").await?;
+            Ok(v)
+        })
+        .resume_options(|options| options.reconcile = Some(Duration::from_secs(300)))
+        .build()?;
+    env.start("waits", "w-1", &()).await?;
     let before = OffsetDateTime::now_utc();
-    keiro::resume_once(&h.store, &registry, &opts).await?;
-    let wake = h
-        .keiro
+    env.worker().resume_once().await?;
+    let wake = env
         .instance("waits", "w-1")
         .await?
-        .expect("row")
         .wake_after
         .expect("reconcile deadline");
     let ahead = wake - before;
@@ -671,10 +636,16 @@ async fn open_ended_park_gets_the_reconcile_deadline(h: Harness) -> TestResult {
     );
     // Due reconcile: a re-drive that finds nothing new costs one pass and parks again.
     let later = OffsetDateTime::now_utc() + time::Duration::seconds(301);
+    let store = env.keiro().store();
+    assert_eq!(store.instances_runnable(Some(later), None).await?.len(), 1);
+    env.move_clock(Duration::from_secs(301)).await?;
+    let redrive = env.worker().resume_once().await?;
     assert_eq!(
-        h.store.instances_runnable(Some(later), None).await?.len(),
-        1
+        (redrive.discovered, redrive.advanced, redrive.sleep_due),
+        (1, 0, 0),
+        "{redrive:?}"
     );
+    assert_eq!(env.status("waits", "w-1").await?, Status::Suspended);
     Ok(())
 }
 

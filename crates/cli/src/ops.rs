@@ -3,7 +3,10 @@
 //! `keiro migrate`'s job). Listing, counts and retention are in `list.rs` and `gc.rs`.
 
 use clap::Args;
-use keiro::{CancelOutcome, Instance, JournalEntry, Keiro, RequeueOutcome, ResurrectOutcome};
+use keiro::{
+    CancelOutcome, Instance, InstanceSummary, JournalEntry, Keiro, ListRequest, RequeueOutcome,
+    ResurrectOutcome, TimerKind, Waits, WAITS_LIMIT_DEFAULT,
+};
 use time::format_description::FormatItem;
 use time::macros::format_description;
 use time::{OffsetDateTime, UtcOffset};
@@ -27,8 +30,12 @@ pub(crate) async fn keiro(global: &Global) -> Result<Keiro> {
     ))
 }
 
-/// `keiro show`: the instance row, every journal event in append order, then the journal as a
-/// timeline (each step's duration and the time spent parked).
+/// How many children `keiro show` prints (`keiro list --parent` has them all).
+const CHILDREN_SHOWN: u32 = 100;
+
+/// `keiro show`: the instance row, every journal event in append order, the journal as a
+/// timeline (each step's duration and the time spent parked), then what it waits on (timers,
+/// awakeables, signal waits), its remote tasks and its children.
 pub(crate) async fn show(global: &Global, key: &KeyArgs) -> Result<Outcome> {
     let keiro = keiro(global).await?;
     let what = format!("{}/{}", key.name, key.id);
@@ -44,15 +51,107 @@ pub(crate) async fn show(global: &Global, key: &KeyArgs) -> Result<Outcome> {
         .journal(&key.name, &key.id)
         .await
         .context(format!("reading the journal of {what}"))?;
+    let waits = keiro
+        .waits(&key.name, &key.id, WAITS_LIMIT_DEFAULT)
+        .await
+        .context(format!(
+            "reading the timers, awakeables and signal waits of {what}"
+        ))?;
     let tasks = keiro
         .remote_tasks(&key.name, &key.id)
         .await
         .context(format!("reading the remote tasks of {what}"))?;
+    let children = keiro
+        .list(&ListRequest {
+            filter: keiro::ListFilter {
+                parent: Some(instance.key.clone()),
+                ..keiro::ListFilter::default()
+            },
+            limit: CHILDREN_SHOWN,
+            ..ListRequest::default()
+        })
+        .await
+        .context(format!("listing the children of {what}"))?;
     print_instance(&instance);
     print_journal(&journal);
     crate::timeline::print(&instance, &journal);
+    print_waits(&waits);
     print_tasks(&tasks);
+    print_children(&children.instances, children.next_cursor.is_some());
     Ok(Outcome::Success)
+}
+
+fn print_waits(waits: &Waits) {
+    if !waits.timers.is_empty() {
+        println!("timers {}", waits.timers.len());
+    }
+    for timer in &waits.timers {
+        let kind = match &timer.kind {
+            TimerKind::SignalTimeout { token } => format!("signal timeout, token {token}"),
+            _ => "sleep".to_owned(),
+        };
+        println!(
+            "  {:<32} gen {:<3} {:<9} due {}  fired {}  attempts {}  {kind}",
+            timer.step,
+            timer.generation,
+            timer.state.as_str(),
+            timestamp(Some(timer.fire_at)),
+            timestamp(timer.fired_at),
+            timer.attempts,
+        );
+    }
+    if !waits.awakeables.is_empty() {
+        println!("awakeables {}", waits.awakeables.len());
+    }
+    for awakeable in &waits.awakeables {
+        println!(
+            "  {}  gen {:<3} {:<9} created {}  settled {}",
+            awakeable.id,
+            awakeable.generation,
+            awakeable.status.as_str(),
+            timestamp(Some(awakeable.created_at)),
+            timestamp(awakeable.settled_at),
+        );
+    }
+    if !waits.signal_waits.is_empty() {
+        println!("signal waits {}", waits.signal_waits.len());
+    }
+    for wait in &waits.signal_waits {
+        println!(
+            "  {:<32} gen {:<3} token {}  since {}  times out {}",
+            wait.step,
+            wait.generation,
+            wait.token,
+            timestamp(Some(wait.since)),
+            timestamp(wait.timeout_at),
+        );
+    }
+    if waits.truncated {
+        println!("  (only the newest {WAITS_LIMIT_DEFAULT} of each kind)");
+    }
+}
+
+fn print_children(children: &[InstanceSummary], more: bool) {
+    if children.is_empty() {
+        return;
+    }
+    println!("children {}{}", children.len(), if more { "+" } else { "" });
+    for child in children {
+        println!(
+            "  {:<40} {:<9} gen {:<3} attempts {}{}",
+            child.key.to_string(),
+            child.status.as_str(),
+            child.generation,
+            child.attempts,
+            child
+                .last_error
+                .as_ref()
+                .map_or_else(String::new, |e| format!("  last error {e}"))
+        );
+    }
+    if more {
+        println!("  (the first {CHILDREN_SHOWN}; keiro list --parent lists them all)");
+    }
 }
 
 fn print_tasks(tasks: &[keiro::RemoteTask]) {

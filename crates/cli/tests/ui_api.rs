@@ -10,7 +10,7 @@ use keiro::Status;
 use keiro_tests::{Harness, TestResult};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use ui_support::{broken, drive_until, registry, seed, Ui, TOKEN, XSS};
+use ui_support::{broken, drive_until, registry, seed, seed_waits, Ui, TOKEN, XSS, XSS_TOKEN};
 
 async fn get_json(
     client: &reqwest::Client,
@@ -154,6 +154,139 @@ async fn the_api_reads_filters_and_refuses_bad_input() -> TestResult {
     assert_eq!(response.status(), StatusCode::OK);
     let done: Value = response.json().await?;
     assert_eq!(done["action"], "requeue");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_shows_its_timers_awakeables_signal_waits_and_children() -> TestResult {
+    let h = Harness::postgres().await;
+    let registry = registry(broken());
+    seed_waits(&h, &registry).await?;
+    let ui = Ui::start(&h, Some(TOKEN));
+    let client = reqwest::Client::new();
+    let api = format!("{}/api/v1", ui.base);
+
+    // The JSON: both timers scheduled (the sleep, the signal wait's timeout with its token),
+    // the pending awakeable, the signal wait with its timeout.
+    let (status, waiter) = get_json(&client, &format!("{api}/instances/waiter/w-1")).await?;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(waiter["status"], "suspended");
+    let timers = waiter["timers"].as_array().expect("timers");
+    assert_eq!(timers.len(), 2, "{waiter}");
+    let wait_step = format!("signal:{XSS_TOKEN}:1");
+    let nap = timers
+        .iter()
+        .find(|t| t["step"] == "sleep:nap")
+        .expect("the sleep");
+    assert_eq!(
+        (&nap["kind"], &nap["state"], &nap["attempts"]),
+        (&json!("sleep"), &json!("scheduled"), &json!(0))
+    );
+    assert!(nap["fire_at"].is_string() && nap["fired_at"].is_null());
+    let timeout = timers
+        .iter()
+        .find(|t| t["step"] == wait_step.as_str())
+        .expect("the signal wait's timeout");
+    assert_eq!(
+        (&timeout["kind"], &timeout["token"]),
+        (&json!("signal_timeout"), &json!(XSS_TOKEN))
+    );
+    let awakeables = waiter["awakeables"].as_array().expect("awakeables");
+    assert_eq!(awakeables.len(), 1);
+    assert_eq!(awakeables[0]["status"], "pending");
+    let awakeable = awakeables[0]["id"].as_str().expect("an id").to_owned();
+    let waits = waiter["signal_waits"].as_array().expect("signal waits");
+    assert_eq!(waits.len(), 1);
+    assert_eq!(
+        (
+            &waits[0]["token"],
+            &waits[0]["step"],
+            &waits[0]["timeout_at"]
+        ),
+        (&json!(XSS_TOKEN), &json!(wait_step), &timeout["fire_at"])
+    );
+    assert_eq!(waiter["waits_truncated"], false);
+
+    // A parent lists its child with status and attempts.
+    let (_, family) = get_json(&client, &format!("{api}/instances/family/f-1")).await?;
+    let children = family["children"].as_array().expect("children");
+    assert_eq!(children.len(), 1, "{family}");
+    assert_eq!(
+        (
+            &children[0]["name"],
+            &children[0]["id"],
+            &children[0]["status"]
+        ),
+        (&json!("greet"), &json!("kid-1"), &json!("completed"))
+    );
+    assert_eq!(children[0]["attempts"], 0);
+
+    // The page: a table each, the token escaped wherever it appears.
+    let page = client
+        .get(format!("{}/instances/waiter/w-1", ui.base))
+        .send()
+        .await?
+        .text()
+        .await?;
+    for table in [
+        "timers",
+        "awakeables",
+        "signal-waits",
+        "remote-tasks",
+        "children",
+    ] {
+        assert!(page.contains(&format!("id=\"{table}\"")), "no #{table}");
+    }
+    assert!(page.contains("sleep:nap") && page.contains("scheduled"));
+    assert!(page.contains(&awakeable) && page.contains("pending"));
+    assert!(page.contains("&lt;script&gt;window.keiroPwned=3&lt;/script&gt;"));
+    assert!(!page.contains(XSS_TOKEN), "the token is markup on the page");
+    let page = client
+        .get(format!("{}/instances/family/f-1", ui.base))
+        .send()
+        .await?
+        .text()
+        .await?;
+    assert!(page.contains("href=\"/instances/greet/kid-1\""), "{page}");
+
+    // `keiro show` prints the same sections.
+    let db = h.db.as_ref().expect("a Postgres harness");
+    let show = |name: &str, id: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_keiro"))
+            .env("DATABASE_URL", db.url())
+            .env("KEIRO_SCHEMA", db.schema())
+            .args(["show", name, id])
+            .output()
+    };
+    let shown = show("waiter", "w-1")?;
+    let text = String::from_utf8(shown.stdout)?;
+    assert!(shown.status.success(), "{text}");
+    for line in [
+        "timers 2",
+        "awakeables 1",
+        "signal waits 1",
+        "sleep:nap",
+        "scheduled",
+    ] {
+        assert!(text.contains(line), "no {line:?} in {text}");
+    }
+    assert!(text.contains(&format!("token {XSS_TOKEN}")), "{text}");
+    let shown = show("family", "f-1")?;
+    let text = String::from_utf8(shown.stdout)?;
+    assert!(
+        text.contains("children 1") && text.contains("greet/kid-1"),
+        "{text}"
+    );
+
+    // Once the awakeable is completed and the signal sent, the page says so.
+    h.keiro
+        .complete_awakeable(awakeable.parse()?, &"yes")
+        .await?;
+    h.keiro.signal(XSS_TOKEN, &"hi").await?;
+    let (_, waiter) = get_json(&client, &format!("{api}/instances/waiter/w-1")).await?;
+    assert_eq!(waiter["awakeables"][0]["status"], "completed");
+    assert!(waiter["awakeables"][0]["settled_at"].is_string());
+    assert_eq!(waiter["signal_waits"], json!([]));
     Ok(())
 }
 

@@ -1,7 +1,9 @@
 //! `keiro ui` in a real browser: Debian's headless chromium driven through chromedriver
 //! (WebDriver). It opens the list, filters on failed, opens the failed instance, requeues it
 //! with the token (accepting the confirmation), sees it complete, checks that a request
-//! without the token is refused, and saves a screenshot of the instance page: to the test's
+//! without the token is refused, opens a parked instance's page and finds its timers,
+//! awakeable and signal wait listed (a token that is markup stays text), and saves a
+//! screenshot of the instance page: to the test's
 //! scratch directory, or to docs/ui-instance.png (shown in the README) when
 //! `KEIRO_UI_SCREENSHOT=docs` asks for the README's copy to be refreshed.
 //!
@@ -20,7 +22,7 @@ use fantoccini::{ClientBuilder, Locator};
 use keiro::Status;
 use keiro_tests::{Harness, TestResult};
 use serde_json::json;
-use ui_support::{broken, registry, seed, Ui, TOKEN};
+use ui_support::{broken, registry, seed, seed_waits, Ui, TOKEN, XSS_TOKEN};
 
 /// The first of `names` found on `PATH`.
 fn which(names: &[&str]) -> Option<PathBuf> {
@@ -76,6 +78,7 @@ async fn an_operator_requeues_a_failed_run_in_the_browser() -> TestResult {
     let broken = broken();
     let registry = registry(broken.clone());
     seed(&h, &registry).await?;
+    seed_waits(&h, &registry).await?;
     let ui = Ui::start(&h, Some(TOKEN));
 
     // A worker for the requeued run: resume passes until the test ends.
@@ -207,6 +210,25 @@ async fn drive(
         )
         .await?;
     assert_eq!(refused, json!(401));
+
+    // A parked instance lists what it waits on; its markup token ran nowhere.
+    client.goto(&format!("{base}/instances/waiter/w-1")).await?;
+    let timers = client.find_all(Locator::Css("#timers tbody tr")).await?;
+    assert_eq!(timers.len(), 2, "the sleep and the signal wait's timeout");
+    let awakeables = client
+        .find_all(Locator::Css("#awakeables tbody tr"))
+        .await?;
+    assert_eq!(awakeables.len(), 1);
+    let waits = client
+        .find_all(Locator::Css("#signal-waits tbody tr td:first-child"))
+        .await?;
+    assert_eq!(waits.len(), 1);
+    assert_eq!(waits[0].text().await?, XSS_TOKEN);
+    let pwned = client
+        .execute("return window.keiroPwned === undefined;", vec![])
+        .await?;
+    assert_eq!(pwned, json!(true));
+    client.goto(&format!("{base}/instances/charge/c-1")).await?;
 
     // The screenshot the README shows.
     let png = client.screenshot().await?;

@@ -82,6 +82,12 @@ pub struct RunOptions {
     /// before its first fresh action when this is older than `confirm_after`. `None` counts
     /// from the start of the drive. Defaults to `None`.
     pub confirmed_at: Option<Instant>,
+    /// The store's clock when the run's claim was granted (the claimed row's `updated_at`).
+    /// The one deadline a run computes itself, the reconcile fallback, counts from it plus
+    /// the time since `confirmed_at`, so it is on the store's clock like every other deadline
+    /// and a worker whose own clock is off neither re-drives parked runs at once nor leaves
+    /// them late. `None` counts from the worker's clock. Defaults to `None`.
+    pub claimed_at: Option<OffsetDateTime>,
     /// How long one generation's journal may grow before fresh steps fail with
     /// [`WorkflowError::JournalFull`]. Defaults to [`JournalBudget::default`](crate::JournalBudget::default).
     pub journal_budget: crate::JournalBudget,
@@ -100,6 +106,17 @@ impl Default for RunOptions {
 }
 
 impl RunOptions {
+    /// The store's clock now, as well as the run knows it: [`claimed_at`](Self::claimed_at)
+    /// plus the time since [`confirmed_at`](Self::confirmed_at), or the worker's clock for an
+    /// unclaimed run.
+    pub(crate) fn store_now(&self) -> OffsetDateTime {
+        match (self.claimed_at, self.confirmed_at) {
+            (Some(at), Some(asked)) => at + asked.elapsed(),
+            (Some(at), None) => at,
+            (None, _) => OffsetDateTime::now_utc(),
+        }
+    }
+
     /// Options for a lease of `lease_ttl`, with `confirm_after` a quarter of it.
     pub fn new(lease_ttl: Duration) -> Self {
         Self {
@@ -111,6 +128,7 @@ impl RunOptions {
             observer: None,
             trace_context: None,
             confirmed_at: None,
+            claimed_at: None,
             journal_budget: crate::JournalBudget::default(),
             faults: None,
             replay_only: false,

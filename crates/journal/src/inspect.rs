@@ -8,15 +8,22 @@
 //! Pagination is keyset, never OFFSET: a page ends with a [`Cursor`] naming its last row's
 //! `(created_at, name, id)`, and the next page starts strictly after it in the same order. A
 //! cursor is opaque to callers (hex of a versioned text), so its layout may change.
+//!
+//! One instance's wake sources ([`Waits`]: its timers, awakeables and pending signal waits)
+//! are read by [`InspectStore::instance_waits`], newest first and bounded per kind, so an
+//! instance page shows what the run is waiting on, not only the journal rows it left.
 
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
+use uuid::Uuid;
 
 use crate::store::Result;
-use crate::{IdError, Instance, InstanceKey, Status, WorkflowName};
+use crate::{
+    AwakeableStatus, Generation, IdError, Instance, InstanceKey, Status, TimerKind, WorkflowName,
+};
 
 /// Rows a page holds when the request does not say. Defaults to 50.
 pub const LIST_LIMIT_DEFAULT: u32 = 50;
@@ -565,7 +572,148 @@ pub struct Counts {
     pub remote: Vec<GroupCount>,
 }
 
-/// The store operations behind the operators' list and counts. Reads only.
+/// How many rows of each kind [`InspectStore::instance_waits`] returns when the caller does
+/// not say. Defaults to 100.
+pub const WAITS_LIMIT_DEFAULT: u32 = 100;
+
+/// Where a durable timer is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum TimerState {
+    /// Armed, waiting for its due time (or for a timer worker, once due).
+    Scheduled,
+    /// Picked by a timer worker whose transaction has not committed (Postgres only; a row
+    /// left in it by something outside keiro is requeued after a while).
+    Firing,
+    /// Fired: the step was journaled, or found already resolved. The row stays, so a re-arm of
+    /// the same step finds the first deadline.
+    Fired,
+}
+
+impl TimerState {
+    /// The text stored in the timer's `status` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Scheduled => "scheduled",
+            Self::Firing => "firing",
+            Self::Fired => "fired",
+        }
+    }
+
+    /// Reads the column text.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "scheduled" => Some(Self::Scheduled),
+            "firing" => Some(Self::Firing),
+            "fired" => Some(Self::Fired),
+            _ => None,
+        }
+    }
+}
+
+/// One durable timer of an instance: a sleep's deadline or a signal wait's timeout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimerInfo {
+    /// The generation it fires into.
+    pub generation: Generation,
+    /// The step its fire journals (`sleep:<name>`, or the signal wait's step).
+    pub step: String,
+    /// A sleep, or a signal wait's timeout with the token waited on.
+    #[serde(flatten)]
+    pub kind: TimerKind,
+    /// Where it is.
+    pub state: TimerState,
+    /// When it is (or was) due, on the store's clock.
+    #[serde(with = "time::serde::rfc3339")]
+    pub fire_at: OffsetDateTime,
+    /// When a timer worker fired it.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub fired_at: Option<OffsetDateTime>,
+    /// Fire attempts: 1 once fired (a fire is one transaction, so a failed one leaves none).
+    pub attempts: i32,
+    /// When it was armed.
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+}
+
+/// One awakeable an instance allocated.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AwakeableInfo {
+    /// Its id, the token a completer passes (journaled under `awk:<id>`).
+    pub id: Uuid,
+    /// The generation its value goes to.
+    pub generation: Generation,
+    /// Pending, completed or cancelled (a cancelled or continued run settles its pending ones
+    /// as cancelled).
+    pub status: AwakeableStatus,
+    /// When it was allocated.
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    /// When it was completed or cancelled.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub settled_at: Option<OffsetDateTime>,
+}
+
+/// One signal wait of an instance that no signal (or timeout) has resolved yet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignalWaitInfo {
+    /// The generation waiting.
+    pub generation: Generation,
+    /// The step the signal will be journaled under.
+    pub step: String,
+    /// The token waited on.
+    pub token: String,
+    /// When the wait was registered.
+    #[serde(with = "time::serde::rfc3339")]
+    pub since: OffsetDateTime,
+    /// When the wait times out, if it has a timeout (its timer is in [`Waits::timers`] too).
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub timeout_at: Option<OffsetDateTime>,
+}
+
+/// What one instance waits on, or waited on: its timers, its awakeables and its pending signal
+/// waits, each kind newest first (by generation, then arm or allocation time, then step, id
+/// or arrival) and at most the limit asked for. Children and remote tasks have reads of their
+/// own (the list filtered on `parent`, and the remote tasks of the instance).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Waits {
+    /// Timers, fired ones included.
+    pub timers: Vec<TimerInfo>,
+    /// Awakeables, settled ones included.
+    pub awakeables: Vec<AwakeableInfo>,
+    /// Signal waits still registered (a delivered or timed-out wait leaves its journal row,
+    /// not a waiter).
+    pub signal_waits: Vec<SignalWaitInfo>,
+    /// Whether some kind had more rows than the limit (its oldest are left out).
+    pub truncated: bool,
+}
+
+impl Waits {
+    /// Cuts each kind to `limit` rows (they come with one more as a probe), setting
+    /// [`truncated`](Self::truncated) when any kind had more.
+    pub fn from_probe(
+        mut timers: Vec<TimerInfo>,
+        mut awakeables: Vec<AwakeableInfo>,
+        mut signal_waits: Vec<SignalWaitInfo>,
+        limit: u32,
+    ) -> Self {
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        let truncated =
+            timers.len() > limit || awakeables.len() > limit || signal_waits.len() > limit;
+        timers.truncate(limit);
+        awakeables.truncate(limit);
+        signal_waits.truncate(limit);
+        Self {
+            timers,
+            awakeables,
+            signal_waits,
+            truncated,
+        }
+    }
+}
+
+/// The store operations behind the operators' list, counts and instance page. Reads only.
 #[async_trait::async_trait]
 pub trait InspectStore: Send + Sync + fmt::Debug + 'static {
     /// One page of instances matching `request` (already validated by the caller), in its
@@ -574,6 +722,11 @@ pub trait InspectStore: Send + Sync + fmt::Debug + 'static {
 
     /// The counts, with timers due at `now` (`None`: the store's clock).
     async fn instances_counts(&self, now: Option<OffsetDateTime>) -> Result<Counts>;
+
+    /// The timers, awakeables and pending signal waits of `key`, up to `limit` of each kind
+    /// (1 to [`LIST_LIMIT_MAX`], checked by the caller), newest first; empty for an unknown
+    /// instance. Postgres reads each kind through an index on its owner.
+    async fn instance_waits(&self, key: &InstanceKey, limit: u32) -> Result<Waits>;
 }
 
 /// Serde for a status as its column text.

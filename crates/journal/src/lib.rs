@@ -82,14 +82,15 @@ pub use event::{
 pub use faults::Faults;
 pub use id::{IdError, InstanceKey, WorkflowId, WorkflowName, ID_LEN_MAX, RESERVED_STEP_PREFIXES};
 pub use inspect::{
-    parse_status, Counts, Cursor, FilterError, GroupCount, InspectStore, InstanceSummary,
-    ListFilter, ListOrder, ListRequest, Page, StatusCount, TimeRange, ID_PREFIX_LEN_MAX,
-    LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX,
+    parse_status, AwakeableInfo, Counts, Cursor, FilterError, GroupCount, InspectStore,
+    InstanceSummary, ListFilter, ListOrder, ListRequest, Page, SignalWaitInfo, StatusCount,
+    TimeRange, TimerInfo, TimerState, Waits, ID_PREFIX_LEN_MAX, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX,
+    WAITS_LIMIT_DEFAULT,
 };
 pub use instance::{Fence, Instance, StartRequest, Started, Status};
 pub use remote::{
-    remote_group, remote_step_id, RemoteArm, RemoteArmOutcome, RemoteOptions, RemoteStepError,
-    REDISPATCH_MAX_DEFAULT,
+    remote_group, remote_step_id, RemoteArm, RemoteArmOutcome, RemoteHandlerDef, RemoteOptions,
+    RemoteStepError, REDISPATCH_MAX_DEFAULT,
 };
 pub use retention::{GcBatch, GcRequest, RetentionStore, GC_BATCH_DEFAULT, GC_BATCH_MAX};
 pub use retry::{StepOptions, STEP_ATTEMPTS_DEFAULT};

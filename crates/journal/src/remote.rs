@@ -1,5 +1,6 @@
 //! Remote steps, the workflow side: `ctx.remote` dispatches a task to a worker group and
-//! suspends until the task's result is journaled.
+//! suspends until the task's result is journaled; `ctx.remote_typed::<H>` does the same with
+//! the types of a [`RemoteHandlerDef`].
 //!
 //! The dispatch is an await arm, like a sleep's timer: on a journal miss the context asks the
 //! store to write the task row (once per step id; a replay finds it and only learns its state),
@@ -368,6 +369,111 @@ impl Ctx {
             Some(Opened::Error(error)) => Err(WorkflowError::Remote(remote_error(name, &error))),
             _ => decode(&journal_step, value),
         }
+    }
+}
+
+/// A remote handler's contract: the worker group it serves and the types it takes and returns,
+/// so the workflow that calls it and the worker that serves it are checked against the same
+/// types when both see this definition (a crate of contracts that both depend on, or one crate
+/// holding both sides).
+///
+/// It holds no body: the workflow side needs only the contract, so the crate that calls a
+/// handler does not link what the handler needs (a printer driver, a payment client), and a
+/// worker binary registers the body with
+/// `RemoteWorkerBuilder::handle_typed::<H>(..)` (keiro-remote), whose closure must take
+/// `H::Input` and return `H::Output`. The wire format is the stringly API's (JSON of the
+/// input and output), so a typed caller and a stringly worker, or the reverse, interoperate.
+///
+/// ```
+/// use keiro_journal::RemoteHandlerDef;
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct Parcel { order: String, grams: u32 }
+///
+/// /// Prints a shipping label; runs on the warehouse's workers.
+/// struct PrintLabel;
+///
+/// impl RemoteHandlerDef for PrintLabel {
+///     const NAME: &'static str = "print-label";
+///     type Input = Parcel;
+///     type Output = String; // the label's tracking number
+/// }
+/// ```
+pub trait RemoteHandlerDef: 'static {
+    /// The handler's name: its tasks go to the worker group `NAME` (or `NAME@<partition>`).
+    /// A valid remote step name (no `#`, `@`, `:`, `/`, surrounding whitespace or control
+    /// characters), checked at each call.
+    const NAME: &'static str;
+    /// What the workflow sends and the handler receives.
+    type Input: Serialize + DeserializeOwned + Send + 'static;
+    /// What the handler returns and the workflow receives.
+    type Output: Serialize + DeserializeOwned + Send + 'static;
+}
+
+impl Ctx {
+    /// Runs the remote step `step` on a worker serving the handler `H`: [`remote`](Self::remote)
+    /// with the input and output types fixed by `H` and the handler set to `H::NAME` (whatever
+    /// `options.handler` says), so one handler serves many steps of one run under their own
+    /// journal keys.
+    ///
+    /// ```no_run
+    /// # use keiro_journal::{Ctx, RemoteHandlerDef, RemoteOptions, WorkflowError};
+    /// # struct PrintLabel;
+    /// # impl RemoteHandlerDef for PrintLabel {
+    /// #     const NAME: &'static str = "print-label";
+    /// #     type Input = String;
+    /// #     type Output = String;
+    /// # }
+    /// # async fn body(ctx: Ctx) -> Result<(), WorkflowError> {
+    /// let options = RemoteOptions::default();
+    /// let first = ctx.remote_typed::<PrintLabel>("label-1", &"order-42".to_owned(), &options).await?;
+    /// let second = ctx.remote_typed::<PrintLabel>("label-2", &"order-43".to_owned(), &options).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// An input or output of another type does not compile:
+    ///
+    /// ```compile_fail
+    /// # use keiro_journal::{Ctx, RemoteHandlerDef, RemoteOptions, WorkflowError};
+    /// # struct PrintLabel;
+    /// # impl RemoteHandlerDef for PrintLabel {
+    /// #     const NAME: &'static str = "print-label";
+    /// #     type Input = String;
+    /// #     type Output = String;
+    /// # }
+    /// # async fn body(ctx: Ctx) -> Result<(), WorkflowError> {
+    /// ctx.remote_typed::<PrintLabel>("label-1", &42_u32, &RemoteOptions::default()).await?; // expected `&String`
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// ```compile_fail
+    /// # use keiro_journal::{Ctx, RemoteHandlerDef, RemoteOptions, WorkflowError};
+    /// # struct PrintLabel;
+    /// # impl RemoteHandlerDef for PrintLabel {
+    /// #     const NAME: &'static str = "print-label";
+    /// #     type Input = String;
+    /// #     type Output = String;
+    /// # }
+    /// # async fn body(ctx: Ctx) -> Result<(), WorkflowError> {
+    /// let grams: u32 = ctx
+    ///     .remote_typed::<PrintLabel>("label-1", &"order-42".to_owned(), &RemoteOptions::default())
+    ///     .await?; // expected `u32`, found `String`
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`remote`](Self::remote); [`WorkflowError::InvalidStep`] also for an invalid
+    /// `H::NAME`.
+    pub async fn remote_typed<H: RemoteHandlerDef>(
+        &self,
+        step: &str,
+        input: &H::Input,
+        options: &RemoteOptions,
+    ) -> Result<H::Output, WorkflowError> {
+        let options = options.clone().handler(H::NAME);
+        self.remote(step, input, &options).await
     }
 }
 

@@ -228,7 +228,7 @@ async fn settle(
                 && matches!(&result, Ok(_) | Err(WorkflowError::Suspended { .. })) =>
         {
             let reconcile = if open_ended {
-                options.reconcile.map(|r| OffsetDateTime::now_utc() + r)
+                options.reconcile.map(|r| options.store_now() + r)
             } else {
                 None
             };

@@ -14,7 +14,11 @@ use uuid::Uuid;
 use crate::{Generation, IdError, InstanceKey, ID_LEN_MAX};
 
 /// What a due timer does when it fires.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Serialized as `{"kind": "sleep"}` or `{"kind": "signal_timeout", "token": ..}` (the
+/// operators' read flattens it into a timer's fields).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum TimerKind {
     /// A durable sleep: journal the sleep step (value `null`).
@@ -116,8 +120,9 @@ pub struct TimerFiring {
     pub clock: OffsetDateTime,
 }
 
-/// The state of an awakeable.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The state of an awakeable. Serialized as its column text (`pending`, ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum AwakeableStatus {
     /// Waiting for completion or cancellation.
     Pending,
@@ -125,6 +130,17 @@ pub enum AwakeableStatus {
     Completed,
     /// Cancelled.
     Cancelled,
+}
+
+impl AwakeableStatus {
+    /// The text stored in the awakeable's `status` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Completed => "completed",
+            Self::Cancelled => "cancelled",
+        }
+    }
 }
 
 /// What completing or cancelling an awakeable did.

@@ -68,8 +68,8 @@ pub use typed::{Handle, WorkflowDef};
 pub use worker::{Worker, WorkerBuilder};
 
 pub use keiro_journal::{
-    error_chain, panic_message, Backoff, BoxFuture, DeliveryRefusal, JournalBudget, RemoteOptions,
-    RemoteStepError, StepOptions,
+    error_chain, panic_message, Backoff, BoxFuture, DeliveryRefusal, JournalBudget,
+    RemoteHandlerDef, RemoteOptions, RemoteStepError, StepOptions,
 };
 pub use keiro_journal::{
     store, workflow_fn, Append, AppendOutcome, Awakeable, AwakeableOutcome, CancelOutcome, Ctx,
@@ -79,16 +79,17 @@ pub use keiro_journal::{
     WorkflowId, WorkflowName, SIGNAL_TTL_DEFAULT,
 };
 pub use keiro_journal::{
-    Counts, Cursor, FilterError, GcBatch, GcRequest, GroupCount, InspectStore, InstanceSummary,
-    ListFilter, ListOrder, ListRequest, Page, RetentionStore, StatusCount, TimeRange,
-    GC_BATCH_DEFAULT, GC_BATCH_MAX, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX,
+    AwakeableInfo, AwakeableStatus, Counts, Cursor, FilterError, GcBatch, GcRequest, GroupCount,
+    InspectStore, InstanceSummary, ListFilter, ListOrder, ListRequest, Page, RetentionStore,
+    SignalWaitInfo, StatusCount, TimeRange, TimerInfo, TimerKind, TimerState, Waits,
+    GC_BATCH_DEFAULT, GC_BATCH_MAX, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, WAITS_LIMIT_DEFAULT,
 };
 pub use keiro_lease::{
     ClaimOutcome, CrashOutcome, LeaseStore, ResurrectOutcome, CRASH_BACKOFF_DEFAULT,
 };
 pub use keiro_remote::{
-    RemoteTask, RemoteWorker, RemoteWorkerBuilder, RemoteWorkerOptions, ReportOutcome,
-    RequeueOutcome, TaskContext, TaskError, TaskStatus, WorkerStats,
+    AdminError, RemoteTask, RemoteWorker, RemoteWorkerBuilder, RemoteWorkerOptions, ReportOutcome,
+    RequeueOutcome, TaskContext, TaskError, TaskHandler, TaskStatus, WorkerStats,
 };
 pub use keiro_resume::{
     drain, resume_once, resume_once_up_to, ClosedWait, ClosedWaiters, FixedPoll, LogHook, Notifier,

@@ -1,10 +1,13 @@
-//! The operators' facade calls: list and count instances, and retention. The CLI and the
-//! dashboard use these same calls.
+//! The operators' facade calls: list and count instances, read what one instance waits on,
+//! and retention. The CLI and the dashboard use these same calls.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use keiro_journal::{Counts, GcBatch, GcRequest, InspectStore, ListRequest, Page, RetentionStore};
+use keiro_journal::{
+    Counts, FilterError, GcBatch, GcRequest, InspectStore, InstanceKey, ListRequest, Page,
+    RetentionStore, Waits, LIST_LIMIT_MAX,
+};
 
 use crate::{Error, Keiro, Store};
 
@@ -78,6 +81,41 @@ impl Keiro {
     /// [`Error::Store`], [`Error::Unsupported`] for a store wrapped with `from_arc`.
     pub async fn counts(&self) -> Result<Counts, Error> {
         Ok(self.operate()?.inspect.instances_counts(None).await?)
+    }
+
+    /// What one instance waits on, or waited on: its timers (state, due time, attempts), its
+    /// awakeables (id, status) and its pending signal waits (token, timeout), up to `limit` of
+    /// each kind, newest first; `truncated` says whether a kind had more. Its children are
+    /// [`list`](Self::list)ed with the `parent` filter, its remote tasks read by
+    /// [`remote_tasks`](Self::remote_tasks). Empty for an unknown instance.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), keiro::Error> {
+    /// let keiro = keiro::Keiro::memory();
+    /// keiro.start("order", "order-1", &1).await?;
+    /// let waits = keiro.waits("order", "order-1", keiro::WAITS_LIMIT_DEFAULT).await?;
+    /// assert!(waits.timers.is_empty() && !waits.truncated);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidId`], [`Error::Filter`] for a limit of 0 or above
+    /// [`LIST_LIMIT_MAX`], [`Error::Store`], [`Error::Unsupported`] for a store wrapped with
+    /// `from_arc`.
+    pub async fn waits(&self, name: &str, id: &str, limit: u32) -> Result<Waits, Error> {
+        let key = InstanceKey::parse(name, id)?;
+        if limit == 0 || limit > LIST_LIMIT_MAX {
+            return Err(FilterError::Limit {
+                limit: u64::from(limit),
+                max: LIST_LIMIT_MAX,
+            }
+            .into());
+        }
+        Ok(self.operate()?.inspect.instance_waits(&key, limit).await?)
     }
 
     /// Retention, one batch: deletes up to `request.batch` instances that have been terminal

@@ -6,7 +6,10 @@
 //! both the starting side and the worker side can name them, and it needs no proc-macro crate.
 //! The stringly API ([`Keiro::start`], [`WorkerBuilder::register`](crate::WorkerBuilder::register))
 //! stays for dynamic callers; a typed definition is registered under its [`WorkflowDef::NAME`],
-//! so both address the same instances.
+//! so both address the same instances. Remote handlers get the same kind of contract,
+//! [`RemoteHandlerDef`](crate::RemoteHandlerDef): `ctx.remote_typed::<H>(step, ..)` on the
+//! workflow side, [`RemoteWorkerBuilder::handle_typed`](crate::RemoteWorkerBuilder::handle_typed)
+//! on the worker side.
 //!
 //! ```no_run
 //! use keiro::{Ctx, Keiro, WorkflowDef, WorkflowError};

@@ -1,9 +1,11 @@
 //! Operators' reads in memory: the list filters every row and sorts the matches (the Postgres
-//! store walks an index instead; the results are the same, page by page).
+//! store walks an index instead; the results are the same, page by page). An instance's waits
+//! are read from the wake-source tables (`crate::sources`).
 
 use keiro_journal::store::Result;
 use keiro_journal::{
-    Counts, GroupCount, InspectStore, InstanceSummary, ListOrder, ListRequest, Page, StatusCount,
+    Counts, GroupCount, InspectStore, InstanceKey, InstanceSummary, ListOrder, ListRequest, Page,
+    StatusCount, Waits,
 };
 use time::OffsetDateTime;
 
@@ -85,6 +87,12 @@ impl InspectStore for MemoryStore {
         self.transact("counting instances", |state| {
             let now = now.unwrap_or_else(|| state.clock.now());
             Ok(counts(state, now))
+        })
+    }
+
+    async fn instance_waits(&self, key: &InstanceKey, limit: u32) -> Result<Waits> {
+        self.transact("reading an instance's waits", |state| {
+            Ok(state.sources.waits(key, limit))
         })
     }
 }

@@ -21,10 +21,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use keiro_journal::store::{Append, AppendOutcome, Result};
 use keiro_journal::{
-    awakeable_step, validate_signal_token, AwakeableOutcome, AwakeableStatus, ChildSpawn, Envelope,
-    Event, FiredTimer, Generation, Instance, InstanceKey, SignalOptions, SignalSendOutcome,
-    SignalWait, SignalWaitOutcome, Status, StepKind, StoreError, TimerArm, TimerDue, TimerFiring,
-    TimerKind,
+    awakeable_step, validate_signal_token, AwakeableInfo, AwakeableOutcome, AwakeableStatus,
+    ChildSpawn, Envelope, Event, FiredTimer, Generation, Instance, InstanceKey, SignalOptions,
+    SignalSendOutcome, SignalWait, SignalWaitInfo, SignalWaitOutcome, Status, StepKind, StoreError,
+    TimerArm, TimerDue, TimerFiring, TimerInfo, TimerKind, TimerState, Waits,
 };
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -67,6 +67,10 @@ enum Fire {
 struct Timer {
     fire_at: OffsetDateTime,
     fire: Fire,
+    /// The token of a signal timeout, kept for the operators' read only.
+    token: Option<String>,
+    created_at: OffsetDateTime,
+    fired_at: Option<OffsetDateTime>,
 }
 
 /// An awakeable row: its owner, the generation its value goes to, and whether it settled.
@@ -75,6 +79,17 @@ struct Awakeable {
     owner: InstanceKey,
     generation: Generation,
     status: AwakeableStatus,
+    created_at: OffsetDateTime,
+    settled_at: Option<OffsetDateTime>,
+}
+
+/// A registered signal wait: its token, its arrival number (the `seq` of `signal_waiters`)
+/// and when it was registered.
+#[derive(Debug)]
+struct Waiter {
+    token: String,
+    seq: u64,
+    since: OffsetDateTime,
 }
 
 /// A signal no wait took yet.
@@ -106,8 +121,8 @@ pub(crate) struct Sources {
     expiring: BTreeSet<(OffsetDateTime, u64, String)>,
     /// The last buffered signal's arrival number, like the `seq` identity of `signal_buffer`.
     buffer_seq: u64,
-    /// Registered waiters with their token and arrival number.
-    waiters: BTreeMap<StepId, (String, u64)>,
+    /// Registered waiters.
+    waiters: BTreeMap<StepId, Waiter>,
     /// Per token, the waiters by arrival: the `(token, seq)` index.
     queues: HashMap<String, BTreeMap<u64, StepId>>,
     /// The last arrival number handed out, like the `seq` identity of `signal_waiters`.
@@ -115,7 +130,7 @@ pub(crate) struct Sources {
 }
 
 impl Sources {
-    fn waiter_push(&mut self, waiter: StepId, token: &str) -> Result<()> {
+    fn waiter_push(&mut self, waiter: StepId, token: &str, since: OffsetDateTime) -> Result<()> {
         let seq = self.waiter_seq.checked_add(1).ok_or_else(|| {
             refused(
                 "waiting for a signal",
@@ -127,13 +142,20 @@ impl Sources {
             .entry(token.to_owned())
             .or_default()
             .insert(seq, waiter.clone());
-        self.waiters.insert(waiter, (token.to_owned(), seq));
+        self.waiters.insert(
+            waiter,
+            Waiter {
+                token: token.to_owned(),
+                seq,
+                since,
+            },
+        );
         Ok(())
     }
 
     /// Drops a waiter; whether it was registered.
     fn waiter_remove(&mut self, waiter: &StepId) -> bool {
-        let Some((token, seq)) = self.waiters.remove(waiter) else {
+        let Some(Waiter { token, seq, .. }) = self.waiters.remove(waiter) else {
             return false;
         };
         if let Some(queue) = self.queues.get_mut(&token) {
@@ -328,20 +350,30 @@ impl State {
         if let Some(timer) = self.sources.timers.get(&id) {
             return Ok(timer.fire_at);
         }
-        let fire = match &arm.kind {
-            TimerKind::Sleep => Fire::Sleep,
-            TimerKind::SignalTimeout { .. } => Fire::SignalTimeout,
+        let (fire, token) = match &arm.kind {
+            TimerKind::Sleep => (Fire::Sleep, None),
+            TimerKind::SignalTimeout { token } => (Fire::SignalTimeout, Some(token.clone())),
             // As the table's CHECK constraint would: a kind this store cannot fire is refused
             // when armed, not discovered when due.
             _ => return Err(refused("arming a timer", "unknown timer kind")),
         };
         // On the store's clock, as Postgres computes `now() + span` in the arm's statement.
+        let now = self.clock.now();
         let fire_at = match arm.due {
             TimerDue::At(at) => at,
-            TimerDue::After(_) => later(self.clock.now(), arm.due.span().unwrap_or_default()),
+            TimerDue::After(_) => later(now, arm.due.span().unwrap_or_default()),
         };
         self.sources.scheduled.insert((fire_at, id.clone()));
-        self.sources.timers.insert(id, Timer { fire_at, fire });
+        self.sources.timers.insert(
+            id,
+            Timer {
+                fire_at,
+                fire,
+                token,
+                created_at: now,
+                fired_at: None,
+            },
+        );
         self.timer_armed();
         Ok(fire_at)
     }
@@ -366,12 +398,13 @@ impl State {
         for (fire_at, id) in batch {
             // Out of the index is `fired`, whatever the append below decides.
             self.sources.scheduled.remove(&(fire_at, id.clone()));
-            let fire = self
+            let timer = self
                 .sources
                 .timers
-                .get(&id)
-                .expect("every scheduled entry indexes a stored timer")
-                .fire;
+                .get_mut(&id)
+                .expect("every scheduled entry indexes a stored timer");
+            timer.fired_at = Some(now);
+            let fire = timer.fire;
             let delivered = match fire {
                 Fire::Sleep => {
                     let outcome = self.append_external(&id, StepKind::Sleep, Value::Null)?;
@@ -431,12 +464,15 @@ impl State {
         }
         let generation = slot.generation;
         self.append_write(append, slot)?;
+        let created_at = self.clock.now();
         self.sources.awakeables.insert(
             id,
             Awakeable {
                 owner: append.key.clone(),
                 generation,
                 status: AwakeableStatus::Pending,
+                created_at,
+                settled_at: None,
             },
         );
         Ok(AppendOutcome::Appended)
@@ -449,6 +485,7 @@ impl State {
         status: AwakeableStatus,
         envelope: Value,
     ) -> Result<AwakeableOutcome> {
+        let now = self.clock.now();
         let Some(awakeable) = self.sources.awakeables.get_mut(&id) else {
             return Ok(AwakeableOutcome::NotFound);
         };
@@ -456,6 +493,7 @@ impl State {
             return Ok(AwakeableOutcome::AlreadySettled(awakeable.status));
         }
         awakeable.status = status;
+        awakeable.settled_at = Some(now);
         let target = StepId::new(&awakeable.owner, awakeable.generation, &awakeable_step(id));
         Ok(
             match self.append_external(&target, StepKind::Awakeable, envelope)? {
@@ -473,6 +511,7 @@ impl State {
     /// by continue-as-new): nothing will await them, and a late completion must not count them
     /// as pending forever. Nothing is journaled. Returns how many.
     pub(crate) fn awakeables_cancel(&mut self, key: &InstanceKey, generation: Generation) -> u64 {
+        let now = self.clock.now();
         let mut cancelled = 0;
         for awakeable in self.sources.awakeables.values_mut() {
             if awakeable.status == AwakeableStatus::Pending
@@ -480,6 +519,7 @@ impl State {
                 && awakeable.owner == *key
             {
                 awakeable.status = AwakeableStatus::Cancelled;
+                awakeable.settled_at = Some(now);
                 cancelled += 1;
             }
         }
@@ -550,7 +590,7 @@ impl State {
                 }
             });
         }
-        self.sources.waiter_push(id, &wait.token)?;
+        self.sources.waiter_push(id, &wait.token, now)?;
         Ok(SignalWaitOutcome::Waiting)
     }
 
@@ -712,6 +752,87 @@ impl Sources {
             u64::try_from(due).unwrap_or(u64::MAX),
             u64::try_from(future).unwrap_or(u64::MAX),
         )
+    }
+
+    /// The timers, awakeables and signal waits of `key`, newest first, up to `limit` + 1 of
+    /// each kind (the probe [`Waits::from_probe`] cuts): the order Postgres sorts them in.
+    pub(crate) fn waits(&self, key: &InstanceKey, limit: u32) -> Waits {
+        let probe = usize::try_from(limit)
+            .unwrap_or(usize::MAX)
+            .saturating_add(1);
+        let mut timers: Vec<TimerInfo> = self
+            .timers
+            .iter()
+            .filter(|(step, _)| step.key == *key)
+            .map(|(step, timer)| TimerInfo {
+                generation: step.generation,
+                step: step.step.clone(),
+                kind: match (timer.fire, &timer.token) {
+                    (Fire::SignalTimeout, Some(token)) => TimerKind::SignalTimeout {
+                        token: token.clone(),
+                    },
+                    _ => TimerKind::Sleep,
+                },
+                state: if timer.fired_at.is_some() {
+                    TimerState::Fired
+                } else {
+                    TimerState::Scheduled
+                },
+                fire_at: timer.fire_at,
+                fired_at: timer.fired_at,
+                attempts: i32::from(timer.fired_at.is_some()),
+                created_at: timer.created_at,
+            })
+            .collect();
+        timers.sort_by(|a, b| {
+            (b.generation, b.created_at, &b.step).cmp(&(a.generation, a.created_at, &a.step))
+        });
+        timers.truncate(probe);
+        let mut awakeables: Vec<AwakeableInfo> = self
+            .awakeables
+            .iter()
+            .filter(|(_, awakeable)| awakeable.owner == *key)
+            .map(|(id, awakeable)| AwakeableInfo {
+                id: *id,
+                generation: awakeable.generation,
+                status: awakeable.status,
+                created_at: awakeable.created_at,
+                settled_at: awakeable.settled_at,
+            })
+            .collect();
+        awakeables.sort_by(|a, b| {
+            (b.generation, b.created_at, b.id).cmp(&(a.generation, a.created_at, a.id))
+        });
+        awakeables.truncate(probe);
+        let mut waits: Vec<(u64, SignalWaitInfo)> = self
+            .waiters
+            .iter()
+            .filter(|(step, _)| step.key == *key)
+            .map(|(step, waiter)| {
+                let timeout_at = self
+                    .timers
+                    .get(step)
+                    .filter(|timer| timer.fire == Fire::SignalTimeout)
+                    .map(|timer| timer.fire_at);
+                (
+                    waiter.seq,
+                    SignalWaitInfo {
+                        generation: step.generation,
+                        step: step.step.clone(),
+                        token: waiter.token.clone(),
+                        since: waiter.since,
+                        timeout_at,
+                    },
+                )
+            })
+            .collect();
+        waits.sort_by(|(a_seq, a), (b_seq, b)| (b.generation, b_seq).cmp(&(a.generation, a_seq)));
+        let signal_waits = waits
+            .into_iter()
+            .take(probe)
+            .map(|(_, wait)| wait)
+            .collect();
+        Waits::from_probe(timers, awakeables, signal_waits, limit)
     }
 
     /// Deletes every timer, awakeable and signal wait `key` owns; how many of each.

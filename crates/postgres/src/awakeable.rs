@@ -128,7 +128,7 @@ pub(crate) fn status_text(status: AwakeableStatus) -> &'static str {
 }
 
 /// Reads a stored awakeable status.
-fn parse_status(text: &str, operation: &'static str) -> Result<AwakeableStatus> {
+pub(crate) fn parse_status(text: &str, operation: &'static str) -> Result<AwakeableStatus> {
     match text {
         "pending" => Ok(AwakeableStatus::Pending),
         "completed" => Ok(AwakeableStatus::Completed),

@@ -7,10 +7,15 @@
 //! `(created_at, workflow_name, workflow_id)`, so a page is one index walk that stops after
 //! `limit + 1` rows however deep the page is (the test `list_plans` proves no sequential scan).
 //! The one exception is the `updated` window, unindexed on purpose (see `ListFilter::updated`).
+//!
+//! An instance's waits (its timers, awakeables and pending signal waits) are one statement, so
+//! they come from one snapshot in one round trip: a signal delivered meanwhile cannot show both
+//! as a pending wait and as a fired timeout.
 
 use keiro_journal::{
-    Counts, GroupCount, InspectStore, InstanceKey, InstanceSummary, ListOrder, ListRequest, Page,
-    StatusCount, StoreError, WorkflowName,
+    AwakeableInfo, Counts, GroupCount, InspectStore, InstanceKey, InstanceSummary, ListOrder,
+    ListRequest, Page, SignalWaitInfo, StatusCount, StoreError, TimerInfo, TimerKind, TimerState,
+    Waits, WorkflowName,
 };
 use time::OffsetDateTime;
 use tokio_postgres::types::ToSql;
@@ -24,6 +29,7 @@ type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 const LIST: &str = "listing instances";
 const COUNTS: &str = "counting instances";
+const WAITS: &str = "reading an instance's waits";
 
 const INSTANCES_LIST_SELECT: &str = "SELECT w.workflow_name, w.workflow_id, w.generation, \
      w.status, w.attempts, w.last_error, w.parent_name, w.parent_id, w.priority, \
@@ -225,7 +231,112 @@ const REMOTE_BACKLOG: &str = "SELECT grp, \
      count(*) FILTER (WHERE status = 'running') AS running \
      FROM remote_tasks WHERE status IN ('pending', 'running') GROUP BY grp ORDER BY grp";
 
+// One row per timer, awakeable and registered signal wait of one instance, each kind cut to
+// $3 rows newest first (`ord` numbers them in that order, so the outer sort restores it). Each
+// branch reads one owner's rows through an index on the owner: the timers' and the waiters'
+// primary keys, `awakeables_owner_idx`; the sort is over that one instance's rows. A waiter's
+// timeout is the signal_timeout timer of its step (the same primary key).
+const INSTANCE_WAITS: &str = "\
+    SELECT source, ord, generation, step, kind, token, status, awakeable, due_at, done_at, \
+           attempts, created_at FROM ( \
+      (SELECT 'timer' AS source, \
+              row_number() OVER (ORDER BY t.generation DESC, t.created_at DESC, t.step DESC) AS ord, \
+              t.generation, t.step::text AS step, t.kind, t.token::text AS token, t.status, \
+              NULL::uuid AS awakeable, t.fire_at AS due_at, t.fired_at AS done_at, t.attempts, \
+              t.created_at \
+         FROM timers t WHERE t.workflow_name = $1 AND t.workflow_id = $2 \
+         ORDER BY t.generation DESC, t.created_at DESC, t.step DESC LIMIT $3) \
+      UNION ALL \
+      (SELECT 'awakeable', \
+              row_number() OVER (ORDER BY a.generation DESC, a.created_at DESC, a.id DESC), \
+              a.generation, NULL, NULL, NULL, a.status, a.id, NULL, a.settled_at, 0, \
+              a.created_at \
+         FROM awakeables a WHERE a.workflow_name = $1 AND a.workflow_id = $2 \
+         ORDER BY a.generation DESC, a.created_at DESC, a.id DESC LIMIT $3) \
+      UNION ALL \
+      (SELECT 'signal_wait', \
+              row_number() OVER (ORDER BY sw.generation DESC, sw.seq DESC), \
+              sw.generation, sw.step::text, NULL, sw.token::text, NULL, NULL, t.fire_at, NULL, 0, \
+              sw.created_at \
+         FROM signal_waiters sw \
+         LEFT JOIN timers t ON t.workflow_name = sw.workflow_name \
+              AND t.workflow_id = sw.workflow_id AND t.generation = sw.generation \
+              AND t.step = sw.step AND t.kind = 'signal_timeout' \
+         WHERE sw.workflow_name = $1 AND sw.workflow_id = $2 \
+         ORDER BY sw.generation DESC, sw.seq DESC LIMIT $3) \
+    ) waits ORDER BY source, ord";
+
+fn timer(row: &Row) -> Result<TimerInfo> {
+    let kind: String = column(row, "kind", WAITS)?;
+    let token: Option<String> = column(row, "token", WAITS)?;
+    let kind = match (kind.as_str(), token) {
+        ("sleep", None) => TimerKind::Sleep,
+        ("signal_timeout", Some(token)) => TimerKind::SignalTimeout { token },
+        (other, _) => {
+            return Err(malformed(
+                WAITS,
+                format_args!("timer kind {other:?} with that token"),
+            ))
+        }
+    };
+    let state: String = column(row, "status", WAITS)?;
+    Ok(TimerInfo {
+        generation: column(row, "generation", WAITS)?,
+        step: column(row, "step", WAITS)?,
+        kind,
+        state: TimerState::parse(&state)
+            .ok_or_else(|| malformed(WAITS, format_args!("unknown timer status {state:?}")))?,
+        fire_at: column(row, "due_at", WAITS)?,
+        fired_at: column(row, "done_at", WAITS)?,
+        attempts: column(row, "attempts", WAITS)?,
+        created_at: column(row, "created_at", WAITS)?,
+    })
+}
+
+fn awakeable(row: &Row) -> Result<AwakeableInfo> {
+    let status: String = column(row, "status", WAITS)?;
+    Ok(AwakeableInfo {
+        id: column(row, "awakeable", WAITS)?,
+        generation: column(row, "generation", WAITS)?,
+        status: crate::awakeable::parse_status(&status, WAITS)?,
+        created_at: column(row, "created_at", WAITS)?,
+        settled_at: column(row, "done_at", WAITS)?,
+    })
+}
+
+fn signal_wait(row: &Row) -> Result<SignalWaitInfo> {
+    Ok(SignalWaitInfo {
+        generation: column(row, "generation", WAITS)?,
+        step: column(row, "step", WAITS)?,
+        token: column(row, "token", WAITS)?,
+        since: column(row, "created_at", WAITS)?,
+        timeout_at: column(row, "due_at", WAITS)?,
+    })
+}
+
 impl PgStore {
+    async fn waits(&self, key: &InstanceKey, limit: u32) -> Result<Waits> {
+        let probe = i64::from(limit) + 1;
+        let rows = self
+            .query(
+                WAITS,
+                INSTANCE_WAITS,
+                &[&key.name.as_str(), &key.id.as_str(), &probe],
+            )
+            .await?;
+        let (mut timers, mut awakeables, mut signal_waits) = (Vec::new(), Vec::new(), Vec::new());
+        for row in &rows {
+            let source: String = column(row, "source", WAITS)?;
+            match source.as_str() {
+                "timer" => timers.push(timer(row)?),
+                "awakeable" => awakeables.push(awakeable(row)?),
+                "signal_wait" => signal_waits.push(signal_wait(row)?),
+                other => return Err(malformed(WAITS, format_args!("unknown source {other:?}"))),
+            }
+        }
+        Ok(Waits::from_probe(timers, awakeables, signal_waits, limit))
+    }
+
     async fn list(&self, request: &ListRequest) -> Result<Page> {
         let statement = ListStatement::new(request);
         let client = self.client(LIST).await?;
@@ -285,5 +396,9 @@ impl InspectStore for PgStore {
 
     async fn instances_counts(&self, now: Option<OffsetDateTime>) -> Result<Counts> {
         self.counts(now).await
+    }
+
+    async fn instance_waits(&self, key: &InstanceKey, limit: u32) -> Result<Waits> {
+        self.waits(key, limit).await
     }
 }

@@ -38,5 +38,6 @@ pub use store::{
     RequeueOutcome, Result, RetryOutcome, TaskFailure, TaskStatus, Transport,
 };
 pub use worker::{
-    RemoteWorker, RemoteWorkerBuilder, RemoteWorkerOptions, TaskContext, TaskError, WorkerStats,
+    RemoteWorker, RemoteWorkerBuilder, RemoteWorkerOptions, TaskContext, TaskError, TaskHandler,
+    WorkerStats,
 };

@@ -349,6 +349,7 @@ async fn drive_claimed(
     let mut run_options = options.run_options();
     run_options.fence = Some(fence.clone());
     run_options.confirmed_at = Some(asked);
+    run_options.claimed_at = Some(claim.instance.updated_at);
     let journal_store: Arc<dyn JournalStore> = store.clone();
     // The guard keeps the active-runs gauge right even if this future is dropped mid-run.
     let active = options.metrics.as_ref().map(|m| {
@@ -403,7 +404,7 @@ async fn drive_claimed(
             if driven.stats.appended > 0 {
                 line.still_suspended = 1;
             } else {
-                classify_quiet_park(driven.parked, &mut line);
+                classify_quiet_park(driven.parked, claim.instance.updated_at, &mut line);
             }
         }
         Ok(RunOutcome::ContinuedAsNew { .. }) => {}
@@ -461,7 +462,15 @@ async fn drive_claimed(
 
 /// A run that parked without appending: tell a wake that landed mid-run (advanced) from a
 /// due sleep that no timer worker fired (blocked), from what the park itself reported.
-fn classify_quiet_park(parked: Option<keiro_journal::Parked>, line: &mut ResumeSummary) {
+///
+/// Due means due at `claimed_at`, the claimed row's `updated_at`: the store's clock when the
+/// claim was granted, the clock deadlines are kept on, never the worker's own (which may be
+/// skewed, and which a test that moves the store's clock does not move).
+fn classify_quiet_park(
+    parked: Option<keiro_journal::Parked>,
+    claimed_at: OffsetDateTime,
+    line: &mut ResumeSummary,
+) {
     match parked {
         Some(keiro_journal::Parked {
             outcome: ParkOutcome::WokenBeforePark,
@@ -470,7 +479,7 @@ fn classify_quiet_park(parked: Option<keiro_journal::Parked>, line: &mut ResumeS
         Some(keiro_journal::Parked {
             outcome: ParkOutcome::Suspended,
             wake_after: Some(wake_after),
-        }) if wake_after <= OffsetDateTime::now_utc() => line.sleep_due = 1,
+        }) if wake_after <= claimed_at => line.sleep_due = 1,
         _ => {}
     }
 }

@@ -3,7 +3,8 @@
 //! - `GET /counts`: `Keiro::counts`.
 //! - `GET /instances?name=&status=&created_since=&...&cursor=`: `Keiro::list`, the query
 //!   pairs read by `ListRequest::from_pairs` (an unknown filter or a malformed cursor is 400).
-//! - `GET /instances/{name}/{id}`: the row, the timeline, remote tasks and children.
+//! - `GET /instances/{name}/{id}`: the row, the timeline, timers, awakeables, signal waits
+//!   (`Keiro::waits`; `waits_truncated` when a kind was cut), remote tasks and children.
 //! - `POST /instances/{name}/{id}/{action}` with `Authorization: Bearer <token>` (and, for
 //!   `retry-with-input`, a body `{"input": ...}`).
 

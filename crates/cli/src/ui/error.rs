@@ -57,11 +57,11 @@ impl From<keiro::Error> for ApiError {
             keiro::Error::InvalidId(_) | keiro::Error::Payload(_) => {
                 Self::bad_request("invalid", error_chain(&error))
             }
-            keiro::Error::Admin(keiro_remote::AdminError::NotFound { key }) => {
+            keiro::Error::Admin(keiro::AdminError::NotFound { key }) => {
                 Self::not_found(format!("no instance {key}"))
             }
             keiro::Error::Admin(
-                keiro_remote::AdminError::Payload(_) | keiro_remote::AdminError::InvalidId(_),
+                keiro::AdminError::Payload(_) | keiro::AdminError::InvalidId(_),
             ) => Self::bad_request("invalid", error_chain(&error)),
             _ => {
                 tracing::warn!(error = %error_chain(&error), "a dashboard request failed");

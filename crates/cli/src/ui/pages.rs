@@ -1,5 +1,6 @@
 //! The HTML pages: the overview (counts, refreshed live by the embedded script), the instance
-//! list with the filters of `Keiro::list`, and the instance page with its action forms.
+//! list with the filters of `Keiro::list`, and the instance page (timeline, what it waits on,
+//! remote tasks, children) with its action forms.
 //! Rendered with maud, which escapes every interpolated value.
 
 use axum::extract::{Path, RawQuery, State};
@@ -12,7 +13,7 @@ use serde::Deserialize;
 use super::actions::{self, ACTIONS};
 use super::api::{list_request, parse_query};
 use super::error::ApiError;
-use super::view::{task_json, InstanceView};
+use super::view::{timer_kind, InstanceView};
 use super::AppState;
 use crate::ops::timestamp;
 
@@ -241,24 +242,95 @@ pub(crate) async fn instance(
                 }
             }
         }
+        h2 { "Timers" }
+        @if view.waits.timers.is_empty() {
+            p #timers.none { "None." }
+        } @else {
+            table #timers {
+                thead { tr { th { "step" } th { "gen" } th { "kind" } th { "token" } th { "state" } th { "due" } th { "fired" } th { "attempts" } } }
+                tbody {
+                    @for timer in &view.waits.timers {
+                        @let (kind, token) = timer_kind(timer);
+                        tr {
+                            td { (timer.step) } td { (timer.generation) } td { (kind) } td { (token) }
+                            td { span class={ "state " (timer.state.as_str()) } { (timer.state.as_str()) } }
+                            td { (timestamp(Some(timer.fire_at))) } td { (timestamp(timer.fired_at)) }
+                            td { (timer.attempts) }
+                        }
+                    }
+                }
+            }
+        }
+        h2 { "Awakeables" }
+        @if view.waits.awakeables.is_empty() {
+            p #awakeables.none { "None." }
+        } @else {
+            table #awakeables {
+                thead { tr { th { "id (token)" } th { "gen" } th { "status" } th { "created" } th { "settled" } } }
+                tbody {
+                    @for awakeable in &view.waits.awakeables {
+                        tr {
+                            td { code { (awakeable.id) } } td { (awakeable.generation) }
+                            td { span class={ "state " (awakeable.status.as_str()) } { (awakeable.status.as_str()) } }
+                            td { (timestamp(Some(awakeable.created_at))) } td { (timestamp(awakeable.settled_at)) }
+                        }
+                    }
+                }
+            }
+        }
+        h2 { "Signal waits" }
+        @if view.waits.signal_waits.is_empty() {
+            p #signal-waits.none { "None." }
+        } @else {
+            table #signal-waits {
+                thead { tr { th { "token" } th { "step" } th { "gen" } th { "waiting since" } th { "times out" } } }
+                tbody {
+                    @for wait in &view.waits.signal_waits {
+                        tr {
+                            td { code { (wait.token) } } td { (wait.step) } td { (wait.generation) }
+                            td { (timestamp(Some(wait.since))) } td { (timestamp(wait.timeout_at)) }
+                        }
+                    }
+                }
+            }
+        }
+        @if view.waits.truncated {
+            p #waits-truncated { "Only the newest " (keiro::WAITS_LIMIT_DEFAULT) " of each kind are shown." }
+        }
         h2 { "Remote tasks" }
-        table #remote-tasks {
-            thead { tr { th { "step" } th { "group" } th { "status" } th { "attempts" } th { "dispatches" } th { "last error" } } }
-            tbody {
-                @for task in &view.tasks {
-                    @let json = task_json(task);
-                    tr {
-                        td { (task.journal_step) } td { (task.group) } td { (task.status.as_str()) }
-                        td { (task.attempts) "/" (task.max_attempts) } td { (task.dispatches) }
-                        td.error { (json["last_error"].to_string()) }
+        @if view.tasks.is_empty() {
+            p #remote-tasks.none { "None." }
+        } @else {
+            table #remote-tasks {
+                thead { tr { th { "step" } th { "group" } th { "status" } th { "attempts" } th { "dispatches" } th { "last error" } } }
+                tbody {
+                    @for task in &view.tasks {
+                        tr {
+                            td { (task.journal_step) } td { (task.group) } td { (task.status.as_str()) }
+                            td { (task.attempts) "/" (task.max_attempts) } td { (task.dispatches) }
+                            td.error { (task.last_error.as_ref().map(ToString::to_string).unwrap_or_default()) }
+                        }
                     }
                 }
             }
         }
         h2 { "Children" }
-        ul #children {
-            @for child in &view.children {
-                li { a href=(instance_href(child.key.name.as_str(), child.key.id.as_str())) { (child.key.to_string()) } " " (child.status.as_str()) }
+        @if view.children.is_empty() {
+            p #children.none { "None." }
+        } @else {
+            table #children {
+                thead { tr { th { "child" } th { "status" } th { "gen" } th { "attempts" } th { "created" } th { "last error" } } }
+                tbody {
+                    @for child in &view.children {
+                        tr {
+                            td { a href=(instance_href(child.key.name.as_str(), child.key.id.as_str())) { (child.key.to_string()) } }
+                            td { span class={ "status " (child.status.as_str()) } { (child.status.as_str()) } }
+                            td { (child.generation) } td { (child.attempts) }
+                            td { (timestamp(Some(child.created_at))) }
+                            td.error { (child.last_error.as_deref().unwrap_or("")) }
+                        }
+                    }
+                }
             }
         }
         h2 { "Actions" }

@@ -1,7 +1,11 @@
-//! One instance as the dashboard shows it: the row, the journal as a timeline, the remote
-//! tasks and the children, read with the facade calls `keiro show` makes.
+//! One instance as the dashboard shows it: the row, the journal as a timeline, what it waits
+//! on (timers, awakeables, signal waits), the remote tasks and the children, read with the
+//! facade calls `keiro show` makes.
 
-use keiro::{Instance, InstanceSummary, JournalEntry, Keiro, ListRequest, RemoteTask};
+use keiro::{
+    Instance, InstanceSummary, JournalEntry, Keiro, ListRequest, RemoteTask, TimerInfo, TimerKind,
+    Waits, WAITS_LIMIT_DEFAULT,
+};
 use serde_json::{json, Value};
 
 use super::error::ApiError;
@@ -16,6 +20,7 @@ const CHILDREN_SHOWN: &str = "100";
 pub(crate) struct InstanceView {
     pub(crate) instance: Instance,
     pub(crate) journal: Vec<JournalEntry>,
+    pub(crate) waits: Waits,
     pub(crate) tasks: Vec<RemoteTask>,
     pub(crate) children: Vec<InstanceSummary>,
 }
@@ -27,6 +32,7 @@ impl InstanceView {
             return Err(ApiError::not_found(format!("no instance {name}/{id}")));
         };
         let journal = keiro.journal(name, id).await?;
+        let waits = keiro.waits(name, id, WAITS_LIMIT_DEFAULT).await?;
         let tasks = keiro.remote_tasks(name, id).await?;
         let parent = instance.key.to_string();
         let children = keiro
@@ -39,6 +45,7 @@ impl InstanceView {
         Ok(Self {
             instance,
             journal,
+            waits,
             tasks,
             children,
         })
@@ -95,6 +102,10 @@ impl InstanceView {
             "input": row.input,
             "output": row.output,
             "timeline": self.timeline().iter().map(TimelineRow::to_json).collect::<Vec<_>>(),
+            "timers": self.waits.timers,
+            "awakeables": self.waits.awakeables,
+            "signal_waits": self.waits.signal_waits,
+            "waits_truncated": self.waits.truncated,
             "remote_tasks": self.tasks.iter().map(task_json).collect::<Vec<_>>(),
             "children": self.children,
         })
@@ -135,7 +146,7 @@ fn millis(span: time::Duration) -> i64 {
 }
 
 /// A remote task's JSON.
-pub(crate) fn task_json(task: &RemoteTask) -> Value {
+fn task_json(task: &RemoteTask) -> Value {
     json!({
         "step_id": task.step_id,
         "step": task.step,
@@ -149,4 +160,12 @@ pub(crate) fn task_json(task: &RemoteTask) -> Value {
         "last_error": task.last_error,
         "output": task.output,
     })
+}
+
+/// A timer's kind as a page shows it: `sleep`, or `signal timeout` with its token.
+pub(crate) fn timer_kind(timer: &TimerInfo) -> (&'static str, &str) {
+    match &timer.kind {
+        TimerKind::SignalTimeout { token } => ("signal timeout", token.as_str()),
+        _ => ("sleep", ""),
+    }
 }

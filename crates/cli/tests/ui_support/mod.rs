@@ -18,8 +18,13 @@ pub const TOKEN: &str = "s3cret-operator-token";
 pub const XSS: &str =
     "<script>window.keiroPwned=1</script><img src=x onerror=\"window.keiroPwned=2\">";
 
+/// A signal token that is markup: the instance page shows it in its signal waits and timers.
+pub const XSS_TOKEN: &str = "<script>window.keiroPwned=3</script>";
+
 /// The workflows the seed runs: `greet` completes with [`XSS`] in its output; `charge` fails
-/// for good while `broken` is set and completes once it is cleared (so a requeue succeeds).
+/// for good while `broken` is set and completes once it is cleared (so a requeue succeeds);
+/// `waiter` parks on a sleep, a signal wait (with a timeout) on its input token and an
+/// awakeable at once; `family` runs one `greet` child to completion.
 pub fn registry(broken: Arc<AtomicBool>) -> Registry {
     let mut registry = Registry::new();
     registry
@@ -43,6 +48,23 @@ pub fn registry(broken: Arc<AtomicBool>) -> Registry {
             }
         })
         .expect("registering charge");
+    registry
+        .register("waiter", |ctx: Ctx, token: String| async move {
+            let approval = ctx.awakeable::<String>("approval").await?;
+            let (nap, poke, approved) = tokio::join!(
+                ctx.sleep("nap", Duration::from_secs(3600)),
+                ctx.wait_signal::<String>(&token, Some(Duration::from_secs(1800))),
+                approval.value(),
+            );
+            nap?;
+            Ok::<_, WorkflowError>(format!("{} {}", poke?, approved?))
+        })
+        .expect("registering waiter");
+    registry
+        .register("family", |ctx: Ctx, (): ()| async move {
+            ctx.child::<_, String>("greet", "kid-1", &"kid").await
+        })
+        .expect("registering family");
     registry
 }
 
@@ -82,6 +104,16 @@ pub async fn seed(h: &Harness, registry: &Registry) -> TestResult {
     for n in 0..3 {
         h.keiro.start("greet", &format!("later-{n}"), &"x").await?;
     }
+    Ok(())
+}
+
+/// Seeds `waiter/w-1` (suspended on its timers, an awakeable and a signal wait on
+/// [`XSS_TOKEN`]) and `family/f-1` (completed, with its completed child `greet/kid-1`).
+pub async fn seed_waits(h: &Harness, registry: &Registry) -> TestResult {
+    h.keiro.start("waiter", "w-1", &XSS_TOKEN).await?;
+    h.keiro.start("family", "f-1", &()).await?;
+    drive_until(h, registry, "waiter", "w-1", Status::Suspended).await?;
+    drive_until(h, registry, "family", "f-1", Status::Completed).await?;
     Ok(())
 }
 

@@ -58,6 +58,7 @@ pub struct TestEnvBuilder {
     keiro: Keiro,
     clock: TestClock,
     worker: WorkerBuilder,
+    options: ResumeOptions,
 }
 
 impl std::fmt::Debug for TestEnvBuilder {
@@ -71,11 +72,47 @@ impl std::fmt::Debug for TestEnvBuilder {
 impl TestEnvBuilder {
     fn new(keiro: Keiro, clock: TestClock) -> Self {
         let worker = keiro.worker();
+        let options = ResumeOptions {
+            lease_ttl: Duration::from_secs(30),
+            // Crashes retry at once: time in a test env moves only when told to.
+            backoff: keiro_journal::Backoff::exponential(
+                Duration::from_millis(1),
+                Duration::from_millis(1),
+            )
+            .without_jitter(),
+            ..ResumeOptions::default()
+        };
         Self {
             keiro,
             clock,
             worker,
+            options,
         }
+    }
+
+    /// Registers every workflow of a registry built elsewhere (replacing registrations made so
+    /// far), as [`WorkerBuilder::registry`] does.
+    pub fn registry(mut self, registry: keiro_resume::Registry) -> Self {
+        self.worker = self.worker.registry(registry);
+        self
+    }
+
+    /// Adjusts the worker's resume options, such as `max_attempts` or `reconcile`. The kit
+    /// starts from [`ResumeOptions::default`] with a 30 s lease and a 1 ms crash backoff
+    /// without jitter (a crashed run retries on the next drive), and installs its own crash
+    /// points as `faults` when it builds.
+    ///
+    /// ```
+    /// use keiro::testing::TestEnv;
+    /// let env = TestEnv::memory()
+    ///     .resume_options(|options| options.max_attempts = 2)
+    ///     .build()?;
+    /// assert_eq!(env.worker().options().max_attempts, 2);
+    /// # Ok::<_, keiro::Error>(())
+    /// ```
+    pub fn resume_options(mut self, edit: impl FnOnce(&mut ResumeOptions)) -> Self {
+        edit(&mut self.options);
+        self
     }
 
     /// Registers `body` under `name`, as [`WorkerBuilder::register`] does.
@@ -98,15 +135,8 @@ impl TestEnvBuilder {
     pub fn build(self) -> Result<TestEnv, Error> {
         let crashes = Arc::new(CrashPoints::default());
         let options = ResumeOptions {
-            lease_ttl: Duration::from_secs(30),
-            // Crashes retry at once: time in a test env moves only when told to.
-            backoff: keiro_journal::Backoff::exponential(
-                Duration::from_millis(1),
-                Duration::from_millis(1),
-            )
-            .without_jitter(),
             faults: Some(crashes.clone()),
-            ..ResumeOptions::default()
+            ..self.options
         };
         let worker = self.worker.options(options).build()?;
         Ok(TestEnv {
@@ -224,8 +254,21 @@ impl TestEnv {
     ///
     /// As [`run_until_idle`](Self::run_until_idle).
     pub async fn advance(&self, by: Duration) -> Result<ResumeSummary, Error> {
-        self.clock.advance(by).await?;
+        self.move_clock(by).await?;
         self.run_until_idle().await
+    }
+
+    /// Moves the environment's clock `by` forward, as [`advance`](Self::advance) does, but
+    /// drives nothing: what came due stays undone until the test drives, with
+    /// [`run_until_idle`](Self::run_until_idle) or one step at a time through the
+    /// [`worker`](Self::worker) (`resume_once`, `fire_due_timers`), so it can look at the state
+    /// in between (a sleep due but not yet fired).
+    ///
+    /// # Errors
+    ///
+    /// A store error (Postgres: moving the deadlines).
+    pub async fn move_clock(&self, by: Duration) -> Result<(), Error> {
+        self.clock.advance(by).await
     }
 
     /// Makes the next run that journals a step named `step` crash right after it, as a

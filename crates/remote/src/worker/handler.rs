@@ -143,6 +143,31 @@ impl TaskError {
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
+/// A handler body taking `I` and answering `O`: any
+/// `Fn(I, TaskContext) -> impl Future<Output = Result<O, TaskError>>` that can be shared
+/// between tasks. It exists so [`handle_typed`](crate::RemoteWorkerBuilder::handle_typed) is
+/// called with the handler's definition alone (`.handle_typed::<PrintLabel>(..)`); write the
+/// closure's parameter types, which the compiler then checks against the definition's.
+pub trait TaskHandler<I, O>: Send + Sync + 'static {
+    /// What a call returns.
+    type Future: Future<Output = Result<O, TaskError>> + Send + 'static;
+
+    /// Runs the body on one task.
+    fn call(&self, input: I, task: TaskContext) -> Self::Future;
+}
+
+impl<I, O, F, Fut> TaskHandler<I, O> for F
+where
+    F: Fn(I, TaskContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<O, TaskError>> + Send + 'static,
+{
+    type Future = Fut;
+
+    fn call(&self, input: I, task: TaskContext) -> Fut {
+        self(input, task)
+    }
+}
+
 /// A handler with its input and output types erased to JSON.
 pub(crate) type ErasedHandler =
     Arc<dyn Fn(Value, TaskContext) -> BoxFuture<Result<Value, TaskError>> + Send + Sync>;

@@ -16,11 +16,12 @@ use serde::Serialize;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use keiro_journal::RemoteHandlerDef;
 use keiro_resume::{FixedPoll, Notifier, WakeFilter, WakeSource};
 
 use crate::store::{ClaimRequest, ClaimedTask, HeartbeatOutcome, ReportOutcome, Transport};
 use handler::{erase, ErasedHandler};
-pub use handler::{TaskContext, TaskError};
+pub use handler::{TaskContext, TaskError, TaskHandler};
 use report::{output_refused, report_failure, run_reporter, Completion, Report};
 
 /// The pauses between claims while the store is unreachable: 50 ms, doubling, jittered so a
@@ -144,6 +145,68 @@ impl RemoteWorkerBuilder {
         Fut: Future<Output = Result<O, TaskError>> + Send + 'static,
     {
         self.handle_group(step, Some(partition), handler)
+    }
+
+    /// Serves the handler `H` (group `H::NAME`) with `handler`, which must take `H::Input` and
+    /// answer `H::Output` (write its parameter types): the types the workflows calling
+    /// [`Ctx::remote_typed::<H>`](keiro_journal::Ctx::remote_typed) send and expect, so a
+    /// mismatch is a compile error wherever both sides see `H`.
+    ///
+    /// ```no_run
+    /// # use keiro_journal::RemoteHandlerDef;
+    /// # use keiro_remote::{RemoteWorker, TaskContext, TaskError, Transport};
+    /// struct PrintLabel;
+    ///
+    /// impl RemoteHandlerDef for PrintLabel {
+    ///     const NAME: &'static str = "print-label";
+    ///     type Input = String;
+    ///     type Output = String;
+    /// }
+    ///
+    /// # fn demo(transport: std::sync::Arc<dyn Transport>) {
+    /// let worker = RemoteWorker::builder(transport)
+    ///     .handle_typed::<PrintLabel>(|order: String, task: TaskContext| async move {
+    ///         Ok::<_, TaskError>(format!("label for {order} ({})", task.step))
+    ///     })
+    ///     .build();
+    /// # }
+    /// ```
+    ///
+    /// A handler of other types does not compile:
+    ///
+    /// ```compile_fail
+    /// # use keiro_journal::RemoteHandlerDef;
+    /// # use keiro_remote::{RemoteWorker, TaskContext, TaskError, Transport};
+    /// # struct PrintLabel;
+    /// # impl RemoteHandlerDef for PrintLabel {
+    /// #     const NAME: &'static str = "print-label";
+    /// #     type Input = String;
+    /// #     type Output = String;
+    /// # }
+    /// # fn demo(transport: std::sync::Arc<dyn Transport>) {
+    /// RemoteWorker::builder(transport)
+    ///     .handle_typed::<PrintLabel>(|grams: u32, _task: TaskContext| async move {
+    ///         Ok::<_, TaskError>(grams) // expected `String`, found `u32`
+    ///     });
+    /// # }
+    /// ```
+    pub fn handle_typed<H: RemoteHandlerDef>(
+        self,
+        handler: impl TaskHandler<H::Input, H::Output>,
+    ) -> Self {
+        self.handle_group(H::NAME, None, move |input, task| handler.call(input, task))
+    }
+
+    /// Serves the handler `H` in `partition` (group `<H::NAME>@<partition>`) with `handler`,
+    /// typed as [`handle_typed`](Self::handle_typed).
+    pub fn handle_typed_partition<H: RemoteHandlerDef>(
+        self,
+        partition: &str,
+        handler: impl TaskHandler<H::Input, H::Output>,
+    ) -> Self {
+        self.handle_group(H::NAME, Some(partition), move |input, task| {
+            handler.call(input, task)
+        })
     }
 
     fn handle_group<I, O, F, Fut>(mut self, step: &str, partition: Option<&str>, handler: F) -> Self
