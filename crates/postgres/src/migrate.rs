@@ -389,7 +389,18 @@ impl PgStore {
             .iter()
             .filter(|m| m.version <= target && !applied.iter().any(|(v, _)| *v == m.version))
             .collect();
-        let stale = if target >= newest && newer.is_none() {
+        let stale: Vec<&FunctionFile> = if target < newest || newer.is_some() {
+            Vec::new()
+        } else if !state.functions_readable && !state.may_create {
+            // A running role granted its tables before an upgrade created this one. It could
+            // not apply a file anyway, so it goes on as before; whoever migrates with the
+            // owning role applies what is pending.
+            tracing::warn!(
+                schema = self.schema(),
+                "the role may not read keiro_functions, so the function files are not checked"
+            );
+            Vec::new()
+        } else {
             let recorded = if state.functions_bookkept {
                 self.functions_applied(client).await?
             } else {
@@ -403,8 +414,6 @@ impl PgStore {
                         .any(|(name, sum)| name == file.name && *sum == file.checksum())
                 })
                 .collect()
-        } else {
-            Vec::new()
         };
         if pending.is_empty() && stale.is_empty() {
             return Ok(Vec::new());
@@ -474,6 +483,8 @@ struct SchemaState {
     bookkept: bool,
     /// Whether the bookkeeping table of function files exists.
     functions_bookkept: bool,
+    /// Whether the role may read that table (true when it is missing).
+    functions_readable: bool,
     /// Whether the role may create what is missing: on the schema, or on the database when the
     /// schema itself is missing.
     may_create: bool,
@@ -486,6 +497,8 @@ const SCHEMA_STATE: &str = "SELECT n.oid IS NOT NULL, \
                  WHERE c.relnamespace = n.oid AND c.relname = 'keiro_migrations'), \
          EXISTS (SELECT 1 FROM pg_class c \
                  WHERE c.relnamespace = n.oid AND c.relname = 'keiro_functions'), \
+         coalesce((SELECT has_table_privilege(c.oid, 'SELECT') FROM pg_class c \
+                   WHERE c.relnamespace = n.oid AND c.relname = 'keiro_functions'), true), \
          CASE WHEN n.oid IS NULL THEN has_database_privilege(current_database(), 'CREATE') \
               ELSE has_schema_privilege(n.oid, 'CREATE') END, \
          current_database()::text \
@@ -513,8 +526,9 @@ impl PgStore {
             schema_exists: row.try_get(0).map_err(fail)?,
             bookkept: row.try_get(1).map_err(fail)?,
             functions_bookkept: row.try_get(2).map_err(fail)?,
-            may_create: row.try_get(3).map_err(fail)?,
-            database: row.try_get(4).map_err(fail)?,
+            functions_readable: row.try_get(3).map_err(fail)?,
+            may_create: row.try_get(4).map_err(fail)?,
+            database: row.try_get(5).map_err(fail)?,
         })
     }
 
