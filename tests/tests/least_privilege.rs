@@ -1,7 +1,7 @@
 //! A role that only runs workflows needs no CREATE privilege: USAGE on keiro's schema, DML on
 //! its tables and EXECUTE on its functions are enough to connect (migrating or not), to
-//! migrate an up-to-date schema as a no-op and to drive workflows; a pending migration it may
-//! not apply is a typed error naming the privilege and the migration.
+//! migrate an up-to-date schema as a no-op and to drive workflows; a pending migration or
+//! function file it may not apply is a typed error naming the privilege and the file.
 
 use std::convert::Infallible;
 use std::time::Duration;

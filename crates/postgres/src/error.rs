@@ -8,7 +8,7 @@
 //! same call will meet again with the same value; anything else is a database error that
 //! retrying the same call will not fix.
 //!
-//! keiro's own SQL functions raise no SQLSTATE of their own (no `RAISE` in the migrations),
+//! keiro's own SQL functions raise no SQLSTATE of their own (no `RAISE` in `sql/functions/`),
 //! so every class 22 or 54000 error comes from a value a caller passed in.
 
 use std::error::Error as StdError;
