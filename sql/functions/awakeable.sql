@@ -7,8 +7,9 @@
 CREATE OR REPLACE FUNCTION keiro_awakeable_create(p_name text, p_id text, p_generation integer,
                                                   p_step text, p_kind text, p_payload jsonb,
                                                   p_owner text, p_epoch bigint, p_renew_ms bigint,
-                                                  p_awakeable uuid, OUT outcome text,
-                                                  OUT recorded jsonb, OUT marker text)
+                                                  p_awakeable uuid,
+                                                  OUT outcome text, OUT recorded jsonb,
+                                                  OUT marker text)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE

@@ -5,8 +5,8 @@
 -- instance_start: creates the row `running`, or returns the existing one untouched.
 CREATE OR REPLACE FUNCTION keiro_instance_start(p_name text, p_id text, p_input jsonb,
                                                 p_parent_name text, p_parent_id text,
-                                                p_priority integer, OUT created boolean,
-                                                OUT instance workflows)
+                                                p_priority integer,
+                                                OUT created boolean, OUT instance workflows)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 BEGIN
@@ -30,8 +30,8 @@ $$;
 -- answers without a lease check, so a run learns it is over even after the terminal write
 -- cleared its lease. Outcomes: confirmed, terminal, not_found, lease_lost.
 CREATE OR REPLACE FUNCTION keiro_instance_confirm(p_name text, p_id text, p_owner text,
-                                                  p_epoch bigint, p_ttl_ms bigint, OUT outcome text,
-                                                  OUT row_status text)
+                                                  p_epoch bigint, p_ttl_ms bigint,
+                                                  OUT outcome text, OUT row_status text)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -68,8 +68,8 @@ $$;
 -- lease_lost.
 CREATE OR REPLACE FUNCTION keiro_instance_park(p_name text, p_id text, p_generation integer,
                                                p_owner text, p_epoch bigint, p_awaited text[],
-                                               p_wake_after timestamptz, OUT outcome text,
-                                               OUT row_status text)
+                                               p_wake_after timestamptz,
+                                               OUT outcome text, OUT row_status text)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -631,7 +631,8 @@ $$;
 -- exists, origin_not_found.
 CREATE OR REPLACE FUNCTION keiro_instance_retry_with_input(p_origin_name text, p_origin_id text,
                                                            p_retry_name text, p_retry_id text,
-                                                           p_input jsonb, OUT outcome text)
+                                                           p_input jsonb,
+                                                           OUT outcome text)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE

@@ -72,7 +72,8 @@ $$;
 -- new row version, its WAL, the CHECK constraints) on every step. The row stays locked to the
 -- end of the transaction either way, so cancellation, terminal transitions and claims still
 -- serialize with the append. A wake (a step on a `suspended` row) and an unfenced step always
--- write. (The body's "0002" path is the full sequence, "0004" the fast path.)
+-- write. Every other case takes the full sequence (the body's "checks and writes of 0002", the
+-- migration that first wrote them).
 CREATE OR REPLACE FUNCTION keiro_journal_append_to(p_name text, p_id text, p_generation integer,
                                                    p_step text, p_kind text, p_payload jsonb,
                                                    p_owner text, p_epoch bigint,

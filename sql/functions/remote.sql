@@ -324,7 +324,8 @@ $$;
 -- extended; cancelled (the task was cancelled, whatever the claim: the cancellation dropped
 -- it); lost (another claim, no claim, settled, or no such task).
 CREATE OR REPLACE FUNCTION keiro_remote_task_heartbeat(p_step_id text, p_claim uuid,
-                                                       p_ttl_ms bigint, OUT outcome text)
+                                                       p_ttl_ms bigint,
+                                                       OUT outcome text)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -518,7 +519,8 @@ $$;
 -- current generation again (claim dropped, available now, dispatches + 1), whatever its
 -- deadline and redispatch_max (an operator's decision). Outcomes: redispatched (count),
 -- not_found.
-CREATE OR REPLACE FUNCTION keiro_remote_redispatch_pending(p_name text, p_id text, OUT outcome text,
+CREATE OR REPLACE FUNCTION keiro_remote_redispatch_pending(p_name text, p_id text,
+                                                           OUT outcome text,
                                                            OUT redispatched bigint)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -635,10 +637,10 @@ $$;
 -- Lock order (sql/functions/README.md), across the whole batch. The existing tasks of every
 -- park are locked first, in step id order (as a batched report locks its tasks), then the
 -- parks run in the order of their owner's key (as a batched report journals), so a batch and
--- a report never wait for each other in opposite orders. A cascading cancel locks a tree deepest first
--- instead; one racing a batch that parks both a parent and its child can deadlock with it,
--- which the server detects (after `deadlock_timeout`) and breaks by failing one side: a
--- failed batch is retried park by park, a failed cancel is a retryable error.
+-- a report never wait for each other in opposite orders. A cascading cancel locks a tree
+-- deepest first instead; one racing a batch that parks both a parent and its child can
+-- deadlock with it, which the server detects (after `deadlock_timeout`) and breaks by failing
+-- one side: a failed batch is retried park by park, a failed cancel is a retryable error.
 CREATE OR REPLACE FUNCTION keiro_instances_park_dispatch(
     p_names text[], p_ids text[], p_generations integer[], p_owners text[], p_epochs bigint[],
     p_wake_after timestamptz[], p_awaited_from integer[], p_awaited_to integer[],

@@ -5,8 +5,8 @@
 -- notifies, with the `timer` payload. Not fenced. Outcomes: armed, present, not_found.
 CREATE OR REPLACE FUNCTION keiro_timer_arm(p_name text, p_id text, p_generation integer,
                                            p_step text, p_kind text, p_token text,
-                                           p_fire_at timestamptz, OUT outcome text,
-                                           OUT stored_fire_at timestamptz)
+                                           p_fire_at timestamptz,
+                                           OUT outcome text, OUT stored_fire_at timestamptz)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 BEGIN
