@@ -28,6 +28,7 @@
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Object;
+use keiro_journal::Backoff;
 use sha2::{Digest, Sha256};
 use tokio_postgres::types::Type;
 
@@ -240,12 +241,9 @@ fn lock_key(schema: &str) -> i64 {
     i64::from_be_bytes(bytes)
 }
 
-/// The first pause between two tries of a held migration lock; it doubles up to
-/// [`LOCK_RETRY_MAX`].
-const LOCK_RETRY_FIRST: Duration = Duration::from_millis(50);
-
-/// The longest pause between two tries of a held migration lock.
-const LOCK_RETRY_MAX: Duration = Duration::from_secs(1);
+/// The pauses between two tries of a held migration lock: 50 ms, doubling up to 1 s, jittered
+/// so runners that found it held together do not all try again at once.
+const LOCK_RETRY: Backoff = Backoff::exponential(Duration::from_millis(50), Duration::from_secs(1));
 
 // A try in a loop rather than `pg_advisory_lock` under `lock_timeout`: the wait stays on the
 // client, so it needs no session setting to be set and reset on a pooled connection.
@@ -325,7 +323,7 @@ impl PgStore {
         let fail = |e| Failure::from(e).into_error(MIGRATE);
         let wait = self.migrate_lock_timeout();
         let started = Instant::now();
-        let mut pause = LOCK_RETRY_FIRST;
+        let mut tries = 0;
         loop {
             self.count_round_trips(1);
             let row = client
@@ -342,8 +340,8 @@ impl PgStore {
                     waited,
                 });
             }
-            tokio::time::sleep(pause.min(wait - waited)).await;
-            pause = (pause * 2).min(LOCK_RETRY_MAX);
+            tries += 1;
+            tokio::time::sleep(LOCK_RETRY.delay_random(tries).min(wait - waited)).await;
         }
     }
 
