@@ -13,8 +13,7 @@
 --
 -- Why a trigger on the marker's journal row, not a change to `keiro_journal_append_to`: every
 -- path that closes a generation writes that row (`keiro_instance_cancel` plain or cascading,
--- an external marker, a run continuing as new), and the trigger needs no copy of that function,
--- which other migrations replace. The WHEN clause is evaluated without calling the function, so
+-- an external marker, a run continuing as new), and the trigger needs no copy of that function. The WHEN clause is evaluated without calling the function, so
 -- the journal's hot path (step rows) pays nothing.
 --
 -- Lock order. `keiro_awakeable_settle` locks the awakeable, then its owner's row; the trigger
@@ -23,7 +22,8 @@
 -- very call, which finds the owner closed and settles it anyway (`owner_gone`). A settlement
 -- that fails and rolls back leaves its awakeable pending, as it would have been without this.
 --
--- The trigger's function gets 0009's `search_path` (last statement of this file).
+-- The functions (and triggers) this version added or changed live in sql/functions/
+-- (awakeable.sql), in their current form; this file keeps its tables, indexes and data changes.
 
 -- The awakeables already abandoned: pending for a cancelled run, or for a generation its run
 -- has left.
@@ -32,29 +32,3 @@ FROM workflows w
 WHERE w.workflow_name = a.workflow_name AND w.workflow_id = a.workflow_id
   AND a.status = 'pending'
   AND (w.status = 'cancelled' OR a.generation <> w.generation);
-
-CREATE FUNCTION keiro_awakeables_settle_closed() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    -- Served by awakeables_owner_idx: the instance's awakeables, of every generation.
-    UPDATE awakeables a SET status = 'cancelled', settled_at = now()
-    WHERE a.id IN (
-        SELECT p.id FROM awakeables p
-        WHERE p.workflow_name = NEW.workflow_name AND p.workflow_id = NEW.workflow_id
-          AND p.generation = NEW.generation AND p.status = 'pending'
-        FOR UPDATE SKIP LOCKED);
-    RETURN NULL;
-END;
-$$;
-
-CREATE TRIGGER journal_marker_settles_awakeables AFTER INSERT ON journal
-    FOR EACH ROW WHEN (NEW.kind IN ('cancelled', 'continued'))
-    EXECUTE FUNCTION keiro_awakeables_settle_closed();
-
-DO $$
-BEGIN
-    EXECUTE pg_catalog.format('ALTER FUNCTION keiro_awakeables_settle_closed() '
-                              'SET search_path = %I, pg_temp',
-                              pg_catalog.current_schema());
-END;
-$$;

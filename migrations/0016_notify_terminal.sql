@@ -13,7 +13,7 @@
 -- One trigger on the instance row, not a line in each function that closes a run: completion,
 -- failure (a body's, a crash at the ceiling, a divergence) and cancellation (one instance or a
 -- cascade) all end in an UPDATE of `workflows.status`, so the trigger sees every terminal
--- transition, including those of functions later migrations replace.
+-- transition, whichever function closes the run.
 --
 -- The mark and a close serialize on the row lock: a mark that commits first makes the close
 -- notify; a close that commits first is what the mark's UPDATE then finds (it re-checks the
@@ -26,30 +26,9 @@
 -- contain `:`, so no instance payload (`<name>/<id>`) starts like it; the listener routes it to
 -- the waiters of that instance only, and resume loops are not woken by it. It is sent at
 -- commit, like every NOTIFY, so a waiter that wakes reads the terminal row.
+--
+-- The functions (and triggers) this version added or changed live in sql/functions/
+-- (notify.sql), in their current form; this file keeps its tables, indexes and data changes.
 
 -- A constant default: no table rewrite.
 ALTER TABLE workflows ADD COLUMN awaited boolean NOT NULL DEFAULT false;
-
-CREATE FUNCTION keiro_notify_terminal() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify(current_schema() || '.wake',
-                      'done:' || NEW.workflow_name || '/' || NEW.workflow_id);
-    RETURN NULL;
-END;
-$$;
-
-CREATE TRIGGER workflows_notify_terminal AFTER UPDATE OF status ON workflows
-    FOR EACH ROW
-    WHEN (NEW.awaited
-          AND NEW.status IN ('completed', 'failed', 'cancelled')
-          AND OLD.status NOT IN ('completed', 'failed', 'cancelled'))
-    EXECUTE FUNCTION keiro_notify_terminal();
-
-DO $$
-BEGIN
-    EXECUTE pg_catalog.format('ALTER FUNCTION keiro_notify_terminal() '
-                              'SET search_path = %I, pg_temp',
-                              pg_catalog.current_schema());
-END;
-$$;

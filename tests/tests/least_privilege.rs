@@ -1,7 +1,7 @@
 //! A role that only runs workflows needs no CREATE privilege: USAGE on keiro's schema, DML on
 //! its tables and EXECUTE on its functions are enough to connect (migrating or not), to
-//! migrate an up-to-date schema as a no-op and to drive workflows; a pending migration it may
-//! not apply is a typed error naming the privilege and the migration.
+//! migrate an up-to-date schema as a no-op and to drive workflows; a pending migration or
+//! function file it may not apply is a typed error naming the privilege and the file.
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -226,5 +226,50 @@ async fn a_missing_schema_needs_create_on_the_database() -> TestResult {
         ),
         "{err:?}"
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_changed_function_file_the_role_may_not_apply_is_a_typed_error() -> TestResult {
+    let db = TestDb::new().await;
+    let runner = Runner::create(&db).await?;
+    // As if this build's `journal.sql` differed from the one the schema was migrated with.
+    let admin = db.store().pool().get().await?;
+    admin
+        .batch_execute("UPDATE keiro_functions SET checksum = '\\x00' WHERE file = 'journal'")
+        .await?;
+
+    let store = PgStore::connect(runner.config(&db)).await?;
+    let err = store.migrate().await.expect_err("CREATE is missing");
+    let privilege = format!("CREATE on schema {}", db.schema());
+    assert!(
+        matches!(
+            &err,
+            PgError::FunctionFilePrivilege { schema, file: "journal", privilege: p }
+                if schema == db.schema() && *p == privilege
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("function file journal"), "{err}");
+    assert!(!err.is_retryable());
+    // Nothing was applied: the checksum is still the one set above.
+    let sum: Vec<u8> = admin
+        .query_one(
+            "SELECT checksum FROM keiro_functions WHERE file = 'journal'",
+            &[],
+        )
+        .await?
+        .get(0);
+    assert_eq!(sum, vec![0]);
+
+    // A role that may not even read the bookkeeping (granted its tables before an upgrade
+    // created it) migrates an up-to-date schema as a no-op, as it did before the files.
+    admin
+        .batch_execute(&format!(
+            "REVOKE SELECT ON keiro_functions FROM \"{}\"",
+            runner.name
+        ))
+        .await?;
+    assert_eq!(store.migrate().await?, Vec::<i32>::new());
     Ok(())
 }

@@ -160,7 +160,8 @@ impl Keiro {
     /// # Errors
     ///
     /// [`Error::Postgres`] when the database cannot be reached or migrated (a pending
-    /// migration the role may not apply is `keiro_postgres::Error::MigrationPrivilege`).
+    /// migration the role may not apply is `keiro_postgres::Error::MigrationPrivilege`, a
+    /// changed function file `keiro_postgres::Error::FunctionFilePrivilege`).
     #[cfg(feature = "postgres")]
     pub async fn connect_with(config: keiro_postgres::Config) -> Result<Self, Error> {
         let migrate = config.migrate;

@@ -42,6 +42,11 @@ pub const LISTEN_CHECK_INTERVAL_DEFAULT: Duration = Duration::from_secs(30);
 /// How long the wake listener waits for a check's answer unless told otherwise.
 pub const LISTEN_CHECK_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 
+/// How long [`PgStore::migrate`](crate::PgStore::migrate) waits for the schema's migration
+/// lock, held by another runner, unless told otherwise. A migration takes seconds; a runner
+/// holding the lock for a minute is stuck, or its connection is.
+pub const MIGRATE_LOCK_TIMEOUT_DEFAULT: Duration = Duration::from_secs(60);
+
 /// Settings of a [`PgStore`](crate::PgStore).
 ///
 /// ```
@@ -107,6 +112,11 @@ pub struct Config {
     /// How long a check of the `LISTEN` connection may go unanswered before the connection is
     /// replaced. Non-zero. Defaults to [`LISTEN_CHECK_TIMEOUT_DEFAULT`].
     pub listen_check_timeout: Duration,
+    /// How long [`PgStore::migrate`](crate::PgStore::migrate) waits for the schema's migration
+    /// lock while another runner holds it, before it fails with
+    /// [`Error::MigrationLocked`](crate::Error::MigrationLocked). Non-zero. Defaults to
+    /// [`MIGRATE_LOCK_TIMEOUT_DEFAULT`].
+    pub migrate_lock_timeout: Duration,
 }
 
 impl Default for Config {
@@ -134,6 +144,7 @@ impl Config {
             allow_shared_schema: false,
             listen_check_interval: LISTEN_CHECK_INTERVAL_DEFAULT,
             listen_check_timeout: LISTEN_CHECK_TIMEOUT_DEFAULT,
+            migrate_lock_timeout: MIGRATE_LOCK_TIMEOUT_DEFAULT,
         }
     }
 
@@ -222,6 +233,12 @@ impl Config {
         if self.listen_check_timeout.is_zero() {
             return Err(invalid(
                 "listen_check_timeout",
+                "must be greater than zero".into(),
+            ));
+        }
+        if self.migrate_lock_timeout.is_zero() {
+            return Err(invalid(
+                "migrate_lock_timeout",
                 "must be greater than zero".into(),
             ));
         }

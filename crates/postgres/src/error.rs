@@ -8,7 +8,7 @@
 //! same call will meet again with the same value; anything else is a database error that
 //! retrying the same call will not fix.
 //!
-//! keiro's own SQL functions raise no SQLSTATE of their own (no `RAISE` in the migrations),
+//! keiro's own SQL functions raise no SQLSTATE of their own (no `RAISE` in `sql/functions/`),
 //! so every class 22 or 54000 error comes from a value a caller passed in.
 
 use std::error::Error as StdError;
@@ -98,6 +98,46 @@ pub enum Error {
         /// `CREATE on schema keiro`.
         privilege: String,
     },
+    /// Another runner held the schema's migration lock for longer than
+    /// [`Config::migrate_lock_timeout`](crate::Config#structfield.migrate_lock_timeout);
+    /// nothing was applied. Retrying once that runner is done (or gone) succeeds: a runner's
+    /// lock goes with its session.
+    #[error(
+        "waited {waited:?} for the migration lock of schema {schema}, which another runner holds"
+    )]
+    MigrationLocked {
+        /// The schema.
+        schema: String,
+        /// How long this runner waited.
+        waited: std::time::Duration,
+    },
+    /// A function file is new to the schema or changed, but the connecting role lacks a
+    /// privilege applying it needs; nothing was applied. Migrate with the role that owns the
+    /// schema.
+    #[error(
+        "function file {file} is pending in schema {schema}, but the role lacks {privilege}, \
+         which applying it needs; migrate with the role that owns the schema"
+    )]
+    FunctionFilePrivilege {
+        /// The schema.
+        schema: String,
+        /// The first pending file's name (`journal` for `sql/functions/journal.sql`).
+        file: &'static str,
+        /// The missing privilege, as PostgreSQL grants it, such as
+        /// `CREATE on schema keiro`.
+        privilege: String,
+    },
+    /// Applying a function file failed; its transaction was rolled back.
+    #[error("applying function file {file} to schema {schema} failed")]
+    FunctionFile {
+        /// The schema.
+        schema: String,
+        /// The file's name (`journal` for `sql/functions/journal.sql`).
+        file: &'static str,
+        /// Why, as an [`Error::Unavailable`] or [`Error::Database`].
+        #[source]
+        source: Box<Error>,
+    },
     /// Applying a migration failed; its transaction was rolled back.
     #[error("applying migration {version} ({name}) to schema {schema} failed")]
     Migration {
@@ -118,7 +158,9 @@ impl Error {
     pub fn is_unavailable(&self) -> bool {
         match self {
             Self::Unavailable { .. } => true,
-            Self::Migration { source, .. } => source.is_unavailable(),
+            Self::Migration { source, .. } | Self::FunctionFile { source, .. } => {
+                source.is_unavailable()
+            }
             _ => false,
         }
     }
@@ -128,7 +170,10 @@ impl Error {
         match self {
             Self::Unavailable { .. } => true,
             Self::Database { retryable, .. } => *retryable,
-            Self::Migration { source, .. } => source.is_retryable(),
+            Self::Migration { source, .. } | Self::FunctionFile { source, .. } => {
+                source.is_retryable()
+            }
+            Self::MigrationLocked { .. } => true,
             _ => false,
         }
     }

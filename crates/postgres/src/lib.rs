@@ -4,7 +4,8 @@
 //! remote-step traits `keiro_remote::Transport` and `keiro_remote::RemoteAdmin` on
 //! tokio-postgres with a deadpool-postgres pool. Every store operation is one atomic
 //! transaction and one round trip: the operations that touch more than one row are plpgsql
-//! functions installed by the embedded migrations, which [`PgStore::migrate`] applies.
+//! functions of the embedded `sql/functions/` files, which [`PgStore::migrate`] applies after
+//! the numbered migrations (tables, indexes, data).
 //! Everything lives in one schema (`keiro` by default, see [`Config::schema`]), chosen by the
 //! connections' `search_path`, so several installations can share a database.
 //!
@@ -36,8 +37,10 @@
 //! - Leases expire by the database clock unless a caller pins `now`.
 //! - Discovery is one query on the partial index `workflows_active_idx`: terminal and parked
 //!   instances cost nothing per pass.
-//! - Migrations are applied under an advisory lock, each with its bookkeeping row in one
-//!   transaction, and an edited migration is refused.
+//! - Migrations are applied under an advisory lock (waited for at most
+//!   [`Config::migrate_lock_timeout`]), each with its bookkeeping row in one transaction, and an
+//!   edited migration is refused. Function files are applied after them the same way, and
+//!   again whenever their checksum changes.
 //! - Wake sources (durable timers, awakeables, signals, child workflows) are resolved in the
 //!   same transaction as the journal append they cause, through the same append rules, so a
 //!   wake is never lost and never applied twice: concurrent timer workers split the due timers
@@ -88,8 +91,8 @@ mod transaction_step;
 
 pub use config::{
     Config, ACQUIRE_TIMEOUT_DEFAULT, APPLICATION_NAME_DEFAULT, CONNECT_TIMEOUT_DEFAULT,
-    LISTEN_CHECK_INTERVAL_DEFAULT, LISTEN_CHECK_TIMEOUT_DEFAULT, POOL_SIZE_DEFAULT, POOL_SIZE_MIN,
-    SCHEMA_DEFAULT, SCHEMA_LEN_MAX, URL_DEFAULT,
+    LISTEN_CHECK_INTERVAL_DEFAULT, LISTEN_CHECK_TIMEOUT_DEFAULT, MIGRATE_LOCK_TIMEOUT_DEFAULT,
+    POOL_SIZE_DEFAULT, POOL_SIZE_MIN, SCHEMA_DEFAULT, SCHEMA_LEN_MAX, URL_DEFAULT,
 };
 pub use error::{Error, Result};
 pub use in_transaction::InTransaction;

@@ -1,18 +1,34 @@
-//! The migration runner: the numbered files of the workspace's `migrations/` folder, embedded
-//! at build time and applied in order to the store's schema.
+//! The migration runner: the numbered files of the workspace's `migrations/` folder and the
+//! function files of `sql/functions/`, embedded at build time and applied to the store's schema.
 //!
 //! Runners race safely: each takes a session advisory lock keyed on the schema before it looks
-//! at anything, so the second one waits and then finds nothing left to do. Each file is applied
-//! in one transaction together with its bookkeeping row in `keiro_migrations`, so a failure
-//! leaves no half-applied migration. A file that was applied with a different checksum is
-//! refused: migrations are never edited once shipped, later files change what earlier ones did.
+//! at anything, so the second one waits and then finds nothing left to do. It waits at most
+//! [`Config::migrate_lock_timeout`](crate::Config#structfield.migrate_lock_timeout), then fails
+//! with [`Error::MigrationLocked`] rather than hang behind a runner that never finishes.
+//!
+//! Numbered migrations hold tables, indexes and data changes. Each is applied in one
+//! transaction together with its bookkeeping row in `keiro_migrations`, so a failure leaves no
+//! half-applied migration. A file that was applied with a different checksum is refused:
+//! migrations are never edited once shipped, later files change what earlier ones did. The one
+//! exception is the rewrite that moved every function out of 0001-0016: the checksum each of
+//! those files shipped with is accepted too.
+//!
+//! Functions (and the triggers that call them) live one group per file, each function in its
+//! current form only, and are applied after the pending migrations: each file that is new to
+//! the schema or whose checksum differs from the one recorded in `keiro_functions` is applied
+//! (every statement is `CREATE OR REPLACE`) in one transaction with its new bookkeeping row; an
+//! unchanged file costs nothing. A schema that a newer build migrated (it holds a migration
+//! this build does not know) keeps that build's functions: they are skipped, with a warning.
 //!
 //! Only applying needs privileges beyond a running role's: what is applied is read first (a
-//! catalog lookup, then a plain SELECT on the bookkeeping table), so a role without CREATE on
+//! catalog lookup, then plain SELECTs on the bookkeeping tables), so a role without CREATE on
 //! an up-to-date schema migrates as a no-op, and one that would need it is told so before
 //! anything is attempted.
 
+use std::time::{Duration, Instant};
+
 use deadpool_postgres::Object;
+use keiro_journal::Backoff;
 use sha2::{Digest, Sha256};
 use tokio_postgres::types::Type;
 
@@ -24,6 +40,9 @@ struct Migration {
     version: i32,
     name: &'static str,
     sql: &'static str,
+    /// The SHA-256 (hex) of the form this file shipped in, when it was rewritten since: schemas
+    /// migrated by a build that embedded that form recorded its checksum.
+    shipped: Option<&'static str>,
 }
 
 /// Every migration this build knows, in order. Numbers are never reused or renumbered.
@@ -32,100 +51,189 @@ const MIGRATIONS: &[Migration] = &[
         version: 1,
         name: "init",
         sql: include_str!("../../../migrations/0001_init.sql"),
+        shipped: Some("1c45e716cf1cc11a8a39ec6bc4170b7e0e2b5efc1bf3090822435ee88906e278"),
     },
     Migration {
         version: 2,
         name: "wake_sources",
         sql: include_str!("../../../migrations/0002_wake_sources.sql"),
+        shipped: Some("01e6d7cdd8eaaf3b38439739539deb48380fbf2bdf8d3d1b1d364fa672ae2726"),
     },
     Migration {
         version: 3,
         name: "claim_batch",
         sql: include_str!("../../../migrations/0003_claim_batch.sql"),
+        shipped: Some("ea19e228f02bb337b0dc27d55891b88b39b65e9e2e9b60b8dad85f34209a3a5f"),
     },
     Migration {
         version: 4,
         name: "hot_path",
         sql: include_str!("../../../migrations/0004_hot_path.sql"),
+        shipped: Some("1c2d79434f3b18336039df3d9e5ce14ce16ef2f0445827e709dc1d99aa7c8d83"),
     },
     Migration {
         version: 5,
         name: "remote_steps",
         sql: include_str!("../../../migrations/0005_remote_steps.sql"),
+        shipped: Some("dd50f45abbd9c48cf6a61b1d611b3a14f65c321e92eb016a7d01cddf22619e69"),
     },
     Migration {
         version: 6,
         name: "claim_order",
         sql: include_str!("../../../migrations/0006_claim_order.sql"),
+        shipped: Some("3bbdb2368dd148bff4c43db873e17ad5b61ba7eb4da2c675814ac35c34279f21"),
     },
     Migration {
         version: 7,
         name: "remote_hot_path",
         sql: include_str!("../../../migrations/0007_remote_hot_path.sql"),
+        shipped: Some("e7ef7f3c1eea60312ec5026e23177b26e78146e99cf5a3bc6794228b1f8edda2"),
     },
     Migration {
         version: 8,
         name: "remote_claim_attempts",
         sql: include_str!("../../../migrations/0008_remote_claim_attempts.sql"),
+        shipped: Some("2e2363983fc8eae87298ae207960e7d5f62fb63739ba80e2ff203c5dd7c7edca"),
     },
     Migration {
         version: 9,
         name: "function_search_path",
         sql: include_str!("../../../migrations/0009_function_search_path.sql"),
+        shipped: Some("280eb06c8de5cf19598287f38b0f02da3d7fde147a662a219e1521d68632b9a9"),
     },
     Migration {
         version: 10,
         name: "cancel_remote_tasks",
         sql: include_str!("../../../migrations/0010_cancel_remote_tasks.sql"),
+        shipped: Some("712f6a2adc512326e76abda88409de2f9e39d8a5cf6b98b741981baa5760f56b"),
     },
     Migration {
         version: 11,
         name: "signal_ttl_and_children",
         sql: include_str!("../../../migrations/0011_signal_ttl_and_children.sql"),
+        shipped: Some("b2b9b3cd267ccbe36dd52cb40be4a23fcb256415d155d1869f8f825f2919e224"),
     },
     Migration {
         version: 12,
         name: "settle_abandoned_awakeables",
         sql: include_str!("../../../migrations/0012_settle_abandoned_awakeables.sql"),
+        shipped: Some("5748b6f70cfaacc5ae014a0af02d8716ea092a01511bc69dca4af5e397e5f690"),
     },
     Migration {
         version: 13,
         name: "requeue_unhandled_failures",
         sql: include_str!("../../../migrations/0013_requeue_unhandled_failures.sql"),
+        shipped: Some("f8eb79e4e4ce9eddc1c74d447cb2e5022dbf1583d087092da044c0e8bacf7b9f"),
     },
     Migration {
         version: 14,
         name: "settle_leftovers_of_completed_runs",
         sql: include_str!("../../../migrations/0014_settle_leftovers_of_completed_runs.sql"),
+        shipped: Some("d76e7d5e16af40cfe7cf418f5cc00c2836d501599f2f3e241eaf7a7743f96706"),
     },
     Migration {
         version: 15,
         name: "list_and_retention_indexes",
         sql: include_str!("../../../migrations/0015_list_and_retention_indexes.sql"),
+        shipped: None,
     },
     Migration {
         version: 16,
         name: "notify_terminal",
         sql: include_str!("../../../migrations/0016_notify_terminal.sql"),
+        shipped: Some("f56649ec31ec8d5164b3a93cf14d985f7441c54e90c1e7d5e50deaad4eb09bd1"),
     },
     Migration {
         version: 17,
         name: "schedules",
         sql: include_str!("../../../migrations/0017_schedules.sql"),
+        shipped: None,
+    },
+];
+
+/// One embedded file of `sql/functions/`: the definitions of one group of functions.
+struct FunctionFile {
+    name: &'static str,
+    sql: &'static str,
+}
+
+/// Every function file, in the order they are applied: a `LANGUAGE sql` function is checked
+/// when it is created, so the functions it calls come from an earlier file (plpgsql bodies
+/// are resolved when they run).
+const FUNCTION_FILES: &[FunctionFile] = &[
+    FunctionFile {
+        name: "notify",
+        sql: include_str!("../../../sql/functions/notify.sql"),
+    },
+    FunctionFile {
+        name: "journal",
+        sql: include_str!("../../../sql/functions/journal.sql"),
+    },
+    FunctionFile {
+        name: "instance",
+        sql: include_str!("../../../sql/functions/instance.sql"),
+    },
+    FunctionFile {
+        name: "lease",
+        sql: include_str!("../../../sql/functions/lease.sql"),
+    },
+    FunctionFile {
+        name: "timer",
+        sql: include_str!("../../../sql/functions/timer.sql"),
+    },
+    FunctionFile {
+        name: "signal",
+        sql: include_str!("../../../sql/functions/signal.sql"),
+    },
+    FunctionFile {
+        name: "awakeable",
+        sql: include_str!("../../../sql/functions/awakeable.sql"),
+    },
+    FunctionFile {
+        name: "child",
+        sql: include_str!("../../../sql/functions/child.sql"),
+    },
+    FunctionFile {
+        name: "remote",
+        sql: include_str!("../../../sql/functions/remote.sql"),
     },
 ];
 
 const MIGRATE: &str = "migrating the schema";
 
+fn checksum(sql: &str) -> Vec<u8> {
+    Sha256::digest(sql.as_bytes()).to_vec()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes.iter().fold(String::new(), |mut out, b| {
+        let _ = write!(out, "{b:02x}");
+        out
+    })
+}
+
 impl Migration {
     fn checksum(&self) -> Vec<u8> {
-        Sha256::digest(self.sql.as_bytes()).to_vec()
+        checksum(self.sql)
+    }
+
+    /// Whether `recorded` is the checksum of this file as embedded or as it shipped.
+    fn accepts(&self, recorded: &[u8]) -> bool {
+        recorded == self.checksum().as_slice() || self.shipped == Some(hex(recorded).as_str())
+    }
+}
+
+impl FunctionFile {
+    fn checksum(&self) -> Vec<u8> {
+        checksum(self.sql)
     }
 }
 
 /// The advisory lock key of a schema's migrations: the first eight bytes of a hash of a
 /// keiro-specific label, so it neither collides across schemas nor with other applications'
-/// small integer keys, and stays the same across builds.
+/// small integer keys, and stays the same across builds (an older and a newer build racing
+/// must take the same lock).
 fn lock_key(schema: &str) -> i64 {
     let digest = Sha256::digest(format!("keiro.migrate:{schema}").as_bytes());
     let mut bytes = [0u8; 8];
@@ -133,18 +241,25 @@ fn lock_key(schema: &str) -> i64 {
     i64::from_be_bytes(bytes)
 }
 
-const MIGRATE_LOCK: &str = "SELECT pg_advisory_lock($1)";
+/// The pauses between two tries of a held migration lock: 50 ms, doubling up to 1 s, jittered
+/// so runners that found it held together do not all try again at once.
+const LOCK_RETRY: Backoff = Backoff::exponential(Duration::from_millis(50), Duration::from_secs(1));
+
+// A try in a loop rather than `pg_advisory_lock` under `lock_timeout`: the wait stays on the
+// client, so it needs no session setting to be set and reset on a pooled connection.
+const MIGRATE_TRY_LOCK: &str = "SELECT pg_try_advisory_lock($1)";
 const MIGRATE_UNLOCK: &str = "SELECT pg_advisory_unlock($1)";
 
 impl PgStore {
-    /// Creates the schema if needed and applies every migration it lacks, in order. Returns
-    /// the versions applied by this call: empty when the schema was up to date.
+    /// Creates the schema if needed, applies every migration it lacks, in order, then every
+    /// function file that is new or changed. Returns the migration versions applied by this
+    /// call: empty when no migration was pending (function files are logged, not returned).
     ///
     /// Safe to run from many processes at once, and at every start. On an up-to-date schema it
     /// only reads, so a role with no CREATE privilege (one that only runs workflows) can call it
-    /// too; applying a migration needs CREATE on the schema (on the database, when the schema is
-    /// missing) and ownership of keiro's tables and functions, which the role that first
-    /// migrated the schema has.
+    /// too; applying a migration or a function file needs CREATE on the schema (on the
+    /// database, when the schema is missing) and ownership of keiro's tables and functions,
+    /// which the role that first migrated the schema has.
     ///
     /// ```no_run
     /// # async fn demo(store: keiro_postgres::PgStore) -> Result<(), keiro_postgres::Error> {
@@ -157,23 +272,38 @@ impl PgStore {
     /// # Errors
     ///
     /// [`Error::MigrationChanged`] when an applied migration differs from the embedded file
-    /// (nothing is applied then); [`Error::MigrationPrivilege`] when a migration is pending and
-    /// the role lacks the CREATE privilege applying it needs (nothing is applied then);
-    /// [`Error::Migration`] when a file fails to apply (its transaction is rolled back);
-    /// [`Error::Unavailable`] or [`Error::Database`] otherwise.
+    /// (nothing is applied then); [`Error::MigrationLocked`] when another runner holds the
+    /// schema's migration lock for longer than
+    /// [`Config::migrate_lock_timeout`](crate::Config#structfield.migrate_lock_timeout);
+    /// [`Error::MigrationPrivilege`] or [`Error::FunctionFilePrivilege`] when something is
+    /// pending and the role lacks the CREATE privilege applying it needs (nothing is applied
+    /// then); [`Error::Migration`] or [`Error::FunctionFile`] when a file fails to apply (its
+    /// transaction is rolled back); [`Error::Unavailable`] or [`Error::Database`] otherwise.
     pub async fn migrate(&self) -> Result<Vec<i32>> {
+        self.migrate_up_to(None).await
+    }
+
+    /// Tests only: [`migrate`](Self::migrate), but only the migrations up to `version`, and the
+    /// function files only once `version` is the newest this build knows. A test migrates a
+    /// schema step by step with it, as successive builds did.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`migrate`](Self::migrate).
+    #[doc(hidden)]
+    pub async fn migrate_to(&self, version: i32) -> Result<Vec<i32>> {
+        self.migrate_up_to(Some(version)).await
+    }
+
+    async fn migrate_up_to(&self, target: Option<i32>) -> Result<Vec<i32>> {
         let mut client = self
             .pool()
             .get()
             .await
             .map_err(|e| Failure::from(e).into_error(MIGRATE))?;
         let key = lock_key(self.schema());
-        self.count_round_trips(1);
-        client
-            .query_typed(MIGRATE_LOCK, &[(&key, Type::INT8)])
-            .await
-            .map_err(|e| Failure::from(e).into_error(MIGRATE))?;
-        let migrated = self.migrate_locked(&mut client).await;
+        self.migrate_lock(&client, key).await?;
+        let migrated = self.migrate_locked(&mut client, target).await;
         self.count_round_trips(1);
         if client
             .query_typed(MIGRATE_UNLOCK, &[(&key, Type::INT8)])
@@ -187,7 +317,35 @@ impl PgStore {
         migrated
     }
 
-    async fn migrate_locked(&self, client: &mut Object) -> Result<Vec<i32>> {
+    /// Takes the schema's migration lock, trying again with growing pauses until the
+    /// configured wait is over.
+    async fn migrate_lock(&self, client: &Object, key: i64) -> Result<()> {
+        let fail = |e| Failure::from(e).into_error(MIGRATE);
+        let wait = self.migrate_lock_timeout();
+        let started = Instant::now();
+        let mut tries = 0;
+        loop {
+            self.count_round_trips(1);
+            let row = client
+                .query_typed_one(MIGRATE_TRY_LOCK, &[(&key, Type::INT8)])
+                .await
+                .map_err(fail)?;
+            if row.try_get::<_, bool>(0).map_err(fail)? {
+                return Ok(());
+            }
+            let waited = started.elapsed();
+            if waited >= wait {
+                return Err(Error::MigrationLocked {
+                    schema: self.schema().to_owned(),
+                    waited,
+                });
+            }
+            tries += 1;
+            tokio::time::sleep(LOCK_RETRY.delay_random(tries).min(wait - waited)).await;
+        }
+    }
+
+    async fn migrate_locked(&self, client: &mut Object, target: Option<i32>) -> Result<Vec<i32>> {
         let state = self.schema_state(client).await?;
         let applied = if state.bookkept {
             self.migrations_applied(client).await?
@@ -197,8 +355,8 @@ impl PgStore {
         // Every applied file is checked before anything is applied, so an edited migration
         // stops the run with the schema untouched.
         for migration in MIGRATIONS {
-            if let Some((_, checksum)) = applied.iter().find(|(v, _)| *v == migration.version) {
-                if *checksum != migration.checksum() {
+            if let Some((_, recorded)) = applied.iter().find(|(v, _)| *v == migration.version) {
+                if !migration.accepts(recorded) {
                     return Err(Error::MigrationChanged {
                         schema: self.schema().to_owned(),
                         version: migration.version,
@@ -208,33 +366,75 @@ impl PgStore {
             }
         }
         let newest = MIGRATIONS.last().map_or(0, |m| m.version);
-        if let Some((version, _)) = applied.iter().find(|(v, _)| *v > newest) {
-            // A newer build migrated this schema; its files only add, so this build keeps
-            // working, but whoever rolled back should know.
+        let newer = applied
+            .iter()
+            .map(|(v, _)| *v)
+            .filter(|v| *v > newest)
+            .max();
+        if let Some(version) = newer {
+            // A newer build migrated this schema; its migrations only add, so this build keeps
+            // working, but its function files may be older than the ones in place, so they are
+            // left alone. Whoever rolled back should know.
             tracing::warn!(
                 schema = self.schema(),
                 version,
-                "the schema has a migration this build does not know"
+                "the schema has a migration this build does not know; its function files are \
+                 not applied"
             );
         }
+        let target = target.unwrap_or(newest);
         let pending: Vec<&Migration> = MIGRATIONS
             .iter()
-            .filter(|m| !applied.iter().any(|(v, _)| *v == m.version))
+            .filter(|m| m.version <= target && !applied.iter().any(|(v, _)| *v == m.version))
             .collect();
-        let Some(first) = pending.first() else {
-            return Ok(Vec::new());
+        let stale: Vec<&FunctionFile> = if target < newest || newer.is_some() {
+            Vec::new()
+        } else if !state.functions_readable && !state.may_create {
+            // A running role granted its tables before an upgrade created this one. It could
+            // not apply a file anyway, so it goes on as before; whoever migrates with the
+            // owning role applies what is pending.
+            tracing::warn!(
+                schema = self.schema(),
+                "the role may not read keiro_functions, so the function files are not checked"
+            );
+            Vec::new()
+        } else {
+            let recorded = if state.functions_bookkept {
+                self.functions_applied(client).await?
+            } else {
+                Vec::new()
+            };
+            FUNCTION_FILES
+                .iter()
+                .filter(|file| {
+                    !recorded
+                        .iter()
+                        .any(|(name, sum)| name == file.name && *sum == file.checksum())
+                })
+                .collect()
         };
+        if pending.is_empty() && stale.is_empty() {
+            return Ok(Vec::new());
+        }
         if !state.may_create {
             let privilege = if state.schema_exists {
                 format!("CREATE on schema {}", self.schema())
             } else {
                 format!("CREATE on database {}", state.database)
             };
-            return Err(Error::MigrationPrivilege {
-                schema: self.schema().to_owned(),
-                version: first.version,
-                name: first.name,
-                privilege,
+            return Err(match (pending.first(), stale.first()) {
+                (Some(first), _) => Error::MigrationPrivilege {
+                    schema: self.schema().to_owned(),
+                    version: first.version,
+                    name: first.name,
+                    privilege,
+                },
+                (None, Some(file)) => Error::FunctionFilePrivilege {
+                    schema: self.schema().to_owned(),
+                    file: file.name,
+                    privilege,
+                },
+                (None, None) => unreachable!("returned above when nothing is pending"),
             });
         }
         self.schema_create(client, &state).await?;
@@ -256,6 +456,20 @@ impl PgStore {
             );
             done.push(migration.version);
         }
+        for file in stale {
+            self.function_file_apply(client, file)
+                .await
+                .map_err(|source| Error::FunctionFile {
+                    schema: self.schema().to_owned(),
+                    file: file.name,
+                    source: Box::new(source),
+                })?;
+            tracing::info!(
+                schema = self.schema(),
+                file = file.name,
+                "applied function file"
+            );
+        }
         Ok(done)
     }
 }
@@ -263,8 +477,12 @@ impl PgStore {
 /// What is there before anything is applied, read from the catalogs, which every role may read.
 struct SchemaState {
     schema_exists: bool,
-    /// Whether the bookkeeping table exists.
+    /// Whether the bookkeeping table of migrations exists.
     bookkept: bool,
+    /// Whether the bookkeeping table of function files exists.
+    functions_bookkept: bool,
+    /// Whether the role may read that table (true when it is missing).
+    functions_readable: bool,
     /// Whether the role may create what is missing: on the schema, or on the database when the
     /// schema itself is missing.
     may_create: bool,
@@ -275,6 +493,10 @@ struct SchemaState {
 const SCHEMA_STATE: &str = "SELECT n.oid IS NOT NULL, \
          EXISTS (SELECT 1 FROM pg_class c \
                  WHERE c.relnamespace = n.oid AND c.relname = 'keiro_migrations'), \
+         EXISTS (SELECT 1 FROM pg_class c \
+                 WHERE c.relnamespace = n.oid AND c.relname = 'keiro_functions'), \
+         coalesce((SELECT has_table_privilege(c.oid, 'SELECT') FROM pg_class c \
+                   WHERE c.relnamespace = n.oid AND c.relname = 'keiro_functions'), true), \
          CASE WHEN n.oid IS NULL THEN has_database_privilege(current_database(), 'CREATE') \
               ELSE has_schema_privilege(n.oid, 'CREATE') END, \
          current_database()::text \
@@ -282,6 +504,10 @@ const SCHEMA_STATE: &str = "SELECT n.oid IS NOT NULL, \
 const MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS keiro_migrations ( \
          version    integer PRIMARY KEY, \
          name       text NOT NULL, \
+         checksum   bytea NOT NULL, \
+         applied_at timestamptz NOT NULL DEFAULT now())";
+const FUNCTIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS keiro_functions ( \
+         file       text PRIMARY KEY, \
          checksum   bytea NOT NULL, \
          applied_at timestamptz NOT NULL DEFAULT now())";
 
@@ -297,13 +523,16 @@ impl PgStore {
         Ok(SchemaState {
             schema_exists: row.try_get(0).map_err(fail)?,
             bookkept: row.try_get(1).map_err(fail)?,
-            may_create: row.try_get(2).map_err(fail)?,
-            database: row.try_get(3).map_err(fail)?,
+            functions_bookkept: row.try_get(2).map_err(fail)?,
+            functions_readable: row.try_get(3).map_err(fail)?,
+            may_create: row.try_get(4).map_err(fail)?,
+            database: row.try_get(5).map_err(fail)?,
         })
     }
 
-    /// Creates the schema and the bookkeeping table when missing.
+    /// Creates the schema and the bookkeeping tables when missing.
     async fn schema_create(&self, client: &Object, state: &SchemaState) -> Result<()> {
+        let fail = |e| Failure::from(e).into_error(MIGRATE);
         // Only when missing: even with `IF NOT EXISTS`, `CREATE SCHEMA` demands CREATE on the
         // database and `CREATE TABLE` CREATE on the schema when there is nothing to create.
         if !state.schema_exists {
@@ -311,20 +540,18 @@ impl PgStore {
             // identifier ([a-z_][a-z0-9_]*), so quoting it is all it needs.
             let create = format!("CREATE SCHEMA IF NOT EXISTS \"{}\"", self.schema());
             self.count_round_trips(1);
-            client
-                .batch_execute(&create)
-                .await
-                .map_err(|e| Failure::from(e).into_error(MIGRATE))?;
+            client.batch_execute(&create).await.map_err(fail)?;
         }
-        if state.bookkept {
-            return Ok(());
+        // Unqualified: they land in the connection's search_path, the store's schema.
+        if !state.bookkept {
+            self.count_round_trips(1);
+            client.batch_execute(MIGRATIONS_TABLE).await.map_err(fail)?;
         }
-        // Unqualified: it lands in the connection's search_path, the store's schema.
-        self.count_round_trips(1);
-        client
-            .batch_execute(MIGRATIONS_TABLE)
-            .await
-            .map_err(|e| Failure::from(e).into_error(MIGRATE))
+        if !state.functions_bookkept {
+            self.count_round_trips(1);
+            client.batch_execute(FUNCTIONS_TABLE).await.map_err(fail)?;
+        }
+        Ok(())
     }
 }
 
@@ -336,6 +563,23 @@ impl PgStore {
         self.count_round_trips(1);
         let rows = client
             .query_typed(MIGRATIONS_APPLIED, &[])
+            .await
+            .map_err(|e| Failure::from(e).into_error(MIGRATE))?;
+        rows.iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .collect::<Result<_, tokio_postgres::Error>>()
+            .map_err(|e| Failure::from(e).into_error(MIGRATE))
+    }
+}
+
+const FUNCTIONS_APPLIED: &str = "SELECT file, checksum FROM keiro_functions";
+
+impl PgStore {
+    /// The function files and checksums applied last.
+    async fn functions_applied(&self, client: &Object) -> Result<Vec<(String, Vec<u8>)>> {
+        self.count_round_trips(1);
+        let rows = client
+            .query_typed(FUNCTIONS_APPLIED, &[])
             .await
             .map_err(|e| Failure::from(e).into_error(MIGRATE))?;
         rows.iter()
@@ -373,6 +617,81 @@ impl PgStore {
     }
 }
 
+/// Pins the `search_path` of every keiro function of the schema that lacks the pin: after a
+/// function file, the functions it created or replaced (`CREATE OR REPLACE FUNCTION` drops a
+/// function's settings, so the file's own are the only ones left).
+///
+/// Every keiro function resolves names through `<schema>, pg_temp`, never through its
+/// caller's search_path. With the caller's, a role that can create objects in a schema the
+/// caller searches could have keiro's functions call its own code instead of a built-in
+/// (CVE-2018-1058): an overload with a more specific argument type (`to_jsonb(text)` against
+/// `pg_catalog.to_jsonb(anyelement)`) wins wherever it sits on the path, one with the
+/// built-in's very signature wins when searched before pg_catalog; and a temporary table named
+/// like one of keiro's is searched before every schema unless pg_temp is listed.
+/// * pg_catalog is left out on purpose: Postgres searches an unlisted pg_catalog first, so the
+///   built-ins come before anything in keiro's schema all the same. Listing it first would
+///   resolve names the same way but make `current_schema()` return `pg_catalog`, and the wake
+///   channel and the signal lock key are derived from `current_schema()`.
+/// * keiro's tables and functions, which the bodies name unqualified, resolve in this schema.
+/// * pg_temp, listed last, can no longer shadow a table.
+///
+/// What remains trusted is keiro's own schema: the store refuses a schema others may create
+/// objects in (`public`) unless the caller explicitly allows it. Only keiro's functions are
+/// altered (named `keiro_`, not an extension's), so the other functions of a schema keiro was
+/// explicitly allowed to share are left as they are. The runner's connections have keiro's
+/// schema as their search_path, hence `current_schema()`. The runner pins rather than each
+/// definition, so a function added to a file cannot forget it.
+const FUNCTIONS_PIN: &str = r"
+DO $$
+DECLARE
+    v_function regprocedure;
+BEGIN
+    FOR v_function IN
+        SELECT p.oid::regprocedure
+        FROM pg_catalog.pg_proc p
+        JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+        WHERE n.nspname = pg_catalog.current_schema()
+          AND p.prokind = 'f'
+          AND p.proname LIKE 'keiro\_%'
+          AND NOT EXISTS (
+              SELECT 1 FROM pg_catalog.pg_depend d
+              WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass
+                AND d.objid = p.oid AND d.deptype = 'e')
+          AND NOT coalesce(p.proconfig, '{}') @> ARRAY[
+              'search_path=' || pg_catalog.quote_ident(pg_catalog.current_schema()) || ', pg_temp']
+    LOOP
+        EXECUTE pg_catalog.format('ALTER FUNCTION %s SET search_path = %I, pg_temp',
+                                  v_function, pg_catalog.current_schema());
+    END LOOP;
+END;
+$$";
+
+const FUNCTION_FILE_RECORD: &str = "INSERT INTO keiro_functions (file, checksum) VALUES ($1, $2) \
+     ON CONFLICT (file) DO UPDATE SET checksum = excluded.checksum, applied_at = now()";
+
+impl PgStore {
+    /// Applies one function file, pins what it defined and records it, in one transaction.
+    async fn function_file_apply(&self, client: &mut Object, file: &FunctionFile) -> Result<()> {
+        const APPLY: &str = "applying a function file";
+        let fail = |e| Failure::from(e).into_error(APPLY);
+        self.count_round_trips(1);
+        let tx = client.transaction().await.map_err(fail)?;
+        self.count_round_trips(1);
+        tx.batch_execute(file.sql).await.map_err(fail)?;
+        self.count_round_trips(1);
+        tx.batch_execute(FUNCTIONS_PIN).await.map_err(fail)?;
+        self.count_round_trips(1);
+        tx.query_typed(
+            FUNCTION_FILE_RECORD,
+            &[(&file.name, Type::TEXT), (&file.checksum(), Type::BYTEA)],
+        )
+        .await
+        .map_err(fail)?;
+        self.count_round_trips(1);
+        tx.commit().await.map_err(fail)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -387,6 +706,43 @@ mod tests {
                 migration.name
             );
             assert!(!migration.sql.trim().is_empty());
+        }
+    }
+
+    #[test]
+    fn a_shipped_checksum_is_only_kept_for_a_rewritten_file() {
+        for migration in MIGRATIONS {
+            if let Some(shipped) = migration.shipped {
+                assert_eq!(shipped.len(), 64, "{}", migration.name);
+                assert_ne!(shipped, hex(&migration.checksum()), "{}", migration.name);
+                assert!(migration.accepts(&migration.checksum()));
+            }
+        }
+    }
+
+    #[test]
+    fn no_migration_defines_a_function_or_a_trigger() {
+        for migration in MIGRATIONS {
+            let sql = migration.sql.to_uppercase();
+            for word in ["FUNCTION", "TRIGGER"] {
+                let defines = sql
+                    .lines()
+                    .filter(|line| !line.trim_start().starts_with("--"))
+                    .any(|line| line.contains(word));
+                assert!(
+                    !defines,
+                    "{} names a {word}: it goes in sql/functions/",
+                    migration.name
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn function_files_are_named_once() {
+        for (i, file) in FUNCTION_FILES.iter().enumerate() {
+            assert!(!file.sql.trim().is_empty(), "{}", file.name);
+            assert!(FUNCTION_FILES[..i].iter().all(|f| f.name != file.name));
         }
     }
 

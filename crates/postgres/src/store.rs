@@ -48,6 +48,8 @@ struct Inner {
     connection: tokio_postgres::Config,
     tls: TlsConnector,
     round_trips: AtomicU64,
+    /// How long [`PgStore::migrate`] waits for another runner's migration lock.
+    migrate_lock_timeout: Duration,
     /// The push notifications: one LISTEN connection, started by the first subscription and
     /// stopped when this is dropped.
     wakes: Hub,
@@ -154,6 +156,7 @@ impl PgStore {
                 connection,
                 tls,
                 round_trips: AtomicU64::new(0),
+                migrate_lock_timeout: config.migrate_lock_timeout,
                 wakes,
                 parks: ParkBatcher::default(),
             }),
@@ -228,6 +231,11 @@ impl PgStore {
     /// A handle that does not keep the store alive.
     pub(crate) fn downgrade(&self) -> WeakStore {
         WeakStore(Arc::downgrade(&self.inner))
+    }
+
+    /// How long [`migrate`](Self::migrate) waits for another runner's migration lock.
+    pub(crate) fn migrate_lock_timeout(&self) -> Duration {
+        self.inner.migrate_lock_timeout
     }
 
     pub(crate) fn count_round_trips(&self, n: u64) {

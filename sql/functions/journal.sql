@@ -1,0 +1,325 @@
+-- The journal: the one implementation of the append rules (docs/store-contract.md,
+-- `journal_append`) that every writer goes through, the names it gives repeatable events, and
+-- the cascade that deletes a journal with its instance.
+
+-- The logical step a stored step name records (`keiro_journal::logical_step`): a revised
+-- `remote:`/`child:` step `<step>#<n>` reads as `<step>`; every other name as itself.
+CREATE OR REPLACE FUNCTION keiro_step_logical(p_stored text) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT CASE
+        WHEN (starts_with(p_stored, 'remote:') OR starts_with(p_stored, 'child:'))
+             AND p_stored ~ '#[0-9]+$'
+            THEN regexp_replace(p_stored, '#[0-9]+$', '')
+        ELSE p_stored
+    END;
+$$;
+
+-- The revision a stored step name holds (`keiro_journal::step_revision`): n for `<step>#<n>`,
+-- 0 for the step's own name.
+CREATE OR REPLACE FUNCTION keiro_step_revision(p_stored text) RETURNS integer
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT CASE
+        WHEN keiro_step_logical(p_stored) = p_stored THEN 0
+        ELSE substring(p_stored FROM '#([0-9]+)$')::integer
+    END;
+$$;
+
+-- The step name of the next occurrence of a repeatable event (`failed`, `resurrected`) in one
+-- generation: the bare name first, then `<name>/2`, `<name>/3`, ... A failure can recur after
+-- a resurrection and both must stay in history, yet every row keeps a unique step name.
+CREATE OR REPLACE FUNCTION keiro_journal_repeatable_name(p_name text, p_id text,
+                                                         p_generation integer, p_kind text,
+                                                         p_base text) RETURNS text
+LANGUAGE sql AS $$
+    SELECT CASE WHEN count(*) = 0 THEN p_base ELSE p_base || '/' || (count(*) + 1) END
+    FROM journal j
+    WHERE j.workflow_name = p_name AND j.workflow_id = p_id AND j.generation = p_generation
+      AND j.kind = p_kind;
+$$;
+
+-- journal_append: appends one event to (p_name, p_id, generation) and moves the instance row,
+-- under the row's lock. Every writer of a journal (the store's appends, every wake source, the
+-- transaction step) calls it, so there is one implementation of the append rules
+-- (docs/store-contract.md, `journal_append`), checked in this order: the generation, the
+-- recorded step (a retry adopts the first recorded value), the terminal status, the fence (a
+-- stale holder may learn a recorded value, but it may not write), then the write. A closing
+-- marker delivers the instance's result to a waiting parent (`keiro_child_deliver`); the
+-- `cancelled` and `continued` markers also cancel the remote tasks of the generation they
+-- close (`keiro_remote_tasks_cancel`), having locked them before the instance row (the lock
+-- order, sql/functions/README.md), and the awakeables are settled by a trigger (awakeable.sql).
+--
+-- `p_step`, `p_kind`, `p_payload` are the event as `Event::encode` gives it; the row change is
+-- derived from them. `p_owner`/`p_epoch` are the writer's fence (NULL: unfenced), `p_renew_ms`
+-- extends a fenced writer's lease. `appended_generation` is the generation written to (set
+-- only when appended). Outcomes: appended, already_present (recorded), conflict,
+-- refused_terminal (marker), not_found, lease_lost.
+--
+-- The fast path, for the common append (a step on the current generation of a live row, by
+-- its lease holder or unfenced), is taken only when none of the earlier checks can refuse, so
+-- its outcome is the one the full sequence would give:
+--   * generation check: passes (the generation is the row's);
+--   * recorded step: the INSERT finds it as an `ON CONFLICT` (every writer of this instance's
+--     journal holds the row lock, so no concurrent insert can race it, and the conflicting row
+--     is committed, hence visible to the next statement) -> already_present / conflict;
+--   * terminal, fence: pass by the entry condition;
+--   * write: the journal row, then the row change.
+-- The row change of a step on a `running` row only renews the lease and touches updated_at.
+-- The renewal exists to keep the lease alive, so a fenced step skips it while the lease still
+-- has more than three quarters of `p_renew_ms` left (it was granted or renewed less than a
+-- quarter of that TTL ago). A run trusts a confirmation for a quarter of its TTL before it
+-- confirms explicitly (`RunOptions::confirm_after`), so a fresh action still starts with at
+-- least half a TTL of lease left, and back-to-back steps do not rewrite the instance row (a
+-- new row version, its WAL, the CHECK constraints) on every step. The row stays locked to the
+-- end of the transaction either way, so cancellation, terminal transitions and claims still
+-- serialize with the append. A wake (a step on a `suspended` row) and an unfenced step always
+-- write. Every other case takes the full sequence (the body's "checks and writes of 0002", the
+-- migration that first wrote them).
+CREATE OR REPLACE FUNCTION keiro_journal_append_to(p_name text, p_id text, p_generation integer,
+                                                   p_step text, p_kind text, p_payload jsonb,
+                                                   p_owner text, p_epoch bigint,
+                                                   p_renew_ms bigint,
+                                                   OUT outcome text, OUT recorded jsonb,
+                                                   OUT marker text,
+                                                   OUT appended_generation integer)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_row        workflows%ROWTYPE;
+    v_generation integer;
+    v_is_marker  boolean := p_kind IN ('completed', 'failed', 'cancelled', 'continued');
+    v_kind       text;
+    v_payload    jsonb;
+    v_step       text := p_step;
+BEGIN
+    IF p_kind IN ('cancelled', 'continued') THEN
+        -- Lock order (0005): the live tasks these markers cancel, before the instance row. The
+        -- generation is read without a lock; a task armed after this read is locked by the
+        -- cancellation itself, once the arm that wrote it committed (see the header).
+        PERFORM 1 FROM remote_tasks t
+        WHERE t.workflow_name = p_name AND t.workflow_id = p_id
+          AND t.generation = coalesce(p_generation,
+                                      (SELECT w.generation FROM workflows w
+                                       WHERE w.workflow_name = p_name AND w.workflow_id = p_id))
+          AND t.status IN ('pending', 'running')
+        ORDER BY t.step_id
+        FOR UPDATE;
+    END IF;
+
+    -- The row lock serializes every writer of this instance, so the checks below and the
+    -- write after them see one consistent state.
+    SELECT * INTO v_row FROM workflows w
+    WHERE w.workflow_name = p_name AND w.workflow_id = p_id
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        outcome := 'not_found';
+        RETURN;
+    END IF;
+    v_generation := coalesce(p_generation, v_row.generation);
+
+    -- The fast path: a step on the current generation of a live row, by its lease holder or
+    -- unfenced.
+    IF NOT v_is_marker AND v_generation = v_row.generation
+       AND v_row.status IN ('running', 'suspended')
+       AND (p_owner IS NULL OR (v_row.lease_owner = p_owner AND v_row.lease_epoch = p_epoch))
+    THEN
+        INSERT INTO journal (workflow_name, workflow_id, generation, step_name, kind, payload)
+        VALUES (p_name, p_id, v_generation, p_step, p_kind, p_payload)
+        ON CONFLICT (workflow_name, workflow_id, generation, step_name) DO NOTHING;
+        IF NOT FOUND THEN
+            -- Recorded before: every writer adopts the first recorded value.
+            SELECT j.kind, j.payload INTO v_kind, v_payload FROM journal j
+            WHERE j.workflow_name = p_name AND j.workflow_id = p_id
+              AND j.generation = v_generation AND j.step_name = p_step;
+            IF v_kind = p_kind THEN
+                outcome := 'already_present';
+                recorded := v_payload;
+            ELSE
+                outcome := 'conflict';
+            END IF;
+            RETURN;
+        END IF;
+        IF v_row.status = 'suspended'
+           OR p_owner IS NULL OR p_renew_ms IS NULL
+           OR v_row.lease_expires_at IS NULL
+           OR v_row.lease_expires_at <= now() + p_renew_ms * interval '750 microseconds' THEN
+            -- Only unindexed columns change on a running row, so the new version can be HOT;
+            -- a wake changes `status` and is indexed as it must be.
+            UPDATE workflows w SET
+                status = 'running',
+                lease_expires_at = CASE
+                    WHEN p_owner IS NOT NULL AND p_renew_ms IS NOT NULL
+                        THEN now() + p_renew_ms * interval '1 millisecond'
+                    ELSE w.lease_expires_at
+                END,
+                updated_at = now()
+            WHERE w.workflow_name = p_name AND w.workflow_id = p_id;
+            -- A step landing on a parked instance is a wake.
+            IF v_row.status = 'suspended' THEN
+                PERFORM keiro_notify_wake(p_name, p_id);
+            END IF;
+        END IF;
+        outcome := 'appended';
+        appended_generation := v_generation;
+        RETURN;
+    END IF;
+
+    -- Everything else: the checks and writes of 0002, in its order.
+
+    -- A writer on another generation only learns what is recorded there.
+    IF v_generation <> v_row.generation THEN
+        SELECT j.payload INTO v_payload FROM journal j
+        WHERE j.workflow_name = p_name AND j.workflow_id = p_id
+          AND j.generation = v_generation AND j.step_name = p_step;
+        IF FOUND THEN
+            outcome := 'already_present';
+            recorded := v_payload;
+        ELSE
+            outcome := 'conflict';
+        END IF;
+        RETURN;
+    END IF;
+
+    -- A recorded step is checked before the terminal status, so retrying it stays idempotent
+    -- after the instance closed; every writer adopts the first recorded value.
+    IF NOT v_is_marker THEN
+        SELECT j.kind, j.payload INTO v_kind, v_payload FROM journal j
+        WHERE j.workflow_name = p_name AND j.workflow_id = p_id
+          AND j.generation = v_generation AND j.step_name = p_step;
+        IF FOUND THEN
+            IF v_kind = p_kind THEN
+                outcome := 'already_present';
+                recorded := v_payload;
+            ELSE
+                outcome := 'conflict';
+            END IF;
+            RETURN;
+        END IF;
+    END IF;
+
+    -- A terminal row never moves again through an append. A repeat of the marker that closed
+    -- it converges on the recorded value, read from the row because a divergence failure has
+    -- no journal row.
+    IF v_row.status IN ('completed', 'failed', 'cancelled') THEN
+        IF v_is_marker AND p_kind = v_row.status THEN
+            outcome := 'already_present';
+            recorded := CASE v_row.status
+                WHEN 'completed' THEN coalesce(v_row.output, 'null'::jsonb)
+                WHEN 'failed' THEN coalesce(to_jsonb(v_row.last_error), 'null'::jsonb)
+                ELSE 'null'::jsonb
+            END;
+        ELSE
+            outcome := 'refused_terminal';
+            marker := v_row.status;
+        END IF;
+        RETURN;
+    END IF;
+
+    -- The fence comes after the idempotency checks: a stale holder may learn a recorded value,
+    -- but it may not write.
+    IF p_owner IS NOT NULL
+       AND (v_row.lease_owner IS DISTINCT FROM p_owner OR v_row.lease_epoch <> p_epoch) THEN
+        outcome := 'lease_lost';
+        RETURN;
+    END IF;
+
+    IF p_kind = 'failed' THEN
+        v_step := keiro_journal_repeatable_name(p_name, p_id, v_generation, p_kind, p_step);
+    END IF;
+    INSERT INTO journal (workflow_name, workflow_id, generation, step_name, kind, payload)
+    VALUES (p_name, p_id, v_generation, v_step, p_kind, p_payload);
+
+    IF NOT v_is_marker THEN
+        -- Not reached by a well-formed call (a step that passes the checks above takes the
+        -- fast path); kept so this path alone still implements every rule.
+        UPDATE workflows w SET
+            status = 'running',
+            lease_expires_at = CASE
+                WHEN p_owner IS NOT NULL AND p_renew_ms IS NOT NULL
+                    THEN now() + p_renew_ms * interval '1 millisecond'
+                ELSE w.lease_expires_at
+            END,
+            updated_at = now()
+        WHERE w.workflow_name = p_name AND w.workflow_id = p_id;
+        IF v_row.status = 'suspended' THEN
+            PERFORM keiro_notify_wake(p_name, p_id);
+        END IF;
+    ELSIF p_kind = 'completed' THEN
+        UPDATE workflows w SET
+            status = 'completed', output = p_payload, completed_at = now(),
+            lease_owner = NULL, lease_expires_at = NULL,
+            attempts = 0, last_error = NULL, next_attempt_at = NULL, wake_after = NULL,
+            updated_at = now()
+        WHERE w.workflow_name = p_name AND w.workflow_id = p_id
+        RETURNING w.* INTO v_row;
+        PERFORM keiro_child_deliver(v_row);
+    ELSIF p_kind = 'failed' THEN
+        UPDATE workflows w SET
+            status = 'failed', last_error = p_payload #>> '{}', completed_at = now(),
+            lease_owner = NULL, lease_expires_at = NULL, wake_after = NULL,
+            updated_at = now()
+        WHERE w.workflow_name = p_name AND w.workflow_id = p_id
+        RETURNING w.* INTO v_row;
+        PERFORM keiro_child_deliver(v_row);
+    ELSIF p_kind = 'cancelled' THEN
+        UPDATE workflows w SET
+            status = 'cancelled', completed_at = now(),
+            lease_owner = NULL, lease_expires_at = NULL, wake_after = NULL,
+            updated_at = now()
+        WHERE w.workflow_name = p_name AND w.workflow_id = p_id
+        RETURNING w.* INTO v_row;
+        -- Nothing will ever await them: a cancelled row is never resumed.
+        PERFORM keiro_remote_tasks_cancel(p_name, p_id, v_generation);
+        PERFORM keiro_child_deliver(v_row);
+    ELSE -- continued: the next generation starts runnable, with its own input. The run goes
+         -- on, so a parent hears nothing.
+        UPDATE workflows w SET
+            generation = (p_payload ->> 'next_generation')::integer,
+            input = coalesce(p_payload -> 'input', 'null'::jsonb),
+            status = 'running', output = NULL,
+            lease_owner = NULL, lease_expires_at = NULL,
+            attempts = 0, last_error = NULL, next_attempt_at = NULL, wake_after = NULL,
+            updated_at = now()
+        WHERE w.workflow_name = p_name AND w.workflow_id = p_id;
+        -- The generation left behind is never driven again, so nothing awaits its tasks.
+        PERFORM keiro_remote_tasks_cancel(p_name, p_id, v_generation);
+        PERFORM keiro_notify_wake(p_name, p_id);
+    END IF;
+    outcome := 'appended';
+    appended_generation := v_generation;
+END;
+$$;
+
+-- The first form of journal_append, kept for statements prepared against it by older builds
+-- (same signature and outcomes). The store calls `keiro_journal_append_to` directly: this
+-- LANGUAGE sql wrapper returning a record cannot be inlined, and parsing and planning it on
+-- every call cost about as much as the append itself.
+CREATE OR REPLACE FUNCTION keiro_journal_append(p_name text, p_id text, p_generation integer,
+                                                p_step text, p_kind text, p_payload jsonb,
+                                                p_owner text, p_epoch bigint,
+                                                p_renew_ms bigint,
+                                                OUT outcome text, OUT recorded jsonb,
+                                                OUT marker text)
+LANGUAGE sql AS $$
+    SELECT a.outcome, a.recorded, a.marker
+    FROM keiro_journal_append_to(p_name, p_id, p_generation, p_step, p_kind, p_payload,
+                                 p_owner, p_epoch, p_renew_ms) a;
+$$;
+
+-- The journal has no foreign key to `workflows`: its check cost an index probe and an
+-- after-trigger on every journal row, although every writer of the journal already holds the
+-- instance row's lock and has just read it. This statement trigger keeps the cascade (a
+-- retention GC that deletes many instances deletes their journals in one statement), so a
+-- journal still never outlives its instance.
+CREATE OR REPLACE FUNCTION keiro_journal_delete_with_instances() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- Served by the journal's unique index (its (name, id) prefix).
+    DELETE FROM journal j USING deleted d
+    WHERE j.workflow_name = d.workflow_name AND j.workflow_id = d.workflow_id;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER workflows_delete_journal AFTER DELETE ON workflows
+    REFERENCING OLD TABLE AS deleted
+    FOR EACH STATEMENT EXECUTE FUNCTION keiro_journal_delete_with_instances();

@@ -1,0 +1,233 @@
+-- Leases and crash accounting (keiro-lease's `LeaseStore`): the claim of one instance, the
+-- batch claim of a worker, the crash count of a fenced run, and the operator's resurrection.
+
+-- instance_claim: one conditional UPDATE takes the lease; a granted claim also returns the row
+-- and the current generation's journal (as parallel arrays), so claiming and loading cost one
+-- round trip. The journal is aggregated in one pass: all five arrays come from the same rows
+-- in the same order, so they stay parallel, and the store sorts the entries by `seq` (one
+-- ORDER BY per array meant five sorts per claim). A refused claim returns the row as it is,
+-- for the caller to classify at `clock`, the instant the claim was judged at.
+CREATE OR REPLACE FUNCTION keiro_instance_claim(p_name text, p_id text, p_owner text,
+                                                p_ttl_ms bigint, p_now timestamptz,
+                                                OUT granted boolean, OUT clock timestamptz,
+                                                OUT instance workflows,
+                                                OUT journal_seq bigint[],
+                                                OUT journal_step text[],
+                                                OUT journal_kind text[],
+                                                OUT journal_payload jsonb[],
+                                                OUT journal_recorded_at timestamptz[])
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    -- The database clock decides expiry unless the caller pins it.
+    clock := coalesce(p_now, now());
+    -- Under concurrent claims the loser re-checks this WHERE against the winner's row version
+    -- and finds the lease live, so exactly one claim per expiry wins.
+    UPDATE workflows w SET
+        lease_owner = p_owner,
+        lease_epoch = w.lease_epoch + 1,
+        lease_expires_at = clock + p_ttl_ms * interval '1 millisecond',
+        updated_at = now()
+    WHERE w.workflow_name = p_name AND w.workflow_id = p_id
+      AND w.status IN ('running', 'suspended')
+      AND (w.lease_expires_at IS NULL OR w.lease_expires_at < clock)
+      AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= clock)
+    RETURNING w.* INTO instance;
+    granted := FOUND;
+    IF granted THEN
+        SELECT array_agg(j.seq), array_agg(j.step_name), array_agg(j.kind),
+               array_agg(j.payload), array_agg(j.recorded_at)
+        INTO journal_seq, journal_step, journal_kind, journal_payload, journal_recorded_at
+        FROM journal j
+        WHERE j.workflow_name = p_name AND j.workflow_id = p_id
+          AND j.generation = instance.generation;
+    ELSE
+        SELECT w.* INTO instance FROM workflows w
+        WHERE w.workflow_name = p_name AND w.workflow_id = p_id;
+    END IF;
+END;
+$$;
+
+-- instances_claim_batch: discovers and claims up to `p_limit` runnable instances of the
+-- workflow names the caller has registered, in one round trip: rows whose lease is free or
+-- expired and whose backoff gate is open, leased to `p_owner` with a fresh epoch, in claim
+-- order (priority, then age), each with its journal aggregated in one pass as in
+-- `keiro_instance_claim`.
+--
+-- FOR UPDATE SKIP LOCKED: two workers claiming at once each take different rows instead of
+-- queueing behind each other's row locks; a row another transaction holds is simply left for
+-- the next pass. The WHERE clause is re-checked after the lock, so a row whose lease was taken
+-- in between is skipped, never claimed twice.
+--
+-- The two discovery arms are claimed separately, each in claim order with its own LIMIT, so a
+-- claim stops after `p_limit` rows instead of sorting the whole backlog (measured with 4,000
+-- runnable rows: 22 ms a claim when it sorted them all): running rows through
+-- workflows_running_claim_idx in that order (the scan stops after `p_limit` rows it could
+-- lock; a leased row costs one heap visit and is passed over), due suspended rows through
+-- workflows_active_idx (they are few: only those whose deadline passed). The union's first
+-- `p_limit` in claim order are the batch: the same rows, in the same order, as one sort over
+-- both arms would give. Rows of the other arm locked beyond the batch are not updated and
+-- their locks go with the commit; a concurrent claimer only skips them meanwhile. plpgsql, so
+-- the statement's plan is cached (a LANGUAGE sql function whose body has a data-modifying CTE
+-- is never inlined, so it was planned again on every call).
+CREATE OR REPLACE FUNCTION keiro_instances_claim_batch(p_names text[], p_owner text,
+                                                       p_ttl_ms bigint, p_limit integer,
+                                                       p_now timestamptz)
+RETURNS TABLE (instance workflows, journal_seq bigint[], journal_step text[],
+               journal_kind text[], journal_payload jsonb[],
+               journal_recorded_at timestamptz[])
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := coalesce(p_now, now());
+BEGIN
+    RETURN QUERY
+    WITH running AS (
+        SELECT w.workflow_name, w.workflow_id, w.priority, w.created_at
+        FROM workflows w
+        WHERE w.status = 'running'
+          AND w.workflow_name = ANY (p_names)
+          AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
+          AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= v_now)
+        ORDER BY w.priority DESC, w.created_at, w.workflow_name, w.workflow_id
+        LIMIT greatest(p_limit, 0)
+        FOR UPDATE SKIP LOCKED
+    ), due AS (
+        SELECT w.workflow_name, w.workflow_id, w.priority, w.created_at
+        FROM workflows w
+        WHERE w.status = 'suspended' AND w.wake_after IS NOT NULL AND w.wake_after <= v_now
+          AND w.workflow_name = ANY (p_names)
+          AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
+          AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= v_now)
+        ORDER BY w.priority DESC, w.created_at, w.workflow_name, w.workflow_id
+        LIMIT greatest(p_limit, 0)
+        FOR UPDATE SKIP LOCKED
+    ), picked AS (
+        SELECT a.workflow_name, a.workflow_id
+        FROM (SELECT * FROM running UNION ALL SELECT * FROM due) a
+        ORDER BY a.priority DESC, a.created_at, a.workflow_name, a.workflow_id
+        LIMIT greatest(p_limit, 0)
+    ), claimed AS (
+        UPDATE workflows w SET
+            lease_owner = p_owner,
+            lease_epoch = w.lease_epoch + 1,
+            lease_expires_at = v_now + p_ttl_ms * interval '1 millisecond',
+            updated_at = now()
+        FROM picked p
+        WHERE w.workflow_name = p.workflow_name AND w.workflow_id = p.workflow_id
+        RETURNING w.*
+    )
+    SELECT ROW(c.*)::workflows,
+           j.seqs, j.steps, j.kinds, j.payloads, j.recorded
+    FROM claimed c
+    LEFT JOIN LATERAL (
+        SELECT array_agg(jr.seq) AS seqs, array_agg(jr.step_name) AS steps,
+               array_agg(jr.kind) AS kinds, array_agg(jr.payload) AS payloads,
+               array_agg(jr.recorded_at) AS recorded
+        FROM journal jr
+        WHERE jr.workflow_name = c.workflow_name AND jr.workflow_id = c.workflow_id
+          AND jr.generation = c.generation
+    ) j ON true
+    ORDER BY c.priority DESC, c.created_at, c.workflow_name, c.workflow_id;
+END;
+$$;
+
+-- instance_record_crash: counts a crash of the fenced run and releases its lease; at the
+-- ceiling it fails the run, journaling the failure in the same transaction, and delivers the
+-- failure to a waiting parent. Outcomes: retrying (crash_attempts, retry_at), failed
+-- (crash_attempts), terminal, not_found, lease_lost.
+CREATE OR REPLACE FUNCTION keiro_instance_record_crash(p_name text, p_id text, p_owner text,
+                                                       p_epoch bigint, p_error text,
+                                                       p_retry_delay_ms bigint,
+                                                       p_max_attempts integer,
+                                                       OUT outcome text,
+                                                       OUT crash_attempts integer,
+                                                       OUT retry_at timestamptz)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_row workflows%ROWTYPE;
+BEGIN
+    SELECT * INTO v_row FROM workflows w
+    WHERE w.workflow_name = p_name AND w.workflow_id = p_id
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        outcome := 'not_found';
+        RETURN;
+    END IF;
+    IF v_row.status IN ('completed', 'failed', 'cancelled') THEN
+        outcome := 'terminal';
+        RETURN;
+    END IF;
+    IF v_row.lease_owner IS DISTINCT FROM p_owner OR v_row.lease_epoch <> p_epoch THEN
+        outcome := 'lease_lost';
+        RETURN;
+    END IF;
+    crash_attempts := v_row.attempts + 1;
+    IF crash_attempts >= p_max_attempts THEN
+        INSERT INTO journal (workflow_name, workflow_id, generation, step_name, kind, payload)
+        VALUES (p_name, p_id, v_row.generation,
+                keiro_journal_repeatable_name(p_name, p_id, v_row.generation, 'failed',
+                                              '__workflow_failed__'),
+                'failed', to_jsonb(p_error));
+        UPDATE workflows w SET
+            attempts = crash_attempts,
+            status = 'failed', last_error = p_error, completed_at = now(),
+            lease_owner = NULL, lease_expires_at = NULL,
+            updated_at = now()
+        WHERE w.workflow_name = p_name AND w.workflow_id = p_id
+        RETURNING w.* INTO v_row;
+        PERFORM keiro_child_deliver(v_row);
+        outcome := 'failed';
+    ELSE
+        retry_at := now() + p_retry_delay_ms * interval '1 millisecond';
+        UPDATE workflows w SET
+            attempts = crash_attempts,
+            last_error = p_error,
+            next_attempt_at = retry_at,
+            lease_owner = NULL, lease_expires_at = NULL,
+            updated_at = now()
+        WHERE w.workflow_name = p_name AND w.workflow_id = p_id;
+        outcome := 'retrying';
+    END IF;
+END;
+$$;
+
+-- instance_resurrect: the operator returns a failed instance to `running`. The failure stays
+-- in history and a `resurrected` row is appended beside it. Outcomes: resurrected,
+-- not_failed (row_status), not_found.
+CREATE OR REPLACE FUNCTION keiro_instance_resurrect(p_name text, p_id text,
+                                                    OUT outcome text, OUT row_status text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_row workflows%ROWTYPE;
+BEGIN
+    SELECT * INTO v_row FROM workflows w
+    WHERE w.workflow_name = p_name AND w.workflow_id = p_id
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        outcome := 'not_found';
+        RETURN;
+    END IF;
+    IF v_row.status <> 'failed' THEN
+        outcome := 'not_failed';
+        row_status := v_row.status;
+        RETURN;
+    END IF;
+    INSERT INTO journal (workflow_name, workflow_id, generation, step_name, kind, payload)
+    VALUES (p_name, p_id, v_row.generation,
+            keiro_journal_repeatable_name(p_name, p_id, v_row.generation, 'resurrected',
+                                          '__workflow_resurrected__'),
+            'resurrected', 'null'::jsonb);
+    UPDATE workflows w SET
+        status = 'running',
+        attempts = 0, last_error = NULL, next_attempt_at = NULL,
+        lease_owner = NULL, lease_expires_at = NULL,
+        completed_at = NULL,
+        updated_at = now()
+    WHERE w.workflow_name = p_name AND w.workflow_id = p_id;
+    PERFORM keiro_notify_wake(p_name, p_id);
+    outcome := 'resurrected';
+END;
+$$;

@@ -1,0 +1,48 @@
+-- keiro's notifications, and the trigger that tells result waiters an instance finished.
+--
+-- Everything goes to the channel `<schema>.wake`, sent inside the transaction that caused it,
+-- so a listener hears only of committed changes. Payloads: `<name>/<id>` (the instance may be
+-- runnable; neither part may contain `/`), `timer`, `remote`, and `done:<name>/<id>` (an
+-- awaited instance finished). Only instance payloads contain a `/` without a `:` before it,
+-- so no two kinds can be confused.
+
+-- Sends the wake notification of one instance on this schema's channel.
+CREATE OR REPLACE FUNCTION keiro_notify_wake(p_name text, p_id text) RETURNS void
+LANGUAGE sql AS $$
+    SELECT pg_notify(current_schema() || '.wake', p_name || '/' || p_id);
+$$;
+
+-- Tells timer loops that a timer was armed, so the earliest due time may have moved closer.
+CREATE OR REPLACE FUNCTION keiro_notify_timer() RETURNS void
+LANGUAGE sql AS $$
+    SELECT pg_notify(current_schema() || '.wake', 'timer');
+$$;
+
+-- Tells remote workers that a task became claimable.
+CREATE OR REPLACE FUNCTION keiro_notify_remote() RETURNS void
+LANGUAGE sql AS $$
+    SELECT pg_notify(current_schema() || '.wake', 'remote');
+$$;
+
+-- An instance someone awaits the result of notifies `done:<name>/<id>` when it reaches a
+-- terminal status, so the caller (`Keiro::result`) wakes at once instead of at its next poll.
+-- Only rows marked `awaited` (by the Postgres store, when a first wait starts) notify: the
+-- WHEN clause lets a run nobody awaits pay one boolean test, where notifying every completion
+-- serialized completions on the WAL flush. A trigger on the instance row, so every terminal
+-- transition (completion, every kind of failure, cancellation plain or cascading) is seen.
+-- Why, measured, and how the mark and a close serialize: migrations/0016_notify_terminal.sql.
+CREATE OR REPLACE FUNCTION keiro_notify_terminal() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify(current_schema() || '.wake',
+                      'done:' || NEW.workflow_name || '/' || NEW.workflow_id);
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER workflows_notify_terminal AFTER UPDATE OF status ON workflows
+    FOR EACH ROW
+    WHEN (NEW.awaited
+          AND NEW.status IN ('completed', 'failed', 'cancelled')
+          AND OLD.status NOT IN ('completed', 'failed', 'cancelled'))
+    EXECUTE FUNCTION keiro_notify_terminal();
