@@ -30,8 +30,14 @@ use keiro::Keiro;
 use crate::common::{connect_store, Global, Outcome, Result, ResultExt};
 
 /// The largest request body accepted (an action form, a retry's corrected input): a larger one
-/// is answered 413 before it is read whole.
+/// is answered 413 and never kept.
 pub(crate) const BODY_LEN_MAX: usize = 64 * 1024;
+
+/// The largest declared body that is read and thrown away before the 413, so the client has
+/// finished sending when the answer comes. Closing a connection with unread bytes in its
+/// buffer resets it, and a client still writing then loses the 413 (a lingering close, as
+/// web servers do). A larger declared body is refused without reading it.
+const DISCARD_LEN_MAX: usize = 1024 * 1024;
 
 /// Options of `keiro ui`.
 #[derive(Debug, Clone, Args)]
@@ -113,8 +119,39 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/assets/app.css", get(assets::style))
         .nest("/api/v1", api)
         .layer(DefaultBodyLimit::max(BODY_LEN_MAX))
+        .layer(axum::middleware::from_fn(refuse_oversized))
         .layer(axum::middleware::map_response(security_headers))
         .with_state(state)
+}
+
+/// Answers 413 to a body declared larger than [`BODY_LEN_MAX`], after discarding it when it is
+/// at most [`DISCARD_LEN_MAX`]. Bodies without a declared length (chunked) are cut off by the
+/// `DefaultBodyLimit` as they are read.
+async fn refuse_oversized(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok()?.parse::<usize>().ok());
+    match declared {
+        Some(len) if len > BODY_LEN_MAX => {
+            if len <= DISCARD_LEN_MAX {
+                // Read to the end and dropped; its error (over the cap, a client gone) changes
+                // nothing about the answer.
+                let _ = axum::body::to_bytes(request.into_body(), DISCARD_LEN_MAX).await;
+            }
+            error::ApiError::new(
+                axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!("the body is {len} bytes, the limit is {BODY_LEN_MAX}"),
+            )
+            .into_response()
+        }
+        _ => next.run(request).await,
+    }
 }
 
 /// No inline script or style may run (an escaping slip stays inert), no framing
