@@ -53,7 +53,7 @@ impl Harness {
         let store = Arc::new(keiro_memory::MemoryStore::new());
         Self {
             backend: Backend::Memory,
-            keiro: Keiro::from_store(store.clone()),
+            keiro: Keiro::builder((*store).clone()).without_push().build(),
             transport: store.clone(),
             admin: store.clone(),
             store,
@@ -68,7 +68,7 @@ impl Harness {
         let store = Arc::new(db.store());
         Self {
             backend: Backend::Postgres,
-            keiro: Keiro::from_store(store.clone()),
+            keiro: Keiro::builder((*store).clone()).without_push().build(),
             transport: store.clone(),
             admin: store.clone(),
             store,

@@ -22,7 +22,7 @@ async fn a_database_outage_mid_run_is_transient_and_loses_nothing() -> TestResul
         ..db.config()
     };
     let store = PgStore::connect(config).await?;
-    let keiro = Keiro::new(store);
+    let keiro = Keiro::builder(store).without_push().build();
     let ledger = Ledger::default();
     let cut_once = Arc::new(AtomicBool::new(true));
     let mut registry = Registry::new();

@@ -135,7 +135,9 @@ async fn an_instance_whose_journal_cannot_be_loaded_does_not_block_the_others(
     // refuses every batch claim that may pick it. The worker loop claims one at a time then:
     // the others run, and that instance is failed with a reason instead of tried forever.
     let faulty = keiro_tests::FaultyStore::new(h.store.clone());
-    let keiro = keiro::Keiro::from_arc(std::sync::Arc::new(faulty.clone()));
+    let keiro = keiro::KeiroBuilder::lease_only(std::sync::Arc::new(faulty.clone()))
+        .without_push()
+        .build();
     for id in ["a", "big", "c"] {
         keiro.start("plain", id, &()).await?;
     }

@@ -108,9 +108,9 @@ async fn a_role_without_create_migrates_as_a_no_op_and_runs_workflows() -> TestR
     let store = PgStore::connect(runner.config(&db)).await?;
     assert_eq!(store.migrate().await?, Vec::<i32>::new());
     // Connecting through the facade migrates by default, which is a no-op here too.
-    drop(Keiro::connect_with(runner.config(&db)).await?);
+    drop(Keiro::connect(runner.config(&db)).await?);
 
-    let keiro = Keiro::connect_with(runner.config(&db).migrate(false)).await?;
+    let keiro = Keiro::connect(runner.config(&db).migrate(false)).await?;
     let worker = keiro
         .worker()
         .register("approval", approval)
@@ -179,7 +179,7 @@ async fn a_pending_migration_the_role_may_not_apply_is_a_typed_error() -> TestRe
     assert!(!err.is_retryable());
 
     // The facade refuses likewise when it migrates, and connects when told not to.
-    let err = Keiro::connect_with(runner.config(&db))
+    let err = Keiro::connect(runner.config(&db))
         .await
         .expect_err("CREATE is missing");
     assert!(
@@ -189,7 +189,7 @@ async fn a_pending_migration_the_role_may_not_apply_is_a_typed_error() -> TestRe
         ),
         "{err:?}"
     );
-    drop(Keiro::connect_with(runner.config(&db).migrate(false)).await?);
+    drop(Keiro::connect(runner.config(&db).migrate(false)).await?);
 
     // Nothing was recorded as applied.
     let recorded: i64 = db

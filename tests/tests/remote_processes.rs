@@ -95,7 +95,7 @@ async fn wait_for(keiro: &Keiro, ids: &[String], status: Status, within: Duratio
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remote_step_runs_and_resumes_in_another_process() -> TestResult {
     let db = TestDb::new().await;
-    let keiro = Keiro::with_push(db.store());
+    let keiro = Keiro::builder(db.store()).build();
     let ids: Vec<String> = (0..20).map(|i| format!("p-{i}")).collect();
     for id in &ids {
         let input = Parcel {
@@ -156,7 +156,7 @@ async fn a_remote_step_runs_and_resumes_in_another_process() -> TestResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_remote_workers_task_is_redispatched_and_the_run_completes() -> TestResult {
     let db = TestDb::new().await;
-    let keiro = Keiro::with_push(db.store());
+    let keiro = Keiro::builder(db.store()).build();
     let input = Parcel {
         order: "k-1".into(),
         redispatch_ms: Some(1_000),
@@ -224,7 +224,7 @@ async fn a_killed_remote_workers_task_is_redispatched_and_the_run_completes() ->
 async fn a_handler_that_aborts_its_process_uses_up_the_attempts_and_the_step_crashed() -> TestResult
 {
     let db = TestDb::new().await;
-    let keiro = Keiro::with_push(db.store());
+    let keiro = Keiro::builder(db.store()).build();
     let input = Parcel {
         order: "a-1".into(),
         redispatch_ms: None,

@@ -22,7 +22,7 @@ impl Pushed {
         Self {
             h: Harness {
                 backend: Backend::Memory,
-                keiro: Keiro::from_store(store.clone()),
+                keiro: Keiro::builder((*store).clone()).without_push().build(),
                 transport: store.clone(),
                 admin: store.clone(),
                 store: store.clone(),
@@ -46,7 +46,9 @@ impl Pushed {
 
     /// A facade with push over `store` (the harness's store, or a wrapper of it).
     fn keiro(&self, store: Arc<dyn keiro::LeaseStore>) -> Keiro {
-        Keiro::from_arc(store).with_notifier(self.notifier.clone())
+        keiro::KeiroBuilder::lease_only(store)
+            .push(self.notifier.clone())
+            .build()
     }
 }
 
@@ -226,7 +228,9 @@ async fn unknown_instances_timeouts_and_wrong_types_give_typed_errors(p: Pushed)
 async fn without_push_a_waiter_polls_at_its_fallback(p: Pushed) -> TestResult {
     // The harness's facade has no notifier: only the fallback poll can see the close.
     let counting = CountingStore::new(p.h.store.clone());
-    let keiro = Keiro::from_arc(Arc::new(counting.clone()));
+    let keiro = keiro::KeiroBuilder::lease_only(Arc::new(counting.clone()))
+        .without_push()
+        .build();
     let worker =
         p.h.keiro
             .worker()

@@ -608,7 +608,7 @@ on_both_stores!(
 async fn the_memory_stores_pinned_clock_drives_the_scheduler() -> TestResult {
     let memory = keiro::memory::MemoryStore::new();
     memory.set_now(Some(datetime!(2026-01-01 10:00:30 UTC)));
-    let keiro = Keiro::new(memory.clone());
+    let keiro = Keiro::builder(memory.clone()).without_push().build();
     keiro.schedule("m", "job").every(MINUTE).save().await?;
     let w = keiro
         .worker()
@@ -631,7 +631,7 @@ async fn the_memory_stores_pinned_clock_drives_the_scheduler() -> TestResult {
 async fn a_running_worker_schedules_on_its_own() -> TestResult {
     let memory = keiro::memory::MemoryStore::new();
     memory.set_now(Some(datetime!(2026-01-01 10:00:59 UTC)));
-    let keiro = Keiro::with_push(memory.clone());
+    let keiro = Keiro::builder(memory.clone()).build();
     keiro.schedule("loop", "job").every(MINUTE).save().await?;
     memory.set_now(Some(datetime!(2026-01-01 10:01:00 UTC)));
     let w = keiro

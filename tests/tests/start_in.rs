@@ -31,7 +31,7 @@ impl App {
     async fn new() -> Result<Self, AnyError> {
         let h = Harness::postgres().await;
         let db = h.db.as_ref().expect("a postgres harness");
-        let keiro = Keiro::from_store(Arc::new(db.store()));
+        let keiro = Keiro::builder(db.store()).without_push().build();
         let client = connect(db.url()).await?;
         client
             .batch_execute(
@@ -121,7 +121,7 @@ async fn a_committed_start_exists_and_a_worker_runs_it() -> TestResult {
     let db = app.h.db.as_ref().expect("postgres");
     // Push only: a 30 s poll cannot finish this within the deadline, so the commit's NOTIFY
     // must wake the worker.
-    let keiro = Keiro::with_push(db.store());
+    let keiro = Keiro::builder(db.store()).build();
     let mut registry = Registry::new();
     registry.register("order", |_ctx: Ctx, sku: u32| async move { Ok(sku * 2) })?;
     let mut options = app.h.fast_options();

@@ -31,7 +31,9 @@ async fn two_worker_processes_never_advance_the_same_instance_at_once() -> TestR
             "CREATE TABLE {schema}.overlap_ledger (workflow_id text, step text, pid int, overlapped bool, at timestamptz DEFAULT clock_timestamp())"
         ))
         .await?;
-    let keiro = keiro::Keiro::from_arc(std::sync::Arc::new(db.store()));
+    let keiro = keiro::KeiroBuilder::lease_only(std::sync::Arc::new(db.store()))
+        .without_push()
+        .build();
     let (count, steps) = (60, 4u32);
     for i in 0..count {
         keiro.start("overlap", &format!("o-{i}"), &steps).await?;

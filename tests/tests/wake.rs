@@ -655,7 +655,7 @@ async fn push_wakes_a_worker_without_waiting_for_its_poll(h: Harness) -> TestRes
         keiro_tests::Backend::Memory => Keiro::memory(),
         keiro_tests::Backend::Postgres => {
             let db = h.db.as_ref().expect("postgres harness");
-            Keiro::with_push(db.store())
+            Keiro::builder(db.store()).build()
         }
     };
     let mut registry = Registry::new();

@@ -171,7 +171,7 @@ async fn an_expired_buffered_signal_is_never_delivered(h: Harness) -> TestResult
 async fn memory_a_buffered_signal_lives_seven_days_by_default() -> TestResult {
     let memory = Arc::new(keiro_memory::MemoryStore::new());
     let store: Arc<dyn LeaseStore> = memory.clone();
-    let keiro = Keiro::from_store(memory.clone());
+    let keiro = Keiro::builder((*memory).clone()).without_push().build();
     let registry = listener()?;
     let t0 = memory.now();
     let week = time::Duration::days(7);

@@ -25,9 +25,7 @@ pub(crate) struct KeyArgs {
 /// A facade on the operator schema. Two connections: `show` reads the row, the journal and the
 /// remote tasks.
 pub(crate) async fn keiro(global: &Global) -> Result<Keiro> {
-    Ok(Keiro::new(
-        connect_store(global.config(&global.schema, 2)).await?,
-    ))
+    Ok(Keiro::builder(connect_store(global.config(&global.schema, 2)).await?).build())
 }
 
 /// How many children `keiro show` prints (`keiro list --parent` has them all).

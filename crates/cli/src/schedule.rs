@@ -31,7 +31,7 @@ pub(crate) struct NameArgs {
 
 /// Runs one schedule subcommand.
 pub(crate) async fn run(global: &Global, command: &ScheduleCommand) -> Result<Outcome> {
-    let keiro = Keiro::new(connect_store(global.config(&global.schema, 1)).await?);
+    let keiro = Keiro::builder(connect_store(global.config(&global.schema, 1)).await?).build();
     let schedules = keiro.schedules();
     match command {
         ScheduleCommand::List => {

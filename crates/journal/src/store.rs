@@ -192,8 +192,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[async_trait::async_trait]
 pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
     /// This store as [`Any`](std::any::Any), so that a store crate's own kind of step finds its
-    /// store behind a [`Ctx`](crate::Ctx) (the Postgres store's transaction step). `None` by
-    /// default: a store without such steps need not say what it is.
+    /// store behind a [`Ctx`](crate::Ctx) (the Postgres store's transaction step), and the
+    /// facade finds a built-in store's push behind a shared handle. `None` by default: a store
+    /// of your own need not say what it is.
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         None
     }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use keiro_journal::{
     validate_signal_token, AppendOutcome, AwakeableOutcome, CancelOutcome, Instance, InstanceKey,
-    JournalEntry, SignalOptions, SignalSendOutcome, Started, PAYLOAD_LEN_MAX_DEFAULT,
+    JournalEntry, SignalOptions, SignalSendOutcome, Started,
 };
 use keiro_lease::{LeaseStore, ResurrectOutcome};
 use keiro_remote::{
@@ -15,7 +15,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::operate::Operate;
-use crate::{Error, WorkerBuilder};
+use crate::{Error, KeiroBuilder, WorkerBuilder};
 use keiro_journal::{InspectStore, RetentionStore};
 
 /// A store with every capability keiro uses: the journal and wake sources, leases, remote
@@ -33,22 +33,22 @@ impl<T: LeaseStore + Transport + RemoteAdmin + InspectStore + RetentionStore + S
 
 /// The remote-step halves of a store.
 #[derive(Clone)]
-struct Remote {
-    transport: Arc<dyn Transport>,
-    admin: Arc<dyn RemoteAdmin>,
+pub(crate) struct Remote {
+    pub(crate) transport: Arc<dyn Transport>,
+    pub(crate) admin: Arc<dyn RemoteAdmin>,
 }
 
 /// A handle on a keiro store: start and operate workflow instances, and build workers.
 /// Cheap to clone.
 #[derive(Clone)]
 pub struct Keiro {
-    store: Arc<dyn LeaseStore>,
-    remote: Option<Remote>,
-    notifier: Option<Arc<dyn Notifier>>,
+    pub(crate) store: Arc<dyn LeaseStore>,
+    pub(crate) remote: Option<Remote>,
+    pub(crate) notifier: Option<Arc<dyn Notifier>>,
     pub(crate) payload_len_max: usize,
-    /// The operators' list, counts and retention; `None` for a store wrapped with `from_arc`.
+    /// The operators' list, counts and retention; `None` for a store built with `KeiroBuilder::lease_only`.
     pub(crate) operate: Option<Operate>,
-    /// Schedules (`None` for a store wrapped with `from_arc`).
+    /// Schedules (`None` for a store built with `KeiroBuilder::lease_only`).
     pub(crate) schedules: Option<Arc<dyn ScheduleStore>>,
 }
 
@@ -63,120 +63,72 @@ impl std::fmt::Debug for Keiro {
 }
 
 impl Keiro {
-    /// Wraps any store.
+    /// A builder over `store`: the one way to wrap a store you built yourself. Push wake-ups
+    /// come with a store that has them (`PgStore`'s LISTEN, `MemoryStore`'s channel), so
+    /// workers and result waiters built from the handle wake within milliseconds.
     ///
     /// ```
     /// # #[cfg(feature = "memory")] {
-    /// let keiro = keiro::Keiro::new(keiro::memory::MemoryStore::new());
-    /// # let _ = keiro; }
+    /// let keiro = keiro::Keiro::builder(keiro::memory::MemoryStore::new())
+    ///     .payload_len_max(64 * 1024)
+    ///     .build();
+    /// assert!(keiro.notifier().is_some());
+    /// # }
     /// ```
-    pub fn new(store: impl Store) -> Self {
-        Self::from_store(Arc::new(store))
-    }
-
-    /// Wraps a shared store.
-    pub fn from_store<S: Store>(store: Arc<S>) -> Self {
-        Self {
-            store: store.clone(),
-            operate: Some(Operate::new(store.clone())),
-            remote: Some(Remote {
-                transport: store.clone(),
-                admin: store.clone(),
-            }),
-            notifier: None,
-            payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
-            schedules: Some(store),
-        }
-    }
-
-    /// Wraps a store that has leases but no remote steps: the remote-step operations then
-    /// return [`Error::Unsupported`].
-    pub fn from_arc(store: Arc<dyn LeaseStore>) -> Self {
-        Self {
-            store,
-            remote: None,
-            notifier: None,
-            payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
-            operate: None,
-            schedules: None,
-        }
-    }
-
-    /// Wraps a store that can also push wake-ups, so workers built from this handle (resume
-    /// and remote workers) wake within milliseconds of a wake instead of at their next poll.
-    pub fn with_push<S: Store + Notifier>(store: S) -> Self {
-        let store = Arc::new(store);
-        Self {
-            notifier: Some(store.clone()),
-            ..Self::from_store(store)
-        }
+    pub fn builder<S: Store>(store: S) -> KeiroBuilder {
+        KeiroBuilder::new(Arc::new(store))
     }
 
     /// A handle on a fresh in-memory store, with push.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")] {
+    /// let keiro = keiro::Keiro::memory();
+    /// # let _ = keiro; }
+    /// ```
     #[cfg(feature = "memory")]
     pub fn memory() -> Self {
-        Self::with_push(keiro_memory::MemoryStore::new())
+        Self::builder(keiro_memory::MemoryStore::new()).build()
     }
 
-    /// Connects to Postgres at `url` (schema `keiro`) and applies pending migrations.
+    /// Connects to Postgres and, unless the configuration turns it off, applies pending
+    /// migrations. Takes a URL (schema `keiro`) or a full
+    /// [`Config`](keiro_postgres::Config).
     ///
     /// Applying a migration needs the CREATE privilege; on an up-to-date schema nothing is
     /// applied and a role without it connects all the same. A role that must never migrate
-    /// connects with [`connect_without_migrating`](Self::connect_without_migrating).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Postgres`] when the database cannot be reached or migrated.
-    #[cfg(feature = "postgres")]
-    pub async fn connect(url: &str) -> Result<Self, Error> {
-        let config = keiro_postgres::Config::new(url);
-        Self::connect_with(config).await
-    }
-
-    /// Connects to Postgres at `url` (schema `keiro`) without migrating, for a role that only
-    /// runs workflows: it needs USAGE on the schema, SELECT, INSERT, UPDATE and DELETE on its
-    /// tables, and EXECUTE on its functions, but no CREATE. Another role migrates the schema
-    /// (`keiro migrate`, [`PgStore::migrate`](keiro_postgres::PgStore::migrate)) before this
-    /// build runs on it.
+    /// (one that only runs workflows: USAGE on the schema, SELECT, INSERT, UPDATE and DELETE on
+    /// its tables, EXECUTE on its functions) connects with `.migrate(false)`, after another
+    /// role ran `keiro migrate`.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), keiro::Error> {
-    /// let keiro = keiro::Keiro::connect_without_migrating("postgres://app_runner@db/app").await?;
-    /// # let _ = keiro; Ok(()) }
+    /// use keiro::postgres::Config;
+    /// let keiro = keiro::Keiro::connect("postgres://app@db/app").await?;
+    /// let runner = keiro::Keiro::connect(Config::new("postgres://app_runner@db/app").migrate(false)).await?;
+    /// # let _ = (keiro, runner); Ok(()) }
     /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Postgres`] when the database cannot be reached.
-    #[cfg(feature = "postgres")]
-    pub async fn connect_without_migrating(url: &str) -> Result<Self, Error> {
-        Self::connect_with(keiro_postgres::Config::new(url).migrate(false)).await
-    }
-
-    /// Connects with a full Postgres configuration and, unless
-    /// [`Config::migrate`](keiro_postgres::Config#structfield.migrate) is off, applies pending
-    /// migrations.
     ///
     /// # Errors
     ///
     /// [`Error::Postgres`] when the database cannot be reached or migrated (a pending
-    /// migration the role may not apply is `keiro_postgres::Error::MigrationPrivilege`, a
-    /// changed function file `keiro_postgres::Error::FunctionFilePrivilege`).
+    /// migration the role may not apply is `keiro_postgres::Error::MigrationPrivilege`).
     #[cfg(feature = "postgres")]
-    pub async fn connect_with(config: keiro_postgres::Config) -> Result<Self, Error> {
+    pub async fn connect(config: impl Into<keiro_postgres::Config>) -> Result<Self, Error> {
+        let config = config.into();
         let migrate = config.migrate;
         let store = keiro_postgres::PgStore::connect(config).await?;
         if migrate {
             store.migrate().await?;
         }
-        Ok(Self::with_push(store))
+        Ok(Self::builder(store).build())
     }
 
     /// The largest payload accepted by [`start`](Self::start), [`deliver`](Self::deliver),
     /// signals and awakeable completions, and the default limit of the step results and outputs
     /// of the workers built by [`worker`](Self::worker) and of the handler outputs of those built
     /// by [`remote_worker`](Self::remote_worker) (each can still set its own).
-    /// Defaults to [`PAYLOAD_LEN_MAX_DEFAULT`].
+    /// Defaults to [`PAYLOAD_LEN_MAX_DEFAULT`](keiro_journal::PAYLOAD_LEN_MAX_DEFAULT).
     #[must_use]
     pub fn with_payload_len_max(mut self, payload_len_max: usize) -> Self {
         self.payload_len_max = payload_len_max;
@@ -416,11 +368,6 @@ impl Keiro {
     }
 
     /// This handle with `notifier` as its push notifier.
-    pub(crate) fn replace_notifier(mut self, notifier: Option<Arc<dyn Notifier>>) -> Self {
-        self.notifier = notifier;
-        self
-    }
-
     /// The push notifier, when the store has one.
     pub fn notifier(&self) -> Option<&Arc<dyn Notifier>> {
         self.notifier.as_ref()
@@ -428,7 +375,7 @@ impl Keiro {
 
     fn remote(&self) -> Result<&Remote, Error> {
         self.remote.as_ref().ok_or(Error::Unsupported {
-            what: "remote steps (the store was wrapped with `from_arc`)",
+            what: "remote steps (the store was wrapped with `KeiroBuilder::lease_only`)",
         })
     }
 

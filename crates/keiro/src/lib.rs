@@ -46,6 +46,7 @@
 //!
 //! Facade operations return [`Error`]; workflow bodies see [`WorkflowError`].
 
+mod builder;
 mod engine;
 mod error;
 mod operate;
@@ -58,6 +59,7 @@ pub mod testing;
 mod typed;
 mod worker;
 
+pub use builder::KeiroBuilder;
 pub use engine::{Keiro, Store};
 pub use error::Error;
 pub use result::{

@@ -34,7 +34,7 @@ impl Operate {
 impl Keiro {
     fn operate(&self) -> Result<&Operate, Error> {
         self.operate.as_ref().ok_or(Error::Unsupported {
-            what: "listing, counting and retention (the store was wrapped with `from_arc`)",
+            what: "listing, counting and retention (the store was built with `KeiroBuilder::lease_only`)",
         })
     }
 
@@ -67,7 +67,7 @@ impl Keiro {
     /// # Errors
     ///
     /// [`Error::Filter`] for a request out of bounds, [`Error::Store`],
-    /// [`Error::Unsupported`] for a store wrapped with `from_arc`.
+    /// [`Error::Unsupported`] for a store built with `KeiroBuilder::lease_only`.
     pub async fn list(&self, request: &ListRequest) -> Result<Page, Error> {
         request.validate()?;
         Ok(self.operate()?.inspect.instances_list(request).await?)
@@ -78,7 +78,7 @@ impl Keiro {
     ///
     /// # Errors
     ///
-    /// [`Error::Store`], [`Error::Unsupported`] for a store wrapped with `from_arc`.
+    /// [`Error::Store`], [`Error::Unsupported`] for a store built with `KeiroBuilder::lease_only`.
     pub async fn counts(&self) -> Result<Counts, Error> {
         Ok(self.operate()?.inspect.instances_counts(None).await?)
     }
@@ -105,7 +105,7 @@ impl Keiro {
     ///
     /// [`Error::InvalidId`], [`Error::Filter`] for a limit of 0 or above
     /// [`LIST_LIMIT_MAX`], [`Error::Store`], [`Error::Unsupported`] for a store wrapped with
-    /// `from_arc`.
+    /// `KeiroBuilder::lease_only`.
     pub async fn waits(&self, name: &str, id: &str, limit: u32) -> Result<Waits, Error> {
         let key = InstanceKey::parse(name, id)?;
         if limit == 0 || limit > LIST_LIMIT_MAX {
@@ -125,7 +125,7 @@ impl Keiro {
     ///
     /// # Errors
     ///
-    /// [`Error::Store`], [`Error::Unsupported`] for a store wrapped with `from_arc`.
+    /// [`Error::Store`], [`Error::Unsupported`] for a store built with `KeiroBuilder::lease_only`.
     pub async fn gc_batch(&self, request: &GcRequest) -> Result<GcBatch, Error> {
         Ok(self.operate()?.retention.instances_gc(request).await?)
     }
@@ -158,7 +158,7 @@ impl Keiro {
     ///
     /// # Errors
     ///
-    /// [`Error::Store`], [`Error::Unsupported`] for a store wrapped with `from_arc`.
+    /// [`Error::Store`], [`Error::Unsupported`] for a store built with `KeiroBuilder::lease_only`.
     pub async fn gc_eligible(&self, request: &GcRequest) -> Result<u64, Error> {
         Ok(self
             .operate()?

@@ -16,8 +16,8 @@
 //! is worthwhile, so a lost notification costs latency, never a result. The subscription is
 //! made before the first read, so a close that lands between the two still wakes the waiter.
 //! Waiters share the store's one listener and are woken by key: one waiter's instance closing
-//! makes no other waiter read. Without push (a store wrapped by [`Keiro::from_arc`] or
-//! [`Keiro::from_store`]) a waiter reads once per fallback interval.
+//! makes no other waiter read. Without push (a store of your own built without
+//! [`KeiroBuilder::push`](crate::KeiroBuilder::push)) a waiter reads once per fallback interval.
 
 use std::time::Duration;
 
@@ -129,14 +129,6 @@ impl ResultError {
 }
 
 impl Keiro {
-    /// Uses `notifier` for push wake-ups: result waiters, and the workers built from this
-    /// handle afterwards. For a store wrapped with [`from_store`](Self::from_store) or
-    /// [`from_arc`](Self::from_arc) (a wrapper of your own, say) whose underlying store pushes.
-    #[must_use]
-    pub fn with_notifier(self, notifier: std::sync::Arc<dyn keiro_resume::Notifier>) -> Self {
-        self.replace_notifier(Some(notifier))
-    }
-
     /// Waits until instance `id` of workflow `name` is terminal, at most `timeout`, and returns
     /// its output decoded as `T`. Woken by the store's push when it has one (every waiter
     /// shares the store's one listener), else by a poll once a second.

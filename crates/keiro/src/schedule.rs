@@ -50,7 +50,7 @@ impl WorkerSchedules {
 
 fn unsupported() -> Error {
     Error::Unsupported {
-        what: "schedules (the store was wrapped with `from_arc`)",
+        what: "schedules (the store was built with `KeiroBuilder::lease_only`)",
     }
 }
 
@@ -144,7 +144,7 @@ impl Keiro {
         }
     }
 
-    /// The store's schedule half (`None` for a store wrapped with `from_arc`), for tests and
+    /// The store's schedule half (`None` for a store built with `KeiroBuilder::lease_only`), for tests and
     /// custom schedulers.
     pub fn schedule_store(&self) -> Option<&Arc<dyn ScheduleStore>> {
         self.schedules.as_ref()

@@ -394,6 +394,10 @@ fn recorded_value(row: &Instance, closing: Marker) -> Value {
 
 #[async_trait::async_trait]
 impl JournalStore for MemoryStore {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
     async fn instance_start(&self, request: &StartRequest) -> Result<Started> {
         storable::value(START, &request.input)?;
         self.transact(START, |state| Ok(state.instance_start(request)))

@@ -91,7 +91,7 @@ pub struct Config {
     /// The `application_name` reported to the server (visible in `pg_stat_activity`), used
     /// when the URL does not set one. Defaults to [`APPLICATION_NAME_DEFAULT`].
     pub application_name: String,
-    /// Whether `keiro::Keiro::connect_with` applies pending migrations when it connects.
+    /// Whether `keiro::Keiro::connect` applies pending migrations when it connects.
     /// Turn it off for a role that runs workflows but may not change the schema (it needs no
     /// CREATE privilege then); [`PgStore::connect`](crate::PgStore::connect) never migrates
     /// either way. Defaults to `true`.
@@ -125,6 +125,27 @@ impl Default for Config {
     }
 }
 
+/// The defaults, connecting to the URL or key/value connection string.
+impl From<&str> for Config {
+    fn from(url: &str) -> Self {
+        Self::new(url)
+    }
+}
+
+/// The defaults, connecting to the URL or key/value connection string.
+impl From<String> for Config {
+    fn from(url: String) -> Self {
+        Self::new(url)
+    }
+}
+
+/// The defaults, connecting to the URL or key/value connection string.
+impl From<&String> for Config {
+    fn from(url: &String) -> Self {
+        Self::new(url.as_str())
+    }
+}
+
 impl Config {
     /// The defaults, connecting to `url`.
     ///
@@ -148,7 +169,7 @@ impl Config {
         }
     }
 
-    /// Sets the [`migrate`](#structfield.migrate) field: whether `keiro::Keiro::connect_with`
+    /// Sets the [`migrate`](#structfield.migrate) field: whether `keiro::Keiro::connect`
     /// applies pending migrations.
     ///
     /// ```

@@ -41,7 +41,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let mut config = keiro::postgres::Config::new(url);
     config.schema = "keiro_quickstart".into();
-    let keiro = Keiro::connect_with(config).await?; // migrates
+    let keiro = Keiro::connect(config).await?; // migrates
 
     let order = keiro
         .start_workflow::<Order>("order-42", &"order-42".to_owned())

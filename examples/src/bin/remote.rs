@@ -35,7 +35,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let mut config = keiro::postgres::Config::new(url);
     config.schema = "keiro_remote_example".into();
-    let keiro = Keiro::connect_with(config).await?; // migrates
+    let keiro = Keiro::connect(config).await?; // migrates
     let orders = ["order-1", "order-2", "order-3"];
     for order in orders {
         keiro.start("shipment", order, order).await?; // idempotent by id

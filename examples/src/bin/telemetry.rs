@@ -31,7 +31,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let mut config = keiro::postgres::Config::new(url);
     config.schema = "keiro_telemetry_example".into();
-    let keiro = Keiro::connect_with(config).await?;
+    let keiro = Keiro::connect(config).await?;
 
     let crash_once = Arc::new(AtomicBool::new(true));
     let worker = keiro

@@ -97,7 +97,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let mut config = keiro::postgres::Config::new(url);
     config.schema = "keiro_transfer".into();
-    let keiro = Keiro::connect_with(config).await?;
+    let keiro = Keiro::connect(config).await?;
     let bank = keiro
         .store()
         .as_any()

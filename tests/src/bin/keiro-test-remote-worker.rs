@@ -26,7 +26,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..Config::new(url)
     })
     .await?;
-    let keiro = Keiro::with_push(store);
+    let keiro = Keiro::builder(store).build();
     let options = RemoteWorkerOptions {
         poll_interval: Duration::from_millis(50),
         claim_ttl: Duration::from_secs(60),

@@ -53,7 +53,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..Config::new(url)
     })
     .await?;
-    let keiro = Keiro::with_push(store);
+    let keiro = Keiro::builder(store).build();
     let worker = keiro
         .worker()
         .register("overlap", overlap)

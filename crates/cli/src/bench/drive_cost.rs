@@ -53,7 +53,9 @@ struct DriveCostReport {
 pub(crate) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let setup = Setup::new(global, &args.bench_schema, 4).await?;
     let store: Arc<dyn LeaseStore> = Arc::new(setup.store.clone());
-    let keiro = keiro::Keiro::from_store(Arc::new(setup.store.clone()));
+    let keiro = keiro::Keiro::builder(setup.store.clone())
+        .without_push()
+        .build();
     let mut registry = Registry::new();
     registry
         .register("bench-drive-cost", long_journal)

@@ -116,7 +116,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
 
     // Start and park everything with a throwaway worker on the setup store.
     let parking = Instant::now();
-    let keiro = Keiro::new(setup.store.clone());
+    let keiro = Keiro::builder(setup.store.clone()).without_push().build();
     start_all(&keiro, WORKFLOW, "park", n, args.producers, ()).await?;
     let parker = keiro
         .worker()
@@ -153,7 +153,8 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         })
     };
     let sink = args.metrics.then(MetricsSink::new);
-    let mut builder = Keiro::with_push(store.clone())
+    let mut builder = Keiro::builder(store.clone())
+        .build()
         .worker()
         .register(WORKFLOW, parked)
         .reconcile(reconcile)

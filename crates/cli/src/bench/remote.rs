@@ -71,7 +71,7 @@ pub(crate) async fn worker(global: &Global, args: &RemoteWorkerArgs) -> Result<O
     // Every running handler reports on a connection of its own; the claim needs one beside.
     let store = connect_store(global.config(&args.bench_schema, args.concurrency + 2)).await?;
     let counted = store.clone();
-    let keiro = Keiro::with_push(store);
+    let keiro = Keiro::builder(store).build();
     let options = RemoteWorkerOptions {
         concurrency: args.concurrency,
         // NOTIFY wakes it; the poll is only a fallback, slow on purpose so the idle latency
@@ -267,7 +267,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         concurrency + usize::try_from(args.producers).context("--producers")? + 2,
     )
     .await?;
-    let keiro = Keiro::with_push(setup.store.clone());
+    let keiro = Keiro::builder(setup.store.clone()).build();
     let completions = Arc::new(Completions {
         count: AtomicU64::new(0),
         notify: Notify::new(),

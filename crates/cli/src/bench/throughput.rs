@@ -104,7 +104,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     // Every concurrent run holds a connection for each store call; producers and the discovery
     // query need theirs beside them, so nothing waits on the pool.
     let setup = Setup::new(global, &args.bench_schema, concurrency + producers + 2).await?;
-    let keiro = Keiro::new(setup.store.clone());
+    let keiro = Keiro::builder(setup.store.clone()).without_push().build();
     let total_steps = workflows * args.steps;
 
     let finish = Arc::new(FinishLine {

@@ -7,7 +7,7 @@
 //! next completion it pauses, so every completion finds the worker idle: the figure is the
 //! latency of a wake, not of a queue.
 //!
-//! Two workers take turns on fresh sets of runs: the push-aware one (`Keiro::with_push`,
+//! Two workers take turns on fresh sets of runs: the push-aware one (`Keiro::builder(store).build()`,
 //! default options: LISTEN/NOTIFY, 1 s fallback poll) and a fixed-poll one (`.push(None)`,
 //! poll 1 s). The poll worker's samples are spread over its poll cycle by a random pause of up
 //! to one interval before each completion; without it, completing right after each wake would
@@ -154,7 +154,7 @@ struct WakeReport {
 /// The wake-latency mode.
 pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let setup = Setup::new(global, &args.bench_schema, 8).await?;
-    let keiro = Keiro::with_push(setup.store.clone());
+    let keiro = Keiro::builder(setup.store.clone()).build();
     let wakes = Arc::new(Wakes::default());
     println!(
         "bench: wake-latency: {} awakeables completed one at a time ({} ms apart) with the \

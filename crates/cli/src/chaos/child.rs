@@ -64,7 +64,8 @@ pub(crate) async fn worker(global: &Global, args: &WorkerArgs) -> Result<Outcome
     let store = connect_store(global.config(&args.chaos_schema, args.concurrency + 2)).await?;
     let witness = Arc::new(Witness::open(store.connection_config()).await?);
     let (local_witness, mixed_witness) = (witness.clone(), witness);
-    let worker = Keiro::with_push(store)
+    let worker = Keiro::builder(store)
+        .build()
         .worker()
         .register(LOCAL, move |ctx, input: Input| {
             workload::local(ctx, input, local_witness.clone())
@@ -102,7 +103,8 @@ pub(crate) async fn remote_worker(global: &Global, args: &RemoteWorkerArgs) -> R
         drain_timeout: Duration::from_secs(5),
         ..RemoteWorkerOptions::default()
     };
-    let mut builder = Keiro::with_push(store)
+    let mut builder = Keiro::builder(store)
+        .build()
         .remote_worker()
         .context("building the chaos remote worker")?
         .options(options);

@@ -189,7 +189,7 @@ async fn drive(
     db.batch(WITNESS_CREATE)
         .await
         .context("creating the witness table")?;
-    let keiro = Keiro::new(store);
+    let keiro = Keiro::builder(store).build();
     let expected = start_instances(&keiro, args.instances).await?;
     let mixed = expected.iter().filter(|e| e.name == MIXED).count() as u64;
     let restarts_planned = if restart.is_some() {

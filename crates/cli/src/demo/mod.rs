@@ -145,7 +145,7 @@ pub(crate) async fn run(global: &Global, args: &DemoArgs) -> Result<Outcome> {
     db.batch_execute(WAITS_CREATE)
         .await
         .context("creating the demo's wait table")?;
-    let keiro = Keiro::new(store);
+    let keiro = Keiro::builder(store).build();
     wake_phase::start(&keiro, args).await?;
     for order in 1..=args.workflows {
         keiro

@@ -60,7 +60,8 @@ pub(crate) async fn run(global: &Global, args: &WorkerArgs) -> Result<Outcome> {
     let (sleeper_log, waiter_log) = (waits.clone(), waits);
     // With push: fired timers and completed awakeables wake this worker through LISTEN/NOTIFY
     // within milliseconds; `poll_interval` stays the fallback that finds expired leases.
-    let worker = Keiro::with_push(store)
+    let worker = Keiro::builder(store)
+        .build()
         .worker()
         .register(workflow::WORKFLOW, move |ctx, input| {
             workflow::order(ctx, input, ledger.clone(), body_counters.clone())

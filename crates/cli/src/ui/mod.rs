@@ -61,7 +61,7 @@ pub(crate) struct AppState {
 
 /// `keiro ui`: serves until interrupted (Ctrl-C or SIGTERM).
 pub(crate) async fn run(global: &Global, args: &UiArgs) -> Result<Outcome> {
-    let keiro = Keiro::new(connect_store(global.config(&global.schema, 4)).await?);
+    let keiro = Keiro::builder(connect_store(global.config(&global.schema, 4)).await?).build();
     let state = AppState {
         keiro,
         auth: Arc::new(auth::Auth::new(args.token.clone())),

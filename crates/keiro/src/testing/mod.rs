@@ -170,7 +170,7 @@ impl TestEnv {
     pub fn memory() -> TestEnvBuilder {
         let store = keiro_memory::MemoryStore::new();
         let clock = TestClock::memory(store.clone());
-        TestEnvBuilder::new(Keiro::with_push(store), clock)
+        TestEnvBuilder::new(Keiro::builder(store).build(), clock)
     }
 
     /// An environment on a throwaway schema (`keiro_testenv_<random>`) of the PostgreSQL at
@@ -190,7 +190,7 @@ impl TestEnv {
         // Owned before migrating, so the schema goes even if migrating fails half-way.
         let clock = TestClock::postgres(store.clone(), config);
         store.migrate().await?;
-        Ok(TestEnvBuilder::new(Keiro::with_push(store), clock))
+        Ok(TestEnvBuilder::new(Keiro::builder(store).build(), clock))
     }
 
     /// The handle on the environment's store, for everything the kit does not wrap.

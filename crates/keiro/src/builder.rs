@@ -1,0 +1,124 @@
+//! `KeiroBuilder`: how a store becomes a [`Keiro`] handle, with its push wake-ups found for it.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use keiro_journal::PAYLOAD_LEN_MAX_DEFAULT;
+use keiro_lease::LeaseStore;
+use keiro_resume::Notifier;
+
+use crate::engine::{Keiro, Remote};
+use crate::operate::Operate;
+use crate::Store;
+
+/// Builds a [`Keiro`] handle: from [`Keiro::builder`] over a full store, or
+/// [`lease_only`](Self::lease_only) over a store with leases alone.
+///
+/// ```
+/// # #[cfg(feature = "memory")] {
+/// use keiro::{Keiro, KeiroBuilder};
+/// let keiro: Keiro = Keiro::builder(keiro::memory::MemoryStore::new()).build();
+/// let bare: Keiro = KeiroBuilder::lease_only(std::sync::Arc::new(keiro::memory::MemoryStore::new()))
+///     .without_push()
+///     .build();
+/// assert!(keiro.notifier().is_some() && bare.notifier().is_none());
+/// # }
+/// ```
+#[must_use]
+pub struct KeiroBuilder {
+    store: Arc<dyn LeaseStore>,
+    remote: Option<Remote>,
+    operate: Option<Operate>,
+    schedules: Option<Arc<dyn keiro_resume::ScheduleStore>>,
+    notifier: Option<Arc<dyn Notifier>>,
+    payload_len_max: usize,
+}
+
+impl std::fmt::Debug for KeiroBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeiroBuilder")
+            .field("store", &self.store)
+            .field("push", &self.notifier.is_some())
+            .field("payload_len_max", &self.payload_len_max)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KeiroBuilder {
+    pub(crate) fn new<S: Store>(store: Arc<S>) -> Self {
+        Self {
+            notifier: builtin_push(store.as_ref()),
+            store: store.clone(),
+            operate: Some(Operate::new(store.clone())),
+            remote: Some(Remote {
+                transport: store.clone(),
+                admin: store.clone(),
+            }),
+            schedules: Some(store),
+            payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
+        }
+    }
+
+    /// A builder over a store that has leases but none of the rest (a test double or a
+    /// wrapper of your own): remote steps, the operators' list and retention, and schedules
+    /// then return [`Error::Unsupported`](crate::Error::Unsupported). Push is found as for
+    /// [`Keiro::builder`]; a wrapper passes its inner store's with [`push`](Self::push).
+    pub fn lease_only(store: Arc<dyn LeaseStore>) -> Self {
+        Self {
+            notifier: store.as_any().and_then(builtin_push),
+            store,
+            remote: None,
+            operate: None,
+            schedules: None,
+            payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
+        }
+    }
+
+    /// Wakes workers and result waiters through `notifier`, for a store whose push keiro
+    /// cannot find by itself (a wrapper around a `PgStore`, say).
+    pub fn push(mut self, notifier: Arc<dyn Notifier>) -> Self {
+        self.notifier = Some(notifier);
+        self
+    }
+
+    /// No push: workers and result waiters poll (for tests of the poll fallback).
+    pub fn without_push(mut self) -> Self {
+        self.notifier = None;
+        self
+    }
+
+    /// The largest payload accepted by `start`, `deliver`, signals and awakeable completions,
+    /// and the default limit of what the workers built from the handle journal. Defaults to
+    /// [`PAYLOAD_LEN_MAX_DEFAULT`].
+    pub fn payload_len_max(mut self, payload_len_max: usize) -> Self {
+        self.payload_len_max = payload_len_max;
+        self
+    }
+
+    /// The handle.
+    pub fn build(self) -> Keiro {
+        Keiro {
+            store: self.store,
+            remote: self.remote,
+            notifier: self.notifier,
+            payload_len_max: self.payload_len_max,
+            operate: self.operate,
+            schedules: self.schedules,
+        }
+    }
+}
+
+/// The push of a built-in store: `PgStore`'s LISTEN hub or `MemoryStore`'s channel. Both are
+/// handles on shared state, so a clone of the handle notifies for the store itself.
+fn builtin_push(store: &dyn Any) -> Option<Arc<dyn Notifier>> {
+    #[cfg(feature = "postgres")]
+    if let Some(pg) = store.downcast_ref::<keiro_postgres::PgStore>() {
+        return Some(Arc::new(pg.clone()));
+    }
+    #[cfg(feature = "memory")]
+    if let Some(memory) = store.downcast_ref::<keiro_memory::MemoryStore>() {
+        return Some(Arc::new(memory.clone()));
+    }
+    let _ = store;
+    None
+}
