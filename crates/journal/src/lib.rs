@@ -80,7 +80,10 @@ pub use event::{
     JournalEntry, MalformedEvent, Marker, StepKind,
 };
 pub use faults::Faults;
-pub use id::{IdError, InstanceKey, WorkflowId, WorkflowName, ID_LEN_MAX, RESERVED_STEP_PREFIXES};
+pub use id::{
+    IdError, InstanceKey, IntoInstanceKey, WorkflowId, WorkflowName, ID_LEN_MAX,
+    RESERVED_STEP_PREFIXES,
+};
 pub use inspect::{
     parse_status, AwakeableInfo, Counts, Cursor, FilterError, GroupCount, InspectStore,
     InstanceSummary, ListFilter, ListOrder, ListRequest, Page, SignalWaitInfo, StatusCount,

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use keiro_journal::{
     validate_signal_token, AppendOutcome, AwakeableOutcome, CancelOutcome, Instance, InstanceKey,
-    JournalEntry, SignalOptions, SignalSendOutcome, Started,
+    IntoInstanceKey, JournalEntry, SignalOptions, SignalSendOutcome, Started,
 };
 use keiro_lease::{LeaseStore, ResurrectOutcome};
 use keiro_remote::{
@@ -169,8 +169,8 @@ impl Keiro {
     /// # Errors
     ///
     /// [`Error::Store`] with a not-found error for an unknown instance.
-    pub async fn cancel(&self, name: &str, id: &str) -> Result<CancelOutcome, Error> {
-        let key = InstanceKey::parse(name, id)?;
+    pub async fn cancel(&self, key: impl IntoInstanceKey) -> Result<CancelOutcome, Error> {
+        let key = key.into_instance_key()?;
         Ok(keiro_journal::cancel(self.store.as_ref(), &key, false).await?)
     }
 
@@ -180,8 +180,8 @@ impl Keiro {
     /// # Errors
     ///
     /// [`Error::Store`] with a not-found error for an unknown instance.
-    pub async fn cancel_cascade(&self, name: &str, id: &str) -> Result<CancelOutcome, Error> {
-        let key = InstanceKey::parse(name, id)?;
+    pub async fn cancel_cascade(&self, key: impl IntoInstanceKey) -> Result<CancelOutcome, Error> {
+        let key = key.into_instance_key()?;
         Ok(keiro_journal::cancel(self.store.as_ref(), &key, true).await?)
     }
 
@@ -277,12 +277,11 @@ impl Keiro {
     /// [`Error::InvalidId`], [`Error::Payload`], [`Error::Store`].
     pub async fn deliver<T: Serialize + ?Sized>(
         &self,
-        name: &str,
-        id: &str,
+        key: impl IntoInstanceKey,
         step: &str,
         value: &T,
     ) -> Result<AppendOutcome, Error> {
-        let key = InstanceKey::parse(name, id)?;
+        let key = key.into_instance_key()?;
         Ok(
             keiro_journal::deliver(self.store.as_ref(), &key, step, value, self.payload_len_max)
                 .await?,
@@ -300,13 +299,12 @@ impl Keiro {
     /// As [`deliver`](Self::deliver).
     pub async fn deliver_to<T: Serialize + ?Sized>(
         &self,
-        name: &str,
-        id: &str,
+        key: impl IntoInstanceKey,
         generation: keiro_journal::Generation,
         step: &str,
         value: &T,
     ) -> Result<AppendOutcome, Error> {
-        let key = InstanceKey::parse(name, id)?;
+        let key = key.into_instance_key()?;
         Ok(keiro_journal::deliver_to(
             self.store.as_ref(),
             &key,
@@ -323,8 +321,8 @@ impl Keiro {
     /// # Errors
     ///
     /// [`Error::InvalidId`], [`Error::Store`].
-    pub async fn instance(&self, name: &str, id: &str) -> Result<Option<Instance>, Error> {
-        let key = InstanceKey::parse(name, id)?;
+    pub async fn instance(&self, key: impl IntoInstanceKey) -> Result<Option<Instance>, Error> {
+        let key = key.into_instance_key()?;
         Ok(self.store.instance_get(&key).await?)
     }
 
@@ -333,8 +331,8 @@ impl Keiro {
     /// # Errors
     ///
     /// [`Error::InvalidId`], [`Error::Store`].
-    pub async fn journal(&self, name: &str, id: &str) -> Result<Vec<JournalEntry>, Error> {
-        let key = InstanceKey::parse(name, id)?;
+    pub async fn journal(&self, key: impl IntoInstanceKey) -> Result<Vec<JournalEntry>, Error> {
+        let key = key.into_instance_key()?;
         Ok(self.store.journal_history(&key).await?)
     }
 
@@ -343,8 +341,8 @@ impl Keiro {
     /// # Errors
     ///
     /// [`Error::InvalidId`], [`Error::Store`].
-    pub async fn resurrect(&self, name: &str, id: &str) -> Result<ResurrectOutcome, Error> {
-        let key = InstanceKey::parse(name, id)?;
+    pub async fn resurrect(&self, key: impl IntoInstanceKey) -> Result<ResurrectOutcome, Error> {
+        let key = key.into_instance_key()?;
         Ok(self.store.instance_resurrect(&key).await?)
     }
 
@@ -353,8 +351,8 @@ impl Keiro {
     /// # Errors
     ///
     /// [`Error::InvalidId`], [`Error::Store`].
-    pub async fn force_release(&self, name: &str, id: &str) -> Result<bool, Error> {
-        let key = InstanceKey::parse(name, id)?;
+    pub async fn force_release(&self, key: impl IntoInstanceKey) -> Result<bool, Error> {
+        let key = key.into_instance_key()?;
         Ok(self.store.instance_lease_force_release(&key).await?)
     }
 
@@ -406,8 +404,8 @@ impl Keiro {
     /// # Errors
     ///
     /// [`Error::Admin`] for an unknown instance or a store failure.
-    pub async fn requeue(&self, name: &str, id: &str) -> Result<RequeueOutcome, Error> {
-        let key = InstanceKey::parse(name, id)?;
+    pub async fn requeue(&self, key: impl IntoInstanceKey) -> Result<RequeueOutcome, Error> {
+        let key = key.into_instance_key()?;
         Ok(keiro_remote::requeue(self.remote()?.admin.as_ref(), &key).await?)
     }
 
@@ -416,8 +414,8 @@ impl Keiro {
     /// # Errors
     ///
     /// [`Error::Admin`] for an unknown instance or a store failure.
-    pub async fn redispatch_pending(&self, name: &str, id: &str) -> Result<u64, Error> {
-        let key = InstanceKey::parse(name, id)?;
+    pub async fn redispatch_pending(&self, key: impl IntoInstanceKey) -> Result<u64, Error> {
+        let key = key.into_instance_key()?;
         Ok(keiro_remote::redispatch_pending(self.remote()?.admin.as_ref(), &key).await?)
     }
 
@@ -430,11 +428,10 @@ impl Keiro {
     /// [`Error::Admin`] for an unknown origin, a bad input or a store failure.
     pub async fn retry_with_input<I: Serialize + ?Sized>(
         &self,
-        name: &str,
-        id: &str,
+        key: impl IntoInstanceKey,
         input: &I,
     ) -> Result<InstanceKey, Error> {
-        let key = InstanceKey::parse(name, id)?;
+        let key = key.into_instance_key()?;
         Ok(keiro_remote::retry_with_input(
             self.remote()?.admin.as_ref(),
             &key,
@@ -449,8 +446,8 @@ impl Keiro {
     /// # Errors
     ///
     /// [`Error::Store`].
-    pub async fn remote_tasks(&self, name: &str, id: &str) -> Result<Vec<RemoteTask>, Error> {
-        let key = InstanceKey::parse(name, id)?;
+    pub async fn remote_tasks(&self, key: impl IntoInstanceKey) -> Result<Vec<RemoteTask>, Error> {
+        let key = key.into_instance_key()?;
         Ok(self.remote()?.admin.remote_tasks(&key).await?)
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keiro_journal::{
-    Counts, FilterError, GcBatch, GcRequest, InspectStore, InstanceKey, ListRequest, Page,
+    Counts, FilterError, GcBatch, GcRequest, InspectStore, IntoInstanceKey, ListRequest, Page,
     RetentionStore, Waits, LIST_LIMIT_MAX,
 };
 
@@ -95,7 +95,7 @@ impl Keiro {
     /// # async fn main() -> Result<(), keiro::Error> {
     /// let keiro = keiro::Keiro::memory();
     /// keiro.start("order", "order-1", &1).await?;
-    /// let waits = keiro.waits("order", "order-1", keiro::WAITS_LIMIT_DEFAULT).await?;
+    /// let waits = keiro.waits(("order", "order-1"), keiro::WAITS_LIMIT_DEFAULT).await?;
     /// assert!(waits.timers.is_empty() && !waits.truncated);
     /// # Ok(()) }
     /// # #[cfg(not(feature = "memory"))] fn main() {}
@@ -106,8 +106,8 @@ impl Keiro {
     /// [`Error::InvalidId`], [`Error::Filter`] for a limit of 0 or above
     /// [`LIST_LIMIT_MAX`], [`Error::Store`], [`Error::Unsupported`] for a store wrapped with
     /// `KeiroBuilder::lease_only`.
-    pub async fn waits(&self, name: &str, id: &str, limit: u32) -> Result<Waits, Error> {
-        let key = InstanceKey::parse(name, id)?;
+    pub async fn waits(&self, key: impl IntoInstanceKey, limit: u32) -> Result<Waits, Error> {
+        let key = key.into_instance_key()?;
         if limit == 0 || limit > LIST_LIMIT_MAX {
             return Err(FilterError::Limit {
                 limit: u64::from(limit),

@@ -21,7 +21,7 @@
 
 use std::time::Duration;
 
-use keiro_journal::{IdError, Instance, InstanceKey, Status, StoreError};
+use keiro_journal::{IdError, Instance, InstanceKey, IntoInstanceKey, Status, StoreError};
 use keiro_resume::{FixedPoll, WakeSource};
 use serde::de::DeserializeOwned;
 
@@ -136,7 +136,7 @@ impl Keiro {
     /// ```no_run
     /// # async fn demo(keiro: keiro::Keiro) -> Result<(), keiro::ResultError> {
     /// use std::time::Duration;
-    /// let receipt: String = keiro.result("order", "order-42", Duration::from_secs(30)).await?;
+    /// let receipt: String = keiro.result(("order", "order-42"), Duration::from_secs(30)).await?;
     /// # let _ = receipt; Ok(()) }
     /// ```
     ///
@@ -147,15 +147,14 @@ impl Keiro {
     /// when the output is no `T`, [`ResultError::InvalidId`], [`ResultError::Store`].
     pub async fn result<T: DeserializeOwned>(
         &self,
-        name: &str,
-        id: &str,
+        key: impl IntoInstanceKey,
         timeout: Duration,
     ) -> Result<T, ResultError> {
         let options = ResultOptions {
             timeout: Some(timeout),
             ..ResultOptions::default()
         };
-        self.result_with(name, id, &options).await
+        self.result_with(key, &options).await
     }
 
     /// [`result`](Self::result) with options: no timeout, or another fallback interval.
@@ -165,11 +164,10 @@ impl Keiro {
     /// As [`result`](Self::result).
     pub async fn result_with<T: DeserializeOwned>(
         &self,
-        name: &str,
-        id: &str,
+        key: impl IntoInstanceKey,
         options: &ResultOptions,
     ) -> Result<T, ResultError> {
-        let key = InstanceKey::parse(name, id)?;
+        let key = key.into_instance_key()?;
         self.result_of(&key, options).await
     }
 

@@ -8,8 +8,8 @@
 //! caller's transaction, and PostgreSQL delivers a notification only when it commits.
 
 use keiro_journal::{
-    encode_payload, AppendOutcome, AwakeableOutcome, Generation, InstanceKey, SignalOptions,
-    SignalSendOutcome, StartRequest, Started, StoreError, INPUT_STEP,
+    encode_payload, AppendOutcome, AwakeableOutcome, Generation, InstanceKey, IntoInstanceKey,
+    SignalOptions, SignalSendOutcome, StartRequest, Started, StoreError, INPUT_STEP,
 };
 use keiro_postgres::tokio_postgres::GenericClient;
 use keiro_postgres::{InTransaction, PgStore};
@@ -85,7 +85,7 @@ impl Keiro {
     /// ```no_run
     /// # async fn demo(keiro: keiro::Keiro, tx: keiro::postgres::tokio_postgres::Transaction<'_>) -> Result<(), Box<dyn std::error::Error>> {
     /// tx.execute("UPDATE payments SET state = 'paid' WHERE id = $1", &[&"pay-7"]).await?;
-    /// keiro.deliver_in(&tx, "order", "order-42", "payment", &"paid").await?;
+    /// keiro.deliver_in(&tx, ("order", "order-42"), "payment", &"paid").await?;
     /// tx.commit().await?;
     /// # Ok(()) }
     /// ```
@@ -96,8 +96,7 @@ impl Keiro {
     pub async fn deliver_in<C, T>(
         &self,
         client: &C,
-        name: &str,
-        id: &str,
+        key: impl IntoInstanceKey,
         step: &str,
         value: &T,
     ) -> Result<AppendOutcome, Error>
@@ -105,15 +104,14 @@ impl Keiro {
         C: GenericClient + Sync + ?Sized,
         T: Serialize + ?Sized,
     {
-        self.deliver_at_in(client, name, id, None, step, value)
-            .await
+        self.deliver_at_in(client, key, None, step, value).await
     }
 
     /// [`deliver_to`](Self::deliver_to) inside the caller's transaction `client`.
     ///
     /// ```no_run
     /// # async fn demo(keiro: keiro::Keiro, tx: keiro::postgres::tokio_postgres::Transaction<'_>) -> Result<(), Box<dyn std::error::Error>> {
-    /// keiro.deliver_to_in(&tx, "order", "order-42", 0, "payment", &"paid").await?;
+    /// keiro.deliver_to_in(&tx, ("order", "order-42"), 0, "payment", &"paid").await?;
     /// tx.commit().await?;
     /// # Ok(()) }
     /// ```
@@ -124,8 +122,7 @@ impl Keiro {
     pub async fn deliver_to_in<C, T>(
         &self,
         client: &C,
-        name: &str,
-        id: &str,
+        key: impl IntoInstanceKey,
         generation: Generation,
         step: &str,
         value: &T,
@@ -134,7 +131,7 @@ impl Keiro {
         C: GenericClient + Sync + ?Sized,
         T: Serialize + ?Sized,
     {
-        self.deliver_at_in(client, name, id, Some(generation), step, value)
+        self.deliver_at_in(client, key, Some(generation), step, value)
             .await
     }
 
@@ -142,8 +139,7 @@ impl Keiro {
     async fn deliver_at_in<C, T>(
         &self,
         client: &C,
-        name: &str,
-        id: &str,
+        key: impl IntoInstanceKey,
         generation: Option<Generation>,
         step: &str,
         value: &T,
@@ -152,7 +148,7 @@ impl Keiro {
         C: GenericClient + Sync + ?Sized,
         T: Serialize + ?Sized,
     {
-        let key = InstanceKey::parse(name, id)?;
+        let key = key.into_instance_key()?;
         let append =
             keiro_journal::delivery_append(&key, generation, step, value, self.payload_len_max())?;
         let tx = self.in_transaction(client)?;

@@ -59,7 +59,8 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use keiro_journal::{
-    AppendOutcome, CancelOutcome, Ctx, Instance, InstanceKey, SignalSendOutcome, WorkflowError,
+    AppendOutcome, CancelOutcome, Ctx, IdError, Instance, InstanceKey, IntoInstanceKey,
+    SignalSendOutcome, WorkflowError,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -191,9 +192,7 @@ impl<W: WorkflowDef> Handle<W> {
     ///
     /// As [`Keiro::cancel`].
     pub async fn cancel(&self) -> Result<CancelOutcome, Error> {
-        self.keiro
-            .cancel(self.key.name.as_str(), self.key.id.as_str())
-            .await
+        self.keiro.cancel(&self.key).await
     }
 
     /// Cancels the instance and its live descendants ([`Keiro::cancel_cascade`]).
@@ -202,9 +201,7 @@ impl<W: WorkflowDef> Handle<W> {
     ///
     /// As [`Keiro::cancel_cascade`].
     pub async fn cancel_cascade(&self) -> Result<CancelOutcome, Error> {
-        self.keiro
-            .cancel_cascade(self.key.name.as_str(), self.key.id.as_str())
-            .await
+        self.keiro.cancel_cascade(&self.key).await
     }
 
     /// Journals `value` for the instance's `ctx.await_step(step)` and wakes it
@@ -218,9 +215,7 @@ impl<W: WorkflowDef> Handle<W> {
         step: &str,
         value: &T,
     ) -> Result<AppendOutcome, Error> {
-        self.keiro
-            .deliver(self.key.name.as_str(), self.key.id.as_str(), step, value)
-            .await
+        self.keiro.deliver(&self.key, step, value).await
     }
 
     /// Sends a signal on `token` ([`Keiro::signal`]). Signals are addressed by token, not by
@@ -247,6 +242,13 @@ impl<W: WorkflowDef> Handle<W> {
     /// As [`Keiro::instance`].
     pub async fn instance(&self) -> Result<Option<Instance>, Error> {
         Ok(self.keiro.store().instance_get(&self.key).await?)
+    }
+}
+
+/// A handle names its instance, so it can be passed to any [`Keiro`] call that takes a key.
+impl<W> IntoInstanceKey for &Handle<W> {
+    fn into_instance_key(self) -> Result<InstanceKey, IdError> {
+        Ok(self.key.clone())
     }
 }
 

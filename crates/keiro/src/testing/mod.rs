@@ -23,10 +23,10 @@
 //! let env = TestEnv::memory().register("trial", trial).build()?;
 //! env.start("trial", "ada", &"ada").await?;
 //! env.run_until_idle().await?;
-//! assert_eq!(env.status("trial", "ada").await?, Status::Suspended); // asleep
+//! assert_eq!(env.status(("trial", "ada")).await?, Status::Suspended); // asleep
 //! env.advance(Duration::from_secs(7 * 24 * 3600)).await?; // a week, at once
-//! assert_eq!(env.status("trial", "ada").await?, Status::Completed);
-//! assert_eq!(env.steps("trial", "ada").await?, ["sleep:trial-period", "remind"]);
+//! assert_eq!(env.status(("trial", "ada")).await?, Status::Completed);
+//! assert_eq!(env.steps(("trial", "ada")).await?, ["sleep:trial-period", "remind"]);
 //! # Ok::<_, keiro::Error>(()) }).unwrap();
 //! ```
 
@@ -37,7 +37,7 @@ mod replay;
 use std::sync::Arc;
 use std::time::Duration;
 
-use keiro_journal::{AppendOutcome, Instance, InstanceKey, JournalEntry, Started, Status};
+use keiro_journal::{AppendOutcome, Instance, IntoInstanceKey, JournalEntry, Started, Status};
 use keiro_resume::{ResumeOptions, ResumeSummary};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -290,12 +290,11 @@ impl TestEnv {
     /// As [`Keiro::deliver`].
     pub async fn deliver<T: Serialize + ?Sized>(
         &self,
-        name: &str,
-        id: &str,
+        key: impl IntoInstanceKey,
         step: &str,
         value: &T,
     ) -> Result<AppendOutcome, Error> {
-        self.keiro.deliver(name, id, step, value).await
+        self.keiro.deliver(key, step, value).await
     }
 
     /// Sends a signal by token, as [`Keiro::signal`] does.
@@ -316,10 +315,10 @@ impl TestEnv {
     /// # Errors
     ///
     /// A store error, or [`Error::Store`] with not-found for an unknown instance.
-    pub async fn instance(&self, name: &str, id: &str) -> Result<Instance, Error> {
-        let key = InstanceKey::parse(name, id)?;
+    pub async fn instance(&self, key: impl IntoInstanceKey) -> Result<Instance, Error> {
+        let key = key.into_instance_key()?;
         self.keiro
-            .instance(name, id)
+            .instance(&key)
             .await?
             .ok_or_else(|| Error::Store(keiro_journal::StoreError::NotFound { key }))
     }
@@ -329,8 +328,8 @@ impl TestEnv {
     /// # Errors
     ///
     /// As [`instance`](Self::instance).
-    pub async fn status(&self, name: &str, id: &str) -> Result<Status, Error> {
-        Ok(self.instance(name, id).await?.status)
+    pub async fn status(&self, key: impl IntoInstanceKey) -> Result<Status, Error> {
+        Ok(self.instance(key).await?.status)
     }
 
     /// The instance's output decoded as `T`, once it completed.
@@ -339,8 +338,8 @@ impl TestEnv {
     ///
     /// As [`instance`](Self::instance), and [`Error::NotCompleted`] when it has not
     /// completed, [`Error::Payload`] when the output does not decode as `T`.
-    pub async fn output<T: DeserializeOwned>(&self, name: &str, id: &str) -> Result<T, Error> {
-        let row = self.instance(name, id).await?;
+    pub async fn output<T: DeserializeOwned>(&self, key: impl IntoInstanceKey) -> Result<T, Error> {
+        let row = self.instance(key).await?;
         match (row.status, row.output) {
             (Status::Completed, Some(output)) => serde_json::from_value(output).map_err(|e| {
                 Error::Payload(WorkflowError::Decode {
@@ -360,8 +359,8 @@ impl TestEnv {
     /// # Errors
     ///
     /// A store error.
-    pub async fn journal(&self, name: &str, id: &str) -> Result<Vec<JournalEntry>, Error> {
-        self.keiro.journal(name, id).await
+    pub async fn journal(&self, key: impl IntoInstanceKey) -> Result<Vec<JournalEntry>, Error> {
+        self.keiro.journal(key).await
     }
 
     /// The names of the steps the instance journaled in its current generation, in order,
@@ -370,10 +369,11 @@ impl TestEnv {
     /// # Errors
     ///
     /// A store error.
-    pub async fn steps(&self, name: &str, id: &str) -> Result<Vec<String>, Error> {
-        let generation = self.instance(name, id).await?.generation;
+    pub async fn steps(&self, key: impl IntoInstanceKey) -> Result<Vec<String>, Error> {
+        let row = self.instance(key).await?;
+        let generation = row.generation;
         Ok(self
-            .journal(name, id)
+            .journal(&row.key)
             .await?
             .into_iter()
             .filter(|e| e.generation == generation && e.event.marker().is_none())
@@ -391,14 +391,14 @@ impl TestEnv {
     /// error for a store failure or an unknown instance.
     pub async fn verify_replay(
         &self,
-        name: &str,
-        id: &str,
+        key: impl IntoInstanceKey,
     ) -> Result<Result<(), ReplayMismatch>, Error> {
-        let row = self.instance(name, id).await?;
-        let history = self.journal(name, id).await?;
+        let row = self.instance(key).await?;
+        let history = self.journal(&row.key).await?;
         let Some(workflow) = self.worker.registry().get(&row.key.name) else {
             return Ok(Err(ReplayMismatch::Unreplayable(format!(
-                "no workflow is registered under {name:?}"
+                "no workflow is registered under {:?}",
+                row.key.name.as_str()
             ))));
         };
         Ok(verify_replay(workflow.as_ref(), &row.key, &row.input, &history).await)
