@@ -1,5 +1,5 @@
 //! Start inside the caller's transaction (issue 16 item 3): `Keiro::start_in(&tx, ..)` and its
-//! siblings (deliver, signal, awakeable completion) commit with the caller's own rows or not
+//! siblings (deliver, signal, awakeable completion, cancel) commit with the caller's own rows or not
 //! at all. Postgres only; the memory store refuses them with a typed error.
 //!
 //! The caller's connection is its own (not keiro's pool) with `search_path = app`, a schema
@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use keiro::postgres::tokio_postgres::{self, AsyncMessage, Client, NoTls};
 use keiro::{
-    AppendOutcome, AwakeableOutcome, Ctx, Error, InstanceKey, Keiro, Registry, SignalSendOutcome,
-    Status, StoreError, WorkflowError,
+    AppendOutcome, AwakeableOutcome, CancelOutcome, Ctx, Error, InstanceKey, Keiro, Registry,
+    SignalSendOutcome, Status, StoreError, WorkflowError,
 };
 use keiro_tests::{Harness, TestResult};
 use tokio::sync::mpsc;
@@ -284,6 +284,94 @@ async fn a_rolled_back_delivery_leaves_nothing() -> TestResult {
         "{refused:?}"
     );
     tx.rollback().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolled_back_cancel_leaves_the_run_going_and_a_committed_one_cancels_it() -> TestResult {
+    let mut app = App::new().await?;
+    app.keiro.start("gate", "g-1", &()).await?;
+    let before = app.journal_rows("gate", "g-1").await?;
+    let status = |keiro: Keiro| async move {
+        Ok::<_, Error>(keiro.instance(("gate", "g-1")).await?.expect("row").status)
+    };
+
+    let tx = app.client.transaction().await?;
+    tx.execute("INSERT INTO orders VALUES ($1)", &[&"g-1"])
+        .await?;
+    assert_eq!(
+        app.keiro.cancel_in(&tx, ("gate", "g-1")).await?,
+        CancelOutcome::Recorded
+    );
+    tx.rollback().await?;
+    assert_eq!(app.journal_rows("gate", "g-1").await?, before);
+    assert_eq!(status(app.keiro.clone()).await?, Status::Running);
+
+    let tx = app.client.transaction().await?;
+    tx.execute("INSERT INTO orders VALUES ($1)", &[&"g-1"])
+        .await?;
+    assert_eq!(
+        app.keiro.cancel_in(&tx, ("gate", "g-1")).await?,
+        CancelOutcome::Recorded
+    );
+    // Within the transaction, a second cancel sees the first, as the pooled path would.
+    assert_eq!(
+        app.keiro.cancel_in(&tx, ("gate", "g-1")).await?,
+        CancelOutcome::AlreadyTerminal(Status::Cancelled)
+    );
+    tx.commit().await?;
+    assert_eq!(app.journal_rows("gate", "g-1").await?, before + 1);
+    assert_eq!(status(app.keiro.clone()).await?, Status::Cancelled);
+    assert_eq!(
+        app.keiro.cancel(("gate", "g-1")).await?,
+        CancelOutcome::AlreadyTerminal(Status::Cancelled)
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cascade_cancel_commits_with_the_start_it_follows() -> TestResult {
+    let mut app = App::new().await?;
+    let tx = app.client.transaction().await?;
+    app.keiro.start_in(&tx, "order", "o-1", &1).await?;
+    assert_eq!(
+        app.keiro.cancel_cascade_in(&tx, ("order", "o-1")).await?,
+        CancelOutcome::Recorded
+    );
+    tx.rollback().await?;
+    assert!(app.keiro.instance(("order", "o-1")).await?.is_none());
+
+    let tx = app.client.transaction().await?;
+    app.keiro.start_in(&tx, "order", "o-1", &1).await?;
+    app.keiro.cancel_cascade_in(&tx, ("order", "o-1")).await?;
+    tx.commit().await?;
+    let row = app.keiro.instance(("order", "o-1")).await?.expect("row");
+    assert_eq!(row.status, Status::Cancelled);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_of_a_bad_or_unknown_key_gets_the_errors_of_the_pooled_path() -> TestResult {
+    let mut app = App::new().await?;
+    let tx = app.client.transaction().await?;
+    // Refused before anything is sent: the transaction is still good afterwards.
+    let inside = app.keiro.cancel_in(&tx, ("gate", "a/b")).await;
+    let pooled = app.keiro.cancel(("gate", "a/b")).await;
+    assert!(matches!(inside, Err(Error::InvalidId(_))), "{inside:?}");
+    assert_eq!(format!("{pooled:?}"), format!("{inside:?}"));
+    tx.execute("INSERT INTO orders VALUES ($1)", &[&"o-1"])
+        .await?;
+    let inside = app.keiro.cancel_in(&tx, ("gate", "nobody")).await;
+    assert!(
+        matches!(inside, Err(Error::Store(StoreError::NotFound { ref key })) if *key == InstanceKey::parse("gate", "nobody")?),
+        "{inside:?}"
+    );
+    let memory = Keiro::memory();
+    let refused = memory.cancel_in(&tx, ("gate", "g-1")).await;
+    assert!(
+        matches!(refused, Err(Error::Unsupported { .. })),
+        "{refused:?}"
+    );
     Ok(())
 }
 

@@ -8,8 +8,9 @@
 //! caller's transaction, and PostgreSQL delivers a notification only when it commits.
 
 use keiro_journal::{
-    encode_payload, AppendOutcome, AwakeableOutcome, Generation, InstanceKey, IntoInstanceKey,
-    SignalOptions, SignalSendOutcome, StartRequest, Started, StoreError, INPUT_STEP,
+    cancel_outcome, encode_payload, AppendOutcome, AwakeableOutcome, CancelOutcome, Generation,
+    InstanceKey, IntoInstanceKey, SignalOptions, SignalSendOutcome, StartRequest, Started,
+    StoreError, INPUT_STEP,
 };
 use keiro_postgres::tokio_postgres::GenericClient;
 use keiro_postgres::{InTransaction, PgStore};
@@ -224,6 +225,77 @@ impl Keiro {
             .in_transaction(client)?
             .signal_send_with(token, &payload, &options)
             .await?)
+    }
+
+    /// [`cancel`](Self::cancel) inside the caller's transaction `client`: the cancel marker is
+    /// written when the caller commits (the run then stops at its next boundary); if the caller
+    /// rolls back, the instance runs on as if nothing happened.
+    ///
+    /// ```no_run
+    /// # async fn demo(keiro: keiro::Keiro, tx: keiro::postgres::tokio_postgres::Transaction<'_>) -> Result<(), Box<dyn std::error::Error>> {
+    /// tx.execute("UPDATE orders SET state = 'withdrawn' WHERE id = $1", &[&"order-42"]).await?;
+    /// keiro.cancel_in(&tx, ("order", "order-42")).await?;
+    /// tx.commit().await?; // the order is withdrawn and its workflow cancelled, or neither
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`cancel`](Self::cancel) and [`start_in`](Self::start_in).
+    pub async fn cancel_in<C>(
+        &self,
+        client: &C,
+        key: impl IntoInstanceKey,
+    ) -> Result<CancelOutcome, Error>
+    where
+        C: GenericClient + Sync + ?Sized,
+    {
+        self.cancel_at_in(client, key, false).await
+    }
+
+    /// [`cancel_cascade`](Self::cancel_cascade) inside the caller's transaction `client`.
+    ///
+    /// ```no_run
+    /// # async fn demo(keiro: keiro::Keiro, tx: keiro::postgres::tokio_postgres::Transaction<'_>) -> Result<(), Box<dyn std::error::Error>> {
+    /// keiro.cancel_cascade_in(&tx, ("order", "order-42")).await?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`cancel_cascade`](Self::cancel_cascade) and [`start_in`](Self::start_in).
+    pub async fn cancel_cascade_in<C>(
+        &self,
+        client: &C,
+        key: impl IntoInstanceKey,
+    ) -> Result<CancelOutcome, Error>
+    where
+        C: GenericClient + Sync + ?Sized,
+    {
+        self.cancel_at_in(client, key, true).await
+    }
+
+    /// `keiro_journal::cancel`'s steps, on the caller's client.
+    async fn cancel_at_in<C>(
+        &self,
+        client: &C,
+        key: impl IntoInstanceKey,
+        cascade: bool,
+    ) -> Result<CancelOutcome, Error>
+    where
+        C: GenericClient + Sync + ?Sized,
+    {
+        let key = key.into_instance_key()?;
+        let tx = self.in_transaction(client)?;
+        loop {
+            // A conflict means a rotation committed between the function's read and its
+            // append; the next statement sees the new generation, so cancelling again there
+            // is what the pooled path does too.
+            if let Some(outcome) = cancel_outcome(tx.instance_cancel(&key, cascade).await?) {
+                return Ok(outcome);
+            }
+        }
     }
 
     /// [`complete_awakeable`](Self::complete_awakeable) inside the caller's transaction
