@@ -76,6 +76,18 @@ impl Keiro {
     /// Instances by workflow and status, the timer backlog (due and future), and the pending
     /// and running remote tasks by group.
     ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// keiro.start("order", "order-1", &7).await?;
+    /// let counts = keiro.counts().await?;
+    /// println!("{counts:?}");
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`Error::Store`], [`Error::Unsupported`] for a store built with `KeiroBuilder::lease_only`.
@@ -123,6 +135,19 @@ impl Keiro {
     /// waits and remote tasks, in one short transaction. Never a live instance, nor one whose
     /// parent or child is not expired too.
     ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// use std::time::Duration;
+    /// let request = keiro::GcRequest::new(Duration::from_secs(30 * 86_400));
+    /// let batch = keiro.gc_batch(&request).await?;
+    /// assert_eq!(batch.instances, 0);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`Error::Store`], [`Error::Unsupported`] for a store built with `KeiroBuilder::lease_only`.
@@ -155,6 +180,18 @@ impl Keiro {
     }
 
     /// How many instances [`gc`](Self::gc) with `request` would delete now (a dry run).
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// use std::time::Duration;
+    /// let request = keiro::GcRequest::new(Duration::from_secs(30 * 86_400));
+    /// assert_eq!(keiro.gc_eligible(&request).await?, 0);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     ///
     /// # Errors
     ///

@@ -123,6 +123,17 @@ pub enum ResultError {
 impl ResultError {
     /// Whether the instance is known to have failed or been cancelled (not a timeout, not a
     /// store error): waiting again gives the same answer until an operator acts.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let key = keiro::InstanceKey::parse("order", "order-1")?;
+    /// assert!(keiro::ResultError::Cancelled { key: key.clone() }.is_final());
+    /// let waited = std::time::Duration::from_secs(1);
+    /// assert!(!keiro::ResultError::Timeout { key, waited }.is_final());
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn is_final(&self) -> bool {
         matches!(self, Self::Failed { .. } | Self::Cancelled { .. })
     }
@@ -158,6 +169,24 @@ impl Keiro {
     }
 
     /// [`result`](Self::result) with options: no timeout, or another fallback interval.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// let worker = keiro.worker().register("hello", hello).build()?;
+    /// keiro.start("hello", "h-1", &"ada").await?;
+    /// worker.drain().await?;
+    /// let options = keiro::ResultOptions { timeout: None, ..keiro::ResultOptions::default() };
+    /// let greeting: String = keiro.result_with(("hello", "h-1"), &options).await?;
+    /// assert_eq!(greeting, "hello ada");
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     ///
     /// # Errors
     ///
