@@ -12,8 +12,7 @@
 //! # Ok(()) }
 //! ```
 
-use std::time::Duration;
-
+use keiro::error_chain;
 use keiro_postgres::{Config, PgStore};
 
 /// The environment variable naming the test database.
@@ -26,9 +25,6 @@ pub const TEST_DATABASE_URL_DEFAULT: &str = "postgres://postgres@127.0.0.1:5432/
 /// Prefix of every schema a [`TestDb`] creates, so leftovers of killed test runs are easy to
 /// find and drop.
 pub const TEST_SCHEMA_PREFIX: &str = "keiro_test_";
-
-/// How long dropping a schema waits for locks before giving up and leaving it behind.
-const DROP_LOCK_TIMEOUT: &str = "5s";
 
 /// The URL of the test database: [`TEST_DATABASE_URL`], or [`TEST_DATABASE_URL_DEFAULT`].
 pub fn test_database_url() -> String {
@@ -112,54 +108,12 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        // Idle connections go now; without them nothing of this test holds the schema's locks.
-        self.store.pool().close();
-        let connection = self.store.connection_config().clone();
-        let schema = self.config.schema.clone();
-        // Drop runs inside the test's runtime, which cannot be blocked on; a thread with its
-        // own runtime can, and joining it keeps the drop synchronous so nothing leaks past the
-        // test's end.
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())?;
-            runtime.block_on(async move {
-                let (client, driver) = connection.connect(tokio_postgres::NoTls).await.map_err(|e| e.to_string())?;
-                let driver = tokio::spawn(driver);
-                // The schema name is a validated identifier we generated; DDL takes no bind
-                // parameters for identifiers.
-                let sql = format!(
-                    "SET lock_timeout = '{DROP_LOCK_TIMEOUT}'; DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
-                );
-                let result = client.batch_execute(&sql).await.map_err(|e| e.to_string());
-                drop(client);
-                let _ = tokio::time::timeout(Duration::from_secs(1), driver).await;
-                result
-            })
-        })
-        .join();
-        match dropped {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => eprintln!(
-                "warning: test schema {} was not dropped: {e}",
-                self.config.schema
-            ),
-            Err(_) => eprintln!(
-                "warning: dropping test schema {} panicked",
-                self.config.schema
-            ),
+        if let Err(e) = self.store.drop_schema_blocking() {
+            eprintln!(
+                "warning: test schema {} was not dropped: {}",
+                self.config.schema,
+                error_chain(&e)
+            );
         }
     }
-}
-
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(e) = cause {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        cause = e.source();
-    }
-    text
 }

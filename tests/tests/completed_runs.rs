@@ -36,18 +36,18 @@ async fn a_completed_run_cancels_its_leftover_task_and_awakeable(
     let keiro = env.keiro();
     env.start("quick", "q-1", &()).await?;
     env.run_until_idle().await?;
-    let tasks = keiro.remote_tasks("quick", "q-1").await?;
+    let tasks = keiro.remote_tasks(("quick", "q-1")).await?;
     assert_eq!(tasks.len(), 1, "{tasks:?}");
-    env.deliver("quick", "q-1", "approval", &"yes").await?;
+    env.deliver(("quick", "q-1"), "approval", &"yes").await?;
     env.run_until_idle().await?;
-    let row = env.instance("quick", "q-1").await?;
+    let row = env.instance(("quick", "q-1")).await?;
     assert_eq!(row.status, Status::Completed, "{:?}", row.last_error);
 
-    let tasks = keiro.remote_tasks("quick", "q-1").await?;
+    let tasks = keiro.remote_tasks(("quick", "q-1")).await?;
     assert_eq!(tasks[0].status, TaskStatus::Cancelled, "{tasks:?}");
     assert_eq!(keiro.store().awakeables_pending().await?, 0);
     let spare: uuid::Uuid = env
-        .journal("quick", "q-1")
+        .journal(("quick", "q-1"))
         .await?
         .into_iter()
         .find_map(|e| match e.event {

@@ -71,7 +71,7 @@ async fn a_database_outage_mid_run_is_transient_and_loses_nothing() -> TestResul
     let mut total = keiro::ResumeSummary::default();
     for _ in 0..20 {
         total += keiro::resume_once(keiro.store(), &registry, &options).await?;
-        let row = keiro.instance("outage", "o-1").await?.expect("row");
+        let row = keiro.instance(("outage", "o-1")).await?.expect("row");
         assert_eq!(row.attempts, 0, "a store error is not a crash: {total:?}");
         if row.status == Status::Completed {
             break;
@@ -87,7 +87,7 @@ async fn a_database_outage_mid_run_is_transient_and_loses_nothing() -> TestResul
         "the cut step re-ran only if its append was lost: ran {cut}, {total:?}"
     );
     let names: Vec<String> = keiro
-        .journal("outage", "o-1")
+        .journal(("outage", "o-1"))
         .await?
         .iter()
         .map(|e| e.event.step_name().into_owned())

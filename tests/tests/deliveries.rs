@@ -47,14 +47,14 @@ async fn a_delivery_before_the_body_runs_a_step_of_that_name_changes_nothing(
     let ledger = Ledger::default();
     let worker = charging_worker(&h, &ledger)?;
     h.keiro.start("order", "o-1", &()).await?;
-    h.keiro.deliver("order", "o-1", "charge", &7u32).await?;
+    h.keiro.deliver(("order", "o-1"), "charge", &7u32).await?;
     worker.drain().await?;
-    let row = h.keiro.instance("order", "o-1").await?.expect("row");
+    let row = h.keiro.instance(("order", "o-1")).await?.expect("row");
     assert_eq!(row.status, Status::Suspended, "{:?}", row.last_error);
     assert_eq!(ledger.count("charge"), 1, "the step ran, once");
-    h.keiro.deliver("order", "o-1", "approval", &true).await?;
+    h.keiro.deliver(("order", "o-1"), "approval", &true).await?;
     worker.drain().await?;
-    let row = h.keiro.instance("order", "o-1").await?.expect("row");
+    let row = h.keiro.instance(("order", "o-1")).await?.expect("row");
     assert_eq!(
         (row.status, row.output),
         (Status::Completed, Some(serde_json::json!([42, true]))),
@@ -70,15 +70,18 @@ async fn an_early_delivery_waits_for_its_await(h: Harness) -> TestResult {
     let ledger = Ledger::default();
     let worker = charging_worker(&h, &ledger)?;
     h.keiro.start("order", "o-1", &()).await?;
-    h.keiro.deliver("order", "o-1", "approval", &true).await?;
-    let again = h.keiro.deliver("order", "o-1", "approval", &false).await?;
+    h.keiro.deliver(("order", "o-1"), "approval", &true).await?;
+    let again = h
+        .keiro
+        .deliver(("order", "o-1"), "approval", &false)
+        .await?;
     assert_eq!(
         again,
         keiro::AppendOutcome::AlreadyPresent(serde_json::json!(true)),
         "the first delivery wins"
     );
     worker.drain().await?;
-    let row = h.keiro.instance("order", "o-1").await?.expect("row");
+    let row = h.keiro.instance(("order", "o-1")).await?.expect("row");
     assert_eq!(
         (row.status, row.output),
         (Status::Completed, Some(serde_json::json!([42, true]))),
@@ -95,13 +98,13 @@ async fn a_delivery_to_a_step_the_body_recorded_changes_nothing(h: Harness) -> T
     let worker = charging_worker(&h, &ledger)?;
     h.keiro.start("order", "o-1", &()).await?;
     worker.drain().await?;
-    h.keiro.deliver("order", "o-1", "charge", &7u32).await?;
+    h.keiro.deliver(("order", "o-1"), "charge", &7u32).await?;
     worker.drain().await?;
-    let row = h.keiro.instance("order", "o-1").await?.expect("row");
+    let row = h.keiro.instance(("order", "o-1")).await?.expect("row");
     assert_eq!(row.status, Status::Suspended, "{:?}", row.last_error);
-    h.keiro.deliver("order", "o-1", "approval", &true).await?;
+    h.keiro.deliver(("order", "o-1"), "approval", &true).await?;
     worker.drain().await?;
-    let row = h.keiro.instance("order", "o-1").await?.expect("row");
+    let row = h.keiro.instance(("order", "o-1")).await?.expect("row");
     assert_eq!(
         (row.status, row.output),
         (Status::Completed, Some(serde_json::json!([42, true]))),
@@ -141,12 +144,12 @@ async fn a_delivery_bound_to_a_left_generation_is_refused(h: Harness) -> TestRes
     h.keiro.start("billing", "b-1", &0u32).await?;
     worker.drain().await?;
     h.keiro
-        .deliver_to("billing", "b-1", 0, "payment", &100u32)
+        .deliver_to(("billing", "b-1"), 0, "payment", &100u32)
         .await?;
     worker.drain().await?;
     assert_eq!(
         h.keiro
-            .instance("billing", "b-1")
+            .instance(("billing", "b-1"))
             .await?
             .expect("row")
             .generation,
@@ -156,7 +159,7 @@ async fn a_delivery_bound_to_a_left_generation_is_refused(h: Harness) -> TestRes
     // taken as generation 1's payment.
     let retried = h
         .keiro
-        .deliver_to("billing", "b-1", 0, "payment", &100u32)
+        .deliver_to(("billing", "b-1"), 0, "payment", &100u32)
         .await?;
     assert_eq!(
         retried,
@@ -165,7 +168,7 @@ async fn a_delivery_bound_to_a_left_generation_is_refused(h: Harness) -> TestRes
     // A delivery for generation 0 that it never got is refused: that await is gone.
     let late = h
         .keiro
-        .deliver_to("billing", "b-1", 0, "refund", &5u32)
+        .deliver_to(("billing", "b-1"), 0, "refund", &5u32)
         .await;
     assert!(
         matches!(
@@ -184,10 +187,10 @@ async fn a_delivery_bound_to_a_left_generation_is_refused(h: Harness) -> TestRes
     assert_eq!(ledger.count("ship-100"), 1, "shipped once");
     // Generation 1's own payment is accepted.
     h.keiro
-        .deliver_to("billing", "b-1", 1, "payment", &200u32)
+        .deliver_to(("billing", "b-1"), 1, "payment", &200u32)
         .await?;
     worker.drain().await?;
-    let row = h.keiro.instance("billing", "b-1").await?.expect("row");
+    let row = h.keiro.instance(("billing", "b-1")).await?.expect("row");
     assert_eq!(
         (row.status, row.output),
         (Status::Completed, Some(serde_json::json!(200)))
@@ -213,7 +216,7 @@ async fn a_value_delivered_under_the_bare_name_is_still_read(h: Harness) -> Test
     );
     h.keiro.store().journal_append(&legacy).await?;
     worker.drain().await?;
-    let row = h.keiro.instance("order", "o-1").await?.expect("row");
+    let row = h.keiro.instance(("order", "o-1")).await?.expect("row");
     assert_eq!(
         (row.status, row.output),
         (Status::Completed, Some(serde_json::json!([42, true]))),

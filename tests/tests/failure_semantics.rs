@@ -53,7 +53,7 @@ async fn run_until_terminal(
     let rows = loop {
         let mut rows = Vec::new();
         for id in ids {
-            rows.push(h.keiro.instance(name, id).await?.expect("started"));
+            rows.push(h.keiro.instance((name, id)).await?.expect("started"));
         }
         if rows.iter().all(|r| r.status.is_terminal()) || tokio::time::Instant::now() > deadline {
             break rows;
@@ -156,19 +156,19 @@ async fn drive_passes(
 ) -> Result<keiro::Instance, Box<dyn std::error::Error + Send + Sync>> {
     for _ in 0..passes {
         keiro::resume_once(&h.store, registry, options).await?;
-        let row = h.keiro.instance(name, id).await?.expect("started");
+        let row = h.keiro.instance((name, id)).await?.expect("started");
         if row.status.is_terminal() {
             return Ok(row);
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    Ok(h.keiro.instance(name, id).await?.expect("started"))
+    Ok(h.keiro.instance((name, id)).await?.expect("started"))
 }
 
 /// The reason of the failed marker of the instance's journal.
 async fn failure_reason(h: &Harness, name: &str, id: &str) -> Result<String, keiro::Error> {
     Ok(h.keiro
-        .journal(name, id)
+        .journal((name, id))
         .await?
         .into_iter()
         .find_map(|e| match e.event {
@@ -317,7 +317,7 @@ async fn the_facades_payload_limit_reaches_its_workers(h: Harness) -> TestResult
         })
         .build()?;
     worker.drain().await?;
-    let row = keiro.instance("wide", "w-1").await?.expect("started");
+    let row = keiro.instance(("wide", "w-1")).await?.expect("started");
     assert_eq!(
         row.status,
         Status::Failed,
@@ -333,7 +333,7 @@ async fn the_facades_payload_limit_reaches_its_workers(h: Harness) -> TestResult
         })
         .build()?;
     roomy.drain().await?;
-    let row = keiro.instance("wide", "w-2").await?.expect("started");
+    let row = keiro.instance(("wide", "w-2")).await?.expect("started");
     assert_eq!(row.status, Status::Completed);
     Ok(())
 }
@@ -396,7 +396,7 @@ async fn a_step_with_a_policy_retries_in_place(h: Harness) -> TestResult {
         1,
         "retries ran in place, not by re-driving"
     );
-    let row = h.keiro.instance("retry", "r-1").await?.expect("started");
+    let row = h.keiro.instance(("retry", "r-1")).await?.expect("started");
     assert_eq!(row.output, Some(serde_json::json!(3)));
     Ok(())
 }
@@ -432,7 +432,7 @@ async fn a_step_with_spent_attempts_gives_the_body_step_failed(h: Harness) -> Te
     })?;
     h.keiro.start("spent", "s-1", &()).await?;
     keiro::resume_once(&h.store, &registry, &h.fast_options()).await?;
-    let row = h.keiro.instance("spent", "s-1").await?.expect("started");
+    let row = h.keiro.instance(("spent", "s-1")).await?.expect("started");
     assert_eq!(row.status, Status::Completed);
     assert_eq!(row.output, Some(serde_json::json!("3: declined")));
     assert_eq!(ledger.count("charge"), 3);
@@ -441,7 +441,7 @@ async fn a_step_with_spent_attempts_gives_the_body_step_failed(h: Harness) -> Te
         .get(&keiro::WorkflowName::new("spent")?)
         .cloned()
         .expect("registered");
-    h.keiro.resurrect("spent", "s-1").await.ok();
+    h.keiro.resurrect(("spent", "s-1")).await.ok();
     let replayed = run_inline(&h, &key("spent", "s-1"), workflow.as_ref()).await;
     assert!(replayed.is_ok(), "{replayed:?}");
     assert_eq!(ledger.count("charge"), 3);
@@ -534,19 +534,19 @@ async fn refused_inputs_and_deliveries_are_typed_errors(h: Harness) -> TestResul
     let start = h.keiro.start("typed", "t-1", &"a\u{0}").await;
     assert!(refused(&start), "{start:?}");
     assert!(
-        h.keiro.instance("typed", "t-1").await?.is_none(),
+        h.keiro.instance(("typed", "t-1")).await?.is_none(),
         "nothing was written"
     );
     h.keiro.start("typed", "t-2", &()).await?;
     let delivered = h
         .keiro
-        .deliver("typed", "t-2", "approval", &"no\u{0}")
+        .deliver(("typed", "t-2"), "approval", &"no\u{0}")
         .await;
     assert!(refused(&delivered), "{delivered:?}");
     let signalled = h.keiro.signal("tok", &"no\u{0}").await;
     assert!(refused(&signalled), "{signalled:?}");
     assert!(
-        h.keiro.journal("typed", "t-2").await?.is_empty(),
+        h.keiro.journal(("typed", "t-2")).await?.is_empty(),
         "nothing was journaled"
     );
     Ok(())

@@ -36,7 +36,7 @@ async fn an_awakeable_of_a_left_generation_journals_nothing_into_the_new_one(
     worker.drain().await?;
     let old_id: uuid::Uuid = h
         .keiro
-        .journal("loop", "l-1")
+        .journal(("loop", "l-1"))
         .await?
         .into_iter()
         .find_map(|e| match e.event {
@@ -52,7 +52,7 @@ async fn an_awakeable_of_a_left_generation_journals_nothing_into_the_new_one(
         "{outcome:?}"
     );
     worker.drain().await?;
-    let row = h.keiro.instance("loop", "l-1").await?.expect("row");
+    let row = h.keiro.instance(("loop", "l-1")).await?.expect("row");
     assert_eq!(
         (row.generation, row.status),
         (1, Status::Suspended),
@@ -86,7 +86,7 @@ async fn a_signal_wait_of_a_left_generation_does_not_swallow_the_next_signal(
         .build()?;
     h.keiro.start("loop", "l-1", &0u32).await?;
     worker.drain().await?;
-    let row = h.keiro.instance("loop", "l-1").await?.expect("row");
+    let row = h.keiro.instance(("loop", "l-1")).await?.expect("row");
     assert_eq!((row.generation, row.status), (1, Status::Suspended));
     let sent = h.keiro.signal("tok", &9u32).await?;
     assert!(
@@ -94,7 +94,7 @@ async fn a_signal_wait_of_a_left_generation_does_not_swallow_the_next_signal(
         "{sent:?}"
     );
     worker.drain().await?;
-    let row = h.keiro.instance("loop", "l-1").await?.expect("row");
+    let row = h.keiro.instance(("loop", "l-1")).await?.expect("row");
     assert_eq!(
         (row.status, row.output),
         (Status::Completed, Some(serde_json::json!(9))),

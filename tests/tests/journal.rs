@@ -95,13 +95,13 @@ async fn journaled_steps_never_run_again(h: Harness) -> TestResult {
     );
     let steps: Vec<String> = h
         .keiro
-        .journal("three", "t-1")
+        .journal(("three", "t-1"))
         .await?
         .into_iter()
         .map(|e| e.event.step_name().into_owned())
         .collect();
     assert_eq!(steps, ["a", "b", "c", "__workflow_completed__"]);
-    let row = h.keiro.instance("three", "t-1").await?.expect("row");
+    let row = h.keiro.instance(("three", "t-1")).await?.expect("row");
     assert_eq!(row.status, Status::Completed);
     assert_eq!(row.output, Some(json!(51)));
     Ok(())
@@ -246,7 +246,7 @@ async fn racing_runs_converge_on_one_result(h: Harness) -> TestResult {
             run_inline(&h, &k, wf.as_ref())
         );
         let (x, y) = (x?, y?);
-        let recorded = h.keiro.instance("rr", &id).await?.and_then(|r| r.output);
+        let recorded = h.keiro.instance(("rr", &id)).await?.and_then(|r| r.output);
         assert_eq!(x, y);
         assert_eq!(x, RunOutcome::Completed(recorded.expect("completed")));
     }
@@ -256,7 +256,7 @@ async fn racing_runs_converge_on_one_result(h: Harness) -> TestResult {
 async fn appends_after_failed_or_cancelled_are_refused(h: Harness) -> TestResult {
     h.keiro.start("t", "cancelled", &()).await?;
     assert_eq!(
-        h.keiro.cancel("t", "cancelled").await?,
+        h.keiro.cancel(("t", "cancelled")).await?,
         CancelOutcome::Recorded
     );
     let refused = h
@@ -343,7 +343,7 @@ async fn completion_and_cancellation_have_one_winner(h: Harness) -> TestResult {
         };
         let cancel = {
             let (keiro, id) = (h.keiro.clone(), id.clone());
-            tokio::spawn(async move { keiro.cancel("cc", &id).await })
+            tokio::spawn(async move { keiro.cancel(("cc", &id)).await })
         };
         let completed = complete.await?? == AppendOutcome::Appended;
         let cancelled = cancel.await?? == CancelOutcome::Recorded;
@@ -381,7 +381,10 @@ async fn cancel_stops_the_run_at_its_next_boundary(h: Harness) -> TestResult {
             ctx.step("one", || async {
                 l.bump("one");
                 // Cancelled from outside while this step is in flight.
-                keiro.cancel("cx", "c-1").await.map_err(|e| e.to_string())?;
+                keiro
+                    .cancel(("cx", "c-1"))
+                    .await
+                    .map_err(|e| e.to_string())?;
                 Ok::<_, String>(())
             })
             .await?;
@@ -399,7 +402,7 @@ async fn cancel_stops_the_run_at_its_next_boundary(h: Harness) -> TestResult {
     assert_eq!((ledger.count("one"), ledger.count("two")), (1, 0));
     let names: Vec<String> = h
         .keiro
-        .journal("cx", "c-1")
+        .journal(("cx", "c-1"))
         .await?
         .iter()
         .map(|e| e.event.step_name().into_owned())
@@ -414,18 +417,18 @@ async fn cancel_stops_the_run_at_its_next_boundary(h: Harness) -> TestResult {
 
 async fn cancel_is_idempotent_and_refuses_unknown_instances(h: Harness) -> TestResult {
     h.keiro.start("c", "c-1", &()).await?;
-    assert_eq!(h.keiro.cancel("c", "c-1").await?, CancelOutcome::Recorded);
+    assert_eq!(h.keiro.cancel(("c", "c-1")).await?, CancelOutcome::Recorded);
     assert_eq!(
-        h.keiro.cancel("c", "c-1").await?,
+        h.keiro.cancel(("c", "c-1")).await?,
         CancelOutcome::AlreadyTerminal(Status::Cancelled)
     );
-    let unknown = h.keiro.cancel("c", "nope").await;
+    let unknown = h.keiro.cancel(("c", "nope")).await;
     assert!(
         matches!(&unknown, Err(keiro::Error::Store(e)) if e.is_not_found()),
         "{unknown:?}"
     );
     assert!(
-        h.keiro.instance("c", "nope").await?.is_none(),
+        h.keiro.instance(("c", "nope")).await?.is_none(),
         "cancel mints no state"
     );
     Ok(())
@@ -647,7 +650,7 @@ async fn await_suspends_and_resumes_with_the_delivered_value(h: Harness) -> Test
         "suspension journals no completion"
     );
     assert_eq!(
-        h.keiro.deliver("appr", "a-1", "approval", &true).await?,
+        h.keiro.deliver(("appr", "a-1"), "approval", &true).await?,
         AppendOutcome::Appended
     );
     assert_eq!(
@@ -666,11 +669,11 @@ async fn await_suspends_and_resumes_with_the_delivered_value(h: Harness) -> Test
 async fn duplicate_delivery_is_idempotent(h: Harness) -> TestResult {
     h.keiro.start("appr", "a-2", &()).await?;
     assert_eq!(
-        h.keiro.deliver("appr", "a-2", "approval", &true).await?,
+        h.keiro.deliver(("appr", "a-2"), "approval", &true).await?,
         AppendOutcome::Appended
     );
     assert_eq!(
-        h.keiro.deliver("appr", "a-2", "approval", &false).await?,
+        h.keiro.deliver(("appr", "a-2"), "approval", &false).await?,
         AppendOutcome::AlreadyPresent(json!(true))
     );
     Ok(())
@@ -685,7 +688,7 @@ async fn wake_before_park_is_never_masked(h: Harness) -> TestResult {
         async move {
             ctx.step("deliver-early", || async {
                 keiro
-                    .deliver("early", "e-1", "value", &7)
+                    .deliver(("early", "e-1"), "value", &7)
                     .await
                     .map_err(|e| e.to_string())?;
                 Ok::<_, String>(())
@@ -714,7 +717,9 @@ async fn wake_before_park_is_never_masked(h: Harness) -> TestResult {
 
 async fn undecodable_recorded_value_is_a_typed_error(h: Harness) -> TestResult {
     h.keiro.start("dec", "d-1", &()).await?;
-    h.keiro.deliver("dec", "d-1", "n", &"not a number").await?;
+    h.keiro
+        .deliver(("dec", "d-1"), "n", &"not a number")
+        .await?;
     let wf = workflow_fn(|ctx: Ctx, (): ()| async move {
         match ctx.await_step::<u64>("n").await {
             Err(WorkflowError::Decode { step, .. }) => Ok(format!("decode error at {step}")),
@@ -733,7 +738,7 @@ async fn undecodable_recorded_value_is_a_typed_error(h: Harness) -> TestResult {
         Err(keiro::Error::InvalidId(_))
     ));
     assert!(matches!(
-        h.keiro.deliver("dec", "d-1", "sleep:x", &1).await,
+        h.keiro.deliver(("dec", "d-1"), "sleep:x", &1).await,
         Err(keiro::Error::InvalidId(_))
     ));
     Ok(())
@@ -747,7 +752,7 @@ async fn oversized_payloads_are_refused_and_lose_nothing(h: Harness) -> TestResu
         Err(keiro::Error::Payload(_))
     ));
     assert!(
-        small.instance("big", "b-1").await?.is_none(),
+        small.instance(("big", "b-1")).await?.is_none(),
         "a refused start writes nothing"
     );
 
@@ -842,7 +847,7 @@ async fn patched_takes_old_branch_in_flight_and_new_branch_fresh(h: Harness) -> 
     );
 
     let new = patched_flow(ledger.clone());
-    h.keiro.deliver("patch", "in-flight", "go", &true).await?;
+    h.keiro.deliver(("patch", "in-flight"), "go", &true).await?;
     assert_eq!(
         run_inline(&h, &in_flight, new.as_ref()).await?,
         RunOutcome::Completed(json!(false))
@@ -852,7 +857,7 @@ async fn patched_takes_old_branch_in_flight_and_new_branch_fresh(h: Harness) -> 
         run_inline(&h, &fresh, new.as_ref()).await?,
         RunOutcome::Suspended
     );
-    h.keiro.deliver("patch", "fresh", "go", &true).await?;
+    h.keiro.deliver(("patch", "fresh"), "go", &true).await?;
     assert_eq!(
         run_inline(&h, &fresh, new.as_ref()).await?,
         RunOutcome::Completed(json!(true))

@@ -41,7 +41,7 @@ async fn a_step_past_the_budget_fails_the_run_before_its_action(h: Harness) -> T
         .build()?;
     h.keiro.start("loop", "l-1", &()).await?;
     worker.drain().await?;
-    let row = h.keiro.instance("loop", "l-1").await?.expect("row");
+    let row = h.keiro.instance(("loop", "l-1")).await?.expect("row");
     assert_eq!((row.status, row.attempts), (Status::Failed, 0));
     assert_eq!(ledger.count("step"), 10, "the 11th action never ran");
     let error = row.last_error.unwrap_or_default();
@@ -81,7 +81,7 @@ async fn a_body_continues_as_new_when_its_journal_is_full(h: Harness) -> TestRes
         .build()?;
     h.keiro.start("long", "l-1", &0u32).await?;
     worker.drain().await?;
-    let row = h.keiro.instance("long", "l-1").await?.expect("row");
+    let row = h.keiro.instance(("long", "l-1")).await?.expect("row");
     assert_eq!(row.status, Status::Completed, "{:?}", row.last_error);
     assert_eq!(row.generation, 2, "two continues as new");
     assert_eq!(ledger.all().len(), 25);
@@ -113,7 +113,7 @@ async fn a_result_past_the_byte_budget_fails_the_run_without_a_retry(h: Harness)
         .build()?;
     h.keiro.start("wide", "w-1", &()).await?;
     worker.drain().await?;
-    let row = h.keiro.instance("wide", "w-1").await?.expect("row");
+    let row = h.keiro.instance(("wide", "w-1")).await?.expect("row");
     assert_eq!((row.status, row.attempts), (Status::Failed, 0));
     assert_eq!(
         ledger.count("step"),
@@ -121,7 +121,7 @@ async fn a_result_past_the_byte_budget_fails_the_run_without_a_retry(h: Harness)
         "the second result did not fit and was not retried"
     );
     assert_eq!(
-        h.keiro.journal("wide", "w-1").await?.len(),
+        h.keiro.journal(("wide", "w-1")).await?.len(),
         2,
         "s-0 and the failure"
     );
@@ -162,7 +162,7 @@ async fn an_instance_whose_journal_cannot_be_loaded_does_not_block_the_others(
     let statuses = loop {
         let mut statuses = Vec::new();
         for id in ["a", "big", "c"] {
-            statuses.push(keiro.instance("plain", id).await?.expect("row").status);
+            statuses.push(keiro.instance(("plain", id)).await?.expect("row").status);
         }
         if statuses.iter().all(|s| s.is_terminal()) || tokio::time::Instant::now() > deadline {
             break statuses;
@@ -176,7 +176,7 @@ async fn an_instance_whose_journal_cannot_be_loaded_does_not_block_the_others(
         [Status::Completed, Status::Failed, Status::Completed]
     );
     let error = keiro
-        .instance("plain", "big")
+        .instance(("plain", "big"))
         .await?
         .expect("row")
         .last_error

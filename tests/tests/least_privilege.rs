@@ -119,16 +119,16 @@ async fn a_role_without_create_migrates_as_a_no_op_and_runs_workflows() -> TestR
     keiro.start("approval", "order-1", "order-1").await?;
     worker.drain().await?;
     let parked = keiro
-        .instance("approval", "order-1")
+        .instance(("approval", "order-1"))
         .await?
         .ok_or("missing")?;
     assert_eq!(parked.status, Status::Suspended);
     keiro
-        .deliver("approval", "order-1", "approval", &true)
+        .deliver(("approval", "order-1"), "approval", &true)
         .await?;
     worker.drain().await?;
     let done = keiro
-        .instance("approval", "order-1")
+        .instance(("approval", "order-1"))
         .await?
         .ok_or("missing")?;
     assert_eq!(done.status, Status::Completed, "{done:?}");

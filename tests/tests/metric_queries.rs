@@ -113,7 +113,7 @@ async fn a_cancelled_runs_awakeables_are_settled(h: Harness) -> TestResult {
     assert_eq!(h.store.awakeables_pending().await?, 1);
     let id = ids.lock().expect("lock")[0];
 
-    h.keiro.cancel("approver", "a-1").await?;
+    h.keiro.cancel(("approver", "a-1")).await?;
     assert_eq!(h.store.awakeables_pending().await?, 0);
     let journal = h.store.journal_history(&key("approver", "a-1")).await?;
     // Settled by the cancel, so a late completion journals nothing into the cancelled run.
@@ -134,7 +134,7 @@ async fn awakeables_of_a_generation_left_by_continue_as_new_are_settled(h: Harne
     let options = h.fast_options();
     h.keiro.start("roller", "r-1", &0u32).await?;
     keiro::drain(&h.store, &registry, &options).await?;
-    let row = h.keiro.instance("roller", "r-1").await?.expect("row");
+    let row = h.keiro.instance(("roller", "r-1")).await?.expect("row");
     assert_eq!((row.generation, row.status), (1, keiro::Status::Completed));
     assert_eq!(h.store.awakeables_pending().await?, 0);
     let id = ids.lock().expect("lock")[0];

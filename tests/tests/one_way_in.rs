@@ -36,7 +36,7 @@ async fn completes_by_push(keiro: &Keiro) -> TestResult {
     tokio::time::sleep(Duration::from_millis(300)).await;
     keiro.start("hello", "h-1", &"ada").await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while keiro.instance("hello", "h-1").await?.expect("row").status != Status::Completed {
+    while keiro.instance(("hello", "h-1")).await?.expect("row").status != Status::Completed {
         assert!(
             tokio::time::Instant::now() < deadline,
             "a push woke the worker before its poll"

@@ -59,7 +59,7 @@ async fn fail_label(h: &Harness, worker: &Worker, id: &str) -> TestResult {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         worker.drain().await?;
-        let row = h.keiro.instance("label", id).await?.expect("row");
+        let row = h.keiro.instance(("label", id)).await?.expect("row");
         if row.status == Status::Failed {
             break;
         }
@@ -108,7 +108,7 @@ async fn list_filters_and_pages_add_up(h: Harness) -> TestResult {
     h.keiro.start("nap", "n-1", &()).await?;
     worker.drain().await?;
     for id in ["o-1", "o-2"] {
-        h.keiro.deliver("order", id, "go", &true).await?;
+        h.keiro.deliver(("order", id), "go", &true).await?;
     }
     worker.drain().await?;
     fail_label(&h, &worker, "l-1").await?;
@@ -311,8 +311,8 @@ async fn counts_show_statuses_timers_and_remote_backlog(h: Harness) -> TestResul
     h.keiro.start("nap", "n-1", &()).await?;
     h.keiro.start("label", "l-1", &()).await?;
     worker.drain().await?;
-    h.keiro.deliver("order", "o-1", "go", &true).await?;
-    h.keiro.cancel("order", "o-2").await?;
+    h.keiro.deliver(("order", "o-1"), "go", &true).await?;
+    h.keiro.cancel(("order", "o-2")).await?;
     worker.drain().await?;
     let counts = h.keiro.counts().await?;
     let pairs: Vec<(String, Status, u64)> = counts

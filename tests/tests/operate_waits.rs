@@ -71,7 +71,7 @@ fn hours_from_now(hours: i64) -> OffsetDateTime {
 }
 
 async fn waits(h: &Harness, name: &str, id: &str) -> Result<Waits, Error> {
-    h.keiro.waits(name, id, WAITS_LIMIT_DEFAULT).await
+    h.keiro.waits((name, id), WAITS_LIMIT_DEFAULT).await
 }
 
 async fn waits_follow_timers_awakeables_and_signal_waits(h: Harness) -> TestResult {
@@ -153,7 +153,7 @@ async fn waits_follow_timers_awakeables_and_signal_waits(h: Harness) -> TestResu
         assert_eq!(timer.attempts, 1);
     }
     worker.drain().await?;
-    let row = h.keiro.instance("waiter", "w-1").await?.expect("row");
+    let row = h.keiro.instance(("waiter", "w-1")).await?.expect("row");
     assert_eq!(row.status, Status::Completed, "{row:?}");
     assert_eq!(row.output, Some(serde_json::json!("hi yes")));
     // Completion keeps the history of what it waited on.
@@ -168,7 +168,7 @@ async fn a_cancelled_run_shows_its_awakeables_cancelled(h: Harness) -> TestResul
     let parked = waits(&h, "waiter", "w-2").await?;
     assert_eq!(parked.awakeables[0].status, AwakeableStatus::Pending);
 
-    h.keiro.cancel("waiter", "w-2").await?;
+    h.keiro.cancel(("waiter", "w-2")).await?;
     let cancelled = waits(&h, "waiter", "w-2").await?;
     assert_eq!(cancelled.awakeables.len(), 1);
     assert_eq!(cancelled.awakeables[0].id, parked.awakeables[0].id);
@@ -190,7 +190,7 @@ async fn waits_are_newest_first_and_bounded(h: Harness) -> TestResult {
             .await?;
     }
     worker.drain().await?;
-    let row = h.keiro.instance("napper", "n-1").await?.expect("row");
+    let row = h.keiro.instance(("napper", "n-1")).await?.expect("row");
     assert_eq!(row.status, Status::Completed, "{row:?}");
 
     let steps = |waits: &Waits| -> Vec<String> {
@@ -200,14 +200,14 @@ async fn waits_are_newest_first_and_bounded(h: Harness) -> TestResult {
             .map(|timer| timer.step.clone())
             .collect()
     };
-    let all = h.keiro.waits("napper", "n-1", 3).await?;
+    let all = h.keiro.waits(("napper", "n-1"), 3).await?;
     assert_eq!(steps(&all), ["sleep:c", "sleep:b", "sleep:a"]);
     assert!(!all.truncated);
-    let two = h.keiro.waits("napper", "n-1", 2).await?;
+    let two = h.keiro.waits(("napper", "n-1"), 2).await?;
     assert_eq!(steps(&two), ["sleep:c", "sleep:b"]);
     assert!(two.truncated);
 
-    let many = h.keiro.waits("many", "m-1", 3).await?;
+    let many = h.keiro.waits(("many", "m-1"), 3).await?;
     assert!(!many.truncated);
     let tokens: Vec<&str> = many.signal_waits.iter().map(|w| w.token.as_str()).collect();
     assert_eq!(tokens, ["many-3", "many-2", "many-1"]);
@@ -216,7 +216,7 @@ async fn waits_are_newest_first_and_bounded(h: Harness) -> TestResult {
         assert!(pair[0].created_at >= pair[1].created_at, "{pair:?}");
     }
     // The allocation order is the journal's: x, y, z; newest first is z, y, x.
-    let journal = h.keiro.journal("many", "m-1").await?;
+    let journal = h.keiro.journal(("many", "m-1")).await?;
     let allocated: Vec<String> = journal
         .iter()
         .map(|entry| entry.event.encode())
@@ -231,7 +231,7 @@ async fn waits_are_newest_first_and_bounded(h: Harness) -> TestResult {
         .collect();
     assert_eq!(listed, allocated);
 
-    let cut = h.keiro.waits("many", "m-1", 1).await?;
+    let cut = h.keiro.waits(("many", "m-1"), 1).await?;
     assert!(cut.truncated);
     assert_eq!(cut.signal_waits.len(), 1);
     assert_eq!(cut.signal_waits[0].token, "many-3");
@@ -242,15 +242,15 @@ async fn waits_are_newest_first_and_bounded(h: Harness) -> TestResult {
 
 async fn bad_waits_requests_are_typed_errors(h: Harness) -> TestResult {
     assert!(matches!(
-        h.keiro.waits("waiter", "w-1", 0).await,
+        h.keiro.waits(("waiter", "w-1"), 0).await,
         Err(Error::Filter(FilterError::Limit { limit: 0, .. }))
     ));
     assert!(matches!(
-        h.keiro.waits("waiter", "w-1", 1001).await,
+        h.keiro.waits(("waiter", "w-1"), 1001).await,
         Err(Error::Filter(FilterError::Limit { limit: 1001, .. }))
     ));
     assert!(matches!(
-        h.keiro.waits("wait:er", "w-1", 10).await,
+        h.keiro.waits(("wait:er", "w-1"), 10).await,
         Err(Error::InvalidId(_))
     ));
     assert_eq!(waits(&h, "waiter", "nobody").await?, Waits::default());

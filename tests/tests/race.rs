@@ -70,7 +70,11 @@ async fn the_recorded_winner_decides_after_the_loser_arrives_too(h: Harness) -> 
     h.keiro.start("race", "r-1", &100u64).await?;
     worker.drain().await?;
     assert_eq!(
-        h.keiro.instance("race", "r-1").await?.expect("row").status,
+        h.keiro
+            .instance(("race", "r-1"))
+            .await?
+            .expect("row")
+            .status,
         Status::Suspended,
         "parked on both branches"
     );
@@ -81,13 +85,13 @@ async fn the_recorded_winner_decides_after_the_loser_arrives_too(h: Harness) -> 
     assert_eq!(ledger.count("TimedOut"), 1);
     // The approval arrives late; the run is re-driven (as after a crash) with both branches
     // journaled: the recorded winner still decides, with no NonDeterminism.
-    h.keiro.deliver("race", "r-1", "approval", &true).await?;
+    h.keiro.deliver(("race", "r-1"), "approval", &true).await?;
     worker.drain().await?;
-    let row = h.keiro.instance("race", "r-1").await?.expect("row");
+    let row = h.keiro.instance(("race", "r-1")).await?.expect("row");
     assert_eq!(row.status, Status::Suspended, "{:?}", row.last_error);
-    h.keiro.deliver("race", "r-1", "finish", &()).await?;
+    h.keiro.deliver(("race", "r-1"), "finish", &()).await?;
     worker.drain().await?;
-    let row = h.keiro.instance("race", "r-1").await?.expect("row");
+    let row = h.keiro.instance(("race", "r-1")).await?.expect("row");
     assert_eq!(row.status, Status::Completed, "{:?}", row.last_error);
     assert_eq!(row.output, Some(serde_json::json!("TimedOut")));
     assert_eq!(
@@ -134,14 +138,14 @@ async fn a_losing_signal_wait_leaves_the_next_signal_to_the_next_waiter(h: Harne
     assert_eq!(sent, SignalSendOutcome::Buffered);
     h.keiro.start("take", "t-1", &()).await?;
     worker.drain().await?;
-    let taker = h.keiro.instance("take", "t-1").await?.expect("row");
+    let taker = h.keiro.instance(("take", "t-1")).await?.expect("row");
     assert_eq!(
         (taker.status, taker.output),
         (Status::Completed, Some(serde_json::json!(7)))
     );
-    h.keiro.deliver("lose", "l-1", "finish", &()).await?;
+    h.keiro.deliver(("lose", "l-1"), "finish", &()).await?;
     worker.drain().await?;
-    let loser = h.keiro.instance("lose", "l-1").await?.expect("row");
+    let loser = h.keiro.instance(("lose", "l-1")).await?.expect("row");
     assert_eq!(
         (loser.status, loser.output),
         (Status::Completed, Some(serde_json::Value::Null))
@@ -160,10 +164,10 @@ async fn an_undecided_race_parks_on_every_branch(h: Harness) -> TestResult {
         .build()?;
     h.keiro.start("race", "r-2", &3_600_000u64).await?;
     worker.drain().await?;
-    h.keiro.deliver("race", "r-2", "approval", &false).await?;
+    h.keiro.deliver(("race", "r-2"), "approval", &false).await?;
     worker.drain().await?;
     assert_eq!(ledger.count("Approved(false)"), 1);
-    let journal = h.keiro.journal("race", "r-2").await?;
+    let journal = h.keiro.journal(("race", "r-2")).await?;
     assert!(
         journal.iter().any(|e| matches!(&e.event,
             keiro::Event::StepRecorded { step, result, .. }

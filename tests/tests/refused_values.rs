@@ -397,7 +397,7 @@ async fn a_refused_output_fails_its_step_and_the_rest_of_its_batch_lands(h: Harn
     for i in 0..RUNS {
         let row = h
             .keiro
-            .instance("labels", &format!("l-{i}"))
+            .instance(("labels", &format!("l-{i}")))
             .await?
             .expect("row");
         assert_eq!(
@@ -444,7 +444,7 @@ async fn a_refused_output_fails_its_step_and_the_rest_of_its_batch_lands(h: Harn
 
     for i in 0..RUNS {
         let (id, order) = (format!("l-{i}"), format!("o-{i}"));
-        let row = h.keiro.instance("labels", &id).await?.expect("row");
+        let row = h.keiro.instance(("labels", &id)).await?.expect("row");
         let output = row.output.and_then(|o| o.as_str().map(str::to_owned));
         let output = output.unwrap_or_default();
         if order == POISON {
@@ -452,7 +452,7 @@ async fn a_refused_output_fails_its_step_and_the_rest_of_its_batch_lands(h: Harn
                 output.starts_with("remote error output_refused: "),
                 "{id}: {output}"
             );
-            let tasks = h.keiro.remote_tasks("labels", &id).await?;
+            let tasks = h.keiro.remote_tasks(("labels", &id)).await?;
             assert_eq!(
                 (tasks[0].status, tasks[0].attempts),
                 (TaskStatus::Failed, 1)
@@ -479,7 +479,7 @@ async fn until_all_completed(
         let mut open = Vec::new();
         for i in 0..RUNS {
             let id = format!("l-{i}");
-            let row = h.keiro.instance("labels", &id).await?.expect("row");
+            let row = h.keiro.instance(("labels", &id)).await?.expect("row");
             if row.status != Status::Completed {
                 open.push((id, row.status, row.last_error));
             }

@@ -58,7 +58,7 @@ async fn until_status(
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         keiro::resume_once(&h.store, registry, &options(h)).await?;
-        let row = h.keiro.instance(name, id).await?.expect("instance");
+        let row = h.keiro.instance((name, id)).await?.expect("instance");
         if row.status == status {
             return Ok(());
         }
@@ -142,9 +142,9 @@ async fn a_remote_step_runs_on_a_worker_and_the_run_resumes(h: Harness) -> TestR
     let registry = shipping(RemoteOptions::default(), ledger.clone())?;
     h.keiro.start("shipping", "s-1", &"order-1").await?;
     keiro::resume_once(&h.store, &registry, &options(&h)).await?;
-    let row = h.keiro.instance("shipping", "s-1").await?.expect("row");
+    let row = h.keiro.instance(("shipping", "s-1")).await?.expect("row");
     assert_eq!(row.status, Status::Suspended, "parked on the remote step");
-    let tasks = h.keiro.remote_tasks("shipping", "s-1").await?;
+    let tasks = h.keiro.remote_tasks(("shipping", "s-1")).await?;
     assert_eq!(tasks.len(), 1);
     assert_eq!(tasks[0].step_id, "shipping/s-1/0/print");
     assert_eq!(tasks[0].group, "print");
@@ -166,11 +166,11 @@ async fn a_remote_step_runs_on_a_worker_and_the_run_resumes(h: Harness) -> TestR
     until_status(&h, &registry, "shipping", "s-1", Status::Completed).await?;
     running.stop().await;
 
-    let row = h.keiro.instance("shipping", "s-1").await?.expect("row");
+    let row = h.keiro.instance(("shipping", "s-1")).await?.expect("row");
     assert_eq!(row.output, Some(json!("label:order-1")));
     assert_eq!(seen.count("shipping/s-1/0/print#1"), 1);
     assert_eq!(ledger.count("after"), 1);
-    let journal = h.keiro.journal("shipping", "s-1").await?;
+    let journal = h.keiro.journal(("shipping", "s-1")).await?;
     let recorded: Vec<_> = journal
         .iter()
         .filter_map(|e| match &e.event {
@@ -184,7 +184,7 @@ async fn a_remote_step_runs_on_a_worker_and_the_run_resumes(h: Harness) -> TestR
         recorded,
         [("remote:print".to_owned(), json!({"ok": "label:order-1"}))]
     );
-    let tasks = h.keiro.remote_tasks("shipping", "s-1").await?;
+    let tasks = h.keiro.remote_tasks(("shipping", "s-1")).await?;
     assert_eq!(tasks[0].status, TaskStatus::Completed);
     Ok(())
 }
@@ -198,7 +198,7 @@ async fn a_dispatch_is_written_once_per_step_id(h: Harness) -> TestResult {
     let workflow = registry.get(&k.name).expect("registered");
     keiro_tests::run_inline(&h, &k, workflow.as_ref()).await?;
     keiro_tests::run_inline(&h, &k, workflow.as_ref()).await?;
-    let tasks = h.keiro.remote_tasks("shipping", "s-2").await?;
+    let tasks = h.keiro.remote_tasks(("shipping", "s-2")).await?;
     assert_eq!(tasks.len(), 1);
     assert_eq!(tasks[0].dispatches, 1);
 
@@ -214,7 +214,7 @@ async fn a_dispatch_is_written_once_per_step_id(h: Harness) -> TestResult {
     assert_eq!(first, keiro::ReportOutcome::Delivered);
     assert_eq!(second, keiro::ReportOutcome::AlreadySettled);
     until_status(&h, &registry, "shipping", "s-2", Status::Completed).await?;
-    let row = h.keiro.instance("shipping", "s-2").await?.expect("row");
+    let row = h.keiro.instance(("shipping", "s-2")).await?.expect("row");
     assert_eq!(row.output, Some(json!("a")));
     Ok(())
 }
@@ -261,7 +261,7 @@ async fn retryable_failures_back_off_then_succeed(h: Harness) -> TestResult {
         attempts[2].1 - attempts[1].1 >= Duration::from_millis(50),
         "{attempts:?}"
     );
-    let tasks = h.keiro.remote_tasks("shipping", "s-3").await?;
+    let tasks = h.keiro.remote_tasks(("shipping", "s-3")).await?;
     assert_eq!(
         (tasks[0].status, tasks[0].attempts),
         (TaskStatus::Completed, 2)
@@ -293,10 +293,10 @@ async fn a_not_retryable_failure_fails_at_once(h: Harness) -> TestResult {
     until_status(&h, &registry, "shipping", "s-4", Status::Failed).await?;
     running.stop().await;
     assert_eq!(calls.load(Ordering::SeqCst), 1);
-    let row = h.keiro.instance("shipping", "s-4").await?.expect("row");
+    let row = h.keiro.instance(("shipping", "s-4")).await?.expect("row");
     let error = row.last_error.unwrap_or_default();
     assert!(error.contains("no such address"), "{error}");
-    let tasks = h.keiro.remote_tasks("shipping", "s-4").await?;
+    let tasks = h.keiro.remote_tasks(("shipping", "s-4")).await?;
     assert_eq!(
         (tasks[0].status, tasks[0].attempts),
         (TaskStatus::Failed, 1)
@@ -332,7 +332,7 @@ async fn exhausted_retries_reach_the_body_as_a_remote_step_error(h: Harness) -> 
     let running = Running::start(worker);
     until_status(&h, &registry, "fallback", "f-1", Status::Completed).await?;
     running.stop().await;
-    let row = h.keiro.instance("fallback", "f-1").await?.expect("row");
+    let row = h.keiro.instance(("fallback", "f-1")).await?.expect("row");
     assert_eq!(
         row.output,
         Some(json!(
@@ -353,7 +353,7 @@ async fn a_silent_task_is_redispatched_and_then_lost(h: Harness) -> TestResult {
     })?;
     h.keiro.start("silent", "v-1", &()).await?;
     keiro::resume_once(&h.store, &registry, &options(&h)).await?;
-    let row = h.keiro.instance("silent", "v-1").await?.expect("row");
+    let row = h.keiro.instance(("silent", "v-1")).await?.expect("row");
     assert_eq!(row.status, Status::Suspended);
     assert!(
         row.wake_after.is_some(),
@@ -366,10 +366,10 @@ async fn a_silent_task_is_redispatched_and_then_lost(h: Harness) -> TestResult {
     loop {
         tokio::time::sleep(Duration::from_millis(50)).await;
         keiro::resume_once(&h.store, &registry, &options(&h)).await?;
-        let tasks = h.keiro.remote_tasks("silent", "v-1").await?;
+        let tasks = h.keiro.remote_tasks(("silent", "v-1")).await?;
         dispatches.push(tasks[0].dispatches);
         if h.keiro
-            .instance("silent", "v-1")
+            .instance(("silent", "v-1"))
             .await?
             .expect("row")
             .status
@@ -383,13 +383,13 @@ async fn a_silent_task_is_redispatched_and_then_lost(h: Harness) -> TestResult {
         );
     }
     assert!(dispatches.contains(&2), "{dispatches:?}");
-    let row = h.keiro.instance("silent", "v-1").await?.expect("row");
+    let row = h.keiro.instance(("silent", "v-1")).await?.expect("row");
     let output = row
         .output
         .and_then(|o| o.as_str().map(str::to_owned))
         .unwrap_or_default();
     assert!(output.starts_with("lost: "), "{output}");
-    let tasks = h.keiro.remote_tasks("silent", "v-1").await?;
+    let tasks = h.keiro.remote_tasks(("silent", "v-1")).await?;
     assert_eq!(
         (tasks[0].status, tasks[0].dispatches),
         (TaskStatus::Failed, 2)
@@ -429,7 +429,7 @@ async fn a_dead_workers_task_is_redispatched_and_completes(h: Harness) -> TestRe
     let running = Running::start(worker);
     until_status(&h, &registry, "shipping", "s-5", Status::Completed).await?;
     running.stop().await;
-    let row = h.keiro.instance("shipping", "s-5").await?.expect("row");
+    let row = h.keiro.instance(("shipping", "s-5")).await?.expect("row");
     assert_eq!(row.output, Some(json!("order-5 on dispatch 2")));
     // The dead claim's late failure is ignored.
     let late = h
@@ -453,14 +453,14 @@ async fn redispatch_pending_counts_the_runs_pending_steps(h: Harness) -> TestRes
     let registry = pair()?;
     h.keiro.start("pair", "p-1", &()).await?;
     keiro::resume_once(&h.store, &registry, &options(&h)).await?;
-    assert_eq!(h.keiro.remote_tasks("pair", "p-1").await?.len(), 2);
-    assert_eq!(h.keiro.redispatch_pending("pair", "p-1").await?, 2);
-    let tasks = h.keiro.remote_tasks("pair", "p-1").await?;
+    assert_eq!(h.keiro.remote_tasks(("pair", "p-1")).await?.len(), 2);
+    assert_eq!(h.keiro.redispatch_pending(("pair", "p-1")).await?, 2);
+    let tasks = h.keiro.remote_tasks(("pair", "p-1")).await?;
     assert!(tasks
         .iter()
         .all(|t| t.dispatches == 2 && t.status == TaskStatus::Pending));
     assert!(matches!(
-        h.keiro.redispatch_pending("pair", "nobody").await,
+        h.keiro.redispatch_pending(("pair", "nobody")).await,
         Err(keiro::Error::Admin(
             keiro_remote::AdminError::NotFound { .. }
         ))
@@ -473,9 +473,13 @@ async fn redispatch_pending_counts_the_runs_pending_steps(h: Harness) -> TestRes
             .await?;
     }
     until_status(&h, &registry, "pair", "p-1", Status::Completed).await?;
-    assert_eq!(h.keiro.redispatch_pending("pair", "p-1").await?, 0);
+    assert_eq!(h.keiro.redispatch_pending(("pair", "p-1")).await?, 0);
     assert_eq!(
-        h.keiro.instance("pair", "p-1").await?.expect("row").output,
+        h.keiro
+            .instance(("pair", "p-1"))
+            .await?
+            .expect("row")
+            .output,
         Some(json!(30))
     );
     Ok(())
@@ -523,7 +527,7 @@ async fn requeue_retries_a_failed_remote_step(h: Harness) -> TestResult {
     until_status(&h, &registry, "shipping", "s-6", Status::Failed).await?;
 
     broken.store(false, Ordering::SeqCst);
-    let outcome = h.keiro.requeue("shipping", "s-6").await?;
+    let outcome = h.keiro.requeue(("shipping", "s-6")).await?;
     assert_eq!(
         outcome,
         RequeueOutcome::Requeued {
@@ -531,7 +535,7 @@ async fn requeue_retries_a_failed_remote_step(h: Harness) -> TestResult {
             children: vec![]
         }
     );
-    let row = h.keiro.instance("shipping", "s-6").await?.expect("row");
+    let row = h.keiro.instance(("shipping", "s-6")).await?.expect("row");
     assert_eq!(
         (row.status, row.last_error.as_deref()),
         (Status::Running, None)
@@ -542,7 +546,7 @@ async fn requeue_retries_a_failed_remote_step(h: Harness) -> TestResult {
     assert_eq!(ledger.count("after"), 1);
 
     // History is appended to: the failure, the reset, the retry's result all remain.
-    let journal = h.keiro.journal("shipping", "s-6").await?;
+    let journal = h.keiro.journal(("shipping", "s-6")).await?;
     let names: Vec<String> = journal
         .iter()
         .map(|e| e.event.step_name().into_owned())
@@ -561,7 +565,7 @@ async fn requeue_retries_a_failed_remote_step(h: Harness) -> TestResult {
         .any(|n| n.starts_with("__workflow_resurrected__")));
     // A run that is not failed is not requeued.
     assert_eq!(
-        h.keiro.requeue("shipping", "s-6").await?,
+        h.keiro.requeue(("shipping", "s-6")).await?,
         RequeueOutcome::NotFailed(Status::Completed)
     );
     Ok(())
@@ -591,12 +595,12 @@ async fn requeue_parent_first_cascades_to_the_failed_child(h: Harness) -> TestRe
     let running = Running::start(flaky_printer(&h, broken.clone(), calls.clone()));
     until_status(&h, &registry, "parent", "p-2", Status::Failed).await?;
     assert_eq!(
-        h.keiro.instance("kid", "k-2").await?.expect("kid").status,
+        h.keiro.instance(("kid", "k-2")).await?.expect("kid").status,
         Status::Failed
     );
 
     broken.store(false, Ordering::SeqCst);
-    let outcome = h.keiro.requeue("parent", "p-2").await?;
+    let outcome = h.keiro.requeue(("parent", "p-2")).await?;
     assert_eq!(
         outcome,
         RequeueOutcome::Requeued {
@@ -608,7 +612,7 @@ async fn requeue_parent_first_cascades_to_the_failed_child(h: Harness) -> TestRe
     running.stop().await;
     assert_eq!(
         h.keiro
-            .instance("parent", "p-2")
+            .instance(("parent", "p-2"))
             .await?
             .expect("row")
             .output,
@@ -628,20 +632,20 @@ async fn requeue_child_first_then_parent_adopts_its_success(h: Harness) -> TestR
 
     broken.store(false, Ordering::SeqCst);
     assert!(matches!(
-        h.keiro.requeue("kid", "k-3").await?,
+        h.keiro.requeue(("kid", "k-3")).await?,
         RequeueOutcome::Requeued { reset_steps: 1, .. }
     ));
     until_status(&h, &registry, "kid", "k-3", Status::Completed).await?;
     // The parent is still failed: the child's success waits in the child's row.
     assert_eq!(
         h.keiro
-            .instance("parent", "p-3")
+            .instance(("parent", "p-3"))
             .await?
             .expect("row")
             .status,
         Status::Failed
     );
-    let outcome = h.keiro.requeue("parent", "p-3").await?;
+    let outcome = h.keiro.requeue(("parent", "p-3")).await?;
     assert_eq!(
         outcome,
         RequeueOutcome::Requeued {
@@ -653,7 +657,7 @@ async fn requeue_child_first_then_parent_adopts_its_success(h: Harness) -> TestR
     running.stop().await;
     assert_eq!(
         h.keiro
-            .instance("parent", "p-3")
+            .instance(("parent", "p-3"))
             .await?
             .expect("row")
             .output,
@@ -684,15 +688,18 @@ async fn a_fix_and_replay_success_unblocks_the_origins_parent(h: Harness) -> Tes
     let running = Running::start(worker);
     until_status(&h, &registry, "parent", "p-4", Status::Failed).await?;
 
-    let retry = h.keiro.retry_with_input("kid", "k-4", &"k-4 fixed").await?;
+    let retry = h
+        .keiro
+        .retry_with_input(("kid", "k-4"), &"k-4 fixed")
+        .await?;
     assert!(retry.id.as_str().starts_with("k-4~retry~"), "{retry}");
     until_status(&h, &registry, "kid", retry.id.as_str(), Status::Completed).await?;
     // The origin is untouched.
     assert_eq!(
-        h.keiro.instance("kid", "k-4").await?.expect("row").status,
+        h.keiro.instance(("kid", "k-4")).await?.expect("row").status,
         Status::Failed
     );
-    let outcome = h.keiro.requeue("parent", "p-4").await?;
+    let outcome = h.keiro.requeue(("parent", "p-4")).await?;
     assert_eq!(
         outcome,
         RequeueOutcome::Requeued {
@@ -705,14 +712,14 @@ async fn a_fix_and_replay_success_unblocks_the_origins_parent(h: Harness) -> Tes
     running.stop().await;
     assert_eq!(
         h.keiro
-            .instance("parent", "p-4")
+            .instance(("parent", "p-4"))
             .await?
             .expect("row")
             .output,
         Some(json!("parent got label:k-4 fixed"))
     );
     assert_eq!(
-        h.keiro.instance("kid", "k-4").await?.expect("row").status,
+        h.keiro.instance(("kid", "k-4")).await?.expect("row").status,
         Status::Failed
     );
     Ok(())
@@ -735,12 +742,12 @@ async fn bad_remote_step_names_are_typed_errors(h: Harness) -> TestResult {
         h.keiro.start("names", &id, name).await?;
         until_status(&h, &registry, "names", &id, Status::Completed).await?;
         assert_eq!(
-            h.keiro.instance("names", &id).await?.expect("row").output,
+            h.keiro.instance(("names", &id)).await?.expect("row").output,
             Some(json!("invalid")),
             "{name:?}"
         );
     }
-    assert!(h.keiro.remote_tasks("names", "n-0").await?.is_empty());
+    assert!(h.keiro.remote_tasks(("names", "n-0")).await?.is_empty());
     Ok(())
 }
 
@@ -752,11 +759,11 @@ async fn a_requeued_run_parks_until_its_retry_reports(h: Harness) -> TestResult 
     until_status(&h, &registry, "shipping", "s-7", Status::Failed).await?;
     running.stop().await;
 
-    h.keiro.requeue("shipping", "s-7").await?;
+    h.keiro.requeue(("shipping", "s-7")).await?;
     keiro::resume_once(&h.store, &registry, &options(&h)).await?;
     // The superseded failure does not count as the step's value: the run parks, and a pass
     // finds nothing to do until the retry reports.
-    let row = h.keiro.instance("shipping", "s-7").await?.expect("row");
+    let row = h.keiro.instance(("shipping", "s-7")).await?.expect("row");
     assert_eq!(row.status, Status::Suspended);
     assert_eq!(
         keiro::resume_once(&h.store, &registry, &options(&h))
@@ -764,7 +771,7 @@ async fn a_requeued_run_parks_until_its_retry_reports(h: Harness) -> TestResult 
             .discovered,
         0
     );
-    let tasks = h.keiro.remote_tasks("shipping", "s-7").await?;
+    let tasks = h.keiro.remote_tasks(("shipping", "s-7")).await?;
     assert_eq!(
         (tasks[0].status, tasks[0].journal_step.as_str()),
         (TaskStatus::Pending, "remote:print#1")
@@ -775,7 +782,7 @@ async fn a_requeued_run_parks_until_its_retry_reports(h: Harness) -> TestResult 
     until_status(&h, &registry, "shipping", "s-7", Status::Completed).await?;
     assert_eq!(
         h.keiro
-            .instance("shipping", "s-7")
+            .instance(("shipping", "s-7"))
             .await?
             .expect("row")
             .output,
@@ -812,13 +819,17 @@ async fn a_result_reported_while_the_run_was_failed_is_kept(h: Harness) -> TestR
             .await?,
         keiro::ReportOutcome::OwnerGone
     );
-    h.keiro.requeue("pair", "p-2").await?;
+    h.keiro.requeue(("pair", "p-2")).await?;
     keiro::resume_once(&h.store, &registry, &options(&h)).await?;
     let left = h.transport.tasks_claim(&claim("left")).await?.remove(0);
     h.transport.task_complete(&left.step_id, &json!(10)).await?;
     until_status(&h, &registry, "pair", "p-2", Status::Completed).await?;
     assert_eq!(
-        h.keiro.instance("pair", "p-2").await?.expect("row").output,
+        h.keiro
+            .instance(("pair", "p-2"))
+            .await?
+            .expect("row")
+            .output,
         Some(json!(30)),
         "the kept result of `right` counts"
     );
@@ -892,7 +903,7 @@ async fn shutdown_lets_a_running_handler_finish_and_report(h: Harness) -> TestRe
     // Asked to stop mid-handler: it claims nothing more, but the running handler finishes
     // and its result is reported before `run_until` returns.
     running.stop().await;
-    let tasks = h.keiro.remote_tasks("shipping", "s-9").await?;
+    let tasks = h.keiro.remote_tasks(("shipping", "s-9")).await?;
     assert_eq!(tasks[0].status, TaskStatus::Completed);
     until_status(&h, &registry, "shipping", "s-9", Status::Completed).await?;
     Ok(())
@@ -940,7 +951,7 @@ async fn a_panicking_handler_is_a_retryable_failure_and_a_bad_input_a_fatal_one(
         let id = id.to_owned();
         async move {
             keiro
-                .instance("odd", &id)
+                .instance(("odd", &id))
                 .await
                 .map(|row| row.and_then(|r| r.output).unwrap_or_default())
         }
@@ -975,7 +986,7 @@ async fn an_oversized_output_fails_the_step_at_once(h: Harness) -> TestResult {
     let running = Running::start(worker);
     until_status(&h, &registry, "shipping", "s-10", Status::Failed).await?;
     running.stop().await;
-    let tasks = h.keiro.remote_tasks("shipping", "s-10").await?;
+    let tasks = h.keiro.remote_tasks(("shipping", "s-10")).await?;
     assert_eq!(
         (tasks[0].status, tasks[0].attempts),
         (TaskStatus::Failed, 1)
@@ -1021,20 +1032,20 @@ async fn a_remote_step_beside_a_local_step_is_dispatched_while_the_action_runs(
         Some(1),
         "the task was written while the action ran"
     );
-    let tasks = h.keiro.remote_tasks("beside", "b-1").await?;
+    let tasks = h.keiro.remote_tasks(("beside", "b-1")).await?;
     h.transport
         .task_complete(&tasks[0].step_id, &json!("L"))
         .await?;
     until_status(&h, &registry, "beside", "b-1", Status::Completed).await?;
     assert_eq!(
         h.keiro
-            .instance("beside", "b-1")
+            .instance(("beside", "b-1"))
             .await?
             .expect("row")
             .output,
         Some(json!("L+1"))
     );
-    assert_eq!(h.keiro.remote_tasks("beside", "b-1").await?.len(), 1);
+    assert_eq!(h.keiro.remote_tasks(("beside", "b-1")).await?.len(), 1);
     Ok(())
 }
 
@@ -1042,7 +1053,7 @@ async fn bad_operator_input_is_a_typed_error_and_starts_nothing(h: Harness) -> T
     let keiro = h.keiro.clone().with_payload_len_max(32);
     h.keiro.start("shipping", "s-11", &"order-11").await?;
     let oversized = keiro
-        .retry_with_input("shipping", "s-11", &"y".repeat(100))
+        .retry_with_input(("shipping", "s-11"), &"y".repeat(100))
         .await;
     assert!(
         matches!(
@@ -1051,7 +1062,7 @@ async fn bad_operator_input_is_a_typed_error_and_starts_nothing(h: Harness) -> T
         ),
         "{oversized:?}"
     );
-    let unknown = keiro.retry_with_input("shipping", "nobody", &"z").await;
+    let unknown = keiro.retry_with_input(("shipping", "nobody"), &"z").await;
     assert!(
         matches!(
             unknown,
@@ -1062,19 +1073,19 @@ async fn bad_operator_input_is_a_typed_error_and_starts_nothing(h: Harness) -> T
         "{unknown:?}"
     );
     assert!(matches!(
-        h.keiro.requeue("shipping", "nobody").await,
+        h.keiro.requeue(("shipping", "nobody")).await,
         Err(keiro::Error::Admin(
             keiro_remote::AdminError::NotFound { .. }
         ))
     ));
     assert!(matches!(
-        h.keiro.requeue("shipping", "bad/id").await,
+        h.keiro.requeue(("shipping", "bad/id")).await,
         Err(keiro::Error::InvalidId(_))
     ));
     // Nothing was started beside the origin.
     let retries = h
         .keiro
-        .instance("shipping", "s-11")
+        .instance(("shipping", "s-11"))
         .await?
         .map(|row| row.key.id.to_string());
     assert_eq!(retries.as_deref(), Some("s-11"));
@@ -1149,7 +1160,7 @@ async fn all_completed(h: &Harness, ids: &[&str]) -> TestResult {
     loop {
         let mut done = 0;
         for id in ids {
-            let tasks = h.keiro.remote_tasks("shipping", id).await?;
+            let tasks = h.keiro.remote_tasks(("shipping", id)).await?;
             done += tasks
                 .iter()
                 .filter(|t| t.status == TaskStatus::Completed)
@@ -1284,7 +1295,7 @@ async fn a_claim_that_expires_counts_an_attempt_and_at_the_limit_the_step_crashe
     until_status(&h, &registry, "fragile", "f-1", Status::Completed).await?;
     running.stop().await;
     assert_eq!(calls.count("print"), 0, "the crashed step never ran again");
-    let row = h.keiro.instance("fragile", "f-1").await?.expect("row");
+    let row = h.keiro.instance(("fragile", "f-1")).await?.expect("row");
     assert_eq!(
         row.output,
         Some(json!(format!(
@@ -1292,7 +1303,7 @@ async fn a_claim_that_expires_counts_an_attempt_and_at_the_limit_the_step_crashe
             keiro::RemoteStepError::CRASHED
         )))
     );
-    let tasks = h.keiro.remote_tasks("fragile", "f-1").await?;
+    let tasks = h.keiro.remote_tasks(("fragile", "f-1")).await?;
     assert_eq!(
         (tasks[0].status, tasks[0].attempts, tasks[0].dispatches),
         (TaskStatus::Failed, 3, 1)
@@ -1318,7 +1329,7 @@ async fn a_claim_expired_at_the_redispatch_deadline_counts_an_attempt_too(
     loop {
         tokio::time::sleep(Duration::from_millis(50)).await;
         keiro::resume_once(&h.store, &registry, &options(&h)).await?;
-        let tasks = h.keiro.remote_tasks("fragile", "f-2").await?;
+        let tasks = h.keiro.remote_tasks(("fragile", "f-2")).await?;
         if tasks[0].dispatches == 2 {
             assert_eq!(
                 (tasks[0].status, tasks[0].attempts),
@@ -1332,7 +1343,7 @@ async fn a_claim_expired_at_the_redispatch_deadline_counts_an_attempt_too(
     let claimed = claim_and_die(&h).await?;
     assert_eq!(claimed.iter().map(|t| t.attempt).collect::<Vec<_>>(), [2]);
     until_status(&h, &registry, "fragile", "f-2", Status::Completed).await?;
-    let row = h.keiro.instance("fragile", "f-2").await?.expect("row");
+    let row = h.keiro.instance(("fragile", "f-2")).await?.expect("row");
     assert_eq!(
         row.output,
         Some(json!(format!(
@@ -1340,7 +1351,7 @@ async fn a_claim_expired_at_the_redispatch_deadline_counts_an_attempt_too(
             keiro::RemoteStepError::CRASHED
         )))
     );
-    let tasks = h.keiro.remote_tasks("fragile", "f-2").await?;
+    let tasks = h.keiro.remote_tasks(("fragile", "f-2")).await?;
     assert_eq!(
         (tasks[0].status, tasks[0].attempts, tasks[0].dispatches),
         (TaskStatus::Failed, 2, 2)
@@ -1389,7 +1400,7 @@ fn payments() -> Result<Registry, keiro::RegistryError> {
 /// Runs resume passes until `name`/`id` has a remote task (10 s at most).
 async fn until_dispatched(h: &Harness, registry: &Registry, name: &str, id: &str) -> TestResult {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while h.keiro.remote_tasks(name, id).await?.is_empty() {
+    while h.keiro.remote_tasks((name, id)).await?.is_empty() {
         assert!(
             tokio::time::Instant::now() < deadline,
             "{name}/{id} never dispatched"
@@ -1416,7 +1427,7 @@ fn cashier(h: &Harness, calls: Ledger) -> RemoteWorker {
 /// The remote results journaled for `name`/`id`.
 async fn remote_results(h: &Harness, name: &str, id: &str) -> Result<Vec<String>, keiro::Error> {
     Ok(h.keiro
-        .journal(name, id)
+        .journal((name, id))
         .await?
         .into_iter()
         .filter_map(|e| match e.event {
@@ -1430,12 +1441,12 @@ async fn a_cascading_cancel_cancels_a_pending_task_and_no_handler_runs(h: Harnes
     let registry = payments()?;
     h.keiro.start("checkout", "c-1", &"o-1").await?;
     until_dispatched(&h, &registry, "order", "o-1").await?;
-    h.keiro.cancel_cascade("checkout", "c-1").await?;
+    h.keiro.cancel_cascade(("checkout", "c-1")).await?;
     for (name, id) in [("checkout", "c-1"), ("order", "o-1")] {
-        let row = h.keiro.instance(name, id).await?.expect("row");
+        let row = h.keiro.instance((name, id)).await?.expect("row");
         assert_eq!(row.status, Status::Cancelled, "{name}/{id}");
     }
-    let tasks = h.keiro.remote_tasks("order", "o-1").await?;
+    let tasks = h.keiro.remote_tasks(("order", "o-1")).await?;
     assert_eq!(
         (tasks.len(), tasks[0].status, tasks[0].claimed_by.as_deref()),
         (1, TaskStatus::Cancelled, None),
@@ -1457,14 +1468,18 @@ async fn a_cascading_cancel_cancels_a_pending_task_and_no_handler_runs(h: Harnes
         "never charged o-1"
     );
     assert_eq!(worker.stats().claimed(), 1);
-    let tasks = h.keiro.remote_tasks("order", "o-1").await?;
+    let tasks = h.keiro.remote_tasks(("order", "o-1")).await?;
     assert_eq!(
         (tasks[0].status, tasks[0].attempts, tasks[0].output.as_ref()),
         (TaskStatus::Cancelled, 0, None)
     );
     assert!(remote_results(&h, "order", "o-1").await?.is_empty());
     assert_eq!(
-        h.keiro.instance("order", "o-1").await?.expect("row").status,
+        h.keiro
+            .instance(("order", "o-1"))
+            .await?
+            .expect("row")
+            .status,
         Status::Cancelled
     );
     Ok(())
@@ -1519,8 +1534,8 @@ async fn a_running_handler_learns_its_run_was_cancelled_and_its_report_is_refuse
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let cancelled_at = tokio::time::Instant::now();
-    h.keiro.cancel("order", "o-3").await?;
-    h.keiro.cancel("order", "o-4").await?;
+    h.keiro.cancel(("order", "o-3")).await?;
+    h.keiro.cancel(("order", "o-4")).await?;
     while worker.stats().cancelled() < 2 {
         assert!(
             tokio::time::Instant::now() < deadline,
@@ -1553,7 +1568,7 @@ async fn a_running_handler_learns_its_run_was_cancelled_and_its_report_is_refuse
         [("o-3".to_owned(), 1), ("o-4".to_owned(), 1)].into()
     );
     for id in ["o-3", "o-4"] {
-        let tasks = h.keiro.remote_tasks("order", id).await?;
+        let tasks = h.keiro.remote_tasks(("order", id)).await?;
         assert_eq!(
             (tasks[0].status, tasks[0].attempts, tasks[0].output.as_ref()),
             (TaskStatus::Cancelled, 0, None),
@@ -1561,7 +1576,7 @@ async fn a_running_handler_learns_its_run_was_cancelled_and_its_report_is_refuse
         );
         assert!(remote_results(&h, "order", id).await?.is_empty(), "{id}");
         keiro::resume_once(&h.store, &registry, &options(&h)).await?;
-        let row = h.keiro.instance("order", id).await?.expect("row");
+        let row = h.keiro.instance(("order", id)).await?.expect("row");
         assert_eq!((row.status, row.output), (Status::Cancelled, None), "{id}");
     }
     Ok(())
@@ -1573,12 +1588,12 @@ async fn continuing_as_new_cancels_the_tasks_of_the_generation_left_behind(
     let registry = payments()?;
     h.keiro.start("rotor", "r-1", &0u32).await?;
     until_status(&h, &registry, "rotor", "r-1", Status::Completed).await?;
-    let row = h.keiro.instance("rotor", "r-1").await?.expect("row");
+    let row = h.keiro.instance(("rotor", "r-1")).await?.expect("row");
     assert_eq!(
         (row.generation, row.output),
         (1, Some(json!("generation 1")))
     );
-    let tasks = h.keiro.remote_tasks("rotor", "r-1").await?;
+    let tasks = h.keiro.remote_tasks(("rotor", "r-1")).await?;
     assert_eq!(
         tasks
             .iter()
@@ -1596,7 +1611,7 @@ async fn continuing_as_new_cancels_the_tasks_of_the_generation_left_behind(
     running.stop().await;
     assert_eq!(calls.count("rotor"), 0, "{:?}", calls.all());
     assert_eq!(
-        h.keiro.remote_tasks("rotor", "r-1").await?[0].status,
+        h.keiro.remote_tasks(("rotor", "r-1")).await?[0].status,
         TaskStatus::Cancelled
     );
     Ok(())
@@ -1631,7 +1646,7 @@ mod handlers {
         let registry = labels()?;
         h.keiro.start("labels", "l-1", &"o-1").await?;
         keiro::resume_once(&h.store, &registry, &options(&h)).await?;
-        let mut tasks = h.keiro.remote_tasks("labels", "l-1").await?;
+        let mut tasks = h.keiro.remote_tasks(("labels", "l-1")).await?;
         tasks.sort_by(|a, b| a.step_id.cmp(&b.step_id));
         let routed: Vec<_> = tasks
             .iter()
@@ -1657,11 +1672,11 @@ mod handlers {
         let running = Running::start(worker);
         until_status(&h, &registry, "labels", "l-1", Status::Completed).await?;
         running.stop().await;
-        let row = h.keiro.instance("labels", "l-1").await?.expect("row");
+        let row = h.keiro.instance(("labels", "l-1")).await?.expect("row");
         assert_eq!(row.output, Some(json!(["label-1:o-1/a", "label-2:o-1/b"])));
         let journaled: Vec<_> = h
             .keiro
-            .journal("labels", "l-1")
+            .journal(("labels", "l-1"))
             .await?
             .into_iter()
             .filter_map(|e| match e.event {
@@ -1691,14 +1706,14 @@ mod handlers {
             until_status(&h, &registry, "bad-handler", &id, Status::Completed).await?;
             assert_eq!(
                 h.keiro
-                    .instance("bad-handler", &id)
+                    .instance(("bad-handler", &id))
                     .await?
                     .expect("row")
                     .output,
                 Some(json!("invalid")),
                 "{handler:?}"
             );
-            assert!(h.keiro.remote_tasks("bad-handler", &id).await?.is_empty());
+            assert!(h.keiro.remote_tasks(("bad-handler", &id)).await?.is_empty());
         }
         Ok(())
     }

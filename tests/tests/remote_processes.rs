@@ -76,7 +76,7 @@ async fn wait_for(keiro: &Keiro, ids: &[String], status: Status, within: Duratio
     loop {
         let mut done = 0;
         for id in ids {
-            if keiro.instance("parcel", id).await?.map(|r| r.status) == Some(status) {
+            if keiro.instance(("parcel", id)).await?.map(|r| r.status) == Some(status) {
                 done += 1;
             }
         }
@@ -111,13 +111,13 @@ async fn a_remote_step_runs_and_resumes_in_another_process() -> TestResult {
     assert_eq!(summary.resumed, 20, "{summary:?}");
     drop(worker);
     for id in &ids {
-        let row = keiro.instance("parcel", id).await?.expect("row");
+        let row = keiro.instance(("parcel", id)).await?.expect("row");
         assert_eq!(
             row.status,
             Status::Suspended,
             "{id} parks on its remote step"
         );
-        assert_eq!(keiro.remote_tasks("parcel", id).await?.len(), 1);
+        assert_eq!(keiro.remote_tasks(("parcel", id)).await?.len(), 1);
     }
 
     // Another process prints the labels and resumes the runs.
@@ -125,7 +125,7 @@ async fn a_remote_step_runs_and_resumes_in_another_process() -> TestResult {
     wait_for(&keiro, &ids, Status::Completed, Duration::from_secs(60)).await?;
     let me = std::process::id();
     for id in &ids {
-        let output = keiro.instance("parcel", id).await?.expect("row").output;
+        let output = keiro.instance(("parcel", id)).await?.expect("row").output;
         let output = output
             .and_then(|o| o.as_str().map(str::to_owned))
             .unwrap_or_default();
@@ -141,7 +141,7 @@ async fn a_remote_step_runs_and_resumes_in_another_process() -> TestResult {
             !pids.contains(&me),
             "{output} mentions the dispatching process {me}"
         );
-        let journal = keiro.journal("parcel", id).await?;
+        let journal = keiro.journal(("parcel", id)).await?;
         let remote_records = journal
             .iter()
             .filter(
@@ -181,7 +181,7 @@ async fn a_killed_remote_workers_task_is_redispatched_and_the_run_completes() ->
     let mut hanging = Processes(vec![spawn_worker(&db, "hang")?]);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let tasks = keiro.remote_tasks("parcel", "k-1").await?;
+        let tasks = keiro.remote_tasks(("parcel", "k-1")).await?;
         if tasks.first().map(|t| t.status) == Some(TaskStatus::Running) {
             break;
         }
@@ -207,12 +207,16 @@ async fn a_killed_remote_workers_task_is_redispatched_and_the_run_completes() ->
     .await?;
     let _ = stop.send(());
     let _ = resume.await;
-    let output = keiro.instance("parcel", "k-1").await?.expect("row").output;
+    let output = keiro
+        .instance(("parcel", "k-1"))
+        .await?
+        .expect("row")
+        .output;
     let output = output
         .and_then(|o| o.as_str().map(str::to_owned))
         .unwrap_or_default();
     assert!(output.contains("on dispatch 2"), "{output}");
-    let tasks = keiro.remote_tasks("parcel", "k-1").await?;
+    let tasks = keiro.remote_tasks(("parcel", "k-1")).await?;
     assert_eq!(
         (tasks[0].status, tasks[0].dispatches),
         (TaskStatus::Completed, 2)
@@ -251,7 +255,7 @@ async fn a_handler_that_aborts_its_process_uses_up_the_attempts_and_the_step_cra
     let mut workers = Processes(Vec::new());
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let row = keiro.instance("parcel", "a-1").await?.expect("row");
+        let row = keiro.instance(("parcel", "a-1")).await?.expect("row");
         if row.status == Status::Failed {
             break;
         }
@@ -296,12 +300,12 @@ async fn a_handler_that_aborts_its_process_uses_up_the_attempts_and_the_step_cra
     assert_eq!(workers.0.len(), 4);
     drop(workers);
 
-    let tasks = keiro.remote_tasks("parcel", "a-1").await?;
+    let tasks = keiro.remote_tasks(("parcel", "a-1")).await?;
     assert_eq!(
         (tasks[0].status, tasks[0].attempts, tasks[0].dispatches),
         (TaskStatus::Failed, 3, 1)
     );
-    let journal = keiro.journal("parcel", "a-1").await?;
+    let journal = keiro.journal(("parcel", "a-1")).await?;
     let errors: Vec<&serde_json::Value> = journal
         .iter()
         .filter_map(|e| match &e.event {
@@ -320,7 +324,7 @@ async fn a_handler_that_aborts_its_process_uses_up_the_attempts_and_the_step_cra
         )
     );
     // `parcel` propagates the step's failure: the run failed with it.
-    let row = keiro.instance("parcel", "a-1").await?.expect("row");
+    let row = keiro.instance(("parcel", "a-1")).await?.expect("row");
     let reason = row.last_error.unwrap_or_default();
     assert!(reason.contains("after 3 attempt(s)"), "{reason}");
     Ok(())

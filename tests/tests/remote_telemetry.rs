@@ -29,7 +29,7 @@ async fn until(
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         keiro::resume_once(&h.store, registry, options).await?;
-        if h.keiro.instance("traced", id).await?.map(|r| r.status) == Some(status) {
+        if h.keiro.instance(("traced", id)).await?.map(|r| r.status) == Some(status) {
             return Ok(());
         }
         assert!(
@@ -89,7 +89,7 @@ async fn a_remote_handlers_span_joins_the_workflows_trace(h: Harness) -> TestRes
     let registry = traced(None)?;
     h.keiro.start("traced", "t-1", &()).await?;
     keiro::resume_once(&h.store, &registry, &options).await?;
-    let tasks = h.keiro.remote_tasks("traced", "t-1").await?;
+    let tasks = h.keiro.remote_tasks(("traced", "t-1")).await?;
     let traceparent = tasks[0]
         .traceparent
         .clone()
@@ -142,7 +142,7 @@ async fn a_remote_handlers_span_joins_the_workflows_trace(h: Harness) -> TestRes
             first_drive.span_context.span_id()
         )
     );
-    let row = h.keiro.instance("traced", "t-1").await?.expect("row");
+    let row = h.keiro.instance(("traced", "t-1")).await?.expect("row");
     assert_eq!(
         row.output,
         Some(serde_json::json!(traceparent)),

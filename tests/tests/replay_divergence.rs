@@ -189,7 +189,7 @@ async fn a_patch_after_the_first_park_takes_the_new_branch(h: Harness) -> TestRe
         run_inline(&h, &k, wf.as_ref()).await?,
         RunOutcome::Suspended
     );
-    h.keiro.deliver("park", "new", "go", &true).await?;
+    h.keiro.deliver(("park", "new"), "go", &true).await?;
     assert_eq!(
         run_inline(&h, &k, wf.as_ref()).await?,
         RunOutcome::Completed(json!(true))
@@ -209,14 +209,14 @@ async fn a_run_that_recorded_past_the_patch_takes_the_old_branch(h: Harness) -> 
         run_inline(&h, &k, old.as_ref()).await?,
         RunOutcome::Suspended
     );
-    h.keiro.deliver("park", "old", "go", &true).await?;
+    h.keiro.deliver(("park", "old"), "go", &true).await?;
     assert_eq!(
         run_inline(&h, &k, old.as_ref()).await?,
         RunOutcome::Suspended
     );
 
     let new = around_a_park(true, true, ledger.clone());
-    h.keiro.deliver("park", "old", "done", &true).await?;
+    h.keiro.deliver(("park", "old"), "done", &true).await?;
     assert_eq!(
         run_inline(&h, &k, new.as_ref()).await?,
         RunOutcome::Completed(json!(false))
@@ -260,7 +260,7 @@ async fn a_run_parked_past_the_patch_takes_the_new_branch(h: Harness) -> TestRes
         run_inline(&h, &k, old.as_ref()).await?,
         RunOutcome::Suspended
     );
-    h.keiro.deliver("park", "parked", "go", &true).await?;
+    h.keiro.deliver(("park", "parked"), "go", &true).await?;
     assert_eq!(
         run_inline(&h, &k, new.as_ref()).await?,
         RunOutcome::Completed(json!(true))
@@ -289,7 +289,7 @@ async fn a_patch_beside_a_replaying_sibling_takes_the_new_branch(h: Harness) -> 
         run_inline(&h, &k, wf.as_ref()).await?,
         RunOutcome::Suspended
     );
-    h.keiro.deliver("join", "j-1", "go", &true).await?;
+    h.keiro.deliver(("join", "j-1"), "go", &true).await?;
     assert_eq!(
         run_inline(&h, &k, wf.as_ref()).await?,
         RunOutcome::Completed(json!([true, 3]))

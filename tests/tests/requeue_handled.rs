@@ -76,7 +76,7 @@ async fn until_status(h: &Harness, registry: &Registry, id: &str, status: Status
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         keiro::resume_once(&h.store, registry, &h.fast_options()).await?;
-        let row = h.keiro.instance("quoting", id).await?.expect("instance");
+        let row = h.keiro.instance(("quoting", id)).await?.expect("instance");
         if row.status == status {
             return Ok(());
         }
@@ -112,7 +112,7 @@ async fn a_handled_remote_failure_is_not_reset_by_requeue(h: Harness) -> TestRes
 
     // Both services are back. Only the failure the run failed on is reset.
     broken.store(false, Ordering::SeqCst);
-    let outcome = h.keiro.requeue("quoting", "q-1").await?;
+    let outcome = h.keiro.requeue(("quoting", "q-1")).await?;
     assert_eq!(
         outcome,
         RequeueOutcome::Requeued {
@@ -123,7 +123,7 @@ async fn a_handled_remote_failure_is_not_reset_by_requeue(h: Harness) -> TestRes
     until_status(&h, &registry, "q-1", Status::Completed).await?;
     let _ = stop_tx.send(());
     let _ = running.await;
-    let row = h.keiro.instance("quoting", "q-1").await?.expect("row");
+    let row = h.keiro.instance(("quoting", "q-1")).await?.expect("row");
     assert_eq!(
         row.output,
         Some(serde_json::json!("list-price charged list-price"))

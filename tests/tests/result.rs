@@ -114,20 +114,20 @@ async fn a_waiter_is_woken_by_push_when_the_run_completes(p: Pushed) -> TestResu
         let keiro = keiro.clone();
         async move {
             keiro
-                .result_with::<i64>("doubler", "d-1", &push_only(Duration::from_secs(20)))
+                .result_with::<i64>(("doubler", "d-1"), &push_only(Duration::from_secs(20)))
                 .await
         }
     });
     // The waiter has read the parked row and waits on push alone.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!waiter.is_finished());
-    keiro.deliver("doubler", "d-1", "go", &21).await?;
+    keiro.deliver(("doubler", "d-1"), "go", &21).await?;
     worker.drain().await?;
     let output = tokio::time::timeout(Duration::from_secs(10), waiter).await???;
     assert_eq!(output, 42);
 
     // A waiter on a run that is already terminal answers from its first read.
-    let again: i64 = keiro.result("doubler", "d-1", Duration::ZERO).await?;
+    let again: i64 = keiro.result(("doubler", "d-1"), Duration::ZERO).await?;
     assert_eq!(again, 42);
     Ok(())
 }
@@ -147,7 +147,7 @@ async fn failed_and_cancelled_runs_give_typed_errors(p: Pushed) -> TestResult {
         let keiro = keiro.clone();
         async move {
             keiro
-                .result_with::<i64>("doubler", "fails", &push_only(Duration::from_secs(20)))
+                .result_with::<i64>(("doubler", "fails"), &push_only(Duration::from_secs(20)))
                 .await
         }
     });
@@ -155,13 +155,16 @@ async fn failed_and_cancelled_runs_give_typed_errors(p: Pushed) -> TestResult {
         let keiro = keiro.clone();
         async move {
             keiro
-                .result_with::<i64>("doubler", "cancelled", &push_only(Duration::from_secs(20)))
+                .result_with::<i64>(
+                    ("doubler", "cancelled"),
+                    &push_only(Duration::from_secs(20)),
+                )
                 .await
         }
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
-    keiro.deliver("doubler", "fails", "go", &-1).await?;
-    keiro.cancel("doubler", "cancelled").await?; // parked: closed by the cancel itself
+    keiro.deliver(("doubler", "fails"), "go", &-1).await?;
+    keiro.cancel(("doubler", "cancelled")).await?; // parked: closed by the cancel itself
     worker.drain().await?;
 
     let failed = tokio::time::timeout(Duration::from_secs(10), failing).await??;
@@ -184,14 +187,14 @@ async fn failed_and_cancelled_runs_give_typed_errors(p: Pushed) -> TestResult {
 async fn unknown_instances_timeouts_and_wrong_types_give_typed_errors(p: Pushed) -> TestResult {
     let keiro = p.keiro(p.h.store.clone());
     let unknown = keiro
-        .result::<i64>("doubler", "nobody", Duration::from_secs(5))
+        .result::<i64>(("doubler", "nobody"), Duration::from_secs(5))
         .await;
     assert!(
         matches!(unknown, Err(ResultError::NotFound { .. })),
         "{unknown:?}"
     );
     let invalid = keiro
-        .result::<i64>("doubler", "no/slash", Duration::from_secs(5))
+        .result::<i64>(("doubler", "no/slash"), Duration::from_secs(5))
         .await;
     assert!(
         matches!(invalid, Err(ResultError::InvalidId(_))),
@@ -206,17 +209,17 @@ async fn unknown_instances_timeouts_and_wrong_types_give_typed_errors(p: Pushed)
     keiro.start("doubler", "slow", &()).await?;
     worker.drain().await?;
     let timed_out = keiro
-        .result::<i64>("doubler", "slow", Duration::from_millis(300))
+        .result::<i64>(("doubler", "slow"), Duration::from_millis(300))
         .await;
     assert!(
         matches!(timed_out, Err(ResultError::Timeout { waited, .. }) if waited == Duration::from_millis(300)),
         "{timed_out:?}"
     );
 
-    keiro.deliver("doubler", "slow", "go", &4).await?;
+    keiro.deliver(("doubler", "slow"), "go", &4).await?;
     worker.drain().await?;
     let wrong = keiro
-        .result::<String>("doubler", "slow", Duration::from_secs(5))
+        .result::<String>(("doubler", "slow"), Duration::from_secs(5))
         .await;
     assert!(
         matches!(wrong, Err(ResultError::Decode { .. })),
@@ -248,13 +251,13 @@ async fn without_push_a_waiter_polls_at_its_fallback(p: Pushed) -> TestResult {
                 poll_interval: poll,
             };
             keiro
-                .result_with::<i64>("doubler", "polled", &options)
+                .result_with::<i64>(("doubler", "polled"), &options)
                 .await
         }
     });
     let started = std::time::Instant::now();
     tokio::time::sleep(Duration::from_millis(700)).await;
-    p.h.keiro.deliver("doubler", "polled", "go", &1).await?;
+    p.h.keiro.deliver(("doubler", "polled"), "go", &1).await?;
     worker.drain().await?;
     assert_eq!(waiter.await??, 2);
     let elapsed = started.elapsed();
@@ -289,7 +292,7 @@ async fn two_hundred_waiters_share_one_listener_and_none_polls_faster_than_its_f
         waiters.spawn(async move {
             let id = format!("d-{n}");
             let options = push_only(Duration::from_secs(60));
-            let output = waiting.result_with::<i64>("doubler", &id, &options).await;
+            let output = waiting.result_with::<i64>(("doubler", &id), &options).await;
             (n, output)
         });
     }
@@ -308,7 +311,7 @@ async fn two_hundred_waiters_share_one_listener_and_none_polls_faster_than_its_f
 
     for n in 0..WAITERS {
         keiro
-            .deliver("doubler", &format!("d-{n}"), "go", &i64::try_from(n)?)
+            .deliver(("doubler", &format!("d-{n}")), "go", &i64::try_from(n)?)
             .await?;
     }
     worker.drain().await?;

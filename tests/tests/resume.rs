@@ -95,7 +95,7 @@ async fn crashed_mid_run_resumes_running_only_the_tail(h: Harness) -> TestResult
         ),
         (1, 1, 1, 0)
     );
-    let row = h.keiro.instance("counted", "c-1").await?.expect("row");
+    let row = h.keiro.instance(("counted", "c-1")).await?.expect("row");
     assert_eq!((row.status, row.attempts), (Status::Running, 1));
     assert!(row
         .last_error
@@ -113,7 +113,7 @@ async fn crashed_mid_run_resumes_running_only_the_tail(h: Harness) -> TestResult
         (ledger.count("a"), ledger.count("b"), ledger.count("c")),
         (1, 1, 1)
     );
-    let row = h.keiro.instance("counted", "c-1").await?.expect("row");
+    let row = h.keiro.instance(("counted", "c-1")).await?.expect("row");
     assert_eq!(
         (row.status, row.attempts, row.output),
         (Status::Completed, 0, Some(json!(4)))
@@ -140,7 +140,11 @@ async fn suspended_resumes_once_its_awaited_step_is_journaled(h: Harness) -> Tes
         (1, 0, 0)
     );
     assert_eq!(
-        h.keiro.instance("gate", "g-1").await?.expect("row").status,
+        h.keiro
+            .instance(("gate", "g-1"))
+            .await?
+            .expect("row")
+            .status,
         Status::Suspended
     );
 
@@ -151,11 +155,15 @@ async fn suspended_resumes_once_its_awaited_step_is_journaled(h: Harness) -> Tes
         "a parked workflow is not discovered"
     );
 
-    h.keiro.deliver("gate", "g-1", "open", &21).await?;
+    h.keiro.deliver(("gate", "g-1"), "open", &21).await?;
     let woken = keiro::resume_once(&h.store, &registry, &options).await?;
     assert_eq!((woken.discovered, woken.completed), (1, 1));
     assert_eq!(
-        h.keiro.instance("gate", "g-1").await?.expect("row").output,
+        h.keiro
+            .instance(("gate", "g-1"))
+            .await?
+            .expect("row")
+            .output,
         Some(json!(42))
     );
     Ok(())
@@ -175,7 +183,7 @@ async fn unknown_name_is_skipped_and_counted(h: Harness) -> TestResult {
     );
     assert_eq!(
         h.keiro
-            .instance("nobody-knows", "n-1")
+            .instance(("nobody-knows", "n-1"))
             .await?
             .expect("row")
             .status,
@@ -225,7 +233,7 @@ async fn poison_workflow_is_isolated(h: Harness) -> TestResult {
         (2, 2, 1)
     );
     assert_eq!(ledger.count("healthy"), 1);
-    let poison = h.keiro.instance("poison", "p-1").await?.expect("row");
+    let poison = h.keiro.instance(("poison", "p-1")).await?.expect("row");
     assert_eq!((poison.status, poison.attempts), (Status::Running, 1));
     assert!(poison
         .last_error
@@ -292,7 +300,7 @@ async fn crash_against_a_terminal_workflow_records_no_attempt(h: Harness) -> Tes
             let _: () = ctx.step("s", || async { Ok::<_, Infallible>(()) }).await?;
             // Cancelled from outside, then the body crashes before reaching a boundary.
             keiro
-                .cancel("self-cancel", "sc-1")
+                .cancel(("self-cancel", "sc-1"))
                 .await
                 .map_err(WorkflowError::app)?;
             Err::<(), _>(keiro_tests::crash("crash after the cancel landed"))
@@ -304,7 +312,11 @@ async fn crash_against_a_terminal_workflow_records_no_attempt(h: Harness) -> Tes
         (summary.resumed, summary.transient_errors, summary.failed),
         (1, 1, 0)
     );
-    let row = h.keiro.instance("self-cancel", "sc-1").await?.expect("row");
+    let row = h
+        .keiro
+        .instance(("self-cancel", "sc-1"))
+        .await?
+        .expect("row");
     assert_eq!((row.status, row.attempts), (Status::Cancelled, 0));
     Ok(())
 }
@@ -334,11 +346,11 @@ async fn failing_at_the_ceiling_short_circuits_later_runs(h: Harness) -> TestRes
         total += keiro::resume_once(&h.store, &registry, &options).await?;
     }
     assert_eq!((total.resumed, total.failed), (3, 1));
-    let row = h.keiro.instance("doomed", "d-1").await?.expect("row");
+    let row = h.keiro.instance(("doomed", "d-1")).await?.expect("row");
     assert_eq!((row.status, row.attempts), (Status::Failed, 3));
     let markers: Vec<_> = h
         .keiro
-        .journal("doomed", "d-1")
+        .journal(("doomed", "d-1"))
         .await?
         .into_iter()
         .filter_map(|e| e.event.marker())
@@ -372,14 +384,14 @@ async fn resurrect_completes_without_rerunning_the_prefix_and_can_fail_again(
 
     // Resurrected while still broken: it fails again, in the same generation.
     assert_eq!(
-        h.keiro.resurrect("counted", "r-1").await?,
+        h.keiro.resurrect(("counted", "r-1")).await?,
         ResurrectOutcome::Resurrected
     );
     let again = keiro::resume_once(&h.store, &registry, &options).await?;
     assert_eq!(again.failed, 1);
     assert_eq!(
         h.keiro
-            .instance("counted", "r-1")
+            .instance(("counted", "r-1"))
             .await?
             .expect("row")
             .status,
@@ -388,7 +400,7 @@ async fn resurrect_completes_without_rerunning_the_prefix_and_can_fail_again(
 
     fail.store(false, Ordering::SeqCst);
     assert_eq!(
-        h.keiro.resurrect("counted", "r-1").await?,
+        h.keiro.resurrect(("counted", "r-1")).await?,
         ResurrectOutcome::Resurrected
     );
     let done = keiro::resume_once(&h.store, &registry, &options).await?;
@@ -397,7 +409,7 @@ async fn resurrect_completes_without_rerunning_the_prefix_and_can_fail_again(
         (ledger.count("a"), ledger.count("b"), ledger.count("c")),
         (1, 1, 1)
     );
-    let history = h.keiro.journal("counted", "r-1").await?;
+    let history = h.keiro.journal(("counted", "r-1")).await?;
     let failures = history
         .iter()
         .filter(|e| e.event.marker() == Some(keiro::Marker::Failed))
@@ -412,11 +424,11 @@ async fn resurrect_completes_without_rerunning_the_prefix_and_can_fail_again(
         "history is appended to, never rewritten"
     );
     assert_eq!(
-        h.keiro.resurrect("counted", "r-1").await?,
+        h.keiro.resurrect(("counted", "r-1")).await?,
         ResurrectOutcome::NotFailed(Status::Completed)
     );
     assert_eq!(
-        h.keiro.resurrect("counted", "missing").await?,
+        h.keiro.resurrect(("counted", "missing")).await?,
         ResurrectOutcome::NotFound
     );
     Ok(())
@@ -438,7 +450,7 @@ async fn store_errors_are_transient_and_consume_no_attempt(h: Harness) -> TestRe
         (summary.resumed, summary.transient_errors, summary.failed),
         (1, 1, 0)
     );
-    let row = h.keiro.instance("counted", "s-1").await?.expect("row");
+    let row = h.keiro.instance(("counted", "s-1")).await?.expect("row");
     assert_eq!(
         (row.status, row.attempts),
         (Status::Running, 0),
@@ -555,7 +567,7 @@ async fn lost_lease_stops_the_run_and_records_no_crash(h: Harness) -> TestResult
                 // An operator force-releases the lease while this step runs (the first time).
                 if release_once.swap(false, Ordering::SeqCst) {
                     keiro
-                        .force_release("lost", "x-1")
+                        .force_release(("lost", "x-1"))
                         .await
                         .map_err(|e| e.to_string())?;
                 }
@@ -581,14 +593,14 @@ async fn lost_lease_stops_the_run_and_records_no_crash(h: Harness) -> TestResult
         (1, 1, 0)
     );
     assert_eq!(ledger.count("two"), 0, "nothing ran after the lost lease");
-    let row = h.keiro.instance("lost", "x-1").await?.expect("row");
+    let row = h.keiro.instance(("lost", "x-1")).await?.expect("row");
     assert_eq!(
         (row.status, row.attempts),
         (Status::Running, 0),
         "no crash recorded"
     );
     assert!(
-        h.keiro.journal("lost", "x-1").await?.is_empty(),
+        h.keiro.journal(("lost", "x-1")).await?.is_empty(),
         "the step's append was refused"
     );
     let next = keiro::resume_once(&h.store, &registry, &h.fast_options()).await?;
@@ -736,7 +748,7 @@ async fn fixed_poll_loop_survives_poison_and_shuts_down_gracefully(h: Harness) -
     // The loop must complete both healthy workflows and keep retrying the poison (one pass
     // per poll interval, 1 ms backoff) rather than dying on it.
     loop {
-        let poison = h.keiro.instance("poison", "p-1").await?.expect("row");
+        let poison = h.keiro.instance(("poison", "p-1")).await?.expect("row");
         if ledger.count("healthy") >= 2 && poison.attempts >= 2 {
             break;
         }
@@ -764,7 +776,7 @@ async fn backoff_paces_a_crashed_workflow(h: Harness) -> TestResult {
     h.keiro.start("crashy", "c-1", &()).await?;
     let first = keiro::resume_once(&h.store, &registry, &options).await?;
     assert_eq!(first.resumed, 1);
-    let row = h.keiro.instance("crashy", "c-1").await?.expect("row");
+    let row = h.keiro.instance(("crashy", "c-1")).await?.expect("row");
     let gate = row.next_attempt_at.expect("a backoff gate");
     let wait = gate - row.updated_at;
     assert!(

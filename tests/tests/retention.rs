@@ -90,7 +90,7 @@ fn later(hours: i64) -> GcRequest {
 }
 
 async fn status(h: &Harness, name: &str, id: &str) -> Result<Option<Status>, Error> {
-    Ok(h.keiro.instance(name, id).await?.map(|row| row.status))
+    Ok(h.keiro.instance((name, id)).await?.map(|row| row.status))
 }
 
 async fn gc_deletes_expired_terminal_instances_and_keeps_the_rest(h: Harness) -> TestResult {
@@ -101,20 +101,20 @@ async fn gc_deletes_expired_terminal_instances_and_keeps_the_rest(h: Harness) ->
     h.keiro.start("boom", "f-1", &()).await?; // failed
     h.keiro.start("batch", "p-1", &"kid-1").await?; // awaits a child that finishes
     settle(&h, &worker).await?;
-    h.keiro.cancel("order", "o-2").await?;
+    h.keiro.cancel(("order", "o-2")).await?;
     assert_eq!(
         status(&h, "rich", "r-1").await?,
         Some(Status::Completed),
         "{:?} {:?} {:?}",
-        h.keiro.instance("rich", "r-1").await?,
-        h.keiro.journal("rich", "r-1").await?,
-        h.keiro.remote_tasks("rich", "r-1").await?
+        h.keiro.instance(("rich", "r-1")).await?,
+        h.keiro.journal(("rich", "r-1")).await?,
+        h.keiro.remote_tasks(("rich", "r-1")).await?
     );
-    assert!(!h.keiro.journal("rich", "r-1").await?.is_empty());
-    assert_eq!(h.keiro.remote_tasks("rich", "r-1").await?.len(), 1);
+    assert!(!h.keiro.journal(("rich", "r-1")).await?.is_empty());
+    assert_eq!(h.keiro.remote_tasks(("rich", "r-1")).await?.len(), 1);
     // The child finishes; its parent is woken but not driven yet: it still has to read the
     // child's result.
-    h.keiro.deliver("order", "kid-1", "go", &true).await?;
+    h.keiro.deliver(("order", "kid-1"), "go", &true).await?;
     worker.resume_once().await?; // drives the kid only if the parent is not due first
     while status(&h, "order", "kid-1").await? != Some(Status::Completed) {
         worker.resume_once().await?;
@@ -136,9 +136,9 @@ async fn gc_deletes_expired_terminal_instances_and_keeps_the_rest(h: Harness) ->
     assert_eq!(deleted.awakeables, 1, "{deleted:?}");
     for (name, id) in [("rich", "r-1"), ("order", "o-2"), ("boom", "f-1")] {
         assert_eq!(status(&h, name, id).await?, None, "{name}/{id}");
-        assert!(h.keiro.journal(name, id).await?.is_empty(), "{name}/{id}");
+        assert!(h.keiro.journal((name, id)).await?.is_empty(), "{name}/{id}");
         assert!(
-            h.keiro.remote_tasks(name, id).await?.is_empty(),
+            h.keiro.remote_tasks((name, id)).await?.is_empty(),
             "{name}/{id}"
         );
     }
@@ -155,7 +155,7 @@ async fn gc_deletes_expired_terminal_instances_and_keeps_the_rest(h: Harness) ->
 
     // The parent reads its child's result, then both expire together.
     worker.drain().await?;
-    let row = h.keiro.instance("batch", "p-1").await?.expect("parent");
+    let row = h.keiro.instance(("batch", "p-1")).await?.expect("parent");
     assert_eq!(row.status, Status::Completed, "{:?}", row.last_error);
     assert_eq!(row.output, Some(serde_json::json!(true)));
     let deleted = h.keiro.gc(&later(2), Duration::ZERO).await?;

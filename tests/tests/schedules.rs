@@ -74,7 +74,7 @@ fn id(schedule: &str, tick: OffsetDateTime) -> String {
 }
 
 async fn status(h: &Harness, workflow: &str, id: &str) -> Result<Option<Status>, Error> {
-    Ok(h.keiro.instance(workflow, id).await?.map(|i| i.status))
+    Ok(h.keiro.instance((workflow, id)).await?.map(|i| i.status))
 }
 
 /// The instance ids a schedule started, among `ticks`.
@@ -141,7 +141,7 @@ async fn ticks_while_down_follow_each_catch_up_policy(h: Harness) -> TestResult 
     // The runs carry the schedule's input.
     let run = h
         .keiro
-        .instance("job", &id("all", datetime!(2026-01-01 10:03 UTC)))
+        .instance(("job", &id("all", datetime!(2026-01-01 10:03 UTC))))
         .await?
         .expect("started");
     assert_eq!(run.input, serde_json::json!("all"));
@@ -619,10 +619,7 @@ async fn the_memory_stores_pinned_clock_drives_the_scheduler() -> TestResult {
     memory.set_now(Some(datetime!(2026-01-01 10:01:00 UTC)));
     assert_eq!(w.schedule_once(None).await?.started, 1);
     let key = InstanceKey::parse("job", "m@20260101T100100Z")?;
-    assert!(keiro
-        .instance(key.name.as_str(), key.id.as_str())
-        .await?
-        .is_some());
+    assert!(keiro.instance(&key).await?.is_some());
     Ok(())
 }
 
@@ -654,7 +651,7 @@ async fn a_running_worker_schedules_on_its_own() -> TestResult {
     });
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let run = keiro.instance("job", "loop@20260101T100100Z").await?;
+        let run = keiro.instance(("job", "loop@20260101T100100Z")).await?;
         if run.is_some_and(|r| r.status == Status::Completed) {
             break;
         }

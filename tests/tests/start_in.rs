@@ -1,5 +1,5 @@
 //! Start inside the caller's transaction (issue 16 item 3): `Keiro::start_in(&tx, ..)` and its
-//! siblings (deliver, signal, awakeable completion) commit with the caller's own rows or not
+//! siblings (deliver, signal, awakeable completion, cancel) commit with the caller's own rows or not
 //! at all. Postgres only; the memory store refuses them with a typed error.
 //!
 //! The caller's connection is its own (not keiro's pool) with `search_path = app`, a schema
@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use keiro::postgres::tokio_postgres::{self, AsyncMessage, Client, NoTls};
 use keiro::{
-    AppendOutcome, AwakeableOutcome, Ctx, Error, InstanceKey, Keiro, Registry, SignalSendOutcome,
-    Status, StoreError, WorkflowError,
+    AppendOutcome, AwakeableOutcome, CancelOutcome, Ctx, Error, InstanceKey, Keiro, Registry,
+    SignalSendOutcome, Status, StoreError, WorkflowError,
 };
 use keiro_tests::{Harness, TestResult};
 use tokio::sync::mpsc;
@@ -144,7 +144,7 @@ async fn a_committed_start_exists_and_a_worker_runs_it() -> TestResult {
     assert!(started.created);
     assert_eq!(started.instance.status, Status::Running);
     // Not visible, and nobody woken, before the commit.
-    assert!(keiro.instance("order", "o-1").await?.is_none());
+    assert!(keiro.instance(("order", "o-1")).await?.is_none());
     assert!(drain(&mut wakes, Duration::from_millis(200))
         .await
         .is_empty());
@@ -156,7 +156,7 @@ async fn a_committed_start_exists_and_a_worker_runs_it() -> TestResult {
         "the commit notifies"
     );
     let output: u32 = keiro
-        .result("order", "o-1", Duration::from_secs(10))
+        .result(("order", "o-1"), Duration::from_secs(10))
         .await?;
     assert_eq!(output, 42);
     let _ = stop_tx.send(());
@@ -175,7 +175,7 @@ async fn a_rolled_back_start_leaves_nothing_and_the_id_starts_again() -> TestRes
     assert!(app.keiro.start_in(&tx, "order", "o-1", &1).await?.created);
     tx.rollback().await?;
 
-    assert!(app.keiro.instance("order", "o-1").await?.is_none());
+    assert!(app.keiro.instance(("order", "o-1")).await?.is_none());
     assert_eq!(app.journal_rows("order", "o-1").await?, 0);
     assert!(app.h.store.instances_runnable(None, None).await?.is_empty());
     // A start committed afterwards is the first (and only) wake the channel carries.
@@ -193,7 +193,7 @@ async fn a_rolled_back_start_leaves_nothing_and_the_id_starts_again() -> TestRes
     assert!(again.created);
     let instance = app
         .keiro
-        .instance("order", "o-1")
+        .instance(("order", "o-1"))
         .await?
         .expect("committed");
     assert_eq!(instance.input, serde_json::json!(2));
@@ -242,7 +242,9 @@ async fn a_rolled_back_delivery_leaves_nothing() -> TestResult {
 
     let tx = app.client.transaction().await?;
     assert_eq!(
-        app.keiro.deliver_in(&tx, "gate", "g-1", "open", &5).await?,
+        app.keiro
+            .deliver_in(&tx, ("gate", "g-1"), "open", &5)
+            .await?,
         AppendOutcome::Appended
     );
     tx.rollback().await?;
@@ -250,9 +252,13 @@ async fn a_rolled_back_delivery_leaves_nothing() -> TestResult {
 
     // Committed, it is journaled once, and a redelivery in the same way is idempotent.
     let tx = app.client.transaction().await?;
-    app.keiro.deliver_in(&tx, "gate", "g-1", "open", &5).await?;
+    app.keiro
+        .deliver_in(&tx, ("gate", "g-1"), "open", &5)
+        .await?;
     assert_eq!(
-        app.keiro.deliver_in(&tx, "gate", "g-1", "open", &6).await?,
+        app.keiro
+            .deliver_in(&tx, ("gate", "g-1"), "open", &6)
+            .await?,
         AppendOutcome::AlreadyPresent(serde_json::json!(5))
     );
     tx.commit().await?;
@@ -262,7 +268,7 @@ async fn a_rolled_back_delivery_leaves_nothing() -> TestResult {
     let tx = app.client.transaction().await?;
     let refused = app
         .keiro
-        .deliver_to_in(&tx, "gate", "g-1", 3, "later", &1)
+        .deliver_to_in(&tx, ("gate", "g-1"), 3, "later", &1)
         .await;
     assert!(
         matches!(
@@ -278,6 +284,94 @@ async fn a_rolled_back_delivery_leaves_nothing() -> TestResult {
         "{refused:?}"
     );
     tx.rollback().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolled_back_cancel_leaves_the_run_going_and_a_committed_one_cancels_it() -> TestResult {
+    let mut app = App::new().await?;
+    app.keiro.start("gate", "g-1", &()).await?;
+    let before = app.journal_rows("gate", "g-1").await?;
+    let status = |keiro: Keiro| async move {
+        Ok::<_, Error>(keiro.instance(("gate", "g-1")).await?.expect("row").status)
+    };
+
+    let tx = app.client.transaction().await?;
+    tx.execute("INSERT INTO orders VALUES ($1)", &[&"g-1"])
+        .await?;
+    assert_eq!(
+        app.keiro.cancel_in(&tx, ("gate", "g-1")).await?,
+        CancelOutcome::Recorded
+    );
+    tx.rollback().await?;
+    assert_eq!(app.journal_rows("gate", "g-1").await?, before);
+    assert_eq!(status(app.keiro.clone()).await?, Status::Running);
+
+    let tx = app.client.transaction().await?;
+    tx.execute("INSERT INTO orders VALUES ($1)", &[&"g-1"])
+        .await?;
+    assert_eq!(
+        app.keiro.cancel_in(&tx, ("gate", "g-1")).await?,
+        CancelOutcome::Recorded
+    );
+    // Within the transaction, a second cancel sees the first, as the pooled path would.
+    assert_eq!(
+        app.keiro.cancel_in(&tx, ("gate", "g-1")).await?,
+        CancelOutcome::AlreadyTerminal(Status::Cancelled)
+    );
+    tx.commit().await?;
+    assert_eq!(app.journal_rows("gate", "g-1").await?, before + 1);
+    assert_eq!(status(app.keiro.clone()).await?, Status::Cancelled);
+    assert_eq!(
+        app.keiro.cancel(("gate", "g-1")).await?,
+        CancelOutcome::AlreadyTerminal(Status::Cancelled)
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cascade_cancel_commits_with_the_start_it_follows() -> TestResult {
+    let mut app = App::new().await?;
+    let tx = app.client.transaction().await?;
+    app.keiro.start_in(&tx, "order", "o-1", &1).await?;
+    assert_eq!(
+        app.keiro.cancel_cascade_in(&tx, ("order", "o-1")).await?,
+        CancelOutcome::Recorded
+    );
+    tx.rollback().await?;
+    assert!(app.keiro.instance(("order", "o-1")).await?.is_none());
+
+    let tx = app.client.transaction().await?;
+    app.keiro.start_in(&tx, "order", "o-1", &1).await?;
+    app.keiro.cancel_cascade_in(&tx, ("order", "o-1")).await?;
+    tx.commit().await?;
+    let row = app.keiro.instance(("order", "o-1")).await?.expect("row");
+    assert_eq!(row.status, Status::Cancelled);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_of_a_bad_or_unknown_key_gets_the_errors_of_the_pooled_path() -> TestResult {
+    let mut app = App::new().await?;
+    let tx = app.client.transaction().await?;
+    // Refused before anything is sent: the transaction is still good afterwards.
+    let inside = app.keiro.cancel_in(&tx, ("gate", "a/b")).await;
+    let pooled = app.keiro.cancel(("gate", "a/b")).await;
+    assert!(matches!(inside, Err(Error::InvalidId(_))), "{inside:?}");
+    assert_eq!(format!("{pooled:?}"), format!("{inside:?}"));
+    tx.execute("INSERT INTO orders VALUES ($1)", &[&"o-1"])
+        .await?;
+    let inside = app.keiro.cancel_in(&tx, ("gate", "nobody")).await;
+    assert!(
+        matches!(inside, Err(Error::Store(StoreError::NotFound { ref key })) if *key == InstanceKey::parse("gate", "nobody")?),
+        "{inside:?}"
+    );
+    let memory = Keiro::memory();
+    let refused = memory.cancel_in(&tx, ("gate", "g-1")).await;
+    assert!(
+        matches!(refused, Err(Error::Unsupported { .. })),
+        "{refused:?}"
+    );
     Ok(())
 }
 
@@ -340,7 +434,7 @@ async fn a_rolled_back_awakeable_completion_leaves_nothing() -> TestResult {
     tx.commit().await?;
     assert_eq!(app.h.store.awakeables_pending().await?, 0);
     keiro::resume_once(&app.h.store, &registry, &options).await?;
-    let instance = app.keiro.instance("approver", "a-1").await?.expect("row");
+    let instance = app.keiro.instance(("approver", "a-1")).await?.expect("row");
     assert_eq!(instance.status, Status::Completed);
     assert_eq!(instance.output, Some(serde_json::json!("yes")));
     Ok(())
@@ -372,12 +466,12 @@ async fn bad_ids_and_payloads_get_the_errors_of_the_pooled_paths() -> TestResult
     );
     assert_eq!(format!("{pooled:?}"), format!("{inside:?}"));
 
-    let inside = keiro.deliver_in(&tx, "order", "o-1", "", &1).await;
-    let pooled = keiro.deliver("order", "o-1", "", &1).await;
+    let inside = keiro.deliver_in(&tx, ("order", "o-1"), "", &1).await;
+    let pooled = keiro.deliver(("order", "o-1"), "", &1).await;
     assert!(matches!(inside, Err(Error::InvalidId(_))), "{inside:?}");
     assert_eq!(format!("{pooled:?}"), format!("{inside:?}"));
-    let inside = keiro.deliver_in(&tx, "order", "o-1", "open", &big).await;
-    let pooled = keiro.deliver("order", "o-1", "open", &big).await;
+    let inside = keiro.deliver_in(&tx, ("order", "o-1"), "open", &big).await;
+    let pooled = keiro.deliver(("order", "o-1"), "open", &big).await;
     assert_eq!(format!("{pooled:?}"), format!("{inside:?}"));
 
     let inside = keiro.signal_in(&tx, "", &1).await;
@@ -425,7 +519,7 @@ async fn a_deliver_to_an_unknown_instance_is_not_found() -> TestResult {
     let tx = app.client.transaction().await?;
     let inside = app
         .keiro
-        .deliver_in(&tx, "gate", "nobody", "open", &1)
+        .deliver_in(&tx, ("gate", "nobody"), "open", &1)
         .await;
     assert!(
         matches!(inside, Err(Error::Store(StoreError::NotFound { ref key })) if *key == InstanceKey::parse("gate", "nobody")?),

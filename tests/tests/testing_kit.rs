@@ -33,14 +33,17 @@ async fn a_seven_day_trial_runs_in_milliseconds(env: TestEnvBuilder) -> TestResu
     let began = Instant::now();
     env.start("trial", "ada", &"ada").await?;
     env.run_until_idle().await?;
-    assert_eq!(env.status("trial", "ada").await?, Status::Suspended);
+    assert_eq!(env.status(("trial", "ada")).await?, Status::Suspended);
     // Six days are not enough.
     env.advance(WEEK - Duration::from_secs(24 * 3600)).await?;
-    assert_eq!(env.status("trial", "ada").await?, Status::Suspended);
+    assert_eq!(env.status(("trial", "ada")).await?, Status::Suspended);
     env.advance(Duration::from_secs(24 * 3600)).await?;
-    assert_eq!(env.output::<String>("trial", "ada").await?, "reminded ada");
     assert_eq!(
-        env.steps("trial", "ada").await?,
+        env.output::<String>(("trial", "ada")).await?,
+        "reminded ada"
+    );
+    assert_eq!(
+        env.steps(("trial", "ada")).await?,
         ["sleep:trial-period", "remind"]
     );
     assert!(
@@ -73,7 +76,7 @@ async fn a_crash_after_a_step_replays_it_and_runs_the_tail(env: TestEnvBuilder) 
     env.start("order", "o-1", &()).await?;
     env.run_until_idle().await?;
     assert_eq!(env.crashes_pending(), 0, "the crash happened");
-    let row = env.instance("order", "o-1").await?;
+    let row = env.instance(("order", "o-1")).await?;
     assert_eq!(row.status, Status::Completed, "{:?}", row.last_error);
     assert_eq!(row.attempts, 0, "completion resets the attempts");
     assert_eq!(
@@ -82,7 +85,7 @@ async fn a_crash_after_a_step_replays_it_and_runs_the_tail(env: TestEnvBuilder) 
         "the journaled step is not run again"
     );
     assert_eq!(ledger.count("ship"), 1);
-    let crashed = env.journal("order", "o-1").await?.len();
+    let crashed = env.journal(("order", "o-1")).await?.len();
     assert!(
         crashed >= 3,
         "charge, ship and the completion are journaled"
@@ -100,12 +103,12 @@ async fn deliveries_and_signals_reach_the_workflow(env: TestEnvBuilder) -> TestR
         .build()?;
     env.start("approval", "a-1", &()).await?;
     env.run_until_idle().await?;
-    env.deliver("approval", "a-1", "approved", &true).await?;
+    env.deliver(("approval", "a-1"), "approved", &true).await?;
     env.run_until_idle().await?;
-    assert_eq!(env.status("approval", "a-1").await?, Status::Suspended);
+    assert_eq!(env.status(("approval", "a-1")).await?, Status::Suspended);
     env.signal("note-1", &"ok").await?;
     env.run_until_idle().await?;
-    assert_eq!(env.output::<String>("approval", "a-1").await?, "true ok");
+    assert_eq!(env.output::<String>(("approval", "a-1")).await?, "true ok");
     Ok(())
 }
 
@@ -124,9 +127,12 @@ async fn a_signal_timeout_fires_when_time_is_advanced(env: TestEnvBuilder) -> Te
         .build()?;
     env.start("reminder", "r-1", &()).await?;
     env.run_until_idle().await?;
-    assert_eq!(env.status("reminder", "r-1").await?, Status::Suspended);
+    assert_eq!(env.status(("reminder", "r-1")).await?, Status::Suspended);
     env.advance(Duration::from_secs(3601)).await?;
-    assert_eq!(env.output::<String>("reminder", "r-1").await?, "timed out");
+    assert_eq!(
+        env.output::<String>(("reminder", "r-1")).await?,
+        "timed out"
+    );
     Ok(())
 }
 
@@ -144,19 +150,19 @@ async fn a_parked_wait_stays_parked_when_time_passes_its_reconcile_window(
     env.start("gate", "g-1", &()).await?;
     env.run_until_idle().await?;
     env.advance(Duration::from_secs(24 * 3600)).await?;
-    assert_eq!(env.status("gate", "g-1").await?, Status::Suspended);
+    assert_eq!(env.status(("gate", "g-1")).await?, Status::Suspended);
     let pass = env.worker().resume_once().await?;
     assert_eq!(pass.discovered, 0, "a parked run costs nothing: {pass:?}");
-    let wake_after = env.instance("gate", "g-1").await?.wake_after;
+    let wake_after = env.instance(("gate", "g-1")).await?.wake_after;
     env.move_clock(Duration::from_secs(4 * 60)).await?;
     assert_eq!(env.worker().resume_once().await?.discovered, 0);
     env.move_clock(Duration::from_secs(2 * 60)).await?;
     let pass = env.worker().resume_once().await?;
     assert_eq!(pass.discovered, 1, "the reconcile re-drive: {pass:?}");
-    assert_ne!(env.instance("gate", "g-1").await?.wake_after, wake_after);
-    env.deliver("gate", "g-1", "open", &true).await?;
+    assert_ne!(env.instance(("gate", "g-1")).await?.wake_after, wake_after);
+    env.deliver(("gate", "g-1"), "open", &true).await?;
     env.run_until_idle().await?;
-    assert!(env.output::<bool>("gate", "g-1").await?);
+    assert!(env.output::<bool>(("gate", "g-1")).await?);
     Ok(())
 }
 
@@ -174,7 +180,7 @@ async fn the_worker_reads_deadlines_on_the_moved_clock(env: TestEnvBuilder) -> T
     assert_eq!((pass.discovered, pass.sleep_due), (1, 1), "{pass:?}");
     assert_eq!(env.worker().fire_due_timers().await?.fired.len(), 1);
     env.run_until_idle().await?;
-    assert_eq!(env.status("nap", "n-1").await?, Status::Completed);
+    assert_eq!(env.status(("nap", "n-1")).await?, Status::Completed);
     Ok(())
 }
 
@@ -192,8 +198,8 @@ async fn a_history_verifies_against_the_code_that_made_it(env: TestEnvBuilder) -
         .build()?;
     env.start("order", "o-1", &3u32).await?;
     env.run_until_idle().await?;
-    assert_eq!(env.output::<u32>("order", "o-1").await?, 8);
-    assert_eq!(env.verify_replay("order", "o-1").await?, Ok(()));
+    assert_eq!(env.output::<u32>(("order", "o-1")).await?, 8);
+    assert_eq!(env.verify_replay(("order", "o-1")).await?, Ok(()));
     Ok(())
 }
 
@@ -213,7 +219,7 @@ async fn changed_code_is_caught_by_replay_verification() -> TestResult {
         .build()?;
     env.start("order", "o-1", &3u32).await?;
     env.run_until_idle().await?;
-    let history = env.journal("order", "o-1").await?;
+    let history = env.journal(("order", "o-1")).await?;
     let key = InstanceKey::parse("order", "o-1")?;
     let input = serde_json::json!(3);
     let ledger = Ledger::default();

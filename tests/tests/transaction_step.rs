@@ -172,13 +172,13 @@ async fn transfer_with_a_crash(at: CrashAt) -> TestResult {
     h.keiro.start("transfer", "t-1", &()).await?;
     for _ in 0..20 {
         worker.drain().await?;
-        let row = h.keiro.instance("transfer", "t-1").await?.expect("row");
+        let row = h.keiro.instance(("transfer", "t-1")).await?.expect("row");
         if row.status.is_terminal() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let row = h.keiro.instance("transfer", "t-1").await?.expect("row");
+    let row = h.keiro.instance(("transfer", "t-1")).await?.expect("row");
     assert_eq!(
         (row.status, row.output.clone()),
         (Status::Completed, Some(serde_json::json!(30))),
@@ -265,11 +265,11 @@ async fn a_process_dying_inside_the_transaction_leaves_no_trace() -> TestResult 
     dying.abort();
     let _ = dying.await;
     // Whatever the first attempt did is rolled back once its connection is released.
-    h.keiro.force_release("transfer", "t-1").await?;
+    h.keiro.force_release(("transfer", "t-1")).await?;
     let runs = Arc::new(AtomicU32::new(0));
     let worker = transfer_worker(&h, CrashAt::Nowhere, runs.clone())?;
     worker.drain().await?;
-    let row = h.keiro.instance("transfer", "t-1").await?.expect("row");
+    let row = h.keiro.instance(("transfer", "t-1")).await?.expect("row");
     assert_eq!(row.status, Status::Completed, "{:?}", row.last_error);
     assert_eq!(balances(&h).await?, (70, 130, 1));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
@@ -330,12 +330,12 @@ async fn a_lost_lease_rolls_the_users_writes_back() -> TestResult {
         (100, 100, 0),
         "the debit was rolled back"
     );
-    let journal = h.keiro.journal("transfer", "t-1").await?;
+    let journal = h.keiro.journal(("transfer", "t-1")).await?;
     assert!(
         journal.iter().all(|e| e.event.step_name() != "move-30"),
         "nothing journaled: {journal:?}"
     );
-    let row = h.keiro.instance("transfer", "t-1").await?.expect("row");
+    let row = h.keiro.instance(("transfer", "t-1")).await?.expect("row");
     assert_eq!(row.status, Status::Running);
     Ok(())
 }
@@ -354,7 +354,7 @@ async fn on_a_store_without_transactions_the_step_is_refused_typed() -> TestResu
         .build()?;
     h.keiro.start("transfer", "t-1", &()).await?;
     worker.drain().await?;
-    let row = h.keiro.instance("transfer", "t-1").await?.expect("row");
+    let row = h.keiro.instance(("transfer", "t-1")).await?.expect("row");
     assert_eq!(row.status, Status::Failed);
     let reason = row.last_error.unwrap_or_default();
     assert!(reason.contains("Postgres store"), "{reason}");
@@ -428,7 +428,7 @@ async fn a_failing_closure_rolls_back_and_counts_as_an_attempt_of_its_retry_poli
     let worker = retrying_transfer(&h, 2, runs.clone())?;
     h.keiro.start("transfer", "t-1", &()).await?;
     worker.drain().await?;
-    let row = h.keiro.instance("transfer", "t-1").await?.expect("row");
+    let row = h.keiro.instance(("transfer", "t-1")).await?.expect("row");
     assert_eq!(
         (row.status, row.output),
         (Status::Completed, Some(serde_json::json!(30))),
@@ -447,7 +447,7 @@ async fn a_failing_closure_rolls_back_and_counts_as_an_attempt_of_its_retry_poli
     );
     let steps: Vec<String> = h
         .keiro
-        .journal("transfer", "t-1")
+        .journal(("transfer", "t-1"))
         .await?
         .iter()
         .map(|e| e.event.step_name().into_owned())
@@ -468,7 +468,7 @@ async fn spent_attempts_give_the_body_step_failed_and_no_effects() -> TestResult
     let worker = retrying_transfer(&h, 10, runs.clone())?;
     h.keiro.start("transfer", "t-1", &()).await?;
     worker.drain().await?;
-    let row = h.keiro.instance("transfer", "t-1").await?.expect("row");
+    let row = h.keiro.instance(("transfer", "t-1")).await?.expect("row");
     assert_eq!(
         (row.status, row.output),
         (Status::Completed, Some(serde_json::json!(-3))),

@@ -53,7 +53,7 @@ async fn two_worker_processes_never_advance_the_same_instance_at_once() -> TestR
         let mut done = 0;
         for i in 0..count {
             if keiro
-                .instance("overlap", &format!("o-{i}"))
+                .instance(("overlap", &format!("o-{i}")))
                 .await?
                 .map(|r| r.status)
                 == Some(Status::Completed)
@@ -91,7 +91,7 @@ async fn two_worker_processes_never_advance_the_same_instance_at_once() -> TestR
     );
     assert_eq!(pids, 2, "both worker processes took part");
     for i in 0..count {
-        let journal = keiro.journal("overlap", &format!("o-{i}")).await?;
+        let journal = keiro.journal(("overlap", &format!("o-{i}"))).await?;
         assert_eq!(
             journal.len(),
             usize::try_from(steps)? + 1,

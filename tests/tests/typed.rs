@@ -178,7 +178,7 @@ async fn typed_and_stringly_calls_address_the_same_instances(h: Harness) -> Test
         )
         .await?;
     h.keiro
-        .deliver("checkout", "c-3", "approval", &"bo")
+        .deliver(("checkout", "c-3"), "approval", &"bo")
         .await?;
     worker.drain().await?;
     let receipt = h
@@ -198,12 +198,12 @@ async fn typed_and_stringly_calls_address_the_same_instances(h: Harness) -> Test
         )
         .await?;
     h.keiro
-        .deliver("checkout", "c-4", "approval", &"cy")
+        .deliver(("checkout", "c-4"), "approval", &"cy")
         .await?;
     worker.drain().await?;
     let value: serde_json::Value = h
         .keiro
-        .result("checkout", "c-4", Duration::from_secs(10))
+        .result(("checkout", "c-4"), Duration::from_secs(10))
         .await?;
     assert_eq!(value["approved_by"], "cy");
     Ok(())

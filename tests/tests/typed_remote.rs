@@ -201,7 +201,7 @@ async fn a_typed_workflow_calls_a_typed_handler_on_a_remote_worker(h: Harness) -
     );
 
     // Two steps with their own journal keys and step ids, one handler's group.
-    let tasks = h.keiro.remote_tasks("ship", "s-1").await?;
+    let tasks = h.keiro.remote_tasks(("ship", "s-1")).await?;
     let mut routed: Vec<(&str, &str, &str)> = tasks
         .iter()
         .map(|t| {
@@ -220,7 +220,7 @@ async fn a_typed_workflow_calls_a_typed_handler_on_a_remote_worker(h: Harness) -
             ("ship/s-1/0/label-1", "remote:label-1", "print-label"),
         ]
     );
-    let journal = h.keiro.journal("ship", "s-1").await?;
+    let journal = h.keiro.journal(("ship", "s-1")).await?;
     let recorded: Vec<(String, serde_json::Value)> = journal
         .iter()
         .map(|entry| entry.event.encode())
@@ -280,7 +280,7 @@ async fn typed_and_stringly_sides_share_the_wire_format(h: Harness) -> TestResul
         resume_worker(&h)?,
         remote,
         h.keiro
-            .result::<Label>("ship-stringly", "s-3", Duration::from_secs(15)),
+            .result::<Label>(("ship-stringly", "s-3"), Duration::from_secs(15)),
     )
     .await??;
     assert_eq!(
@@ -308,7 +308,7 @@ async fn a_typed_handler_serves_a_partition(h: Harness) -> TestResult {
         .build();
     let labels = with_workers(resume_worker(&h)?, remote, handle.result()).await??;
     assert_eq!(labels[0].tracking, "eu:o-4-9g");
-    let tasks = h.keiro.remote_tasks("ship", "s-4").await?;
+    let tasks = h.keiro.remote_tasks(("ship", "s-4")).await?;
     assert_eq!(tasks[0].group, "print-label@eu");
     Ok(())
 }
@@ -317,7 +317,7 @@ async fn a_handler_with_an_invalid_name_is_a_typed_error(h: Harness) -> TestResu
     h.keiro.start("misnamed", "m-1", &()).await?;
     let worker = resume_worker(&h)?;
     worker.drain().await?;
-    let row = h.keiro.instance("misnamed", "m-1").await?.expect("row");
+    let row = h.keiro.instance(("misnamed", "m-1")).await?.expect("row");
     assert_eq!(row.status, Status::Completed, "{row:?}");
     let answer = row.output.as_ref().and_then(|v| v.as_str()).unwrap_or("");
     assert!(
@@ -325,6 +325,6 @@ async fn a_handler_with_an_invalid_name_is_a_typed_error(h: Harness) -> TestResu
         "{answer}"
     );
     // Nothing was dispatched.
-    assert!(h.keiro.remote_tasks("misnamed", "m-1").await?.is_empty());
+    assert!(h.keiro.remote_tasks(("misnamed", "m-1")).await?.is_empty());
     Ok(())
 }

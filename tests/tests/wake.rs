@@ -76,7 +76,7 @@ async fn sleep_parks_until_its_timer_fires(env: TestEnvBuilder) -> TestResult {
     env.start("sleeper", "s-1", &3_600_000u64).await?;
     let first = worker.resume_once().await?;
     assert_eq!((first.resumed, first.still_suspended), (1, 1));
-    let row = env.instance("sleeper", "s-1").await?;
+    let row = env.instance(("sleeper", "s-1")).await?;
     assert_eq!(row.status, Status::Suspended);
     assert!(
         row.wake_after.is_some(),
@@ -95,7 +95,7 @@ async fn sleep_parks_until_its_timer_fires(env: TestEnvBuilder) -> TestResult {
     let fired = store.timers_fire_due(None, 10).await?;
     assert_eq!(fired.fired.len(), 1);
     assert!(fired.fired[0].delivered);
-    let row = env.instance("sleeper", "s-1").await?;
+    let row = env.instance(("sleeper", "s-1")).await?;
     assert_eq!(
         (row.status, row.wake_after),
         (Status::Running, None),
@@ -138,7 +138,7 @@ async fn first_sleep_arm_wins(h: Harness) -> TestResult {
     pass(&h, &registry).await?;
     let first = h
         .keiro
-        .instance("sleeper", "s-3")
+        .instance(("sleeper", "s-3"))
         .await?
         .expect("row")
         .wake_after
@@ -165,7 +165,7 @@ async fn first_sleep_arm_wins(h: Harness) -> TestResult {
     assert_eq!(run, RunOutcome::Suspended);
     assert_eq!(
         h.keiro
-            .instance("sleeper", "s-3")
+            .instance(("sleeper", "s-3"))
             .await?
             .expect("row")
             .wake_after,
@@ -225,7 +225,7 @@ async fn awakeable_parked_is_not_discovered_until_completed(h: Harness) -> TestR
     );
     let done = keiro::resume_once(&h.store, &registry, &opts).await?;
     assert_eq!((done.discovered, done.completed), (1, 1));
-    let row = h.keiro.instance("approver", "a-1").await?.expect("row");
+    let row = h.keiro.instance(("approver", "a-1")).await?.expect("row");
     assert_eq!(row.output, Some(json!("approved by ada")));
     assert_eq!(
         ledger.count("announce"),
@@ -261,7 +261,7 @@ async fn awakeable_double_completion_is_idempotent(h: Harness) -> TestResult {
     pass(&h, &registry).await?;
     let out = h
         .keiro
-        .instance("approver", "a-2")
+        .instance(("approver", "a-2"))
         .await?
         .expect("row")
         .output
@@ -293,7 +293,7 @@ async fn awakeable_cancellation_is_a_typed_error(h: Harness) -> TestResult {
     pass(&h, &registry).await?;
     assert_eq!(
         h.keiro
-            .instance("approver", "a-3")
+            .instance(("approver", "a-3"))
             .await?
             .expect("row")
             .output,
@@ -308,18 +308,18 @@ async fn awakeable_of_a_terminal_owner_journals_nothing(h: Harness) -> TestResul
     h.keiro.start("approver", "a-4", &()).await?;
     pass(&h, &registry).await?;
     let id = ids.lock().expect("lock")[0];
-    let before = h.keiro.journal("approver", "a-4").await?.len();
-    h.keiro.cancel("approver", "a-4").await?;
+    let before = h.keiro.journal(("approver", "a-4")).await?.len();
+    h.keiro.cancel(("approver", "a-4")).await?;
     // The cancel settled the awakeable (0012): a completion finds it cancelled.
     assert_eq!(
         h.keiro.complete_awakeable(id, "too late").await?,
         AwakeableOutcome::AlreadySettled(keiro_journal::AwakeableStatus::Cancelled)
     );
-    let after = h.keiro.journal("approver", "a-4").await?;
+    let after = h.keiro.journal(("approver", "a-4")).await?;
     assert_eq!(after.len(), before + 1, "only the cancel marker was added");
     assert_eq!(
         h.keiro
-            .instance("approver", "a-4")
+            .instance(("approver", "a-4"))
             .await?
             .expect("row")
             .status,
@@ -356,7 +356,7 @@ async fn signal_sent_before_the_wait_is_buffered(h: Harness) -> TestResult {
     );
     assert_eq!(
         h.keiro
-            .instance("listener", "l-1")
+            .instance(("listener", "l-1"))
             .await?
             .expect("row")
             .output,
@@ -371,7 +371,7 @@ async fn signal_sent_after_the_wait_is_delivered(h: Harness) -> TestResult {
     pass(&h, &registry).await?;
     assert_eq!(
         h.keiro
-            .instance("listener", "l-2")
+            .instance(("listener", "l-2"))
             .await?
             .expect("row")
             .status,
@@ -393,7 +393,7 @@ async fn signal_sent_after_the_wait_is_delivered(h: Harness) -> TestResult {
     pass(&h, &registry).await?;
     assert_eq!(
         h.keiro
-            .instance("listener", "l-2")
+            .instance(("listener", "l-2"))
             .await?
             .expect("row")
             .output,
@@ -417,10 +417,10 @@ async fn signal_and_wait_race_deliver_exactly_once(h: Harness) -> TestResult {
         summary?;
         sent?;
         let mut drained = keiro::drain(&h.store, &registry, &options(&h)).await?;
-        if h.keiro.instance("once", &id).await?.expect("row").status != Status::Completed {
+        if h.keiro.instance(("once", &id)).await?.expect("row").status != Status::Completed {
             drained += pass(&h, &registry).await?;
         }
-        let row = h.keiro.instance("once", &id).await?.expect("row");
+        let row = h.keiro.instance(("once", &id)).await?.expect("row");
         assert_eq!(
             (row.status, row.output),
             (Status::Completed, Some(json!(i))),
@@ -433,7 +433,7 @@ async fn signal_and_wait_race_deliver_exactly_once(h: Harness) -> TestResult {
         pass(&h, &registry).await?;
         let second = h
             .keiro
-            .instance("once", &format!("{id}-second"))
+            .instance(("once", &format!("{id}-second")))
             .await?
             .expect("row");
         assert_eq!(
@@ -454,8 +454,8 @@ async fn signals_are_fifo_per_token(h: Harness) -> TestResult {
     h.keiro.start("listener", "f-1", &"fifo").await?;
     h.keiro.start("listener", "f-2", &"fifo").await?;
     keiro::drain(&h.store, &registry, &options(&h)).await?;
-    let a = h.keiro.instance("listener", "f-1").await?.expect("row");
-    let b = h.keiro.instance("listener", "f-2").await?.expect("row");
+    let a = h.keiro.instance(("listener", "f-1")).await?.expect("row");
+    let b = h.keiro.instance(("listener", "f-2")).await?.expect("row");
     let mut got: Vec<serde_json::Value> = [a.output, b.output].into_iter().flatten().collect();
     got.sort_by_key(|v| v.to_string());
     // f-1 (first discovered) takes 7 and 8; f-2 takes 9 and waits for one more.
@@ -483,7 +483,7 @@ async fn signal_wait_times_out(env: TestEnvBuilder) -> TestResult {
     assert_eq!(fired.fired.len(), 1);
     env.worker().resume_once().await?;
     assert_eq!(
-        env.output::<String>("impatient", "i-1").await?,
+        env.output::<String>(("impatient", "i-1")).await?,
         "timed out on never-sent"
     );
     // A signal sent after the timeout is buffered for someone else, not lost into the old wait.
@@ -542,13 +542,13 @@ async fn child_result_reaches_the_parent(env: TestEnvBuilder) -> TestResult {
         .build()?;
     env.start("parent", "p-1", &()).await?;
     env.run_until_idle().await?;
-    let child = env.instance("kid", "kid-1").await?; // spawned in the parent's step transaction
+    let child = env.instance(("kid", "kid-1")).await?; // spawned in the parent's step transaction
     assert_eq!(child.parent, Some(key("parent", "p-1")));
-    assert_eq!(env.status("parent", "p-1").await?, Status::Suspended);
-    env.deliver("kid", "kid-1", "hold", &true).await?;
+    assert_eq!(env.status(("parent", "p-1")).await?, Status::Suspended);
+    env.deliver(("kid", "kid-1"), "hold", &true).await?;
     env.run_until_idle().await?;
     assert_eq!(
-        env.output::<String>("parent", "p-1").await?,
+        env.output::<String>(("parent", "p-1")).await?,
         "child said 21"
     );
     assert_eq!(
@@ -556,7 +556,7 @@ async fn child_result_reaches_the_parent(env: TestEnvBuilder) -> TestResult {
         (1, 1)
     );
     let spawns = env
-        .journal("parent", "p-1")
+        .journal(("parent", "p-1"))
         .await?
         .iter()
         .filter(|e| e.event.step_name() == "child:kid/kid-1")
@@ -572,9 +572,9 @@ async fn child_failure_at_the_ceiling_wakes_the_parent(env: TestEnvBuilder) -> T
         .build()?;
     env.start("parent", "p-2", &()).await?;
     env.run_until_idle().await?;
-    let child = env.instance("kid", "kid-1").await?;
+    let child = env.instance(("kid", "kid-1")).await?;
     assert_eq!((child.status, child.attempts), (Status::Failed, 2));
-    let parent = env.instance("parent", "p-2").await?;
+    let parent = env.instance(("parent", "p-2")).await?;
     assert_eq!(parent.status, Status::Completed);
     let out = parent.output.expect("output").to_string();
     assert!(
@@ -597,19 +597,19 @@ async fn cancel_child_and_cascade(env: TestEnvBuilder) -> TestResult {
     let env = env.registry(registry).build()?;
     env.start("canceller", "c-1", &()).await?;
     env.run_until_idle().await?;
-    assert_eq!(env.status("kid", "kid-9").await?, Status::Cancelled);
+    assert_eq!(env.status(("kid", "kid-9")).await?, Status::Cancelled);
     assert_eq!(
-        env.output::<String>("canceller", "c-1").await?,
+        env.output::<String>(("canceller", "c-1")).await?,
         "saw the cancel"
     );
 
     // Cascade: cancelling a parent cancels its live child, which in turn reports to nobody live.
     env.start("parent", "p-3", &()).await?;
     env.run_until_idle().await?;
-    assert_eq!(env.status("kid", "kid-1").await?, Status::Suspended);
-    env.keiro().cancel_cascade("parent", "p-3").await?;
-    assert_eq!(env.status("parent", "p-3").await?, Status::Cancelled);
-    assert_eq!(env.status("kid", "kid-1").await?, Status::Cancelled);
+    assert_eq!(env.status(("kid", "kid-1")).await?, Status::Suspended);
+    env.keiro().cancel_cascade(("parent", "p-3")).await?;
+    assert_eq!(env.status(("parent", "p-3")).await?, Status::Cancelled);
+    assert_eq!(env.status(("kid", "kid-1")).await?, Status::Cancelled);
     Ok(())
 }
 
@@ -625,7 +625,7 @@ async fn open_ended_park_gets_the_reconcile_deadline(env: TestEnvBuilder) -> Tes
     let before = OffsetDateTime::now_utc();
     env.worker().resume_once().await?;
     let wake = env
-        .instance("waits", "w-1")
+        .instance(("waits", "w-1"))
         .await?
         .wake_after
         .expect("reconcile deadline");
@@ -645,7 +645,7 @@ async fn open_ended_park_gets_the_reconcile_deadline(env: TestEnvBuilder) -> Tes
         (1, 0, 0),
         "{redrive:?}"
     );
-    assert_eq!(env.status("waits", "w-1").await?, Status::Suspended);
+    assert_eq!(env.status(("waits", "w-1")).await?, Status::Suspended);
     Ok(())
 }
 
@@ -676,15 +676,15 @@ async fn push_wakes_a_worker_without_waiting_for_its_poll(h: Harness) -> TestRes
     });
     keiro.start("gate", "g-1", &()).await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while keiro.instance("gate", "g-1").await?.expect("row").status != Status::Suspended {
+    while keiro.instance(("gate", "g-1")).await?.expect("row").status != Status::Suspended {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the start notification woke the worker"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    keiro.deliver("gate", "g-1", "open", &5).await?;
-    while keiro.instance("gate", "g-1").await?.expect("row").status != Status::Completed {
+    keiro.deliver(("gate", "g-1"), "open", &5).await?;
+    while keiro.instance(("gate", "g-1")).await?.expect("row").status != Status::Completed {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the delivery notification woke the worker"

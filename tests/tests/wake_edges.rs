@@ -34,7 +34,7 @@ async fn drain(h: &Harness, registry: &Registry) -> TestResult {
 
 async fn status(keiro: &Keiro, name: &str, id: &str) -> Result<Status, keiro::Error> {
     Ok(keiro
-        .instance(name, id)
+        .instance((name, id))
         .await?
         .expect("the instance exists")
         .status)
@@ -42,7 +42,7 @@ async fn status(keiro: &Keiro, name: &str, id: &str) -> Result<Status, keiro::Er
 
 async fn output(keiro: &Keiro, name: &str, id: &str) -> Result<serde_json::Value, keiro::Error> {
     let row = keiro
-        .instance(name, id)
+        .instance((name, id))
         .await?
         .expect("the instance exists");
     assert_eq!(row.status, Status::Completed, "{name}/{id}: {row:?}");
@@ -86,7 +86,7 @@ async fn a_signal_token_no_wait_could_take_is_refused_before_anything_is_sent(
     );
     h.keiro.start("listener", "l-long", &longest).await?;
     drain(&h, &listener()?).await?;
-    let journal = h.keiro.journal("listener", "l-long").await?;
+    let journal = h.keiro.journal(("listener", "l-long")).await?;
     let first = format!("signal:{longest}:1");
     assert!(
         journal.iter().any(|e| e.event.step_name() == first
@@ -107,7 +107,7 @@ async fn signals(
     id: &str,
 ) -> Result<Vec<(String, serde_json::Value)>, keiro::Error> {
     Ok(keiro
-        .journal("listener", id)
+        .journal(("listener", id))
         .await?
         .into_iter()
         .filter_map(|entry| match entry.event {
@@ -312,7 +312,7 @@ async fn a_running_child_of_another_parent_refuses_the_spawn(h: Harness) -> Test
     // A second parent: refused at once, not left waiting for a result that goes to o-1.
     h.keiro.start("owner", "o-2", &()).await?;
     drain(&h, &registry).await?;
-    h.keiro.deliver("owner", "o-2", "ack", &true).await?;
+    h.keiro.deliver(("owner", "o-2"), "ack", &true).await?;
     drain(&h, &registry).await?;
     assert_eq!(
         output(&h.keiro, "owner", "o-2").await?,
@@ -327,9 +327,9 @@ async fn a_running_child_of_another_parent_refuses_the_spawn(h: Harness) -> Test
     );
 
     // The child still answers its own parent, and only it.
-    let row = h.keiro.instance("sync", "tenant-1").await?.expect("row");
+    let row = h.keiro.instance(("sync", "tenant-1")).await?.expect("row");
     assert_eq!(row.parent, Some(key("owner", "o-1")));
-    h.keiro.deliver("sync", "tenant-1", "hold", &7).await?;
+    h.keiro.deliver(("sync", "tenant-1"), "hold", &7).await?;
     drain(&h, &registry).await?;
     assert_eq!(output(&h.keiro, "owner", "o-1").await?, json!("got 7"));
     assert_eq!(
@@ -348,14 +348,14 @@ async fn a_parent_that_continued_as_new_takes_its_running_child_back(h: Harness)
     let registry = custody()?;
     h.keiro.start("rotor", "r-1", &0u32).await?;
     drain(&h, &registry).await?;
-    let rotor = h.keiro.instance("rotor", "r-1").await?.expect("row");
+    let rotor = h.keiro.instance(("rotor", "r-1")).await?.expect("row");
     assert_eq!((rotor.generation, rotor.status), (1, Status::Suspended));
     assert_eq!(
         status(&h.keiro, "sync", "tenant-2").await?,
         Status::Suspended
     );
 
-    h.keiro.deliver("sync", "tenant-2", "hold", &5).await?;
+    h.keiro.deliver(("sync", "tenant-2"), "hold", &5).await?;
     drain(&h, &registry).await?;
     assert_eq!(
         output(&h.keiro, "rotor", "r-1").await?,

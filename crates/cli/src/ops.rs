@@ -22,6 +22,13 @@ pub(crate) struct KeyArgs {
     pub(crate) id: String,
 }
 
+/// The facade validates the pair as it does any other, so a bad name or id is its typed error.
+impl keiro::IntoInstanceKey for &KeyArgs {
+    fn into_instance_key(self) -> std::result::Result<keiro::InstanceKey, keiro::IdError> {
+        keiro::InstanceKey::parse(&self.name, &self.id)
+    }
+}
+
 /// A facade on the operator schema. Two connections: `show` reads the row, the journal and the
 /// remote tasks.
 pub(crate) async fn keiro(global: &Global) -> Result<Keiro> {
@@ -38,7 +45,7 @@ pub(crate) async fn show(global: &Global, key: &KeyArgs) -> Result<Outcome> {
     let keiro = keiro(global).await?;
     let what = format!("{}/{}", key.name, key.id);
     let Some(instance) = keiro
-        .instance(&key.name, &key.id)
+        .instance(key)
         .await
         .context(format!("reading instance {what}"))?
     else {
@@ -46,17 +53,17 @@ pub(crate) async fn show(global: &Global, key: &KeyArgs) -> Result<Outcome> {
         return Ok(Outcome::Failed);
     };
     let journal = keiro
-        .journal(&key.name, &key.id)
+        .journal(key)
         .await
         .context(format!("reading the journal of {what}"))?;
     let waits = keiro
-        .waits(&key.name, &key.id, WAITS_LIMIT_DEFAULT)
+        .waits(key, WAITS_LIMIT_DEFAULT)
         .await
         .context(format!(
             "reading the timers, awakeables and signal waits of {what}"
         ))?;
     let tasks = keiro
-        .remote_tasks(&key.name, &key.id)
+        .remote_tasks(key)
         .await
         .context(format!("reading the remote tasks of {what}"))?;
     let children = keiro
@@ -239,7 +246,7 @@ pub(crate) async fn cancel(global: &Global, key: &KeyArgs) -> Result<Outcome> {
     let what = format!("{}/{}", key.name, key.id);
     let outcome = keiro(global)
         .await?
-        .cancel(&key.name, &key.id)
+        .cancel(key)
         .await
         .context(format!("cancelling {what}"))?;
     Ok(match outcome {
@@ -259,7 +266,7 @@ pub(crate) async fn resurrect(global: &Global, key: &KeyArgs) -> Result<Outcome>
     let what = format!("{}/{}", key.name, key.id);
     let outcome = keiro(global)
         .await?
-        .resurrect(&key.name, &key.id)
+        .resurrect(key)
         .await
         .context(format!("resurrecting {what}"))?;
     Ok(match outcome {
@@ -283,7 +290,7 @@ pub(crate) async fn release(global: &Global, key: &KeyArgs) -> Result<Outcome> {
     let what = format!("{}/{}", key.name, key.id);
     let dropped = keiro(global)
         .await?
-        .force_release(&key.name, &key.id)
+        .force_release(key)
         .await
         .context(format!("releasing the lease of {what}"))?;
     if dropped {
@@ -299,7 +306,7 @@ pub(crate) async fn requeue(global: &Global, key: &KeyArgs) -> Result<Outcome> {
     let what = format!("{}/{}", key.name, key.id);
     let outcome = keiro(global)
         .await?
-        .requeue(&key.name, &key.id)
+        .requeue(key)
         .await
         .context(format!("requeueing {what}"))?;
     Ok(match outcome {
@@ -330,7 +337,7 @@ pub(crate) async fn redispatch(global: &Global, key: &KeyArgs) -> Result<Outcome
     let what = format!("{}/{}", key.name, key.id);
     let count = keiro(global)
         .await?
-        .redispatch_pending(&key.name, &key.id)
+        .redispatch_pending(key)
         .await
         .context(format!("re-dispatching the remote steps of {what}"))?;
     println!("{what}: {count} remote step(s) re-dispatched");
@@ -354,7 +361,7 @@ pub(crate) async fn retry_with_input(global: &Global, args: &RetryArgs) -> Resul
         serde_json::from_str(&args.input).context("reading the input as JSON")?;
     let retry = keiro(global)
         .await?
-        .retry_with_input(&key.name, &key.id, &input)
+        .retry_with_input(key, &input)
         .await
         .context(format!("starting a fix of {what}"))?;
     println!("{what}: started {retry} with the corrected input");

@@ -111,7 +111,7 @@ async fn the_api_reads_filters_and_refuses_bad_input() -> TestResult {
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(
         h.keiro
-            .instance("charge", "c-1")
+            .instance(("charge", "c-1"))
             .await?
             .expect("row")
             .status,
@@ -305,7 +305,7 @@ async fn a_requeue_through_the_api_lets_the_run_complete() -> TestResult {
         .await?;
     assert_eq!(response.status(), StatusCode::OK);
     drive_until(&h, &registry, "charge", "c-1", Status::Completed).await?;
-    let row = h.keiro.instance("charge", "c-1").await?.expect("row");
+    let row = h.keiro.instance(("charge", "c-1")).await?.expect("row");
     assert_eq!(row.output, Some(json!("auth-42 captured")));
     Ok(())
 }
@@ -345,7 +345,7 @@ async fn without_a_token_the_dashboard_is_read_only() -> TestResult {
     assert!(page.contains("Read-only") && !page.contains("action-requeue"));
     assert_eq!(
         h.keiro
-            .instance("charge", "c-1")
+            .instance(("charge", "c-1"))
             .await?
             .expect("row")
             .status,
@@ -442,7 +442,7 @@ async fn pages_escape_stored_values_and_forms_need_the_csrf_value() -> TestResul
     }
     assert_eq!(
         h.keiro
-            .instance("charge", "c-1")
+            .instance(("charge", "c-1"))
             .await?
             .expect("row")
             .status,
@@ -456,7 +456,7 @@ async fn pages_escape_stored_values_and_forms_need_the_csrf_value() -> TestResul
     assert_eq!(response.status(), StatusCode::SEE_OTHER);
     assert_eq!(
         h.keiro
-            .instance("charge", "c-1")
+            .instance(("charge", "c-1"))
             .await?
             .expect("row")
             .status,

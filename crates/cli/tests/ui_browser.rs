@@ -193,7 +193,7 @@ async fn drive(
         .contains("auth-42 captured"));
     assert_eq!(
         h.keiro
-            .instance("charge", "c-1")
+            .instance(("charge", "c-1"))
             .await?
             .expect("row")
             .status,

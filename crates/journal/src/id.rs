@@ -263,6 +263,48 @@ impl InstanceKey {
     }
 }
 
+/// Anything that names one instance: an [`InstanceKey`] (owned or borrowed), or a
+/// `(name, id)` pair of strings, which is validated on conversion. The facade's calls take
+/// `impl IntoInstanceKey`, so a key read from a row or a handle is passed as it is, and text
+/// from a request still gets the same checks as [`InstanceKey::parse`].
+///
+/// ```
+/// use keiro_journal::{InstanceKey, IntoInstanceKey};
+/// let key = InstanceKey::parse("order", "order-42")?;
+/// assert_eq!(("order", "order-42").into_instance_key()?, key);
+/// assert_eq!((&key).into_instance_key()?, key);
+/// assert!(("order", "a/b").into_instance_key().is_err());
+/// # Ok::<(), keiro_journal::IdError>(())
+/// ```
+pub trait IntoInstanceKey {
+    /// The key, validated.
+    ///
+    /// # Errors
+    ///
+    /// [`IdError`] when the name or the id is invalid.
+    fn into_instance_key(self) -> Result<InstanceKey, IdError>;
+}
+
+impl IntoInstanceKey for InstanceKey {
+    fn into_instance_key(self) -> Result<InstanceKey, IdError> {
+        Ok(self)
+    }
+}
+
+impl IntoInstanceKey for &InstanceKey {
+    fn into_instance_key(self) -> Result<InstanceKey, IdError> {
+        Ok(self.clone())
+    }
+}
+
+/// `(name, id)` in any string form: `&str`, `String`, `&String`, or the validated
+/// [`WorkflowName`] and [`WorkflowId`].
+impl<N: AsRef<str>, I: AsRef<str>> IntoInstanceKey for (N, I) {
+    fn into_instance_key(self) -> Result<InstanceKey, IdError> {
+        InstanceKey::parse(self.0.as_ref(), self.1.as_ref())
+    }
+}
+
 impl fmt::Display for InstanceKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.name, self.id)

@@ -80,7 +80,10 @@ pub use event::{
     JournalEntry, MalformedEvent, Marker, StepKind,
 };
 pub use faults::Faults;
-pub use id::{IdError, InstanceKey, WorkflowId, WorkflowName, ID_LEN_MAX, RESERVED_STEP_PREFIXES};
+pub use id::{
+    IdError, InstanceKey, IntoInstanceKey, WorkflowId, WorkflowName, ID_LEN_MAX,
+    RESERVED_STEP_PREFIXES,
+};
 pub use inspect::{
     parse_status, AwakeableInfo, Counts, Cursor, FilterError, GroupCount, InspectStore,
     InstanceSummary, ListFilter, ListOrder, ListRequest, Page, SignalWaitInfo, StatusCount,
@@ -95,8 +98,8 @@ pub use remote::{
 pub use retention::{GcBatch, GcRequest, RetentionStore, GC_BATCH_DEFAULT, GC_BATCH_MAX};
 pub use retry::{StepOptions, STEP_ATTEMPTS_DEFAULT};
 pub use run::{
-    cancel, deliver, deliver_to, delivery_append, delivery_refused, drive, run, start,
-    CancelOutcome, DeliveryRefusal, Driven, Error, Parked, RunError, RunOutcome,
+    cancel, cancel_outcome, deliver, deliver_to, delivery_append, delivery_refused, drive, run,
+    start, CancelOutcome, DeliveryRefusal, Driven, Error, Parked, RunError, RunOutcome,
 };
 pub use self_journaled::{SelfJournalError, SelfJournaled, StepJournal};
 pub use sources::Awakeable;

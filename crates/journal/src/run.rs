@@ -579,11 +579,28 @@ pub async fn cancel(
     key: &InstanceKey,
     cascade: bool,
 ) -> Result<CancelOutcome, store::Error> {
-    match store.instance_cancel(key, cascade).await? {
-        AppendOutcome::Appended => Ok(CancelOutcome::Recorded),
-        AppendOutcome::AlreadyPresent(_) => Ok(CancelOutcome::AlreadyTerminal(Status::Cancelled)),
+    match cancel_outcome(store.instance_cancel(key, cascade).await?) {
+        Some(outcome) => Ok(outcome),
+        // A rotation committed between reading and appending; the new generation is live.
+        None => Box::pin(cancel(store, key, cascade)).await,
+    }
+}
+
+/// What the store's answer to `instance_cancel` means to the caller; `None` for
+/// [`AppendOutcome::Conflict`] (a rotation committed between reading and appending), which
+/// the caller answers by cancelling again, now in the new generation.
+///
+/// ```
+/// use keiro_journal::{cancel_outcome, AppendOutcome, CancelOutcome};
+/// assert_eq!(cancel_outcome(AppendOutcome::Appended), Some(CancelOutcome::Recorded));
+/// assert_eq!(cancel_outcome(AppendOutcome::Conflict), None);
+/// ```
+pub fn cancel_outcome(outcome: AppendOutcome) -> Option<CancelOutcome> {
+    match outcome {
+        AppendOutcome::Appended => Some(CancelOutcome::Recorded),
+        AppendOutcome::AlreadyPresent(_) => Some(CancelOutcome::AlreadyTerminal(Status::Cancelled)),
         AppendOutcome::RefusedTerminal(marker) => {
-            Ok(CancelOutcome::AlreadyTerminal(match marker {
+            Some(CancelOutcome::AlreadyTerminal(match marker {
                 Marker::Completed => Status::Completed,
                 Marker::Failed => Status::Failed,
                 Marker::Cancelled => Status::Cancelled,
@@ -591,8 +608,7 @@ pub async fn cancel(
                 Marker::ContinuedAsNew => Status::Running,
             }))
         }
-        // A rotation committed between reading and appending; the new generation is live.
-        AppendOutcome::Conflict => Box::pin(cancel(store, key, cascade)).await,
+        AppendOutcome::Conflict => None,
     }
 }
 

@@ -63,6 +63,18 @@ impl KeiroBuilder {
     /// wrapper of your own): remote steps, the operators' list and retention, and schedules
     /// then return [`Error::Unsupported`](crate::Error::Unsupported). Push is found as for
     /// [`Keiro::builder`]; a wrapper passes its inner store's with [`push`](Self::push).
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::Arc;
+    /// // A store of your own that has leases (here the memory store, standing in for one).
+    /// let store: Arc<dyn keiro::LeaseStore> = Arc::new(keiro::memory::MemoryStore::new());
+    /// let keiro = keiro::KeiroBuilder::lease_only(store).build();
+    /// # let _ = keiro;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn lease_only(store: Arc<dyn LeaseStore>) -> Self {
         Self {
             notifier: store.as_any().and_then(builtin_push),
@@ -76,12 +88,35 @@ impl KeiroBuilder {
 
     /// Wakes workers and result waiters through `notifier`, for a store whose push keiro
     /// cannot find by itself (a wrapper around a `PgStore`, say).
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::Arc;
+    /// let store = keiro::memory::MemoryStore::new();
+    /// let notifier: Arc<dyn keiro::Notifier> = Arc::new(store.clone());
+    /// let keiro = keiro::KeiroBuilder::lease_only(Arc::new(store)).push(notifier).build();
+    /// assert!(keiro.notifier().is_some());
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn push(mut self, notifier: Arc<dyn Notifier>) -> Self {
         self.notifier = Some(notifier);
         self
     }
 
     /// No push: workers and result waiters poll (for tests of the poll fallback).
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::builder(keiro::memory::MemoryStore::new())
+    ///     .without_push()
+    ///     .build();
+    /// assert!(keiro.notifier().is_none());
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn without_push(mut self) -> Self {
         self.notifier = None;
         self
@@ -90,12 +125,32 @@ impl KeiroBuilder {
     /// The largest payload accepted by `start`, `deliver`, signals and awakeable completions,
     /// and the default limit of what the workers built from the handle journal. Defaults to
     /// [`PAYLOAD_LEN_MAX_DEFAULT`].
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::builder(keiro::memory::MemoryStore::new())
+    ///     .payload_len_max(256 * 1024)
+    ///     .build();
+    /// # let _ = keiro;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn payload_len_max(mut self, payload_len_max: usize) -> Self {
         self.payload_len_max = payload_len_max;
         self
     }
 
     /// The handle.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::builder(keiro::memory::MemoryStore::new()).build();
+    /// # let _ = keiro;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn build(self) -> Keiro {
         Keiro {
             store: self.store,

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use keiro_journal::{
     validate_signal_token, AppendOutcome, AwakeableOutcome, CancelOutcome, Instance, InstanceKey,
-    JournalEntry, SignalOptions, SignalSendOutcome, Started,
+    IntoInstanceKey, JournalEntry, SignalOptions, SignalSendOutcome, Started,
 };
 use keiro_lease::{LeaseStore, ResurrectOutcome};
 use keiro_remote::{
@@ -129,6 +129,18 @@ impl Keiro {
     /// of the workers built by [`worker`](Self::worker) and of the handler outputs of those built
     /// by [`remote_worker`](Self::remote_worker) (each can still set its own).
     /// Defaults to [`PAYLOAD_LEN_MAX_DEFAULT`](keiro_journal::PAYLOAD_LEN_MAX_DEFAULT).
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro.with_payload_len_max(8);
+    /// let refused = keiro.start("order", "order-1", &"longer than eight bytes").await;
+    /// assert!(matches!(refused, Err(keiro::Error::Payload(_))));
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     #[must_use]
     pub fn with_payload_len_max(mut self, payload_len_max: usize) -> Self {
         self.payload_len_max = payload_len_max;
@@ -136,6 +148,18 @@ impl Keiro {
     }
 
     /// The store.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// use keiro::JournalStore;
+    /// let key = keiro::InstanceKey::parse("order", "order-1")?;
+    /// assert!(keiro.store().instance_get(&key).await?.is_none());
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn store(&self) -> &Arc<dyn LeaseStore> {
         &self.store
     }
@@ -148,6 +172,21 @@ impl Keiro {
     /// Starts instance `id` of workflow `name` with `input`, durably: the instance row exists
     /// (status `running`) when this returns, and a worker will drive it. Idempotent by id: a
     /// second start returns the existing instance (`created == false`).
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// let started = keiro.start("order", "order-1", &7).await?;
+    /// assert!(started.created);
+    /// // Idempotent by id: the first input stands.
+    /// assert!(!keiro.start("order", "order-1", &8).await?.created);
+    /// // The returned key names the instance in every other call.
+    /// keiro.cancel(&started.instance.key).await?;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     ///
     /// # Errors
     ///
@@ -166,27 +205,67 @@ impl Keiro {
     /// Cancels an instance: appends the cancel marker (first writer wins against completion);
     /// the run stops at its next boundary.
     ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// keiro.start("order", "order-1", &7).await?;
+    /// assert_eq!(keiro.cancel(("order", "order-1")).await?, keiro::CancelOutcome::Recorded);
+    /// let row = keiro.instance(("order", "order-1")).await?.expect("started");
+    /// assert_eq!(row.status, keiro::Status::Cancelled);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`Error::Store`] with a not-found error for an unknown instance.
-    pub async fn cancel(&self, name: &str, id: &str) -> Result<CancelOutcome, Error> {
-        let key = InstanceKey::parse(name, id)?;
+    pub async fn cancel(&self, key: impl IntoInstanceKey) -> Result<CancelOutcome, Error> {
+        let key = key.into_instance_key()?;
         Ok(keiro_journal::cancel(self.store.as_ref(), &key, false).await?)
     }
 
     /// Cancels an instance and every live descendant (children, their children, ...), in one
     /// transaction.
     ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// keiro.start("order", "order-1", &7).await?;
+    /// let outcome = keiro.cancel_cascade(("order", "order-1")).await?;
+    /// assert_eq!(outcome, keiro::CancelOutcome::Recorded);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`Error::Store`] with a not-found error for an unknown instance.
-    pub async fn cancel_cascade(&self, name: &str, id: &str) -> Result<CancelOutcome, Error> {
-        let key = InstanceKey::parse(name, id)?;
+    pub async fn cancel_cascade(&self, key: impl IntoInstanceKey) -> Result<CancelOutcome, Error> {
+        let key = key.into_instance_key()?;
         Ok(keiro_journal::cancel(self.store.as_ref(), &key, true).await?)
     }
 
     /// Completes awakeable `id` with `payload` from any process: journals it into the owner and
     /// wakes it, in one transaction. Idempotent: a second completion changes nothing.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// // The id a run got from `ctx.awakeable()` and handed out (in an approval link, say).
+    /// let id = uuid::Uuid::new_v4();
+    /// match keiro.complete_awakeable(id, &"approved").await? {
+    ///     keiro::AwakeableOutcome::NotFound => println!("no such awakeable"),
+    ///     outcome => println!("{outcome:?}"),
+    /// }
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     ///
     /// # Errors
     ///
@@ -202,6 +281,18 @@ impl Keiro {
 
     /// Cancels awakeable `id`; the run awaiting it sees `WorkflowError::AwakeableCancelled`.
     ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// let id = uuid::Uuid::new_v4();
+    /// let outcome = keiro.cancel_awakeable(id).await?;
+    /// assert_eq!(outcome, keiro::AwakeableOutcome::NotFound);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`Error::Store`].
@@ -214,6 +305,18 @@ impl Keiro {
     /// [`SIGNAL_TTL_DEFAULT`](keiro_journal::SIGNAL_TTL_DEFAULT) (7 days; see
     /// [`signal_with`](Self::signal_with)). Never delivered twice, and never lost while it is
     /// buffered.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// // No run waits on the token yet: the signal is buffered for the first that will.
+    /// let outcome = keiro.signal("order-42/paid", &7).await?;
+    /// assert_eq!(outcome, keiro::SignalSendOutcome::Buffered);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     ///
     /// # Errors
     ///
@@ -272,17 +375,28 @@ impl Keiro {
     /// `await:<step>`, which only an await reads, so a delivery naming a `ctx.step` of the body
     /// changes nothing).
     ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// keiro.start("order", "order-1", &7).await?;
+    /// let outcome = keiro.deliver(("order", "order-1"), "approval", &true).await?;
+    /// assert_eq!(outcome, keiro::AppendOutcome::Appended);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`Error::InvalidId`], [`Error::Payload`], [`Error::Store`].
     pub async fn deliver<T: Serialize + ?Sized>(
         &self,
-        name: &str,
-        id: &str,
+        key: impl IntoInstanceKey,
         step: &str,
         value: &T,
     ) -> Result<AppendOutcome, Error> {
-        let key = InstanceKey::parse(name, id)?;
+        let key = key.into_instance_key()?;
         Ok(
             keiro_journal::deliver(self.store.as_ref(), &key, step, value, self.payload_len_max)
                 .await?,
@@ -295,18 +409,29 @@ impl Keiro {
     /// has continued as new, so a retried webhook is not taken by the next generation's await
     /// of the same name.
     ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// let started = keiro.start("order", "order-1", &7).await?;
+    /// let row = started.instance;
+    /// keiro.deliver_to(&row.key, row.generation, "approval", &true).await?;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    ///
     /// # Errors
     ///
     /// As [`deliver`](Self::deliver).
     pub async fn deliver_to<T: Serialize + ?Sized>(
         &self,
-        name: &str,
-        id: &str,
+        key: impl IntoInstanceKey,
         generation: keiro_journal::Generation,
         step: &str,
         value: &T,
     ) -> Result<AppendOutcome, Error> {
-        let key = InstanceKey::parse(name, id)?;
+        let key = key.into_instance_key()?;
         Ok(keiro_journal::deliver_to(
             self.store.as_ref(),
             &key,
@@ -320,45 +445,118 @@ impl Keiro {
 
     /// The instance row, if the instance exists.
     ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// keiro.start("order", "order-1", &7).await?;
+    /// let row = keiro.instance(("order", "order-1")).await?.expect("started");
+    /// assert_eq!(row.status, keiro::Status::Running);
+    /// assert!(keiro.instance(("order", "order-2")).await?.is_none());
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`Error::InvalidId`], [`Error::Store`].
-    pub async fn instance(&self, name: &str, id: &str) -> Result<Option<Instance>, Error> {
-        let key = InstanceKey::parse(name, id)?;
+    pub async fn instance(&self, key: impl IntoInstanceKey) -> Result<Option<Instance>, Error> {
+        let key = key.into_instance_key()?;
         Ok(self.store.instance_get(&key).await?)
     }
 
     /// The instance's whole journal, every generation, in append order.
     ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// let worker = keiro.worker().register("hello", hello).build()?;
+    /// keiro.start("hello", "h-1", &"ada").await?;
+    /// worker.drain().await?;
+    /// for entry in keiro.journal(("hello", "h-1")).await? {
+    ///     println!("generation {} step {}", entry.generation, entry.event.step_name());
+    /// }
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`Error::InvalidId`], [`Error::Store`].
-    pub async fn journal(&self, name: &str, id: &str) -> Result<Vec<JournalEntry>, Error> {
-        let key = InstanceKey::parse(name, id)?;
+    pub async fn journal(&self, key: impl IntoInstanceKey) -> Result<Vec<JournalEntry>, Error> {
+        let key = key.into_instance_key()?;
         Ok(self.store.journal_history(&key).await?)
     }
 
     /// Operator: returns a failed instance to running, keeping its failure history.
     ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// keiro.start("order", "order-1", &7).await?;
+    /// // Only a failed instance is resurrected.
+    /// let outcome = keiro.resurrect(("order", "order-1")).await?;
+    /// assert_eq!(outcome, keiro::ResurrectOutcome::NotFailed(keiro::Status::Running));
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`Error::InvalidId`], [`Error::Store`].
-    pub async fn resurrect(&self, name: &str, id: &str) -> Result<ResurrectOutcome, Error> {
-        let key = InstanceKey::parse(name, id)?;
+    pub async fn resurrect(&self, key: impl IntoInstanceKey) -> Result<ResurrectOutcome, Error> {
+        let key = key.into_instance_key()?;
         Ok(self.store.instance_resurrect(&key).await?)
     }
 
     /// Operator: drops the instance's lease; its holder stops at its next boundary.
     ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// keiro.start("order", "order-1", &7).await?;
+    /// let dropped = keiro.force_release(("order", "order-1")).await?;
+    /// assert!(!dropped, "no worker held it");
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`Error::InvalidId`], [`Error::Store`].
-    pub async fn force_release(&self, name: &str, id: &str) -> Result<bool, Error> {
-        let key = InstanceKey::parse(name, id)?;
+    pub async fn force_release(&self, key: impl IntoInstanceKey) -> Result<bool, Error> {
+        let key = key.into_instance_key()?;
         Ok(self.store.instance_lease_force_release(&key).await?)
     }
 
     /// A builder for a worker on this store.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// let worker = keiro.worker().register("hello", hello).build()?;
+    /// keiro.start("hello", "h-1", &"ada").await?;
+    /// worker.drain().await?;
+    /// let greeting: String = keiro.result(("hello", "h-1"), std::time::Duration::from_secs(1)).await?;
+    /// assert_eq!(greeting, "hello ada");
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn worker(&self) -> WorkerBuilder {
         WorkerBuilder::new(self.store.clone())
             .push(self.notifier.clone())
@@ -369,6 +567,14 @@ impl Keiro {
 
     /// This handle with `notifier` as its push notifier.
     /// The push notifier, when the store has one.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// assert!(keiro::Keiro::memory().notifier().is_some());
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn notifier(&self) -> Option<&Arc<dyn Notifier>> {
         self.notifier.as_ref()
     }
@@ -381,6 +587,21 @@ impl Keiro {
 
     /// A builder for a remote worker on this store (woken by push when the store has it):
     /// register handlers with `handle`, then `build` and `run_until`.
+    ///
+    /// ```no_run
+    /// # async fn demo(keiro: keiro::Keiro) -> Result<(), Box<dyn std::error::Error>> {
+    /// use keiro::{TaskContext, TaskError};
+    /// keiro
+    ///     .remote_worker()?
+    ///     .handle("print-label", |order: String, task: TaskContext| async move {
+    ///         // Dedupe on `task.step_id`: a retried task has the same one.
+    ///         Ok::<_, TaskError>(format!("label for {order} ({})", task.step_id))
+    ///     })
+    ///     .build()
+    ///     .run_until(async { let _ = tokio::signal::ctrl_c().await; })
+    ///     .await;
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     ///
@@ -403,21 +624,37 @@ impl Keiro {
     /// too unless a success for them is already there), the error is cleared and the run is
     /// runnable again. History is appended to, never rewritten.
     ///
+    /// ```no_run
+    /// # async fn demo(keiro: keiro::Keiro) -> Result<(), Box<dyn std::error::Error>> {
+    /// match keiro.requeue(("order", "order-42")).await? {
+    ///     keiro::RequeueOutcome::NotFound => println!("no such instance"),
+    ///     outcome => println!("{outcome:?}"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`Error::Admin`] for an unknown instance or a store failure.
-    pub async fn requeue(&self, name: &str, id: &str) -> Result<RequeueOutcome, Error> {
-        let key = InstanceKey::parse(name, id)?;
+    pub async fn requeue(&self, key: impl IntoInstanceKey) -> Result<RequeueOutcome, Error> {
+        let key = key.into_instance_key()?;
         Ok(keiro_remote::requeue(self.remote()?.admin.as_ref(), &key).await?)
     }
 
     /// Re-dispatches every pending remote step of an instance and returns how many.
     ///
+    /// ```no_run
+    /// # async fn demo(keiro: keiro::Keiro) -> Result<(), Box<dyn std::error::Error>> {
+    /// let count = keiro.redispatch_pending(("order", "order-42")).await?;
+    /// println!("{count} remote step(s) re-dispatched");
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`Error::Admin`] for an unknown instance or a store failure.
-    pub async fn redispatch_pending(&self, name: &str, id: &str) -> Result<u64, Error> {
-        let key = InstanceKey::parse(name, id)?;
+    pub async fn redispatch_pending(&self, key: impl IntoInstanceKey) -> Result<u64, Error> {
+        let key = key.into_instance_key()?;
         Ok(keiro_remote::redispatch_pending(self.remote()?.admin.as_ref(), &key).await?)
     }
 
@@ -425,16 +662,23 @@ impl Keiro {
     /// clean history; its success is also delivered to a parent awaiting the origin. Returns
     /// the new instance.
     ///
+    /// ```no_run
+    /// # async fn demo(keiro: keiro::Keiro) -> Result<(), Box<dyn std::error::Error>> {
+    /// // order-42 failed on a bad SKU: run it again with the right one.
+    /// let retry = keiro.retry_with_input(("order", "order-42"), &8).await?;
+    /// println!("started {retry}");
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`Error::Admin`] for an unknown origin, a bad input or a store failure.
     pub async fn retry_with_input<I: Serialize + ?Sized>(
         &self,
-        name: &str,
-        id: &str,
+        key: impl IntoInstanceKey,
         input: &I,
     ) -> Result<InstanceKey, Error> {
-        let key = InstanceKey::parse(name, id)?;
+        let key = key.into_instance_key()?;
         Ok(keiro_remote::retry_with_input(
             self.remote()?.admin.as_ref(),
             &key,
@@ -446,11 +690,23 @@ impl Keiro {
 
     /// The remote tasks of an instance, oldest first.
     ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// keiro.start("order", "order-1", &7).await?;
+    /// let tasks = keiro.remote_tasks(("order", "order-1")).await?;
+    /// assert!(tasks.is_empty());
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`Error::Store`].
-    pub async fn remote_tasks(&self, name: &str, id: &str) -> Result<Vec<RemoteTask>, Error> {
-        let key = InstanceKey::parse(name, id)?;
+    pub async fn remote_tasks(&self, key: impl IntoInstanceKey) -> Result<Vec<RemoteTask>, Error> {
+        let key = key.into_instance_key()?;
         Ok(self.remote()?.admin.remote_tasks(&key).await?)
     }
 }

@@ -75,8 +75,8 @@ pub use keiro_journal::{
 };
 pub use keiro_journal::{
     store, workflow_fn, Append, AppendOutcome, Awakeable, AwakeableOutcome, CancelOutcome, Ctx,
-    Driven, Envelope, Event, Fence, Generation, IdError, Instance, InstanceKey, JournalEntry,
-    JournalStore, Marker, RunError, RunOptions, RunOutcome, RunStats, SignalOptions,
+    Driven, Envelope, Event, Fence, Generation, IdError, Instance, InstanceKey, IntoInstanceKey,
+    JournalEntry, JournalStore, Marker, RunError, RunOptions, RunOutcome, RunStats, SignalOptions,
     SignalSendOutcome, Started, Status, StepKind, StoreError, TimerFiring, Workflow, WorkflowError,
     WorkflowId, WorkflowName, SIGNAL_TTL_DEFAULT,
 };

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keiro_journal::{
-    Counts, FilterError, GcBatch, GcRequest, InspectStore, InstanceKey, ListRequest, Page,
+    Counts, FilterError, GcBatch, GcRequest, InspectStore, IntoInstanceKey, ListRequest, Page,
     RetentionStore, Waits, LIST_LIMIT_MAX,
 };
 
@@ -76,6 +76,18 @@ impl Keiro {
     /// Instances by workflow and status, the timer backlog (due and future), and the pending
     /// and running remote tasks by group.
     ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// keiro.start("order", "order-1", &7).await?;
+    /// let counts = keiro.counts().await?;
+    /// println!("{counts:?}");
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`Error::Store`], [`Error::Unsupported`] for a store built with `KeiroBuilder::lease_only`.
@@ -95,7 +107,7 @@ impl Keiro {
     /// # async fn main() -> Result<(), keiro::Error> {
     /// let keiro = keiro::Keiro::memory();
     /// keiro.start("order", "order-1", &1).await?;
-    /// let waits = keiro.waits("order", "order-1", keiro::WAITS_LIMIT_DEFAULT).await?;
+    /// let waits = keiro.waits(("order", "order-1"), keiro::WAITS_LIMIT_DEFAULT).await?;
     /// assert!(waits.timers.is_empty() && !waits.truncated);
     /// # Ok(()) }
     /// # #[cfg(not(feature = "memory"))] fn main() {}
@@ -106,8 +118,8 @@ impl Keiro {
     /// [`Error::InvalidId`], [`Error::Filter`] for a limit of 0 or above
     /// [`LIST_LIMIT_MAX`], [`Error::Store`], [`Error::Unsupported`] for a store wrapped with
     /// `KeiroBuilder::lease_only`.
-    pub async fn waits(&self, name: &str, id: &str, limit: u32) -> Result<Waits, Error> {
-        let key = InstanceKey::parse(name, id)?;
+    pub async fn waits(&self, key: impl IntoInstanceKey, limit: u32) -> Result<Waits, Error> {
+        let key = key.into_instance_key()?;
         if limit == 0 || limit > LIST_LIMIT_MAX {
             return Err(FilterError::Limit {
                 limit: u64::from(limit),
@@ -122,6 +134,19 @@ impl Keiro {
     /// for longer than `request.older_than`, with their journal, timers, awakeables, signal
     /// waits and remote tasks, in one short transaction. Never a live instance, nor one whose
     /// parent or child is not expired too.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// use std::time::Duration;
+    /// let request = keiro::GcRequest::new(Duration::from_secs(30 * 86_400));
+    /// let batch = keiro.gc_batch(&request).await?;
+    /// assert_eq!(batch.instances, 0);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     ///
     /// # Errors
     ///
@@ -155,6 +180,18 @@ impl Keiro {
     }
 
     /// How many instances [`gc`](Self::gc) with `request` would delete now (a dry run).
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// use std::time::Duration;
+    /// let request = keiro::GcRequest::new(Duration::from_secs(30 * 86_400));
+    /// assert_eq!(keiro.gc_eligible(&request).await?, 0);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     ///
     /// # Errors
     ///

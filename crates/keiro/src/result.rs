@@ -21,7 +21,7 @@
 
 use std::time::Duration;
 
-use keiro_journal::{IdError, Instance, InstanceKey, Status, StoreError};
+use keiro_journal::{IdError, Instance, InstanceKey, IntoInstanceKey, Status, StoreError};
 use keiro_resume::{FixedPoll, WakeSource};
 use serde::de::DeserializeOwned;
 
@@ -123,6 +123,17 @@ pub enum ResultError {
 impl ResultError {
     /// Whether the instance is known to have failed or been cancelled (not a timeout, not a
     /// store error): waiting again gives the same answer until an operator acts.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let key = keiro::InstanceKey::parse("order", "order-1")?;
+    /// assert!(keiro::ResultError::Cancelled { key: key.clone() }.is_final());
+    /// let waited = std::time::Duration::from_secs(1);
+    /// assert!(!keiro::ResultError::Timeout { key, waited }.is_final());
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn is_final(&self) -> bool {
         matches!(self, Self::Failed { .. } | Self::Cancelled { .. })
     }
@@ -136,7 +147,7 @@ impl Keiro {
     /// ```no_run
     /// # async fn demo(keiro: keiro::Keiro) -> Result<(), keiro::ResultError> {
     /// use std::time::Duration;
-    /// let receipt: String = keiro.result("order", "order-42", Duration::from_secs(30)).await?;
+    /// let receipt: String = keiro.result(("order", "order-42"), Duration::from_secs(30)).await?;
     /// # let _ = receipt; Ok(()) }
     /// ```
     ///
@@ -147,29 +158,45 @@ impl Keiro {
     /// when the output is no `T`, [`ResultError::InvalidId`], [`ResultError::Store`].
     pub async fn result<T: DeserializeOwned>(
         &self,
-        name: &str,
-        id: &str,
+        key: impl IntoInstanceKey,
         timeout: Duration,
     ) -> Result<T, ResultError> {
         let options = ResultOptions {
             timeout: Some(timeout),
             ..ResultOptions::default()
         };
-        self.result_with(name, id, &options).await
+        self.result_with(key, &options).await
     }
 
     /// [`result`](Self::result) with options: no timeout, or another fallback interval.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// let worker = keiro.worker().register("hello", hello).build()?;
+    /// keiro.start("hello", "h-1", &"ada").await?;
+    /// worker.drain().await?;
+    /// let options = keiro::ResultOptions { timeout: None, ..keiro::ResultOptions::default() };
+    /// let greeting: String = keiro.result_with(("hello", "h-1"), &options).await?;
+    /// assert_eq!(greeting, "hello ada");
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     ///
     /// # Errors
     ///
     /// As [`result`](Self::result).
     pub async fn result_with<T: DeserializeOwned>(
         &self,
-        name: &str,
-        id: &str,
+        key: impl IntoInstanceKey,
         options: &ResultOptions,
     ) -> Result<T, ResultError> {
-        let key = InstanceKey::parse(name, id)?;
+        let key = key.into_instance_key()?;
         self.result_of(&key, options).await
     }
 

@@ -57,6 +57,15 @@ fn unsupported() -> Error {
 impl WorkerBuilder {
     /// Where schedules live; the worker runs a scheduler only with one. Defaults to the
     /// facade's store when built through [`Keiro::worker`], else `None`.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let worker = keiro::Keiro::memory().worker().schedule_store(None).build()?;
+    /// # let _ = worker;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn schedule_store(mut self, store: Option<Arc<dyn ScheduleStore>>) -> Self {
         self.schedules.store = store;
         self
@@ -82,6 +91,18 @@ impl WorkerBuilder {
 impl Worker {
     /// One scheduler pass at `now` (`None`: the store's clock), for tests and custom loops:
     /// take or renew the leadership, then start the due runs of registered workflows.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// let worker = keiro.worker().build()?;
+    /// let summary = worker.schedule_once(None).await?;
+    /// assert_eq!(summary.started, 0);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     ///
     /// # Errors
     ///
@@ -146,11 +167,29 @@ impl Keiro {
 
     /// The store's schedule half (`None` for a store built with `KeiroBuilder::lease_only`), for tests and
     /// custom schedulers.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// assert!(keiro::Keiro::memory().schedule_store().is_some());
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn schedule_store(&self) -> Option<&Arc<dyn ScheduleStore>> {
         self.schedules.as_ref()
     }
 
     /// The schedules' operations: list, pause, resume, trigger, delete.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// assert!(keiro.schedules().list().await?.is_empty());
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn schedules(&self) -> Schedules {
         Schedules {
             store: self.schedules.clone(),
@@ -185,6 +224,16 @@ impl std::fmt::Debug for ScheduleBuilder {
 impl ScheduleBuilder {
     /// Ticks by a cron expression: five fields (minute first) or six (seconds first), with
     /// `L`, `W`, `#` and names; in [`time_zone`](Self::time_zone).
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// let spec = keiro.schedule("nightly", "report").cron("30 2 * * *").spec()?;
+    /// # let _ = spec;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn cron(mut self, expression: &str) -> Self {
         self.cadence = Some(Cadence::cron(expression, ""));
         self
@@ -192,36 +241,103 @@ impl ScheduleBuilder {
 
     /// Ticks every `interval` (whole seconds, at least one), at its multiples since the Unix
     /// epoch.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// let every = std::time::Duration::from_secs(15 * 60);
+    /// let spec = keiro.schedule("sync", "pull").every(every).spec()?;
+    /// # let _ = spec;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn every(mut self, interval: Duration) -> Self {
         self.cadence = Some(Cadence::Every(interval));
         self
     }
 
     /// The IANA time zone a cron expression is read in. Defaults to [`TIME_ZONE_DEFAULT`].
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// let spec = keiro.schedule("nightly", "report").cron("0 6 * * *").time_zone("Asia/Tokyo").spec()?;
+    /// # let _ = spec;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn time_zone(mut self, zone: &str) -> Self {
         zone.clone_into(&mut self.time_zone);
         self
     }
 
     /// The input of every run. Defaults to JSON `null`.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// let spec = keiro.schedule("nightly", "report").cron("0 6 * * *").input(&"eu-west").spec()?;
+    /// # let _ = spec;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn input<T: Serialize + ?Sized>(mut self, input: &T) -> Self {
         self.input = encode_payload("schedule input", input, self.payload_len_max);
         self
     }
 
     /// What a tick does while the previous run is live. Defaults to [`Overlap::Skip`].
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// let spec = keiro.schedule("sync", "pull")
+    ///     .every(std::time::Duration::from_secs(60))
+    ///     .overlap(keiro::Overlap::Skip)
+    ///     .spec()?;
+    /// # let _ = spec;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn overlap(mut self, overlap: Overlap) -> Self {
         self.overlap = overlap;
         self
     }
 
     /// What happens to missed ticks. Defaults to [`CatchUp::None`].
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// let spec = keiro.schedule("nightly", "report")
+    ///     .cron("0 6 * * *")
+    ///     .catch_up(keiro::CatchUp::Last)
+    ///     .spec()?;
+    /// # let _ = spec;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn catch_up(mut self, catch_up: CatchUp) -> Self {
         self.catch_up = catch_up;
         self
     }
 
     /// The checked definition, without writing it.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// assert!(keiro.schedule("nightly", "report").cron("0 6 * * *").spec().is_ok());
+    /// assert!(keiro.schedule("nightly", "report").cron("not cron").spec().is_err());
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     ///
     /// # Errors
     ///
@@ -254,6 +370,18 @@ impl ScheduleBuilder {
 
     /// Creates the schedule, or updates its definition (its next tick is recomputed from the
     /// store's clock; its paused flag and history are kept).
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// let every = std::time::Duration::from_secs(60);
+    /// let schedule = keiro.schedule("heartbeat", "ping").every(every).save().await?;
+    /// println!("next tick {:?}", schedule.next_tick);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     ///
     /// # Errors
     ///
@@ -304,6 +432,19 @@ impl Schedules {
 
     /// One schedule.
     ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// let every = std::time::Duration::from_secs(60);
+    /// keiro.schedule("heartbeat", "ping").every(every).save().await?;
+    /// assert!(keiro.schedules().get("heartbeat").await?.is_some());
+    /// assert!(keiro.schedules().get("nothing").await?.is_none());
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`Error::Unsupported`], [`Error::Store`].
@@ -312,6 +453,18 @@ impl Schedules {
     }
 
     /// Pauses a schedule: no tick starts anything until it is resumed.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// let every = std::time::Duration::from_secs(60);
+    /// keiro.schedule("heartbeat", "ping").every(every).save().await?;
+    /// keiro.schedules().pause("heartbeat").await?;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     ///
     /// # Errors
     ///
@@ -322,6 +475,19 @@ impl Schedules {
 
     /// Resumes a paused schedule from its next tick after now: the ticks that fell while it
     /// was paused are skipped, whatever its catch-up policy.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// let every = std::time::Duration::from_secs(60);
+    /// keiro.schedule("heartbeat", "ping").every(every).save().await?;
+    /// keiro.schedules().pause("heartbeat").await?;
+    /// keiro.schedules().resume("heartbeat").await?;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     ///
     /// # Errors
     ///
@@ -342,6 +508,19 @@ impl Schedules {
     /// Starts one run now, outside the cadence, whatever the overlap policy and even when
     /// paused, with the id `<name>@<now, to the millisecond>`.
     ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// let every = std::time::Duration::from_secs(3600);
+    /// keiro.schedule("heartbeat", "ping").every(every).save().await?;
+    /// let started = keiro.schedules().trigger("heartbeat").await?;
+    /// assert!(started.created);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`Error::NoSchedule`], [`Error::Unsupported`], [`Error::Store`].
@@ -355,6 +534,19 @@ impl Schedules {
     }
 
     /// Deletes a schedule; the runs it started stay. `false` when there was none.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// let every = std::time::Duration::from_secs(60);
+    /// keiro.schedule("heartbeat", "ping").every(every).save().await?;
+    /// assert!(keiro.schedules().delete("heartbeat").await?);
+    /// assert!(!keiro.schedules().delete("heartbeat").await?);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     ///
     /// # Errors
     ///

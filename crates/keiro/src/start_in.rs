@@ -8,8 +8,9 @@
 //! caller's transaction, and PostgreSQL delivers a notification only when it commits.
 
 use keiro_journal::{
-    encode_payload, AppendOutcome, AwakeableOutcome, Generation, InstanceKey, SignalOptions,
-    SignalSendOutcome, StartRequest, Started, StoreError, INPUT_STEP,
+    cancel_outcome, encode_payload, AppendOutcome, AwakeableOutcome, CancelOutcome, Generation,
+    InstanceKey, IntoInstanceKey, SignalOptions, SignalSendOutcome, StartRequest, Started,
+    StoreError, INPUT_STEP,
 };
 use keiro_postgres::tokio_postgres::GenericClient;
 use keiro_postgres::{InTransaction, PgStore};
@@ -85,7 +86,7 @@ impl Keiro {
     /// ```no_run
     /// # async fn demo(keiro: keiro::Keiro, tx: keiro::postgres::tokio_postgres::Transaction<'_>) -> Result<(), Box<dyn std::error::Error>> {
     /// tx.execute("UPDATE payments SET state = 'paid' WHERE id = $1", &[&"pay-7"]).await?;
-    /// keiro.deliver_in(&tx, "order", "order-42", "payment", &"paid").await?;
+    /// keiro.deliver_in(&tx, ("order", "order-42"), "payment", &"paid").await?;
     /// tx.commit().await?;
     /// # Ok(()) }
     /// ```
@@ -96,8 +97,7 @@ impl Keiro {
     pub async fn deliver_in<C, T>(
         &self,
         client: &C,
-        name: &str,
-        id: &str,
+        key: impl IntoInstanceKey,
         step: &str,
         value: &T,
     ) -> Result<AppendOutcome, Error>
@@ -105,15 +105,14 @@ impl Keiro {
         C: GenericClient + Sync + ?Sized,
         T: Serialize + ?Sized,
     {
-        self.deliver_at_in(client, name, id, None, step, value)
-            .await
+        self.deliver_at_in(client, key, None, step, value).await
     }
 
     /// [`deliver_to`](Self::deliver_to) inside the caller's transaction `client`.
     ///
     /// ```no_run
     /// # async fn demo(keiro: keiro::Keiro, tx: keiro::postgres::tokio_postgres::Transaction<'_>) -> Result<(), Box<dyn std::error::Error>> {
-    /// keiro.deliver_to_in(&tx, "order", "order-42", 0, "payment", &"paid").await?;
+    /// keiro.deliver_to_in(&tx, ("order", "order-42"), 0, "payment", &"paid").await?;
     /// tx.commit().await?;
     /// # Ok(()) }
     /// ```
@@ -124,8 +123,7 @@ impl Keiro {
     pub async fn deliver_to_in<C, T>(
         &self,
         client: &C,
-        name: &str,
-        id: &str,
+        key: impl IntoInstanceKey,
         generation: Generation,
         step: &str,
         value: &T,
@@ -134,7 +132,7 @@ impl Keiro {
         C: GenericClient + Sync + ?Sized,
         T: Serialize + ?Sized,
     {
-        self.deliver_at_in(client, name, id, Some(generation), step, value)
+        self.deliver_at_in(client, key, Some(generation), step, value)
             .await
     }
 
@@ -142,8 +140,7 @@ impl Keiro {
     async fn deliver_at_in<C, T>(
         &self,
         client: &C,
-        name: &str,
-        id: &str,
+        key: impl IntoInstanceKey,
         generation: Option<Generation>,
         step: &str,
         value: &T,
@@ -152,7 +149,7 @@ impl Keiro {
         C: GenericClient + Sync + ?Sized,
         T: Serialize + ?Sized,
     {
-        let key = InstanceKey::parse(name, id)?;
+        let key = key.into_instance_key()?;
         let append =
             keiro_journal::delivery_append(&key, generation, step, value, self.payload_len_max())?;
         let tx = self.in_transaction(client)?;
@@ -228,6 +225,77 @@ impl Keiro {
             .in_transaction(client)?
             .signal_send_with(token, &payload, &options)
             .await?)
+    }
+
+    /// [`cancel`](Self::cancel) inside the caller's transaction `client`: the cancel marker is
+    /// written when the caller commits (the run then stops at its next boundary); if the caller
+    /// rolls back, the instance runs on as if nothing happened.
+    ///
+    /// ```no_run
+    /// # async fn demo(keiro: keiro::Keiro, tx: keiro::postgres::tokio_postgres::Transaction<'_>) -> Result<(), Box<dyn std::error::Error>> {
+    /// tx.execute("UPDATE orders SET state = 'withdrawn' WHERE id = $1", &[&"order-42"]).await?;
+    /// keiro.cancel_in(&tx, ("order", "order-42")).await?;
+    /// tx.commit().await?; // the order is withdrawn and its workflow cancelled, or neither
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`cancel`](Self::cancel) and [`start_in`](Self::start_in).
+    pub async fn cancel_in<C>(
+        &self,
+        client: &C,
+        key: impl IntoInstanceKey,
+    ) -> Result<CancelOutcome, Error>
+    where
+        C: GenericClient + Sync + ?Sized,
+    {
+        self.cancel_at_in(client, key, false).await
+    }
+
+    /// [`cancel_cascade`](Self::cancel_cascade) inside the caller's transaction `client`.
+    ///
+    /// ```no_run
+    /// # async fn demo(keiro: keiro::Keiro, tx: keiro::postgres::tokio_postgres::Transaction<'_>) -> Result<(), Box<dyn std::error::Error>> {
+    /// keiro.cancel_cascade_in(&tx, ("order", "order-42")).await?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`cancel_cascade`](Self::cancel_cascade) and [`start_in`](Self::start_in).
+    pub async fn cancel_cascade_in<C>(
+        &self,
+        client: &C,
+        key: impl IntoInstanceKey,
+    ) -> Result<CancelOutcome, Error>
+    where
+        C: GenericClient + Sync + ?Sized,
+    {
+        self.cancel_at_in(client, key, true).await
+    }
+
+    /// `keiro_journal::cancel`'s steps, on the caller's client.
+    async fn cancel_at_in<C>(
+        &self,
+        client: &C,
+        key: impl IntoInstanceKey,
+        cascade: bool,
+    ) -> Result<CancelOutcome, Error>
+    where
+        C: GenericClient + Sync + ?Sized,
+    {
+        let key = key.into_instance_key()?;
+        let tx = self.in_transaction(client)?;
+        loop {
+            // A conflict means a rotation committed between the function's read and its
+            // append; the next statement sees the new generation, so cancelling again there
+            // is what the pooled path does too.
+            if let Some(outcome) = cancel_outcome(tx.instance_cancel(&key, cascade).await?) {
+                return Ok(outcome);
+            }
+        }
     }
 
     /// [`complete_awakeable`](Self::complete_awakeable) inside the caller's transaction

@@ -59,7 +59,8 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use keiro_journal::{
-    AppendOutcome, CancelOutcome, Ctx, Instance, InstanceKey, SignalSendOutcome, WorkflowError,
+    AppendOutcome, CancelOutcome, Ctx, IdError, Instance, InstanceKey, IntoInstanceKey,
+    SignalSendOutcome, WorkflowError,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -138,11 +139,59 @@ impl<W> std::fmt::Debug for Handle<W> {
 
 impl<W: WorkflowDef> Handle<W> {
     /// The instance: `W::NAME` and the id.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// # use keiro::{Ctx, WorkflowDef, WorkflowError};
+    /// # #[derive(Default)]
+    /// # struct Double;
+    /// # impl WorkflowDef for Double {
+    /// #     const NAME: &'static str = "double";
+    /// #     type Input = u32;
+    /// #     type Output = u64;
+    /// #     async fn run(&self, ctx: Ctx, n: u32) -> Result<u64, WorkflowError> {
+    /// #         let factor: u64 = ctx.await_step("factor").await?;
+    /// #         Ok(u64::from(n) * factor)
+    /// #     }
+    /// # }
+    /// # let worker = keiro.worker().register_workflow::<Double>().build()?;
+    /// let handle = keiro.start_workflow::<Double>("double-1", &21).await?;
+    /// assert_eq!(handle.key().to_string(), "double/double-1");
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn key(&self) -> &InstanceKey {
         &self.key
     }
 
     /// The instance id.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// # use keiro::{Ctx, WorkflowDef, WorkflowError};
+    /// # #[derive(Default)]
+    /// # struct Double;
+    /// # impl WorkflowDef for Double {
+    /// #     const NAME: &'static str = "double";
+    /// #     type Input = u32;
+    /// #     type Output = u64;
+    /// #     async fn run(&self, ctx: Ctx, n: u32) -> Result<u64, WorkflowError> {
+    /// #         let factor: u64 = ctx.await_step("factor").await?;
+    /// #         Ok(u64::from(n) * factor)
+    /// #     }
+    /// # }
+    /// # let worker = keiro.worker().register_workflow::<Double>().build()?;
+    /// let handle = keiro.start_workflow::<Double>("double-1", &21).await?;
+    /// assert_eq!(handle.id(), "double-1");
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn id(&self) -> &str {
         self.key.id.as_str()
     }
@@ -150,11 +199,63 @@ impl<W: WorkflowDef> Handle<W> {
     /// Whether the start that returned this handle created the instance (`false`: it existed
     /// already, and its original input stands). `false` for a handle from
     /// [`Keiro::handle`].
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// # use keiro::{Ctx, WorkflowDef, WorkflowError};
+    /// # #[derive(Default)]
+    /// # struct Double;
+    /// # impl WorkflowDef for Double {
+    /// #     const NAME: &'static str = "double";
+    /// #     type Input = u32;
+    /// #     type Output = u64;
+    /// #     async fn run(&self, ctx: Ctx, n: u32) -> Result<u64, WorkflowError> {
+    /// #         let factor: u64 = ctx.await_step("factor").await?;
+    /// #         Ok(u64::from(n) * factor)
+    /// #     }
+    /// # }
+    /// # let worker = keiro.worker().register_workflow::<Double>().build()?;
+    /// let handle = keiro.start_workflow::<Double>("double-1", &21).await?;
+    /// assert!(handle.created());
+    /// let again = keiro.start_workflow::<Double>("double-1", &5).await?;
+    /// assert!(!again.created()); // the first input, 21, stands
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn created(&self) -> bool {
         self.created
     }
 
     /// Waits, as long as it takes, until the instance is terminal, and returns its output.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// # use keiro::{Ctx, WorkflowDef, WorkflowError};
+    /// # #[derive(Default)]
+    /// # struct Double;
+    /// # impl WorkflowDef for Double {
+    /// #     const NAME: &'static str = "double";
+    /// #     type Input = u32;
+    /// #     type Output = u64;
+    /// #     async fn run(&self, ctx: Ctx, n: u32) -> Result<u64, WorkflowError> {
+    /// #         let factor: u64 = ctx.await_step("factor").await?;
+    /// #         Ok(u64::from(n) * factor)
+    /// #     }
+    /// # }
+    /// # let worker = keiro.worker().register_workflow::<Double>().build()?;
+    /// let handle = keiro.start_workflow::<Double>("double-1", &21).await?;
+    /// handle.deliver("factor", &2).await?;
+    /// worker.drain().await?;
+    /// assert_eq!(handle.result().await?, 42);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     ///
     /// # Errors
     ///
@@ -164,6 +265,32 @@ impl<W: WorkflowDef> Handle<W> {
     }
 
     /// [`result`](Self::result), giving up after `timeout`.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// # use keiro::{Ctx, WorkflowDef, WorkflowError};
+    /// # #[derive(Default)]
+    /// # struct Double;
+    /// # impl WorkflowDef for Double {
+    /// #     const NAME: &'static str = "double";
+    /// #     type Input = u32;
+    /// #     type Output = u64;
+    /// #     async fn run(&self, ctx: Ctx, n: u32) -> Result<u64, WorkflowError> {
+    /// #         let factor: u64 = ctx.await_step("factor").await?;
+    /// #         Ok(u64::from(n) * factor)
+    /// #     }
+    /// # }
+    /// # let worker = keiro.worker().register_workflow::<Double>().build()?;
+    /// let handle = keiro.start_workflow::<Double>("double-1", &21).await?;
+    /// handle.deliver("factor", &2).await?;
+    /// worker.drain().await?;
+    /// assert_eq!(handle.result_within(std::time::Duration::from_secs(5)).await?, 42);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     ///
     /// # Errors
     ///
@@ -178,6 +305,33 @@ impl<W: WorkflowDef> Handle<W> {
 
     /// [`result`](Self::result) with options.
     ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// # use keiro::{Ctx, WorkflowDef, WorkflowError};
+    /// # #[derive(Default)]
+    /// # struct Double;
+    /// # impl WorkflowDef for Double {
+    /// #     const NAME: &'static str = "double";
+    /// #     type Input = u32;
+    /// #     type Output = u64;
+    /// #     async fn run(&self, ctx: Ctx, n: u32) -> Result<u64, WorkflowError> {
+    /// #         let factor: u64 = ctx.await_step("factor").await?;
+    /// #         Ok(u64::from(n) * factor)
+    /// #     }
+    /// # }
+    /// # let worker = keiro.worker().register_workflow::<Double>().build()?;
+    /// let handle = keiro.start_workflow::<Double>("double-1", &21).await?;
+    /// handle.deliver("factor", &2).await?;
+    /// worker.drain().await?;
+    /// let options = keiro::ResultOptions { timeout: None, ..keiro::ResultOptions::default() };
+    /// assert_eq!(handle.result_with(&options).await?, 42);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    ///
     /// # Errors
     ///
     /// As [`Keiro::result`].
@@ -187,28 +341,97 @@ impl<W: WorkflowDef> Handle<W> {
 
     /// Cancels the instance ([`Keiro::cancel`]).
     ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// # use keiro::{Ctx, WorkflowDef, WorkflowError};
+    /// # #[derive(Default)]
+    /// # struct Double;
+    /// # impl WorkflowDef for Double {
+    /// #     const NAME: &'static str = "double";
+    /// #     type Input = u32;
+    /// #     type Output = u64;
+    /// #     async fn run(&self, ctx: Ctx, n: u32) -> Result<u64, WorkflowError> {
+    /// #         let factor: u64 = ctx.await_step("factor").await?;
+    /// #         Ok(u64::from(n) * factor)
+    /// #     }
+    /// # }
+    /// # let worker = keiro.worker().register_workflow::<Double>().build()?;
+    /// let handle = keiro.start_workflow::<Double>("double-1", &21).await?;
+    /// assert_eq!(handle.cancel().await?, keiro::CancelOutcome::Recorded);
+    /// assert!(handle.result().await.unwrap_err().is_final());
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    ///
     /// # Errors
     ///
     /// As [`Keiro::cancel`].
     pub async fn cancel(&self) -> Result<CancelOutcome, Error> {
-        self.keiro
-            .cancel(self.key.name.as_str(), self.key.id.as_str())
-            .await
+        self.keiro.cancel(&self.key).await
     }
 
     /// Cancels the instance and its live descendants ([`Keiro::cancel_cascade`]).
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// # use keiro::{Ctx, WorkflowDef, WorkflowError};
+    /// # #[derive(Default)]
+    /// # struct Double;
+    /// # impl WorkflowDef for Double {
+    /// #     const NAME: &'static str = "double";
+    /// #     type Input = u32;
+    /// #     type Output = u64;
+    /// #     async fn run(&self, ctx: Ctx, n: u32) -> Result<u64, WorkflowError> {
+    /// #         let factor: u64 = ctx.await_step("factor").await?;
+    /// #         Ok(u64::from(n) * factor)
+    /// #     }
+    /// # }
+    /// # let worker = keiro.worker().register_workflow::<Double>().build()?;
+    /// let handle = keiro.start_workflow::<Double>("double-1", &21).await?;
+    /// assert_eq!(handle.cancel_cascade().await?, keiro::CancelOutcome::Recorded);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     ///
     /// # Errors
     ///
     /// As [`Keiro::cancel_cascade`].
     pub async fn cancel_cascade(&self) -> Result<CancelOutcome, Error> {
-        self.keiro
-            .cancel_cascade(self.key.name.as_str(), self.key.id.as_str())
-            .await
+        self.keiro.cancel_cascade(&self.key).await
     }
 
     /// Journals `value` for the instance's `ctx.await_step(step)` and wakes it
     /// ([`Keiro::deliver`]).
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// # use keiro::{Ctx, WorkflowDef, WorkflowError};
+    /// # #[derive(Default)]
+    /// # struct Double;
+    /// # impl WorkflowDef for Double {
+    /// #     const NAME: &'static str = "double";
+    /// #     type Input = u32;
+    /// #     type Output = u64;
+    /// #     async fn run(&self, ctx: Ctx, n: u32) -> Result<u64, WorkflowError> {
+    /// #         let factor: u64 = ctx.await_step("factor").await?;
+    /// #         Ok(u64::from(n) * factor)
+    /// #     }
+    /// # }
+    /// # let worker = keiro.worker().register_workflow::<Double>().build()?;
+    /// let handle = keiro.start_workflow::<Double>("double-1", &21).await?;
+    /// assert_eq!(handle.deliver("factor", &2).await?, keiro::AppendOutcome::Appended);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     ///
     /// # Errors
     ///
@@ -218,15 +441,38 @@ impl<W: WorkflowDef> Handle<W> {
         step: &str,
         value: &T,
     ) -> Result<AppendOutcome, Error> {
-        self.keiro
-            .deliver(self.key.name.as_str(), self.key.id.as_str(), step, value)
-            .await
+        self.keiro.deliver(&self.key, step, value).await
     }
 
     /// Sends a signal on `token` ([`Keiro::signal`]). Signals are addressed by token, not by
     /// instance: the instance receives it when one of its `ctx.wait_signal(token, ..)` is the
     /// oldest wait on the token, so give each instance tokens of its own (such as
     /// `<id>/approval`).
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// # use keiro::{Ctx, WorkflowDef, WorkflowError};
+    /// # #[derive(Default)]
+    /// # struct Double;
+    /// # impl WorkflowDef for Double {
+    /// #     const NAME: &'static str = "double";
+    /// #     type Input = u32;
+    /// #     type Output = u64;
+    /// #     async fn run(&self, ctx: Ctx, n: u32) -> Result<u64, WorkflowError> {
+    /// #         let factor: u64 = ctx.await_step("factor").await?;
+    /// #         Ok(u64::from(n) * factor)
+    /// #     }
+    /// # }
+    /// # let worker = keiro.worker().register_workflow::<Double>().build()?;
+    /// let handle = keiro.start_workflow::<Double>("double-1", &21).await?;
+    /// let outcome = handle.signal("double-1/nudge", &()).await?;
+    /// assert_eq!(outcome, keiro::SignalSendOutcome::Buffered);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     ///
     /// # Errors
     ///
@@ -242,11 +488,43 @@ impl<W: WorkflowDef> Handle<W> {
     /// The instance row as it is now; `None` only if it was never started (a handle from
     /// [`Keiro::handle`]) or has been deleted.
     ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// # use keiro::{Ctx, WorkflowDef, WorkflowError};
+    /// # #[derive(Default)]
+    /// # struct Double;
+    /// # impl WorkflowDef for Double {
+    /// #     const NAME: &'static str = "double";
+    /// #     type Input = u32;
+    /// #     type Output = u64;
+    /// #     async fn run(&self, ctx: Ctx, n: u32) -> Result<u64, WorkflowError> {
+    /// #         let factor: u64 = ctx.await_step("factor").await?;
+    /// #         Ok(u64::from(n) * factor)
+    /// #     }
+    /// # }
+    /// # let worker = keiro.worker().register_workflow::<Double>().build()?;
+    /// let handle = keiro.start_workflow::<Double>("double-1", &21).await?;
+    /// let row = handle.instance().await?.expect("started");
+    /// assert_eq!(row.status, keiro::Status::Running);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    ///
     /// # Errors
     ///
     /// As [`Keiro::instance`].
     pub async fn instance(&self) -> Result<Option<Instance>, Error> {
         Ok(self.keiro.store().instance_get(&self.key).await?)
+    }
+}
+
+/// A handle names its instance, so it can be passed to any [`Keiro`] call that takes a key.
+impl<W> IntoInstanceKey for &Handle<W> {
+    fn into_instance_key(self) -> Result<InstanceKey, IdError> {
+        Ok(self.key.clone())
     }
 }
 
@@ -290,6 +568,35 @@ impl Keiro {
     }
 
     /// A handle on instance `id` of `W`, started before or elsewhere; nothing is read.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// # use keiro::{Ctx, WorkflowDef, WorkflowError};
+    /// # #[derive(Default)]
+    /// # struct Double;
+    /// # impl WorkflowDef for Double {
+    /// #     const NAME: &'static str = "double";
+    /// #     type Input = u32;
+    /// #     type Output = u64;
+    /// #     async fn run(&self, ctx: Ctx, n: u32) -> Result<u64, WorkflowError> {
+    /// #         let factor: u64 = ctx.await_step("factor").await?;
+    /// #         Ok(u64::from(n) * factor)
+    /// #     }
+    /// # }
+    /// # let worker = keiro.worker().register_workflow::<Double>().build()?;
+    /// let handle = keiro.start_workflow::<Double>("double-1", &21).await?;
+    /// // Elsewhere, with the id alone:
+    /// let later = keiro.handle::<Double>("double-1")?;
+    /// later.deliver("factor", &2).await?;
+    /// worker.drain().await?;
+    /// assert_eq!(later.result().await?, 42);
+    /// # let _ = handle;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     ///
     /// # Errors
     ///

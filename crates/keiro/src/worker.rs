@@ -43,6 +43,17 @@ impl std::fmt::Debug for WorkerBuilder {
 
 impl WorkerBuilder {
     /// A builder on `store` with an empty registry and default options.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::Arc;
+    /// let store: Arc<dyn keiro::LeaseStore> = Arc::new(keiro::memory::MemoryStore::new());
+    /// let worker = keiro::WorkerBuilder::new(store).build()?;
+    /// # let _ = worker;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn new(store: Arc<dyn LeaseStore>) -> Self {
         Self {
             store,
@@ -59,6 +70,17 @@ impl WorkerBuilder {
     /// Wakes the worker by push notifications from `notifier` (passes run within milliseconds
     /// of a wake; `poll_interval` becomes the fallback). `None` polls only.
     /// Defaults to the store's notifier when built through `Keiro::worker`.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// // Poll only, every 100 ms.
+    /// let worker = keiro.worker().push(None).poll_interval(std::time::Duration::from_millis(100)).build()?;
+    /// # let _ = worker;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn push(mut self, notifier: Option<Arc<dyn Notifier>>) -> Self {
         self.push = notifier;
         self
@@ -66,6 +88,16 @@ impl WorkerBuilder {
 
     /// Runs a timer worker beside the resume loop (`None`: don't; another process fires
     /// timers). Defaults to `Some(TimerOptions::default())`.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Timers fire in another process.
+    /// let worker = keiro::Keiro::memory().worker().timers(None).build()?;
+    /// # let _ = worker;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn timers(mut self, timers: Option<TimerOptions>) -> Self {
         self.timers = timers;
         self
@@ -75,6 +107,15 @@ impl WorkerBuilder {
     /// fails its run at once. Defaults to the facade's limit when built through `Keiro::worker`
     /// ([`Keiro::with_payload_len_max`](crate::Keiro::with_payload_len_max)), else
     /// [`PAYLOAD_LEN_MAX_DEFAULT`](keiro_journal::PAYLOAD_LEN_MAX_DEFAULT).
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let worker = keiro::Keiro::memory().worker().payload_len_max(64 * 1024).build()?;
+    /// # let _ = worker;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn payload_len_max(mut self, payload_len_max: usize) -> Self {
         self.options.payload_len_max = payload_len_max;
         self
@@ -82,6 +123,16 @@ impl WorkerBuilder {
 
     /// How long one generation's journal may grow before fresh steps fail with
     /// `WorkflowError::JournalFull`. Defaults to [`JournalBudget::default`](crate::JournalBudget).
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let budget = keiro::JournalBudget::default();
+    /// let worker = keiro::Keiro::memory().worker().journal_budget(budget).build()?;
+    /// # let _ = worker;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn journal_budget(mut self, budget: crate::JournalBudget) -> Self {
         self.options.journal_budget = budget;
         self
@@ -89,6 +140,20 @@ impl WorkerBuilder {
 
     /// The store retention deletes from when [`retention`](Self::retention) is set. Defaults
     /// to the store's own when built through `Keiro::worker`, else `None`.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::Arc;
+    /// let store = Arc::new(keiro::memory::MemoryStore::new());
+    /// let worker = keiro::Worker::builder(store.as_ref().clone())
+    ///     .retention_store(Some(store))
+    ///     .retention(Some(std::time::Duration::from_secs(30 * 86_400)))
+    ///     .build()?;
+    /// # let _ = worker;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn retention_store(mut self, store: Option<Arc<dyn RetentionStore>>) -> Self {
         self.retention = store;
         self
@@ -97,12 +162,34 @@ impl WorkerBuilder {
     /// Deletes terminal instances once they have been terminal for longer than `older_than`
     /// (`None`: keep them forever), in bounded batches at a bounded rate beside the resume
     /// loop; at most one worker collects at a time. Defaults to `None`.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let thirty_days = std::time::Duration::from_secs(30 * 86_400);
+    /// let worker = keiro::Keiro::memory().worker().retention(Some(thirty_days)).build()?;
+    /// # let _ = worker;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn retention(mut self, older_than: Option<Duration>) -> Self {
         self.options.retention = older_than;
         self
     }
 
     /// Registers `body` under `name`; an invalid or duplicate name is reported by `build`.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// let worker = keiro::Keiro::memory().worker().register("hello", hello).build()?;
+    /// assert!(worker.registry().get(&keiro::WorkflowName::new("hello")?).is_some());
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn register<F, Fut, I, O>(mut self, name: &str, body: F) -> Self
     where
         F: Fn(Ctx, I) -> Fut + Send + Sync + 'static,
@@ -144,6 +231,27 @@ impl WorkerBuilder {
 
     /// Registers `definition`, a typed workflow whose body needs state of its own (a client, a
     /// pool), under [`W::NAME`](crate::WorkflowDef::NAME); shared by every run of the worker.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # use keiro::{Ctx, WorkflowDef, WorkflowError};
+    /// # #[derive(Default)]
+    /// # struct Double;
+    /// # impl WorkflowDef for Double {
+    /// #     const NAME: &'static str = "double";
+    /// #     type Input = u32;
+    /// #     type Output = u64;
+    /// #     async fn run(&self, ctx: Ctx, n: u32) -> Result<u64, WorkflowError> {
+    /// #         let factor: u64 = ctx.await_step("factor").await?;
+    /// #         Ok(u64::from(n) * factor)
+    /// #     }
+    /// # }
+    /// let worker = keiro::Keiro::memory().worker().register_workflow_with(Double).build()?;
+    /// # let _ = worker;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn register_workflow_with<W: crate::WorkflowDef>(self, definition: W) -> Self {
         let definition = Arc::new(definition);
         self.register(W::NAME, move |ctx: Ctx, input: W::Input| {
@@ -153,36 +261,96 @@ impl WorkerBuilder {
     }
 
     /// Uses a registry built elsewhere (replacing registrations made so far).
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// let mut registry = keiro::Registry::new();
+    /// registry.register("hello", hello)?;
+    /// let worker = keiro::Keiro::memory().worker().registry(registry).build()?;
+    /// # let _ = worker;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn registry(mut self, registry: Registry) -> Self {
         self.registry = registry;
         self
     }
 
     /// Replaces all options at once.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let options = keiro::ResumeOptions { max_attempts: 3, ..keiro::ResumeOptions::default() };
+    /// let worker = keiro::Keiro::memory().worker().options(options).build()?;
+    /// assert_eq!(worker.options().max_attempts, 3);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn options(mut self, options: ResumeOptions) -> Self {
         self.options = options;
         self
     }
 
     /// Gap between passes when idle.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let worker = keiro::Keiro::memory().worker().poll_interval(std::time::Duration::from_secs(5)).build()?;
+    /// # let _ = worker;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.options.poll_interval = interval;
         self
     }
 
     /// Lease time-to-live.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let worker = keiro::Keiro::memory().worker().lease_ttl(std::time::Duration::from_secs(60)).build()?;
+    /// # let _ = worker;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
         self.options.lease_ttl = ttl;
         self
     }
 
     /// Crash ceiling.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let worker = keiro::Keiro::memory().worker().max_attempts(3).build()?;
+    /// assert_eq!(worker.options().max_attempts, 3);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn max_attempts(mut self, attempts: i32) -> Self {
         self.options.max_attempts = attempts;
         self
     }
 
     /// Runs driven at once per pass.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let worker = keiro::Keiro::memory().worker().concurrency(32).build()?;
+    /// # let _ = worker;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn concurrency(mut self, advances: usize) -> Self {
         self.options.max_concurrent_advances = advances;
         self
@@ -190,30 +358,78 @@ impl WorkerBuilder {
 
     /// Crash backoff: the wait after a run's `n`-th crash is `backoff`'s rung `n`. Defaults to
     /// [`CRASH_BACKOFF_DEFAULT`](keiro_lease::CRASH_BACKOFF_DEFAULT).
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let backoff = keiro::CRASH_BACKOFF_DEFAULT;
+    /// let worker = keiro::Keiro::memory().worker().backoff(backoff).build()?;
+    /// # let _ = worker;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn backoff(mut self, backoff: Backoff) -> Self {
         self.options.backoff = backoff;
         self
     }
 
     /// Reconcile fallback for runs parked with no deadline (`None` disables it).
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let worker = keiro::Keiro::memory().worker().reconcile(None).build()?;
+    /// # let _ = worker;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn reconcile(mut self, reconcile: Option<Duration>) -> Self {
         self.options.reconcile = reconcile;
         self
     }
 
     /// The lease owner id (default: a fresh id per pass).
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let worker = keiro::Keiro::memory().worker().owner("billing-7f9c").build()?;
+    /// # let _ = worker;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn owner(mut self, owner: impl Into<String>) -> Self {
         self.options.owner = Some(owner.into());
         self
     }
 
     /// Where notable events go (default: `tracing`).
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::Arc;
+    /// let hook: keiro::LogHook = Arc::new(|event: &keiro::ResumeLogEvent| eprintln!("{event:?}"));
+    /// let worker = keiro::Keiro::memory().worker().log(hook).build()?;
+    /// # let _ = worker;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn log(mut self, hook: LogHook) -> Self {
         self.options.log = hook;
         self
     }
 
     /// Record OpenTelemetry metrics.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let worker = keiro::Keiro::memory().worker().metrics(keiro::Metrics::global()).build()?;
+    /// # let _ = worker;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn metrics(mut self, metrics: keiro_telemetry::Metrics) -> Self {
         self.options.metrics = Some(metrics);
         self
@@ -221,12 +437,36 @@ impl WorkerBuilder {
 
     /// Creates a `workflow <name>` OpenTelemetry span per drive, whose trace context the
     /// remote steps it dispatches carry to their workers.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let worker = keiro::Keiro::memory().worker().tracing(keiro::Tracing::global()).build()?;
+    /// # let _ = worker;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn tracing(mut self, tracing: keiro_telemetry::Tracing) -> Self {
         self.options.tracing = Some(tracing);
         self
     }
 
     /// Validates the registrations and options.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// let keiro = keiro::Keiro::memory();
+    /// assert!(keiro.worker().register("hello", hello).build().is_ok());
+    /// // The same name twice is refused.
+    /// let twice = keiro.worker().register("hello", hello).register("hello", hello).build();
+    /// assert!(matches!(twice, Err(keiro::Error::Registry(_))));
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     ///
     /// # Errors
     ///
@@ -303,16 +543,53 @@ impl Worker {
     }
 
     /// The registry.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// let worker = keiro::Keiro::memory().worker().register("hello", hello).build()?;
+    /// assert!(worker.registry().get(&keiro::WorkflowName::new("hello")?).is_some());
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn registry(&self) -> &Registry {
         &self.registry
     }
 
     /// The options.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let worker = keiro::Keiro::memory().worker().build()?;
+    /// println!("polls every {:?} when idle", worker.options().poll_interval);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub fn options(&self) -> &ResumeOptions {
         &self.options
     }
 
     /// One pass over every runnable instance.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// let worker = keiro.worker().register("hello", hello).build()?;
+    /// keiro.start("hello", "h-1", &"ada").await?;
+    /// let summary = worker.resume_once().await?;
+    /// println!("{summary:?}");
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     ///
     /// # Errors
     ///
@@ -323,6 +600,23 @@ impl Worker {
 
     /// Passes until one advances nothing.
     ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// let worker = keiro.worker().register("hello", hello).build()?;
+    /// keiro.start("hello", "h-1", &"ada").await?;
+    /// worker.drain().await?;
+    /// let row = keiro.instance(("hello", "h-1")).await?.expect("started");
+    /// assert_eq!(row.status, keiro::Status::Completed);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    ///
     /// # Errors
     ///
     /// The first failing discovery query.
@@ -332,6 +626,27 @@ impl Worker {
 
     /// Runs the resume loop (push-aware when the worker has a notifier, fixed-poll otherwise)
     /// and the timer worker until `shutdown` resolves; in-flight runs finish first.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// let worker = keiro.worker().register("hello", hello).build()?;
+    /// keiro.start("hello", "h-1", &"ada").await?;
+    /// let waiter = keiro.clone();
+    /// let done = async move {
+    ///     let _ = waiter.result::<String>(("hello", "h-1"), std::time::Duration::from_secs(10)).await;
+    /// };
+    /// worker.run_until(done).await;
+    /// let row = keiro.instance(("hello", "h-1")).await?.expect("started");
+    /// assert_eq!(row.status, keiro::Status::Completed);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub async fn run_until(&self, shutdown: impl Future<Output = ()> + Send) -> ResumeSummary {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -398,6 +713,18 @@ impl Worker {
 
     /// Fires one batch of due timers (for tests and custom loops).
     ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// let worker = keiro.worker().build()?;
+    /// let fired = worker.fire_due_timers().await?;
+    /// println!("{fired:?}");
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    ///
     /// # Errors
     ///
     /// The store's error.
@@ -406,6 +733,21 @@ impl Worker {
     }
 
     /// Runs the resume loop alone with a custom wake source until `shutdown` resolves.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// let worker = keiro.worker().register("hello", hello).build()?;
+    /// // A fixed poll instead of the store's push.
+    /// worker.run_with(keiro::FixedPoll, async {}).await;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
     pub async fn run_with<W: WakeSource>(
         &self,
         wake: W,
@@ -422,6 +764,16 @@ impl Worker {
     }
 
     /// Runs until Ctrl-C (SIGINT), then shuts down gracefully.
+    ///
+    /// ```no_run
+    /// # async fn demo(keiro: keiro::Keiro) -> Result<(), Box<dyn std::error::Error>> {
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// let worker = keiro.worker().register("hello", hello).build()?;
+    /// worker.run().await; // until Ctrl-C
+    /// # Ok(()) }
+    /// ```
     pub async fn run(&self) -> ResumeSummary {
         self.run_until(async {
             // If the signal handler cannot be installed, run until the process is killed.

@@ -14,7 +14,7 @@ use crate::journal::{append_outcome, encoded_step, AppendArgs};
 use crate::PgStore;
 
 const SPAWN: &str = "spawning a child instance";
-const CANCEL: &str = "cancelling an instance";
+pub(crate) const CANCEL: &str = "cancelling an instance";
 
 const CHILD_SPAWN: &str = "SELECT outcome, recorded, marker \
      FROM keiro_child_spawn($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";

@@ -22,6 +22,7 @@ use tokio_postgres::{GenericClient, Row};
 use uuid::Uuid;
 
 use crate::awakeable::{self, settle_outcome, status_text};
+use crate::child;
 use crate::error::Failure;
 use crate::journal::{append_outcome, appendable, AppendArgs, APPEND, GET, START};
 use crate::row::{self, column, instance_columns};
@@ -184,6 +185,28 @@ where
         let args = AppendArgs::new(append, append.event.encode());
         let row = self.query_one(APPEND, &sql, &args.params()).await?;
         append_outcome(&row, APPEND, &append.key, append.fence.as_ref())
+    }
+
+    /// [`JournalStore::instance_cancel`](keiro_journal::JournalStore::instance_cancel) in the
+    /// caller's transaction: the cancel marker (and with `cascade`, every live descendant's)
+    /// is written, and the run woken to stop, when the caller commits.
+    ///
+    /// # Errors
+    ///
+    /// As the pooled operation: [`StoreError::NotFound`] for an unknown instance.
+    pub async fn instance_cancel(&self, key: &InstanceKey, cascade: bool) -> Result<AppendOutcome> {
+        let sql = format!(
+            "SELECT outcome, recorded, marker FROM {}.keiro_instance_cancel($1, $2, $3)",
+            self.schema
+        );
+        let row = self
+            .query_one(
+                child::CANCEL,
+                &sql,
+                &[&key.name.as_str(), &key.id.as_str(), &cascade],
+            )
+            .await?;
+        append_outcome(&row, child::CANCEL, key, None)
     }
 
     /// Settles awakeable `id` as `status`, journaling `envelope` into its owner.

@@ -83,6 +83,7 @@ mod remote;
 mod retention;
 mod row;
 mod schedule;
+mod scratch;
 mod signal;
 mod store;
 mod timer;
@@ -102,6 +103,7 @@ pub use inspect::ListStatement;
 pub use lease::INSTANCES_RUNNABLE;
 #[doc(hidden)]
 pub use retention::INSTANCES_GC_CANDIDATES;
+pub use scratch::DROP_SCHEMA_LOCK_TIMEOUT;
 pub use store::PgStore;
 pub use tls::{SslMode, TlsConnector, UnknownSslMode};
 pub use transaction_step::TransactionStep;

@@ -62,7 +62,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     running.await?;
 
     println!("order-42 completed: {receipt}");
-    for entry in keiro.journal("order", "order-42").await? {
+    for entry in keiro.journal(("order", "order-42")).await? {
         println!("  journal #{}: {}", entry.seq, entry.event.step_name());
     }
     Ok(())

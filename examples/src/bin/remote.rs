@@ -51,7 +51,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         loop {
             let mut done = 0;
             for order in orders {
-                if let Ok(Some(row)) = watcher.instance("shipment", order).await {
+                if let Ok(Some(row)) = watcher.instance(("shipment", order)).await {
                     done += usize::from(row.status == Status::Completed);
                 }
             }
@@ -74,9 +74,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     remote_task.await?;
 
     for order in orders {
-        let row = keiro.instance("shipment", order).await?.ok_or("exists")?;
+        let row = keiro.instance(("shipment", order)).await?.ok_or("exists")?;
         println!("{order} {}: {}", row.status, row.output.unwrap_or_default());
-        for task in keiro.remote_tasks("shipment", order).await? {
+        for task in keiro.remote_tasks(("shipment", order)).await? {
             println!(
                 "  task {} {:?}: {} failed attempt(s), last error {}",
                 task.step_id,

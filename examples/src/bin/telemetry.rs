@@ -70,7 +70,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             loop {
                 let mut done = 0;
                 for name in names {
-                    if let Ok(Some(row)) = watcher.instance("greet", &format!("greet-{name}")).await
+                    if let Ok(Some(row)) =
+                        watcher.instance(("greet", &format!("greet-{name}"))).await
                     {
                         done += usize::from(row.status == Status::Completed);
                     }

@@ -135,7 +135,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         worker
             .run_until(async move {
                 let (keiro, id) = watcher;
-                while !matches!(keiro.instance("transfer", &id).await,
+                while !matches!(keiro.instance(("transfer", &id)).await,
                     Ok(Some(row)) if row.status.is_terminal())
                 {
                     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
@@ -143,7 +143,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             })
             .await;
         let row = keiro
-            .instance("transfer", &id)
+            .instance(("transfer", &id))
             .await?
             .ok_or("the transfer exists")?;
         let balances = bank

@@ -33,14 +33,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     env.crash_after("remind"); // the process "dies" right after the reminder is journaled
     env.start("trial", "ada", &"ada").await?;
     env.run_until_idle().await?;
-    assert_eq!(env.status("trial", "ada").await?, Status::Suspended);
+    assert_eq!(env.status(("trial", "ada")).await?, Status::Suspended);
     env.advance(WEEK).await?; // a week passes at once
-    let output: String = env.output("trial", "ada").await?;
-    let row = env.instance("trial", "ada").await?;
+    let output: String = env.output(("trial", "ada")).await?;
+    let row = env.instance(("trial", "ada")).await?;
     println!("{output}: {} after a simulated week", row.status);
-    println!("steps: {:?}", env.steps("trial", "ada").await?);
+    println!("steps: {:?}", env.steps(("trial", "ada")).await?);
     // The history the run recorded still replays against this code.
-    env.verify_replay("trial", "ada").await??;
+    env.verify_replay(("trial", "ada")).await??;
     println!("replay verified; the whole test took {:?}", began.elapsed());
     Ok(())
 }

@@ -102,7 +102,7 @@ pub(crate) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         }
         // Done with this length: finish it so the next length's passes drive only their own.
         keiro
-            .deliver("bench-drive-cost", &id, "go", &())
+            .deliver(("bench-drive-cost", &id), "go", &())
             .await
             .context("finishing")?;
         keiro::resume_once(&store, &registry, &options)

@@ -48,9 +48,9 @@ pub(crate) async fn run(
     let message = match action {
         "cancel" | "cancel-cascade" => {
             let outcome = if action == "cancel" {
-                keiro.cancel(name, id).await?
+                keiro.cancel((name, id)).await?
             } else {
-                keiro.cancel_cascade(name, id).await?
+                keiro.cancel_cascade((name, id)).await?
             };
             match outcome {
                 CancelOutcome::Recorded => {
@@ -63,7 +63,7 @@ pub(crate) async fn run(
                 }
             }
         }
-        "requeue" => match keiro.requeue(name, id).await? {
+        "requeue" => match keiro.requeue((name, id)).await? {
             RequeueOutcome::Requeued {
                 reset_steps,
                 children,
@@ -78,7 +78,7 @@ pub(crate) async fn run(
             }
             RequeueOutcome::NotFound => return Err(not_found()),
         },
-        "resurrect" => match keiro.resurrect(name, id).await? {
+        "resurrect" => match keiro.resurrect((name, id)).await? {
             ResurrectOutcome::Resurrected => {
                 format!("{what}: running again; its failure stays in the journal")
             }
@@ -90,14 +90,14 @@ pub(crate) async fn run(
             ResurrectOutcome::NotFound => return Err(not_found()),
         },
         "release" => {
-            if keiro.force_release(name, id).await? {
+            if keiro.force_release((name, id)).await? {
                 format!("{what}: lease dropped; its holder stops at its next step boundary")
             } else {
                 format!("{what}: no lease was held")
             }
         }
         "redispatch" => {
-            let count = keiro.redispatch_pending(name, id).await?;
+            let count = keiro.redispatch_pending((name, id)).await?;
             format!("{what}: {count} remote step(s) re-dispatched")
         }
         "retry-with-input" => {
@@ -107,7 +107,7 @@ pub(crate) async fn run(
                     "retry-with-input needs an `input` (JSON)",
                 ));
             };
-            let retry = keiro.retry_with_input(name, id, &input).await?;
+            let retry = keiro.retry_with_input((name, id), &input).await?;
             let message = format!("{what}: started {retry} with the corrected input");
             started = Some(retry.to_string());
             message

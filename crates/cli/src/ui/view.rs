@@ -28,12 +28,12 @@ pub(crate) struct InstanceView {
 impl InstanceView {
     /// Reads the instance; 404 when there is none.
     pub(crate) async fn read(keiro: &Keiro, name: &str, id: &str) -> Result<Self, ApiError> {
-        let Some(instance) = keiro.instance(name, id).await? else {
+        let Some(instance) = keiro.instance((name, id)).await? else {
             return Err(ApiError::not_found(format!("no instance {name}/{id}")));
         };
-        let journal = keiro.journal(name, id).await?;
-        let waits = keiro.waits(name, id, WAITS_LIMIT_DEFAULT).await?;
-        let tasks = keiro.remote_tasks(name, id).await?;
+        let journal = keiro.journal((name, id)).await?;
+        let waits = keiro.waits((name, id), WAITS_LIMIT_DEFAULT).await?;
+        let tasks = keiro.remote_tasks((name, id)).await?;
         let parent = instance.key.to_string();
         let children = keiro
             .list(

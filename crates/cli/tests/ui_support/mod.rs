@@ -81,7 +81,7 @@ pub async fn drive_until(
         keiro::resume_once(&h.store, registry, &h.fast_options()).await?;
         let row = h
             .keiro
-            .instance(name, id)
+            .instance((name, id))
             .await?
             .expect("a seeded instance");
         if row.status == status {

@@ -86,39 +86,16 @@ fn postgres_error(error: impl std::fmt::Display) -> Error {
 #[cfg(feature = "postgres")]
 impl Drop for TestClock {
     fn drop(&mut self) {
-        let Self::Postgres { store, config } = self else {
+        let Self::Postgres { store, .. } = self else {
             return;
         };
-        store.pool().close();
-        let connection = store.connection_config().clone();
-        let tls = store.tls_connector().clone();
-        let schema = config.schema.clone();
-        // Drop runs inside the test's runtime, which cannot be blocked on; a thread with its
-        // own runtime can, and joining it keeps the schema from outliving the environment.
-        let dropped = std::thread::spawn(move || -> Result<(), String> {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())?;
-            runtime.block_on(async move {
-                let (client, driver) = connection.connect(tls).await.map_err(|e| e.to_string())?;
-                let driver = tokio::spawn(driver);
-                // The schema name is one we generated; DDL takes no bind parameters for names.
-                // A lock held by a session of the (now blocked) test runtime must not hang it.
-                let dropped = client
-                    .batch_execute(&format!(
-                        "SET lock_timeout = '5s'; DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
-                    ))
-                    .await
-                    .map_err(|e| e.to_string());
-                drop(client);
-                let _ = tokio::time::timeout(Duration::from_secs(1), driver).await;
-                dropped
-            })
-        })
-        .join();
-        if !matches!(dropped, Ok(Ok(()))) {
-            tracing::warn!(schema = %self.schema(), "the test environment's schema was not dropped");
+        let dropped = store.drop_schema_blocking();
+        if let Err(error) = dropped {
+            tracing::warn!(
+                schema = %self.schema(),
+                error = %keiro_journal::error_chain(&error),
+                "the test environment's schema was not dropped"
+            );
         }
     }
 }

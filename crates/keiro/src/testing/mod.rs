@@ -23,10 +23,10 @@
 //! let env = TestEnv::memory().register("trial", trial).build()?;
 //! env.start("trial", "ada", &"ada").await?;
 //! env.run_until_idle().await?;
-//! assert_eq!(env.status("trial", "ada").await?, Status::Suspended); // asleep
+//! assert_eq!(env.status(("trial", "ada")).await?, Status::Suspended); // asleep
 //! env.advance(Duration::from_secs(7 * 24 * 3600)).await?; // a week, at once
-//! assert_eq!(env.status("trial", "ada").await?, Status::Completed);
-//! assert_eq!(env.steps("trial", "ada").await?, ["sleep:trial-period", "remind"]);
+//! assert_eq!(env.status(("trial", "ada")).await?, Status::Completed);
+//! assert_eq!(env.steps(("trial", "ada")).await?, ["sleep:trial-period", "remind"]);
 //! # Ok::<_, keiro::Error>(()) }).unwrap();
 //! ```
 
@@ -37,7 +37,7 @@ mod replay;
 use std::sync::Arc;
 use std::time::Duration;
 
-use keiro_journal::{AppendOutcome, Instance, InstanceKey, JournalEntry, Started, Status};
+use keiro_journal::{AppendOutcome, Instance, IntoInstanceKey, JournalEntry, Started, Status};
 use keiro_resume::{ResumeOptions, ResumeSummary};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -92,6 +92,19 @@ impl TestEnvBuilder {
 
     /// Registers every workflow of a registry built elsewhere (replacing registrations made so
     /// far), as [`WorkerBuilder::registry`] does.
+    ///
+    /// ```
+    /// use keiro::testing::TestEnv;
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let mut registry = keiro::Registry::new();
+    /// registry.register("hello", hello)?;
+    /// let env = TestEnv::memory().registry(registry).build()?;
+    /// # let _ = env;
+    /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
     pub fn registry(mut self, registry: keiro_resume::Registry) -> Self {
         self.worker = self.worker.registry(registry);
         self
@@ -116,6 +129,17 @@ impl TestEnvBuilder {
     }
 
     /// Registers `body` under `name`, as [`WorkerBuilder::register`] does.
+    ///
+    /// ```
+    /// use keiro::testing::TestEnv;
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let env = TestEnv::memory().register("hello", hello).build()?;
+    /// # let _ = env;
+    /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
     pub fn register<F, Fut, I, O>(mut self, name: &str, body: F) -> Self
     where
         F: Fn(Ctx, I) -> Fut + Send + Sync + 'static,
@@ -128,6 +152,17 @@ impl TestEnvBuilder {
     }
 
     /// The environment.
+    ///
+    /// ```
+    /// use keiro::testing::TestEnv;
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let twice = TestEnv::memory().register("hello", hello).register("hello", hello).build();
+    /// assert!(matches!(twice, Err(keiro::Error::Registry(_))));
+    /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
     ///
     /// # Errors
     ///
@@ -167,6 +202,19 @@ impl std::fmt::Debug for TestEnv {
 
 impl TestEnv {
     /// An environment on a fresh in-memory store.
+    ///
+    /// ```
+    /// use keiro::testing::TestEnv;
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let env = TestEnv::memory().register("hello", hello).build()?;
+    /// env.start("hello", "h-1", &"ada").await?;
+    /// env.run_until_idle().await?;
+    /// assert_eq!(env.output::<String>(("hello", "h-1")).await?, "hello ada");
+    /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
     pub fn memory() -> TestEnvBuilder {
         let store = keiro_memory::MemoryStore::new();
         let clock = TestClock::memory(store.clone());
@@ -175,6 +223,21 @@ impl TestEnv {
 
     /// An environment on a throwaway schema (`keiro_testenv_<random>`) of the PostgreSQL at
     /// `url`, migrated, and dropped when the environment is dropped.
+    ///
+    /// ```no_run
+    /// use keiro::testing::TestEnv;
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let env = TestEnv::postgres("postgres://postgres@127.0.0.1:5432/postgres")
+    ///     .await?
+    ///     .register("hello", hello)
+    ///     .build()?;
+    /// env.start("hello", "h-1", &"ada").await?;
+    /// env.run_until_idle().await?;
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     ///
@@ -194,16 +257,51 @@ impl TestEnv {
     }
 
     /// The handle on the environment's store, for everything the kit does not wrap.
+    ///
+    /// ```
+    /// use keiro::testing::TestEnv;
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let env = TestEnv::memory().register("hello", hello).build()?;
+    /// let counts = env.keiro().counts().await?;
+    /// # let _ = counts;
+    /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
     pub fn keiro(&self) -> &Keiro {
         &self.keiro
     }
 
     /// The worker that drives the registered workflows.
+    ///
+    /// ```
+    /// use keiro::testing::TestEnv;
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let env = TestEnv::memory().register("hello", hello).build()?;
+    /// env.start("hello", "h-1", &"ada").await?;
+    /// env.worker().resume_once().await?; // one pass, where run_until_idle would loop
+    /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
     pub fn worker(&self) -> &Worker {
         &self.worker
     }
 
     /// Starts an instance, as [`Keiro::start`] does. It runs on the next drive.
+    ///
+    /// ```
+    /// use keiro::testing::TestEnv;
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let env = TestEnv::memory().register("hello", hello).build()?;
+    /// assert!(env.start("hello", "h-1", &"ada").await?.created);
+    /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
     ///
     /// # Errors
     ///
@@ -220,6 +318,19 @@ impl TestEnv {
     /// Drives until nothing is left to do now: resume passes and due timers, round after
     /// round, until two rounds in a row advance nothing (a crashed run's retry, due a
     /// millisecond later, falls between them).
+    ///
+    /// ```
+    /// use keiro::testing::TestEnv;
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let env = TestEnv::memory().register("hello", hello).build()?;
+    /// env.start("hello", "h-1", &"ada").await?;
+    /// env.run_until_idle().await?;
+    /// assert_eq!(env.status(("hello", "h-1")).await?, keiro::Status::Completed);
+    /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
     ///
     /// # Errors
     ///
@@ -250,6 +361,24 @@ impl TestEnv {
     /// moves; on Postgres, whose clock is the server's, every pending deadline of the schema
     /// (timers, wake-ups, crash retries, leases) moves `by` earlier instead.
     ///
+    /// ```
+    /// use keiro::testing::TestEnv;
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// use std::time::Duration;
+    /// async fn nap(ctx: keiro::Ctx, _: ()) -> Result<(), keiro::WorkflowError> {
+    ///     ctx.sleep("nap", Duration::from_secs(3600)).await
+    /// }
+    /// let env = TestEnv::memory().register("nap", nap).build()?;
+    /// env.start("nap", "n-1", &()).await?;
+    /// env.run_until_idle().await?; // asleep
+    /// env.advance(Duration::from_secs(3600)).await?;
+    /// assert_eq!(env.status(("nap", "n-1")).await?, keiro::Status::Completed);
+    /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
+    ///
     /// # Errors
     ///
     /// As [`run_until_idle`](Self::run_until_idle).
@@ -264,6 +393,26 @@ impl TestEnv {
     /// [`worker`](Self::worker) (`resume_once`, `fire_due_timers`), so it can look at the state
     /// in between (a sleep due but not yet fired).
     ///
+    /// ```
+    /// use keiro::testing::TestEnv;
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// use std::time::Duration;
+    /// async fn nap(ctx: keiro::Ctx, _: ()) -> Result<(), keiro::WorkflowError> {
+    ///     ctx.sleep("nap", Duration::from_secs(3600)).await
+    /// }
+    /// let env = TestEnv::memory().register("nap", nap).build()?;
+    /// env.start("nap", "n-1", &()).await?;
+    /// env.run_until_idle().await?;
+    /// env.move_clock(Duration::from_secs(3600)).await?;
+    /// assert_eq!(env.status(("nap", "n-1")).await?, keiro::Status::Suspended); // due, not fired
+    /// env.run_until_idle().await?;
+    /// assert_eq!(env.status(("nap", "n-1")).await?, keiro::Status::Completed);
+    /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
+    ///
     /// # Errors
     ///
     /// A store error (Postgres: moving the deadlines).
@@ -274,31 +423,90 @@ impl TestEnv {
     /// Makes the next run that journals a step named `step` crash right after it, as a
     /// process dying after its commit would: the crash is counted and retried, the step is
     /// replayed, and only the tail runs again. One crash per call.
+    ///
+    /// ```
+    /// use keiro::testing::TestEnv;
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// async fn two(ctx: keiro::Ctx, _: ()) -> Result<(), keiro::WorkflowError> {
+    ///     ctx.step("one", || async { Ok::<_, std::io::Error>(()) }).await?;
+    ///     ctx.step("two", || async { Ok::<_, std::io::Error>(()) }).await
+    /// }
+    /// let env = TestEnv::memory().register("two", two).build()?;
+    /// env.crash_after("one");
+    /// env.start("two", "t-1", &()).await?;
+    /// env.run_until_idle().await?;
+    /// assert_eq!(env.crashes_pending(), 0);
+    /// assert_eq!(env.steps(("two", "t-1")).await?, ["one", "two"]); // "one" ran once
+    /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
     pub fn crash_after(&self, step: &str) {
         self.crashes.arm(step);
     }
 
     /// How many crashes armed with [`crash_after`](Self::crash_after) have not happened.
+    ///
+    /// ```
+    /// use keiro::testing::TestEnv;
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let env = TestEnv::memory().register("hello", hello).build()?;
+    /// env.crash_after("never-journaled");
+    /// assert_eq!(env.crashes_pending(), 1);
+    /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
     pub fn crashes_pending(&self) -> u32 {
         self.crashes.pending()
     }
 
     /// Delivers `value` to the await `step` of an instance, as [`Keiro::deliver`] does.
     ///
+    /// ```
+    /// use keiro::testing::TestEnv;
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// async fn gate(ctx: keiro::Ctx, _: ()) -> Result<bool, keiro::WorkflowError> {
+    ///     ctx.await_step("open").await
+    /// }
+    /// let env = TestEnv::memory().register("gate", gate).build()?;
+    /// env.start("gate", "g-1", &()).await?;
+    /// env.deliver(("gate", "g-1"), "open", &true).await?;
+    /// env.run_until_idle().await?;
+    /// assert!(env.output::<bool>(("gate", "g-1")).await?);
+    /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
+    ///
     /// # Errors
     ///
     /// As [`Keiro::deliver`].
     pub async fn deliver<T: Serialize + ?Sized>(
         &self,
-        name: &str,
-        id: &str,
+        key: impl IntoInstanceKey,
         step: &str,
         value: &T,
     ) -> Result<AppendOutcome, Error> {
-        self.keiro.deliver(name, id, step, value).await
+        self.keiro.deliver(key, step, value).await
     }
 
     /// Sends a signal by token, as [`Keiro::signal`] does.
+    ///
+    /// ```
+    /// use keiro::testing::TestEnv;
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let env = TestEnv::memory().register("hello", hello).build()?;
+    /// let outcome = env.signal("h-1/nudge", &()).await?;
+    /// assert_eq!(outcome, keiro::SignalSendOutcome::Buffered);
+    /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
     ///
     /// # Errors
     ///
@@ -313,34 +521,73 @@ impl TestEnv {
 
     /// The instance row.
     ///
+    /// ```
+    /// use keiro::testing::TestEnv;
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let env = TestEnv::memory().register("hello", hello).build()?;
+    /// env.start("hello", "h-1", &"ada").await?;
+    /// let row = env.instance(("hello", "h-1")).await?;
+    /// assert_eq!(row.status, keiro::Status::Running);
+    /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
+    ///
     /// # Errors
     ///
     /// A store error, or [`Error::Store`] with not-found for an unknown instance.
-    pub async fn instance(&self, name: &str, id: &str) -> Result<Instance, Error> {
-        let key = InstanceKey::parse(name, id)?;
+    pub async fn instance(&self, key: impl IntoInstanceKey) -> Result<Instance, Error> {
+        let key = key.into_instance_key()?;
         self.keiro
-            .instance(name, id)
+            .instance(&key)
             .await?
             .ok_or_else(|| Error::Store(keiro_journal::StoreError::NotFound { key }))
     }
 
     /// The instance's status.
     ///
+    /// ```
+    /// use keiro::testing::TestEnv;
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let env = TestEnv::memory().register("hello", hello).build()?;
+    /// env.start("hello", "h-1", &"ada").await?;
+    /// env.run_until_idle().await?;
+    /// assert_eq!(env.status(("hello", "h-1")).await?, keiro::Status::Completed);
+    /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
+    ///
     /// # Errors
     ///
     /// As [`instance`](Self::instance).
-    pub async fn status(&self, name: &str, id: &str) -> Result<Status, Error> {
-        Ok(self.instance(name, id).await?.status)
+    pub async fn status(&self, key: impl IntoInstanceKey) -> Result<Status, Error> {
+        Ok(self.instance(key).await?.status)
     }
 
     /// The instance's output decoded as `T`, once it completed.
+    ///
+    /// ```
+    /// use keiro::testing::TestEnv;
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let env = TestEnv::memory().register("hello", hello).build()?;
+    /// env.start("hello", "h-1", &"ada").await?;
+    /// env.run_until_idle().await?;
+    /// assert_eq!(env.output::<String>(("hello", "h-1")).await?, "hello ada");
+    /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
     ///
     /// # Errors
     ///
     /// As [`instance`](Self::instance), and [`Error::NotCompleted`] when it has not
     /// completed, [`Error::Payload`] when the output does not decode as `T`.
-    pub async fn output<T: DeserializeOwned>(&self, name: &str, id: &str) -> Result<T, Error> {
-        let row = self.instance(name, id).await?;
+    pub async fn output<T: DeserializeOwned>(&self, key: impl IntoInstanceKey) -> Result<T, Error> {
+        let row = self.instance(key).await?;
         match (row.status, row.output) {
             (Status::Completed, Some(output)) => serde_json::from_value(output).map_err(|e| {
                 Error::Payload(WorkflowError::Decode {
@@ -357,23 +604,54 @@ impl TestEnv {
 
     /// The instance's whole journal, every generation, in append order.
     ///
+    /// ```
+    /// use keiro::testing::TestEnv;
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let env = TestEnv::memory().register("hello", hello).build()?;
+    /// env.start("hello", "h-1", &"ada").await?;
+    /// env.run_until_idle().await?;
+    /// assert!(!env.journal(("hello", "h-1")).await?.is_empty());
+    /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
+    ///
     /// # Errors
     ///
     /// A store error.
-    pub async fn journal(&self, name: &str, id: &str) -> Result<Vec<JournalEntry>, Error> {
-        self.keiro.journal(name, id).await
+    pub async fn journal(&self, key: impl IntoInstanceKey) -> Result<Vec<JournalEntry>, Error> {
+        self.keiro.journal(key).await
     }
 
     /// The names of the steps the instance journaled in its current generation, in order,
     /// without lifecycle markers: what a test usually asserts.
     ///
+    /// ```
+    /// use keiro::testing::TestEnv;
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// async fn two(ctx: keiro::Ctx, _: ()) -> Result<(), keiro::WorkflowError> {
+    ///     ctx.step("one", || async { Ok::<_, std::io::Error>(()) }).await?;
+    ///     ctx.step("two", || async { Ok::<_, std::io::Error>(()) }).await
+    /// }
+    /// let env = TestEnv::memory().register("two", two).build()?;
+    /// env.start("two", "t-1", &()).await?;
+    /// env.run_until_idle().await?;
+    /// assert_eq!(env.steps(("two", "t-1")).await?, ["one", "two"]);
+    /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
+    ///
     /// # Errors
     ///
     /// A store error.
-    pub async fn steps(&self, name: &str, id: &str) -> Result<Vec<String>, Error> {
-        let generation = self.instance(name, id).await?.generation;
+    pub async fn steps(&self, key: impl IntoInstanceKey) -> Result<Vec<String>, Error> {
+        let row = self.instance(key).await?;
+        let generation = row.generation;
         Ok(self
-            .journal(name, id)
+            .journal(&row.key)
             .await?
             .into_iter()
             .filter(|e| e.generation == generation && e.event.marker().is_none())
@@ -385,20 +663,33 @@ impl TestEnv {
     /// its name, doing nothing fresh (see [`verify_replay`]): the check a CI runs after a
     /// code change against histories recorded by the old code.
     ///
+    /// ```
+    /// use keiro::testing::TestEnv;
+    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+    /// #     Ok(format!("hello {name}"))
+    /// # }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let env = TestEnv::memory().register("hello", hello).build()?;
+    /// env.start("hello", "h-1", &"ada").await?;
+    /// env.run_until_idle().await?;
+    /// assert!(env.verify_replay(("hello", "h-1")).await?.is_ok());
+    /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`ReplayMismatch`] inside `Ok(Err(..))` when the code no longer matches; the outer
     /// error for a store failure or an unknown instance.
     pub async fn verify_replay(
         &self,
-        name: &str,
-        id: &str,
+        key: impl IntoInstanceKey,
     ) -> Result<Result<(), ReplayMismatch>, Error> {
-        let row = self.instance(name, id).await?;
-        let history = self.journal(name, id).await?;
+        let row = self.instance(key).await?;
+        let history = self.journal(&row.key).await?;
         let Some(workflow) = self.worker.registry().get(&row.key.name) else {
             return Ok(Err(ReplayMismatch::Unreplayable(format!(
-                "no workflow is registered under {name:?}"
+                "no workflow is registered under {:?}",
+                row.key.name.as_str()
             ))));
         };
         Ok(verify_replay(workflow.as_ref(), &row.key, &row.input, &history).await)

@@ -42,6 +42,23 @@ pub enum ReplayMismatch {
 /// outside the scratch store happens. Passes when the code consumes the recorded steps and
 /// ends as the history ended.
 ///
+/// ```
+/// use keiro::testing::TestEnv;
+/// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
+/// #     Ok(format!("hello {name}"))
+/// # }
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let env = TestEnv::memory().register("hello", hello).build()?;
+/// env.start("hello", "h-1", &"ada").await?;
+/// env.run_until_idle().await?;
+/// let row = env.instance(("hello", "h-1")).await?;
+/// let history = env.journal(&row.key).await?;
+/// let workflow = env.worker().registry().get(&row.key.name).expect("registered");
+/// let replayed = keiro::testing::verify_replay(workflow.as_ref(), &row.key, &row.input, &history).await;
+/// assert!(replayed.is_ok());
+/// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
+/// ```
+///
 /// # Errors
 ///
 /// The [`ReplayMismatch`] found.
