@@ -47,6 +47,7 @@
 //! Facade operations return [`Error`]; workflow bodies see [`WorkflowError`].
 
 mod builder;
+mod direct;
 mod engine;
 mod error;
 mod operate;
@@ -60,6 +61,7 @@ mod typed;
 mod worker;
 
 pub use builder::KeiroBuilder;
+pub use direct::DirectError;
 pub use engine::{Keiro, Store};
 pub use error::Error;
 pub use result::{
@@ -87,7 +89,7 @@ pub use keiro_journal::{
     GC_BATCH_DEFAULT, GC_BATCH_MAX, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, WAITS_LIMIT_DEFAULT,
 };
 pub use keiro_lease::{
-    ClaimOutcome, CrashOutcome, LeaseStore, ResurrectOutcome, CRASH_BACKOFF_DEFAULT,
+    ClaimOutcome, CrashOutcome, LeaseStore, ResurrectOutcome, StartClaim, CRASH_BACKOFF_DEFAULT,
 };
 pub use keiro_remote::{
     AdminError, RemoteTask, RemoteWorker, RemoteWorkerBuilder, RemoteWorkerOptions, ReportOutcome,

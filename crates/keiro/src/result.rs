@@ -21,8 +21,11 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use keiro_journal::{IdError, Instance, InstanceKey, Status, StoreError};
-use keiro_resume::{FixedPoll, WakeSource};
+use keiro_lease::LeaseStore;
+use keiro_resume::{FixedPoll, Notifier, WakeSource};
 use serde::de::DeserializeOwned;
 
 use crate::Keiro;
@@ -178,8 +181,20 @@ impl Keiro {
         key: &InstanceKey,
         options: &ResultOptions,
     ) -> Result<T, ResultError> {
+        await_result(self.store().as_ref(), self.notifier(), key, options).await
+    }
+}
+
+/// Waits until `key` is terminal in `store`, woken by `notifier` when there is one, and
+/// decodes its output: [`Keiro::result_with`]'s loop, shared with direct execution.
+pub(crate) async fn await_result<T: DeserializeOwned>(
+    store: &dyn LeaseStore,
+    notifier: Option<&Arc<dyn Notifier>>,
+    key: &InstanceKey,
+    options: &ResultOptions,
+) -> Result<T, ResultError> {
         // Subscribed before the first read: a close between the two still wakes us.
-        let mut wake: Box<dyn WakeSource> = match self.notifier() {
+        let mut wake: Box<dyn WakeSource> = match notifier {
             Some(notifier) => notifier.subscribe_closed(key),
             None => Box::new(FixedPoll),
         };
@@ -188,8 +203,7 @@ impl Keiro {
             .map(|timeout| (tokio::time::Instant::now() + timeout, timeout));
         let poll = options.poll_interval.max(RESULT_POLL_INTERVAL_MIN);
         loop {
-            let row = self
-                .store()
+            let row = store
                 .instance_get(key)
                 .await
                 .map_err(|source| ResultError::Store {
@@ -214,7 +228,6 @@ impl Keiro {
             }
             wake.wait(wait).await;
         }
-    }
 }
 
 /// The answer a row gives, if it is terminal.

@@ -265,11 +265,11 @@ impl WorkerBuilder {
 /// An embeddable resume worker: finds unfinished instances and drives them.
 #[derive(Clone)]
 pub struct Worker {
-    store: Arc<dyn LeaseStore>,
-    registry: Registry,
-    options: ResumeOptions,
+    pub(crate) store: Arc<dyn LeaseStore>,
+    pub(crate) registry: Registry,
+    pub(crate) options: ResumeOptions,
     timers: Option<TimerOptions>,
-    push: Option<Arc<dyn Notifier>>,
+    pub(crate) push: Option<Arc<dyn Notifier>>,
     retention: Option<Arc<dyn RetentionStore>>,
     pub(crate) schedules: crate::schedule::WorkerSchedules,
 }
