@@ -7,8 +7,9 @@
 //!
 //! This crate is the facade: it re-exports the layers (`keiro-journal`, `keiro-lease`,
 //! `keiro-resume`, `keiro-remote`, the stores) and assembles them into [`Keiro`] (start, cancel,
-//! inspect, operate), [`Worker`] (the embeddable resume worker) and [`RemoteWorker`] (runs
-//! remote steps, typically in another process).
+//! inspect, operate), [`Worker`] (the embeddable resume worker, which also runs workflows
+//! directly in its caller) and [`RemoteWorker`] (runs remote steps, typically in another
+//! process).
 //!
 //! ```no_run
 //! use keiro::{Ctx, Keiro, WorkflowError};
@@ -27,6 +28,24 @@
 //! let worker = keiro.worker().register("greet", greet).build()?;
 //! worker.run_until(async { let _ = tokio::signal::ctrl_c().await; }).await;
 //! # Ok(()) }
+//! ```
+//!
+//! # Direct execution
+//!
+//! [`Worker::run_workflow`] (typed) and [`Worker::run_named`] (by name) start an instance
+//! already leased to the caller and drive it in the calling task, with no worker pass in
+//! between, then return its output. What parks or crashes is left to the resume workers and
+//! awaited; a caller that goes away leaves an instance they recover at lease expiry.
+//!
+//! ```no_run
+//! # use keiro::{Ctx, Keiro, WorkflowError};
+//! # async fn greet(ctx: Ctx, name: String) -> Result<String, WorkflowError> { Ok(name) }
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let keiro = Keiro::connect("postgres://postgres@127.0.0.1:5432/postgres").await?;
+//! let worker = keiro.worker().register("greet", greet).build()?;
+//! tokio::spawn({ let worker = worker.clone(); async move { worker.run().await } });
+//! let line: String = worker.run_named("greet", "greet-2", &"ada").await?; // driven here, now
+//! # let _ = line; Ok(()) }
 //! ```
 //!
 //! # Features
