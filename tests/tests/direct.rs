@@ -89,7 +89,11 @@ async fn a_direct_run_completes_in_its_caller_without_a_worker(h: Harness) -> Te
     assert_eq!(row.output, Some(serde_json::json!(13)));
     assert_eq!((row.lease_owner, row.attempts), (None, 0));
     assert_eq!(
-        (ledger.count("step-0"), ledger.count("step-1"), ledger.count("step-2")),
+        (
+            ledger.count("step-0"),
+            ledger.count("step-1"),
+            ledger.count("step-2")
+        ),
         (1, 1, 1)
     );
     Ok(())
@@ -112,7 +116,10 @@ async fn the_direct_start_leases_the_instance_from_its_first_moment(h: Harness) 
     let ClaimOutcome::Acquired(claim) = claim else {
         panic!("a fresh instance is leased to its starter: {claim:?}");
     };
-    assert_eq!((claim.fence.owner.as_str(), claim.fence.epoch), ("direct", 1));
+    assert_eq!(
+        (claim.fence.owner.as_str(), claim.fence.epoch),
+        ("direct", 1)
+    );
     assert!(claim.journal.is_empty());
     assert_eq!(claim.instance.status, Status::Running);
     assert_eq!(claim.instance.input, serde_json::json!(1));
@@ -352,8 +359,16 @@ async fn a_dropped_direct_run_is_recovered_when_its_lease_expires(h: Harness) ->
     })
     .await?;
     assert!(recovered, "recovered within the lease ttl and a few passes");
-    assert_eq!(a.load(Ordering::SeqCst), 1, "a journaled step never runs again");
-    assert_eq!(b.load(Ordering::SeqCst), 2, "the interrupted step runs again");
+    assert_eq!(
+        a.load(Ordering::SeqCst),
+        1,
+        "a journaled step never runs again"
+    );
+    assert_eq!(
+        b.load(Ordering::SeqCst),
+        2,
+        "the interrupted step runs again"
+    );
     let row = h.keiro.instance("stuck", "s").await?.expect("started");
     assert_eq!(row.output, Some(serde_json::json!("ab")));
     assert_eq!(row.attempts, 0, "a lapsed lease is no crash");
@@ -395,9 +410,14 @@ async fn a_panicking_step_crashes_a_direct_run_as_under_a_worker(h: Harness) -> 
     .await?;
     assert!(crashed);
     let row = h.keiro.instance("flaky", "f").await?.expect("started");
-    assert_eq!((row.status, row.lease_owner.as_deref()), (Status::Running, None));
+    assert_eq!(
+        (row.status, row.lease_owner.as_deref()),
+        (Status::Running, None)
+    );
     assert!(
-        row.last_error.as_deref().is_some_and(|e| e.contains("panicked")),
+        row.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("panicked")),
         "{row:?}"
     );
     assert!(row.next_attempt_at.is_some(), "backoff like a worker's");
@@ -436,9 +456,7 @@ impl WorkflowDef for Unregistered {
     }
 }
 
-async fn unknown_names_and_bad_input_are_typed_errors_and_start_nothing(
-    h: Harness,
-) -> TestResult {
+async fn unknown_names_and_bad_input_are_typed_errors_and_start_nothing(h: Harness) -> TestResult {
     let ledger = Ledger::default();
     let worker = WorkerBuilder::new(h.store.clone())
         .options(h.fast_options())
@@ -463,7 +481,10 @@ async fn unknown_names_and_bad_input_are_typed_errors_and_start_nothing(
     assert!(h.keiro.instance("unregistered", "u-1").await?.is_none());
 
     let bad_id = worker.run_workflow::<Sum>("a/b", &1).await;
-    assert!(matches!(bad_id, Err(DirectError::InvalidId(_))), "{bad_id:?}");
+    assert!(
+        matches!(bad_id, Err(DirectError::InvalidId(_))),
+        "{bad_id:?}"
+    );
     let too_large = worker
         .run_named::<String, _>("echo", "big", &"x".repeat(100))
         .await;
@@ -605,11 +626,7 @@ mod pushed {
         });
         let caller = tokio::spawn({
             let worker = worker.clone();
-            async move {
-                worker
-                    .run_named::<String, _>("approval", "p", &"ada")
-                    .await
-            }
+            async move { worker.run_named::<String, _>("approval", "p", &"ada").await }
         });
         let parked = eventually(Duration::from_secs(10), || async {
             let row = keiro.instance("approval", "p").await?;
@@ -631,8 +648,7 @@ mod pushed {
     async fn memory() -> TestResult {
         let store = Arc::new(keiro_memory::MemoryStore::new());
         let keiro = Keiro::from_store(store.clone());
-        a_parked_direct_run_is_finished_by_a_worker_and_its_caller_woken_by_push(keiro, store)
-            .await
+        a_parked_direct_run_is_finished_by_a_worker_and_its_caller_woken_by_push(keiro, store).await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -216,9 +216,14 @@ impl Worker {
             .claim;
         let key = request.key;
         while let ClaimOutcome::Acquired(granted) = claim {
-            let driven =
-                keiro_resume::drive_claim(&self.store, workflow.clone(), &self.options, *granted, asked)
-                    .await;
+            let driven = keiro_resume::drive_claim(
+                &self.store,
+                workflow.clone(),
+                &self.options,
+                *granted,
+                asked,
+            )
+            .await;
             match driven.outcome {
                 Some(RunOutcome::Completed(output)) => {
                     return serde_json::from_value(output)

@@ -193,41 +193,41 @@ pub(crate) async fn await_result<T: DeserializeOwned>(
     key: &InstanceKey,
     options: &ResultOptions,
 ) -> Result<T, ResultError> {
-        // Subscribed before the first read: a close between the two still wakes us.
-        let mut wake: Box<dyn WakeSource> = match notifier {
-            Some(notifier) => notifier.subscribe_closed(key),
-            None => Box::new(FixedPoll),
-        };
-        let deadline = options
-            .timeout
-            .map(|timeout| (tokio::time::Instant::now() + timeout, timeout));
-        let poll = options.poll_interval.max(RESULT_POLL_INTERVAL_MIN);
-        loop {
-            let row = store
-                .instance_get(key)
-                .await
-                .map_err(|source| ResultError::Store {
-                    key: key.clone(),
-                    source,
-                })?
-                .ok_or_else(|| ResultError::NotFound { key: key.clone() })?;
-            if let Some(outcome) = outcome(row) {
-                return outcome;
-            }
-            // Stretched, never shortened: no waiter reads more often than once per `poll`.
-            let mut wait = keiro_journal::stretched(poll);
-            if let Some((deadline, timeout)) = deadline {
-                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                if left.is_zero() {
-                    return Err(ResultError::Timeout {
-                        key: key.clone(),
-                        waited: timeout,
-                    });
-                }
-                wait = wait.min(left);
-            }
-            wake.wait(wait).await;
+    // Subscribed before the first read: a close between the two still wakes us.
+    let mut wake: Box<dyn WakeSource> = match notifier {
+        Some(notifier) => notifier.subscribe_closed(key),
+        None => Box::new(FixedPoll),
+    };
+    let deadline = options
+        .timeout
+        .map(|timeout| (tokio::time::Instant::now() + timeout, timeout));
+    let poll = options.poll_interval.max(RESULT_POLL_INTERVAL_MIN);
+    loop {
+        let row = store
+            .instance_get(key)
+            .await
+            .map_err(|source| ResultError::Store {
+                key: key.clone(),
+                source,
+            })?
+            .ok_or_else(|| ResultError::NotFound { key: key.clone() })?;
+        if let Some(outcome) = outcome(row) {
+            return outcome;
         }
+        // Stretched, never shortened: no waiter reads more often than once per `poll`.
+        let mut wait = keiro_journal::stretched(poll);
+        if let Some((deadline, timeout)) = deadline {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Err(ResultError::Timeout {
+                    key: key.clone(),
+                    waited: timeout,
+                });
+            }
+            wait = wait.min(left);
+        }
+        wake.wait(wait).await;
+    }
 }
 
 /// The answer a row gives, if it is terminal.

@@ -12,9 +12,7 @@ use std::cmp::Reverse;
 use std::time::Duration;
 
 use keiro_journal::store::Result;
-use keiro_journal::{
-    marker_name, Event, Fence, InstanceKey, StartRequest, Status, WorkflowName,
-};
+use keiro_journal::{marker_name, Event, Fence, InstanceKey, StartRequest, Status, WorkflowName};
 use keiro_lease::{
     classify_refusal, Claim, ClaimGate, ClaimOutcome, Crash, CrashOutcome, LeaseStore,
     ResurrectOutcome, StartClaim,

@@ -218,7 +218,9 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let outcome = if completed == workflows {
         Outcome::Success
     } else {
-        println!("bench: FAIL: {completed}/{workflows} workflows completed according to the database");
+        println!(
+            "bench: FAIL: {completed}/{workflows} workflows completed according to the database"
+        );
         Outcome::Failed
     };
     let report = DirectReport {
