@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keiro::{
-    ClaimOutcome, Ctx, DirectError, Keiro, Notifier, ResultError, StartClaim, Status, Worker,
-    WorkerBuilder, WorkflowDef, WorkflowError,
+    ClaimOutcome, Ctx, DirectError, Keiro, Notifier, ResultError, StartClaim, Status, WakeFilter,
+    WakeReason, Worker, WorkerBuilder, WorkflowDef, WorkflowError,
 };
 use keiro_journal::StartRequest;
 use keiro_tests::counting::CountingStore;
@@ -642,6 +642,52 @@ mod pushed {
         let _ = stop_tx.send(());
         running.await?;
         Ok(())
+    }
+
+    /// A direct start notifies no worker: none may take the run while its lease lives. A
+    /// plain start first proves the subscription hears the store.
+    async fn a_direct_start_wakes_no_worker(
+        keiro: Keiro,
+        notifier: Arc<dyn Notifier>,
+    ) -> TestResult {
+        let ledger = Ledger::default();
+        let worker = keiro
+            .worker()
+            .register_workflow_with(Sum {
+                ledger: ledger.clone(),
+            })
+            .build()?;
+        let mut wake = notifier.subscribe(WakeFilter::Instances);
+        // The listener may still be connecting: start until one start is heard.
+        for attempt in 0.. {
+            assert!(attempt < 50, "no notification");
+            keiro.start("sum", &format!("plain-{attempt}"), &0).await?;
+            if wake.wait(Duration::from_millis(200)).await == WakeReason::Notified {
+                break;
+            }
+        }
+        while wake.wait(Duration::from_millis(200)).await != WakeReason::Timeout {}
+
+        assert_eq!(worker.run_workflow::<Sum>("direct", &1).await?, 4);
+        assert_eq!(
+            wake.wait(Duration::from_millis(500)).await,
+            WakeReason::Timeout
+        );
+        Ok(())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn memory_no_wake() -> TestResult {
+        let store = Arc::new(keiro_memory::MemoryStore::new());
+        a_direct_start_wakes_no_worker(Keiro::from_store(store.clone()), store).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_no_wake() -> TestResult {
+        let h = Harness::postgres().await;
+        let db = h.db.as_ref().expect("a postgres harness has a schema");
+        let notifier: Arc<dyn Notifier> = Arc::new(db.store());
+        a_direct_start_wakes_no_worker(h.keiro.clone(), notifier).await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
