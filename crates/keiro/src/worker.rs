@@ -262,7 +262,9 @@ impl WorkerBuilder {
     }
 }
 
-/// An embeddable resume worker: finds unfinished instances and drives them.
+/// An embeddable resume worker: finds unfinished instances and drives them. It also runs
+/// workflows directly in its caller ([`run_workflow`](Self::run_workflow),
+/// [`run_named`](Self::run_named)), with the same registry, options and drive.
 #[derive(Clone)]
 pub struct Worker {
     pub(crate) store: Arc<dyn LeaseStore>,

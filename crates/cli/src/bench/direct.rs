@@ -5,10 +5,12 @@
 //! worker runs beside the tasks, as it would in a deployment, to recover what a direct caller
 //! leaves; here it finds nothing to do.
 //!
-//! With `--via-worker` the same closed loop goes through the worker instead: each task starts
+//! With `--path worker` the same closed loop goes through the worker instead: each task starts
 //! its workflow (`Keiro::start`) and awaits its result (`Keiro::result_with`, woken by push),
 //! and the worker drives C runs at once. That is the start-to-output latency a caller of the
-//! queued path sees, measured the same way, for the comparison.
+//! queued path sees, measured the same way, for the comparison. With `--path alternate` each
+//! task alternates the two paths workflow by workflow, so both are sampled at the same moments
+//! of a machine whose load varies, and reports each path's latency apart.
 //!
 //! Latency is measured by each task around its call (start to output, as the caller sees it)
 //! and, as `throughput` does, from the instance rows (`created_at` to `completed_at`).
@@ -18,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::ValueEnum;
 use keiro::{Ctx, Keiro, ResultOptions, WorkflowError};
 use serde::{Deserialize, Serialize};
 
@@ -47,10 +50,32 @@ async fn bench_workflow(ctx: Ctx, input: BenchInput) -> Result<u64, WorkflowErro
     Ok(sum)
 }
 
+/// Which way the closed loop of `direct` runs its workflows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Path {
+    /// `Worker::run_named`: started leased to its task and driven there.
+    Direct,
+    /// `Keiro::start`, then `Keiro::result_with` (woken by push) while the worker drives it.
+    Worker,
+    /// Even workflows direct, odd ones through the worker, in every task.
+    Alternate,
+}
+
+impl Path {
+    /// Whether workflow `i` goes through the worker.
+    fn via_worker(self, i: u64) -> bool {
+        match self {
+            Self::Direct => false,
+            Self::Worker => true,
+            Self::Alternate => i % 2 == 1,
+        }
+    }
+}
+
 /// The figures of `direct`; serialized as the last line, keys in this order.
 #[derive(Debug, Serialize)]
 struct DirectReport {
-    /// `direct`, or `direct-via-worker` for the start-and-await comparison.
+    /// `direct`, `direct-via-worker` or `direct-alternate`.
     mode: &'static str,
     workflows: u64,
     /// Steps per workflow (K).
@@ -61,9 +86,12 @@ struct DirectReport {
     workflows_per_s: f64,
     steps_per_s: f64,
     round_trips_per_step: f64,
-    /// Start to output as each caller saw it.
+    /// Start to output as each caller saw it, over every workflow.
     p50_ms: f64,
     p99_ms: f64,
+    /// The same, of the direct runs alone and of the runs through the worker alone.
+    direct: Option<Percentiles>,
+    via_worker: Option<Percentiles>,
     /// `created_at` to `completed_at` of the instance rows, as `throughput` reports it.
     db_p50_ms: f64,
     db_p99_ms: f64,
@@ -105,10 +133,11 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
                 .await
         }
     });
-    let mode = if args.via_worker {
-        "direct-via-worker"
-    } else {
-        "direct"
+    let path = args.path;
+    let mode = match path {
+        Path::Direct => "direct",
+        Path::Worker => "direct-via-worker",
+        Path::Alternate => "direct-alternate",
     };
     println!(
         "bench: {mode}: {} workflows x {} steps, {} in flight, worker poll {} ms, schema {}",
@@ -122,8 +151,8 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..concurrency {
         let (worker, keiro, next) = (worker.clone(), keiro.clone(), next.clone());
-        let via_worker = args.via_worker;
         tasks.spawn(async move {
+            // (latency, through the worker) per workflow.
             let mut latencies = Vec::new();
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
@@ -131,6 +160,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
                     return Ok::<_, crate::common::Error>(latencies);
                 }
                 let id = instance_id("wf", i);
+                let via_worker = path.via_worker(i);
                 let called = Instant::now();
                 if via_worker {
                     keiro
@@ -151,7 +181,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
                         .await
                         .context(format!("running {id}"))?;
                 }
-                latencies.push(called.elapsed());
+                latencies.push((called.elapsed(), via_worker));
             }
         });
     }
@@ -187,7 +217,24 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         .context("reading the latencies")?;
     let completed = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
     let (db_p50, db_p99): (Option<f64>, Option<f64>) = (row.get(1), row.get(2));
-    let called = Percentiles::of(&latencies);
+    let called = Percentiles::of(&latencies.iter().map(|(l, _)| *l).collect::<Vec<_>>());
+    let of_path = |worker: bool| {
+        let samples: Vec<Duration> = latencies
+            .iter()
+            .filter(|(_, via)| *via == worker)
+            .map(|(l, _)| *l)
+            .collect();
+        (!samples.is_empty()).then(|| Percentiles::of(&samples))
+    };
+    let (direct, via_worker) = (of_path(false), of_path(true));
+    for (name, p) in [("direct", &direct), ("through the worker", &via_worker)] {
+        if let (Some(p), Path::Alternate) = (p, path) {
+            println!(
+                "bench: {name}: {} workflows, start-to-output p50 {:.2} ms, p99 {:.2} ms",
+                p.samples, p.p50_ms, p.p99_ms
+            );
+        }
+    }
     let (rss_mb, rss_peak_mb) = resident_memory_mb().unwrap_or((0.0, 0.0));
     let secs = elapsed.as_secs_f64();
     let total_steps = workflows * args.steps;
@@ -234,6 +281,8 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         round_trips_per_step: round(round_trips_f / steps_f, 3),
         p50_ms: called.p50_ms,
         p99_ms: called.p99_ms,
+        direct,
+        via_worker,
         db_p50_ms: round(db_p50.unwrap_or(0.0), 2),
         db_p99_ms: round(db_p99.unwrap_or(0.0), 2),
         rss_mb: round(rss_mb, 1),

@@ -15,7 +15,7 @@
 //! - `drive-cost`: the cost of one drive against the length of the journal it replays (see
 //!   [`drive_cost`]).
 //! - `direct`: N workflows of K trivial steps by direct execution, C in flight in a closed loop
-//!   (see [`direct`]); `--via-worker` runs the same loop through start, worker and result.
+//!   (see [`direct`]); `--path worker` runs the same loop through start, worker and result.
 //! - `gc`: retention's deletion rate in rows per second, and a running workload's throughput
 //!   with and without a collecting worker, in interleaved rounds (see [`gc`]).
 
@@ -139,10 +139,10 @@ pub(crate) struct BenchArgs {
     /// `gc`: pairs of rounds (without gc, then with), interleaved.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
     pub(crate) rounds: u64,
-    /// `direct`: run the same closed loop through `start`, the worker and `result` instead of
-    /// direct execution, for the comparison.
-    #[arg(long)]
-    pub(crate) via_worker: bool,
+    /// `direct`: how the closed loop runs its workflows: by direct execution, through `start`,
+    /// the worker and `result` (the comparison), or alternating the two in every task.
+    #[arg(long, value_enum, default_value_t = direct::Path::Direct)]
+    pub(crate) path: direct::Path,
 }
 
 impl BenchArgs {
