@@ -678,8 +678,9 @@ mod pushed {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn memory_no_wake() -> TestResult {
-        let store = Arc::new(keiro_memory::MemoryStore::new());
-        a_direct_start_wakes_no_worker(Keiro::from_store(store.clone()), store).await
+        let store = keiro_memory::MemoryStore::new();
+        let keiro = Keiro::builder(store.clone()).without_push().build();
+        a_direct_start_wakes_no_worker(keiro, Arc::new(store)).await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -692,8 +693,9 @@ mod pushed {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn memory() -> TestResult {
-        let store = Arc::new(keiro_memory::MemoryStore::new());
-        let keiro = Keiro::from_store(store.clone());
+        let store = keiro_memory::MemoryStore::new();
+        let keiro = Keiro::builder(store.clone()).without_push().build();
+        let store = Arc::new(store);
         a_parked_direct_run_is_finished_by_a_worker_and_its_caller_woken_by_push(keiro, store).await
     }
 

@@ -122,8 +122,8 @@ async fn instance_claim(
     })))
 }
 
-// One statement: the start and the claim commit together (sql/functions/lease.sql says why the row is
-// inserted with its lease rather than claimed after the insert).
+// One statement: the start and the claim commit together (sql/functions/lease.sql says why
+// the row is inserted with its lease rather than claimed after the insert).
 const INSTANCE_START_CLAIMED: &str = concat!(
     "SELECT c.created, c.granted, c.clock, ",
     instance_columns!("(c.instance)."),

@@ -114,7 +114,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     // Each task holds at most one connection at a time; the worker's pass and its result
     // waiters' reads need theirs beside them.
     let setup = Setup::new(global, &args.bench_schema, concurrency * 2 + 2).await?;
-    let keiro = Keiro::with_push(setup.store.clone());
+    let keiro = Keiro::builder(setup.store.clone()).build(); // with push
     let worker = keiro
         .worker()
         .register(WORKFLOW, bench_workflow)
