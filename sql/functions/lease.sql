@@ -48,6 +48,86 @@ BEGIN
 END;
 $$;
 
+-- instance_start_claimed: direct execution (`Worker::run_workflow`) starts an instance already
+-- leased to its caller, who drives the run at once. Through `keiro_instance_start` and then
+-- `keiro_instance_claim` that costs two transactions, and the start's NOTIFY wakes every worker
+-- for a run none of them may take; this does both in one statement and notifies nobody:
+--
+-- * a new row is inserted with the caller's lease already on it (epoch 1, as the first claim of
+--   a fresh row would mint), so from its first committed moment the instance is leased and no
+--   worker can claim it before its lease expires; a caller that dies leaves an instance the
+--   resume worker recovers at expiry like any other;
+-- * an existing row keeps its input (the start is idempotent by key, as `keiro_instance_start`)
+--   and is claimed only when a worker could claim it now: running, or suspended with a due
+--   `wake_after` (the discovery predicate, not `keiro_instance_claim`'s wider one: a direct
+--   caller has no business re-driving a run parked on a wake that has not come), lease free or
+--   expired, backoff gate open. The claim is `keiro_instance_claim`'s update, with the journal
+--   aggregated the same way. Otherwise the row is returned as it is, for the caller to classify
+--   the refusal at `clock` and await the instance.
+--
+-- No NOTIFY on create, unlike `keiro_instance_start`: nobody but the caller may advance the run
+-- while its lease lives, and a notifying commit holds the NOTIFY queue's lock across its WAL
+-- flush (migrations/0016_notify_terminal.sql measured what that costs), which serializes
+-- concurrent starts.
+CREATE OR REPLACE FUNCTION keiro_instance_start_claimed(p_name text, p_id text, p_input jsonb,
+                                                        p_parent_name text, p_parent_id text,
+                                                        p_priority integer, p_owner text,
+                                                        p_ttl_ms bigint, p_now timestamptz,
+                                                        OUT created boolean,
+                                                        OUT granted boolean,
+                                                        OUT clock timestamptz,
+                                                        OUT instance workflows,
+                                                        OUT journal_seq bigint[],
+                                                        OUT journal_step text[],
+                                                        OUT journal_kind text[],
+                                                        OUT journal_payload jsonb[],
+                                                        OUT journal_recorded_at timestamptz[])
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    -- The database clock decides expiry unless the caller pins it.
+    clock := coalesce(p_now, now());
+    INSERT INTO workflows AS w (workflow_name, workflow_id, input, parent_name, parent_id,
+                                priority, lease_owner, lease_epoch, lease_expires_at)
+    VALUES (p_name, p_id, p_input, p_parent_name, p_parent_id, p_priority, p_owner, 1,
+            clock + p_ttl_ms * interval '1 millisecond')
+    ON CONFLICT (workflow_name, workflow_id) DO NOTHING
+    RETURNING w.* INTO instance;
+    created := FOUND;
+    IF created THEN
+        -- A fresh row has no journal.
+        granted := true;
+        RETURN;
+    END IF;
+    -- A separate statement takes a fresh snapshot, so it sees the row a concurrent start
+    -- committed after this statement's INSERT began. Under concurrent claims the loser
+    -- re-checks this WHERE against the winner's row version and finds the lease live.
+    UPDATE workflows w SET
+        lease_owner = p_owner,
+        lease_epoch = w.lease_epoch + 1,
+        lease_expires_at = clock + p_ttl_ms * interval '1 millisecond',
+        updated_at = now()
+    WHERE w.workflow_name = p_name AND w.workflow_id = p_id
+      AND (w.status = 'running'
+           OR (w.status = 'suspended' AND w.wake_after IS NOT NULL AND w.wake_after <= clock))
+      AND (w.lease_expires_at IS NULL OR w.lease_expires_at < clock)
+      AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= clock)
+    RETURNING w.* INTO instance;
+    granted := FOUND;
+    IF granted THEN
+        SELECT array_agg(j.seq), array_agg(j.step_name), array_agg(j.kind),
+               array_agg(j.payload), array_agg(j.recorded_at)
+        INTO journal_seq, journal_step, journal_kind, journal_payload, journal_recorded_at
+        FROM journal j
+        WHERE j.workflow_name = p_name AND j.workflow_id = p_id
+          AND j.generation = instance.generation;
+    ELSE
+        SELECT w.* INTO instance FROM workflows w
+        WHERE w.workflow_name = p_name AND w.workflow_id = p_id;
+    END IF;
+END;
+$$;
+
 -- instances_claim_batch: discovers and claims up to `p_limit` runnable instances of the
 -- workflow names the caller has registered, in one round trip: rows whose lease is free or
 -- expired and whose backoff gate is open, leased to `p_owner` with a fresh epoch, in claim

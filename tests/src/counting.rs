@@ -268,6 +268,18 @@ impl LeaseStore for CountingStore {
             .instance_claim(key, owner, ttl, now.map(|at| self.inward(at)))
             .await
     }
+    async fn instance_start_claimed(
+        &self,
+        request: &StartRequest,
+        owner: &str,
+        ttl: Duration,
+        now: Option<OffsetDateTime>,
+    ) -> Result<keiro_lease::StartClaim> {
+        self.count("instance_start_claimed");
+        self.inner
+            .instance_start_claimed(request, owner, ttl, now.map(|at| self.inward(at)))
+            .await
+    }
     async fn instances_claim_batch(
         &self,
         names: &[keiro::WorkflowName],

@@ -216,6 +216,18 @@ impl LeaseStore for FaultyStore {
         self.refuse_unloadable(Some(key)).await?;
         self.inner.instance_claim(key, owner, ttl, now).await
     }
+    async fn instance_start_claimed(
+        &self,
+        request: &StartRequest,
+        owner: &str,
+        ttl: Duration,
+        now: Option<OffsetDateTime>,
+    ) -> Result<keiro_lease::StartClaim> {
+        self.refuse_unloadable(Some(&request.key)).await?;
+        self.inner
+            .instance_start_claimed(request, owner, ttl, now)
+            .await
+    }
     async fn instances_claim_batch(
         &self,
         names: &[keiro::WorkflowName],

@@ -7,8 +7,9 @@
 //!
 //! This crate is the facade: it re-exports the layers (`keiro-journal`, `keiro-lease`,
 //! `keiro-resume`, `keiro-remote`, the stores) and assembles them into [`Keiro`] (start, cancel,
-//! inspect, operate), [`Worker`] (the embeddable resume worker) and [`RemoteWorker`] (runs
-//! remote steps, typically in another process).
+//! inspect, operate), [`Worker`] (the embeddable resume worker, which also runs workflows
+//! directly in its caller) and [`RemoteWorker`] (runs remote steps, typically in another
+//! process).
 //!
 //! ```no_run
 //! use keiro::{Ctx, Keiro, WorkflowError};
@@ -29,6 +30,24 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Direct execution
+//!
+//! [`Worker::run_workflow`] (typed) and [`Worker::run_named`] (by name) start an instance
+//! already leased to the caller and drive it in the calling task, with no worker pass in
+//! between, then return its output. What parks or crashes is left to the resume workers and
+//! awaited; a caller that goes away leaves an instance they recover at lease expiry.
+//!
+//! ```no_run
+//! # use keiro::{Ctx, Keiro, WorkflowError};
+//! # async fn greet(ctx: Ctx, name: String) -> Result<String, WorkflowError> { Ok(name) }
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let keiro = Keiro::connect("postgres://postgres@127.0.0.1:5432/postgres").await?;
+//! let worker = keiro.worker().register("greet", greet).build()?;
+//! tokio::spawn({ let worker = worker.clone(); async move { worker.run().await } });
+//! let line: String = worker.run_named("greet", "greet-2", &"ada").await?; // driven here, now
+//! # let _ = line; Ok(()) }
+//! ```
+//!
 //! # Features
 //!
 //! - `postgres` (default): [`Keiro::connect`] and the Postgres store.
@@ -47,6 +66,7 @@
 //! Facade operations return [`Error`]; workflow bodies see [`WorkflowError`].
 
 mod builder;
+mod direct;
 mod engine;
 mod error;
 mod operate;
@@ -60,6 +80,7 @@ mod typed;
 mod worker;
 
 pub use builder::KeiroBuilder;
+pub use direct::DirectError;
 pub use engine::{Keiro, Store};
 pub use error::Error;
 pub use result::{
@@ -87,7 +108,7 @@ pub use keiro_journal::{
     GC_BATCH_DEFAULT, GC_BATCH_MAX, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, WAITS_LIMIT_DEFAULT,
 };
 pub use keiro_lease::{
-    ClaimOutcome, CrashOutcome, LeaseStore, ResurrectOutcome, CRASH_BACKOFF_DEFAULT,
+    ClaimOutcome, CrashOutcome, LeaseStore, ResurrectOutcome, StartClaim, CRASH_BACKOFF_DEFAULT,
 };
 pub use keiro_remote::{
     AdminError, RemoteTask, RemoteWorker, RemoteWorkerBuilder, RemoteWorkerOptions, ReportOutcome,

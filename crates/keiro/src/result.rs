@@ -21,8 +21,11 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use keiro_journal::{IdError, Instance, InstanceKey, IntoInstanceKey, Status, StoreError};
-use keiro_resume::{FixedPoll, WakeSource};
+use keiro_lease::LeaseStore;
+use keiro_resume::{FixedPoll, Notifier, WakeSource};
 use serde::de::DeserializeOwned;
 
 use crate::Keiro;
@@ -205,42 +208,52 @@ impl Keiro {
         key: &InstanceKey,
         options: &ResultOptions,
     ) -> Result<T, ResultError> {
-        // Subscribed before the first read: a close between the two still wakes us.
-        let mut wake: Box<dyn WakeSource> = match self.notifier() {
-            Some(notifier) => notifier.subscribe_closed(key),
-            None => Box::new(FixedPoll),
-        };
-        let deadline = options
-            .timeout
-            .map(|timeout| (tokio::time::Instant::now() + timeout, timeout));
-        let poll = options.poll_interval.max(RESULT_POLL_INTERVAL_MIN);
-        loop {
-            let row = self
-                .store()
-                .instance_get(key)
-                .await
-                .map_err(|source| ResultError::Store {
-                    key: key.clone(),
-                    source,
-                })?
-                .ok_or_else(|| ResultError::NotFound { key: key.clone() })?;
-            if let Some(outcome) = outcome(row) {
-                return outcome;
-            }
-            // Stretched, never shortened: no waiter reads more often than once per `poll`.
-            let mut wait = keiro_journal::stretched(poll);
-            if let Some((deadline, timeout)) = deadline {
-                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                if left.is_zero() {
-                    return Err(ResultError::Timeout {
-                        key: key.clone(),
-                        waited: timeout,
-                    });
-                }
-                wait = wait.min(left);
-            }
-            wake.wait(wait).await;
+        await_result(self.store().as_ref(), self.notifier(), key, options).await
+    }
+}
+
+/// Waits until `key` is terminal in `store`, woken by `notifier` when there is one, and
+/// decodes its output: [`Keiro::result_with`]'s loop, shared with direct execution.
+pub(crate) async fn await_result<T: DeserializeOwned>(
+    store: &dyn LeaseStore,
+    notifier: Option<&Arc<dyn Notifier>>,
+    key: &InstanceKey,
+    options: &ResultOptions,
+) -> Result<T, ResultError> {
+    // Subscribed before the first read: a close between the two still wakes us.
+    let mut wake: Box<dyn WakeSource> = match notifier {
+        Some(notifier) => notifier.subscribe_closed(key),
+        None => Box::new(FixedPoll),
+    };
+    let deadline = options
+        .timeout
+        .map(|timeout| (tokio::time::Instant::now() + timeout, timeout));
+    let poll = options.poll_interval.max(RESULT_POLL_INTERVAL_MIN);
+    loop {
+        let row = store
+            .instance_get(key)
+            .await
+            .map_err(|source| ResultError::Store {
+                key: key.clone(),
+                source,
+            })?
+            .ok_or_else(|| ResultError::NotFound { key: key.clone() })?;
+        if let Some(outcome) = outcome(row) {
+            return outcome;
         }
+        // Stretched, never shortened: no waiter reads more often than once per `poll`.
+        let mut wait = keiro_journal::stretched(poll);
+        if let Some((deadline, timeout)) = deadline {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Err(ResultError::Timeout {
+                    key: key.clone(),
+                    waited: timeout,
+                });
+            }
+            wait = wait.min(left);
+        }
+        wake.wait(wait).await;
     }
 }
 

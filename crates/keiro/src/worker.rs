@@ -502,14 +502,16 @@ impl WorkerBuilder {
     }
 }
 
-/// An embeddable resume worker: finds unfinished instances and drives them.
+/// An embeddable resume worker: finds unfinished instances and drives them. It also runs
+/// workflows directly in its caller ([`run_workflow`](Self::run_workflow),
+/// [`run_named`](Self::run_named)), with the same registry, options and drive.
 #[derive(Clone)]
 pub struct Worker {
-    store: Arc<dyn LeaseStore>,
-    registry: Registry,
-    options: ResumeOptions,
+    pub(crate) store: Arc<dyn LeaseStore>,
+    pub(crate) registry: Registry,
+    pub(crate) options: ResumeOptions,
     timers: Option<TimerOptions>,
-    push: Option<Arc<dyn Notifier>>,
+    pub(crate) push: Option<Arc<dyn Notifier>>,
     retention: Option<Arc<dyn RetentionStore>>,
     pub(crate) schedules: crate::schedule::WorkerSchedules,
 }

@@ -27,6 +27,20 @@ pub enum ClaimOutcome {
     Unavailable,
 }
 
+/// What a direct start did ([`LeaseStore::instance_start_claimed`](crate::LeaseStore::instance_start_claimed)):
+/// the instance row exists, and when `claim` is `Acquired` its lease is the caller's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StartClaim {
+    /// Whether this call created the instance (`false`: it existed, and its input stands).
+    pub created: bool,
+    /// `Acquired` for a created instance (leased from its first moment, with an empty
+    /// journal), and for an existing one that a worker could claim now (running, or suspended
+    /// with a due `wake_after`; lease free or expired; backoff gate open). Otherwise the
+    /// refusal, classified as for [`ClaimOutcome`]: an existing instance that is terminal,
+    /// parked, leased elsewhere or paced is left as it is.
+    pub claim: ClaimOutcome,
+}
+
 /// Why a claim was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {

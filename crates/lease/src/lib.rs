@@ -49,6 +49,6 @@ mod crash;
 mod store;
 
 pub use backoff::{crash_delay, CRASH_BACKOFF_DEFAULT, MAX_ATTEMPTS_DEFAULT};
-pub use claim::{classify_refusal, Claim, ClaimGate, ClaimOutcome, Refusal};
+pub use claim::{classify_refusal, Claim, ClaimGate, ClaimOutcome, Refusal, StartClaim};
 pub use crash::{Crash, CrashOutcome, ResurrectOutcome};
 pub use store::LeaseStore;

@@ -3,10 +3,11 @@
 use std::time::Duration;
 
 use keiro_journal::store::Result;
-use keiro_journal::{Fence, InstanceKey, JournalStore, WorkflowName};
+use keiro_journal::{Fence, InstanceKey, JournalStore, StartRequest, Status, WorkflowName};
 use time::OffsetDateTime;
 
-use crate::{Claim, ClaimOutcome, Crash, CrashOutcome, ResurrectOutcome};
+use crate::{classify_refusal, Claim, ClaimGate, ClaimOutcome, Crash, CrashOutcome};
+use crate::{ResurrectOutcome, StartClaim};
 
 /// Lease, discovery and crash operations, each one transaction.
 ///
@@ -49,6 +50,51 @@ pub trait LeaseStore: JournalStore {
         limit: i64,
         now: Option<OffsetDateTime>,
     ) -> Result<Vec<Claim>>;
+
+    /// Starts `request`'s instance already leased to `owner` until `now + ttl`, for a caller
+    /// that drives the run itself at once (direct execution): no worker is notified, and no
+    /// claim round trip follows. Idempotent by key like
+    /// [`instance_start`](JournalStore::instance_start): an existing instance keeps its input
+    /// and is claimed only when a worker could claim it now (running, or suspended with a due
+    /// `wake_after`; lease free or expired; backoff gate open), by the same conditional
+    /// update as [`instance_claim`](Self::instance_claim); otherwise it is left alone and the
+    /// refusal is classified. See [`StartClaim`].
+    ///
+    /// The default implementation is [`instance_start`](JournalStore::instance_start) and
+    /// then, when the row is runnable, [`instance_claim`](Self::instance_claim): two
+    /// transactions, between which a worker woken by the start may claim the instance first
+    /// (the caller then finds it leased and awaits it). The Postgres and memory stores do it
+    /// in one transaction and do not notify.
+    async fn instance_start_claimed(
+        &self,
+        request: &StartRequest,
+        owner: &str,
+        ttl: Duration,
+        now: Option<OffsetDateTime>,
+    ) -> Result<StartClaim> {
+        let started = self.instance_start(request).await?;
+        let row = &started.instance;
+        let clock = now.unwrap_or_else(OffsetDateTime::now_utc);
+        let runnable = match row.status {
+            Status::Running => true,
+            Status::Suspended => row.wake_after.is_some_and(|at| at <= clock),
+            Status::Completed | Status::Failed | Status::Cancelled => false,
+        };
+        let claim = if runnable {
+            self.instance_claim(&request.key, owner, ttl, now).await?
+        } else {
+            let gate = ClaimGate {
+                status: row.status,
+                lease_expires_at: row.lease_expires_at,
+                next_attempt_at: row.next_attempt_at,
+            };
+            classify_refusal(Some(gate), clock).into()
+        };
+        Ok(StartClaim {
+            created: started.created,
+            claim,
+        })
+    }
 
     /// Renews a held lease to `now + ttl`.
     ///

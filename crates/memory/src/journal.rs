@@ -93,6 +93,20 @@ impl State {
         parent: Option<InstanceKey>,
         priority: i32,
     ) -> Instance {
+        let row = self.instance_insert(key, input, parent, priority);
+        self.wake(key);
+        row
+    }
+
+    /// Inserts a fresh `running` row at generation 0 without notifying anyone. The caller has
+    /// checked that `key` is free.
+    pub(crate) fn instance_insert(
+        &mut self,
+        key: &InstanceKey,
+        input: Value,
+        parent: Option<InstanceKey>,
+        priority: i32,
+    ) -> Instance {
         let now = self.clock.now();
         let row = Instance {
             key: key.clone(),
@@ -117,7 +131,6 @@ impl State {
             self.adopt(parent, key);
         }
         self.instances.insert(key.clone(), Entry::new(row.clone()));
-        self.wake(key);
         row
     }
 

@@ -12,10 +12,10 @@ use std::cmp::Reverse;
 use std::time::Duration;
 
 use keiro_journal::store::Result;
-use keiro_journal::{marker_name, Event, Fence, InstanceKey, Status, WorkflowName};
+use keiro_journal::{marker_name, Event, Fence, InstanceKey, StartRequest, Status, WorkflowName};
 use keiro_lease::{
     classify_refusal, Claim, ClaimGate, ClaimOutcome, Crash, CrashOutcome, LeaseStore,
-    ResurrectOutcome,
+    ResurrectOutcome, StartClaim,
 };
 use time::OffsetDateTime;
 
@@ -24,6 +24,7 @@ use crate::state::{clear_lease, holds, lease_lost, refused, reset_attempts, Jour
 use crate::{storable, MemoryStore};
 
 const RECORD_CRASH: &str = "recording a crash";
+const START_CLAIMED: &str = "starting an instance leased to its caller";
 
 impl State {
     fn instances_runnable(
@@ -93,6 +94,63 @@ impl State {
             instance: row.clone(),
             journal,
         })))
+    }
+
+    fn instance_start_claimed(
+        &mut self,
+        request: &StartRequest,
+        owner: &str,
+        ttl: Duration,
+        now: Option<OffsetDateTime>,
+    ) -> Result<StartClaim> {
+        let now = now.unwrap_or_else(|| self.clock.now());
+        let key = &request.key;
+        let Some(entry) = self.instances.get(key) else {
+            // Leased from its first moment, with the epoch a first claim would mint; nobody is
+            // notified, as no one else may advance it while the lease lives.
+            self.instance_insert(
+                key,
+                request.input.clone(),
+                request.parent.clone(),
+                request.priority,
+            );
+            let row = &mut self.entry_mut(key)?.row;
+            row.lease_owner = Some(owner.to_owned());
+            row.lease_epoch = 1;
+            row.lease_expires_at = Some(later(now, ttl));
+            return Ok(StartClaim {
+                created: true,
+                claim: ClaimOutcome::Acquired(Box::new(Claim {
+                    fence: Fence {
+                        owner: owner.to_owned(),
+                        epoch: 1,
+                    },
+                    instance: row.clone(),
+                    journal: Vec::new(),
+                })),
+            });
+        };
+        // An existing instance is claimed only when discovery would offer it to a worker now.
+        let row = &entry.row;
+        let runnable = match row.status {
+            Status::Running => true,
+            Status::Suspended => row.wake_after.is_some_and(|at| at <= now),
+            Status::Completed | Status::Failed | Status::Cancelled => false,
+        };
+        let claim = if runnable {
+            self.instance_claim(key, owner, ttl, Some(now))?
+        } else {
+            let gate = ClaimGate {
+                status: row.status,
+                lease_expires_at: row.lease_expires_at,
+                next_attempt_at: row.next_attempt_at,
+            };
+            classify_refusal(Some(gate), now).into()
+        };
+        Ok(StartClaim {
+            created: false,
+            claim,
+        })
     }
 
     fn instance_lease_renew(
@@ -286,6 +344,19 @@ impl LeaseStore for MemoryStore {
                 }
             }
             Ok(claims)
+        })
+    }
+
+    async fn instance_start_claimed(
+        &self,
+        request: &StartRequest,
+        owner: &str,
+        ttl: Duration,
+        now: Option<OffsetDateTime>,
+    ) -> Result<StartClaim> {
+        storable::value(START_CLAIMED, &request.input)?;
+        self.transact(START_CLAIMED, |state| {
+            state.instance_start_claimed(request, owner, ttl, now)
         })
     }
 

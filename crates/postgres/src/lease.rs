@@ -14,10 +14,10 @@
 use std::time::Duration;
 
 use keiro_journal::store::Result;
-use keiro_journal::{Fence, Instance, InstanceKey, JournalEntry, WorkflowName};
+use keiro_journal::{Fence, Instance, InstanceKey, JournalEntry, StartRequest, WorkflowName};
 use keiro_lease::{
     classify_refusal, Claim, ClaimGate, ClaimOutcome, Crash, CrashOutcome, LeaseStore,
-    ResurrectOutcome,
+    ResurrectOutcome, StartClaim,
 };
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -30,6 +30,7 @@ use crate::PgStore;
 
 const RUNNABLE: &str = "discovering runnable instances";
 const CLAIM: &str = "claiming an instance";
+const START_CLAIMED: &str = "starting an instance leased to its caller";
 const RENEW: &str = "renewing a lease";
 const RELEASE: &str = "releasing a lease";
 const FORCE_RELEASE: &str = "force-releasing a lease";
@@ -119,6 +120,73 @@ async fn instance_claim(
         instance,
         journal,
     })))
+}
+
+// One statement: the start and the claim commit together (sql/functions/lease.sql says why
+// the row is inserted with its lease rather than claimed after the insert).
+const INSTANCE_START_CLAIMED: &str = concat!(
+    "SELECT c.created, c.granted, c.clock, ",
+    instance_columns!("(c.instance)."),
+    ", c.journal_seq, c.journal_step, c.journal_kind, c.journal_payload, c.journal_recorded_at",
+    " FROM keiro_instance_start_claimed($1, $2, $3, $4, $5, $6, $7, $8, $9) c"
+);
+
+async fn instance_start_claimed(
+    store: &PgStore,
+    request: &StartRequest,
+    owner: &str,
+    ttl: Duration,
+    now: Option<OffsetDateTime>,
+) -> Result<StartClaim> {
+    let parent_name = request.parent.as_ref().map(|p| p.name.as_str());
+    let parent_id = request.parent.as_ref().map(|p| p.id.as_str());
+    let row = store
+        .query_one(
+            START_CLAIMED,
+            INSTANCE_START_CLAIMED,
+            &[
+                &request.key.name.as_str(),
+                &request.key.id.as_str(),
+                &request.input,
+                &parent_name,
+                &parent_id,
+                &request.priority,
+                &owner,
+                &span_ms(ttl),
+                &now,
+            ],
+        )
+        .await?;
+    let created: bool = column(&row, "created", START_CLAIMED)?;
+    let granted: bool = column(&row, "granted", START_CLAIMED)?;
+    if !granted {
+        let clock: OffsetDateTime = column(&row, "clock", START_CLAIMED)?;
+        return Ok(StartClaim {
+            created,
+            claim: classify_refusal(gate(&row)?, clock).into(),
+        });
+    }
+    let instance = row::instance(&row, START_CLAIMED)?;
+    let fence = Fence {
+        owner: owner.to_owned(),
+        epoch: instance.lease_epoch,
+    };
+    let journal = match claimed_journal(&row, &instance) {
+        Ok(journal) => journal,
+        Err(malformed) => {
+            // As for a claim: a journal nobody can drive goes back unleased.
+            let _ = instance_release(store, &request.key, &fence, false).await;
+            return Err(malformed);
+        }
+    };
+    Ok(StartClaim {
+        created,
+        claim: ClaimOutcome::Acquired(Box::new(Claim {
+            fence,
+            instance,
+            journal,
+        })),
+    })
 }
 
 /// The refused row's claim gate; `None` when the instance does not exist.
@@ -413,6 +481,16 @@ impl LeaseStore for PgStore {
         now: Option<OffsetDateTime>,
     ) -> Result<Vec<Claim>> {
         instances_claim_batch(self, names, owner, ttl, limit, now).await
+    }
+
+    async fn instance_start_claimed(
+        &self,
+        request: &StartRequest,
+        owner: &str,
+        ttl: Duration,
+        now: Option<OffsetDateTime>,
+    ) -> Result<StartClaim> {
+        instance_start_claimed(self, request, owner, ttl, now).await
     }
 
     async fn instance_lease_renew(

@@ -54,7 +54,7 @@ pub use options::{
     InvalidOptions, ResumeOptions, LEASE_TTL_MIN, MAX_CONCURRENT_ADVANCES_DEFAULT,
     PASS_LIMIT_DEFAULT, POLL_INTERVAL_DEFAULT, POLL_INTERVAL_MIN,
 };
-pub use pass::{drain, resume_once, resume_once_up_to};
+pub use pass::{drain, drive_claim, resume_once, resume_once_up_to, ClaimDriven};
 pub use registry::{Registry, RegistryError};
 pub use retention::{
     collect, run_retention_loop, RetentionOptions, RETENTION_BATCHES_PER_SWEEP_DEFAULT,

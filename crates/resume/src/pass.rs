@@ -331,6 +331,56 @@ async fn fail_unclaimable(
     }
 }
 
+/// One drive of a claimed run: its line of a pass's summary and, when the drive ended
+/// normally, how ([`drive_claim`]).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct ClaimDriven {
+    /// The run's line of the summary, as a pass counts it.
+    pub summary: ResumeSummary,
+    /// How the drive ended, when it ended normally: `Completed` carries the recorded output.
+    /// `None` for an abnormal ending (a crash, a lost lease, a store error, a divergence),
+    /// which the drive has already handled as a worker does (crash recorded with backoff,
+    /// lease released, instance failed).
+    pub outcome: Option<RunOutcome>,
+}
+
+/// Drives one run whose lease the caller holds (`claim`, asked for at `asked`) exactly as a
+/// worker's pass drives a claimed candidate: the same replay, lease confirmation and renewal,
+/// metrics, span and log events, and the same handling of each ending (a crash is recorded
+/// with backoff and the lease released, a park releases it, a store error releases it, a
+/// divergence fails the instance). Direct execution uses it to drive a run in the process
+/// that started it.
+///
+/// ```no_run
+/// # use std::sync::Arc;
+/// # use std::time::{Duration, Instant};
+/// # use keiro_lease::{ClaimOutcome, LeaseStore};
+/// # use keiro_resume::{drive_claim, Registry, ResumeOptions};
+/// # async fn demo(store: Arc<dyn LeaseStore>, registry: Registry, key: keiro_journal::InstanceKey)
+/// # -> Result<(), Box<dyn std::error::Error>> {
+/// let options = ResumeOptions::default();
+/// let asked = Instant::now();
+/// if let ClaimOutcome::Acquired(claim) =
+///     store.instance_claim(&key, "me", options.lease_ttl, None).await?
+/// {
+///     let workflow = registry.get(&key.name).cloned().expect("registered");
+///     let driven = drive_claim(&store, workflow, &options, *claim, asked).await;
+///     println!("{:?}", driven.outcome);
+/// }
+/// # Ok(()) }
+/// ```
+pub async fn drive_claim(
+    store: &Arc<dyn LeaseStore>,
+    workflow: Arc<dyn keiro_journal::Workflow>,
+    options: &ResumeOptions,
+    claim: keiro_lease::Claim,
+    asked: Instant,
+) -> ClaimDriven {
+    let (summary, outcome) = drive_claimed_outcome(store, workflow, options, claim, asked).await;
+    ClaimDriven { summary, outcome }
+}
+
 /// Drives one claimed run and classifies how it ended: the summary line of a granted claim
 /// asked for at `asked`.
 async fn drive_claimed(
@@ -340,6 +390,19 @@ async fn drive_claimed(
     claim: keiro_lease::Claim,
     asked: Instant,
 ) -> ResumeSummary {
+    drive_claimed_outcome(store, workflow, options, claim, asked)
+        .await
+        .0
+}
+
+/// [`drive_claimed`], also returning the outcome of a drive that ended normally.
+async fn drive_claimed_outcome(
+    store: &Arc<dyn LeaseStore>,
+    workflow: Arc<dyn keiro_journal::Workflow>,
+    options: &ResumeOptions,
+    claim: keiro_lease::Claim,
+    asked: Instant,
+) -> (ResumeSummary, Option<RunOutcome>) {
     let mut line = ResumeSummary {
         resumed: 1,
         ..ResumeSummary::default()
@@ -390,6 +453,7 @@ async fn drive_claimed(
     if driven.stats.appended > 0 {
         line.advanced = 1;
     }
+    let outcome = driven.result.as_ref().ok().cloned();
     match driven.result {
         Ok(RunOutcome::Completed(_)) => {
             line.completed = 1;
@@ -457,7 +521,7 @@ async fn drive_claimed(
             release(store, options, &key, &fence, false).await;
         }
     }
-    line
+    (line, outcome)
 }
 
 /// A run that parked without appending: tell a wake that landed mid-run (advanced) from a

@@ -14,9 +14,12 @@
 //!   remote steps per second under load (see [`remote`]).
 //! - `drive-cost`: the cost of one drive against the length of the journal it replays (see
 //!   [`drive_cost`]).
+//! - `direct`: N workflows of K trivial steps by direct execution, C in flight in a closed loop
+//!   (see [`direct`]); `--path worker` runs the same loop through start, worker and result.
 //! - `gc`: retention's deletion rate in rows per second, and a running workload's throughput
 //!   with and without a collecting worker, in interleaved rounds (see [`gc`]).
 
+mod direct;
 mod drive_cost;
 mod gc;
 mod idle;
@@ -52,6 +55,8 @@ pub(crate) enum Mode {
     DriveCost,
     /// Retention: deletion rows per second, and workload throughput with and without gc.
     Gc,
+    /// Direct execution: C runs in flight, each started and driven by its caller.
+    Direct,
 }
 
 impl Mode {
@@ -64,6 +69,7 @@ impl Mode {
             Self::Remote => 2000,
             Self::DriveCost => 1,
             Self::Gc => 20_000,
+            Self::Direct => 2000,
         }
     }
 }
@@ -82,11 +88,11 @@ pub(crate) struct BenchArgs {
     /// backlog seeded each round).
     #[arg(short = 'n', long, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) workflows: Option<u64>,
-    /// Steps per workflow (K), `throughput` only.
+    /// Steps per workflow (K), `throughput` and `direct`.
     #[arg(short = 'k', long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub(crate) steps: u64,
     /// Runs the worker drives at once (C): the measured worker of `throughput`, the worker
-    /// that parks the runs of `idle`.
+    /// that parks the runs of `idle`; the runs in flight of `direct`.
     #[arg(short = 'c', long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub(crate) concurrency: u64,
     /// Tasks starting the workflows concurrently (`throughput`, `idle`).
@@ -133,6 +139,10 @@ pub(crate) struct BenchArgs {
     /// `gc`: pairs of rounds (without gc, then with), interleaved.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
     pub(crate) rounds: u64,
+    /// `direct`: how the closed loop runs its workflows: by direct execution, through `start`,
+    /// the worker and `result` (the comparison), or alternating the two in every task.
+    #[arg(long, value_enum, default_value_t = direct::Path::Direct)]
+    pub(crate) path: direct::Path,
 }
 
 impl BenchArgs {
@@ -152,6 +162,7 @@ pub(crate) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         Mode::Remote => remote::run(global, args).await,
         Mode::DriveCost => drive_cost::run(global, args).await,
         Mode::Gc => gc::run(global, args).await,
+        Mode::Direct => direct::run(global, args).await,
     }
 }
 
