@@ -106,3 +106,59 @@ async fn a_waiter_on_an_instance_already_closed_reads_at_once() -> TestResult {
     assert_eq!(woken, WakeReason::Notified);
     Ok(())
 }
+
+/// A result waiter's mark holds the row lock until it commits; a worker claiming at that moment
+/// skips the row (`SKIP LOCKED`), so the mark announces a runnable instance again, and only a
+/// runnable one (a parked run is woken by its own sources).
+#[tokio::test]
+async fn marking_a_runnable_instance_awaited_announces_it_again() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let channel = store.wake_channel().to_owned();
+    let mut listener = Listener::on(&store).await?;
+    let runnable = key("order", "runnable");
+    store.instance_start(&start(&runnable, json!(null))).await?;
+    assert_eq!(
+        listener.drain(QUIET).await,
+        vec![(channel.clone(), "order/runnable".to_owned())],
+        "the start announces it"
+    );
+    let mut wait = store.subscribe_closed(&runnable);
+    wait.wait(Duration::from_millis(10)).await;
+    assert_eq!(
+        listener.drain(QUIET).await,
+        vec![(channel.clone(), "order/runnable".to_owned())],
+        "the mark announces it again"
+    );
+    wait.wait(Duration::from_millis(10)).await;
+    assert!(
+        listener.drain(QUIET).await.is_empty(),
+        "only the first wait marks"
+    );
+
+    let parked = key("order", "parked");
+    store.instance_start(&start(&parked, json!(null))).await?;
+    let ttl = Duration::from_secs(60);
+    let keiro_lease::ClaimOutcome::Acquired(claim) =
+        keiro_lease::LeaseStore::instance_claim(&store, &parked, "w", ttl, None).await?
+    else {
+        panic!("claimable");
+    };
+    store
+        .instance_park(&keiro_journal::Park {
+            key: parked.clone(),
+            generation: 0,
+            fence: Some(claim.fence),
+            awaited: vec!["sleep:a".into()],
+            wake_after: None,
+        })
+        .await?;
+    listener.drain(QUIET).await;
+    let mut wait = store.subscribe_closed(&parked);
+    wait.wait(Duration::from_millis(10)).await;
+    assert!(
+        listener.drain(QUIET).await.is_empty(),
+        "a parked run is not announced"
+    );
+    Ok(())
+}
