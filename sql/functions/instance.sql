@@ -26,6 +26,36 @@ BEGIN
 END;
 $$;
 
+-- instances_start: `keiro_instance_start` for each request, one row each (`created`, and the
+-- instance row as it then is), in one transaction: the start lane's batches (concurrent
+-- `start` calls, natural batching as for appends in journal.sql) and `Keiro::start_many`. A
+-- key that appears twice is created by its first request and found by the second; a key
+-- another transaction is inserting makes this one wait for it, as a single start does, in key
+-- order, at most `lock_timeout` (then the store starts the batch's requests one by one).
+CREATE OR REPLACE FUNCTION keiro_instances_start(
+    p_names text[], p_ids text[], p_inputs jsonb[], p_parent_names text[], p_parent_ids text[],
+    p_priorities integer[])
+RETURNS TABLE (n integer, created boolean, instance workflows)
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+SET lock_timeout = '100ms'
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    i integer;
+BEGIN
+    FOR i IN
+        SELECT r.n FROM unnest(p_names, p_ids) WITH ORDINALITY AS r (name, id, n)
+        ORDER BY r.name COLLATE "C", r.id COLLATE "C", r.n
+    LOOP
+        RETURN QUERY
+        SELECT i, s.created, s.instance
+        FROM keiro_instance_start(p_names[i], p_ids[i], p_inputs[i], p_parent_names[i],
+                                  p_parent_ids[i], p_priorities[i]) s;
+    END LOOP;
+END;
+$$;
+
 -- instance_confirm: renews a fenced run's lease and reports the status. A terminal row
 -- answers without a lease check, so a run learns it is over even after the terminal write
 -- cleared its lease. Outcomes: confirmed, terminal, not_found, lease_lost.

@@ -289,6 +289,172 @@ BEGIN
 END;
 $$;
 
+-- Group commit (issue 15): the Postgres store sends the appends that arrive while its earlier
+-- batches are in flight as one call of journal_append_batch (natural batching: a lone append
+-- still calls keiro_journal_append_to, so an idle store waits for nothing), in a transaction
+-- that commits synchronously as any append: nobody is answered before the batch is durable.
+-- One round trip, one commit and one WAL flush then serve many runs' steps, where each step
+-- was a transaction of its own (about five commits per three-step workflow, with the start).
+--
+-- Request i of a batch is element i of every array; one outcome row per request names it
+-- (`n`, 1-based). A batch that fails as a whole (a value PostgreSQL refuses aborts the
+-- statement) is sent again request by request by the store, so the refused request is refused
+-- and the others land, as they would have alone.
+--
+-- A batch never waits long for a lock: one batch of a lane runs at a time, so a batch stuck
+-- behind someone's open transaction (a `deliver_in` inside a caller's long transaction) would
+-- hold up every run of the process. It takes its instance rows first, all at once, with SKIP
+-- LOCKED: a request whose row another transaction holds is answered `busy` and the store sends
+-- it alone, outside the lane, where it waits as a single append would. What it locks beyond
+-- those rows (a completion or failure journals into the parent, whose row may be held) is
+-- bounded by `lock_timeout`: a batch that waits longer fails as a whole and is sent again
+-- request by request. So is one in a deadlock, which the timeout breaks before the server's
+-- detector. Requests run in the order of their instance's key (the lock order, README.md);
+-- the store never batches the `cancelled` and `continued` markers, which lock remote tasks
+-- before the instance row.
+--
+-- journal_append_batch: every request as `keiro_journal_append_to` would answer it, one
+-- outcome row each. The common request, a step on a live instance by its lease holder (or
+-- unfenced), the only request of the batch for its instance, takes 0004's fast path for the
+-- whole batch at once: one INSERT for all of them, one UPDATE for the rows whose lease is due
+-- for renewal or that wake, instead of a function call and its statements per request. The
+-- conditions are that fast path's, checked on the rows this batch holds locked. Every other
+-- request (markers, other generations, stale fences, terminal rows, several requests for one
+-- instance) is a call of `keiro_journal_append_to`, after the fast ones, in key order.
+CREATE OR REPLACE FUNCTION keiro_journal_append_batch(
+    p_names text[], p_ids text[], p_generations integer[], p_steps text[], p_kinds text[],
+    p_payloads jsonb[], p_owners text[], p_epochs bigint[], p_renew_ms bigint[])
+RETURNS TABLE (n integer, outcome text, recorded jsonb, marker text)
+-- Generic plans, index-driven (as the park batch in remote.sql): a plan cached while the table
+-- was small would scan it whole for as long as the connection lives.
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+SET lock_timeout = '100ms'
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    i          integer;
+    v_key      text;
+    v_locked   text[] := '{}';
+    v_fast     integer[];
+    v_rewrite  integer[];
+    v_woken    integer[];
+    v_appended integer[];
+BEGIN
+    -- Ids and names hold no '/', so `name/id` names an instance.
+    FOR v_key IN
+        SELECT w.key
+        FROM (SELECT DISTINCT u.name COLLATE "C" AS name, u.id COLLATE "C" AS id
+              FROM unnest(p_names, p_ids) AS u (name, id) ORDER BY 1, 2) r
+        CROSS JOIN LATERAL (
+            SELECT x.workflow_name || '/' || x.workflow_id AS key FROM workflows x
+            WHERE x.workflow_name = r.name AND x.workflow_id = r.id
+            FOR UPDATE SKIP LOCKED) w
+    LOOP
+        v_locked := v_locked || v_key;
+    END LOOP;
+
+    -- The fast requests, and those of them whose row needs rewriting when they land: a wake,
+    -- an unfenced step, or a lease due for renewal. Each instance row is read through its
+    -- primary key (LATERAL, OFFSET 0 so that it is not flattened into a join): a plan cached
+    -- while the table was small must not join the table whole.
+    SELECT coalesce(array_agg(r.n), '{}'),
+           coalesce(array_agg(r.n) FILTER (
+               WHERE w.status = 'suspended'
+                  OR r.owner IS NULL OR r.renew_ms IS NULL
+                  OR w.lease_expires_at IS NULL
+                  OR w.lease_expires_at <= now() + r.renew_ms * interval '750 microseconds'),
+               '{}'),
+           coalesce(array_agg(r.n) FILTER (WHERE w.status = 'suspended'), '{}')
+    INTO v_fast, v_rewrite, v_woken
+    FROM (SELECT u.*, count(*) OVER (PARTITION BY u.name, u.id) AS same
+          FROM unnest(p_names, p_ids, p_generations, p_kinds, p_owners, p_epochs, p_renew_ms)
+               WITH ORDINALITY AS u (name, id, generation, kind, owner, epoch, renew_ms, n)) r
+    CROSS JOIN LATERAL (
+        SELECT x.generation, x.status, x.lease_owner, x.lease_epoch, x.lease_expires_at
+        FROM workflows x WHERE x.workflow_name = r.name AND x.workflow_id = r.id OFFSET 0) w
+    WHERE r.same = 1
+      AND (r.name || '/' || r.id) = ANY (v_locked)
+      AND r.kind NOT IN ('completed', 'failed', 'cancelled', 'continued')
+      AND coalesce(r.generation, w.generation) = w.generation
+      AND w.status IN ('running', 'suspended')
+      AND (r.owner IS NULL OR (w.lease_owner = r.owner AND w.lease_epoch = r.epoch));
+
+    IF v_fast <> '{}' THEN
+        WITH inserted AS (
+            INSERT INTO journal (workflow_name, workflow_id, generation, step_name, kind, payload)
+            SELECT r.name, r.id, w.generation, r.step, r.kind, r.payload
+            FROM unnest(p_names, p_ids, p_steps, p_kinds, p_payloads)
+                 WITH ORDINALITY AS r (name, id, step, kind, payload, n)
+            CROSS JOIN LATERAL (
+                SELECT x.generation FROM workflows x
+                WHERE x.workflow_name = r.name AND x.workflow_id = r.id OFFSET 0) w
+            WHERE r.n = ANY (v_fast)
+            ORDER BY r.name, r.id
+            ON CONFLICT (workflow_name, workflow_id, generation, step_name) DO NOTHING
+            RETURNING journal.workflow_name, journal.workflow_id
+        )
+        SELECT coalesce(array_agg(r.n), '{}') INTO v_appended
+        FROM unnest(p_names, p_ids) WITH ORDINALITY AS r (name, id, n)
+        JOIN inserted x ON x.workflow_name = r.name AND x.workflow_id = r.id
+        WHERE r.n = ANY (v_fast);
+
+        -- As 0004: a step rewrites its row only to wake it or to renew a lease that is due
+        -- (then only unindexed columns change, a HOT update), one row at a time by key.
+        FOR i IN SELECT k FROM unnest(v_rewrite) AS k WHERE k = ANY (v_appended) LOOP
+            UPDATE workflows w SET
+                status = 'running',
+                lease_expires_at = CASE
+                    WHEN p_owners[i] IS NOT NULL AND p_renew_ms[i] IS NOT NULL
+                        THEN now() + p_renew_ms[i] * interval '1 millisecond'
+                    ELSE w.lease_expires_at
+                END,
+                updated_at = now()
+            WHERE w.workflow_name = p_names[i] AND w.workflow_id = p_ids[i];
+            IF i = ANY (v_woken) THEN
+                PERFORM keiro_notify_wake(p_names[i], p_ids[i]);
+            END IF;
+        END LOOP;
+
+        -- A step recorded before: every writer adopts the first recorded value.
+        RETURN QUERY
+        SELECT r.n::integer,
+               CASE WHEN r.n = ANY (v_appended) THEN 'appended'
+                    WHEN j.kind = r.kind THEN 'already_present'
+                    ELSE 'conflict' END,
+               CASE WHEN NOT r.n = ANY (v_appended) AND j.kind = r.kind THEN j.payload END,
+               NULL::text
+        FROM unnest(p_names, p_ids, p_steps, p_kinds)
+             WITH ORDINALITY AS r (name, id, step, kind, n)
+        CROSS JOIN LATERAL (
+            SELECT x.generation FROM workflows x
+            WHERE x.workflow_name = r.name AND x.workflow_id = r.id OFFSET 0) w
+        LEFT JOIN LATERAL (
+            SELECT y.kind, y.payload FROM journal y
+            WHERE y.workflow_name = r.name AND y.workflow_id = r.id
+              AND y.generation = w.generation AND y.step_name = r.step OFFSET 0) j ON true
+        WHERE r.n = ANY (v_fast);
+    END IF;
+
+    FOR i IN
+        SELECT r.n FROM unnest(p_names, p_ids) WITH ORDINALITY AS r (name, id, n)
+        WHERE NOT r.n = ANY (v_fast)
+        ORDER BY r.name COLLATE "C", r.id COLLATE "C", r.n
+    LOOP
+        IF NOT (p_names[i] || '/' || p_ids[i]) = ANY (v_locked) THEN
+            -- Held by another transaction (or missing): sent alone by the store.
+            RETURN QUERY SELECT i, 'busy'::text, NULL::jsonb, NULL::text;
+            CONTINUE;
+        END IF;
+        RETURN QUERY
+        SELECT i, a.outcome, a.recorded, a.marker
+        FROM keiro_journal_append_to(p_names[i], p_ids[i], p_generations[i], p_steps[i],
+                                     p_kinds[i], p_payloads[i], p_owners[i], p_epochs[i],
+                                     p_renew_ms[i]) a;
+    END LOOP;
+END;
+$$;
+
 -- The first form of journal_append, kept for statements prepared against it by older builds
 -- (same signature and outcomes). The store calls `keiro_journal_append_to` directly: this
 -- LANGUAGE sql wrapper returning a record cannot be inlined, and parsing and planning it on

@@ -76,6 +76,25 @@ impl Harness {
         }
     }
 
+    /// A harness on a fresh Postgres schema whose store never batches (`Config::batching`
+    /// off): one transaction per append, start and park, to check that group commit changes
+    /// no outcome. Panics like [`postgres`](Self::postgres).
+    pub async fn postgres_unbatched() -> Self {
+        let db = TestDb::new().await;
+        let store = match keiro_postgres::PgStore::connect(db.config().batching(false)).await {
+            Ok(store) => Arc::new(store),
+            Err(e) => panic!("cannot connect an unbatched store to {}: {e}", db.schema()),
+        };
+        Self {
+            backend: Backend::Postgres,
+            keiro: Keiro::builder((*store).clone()).without_push().build(),
+            transport: store.clone(),
+            admin: store.clone(),
+            store,
+            db: Some(db),
+        }
+    }
+
     /// Resume options for fast tests: short leases, millisecond backoff, a fixed owner prefix.
     pub fn fast_options(&self) -> ResumeOptions {
         ResumeOptions {
@@ -196,6 +215,24 @@ macro_rules! on_both_stores {
 macro_rules! on_both_envs {
     ($($env:ident),* $(,)?) => {
         $crate::on_both_stores!(; env: $($env),*);
+    };
+}
+
+/// [`on_both_stores!`] plus a third run of each scenario on a Postgres store with group commit
+/// off ([`Harness::postgres_unbatched`]), as `postgres_unbatched::<name>`: for the scenarios
+/// whose appends and starts must not change outcome whether they share a transaction or not.
+#[macro_export]
+macro_rules! on_every_store {
+    ($($name:ident),* $(,)?) => {
+        $crate::on_both_stores!($($name),*);
+        mod postgres_unbatched {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() -> $crate::TestResult {
+                    super::$name($crate::Harness::postgres_unbatched().await).await
+                }
+            )*
+        }
     };
 }
 

@@ -8,10 +8,10 @@ use keiro::{
     workflow_fn, Append, AppendOutcome, CancelOutcome, Ctx, Event, Marker, RunError, RunOptions,
     RunOutcome, Status, StepKind, WorkflowError,
 };
-use keiro_tests::{key, on_both_stores, run_inline, run_with, Harness, Ledger, TestResult};
+use keiro_tests::{key, on_every_store, run_inline, run_with, Harness, Ledger, TestResult};
 use serde_json::json;
 
-on_both_stores!(
+on_every_store!(
     journaled_steps_never_run_again,
     repeated_step_name_reuses_the_first_result,
     first_run_returns_the_json_round_trip,

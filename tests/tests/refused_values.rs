@@ -17,11 +17,11 @@ use keiro_journal::{
 };
 use keiro_lease::{ClaimOutcome, Crash};
 use keiro_remote::{ClaimRequest, ReportOutcome, TaskFailure};
-use keiro_tests::{key, on_both_stores, Harness, Ledger, TestResult};
+use keiro_tests::{key, on_every_store, Harness, Ledger, TestResult};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-on_both_stores!(
+on_every_store!(
     a_start_with_a_refused_input_creates_nothing,
     a_refused_step_result_is_not_journaled,
     a_refused_output_or_failure_reason_leaves_the_run_open,

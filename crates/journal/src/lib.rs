@@ -41,6 +41,7 @@
 //! sees [`WorkflowError`]; a drive ends in [`RunOutcome`] or [`RunError`].
 
 mod backoff;
+mod batch;
 mod budget;
 mod context;
 mod diagnostics;
@@ -66,6 +67,9 @@ mod wake;
 mod workflow;
 
 pub use backoff::{stretched, unit_random, Backoff, InvalidBackoff};
+pub use batch::{
+    run_batches, BatchLimits, Batcher, Slot, BATCHES_IN_FLIGHT_DEFAULT, BATCH_LEN_MAX_DEFAULT,
+};
 pub use budget::{
     encoded_len, JournalBudget, JOURNAL_BYTES_MAX_DEFAULT, JOURNAL_STEPS_MAX_DEFAULT,
 };

@@ -62,6 +62,11 @@ pub(crate) struct Replay {
     /// Body-recorded steps in journal order, for a stable divergence report.
     body_order: Vec<String>,
     consumed: HashSet<String>,
+    /// How many leading `body_order` steps are known consumed: consumption never reverts, so
+    /// the search for the first unconsumed step resumes here instead of at the start, which
+    /// keeps a fresh step's check O(1) however long the journal (a run of K steps checks K
+    /// times).
+    consumed_prefix: std::cell::Cell<usize>,
     /// Steps an operator reset, with the revision their next value is stored under.
     revisions: HashMap<String, u32>,
 }
@@ -106,6 +111,7 @@ impl Replay {
     fn forget(&mut self, step: &str) {
         self.recorded.remove(step);
         self.body_order.retain(|s| s != step);
+        self.consumed_prefix.set(0);
     }
 
     fn insert(&mut self, step: &str, kind: StepKind, value: Value) {
@@ -157,10 +163,16 @@ impl Replay {
 
     /// The first body-recorded step the run has not reached, if any.
     pub(crate) fn first_unconsumed(&self) -> Option<&str> {
-        self.body_order
-            .iter()
-            .find(|s| !self.consumed.contains(*s))
-            .map(String::as_str)
+        let mut at = self.consumed_prefix.get();
+        while self
+            .body_order
+            .get(at)
+            .is_some_and(|s| self.consumed.contains(s))
+        {
+            at += 1;
+        }
+        self.consumed_prefix.set(at);
+        self.body_order.get(at).map(String::as_str)
     }
 }
 
@@ -254,6 +266,25 @@ mod tests {
             r.lookup("remote:label", StepKind::Remote),
             Lookup::Hit(json!(3))
         );
+        assert_eq!(r.first_unconsumed(), None);
+    }
+
+    #[test]
+    fn steps_consumed_out_of_order_are_found_past_the_first_unconsumed() {
+        let mut r = Replay::new(&[
+            entry(1, "a", StepKind::Step),
+            entry(2, "b", StepKind::Step),
+            entry(3, "c", StepKind::Step),
+        ]);
+        assert_eq!(r.lookup("b", StepKind::Step), Lookup::Hit(json!(2)));
+        assert_eq!(r.first_unconsumed(), Some("a"));
+        assert_eq!(r.lookup("a", StepKind::Step), Lookup::Hit(json!(1)));
+        assert_eq!(r.first_unconsumed(), Some("c"));
+        r.record_fresh("d", StepKind::Step, json!(4));
+        assert_eq!(r.first_unconsumed(), Some("c"));
+        assert_eq!(r.lookup("c", StepKind::Step), Lookup::Hit(json!(3)));
+        assert_eq!(r.first_unconsumed(), None);
+        r.record_fresh("e", StepKind::Step, json!(5));
         assert_eq!(r.first_unconsumed(), None);
     }
 

@@ -202,6 +202,20 @@ pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
     /// Creates the instance row `running` with its input, idempotently by key.
     async fn instance_start(&self, request: &StartRequest) -> Result<Started>;
 
+    /// Starts several instances, each exactly as [`instance_start`](Self::instance_start)
+    /// would, with an outcome per request in the requests' order (`created: false` for a key
+    /// that already existed, including one that appears earlier in the same call). A store may
+    /// do it in one transaction (the Postgres store does, and starts one by one when that
+    /// transaction fails as a whole, so one refused input never fails the others); the
+    /// default starts them one at a time.
+    async fn instances_start(&self, requests: &[StartRequest]) -> Vec<Result<Started>> {
+        let mut outcomes = Vec::with_capacity(requests.len());
+        for request in requests {
+            outcomes.push(self.instance_start(request).await);
+        }
+        outcomes
+    }
+
     /// Reads the instance row.
     async fn instance_get(&self, key: &InstanceKey) -> Result<Option<Instance>>;
 
@@ -226,6 +240,20 @@ pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
     ///   lease and the crash counters;
     /// - a terminal row is never moved back by an append.
     async fn journal_append(&self, append: &Append) -> Result<AppendOutcome>;
+
+    /// Appends several events, each exactly as [`journal_append`](Self::journal_append)
+    /// would, in the order of the appends of each instance, with an outcome (or error) per
+    /// append in the appends' order: a lost lease, a terminal instance or a refused value of
+    /// one append is that append's answer and never fails the others. A store may do it in one
+    /// transaction (the Postgres store does, sending the appends alone when that transaction
+    /// fails as a whole); the default appends them one at a time.
+    async fn journal_append_batch(&self, appends: &[Append]) -> Vec<Result<AppendOutcome>> {
+        let mut outcomes = Vec::with_capacity(appends.len());
+        for append in appends {
+            outcomes.push(self.journal_append(append).await);
+        }
+        outcomes
+    }
 
     /// Confirms a fenced run may go on: renews the lease to `now + ttl` and returns the status.
     ///

@@ -202,6 +202,81 @@ impl Keiro {
         Ok(keiro_journal::start(self.store.as_ref(), &key, input, self.payload_len_max).await?)
     }
 
+    /// Starts several instances of workflow `name` at once, each with its own input: what
+    /// [`start`](Self::start) does for each, in one transaction on the Postgres store (one
+    /// statement and one commit for the lot; the memory store starts them one by one). The
+    /// answer has one outcome per item, in order: `created == false` for an id that was
+    /// already started (or that appears earlier in the same call), an error for an invalid id
+    /// or input (nothing of that item reaches the store) or a store error. One item's failure
+    /// never fails the others.
+    ///
+    /// ```no_run
+    /// # async fn demo(keiro: keiro::Keiro) -> Result<(), keiro::Error> {
+    /// let orders = [("order-1", 10_u32), ("order-2", 20), ("order-1", 30)];
+    /// let started = keiro.start_many("order", orders.iter().map(|(id, qty)| (*id, qty))).await?;
+    /// assert!(started[0].as_ref().is_ok_and(|s| s.created));
+    /// assert!(started[2].as_ref().is_ok_and(|s| !s.created)); // order-1 again: the first input stays
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidId`] when `name` is invalid (then nothing is started). Per item:
+    /// [`Error::InvalidId`], [`Error::Payload`], [`Error::Store`].
+    pub async fn start_many<'a, I: Serialize + ?Sized + 'a>(
+        &self,
+        name: &str,
+        starts: impl IntoIterator<Item = (&'a str, &'a I)>,
+    ) -> Result<Vec<Result<Started, Error>>, Error> {
+        let name = keiro_journal::WorkflowName::new(name)?;
+        let mut outcomes: Vec<Option<Result<Started, Error>>> = Vec::new();
+        let mut requests = Vec::new();
+        let mut sent = Vec::new();
+        for (id, input) in starts {
+            let request = keiro_journal::WorkflowId::new(id)
+                .map_err(Error::from)
+                .and_then(|id| {
+                    let input = keiro_journal::encode_payload(
+                        keiro_journal::INPUT_STEP,
+                        input,
+                        self.payload_len_max,
+                    )
+                    .map_err(Error::Payload)?;
+                    Ok(keiro_journal::StartRequest {
+                        key: InstanceKey::new(name.clone(), id),
+                        input,
+                        parent: None,
+                        priority: 0,
+                    })
+                });
+            match request {
+                Ok(request) => {
+                    sent.push(outcomes.len());
+                    outcomes.push(None);
+                    requests.push(request);
+                }
+                Err(error) => outcomes.push(Some(Err(error))),
+            }
+        }
+        if !requests.is_empty() {
+            let answers = self.store.instances_start(&requests).await;
+            for (at, answer) in sent.into_iter().zip(answers) {
+                outcomes[at] = Some(answer.map_err(Error::from));
+            }
+        }
+        Ok(outcomes
+            .into_iter()
+            .map(|o| {
+                o.unwrap_or_else(|| {
+                    Err(Error::Store(keiro_journal::StoreError::Malformed {
+                        operation: "starting instances",
+                        detail: "the store answered fewer starts than it was asked".into(),
+                    }))
+                })
+            })
+            .collect())
+    }
+
     /// Cancels an instance: appends the cancel marker (first writer wins against completion);
     /// the run stops at its next boundary.
     ///

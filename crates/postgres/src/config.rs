@@ -3,6 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
+pub use keiro_journal::{BATCHES_IN_FLIGHT_DEFAULT, BATCH_LEN_MAX_DEFAULT};
+
 use crate::conninfo::ConnInfo;
 use crate::tls::TlsConnector;
 use crate::{Error, Result};
@@ -117,6 +119,22 @@ pub struct Config {
     /// [`Error::MigrationLocked`](crate::Error::MigrationLocked). Non-zero. Defaults to
     /// [`MIGRATE_LOCK_TIMEOUT_DEFAULT`].
     pub migrate_lock_timeout: Duration,
+    /// Group commit: whether concurrent journal appends, starts and parks of this store share
+    /// a statement and a transaction. A call that finds the store idle is sent at once, alone,
+    /// so batching adds no wait; calls that arrive while earlier batches are in flight leave
+    /// together in the next one, and each still gets the outcome a transaction of its own
+    /// would have given (a batch that fails as a whole, for one refused value say, is sent
+    /// again call by call). Every batch commits synchronously, so nothing is answered before it
+    /// is durable. Turn it off to measure against one transaction per call. Defaults to `true`.
+    pub batching: bool,
+    /// With [`batching`](#structfield.batching), how many batches of one operation may be in
+    /// flight at once, each on its own pooled connection: fewer makes larger batches under
+    /// load, more lets the database work on several at once. At least 1. Defaults to
+    /// [`BATCHES_IN_FLIGHT_DEFAULT`].
+    pub batch_in_flight: usize,
+    /// With [`batching`](#structfield.batching), the most calls one batch carries. At least 1.
+    /// Defaults to [`BATCH_LEN_MAX_DEFAULT`].
+    pub batch_len_max: usize,
 }
 
 impl Default for Config {
@@ -166,7 +184,23 @@ impl Config {
             listen_check_interval: LISTEN_CHECK_INTERVAL_DEFAULT,
             listen_check_timeout: LISTEN_CHECK_TIMEOUT_DEFAULT,
             migrate_lock_timeout: MIGRATE_LOCK_TIMEOUT_DEFAULT,
+            batching: true,
+            batch_in_flight: BATCHES_IN_FLIGHT_DEFAULT,
+            batch_len_max: BATCH_LEN_MAX_DEFAULT,
         }
+    }
+
+    /// Sets the [`batching`](#structfield.batching) field: whether concurrent appends, starts
+    /// and parks share transactions (group commit).
+    ///
+    /// ```
+    /// let config = keiro_postgres::Config::default().batching(false);
+    /// assert!(!config.batching);
+    /// ```
+    #[must_use]
+    pub fn batching(mut self, batching: bool) -> Self {
+        self.batching = batching;
+        self
     }
 
     /// Sets the [`migrate`](#structfield.migrate) field: whether `keiro::Keiro::connect`
@@ -262,6 +296,12 @@ impl Config {
                 "migrate_lock_timeout",
                 "must be greater than zero".into(),
             ));
+        }
+        if self.batch_in_flight < 1 {
+            return Err(invalid("batch_in_flight", "must be at least 1".into()));
+        }
+        if self.batch_len_max < 1 {
+            return Err(invalid("batch_len_max", "must be at least 1".into()));
         }
         Ok(())
     }
@@ -369,6 +409,9 @@ impl fmt::Debug for Config {
             .field("allow_shared_schema", &self.allow_shared_schema)
             .field("listen_check_interval", &self.listen_check_interval)
             .field("listen_check_timeout", &self.listen_check_timeout)
+            .field("batching", &self.batching)
+            .field("batch_in_flight", &self.batch_in_flight)
+            .field("batch_len_max", &self.batch_len_max)
             .finish()
     }
 }
@@ -475,6 +518,33 @@ mod tests {
             }
             .validate()
             .unwrap();
+        }
+    }
+
+    #[test]
+    fn batching_is_the_default_and_its_bounds_name_their_field() {
+        assert!(Config::default().batching);
+        assert!(!Config::default().batching(false).batching);
+        for (config, field) in [
+            (
+                Config {
+                    batch_in_flight: 0,
+                    ..Config::default()
+                },
+                "batch_in_flight",
+            ),
+            (
+                Config {
+                    batch_len_max: 0,
+                    ..Config::default()
+                },
+                "batch_len_max",
+            ),
+        ] {
+            assert!(
+                matches!(config.validate(), Err(Error::Config { field: f, .. }) if f == field),
+                "{field}"
+            );
         }
     }
 

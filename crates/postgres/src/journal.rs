@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use keiro_journal::store::{Append, AppendOutcome, JournalStore, Park, ParkOutcome, Result};
+use keiro_journal::Slot;
 use keiro_journal::{
     AwakeableOutcome, ChildSpawn, EncodedEvent, Event, Fence, Generation, Instance, InstanceKey,
     JournalEntry, Marker, RemoteArm, RemoteArmOutcome, SignalOptions, SignalSendOutcome,
@@ -18,6 +19,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
+use crate::batch::{in_batch_order, Batched};
 use crate::row::{self, column, instance_columns, malformed};
 use crate::store::span_ms;
 use crate::{awakeable, child, remote, signal, timer, PgStore};
@@ -59,11 +61,16 @@ pub(crate) const INSTANCE_START: &str = concat!(
     " FROM keiro_instance_start($1, $2, $3, $4, $5, $6) s"
 );
 
-async fn instance_start(store: &PgStore, request: &StartRequest) -> Result<Started> {
+/// One start alone: `keiro_instance_start`.
+async fn instance_start_one(
+    store: &PgStore,
+    request: &StartRequest,
+    slot: Option<Slot>,
+) -> Result<Started> {
     let parent_name = request.parent.as_ref().map(|p| p.name.as_str());
     let parent_id = request.parent.as_ref().map(|p| p.id.as_str());
     let row = store
-        .query_one(
+        .query_one_in_slot(
             START,
             INSTANCE_START,
             &[
@@ -74,12 +81,122 @@ async fn instance_start(store: &PgStore, request: &StartRequest) -> Result<Start
                 &parent_id,
                 &request.priority,
             ],
+            slot,
         )
         .await?;
     Ok(Started {
         created: column(&row, "created", START)?,
         instance: row::instance(&row, START)?,
     })
+}
+
+const INSTANCES_START: &str = concat!(
+    "SELECT s.n, s.created, ",
+    instance_columns!("(s.instance)."),
+    " FROM keiro_instances_start($1, $2, $3, $4, $5, $6) s"
+);
+
+/// Starts of several callers in one statement (see `batch`): an outcome per request, in the
+/// batch's order.
+async fn instances_start_many(
+    store: &PgStore,
+    requests: &[StartRequest],
+    slot: Option<Slot>,
+) -> Result<Vec<Option<Result<Started>>>> {
+    let names: Vec<&str> = requests.iter().map(|r| r.key.name.as_str()).collect();
+    let ids: Vec<&str> = requests.iter().map(|r| r.key.id.as_str()).collect();
+    let inputs: Vec<&Value> = requests.iter().map(|r| &r.input).collect();
+    let parent_names: Vec<Option<&str>> = requests
+        .iter()
+        .map(|r| r.parent.as_ref().map(|p| p.name.as_str()))
+        .collect();
+    let parent_ids: Vec<Option<&str>> = requests
+        .iter()
+        .map(|r| r.parent.as_ref().map(|p| p.id.as_str()))
+        .collect();
+    let priorities: Vec<i32> = requests.iter().map(|r| r.priority).collect();
+    let rows = store
+        .query_in_slot(
+            START,
+            INSTANCES_START,
+            &[
+                &names,
+                &ids,
+                &inputs,
+                &parent_names,
+                &parent_ids,
+                &priorities,
+            ],
+            slot,
+        )
+        .await?;
+    Ok(in_batch_order(
+        &rows,
+        requests.len(),
+        START,
+        "n",
+        |row, _| {
+            Some(row::instance(row, START).and_then(|instance| {
+                Ok(Started {
+                    created: column(row, "created", START)?,
+                    instance,
+                })
+            }))
+        },
+    ))
+}
+
+impl Batched for StartRequest {
+    type Output = Started;
+
+    const OPERATION: &'static str = START;
+
+    async fn send_many(
+        store: &PgStore,
+        batch: &[Self],
+        slot: Option<Slot>,
+    ) -> Result<Vec<Option<Result<Started>>>> {
+        instances_start_many(store, batch, slot).await
+    }
+
+    async fn send_one(store: &PgStore, request: &Self, slot: Option<Slot>) -> Result<Started> {
+        instance_start_one(store, request, slot).await
+    }
+}
+
+/// `instance_start` through the store's start lane: concurrent starts share a transaction.
+async fn instance_start(store: &PgStore, request: &StartRequest) -> Result<Started> {
+    store.lanes().starts.call(store, request.clone()).await
+}
+
+/// Several starts at once: one statement when batching is on (falling back to one start at a
+/// time when it fails as a whole), else one transaction each.
+async fn instances_start(store: &PgStore, requests: &[StartRequest]) -> Vec<Result<Started>> {
+    let mut outcomes: Vec<Option<Result<Started>>> = requests.iter().map(|_| None).collect();
+    if store.batching() && requests.len() > 1 {
+        match instances_start_many(store, requests, None).await {
+            Ok(answers) => outcomes = answers,
+            Err(error) => {
+                tracing::debug!(%error, starts = requests.len(), "a start batch failed as a whole; starting one by one");
+            }
+        }
+    }
+    let pending: Vec<usize> = (0..requests.len())
+        .filter(|&i| outcomes[i].is_none())
+        .collect();
+    let sent = alone_by_instance(
+        &pending,
+        |i| &requests[i].key,
+        |i| instance_start_one(store, &requests[i], None),
+    )
+    .await;
+    for (i, answer) in sent {
+        outcomes[i] = Some(answer);
+    }
+    outcomes
+        .into_iter()
+        .map(|o| o.expect("every start was answered by the batch or alone"))
+        .collect()
 }
 
 const INSTANCE_GET: &str = concat!(
@@ -137,13 +254,193 @@ async fn journal_history(store: &PgStore, key: &InstanceKey) -> Result<Vec<Journ
 const JOURNAL_APPEND: &str = "SELECT outcome, recorded, marker \
      FROM keiro_journal_append_to($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
-async fn journal_append(store: &PgStore, append: &Append) -> Result<AppendOutcome> {
-    appendable(append)?;
+/// Sends the requests at positions `pending` one at a time: those of one instance in their
+/// order, the instances side by side, so none waits behind another instance's lock.
+async fn alone_by_instance<'a, O, Fut>(
+    pending: &[usize],
+    key: impl Fn(usize) -> &'a InstanceKey,
+    send: impl Fn(usize) -> Fut,
+) -> Vec<(usize, O)>
+where
+    Fut: std::future::Future<Output = O>,
+{
+    let mut by_instance: Vec<(&InstanceKey, Vec<usize>)> = Vec::new();
+    for &i in pending {
+        match by_instance.iter_mut().find(|(k, _)| *k == key(i)) {
+            Some((_, at)) => at.push(i),
+            None => by_instance.push((key(i), vec![i])),
+        }
+    }
+    let send = &send;
+    futures_util::future::join_all(by_instance.into_iter().map(|(_, at)| async move {
+        let mut answers = Vec::with_capacity(at.len());
+        for i in at {
+            answers.push((i, send(i).await));
+        }
+        answers
+    }))
+    .await
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+/// One append alone: `keiro_journal_append_to`.
+async fn journal_append_one(
+    store: &PgStore,
+    append: &Append,
+    slot: Option<Slot>,
+) -> Result<AppendOutcome> {
     let args = AppendArgs::new(append, append.event.encode());
     let row = store
-        .query_one(APPEND, JOURNAL_APPEND, &args.params())
+        .query_one_in_slot(APPEND, JOURNAL_APPEND, &args.params(), slot)
         .await?;
     append_outcome(&row, APPEND, &append.key, append.fence.as_ref())
+}
+
+const JOURNAL_APPEND_BATCH: &str = "SELECT a.n, a.outcome, a.recorded, a.marker \
+     FROM keiro_journal_append_batch($1, $2, $3, $4, $5, $6, $7, $8, $9) a";
+
+/// Appends of several callers in one statement (see `batch`): an outcome per append, in the
+/// batch's order, each what `keiro_journal_append_to` would have answered.
+async fn journal_append_many(
+    store: &PgStore,
+    appends: &[Append],
+    slot: Option<Slot>,
+) -> Result<Vec<Option<Result<AppendOutcome>>>> {
+    let encoded: Vec<EncodedEvent> = appends.iter().map(|a| a.event.encode()).collect();
+    let names: Vec<&str> = appends.iter().map(|a| a.key.name.as_str()).collect();
+    let ids: Vec<&str> = appends.iter().map(|a| a.key.id.as_str()).collect();
+    let generations: Vec<Option<i32>> = appends.iter().map(|a| a.generation).collect();
+    let steps: Vec<&str> = encoded.iter().map(|e| e.step_name.as_str()).collect();
+    let kinds: Vec<&str> = encoded.iter().map(|e| e.kind).collect();
+    let payloads: Vec<&Value> = encoded.iter().map(|e| &e.payload).collect();
+    let owners: Vec<Option<&str>> = appends
+        .iter()
+        .map(|a| a.fence.as_ref().map(|f| f.owner.as_str()))
+        .collect();
+    let epochs: Vec<Option<i64>> = appends
+        .iter()
+        .map(|a| a.fence.as_ref().map(|f| f.epoch))
+        .collect();
+    let renew_ms: Vec<Option<i64>> = appends.iter().map(|a| a.renew.map(span_ms)).collect();
+    let rows = store
+        .query_in_slot(
+            APPEND,
+            JOURNAL_APPEND_BATCH,
+            &[
+                &names,
+                &ids,
+                &generations,
+                &steps,
+                &kinds,
+                &payloads,
+                &owners,
+                &epochs,
+                &renew_ms,
+            ],
+            slot,
+        )
+        .await?;
+    Ok(in_batch_order(
+        &rows,
+        appends.len(),
+        APPEND,
+        "n",
+        |row, i| match column::<String>(row, "outcome", APPEND) {
+            // The instance's row was held by another transaction: sent alone.
+            Ok(outcome) if outcome == "busy" => None,
+            _ => Some(append_outcome(
+                row,
+                APPEND,
+                &appends[i].key,
+                appends[i].fence.as_ref(),
+            )),
+        },
+    ))
+}
+
+impl Batched for Append {
+    type Output = AppendOutcome;
+
+    const OPERATION: &'static str = APPEND;
+
+    /// The markers that close a generation by cancel or continue-as-new lock the live remote
+    /// tasks of the instance before its row (migration 0010), an order a batch sorted by
+    /// instance cannot keep: they go alone (they are rare).
+    fn batchable(&self) -> bool {
+        matches!(
+            self.event,
+            Event::StepRecorded { .. }
+                | Event::WorkflowCompleted { .. }
+                | Event::WorkflowFailed { .. }
+        )
+    }
+
+    async fn send_many(
+        store: &PgStore,
+        batch: &[Self],
+        slot: Option<Slot>,
+    ) -> Result<Vec<Option<Result<AppendOutcome>>>> {
+        journal_append_many(store, batch, slot).await
+    }
+
+    async fn send_one(store: &PgStore, append: &Self, slot: Option<Slot>) -> Result<AppendOutcome> {
+        journal_append_one(store, append, slot).await
+    }
+}
+
+/// `journal_append` through the store's append lane: concurrent appends share a transaction.
+async fn journal_append(store: &PgStore, append: &Append) -> Result<AppendOutcome> {
+    appendable(append)?;
+    store.lanes().appends.call(store, append.clone()).await
+}
+
+/// Several appends at once: one statement when batching is on (falling back to one append at
+/// a time when it fails as a whole), else one transaction each. An instance with an append a
+/// batch may not carry has all its appends sent alone, in their order, after the batch.
+async fn journal_append_batch(store: &PgStore, appends: &[Append]) -> Vec<Result<AppendOutcome>> {
+    let mut outcomes: Vec<Option<Result<AppendOutcome>>> = appends
+        .iter()
+        .map(|a| appendable(a).err().map(Err))
+        .collect();
+    let alone: std::collections::HashSet<&InstanceKey> = appends
+        .iter()
+        .filter(|a| !a.batchable())
+        .map(|a| &a.key)
+        .collect();
+    let batched: Vec<usize> = (0..appends.len())
+        .filter(|&i| outcomes[i].is_none() && !alone.contains(&appends[i].key))
+        .collect();
+    if store.batching() && batched.len() > 1 {
+        let batch: Vec<Append> = batched.iter().map(|&i| appends[i].clone()).collect();
+        match journal_append_many(store, &batch, None).await {
+            Ok(answers) => {
+                for (&i, answer) in batched.iter().zip(answers) {
+                    outcomes[i] = answer;
+                }
+            }
+            Err(error) => {
+                tracing::debug!(%error, appends = batch.len(), "an append batch failed as a whole; appending one by one");
+            }
+        }
+    }
+    let pending: Vec<usize> = (0..appends.len())
+        .filter(|&i| outcomes[i].is_none())
+        .collect();
+    let sent = alone_by_instance(
+        &pending,
+        |i| &appends[i].key,
+        |i| journal_append_one(store, &appends[i], None),
+    )
+    .await;
+    for (i, answer) in sent {
+        outcomes[i] = Some(answer);
+    }
+    outcomes
+        .into_iter()
+        .map(|o| o.expect("every append was answered by the batch or alone"))
+        .collect()
 }
 
 /// Refuses an event `journal_append` does not take.
@@ -405,6 +702,14 @@ impl JournalStore for PgStore {
 
     async fn journal_append(&self, append: &Append) -> Result<AppendOutcome> {
         journal_append(self, append).await
+    }
+
+    async fn journal_append_batch(&self, appends: &[Append]) -> Vec<Result<AppendOutcome>> {
+        journal_append_batch(self, appends).await
+    }
+
+    async fn instances_start(&self, requests: &[StartRequest]) -> Vec<Result<Started>> {
+        instances_start(self, requests).await
     }
 
     async fn instance_confirm(

@@ -3,113 +3,63 @@
 //!
 //! A worker busy with remote steps parks a run on every one of them, and a transaction per park
 //! (its round trip, its commit, its statement's set-up) cost about as much as the park's own
-//! work. The batcher sends the parks that arrive while earlier batches are in flight as one
-//! call of `keiro_instances_park_dispatch` (migration 0007), which runs each exactly as
-//! `keiro_instance_park_dispatch` would; a park that arrives alone takes that single
+//! work. The park lane (see `batch`) sends the parks that arrive while earlier batches are in
+//! flight as one call of `keiro_instances_park_dispatch` (migration 0007), which runs each
+//! exactly as `keiro_instance_park_dispatch` would; a park that arrives alone takes that single
 //! statement, so an idle worker waits for nothing. A batch that fails as a whole (a lost
 //! connection, a deadlock the server broke) rolled back entirely and is retried park by park,
 //! so every caller gets the answer a call of its own would have given.
 
-use std::sync::OnceLock;
-
 use keiro_journal::store::Result;
-use keiro_journal::{Park, ParkOutcome, RemoteArm, RemoteArmOutcome};
-use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinSet;
+use keiro_journal::{Park, ParkOutcome, RemoteArm, RemoteArmOutcome, Slot};
 use tokio_postgres::types::ToSql;
 
+use crate::batch::{in_batch_order, position, Batched};
 use crate::remote::{instance_park_dispatch, park_dispatch_outcome, ArmColumns};
-use crate::row::{column, malformed};
-use crate::store::WeakStore;
 use crate::PgStore;
-
-/// The most parks one batch carries.
-const BATCH_MAX: usize = 64;
-
-/// Batches in flight at once: while one commits the next fills, and the database works on
-/// several in parallel.
-const BATCHES_IN_FLIGHT: usize = 4;
 
 const PARK_BATCH: &str = "parking runs with their remote dispatches";
 
-type Outcome = Result<(ParkOutcome, Vec<RemoteArmOutcome>)>;
-
-/// One park waiting for its batch, with where its outcome goes.
-struct Request {
+/// One park with the remote steps it dispatches.
+pub(crate) struct ParkRequest {
     park: Park,
     arms: Vec<RemoteArm>,
-    reply: oneshot::Sender<Outcome>,
 }
 
-/// The queue of parks waiting to be sent; its task starts with the first park.
-#[derive(Default)]
-pub(crate) struct ParkBatcher {
-    queue: OnceLock<mpsc::UnboundedSender<Request>>,
+impl Batched for ParkRequest {
+    type Output = (ParkOutcome, Vec<RemoteArmOutcome>);
+
+    const OPERATION: &'static str = PARK_BATCH;
+
+    async fn send_many(
+        store: &PgStore,
+        batch: &[Self],
+        slot: Option<Slot>,
+    ) -> Result<Vec<Option<Result<Self::Output>>>> {
+        parks_dispatch(store, batch, slot).await
+    }
+
+    /// Holds the slot to the end: a park commits without waiting for its flush, so there is
+    /// nothing to overlap.
+    async fn send_one(store: &PgStore, request: &Self, slot: Option<Slot>) -> Result<Self::Output> {
+        let outcome = instance_park_dispatch(store, &request.park, &request.arms).await;
+        drop(slot);
+        outcome
+    }
 }
 
 /// [`JournalStore::instance_park_dispatch`](keiro_journal::JournalStore::instance_park_dispatch)
-/// through the store's batcher.
-pub(crate) async fn park_dispatch(store: &PgStore, park: &Park, arms: &[RemoteArm]) -> Outcome {
-    let queue = store.park_batcher().queue.get_or_init(|| {
-        let (queue, requests) = mpsc::unbounded_channel();
-        tokio::spawn(run(store.downgrade(), requests));
-        queue
-    });
-    let (reply, outcome) = oneshot::channel();
-    let request = Request {
+/// through the store's park lane.
+pub(crate) async fn park_dispatch(
+    store: &PgStore,
+    park: &Park,
+    arms: &[RemoteArm],
+) -> Result<(ParkOutcome, Vec<RemoteArmOutcome>)> {
+    let request = ParkRequest {
         park: park.clone(),
         arms: arms.to_vec(),
-        reply,
     };
-    if queue.send(request).is_ok() {
-        if let Ok(outcome) = outcome.await {
-            return outcome;
-        }
-    }
-    // The batcher's task is gone (the runtime it was started on shut down): park directly. A
-    // request it dropped unanswered was most likely never sent; if its batch did commit,
-    // parking again is still safe: the re-arm learns the task it wrote (the first arm wins)
-    // and the park is repeated.
-    instance_park_dispatch(store, park, arms).await
-}
-
-/// Sends batches until the store is dropped.
-async fn run(store: WeakStore, mut requests: mpsc::UnboundedReceiver<Request>) {
-    let mut in_flight = JoinSet::new();
-    loop {
-        if in_flight.len() >= BATCHES_IN_FLIGHT {
-            in_flight.join_next().await;
-            continue;
-        }
-        let mut batch = Vec::with_capacity(BATCH_MAX);
-        if requests.recv_many(&mut batch, BATCH_MAX).await == 0 {
-            break;
-        }
-        let Some(store) = store.upgrade() else { break };
-        in_flight.spawn(async move { send(&store, batch).await });
-    }
-    while in_flight.join_next().await.is_some() {}
-}
-
-/// Parks one batch and answers each request.
-async fn send(store: &PgStore, mut batch: Vec<Request>) {
-    if batch.len() > 1 {
-        match parks_dispatch(store, &batch).await {
-            Ok(outcomes) => {
-                for (request, outcome) in batch.into_iter().zip(outcomes) {
-                    let _ = request.reply.send(outcome);
-                }
-                return;
-            }
-            Err(error) => {
-                tracing::debug!(%error, parks = batch.len(), "park batch failed; parking one by one");
-            }
-        }
-    }
-    for request in batch.drain(..) {
-        let outcome = instance_park_dispatch(store, &request.park, &request.arms).await;
-        let _ = request.reply.send(outcome);
-    }
+    store.lanes().parks.call(store, request).await
 }
 
 const INSTANCES_PARK_DISPATCH: &str = "SELECT p.park, p.outcome, p.row_status, \
@@ -120,7 +70,11 @@ const INSTANCES_PARK_DISPATCH: &str = "SELECT p.park, p.outcome, p.row_status, \
 /// One statement for the whole batch: an outcome per request, in the batch's order. An error
 /// here means the statement failed, so nothing of it was written; a refusal of one park (not
 /// found, lease lost) is that park's outcome.
-async fn parks_dispatch(store: &PgStore, batch: &[Request]) -> Result<Vec<Outcome>> {
+async fn parks_dispatch(
+    store: &PgStore,
+    batch: &[ParkRequest],
+    slot: Option<Slot>,
+) -> Result<Vec<Option<Result<(ParkOutcome, Vec<RemoteArmOutcome>)>>>> {
     let mut names = Vec::with_capacity(batch.len());
     let mut ids = Vec::with_capacity(batch.len());
     let mut generations = Vec::with_capacity(batch.len());
@@ -162,30 +116,15 @@ async fn parks_dispatch(store: &PgStore, batch: &[Request]) -> Result<Vec<Outcom
     ];
     params.extend(arms.params());
     let rows = store
-        .query(PARK_BATCH, INSTANCES_PARK_DISPATCH, &params)
+        .query_in_slot(PARK_BATCH, INSTANCES_PARK_DISPATCH, &params, slot)
         .await?;
     // From here on the batch has committed: a row that cannot be read is that park's error,
     // never a reason to park again.
-    let mut outcomes: Vec<Option<Outcome>> = batch.iter().map(|_| None).collect();
-    for row in &rows {
-        let park = column::<i32>(row, "park", PARK_BATCH)
-            .ok()
-            .and_then(|p| usize::try_from(p).ok())
-            .and_then(|p| p.checked_sub(1))
-            .filter(|&i| i < batch.len());
-        if let Some(i) = park {
-            outcomes[i] = Some(park_dispatch_outcome(row, &batch[i].park, &batch[i].arms));
-        }
-    }
-    Ok(outcomes
-        .into_iter()
-        .map(|outcome| {
-            outcome.unwrap_or_else(|| Err(malformed(PARK_BATCH, "no outcome for this park")))
-        })
-        .collect())
-}
-
-/// A 1-based array position.
-fn position(n: usize) -> i32 {
-    i32::try_from(n).unwrap_or(i32::MAX)
+    Ok(in_batch_order(
+        &rows,
+        batch.len(),
+        PARK_BATCH,
+        "park",
+        |row, i| Some(park_dispatch_outcome(row, &batch[i].park, &batch[i].arms)),
+    ))
 }

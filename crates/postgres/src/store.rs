@@ -6,15 +6,19 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
-use keiro_journal::StoreError;
+use keiro_journal::{BatchLimits, Slot, StoreError};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Row, Statement};
 
+use crate::batch::Lanes;
 use crate::config::{Config, WAKE_CHANNEL_SUFFIX};
 use crate::error::{Error, Failure, Result};
 use crate::listen::Hub;
-use crate::park_batch::ParkBatcher;
 use crate::tls::{rustls_error, TlsConnector};
+
+/// The longest a group-commit batch keeps its lane's slot: far longer than a batch takes, short
+/// enough that one kept waiting for a lock does not hold up the lane (see `batch`).
+const SLOT_HOLD_MAX: Duration = Duration::from_millis(20);
 
 /// The longest span sent to the database: longer leases and delays are cut to this, which is
 /// "forever" for a workflow, so that `now() + span` can never leave the timestamp range.
@@ -53,8 +57,12 @@ struct Inner {
     /// The push notifications: one LISTEN connection, started by the first subscription and
     /// stopped when this is dropped.
     wakes: Hub,
-    /// Parks with remote dispatches, sent in batches by a task started with the first one.
-    parks: ParkBatcher,
+    /// The group-commit lanes (appends, starts, parks), each started by its first call.
+    lanes: Lanes,
+    /// Whether calls go through the lanes ([`Config::batching`]).
+    batching: bool,
+    /// How the lanes cut their batches.
+    batch_limits: BatchLimits,
 }
 
 /// A handle that does not keep the store (nor its listener) alive: what a subscription holds.
@@ -158,7 +166,12 @@ impl PgStore {
                 round_trips: AtomicU64::new(0),
                 migrate_lock_timeout: config.migrate_lock_timeout,
                 wakes,
-                parks: ParkBatcher::default(),
+                lanes: Lanes::default(),
+                batching: config.batching,
+                batch_limits: BatchLimits {
+                    len_max: config.batch_len_max,
+                    in_flight: config.batch_in_flight,
+                },
             }),
         })
     }
@@ -223,9 +236,26 @@ impl PgStore {
         &self.inner.wakes
     }
 
-    /// The batcher of parks with remote dispatches.
-    pub(crate) fn park_batcher(&self) -> &ParkBatcher {
-        &self.inner.parks
+    /// The group-commit lanes.
+    pub(crate) fn lanes(&self) -> &Lanes {
+        &self.inner.lanes
+    }
+
+    /// Whether concurrent calls share transactions ([`Config::batching`]).
+    ///
+    /// ```
+    /// use keiro_postgres::{Config, PgStore};
+    /// let store = PgStore::connect_lazy(Config::default().batching(false))?;
+    /// assert!(!store.batching());
+    /// # Ok::<(), keiro_postgres::Error>(())
+    /// ```
+    pub fn batching(&self) -> bool {
+        self.inner.batching
+    }
+
+    /// How the group-commit lanes cut their batches.
+    pub(crate) fn batch_limits(&self) -> BatchLimits {
+        self.inner.batch_limits
     }
 
     /// A handle that does not keep the store alive.
@@ -284,6 +314,49 @@ impl PgStore {
             .query(&statement, params)
             .await
             .map_err(|e| Failure::from(e).into_store(operation))
+    }
+
+    /// [`query`](Self::query) for a batch of a group-commit lane: gives `slot` back when the
+    /// statement is done, or after [`SLOT_HOLD_MAX`] if it is still running then (kept waiting
+    /// for a lock, most likely), so the lane never waits behind it.
+    pub(crate) async fn query_in_slot(
+        &self,
+        operation: &'static str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        slot: Option<Slot>,
+    ) -> Result<Vec<Row>, StoreError> {
+        let query = self.query(operation, sql, params);
+        let Some(slot) = slot else {
+            return query.await;
+        };
+        let mut query = std::pin::pin!(query);
+        tokio::select! {
+            rows = &mut query => {
+                slot.release();
+                return rows;
+            }
+            () = tokio::time::sleep(SLOT_HOLD_MAX) => slot.release(),
+        }
+        query.await
+    }
+
+    /// [`query_one`](Self::query_one) through [`query_in_slot`](Self::query_in_slot).
+    pub(crate) async fn query_one_in_slot(
+        &self,
+        operation: &'static str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        slot: Option<Slot>,
+    ) -> Result<Row, StoreError> {
+        let mut rows = self.query_in_slot(operation, sql, params, slot).await?;
+        if rows.len() != 1 {
+            return Err(StoreError::Malformed {
+                operation,
+                detail: format!("expected exactly one row, got {}", rows.len()),
+            });
+        }
+        Ok(rows.swap_remove(0))
     }
 
     /// Runs one prepared statement that returns exactly one row.

@@ -113,7 +113,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let concurrency = usize::try_from(args.concurrency).context("--concurrency")?;
     // Each task holds at most one connection at a time; the worker's pass and its result
     // waiters' reads need theirs beside them.
-    let setup = Setup::new(global, &args.bench_schema, concurrency * 2 + 2).await?;
+    let setup = Setup::new(global, args, concurrency * 2 + 2).await?;
     let keiro = Keiro::builder(setup.store.clone()).build(); // with push
     let worker = keiro
         .worker()

@@ -51,7 +51,7 @@ struct DriveCostReport {
 }
 
 pub(crate) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
-    let setup = Setup::new(global, &args.bench_schema, 4).await?;
+    let setup = Setup::new(global, args, 4).await?;
     let store: Arc<dyn LeaseStore> = Arc::new(setup.store.clone());
     let keiro = keiro::Keiro::builder(setup.store.clone())
         .without_push()

@@ -92,7 +92,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let steps = args.steps;
     let concurrency = usize::try_from(args.concurrency).context("--concurrency")?;
     let producers = usize::try_from(args.producers).context("--producers")?;
-    let setup = Setup::new(global, &args.bench_schema, concurrency + producers + 4).await?;
+    let setup = Setup::new(global, args, concurrency + producers + 4).await?;
     let keiro = Keiro::builder(setup.store.clone()).without_push().build();
     println!(
         "bench: gc: backlog {backlog} expired instances x {steps} journal rows per round, workload \

@@ -99,7 +99,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let n = args.workflows();
     let concurrency = usize::try_from(args.concurrency).context("--concurrency")?;
     let producers = usize::try_from(args.producers).context("--producers")?;
-    let setup = Setup::new(global, &args.bench_schema, concurrency + producers + 2).await?;
+    let setup = Setup::new(global, args, concurrency + producers + 2).await?;
     let reconcile = if args.reconcile_off {
         None
     } else {

@@ -24,6 +24,7 @@ mod drive_cost;
 mod gc;
 mod idle;
 pub(crate) mod remote;
+mod server;
 mod throughput;
 mod wake;
 
@@ -143,6 +144,14 @@ pub(crate) struct BenchArgs {
     /// the worker and `result` (the comparison), or alternating the two in every task.
     #[arg(long, value_enum, default_value_t = direct::Path::Direct)]
     pub(crate) path: direct::Path,
+    /// Group commit in the bench's store (`Config::batching`): `false` gives one transaction
+    /// per append, start and park, for comparison.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub(crate) batching: bool,
+    /// With batching, how many batches of one operation may be in flight at once
+    /// (`Config::batch_in_flight`; the store's default when absent).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub(crate) batch_in_flight: Option<u64>,
 }
 
 impl BenchArgs {
@@ -150,6 +159,18 @@ impl BenchArgs {
     fn workflows(&self) -> u64 {
         self.workflows
             .unwrap_or_else(|| self.mode.workflows_default())
+    }
+
+    /// The bench store's settings: the scratch schema, `pool_size` connections, and the
+    /// batching options.
+    fn store_config(&self, global: &Global, pool_size: usize) -> keiro::postgres::Config {
+        let mut config = global
+            .config(&self.bench_schema, pool_size)
+            .batching(self.batching);
+        if let Some(in_flight) = self.batch_in_flight.and_then(|n| usize::try_from(n).ok()) {
+            config.batch_in_flight = in_flight;
+        }
+        config
     }
 }
 
@@ -174,9 +195,10 @@ struct Setup {
 }
 
 impl Setup {
-    async fn new(global: &Global, schema: &str, pool_size: usize) -> Result<Self> {
+    async fn new(global: &Global, args: &BenchArgs, pool_size: usize) -> Result<Self> {
+        let schema = &args.bench_schema;
         recreate_scratch_schema(global, schema).await?;
-        let store = connect_store(global.config(schema, pool_size)).await?;
+        let store = connect_store(args.store_config(global, pool_size)).await?;
         store
             .migrate()
             .await

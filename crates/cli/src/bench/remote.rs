@@ -263,7 +263,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let concurrency = usize::try_from(args.concurrency).context("--concurrency")?;
     let setup = Setup::new(
         global,
-        &args.bench_schema,
+        args,
         concurrency + usize::try_from(args.producers).context("--producers")? + 2,
     )
     .await?;

@@ -13,7 +13,7 @@ use keiro::{Ctx, Keiro, ResumeLogEvent, ResumeOptions, WorkflowError};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
-use super::{start_all, BenchArgs, MetricsSink, Setup};
+use super::{server, start_all, BenchArgs, MetricsSink, Setup};
 use crate::common::{ms, resident_memory_mb, round, Global, Outcome, Result, ResultExt};
 
 /// The registered workflow name.
@@ -76,6 +76,14 @@ struct ThroughputReport {
     workflows_per_s: f64,
     steps_per_s: f64,
     round_trips_per_step: f64,
+    /// Transactions the server committed in the bench's database during the measured phase,
+    /// per workflow (`pg_stat_database.xact_commit`).
+    commits_per_workflow: f64,
+    /// CPU time of the server's processes for this database per workflow, in milliseconds;
+    /// `null` when the server is not on this machine.
+    pg_cpu_ms_per_workflow: Option<f64>,
+    /// CPU time of the bench process (worker, producers) per workflow, in milliseconds.
+    keiro_cpu_ms_per_workflow: Option<f64>,
     p50_ms: f64,
     p99_ms: f64,
     /// Resident memory of the bench process (worker and producers) at the end, and its peak.
@@ -84,6 +92,7 @@ struct ThroughputReport {
     round_trips: u64,
     producers: u64,
     metrics: bool,
+    batching: bool,
 }
 
 /// Start-to-completion latency from the instance rows, and the same span the wall clock saw
@@ -103,7 +112,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let producers = usize::try_from(args.producers).context("--producers")?;
     // Every concurrent run holds a connection for each store call; producers and the discovery
     // query need theirs beside them, so nothing waits on the pool.
-    let setup = Setup::new(global, &args.bench_schema, concurrency + producers + 2).await?;
+    let setup = Setup::new(global, args, concurrency + producers + 2).await?;
     let keiro = Keiro::builder(setup.store.clone()).without_push().build();
     let total_steps = workflows * args.steps;
 
@@ -149,15 +158,18 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
 
     println!(
         "bench: throughput: {} workflows x {} steps, worker concurrency {}, {} producers, poll {} ms, \
-         metrics {}, schema {}",
+         metrics {}, batching {}, schema {}",
         workflows,
         args.steps,
         args.concurrency,
         args.producers,
         args.poll_interval_ms,
         if args.metrics { "on" } else { "off" },
+        if args.batching { "on" } else { "off" },
         args.bench_schema
     );
+    let server_before = server::read(&setup.db, &setup.store).await?;
+    let own_cpu_before = server::own_cpu();
     let round_trips_before = setup.store.round_trips();
     let started = Instant::now();
     start_all(
@@ -181,6 +193,10 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     .await;
     let _ = stop_tx.send(());
     let summary = worker_task.await.context("the bench worker task failed")?;
+    let own_cpu = server::own_cpu()
+        .zip(own_cpu_before)
+        .map(|(after, before)| after.saturating_sub(before));
+    let spent = server_before.spent_until(&server::read(&setup.db, &setup.store).await?);
     let Ok((finished_at, round_trips_after)) = reached else {
         println!(
             "bench: FAIL: only {}/{} workflows completed within {} s",
@@ -203,8 +219,14 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let (rss_mb, rss_peak_mb) = resident_memory_mb().unwrap_or((0.0, 0.0));
     let secs = elapsed.as_secs_f64();
     #[allow(clippy::cast_precision_loss)] // counts far below 2^52 convert exactly
-    let (workflows_f, steps_f, round_trips_f) =
-        (workflows as f64, total_steps as f64, round_trips as f64);
+    let (workflows_f, steps_f, round_trips_f, commits_f) = (
+        workflows as f64,
+        total_steps as f64,
+        round_trips as f64,
+        spent.commits as f64,
+    );
+    let pg_cpu_ms = spent.cpu.map(|cpu| ms(cpu) / workflows_f);
+    let keiro_cpu_ms = own_cpu.map(|cpu| ms(cpu) / workflows_f);
 
     println!(
         "bench: all started after {:.0} ms; last completion after {:.0} ms (database clock: {:.0} ms \
@@ -220,6 +242,14 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         steps_f / secs,
         round_trips_f / steps_f,
         round_trips_f / workflows_f
+    );
+    println!(
+        "bench: {} commits = {:.2} per workflow; CPU per workflow: PostgreSQL {}, the bench \
+         process {}",
+        spent.commits,
+        commits_f / workflows_f,
+        pg_cpu_ms.map_or_else(|| "n/a".to_owned(), |ms| format!("{ms:.3} ms")),
+        keiro_cpu_ms.map_or_else(|| "n/a".to_owned(), |ms| format!("{ms:.3} ms"))
     );
     println!(
         "bench: start-to-completion latency p50 {p50:.1} ms, p99 {p99:.1} ms; resident memory \
@@ -260,6 +290,9 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         workflows_per_s: round(workflows_f / secs, 1),
         steps_per_s: round(steps_f / secs, 1),
         round_trips_per_step: round(round_trips_f / steps_f, 3),
+        commits_per_workflow: round(commits_f / workflows_f, 3),
+        pg_cpu_ms_per_workflow: pg_cpu_ms.map(|ms| round(ms, 4)),
+        keiro_cpu_ms_per_workflow: keiro_cpu_ms.map(|ms| round(ms, 4)),
         p50_ms: round(p50, 2),
         p99_ms: round(p99, 2),
         rss_mb: round(rss_mb, 1),
@@ -267,6 +300,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         round_trips,
         producers: args.producers,
         metrics: args.metrics,
+        batching: args.batching,
     };
     println!(
         "{}",

@@ -153,7 +153,7 @@ struct WakeReport {
 
 /// The wake-latency mode.
 pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
-    let setup = Setup::new(global, &args.bench_schema, 8).await?;
+    let setup = Setup::new(global, args, 8).await?;
     let keiro = Keiro::builder(setup.store.clone()).build();
     let wakes = Arc::new(Wakes::default());
     println!(

@@ -331,8 +331,7 @@ impl RemoteWorker {
         // for it rather than waiting for its next poll.
         let mut retry_at: Option<Instant> = None;
         let (retry_tx, mut retry_rx) = tokio::sync::mpsc::unbounded_channel::<Instant>();
-        let (completions, reporting) =
-            tokio::sync::mpsc::channel::<Completion>(concurrency_of(&inner.options) * 2);
+        let (completions, reporting) = tokio::sync::mpsc::unbounded_channel::<Completion>();
         let reporter = tokio::spawn(run_reporter(inner.transport.clone(), reporting));
         tokio::pin!(shutdown);
         let concurrency = inner.options.concurrency.max(1);
@@ -444,7 +443,7 @@ impl RemoteWorker {
         self,
         task: ClaimedTask,
         retry_tx: tokio::sync::mpsc::UnboundedSender<Instant>,
-        completions: tokio::sync::mpsc::Sender<Completion>,
+        completions: tokio::sync::mpsc::UnboundedSender<Completion>,
     ) {
         let inner = &self.inner;
         let Some(handler) = inner.handlers.get(&task.group).cloned() else {
@@ -531,7 +530,7 @@ impl RemoteWorker {
                     output,
                     reply,
                 };
-                if completions.send(completion).await.is_err() {
+                if completions.send(completion).is_err() {
                     return; // the worker is gone; the claim will expire
                 }
                 let reported = replied.await.unwrap_or(Ok(ReportOutcome::NotFound));
@@ -573,8 +572,4 @@ impl RemoteWorker {
             }
         }
     }
-}
-
-fn concurrency_of(options: &RemoteWorkerOptions) -> usize {
-    options.concurrency.max(1)
 }

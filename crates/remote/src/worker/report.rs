@@ -91,26 +91,28 @@ const BATCH_MAX: usize = 128;
 /// at the same latency).
 const BATCHES_IN_FLIGHT: usize = 2;
 
-/// Reports outputs in batches until every sender is gone: whatever finished while the
-/// batches in flight were committing goes in the next one, so an idle worker reports at once
-/// and a busy one pays one commit for many results.
+/// Reports outputs in natural batches (keiro-journal's loop) until every sender is gone:
+/// whatever finished while the batches in flight were committing goes in the next one, so an
+/// idle worker reports at once and a busy one pays one commit for many results. The queue is
+/// unbounded, but each handler waits for its own report's answer, so it never holds more
+/// than the worker's concurrency.
 pub(crate) async fn run_reporter(
     transport: std::sync::Arc<dyn Transport>,
-    mut completions: tokio::sync::mpsc::Receiver<Completion>,
+    completions: tokio::sync::mpsc::UnboundedReceiver<Completion>,
 ) {
-    let mut in_flight = tokio::task::JoinSet::new();
-    loop {
-        if in_flight.len() >= BATCHES_IN_FLIGHT {
-            in_flight.join_next().await;
-            continue;
-        }
-        let mut batch = Vec::with_capacity(BATCH_MAX);
-        if completions.recv_many(&mut batch, BATCH_MAX).await == 0 {
-            break;
-        }
-        in_flight.spawn(report_batch(transport.clone(), batch));
-    }
-    while in_flight.join_next().await.is_some() {}
+    let limits = keiro_journal::BatchLimits {
+        len_max: BATCH_MAX,
+        in_flight: BATCHES_IN_FLIGHT,
+    };
+    keiro_journal::run_batches(completions, limits, |batch, slot| {
+        let transport = transport.clone();
+        Some(async move {
+            report_batch(transport, batch).await;
+            // Held until the reports are answered: a transport reports nothing earlier.
+            drop(slot);
+        })
+    })
+    .await;
 }
 
 /// Reports one batch, retrying transient errors, and answers each report.

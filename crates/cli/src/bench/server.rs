@@ -1,0 +1,152 @@
+//! What the database server spent on a measured phase: commits of the bench's database
+//! (`pg_stat_database.xact_commit`) and, when the server runs on this machine, the CPU time of
+//! its processes that serve that database (read from `/proc`).
+//!
+//! Commits are counted by the server, not by keiro, so they include every transaction the
+//! phase caused (starts, claims, appends, timer polls, the bench's own reads). A backend
+//! reports its counts when it goes idle, at most about once a second, and an idle one may keep
+//! them for up to ten seconds, so both readings are taken after the store's idle connections
+//! are closed (a backend reports everything as it exits).
+//!
+//! CPU is the user and system time of the backends connected to the bench's database plus the
+//! server's own background processes (WAL writer, checkpointer, ...), summed from
+//! `/proc/<pid>/stat` before and after: backends of other databases on the same server are
+//! left out, so a busy neighbour does not count. A backend that both started and exited
+//! within the phase is missed; the bench's pool keeps its connections, so that is rare.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use keiro::postgres::PgStore;
+
+use crate::common::{Result, ResultExt};
+
+/// The kernel's unit for `/proc/<pid>/stat` times (`USER_HZ`), fixed at 100 on Linux.
+const TICKS_PER_SECOND: u64 = 100;
+
+/// One reading of the server's counters.
+pub(super) struct Reading {
+    commits: i64,
+    /// CPU ticks by server process, or `None` when the server's processes are not visible
+    /// from here (another machine or container).
+    cpu: Option<HashMap<i32, u64>>,
+}
+
+/// What the server spent between two readings.
+pub(super) struct Spent {
+    /// Transactions committed in the bench's database.
+    pub(super) commits: u64,
+    /// CPU time of its processes, when the server is local.
+    pub(super) cpu: Option<Duration>,
+}
+
+// The backends of this database and the server's background processes (no database).
+const SERVER_PIDS: &str = "SELECT pid FROM pg_stat_activity \
+     WHERE datname = current_database() OR datname IS NULL";
+
+const COMMITS: &str = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()";
+
+/// Drops the store's idle pooled connections, so their backends report their counts (the
+/// pool opens new ones on demand), and waits a moment for them to do so.
+async fn flush_counts(store: &PgStore) {
+    drop(store.pool().retain(|_, _| false));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}
+
+/// Reads the counters; `store`'s idle connections are closed first (see the module docs).
+pub(super) async fn read(db: &tokio_postgres::Client, store: &PgStore) -> Result<Reading> {
+    let cpu = cpu_by_pid(db).await?;
+    flush_counts(store).await;
+    let commits = db
+        .query_one(COMMITS, &[])
+        .await
+        .context("reading the database's commit count")?
+        .get(0);
+    Ok(Reading { commits, cpu })
+}
+
+impl Reading {
+    /// What the server spent from `self` to `after`.
+    pub(super) fn spent_until(&self, after: &Reading) -> Spent {
+        let commits = u64::try_from(after.commits - self.commits).unwrap_or(0);
+        let cpu = match (&self.cpu, &after.cpu) {
+            (Some(before), Some(after)) => {
+                let ticks: u64 = after
+                    .iter()
+                    .map(|(pid, t)| t.saturating_sub(before.get(pid).copied().unwrap_or(0)))
+                    .sum();
+                Some(Duration::from_millis(ticks * 1000 / TICKS_PER_SECOND))
+            }
+            _ => None,
+        };
+        Spent { commits, cpu }
+    }
+}
+
+/// CPU ticks of the server's processes that serve this database, or `None` when this
+/// connection's own backend is not a process of this machine.
+async fn cpu_by_pid(db: &tokio_postgres::Client) -> Result<Option<HashMap<i32, u64>>> {
+    let own: i32 = db
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .context("reading the backend's pid")?
+        .get(0);
+    if process_ticks(own).is_none() {
+        return Ok(None);
+    }
+    let rows = db
+        .query(SERVER_PIDS, &[])
+        .await
+        .context("listing the server's processes")?;
+    Ok(Some(
+        rows.iter()
+            .filter_map(|row| {
+                let pid: i32 = row.get(0);
+                process_ticks(pid).map(|ticks| (pid, ticks))
+            })
+            .collect(),
+    ))
+}
+
+/// CPU time this process (the bench: worker, producers, driver) has used so far, from
+/// `/proc/self/stat`; `None` where there is no `/proc`.
+pub(super) fn own_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 1000 / TICKS_PER_SECOND))
+}
+
+/// utime + stime of a local PostgreSQL process, from `/proc/<pid>/stat`; `None` when there is
+/// no such process here or it is not PostgreSQL.
+fn process_ticks(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ppid ...`: the command may hold spaces, so split after its `)`.
+    let (head, rest) = stat.rsplit_once(')')?;
+    let comm = head.split_once('(')?.1;
+    if !comm.starts_with("postgres") && !comm.starts_with("postmaster") {
+        return None;
+    }
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the command: state is field 3 of the line, utime 14, stime 15.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_that_is_not_postgres_has_no_ticks() {
+        let own = i32::try_from(std::process::id()).unwrap();
+        assert_eq!(
+            process_ticks(own),
+            None,
+            "the test binary is not PostgreSQL"
+        );
+        assert_eq!(process_ticks(i32::MAX), None);
+    }
+}

@@ -1,0 +1,233 @@
+//! Group commit: concurrent calls of one store operation share a statement and a transaction.
+//!
+//! Each batched operation has a lane. A call pushes its request onto the lane, whose loop
+//! (keiro-journal's natural batching: no timer, a lone call leaves at once) sends what has
+//! queued while the lane's earlier batches were in flight as ONE call of a plpgsql function
+//! over arrays, which runs every request exactly as the operation's own function would, in a
+//! stable order (the instances' keys), and answers each with its own outcome. One round trip
+//! and one commit, whose WAL flush PostgreSQL waits for as always, serve the whole batch:
+//! nobody is answered before the batch is durable.
+//!
+//! A lane never waits long behind one batch: a batch still running after a few milliseconds
+//! gives its slot back (it is waiting for a lock, most likely), and the append batch skips
+//! instance rows other transactions hold (see migration 0018), so one caller's long
+//! transaction delays the appends to its own instance only.
+//!
+//! A batch that fails as a whole rolled back entirely (a value PostgreSQL refuses aborts the
+//! statement; so does a deadlock the server broke, or a dropped connection), and each of its
+//! requests is then sent alone, so every caller gets exactly the answer a call of its own
+//! would have given: the request holding the refused value is refused, the others land.
+//! A request that was in a batch whose commit failed ambiguously is idempotent when sent
+//! again (a recorded step answers `AlreadyPresent`, a start finds its row, a park re-arms).
+
+use std::future::Future;
+use std::sync::Mutex;
+
+use keiro_journal::store::Result;
+use keiro_journal::{BatchLimits, Batcher, Slot, StoreError};
+use tokio::sync::oneshot;
+
+use crate::PgStore;
+
+/// An operation whose concurrent calls can share a statement.
+pub(crate) trait Batched: Send + Sync + Sized + 'static {
+    /// What one call answers when it succeeds.
+    type Output: Send + 'static;
+
+    /// The operation, for errors.
+    const OPERATION: &'static str;
+
+    /// Whether this request may join a batch; one that may not is sent alone (an operation
+    /// whose lock order a batch cannot keep, for instance).
+    fn batchable(&self) -> bool {
+        true
+    }
+
+    /// One statement for the whole batch, an outcome per request in the batch's order, giving
+    /// `slot` back when done or kept waiting (see [`PgStore::query_in_slot`]); `None`
+    /// for a request the batch left alone (its row was held by another transaction), which
+    /// is then sent alone. An error means the statement failed, so nothing of it was written.
+    fn send_many(
+        store: &PgStore,
+        batch: &[Self],
+        slot: Option<Slot>,
+    ) -> impl Future<Output = Result<Vec<Option<Result<Self::Output>>>>> + Send;
+
+    /// The request alone, as the operation's own call, giving `slot` back likewise.
+    fn send_one(
+        store: &PgStore,
+        request: &Self,
+        slot: Option<Slot>,
+    ) -> impl Future<Output = Result<Self::Output>> + Send;
+}
+
+/// One request waiting in a lane, with where its outcome goes.
+struct Waiting<T: Batched> {
+    request: T,
+    reply: oneshot::Sender<Result<T::Output>>,
+}
+
+/// The lane of one operation: its loop starts with the first call, and again if its runtime
+/// went away (a store shared by several runtimes, as tests do).
+pub(crate) struct Lane<T: Batched> {
+    batcher: Mutex<Option<Batcher<Waiting<T>>>>,
+}
+
+impl<T: Batched> Default for Lane<T> {
+    fn default() -> Self {
+        Self {
+            batcher: Mutex::new(None),
+        }
+    }
+}
+
+impl<T: Batched> Lane<T> {
+    /// Sends `request` through this lane of `store`, or alone when the store does not batch.
+    pub(crate) async fn call(&self, store: &PgStore, request: T) -> Result<T::Output> {
+        if !store.batching() || !request.batchable() {
+            return T::send_one(store, &request, None).await;
+        }
+        let (reply, outcome) = oneshot::channel();
+        let waiting = Waiting { request, reply };
+        let pushed = {
+            let mut batcher = self
+                .batcher
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let batcher = match batcher.as_ref() {
+                Some(running) if !running.is_closed() => running,
+                _ => batcher.insert(spawn(store, store.batch_limits())),
+            };
+            batcher.push(waiting)
+        };
+        match pushed {
+            Ok(()) => outcome.await.unwrap_or_else(|_| {
+                // The loop dropped the request unanswered: its runtime is shutting down. The
+                // batch may or may not have committed; the caller retries as after any
+                // dropped connection.
+                Err(StoreError::Unavailable {
+                    operation: T::OPERATION,
+                    source: "the store's batching task stopped before answering".into(),
+                })
+            }),
+            Err(waiting) => T::send_one(store, &waiting.request, None).await,
+        }
+    }
+}
+
+/// Starts a lane's loop; it stops when the last clone of the store is dropped.
+fn spawn<T: Batched>(store: &PgStore, limits: BatchLimits) -> Batcher<Waiting<T>> {
+    let store = store.downgrade();
+    Batcher::spawn(limits, move |batch: Vec<Waiting<T>>, slot| {
+        let store = store.upgrade()?;
+        Some(async move { send(&store, batch, slot).await })
+    })
+}
+
+/// Sends one batch and answers each request; a batch that fails as a whole is sent again
+/// request by request.
+async fn send<T: Batched>(store: &PgStore, batch: Vec<Waiting<T>>, slot: Slot) {
+    let (requests, replies): (Vec<T>, Vec<_>) =
+        batch.into_iter().map(|w| (w.request, w.reply)).unzip();
+    if let [request] = requests.as_slice() {
+        let outcome = T::send_one(store, request, Some(slot)).await;
+        if let Some(reply) = replies.into_iter().next() {
+            let _ = reply.send(outcome);
+        }
+        return;
+    }
+    match T::send_many(store, &requests, Some(slot)).await {
+        Ok(outcomes) if outcomes.len() == requests.len() => {
+            let mut left = Vec::new();
+            for ((request, reply), outcome) in requests.iter().zip(replies).zip(outcomes) {
+                match outcome {
+                    Some(outcome) => {
+                        let _ = reply.send(outcome);
+                    }
+                    None => left.push((request, reply)),
+                }
+            }
+            alone(store, left).await;
+            return;
+        }
+        Ok(outcomes) => {
+            tracing::warn!(
+                operation = T::OPERATION,
+                requests = requests.len(),
+                outcomes = outcomes.len(),
+                "a batch answered the wrong number of outcomes; sending one by one"
+            );
+        }
+        Err(error) => {
+            tracing::debug!(
+                operation = T::OPERATION,
+                %error,
+                requests = requests.len(),
+                "a batch failed as a whole; sending one by one"
+            );
+        }
+    }
+    alone(store, requests.iter().zip(replies).collect()).await;
+}
+
+/// Sends each request alone, all at once (they come from independent callers, so none waits
+/// behind another, as without batching), and answers each.
+async fn alone<T: Batched>(
+    store: &PgStore,
+    requests: Vec<(&T, oneshot::Sender<Result<T::Output>>)>,
+) {
+    futures_util::future::join_all(requests.into_iter().map(|(request, reply)| async move {
+        let _ = reply.send(T::send_one(store, request, None).await);
+    }))
+    .await;
+}
+
+/// A 1-based array position, as the batch functions number their requests.
+pub(crate) fn position(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+/// Places the outcome rows of a batch function (each naming its request's 1-based position in
+/// `n_column`) in the batch's order; `outcome` reads one row (`None`: the request is to be
+/// sent alone), and a request with no row gets a malformed-data error.
+pub(crate) fn in_batch_order<O>(
+    rows: &[tokio_postgres::Row],
+    len: usize,
+    operation: &'static str,
+    n_column: &str,
+    mut outcome: impl FnMut(&tokio_postgres::Row, usize) -> Option<Result<O>>,
+) -> Vec<Option<Result<O>>> {
+    let mut outcomes: Vec<Option<Option<Result<O>>>> = (0..len).map(|_| None).collect();
+    for row in rows {
+        let at = crate::row::column::<i32>(row, n_column, operation)
+            .ok()
+            .and_then(|n| usize::try_from(n).ok())
+            .and_then(|n| n.checked_sub(1))
+            .filter(|&i| i < len);
+        if let Some(i) = at {
+            outcomes[i] = Some(outcome(row, i));
+        }
+    }
+    outcomes
+        .into_iter()
+        .map(|o| {
+            o.unwrap_or_else(|| {
+                Some(Err(crate::row::malformed(
+                    operation,
+                    "no outcome for this request of the batch",
+                )))
+            })
+        })
+        .collect()
+}
+
+/// The store's lanes, one per batched operation.
+#[derive(Default)]
+pub(crate) struct Lanes {
+    /// Parks with their remote dispatches (`keiro_instances_park_dispatch`).
+    pub(crate) parks: Lane<crate::park_batch::ParkRequest>,
+    /// Journal appends (`keiro_journal_append_batch`).
+    pub(crate) appends: Lane<keiro_journal::Append>,
+    /// Instance starts (`keiro_instances_start`).
+    pub(crate) starts: Lane<keiro_journal::StartRequest>,
+}

@@ -1,0 +1,394 @@
+//! Group commit on Postgres: concurrent appends and starts share statements and commits, a
+//! batch is one round trip, and a batch that fails as a whole (a deadlock the server broke)
+//! is sent again call by call, each call answered as if alone (issue 15, item 1).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{key, sql, start, start_parked, status, Listener, TestResult};
+use keiro_journal::{
+    Append, AppendOutcome, Event, Fence, InstanceKey, JournalStore, Status, StepKind,
+};
+use keiro_lease::{ClaimOutcome, LeaseStore};
+use keiro_postgres::PgStore;
+use keiro_tests::pg::TestDb;
+use serde_json::json;
+
+const TTL: Duration = Duration::from_secs(60);
+
+fn step(k: &InstanceKey, fence: Option<&Fence>, name: &str) -> Append {
+    Append {
+        key: k.clone(),
+        generation: Some(0),
+        event: Event::StepRecorded {
+            step: name.to_owned(),
+            kind: StepKind::Step,
+            result: json!(name),
+        },
+        fence: fence.cloned(),
+        renew: fence.map(|_| TTL),
+    }
+}
+
+async fn claimed(
+    store: &PgStore,
+    id: &str,
+) -> Result<(InstanceKey, Fence), Box<dyn std::error::Error + Send + Sync>> {
+    let k = key("gc", id);
+    store.instance_start(&start(&k, json!(null))).await?;
+    let ClaimOutcome::Acquired(claim) = store.instance_claim(&k, "w", TTL, None).await? else {
+        panic!("claimable");
+    };
+    Ok((k, claim.fence))
+}
+
+/// Statements `store` sent while `work` ran, after a warm-up of the same work prepared them.
+async fn round_trips_of<F, Fut>(
+    store: &PgStore,
+    work: F,
+) -> Result<u64, Box<dyn std::error::Error + Send + Sync>>
+where
+    F: Fn(u32) -> Fut,
+    Fut: std::future::Future<Output = Result<(), Box<dyn std::error::Error + Send + Sync>>>,
+{
+    work(0).await?;
+    let before = store.round_trips();
+    work(1).await?;
+    Ok(store.round_trips() - before)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_appends_is_one_statement() -> TestResult {
+    let db = TestDb::new().await;
+    let batched = db.store();
+    let unbatched = PgStore::connect(db.config().batching(false)).await?;
+    let mut runs = Vec::new();
+    for i in 0..8 {
+        runs.push(claimed(&batched, &format!("i{i}")).await?);
+    }
+    for (store, expected) in [(&batched, 1), (&unbatched, 8)] {
+        let runs = runs.clone();
+        let sent = round_trips_of(store, |round| {
+            let appends: Vec<Append> = runs
+                .iter()
+                .map(|(k, f)| step(k, Some(f), &format!("s{round}-{expected}")))
+                .collect();
+            async move {
+                for outcome in store.journal_append_batch(&appends).await {
+                    assert_eq!(outcome?, AppendOutcome::Appended);
+                }
+                Ok(())
+            }
+        })
+        .await?;
+        assert_eq!(sent, expected, "batching {}", store.batching());
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batched_step_wakes_a_parked_row_and_renews_a_lease_due() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let mut wakes = Listener::on(&store).await?;
+    let parked = key("gc", "parked");
+    start_parked(&store, &parked).await?;
+    let (due, due_fence) = claimed(&store, "due").await?;
+    let (fresh, fresh_fence) = claimed(&store, "fresh").await?;
+    // `due`'s lease has 10 s left, under 3/4 of the 60 s renewal: the append renews it.
+    sql(&store)
+        .await?
+        .execute(
+            "UPDATE workflows SET lease_expires_at = now() + interval '10 seconds' \
+             WHERE workflow_id = 'due'",
+            &[],
+        )
+        .await?;
+    wakes.drain(Duration::from_millis(200)).await;
+    let appends = [
+        step(&parked, None, "s"),
+        step(&due, Some(&due_fence), "s"),
+        step(&fresh, Some(&fresh_fence), "s"),
+    ];
+    for outcome in store.journal_append_batch(&appends).await {
+        assert_eq!(outcome?, AppendOutcome::Appended);
+    }
+    assert_eq!(status(&store, &parked).await?, Status::Running);
+    let woken: Vec<String> = wakes
+        .drain(Duration::from_millis(300))
+        .await
+        .into_iter()
+        .map(|(_, payload)| payload)
+        .collect();
+    assert_eq!(woken, ["gc/parked"], "one wake, for the parked row only");
+    let left = |id: &'static str| {
+        let store = store.clone();
+        async move {
+            let row = sql(&store)
+                .await?
+                .query_one(
+                    "SELECT extract(epoch FROM lease_expires_at - now())::float8 \
+                     FROM workflows WHERE workflow_id = $1",
+                    &[&id],
+                )
+                .await?;
+            Ok::<f64, Box<dyn std::error::Error + Send + Sync>>(row.get(0))
+        }
+    };
+    assert!(left("due").await? > 50.0, "the lease due was renewed");
+    assert!(left("fresh").await? > 50.0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_appends_share_statements() -> TestResult {
+    const RUNS: usize = 64;
+    let db = TestDb::new().await;
+    let store = db.store();
+    let mut runs = Vec::new();
+    for i in 0..RUNS {
+        runs.push(claimed(&store, &format!("c{i:02}")).await?);
+    }
+    // Warm the statements on every pooled connection.
+    let warm: Vec<Append> = runs.iter().map(|(k, f)| step(k, Some(f), "warm")).collect();
+    store.journal_append_batch(&warm).await;
+    let before = store.round_trips();
+    let mut tasks = tokio::task::JoinSet::new();
+    for (k, fence) in runs.clone() {
+        let store = store.clone();
+        tasks.spawn(async move { store.journal_append(&step(&k, Some(&fence), "s")).await });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        assert_eq!(joined??, AppendOutcome::Appended);
+    }
+    let sent = store.round_trips() - before;
+    // One statement each without batching; the appends that queue while earlier batches are
+    // in flight leave together. (Prepares on connections the warm-up did not reach count too,
+    // so the bound leaves room for them.)
+    assert!(
+        sent < u64::try_from(RUNS / 2)?,
+        "{RUNS} concurrent appends took {sent} round trips"
+    );
+    for (k, _) in &runs {
+        assert_eq!(store.journal_load(k, 0).await?.len(), 2, "{k}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_starts_share_statements_and_start_many_is_one() -> TestResult {
+    const STARTS: usize = 64;
+    let db = TestDb::new().await;
+    let store = db.store();
+    let warm: Vec<_> = (0..4)
+        .map(|i| start(&key("warm", &format!("w{i}")), json!(i)))
+        .collect();
+    store.instances_start(&warm).await;
+    let before = store.round_trips();
+    let many: Vec<_> = (0..STARTS)
+        .map(|i| start(&key("many", &format!("m{i:02}")), json!(i)))
+        .collect();
+    for outcome in store.instances_start(&many).await {
+        assert!(outcome?.created);
+    }
+    assert_eq!(
+        store.round_trips() - before,
+        1,
+        "start_many is one statement"
+    );
+
+    let before = store.round_trips();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..STARTS {
+        let store = store.clone();
+        tasks.spawn(async move {
+            store
+                .instance_start(&start(&key("one", &format!("o{i:02}")), json!(i)))
+                .await
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        assert!(joined??.created);
+    }
+    let sent = store.round_trips() - before;
+    assert!(
+        sent < u64::try_from(STARTS / 2)?,
+        "{STARTS} concurrent starts took {sent} round trips"
+    );
+    Ok(())
+}
+
+/// A dedicated connection with an open transaction that holds `k`'s instance row.
+async fn holding(
+    store: &PgStore,
+    k: &InstanceKey,
+) -> Result<tokio_postgres::Client, Box<dyn std::error::Error + Send + Sync>> {
+    let (client, connection) = store
+        .connection_config()
+        .connect(tokio_postgres::NoTls)
+        .await?;
+    tokio::spawn(connection);
+    client.batch_execute("BEGIN").await?;
+    client
+        .execute(
+            "SELECT 1 FROM workflows WHERE workflow_name = $1 AND workflow_id = $2 FOR UPDATE",
+            &[&k.name.as_str(), &k.id.as_str()],
+        )
+        .await?;
+    Ok(client)
+}
+
+/// The stored step names of `k`'s generation 0, read on a connection of its own (so only
+/// committed rows count).
+async fn committed_steps(
+    store: &PgStore,
+    k: &InstanceKey,
+) -> Result<Vec<String>, Box<dyn std::error::Error + Send + Sync>> {
+    Ok(store
+        .journal_load(k, 0)
+        .await?
+        .into_iter()
+        .map(|e| e.event.step_name().into_owned())
+        .collect())
+}
+
+async fn eventually<F, Fut>(what: &str, mut check: F) -> TestResult
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool, Box<dyn std::error::Error + Send + Sync>>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !check().await? {
+        assert!(tokio::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_held_elsewhere_never_holds_up_its_batch() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let (a, a_fence) = claimed(&store, "a").await?;
+    let (b, b_fence) = claimed(&store, "b").await?;
+    // Someone's long transaction holds b's row (a delivery inside a caller's transaction).
+    let other = holding(&store, &b).await?;
+    let batch = {
+        let store = store.clone();
+        let appends = [step(&a, Some(&a_fence), "s"), step(&b, Some(&b_fence), "s")];
+        tokio::spawn(async move { store.journal_append_batch(&appends).await })
+    };
+    // a's append commits with its batch while b's waits, alone, for the other transaction.
+    eventually("a's append never committed", || async {
+        Ok(committed_steps(&store, &a).await? == ["s"])
+    })
+    .await?;
+    assert!(committed_steps(&store, &b).await?.is_empty());
+    assert!(!batch.is_finished());
+    other.batch_execute("COMMIT").await?;
+    for outcome in batch.await? {
+        assert_eq!(outcome?, AppendOutcome::Appended);
+    }
+    assert_eq!(committed_steps(&store, &b).await?, ["s"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_kept_waiting_never_holds_up_the_lane() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let (held, held_fence) = claimed(&store, "held").await?;
+    let mut others = Vec::new();
+    for i in 0..8 {
+        others.push(claimed(&store, &format!("o{i}")).await?);
+    }
+    let other = holding(&store, &held).await?;
+    // Alone in the lane, it waits for the other transaction...
+    let waiting = {
+        let store = store.clone();
+        let append = step(&held, Some(&held_fence), "s");
+        tokio::spawn(async move { store.journal_append(&append).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // ... while the appends of other runs come and go through the same lane.
+    for round in 0..3 {
+        let mut tasks = tokio::task::JoinSet::new();
+        for (k, fence) in others.clone() {
+            let store = store.clone();
+            let append = step(&k, Some(&fence), &format!("r{round}"));
+            tasks.spawn(async move { store.journal_append(&append).await });
+        }
+        while let Some(joined) = tasks.join_next().await {
+            assert_eq!(joined??, AppendOutcome::Appended);
+        }
+    }
+    assert!(!waiting.is_finished());
+    other.batch_execute("COMMIT").await?;
+    assert_eq!(waiting.await??, AppendOutcome::Appended);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_kept_waiting_on_a_parent_is_sent_again_append_by_append() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let parent = key("gc", "parent");
+    store.instance_start(&start(&parent, json!(null))).await?;
+    let child = key("gc", "child");
+    let spawn = Append::external(
+        parent.clone(),
+        Event::StepRecorded {
+            step: "child:gc/child".into(),
+            kind: StepKind::Child,
+            result: json!({"name": "gc", "id": "child"}),
+        },
+    );
+    let spawned = store
+        .child_spawn(
+            &spawn,
+            &keiro_journal::ChildSpawn {
+                child: child.clone(),
+                input: json!(null),
+                await_step: keiro_journal::child_result_step(&child),
+            },
+        )
+        .await?;
+    assert_eq!(spawned, AppendOutcome::Appended);
+    let ClaimOutcome::Acquired(claim) = store.instance_claim(&child, "w", TTL, None).await? else {
+        panic!("claimable");
+    };
+    let (x, x_fence) = claimed(&store, "x").await?;
+    // The child's completion journals into its parent, whose row someone holds: the batch
+    // waits for it only as long as the lock timeout, then its appends go one by one.
+    let other = holding(&store, &parent).await?;
+    let batch = {
+        let store = store.clone();
+        let done = Append {
+            event: Event::WorkflowCompleted { output: json!(7) },
+            ..step(&child, Some(&claim.fence), "unused")
+        };
+        let appends = [done, step(&x, Some(&x_fence), "s")];
+        tokio::spawn(async move { store.journal_append_batch(&appends).await })
+    };
+    eventually("x's append never committed", || async {
+        Ok(committed_steps(&store, &x).await? == ["s"])
+    })
+    .await?;
+    assert!(!batch.is_finished(), "the completion waits for the parent");
+    other.batch_execute("COMMIT").await?;
+    for outcome in batch.await? {
+        assert_eq!(outcome?, AppendOutcome::Appended);
+    }
+    let delivered = store
+        .journal_load(&parent, 0)
+        .await?
+        .into_iter()
+        .find(|e| e.event.step_name() == keiro_journal::child_result_step(&child))
+        .map(|e| e.event);
+    assert!(
+        matches!(&delivered, Some(Event::StepRecorded { result, .. }) if result == &json!({"ok": 7})),
+        "{delivered:?}"
+    );
+    Ok(())
+}

@@ -1,0 +1,515 @@
+//! Group commit conformance: appends and starts made together (`journal_append_batch`,
+//! `instances_start`, `Keiro::start_many`, and concurrent single calls) give each request the
+//! outcome it would have had alone, on the memory store and on Postgres with batching on and
+//! off.
+
+use std::time::Duration;
+
+use keiro::{Append, AppendOutcome, Event, Fence, Marker, Status, StepKind};
+use keiro_journal::{InstanceKey, StartRequest, StoreError};
+use keiro_lease::ClaimOutcome;
+use keiro_tests::{key, on_every_store, Harness, TestResult};
+use serde_json::{json, Value};
+
+on_every_store!(
+    each_append_of_a_batch_keeps_its_own_outcome,
+    a_refused_value_fails_only_its_own_append,
+    duplicates_in_a_batch_converge_on_the_first_value,
+    appends_to_one_instance_keep_their_order_in_a_batch,
+    a_cancel_in_a_batch_keeps_its_place,
+    concurrent_batches_over_many_instances_record_each_step_once,
+    concurrent_single_appends_each_get_their_outcome,
+    start_many_answers_each_item,
+    concurrent_starts_create_each_instance_once,
+);
+
+const TTL: Duration = Duration::from_secs(60);
+
+fn step(name: &str, result: Value) -> Event {
+    Event::StepRecorded {
+        step: name.to_owned(),
+        kind: StepKind::Step,
+        result,
+    }
+}
+
+fn fenced(k: &InstanceKey, fence: &Fence, event: Event) -> Append {
+    Append {
+        key: k.clone(),
+        generation: Some(0),
+        event,
+        fence: Some(fence.clone()),
+        renew: Some(TTL),
+    }
+}
+
+async fn started(h: &Harness, name: &str, id: &str) -> Result<InstanceKey, StoreError> {
+    let k = key(name, id);
+    h.store
+        .instance_start(&StartRequest {
+            key: k.clone(),
+            input: json!(id),
+            parent: None,
+            priority: 0,
+        })
+        .await?;
+    Ok(k)
+}
+
+/// Starts `id` and claims it for `owner`.
+async fn claimed(h: &Harness, id: &str, owner: &str) -> Result<(InstanceKey, Fence), StoreError> {
+    let k = started(h, "gc", id).await?;
+    match h.store.instance_claim(&k, owner, TTL, None).await? {
+        ClaimOutcome::Acquired(claim) => Ok((k, claim.fence)),
+        other => panic!("claim of {k} refused: {other:?}"),
+    }
+}
+
+/// The stored step names and payloads of `k`'s journal, in order.
+async fn journal(h: &Harness, k: &InstanceKey) -> Result<Vec<(String, Value)>, StoreError> {
+    Ok(h.store
+        .journal_history(k)
+        .await?
+        .into_iter()
+        .map(|e| {
+            let encoded = e.event.encode();
+            (encoded.step_name, encoded.payload)
+        })
+        .collect())
+}
+
+async fn status(h: &Harness, k: &InstanceKey) -> Result<Status, StoreError> {
+    Ok(h.store.instance_get(k).await?.expect("instance row").status)
+}
+
+async fn each_append_of_a_batch_keeps_its_own_outcome(h: Harness) -> TestResult {
+    let (good, good_fence) = claimed(&h, "good", "w").await?;
+    let (stale, stale_fence) = claimed(&h, "stale", "w").await?;
+    // Another worker took `stale` over: the first holder's fence is stale.
+    h.store.instance_lease_force_release(&stale).await?;
+    let ClaimOutcome::Acquired(_) = h.store.instance_claim(&stale, "other", TTL, None).await?
+    else {
+        panic!("takeover refused")
+    };
+    let cancelled = started(&h, "gc", "cancelled").await?;
+    h.keiro.cancel(("gc", "cancelled")).await?;
+    let (recorded, recorded_fence) = claimed(&h, "recorded", "w").await?;
+    h.store
+        .journal_append(&fenced(&recorded, &recorded_fence, step("s", json!(1))))
+        .await?;
+    let (kinds, kinds_fence) = claimed(&h, "kinds", "w").await?;
+    h.store
+        .journal_append(&fenced(&kinds, &kinds_fence, step("s", json!(1))))
+        .await?;
+    let (done, done_fence) = claimed(&h, "done", "w").await?;
+    let missing = key("gc", "missing");
+    let (after, after_fence) = claimed(&h, "after", "w").await?;
+
+    let appends = [
+        fenced(&good, &good_fence, step("s", json!("good"))),
+        fenced(&stale, &stale_fence, step("s", json!("stale"))),
+        Append::external(cancelled.clone(), step("s", json!("late"))),
+        fenced(&recorded, &recorded_fence, step("s", json!(2))),
+        fenced(
+            &kinds,
+            &kinds_fence,
+            Event::StepRecorded {
+                step: "s".into(),
+                kind: StepKind::Sleep,
+                result: Value::Null,
+            },
+        ),
+        fenced(
+            &done,
+            &done_fence,
+            Event::WorkflowCompleted {
+                output: json!("out"),
+            },
+        ),
+        Append::external(missing.clone(), step("s", json!(0))),
+        fenced(&after, &after_fence, step("s", json!("after"))),
+    ];
+    let outcomes = h.store.journal_append_batch(&appends).await;
+    assert_eq!(outcomes.len(), appends.len());
+    let mut outcomes = outcomes.into_iter();
+    let mut next = || outcomes.next().expect("one outcome per append");
+    assert_eq!(next()?, AppendOutcome::Appended);
+    assert!(matches!(next(), Err(e) if e.is_lease_lost()));
+    assert_eq!(next()?, AppendOutcome::RefusedTerminal(Marker::Cancelled));
+    assert_eq!(next()?, AppendOutcome::AlreadyPresent(json!(1)));
+    assert_eq!(next()?, AppendOutcome::Conflict);
+    assert_eq!(next()?, AppendOutcome::Appended);
+    assert!(matches!(next(), Err(e) if e.is_not_found()));
+    assert_eq!(next()?, AppendOutcome::Appended);
+
+    assert_eq!(journal(&h, &good).await?, [("s".into(), json!("good"))]);
+    assert_eq!(journal(&h, &stale).await?, []);
+    assert_eq!(status(&h, &cancelled).await?, Status::Cancelled);
+    assert_eq!(journal(&h, &recorded).await?, [("s".into(), json!(1))]);
+    assert_eq!(journal(&h, &kinds).await?, [("s".into(), json!(1))]);
+    let row = h.store.instance_get(&done).await?.expect("row");
+    assert_eq!(
+        (row.status, row.output, row.lease_owner),
+        (Status::Completed, Some(json!("out")), None)
+    );
+    assert!(h.store.instance_get(&missing).await?.is_none());
+    assert_eq!(journal(&h, &after).await?, [("s".into(), json!("after"))]);
+    // The fenced appends renewed their leases: the holder still holds them.
+    h.store
+        .instance_lease_renew(&good, &good_fence, TTL)
+        .await?;
+    Ok(())
+}
+
+async fn a_refused_value_fails_only_its_own_append(h: Harness) -> TestResult {
+    let mut appends = Vec::new();
+    let mut keys = Vec::new();
+    for i in 0..6 {
+        let (k, fence) = claimed(&h, &format!("r{i}"), "w").await?;
+        let value = if i == 3 {
+            json!({"label": "a\u{0}b"})
+        } else {
+            json!(i)
+        };
+        appends.push(fenced(&k, &fence, step("s", value)));
+        keys.push(k);
+    }
+    // A refused output of a completion too, on its own instance.
+    let (closing, closing_fence) = claimed(&h, "closing", "w").await?;
+    appends.push(fenced(
+        &closing,
+        &closing_fence,
+        Event::WorkflowCompleted {
+            output: json!("\u{0}"),
+        },
+    ));
+    let outcomes = h.store.journal_append_batch(&appends).await;
+    for (i, outcome) in outcomes.iter().enumerate() {
+        match (i, outcome) {
+            (3 | 6, Err(e)) => assert!(e.is_value_refused(), "{i}: {e}"),
+            (_, Ok(AppendOutcome::Appended)) => {}
+            (i, other) => panic!("append {i}: {other:?}"),
+        }
+    }
+    for (i, k) in keys.iter().enumerate() {
+        let expected: Vec<(String, Value)> = if i == 3 {
+            Vec::new()
+        } else {
+            vec![("s".into(), json!(i))]
+        };
+        assert_eq!(journal(&h, k).await?, expected, "{k}");
+    }
+    assert_eq!(status(&h, &closing).await?, Status::Running);
+    assert_eq!(journal(&h, &closing).await?, []);
+    Ok(())
+}
+
+async fn duplicates_in_a_batch_converge_on_the_first_value(h: Harness) -> TestResult {
+    let (k, fence) = claimed(&h, "dup", "w").await?;
+    let appends = [
+        fenced(&k, &fence, step("x", json!("first"))),
+        fenced(&k, &fence, step("x", json!("second"))),
+        fenced(&k, &fence, Event::WorkflowCompleted { output: json!(1) }),
+        fenced(&k, &fence, Event::WorkflowCompleted { output: json!(2) }),
+    ];
+    let outcomes: Vec<AppendOutcome> = h
+        .store
+        .journal_append_batch(&appends)
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    assert_eq!(
+        outcomes,
+        [
+            AppendOutcome::Appended,
+            AppendOutcome::AlreadyPresent(json!("first")),
+            AppendOutcome::Appended,
+            AppendOutcome::AlreadyPresent(json!(1)),
+        ]
+    );
+    assert_eq!(
+        journal(&h, &k).await?,
+        [
+            ("x".into(), json!("first")),
+            ("__workflow_completed__".into(), json!(1))
+        ]
+    );
+    Ok(())
+}
+
+async fn appends_to_one_instance_keep_their_order_in_a_batch(h: Harness) -> TestResult {
+    let (a, a_fence) = claimed(&h, "order-b", "w").await?;
+    let (b, b_fence) = claimed(&h, "order-a", "w").await?;
+    // Interleaved, and with the instances out of key order: each instance's appends land in
+    // the order given, and the completion closes only its own instance.
+    let appends = [
+        fenced(&a, &a_fence, step("1", json!(1))),
+        fenced(&b, &b_fence, step("1", json!(1))),
+        fenced(
+            &a,
+            &a_fence,
+            Event::WorkflowCompleted { output: json!("a") },
+        ),
+        fenced(&b, &b_fence, step("2", json!(2))),
+        fenced(&a, &a_fence, step("2", json!(2))),
+    ];
+    let outcomes = h.store.journal_append_batch(&appends).await;
+    let outcomes: Vec<_> = outcomes.into_iter().collect::<Result<_, _>>()?;
+    assert_eq!(
+        outcomes,
+        [
+            AppendOutcome::Appended,
+            AppendOutcome::Appended,
+            AppendOutcome::Appended,
+            AppendOutcome::Appended,
+            AppendOutcome::RefusedTerminal(Marker::Completed),
+        ]
+    );
+    assert_eq!(
+        journal(&h, &a).await?,
+        [
+            ("1".into(), json!(1)),
+            ("__workflow_completed__".into(), json!("a"))
+        ]
+    );
+    assert_eq!(
+        journal(&h, &b).await?,
+        [("1".into(), json!(1)), ("2".into(), json!(2))]
+    );
+    Ok(())
+}
+
+async fn a_cancel_in_a_batch_keeps_its_place(h: Harness) -> TestResult {
+    let (k, fence) = claimed(&h, "cancel", "w").await?;
+    let (other, other_fence) = claimed(&h, "bystander", "w").await?;
+    let appends = [
+        fenced(&k, &fence, step("before", json!(1))),
+        fenced(&other, &other_fence, step("s", json!(1))),
+        Append::external(k.clone(), Event::WorkflowCancelled),
+        fenced(&k, &fence, step("after", json!(2))),
+    ];
+    let outcomes: Vec<_> = h
+        .store
+        .journal_append_batch(&appends)
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    assert_eq!(
+        outcomes,
+        [
+            AppendOutcome::Appended,
+            AppendOutcome::Appended,
+            AppendOutcome::Appended,
+            AppendOutcome::RefusedTerminal(Marker::Cancelled),
+        ]
+    );
+    assert_eq!(status(&h, &k).await?, Status::Cancelled);
+    assert_eq!(journal(&h, &other).await?, [("s".into(), json!(1))]);
+    Ok(())
+}
+
+async fn concurrent_batches_over_many_instances_record_each_step_once(h: Harness) -> TestResult {
+    const INSTANCES: usize = 24;
+    const BATCHES: usize = 6;
+    let mut runs = Vec::new();
+    for i in 0..INSTANCES {
+        runs.push(claimed(&h, &format!("many-{i:02}"), "w").await?);
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for b in 0..BATCHES {
+        let store = h.store.clone();
+        // Each batch visits the instances in its own order (forwards, backwards, rotated), and
+        // every batch writes the shared step "s" (one value wins per instance) and a step of
+        // its own.
+        let mut order: Vec<(InstanceKey, Fence)> = runs.clone();
+        order.rotate_left(b * 5 % INSTANCES);
+        if b % 2 == 1 {
+            order.reverse();
+        }
+        tasks.spawn(async move {
+            let appends: Vec<Append> = order
+                .iter()
+                .flat_map(|(k, fence)| {
+                    [
+                        fenced(k, fence, step("s", json!(b))),
+                        fenced(k, fence, step(&format!("own-{b}"), json!(b))),
+                    ]
+                })
+                .collect();
+            let outcomes = store.journal_append_batch(&appends).await;
+            (appends, outcomes)
+        });
+    }
+    let mut answers = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        answers.push(joined?);
+    }
+    for (k, _) in &runs {
+        let entries = journal(&h, k).await?;
+        assert_eq!(entries.len(), 1 + BATCHES, "{k}: {entries:?}");
+        let winner = entries
+            .iter()
+            .find(|(name, _)| name == "s")
+            .map(|(_, v)| v.clone())
+            .expect("the shared step is recorded");
+        for (appends, outcomes) in &answers {
+            for (append, outcome) in appends.iter().zip(outcomes) {
+                if &append.key != k {
+                    continue;
+                }
+                let outcome = outcome.as_ref().map_err(ToString::to_string)?;
+                match (&append.event, outcome) {
+                    (Event::StepRecorded { step, result, .. }, AppendOutcome::Appended) => {
+                        let stored = entries.iter().find(|(n, _)| n == step).map(|e| &e.1);
+                        assert_eq!(stored, Some(result), "{k} {step}");
+                    }
+                    (Event::StepRecorded { step, .. }, AppendOutcome::AlreadyPresent(v)) => {
+                        assert_eq!(step, "s");
+                        assert_eq!(v, &winner, "{k}: every writer adopts the first value");
+                    }
+                    (_, other) => panic!("{k}: {other:?}"),
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn concurrent_single_appends_each_get_their_outcome(h: Harness) -> TestResult {
+    const INSTANCES: usize = 32;
+    let mut runs = Vec::new();
+    for i in 0..INSTANCES {
+        runs.push(claimed(&h, &format!("single-{i:02}"), "w").await?);
+    }
+    // One instance in four has lost its lease: its appends must fail alone.
+    for (k, _) in runs.iter().step_by(4) {
+        h.store.instance_lease_force_release(k).await?;
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, (k, fence)) in runs.iter().cloned().enumerate() {
+        let store = h.store.clone();
+        tasks.spawn(async move {
+            let mut outcomes = Vec::new();
+            for s in 0..3 {
+                let append = fenced(&k, &fence, step(&format!("s{s}"), json!([i, s])));
+                outcomes.push(store.journal_append(&append).await);
+            }
+            let done = fenced(&k, &fence, Event::WorkflowCompleted { output: json!(i) });
+            outcomes.push(store.journal_append(&done).await);
+            (i, outcomes)
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        let (i, outcomes) = joined?;
+        let (k, _) = &runs[i];
+        if i % 4 == 0 {
+            assert!(
+                outcomes
+                    .iter()
+                    .all(|o| matches!(o, Err(e) if e.is_lease_lost())),
+                "{k}: {outcomes:?}"
+            );
+            assert_eq!(journal(&h, k).await?, []);
+        } else {
+            assert!(
+                outcomes
+                    .iter()
+                    .all(|o| matches!(o, Ok(AppendOutcome::Appended))),
+                "{k}: {outcomes:?}"
+            );
+            assert_eq!(status(&h, k).await?, Status::Completed);
+            assert_eq!(journal(&h, k).await?.len(), 4);
+        }
+    }
+    Ok(())
+}
+
+async fn start_many_answers_each_item(h: Harness) -> TestResult {
+    h.keiro.start("batch", "existing", &json!("old")).await?;
+    let inputs = [
+        ("fresh-1", json!(1)),
+        ("existing", json!("new")),
+        ("not/valid", json!(2)),
+        ("fresh-2", json!(3)),
+        ("fresh-1", json!(4)),
+        ("refused", json!("a\u{0}b")),
+    ];
+    let outcomes = h
+        .keiro
+        .start_many("batch", inputs.iter().map(|(id, input)| (*id, input)))
+        .await?;
+    assert_eq!(outcomes.len(), inputs.len());
+    let created: Vec<Option<bool>> = outcomes
+        .iter()
+        .map(|o| o.as_ref().ok().map(|s| s.created))
+        .collect();
+    assert_eq!(
+        created,
+        [Some(true), Some(false), None, Some(true), Some(false), None]
+    );
+    assert!(matches!(outcomes[2], Err(keiro::Error::InvalidId(_))));
+    assert!(matches!(outcomes[5], Err(keiro::Error::Payload(_))));
+    let row = |i: usize| outcomes[i].as_ref().ok().map(|s| s.instance.input.clone());
+    assert_eq!(row(1), Some(json!("old")), "an existing input is untouched");
+    assert_eq!(row(4), Some(json!(1)), "the first of two starts wins");
+    for id in ["fresh-1", "fresh-2", "existing"] {
+        let row = h.keiro.instance(("batch", id)).await?.expect("started");
+        assert_eq!(row.status, Status::Running);
+    }
+    assert!(h.keiro.instance(("batch", "refused")).await?.is_none());
+    assert!(matches!(
+        h.keiro.start_many("not/valid", [("a", &1)]).await,
+        Err(keiro::Error::InvalidId(_))
+    ));
+    assert!(h.keiro.start_many::<u32>("batch", []).await?.is_empty());
+
+    // The store's own entry point refuses a poisoned input alone, whatever it is batched with.
+    let requests: Vec<StartRequest> = [json!(1), json!("a\u{0}b"), json!(3)]
+        .into_iter()
+        .enumerate()
+        .map(|(i, input)| StartRequest {
+            key: key("batch", &format!("store-{i}")),
+            input,
+            parent: None,
+            priority: 0,
+        })
+        .collect();
+    let outcomes = h.store.instances_start(&requests).await;
+    assert!(matches!(&outcomes[0], Ok(s) if s.created));
+    assert!(matches!(&outcomes[1], Err(e) if e.is_value_refused()));
+    assert!(matches!(&outcomes[2], Ok(s) if s.created));
+    assert!(h.store.instance_get(&requests[1].key).await?.is_none());
+    Ok(())
+}
+
+async fn concurrent_starts_create_each_instance_once(h: Harness) -> TestResult {
+    const IDS: usize = 40;
+    let mut tasks = tokio::task::JoinSet::new();
+    // Four starters race over the same ids, in different orders.
+    for starter in 0..4_usize {
+        let keiro = h.keiro.clone();
+        tasks.spawn(async move {
+            let mut created = Vec::new();
+            for n in 0..IDS {
+                let i = if starter % 2 == 0 { n } else { IDS - 1 - n };
+                let id = format!("race-{i:02}");
+                let started = keiro.start("race", &id, &json!(starter)).await?;
+                if started.created {
+                    created.push(i);
+                }
+            }
+            Ok::<_, keiro::Error>(created)
+        });
+    }
+    let mut created = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        created.extend(joined??);
+    }
+    created.sort_unstable();
+    assert_eq!(
+        created,
+        (0..IDS).collect::<Vec<_>>(),
+        "each id created once"
+    );
+    Ok(())
+}
