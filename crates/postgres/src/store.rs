@@ -216,7 +216,9 @@ impl PgStore {
     }
 
     /// How many round trips to the server this store has made since it was built: every
-    /// statement executed, plus every statement prepared (once per statement per connection).
+    /// statement executed, plus every statement prepared (once per statement per connection);
+    /// a group-commit batch counts two (its statement, written together with its `BEGIN`, and
+    /// its `COMMIT`).
     /// Opening connections is not counted, nor is the wake listener's `LISTEN`. Benchmarks divide it by the work done.
     ///
     /// ```no_run
