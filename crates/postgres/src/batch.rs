@@ -2,16 +2,25 @@
 //!
 //! Each batched operation has a lane. A call pushes its request onto the lane, whose loop
 //! (keiro-journal's natural batching: no timer, a lone call leaves at once) sends what has
-//! queued while the lane's earlier batches were in flight as ONE call of a plpgsql function
-//! over arrays, which runs every request exactly as the operation's own function would, in a
-//! stable order (the instances' keys), and answers each with its own outcome. One round trip
-//! and one commit, whose WAL flush PostgreSQL waits for as always, serve the whole batch:
-//! nobody is answered before the batch is durable.
+//! queued while the lane's earlier batch was running as ONE call of a plpgsql function over
+//! arrays (`keiro_journal_append_batch`, `keiro_instances_start`,
+//! `keiro_instances_park_dispatch`), which runs every request exactly as the operation's own
+//! function would, in a stable order (the instances' keys), and answers each with its own
+//! outcome. One statement and one commit, whose WAL flush PostgreSQL waits for as always,
+//! serve the whole batch: nobody is answered before the batch is durable.
+//!
+//! The slot (one per lane by default, `Config::batch_in_flight`) is held while a batch's
+//! statement runs, not while its commit waits for the flush: a batch is sent as `BEGIN` and
+//! the statement in one write, gives its slot back when the rows come, then sends `COMMIT`.
+//! (An implicit transaction commits before its rows are sent.) So the database runs one batch
+//! of a lane at a time, which is the CPU a batch saves, while commits overlap and share WAL
+//! flushes. A request that finds its lane idle is sent alone, in an implicit transaction, at
+//! the cost of a call without batching.
 //!
 //! A lane never waits long behind one batch: a batch still running after a few milliseconds
 //! gives its slot back (it is waiting for a lock, most likely), and the append batch skips
-//! instance rows other transactions hold (see migration 0018), so one caller's long
-//! transaction delays the appends to its own instance only.
+//! instance rows other transactions hold (see `sql/functions/journal.sql`), so one caller's
+//! long transaction delays the appends to its own instance only.
 //!
 //! A batch that fails as a whole rolled back entirely (a value PostgreSQL refuses aborts the
 //! statement; so does a deadlock the server broke, or a dropped connection), and each of its

@@ -216,7 +216,9 @@ impl PgStore {
     }
 
     /// How many round trips to the server this store has made since it was built: every
-    /// statement executed, plus every statement prepared (once per statement per connection).
+    /// statement executed, plus every statement prepared (once per statement per connection);
+    /// a group-commit batch counts two (its statement, written together with its `BEGIN`, and
+    /// its `COMMIT`).
     /// Opening connections is not counted, nor is the wake listener's `LISTEN`. Benchmarks divide it by the work done.
     ///
     /// ```no_run
@@ -316,9 +318,13 @@ impl PgStore {
             .map_err(|e| Failure::from(e).into_store(operation))
     }
 
-    /// [`query`](Self::query) for a batch of a group-commit lane: gives `slot` back when the
-    /// statement is done, or after [`SLOT_HOLD_MAX`] if it is still running then (kept waiting
-    /// for a lock, most likely), so the lane never waits behind it.
+    /// [`query`](Self::query) for a batch of a group-commit lane, in a transaction of its own
+    /// (`BEGIN`, sent with the statement in one write; `COMMIT`): gives `slot` back once the
+    /// statement has run, so the next batch runs while this one's commit waits for its WAL
+    /// flush and then shares the next flush. Implicit transactions commit before their rows are
+    /// sent, which would hold the slot across the flush. A statement still running after
+    /// [`SLOT_HOLD_MAX`] (kept waiting for a lock, most likely) gives the slot back too, so the
+    /// lane never waits behind it. Counts two round trips: the statement and the commit.
     pub(crate) async fn query_in_slot(
         &self,
         operation: &'static str,
@@ -326,22 +332,48 @@ impl PgStore {
         params: &[&(dyn ToSql + Sync)],
         slot: Option<Slot>,
     ) -> Result<Vec<Row>, StoreError> {
-        let query = self.query(operation, sql, params);
         let Some(slot) = slot else {
-            return query.await;
+            return self.query(operation, sql, params).await;
         };
-        let mut query = std::pin::pin!(query);
-        tokio::select! {
-            rows = &mut query => {
-                slot.release();
-                return rows;
+        let failed = |e| Failure::from(e).into_store(operation);
+        let client = self.client(operation).await?;
+        let statement = self.prepared(&client, sql).await.map_err(failed)?;
+        self.count_round_trips(2);
+        let executed = async {
+            // Requests made at once are pipelined: BEGIN is written with the statement.
+            let (begun, rows) = tokio::join!(
+                client.batch_execute("BEGIN"),
+                client.query(&statement, params)
+            );
+            begun.and(rows)
+        };
+        let mut executed = std::pin::pin!(executed);
+        let mut slot = Some(slot);
+        let rows = tokio::select! {
+            rows = &mut executed => rows,
+            () = tokio::time::sleep(SLOT_HOLD_MAX) => {
+                drop(slot.take());
+                executed.await
             }
-            () = tokio::time::sleep(SLOT_HOLD_MAX) => slot.release(),
+        };
+        drop(slot);
+        match rows {
+            Ok(rows) => {
+                client.batch_execute("COMMIT").await.map_err(failed)?;
+                Ok(rows)
+            }
+            Err(error) => {
+                // The transaction failed (or never began): end it before the connection goes
+                // back to the pool. A connection that cannot is broken, and the pool drops it.
+                let _ = client.batch_execute("ROLLBACK").await;
+                Err(failed(error))
+            }
         }
-        query.await
     }
 
-    /// [`query_one`](Self::query_one) through [`query_in_slot`](Self::query_in_slot).
+    /// [`query_one`](Self::query_one) for a request a lane sends alone: in an implicit
+    /// transaction as any single call (a lone call costs nothing more than without batching),
+    /// giving `slot` back when done, or after [`SLOT_HOLD_MAX`] if it is still running then.
     pub(crate) async fn query_one_in_slot(
         &self,
         operation: &'static str,
@@ -349,14 +381,19 @@ impl PgStore {
         params: &[&(dyn ToSql + Sync)],
         slot: Option<Slot>,
     ) -> Result<Row, StoreError> {
-        let mut rows = self.query_in_slot(operation, sql, params, slot).await?;
-        if rows.len() != 1 {
-            return Err(StoreError::Malformed {
-                operation,
-                detail: format!("expected exactly one row, got {}", rows.len()),
-            });
+        let query = self.query_one(operation, sql, params);
+        let Some(slot) = slot else {
+            return query.await;
+        };
+        let mut query = std::pin::pin!(query);
+        tokio::select! {
+            row = &mut query => {
+                slot.release();
+                return row;
+            }
+            () = tokio::time::sleep(SLOT_HOLD_MAX) => slot.release(),
         }
-        Ok(rows.swap_remove(0))
+        query.await
     }
 
     /// Runs one prepared statement that returns exactly one row.

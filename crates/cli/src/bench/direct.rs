@@ -24,7 +24,7 @@ use clap::ValueEnum;
 use keiro::{Ctx, Keiro, ResultOptions, WorkflowError};
 use serde::{Deserialize, Serialize};
 
-use super::{instance_id, BenchArgs, Percentiles, Setup};
+use super::{instance_id, server, BenchArgs, Percentiles, Setup};
 use crate::common::{ms, resident_memory_mb, round, Global, Outcome, Result, ResultExt};
 
 /// The registered workflow name.
@@ -86,6 +86,11 @@ struct DirectReport {
     workflows_per_s: f64,
     steps_per_s: f64,
     round_trips_per_step: f64,
+    /// Transactions the server committed in the bench's database per workflow.
+    commits_per_workflow: f64,
+    /// CPU time of the server's processes for this database per workflow, in milliseconds;
+    /// `null` when the server is not on this machine.
+    pg_cpu_ms_per_workflow: Option<f64>,
     /// Start to output as each caller saw it, over every workflow.
     p50_ms: f64,
     p99_ms: f64,
@@ -146,6 +151,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
 
     let input = BenchInput { steps: args.steps };
     let next = Arc::new(AtomicU64::new(0));
+    let server_before = server::read_before(&setup.db, &setup.store).await?;
     let round_trips_before = setup.store.round_trips();
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
@@ -197,6 +203,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let round_trips = setup.store.round_trips() - round_trips_before;
     let _ = stop_tx.send(());
     let summary = worker_task.await.context("the bench worker task failed")?;
+    let spent = server_before.spent_until(&server::read_after(&setup.db, &setup.store).await?);
     match deadline {
         Ok(finished) => finished?,
         Err(_) => {
@@ -239,8 +246,13 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let secs = elapsed.as_secs_f64();
     let total_steps = workflows * args.steps;
     #[allow(clippy::cast_precision_loss)] // counts far below 2^52 convert exactly
-    let (workflows_f, steps_f, round_trips_f) =
-        (workflows as f64, total_steps as f64, round_trips as f64);
+    let (workflows_f, steps_f, round_trips_f, commits_f) = (
+        workflows as f64,
+        total_steps as f64,
+        round_trips as f64,
+        spent.commits as f64,
+    );
+    let pg_cpu_ms = spent.cpu.map(|cpu| ms(cpu) / workflows_f);
     println!(
         "bench: {:.0} workflows/s, {:.0} steps/s in {:.0} ms; {round_trips} round trips = {:.2} per \
          step ({:.2} per workflow)",
@@ -249,6 +261,12 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         ms(elapsed),
         round_trips_f / steps_f,
         round_trips_f / workflows_f
+    );
+    println!(
+        "bench: {} commits = {:.2} per workflow; PostgreSQL CPU {} per workflow",
+        spent.commits,
+        commits_f / workflows_f,
+        pg_cpu_ms.map_or_else(|| "n/a".to_owned(), |ms| format!("{ms:.3} ms"))
     );
     println!(
         "bench: start-to-output latency p50 {:.2} ms, p99 {:.2} ms (rows: p50 {:.2} ms, p99 {:.2} \
@@ -279,6 +297,8 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         workflows_per_s: round(workflows_f / secs, 1),
         steps_per_s: round(steps_f / secs, 1),
         round_trips_per_step: round(round_trips_f / steps_f, 3),
+        commits_per_workflow: round(commits_f / workflows_f, 3),
+        pg_cpu_ms_per_workflow: pg_cpu_ms.map(|ms| round(ms, 4)),
         p50_ms: called.p50_ms,
         p99_ms: called.p99_ms,
         direct,

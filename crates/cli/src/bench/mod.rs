@@ -148,6 +148,11 @@ pub(crate) struct BenchArgs {
     /// per append, start and park, for comparison.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub(crate) batching: bool,
+    /// `throughput`: each producer starts its workflows this many at a time with
+    /// `Keiro::start_many` (1: one `start` call each, as a caller starting workflows one by
+    /// one does; concurrent calls still share commits when batching is on).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub(crate) start_batch: u64,
     /// With batching, how many batches of one operation may be in flight at once
     /// (`Config::batch_in_flight`; the store's default when absent).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64))]
@@ -230,6 +235,43 @@ async fn start_all<I: Serialize + Clone + Send + Sync + 'static>(
                     .await
                     .context(format!("starting {name} {id}"))?;
                 i += producers;
+            }
+            Ok::<_, crate::common::Error>(())
+        });
+    }
+    while let Some(joined) = producing.join_next().await {
+        joined.context("a producer task failed")??;
+    }
+    Ok(())
+}
+
+/// [`start_all`] with `Keiro::start_many`: each producer starts its ids `batch` at a time, in
+/// one statement and one commit each.
+async fn start_all_many<I: Serialize + Clone + Send + Sync + 'static>(
+    keiro: &Keiro,
+    name: &'static str,
+    prefix: &str,
+    n: u64,
+    producers: u64,
+    batch: usize,
+    input: I,
+) -> Result<()> {
+    let mut producing = tokio::task::JoinSet::new();
+    for producer in 0..producers {
+        let (keiro, prefix, input) = (keiro.clone(), prefix.to_owned(), input.clone());
+        producing.spawn(async move {
+            let ids: Vec<String> = (producer..n)
+                .step_by(usize::try_from(producers).unwrap_or(1))
+                .map(|i| instance_id(&prefix, i))
+                .collect();
+            for chunk in ids.chunks(batch) {
+                let outcomes = keiro
+                    .start_many(name, chunk.iter().map(|id| (id.as_str(), &input)))
+                    .await
+                    .context(format!("starting {} {name} instances", chunk.len()))?;
+                for (id, outcome) in chunk.iter().zip(outcomes) {
+                    outcome.context(format!("starting {name} {id}"))?;
+                }
             }
             Ok::<_, crate::common::Error>(())
         });

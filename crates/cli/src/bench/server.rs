@@ -53,10 +53,28 @@ async fn flush_counts(store: &PgStore) {
     tokio::time::sleep(Duration::from_millis(300)).await;
 }
 
-/// Reads the counters; `store`'s idle connections are closed first (see the module docs).
-pub(super) async fn read(db: &tokio_postgres::Client, store: &PgStore) -> Result<Reading> {
+/// Reads the counters before the measured phase, once `store`'s idle connections are closed
+/// (see the module docs). The pool opens connections again as the phase needs them, as it
+/// would without the reading: opening them all at once here made the phase slower (each new
+/// backend warms its caches on its first calls).
+pub(super) async fn read_before(db: &tokio_postgres::Client, store: &PgStore) -> Result<Reading> {
+    flush_counts(store).await;
+    read_now(db).await
+}
+
+/// Reads the counters after the measured phase: the CPU of the processes still open, then the
+/// commits once `store`'s idle connections are closed.
+pub(super) async fn read_after(db: &tokio_postgres::Client, store: &PgStore) -> Result<Reading> {
     let cpu = cpu_by_pid(db).await?;
     flush_counts(store).await;
+    Ok(Reading {
+        commits: read_now(db).await?.commits,
+        cpu,
+    })
+}
+
+async fn read_now(db: &tokio_postgres::Client) -> Result<Reading> {
+    let cpu = cpu_by_pid(db).await?;
     let commits = db
         .query_one(COMMITS, &[])
         .await

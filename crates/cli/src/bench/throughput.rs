@@ -13,7 +13,7 @@ use keiro::{Ctx, Keiro, ResumeLogEvent, ResumeOptions, WorkflowError};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
-use super::{server, start_all, BenchArgs, MetricsSink, Setup};
+use super::{server, start_all, start_all_many, BenchArgs, MetricsSink, Setup};
 use crate::common::{ms, resident_memory_mb, round, Global, Outcome, Result, ResultExt};
 
 /// The registered workflow name.
@@ -93,6 +93,8 @@ struct ThroughputReport {
     producers: u64,
     metrics: bool,
     batching: bool,
+    /// Starts per `start_many` call (1: one `start` each).
+    start_batch: u64,
 }
 
 /// Start-to-completion latency from the instance rows, and the same span the wall clock saw
@@ -158,7 +160,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
 
     println!(
         "bench: throughput: {} workflows x {} steps, worker concurrency {}, {} producers, poll {} ms, \
-         metrics {}, batching {}, schema {}",
+         metrics {}, batching {}, starts {} per call, schema {}",
         workflows,
         args.steps,
         args.concurrency,
@@ -166,21 +168,35 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         args.poll_interval_ms,
         if args.metrics { "on" } else { "off" },
         if args.batching { "on" } else { "off" },
+        args.start_batch,
         args.bench_schema
     );
-    let server_before = server::read(&setup.db, &setup.store).await?;
+    let server_before = server::read_before(&setup.db, &setup.store).await?;
     let own_cpu_before = server::own_cpu();
     let round_trips_before = setup.store.round_trips();
     let started = Instant::now();
-    start_all(
-        &keiro,
-        WORKFLOW,
-        "wf",
-        workflows,
-        args.producers,
-        BenchInput { steps: args.steps },
-    )
-    .await?;
+    if args.start_batch > 1 {
+        start_all_many(
+            &keiro,
+            WORKFLOW,
+            "wf",
+            workflows,
+            args.producers,
+            usize::try_from(args.start_batch).context("--start-batch")?,
+            BenchInput { steps: args.steps },
+        )
+        .await?;
+    } else {
+        start_all(
+            &keiro,
+            WORKFLOW,
+            "wf",
+            workflows,
+            args.producers,
+            BenchInput { steps: args.steps },
+        )
+        .await?;
+    }
     let starts_done = started.elapsed();
     let reached = tokio::time::timeout(Duration::from_secs(args.timeout_s), async {
         loop {
@@ -196,7 +212,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let own_cpu = server::own_cpu()
         .zip(own_cpu_before)
         .map(|(after, before)| after.saturating_sub(before));
-    let spent = server_before.spent_until(&server::read(&setup.db, &setup.store).await?);
+    let spent = server_before.spent_until(&server::read_after(&setup.db, &setup.store).await?);
     let Ok((finished_at, round_trips_after)) = reached else {
         println!(
             "bench: FAIL: only {}/{} workflows completed within {} s",
@@ -301,6 +317,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         producers: args.producers,
         metrics: args.metrics,
         batching: args.batching,
+        start_batch: args.start_batch,
     };
     println!(
         "{}",
