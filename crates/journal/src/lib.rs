@@ -62,6 +62,7 @@ mod self_journaled;
 mod sources;
 mod storable;
 pub mod store;
+mod store_span;
 mod unwind;
 mod wake;
 mod workflow;
@@ -109,6 +110,7 @@ pub use self_journaled::{SelfJournalError, SelfJournaled, StepJournal};
 pub use sources::Awakeable;
 pub use storable::{check_value, storable_text};
 pub use store::{Append, AppendOutcome, Error as StoreError, JournalStore, Park, ParkOutcome};
+pub use store_span::{traced, SpanOutcome, STORE_SPAN_TARGET};
 pub use wake::{
     awakeable_step, child_result_step, validate_signal_token, AwakeableOutcome, AwakeableStatus,
     ChildSpawn, Envelope, FiredTimer, SignalOptions, SignalSendOutcome, SignalWait,
@@ -116,6 +118,12 @@ pub use wake::{
     SIGNAL_TTL_MAX,
 };
 pub use workflow::{workflow_fn, BoxFuture, FnWorkflow, Workflow, INPUT_STEP, OUTPUT_STEP};
+
+// What `store_span!` expands to, from crates that need not depend on `tracing` themselves.
+#[doc(hidden)]
+pub mod __private {
+    pub use tracing;
+}
 
 /// Validates a user step name: non-empty, bounded, no control characters, no reserved prefix.
 ///

@@ -189,6 +189,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 ///
 /// Object-safe so the workflow context can hold an `Arc<dyn JournalStore>` and workflow bodies
 /// are not generic over the store.
+///
+/// Each operation runs in a `keiro.store.<operation>` tracing span (as do those of the other
+/// store traits): a store of your own opens it with [`store_span!`](crate::store_span) and
+/// [`traced`](crate::traced), so a trace reads the same whichever store served it.
 #[async_trait::async_trait]
 pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
     /// This store as [`Any`](std::any::Any), so that a store crate's own kind of step finds its

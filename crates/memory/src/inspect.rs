@@ -3,6 +3,7 @@
 //! are read from the wake-source tables (`crate::sources`).
 
 use keiro_journal::store::Result;
+use keiro_journal::{store_span, traced};
 use keiro_journal::{
     Counts, GroupCount, InspectStore, InstanceKey, InstanceSummary, ListOrder, ListRequest, Page,
     StatusCount, Waits,
@@ -80,19 +81,31 @@ fn counts(state: &State, now: OffsetDateTime) -> Counts {
 #[async_trait::async_trait]
 impl InspectStore for MemoryStore {
     async fn instances_list(&self, request: &ListRequest) -> Result<Page> {
-        self.transact("listing instances", |state| Ok(list(state, request)))
+        let span = store_span!("instances_list");
+        traced(span, async {
+            self.transact("listing instances", |state| Ok(list(state, request)))
+        })
+        .await
     }
 
     async fn instances_counts(&self, now: Option<OffsetDateTime>) -> Result<Counts> {
-        self.transact("counting instances", |state| {
-            let now = now.unwrap_or_else(|| state.clock.now());
-            Ok(counts(state, now))
+        let span = store_span!("instances_counts");
+        traced(span, async {
+            self.transact("counting instances", |state| {
+                let now = now.unwrap_or_else(|| state.clock.now());
+                Ok(counts(state, now))
+            })
         })
+        .await
     }
 
     async fn instance_waits(&self, key: &InstanceKey, limit: u32) -> Result<Waits> {
-        self.transact("reading an instance's waits", |state| {
-            Ok(state.sources.waits(key, limit))
+        let span = store_span!("instance_waits", key = key);
+        traced(span, async {
+            self.transact("reading an instance's waits", |state| {
+                Ok(state.sources.waits(key, limit))
+            })
         })
+        .await
     }
 }

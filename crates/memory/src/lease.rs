@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use keiro_journal::store::Result;
 use keiro_journal::{marker_name, Event, Fence, InstanceKey, StartRequest, Status, WorkflowName};
+use keiro_journal::{store_span, traced};
 use keiro_lease::{
     classify_refusal, Claim, ClaimGate, ClaimOutcome, Crash, CrashOutcome, LeaseStore,
     ResurrectOutcome, StartClaim,
@@ -296,9 +297,13 @@ impl LeaseStore for MemoryStore {
         now: Option<OffsetDateTime>,
         limit: Option<i64>,
     ) -> Result<Vec<InstanceKey>> {
-        self.transact("discovering runnable instances", |state| {
-            Ok(state.instances_runnable(now, limit))
+        let span = store_span!("instances_runnable");
+        traced(span, async {
+            self.transact("discovering runnable instances", |state| {
+                Ok(state.instances_runnable(now, limit))
+            })
         })
+        .await
     }
 
     async fn instance_claim(
@@ -308,9 +313,13 @@ impl LeaseStore for MemoryStore {
         ttl: Duration,
         now: Option<OffsetDateTime>,
     ) -> Result<ClaimOutcome> {
-        self.transact("claiming an instance", |state| {
-            state.instance_claim(key, owner, ttl, now)
+        let span = store_span!("instance_claim", key = key);
+        traced(span, async {
+            self.transact("claiming an instance", |state| {
+                state.instance_claim(key, owner, ttl, now)
+            })
         })
+        .await
     }
 
     async fn instances_claim_batch(
@@ -321,30 +330,34 @@ impl LeaseStore for MemoryStore {
         limit: i64,
         now: Option<OffsetDateTime>,
     ) -> Result<Vec<Claim>> {
-        self.transact("claiming a batch of instances", |state| {
-            let now = now.unwrap_or_else(|| state.clock.now());
-            // Discovery order, restricted to the caller's names; each candidate then goes
-            // through the single claim, so the rules cannot drift apart. Under the one lock no
-            // other claimer can interleave, which is what SKIP LOCKED buys in Postgres.
-            let candidates: Vec<InstanceKey> = state
-                .instances_runnable(Some(now), None)
-                .into_iter()
-                .filter(|key| names.contains(&key.name))
-                .collect();
-            let limit = usize::try_from(limit.max(0)).unwrap_or(usize::MAX);
-            let mut claims = Vec::new();
-            for key in candidates {
-                if claims.len() >= limit {
-                    break;
+        let span = store_span!("instances_claim_batch");
+        traced(span, async {
+            self.transact("claiming a batch of instances", |state| {
+                let now = now.unwrap_or_else(|| state.clock.now());
+                // Discovery order, restricted to the caller's names; each candidate then goes
+                // through the single claim, so the rules cannot drift apart. Under the one lock no
+                // other claimer can interleave, which is what SKIP LOCKED buys in Postgres.
+                let candidates: Vec<InstanceKey> = state
+                    .instances_runnable(Some(now), None)
+                    .into_iter()
+                    .filter(|key| names.contains(&key.name))
+                    .collect();
+                let limit = usize::try_from(limit.max(0)).unwrap_or(usize::MAX);
+                let mut claims = Vec::new();
+                for key in candidates {
+                    if claims.len() >= limit {
+                        break;
+                    }
+                    if let ClaimOutcome::Acquired(claim) =
+                        state.instance_claim(&key, owner, ttl, Some(now))?
+                    {
+                        claims.push(*claim);
+                    }
                 }
-                if let ClaimOutcome::Acquired(claim) =
-                    state.instance_claim(&key, owner, ttl, Some(now))?
-                {
-                    claims.push(*claim);
-                }
-            }
-            Ok(claims)
+                Ok(claims)
+            })
         })
+        .await
     }
 
     async fn instance_start_claimed(
@@ -354,10 +367,14 @@ impl LeaseStore for MemoryStore {
         ttl: Duration,
         now: Option<OffsetDateTime>,
     ) -> Result<StartClaim> {
-        storable::value(START_CLAIMED, &request.input)?;
-        self.transact(START_CLAIMED, |state| {
-            state.instance_start_claimed(request, owner, ttl, now)
+        let span = store_span!("instance_start_claimed", key = request.key);
+        traced(span, async {
+            storable::value(START_CLAIMED, &request.input)?;
+            self.transact(START_CLAIMED, |state| {
+                state.instance_start_claimed(request, owner, ttl, now)
+            })
         })
+        .await
     }
 
     async fn instance_lease_renew(
@@ -366,9 +383,13 @@ impl LeaseStore for MemoryStore {
         fence: &Fence,
         ttl: Duration,
     ) -> Result<()> {
-        self.transact("renewing a lease", |state| {
-            state.instance_lease_renew(key, fence, ttl)
+        let span = store_span!("instance_lease_renew", key = key);
+        traced(span, async {
+            self.transact("renewing a lease", |state| {
+                state.instance_lease_renew(key, fence, ttl)
+            })
         })
+        .await
     }
 
     async fn instance_release(
@@ -377,15 +398,23 @@ impl LeaseStore for MemoryStore {
         fence: &Fence,
         progressed: bool,
     ) -> Result<bool> {
-        self.transact("releasing a lease", |state| {
-            Ok(state.instance_release(key, fence, progressed))
+        let span = store_span!("instance_release", key = key);
+        traced(span, async {
+            self.transact("releasing a lease", |state| {
+                Ok(state.instance_release(key, fence, progressed))
+            })
         })
+        .await
     }
 
     async fn instance_lease_force_release(&self, key: &InstanceKey) -> Result<bool> {
-        self.transact("force-releasing a lease", |state| {
-            Ok(state.instance_lease_force_release(key))
+        let span = store_span!("instance_lease_force_release", key = key);
+        traced(span, async {
+            self.transact("force-releasing a lease", |state| {
+                Ok(state.instance_lease_force_release(key))
+            })
         })
+        .await
     }
 
     async fn instance_record_crash(
@@ -394,16 +423,24 @@ impl LeaseStore for MemoryStore {
         fence: &Fence,
         crash: &Crash,
     ) -> Result<CrashOutcome> {
-        storable::text(RECORD_CRASH, "crash error", &crash.error)?;
-        self.transact(RECORD_CRASH, |state| {
-            state.instance_record_crash(key, fence, crash)
+        let span = store_span!("instance_record_crash", key = key);
+        traced(span, async {
+            storable::text(RECORD_CRASH, "crash error", &crash.error)?;
+            self.transact(RECORD_CRASH, |state| {
+                state.instance_record_crash(key, fence, crash)
+            })
         })
+        .await
     }
 
     async fn instance_resurrect(&self, key: &InstanceKey) -> Result<ResurrectOutcome> {
-        self.transact("resurrecting an instance", |state| {
-            state.instance_resurrect(key)
+        let span = store_span!("instance_resurrect", key = key);
+        traced(span, async {
+            self.transact("resurrecting an instance", |state| {
+                state.instance_resurrect(key)
+            })
         })
+        .await
     }
 }
 

@@ -24,6 +24,7 @@ use keiro_journal::{
     logical_step, marker_name, revised_step, step_revision, Backoff, Envelope, Event, Generation,
     InstanceKey, RemoteArm, RemoteArmOutcome, RemoteStepError, Status, StepKind, StoreError,
 };
+use keiro_journal::{store_span, traced};
 use keiro_remote::{
     ClaimRequest, ClaimedTask, HeartbeatOutcome, RemoteAdmin, RemoteTask, ReportOutcome,
     RequeueOutcome, RetryOutcome, TaskFailure, TaskStatus, Transport,
@@ -906,7 +907,11 @@ impl State {
 #[async_trait::async_trait]
 impl Transport for MemoryStore {
     async fn tasks_claim(&self, request: &ClaimRequest) -> Result<Vec<ClaimedTask>> {
-        self.transact("claiming remote tasks", |state| state.tasks_claim(request))
+        let span = store_span!("tasks_claim", keiro.remote.groups = ?request.groups);
+        traced(span, async {
+            self.transact("claiming remote tasks", |state| state.tasks_claim(request))
+        })
+        .await
     }
 
     async fn task_heartbeat(
@@ -915,30 +920,42 @@ impl Transport for MemoryStore {
         claim: Uuid,
         ttl: Duration,
     ) -> Result<HeartbeatOutcome> {
-        self.transact("heartbeating a remote task", |state| {
-            Ok(state.task_heartbeat(step_id, claim, ttl))
+        let span = store_span!("task_heartbeat", keiro.remote.step_id = %step_id);
+        traced(span, async {
+            self.transact("heartbeating a remote task", |state| {
+                Ok(state.task_heartbeat(step_id, claim, ttl))
+            })
         })
+        .await
     }
 
     async fn task_complete(&self, step_id: &str, output: &Value) -> Result<ReportOutcome> {
-        storable::value("completing a remote task", output)?;
-        self.transact("completing a remote task", |state| {
-            state.task_complete(step_id, output)
+        let span = store_span!("task_complete", keiro.remote.step_id = %step_id);
+        traced(span, async {
+            storable::value("completing a remote task", output)?;
+            self.transact("completing a remote task", |state| {
+                state.task_complete(step_id, output)
+            })
         })
+        .await
     }
 
     /// One critical section for the whole batch, as Postgres takes one transaction: a value
     /// it refuses refuses the batch, and nothing of it is written.
     async fn tasks_complete(&self, reports: &[(String, Value)]) -> Result<Vec<ReportOutcome>> {
-        for (_, output) in reports {
-            storable::value("completing remote tasks", output)?;
-        }
-        self.transact("completing remote tasks", |state| {
-            reports
-                .iter()
-                .map(|(step_id, output)| state.task_complete(step_id, output))
-                .collect()
+        let span = store_span!("tasks_complete", keiro.store.len = reports.len());
+        traced(span, async {
+            for (_, output) in reports {
+                storable::value("completing remote tasks", output)?;
+            }
+            self.transact("completing remote tasks", |state| {
+                reports
+                    .iter()
+                    .map(|(step_id, output)| state.task_complete(step_id, output))
+                    .collect()
+            })
         })
+        .await
     }
 
     async fn task_fail(
@@ -948,23 +965,35 @@ impl Transport for MemoryStore {
         failure: &TaskFailure,
         retry_delay: Duration,
     ) -> Result<ReportOutcome> {
-        storable::failure("failing a remote task", failure)?;
-        self.transact("failing a remote task", |state| {
-            state.task_fail(step_id, claim, failure, retry_delay)
+        let span = store_span!("task_fail", keiro.remote.step_id = %step_id);
+        traced(span, async {
+            storable::failure("failing a remote task", failure)?;
+            self.transact("failing a remote task", |state| {
+                state.task_fail(step_id, claim, failure, retry_delay)
+            })
         })
+        .await
     }
 }
 
 #[async_trait::async_trait]
 impl RemoteAdmin for MemoryStore {
     async fn remote_redispatch_pending(&self, key: &InstanceKey) -> Result<Option<u64>> {
-        self.transact("redispatching remote tasks", |state| {
-            Ok(state.remote_redispatch_pending(key))
+        let span = store_span!("remote_redispatch_pending", key = key);
+        traced(span, async {
+            self.transact("redispatching remote tasks", |state| {
+                Ok(state.remote_redispatch_pending(key))
+            })
         })
+        .await
     }
 
     async fn instance_requeue(&self, key: &InstanceKey) -> Result<RequeueOutcome> {
-        self.transact("requeuing an instance", |state| state.instance_requeue(key))
+        let span = store_span!("instance_requeue", key = key);
+        traced(span, async {
+            self.transact("requeuing an instance", |state| state.instance_requeue(key))
+        })
+        .await
     }
 
     async fn instance_retry_with_input(
@@ -973,14 +1002,23 @@ impl RemoteAdmin for MemoryStore {
         retry: &InstanceKey,
         input: &Value,
     ) -> Result<RetryOutcome> {
-        storable::value("retrying an instance with a new input", input)?;
-        self.transact("retrying an instance with a new input", |state| {
-            state.instance_retry_with_input(origin, retry, input)
+        let span =
+            store_span!("instance_retry_with_input", key = origin, keiro.retry.id = %retry.id);
+        traced(span, async {
+            storable::value("retrying an instance with a new input", input)?;
+            self.transact("retrying an instance with a new input", |state| {
+                state.instance_retry_with_input(origin, retry, input)
+            })
         })
+        .await
     }
 
     async fn remote_tasks(&self, key: &InstanceKey) -> Result<Vec<RemoteTask>> {
-        self.transact("listing remote tasks", |state| Ok(state.remote_tasks(key)))
+        let span = store_span!("remote_tasks", key = key);
+        traced(span, async {
+            self.transact("listing remote tasks", |state| Ok(state.remote_tasks(key)))
+        })
+        .await
     }
 }
 

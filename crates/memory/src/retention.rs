@@ -2,6 +2,7 @@
 //! in one critical section (which is also why no second collector can ever be running).
 
 use keiro_journal::store::Result;
+use keiro_journal::{store_span, traced};
 use keiro_journal::{GcBatch, GcRequest, Instance, InstanceKey, RetentionStore};
 use time::OffsetDateTime;
 
@@ -78,21 +79,29 @@ fn delete(state: &mut State, key: &InstanceKey) -> GcBatch {
 #[async_trait::async_trait]
 impl RetentionStore for MemoryStore {
     async fn instances_gc(&self, request: &GcRequest) -> Result<GcBatch> {
-        self.transact("deleting expired instances", |state| {
-            let cutoff = request.cutoff(request.now.unwrap_or_else(|| state.clock.now()));
-            let batch = usize::try_from(request.batch_bounded()).unwrap_or(usize::MAX);
-            let mut deleted = GcBatch::default();
-            for key in candidates(state, cutoff).into_iter().take(batch) {
-                deleted += delete(state, &key);
-            }
-            Ok(deleted)
+        let span = store_span!("instances_gc");
+        traced(span, async {
+            self.transact("deleting expired instances", |state| {
+                let cutoff = request.cutoff(request.now.unwrap_or_else(|| state.clock.now()));
+                let batch = usize::try_from(request.batch_bounded()).unwrap_or(usize::MAX);
+                let mut deleted = GcBatch::default();
+                for key in candidates(state, cutoff).into_iter().take(batch) {
+                    deleted += delete(state, &key);
+                }
+                Ok(deleted)
+            })
         })
+        .await
     }
 
     async fn instances_gc_eligible(&self, request: &GcRequest) -> Result<u64> {
-        self.transact("counting expired instances", |state| {
-            let cutoff = request.cutoff(request.now.unwrap_or_else(|| state.clock.now()));
-            Ok(u64::try_from(candidates(state, cutoff).len()).unwrap_or(u64::MAX))
+        let span = store_span!("instances_gc_eligible");
+        traced(span, async {
+            self.transact("counting expired instances", |state| {
+                let cutoff = request.cutoff(request.now.unwrap_or_else(|| state.clock.now()));
+                Ok(u64::try_from(candidates(state, cutoff).len()).unwrap_or(u64::MAX))
+            })
         })
+        .await
     }
 }

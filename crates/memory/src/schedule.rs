@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use keiro_journal::store::{Error, Result};
+use keiro_journal::{store_span, traced};
 use keiro_journal::{Fence, InstanceKey, StartRequest, Started};
 use keiro_resume::DueSchedule;
 use keiro_resume::{
@@ -84,54 +85,70 @@ impl ScheduleStore for MemoryStore {
         spec: &ScheduleSpec,
         now: Option<OffsetDateTime>,
     ) -> Result<Schedule> {
-        storable::value(UPSERT, &spec.input)?;
-        self.transact(UPSERT, |state| {
-            let now = now.unwrap_or_else(|| state.clock.now());
-            let next_tick = first_tick(spec, now, UPSERT)?;
-            let row = match state.schedules.rows.get(&spec.name) {
-                Some(old) => Schedule {
-                    spec: spec.clone(),
-                    next_tick,
-                    buffered_tick: None,
-                    last_error: None,
-                    revision: old.revision + 1,
-                    updated_at: now,
-                    ..old.clone()
-                },
-                None => Schedule {
-                    spec: spec.clone(),
-                    paused: false,
-                    next_tick,
-                    last_tick: None,
-                    buffered_tick: None,
-                    last_instance: None,
-                    last_error: None,
-                    revision: 1,
-                    created_at: now,
-                    updated_at: now,
-                },
-            };
-            state.schedules.rows.insert(spec.name.clone(), row.clone());
-            Ok(row)
+        let span = store_span!("schedule_upsert", keiro.schedule.name = %spec.name);
+        traced(span, async {
+            storable::value(UPSERT, &spec.input)?;
+            self.transact(UPSERT, |state| {
+                let now = now.unwrap_or_else(|| state.clock.now());
+                let next_tick = first_tick(spec, now, UPSERT)?;
+                let row = match state.schedules.rows.get(&spec.name) {
+                    Some(old) => Schedule {
+                        spec: spec.clone(),
+                        next_tick,
+                        buffered_tick: None,
+                        last_error: None,
+                        revision: old.revision + 1,
+                        updated_at: now,
+                        ..old.clone()
+                    },
+                    None => Schedule {
+                        spec: spec.clone(),
+                        paused: false,
+                        next_tick,
+                        last_tick: None,
+                        buffered_tick: None,
+                        last_instance: None,
+                        last_error: None,
+                        revision: 1,
+                        created_at: now,
+                        updated_at: now,
+                    },
+                };
+                state.schedules.rows.insert(spec.name.clone(), row.clone());
+                Ok(row)
+            })
         })
+        .await
     }
 
     async fn schedule_get(&self, name: &str) -> Result<Option<Schedule>> {
-        self.transact("reading a schedule", |state| {
-            Ok(state.schedules.rows.get(name).cloned())
+        let span = store_span!("schedule_get", keiro.schedule.name = %name);
+        traced(span, async {
+            self.transact("reading a schedule", |state| {
+                Ok(state.schedules.rows.get(name).cloned())
+            })
         })
+        .await
     }
 
     async fn schedules_list(&self) -> Result<Vec<Schedule>> {
-        self.transact("listing schedules", |state| {
-            Ok(state.schedules.rows.values().cloned().collect())
+        let span = store_span!("schedules_list");
+        traced(span, async {
+            self.transact("listing schedules", |state| {
+                Ok(state.schedules.rows.values().cloned().collect())
+            })
         })
+        .await
     }
 
     async fn schedule_delete(&self, name: &str) -> Result<bool> {
-        self.transact("deleting a schedule", |state| {
-            Ok(state.schedules.rows.remove(name).is_some())
+        let span = store_span!("schedule_delete", keiro.schedule.name = %name);
+        traced(span, async {
+            self.transact("deleting a schedule", |state| {
+                Ok(state.schedules.rows.remove(name).is_some())
+            })
         })
+        .await
     }
 
     async fn schedule_set_paused(
@@ -140,31 +157,35 @@ impl ScheduleStore for MemoryStore {
         paused: bool,
         now: Option<OffsetDateTime>,
     ) -> Result<Option<Schedule>> {
-        const PAUSE: &str = "pausing or resuming a schedule";
-        self.transact(PAUSE, |state| {
-            let now = now.unwrap_or_else(|| state.clock.now());
-            let Some(row) = state.schedules.rows.get(name).cloned() else {
-                return Ok(None);
-            };
-            if row.paused == paused {
-                return Ok(Some(row));
-            }
-            let next_tick = if paused {
-                row.next_tick
-            } else {
-                first_tick(&row.spec, now, PAUSE)?
-            };
-            let row = Schedule {
-                paused,
-                next_tick,
-                buffered_tick: if paused { row.buffered_tick } else { None },
-                revision: row.revision + 1,
-                updated_at: now,
-                ..row
-            };
-            state.schedules.rows.insert(name.to_owned(), row.clone());
-            Ok(Some(row))
+        let span = store_span!("schedule_set_paused", keiro.schedule.name = %name);
+        traced(span, async {
+            const PAUSE: &str = "pausing or resuming a schedule";
+            self.transact(PAUSE, |state| {
+                let now = now.unwrap_or_else(|| state.clock.now());
+                let Some(row) = state.schedules.rows.get(name).cloned() else {
+                    return Ok(None);
+                };
+                if row.paused == paused {
+                    return Ok(Some(row));
+                }
+                let next_tick = if paused {
+                    row.next_tick
+                } else {
+                    first_tick(&row.spec, now, PAUSE)?
+                };
+                let row = Schedule {
+                    paused,
+                    next_tick,
+                    buffered_tick: if paused { row.buffered_tick } else { None },
+                    revision: row.revision + 1,
+                    updated_at: now,
+                    ..row
+                };
+                state.schedules.rows.insert(name.to_owned(), row.clone());
+                Ok(Some(row))
+            })
         })
+        .await
     }
 
     async fn schedule_trigger(
@@ -172,25 +193,29 @@ impl ScheduleStore for MemoryStore {
         name: &str,
         now: Option<OffsetDateTime>,
     ) -> Result<Option<Started>> {
-        self.transact(TRIGGER, |state| {
-            let now = now.unwrap_or_else(|| state.clock.now());
-            let Some(row) = state.schedules.rows.get(name).cloned() else {
-                return Ok(None);
-            };
-            let id = trigger_instance_id(name, now).map_err(|e| Error::ValueRefused {
-                operation: TRIGGER,
-                reason: e.to_string(),
-            })?;
-            let started = state.schedule_start(&row, id.clone());
-            let row = Schedule {
-                last_instance: Some(id),
-                revision: row.revision + 1,
-                updated_at: now,
-                ..row
-            };
-            state.schedules.rows.insert(name.to_owned(), row);
-            Ok(Some(started))
+        let span = store_span!("schedule_trigger", keiro.schedule.name = %name);
+        traced(span, async {
+            self.transact(TRIGGER, |state| {
+                let now = now.unwrap_or_else(|| state.clock.now());
+                let Some(row) = state.schedules.rows.get(name).cloned() else {
+                    return Ok(None);
+                };
+                let id = trigger_instance_id(name, now).map_err(|e| Error::ValueRefused {
+                    operation: TRIGGER,
+                    reason: e.to_string(),
+                })?;
+                let started = state.schedule_start(&row, id.clone());
+                let row = Schedule {
+                    last_instance: Some(id),
+                    revision: row.revision + 1,
+                    updated_at: now,
+                    ..row
+                };
+                state.schedules.rows.insert(name.to_owned(), row);
+                Ok(Some(started))
+            })
         })
+        .await
     }
 
     async fn scheduler_lease(
@@ -199,124 +224,146 @@ impl ScheduleStore for MemoryStore {
         ttl: Duration,
         now: Option<OffsetDateTime>,
     ) -> Result<Option<Fence>> {
-        self.transact("taking the scheduler lease", |state| {
-            let now = now.unwrap_or_else(|| state.clock.now());
-            let s = &mut state.schedules;
-            let held_by_other = s
-                .leader
-                .as_ref()
-                .is_some_and(|l| l.owner != owner && l.expires_at > now);
-            if held_by_other {
-                return Ok(None);
-            }
-            if s.leader.as_ref().is_none_or(|l| l.owner != owner) {
-                s.epoch += 1;
-            }
-            s.leader = Some(Leader {
-                owner: owner.to_owned(),
-                expires_at: later(now, ttl),
-            });
-            Ok(Some(Fence {
-                owner: owner.to_owned(),
-                epoch: s.epoch,
-            }))
+        let span = store_span!("scheduler_lease");
+        traced(span, async {
+            self.transact("taking the scheduler lease", |state| {
+                let now = now.unwrap_or_else(|| state.clock.now());
+                let s = &mut state.schedules;
+                let held_by_other = s
+                    .leader
+                    .as_ref()
+                    .is_some_and(|l| l.owner != owner && l.expires_at > now);
+                if held_by_other {
+                    return Ok(None);
+                }
+                if s.leader.as_ref().is_none_or(|l| l.owner != owner) {
+                    s.epoch += 1;
+                }
+                s.leader = Some(Leader {
+                    owner: owner.to_owned(),
+                    expires_at: later(now, ttl),
+                });
+                Ok(Some(Fence {
+                    owner: owner.to_owned(),
+                    epoch: s.epoch,
+                }))
+            })
         })
+        .await
     }
 
     async fn scheduler_release(&self, owner: &str) -> Result<bool> {
-        self.transact("releasing the scheduler lease", |state| {
-            let s = &mut state.schedules;
-            if s.leader.as_ref().is_some_and(|l| l.owner == owner) {
-                s.leader = None;
-                return Ok(true);
-            }
-            Ok(false)
+        let span = store_span!("scheduler_release");
+        traced(span, async {
+            self.transact("releasing the scheduler lease", |state| {
+                let s = &mut state.schedules;
+                if s.leader.as_ref().is_some_and(|l| l.owner == owner) {
+                    s.leader = None;
+                    return Ok(true);
+                }
+                Ok(false)
+            })
         })
+        .await
     }
 
     async fn schedules_due(&self, now: Option<OffsetDateTime>, limit: i64) -> Result<SchedulesDue> {
-        self.transact("reading due schedules", |state| {
-            let clock = now.unwrap_or_else(|| state.clock.now());
-            let live = state.schedules.rows.values().filter(|s| !s.paused);
-            let next_due = live.clone().filter_map(|s| s.next_tick).min();
-            let mut due: Vec<DueSchedule> = live
-                .filter(|s| s.next_tick.is_some_and(|t| t <= clock) || s.buffered_tick.is_some())
-                .map(|s| DueSchedule {
-                    schedule: s.clone(),
-                    previous_live: state.previous_live(s),
+        let span = store_span!("schedules_due");
+        traced(span, async {
+            self.transact("reading due schedules", |state| {
+                let clock = now.unwrap_or_else(|| state.clock.now());
+                let live = state.schedules.rows.values().filter(|s| !s.paused);
+                let next_due = live.clone().filter_map(|s| s.next_tick).min();
+                let mut due: Vec<DueSchedule> = live
+                    .filter(|s| {
+                        s.next_tick.is_some_and(|t| t <= clock) || s.buffered_tick.is_some()
+                    })
+                    .map(|s| DueSchedule {
+                        schedule: s.clone(),
+                        previous_live: state.previous_live(s),
+                    })
+                    .collect();
+                // As the Postgres query: earliest next tick first, a row with none last.
+                due.sort_by_key(|d| (d.schedule.next_tick.is_none(), d.schedule.next_tick));
+                due.truncate(usize::try_from(limit).unwrap_or(0));
+                Ok(SchedulesDue {
+                    clock,
+                    due,
+                    next_due,
                 })
-                .collect();
-            // As the Postgres query: earliest next tick first, a row with none last.
-            due.sort_by_key(|d| (d.schedule.next_tick.is_none(), d.schedule.next_tick));
-            due.truncate(usize::try_from(limit).unwrap_or(0));
-            Ok(SchedulesDue {
-                clock,
-                due,
-                next_due,
             })
         })
+        .await
     }
 
     async fn schedule_fire(&self, fire: &ScheduleFire) -> Result<FireOutcome> {
-        const FIRE: &str = "firing a schedule";
-        for start in &fire.starts {
-            storable::value(FIRE, &start.input)?;
-        }
-        self.transact(FIRE, |state| {
-            let leads = state.schedules.epoch == fire.leader.epoch
-                && state
-                    .schedules
-                    .leader
-                    .as_ref()
-                    .is_some_and(|l| l.owner == fire.leader.owner);
-            if !leads {
-                return Ok(FireOutcome::NotLeader);
+        let span = store_span!("schedule_fire", keiro.schedule.name = %fire.name);
+        traced(span, async {
+            const FIRE: &str = "firing a schedule";
+            for start in &fire.starts {
+                storable::value(FIRE, &start.input)?;
             }
-            let Some(row) = state
-                .schedules
-                .rows
-                .get(&fire.name)
-                .filter(|r| r.revision == fire.revision && !r.paused)
-                .cloned()
-            else {
-                return Ok(FireOutcome::Stale);
-            };
-            let now = state.clock.now();
-            let started: Vec<Started> = fire
-                .starts
-                .iter()
-                .map(|request| state.instance_start(request))
-                .collect();
-            let row = Schedule {
-                next_tick: fire.next_tick,
-                last_tick: fire.last_tick,
-                buffered_tick: fire.buffered_tick,
-                last_instance: fire
+            self.transact(FIRE, |state| {
+                let leads = state.schedules.epoch == fire.leader.epoch
+                    && state
+                        .schedules
+                        .leader
+                        .as_ref()
+                        .is_some_and(|l| l.owner == fire.leader.owner);
+                if !leads {
+                    return Ok(FireOutcome::NotLeader);
+                }
+                let Some(row) = state
+                    .schedules
+                    .rows
+                    .get(&fire.name)
+                    .filter(|r| r.revision == fire.revision && !r.paused)
+                    .cloned()
+                else {
+                    return Ok(FireOutcome::Stale);
+                };
+                let now = state.clock.now();
+                let started: Vec<Started> = fire
                     .starts
-                    .last()
-                    .map(|r| r.key.id.clone())
-                    .or(row.last_instance),
-                last_error: None,
-                revision: row.revision + 1,
-                updated_at: now,
-                ..row
-            };
-            state.schedules.rows.insert(fire.name.clone(), row);
-            Ok(FireOutcome::Fired(started))
+                    .iter()
+                    .map(|request| state.instance_start(request))
+                    .collect();
+                let row = Schedule {
+                    next_tick: fire.next_tick,
+                    last_tick: fire.last_tick,
+                    buffered_tick: fire.buffered_tick,
+                    last_instance: fire
+                        .starts
+                        .last()
+                        .map(|r| r.key.id.clone())
+                        .or(row.last_instance),
+                    last_error: None,
+                    revision: row.revision + 1,
+                    updated_at: now,
+                    ..row
+                };
+                state.schedules.rows.insert(fire.name.clone(), row);
+                Ok(FireOutcome::Fired(started))
+            })
         })
+        .await
     }
 
     async fn schedule_record_error(&self, name: &str, revision: i64, error: &str) -> Result<bool> {
-        self.transact("recording a schedule's error", |state| {
-            let now = state.clock.now();
-            match state.schedules.rows.get_mut(name) {
-                Some(row) if row.revision == revision => {
-                    row.last_error = Some(error.to_owned());
-                    row.updated_at = now;
-                    Ok(true)
+        let span = store_span!("schedule_record_error", keiro.schedule.name = %name);
+        traced(span, async {
+            self.transact("recording a schedule's error", |state| {
+                let now = state.clock.now();
+                match state.schedules.rows.get_mut(name) {
+                    Some(row) if row.revision == revision => {
+                        row.last_error = Some(error.to_owned());
+                        row.updated_at = now;
+                        Ok(true)
+                    }
+                    _ => Ok(false),
                 }
-                _ => Ok(false),
-            }
+            })
         })
+        .await
     }
 }

@@ -33,8 +33,9 @@ use std::future::Future;
 use std::sync::Mutex;
 
 use keiro_journal::store::Result;
-use keiro_journal::{BatchLimits, Batcher, Slot, StoreError};
+use keiro_journal::{store_span, BatchLimits, Batcher, Slot, StoreError, STORE_SPAN_TARGET};
 use tokio::sync::oneshot;
+use tracing::Instrument as _;
 
 use crate::PgStore;
 
@@ -45,6 +46,10 @@ pub(crate) trait Batched: Send + Sync + Sized + 'static {
 
     /// The operation, for errors.
     const OPERATION: &'static str;
+
+    /// The store operation whose calls the lane carries (`journal_append`): the
+    /// `keiro.store.operation` of its batches' spans.
+    const NAME: &'static str;
 
     /// Whether this request may join a batch; one that may not is sent alone (an operation
     /// whose lock order a batch cannot keep, for instance).
@@ -74,6 +79,8 @@ pub(crate) trait Batched: Send + Sync + Sized + 'static {
 struct Waiting<T: Batched> {
     request: T,
     reply: oneshot::Sender<Result<T::Output>>,
+    /// The caller's span, which the span of the batch that carries the request follows from.
+    caller: tracing::Span,
 }
 
 /// The lane of one operation: its loop starts with the first call, and again if its runtime
@@ -97,7 +104,18 @@ impl<T: Batched> Lane<T> {
             return T::send_one(store, &request, None).await;
         }
         let (reply, outcome) = oneshot::channel();
-        let waiting = Waiting { request, reply };
+        // Taken only while store spans are on: a clone of the current span is not free, and
+        // the link is all it is for.
+        let caller = if tracing::enabled!(target: STORE_SPAN_TARGET, tracing::Level::DEBUG) {
+            tracing::Span::current()
+        } else {
+            tracing::Span::none()
+        };
+        let waiting = Waiting {
+            request,
+            reply,
+            caller,
+        };
         let pushed = {
             let mut batcher = self
                 .batcher
@@ -133,11 +151,35 @@ fn spawn<T: Batched>(store: &PgStore, limits: BatchLimits) -> Batcher<Waiting<T>
     })
 }
 
-/// Sends one batch and answers each request; a batch that fails as a whole is sent again
-/// request by request.
+/// Sends one batch in a `keiro.store.batch` span of its own, which follows from the span of
+/// each call it carries: the batch runs in the lane's task, apart from every caller, and one
+/// commit serves them all.
 async fn send<T: Batched>(store: &PgStore, batch: Vec<Waiting<T>>, slot: Slot) {
+    let span = store_span!(
+        "batch",
+        keiro.store.operation = T::NAME,
+        keiro.store.batch_len = batch.len()
+    );
+    if !span.is_disabled() {
+        for waiting in &batch {
+            span.follows_from(&waiting.caller);
+        }
+    }
     let (requests, replies): (Vec<T>, Vec<_>) =
         batch.into_iter().map(|w| (w.request, w.reply)).unzip();
+    send_batch(store, requests, replies, slot)
+        .instrument(span)
+        .await;
+}
+
+/// Sends one batch and answers each request; a batch that fails as a whole is sent again
+/// request by request.
+async fn send_batch<T: Batched>(
+    store: &PgStore,
+    requests: Vec<T>,
+    replies: Vec<oneshot::Sender<Result<T::Output>>>,
+    slot: Slot,
+) {
     if let [request] = requests.as_slice() {
         let outcome = T::send_one(store, request, Some(slot)).await;
         if let Some(reply) = replies.into_iter().next() {
@@ -168,6 +210,7 @@ async fn send<T: Batched>(store: &PgStore, batch: Vec<Waiting<T>>, slot: Slot) {
             );
         }
         Err(error) => {
+            tracing::Span::current().record("error", tracing::field::display(&error));
             tracing::debug!(
                 operation = T::OPERATION,
                 %error,

@@ -12,6 +12,7 @@
 //! they come from one snapshot in one round trip: a signal delivered meanwhile cannot show both
 //! as a pending wait and as a fired timeout.
 
+use keiro_journal::{store_span, traced};
 use keiro_journal::{
     AwakeableInfo, Counts, GroupCount, InspectStore, InstanceKey, InstanceSummary, ListOrder,
     ListRequest, Page, SignalWaitInfo, StatusCount, StoreError, TimerInfo, TimerKind, TimerState,
@@ -391,14 +392,15 @@ impl PgStore {
 #[async_trait::async_trait]
 impl InspectStore for PgStore {
     async fn instances_list(&self, request: &ListRequest) -> Result<Page> {
-        self.list(request).await
+        traced(store_span!("instances_list"), self.list(request)).await
     }
 
     async fn instances_counts(&self, now: Option<OffsetDateTime>) -> Result<Counts> {
-        self.counts(now).await
+        traced(store_span!("instances_counts"), self.counts(now)).await
     }
 
     async fn instance_waits(&self, key: &InstanceKey, limit: u32) -> Result<Waits> {
-        self.waits(key, limit).await
+        let span = store_span!("instance_waits", key = key);
+        traced(span, self.waits(key, limit)).await
     }
 }

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use keiro_journal::store::{Append, AppendOutcome, JournalStore, Park, ParkOutcome, Result};
-use keiro_journal::Slot;
+use keiro_journal::{store_span, traced, Slot};
 use keiro_journal::{
     AwakeableOutcome, ChildSpawn, EncodedEvent, Event, Fence, Generation, Instance, InstanceKey,
     JournalEntry, Marker, RemoteArm, RemoteArmOutcome, SignalOptions, SignalSendOutcome,
@@ -150,6 +150,8 @@ impl Batched for StartRequest {
     type Output = Started;
 
     const OPERATION: &'static str = START;
+
+    const NAME: &'static str = "instance_start";
 
     async fn send_many(
         store: &PgStore,
@@ -364,6 +366,8 @@ impl Batched for Append {
     type Output = AppendOutcome;
 
     const OPERATION: &'static str = APPEND;
+
+    const NAME: &'static str = "journal_append";
 
     /// The markers that close a generation by cancel or continue-as-new lock the live remote
     /// tasks of the instance before its row (migration 0010), an order a batch sorted by
@@ -681,11 +685,16 @@ impl JournalStore for PgStore {
     }
 
     async fn instance_start(&self, request: &StartRequest) -> Result<Started> {
-        instance_start(self, request).await
+        let span = store_span!("instance_start", key = request.key);
+        traced(span, instance_start(self, request)).await
     }
 
     async fn instance_get(&self, key: &InstanceKey) -> Result<Option<Instance>> {
-        instance_get(self, key).await
+        traced(
+            store_span!("instance_get", key = key),
+            instance_get(self, key),
+        )
+        .await
     }
 
     async fn journal_load(
@@ -693,23 +702,32 @@ impl JournalStore for PgStore {
         key: &InstanceKey,
         generation: Generation,
     ) -> Result<Vec<JournalEntry>> {
-        journal_load(self, key, generation).await
+        let span = store_span!("journal_load", key = key);
+        traced(span, journal_load(self, key, generation)).await
     }
 
     async fn journal_history(&self, key: &InstanceKey) -> Result<Vec<JournalEntry>> {
-        journal_history(self, key).await
+        let span = store_span!("journal_history", key = key);
+        traced(span, journal_history(self, key)).await
     }
 
     async fn journal_append(&self, append: &Append) -> Result<AppendOutcome> {
-        journal_append(self, append).await
+        let span = store_span!(
+            "journal_append",
+            key = append.key,
+            keiro.workflow.step = %append.event.step_name()
+        );
+        traced(span, journal_append(self, append)).await
     }
 
     async fn journal_append_batch(&self, appends: &[Append]) -> Vec<Result<AppendOutcome>> {
-        journal_append_batch(self, appends).await
+        let span = store_span!("journal_append_batch", keiro.store.len = appends.len());
+        traced(span, journal_append_batch(self, appends)).await
     }
 
     async fn instances_start(&self, requests: &[StartRequest]) -> Vec<Result<Started>> {
-        instances_start(self, requests).await
+        let span = store_span!("instances_start", keiro.store.len = requests.len());
+        traced(span, instances_start(self, requests)).await
     }
 
     async fn instance_confirm(
@@ -718,11 +736,13 @@ impl JournalStore for PgStore {
         fence: &Fence,
         ttl: Duration,
     ) -> Result<Status> {
-        instance_confirm(self, key, fence, ttl).await
+        let span = store_span!("instance_confirm", key = key);
+        traced(span, instance_confirm(self, key, fence, ttl)).await
     }
 
     async fn instance_park(&self, park: &Park) -> Result<ParkOutcome> {
-        instance_park(self, park).await
+        let span = store_span!("instance_park", key = park.key);
+        traced(span, instance_park(self, park)).await
     }
 
     async fn instance_settle_leftovers(
@@ -730,15 +750,19 @@ impl JournalStore for PgStore {
         key: &InstanceKey,
         generation: Generation,
     ) -> Result<u64> {
-        let row = self
-            .query_one(
-                SETTLE_LEFTOVERS,
-                INSTANCE_SETTLE_LEFTOVERS,
-                &[&key.name.as_str(), &key.id.as_str(), &generation],
-            )
-            .await?;
-        let settled: i64 = crate::row::column(&row, "settled", SETTLE_LEFTOVERS)?;
-        Ok(u64::try_from(settled).unwrap_or(0))
+        let span = store_span!("instance_settle_leftovers", key = key);
+        traced(span, async {
+            let row = self
+                .query_one(
+                    SETTLE_LEFTOVERS,
+                    INSTANCE_SETTLE_LEFTOVERS,
+                    &[&key.name.as_str(), &key.id.as_str(), &generation],
+                )
+                .await?;
+            let settled: i64 = crate::row::column(&row, "settled", SETTLE_LEFTOVERS)?;
+            Ok(u64::try_from(settled).unwrap_or(0))
+        })
+        .await
     }
 
     async fn instance_fail_diverged(
@@ -747,11 +771,13 @@ impl JournalStore for PgStore {
         fence: Option<&Fence>,
         reason: &str,
     ) -> Result<bool> {
-        instance_fail_diverged(self, key, fence, reason).await
+        let span = store_span!("instance_fail_diverged", key = key);
+        traced(span, instance_fail_diverged(self, key, fence, reason)).await
     }
 
     async fn timer_arm(&self, arm: &TimerArm) -> Result<OffsetDateTime> {
-        timer::timer_arm(self, arm).await
+        let span = store_span!("timer_arm", key = arm.key, keiro.workflow.step = %arm.step);
+        traced(span, timer::timer_arm(self, arm)).await
     }
 
     async fn timers_fire_due(
@@ -759,35 +785,56 @@ impl JournalStore for PgStore {
         now: Option<OffsetDateTime>,
         limit: i64,
     ) -> Result<TimerFiring> {
-        timer::timers_fire_due(self, now, limit).await
+        let span = store_span!("timers_fire_due");
+        traced(span, timer::timers_fire_due(self, now, limit)).await
     }
 
     async fn timers_requeue_stuck(&self, older_than: Duration) -> Result<u64> {
-        timer::timers_requeue_stuck(self, older_than).await
+        let span = store_span!("timers_requeue_stuck");
+        traced(span, timer::timers_requeue_stuck(self, older_than)).await
     }
 
     async fn timers_due_count(&self, now: Option<OffsetDateTime>) -> Result<u64> {
-        timer::timers_due_count(self, now).await
+        let span = store_span!("timers_due_count");
+        traced(span, timer::timers_due_count(self, now)).await
     }
 
     async fn awakeable_create(&self, append: &Append, id: Uuid) -> Result<AppendOutcome> {
-        awakeable::awakeable_create(self, append, id).await
+        let span = store_span!(
+            "awakeable_create",
+            key = append.key,
+            keiro.workflow.step = %append.event.step_name(),
+            keiro.awakeable.id = %id
+        );
+        traced(span, awakeable::awakeable_create(self, append, id)).await
     }
 
     async fn awakeable_complete(&self, id: Uuid, payload: &Value) -> Result<AwakeableOutcome> {
-        awakeable::awakeable_complete(self, id, payload).await
+        let span = store_span!("awakeable_complete", keiro.awakeable.id = %id);
+        traced(span, awakeable::awakeable_complete(self, id, payload)).await
     }
 
     async fn awakeable_cancel(&self, id: Uuid) -> Result<AwakeableOutcome> {
-        awakeable::awakeable_cancel(self, id).await
+        let span = store_span!("awakeable_cancel", keiro.awakeable.id = %id);
+        traced(span, awakeable::awakeable_cancel(self, id)).await
     }
 
     async fn awakeables_pending(&self) -> Result<u64> {
-        awakeable::awakeables_pending(self).await
+        traced(
+            store_span!("awakeables_pending"),
+            awakeable::awakeables_pending(self),
+        )
+        .await
     }
 
     async fn signal_wait(&self, wait: &SignalWait) -> Result<SignalWaitOutcome> {
-        signal::signal_wait(self, wait).await
+        let span = store_span!(
+            "signal_wait",
+            key = wait.key,
+            keiro.workflow.step = %wait.step,
+            keiro.signal.token = %wait.token
+        );
+        traced(span, signal::signal_wait(self, wait)).await
     }
 
     async fn signal_send_with(
@@ -796,7 +843,8 @@ impl JournalStore for PgStore {
         payload: &Value,
         options: &SignalOptions,
     ) -> Result<SignalSendOutcome> {
-        signal::signal_send(self, token, payload, options).await
+        let span = store_span!("signal_send_with", keiro.signal.token = %token);
+        traced(span, signal::signal_send(self, token, payload, options)).await
     }
 
     async fn signal_withdraw(
@@ -805,25 +853,42 @@ impl JournalStore for PgStore {
         generation: Generation,
         step: &str,
     ) -> Result<bool> {
-        signal::signal_withdraw(self, key, generation, step).await
+        let span = store_span!("signal_withdraw", key = key, keiro.workflow.step = %step);
+        traced(span, signal::signal_withdraw(self, key, generation, step)).await
     }
 
     async fn child_spawn(&self, append: &Append, spawn: &ChildSpawn) -> Result<AppendOutcome> {
-        child::child_spawn(self, append, spawn).await
+        let span = store_span!(
+            "child_spawn",
+            key = append.key,
+            keiro.workflow.step = %append.event.step_name(),
+            keiro.child = %spawn.child
+        );
+        traced(span, child::child_spawn(self, append, spawn)).await
     }
 
     async fn instance_cancel(&self, key: &InstanceKey, cascade: bool) -> Result<AppendOutcome> {
-        child::instance_cancel(self, key, cascade).await
+        let span = store_span!("instance_cancel", key = key);
+        traced(span, child::instance_cancel(self, key, cascade)).await
     }
 
     async fn remote_arm(&self, arm: &RemoteArm) -> Result<RemoteArmOutcome> {
-        let outcome = remote::remote_arm(self, arm).await?;
-        if matches!(outcome, RemoteArmOutcome::Settled { .. }) {
-            // The body acts on a settled value at once: the report it comes from, committed
-            // asynchronously, must be on disk first.
-            crate::flush::flushed(self, &arm.step_id).await?;
-        }
-        Ok(outcome)
+        let span = store_span!(
+            "remote_arm",
+            key = arm.key,
+            keiro.workflow.step = %arm.step,
+            keiro.remote.step_id = %arm.step_id
+        );
+        traced(span, async {
+            let outcome = remote::remote_arm(self, arm).await?;
+            if matches!(outcome, RemoteArmOutcome::Settled { .. }) {
+                // The body acts on a settled value at once: the report it comes from, committed
+                // asynchronously, must be on disk first.
+                crate::flush::flushed(self, &arm.step_id).await?;
+            }
+            Ok(outcome)
+        })
+        .await
     }
 
     async fn instance_park_dispatch(
@@ -831,6 +896,7 @@ impl JournalStore for PgStore {
         park: &Park,
         arms: &[RemoteArm],
     ) -> Result<(ParkOutcome, Vec<RemoteArmOutcome>)> {
-        crate::park_batch::park_dispatch(self, park, arms).await
+        let span = store_span!("instance_park_dispatch", key = park.key);
+        traced(span, crate::park_batch::park_dispatch(self, park, arms)).await
     }
 }

@@ -14,6 +14,7 @@
 use std::time::Duration;
 
 use keiro_journal::store::Result;
+use keiro_journal::{store_span, traced};
 use keiro_journal::{Fence, Instance, InstanceKey, JournalEntry, StartRequest, WorkflowName};
 use keiro_lease::{
     classify_refusal, Claim, ClaimGate, ClaimOutcome, Crash, CrashOutcome, LeaseStore,
@@ -459,7 +460,8 @@ impl LeaseStore for PgStore {
         now: Option<OffsetDateTime>,
         limit: Option<i64>,
     ) -> Result<Vec<InstanceKey>> {
-        instances_runnable(self, now, limit).await
+        let span = store_span!("instances_runnable");
+        traced(span, instances_runnable(self, now, limit)).await
     }
 
     async fn instance_claim(
@@ -469,7 +471,8 @@ impl LeaseStore for PgStore {
         ttl: Duration,
         now: Option<OffsetDateTime>,
     ) -> Result<ClaimOutcome> {
-        instance_claim(self, key, owner, ttl, now).await
+        let span = store_span!("instance_claim", key = key);
+        traced(span, instance_claim(self, key, owner, ttl, now)).await
     }
 
     async fn instances_claim_batch(
@@ -480,7 +483,12 @@ impl LeaseStore for PgStore {
         limit: i64,
         now: Option<OffsetDateTime>,
     ) -> Result<Vec<Claim>> {
-        instances_claim_batch(self, names, owner, ttl, limit, now).await
+        let span = store_span!("instances_claim_batch");
+        traced(
+            span,
+            instances_claim_batch(self, names, owner, ttl, limit, now),
+        )
+        .await
     }
 
     async fn instance_start_claimed(
@@ -490,7 +498,8 @@ impl LeaseStore for PgStore {
         ttl: Duration,
         now: Option<OffsetDateTime>,
     ) -> Result<StartClaim> {
-        instance_start_claimed(self, request, owner, ttl, now).await
+        let span = store_span!("instance_start_claimed", key = request.key);
+        traced(span, instance_start_claimed(self, request, owner, ttl, now)).await
     }
 
     async fn instance_lease_renew(
@@ -499,7 +508,8 @@ impl LeaseStore for PgStore {
         fence: &Fence,
         ttl: Duration,
     ) -> Result<()> {
-        instance_lease_renew(self, key, fence, ttl).await
+        let span = store_span!("instance_lease_renew", key = key);
+        traced(span, instance_lease_renew(self, key, fence, ttl)).await
     }
 
     async fn instance_release(
@@ -508,11 +518,13 @@ impl LeaseStore for PgStore {
         fence: &Fence,
         progressed: bool,
     ) -> Result<bool> {
-        instance_release(self, key, fence, progressed).await
+        let span = store_span!("instance_release", key = key);
+        traced(span, instance_release(self, key, fence, progressed)).await
     }
 
     async fn instance_lease_force_release(&self, key: &InstanceKey) -> Result<bool> {
-        instance_lease_force_release(self, key).await
+        let span = store_span!("instance_lease_force_release", key = key);
+        traced(span, instance_lease_force_release(self, key)).await
     }
 
     async fn instance_record_crash(
@@ -521,10 +533,12 @@ impl LeaseStore for PgStore {
         fence: &Fence,
         crash: &Crash,
     ) -> Result<CrashOutcome> {
-        instance_record_crash(self, key, fence, crash).await
+        let span = store_span!("instance_record_crash", key = key);
+        traced(span, instance_record_crash(self, key, fence, crash)).await
     }
 
     async fn instance_resurrect(&self, key: &InstanceKey) -> Result<ResurrectOutcome> {
-        instance_resurrect(self, key).await
+        let span = store_span!("instance_resurrect", key = key);
+        traced(span, instance_resurrect(self, key)).await
     }
 }

@@ -31,6 +31,8 @@ impl Batched for ParkRequest {
 
     const OPERATION: &'static str = PARK_BATCH;
 
+    const NAME: &'static str = "instance_park_dispatch";
+
     async fn send_many(
         store: &PgStore,
         batch: &[Self],

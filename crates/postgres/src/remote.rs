@@ -30,6 +30,7 @@
 use std::time::Duration;
 
 use keiro_journal::store::Result;
+use keiro_journal::{store_span, traced};
 use keiro_journal::{Backoff, InstanceKey, Park, ParkOutcome, RemoteArm, RemoteArmOutcome};
 use keiro_remote::{
     ClaimRequest, ClaimedTask, HeartbeatOutcome, RemoteAdmin, RemoteTask, ReportOutcome,
@@ -556,7 +557,8 @@ fn remote_task(row: &Row) -> Result<RemoteTask> {
 #[async_trait::async_trait]
 impl Transport for PgStore {
     async fn tasks_claim(&self, request: &ClaimRequest) -> Result<Vec<ClaimedTask>> {
-        tasks_claim(self, request).await
+        let span = store_span!("tasks_claim", keiro.remote.groups = ?request.groups);
+        traced(span, tasks_claim(self, request)).await
     }
 
     async fn task_heartbeat(
@@ -565,15 +567,18 @@ impl Transport for PgStore {
         claim: Uuid,
         ttl: Duration,
     ) -> Result<HeartbeatOutcome> {
-        task_heartbeat(self, step_id, claim, ttl).await
+        let span = store_span!("task_heartbeat", keiro.remote.step_id = %step_id);
+        traced(span, task_heartbeat(self, step_id, claim, ttl)).await
     }
 
     async fn task_complete(&self, step_id: &str, output: &Value) -> Result<ReportOutcome> {
-        task_complete(self, step_id, output).await
+        let span = store_span!("task_complete", keiro.remote.step_id = %step_id);
+        traced(span, task_complete(self, step_id, output)).await
     }
 
     async fn tasks_complete(&self, reports: &[(String, Value)]) -> Result<Vec<ReportOutcome>> {
-        tasks_complete(self, reports).await
+        let span = store_span!("tasks_complete", keiro.store.len = reports.len());
+        traced(span, tasks_complete(self, reports)).await
     }
 
     async fn task_fail(
@@ -583,7 +588,8 @@ impl Transport for PgStore {
         failure: &TaskFailure,
         retry_delay: Duration,
     ) -> Result<ReportOutcome> {
-        task_fail(self, step_id, claim, failure, retry_delay).await
+        let span = store_span!("task_fail", keiro.remote.step_id = %step_id);
+        traced(span, task_fail(self, step_id, claim, failure, retry_delay)).await
     }
 }
 
@@ -591,11 +597,13 @@ impl Transport for PgStore {
 #[async_trait::async_trait]
 impl RemoteAdmin for PgStore {
     async fn remote_redispatch_pending(&self, key: &InstanceKey) -> Result<Option<u64>> {
-        remote_redispatch_pending(self, key).await
+        let span = store_span!("remote_redispatch_pending", key = key);
+        traced(span, remote_redispatch_pending(self, key)).await
     }
 
     async fn instance_requeue(&self, key: &InstanceKey) -> Result<RequeueOutcome> {
-        instance_requeue(self, key).await
+        let span = store_span!("instance_requeue", key = key);
+        traced(span, instance_requeue(self, key)).await
     }
 
     async fn instance_retry_with_input(
@@ -604,10 +612,13 @@ impl RemoteAdmin for PgStore {
         retry: &InstanceKey,
         input: &Value,
     ) -> Result<RetryOutcome> {
-        instance_retry_with_input(self, origin, retry, input).await
+        let span =
+            store_span!("instance_retry_with_input", key = origin, keiro.retry.id = %retry.id);
+        traced(span, instance_retry_with_input(self, origin, retry, input)).await
     }
 
     async fn remote_tasks(&self, key: &InstanceKey) -> Result<Vec<RemoteTask>> {
-        remote_tasks(self, key).await
+        let span = store_span!("remote_tasks", key = key);
+        traced(span, remote_tasks(self, key)).await
     }
 }

@@ -17,7 +17,7 @@
 //! 4. One statement deletes the instance rows and, table by table, what they own, counting
 //!    each (the foreign keys' cascades and the journal's trigger then find nothing left).
 
-use keiro_journal::{GcBatch, GcRequest, RetentionStore, StoreError};
+use keiro_journal::{store_span, traced, GcBatch, GcRequest, RetentionStore, StoreError};
 use time::OffsetDateTime;
 
 use crate::error::Failure;
@@ -234,21 +234,24 @@ impl PgStore {
 #[async_trait::async_trait]
 impl RetentionStore for PgStore {
     async fn instances_gc(&self, request: &GcRequest) -> Result<GcBatch> {
-        self.gc_batch(request).await
+        traced(store_span!("instances_gc"), self.gc_batch(request)).await
     }
 
     async fn instances_gc_eligible(&self, request: &GcRequest) -> Result<u64> {
-        let head = self
-            .query_one(
-                GC_ELIGIBLE,
-                INSTANCES_GC_CUTOFF,
-                &[&request.now, &span_ms(request.older_than)],
-            )
-            .await?;
-        let cutoff: OffsetDateTime = column(&head, "cutoff", GC_ELIGIBLE)?;
-        let row = self
-            .query_one(GC_ELIGIBLE, INSTANCES_GC_ELIGIBLE, &[&cutoff])
-            .await?;
-        count(&row, "n", GC_ELIGIBLE)
+        traced(store_span!("instances_gc_eligible"), async {
+            let head = self
+                .query_one(
+                    GC_ELIGIBLE,
+                    INSTANCES_GC_CUTOFF,
+                    &[&request.now, &span_ms(request.older_than)],
+                )
+                .await?;
+            let cutoff: OffsetDateTime = column(&head, "cutoff", GC_ELIGIBLE)?;
+            let row = self
+                .query_one(GC_ELIGIBLE, INSTANCES_GC_ELIGIBLE, &[&cutoff])
+                .await?;
+            count(&row, "n", GC_ELIGIBLE)
+        })
+        .await
     }
 }

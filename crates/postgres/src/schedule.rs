@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use keiro_journal::store::{Error as StoreError, Result};
-use keiro_journal::{Fence, Started, WorkflowId, WorkflowName};
+use keiro_journal::{store_span, traced, Fence, Started, WorkflowId, WorkflowName};
 use keiro_resume::{
     trigger_instance_id, Cadence, CatchUp, DueSchedule, FireOutcome, Overlap, Schedule,
     ScheduleFire, ScheduleSpec, ScheduleStore, SchedulesDue,
@@ -426,32 +426,44 @@ impl ScheduleStore for PgStore {
         spec: &ScheduleSpec,
         now: Option<OffsetDateTime>,
     ) -> Result<Schedule> {
-        schedule_upsert(self, spec, now).await
+        let span = store_span!("schedule_upsert", keiro.schedule.name = %spec.name);
+        traced(span, schedule_upsert(self, spec, now)).await
     }
 
     async fn schedule_get(&self, name: &str) -> Result<Option<Schedule>> {
         const GET: &str = "reading a schedule";
-        self.query(GET, SCHEDULE_GET, &[&name])
-            .await?
-            .first()
-            .map(|row| schedule(row, GET))
-            .transpose()
+        let span = store_span!("schedule_get", keiro.schedule.name = %name);
+        traced(span, async {
+            self.query(GET, SCHEDULE_GET, &[&name])
+                .await?
+                .first()
+                .map(|row| schedule(row, GET))
+                .transpose()
+        })
+        .await
     }
 
     async fn schedules_list(&self) -> Result<Vec<Schedule>> {
         const LIST: &str = "listing schedules";
-        self.query(LIST, SCHEDULES_LIST, &[])
-            .await?
-            .iter()
-            .map(|row| schedule(row, LIST))
-            .collect()
+        traced(store_span!("schedules_list"), async {
+            self.query(LIST, SCHEDULES_LIST, &[])
+                .await?
+                .iter()
+                .map(|row| schedule(row, LIST))
+                .collect()
+        })
+        .await
     }
 
     async fn schedule_delete(&self, name: &str) -> Result<bool> {
-        Ok(self
-            .execute("deleting a schedule", SCHEDULE_DELETE, &[&name])
-            .await?
-            > 0)
+        let span = store_span!("schedule_delete", keiro.schedule.name = %name);
+        traced(span, async {
+            Ok(self
+                .execute("deleting a schedule", SCHEDULE_DELETE, &[&name])
+                .await?
+                > 0)
+        })
+        .await
     }
 
     async fn schedule_set_paused(
@@ -460,7 +472,8 @@ impl ScheduleStore for PgStore {
         paused: bool,
         now: Option<OffsetDateTime>,
     ) -> Result<Option<Schedule>> {
-        schedule_set_paused(self, name, paused, now).await
+        let span = store_span!("schedule_set_paused", keiro.schedule.name = %name);
+        traced(span, schedule_set_paused(self, name, paused, now)).await
     }
 
     async fn schedule_trigger(
@@ -468,7 +481,8 @@ impl ScheduleStore for PgStore {
         name: &str,
         now: Option<OffsetDateTime>,
     ) -> Result<Option<Started>> {
-        schedule_trigger(self, name, now).await
+        let span = store_span!("schedule_trigger", keiro.schedule.name = %name);
+        traced(span, schedule_trigger(self, name, now)).await
     }
 
     async fn scheduler_lease(
@@ -477,63 +491,77 @@ impl ScheduleStore for PgStore {
         ttl: Duration,
         now: Option<OffsetDateTime>,
     ) -> Result<Option<Fence>> {
-        let rows = self
-            .query(LEASE, SCHEDULER_LEASE, &[&owner, &span_ms(ttl), &now])
-            .await?;
-        rows.first()
-            .map(|row| {
-                Ok(Fence {
-                    owner: owner.to_owned(),
-                    epoch: column(row, "epoch", LEASE)?,
+        traced(store_span!("scheduler_lease"), async {
+            let rows = self
+                .query(LEASE, SCHEDULER_LEASE, &[&owner, &span_ms(ttl), &now])
+                .await?;
+            rows.first()
+                .map(|row| {
+                    Ok(Fence {
+                        owner: owner.to_owned(),
+                        epoch: column(row, "epoch", LEASE)?,
+                    })
                 })
-            })
-            .transpose()
+                .transpose()
+        })
+        .await
     }
 
     async fn scheduler_release(&self, owner: &str) -> Result<bool> {
-        Ok(self
-            .execute(
-                "releasing the scheduler lease",
-                SCHEDULER_RELEASE,
-                &[&owner],
-            )
-            .await?
-            > 0)
+        traced(store_span!("scheduler_release"), async {
+            Ok(self
+                .execute(
+                    "releasing the scheduler lease",
+                    SCHEDULER_RELEASE,
+                    &[&owner],
+                )
+                .await?
+                > 0)
+        })
+        .await
     }
 
     async fn schedules_due(&self, now: Option<OffsetDateTime>, limit: i64) -> Result<SchedulesDue> {
-        let rows = self.query(DUE, SCHEDULES_DUE, &[&now, &limit]).await?;
-        let first = rows.first().ok_or_else(|| malformed(DUE, "no clock row"))?;
-        let mut due = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let name: Option<String> = column(row, "name", DUE)?;
-            if name.is_none() {
-                continue; // the lateral join's empty side: nothing is due
+        traced(store_span!("schedules_due"), async {
+            let rows = self.query(DUE, SCHEDULES_DUE, &[&now, &limit]).await?;
+            let first = rows.first().ok_or_else(|| malformed(DUE, "no clock row"))?;
+            let mut due = Vec::with_capacity(rows.len());
+            for row in &rows {
+                let name: Option<String> = column(row, "name", DUE)?;
+                if name.is_none() {
+                    continue; // the lateral join's empty side: nothing is due
+                }
+                due.push(DueSchedule {
+                    schedule: schedule(row, DUE)?,
+                    previous_live: column(row, "previous_live", DUE)?,
+                });
             }
-            due.push(DueSchedule {
-                schedule: schedule(row, DUE)?,
-                previous_live: column(row, "previous_live", DUE)?,
-            });
-        }
-        Ok(SchedulesDue {
-            clock: column(first, "clock", DUE)?,
-            due,
-            next_due: column(first, "next_due", DUE)?,
+            Ok(SchedulesDue {
+                clock: column(first, "clock", DUE)?,
+                due,
+                next_due: column(first, "next_due", DUE)?,
+            })
         })
+        .await
     }
 
     async fn schedule_fire(&self, fire: &ScheduleFire) -> Result<FireOutcome> {
-        schedule_fire(self, fire).await
+        let span = store_span!("schedule_fire", keiro.schedule.name = %fire.name);
+        traced(span, schedule_fire(self, fire)).await
     }
 
     async fn schedule_record_error(&self, name: &str, revision: i64, error: &str) -> Result<bool> {
-        Ok(self
-            .execute(
-                "recording a schedule's error",
-                SCHEDULE_RECORD_ERROR,
-                &[&name, &revision, &error],
-            )
-            .await?
-            > 0)
+        let span = store_span!("schedule_record_error", keiro.schedule.name = %name);
+        traced(span, async {
+            Ok(self
+                .execute(
+                    "recording a schedule's error",
+                    SCHEDULE_RECORD_ERROR,
+                    &[&name, &revision, &error],
+                )
+                .await?
+                > 0)
+        })
+        .await
     }
 }
