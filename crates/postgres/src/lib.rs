@@ -103,6 +103,7 @@ pub use in_transaction::InTransaction;
 pub use inspect::ListStatement;
 #[doc(hidden)]
 pub use lease::INSTANCES_RUNNABLE;
+pub use migrate::{FunctionFiles, Migrated};
 #[doc(hidden)]
 pub use retention::INSTANCES_GC_CANDIDATES;
 pub use scratch::DROP_SCHEMA_LOCK_TIMEOUT;
