@@ -102,6 +102,8 @@ pub use in_transaction::InTransaction;
 #[doc(hidden)]
 pub use inspect::ListStatement;
 #[doc(hidden)]
+pub use inspect::INSTANCE_WAITS;
+#[doc(hidden)]
 pub use lease::INSTANCES_RUNNABLE;
 pub use migrate::{FunctionFiles, Migrated};
 #[doc(hidden)]
