@@ -157,6 +157,73 @@ async fn the_api_reads_filters_and_refuses_bad_input() -> TestResult {
     Ok(())
 }
 
+/// Sends a request declaring a `len`-byte body over a raw connection: the headers and half
+/// the body, then a pause until the server answers (1 s at most), then the rest in paced
+/// chunks; then reads the status line. Errors name the step that failed.
+fn send_paced(address: &str, path: &str, len: usize) -> Result<String, String> {
+    use std::io::{BufRead, BufReader, Write};
+    const CHUNK: usize = 16 * 1024;
+    let mut stream = std::net::TcpStream::connect(address).map_err(|e| e.to_string())?;
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {TOKEN}\r\n\
+         Content-Type: application/json\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n"
+    );
+    stream
+        .write_all(head.as_bytes())
+        .map_err(|e| format!("sending the headers: {e}"))?;
+    let chunk = vec![b'x'; CHUNK];
+    let chunks = len / CHUNK;
+    for _ in 0..chunks / 2 {
+        stream
+            .write_all(&chunk)
+            .map_err(|e| format!("sending the first half: {e}"))?;
+    }
+    // A server that answers without reading the body answers now; the rest of the body is
+    // then written after its answer, into a connection it closed with bytes unread (which
+    // resets it). A server that reads the body first answers only once it has all of it.
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(1)))
+        .map_err(|e| e.to_string())?;
+    let _ = stream.peek(&mut [0_u8; 1]);
+    for _ in chunks / 2..chunks {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        stream
+            .write_all(&chunk)
+            .map_err(|e| format!("sending the second half: {e}"))?;
+    }
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    BufReader::new(stream)
+        .read_line(&mut line)
+        .map_err(|e| format!("reading the status line: {e}"))?;
+    Ok(line)
+}
+
+/// A body declared over the limit (and at most 1 MiB) is read and dropped before the 413, so a
+/// client still sending it gets the answer, not a reset connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_still_sending_an_oversized_body_gets_the_413() -> TestResult {
+    let h = Harness::postgres().await;
+    let ui = Ui::start(&h, Some(TOKEN));
+    let address = ui
+        .base
+        .strip_prefix("http://")
+        .ok_or("the base is http")?
+        .to_owned();
+    let line = tokio::task::spawn_blocking(move || {
+        send_paced(
+            &address,
+            "/api/v1/instances/charge/c-1/retry-with-input",
+            512 * 1024,
+        )
+    })
+    .await??;
+    assert!(line.starts_with("HTTP/1.1 413 "), "{line:?}");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_shows_its_timers_awakeables_signal_waits_and_children() -> TestResult {
     let h = Harness::postgres().await;
