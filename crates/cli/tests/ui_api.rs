@@ -110,12 +110,8 @@ async fn the_api_reads_filters_and_refuses_bad_input() -> TestResult {
         .await?;
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(
-        h.keiro
-            .instance(("charge", "c-1"))
-            .await?
-            .expect("row")
-            .status,
-        Status::Failed
+        keiro_tests::status(&h.keiro, "charge", "c-1").await?,
+        Some(Status::Failed)
     );
 
     // An oversized retry-with-input body is refused before it is read whole.
@@ -411,12 +407,8 @@ async fn without_a_token_the_dashboard_is_read_only() -> TestResult {
         .await?;
     assert!(page.contains("Read-only") && !page.contains("action-requeue"));
     assert_eq!(
-        h.keiro
-            .instance(("charge", "c-1"))
-            .await?
-            .expect("row")
-            .status,
-        Status::Failed
+        keiro_tests::status(&h.keiro, "charge", "c-1").await?,
+        Some(Status::Failed)
     );
     Ok(())
 }
@@ -508,12 +500,8 @@ async fn pages_escape_stored_values_and_forms_need_the_csrf_value() -> TestResul
         assert_eq!(response.status(), status, "{form:?}");
     }
     assert_eq!(
-        h.keiro
-            .instance(("charge", "c-1"))
-            .await?
-            .expect("row")
-            .status,
-        Status::Failed
+        keiro_tests::status(&h.keiro, "charge", "c-1").await?,
+        Some(Status::Failed)
     );
     let response = client
         .post(&action)
@@ -522,12 +510,8 @@ async fn pages_escape_stored_values_and_forms_need_the_csrf_value() -> TestResul
         .await?;
     assert_eq!(response.status(), StatusCode::SEE_OTHER);
     assert_eq!(
-        h.keiro
-            .instance(("charge", "c-1"))
-            .await?
-            .expect("row")
-            .status,
-        Status::Running
+        keiro_tests::status(&h.keiro, "charge", "c-1").await?,
+        Some(Status::Running)
     );
     Ok(())
 }
