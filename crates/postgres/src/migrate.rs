@@ -302,8 +302,8 @@ impl PgStore {
     ///
     /// [`Error::MigrationChanged`] when an applied migration differs from the embedded file,
     /// [`Error::FunctionRevisionChanged`] when the schema records this build's function-files
-    /// revision with other files (nothing is applied then); [`Error::MigrationLocked`] when another runner holds the
-    /// schema's migration lock for longer than
+    /// revision with other files (nothing is applied then); [`Error::MigrationLocked`] when
+    /// another runner holds the schema's migration lock for longer than
     /// [`Config::migrate_lock_timeout`](crate::Config#structfield.migrate_lock_timeout);
     /// [`Error::MigrationPrivilege`] or [`Error::FunctionFilePrivilege`] when something is
     /// pending and the role lacks the CREATE privilege applying it needs (nothing is applied
