@@ -9,6 +9,8 @@ pub mod faulty;
 pub mod harness;
 pub mod pg;
 pub mod remote_fixtures;
+pub mod status;
 
 pub use faulty::FaultyStore;
 pub use harness::{crash, key, run_inline, run_with, Backend, Harness, Ledger, TestResult};
+pub use status::{status, until_status};

@@ -13,7 +13,7 @@ use keiro::{
     SchedulerOptions, Status, Worker, WorkflowError,
 };
 use keiro_resume::{FireOutcome, ScheduleFire};
-use keiro_tests::{on_both_stores, Harness, TestResult};
+use keiro_tests::{on_both_stores, until_status, Harness, TestResult};
 use time::macros::datetime;
 use time::OffsetDateTime;
 
@@ -74,7 +74,7 @@ fn id(schedule: &str, tick: OffsetDateTime) -> String {
 }
 
 async fn status(h: &Harness, workflow: &str, id: &str) -> Result<Option<Status>, Error> {
-    Ok(h.keiro.instance((workflow, id)).await?.map(|i| i.status))
+    keiro_tests::status(&h.keiro, workflow, id).await
 }
 
 /// The instance ids a schedule started, among `ticks`.
@@ -649,15 +649,15 @@ async fn a_running_worker_schedules_on_its_own() -> TestResult {
             .await
         }
     });
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let run = keiro.instance(("job", "loop@20260101T100100Z")).await?;
-        if run.is_some_and(|r| r.status == Status::Completed) {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the tick never ran");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // The worker runs the tick; the test only looks.
+    until_status(
+        &keiro,
+        "job",
+        "loop@20260101T100100Z",
+        Status::Completed,
+        || async { Ok(()) },
+    )
+    .await?;
     let _ = done_tx.send(());
     runner.await?;
     // Shutdown gave the leadership up.

@@ -110,12 +110,8 @@ async fn the_api_reads_filters_and_refuses_bad_input() -> TestResult {
         .await?;
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(
-        h.keiro
-            .instance(("charge", "c-1"))
-            .await?
-            .expect("row")
-            .status,
-        Status::Failed
+        keiro_tests::status(&h.keiro, "charge", "c-1").await?,
+        Some(Status::Failed)
     );
 
     // An oversized retry-with-input body is refused before it is read whole.
@@ -154,6 +150,73 @@ async fn the_api_reads_filters_and_refuses_bad_input() -> TestResult {
     assert_eq!(response.status(), StatusCode::OK);
     let done: Value = response.json().await?;
     assert_eq!(done["action"], "requeue");
+    Ok(())
+}
+
+/// Sends a request declaring a `len`-byte body over a raw connection: the headers and half
+/// the body, then a pause until the server answers (1 s at most), then the rest in paced
+/// chunks; then reads the status line. Errors name the step that failed.
+fn send_paced(address: &str, path: &str, len: usize) -> Result<String, String> {
+    use std::io::{BufRead, BufReader, Write};
+    const CHUNK: usize = 16 * 1024;
+    let mut stream = std::net::TcpStream::connect(address).map_err(|e| e.to_string())?;
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {TOKEN}\r\n\
+         Content-Type: application/json\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n"
+    );
+    stream
+        .write_all(head.as_bytes())
+        .map_err(|e| format!("sending the headers: {e}"))?;
+    let chunk = vec![b'x'; CHUNK];
+    let chunks = len / CHUNK;
+    for _ in 0..chunks / 2 {
+        stream
+            .write_all(&chunk)
+            .map_err(|e| format!("sending the first half: {e}"))?;
+    }
+    // A server that answers without reading the body answers now; the rest of the body is
+    // then written after its answer, into a connection it closed with bytes unread (which
+    // resets it). A server that reads the body first answers only once it has all of it.
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(1)))
+        .map_err(|e| e.to_string())?;
+    let _ = stream.peek(&mut [0_u8; 1]);
+    for _ in chunks / 2..chunks {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        stream
+            .write_all(&chunk)
+            .map_err(|e| format!("sending the second half: {e}"))?;
+    }
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    BufReader::new(stream)
+        .read_line(&mut line)
+        .map_err(|e| format!("reading the status line: {e}"))?;
+    Ok(line)
+}
+
+/// A body declared over the limit (and at most 1 MiB) is read and dropped before the 413, so a
+/// client still sending it gets the answer, not a reset connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_still_sending_an_oversized_body_gets_the_413() -> TestResult {
+    let h = Harness::postgres().await;
+    let ui = Ui::start(&h, Some(TOKEN));
+    let address = ui
+        .base
+        .strip_prefix("http://")
+        .ok_or("the base is http")?
+        .to_owned();
+    let line = tokio::task::spawn_blocking(move || {
+        send_paced(
+            &address,
+            "/api/v1/instances/charge/c-1/retry-with-input",
+            512 * 1024,
+        )
+    })
+    .await??;
+    assert!(line.starts_with("HTTP/1.1 413 "), "{line:?}");
     Ok(())
 }
 
@@ -344,12 +407,8 @@ async fn without_a_token_the_dashboard_is_read_only() -> TestResult {
         .await?;
     assert!(page.contains("Read-only") && !page.contains("action-requeue"));
     assert_eq!(
-        h.keiro
-            .instance(("charge", "c-1"))
-            .await?
-            .expect("row")
-            .status,
-        Status::Failed
+        keiro_tests::status(&h.keiro, "charge", "c-1").await?,
+        Some(Status::Failed)
     );
     Ok(())
 }
@@ -441,12 +500,8 @@ async fn pages_escape_stored_values_and_forms_need_the_csrf_value() -> TestResul
         assert_eq!(response.status(), status, "{form:?}");
     }
     assert_eq!(
-        h.keiro
-            .instance(("charge", "c-1"))
-            .await?
-            .expect("row")
-            .status,
-        Status::Failed
+        keiro_tests::status(&h.keiro, "charge", "c-1").await?,
+        Some(Status::Failed)
     );
     let response = client
         .post(&action)
@@ -455,12 +510,8 @@ async fn pages_escape_stored_values_and_forms_need_the_csrf_value() -> TestResul
         .await?;
     assert_eq!(response.status(), StatusCode::SEE_OTHER);
     assert_eq!(
-        h.keiro
-            .instance(("charge", "c-1"))
-            .await?
-            .expect("row")
-            .status,
-        Status::Running
+        keiro_tests::status(&h.keiro, "charge", "c-1").await?,
+        Some(Status::Running)
     );
     Ok(())
 }

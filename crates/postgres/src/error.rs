@@ -127,6 +127,20 @@ pub enum Error {
         /// `CREATE on schema keiro`.
         privilege: String,
     },
+    /// The schema records this build's function-files revision with other files: a file of
+    /// `sql/functions/` changed without the revision being raised (the unit test
+    /// `the_function_files_revision_is_raised_with_every_change` says how to raise it).
+    /// Nothing was applied, so the two builds do not overwrite each other's functions.
+    #[error(
+        "function files revision {revision} in schema {schema} was applied with other files \
+         than this build's; a file of sql/functions/ changed without raising the revision"
+    )]
+    FunctionRevisionChanged {
+        /// The schema.
+        schema: String,
+        /// The revision both builds claim.
+        revision: i32,
+    },
     /// Applying a function file failed; its transaction was rolled back.
     #[error("applying function file {file} to schema {schema} failed")]
     FunctionFile {

@@ -237,7 +237,10 @@ const REMOTE_BACKLOG: &str = "SELECT grp, \
 // branch reads one owner's rows through an index on the owner: the timers' and the waiters'
 // primary keys, `awakeables_owner_idx`; the sort is over that one instance's rows. A waiter's
 // timeout is the signal_timeout timer of its step (the same primary key).
-const INSTANCE_WAITS: &str = "\
+/// The statement of `InspectStore::instance_waits`: `$1` the workflow name, `$2` its id, `$3`
+/// the rows per kind. Public only so the plan test can `EXPLAIN` the exact statement.
+#[doc(hidden)]
+pub const INSTANCE_WAITS: &str = "\
     SELECT source, ord, generation, step, kind, token, status, awakeable, due_at, done_at, \
            attempts, created_at FROM ( \
       (SELECT 'timer' AS source, \

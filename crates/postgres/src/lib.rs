@@ -73,6 +73,7 @@ mod config;
 mod conninfo;
 mod error;
 mod flush;
+mod function_set;
 mod in_transaction;
 mod inspect;
 mod journal;
@@ -98,11 +99,15 @@ pub use config::{
     SCHEMA_DEFAULT, SCHEMA_LEN_MAX, URL_DEFAULT,
 };
 pub use error::{Error, Result};
+pub use function_set::FunctionFiles;
 pub use in_transaction::InTransaction;
 #[doc(hidden)]
 pub use inspect::ListStatement;
 #[doc(hidden)]
+pub use inspect::INSTANCE_WAITS;
+#[doc(hidden)]
 pub use lease::INSTANCES_RUNNABLE;
+pub use migrate::Migrated;
 #[doc(hidden)]
 pub use retention::INSTANCES_GC_CANDIDATES;
 pub use scratch::DROP_SCHEMA_LOCK_TIMEOUT;

@@ -17,8 +17,15 @@
 //! current form only, and are applied after the pending migrations: each file that is new to
 //! the schema or whose checksum differs from the one recorded in `keiro_functions` is applied
 //! (every statement is `CREATE OR REPLACE`) in one transaction with its new bookkeeping row; an
-//! unchanged file costs nothing. A schema that a newer build migrated (it holds a migration
-//! this build does not know) keeps that build's functions: they are skipped, with a warning.
+//! unchanged file costs nothing. A schema that a newer build migrated keeps that build's
+//! functions: they are skipped, with a warning. A build is newer when the schema holds a
+//! migration it does not know, or, between builds with the same migrations (a rolling deploy,
+//! where old and new processes both migrate at start), when its files have a higher revision.
+//! The files as a whole carry one revision, raised with every change and recorded in
+//! `keiro_function_revisions` with their combined checksum once they are in place; without it
+//! the two builds would put back their own bodies in turn at every start. The same revision
+//! with other files is [`Error::FunctionRevisionChanged`]: a unit test keeps a build from
+//! shipping a changed file under an old revision, and this keeps two such builds apart.
 //!
 //! Only applying needs privileges beyond a running role's: what is applied is read first (a
 //! catalog lookup, then plain SELECTs on the bookkeeping tables), so a role without CREATE on
@@ -30,9 +37,12 @@ use std::time::{Duration, Instant};
 use deadpool_postgres::Object;
 use keiro_journal::Backoff;
 use sha2::{Digest, Sha256};
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 
 use crate::error::{Error, Failure, Result};
+use crate::function_set::{
+    FunctionFile, FunctionFiles, FunctionSet, FunctionsPlan, FunctionsRecorded,
+};
 use crate::PgStore;
 
 /// One embedded migration file.
@@ -151,12 +161,6 @@ const MIGRATIONS: &[Migration] = &[
     },
 ];
 
-/// One embedded file of `sql/functions/`: the definitions of one group of functions.
-struct FunctionFile {
-    name: &'static str,
-    sql: &'static str,
-}
-
 /// Every function file, in the order they are applied: a `LANGUAGE sql` function is checked
 /// when it is created, so the functions it calls come from an earlier file (plpgsql bodies
 /// are resolved when they run).
@@ -199,6 +203,26 @@ const FUNCTION_FILES: &[FunctionFile] = &[
     },
 ];
 
+/// The revision of [`FUNCTION_FILES`], raised by one with every change to a file of
+/// `sql/functions/` (or to that list), so that of two builds migrating one schema only the one
+/// with the newer files applies them.
+const FUNCTIONS_REVISION: i32 = 1;
+
+/// The combined checksum (hex) of [`FUNCTION_FILES`] at [`FUNCTIONS_REVISION`], as
+/// [`FunctionSet::checksum`] computes it: the unit test
+/// `the_function_files_revision_is_raised_with_every_change` compares the two, so a changed
+/// file cannot ship under the revision of the old one. The runner records the checksum it
+/// computes, so a build whose files differ from this one's refuses this one's revision.
+#[cfg(test)]
+const FUNCTIONS_REVISION_CHECKSUM: &str =
+    "e49605468a7bdccdc18c01ba9ec4c4f80b5003f891cfd5827df11d86544bafae";
+
+/// This build's function files.
+const FUNCTIONS: FunctionSet<'static> = FunctionSet {
+    revision: FUNCTIONS_REVISION,
+    files: FUNCTION_FILES,
+};
+
 const MIGRATE: &str = "migrating the schema";
 
 fn checksum(sql: &str) -> Vec<u8> {
@@ -224,10 +248,14 @@ impl Migration {
     }
 }
 
-impl FunctionFile {
-    fn checksum(&self) -> Vec<u8> {
-        checksum(self.sql)
-    }
+/// What one [`PgStore::migrate_report`] call did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Migrated {
+    /// The numbered migrations applied, in order: empty when none was pending.
+    pub migrations: Vec<i32>,
+    /// What became of the function files of `sql/functions/`.
+    pub functions: FunctionFiles,
 }
 
 /// The advisory lock key of a schema's migrations: the first eight bytes of a hash of a
@@ -253,7 +281,8 @@ const MIGRATE_UNLOCK: &str = "SELECT pg_advisory_unlock($1)";
 impl PgStore {
     /// Creates the schema if needed, applies every migration it lacks, in order, then every
     /// function file that is new or changed. Returns the migration versions applied by this
-    /// call: empty when no migration was pending (function files are logged, not returned).
+    /// call: empty when no migration was pending ([`migrate_report`](Self::migrate_report) also
+    /// says what became of the function files).
     ///
     /// Safe to run from many processes at once, and at every start. On an up-to-date schema it
     /// only reads, so a role with no CREATE privilege (one that only runs workflows) can call it
@@ -271,16 +300,62 @@ impl PgStore {
     ///
     /// # Errors
     ///
-    /// [`Error::MigrationChanged`] when an applied migration differs from the embedded file
-    /// (nothing is applied then); [`Error::MigrationLocked`] when another runner holds the
-    /// schema's migration lock for longer than
+    /// [`Error::MigrationChanged`] when an applied migration differs from the embedded file,
+    /// [`Error::FunctionRevisionChanged`] when the schema records this build's function-files
+    /// revision with other files (nothing is applied then); [`Error::MigrationLocked`] when
+    /// another runner holds the schema's migration lock for longer than
     /// [`Config::migrate_lock_timeout`](crate::Config#structfield.migrate_lock_timeout);
     /// [`Error::MigrationPrivilege`] or [`Error::FunctionFilePrivilege`] when something is
     /// pending and the role lacks the CREATE privilege applying it needs (nothing is applied
     /// then); [`Error::Migration`] or [`Error::FunctionFile`] when a file fails to apply (its
     /// transaction is rolled back); [`Error::Unavailable`] or [`Error::Database`] otherwise.
     pub async fn migrate(&self) -> Result<Vec<i32>> {
-        self.migrate_up_to(None).await
+        Ok(self.migrate_report().await?.migrations)
+    }
+
+    /// [`migrate`](Self::migrate), returning what it did with the function files too: applied
+    /// (which), already in place, or left alone (and why). `keiro migrate` prints it.
+    ///
+    /// ```no_run
+    /// # async fn demo(store: keiro_postgres::PgStore) -> Result<(), keiro_postgres::Error> {
+    /// use keiro_postgres::FunctionFiles;
+    ///
+    /// let report = store.migrate_report().await?;
+    /// if let FunctionFiles::NewerRevision { ours, schema } = report.functions {
+    ///     println!("a newer build's function files (revision {schema} > {ours}) stay");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Those of [`migrate`](Self::migrate).
+    pub async fn migrate_report(&self) -> Result<Migrated> {
+        self.migrate_up_to(None, &FUNCTIONS).await
+    }
+
+    /// Tests only: [`migrate_report`](Self::migrate_report) as a build whose function files
+    /// are `files` (each a name and its statements, in order) at `revision` runs it, such as an
+    /// older build during a rolling deploy.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`migrate`](Self::migrate).
+    #[doc(hidden)]
+    pub async fn migrate_as_build(
+        &self,
+        revision: i32,
+        files: &[(&'static str, &'static str)],
+    ) -> Result<Migrated> {
+        let files: Vec<FunctionFile> = files
+            .iter()
+            .map(|&(name, sql)| FunctionFile { name, sql })
+            .collect();
+        let set = FunctionSet {
+            revision,
+            files: &files,
+        };
+        self.migrate_up_to(None, &set).await
     }
 
     /// Tests only: [`migrate`](Self::migrate), but only the migrations up to `version`, and the
@@ -292,10 +367,17 @@ impl PgStore {
     /// Those of [`migrate`](Self::migrate).
     #[doc(hidden)]
     pub async fn migrate_to(&self, version: i32) -> Result<Vec<i32>> {
-        self.migrate_up_to(Some(version)).await
+        Ok(self
+            .migrate_up_to(Some(version), &FUNCTIONS)
+            .await?
+            .migrations)
     }
 
-    async fn migrate_up_to(&self, target: Option<i32>) -> Result<Vec<i32>> {
+    async fn migrate_up_to(
+        &self,
+        target: Option<i32>,
+        functions: &FunctionSet<'_>,
+    ) -> Result<Migrated> {
         let mut client = self
             .pool()
             .get()
@@ -303,7 +385,7 @@ impl PgStore {
             .map_err(|e| Failure::from(e).into_error(MIGRATE))?;
         let key = lock_key(self.schema());
         self.migrate_lock(&client, key).await?;
-        let migrated = self.migrate_locked(&mut client, target).await;
+        let migrated = self.migrate_locked(&mut client, target, functions).await;
         self.count_round_trips(1);
         if client
             .query_typed(MIGRATE_UNLOCK, &[(&key, Type::INT8)])
@@ -345,7 +427,12 @@ impl PgStore {
         }
     }
 
-    async fn migrate_locked(&self, client: &mut Object, target: Option<i32>) -> Result<Vec<i32>> {
+    async fn migrate_locked(
+        &self,
+        client: &mut Object,
+        target: Option<i32>,
+        functions: &FunctionSet<'_>,
+    ) -> Result<Migrated> {
         let state = self.schema_state(client).await?;
         let applied = if state.bookkept {
             self.migrations_applied(client).await?
@@ -387,34 +474,58 @@ impl PgStore {
             .iter()
             .filter(|m| m.version <= target && !applied.iter().any(|(v, _)| *v == m.version))
             .collect();
-        let stale: Vec<&FunctionFile> = if target < newest || newer.is_some() {
-            Vec::new()
+        let plan = if target < newest {
+            FunctionsPlan::Leave(FunctionFiles::Pending)
+        } else if let Some(version) = newer {
+            FunctionsPlan::Leave(FunctionFiles::NewerMigration { version })
         } else if !state.functions_readable && !state.may_create {
-            // A running role granted its tables before an upgrade created this one. It could
-            // not apply a file anyway, so it goes on as before; whoever migrates with the
-            // owning role applies what is pending.
+            // A running role granted its tables before an upgrade created the bookkeeping. It
+            // could not apply a file anyway, so it goes on as before; whoever migrates with
+            // the owning role applies what is pending.
             tracing::warn!(
                 schema = self.schema(),
-                "the role may not read keiro_functions, so the function files are not checked"
+                "the role may not read keiro_functions or keiro_function_revisions, so the \
+                 function files are not checked"
             );
-            Vec::new()
+            FunctionsPlan::Leave(FunctionFiles::Unreadable)
         } else {
-            let recorded = if state.functions_bookkept {
-                self.functions_applied(client).await?
-            } else {
-                Vec::new()
-            };
-            FUNCTION_FILES
-                .iter()
-                .filter(|file| {
-                    !recorded
-                        .iter()
-                        .any(|(name, sum)| name == file.name && *sum == file.checksum())
-                })
-                .collect()
+            functions.plan(&self.functions_recorded(client, &state).await?)
         };
-        if pending.is_empty() && stale.is_empty() {
-            return Ok(Vec::new());
+        let (stale, record, mut report) = match plan {
+            FunctionsPlan::Changed => {
+                return Err(Error::FunctionRevisionChanged {
+                    schema: self.schema().to_owned(),
+                    revision: functions.revision,
+                })
+            }
+            FunctionsPlan::Leave(why) => {
+                if let FunctionFiles::NewerRevision { ours, schema } = why {
+                    // A rolling deploy: the newer build's bodies stay in place.
+                    tracing::warn!(
+                        schema = self.schema(),
+                        revision = ours,
+                        recorded = schema,
+                        "the schema's function files are of a newer revision than this \
+                         build's; they are not applied"
+                    );
+                }
+                (Vec::new(), false, why)
+            }
+            // Recording a revision with every file in place changes no function, so a role
+            // that may not create the bookkeeping leaves it to the owning role.
+            FunctionsPlan::Apply { files, record } => (
+                files,
+                record && state.may_create,
+                FunctionFiles::UpToDate {
+                    revision: functions.revision,
+                },
+            ),
+        };
+        if pending.is_empty() && stale.is_empty() && !record {
+            return Ok(Migrated {
+                migrations: Vec::new(),
+                functions: report,
+            });
         }
         if !state.may_create {
             let privilege = if state.schema_exists {
@@ -440,14 +551,24 @@ impl PgStore {
         self.schema_create(client, &state).await?;
         let mut done = Vec::new();
         for migration in pending {
-            self.migration_apply(client, migration)
-                .await
-                .map_err(|source| Error::Migration {
-                    schema: self.schema().to_owned(),
-                    version: migration.version,
-                    name: migration.name,
-                    source: Box::new(source),
-                })?;
+            self.apply(
+                client,
+                "applying a migration",
+                &[migration.sql],
+                MIGRATION_RECORD,
+                &[
+                    (&migration.version, Type::INT4),
+                    (&migration.name, Type::TEXT),
+                    (&migration.checksum(), Type::BYTEA),
+                ],
+            )
+            .await
+            .map_err(|source| Error::Migration {
+                schema: self.schema().to_owned(),
+                version: migration.version,
+                name: migration.name,
+                source: Box::new(source),
+            })?;
             tracing::info!(
                 schema = self.schema(),
                 version = migration.version,
@@ -456,21 +577,55 @@ impl PgStore {
             );
             done.push(migration.version);
         }
+        let mut applied_files = Vec::new();
         for file in stale {
-            self.function_file_apply(client, file)
-                .await
-                .map_err(|source| Error::FunctionFile {
-                    schema: self.schema().to_owned(),
-                    file: file.name,
-                    source: Box::new(source),
-                })?;
+            // The pin follows the file in its transaction: `CREATE OR REPLACE` dropped the
+            // search_path of every function the file defined.
+            self.apply(
+                client,
+                "applying a function file",
+                &[file.sql, FUNCTIONS_PIN],
+                FUNCTION_FILE_RECORD,
+                &[(&file.name, Type::TEXT), (&file.checksum(), Type::BYTEA)],
+            )
+            .await
+            .map_err(|source| Error::FunctionFile {
+                schema: self.schema().to_owned(),
+                file: file.name,
+                source: Box::new(source),
+            })?;
             tracing::info!(
                 schema = self.schema(),
                 file = file.name,
                 "applied function file"
             );
+            applied_files.push(file.name);
         }
-        Ok(done)
+        // Recorded once every file of the revision is in place: a run that fails half-way
+        // leaves the old record, and the next run applies what is still missing.
+        if record {
+            self.apply(
+                client,
+                "recording the function files' revision",
+                &[],
+                FUNCTIONS_REVISION_RECORD,
+                &[
+                    (&functions.revision, Type::INT4),
+                    (&functions.checksum(), Type::BYTEA),
+                ],
+            )
+            .await?;
+        }
+        if !applied_files.is_empty() {
+            report = FunctionFiles::Applied {
+                revision: functions.revision,
+                files: applied_files,
+            };
+        }
+        Ok(Migrated {
+            migrations: done,
+            functions: report,
+        })
     }
 }
 
@@ -481,7 +636,9 @@ struct SchemaState {
     bookkept: bool,
     /// Whether the bookkeeping table of function files exists.
     functions_bookkept: bool,
-    /// Whether the role may read that table (true when it is missing).
+    /// Whether the bookkeeping table of function-files revisions exists.
+    revisions_bookkept: bool,
+    /// Whether the role may read both tables (those that exist).
     functions_readable: bool,
     /// Whether the role may create what is missing: on the schema, or on the database when the
     /// schema itself is missing.
@@ -495,8 +652,11 @@ const SCHEMA_STATE: &str = "SELECT n.oid IS NOT NULL, \
                  WHERE c.relnamespace = n.oid AND c.relname = 'keiro_migrations'), \
          EXISTS (SELECT 1 FROM pg_class c \
                  WHERE c.relnamespace = n.oid AND c.relname = 'keiro_functions'), \
-         coalesce((SELECT has_table_privilege(c.oid, 'SELECT') FROM pg_class c \
-                   WHERE c.relnamespace = n.oid AND c.relname = 'keiro_functions'), true), \
+         EXISTS (SELECT 1 FROM pg_class c \
+                 WHERE c.relnamespace = n.oid AND c.relname = 'keiro_function_revisions'), \
+         coalesce((SELECT bool_and(has_table_privilege(c.oid, 'SELECT')) FROM pg_class c \
+                   WHERE c.relnamespace = n.oid \
+                     AND c.relname IN ('keiro_functions', 'keiro_function_revisions')), true), \
          CASE WHEN n.oid IS NULL THEN has_database_privilege(current_database(), 'CREATE') \
               ELSE has_schema_privilege(n.oid, 'CREATE') END, \
          current_database()::text \
@@ -508,6 +668,12 @@ const MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS keiro_migrations ( \
          applied_at timestamptz NOT NULL DEFAULT now())";
 const FUNCTIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS keiro_functions ( \
          file       text PRIMARY KEY, \
+         checksum   bytea NOT NULL, \
+         applied_at timestamptz NOT NULL DEFAULT now())";
+/// One row per revision of the function files a build applied (or found in place), with their
+/// combined checksum; the newest is the schema's.
+const FUNCTION_REVISIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS keiro_function_revisions ( \
+         revision   integer PRIMARY KEY, \
          checksum   bytea NOT NULL, \
          applied_at timestamptz NOT NULL DEFAULT now())";
 
@@ -524,9 +690,10 @@ impl PgStore {
             schema_exists: row.try_get(0).map_err(fail)?,
             bookkept: row.try_get(1).map_err(fail)?,
             functions_bookkept: row.try_get(2).map_err(fail)?,
-            functions_readable: row.try_get(3).map_err(fail)?,
-            may_create: row.try_get(4).map_err(fail)?,
-            database: row.try_get(5).map_err(fail)?,
+            revisions_bookkept: row.try_get(3).map_err(fail)?,
+            functions_readable: row.try_get(4).map_err(fail)?,
+            may_create: row.try_get(5).map_err(fail)?,
+            database: row.try_get(6).map_err(fail)?,
         })
     }
 
@@ -551,6 +718,13 @@ impl PgStore {
             self.count_round_trips(1);
             client.batch_execute(FUNCTIONS_TABLE).await.map_err(fail)?;
         }
+        if !state.revisions_bookkept {
+            self.count_round_trips(1);
+            client
+                .batch_execute(FUNCTION_REVISIONS_TABLE)
+                .await
+                .map_err(fail)?;
+        }
         Ok(())
     }
 }
@@ -572,46 +746,72 @@ impl PgStore {
     }
 }
 
-const FUNCTIONS_APPLIED: &str = "SELECT file, checksum FROM keiro_functions";
+const FUNCTIONS_APPLIED: &str = "SELECT file, checksum, NULL::integer FROM keiro_functions";
+// The files and the newest revision in one round trip: a revision row is the one whose third
+// column is set. The revisions table is younger than the files', so either may be read alone.
+const FUNCTIONS_AND_REVISION_APPLIED: &str = "\
+    SELECT file, checksum, NULL::integer FROM keiro_functions \
+    UNION ALL \
+    (SELECT NULL, checksum, revision FROM keiro_function_revisions \
+     ORDER BY revision DESC LIMIT 1)";
 
 impl PgStore {
-    /// The function files and checksums applied last.
-    async fn functions_applied(&self, client: &Object) -> Result<Vec<(String, Vec<u8>)>> {
+    /// The function files and checksums applied last, and the newest revision recorded.
+    async fn functions_recorded(
+        &self,
+        client: &Object,
+        state: &SchemaState,
+    ) -> Result<FunctionsRecorded> {
+        let fail = |e| Failure::from(e).into_error(MIGRATE);
+        let query = match (state.functions_bookkept, state.revisions_bookkept) {
+            (true, true) => FUNCTIONS_AND_REVISION_APPLIED,
+            (true, false) => FUNCTIONS_APPLIED,
+            // Without the files' bookkeeping every file is applied, whatever a revision says.
+            (false, _) => return Ok(FunctionsRecorded::default()),
+        };
         self.count_round_trips(1);
-        let rows = client
-            .query_typed(FUNCTIONS_APPLIED, &[])
-            .await
-            .map_err(|e| Failure::from(e).into_error(MIGRATE))?;
-        rows.iter()
-            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
-            .collect::<Result<_, tokio_postgres::Error>>()
-            .map_err(|e| Failure::from(e).into_error(MIGRATE))
+        let rows = client.query_typed(query, &[]).await.map_err(fail)?;
+        let mut recorded = FunctionsRecorded::default();
+        for row in &rows {
+            let checksum: Vec<u8> = row.try_get(1).map_err(fail)?;
+            match row.try_get::<_, Option<i32>>(2).map_err(fail)? {
+                Some(revision) => recorded.revision = Some((revision, checksum)),
+                None => recorded
+                    .files
+                    .push((row.try_get(0).map_err(fail)?, checksum)),
+            }
+        }
+        Ok(recorded)
     }
 }
 
 const MIGRATION_RECORD: &str =
     "INSERT INTO keiro_migrations (version, name, checksum) VALUES ($1, $2, $3)";
 
+const FUNCTIONS_REVISION_RECORD: &str =
+    "INSERT INTO keiro_function_revisions (revision, checksum) VALUES ($1, $2)";
+
 impl PgStore {
-    /// Applies one file and records it, in one transaction.
-    async fn migration_apply(&self, client: &mut Object, migration: &Migration) -> Result<()> {
-        const APPLY: &str = "applying a migration";
-        let fail = |e| Failure::from(e).into_error(APPLY);
+    /// Runs `statements` (a file and what must follow it), then the bookkeeping statement
+    /// `record` with its parameters, in one transaction: a failure leaves neither the file's
+    /// changes nor its record.
+    async fn apply(
+        &self,
+        client: &mut Object,
+        operation: &'static str,
+        statements: &[&str],
+        record: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<()> {
+        let fail = |e| Failure::from(e).into_error(operation);
         self.count_round_trips(1);
         let tx = client.transaction().await.map_err(fail)?;
+        for statement in statements {
+            self.count_round_trips(1);
+            tx.batch_execute(statement).await.map_err(fail)?;
+        }
         self.count_round_trips(1);
-        tx.batch_execute(migration.sql).await.map_err(fail)?;
-        self.count_round_trips(1);
-        tx.query_typed(
-            MIGRATION_RECORD,
-            &[
-                (&migration.version, Type::INT4),
-                (&migration.name, Type::TEXT),
-                (&migration.checksum(), Type::BYTEA),
-            ],
-        )
-        .await
-        .map_err(fail)?;
+        tx.query_typed(record, params).await.map_err(fail)?;
         self.count_round_trips(1);
         tx.commit().await.map_err(fail)
     }
@@ -669,29 +869,6 @@ $$";
 const FUNCTION_FILE_RECORD: &str = "INSERT INTO keiro_functions (file, checksum) VALUES ($1, $2) \
      ON CONFLICT (file) DO UPDATE SET checksum = excluded.checksum, applied_at = now()";
 
-impl PgStore {
-    /// Applies one function file, pins what it defined and records it, in one transaction.
-    async fn function_file_apply(&self, client: &mut Object, file: &FunctionFile) -> Result<()> {
-        const APPLY: &str = "applying a function file";
-        let fail = |e| Failure::from(e).into_error(APPLY);
-        self.count_round_trips(1);
-        let tx = client.transaction().await.map_err(fail)?;
-        self.count_round_trips(1);
-        tx.batch_execute(file.sql).await.map_err(fail)?;
-        self.count_round_trips(1);
-        tx.batch_execute(FUNCTIONS_PIN).await.map_err(fail)?;
-        self.count_round_trips(1);
-        tx.query_typed(
-            FUNCTION_FILE_RECORD,
-            &[(&file.name, Type::TEXT), (&file.checksum(), Type::BYTEA)],
-        )
-        .await
-        .map_err(fail)?;
-        self.count_round_trips(1);
-        tx.commit().await.map_err(fail)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -744,6 +921,21 @@ mod tests {
             assert!(!file.sql.trim().is_empty(), "{}", file.name);
             assert!(FUNCTION_FILES[..i].iter().all(|f| f.name != file.name));
         }
+    }
+
+    #[test]
+    fn the_function_files_revision_is_raised_with_every_change() {
+        let checksum = hex(&FUNCTIONS.checksum());
+        assert!(
+            checksum == FUNCTIONS_REVISION_CHECKSUM,
+            "the function files changed since revision {FUNCTIONS_REVISION} (a file of \
+             sql/functions/ was edited, added, removed or reordered): in \
+             crates/postgres/src/migrate.rs, raise FUNCTIONS_REVISION to {} and set \
+             FUNCTIONS_REVISION_CHECKSUM to \"{checksum}\". Without it, a build with the old \
+             files and one with the new would refuse each other's schema \
+             (sql/functions/README.md, \"Changing a function\")",
+            FUNCTIONS_REVISION + 1
+        );
     }
 
     #[test]

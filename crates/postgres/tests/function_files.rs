@@ -1,7 +1,9 @@
 //! The function files of `sql/functions/`: every way a schema gets to this build ends with the
 //! same functions, triggers, tables and indexes as a fresh one; a changed file is applied
-//! again and an unchanged one costs nothing; a schema a newer build migrated keeps its
-//! functions; the checksums migrations shipped with before the files existed are accepted.
+//! again and an unchanged one costs nothing; a schema a newer build migrated (a migration this
+//! build does not know, or function files of a higher revision) keeps its functions, so two
+//! builds of a rolling deploy do not put back their own in turn; the checksums migrations
+//! shipped with before the files existed are accepted.
 
 mod common;
 
@@ -9,7 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{sql, TestResult};
-use keiro_postgres::{Config, Error, PgStore};
+use keiro_postgres::{Config, Error, FunctionFiles, PgStore};
 use keiro_tests::pg::TestDb;
 use sha2::{Digest, Sha256};
 
@@ -321,6 +323,170 @@ async fn a_schema_a_newer_build_migrated_keeps_its_functions() -> TestResult {
         .await?
         .get(0);
     assert_eq!(revision, 42, "the newer build's function stays");
+    Ok(())
+}
+
+/// `notify.sql` as a build of other function files has it: another body of one function.
+const OTHER_NOTIFY: &str = "\
+    CREATE OR REPLACE FUNCTION keiro_notify_timer() RETURNS void \
+    LANGUAGE sql AS $$ SELECT pg_notify(current_schema() || '.wake', 'another body') $$;";
+
+/// What `pg_get_functiondef` shows of `keiro_notify_timer` in the store's schema.
+async fn notify_timer(store: &PgStore) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
+    Ok(sql(store)
+        .await?
+        .query_one(
+            "SELECT pg_get_functiondef('keiro_notify_timer'::regproc)",
+            &[],
+        )
+        .await?
+        .get(0))
+}
+
+/// The revisions recorded, oldest first.
+async fn revisions(store: &PgStore) -> Result<Vec<i32>, Box<dyn std::error::Error + Send + Sync>> {
+    Ok(sql(store)
+        .await?
+        .query(
+            "SELECT revision FROM keiro_function_revisions ORDER BY revision",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|row| row.get(0))
+        .collect())
+}
+
+/// This build's revision of its function files, as a fresh schema records it.
+async fn this_revision(store: &PgStore) -> Result<i32, Box<dyn std::error::Error + Send + Sync>> {
+    match store.migrate_report().await?.functions {
+        FunctionFiles::UpToDate { revision } => Ok(revision),
+        other => Err(format!("a migrated schema is up to date, not {other:?}").into()),
+    }
+}
+
+#[tokio::test]
+async fn an_older_build_of_the_same_migrations_leaves_the_newer_function_files() -> TestResult {
+    let db = TestDb::new().await; // migrated by this build
+    let store = db.store();
+    let ours = this_revision(&store).await?;
+    assert_eq!(revisions(&store).await?, vec![ours]);
+    let newer_body = notify_timer(&store).await?;
+    let before = recorded(&store).await?;
+
+    // A rolling deploy: a process of the previous build, with the same migrations and older
+    // function files, starts and migrates after this one did.
+    let older = store
+        .migrate_as_build(ours - 1, &[("notify", OTHER_NOTIFY)])
+        .await?;
+    assert_eq!(
+        notify_timer(&store).await?,
+        newer_body,
+        "the newer body stays"
+    );
+    assert!(older.migrations.is_empty());
+    assert_eq!(
+        older.functions,
+        FunctionFiles::NewerRevision {
+            ours: ours - 1,
+            schema: ours
+        }
+    );
+    assert_eq!(recorded(&store).await?, before, "nothing applied");
+    assert_eq!(revisions(&store).await?, vec![ours]);
+
+    // And this build, starting again, finds its own files in place: nothing flips back.
+    assert_eq!(this_revision(&store).await?, ours);
+    assert_eq!(recorded(&store).await?, before);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_newer_revision_applies_its_files_and_this_build_then_leaves_them() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let ours = this_revision(&store).await?;
+
+    let newer = store
+        .migrate_as_build(ours + 1, &[("notify", OTHER_NOTIFY)])
+        .await?;
+    assert_eq!(
+        newer.functions,
+        FunctionFiles::Applied {
+            revision: ours + 1,
+            files: vec!["notify"]
+        }
+    );
+    let newer_body = notify_timer(&store).await?;
+    assert!(newer_body.contains("another body"), "{newer_body}");
+    assert_eq!(revisions(&store).await?, vec![ours, ours + 1]);
+
+    let report = store.migrate_report().await?;
+    assert_eq!(
+        report.functions,
+        FunctionFiles::NewerRevision {
+            ours,
+            schema: ours + 1
+        }
+    );
+    assert_eq!(notify_timer(&store).await?, newer_body);
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_same_revision_with_other_files_is_refused() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let ours = this_revision(&store).await?;
+    let body = notify_timer(&store).await?;
+    let before = recorded(&store).await?;
+
+    // A build that changed a file and kept the revision.
+    let err = store
+        .migrate_as_build(ours, &[("notify", OTHER_NOTIFY)])
+        .await
+        .expect_err("the files differ under one revision");
+    assert!(
+        matches!(&err, Error::FunctionRevisionChanged { schema, revision }
+            if schema == db.schema() && *revision == ours),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("without raising the revision"),
+        "{err}"
+    );
+    assert!(!err.is_retryable());
+    assert_eq!(notify_timer(&store).await?, body, "nothing applied");
+    assert_eq!(recorded(&store).await?, before);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_schema_from_before_revisions_gets_this_builds_files_and_revision() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let ours = this_revision(&store).await?;
+    let body = notify_timer(&store).await?;
+    // As a build from before revisions leaves a schema: no revisions table, and (a rolling
+    // deploy from it) its own `notify.sql` put back.
+    sql(&store)
+        .await?
+        .batch_execute(&format!(
+            "DROP TABLE keiro_function_revisions; \
+             UPDATE keiro_functions SET checksum = '\\x00' WHERE file = 'notify'; {OTHER_NOTIFY}"
+        ))
+        .await?;
+
+    let report = store.migrate_report().await?;
+    assert_eq!(
+        report.functions,
+        FunctionFiles::Applied {
+            revision: ours,
+            files: vec!["notify"]
+        }
+    );
+    assert_eq!(notify_timer(&store).await?, body);
+    assert_eq!(revisions(&store).await?, vec![ours]);
     Ok(())
 }
 

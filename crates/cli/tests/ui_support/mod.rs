@@ -76,22 +76,12 @@ pub async fn drive_until(
     id: &str,
     status: Status,
 ) -> TestResult {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        keiro::resume_once(&h.store, registry, &h.fast_options()).await?;
-        let row = h
-            .keiro
-            .instance((name, id))
-            .await?
-            .expect("a seeded instance");
-        if row.status == status {
-            return Ok(());
-        }
-        if tokio::time::Instant::now() > deadline {
-            return Err(format!("{name}/{id} is {}, not {status}", row.status).into());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let options = h.fast_options();
+    keiro_tests::until_status(&h.keiro, name, id, status, || async {
+        keiro::resume_once(&h.store, registry, &options).await?;
+        Ok(())
+    })
+    .await
 }
 
 /// Seeds `greet/xss-1` (completed, XSS in its output) and `charge/c-1` (failed) plus a few
