@@ -26,12 +26,19 @@ BEGIN
 END;
 $$;
 
--- instances_start: `keiro_instance_start` for each request, one row each (`created`, and the
--- instance row as it then is), in one transaction: the start lane's batches (concurrent
--- `start` calls, natural batching as for appends in journal.sql) and `Keiro::start_many`. A
--- key that appears twice is created by its first request and found by the second; a key
--- another transaction is inserting makes this one wait for it, as a single start does, in key
--- order, at most `lock_timeout` (then the store starts the batch's requests one by one).
+-- instances_start: what `keiro_instance_start` does for each request, one row each
+-- (`created`, and the instance row as it then is), in one transaction: the start lane's batches
+-- (concurrent `start` calls, natural batching as for appends in journal.sql) and
+-- `Keiro::start_many`. One INSERT creates every new key of the batch, in key order (the lock
+-- order); a key that appears twice is created by its first request and found by the others; a
+-- key another transaction is inserting makes the INSERT wait for it, as a single start does,
+-- at most `lock_timeout` (then the store starts the batch's requests one by one). The rows are
+-- then read by a statement of their own, whose fresh snapshot sees a row that a concurrent
+-- start committed after the INSERT began (the conflict it hit).
+--
+-- One wake notification serves the batch: a listener only learns that some instance became
+-- runnable (the payload's key is not used to pick it), and each notification is a queue entry
+-- written at commit.
 CREATE OR REPLACE FUNCTION keiro_instances_start(
     p_names text[], p_ids text[], p_inputs jsonb[], p_parent_names text[], p_parent_ids text[],
     p_priorities integer[])
@@ -42,17 +49,34 @@ SET lock_timeout = '100ms'
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    i integer;
+    v_created integer[];
 BEGIN
-    FOR i IN
-        SELECT r.n FROM unnest(p_names, p_ids) WITH ORDINALITY AS r (name, id, n)
+    WITH requests AS (
+        SELECT DISTINCT ON (r.name COLLATE "C", r.id COLLATE "C") r.*
+        FROM unnest(p_names, p_ids, p_inputs, p_parent_names, p_parent_ids, p_priorities)
+             WITH ORDINALITY AS r (name, id, input, parent_name, parent_id, priority, n)
         ORDER BY r.name COLLATE "C", r.id COLLATE "C", r.n
-    LOOP
-        RETURN QUERY
-        SELECT i, s.created, s.instance
-        FROM keiro_instance_start(p_names[i], p_ids[i], p_inputs[i], p_parent_names[i],
-                                  p_parent_ids[i], p_priorities[i]) s;
-    END LOOP;
+    ), inserted AS (
+        INSERT INTO workflows AS w (workflow_name, workflow_id, input, parent_name, parent_id,
+                                    priority)
+        SELECT r.name, r.id, r.input, r.parent_name, r.parent_id, r.priority
+        FROM requests r
+        ORDER BY r.name COLLATE "C", r.id COLLATE "C"
+        ON CONFLICT (workflow_name, workflow_id) DO NOTHING
+        RETURNING w.workflow_name, w.workflow_id
+    )
+    SELECT coalesce(array_agg(r.n), '{}') INTO v_created
+    FROM requests r
+    JOIN inserted x ON x.workflow_name = r.name AND x.workflow_id = r.id;
+
+    IF v_created <> '{}' THEN
+        PERFORM keiro_notify_wake(p_names[v_created[1]], p_ids[v_created[1]]);
+    END IF;
+
+    RETURN QUERY
+    SELECT r.n::integer, r.n = ANY (v_created),
+           (SELECT w FROM workflows w WHERE w.workflow_name = r.name AND w.workflow_id = r.id)
+    FROM unnest(p_names, p_ids) WITH ORDINALITY AS r (name, id, n);
 END;
 $$;
 

@@ -317,10 +317,12 @@ $$;
 -- outcome row each. The common request, a step on a live instance by its lease holder (or
 -- unfenced), the only request of the batch for its instance, takes 0004's fast path for the
 -- whole batch at once: one INSERT for all of them, one UPDATE for the rows whose lease is due
--- for renewal or that wake, instead of a function call and its statements per request. The
--- conditions are that fast path's, checked on the rows this batch holds locked. Every other
--- request (markers, other generations, stale fences, terminal rows, several requests for one
--- instance) is a call of `keiro_journal_append_to`, after the fast ones, in key order.
+-- for renewal or that wake, instead of a function call and its statements per request. So
+-- does the completion of such an instance (one INSERT of the markers, one UPDATE closing the
+-- rows, its parent told per row). The conditions are those of `keiro_journal_append_to`,
+-- checked on the rows this batch holds locked. Every other request (the other markers, other
+-- generations, stale fences, terminal rows, several requests for one instance) is a call of
+-- `keiro_journal_append_to`, after the fast ones, in key order.
 CREATE OR REPLACE FUNCTION keiro_journal_append_batch(
     p_names text[], p_ids text[], p_generations integer[], p_steps text[], p_kinds text[],
     p_payloads jsonb[], p_owners text[], p_epochs bigint[], p_renew_ms bigint[])
@@ -339,7 +341,9 @@ DECLARE
     v_fast     integer[];
     v_rewrite  integer[];
     v_woken    integer[];
+    v_close    integer[];
     v_appended integer[];
+    v_row      workflows%ROWTYPE;
 BEGIN
     -- Ids and names hold no '/', so `name/id` names an instance.
     FOR v_key IN
@@ -358,15 +362,18 @@ BEGIN
     -- an unfenced step, or a lease due for renewal. Each instance row is read through its
     -- primary key (LATERAL, OFFSET 0 so that it is not flattened into a join): a plan cached
     -- while the table was small must not join the table whole.
-    SELECT coalesce(array_agg(r.n), '{}'),
+    SELECT coalesce(array_agg(r.n) FILTER (WHERE r.kind <> 'completed'), '{}'),
            coalesce(array_agg(r.n) FILTER (
-               WHERE w.status = 'suspended'
-                  OR r.owner IS NULL OR r.renew_ms IS NULL
-                  OR w.lease_expires_at IS NULL
-                  OR w.lease_expires_at <= now() + r.renew_ms * interval '750 microseconds'),
+               WHERE r.kind <> 'completed'
+                 AND (w.status = 'suspended'
+                      OR r.owner IS NULL OR r.renew_ms IS NULL
+                      OR w.lease_expires_at IS NULL
+                      OR w.lease_expires_at <= now() + r.renew_ms * interval '750 microseconds')),
                '{}'),
-           coalesce(array_agg(r.n) FILTER (WHERE w.status = 'suspended'), '{}')
-    INTO v_fast, v_rewrite, v_woken
+           coalesce(array_agg(r.n) FILTER (WHERE r.kind <> 'completed' AND w.status = 'suspended'),
+                    '{}'),
+           coalesce(array_agg(r.n) FILTER (WHERE r.kind = 'completed'), '{}')
+    INTO v_fast, v_rewrite, v_woken, v_close
     FROM (SELECT u.*, count(*) OVER (PARTITION BY u.name, u.id) AS same
           FROM unnest(p_names, p_ids, p_generations, p_kinds, p_owners, p_epochs, p_renew_ms)
                WITH ORDINALITY AS u (name, id, generation, kind, owner, epoch, renew_ms, n)) r
@@ -375,7 +382,7 @@ BEGIN
         FROM workflows x WHERE x.workflow_name = r.name AND x.workflow_id = r.id OFFSET 0) w
     WHERE r.same = 1
       AND (r.name || '/' || r.id) = ANY (v_locked)
-      AND r.kind NOT IN ('completed', 'failed', 'cancelled', 'continued')
+      AND r.kind NOT IN ('failed', 'cancelled', 'continued')
       AND coalesce(r.generation, w.generation) = w.generation
       AND w.status IN ('running', 'suspended')
       AND (r.owner IS NULL OR (w.lease_owner = r.owner AND w.lease_epoch = r.epoch));
@@ -416,13 +423,13 @@ BEGIN
             END IF;
         END LOOP;
 
+        RETURN QUERY
+        SELECT k::integer, 'appended'::text, NULL::jsonb, NULL::text FROM unnest(v_appended) AS k;
         -- A step recorded before: every writer adopts the first recorded value.
         RETURN QUERY
         SELECT r.n::integer,
-               CASE WHEN r.n = ANY (v_appended) THEN 'appended'
-                    WHEN j.kind = r.kind THEN 'already_present'
-                    ELSE 'conflict' END,
-               CASE WHEN NOT r.n = ANY (v_appended) AND j.kind = r.kind THEN j.payload END,
+               CASE WHEN j.kind = r.kind THEN 'already_present' ELSE 'conflict' END,
+               CASE WHEN j.kind = r.kind THEN j.payload END,
                NULL::text
         FROM unnest(p_names, p_ids, p_steps, p_kinds)
              WITH ORDINALITY AS r (name, id, step, kind, n)
@@ -433,12 +440,45 @@ BEGIN
             SELECT y.kind, y.payload FROM journal y
             WHERE y.workflow_name = r.name AND y.workflow_id = r.id
               AND y.generation = w.generation AND y.step_name = r.step OFFSET 0) j ON true
-        WHERE r.n = ANY (v_fast);
+        WHERE r.n = ANY (v_fast) AND NOT r.n = ANY (v_appended);
+    END IF;
+
+    -- The completions: as `keiro_journal_append_to` closes a live row for its lease holder (its
+    -- marker row, then the row `completed`, then the parent told), for the whole batch at once.
+    -- Their marker row cannot be recorded already (the row would be completed), so a conflict
+    -- is an error, as it is alone, and the store re-sends the batch request by request.
+    IF v_close <> '{}' THEN
+        INSERT INTO journal (workflow_name, workflow_id, generation, step_name, kind, payload)
+        SELECT r.name, r.id, w.generation, r.step, r.kind, r.payload
+        FROM unnest(p_names, p_ids, p_steps, p_kinds, p_payloads)
+             WITH ORDINALITY AS r (name, id, step, kind, payload, n)
+        CROSS JOIN LATERAL (
+            SELECT x.generation FROM workflows x
+            WHERE x.workflow_name = r.name AND x.workflow_id = r.id OFFSET 0) w
+        WHERE r.n = ANY (v_close)
+        ORDER BY r.name, r.id;
+
+        FOR v_row IN
+            UPDATE workflows w SET
+                status = 'completed', output = r.payload, completed_at = now(),
+                lease_owner = NULL, lease_expires_at = NULL,
+                attempts = 0, last_error = NULL, next_attempt_at = NULL, wake_after = NULL,
+                updated_at = now()
+            FROM unnest(p_names, p_ids, p_payloads) WITH ORDINALITY AS r (name, id, payload, n)
+            WHERE r.n = ANY (v_close)
+              AND w.workflow_name = r.name AND w.workflow_id = r.id
+            RETURNING w.*
+        LOOP
+            PERFORM keiro_child_deliver(v_row);
+        END LOOP;
+
+        RETURN QUERY
+        SELECT k::integer, 'appended'::text, NULL::jsonb, NULL::text FROM unnest(v_close) AS k;
     END IF;
 
     FOR i IN
         SELECT r.n FROM unnest(p_names, p_ids) WITH ORDINALITY AS r (name, id, n)
-        WHERE NOT r.n = ANY (v_fast)
+        WHERE NOT r.n = ANY (v_fast || v_close)
         ORDER BY r.name COLLATE "C", r.id COLLATE "C", r.n
     LOOP
         IF NOT (p_names[i] || '/' || p_ids[i]) = ANY (v_locked) THEN

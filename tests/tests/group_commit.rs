@@ -6,13 +6,14 @@
 use std::time::Duration;
 
 use keiro::{Append, AppendOutcome, Event, Fence, Marker, Status, StepKind};
-use keiro_journal::{InstanceKey, StartRequest, StoreError};
+use keiro_journal::{ChildSpawn, InstanceKey, Park, StartRequest, StoreError};
 use keiro_lease::ClaimOutcome;
 use keiro_tests::{key, on_every_store, Harness, TestResult};
 use serde_json::{json, Value};
 
 on_every_store!(
     each_append_of_a_batch_keeps_its_own_outcome,
+    each_completion_of_a_batch_keeps_its_own_outcome,
     a_refused_value_fails_only_its_own_append,
     duplicates_in_a_batch_converge_on_the_first_value,
     appends_to_one_instance_keep_their_order_in_a_batch,
@@ -158,6 +159,106 @@ async fn each_append_of_a_batch_keeps_its_own_outcome(h: Harness) -> TestResult 
     h.store
         .instance_lease_renew(&good, &good_fence, TTL)
         .await?;
+    Ok(())
+}
+
+/// Completions are the other half of every run's appends: a batch closes the rows it may close
+/// and answers the others as they would be answered alone.
+async fn each_completion_of_a_batch_keeps_its_own_outcome(h: Harness) -> TestResult {
+    let completed = |output: Value| Event::WorkflowCompleted { output };
+    let (live, live_fence) = claimed(&h, "live", "w").await?;
+    let (stale, stale_fence) = claimed(&h, "stale", "w").await?;
+    h.store.instance_lease_force_release(&stale).await?;
+    let ClaimOutcome::Acquired(_) = h.store.instance_claim(&stale, "other", TTL, None).await?
+    else {
+        panic!("takeover refused")
+    };
+    // A parked row: the park released the lease, so its holder's fence is stale; an unfenced
+    // completion (an operator's) lands.
+    let (parked, parked_fence) = claimed(&h, "parked", "w").await?;
+    h.store
+        .instance_park(&Park {
+            key: parked.clone(),
+            generation: 0,
+            fence: Some(parked_fence.clone()),
+            awaited: vec!["never".to_owned()],
+            wake_after: None,
+        })
+        .await?;
+    let unfenced = started(&h, "gc", "unfenced").await?;
+    let (closed, closed_fence) = claimed(&h, "closed", "w").await?;
+    h.store
+        .journal_append(&fenced(&closed, &closed_fence, completed(json!("first"))))
+        .await?;
+    // A child whose completion is journaled into its parent, in the same transaction.
+    let parent = started(&h, "gc", "parent").await?;
+    let child = key("gc", "child");
+    let spawned = h
+        .store
+        .child_spawn(
+            &Append::external(
+                parent.clone(),
+                Event::StepRecorded {
+                    step: "child:c".into(),
+                    kind: StepKind::Child,
+                    result: json!({"name": "gc", "id": "child"}),
+                },
+            ),
+            &ChildSpawn {
+                child: child.clone(),
+                input: json!(null),
+                await_step: "child:c:result".into(),
+            },
+        )
+        .await?;
+    assert_eq!(spawned, AppendOutcome::Appended);
+    let ClaimOutcome::Acquired(child_claim) = h.store.instance_claim(&child, "w", TTL, None).await?
+    else {
+        panic!("child claim refused")
+    };
+
+    let appends = [
+        fenced(&live, &live_fence, completed(json!("live"))),
+        fenced(&stale, &stale_fence, completed(json!("stale"))),
+        fenced(&parked, &parked_fence, completed(json!("stale after the park"))),
+        Append::external(parked.clone(), completed(json!("parked"))),
+        Append::external(unfenced.clone(), completed(json!("unfenced"))),
+        fenced(&closed, &closed_fence, completed(json!("second"))),
+        fenced(&child, &child_claim.fence, completed(json!("from the child"))),
+    ];
+    let outcomes = h.store.journal_append_batch(&appends).await;
+    assert_eq!(outcomes.len(), appends.len());
+    let mut outcomes = outcomes.into_iter();
+    let mut next = || outcomes.next().expect("one outcome per append");
+    assert_eq!(next()?, AppendOutcome::Appended);
+    assert!(matches!(next(), Err(e) if e.is_lease_lost()));
+    assert!(matches!(next(), Err(e) if e.is_lease_lost()));
+    assert_eq!(next()?, AppendOutcome::Appended);
+    assert_eq!(next()?, AppendOutcome::Appended);
+    assert_eq!(next()?, AppendOutcome::AlreadyPresent(json!("first")));
+    assert_eq!(next()?, AppendOutcome::Appended);
+
+    for (k, output) in [
+        (&live, "live"),
+        (&parked, "parked"),
+        (&unfenced, "unfenced"),
+        (&closed, "first"),
+        (&child, "from the child"),
+    ] {
+        let row = h.store.instance_get(k).await?.expect("row");
+        assert_eq!(
+            (row.status, row.output, row.lease_owner),
+            (Status::Completed, Some(json!(output)), None),
+            "{k}"
+        );
+    }
+    assert_eq!(status(&h, &stale).await?, Status::Running);
+    assert_eq!(journal(&h, &stale).await?, []);
+    // The parent heard of its child's completion in the batch's transaction.
+    let delivered = journal(&h, &parent).await?;
+    assert_eq!(delivered.len(), 2, "{delivered:?}");
+    assert_eq!(delivered[1].0, "child:c:result");
+    assert_eq!(delivered[1].1, json!({"ok": "from the child"}));
     Ok(())
 }
 
