@@ -128,6 +128,74 @@ BEGIN
 END;
 $$;
 
+-- instances_start_claimed: what `keiro_instance_start_claimed` does for each request, one row
+-- each (the request's position `n`, then its outcome columns), in one transaction: the direct
+-- start lane's batches (concurrent `Worker::run_workflow` calls, natural batching as for
+-- appends in journal.sql). One INSERT creates every new key of the batch with its caller's
+-- lease, in key order (the lock order); the other requests (a key that exists, or the second
+-- request for a key) are `keiro_instance_start_claimed` calls, in key order after it, so a
+-- second caller of one key finds the first one's live lease, as it would alone. A key another
+-- transaction is inserting makes the INSERT wait for it at most `lock_timeout` (then the store
+-- sends the batch's requests one by one). No NOTIFY, as alone.
+CREATE OR REPLACE FUNCTION keiro_instances_start_claimed(
+    p_names text[], p_ids text[], p_inputs jsonb[], p_parent_names text[], p_parent_ids text[],
+    p_priorities integer[], p_owners text[], p_ttl_ms bigint[], p_nows timestamptz[])
+RETURNS TABLE (n integer, created boolean, granted boolean, clock timestamptz,
+               instance workflows, journal_seq bigint[], journal_step text[],
+               journal_kind text[], journal_payload jsonb[], journal_recorded_at timestamptz[])
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+SET lock_timeout = '100ms'
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    i         integer;
+    v_created integer[];
+BEGIN
+    WITH requests AS (
+        SELECT DISTINCT ON (r.name COLLATE "C", r.id COLLATE "C") r.*
+        FROM unnest(p_names, p_ids, p_inputs, p_parent_names, p_parent_ids, p_priorities,
+                    p_owners, p_ttl_ms, p_nows)
+             WITH ORDINALITY AS r (name, id, input, parent_name, parent_id, priority, owner,
+                                   ttl_ms, clock, n)
+        ORDER BY r.name COLLATE "C", r.id COLLATE "C", r.n
+    ), inserted AS (
+        INSERT INTO workflows AS w (workflow_name, workflow_id, input, parent_name, parent_id,
+                                    priority, lease_owner, lease_epoch, lease_expires_at)
+        SELECT r.name, r.id, r.input, r.parent_name, r.parent_id, r.priority, r.owner, 1,
+               coalesce(r.clock, now()) + r.ttl_ms * interval '1 millisecond'
+        FROM requests r
+        ORDER BY r.name COLLATE "C", r.id COLLATE "C"
+        ON CONFLICT (workflow_name, workflow_id) DO NOTHING
+        RETURNING w.workflow_name, w.workflow_id
+    )
+    SELECT coalesce(array_agg(r.n), '{}') INTO v_created
+    FROM requests r
+    JOIN inserted x ON x.workflow_name = r.name AND x.workflow_id = r.id;
+
+    -- A fresh row has no journal.
+    RETURN QUERY
+    SELECT k::integer, true, true, coalesce(p_nows[k], now()),
+           (SELECT w FROM workflows w
+            WHERE w.workflow_name = p_names[k] AND w.workflow_id = p_ids[k]),
+           NULL::bigint[], NULL::text[], NULL::text[], NULL::jsonb[], NULL::timestamptz[]
+    FROM unnest(v_created) AS k;
+
+    FOR i IN
+        SELECT r.n FROM unnest(p_names, p_ids) WITH ORDINALITY AS r (name, id, n)
+        WHERE NOT r.n = ANY (v_created)
+        ORDER BY r.name COLLATE "C", r.id COLLATE "C", r.n
+    LOOP
+        RETURN QUERY
+        SELECT i, c.created, c.granted, c.clock, c.instance, c.journal_seq, c.journal_step,
+               c.journal_kind, c.journal_payload, c.journal_recorded_at
+        FROM keiro_instance_start_claimed(p_names[i], p_ids[i], p_inputs[i], p_parent_names[i],
+                                          p_parent_ids[i], p_priorities[i], p_owners[i],
+                                          p_ttl_ms[i], p_nows[i]) c;
+    END LOOP;
+END;
+$$;
+
 -- instances_claim_batch: discovers and claims up to `p_limit` runnable instances of the
 -- workflow names the caller has registered, in one round trip: rows whose lease is free or
 -- expired and whose backoff gate is open, leased to `p_owner` with a fresh epoch, in claim

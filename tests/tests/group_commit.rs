@@ -22,6 +22,7 @@ on_every_store!(
     concurrent_single_appends_each_get_their_outcome,
     start_many_answers_each_item,
     concurrent_starts_create_each_instance_once,
+    concurrent_direct_starts_lease_each_instance_once,
 );
 
 const TTL: Duration = Duration::from_secs(60);
@@ -212,7 +213,8 @@ async fn each_completion_of_a_batch_keeps_its_own_outcome(h: Harness) -> TestRes
         )
         .await?;
     assert_eq!(spawned, AppendOutcome::Appended);
-    let ClaimOutcome::Acquired(child_claim) = h.store.instance_claim(&child, "w", TTL, None).await?
+    let ClaimOutcome::Acquired(child_claim) =
+        h.store.instance_claim(&child, "w", TTL, None).await?
     else {
         panic!("child claim refused")
     };
@@ -220,11 +222,19 @@ async fn each_completion_of_a_batch_keeps_its_own_outcome(h: Harness) -> TestRes
     let appends = [
         fenced(&live, &live_fence, completed(json!("live"))),
         fenced(&stale, &stale_fence, completed(json!("stale"))),
-        fenced(&parked, &parked_fence, completed(json!("stale after the park"))),
+        fenced(
+            &parked,
+            &parked_fence,
+            completed(json!("stale after the park")),
+        ),
         Append::external(parked.clone(), completed(json!("parked"))),
         Append::external(unfenced.clone(), completed(json!("unfenced"))),
         fenced(&closed, &closed_fence, completed(json!("second"))),
-        fenced(&child, &child_claim.fence, completed(json!("from the child"))),
+        fenced(
+            &child,
+            &child_claim.fence,
+            completed(json!("from the child")),
+        ),
     ];
     let outcomes = h.store.journal_append_batch(&appends).await;
     assert_eq!(outcomes.len(), appends.len());
@@ -612,5 +622,71 @@ async fn concurrent_starts_create_each_instance_once(h: Harness) -> TestResult {
         (0..IDS).collect::<Vec<_>>(),
         "each id created once"
     );
+    Ok(())
+}
+
+/// Direct starts (a worker's `run_workflow`) racing over the same ids: each id is created once,
+/// exactly one caller holds its lease, and every other caller learns the lease is held.
+async fn concurrent_direct_starts_lease_each_instance_once(h: Harness) -> TestResult {
+    const IDS: usize = 30;
+    let mut tasks = tokio::task::JoinSet::new();
+    // Every call is a task of its own, so they share batches.
+    for starter in 0..4_usize {
+        for n in 0..IDS {
+            let i = if starter % 2 == 0 { n } else { IDS - 1 - n };
+            let request = StartRequest {
+                key: key("direct", &format!("d-{i:02}")),
+                input: json!(starter),
+                parent: None,
+                priority: 0,
+            };
+            let (store, owner) = (h.store.clone(), format!("starter-{starter}"));
+            tasks.spawn(async move {
+                let start = store
+                    .instance_start_claimed(&request, &owner, TTL, None)
+                    .await?;
+                Ok::<_, StoreError>((i, owner, start))
+            });
+        }
+    }
+    let mut created = Vec::new();
+    let mut leased: Vec<(usize, String, i64)> = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        let (i, owner, start) = joined??;
+        {
+            if start.created {
+                created.push(i);
+            }
+            match start.claim {
+                ClaimOutcome::Acquired(claim) => {
+                    assert_eq!(claim.fence.owner, owner);
+                    assert!(claim.journal.is_empty());
+                    leased.push((i, owner, claim.fence.epoch));
+                }
+                ClaimOutcome::LeaseHeld => {}
+                other => panic!("d-{i:02}: {other:?}"),
+            }
+        }
+    }
+    created.sort_unstable();
+    assert_eq!(
+        created,
+        (0..IDS).collect::<Vec<_>>(),
+        "each id created once"
+    );
+    leased.sort_unstable();
+    assert_eq!(
+        leased.iter().map(|(i, ..)| *i).collect::<Vec<_>>(),
+        (0..IDS).collect::<Vec<_>>(),
+        "each id leased once"
+    );
+    for (i, owner, epoch) in leased {
+        let row = h
+            .store
+            .instance_get(&key("direct", &format!("d-{i:02}")))
+            .await?
+            .expect("row");
+        assert_eq!((row.lease_owner, row.lease_epoch), (Some(owner), epoch));
+    }
     Ok(())
 }

@@ -282,4 +282,6 @@ pub(crate) struct Lanes {
     pub(crate) appends: Lane<keiro_journal::Append>,
     /// Instance starts (`keiro_instances_start`).
     pub(crate) starts: Lane<keiro_journal::StartRequest>,
+    /// Direct starts, leased to their callers (`keiro_instances_start_claimed`).
+    pub(crate) direct_starts: Lane<crate::start_claimed::StartClaimedRequest>,
 }

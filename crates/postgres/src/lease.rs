@@ -31,7 +31,6 @@ use crate::PgStore;
 
 const RUNNABLE: &str = "discovering runnable instances";
 const CLAIM: &str = "claiming an instance";
-const START_CLAIMED: &str = "starting an instance leased to its caller";
 const RENEW: &str = "renewing a lease";
 const RELEASE: &str = "releasing a lease";
 const FORCE_RELEASE: &str = "force-releasing a lease";
@@ -123,73 +122,6 @@ async fn instance_claim(
     })))
 }
 
-// One statement: the start and the claim commit together (sql/functions/lease.sql says why
-// the row is inserted with its lease rather than claimed after the insert).
-const INSTANCE_START_CLAIMED: &str = concat!(
-    "SELECT c.created, c.granted, c.clock, ",
-    instance_columns!("(c.instance)."),
-    ", c.journal_seq, c.journal_step, c.journal_kind, c.journal_payload, c.journal_recorded_at",
-    " FROM keiro_instance_start_claimed($1, $2, $3, $4, $5, $6, $7, $8, $9) c"
-);
-
-async fn instance_start_claimed(
-    store: &PgStore,
-    request: &StartRequest,
-    owner: &str,
-    ttl: Duration,
-    now: Option<OffsetDateTime>,
-) -> Result<StartClaim> {
-    let parent_name = request.parent.as_ref().map(|p| p.name.as_str());
-    let parent_id = request.parent.as_ref().map(|p| p.id.as_str());
-    let row = store
-        .query_one(
-            START_CLAIMED,
-            INSTANCE_START_CLAIMED,
-            &[
-                &request.key.name.as_str(),
-                &request.key.id.as_str(),
-                &request.input,
-                &parent_name,
-                &parent_id,
-                &request.priority,
-                &owner,
-                &span_ms(ttl),
-                &now,
-            ],
-        )
-        .await?;
-    let created: bool = column(&row, "created", START_CLAIMED)?;
-    let granted: bool = column(&row, "granted", START_CLAIMED)?;
-    if !granted {
-        let clock: OffsetDateTime = column(&row, "clock", START_CLAIMED)?;
-        return Ok(StartClaim {
-            created,
-            claim: classify_refusal(gate(&row)?, clock).into(),
-        });
-    }
-    let instance = row::instance(&row, START_CLAIMED)?;
-    let fence = Fence {
-        owner: owner.to_owned(),
-        epoch: instance.lease_epoch,
-    };
-    let journal = match claimed_journal(&row, &instance) {
-        Ok(journal) => journal,
-        Err(malformed) => {
-            // As for a claim: a journal nobody can drive goes back unleased.
-            let _ = instance_release(store, &request.key, &fence, false).await;
-            return Err(malformed);
-        }
-    };
-    Ok(StartClaim {
-        created,
-        claim: ClaimOutcome::Acquired(Box::new(Claim {
-            fence,
-            instance,
-            journal,
-        })),
-    })
-}
-
 /// The refused row's claim gate; `None` when the instance does not exist.
 const CLAIM_BATCH: &str = "claiming a batch of instances";
 
@@ -246,7 +178,7 @@ async fn instances_claim_batch(
     }
 }
 
-fn gate(row: &Row) -> Result<Option<ClaimGate>> {
+pub(crate) fn gate(row: &Row) -> Result<Option<ClaimGate>> {
     let status: Option<String> = column(row, "status", CLAIM)?;
     let Some(status) = status else {
         return Ok(None);
@@ -259,7 +191,7 @@ fn gate(row: &Row) -> Result<Option<ClaimGate>> {
 }
 
 /// The journal a granted claim returned as parallel arrays, put in `seq` order.
-fn claimed_journal(row: &Row, instance: &Instance) -> Result<Vec<JournalEntry>> {
+pub(crate) fn claimed_journal(row: &Row, instance: &Instance) -> Result<Vec<JournalEntry>> {
     let seqs: Option<Vec<i64>> = column(row, "journal_seq", CLAIM)?;
     let steps: Option<Vec<String>> = column(row, "journal_step", CLAIM)?;
     let kinds: Option<Vec<String>> = column(row, "journal_kind", CLAIM)?;
@@ -350,7 +282,7 @@ const INSTANCE_RELEASE: &str = "UPDATE workflows SET lease_owner = NULL, lease_e
          updated_at = now() \
      WHERE workflow_name = $1 AND workflow_id = $2 AND lease_owner = $3 AND lease_epoch = $4";
 
-async fn instance_release(
+pub(crate) async fn instance_release(
     store: &PgStore,
     key: &InstanceKey,
     fence: &Fence,
@@ -499,7 +431,11 @@ impl LeaseStore for PgStore {
         now: Option<OffsetDateTime>,
     ) -> Result<StartClaim> {
         let span = store_span!("instance_start_claimed", key = request.key);
-        traced(span, instance_start_claimed(self, request, owner, ttl, now)).await
+        traced(
+            span,
+            crate::start_claimed::instance_start_claimed(self, request, owner, ttl, now),
+        )
+        .await
     }
 
     async fn instance_lease_renew(

@@ -87,6 +87,7 @@ mod row;
 mod schedule;
 mod scratch;
 mod signal;
+mod start_claimed;
 mod store;
 mod timer;
 mod tls;
