@@ -84,3 +84,54 @@ async fn without_push_is_only_ever_asked_for() -> TestResult {
     assert!(memory.notifier().is_none());
     Ok(())
 }
+
+/// A batch of starts sends one wake notification for all of them (sql/functions/instance.sql,
+/// `keiro_instances_start`): a worker woken by it claims every run of the batch, long before
+/// its 30 s poll. Fails if the batch stops notifying.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_starts_wakes_the_worker_by_push() -> TestResult {
+    let db = TestDb::new().await;
+    let keiro = Keiro::builder(db.store()).build();
+    let worker = keiro
+        .worker()
+        .register("many", |ctx: Ctx, n: u32| async move {
+            ctx.step("double", || async move { Ok::<_, WorkflowError>(n * 2) })
+                .await
+        })
+        .poll_interval(Duration::from_secs(30))
+        .build()?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        worker
+            .run_until(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ids: Vec<String> = (0..8).map(|i| format!("m-{i}")).collect();
+    let inputs: Vec<u32> = (0..8).collect();
+    let started = keiro
+        .start_many("many", ids.iter().map(String::as_str).zip(&inputs))
+        .await?;
+    assert_eq!(started.len(), ids.len());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    for id in &ids {
+        while keiro
+            .instance(("many", id.as_str()))
+            .await?
+            .expect("row")
+            .status
+            != Status::Completed
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the batch's notification woke the worker before its poll"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(5), running).await??;
+    Ok(())
+}
