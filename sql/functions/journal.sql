@@ -316,13 +316,23 @@ $$;
 -- journal_append_batch: every request as `keiro_journal_append_to` would answer it, one
 -- outcome row each. The common request, a step on a live instance by its lease holder (or
 -- unfenced), the only request of the batch for its instance, takes 0004's fast path for the
--- whole batch at once: one INSERT for all of them, one UPDATE for the rows whose lease is due
--- for renewal or that wake, instead of a function call and its statements per request. So
--- does the completion of such an instance (one INSERT of the markers, one UPDATE closing the
--- rows, its parent told per row). The conditions are those of `keiro_journal_append_to`,
+-- whole batch at once; so does the completion of such an instance (its marker row, the row
+-- `completed`, its parent told). The conditions are those of `keiro_journal_append_to`,
 -- checked on the rows this batch holds locked. Every other request (the other markers, other
 -- generations, stale fences, terminal rows, several requests for one instance) is a call of
 -- `keiro_journal_append_to`, after the fast ones, in key order.
+--
+-- A common batch is four statements, whatever its length (each statement's set-up costs
+-- about as much as a few rows; the first form ran about ten, and read every instance row
+-- three more times after locking it):
+--   1. lock the instance rows in key order and read, into arrays, what the checks need: which
+--      requests are fast, which rows wake or renew their lease, each row's generation;
+--   2. one INSERT of the fast steps and the completion markers;
+--   3. one UPDATE of the rows that close, wake or renew their lease (skipped when none do);
+--   4. the answers.
+-- A completion's marker cannot be recorded already (its row would be completed), so a
+-- conflict on one is raised as the unique violation it is alone, and the store re-sends the
+-- batch request by request.
 CREATE OR REPLACE FUNCTION keiro_journal_append_batch(
     p_names text[], p_ids text[], p_generations integer[], p_steps text[], p_kinds text[],
     p_payloads jsonb[], p_owners text[], p_epochs bigint[], p_renew_ms bigint[])
@@ -335,68 +345,66 @@ SET lock_timeout = '100ms'
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    i          integer;
-    v_key      text;
-    v_locked   text[] := '{}';
-    v_fast     integer[];
-    v_rewrite  integer[];
-    v_woken    integer[];
-    v_close    integer[];
-    v_appended integer[];
-    v_row      workflows%ROWTYPE;
+    i             integer;
+    v_generations integer[];
+    v_fast        integer[];
+    v_close       integer[];
+    v_rewrite     integer[];
+    v_woken       integer[];
+    v_slow        integer[];
+    v_busy        integer[];
+    v_appended    integer[] := '{}';
+    v_row         workflows%ROWTYPE;
 BEGIN
-    -- Ids and names hold no '/', so `name/id` names an instance.
-    FOR v_key IN
-        SELECT w.key
-        FROM (SELECT DISTINCT u.name COLLATE "C" AS name, u.id COLLATE "C" AS id
-              FROM unnest(p_names, p_ids) AS u (name, id) ORDER BY 1, 2) r
-        CROSS JOIN LATERAL (
-            SELECT x.workflow_name || '/' || x.workflow_id AS key FROM workflows x
-            WHERE x.workflow_name = r.name AND x.workflow_id = r.id
-            FOR UPDATE SKIP LOCKED) w
-    LOOP
-        v_locked := v_locked || v_key;
-    END LOOP;
-
-    -- The fast requests, and those of them whose row needs rewriting when they land: a wake,
-    -- an unfenced step, or a lease due for renewal. Each instance row is read through its
-    -- primary key (LATERAL, OFFSET 0 so that it is not flattened into a join): a plan cached
-    -- while the table was small must not join the table whole.
-    SELECT coalesce(array_agg(r.n) FILTER (WHERE r.kind <> 'completed'), '{}'),
+    -- 1. The requests sorted by key, and each one's row locked in that order (a nested loop
+    -- keeps it); a key asked twice is locked again by its own holder, which waits for nothing.
+    -- A row another transaction holds reads as missing (SKIP LOCKED): its request is `busy`,
+    -- and the store sends it alone, where it waits as a single append would. `fast` is the
+    -- entry condition of `keiro_journal_append_to`'s fast path (a step), or of its plain close
+    -- of a live row (a completion).
+    SELECT array_agg(w.generation ORDER BY r.n),
+           coalesce(array_agg(r.n) FILTER (WHERE f.fast AND r.kind <> 'completed'), '{}'),
+           coalesce(array_agg(r.n) FILTER (WHERE f.fast AND r.kind = 'completed'), '{}'),
            coalesce(array_agg(r.n) FILTER (
-               WHERE r.kind <> 'completed'
+               WHERE f.fast AND r.kind <> 'completed'
                  AND (w.status = 'suspended'
                       OR r.owner IS NULL OR r.renew_ms IS NULL
                       OR w.lease_expires_at IS NULL
                       OR w.lease_expires_at <= now() + r.renew_ms * interval '750 microseconds')),
                '{}'),
-           coalesce(array_agg(r.n) FILTER (WHERE r.kind <> 'completed' AND w.status = 'suspended'),
-                    '{}'),
-           coalesce(array_agg(r.n) FILTER (WHERE r.kind = 'completed'), '{}')
-    INTO v_fast, v_rewrite, v_woken, v_close
-    FROM (SELECT u.*, count(*) OVER (PARTITION BY u.name, u.id) AS same
+           coalesce(array_agg(r.n) FILTER (
+               WHERE f.fast AND r.kind <> 'completed' AND w.status = 'suspended'), '{}'),
+           coalesce(array_agg(r.n ORDER BY r.name COLLATE "C", r.id COLLATE "C", r.n)
+                        FILTER (WHERE NOT f.fast AND w.status IS NOT NULL), '{}'),
+           coalesce(array_agg(r.n) FILTER (WHERE w.status IS NULL), '{}')
+    INTO v_generations, v_fast, v_close, v_rewrite, v_woken, v_slow, v_busy
+    FROM (SELECT u.*,
+                 count(*) OVER (PARTITION BY u.name COLLATE "C", u.id COLLATE "C") AS same
           FROM unnest(p_names, p_ids, p_generations, p_kinds, p_owners, p_epochs, p_renew_ms)
-               WITH ORDINALITY AS u (name, id, generation, kind, owner, epoch, renew_ms, n)) r
+               WITH ORDINALITY AS u (name, id, generation, kind, owner, epoch, renew_ms, n)
+          ORDER BY u.name COLLATE "C", u.id COLLATE "C", u.n) r
+    LEFT JOIN LATERAL (
+        SELECT y.generation, y.status, y.lease_owner, y.lease_epoch, y.lease_expires_at
+        FROM workflows y WHERE y.workflow_name = r.name AND y.workflow_id = r.id
+        FOR UPDATE SKIP LOCKED) w ON true
     CROSS JOIN LATERAL (
-        SELECT x.generation, x.status, x.lease_owner, x.lease_epoch, x.lease_expires_at
-        FROM workflows x WHERE x.workflow_name = r.name AND x.workflow_id = r.id OFFSET 0) w
-    WHERE r.same = 1
-      AND (r.name || '/' || r.id) = ANY (v_locked)
-      AND r.kind NOT IN ('failed', 'cancelled', 'continued')
-      AND coalesce(r.generation, w.generation) = w.generation
-      AND w.status IN ('running', 'suspended')
-      AND (r.owner IS NULL OR (w.lease_owner = r.owner AND w.lease_epoch = r.epoch));
+        SELECT coalesce(r.same = 1
+                        AND r.kind NOT IN ('failed', 'cancelled', 'continued')
+                        AND coalesce(r.generation, w.generation) = w.generation
+                        AND w.status IN ('running', 'suspended')
+                        AND (r.owner IS NULL
+                             OR (w.lease_owner = r.owner AND w.lease_epoch = r.epoch)),
+                        false) AS fast) f;
 
-    IF v_fast <> '{}' THEN
+    -- 2. The fast steps and the completion markers: one INSERT. A step recorded before is left
+    -- as it is (every writer adopts the first recorded value, answered below).
+    IF v_fast <> '{}' OR v_close <> '{}' THEN
         WITH inserted AS (
             INSERT INTO journal (workflow_name, workflow_id, generation, step_name, kind, payload)
-            SELECT r.name, r.id, w.generation, r.step, r.kind, r.payload
+            SELECT r.name, r.id, v_generations[r.n], r.step, r.kind, r.payload
             FROM unnest(p_names, p_ids, p_steps, p_kinds, p_payloads)
                  WITH ORDINALITY AS r (name, id, step, kind, payload, n)
-            CROSS JOIN LATERAL (
-                SELECT x.generation FROM workflows x
-                WHERE x.workflow_name = r.name AND x.workflow_id = r.id OFFSET 0) w
-            WHERE r.n = ANY (v_fast)
+            WHERE r.n = ANY (v_fast || v_close)
             ORDER BY r.name, r.id
             ON CONFLICT (workflow_name, workflow_id, generation, step_name) DO NOTHING
             RETURNING journal.workflow_name, journal.workflow_id
@@ -404,28 +412,63 @@ BEGIN
         SELECT coalesce(array_agg(r.n), '{}') INTO v_appended
         FROM unnest(p_names, p_ids) WITH ORDINALITY AS r (name, id, n)
         JOIN inserted x ON x.workflow_name = r.name AND x.workflow_id = r.id
-        WHERE r.n = ANY (v_fast);
+        WHERE r.n = ANY (v_fast || v_close);
+        IF NOT v_close <@ v_appended THEN
+            RAISE unique_violation USING
+                MESSAGE = 'a completion of the batch found its marker recorded already';
+        END IF;
+    END IF;
 
-        -- As 0004: a step rewrites its row only to wake it or to renew a lease that is due
-        -- (then only unindexed columns change, a HOT update), one row at a time by key.
-        FOR i IN SELECT k FROM unnest(v_rewrite) AS k WHERE k = ANY (v_appended) LOOP
+    -- 3. The rows that change: a completion closes its row (as `keiro_journal_append_to`), an
+    -- appended step wakes its row or renews a lease that is due (as 0004: only unindexed
+    -- columns change on a running row, so that version can be HOT). A completed child tells
+    -- its parent.
+    IF v_close <> '{}' OR v_rewrite && v_appended THEN
+        FOR v_row IN
             UPDATE workflows w SET
-                status = 'running',
+                status = CASE WHEN r.kind = 'completed' THEN 'completed' ELSE 'running' END,
+                output = CASE WHEN r.kind = 'completed' THEN r.payload ELSE w.output END,
+                completed_at = CASE WHEN r.kind = 'completed' THEN now() ELSE w.completed_at END,
+                lease_owner = CASE WHEN r.kind = 'completed' THEN NULL ELSE w.lease_owner END,
                 lease_expires_at = CASE
-                    WHEN p_owners[i] IS NOT NULL AND p_renew_ms[i] IS NOT NULL
-                        THEN now() + p_renew_ms[i] * interval '1 millisecond'
+                    WHEN r.kind = 'completed' THEN NULL
+                    WHEN r.owner IS NOT NULL AND r.renew_ms IS NOT NULL
+                        THEN now() + r.renew_ms * interval '1 millisecond'
                     ELSE w.lease_expires_at
                 END,
+                attempts = CASE WHEN r.kind = 'completed' THEN 0 ELSE w.attempts END,
+                last_error = CASE WHEN r.kind = 'completed' THEN NULL ELSE w.last_error END,
+                next_attempt_at = CASE WHEN r.kind = 'completed' THEN NULL
+                                       ELSE w.next_attempt_at END,
+                wake_after = CASE WHEN r.kind = 'completed' THEN NULL ELSE w.wake_after END,
                 updated_at = now()
-            WHERE w.workflow_name = p_names[i] AND w.workflow_id = p_ids[i];
-            IF i = ANY (v_woken) THEN
-                PERFORM keiro_notify_wake(p_names[i], p_ids[i]);
+            FROM unnest(p_names, p_ids, p_kinds, p_payloads, p_owners, p_renew_ms)
+                 WITH ORDINALITY AS r (name, id, kind, payload, owner, renew_ms, n)
+            WHERE (r.n = ANY (v_close) OR (r.n = ANY (v_rewrite) AND r.n = ANY (v_appended)))
+              AND w.workflow_name = r.name AND w.workflow_id = r.id
+            RETURNING w.*
+        LOOP
+            IF v_row.status = 'completed' AND v_row.parent_step IS NOT NULL THEN
+                PERFORM keiro_child_deliver(v_row);
             END IF;
         END LOOP;
+        -- One notification for the rows the batch woke: a listener only learns that some
+        -- instance became runnable (the key in the payload is not used to pick it).
+        FOREACH i IN ARRAY v_woken LOOP
+            IF i = ANY (v_appended) THEN
+                PERFORM keiro_notify_wake(p_names[i], p_ids[i]);
+                EXIT;
+            END IF;
+        END LOOP;
+    END IF;
 
-        RETURN QUERY
-        SELECT k::integer, 'appended'::text, NULL::jsonb, NULL::text FROM unnest(v_appended) AS k;
-        -- A step recorded before: every writer adopts the first recorded value.
+    -- 4. The answers: appended, busy, recorded before; then every other request, alone, in
+    -- key order.
+    RETURN QUERY
+    SELECT k::integer, 'appended'::text, NULL::jsonb, NULL::text FROM unnest(v_appended) AS k
+    UNION ALL
+    SELECT k::integer, 'busy'::text, NULL::jsonb, NULL::text FROM unnest(v_busy) AS k;
+    IF cardinality(v_appended) < cardinality(v_fast) + cardinality(v_close) THEN
         RETURN QUERY
         SELECT r.n::integer,
                CASE WHEN j.kind = r.kind THEN 'already_present' ELSE 'conflict' END,
@@ -433,59 +476,13 @@ BEGIN
                NULL::text
         FROM unnest(p_names, p_ids, p_steps, p_kinds)
              WITH ORDINALITY AS r (name, id, step, kind, n)
-        CROSS JOIN LATERAL (
-            SELECT x.generation FROM workflows x
-            WHERE x.workflow_name = r.name AND x.workflow_id = r.id OFFSET 0) w
         LEFT JOIN LATERAL (
             SELECT y.kind, y.payload FROM journal y
             WHERE y.workflow_name = r.name AND y.workflow_id = r.id
-              AND y.generation = w.generation AND y.step_name = r.step OFFSET 0) j ON true
+              AND y.generation = v_generations[r.n] AND y.step_name = r.step OFFSET 0) j ON true
         WHERE r.n = ANY (v_fast) AND NOT r.n = ANY (v_appended);
     END IF;
-
-    -- The completions: as `keiro_journal_append_to` closes a live row for its lease holder (its
-    -- marker row, then the row `completed`, then the parent told), for the whole batch at once.
-    -- Their marker row cannot be recorded already (the row would be completed), so a conflict
-    -- is an error, as it is alone, and the store re-sends the batch request by request.
-    IF v_close <> '{}' THEN
-        INSERT INTO journal (workflow_name, workflow_id, generation, step_name, kind, payload)
-        SELECT r.name, r.id, w.generation, r.step, r.kind, r.payload
-        FROM unnest(p_names, p_ids, p_steps, p_kinds, p_payloads)
-             WITH ORDINALITY AS r (name, id, step, kind, payload, n)
-        CROSS JOIN LATERAL (
-            SELECT x.generation FROM workflows x
-            WHERE x.workflow_name = r.name AND x.workflow_id = r.id OFFSET 0) w
-        WHERE r.n = ANY (v_close)
-        ORDER BY r.name, r.id;
-
-        FOR v_row IN
-            UPDATE workflows w SET
-                status = 'completed', output = r.payload, completed_at = now(),
-                lease_owner = NULL, lease_expires_at = NULL,
-                attempts = 0, last_error = NULL, next_attempt_at = NULL, wake_after = NULL,
-                updated_at = now()
-            FROM unnest(p_names, p_ids, p_payloads) WITH ORDINALITY AS r (name, id, payload, n)
-            WHERE r.n = ANY (v_close)
-              AND w.workflow_name = r.name AND w.workflow_id = r.id
-            RETURNING w.*
-        LOOP
-            PERFORM keiro_child_deliver(v_row);
-        END LOOP;
-
-        RETURN QUERY
-        SELECT k::integer, 'appended'::text, NULL::jsonb, NULL::text FROM unnest(v_close) AS k;
-    END IF;
-
-    FOR i IN
-        SELECT r.n FROM unnest(p_names, p_ids) WITH ORDINALITY AS r (name, id, n)
-        WHERE NOT r.n = ANY (v_fast || v_close)
-        ORDER BY r.name COLLATE "C", r.id COLLATE "C", r.n
-    LOOP
-        IF NOT (p_names[i] || '/' || p_ids[i]) = ANY (v_locked) THEN
-            -- Held by another transaction (or missing): sent alone by the store.
-            RETURN QUERY SELECT i, 'busy'::text, NULL::jsonb, NULL::text;
-            CONTINUE;
-        END IF;
+    FOREACH i IN ARRAY v_slow LOOP
         RETURN QUERY
         SELECT i, a.outcome, a.recorded, a.marker
         FROM keiro_journal_append_to(p_names[i], p_ids[i], p_generations[i], p_steps[i],

@@ -6,22 +6,32 @@
 -- awaited instance finished). Only instance payloads contain a `/` without a `:` before it,
 -- so no two kinds can be confused.
 
+-- The three senders are plpgsql, not `LANGUAGE sql`: a SQL function that cannot be inlined
+-- (these return void) is parsed and planned again by every statement that calls it, about
+-- 0.1 ms per start or wake, where plpgsql keeps its plan for the session (revision 3).
+
 -- Sends the wake notification of one instance on this schema's channel.
 CREATE OR REPLACE FUNCTION keiro_notify_wake(p_name text, p_id text) RETURNS void
-LANGUAGE sql AS $$
-    SELECT pg_notify(current_schema() || '.wake', p_name || '/' || p_id);
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify(current_schema() || '.wake', p_name || '/' || p_id);
+END;
 $$;
 
 -- Tells timer loops that a timer was armed, so the earliest due time may have moved closer.
 CREATE OR REPLACE FUNCTION keiro_notify_timer() RETURNS void
-LANGUAGE sql AS $$
-    SELECT pg_notify(current_schema() || '.wake', 'timer');
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify(current_schema() || '.wake', 'timer');
+END;
 $$;
 
 -- Tells remote workers that a task became claimable.
 CREATE OR REPLACE FUNCTION keiro_notify_remote() RETURNS void
-LANGUAGE sql AS $$
-    SELECT pg_notify(current_schema() || '.wake', 'remote');
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify(current_schema() || '.wake', 'remote');
+END;
 $$;
 
 -- An instance someone awaits the result of notifies `done:<name>/<id>` when it reaches a

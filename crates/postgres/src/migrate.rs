@@ -206,7 +206,7 @@ const FUNCTION_FILES: &[FunctionFile] = &[
 /// The revision of [`FUNCTION_FILES`], raised by one with every change to a file of
 /// `sql/functions/` (or to that list), so that of two builds migrating one schema only the one
 /// with the newer files applies them.
-const FUNCTIONS_REVISION: i32 = 2;
+const FUNCTIONS_REVISION: i32 = 3;
 
 /// The combined checksum (hex) of [`FUNCTION_FILES`] at [`FUNCTIONS_REVISION`], as
 /// [`FunctionSet::checksum`] computes it: the unit test
@@ -215,7 +215,7 @@ const FUNCTIONS_REVISION: i32 = 2;
 /// computes, so a build whose files differ from this one's refuses this one's revision.
 #[cfg(test)]
 const FUNCTIONS_REVISION_CHECKSUM: &str =
-    "31a7b0191561e10f845a1ea20ee4bec3c6c91d90fed3a530ac4253344397621d";
+    "4b5872a0b739a2496901d9849842e28f6d15e2ceacb8e57b9f57587d1f33ce84";
 
 /// This build's function files.
 const FUNCTIONS: FunctionSet<'static> = FunctionSet {

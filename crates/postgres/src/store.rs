@@ -318,13 +318,17 @@ impl PgStore {
             .map_err(|e| Failure::from(e).into_store(operation))
     }
 
-    /// [`query`](Self::query) for a batch of a group-commit lane, in a transaction of its own
-    /// (`BEGIN`, sent with the statement in one write; `COMMIT`): gives `slot` back once the
-    /// statement has run, so the next batch runs while this one's commit waits for its WAL
-    /// flush and then shares the next flush. Implicit transactions commit before their rows are
-    /// sent, which would hold the slot across the flush. A statement still running after
-    /// [`SLOT_HOLD_MAX`] (kept waiting for a lock, most likely) gives the slot back too, so the
-    /// lane never waits behind it. Counts two round trips: the statement and the commit.
+    /// [`query`](Self::query) for a batch of a group-commit lane, in a transaction of its own:
+    /// `BEGIN`, the statement and `COMMIT` leave in one write, and `slot` is given back as soon
+    /// as the statement's rows are in, so the next batch runs while this one's commit waits for
+    /// its WAL flush (and then shares the next flush). The server answers the statement before
+    /// it reads the `COMMIT`, and it does not wait for the client to send it: a batch is one
+    /// round trip. (An implicit transaction commits before its rows are sent, which would
+    /// hold the slot across the flush.) A statement that fails aborts the transaction, and the
+    /// pipelined `COMMIT` then rolls it back, so the connection goes back to the pool clean. A
+    /// statement still running after [`SLOT_HOLD_MAX`] (kept waiting for a lock, most likely)
+    /// gives the slot back too, so the lane never waits behind it. Nobody is answered before
+    /// the commit is acknowledged. Counts one round trip.
     pub(crate) async fn query_in_slot(
         &self,
         operation: &'static str,
@@ -338,42 +342,42 @@ impl PgStore {
         let failed = |e| Failure::from(e).into_store(operation);
         let client = self.client(operation).await?;
         let statement = self.prepared(&client, sql).await.map_err(failed)?;
-        self.count_round_trips(2);
+        self.count_round_trips(1);
         let executed = async {
-            // Requests made at once are pipelined: BEGIN is written with the statement.
+            // Requests made at once are pipelined, in the order they are first polled.
             let (begun, rows) = tokio::join!(
                 client.batch_execute("BEGIN"),
                 client.query(&statement, params)
             );
             begun.and(rows)
         };
-        let mut executed = std::pin::pin!(executed);
-        let mut slot = Some(slot);
-        let rows = tokio::select! {
-            rows = &mut executed => rows,
-            () = tokio::time::sleep(SLOT_HOLD_MAX) => {
-                drop(slot.take());
-                executed.await
-            }
+        let ran = async {
+            let mut executed = std::pin::pin!(executed);
+            let mut slot = Some(slot);
+            let rows = tokio::select! {
+                rows = &mut executed => rows,
+                () = tokio::time::sleep(SLOT_HOLD_MAX) => {
+                    drop(slot.take());
+                    executed.await
+                }
+            };
+            drop(slot);
+            rows
         };
-        drop(slot);
-        match rows {
-            Ok(rows) => {
-                client.batch_execute("COMMIT").await.map_err(failed)?;
-                Ok(rows)
-            }
-            Err(error) => {
-                // The transaction failed (or never began): end it before the connection goes
-                // back to the pool. A connection that cannot is broken, and the pool drops it.
-                let _ = client.batch_execute("ROLLBACK").await;
-                Err(failed(error))
-            }
-        }
+        let (rows, committed) = tokio::join!(ran, client.batch_execute("COMMIT"));
+        // A failed statement's error is the one to report: the COMMIT of its aborted
+        // transaction only rolled it back.
+        let rows = rows.map_err(failed)?;
+        committed.map_err(failed)?;
+        Ok(rows)
     }
 
     /// [`query_one`](Self::query_one) for a request a lane sends alone: in an implicit
     /// transaction as any single call (a lone call costs nothing more than without batching),
     /// giving `slot` back when done, or after [`SLOT_HOLD_MAX`] if it is still running then.
+    /// Holding the slot across the commit is what lets the requests that arrive meanwhile leave
+    /// together: giving it back at the rows, as a batch does, was measured to split the next
+    /// batch into smaller ones, which cost more commits and more CPU than the wait saved.
     pub(crate) async fn query_one_in_slot(
         &self,
         operation: &'static str,
@@ -381,10 +385,10 @@ impl PgStore {
         params: &[&(dyn ToSql + Sync)],
         slot: Option<Slot>,
     ) -> Result<Row, StoreError> {
-        let query = self.query_one(operation, sql, params);
         let Some(slot) = slot else {
-            return query.await;
+            return self.query_one(operation, sql, params).await;
         };
+        let query = self.query_one(operation, sql, params);
         let mut query = std::pin::pin!(query);
         tokio::select! {
             row = &mut query => {
@@ -403,14 +407,8 @@ impl PgStore {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Row, StoreError> {
-        let mut rows = self.query(operation, sql, params).await?;
-        if rows.len() != 1 {
-            return Err(StoreError::Malformed {
-                operation,
-                detail: format!("expected exactly one row, got {}", rows.len()),
-            });
-        }
-        Ok(rows.swap_remove(0))
+        let rows = self.query(operation, sql, params).await?;
+        exactly_one(operation, rows)
     }
 
     /// Runs one prepared statement and returns the number of rows it changed.
@@ -449,6 +447,17 @@ impl fmt::Debug for PgStore {
 /// [`SPAN_MS_MAX`].
 pub(crate) fn span_ms(span: Duration) -> i64 {
     i64::try_from(span.as_millis()).map_or(SPAN_MS_MAX, |ms| ms.min(SPAN_MS_MAX))
+}
+
+/// The one row a statement must return.
+fn exactly_one(operation: &'static str, mut rows: Vec<Row>) -> Result<Row, StoreError> {
+    if rows.len() != 1 {
+        return Err(StoreError::Malformed {
+            operation,
+            detail: format!("expected exactly one row, got {}", rows.len()),
+        });
+    }
+    Ok(rows.swap_remove(0))
 }
 
 #[cfg(test)]
