@@ -9,13 +9,21 @@
 //! outcome. One statement and one commit, whose WAL flush PostgreSQL waits for as always,
 //! serve the whole batch: nobody is answered before the batch is durable.
 //!
-//! The slot (one per lane by default, `Config::batch_in_flight`) is held while a batch's
-//! statement runs, not while its commit waits for the flush: a batch is sent as `BEGIN` and
-//! the statement in one write, gives its slot back when the rows come, then sends `COMMIT`.
-//! (An implicit transaction commits before its rows are sent.) So the database runs one batch
-//! of a lane at a time, which is the CPU a batch saves, while commits overlap and share WAL
-//! flushes. A request that finds its lane idle is sent alone, in an implicit transaction, at
-//! the cost of a call without batching.
+//! The slot (one per lane by default, `Config::batch_in_flight`) is held until the batch's
+//! commit is acknowledged and its callers are answered, and then for one turn of the runtime,
+//! in which the answered callers queue what they do next: so the runs that shared a commit
+//! share the next one too. A batch is one round trip: `BEGIN`, the statement and `COMMIT`
+//! leave in one write. A request that finds its lane idle is sent alone, in an implicit
+//! transaction, at the cost of a call without batching.
+//!
+//! Why the slot covers the commit (measured, BENCHMARKS.md "Issue 15, stop 14"): runs that
+//! wait for one commit come back together, a few microseconds apart. A slot given back when
+//! the statement's rows came (before the commit) let the first of them, or a straggler, leave
+//! alone and hold the lane through its own commit, while the rest queued behind it: every
+//! other batch carried one request, at the price of a statement and a commit. Held to the
+//! end, the lane sends one batch per round of its callers, about 0.5 commits per three-step
+//! workflow instead of 0.7, for the same round time (the callers wait for the commit either
+//! way).
 //!
 //! A lane never waits long behind one batch: a batch still running after a few milliseconds
 //! gives its slot back (it is waiting for a lock, most likely), and the append batch skips
@@ -58,20 +66,20 @@ pub(crate) trait Batched: Send + Sync + Sized + 'static {
     }
 
     /// One statement for the whole batch, an outcome per request in the batch's order, giving
-    /// `slot` back when done or kept waiting (see [`PgStore::query_in_slot`]); `None`
+    /// `slot` back early if kept waiting (see [`PgStore::query_in_slot`]); `None`
     /// for a request the batch left alone (its row was held by another transaction), which
     /// is then sent alone. An error means the statement failed, so nothing of it was written.
     fn send_many(
         store: &PgStore,
         batch: &[Self],
-        slot: Option<Slot>,
+        slot: Option<&SlotHold>,
     ) -> impl Future<Output = Result<Vec<Option<Result<Self::Output>>>>> + Send;
 
     /// The request alone, as the operation's own call, giving `slot` back likewise.
     fn send_one(
         store: &PgStore,
         request: &Self,
-        slot: Option<Slot>,
+        slot: Option<&SlotHold>,
     ) -> impl Future<Output = Result<Self::Output>> + Send;
 }
 
@@ -81,6 +89,28 @@ struct Waiting<T: Batched> {
     reply: oneshot::Sender<Result<T::Output>>,
     /// The caller's span, which the span of the batch that carries the request follows from.
     caller: tracing::Span,
+}
+
+/// A batch's hold on its lane's slot. The lane gives the slot back once the batch's commit is
+/// acknowledged and its callers are answered (and have had a turn to ask again), so the
+/// requests they make next leave together; the statement gives it back early when it is kept
+/// waiting ([`PgStore::query_in_slot`]), so the lane never waits behind a batch stuck on a lock.
+pub(crate) struct SlotHold(Mutex<Option<Slot>>);
+
+impl SlotHold {
+    fn new(slot: Slot) -> Self {
+        Self(Mutex::new(Some(slot)))
+    }
+
+    /// Gives the slot back now (once; later calls do nothing).
+    pub(crate) fn release(&self) {
+        drop(
+            self.0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take(),
+        );
+    }
 }
 
 /// The lane of one operation: its loop starts with the first call, and again if its runtime
@@ -180,14 +210,30 @@ async fn send_batch<T: Batched>(
     replies: Vec<oneshot::Sender<Result<T::Output>>>,
     slot: Slot,
 ) {
+    let hold = SlotHold::new(slot);
+    send_held(store, requests, replies, &hold).await;
+    // The answered callers run on this runtime: a turn for them to queue what they do next
+    // before the slot frees, so that it leaves as one batch rather than a lone first request
+    // and the rest behind it.
+    tokio::task::yield_now().await;
+    hold.release();
+}
+
+/// [`send_batch`] while the batch holds its slot.
+async fn send_held<T: Batched>(
+    store: &PgStore,
+    requests: Vec<T>,
+    replies: Vec<oneshot::Sender<Result<T::Output>>>,
+    hold: &SlotHold,
+) {
     if let [request] = requests.as_slice() {
-        let outcome = T::send_one(store, request, Some(slot)).await;
+        let outcome = T::send_one(store, request, Some(hold)).await;
         if let Some(reply) = replies.into_iter().next() {
             let _ = reply.send(outcome);
         }
         return;
     }
-    match T::send_many(store, &requests, Some(slot)).await {
+    match T::send_many(store, &requests, Some(hold)).await {
         Ok(outcomes) if outcomes.len() == requests.len() => {
             let mut left = Vec::new();
             for ((request, reply), outcome) in requests.iter().zip(replies).zip(outcomes) {

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use keiro_journal::store::{Append, AppendOutcome, JournalStore, Park, ParkOutcome, Result};
-use keiro_journal::{store_span, traced, Slot};
+use keiro_journal::{store_span, traced};
 use keiro_journal::{
     AwakeableOutcome, ChildSpawn, EncodedEvent, Event, Fence, Generation, Instance, InstanceKey,
     JournalEntry, Marker, RemoteArm, RemoteArmOutcome, SignalOptions, SignalSendOutcome,
@@ -19,7 +19,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
-use crate::batch::{in_batch_order, Batched};
+use crate::batch::{in_batch_order, Batched, SlotHold};
 use crate::row::{self, column, instance_columns, malformed};
 use crate::store::span_ms;
 use crate::{awakeable, child, remote, signal, timer, PgStore};
@@ -65,7 +65,7 @@ pub(crate) const INSTANCE_START: &str = concat!(
 async fn instance_start_one(
     store: &PgStore,
     request: &StartRequest,
-    slot: Option<Slot>,
+    slot: Option<&SlotHold>,
 ) -> Result<Started> {
     let parent_name = request.parent.as_ref().map(|p| p.name.as_str());
     let parent_id = request.parent.as_ref().map(|p| p.id.as_str());
@@ -101,7 +101,7 @@ const INSTANCES_START: &str = concat!(
 async fn instances_start_many(
     store: &PgStore,
     requests: &[StartRequest],
-    slot: Option<Slot>,
+    slot: Option<&SlotHold>,
 ) -> Result<Vec<Option<Result<Started>>>> {
     let names: Vec<&str> = requests.iter().map(|r| r.key.name.as_str()).collect();
     let ids: Vec<&str> = requests.iter().map(|r| r.key.id.as_str()).collect();
@@ -156,12 +156,12 @@ impl Batched for StartRequest {
     async fn send_many(
         store: &PgStore,
         batch: &[Self],
-        slot: Option<Slot>,
+        slot: Option<&SlotHold>,
     ) -> Result<Vec<Option<Result<Started>>>> {
         instances_start_many(store, batch, slot).await
     }
 
-    async fn send_one(store: &PgStore, request: &Self, slot: Option<Slot>) -> Result<Started> {
+    async fn send_one(store: &PgStore, request: &Self, slot: Option<&SlotHold>) -> Result<Started> {
         instance_start_one(store, request, slot).await
     }
 }
@@ -291,7 +291,7 @@ where
 async fn journal_append_one(
     store: &PgStore,
     append: &Append,
-    slot: Option<Slot>,
+    slot: Option<&SlotHold>,
 ) -> Result<AppendOutcome> {
     let args = AppendArgs::new(append, append.event.encode());
     let row = store
@@ -308,7 +308,7 @@ const JOURNAL_APPEND_BATCH: &str = "SELECT a.n, a.outcome, a.recorded, a.marker 
 async fn journal_append_many(
     store: &PgStore,
     appends: &[Append],
-    slot: Option<Slot>,
+    slot: Option<&SlotHold>,
 ) -> Result<Vec<Option<Result<AppendOutcome>>>> {
     let encoded: Vec<EncodedEvent> = appends.iter().map(|a| a.event.encode()).collect();
     let names: Vec<&str> = appends.iter().map(|a| a.key.name.as_str()).collect();
@@ -384,12 +384,16 @@ impl Batched for Append {
     async fn send_many(
         store: &PgStore,
         batch: &[Self],
-        slot: Option<Slot>,
+        slot: Option<&SlotHold>,
     ) -> Result<Vec<Option<Result<AppendOutcome>>>> {
         journal_append_many(store, batch, slot).await
     }
 
-    async fn send_one(store: &PgStore, append: &Self, slot: Option<Slot>) -> Result<AppendOutcome> {
+    async fn send_one(
+        store: &PgStore,
+        append: &Self,
+        slot: Option<&SlotHold>,
+    ) -> Result<AppendOutcome> {
         journal_append_one(store, append, slot).await
     }
 }

@@ -11,10 +11,10 @@
 //! so every caller gets the answer a call of its own would have given.
 
 use keiro_journal::store::Result;
-use keiro_journal::{Park, ParkOutcome, RemoteArm, RemoteArmOutcome, Slot};
+use keiro_journal::{Park, ParkOutcome, RemoteArm, RemoteArmOutcome};
 use tokio_postgres::types::ToSql;
 
-use crate::batch::{in_batch_order, position, Batched};
+use crate::batch::{in_batch_order, position, Batched, SlotHold};
 use crate::remote::{instance_park_dispatch, park_dispatch_outcome, ArmColumns};
 use crate::PgStore;
 
@@ -36,17 +36,18 @@ impl Batched for ParkRequest {
     async fn send_many(
         store: &PgStore,
         batch: &[Self],
-        slot: Option<Slot>,
+        slot: Option<&SlotHold>,
     ) -> Result<Vec<Option<Result<Self::Output>>>> {
         parks_dispatch(store, batch, slot).await
     }
 
-    /// Holds the slot to the end: a park commits without waiting for its flush, so there is
-    /// nothing to overlap.
-    async fn send_one(store: &PgStore, request: &Self, slot: Option<Slot>) -> Result<Self::Output> {
-        let outcome = instance_park_dispatch(store, &request.park, &request.arms).await;
-        drop(slot);
-        outcome
+    /// Holds the slot to the end, as every lane does.
+    async fn send_one(
+        store: &PgStore,
+        request: &Self,
+        _slot: Option<&SlotHold>,
+    ) -> Result<Self::Output> {
+        instance_park_dispatch(store, &request.park, &request.arms).await
     }
 }
 
@@ -75,7 +76,7 @@ const INSTANCES_PARK_DISPATCH: &str = "SELECT p.park, p.outcome, p.row_status, \
 async fn parks_dispatch(
     store: &PgStore,
     batch: &[ParkRequest],
-    slot: Option<Slot>,
+    slot: Option<&SlotHold>,
 ) -> Result<Vec<Option<Result<(ParkOutcome, Vec<RemoteArmOutcome>)>>>> {
     let mut names = Vec::with_capacity(batch.len());
     let mut ids = Vec::with_capacity(batch.len());

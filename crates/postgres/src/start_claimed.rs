@@ -6,12 +6,12 @@
 use std::time::Duration;
 
 use keiro_journal::store::Result;
-use keiro_journal::{Fence, Slot, StartRequest};
+use keiro_journal::{Fence, StartRequest};
 use keiro_lease::{classify_refusal, Claim, ClaimOutcome, StartClaim};
 use time::OffsetDateTime;
 use tokio_postgres::Row;
 
-use crate::batch::{in_batch_order, Batched};
+use crate::batch::{in_batch_order, Batched, SlotHold};
 use crate::lease::{claimed_journal, gate, instance_release};
 use crate::row::{self, column, instance_columns};
 use crate::store::span_ms;
@@ -71,7 +71,7 @@ impl Batched for StartClaimedRequest {
     async fn send_many(
         store: &PgStore,
         batch: &[Self],
-        slot: Option<Slot>,
+        slot: Option<&SlotHold>,
     ) -> Result<Vec<Option<Result<StartClaim>>>> {
         let names: Vec<&str> = batch.iter().map(|r| r.request.key.name.as_str()).collect();
         let ids: Vec<&str> = batch.iter().map(|r| r.request.key.id.as_str()).collect();
@@ -119,7 +119,11 @@ impl Batched for StartClaimedRequest {
         Ok(answers)
     }
 
-    async fn send_one(store: &PgStore, request: &Self, slot: Option<Slot>) -> Result<StartClaim> {
+    async fn send_one(
+        store: &PgStore,
+        request: &Self,
+        slot: Option<&SlotHold>,
+    ) -> Result<StartClaim> {
         let StartClaimedRequest {
             request: start,
             owner,

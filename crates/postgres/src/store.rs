@@ -6,11 +6,11 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
-use keiro_journal::{BatchLimits, Slot, StoreError};
+use keiro_journal::{BatchLimits, StoreError};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Row, Statement};
 
-use crate::batch::Lanes;
+use crate::batch::{Lanes, SlotHold};
 use crate::config::{Config, WAKE_CHANNEL_SUFFIX};
 use crate::error::{Error, Failure, Result};
 use crate::listen::Hub;
@@ -319,22 +319,20 @@ impl PgStore {
     }
 
     /// [`query`](Self::query) for a batch of a group-commit lane, in a transaction of its own:
-    /// `BEGIN`, the statement and `COMMIT` leave in one write, and `slot` is given back as soon
-    /// as the statement's rows are in, so the next batch runs while this one's commit waits for
-    /// its WAL flush (and then shares the next flush). The server answers the statement before
-    /// it reads the `COMMIT`, and it does not wait for the client to send it: a batch is one
-    /// round trip. (An implicit transaction commits before its rows are sent, which would
-    /// hold the slot across the flush.) A statement that fails aborts the transaction, and the
-    /// pipelined `COMMIT` then rolls it back, so the connection goes back to the pool clean. A
-    /// statement still running after [`SLOT_HOLD_MAX`] (kept waiting for a lock, most likely)
-    /// gives the slot back too, so the lane never waits behind it. Nobody is answered before
-    /// the commit is acknowledged. Counts one round trip.
+    /// `BEGIN`, the statement and `COMMIT` leave in one write, so a batch is one round trip
+    /// (the server answers the statement, then reads the `COMMIT`, without waiting for the
+    /// client). A statement that fails aborts the transaction, and the pipelined `COMMIT` then
+    /// rolls it back, so the connection goes back to the pool clean. Nobody is answered before
+    /// the commit is acknowledged. A statement still running after [`SLOT_HOLD_MAX`] (kept
+    /// waiting for a lock, most likely) gives the lane's slot back, so the lane never waits
+    /// behind it; otherwise the lane gives it back once the batch is answered ([`SlotHold`]).
+    /// Counts one round trip.
     pub(crate) async fn query_in_slot(
         &self,
         operation: &'static str,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
-        slot: Option<Slot>,
+        slot: Option<&SlotHold>,
     ) -> Result<Vec<Row>, StoreError> {
         let Some(slot) = slot else {
             return self.query(operation, sql, params).await;
@@ -343,61 +341,37 @@ impl PgStore {
         let client = self.client(operation).await?;
         let statement = self.prepared(&client, sql).await.map_err(failed)?;
         self.count_round_trips(1);
+        // Requests made at once are pipelined, in the order they are first polled.
         let executed = async {
-            // Requests made at once are pipelined, in the order they are first polled.
-            let (begun, rows) = tokio::join!(
+            let (begun, rows, committed) = tokio::join!(
                 client.batch_execute("BEGIN"),
-                client.query(&statement, params)
+                client.query(&statement, params),
+                client.batch_execute("COMMIT")
             );
-            begun.and(rows)
+            // A failed statement's error is the one to report: the COMMIT of its aborted
+            // transaction only rolled it back.
+            let rows = begun.and(rows).map_err(failed)?;
+            committed.map_err(failed)?;
+            Ok(rows)
         };
-        let ran = async {
-            let mut executed = std::pin::pin!(executed);
-            let mut slot = Some(slot);
-            let rows = tokio::select! {
-                rows = &mut executed => rows,
-                () = tokio::time::sleep(SLOT_HOLD_MAX) => {
-                    drop(slot.take());
-                    executed.await
-                }
-            };
-            drop(slot);
-            rows
-        };
-        let (rows, committed) = tokio::join!(ran, client.batch_execute("COMMIT"));
-        // A failed statement's error is the one to report: the COMMIT of its aborted
-        // transaction only rolled it back.
-        let rows = rows.map_err(failed)?;
-        committed.map_err(failed)?;
-        Ok(rows)
+        released_if_kept_waiting(executed, slot).await
     }
 
     /// [`query_one`](Self::query_one) for a request a lane sends alone: in an implicit
     /// transaction as any single call (a lone call costs nothing more than without batching),
-    /// giving `slot` back when done, or after [`SLOT_HOLD_MAX`] if it is still running then.
-    /// Holding the slot across the commit is what lets the requests that arrive meanwhile leave
-    /// together: giving it back at the rows, as a batch does, was measured to split the next
-    /// batch into smaller ones, which cost more commits and more CPU than the wait saved.
+    /// giving the lane's slot back after [`SLOT_HOLD_MAX`] if it is still running then.
     pub(crate) async fn query_one_in_slot(
         &self,
         operation: &'static str,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
-        slot: Option<Slot>,
+        slot: Option<&SlotHold>,
     ) -> Result<Row, StoreError> {
-        let Some(slot) = slot else {
-            return self.query_one(operation, sql, params).await;
-        };
         let query = self.query_one(operation, sql, params);
-        let mut query = std::pin::pin!(query);
-        tokio::select! {
-            row = &mut query => {
-                slot.release();
-                return row;
-            }
-            () = tokio::time::sleep(SLOT_HOLD_MAX) => slot.release(),
+        match slot {
+            Some(slot) => released_if_kept_waiting(query, slot).await,
+            None => query.await,
         }
-        query.await
     }
 
     /// Runs one prepared statement that returns exactly one row.
@@ -447,6 +421,19 @@ impl fmt::Debug for PgStore {
 /// [`SPAN_MS_MAX`].
 pub(crate) fn span_ms(span: Duration) -> i64 {
     i64::try_from(span.as_millis()).map_or(SPAN_MS_MAX, |ms| ms.min(SPAN_MS_MAX))
+}
+
+/// Runs `call`, giving `slot` back if it is still running after [`SLOT_HOLD_MAX`].
+async fn released_if_kept_waiting<T>(
+    call: impl std::future::Future<Output = T>,
+    slot: &SlotHold,
+) -> T {
+    let mut call = std::pin::pin!(call);
+    tokio::select! {
+        done = &mut call => return done,
+        () = tokio::time::sleep(SLOT_HOLD_MAX) => slot.release(),
+    }
+    call.await
 }
 
 /// The one row a statement must return.
