@@ -20,6 +20,7 @@
 
 use std::future::Future;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
@@ -102,33 +103,72 @@ impl Slot {
 /// # }
 /// ```
 pub async fn run_batches<R, F, Fut>(
-    mut requests: mpsc::UnboundedReceiver<R>,
+    requests: mpsc::UnboundedReceiver<R>,
     limits: BatchLimits,
-    mut send: F,
+    send: F,
 ) where
     R: Send + 'static,
     F: FnMut(Vec<R>, Slot) -> Option<Fut>,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let len_max = limits.len_max.max(1);
-    let slots = Arc::new(Semaphore::new(limits.in_flight.max(1)));
-    let mut sending = JoinSet::new();
-    loop {
-        // Never closed: the loop owns the semaphore.
-        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
-            break;
-        };
-        while sending.try_join_next().is_some() {}
-        let mut batch = Vec::with_capacity(len_max);
-        if requests.recv_many(&mut batch, len_max).await == 0 {
-            break;
-        }
-        let Some(future) = send(batch, Slot { _permit: slot }) else {
-            break;
-        };
-        sending.spawn(future);
+    let lane = Lane::new(limits);
+    lane.run(requests, limits.len_max.max(1), send).await;
+}
+
+/// What a loop shares with its [`Batcher`]: the slots, and how many requests were pushed and
+/// not yet sent.
+#[derive(Debug)]
+struct Lane {
+    slots: Arc<Semaphore>,
+    queued: AtomicUsize,
+}
+
+impl Lane {
+    fn new(limits: BatchLimits) -> Arc<Self> {
+        Arc::new(Self {
+            slots: Arc::new(Semaphore::new(limits.in_flight.max(1))),
+            queued: AtomicUsize::new(0),
+        })
     }
-    while sending.join_next().await.is_some() {}
+
+    /// The loop. A batch is cut when a request has come and a slot is free: what has queued by
+    /// then, up to `len_max`, leaves together.
+    async fn run<R, F, Fut>(
+        self: Arc<Self>,
+        mut requests: mpsc::UnboundedReceiver<R>,
+        len_max: usize,
+        mut send: F,
+    ) where
+        R: Send + 'static,
+        F: FnMut(Vec<R>, Slot) -> Option<Fut>,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let mut sending = JoinSet::new();
+        loop {
+            let mut batch = Vec::with_capacity(len_max);
+            if requests.recv_many(&mut batch, len_max).await == 0 {
+                break;
+            }
+            // Never closed: the lane owns the semaphore.
+            let Ok(permit) = Arc::clone(&self.slots).acquire_owned().await else {
+                break;
+            };
+            // What queued while every slot was held joins the batch.
+            while batch.len() < len_max {
+                match requests.try_recv() {
+                    Ok(request) => batch.push(request),
+                    Err(_) => break,
+                }
+            }
+            self.queued.fetch_sub(batch.len(), Ordering::AcqRel);
+            while sending.try_join_next().is_some() {}
+            let Some(future) = send(batch, Slot { _permit: permit }) else {
+                break;
+            };
+            sending.spawn(future);
+        }
+        while sending.join_next().await.is_some() {}
+    }
 }
 
 /// The sending end of a natural-batching loop started with [`Batcher::spawn`]: requests pushed
@@ -156,6 +196,7 @@ pub async fn run_batches<R, F, Fut>(
 #[derive(Debug)]
 pub struct Batcher<R> {
     queue: mpsc::UnboundedSender<R>,
+    lane: Arc<Lane>,
 }
 
 impl<R: Send + 'static> Batcher<R> {
@@ -172,8 +213,9 @@ impl<R: Send + 'static> Batcher<R> {
         Fut: Future<Output = ()> + Send + 'static,
     {
         let (queue, requests) = mpsc::unbounded_channel();
-        tokio::spawn(run_batches(requests, limits, send));
-        Self { queue }
+        let lane = Lane::new(limits);
+        tokio::spawn(Arc::clone(&lane).run(requests, limits.len_max.max(1), send));
+        Self { queue, lane }
     }
 
     /// Queues `request` for the next batch.
@@ -183,7 +225,24 @@ impl<R: Send + 'static> Batcher<R> {
     /// The request back when the loop has stopped (its runtime shut down, or `send` returned
     /// `None`), for the caller to send some other way.
     pub fn push(&self, request: R) -> Result<(), R> {
-        self.queue.send(request).map_err(|e| e.0)
+        self.lane.queued.fetch_add(1, Ordering::AcqRel);
+        self.queue.send(request).map_err(|e| {
+            self.lane.queued.fetch_sub(1, Ordering::AcqRel);
+            e.0
+        })
+    }
+
+    /// A slot for a request its caller sends itself, at once and alone, when the loop is idle:
+    /// a slot is free and nothing is queued. An idle loop's lone request then costs what it
+    /// would without batching (no hop through the loop's task), and requests that arrive while
+    /// the caller holds the slot queue for the next batch as they would behind any batch.
+    /// `None` when the loop is busy: push the request instead.
+    pub fn try_slot(&self) -> Option<Slot> {
+        if self.lane.queued.load(Ordering::Acquire) > 0 || self.is_closed() {
+            return None;
+        }
+        let permit = Arc::clone(&self.lane.slots).try_acquire_owned().ok()?;
+        Some(Slot { _permit: permit })
     }
 
     /// Whether the loop has stopped, so pushing would give the request back.
@@ -311,6 +370,34 @@ mod tests {
         gate.add_permits(2);
         first.await.unwrap();
         second.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_idle_loop_lends_its_slot_and_what_comes_meanwhile_waits_for_it() {
+        let limits = BatchLimits {
+            len_max: 64,
+            in_flight: 1,
+        };
+        let (batcher, gate, sizes) = gated(limits);
+        // Idle: the caller gets the slot, and only one caller at a time.
+        let lent = batcher.try_slot().expect("an idle loop lends its slot");
+        assert!(batcher.try_slot().is_none(), "one slot, lent once");
+        // Requests pushed meanwhile wait for it, then leave together.
+        let waiting: Vec<_> = (0..3).map(|n| push(&batcher, n)).collect();
+        settle().await;
+        assert!(sizes.lock().unwrap().is_empty());
+        assert!(batcher.try_slot().is_none(), "requests are queued");
+        lent.release();
+        settle().await;
+        assert_eq!(*sizes.lock().unwrap(), [3]);
+        // While that batch holds the slot, nothing is lent.
+        assert!(batcher.try_slot().is_none(), "the batch holds the slot");
+        gate.add_permits(1);
+        for replied in waiting {
+            assert_eq!(replied.await.unwrap(), 3);
+        }
+        settle().await;
+        assert!(batcher.try_slot().is_some(), "idle again");
     }
 
     #[tokio::test]

@@ -13,8 +13,9 @@
 //! commit is acknowledged and its callers are answered, and then for one turn of the runtime,
 //! in which the answered callers queue what they do next: so the runs that shared a commit
 //! share the next one too. A batch is one round trip: `BEGIN`, the statement and `COMMIT`
-//! leave in one write. A request that finds its lane idle is sent alone, in an implicit
-//! transaction, at the cost of a call without batching.
+//! leave in one write. A request that finds its lane idle (a free slot, nothing queued) is sent
+//! by its caller at once, alone, in an implicit transaction, holding the slot meanwhile: it
+//! costs what a call without batching costs, with no hop through the lane's task.
 //!
 //! Why the slot covers the commit (measured, BENCHMARKS.md "Issue 15, stop 14"): runs that
 //! wait for one commit come back together, a few microseconds apart. A slot given back when
@@ -133,6 +134,10 @@ impl<T: Batched> Lane<T> {
         if !store.batching() || !request.batchable() {
             return T::send_one(store, &request, None).await;
         }
+        let idle = self.with_batcher(store, Batcher::try_slot);
+        if let Some(slot) = idle {
+            return send_idle(store, &request, slot).await;
+        }
         let (reply, outcome) = oneshot::channel();
         // Taken only while store spans are on: a clone of the current span is not free, and
         // the link is all it is for.
@@ -146,17 +151,7 @@ impl<T: Batched> Lane<T> {
             reply,
             caller,
         };
-        let pushed = {
-            let mut batcher = self
-                .batcher
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let batcher = match batcher.as_ref() {
-                Some(running) if !running.is_closed() => running,
-                _ => batcher.insert(spawn(store, store.batch_limits())),
-            };
-            batcher.push(waiting)
-        };
+        let pushed = self.with_batcher(store, |batcher| batcher.push(waiting));
         match pushed {
             Ok(()) => outcome.await.unwrap_or_else(|_| {
                 // The loop dropped the request unanswered: its runtime is shutting down. The
@@ -170,6 +165,40 @@ impl<T: Batched> Lane<T> {
             Err(waiting) => T::send_one(store, &waiting.request, None).await,
         }
     }
+
+    /// Runs `f` on the lane's loop, started first if it is not running.
+    fn with_batcher<O>(&self, store: &PgStore, f: impl FnOnce(&Batcher<Waiting<T>>) -> O) -> O {
+        let mut batcher = self
+            .batcher
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let batcher = match batcher.as_ref() {
+            Some(running) if !running.is_closed() => running,
+            _ => batcher.insert(spawn(store, store.batch_limits())),
+        };
+        f(batcher)
+    }
+}
+
+/// A request that found its lane idle, sent by its caller at once, alone, holding the lane's
+/// slot: the requests that arrive meanwhile queue for the next batch, and this one costs what
+/// it would without batching (no hop through the lane's task). Its `keiro.store.batch` span
+/// (of length 1) follows from the caller's span, as a batch's does.
+async fn send_idle<T: Batched>(store: &PgStore, request: &T, slot: Slot) -> Result<T::Output> {
+    let span = store_span!(
+        "batch",
+        keiro.store.operation = T::NAME,
+        keiro.store.batch_len = 1_usize
+    );
+    if !span.is_disabled() {
+        span.follows_from(&tracing::Span::current());
+    }
+    let hold = SlotHold::new(slot);
+    let outcome = T::send_one(store, request, Some(&hold))
+        .instrument(span)
+        .await;
+    hold.release();
+    outcome
 }
 
 /// Starts a lane's loop; it stops when the last clone of the store is dropped.
@@ -211,7 +240,18 @@ async fn send_batch<T: Batched>(
     slot: Slot,
 ) {
     let hold = SlotHold::new(slot);
-    send_held(store, requests, replies, &hold).await;
+    if let [request] = requests.as_slice() {
+        // A lone request: the lane was idle when it came, so nobody is waiting to join its
+        // caller's next one. The slot goes before the answer, which that next request then
+        // finds free, as it would without batching.
+        let outcome = T::send_one(store, request, Some(&hold)).await;
+        hold.release();
+        if let Some(reply) = replies.into_iter().next() {
+            let _ = reply.send(outcome);
+        }
+        return;
+    }
+    send_many(store, requests, replies, &hold).await;
     // The answered callers run on this runtime: a turn for them to queue what they do next
     // before the slot frees, so that it leaves as one batch rather than a lone first request
     // and the rest behind it.
@@ -219,20 +259,13 @@ async fn send_batch<T: Batched>(
     hold.release();
 }
 
-/// [`send_batch`] while the batch holds its slot.
-async fn send_held<T: Batched>(
+/// Sends a batch of several requests while it holds its slot, and answers each.
+async fn send_many<T: Batched>(
     store: &PgStore,
     requests: Vec<T>,
     replies: Vec<oneshot::Sender<Result<T::Output>>>,
     hold: &SlotHold,
 ) {
-    if let [request] = requests.as_slice() {
-        let outcome = T::send_one(store, request, Some(hold)).await;
-        if let Some(reply) = replies.into_iter().next() {
-            let _ = reply.send(outcome);
-        }
-        return;
-    }
     match T::send_many(store, &requests, Some(hold)).await {
         Ok(outcomes) if outcomes.len() == requests.len() => {
             let mut left = Vec::new();

@@ -14,7 +14,7 @@ use keiro_journal::{
     child_result_step, remote_step_id, Append, AppendOutcome, Backoff, ChildSpawn, Event,
     InstanceKey, JournalStore, RemoteArm, RemoteArmOutcome, Status, StepKind, StoreError,
 };
-use keiro_postgres::PgStore;
+use keiro_postgres::{Config, PgStore};
 use keiro_remote::{
     ClaimRequest, ClaimedTask, HeartbeatOutcome, RemoteAdmin, RemoteTask, ReportOutcome,
     RequeueOutcome, RetryOutcome, TaskFailure, TaskStatus, Transport,
@@ -1488,7 +1488,14 @@ async fn a_batch_of_reports_answers_each_in_the_callers_order() -> TestResult {
 #[tokio::test]
 async fn parks_of_runs_at_once_share_a_transaction_and_each_gets_its_own_answer() -> TestResult {
     let db = TestDb::new().await;
-    let store = db.store();
+    // One connection, so the statements the warm-up prepares are prepared wherever the parks
+    // below run (a lone park and a batch may otherwise land on connections that never saw
+    // their statement, and a preparation counts as a round trip).
+    let store = PgStore::connect(Config {
+        pool_size: 1,
+        ..db.config()
+    })
+    .await?;
     let park = |owner: &InstanceKey, awaited: &[&str]| keiro_journal::Park {
         key: owner.clone(),
         generation: 0,
@@ -1498,9 +1505,12 @@ async fn parks_of_runs_at_once_share_a_transaction_and_each_gets_its_own_answer(
     };
     // Prepare the statements first, so the round trips counted below are executions only.
     let warm: Vec<InstanceKey> = (0..3).map(|i| key("warm", &format!("w-{i}"))).collect();
-    let mut warming = tokio::task::JoinSet::new();
     for owner in &warm {
         store.instance_start(&start(owner, Value::Null)).await?;
+    }
+    // At once: the first alone, the other two as a batch, so both statements are prepared.
+    let mut warming = tokio::task::JoinSet::new();
+    for owner in &warm {
         let (store, owner) = (store.clone(), owner.clone());
         warming.spawn(async move {
             store
@@ -1564,6 +1574,8 @@ async fn parks_of_runs_at_once_share_a_transaction_and_each_gets_its_own_answer(
         answers[i] = Some(outcome);
     }
     let round_trips = store.round_trips() - before;
+    // The first park finds the lane idle and goes alone; the others queue behind it and leave
+    // together, as one transaction.
     assert!(
         round_trips <= 2,
         "{} parks sent at once took {round_trips} round trips",
