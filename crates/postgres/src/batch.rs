@@ -191,7 +191,7 @@ async fn send_idle<T: Batched>(store: &PgStore, request: &T, slot: Slot) -> Resu
         keiro.store.batch_len = 1_usize
     );
     if !span.is_disabled() {
-        span.follows_from(&tracing::Span::current());
+        span.follows_from(tracing::Span::current());
     }
     let hold = SlotHold::new(slot);
     let outcome = T::send_one(store, request, Some(&hold))
