@@ -12,19 +12,20 @@
 //! The slot (one per lane by default, `Config::batch_in_flight`) is held until the batch's
 //! commit is acknowledged and its callers are answered, and then for one turn of the runtime,
 //! in which the answered callers queue what they do next: so the runs that shared a commit
-//! share the next one too. A batch is one round trip: `BEGIN`, the statement and `COMMIT`
-//! leave in one write. A request that finds its lane idle (a free slot, nothing queued) is sent
-//! by its caller at once, alone, in an implicit transaction, holding the slot meanwhile: it
-//! costs what a call without batching costs, with no hop through the lane's task.
+//! share the next one too. A batch is one statement in an implicit transaction: one round
+//! trip, whose rows come once the commit is durable. A request that finds its lane idle (a
+//! free slot, nothing queued) is sent by its caller at once, alone, holding the slot
+//! meanwhile: it costs what a call without batching costs, with no hop through the lane's
+//! task.
 //!
 //! Why the slot covers the commit (measured, BENCHMARKS.md "Issue 15, stop 14"): runs that
 //! wait for one commit come back together, a few microseconds apart. A slot given back when
-//! the statement's rows came (before the commit) let the first of them, or a straggler, leave
-//! alone and hold the lane through its own commit, while the rest queued behind it: every
-//! other batch carried one request, at the price of a statement and a commit. Held to the
-//! end, the lane sends one batch per round of its callers, about 0.5 commits per three-step
-//! workflow instead of 0.7, for the same round time (the callers wait for the commit either
-//! way).
+//! the statement's rows came (before its commit, in a transaction of its own) let the first
+//! of them, or a straggler, leave alone and hold the lane through its own commit while the
+//! rest queued behind it: every other batch carried one request, at the price of a statement
+//! and a commit. Held to the end, the lane sends one batch per round of its callers (0.7
+//! commits per three-step workflow in `keiro bench` instead of 1.14), and the round takes as
+//! long, since the callers wait for their commit either way.
 //!
 //! A lane never waits long behind one batch: a batch still running after a few milliseconds
 //! gives its slot back (it is waiting for a lock, most likely), and the append batch skips

@@ -318,15 +318,13 @@ impl PgStore {
             .map_err(|e| Failure::from(e).into_store(operation))
     }
 
-    /// [`query`](Self::query) for a batch of a group-commit lane, in a transaction of its own:
-    /// `BEGIN`, the statement and `COMMIT` leave in one write, so a batch is one round trip
-    /// (the server answers the statement, then reads the `COMMIT`, without waiting for the
-    /// client). A statement that fails aborts the transaction, and the pipelined `COMMIT` then
-    /// rolls it back, so the connection goes back to the pool clean. Nobody is answered before
-    /// the commit is acknowledged. A statement still running after [`SLOT_HOLD_MAX`] (kept
-    /// waiting for a lock, most likely) gives the lane's slot back, so the lane never waits
-    /// behind it; otherwise the lane gives it back once the batch is answered ([`SlotHold`]).
-    /// Counts one round trip.
+    /// [`query`](Self::query) for a batch of a group-commit lane: one statement in an implicit
+    /// transaction, whose rows come once its commit is durable, so nobody is answered before.
+    /// The lane holds its slot until then ([`SlotHold`]); a statement still running after
+    /// [`SLOT_HOLD_MAX`] (kept waiting for a lock, most likely) gives the slot back, so the lane
+    /// never waits behind it. (An explicit `BEGIN` and `COMMIT` around the statement would let
+    /// the slot go before the commit; holding it is what keeps a lane's callers together, and
+    /// they would cost two more statements a batch.)
     pub(crate) async fn query_in_slot(
         &self,
         operation: &'static str,
@@ -334,27 +332,11 @@ impl PgStore {
         params: &[&(dyn ToSql + Sync)],
         slot: Option<&SlotHold>,
     ) -> Result<Vec<Row>, StoreError> {
-        let Some(slot) = slot else {
-            return self.query(operation, sql, params).await;
-        };
-        let failed = |e| Failure::from(e).into_store(operation);
-        let client = self.client(operation).await?;
-        let statement = self.prepared(&client, sql).await.map_err(failed)?;
-        self.count_round_trips(1);
-        // Requests made at once are pipelined, in the order they are first polled.
-        let executed = async {
-            let (begun, rows, committed) = tokio::join!(
-                client.batch_execute("BEGIN"),
-                client.query(&statement, params),
-                client.batch_execute("COMMIT")
-            );
-            // A failed statement's error is the one to report: the COMMIT of its aborted
-            // transaction only rolled it back.
-            let rows = begun.and(rows).map_err(failed)?;
-            committed.map_err(failed)?;
-            Ok(rows)
-        };
-        released_if_kept_waiting(executed, slot).await
+        let query = self.query(operation, sql, params);
+        match slot {
+            Some(slot) => released_if_kept_waiting(query, slot).await,
+            None => query.await,
+        }
     }
 
     /// [`query_one`](Self::query_one) for a request a lane sends alone: in an implicit
