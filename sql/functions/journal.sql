@@ -353,6 +353,7 @@ DECLARE
     v_woken       integer[];
     v_slow        integer[];
     v_busy        integer[];
+    v_children    integer[];
     v_appended    integer[] := '{}';
     v_row         workflows%ROWTYPE;
 BEGIN
@@ -376,15 +377,18 @@ BEGIN
                WHERE f.fast AND r.kind <> 'completed' AND w.status = 'suspended'), '{}'),
            coalesce(array_agg(r.n ORDER BY r.name COLLATE "C", r.id COLLATE "C", r.n)
                         FILTER (WHERE NOT f.fast AND w.status IS NOT NULL), '{}'),
-           coalesce(array_agg(r.n) FILTER (WHERE w.status IS NULL), '{}')
-    INTO v_generations, v_fast, v_close, v_rewrite, v_woken, v_slow, v_busy
+           coalesce(array_agg(r.n) FILTER (WHERE w.status IS NULL), '{}'),
+           coalesce(array_agg(r.n) FILTER (
+               WHERE f.fast AND r.kind = 'completed' AND w.parent_step IS NOT NULL), '{}')
+    INTO v_generations, v_fast, v_close, v_rewrite, v_woken, v_slow, v_busy, v_children
     FROM (SELECT u.*,
                  count(*) OVER (PARTITION BY u.name COLLATE "C", u.id COLLATE "C") AS same
           FROM unnest(p_names, p_ids, p_generations, p_kinds, p_owners, p_epochs, p_renew_ms)
                WITH ORDINALITY AS u (name, id, generation, kind, owner, epoch, renew_ms, n)
           ORDER BY u.name COLLATE "C", u.id COLLATE "C", u.n) r
     LEFT JOIN LATERAL (
-        SELECT y.generation, y.status, y.lease_owner, y.lease_epoch, y.lease_expires_at
+        SELECT y.generation, y.status, y.lease_owner, y.lease_epoch, y.lease_expires_at,
+               y.parent_step
         FROM workflows y WHERE y.workflow_name = r.name AND y.workflow_id = r.id
         FOR UPDATE SKIP LOCKED) w ON true
     CROSS JOIN LATERAL (
@@ -421,37 +425,42 @@ BEGIN
 
     -- 3. The rows that change: a completion closes its row (as `keiro_journal_append_to`), an
     -- appended step wakes its row or renews a lease that is due (as 0004: only unindexed
-    -- columns change on a running row, so that version can be HOT). A completed child tells
-    -- its parent.
+    -- columns change on a running row, so that version can be HOT). Then each completed
+    -- child tells its parent, in key order (the parent's row is locked after the child's).
     IF v_close <> '{}' OR v_rewrite && v_appended THEN
-        FOR v_row IN
-            UPDATE workflows w SET
-                status = CASE WHEN r.kind = 'completed' THEN 'completed' ELSE 'running' END,
-                output = CASE WHEN r.kind = 'completed' THEN r.payload ELSE w.output END,
-                completed_at = CASE WHEN r.kind = 'completed' THEN now() ELSE w.completed_at END,
-                lease_owner = CASE WHEN r.kind = 'completed' THEN NULL ELSE w.lease_owner END,
-                lease_expires_at = CASE
-                    WHEN r.kind = 'completed' THEN NULL
-                    WHEN r.owner IS NOT NULL AND r.renew_ms IS NOT NULL
-                        THEN now() + r.renew_ms * interval '1 millisecond'
-                    ELSE w.lease_expires_at
-                END,
-                attempts = CASE WHEN r.kind = 'completed' THEN 0 ELSE w.attempts END,
-                last_error = CASE WHEN r.kind = 'completed' THEN NULL ELSE w.last_error END,
-                next_attempt_at = CASE WHEN r.kind = 'completed' THEN NULL
-                                       ELSE w.next_attempt_at END,
-                wake_after = CASE WHEN r.kind = 'completed' THEN NULL ELSE w.wake_after END,
-                updated_at = now()
-            FROM unnest(p_names, p_ids, p_kinds, p_payloads, p_owners, p_renew_ms)
-                 WITH ORDINALITY AS r (name, id, kind, payload, owner, renew_ms, n)
-            WHERE (r.n = ANY (v_close) OR (r.n = ANY (v_rewrite) AND r.n = ANY (v_appended)))
-              AND w.workflow_name = r.name AND w.workflow_id = r.id
-            RETURNING w.*
-        LOOP
-            IF v_row.status = 'completed' AND v_row.parent_step IS NOT NULL THEN
+        UPDATE workflows w SET
+            status = CASE WHEN r.kind = 'completed' THEN 'completed' ELSE 'running' END,
+            output = CASE WHEN r.kind = 'completed' THEN r.payload ELSE w.output END,
+            completed_at = CASE WHEN r.kind = 'completed' THEN now() ELSE w.completed_at END,
+            lease_owner = CASE WHEN r.kind = 'completed' THEN NULL ELSE w.lease_owner END,
+            lease_expires_at = CASE
+                WHEN r.kind = 'completed' THEN NULL
+                WHEN r.owner IS NOT NULL AND r.renew_ms IS NOT NULL
+                    THEN now() + r.renew_ms * interval '1 millisecond'
+                ELSE w.lease_expires_at
+            END,
+            attempts = CASE WHEN r.kind = 'completed' THEN 0 ELSE w.attempts END,
+            last_error = CASE WHEN r.kind = 'completed' THEN NULL ELSE w.last_error END,
+            next_attempt_at = CASE WHEN r.kind = 'completed' THEN NULL
+                                   ELSE w.next_attempt_at END,
+            wake_after = CASE WHEN r.kind = 'completed' THEN NULL ELSE w.wake_after END,
+            updated_at = now()
+        FROM unnest(p_names, p_ids, p_kinds, p_payloads, p_owners, p_renew_ms)
+             WITH ORDINALITY AS r (name, id, kind, payload, owner, renew_ms, n)
+        WHERE (r.n = ANY (v_close) OR (r.n = ANY (v_rewrite) AND r.n = ANY (v_appended)))
+          AND w.workflow_name = r.name AND w.workflow_id = r.id;
+        IF v_children <> '{}' THEN
+            FOR v_row IN
+                SELECT w.* FROM unnest(p_names, p_ids) WITH ORDINALITY AS r (name, id, n)
+                CROSS JOIN LATERAL (
+                    SELECT y.* FROM workflows y
+                    WHERE y.workflow_name = r.name AND y.workflow_id = r.id OFFSET 0) w
+                WHERE r.n = ANY (v_children)
+                ORDER BY r.name COLLATE "C", r.id COLLATE "C"
+            LOOP
                 PERFORM keiro_child_deliver(v_row);
-            END IF;
-        END LOOP;
+            END LOOP;
+        END IF;
         -- One notification for the rows the batch woke: a listener only learns that some
         -- instance became runnable (the key in the payload is not used to pick it).
         FOREACH i IN ARRAY v_woken LOOP
