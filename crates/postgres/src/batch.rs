@@ -40,7 +40,8 @@
 //! again (a recorded step answers `AlreadyPresent`, a start finds its row, a park re-arms).
 
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use keiro_journal::store::Result;
 use keiro_journal::{store_span, BatchLimits, Batcher, Slot, StoreError, STORE_SPAN_TARGET};
@@ -119,12 +120,95 @@ impl SlotHold {
 /// went away (a store shared by several runtimes, as tests do).
 pub(crate) struct Lane<T: Batched> {
     batcher: Mutex<Option<Batcher<Waiting<T>>>>,
+    /// What the lane sent so far, shared with its loop.
+    counters: Arc<LaneCounters>,
 }
 
 impl<T: Batched> Default for Lane<T> {
     fn default() -> Self {
         Self {
             batcher: Mutex::new(None),
+            counters: Arc::default(),
+        }
+    }
+}
+
+/// Batches a lane cut and the requests they carried, counted as they leave.
+#[derive(Debug, Default)]
+struct LaneCounters {
+    batches: AtomicU64,
+    requests: AtomicU64,
+}
+
+impl LaneCounters {
+    fn count(&self, requests: usize) {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.requests.fetch_add(
+            u64::try_from(requests).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    fn read(&self) -> LaneStats {
+        LaneStats {
+            batches: self.batches.load(Ordering::Relaxed),
+            requests: self.requests.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// What one group-commit lane sent: each batch is one statement and one commit, so
+/// `requests / batches` is how many calls shared a commit on average. A call sent by itself
+/// because its lane was idle counts as a batch of one; calls made with batching off, or of a
+/// kind a lane never carries, are not counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LaneStats {
+    /// Batches sent (statements, each in a transaction of its own).
+    pub batches: u64,
+    /// Calls those batches carried.
+    pub requests: u64,
+}
+
+impl LaneStats {
+    /// Calls per batch; `None` before the first batch.
+    #[must_use]
+    pub fn mean_len(&self) -> Option<f64> {
+        #[allow(clippy::cast_precision_loss)] // counts far below 2^52 convert exactly
+        (self.batches > 0).then(|| self.requests as f64 / self.batches as f64)
+    }
+
+    /// What was sent between `earlier` and `self` (two reads of the same lane).
+    #[must_use]
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            batches: self.batches.saturating_sub(earlier.batches),
+            requests: self.requests.saturating_sub(earlier.requests),
+        }
+    }
+}
+
+/// What each group-commit lane of a store sent so far ([`PgStore::batch_stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchStats {
+    /// Journal appends and completions (`keiro_journal_append_batch`).
+    pub appends: LaneStats,
+    /// Starts (`keiro_instances_start`).
+    pub starts: LaneStats,
+    /// Direct starts, leased to their callers (`keiro_instances_start_claimed`).
+    pub direct_starts: LaneStats,
+    /// Parks with their remote dispatches (`keiro_instances_park_dispatch`).
+    pub parks: LaneStats,
+}
+
+impl BatchStats {
+    /// What was sent between `earlier` and `self` (two reads of the same store).
+    #[must_use]
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            appends: self.appends.since(&earlier.appends),
+            starts: self.starts.since(&earlier.starts),
+            direct_starts: self.direct_starts.since(&earlier.direct_starts),
+            parks: self.parks.since(&earlier.parks),
         }
     }
 }
@@ -137,6 +221,7 @@ impl<T: Batched> Lane<T> {
         }
         let idle = self.with_batcher(store, Batcher::try_slot);
         if let Some(slot) = idle {
+            self.counters.count(1);
             return send_idle(store, &request, slot).await;
         }
         let (reply, outcome) = oneshot::channel();
@@ -175,7 +260,7 @@ impl<T: Batched> Lane<T> {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let batcher = match batcher.as_ref() {
             Some(running) if !running.is_closed() => running,
-            _ => batcher.insert(spawn(store, store.batch_limits())),
+            _ => batcher.insert(spawn(store, store.batch_limits(), self.counters.clone())),
         };
         f(batcher)
     }
@@ -203,10 +288,15 @@ async fn send_idle<T: Batched>(store: &PgStore, request: &T, slot: Slot) -> Resu
 }
 
 /// Starts a lane's loop; it stops when the last clone of the store is dropped.
-fn spawn<T: Batched>(store: &PgStore, limits: BatchLimits) -> Batcher<Waiting<T>> {
+fn spawn<T: Batched>(
+    store: &PgStore,
+    limits: BatchLimits,
+    counters: Arc<LaneCounters>,
+) -> Batcher<Waiting<T>> {
     let store = store.downgrade();
     Batcher::spawn(limits, move |batch: Vec<Waiting<T>>, slot| {
         let store = store.upgrade()?;
+        counters.count(batch.len());
         Some(async move { send(&store, batch, slot).await })
     })
 }
@@ -364,4 +454,16 @@ pub(crate) struct Lanes {
     pub(crate) starts: Lane<keiro_journal::StartRequest>,
     /// Direct starts, leased to their callers (`keiro_instances_start_claimed`).
     pub(crate) direct_starts: Lane<crate::start_claimed::StartClaimedRequest>,
+}
+
+impl Lanes {
+    /// What each lane sent so far.
+    pub(crate) fn stats(&self) -> BatchStats {
+        BatchStats {
+            appends: self.appends.counters.read(),
+            starts: self.starts.counters.read(),
+            direct_starts: self.direct_starts.counters.read(),
+            parks: self.parks.counters.read(),
+        }
+    }
 }

@@ -93,6 +93,7 @@ mod timer;
 mod tls;
 mod transaction_step;
 
+pub use batch::{BatchStats, LaneStats};
 pub use config::{
     Config, ACQUIRE_TIMEOUT_DEFAULT, APPLICATION_NAME_DEFAULT, BATCHES_IN_FLIGHT_DEFAULT,
     BATCH_LEN_MAX_DEFAULT, CONNECT_TIMEOUT_DEFAULT, LISTEN_CHECK_INTERVAL_DEFAULT,

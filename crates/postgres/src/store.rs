@@ -10,7 +10,7 @@ use keiro_journal::{BatchLimits, StoreError};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Row, Statement};
 
-use crate::batch::{Lanes, SlotHold};
+use crate::batch::{BatchStats, Lanes, SlotHold};
 use crate::config::{Config, WAKE_CHANNEL_SUFFIX};
 use crate::error::{Error, Failure, Result};
 use crate::listen::Hub;
@@ -253,6 +253,22 @@ impl PgStore {
     /// ```
     pub fn batching(&self) -> bool {
         self.inner.batching
+    }
+
+    /// What each group-commit lane sent so far: batches and the calls they carried, so a
+    /// caller can tell how many calls shared each commit. Counters only grow; take two reads
+    /// and [`BatchStats::since`] for a phase.
+    ///
+    /// ```
+    /// use keiro_postgres::{Config, PgStore};
+    /// let store = PgStore::connect_lazy(Config::default())?;
+    /// let stats = store.batch_stats();
+    /// assert_eq!(stats.appends.batches, 0);
+    /// assert_eq!(stats.appends.mean_len(), None);
+    /// # Ok::<(), keiro_postgres::Error>(())
+    /// ```
+    pub fn batch_stats(&self) -> BatchStats {
+        self.inner.lanes.stats()
     }
 
     /// How the group-commit lanes cut their batches.

@@ -392,3 +392,66 @@ async fn a_batch_kept_waiting_on_a_parent_is_sent_again_append_by_append() -> Te
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_lane_counts_its_batches_and_the_calls_they_carried() -> TestResult {
+    const RUNS: usize = 64;
+    let db = TestDb::new().await;
+    let store = db.store();
+    assert_eq!(store.batch_stats(), keiro_postgres::BatchStats::default());
+    let mut runs = Vec::new();
+    for i in 0..RUNS {
+        runs.push(claimed(&store, &format!("n{i:02}")).await?);
+    }
+    // The starts above came one at a time: each found its lane idle and went alone.
+    let after_starts = store.batch_stats();
+    assert_eq!(
+        (after_starts.starts.batches, after_starts.starts.requests),
+        (64, 64)
+    );
+    assert_eq!(after_starts.appends, keiro_postgres::LaneStats::default());
+
+    // A lone append: a batch of one.
+    let (k, fence) = &runs[0];
+    store.journal_append(&step(k, Some(fence), "lone")).await?;
+    let lone = store.batch_stats().since(&after_starts);
+    assert_eq!((lone.appends.batches, lone.appends.requests), (1, 1));
+    assert_eq!(lone.appends.mean_len(), Some(1.0));
+
+    // Concurrent appends: every call counted once, in fewer batches than calls.
+    let before = store.batch_stats();
+    let mut tasks = tokio::task::JoinSet::new();
+    for (k, fence) in runs.clone() {
+        let store = store.clone();
+        tasks.spawn(async move { store.journal_append(&step(&k, Some(&fence), "s")).await });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        assert_eq!(joined??, AppendOutcome::Appended);
+    }
+    let shared = store.batch_stats().since(&before);
+    assert_eq!(shared.appends.requests, u64::try_from(RUNS)?);
+    assert!(
+        shared.appends.batches < u64::try_from(RUNS)?,
+        "{RUNS} concurrent appends in {} batches",
+        shared.appends.batches
+    );
+    assert_eq!(
+        (shared.starts, shared.parks, shared.direct_starts),
+        Default::default()
+    );
+
+    // Without batching no lane sends anything.
+    let unbatched = PgStore::connect(db.config().batching(false)).await?;
+    let (k, fence) = &runs[1];
+    unbatched
+        .journal_append(&step(k, Some(fence), "unbatched"))
+        .await?;
+    unbatched
+        .instance_start(&start(&key("gc", "unbatched"), json!(null)))
+        .await?;
+    assert_eq!(
+        unbatched.batch_stats(),
+        keiro_postgres::BatchStats::default()
+    );
+    Ok(())
+}

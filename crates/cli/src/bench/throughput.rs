@@ -84,6 +84,10 @@ struct ThroughputReport {
     pg_cpu_ms_per_workflow: Option<f64>,
     /// CPU time of the bench process (worker, producers) per workflow, in milliseconds.
     keiro_cpu_ms_per_workflow: Option<f64>,
+    /// Calls per group-commit batch of the append lane (steps and completions), and of the
+    /// start lane; `null` with batching off.
+    append_batch_mean: Option<f64>,
+    start_batch_mean: Option<f64>,
     p50_ms: f64,
     p99_ms: f64,
     /// Resident memory of the bench process (worker and producers) at the end, and its peak.
@@ -174,6 +178,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let server_before = server::read_before(&setup.db, &setup.store).await?;
     let own_cpu_before = server::own_cpu();
     let round_trips_before = setup.store.round_trips();
+    let batches_before = setup.store.batch_stats();
     let started = Instant::now();
     if args.start_batch > 1 {
         start_all_many(
@@ -209,6 +214,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     .await;
     let _ = stop_tx.send(());
     let summary = worker_task.await.context("the bench worker task failed")?;
+    let batches = setup.store.batch_stats().since(&batches_before);
     let own_cpu = server::own_cpu()
         .zip(own_cpu_before)
         .map(|(after, before)| after.saturating_sub(before));
@@ -267,6 +273,18 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         pg_cpu_ms.map_or_else(|| "n/a".to_owned(), |ms| format!("{ms:.3} ms")),
         keiro_cpu_ms.map_or_else(|| "n/a".to_owned(), |ms| format!("{ms:.3} ms"))
     );
+    if args.batching {
+        println!(
+            "bench: group commit: {} append batches carried {} calls ({}), {} start batches {} \
+             ({})",
+            batches.appends.batches,
+            batches.appends.requests,
+            mean_len(batches.appends.mean_len()),
+            batches.starts.batches,
+            batches.starts.requests,
+            mean_len(batches.starts.mean_len())
+        );
+    }
     println!(
         "bench: start-to-completion latency p50 {p50:.1} ms, p99 {p99:.1} ms; resident memory \
          {rss_mb:.1} MiB (peak {rss_peak_mb:.1} MiB)"
@@ -309,6 +327,8 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         commits_per_workflow: round(commits_f / workflows_f, 3),
         pg_cpu_ms_per_workflow: pg_cpu_ms.map(|ms| round(ms, 4)),
         keiro_cpu_ms_per_workflow: keiro_cpu_ms.map(|ms| round(ms, 4)),
+        append_batch_mean: batches.appends.mean_len().map(|len| round(len, 2)),
+        start_batch_mean: batches.starts.mean_len().map(|len| round(len, 2)),
         p50_ms: round(p50, 2),
         p99_ms: round(p99, 2),
         rss_mb: round(rss_mb, 1),
@@ -324,4 +344,12 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         serde_json::to_string(&report).context("encoding the report")?
     );
     Ok(outcome)
+}
+
+/// A lane's calls per batch, for the report line.
+fn mean_len(mean: Option<f64>) -> String {
+    mean.map_or_else(
+        || "none sent".to_owned(),
+        |len| format!("{len:.1} per batch"),
+    )
 }
