@@ -68,11 +68,19 @@ impl Default for BatchLimits {
 pub struct Slot {
     /// Held for its drop, which frees the slot.
     _permit: OwnedSemaphorePermit,
+    /// The lane the slot belongs to, for [`Slot::queued`].
+    lane: Arc<Lane>,
 }
 
 impl Slot {
     /// Frees the slot now (the same as dropping it).
     pub fn release(self) {}
+
+    /// How many requests wait in the slot's lane for the next batch: a batch that keeps its
+    /// slot until its callers have asked again can tell whether they are still coming.
+    pub fn queued(&self) -> usize {
+        self.lane.queued.load(Ordering::Acquire)
+    }
 }
 
 /// Sends the requests of `requests` in natural batches until every sender is gone, or until
@@ -162,7 +170,11 @@ impl Lane {
             }
             self.queued.fetch_sub(batch.len(), Ordering::AcqRel);
             while sending.try_join_next().is_some() {}
-            let Some(future) = send(batch, Slot { _permit: permit }) else {
+            let slot = Slot {
+                _permit: permit,
+                lane: Arc::clone(&self),
+            };
+            let Some(future) = send(batch, slot) else {
                 break;
             };
             sending.spawn(future);
@@ -242,7 +254,10 @@ impl<R: Send + 'static> Batcher<R> {
             return None;
         }
         let permit = Arc::clone(&self.lane.slots).try_acquire_owned().ok()?;
-        Some(Slot { _permit: permit })
+        Some(Slot {
+            _permit: permit,
+            lane: Arc::clone(&self.lane),
+        })
     }
 
     /// Whether the loop has stopped, so pushing would give the request back.

@@ -10,9 +10,10 @@
 //! serve the whole batch: nobody is answered before the batch is durable.
 //!
 //! The slot (one per lane by default, `Config::batch_in_flight`) is held until the batch's
-//! commit is acknowledged and its callers are answered, and then for one turn of the runtime,
-//! in which the answered callers queue what they do next: so the runs that shared a commit
-//! share the next one too. A batch is one statement in an implicit transaction: one round
+//! commit is acknowledged and its callers are answered, and then for turns of the runtime
+//! while the answered callers are still queueing what they do next (until three turns in a
+//! row bring nothing new): so the runs that shared a commit share the next one too, and so do
+//! the runs a worker starts as those end. A batch is one statement in an implicit transaction: one round
 //! trip, whose rows come once the commit is durable. A request that finds its lane idle (a
 //! free slot, nothing queued) is sent by its caller at once, alone, holding the slot
 //! meanwhile: it costs what a call without batching costs, with no hop through the lane's
@@ -103,6 +104,15 @@ pub(crate) struct SlotHold(Mutex<Option<Slot>>);
 impl SlotHold {
     fn new(slot: Slot) -> Self {
         Self(Mutex::new(Some(slot)))
+    }
+
+    /// How many requests wait in the lane for the next batch (0 once the slot is back).
+    fn queued(&self) -> usize {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map_or(0, Slot::queued)
     }
 
     /// Gives the slot back now (once; later calls do nothing).
@@ -343,11 +353,45 @@ async fn send_batch<T: Batched>(
         return;
     }
     send_many(store, requests, replies, &hold).await;
-    // The answered callers run on this runtime: a turn for them to queue what they do next
+    // The answered callers run on this runtime: turns for them to queue what they do next
     // before the slot frees, so that it leaves as one batch rather than a lone first request
     // and the rest behind it.
-    tokio::task::yield_now().await;
+    linger(|| hold.queued(), tokio::task::yield_now).await;
     hold.release();
+}
+
+/// Quiet turns after which a batch's callers count as done asking again.
+const LINGER_QUIET_TURNS: usize = 3;
+
+/// Turns a batch keeps its slot after its answers, at most, however long its callers keep
+/// asking (a steady stream queues for the next batch anyway).
+const LINGER_TURNS_MAX: usize = 64;
+
+/// Takes turns of the runtime (`turn`) while the answered callers are still asking again:
+/// until [`LINGER_QUIET_TURNS`] turns in a row brought nothing new to the lane (`queued`), at
+/// most [`LINGER_TURNS_MAX`]; returns the turns taken. What an answer sets off takes a few
+/// hops (a finished run's task ends, its worker starts the next run, that run asks for its
+/// first step), and a slot given back on the first quiet turn sent the first of them alone,
+/// holding up the rest for a whole round: measured, one append batch in seven at K=100 carried
+/// a single request (BENCHMARKS.md, "Issue 15, stop 15").
+async fn linger<F: std::future::Future<Output = ()>>(
+    queued: impl Fn() -> usize,
+    mut turn: impl FnMut() -> F,
+) -> usize {
+    let (mut seen, mut quiet) = (queued(), 0);
+    for taken in 1..=LINGER_TURNS_MAX {
+        turn().await;
+        let now = queued();
+        if now == seen {
+            quiet += 1;
+            if quiet == LINGER_QUIET_TURNS {
+                return taken;
+            }
+        } else {
+            (seen, quiet) = (now, 0);
+        }
+    }
+    LINGER_TURNS_MAX
 }
 
 /// Sends a batch of several requests while it holds its slot, and answers each.
@@ -465,5 +509,41 @@ impl Lanes {
             direct_starts: self.direct_starts.counters.read(),
             parks: self.parks.counters.read(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+
+    /// `linger` over a scripted queue: the count the lane shows after each turn.
+    async fn turns_taken(script: &[usize]) -> usize {
+        let at = Cell::new(0usize);
+        let queued = || script[at.get().min(script.len() - 1)];
+        linger(queued, || {
+            at.set(at.get() + 1);
+            std::future::ready(())
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn nobody_asking_again_frees_the_slot_after_the_quiet_turns() {
+        assert_eq!(turns_taken(&[0]).await, LINGER_QUIET_TURNS);
+    }
+
+    #[tokio::test]
+    async fn callers_still_coming_keep_the_slot_until_they_stop() {
+        // Before the first turn 0; then 2, 2, 9 and 16 came, and nothing more.
+        let script = [0, 2, 2, 9, 16, 16, 16, 16, 16, 16];
+        assert_eq!(turns_taken(&script).await, 4 + LINGER_QUIET_TURNS);
+    }
+
+    #[tokio::test]
+    async fn a_steady_stream_keeps_the_slot_no_longer_than_the_cap() {
+        let script: Vec<usize> = (0..=LINGER_TURNS_MAX * 2).collect();
+        assert_eq!(turns_taken(&script).await, LINGER_TURNS_MAX);
     }
 }

@@ -455,3 +455,60 @@ async fn each_lane_counts_its_batches_and_the_calls_they_carried() -> TestResult
     );
     Ok(())
 }
+
+/// A worker's runs come back a few hops after their answer: the run's task ends, the worker
+/// notices and starts the next run, which then asks for its first step. The lane keeps its
+/// slot while they keep coming, so the next runs' first steps share one batch instead of the
+/// first of them leaving alone and the rest waiting a whole round behind it. On a
+/// current-thread runtime the turns are deterministic: 16 runs take two steps each (the first
+/// steps in two batches, one alone on the idle lane and 15 behind it; the second steps in one
+/// batch), and the 16 runs started as they end append their first steps in one batch.
+#[tokio::test(flavor = "current_thread")]
+async fn runs_started_after_a_batch_is_answered_share_the_next_one() -> TestResult {
+    const RUNS: usize = 16;
+    let db = TestDb::new().await;
+    let store = db.store();
+    let mut runs = Vec::new();
+    for i in 0..RUNS {
+        runs.push(claimed(&store, &format!("h{i:02}")).await?);
+    }
+    let before = store.batch_stats();
+    // The worker: a task of its own that starts a successor as each run ends.
+    let worker = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut first = tokio::task::JoinSet::new();
+            for (k, fence) in runs {
+                let store = store.clone();
+                first.spawn(async move {
+                    for name in ["a", "b"] {
+                        let outcome = store.journal_append(&step(&k, Some(&fence), name)).await;
+                        assert_eq!(outcome.expect("a step"), AppendOutcome::Appended);
+                    }
+                    (k, fence)
+                });
+            }
+            let mut next = tokio::task::JoinSet::new();
+            while let Some(joined) = first.join_next().await {
+                let (k, fence) = joined.expect("run");
+                let store = store.clone();
+                next.spawn(async move { store.journal_append(&step(&k, Some(&fence), "c")).await });
+            }
+            while let Some(joined) = next.join_next().await {
+                assert_eq!(
+                    joined.expect("run").expect("next run's step"),
+                    AppendOutcome::Appended
+                );
+            }
+        })
+    };
+    worker.await?;
+    let sent = store.batch_stats().since(&before).appends;
+    assert_eq!(sent.requests, u64::try_from(3 * RUNS)?);
+    assert_eq!(
+        sent.batches, 4,
+        "first steps: one alone and 15 together; second steps: one batch; the next runs' \
+         steps: one batch"
+    );
+    Ok(())
+}
