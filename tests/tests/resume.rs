@@ -34,6 +34,7 @@ on_both_stores!(
     backoff_paces_a_crashed_workflow,
     batch_claim_takes_only_claimable_registered_instances,
     concurrent_batch_claims_never_share_an_instance,
+    the_next_claim_is_sent_while_the_last_ones_runs_still_run,
 );
 
 fn counted(
@@ -903,4 +904,85 @@ async fn concurrent_batch_claims_never_share_an_instance(h: Harness) -> TestResu
     assert_eq!(all.len(), total, "an instance was claimed twice");
     assert_eq!(total, 60, "together they claimed everything");
     Ok(())
+}
+
+/// A worker loop claims its next runs beside the ones it drives, not between them: with two
+/// slots it claims four runs, and once two of them finished (the queue down to half a
+/// slot-set) it asks for more while the other two still run, instead of after one of them
+/// ends. The runs are held on a semaphore the test opens one permit at a time.
+async fn the_next_claim_is_sent_while_the_last_ones_runs_still_run(h: Harness) -> TestResult {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let finished = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut registry = Registry::new();
+    {
+        let (gate, finished) = (gate.clone(), finished.clone());
+        registry.register("held", move |ctx: Ctx, (): ()| {
+            let (gate, finished) = (gate.clone(), finished.clone());
+            async move {
+                ctx.step("wait", || async {
+                    gate.acquire().await.expect("open").forget();
+                    Ok::<_, Infallible>(())
+                })
+                .await?;
+                finished.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, WorkflowError>(())
+            }
+        })?;
+    }
+    for i in 0..6 {
+        h.keiro.start("held", &format!("h-{i}"), &()).await?;
+    }
+    let counting = keiro_tests::counting::CountingStore::new(h.store.clone());
+    let mut options = h.fast_options();
+    options.max_concurrent_advances = 2;
+    let worker = keiro::WorkerBuilder::new(Arc::new(counting.clone()))
+        .registry(registry)
+        .options(options)
+        .build()?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let looping = tokio::spawn(async move {
+        worker
+            .run_until(async {
+                let _ = stop_rx.await;
+            })
+            .await
+    });
+    let claims = {
+        let counting = counting.clone();
+        move || counting.calls("instances_claim_batch")
+    };
+    let done = {
+        let finished = finished.clone();
+        move || finished.load(Ordering::SeqCst)
+    };
+    until(|| claims() == 1, "the first claim").await;
+    gate.add_permits(2);
+    until(|| done() == 2, "two runs to finish").await;
+    // The third and fourth runs hold their slots (no permit is left); the next claim must be
+    // on its way anyway.
+    until(
+        || claims() >= 2,
+        "the second claim, sent beside the running two",
+    )
+    .await;
+    assert_eq!(done(), 2, "no permit was left for a third run to finish");
+    gate.add_permits(4);
+    until(|| done() == 6, "all six runs").await;
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(5), looping).await??;
+    for i in 0..6 {
+        let id = format!("h-{i}");
+        let row = h.keiro.instance(("held", id.as_str())).await?.expect("row");
+        assert_eq!(row.status, Status::Completed, "{id}");
+    }
+    Ok(())
+}
+
+/// Waits up to 10 s for `done`, polling every 5 ms.
+async fn until(done: impl Fn() -> bool, what: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "waited for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }

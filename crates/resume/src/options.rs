@@ -43,8 +43,9 @@ pub struct ResumeOptions {
     /// `n + 1`. Defaults to [`CRASH_BACKOFF_DEFAULT`] (`min(2^(n+1), 64)` s, no jitter).
     pub backoff: Backoff,
     /// The most runs one pass of a worker loop claims (`None`: no cap). A pass claims in small
-    /// batches as its slots free up (holding at most twice `max_concurrent_advances` claims at
-    /// once) and ends when nothing more is claimable or this many were claimed. One-off passes
+    /// batches beside the runs it drives (once fewer than one and a half times
+    /// `max_concurrent_advances` are queued or running, it asks for enough to hold twice that)
+    /// and ends when nothing more is claimable or this many were claimed. One-off passes
     /// (`resume_once`) are unbounded.
     /// Defaults to `Some(`[`PASS_LIMIT_DEFAULT`]`)`.
     pub pass_limit: Option<usize>,

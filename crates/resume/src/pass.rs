@@ -4,12 +4,15 @@
 //! driver, a store error, or a poison workflow affects that candidate's line of the summary and
 //! nothing else.
 
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use keiro_journal::{
-    drive, InstanceKey, JournalStore, ParkOutcome, RunError, RunOutcome, StoreError,
+    drive, InstanceKey, JournalStore, ParkOutcome, RunError, RunOutcome, StoreError, WorkflowName,
 };
 use keiro_lease::{ClaimOutcome, Crash, CrashOutcome, LeaseStore};
 use time::OffsetDateTime;
@@ -106,6 +109,10 @@ pub(crate) async fn pass(
 /// discover-then-claim (no claim round trip per run); the summary counts only what was claimed,
 /// so unknown names, paced and leased-elsewhere instances are reported by `resume_once`, not
 /// here. Claims not started when `stop` is set are released.
+///
+/// The next claim runs beside the runs, not between them: a claim is sent once fewer than half
+/// a slot-set of runs wait, so the runs that finish while it is in flight find their successors
+/// queued instead of idling for a round trip.
 pub(crate) async fn claim_pass(
     store: &Arc<dyn LeaseStore>,
     registry: &Registry,
@@ -118,61 +125,50 @@ pub(crate) async fn claim_pass(
         .owner
         .clone()
         .unwrap_or_else(|| format!("keiro-{}", uuid::Uuid::new_v4()));
-    let names = registry.names();
-    let refill = options.concurrency().saturating_mul(2);
+    let names: Arc<[WorkflowName]> = registry.names().into();
+    let concurrency = options.concurrency();
+    let refill = concurrency.saturating_mul(2);
+    // Claim again once fewer than this many runs are queued or running: the queue then still
+    // holds half a slot-set, enough to feed the slots that free while the claim is in flight.
+    let low_water = refill - concurrency.div_ceil(2);
     let mut summary = ResumeSummary::default();
     let shared = Arc::new(options.clone());
     let mut tasks = JoinSet::new();
     // Each claim waits with the time it was asked for: its lease was granted no earlier, so a
     // run that waited past `confirm_after` confirms its lease before its first fresh action.
-    let mut pending: std::collections::VecDeque<(keiro_lease::Claim, Instant)> =
-        std::collections::VecDeque::new();
+    let mut pending: VecDeque<(keiro_lease::Claim, Instant)> = VecDeque::new();
+    let mut claiming: Option<ClaimInFlight> = None;
     let (mut claimed, mut exhausted) = (0usize, false);
     loop {
-        // Keep the slots fed: claim more as soon as fewer than `concurrency` runs are queued or
-        // running, up to twice the concurrency held at once and `limit` per pass. Runs queue
-        // briefly on their leases, never long, and no slot idles behind a slow batch-mate.
         let held = pending.len() + tasks.len();
-        if !exhausted
+        if claiming.is_none()
+            && !exhausted
             && !stop.load(Ordering::Relaxed)
-            && held < options.concurrency()
+            && held < low_water
             && claimed < limit
         {
             let want = refill.saturating_sub(held).min(limit - claimed);
+            let (store, names, owner, ttl) = (
+                store.clone(),
+                names.clone(),
+                owner.clone(),
+                options.lease_ttl,
+            );
             let asked = Instant::now();
-            let batch = store
-                .instances_claim_batch(
-                    &names,
-                    &owner,
-                    options.lease_ttl,
-                    i64::try_from(want).unwrap_or(i64::MAX),
-                    None,
-                )
-                .await;
-            match batch {
-                Ok(claims) => {
-                    exhausted = claims.len() < want;
-                    claimed += claims.len();
-                    summary.discovered += u64::try_from(claims.len()).unwrap_or(u64::MAX);
-                    pending.extend(claims.into_iter().map(|claim| (claim, asked)));
-                }
-                // A refused value (a journal past what one claim can load) refuses every
-                // batch that may pick its instance: claim one instance at a time instead, so
-                // the others run and that one is set aside.
-                Err(error) if claimed == 0 && error.is_value_refused() => {
-                    transient(options, None, &error);
-                    return pass(store, registry, options, Some(limit), stop).await;
-                }
-                // The first claim failing fails the pass, like a failed discovery; a later
-                // one only ends it early, after the runs already claimed.
-                Err(error) if claimed == 0 => return Err(error),
-                Err(error) => {
-                    exhausted = true;
-                    transient(options, None, &error);
-                }
-            }
+            claiming = Some(Box::pin(async move {
+                let batch = store
+                    .instances_claim_batch(
+                        &names,
+                        &owner,
+                        ttl,
+                        i64::try_from(want).unwrap_or(i64::MAX),
+                        None,
+                    )
+                    .await;
+                (batch, want, asked)
+            }));
         }
-        while tasks.len() < options.concurrency() && !stop.load(Ordering::Relaxed) {
+        while tasks.len() < concurrency && !stop.load(Ordering::Relaxed) {
             let Some((claim, asked)) = pending.pop_front() else {
                 break;
             };
@@ -185,21 +181,52 @@ pub(crate) async fn claim_pass(
             tasks
                 .spawn(async move { drive_claimed(&store, workflow, &shared, claim, asked).await });
         }
-        match tasks.join_next().await {
-            Some(Ok(line)) => summary += line,
-            Some(Err(join_error)) => {
-                summary.transient_errors += 1;
-                (options.log)(&ResumeLogEvent::TransientError {
-                    key: None,
-                    error: format!("candidate task failed: {join_error}"),
-                });
+        if tasks.is_empty() && claiming.is_none() {
+            // Nothing running or being claimed: stop when asked to (unstarted claims are
+            // released below) or when there is nothing left to start or claim.
+            let more = !exhausted && claimed < limit;
+            if stop.load(Ordering::Relaxed) || (pending.is_empty() && !more) {
+                break;
             }
-            None => {
-                // Nothing running: stop when asked to (unstarted claims are released below) or
-                // when there is nothing left to start or claim.
-                let more = !exhausted && claimed < limit;
-                if stop.load(Ordering::Relaxed) || (pending.is_empty() && !more) {
-                    break;
+            continue;
+        }
+        tokio::select! {
+            Some(joined) = tasks.join_next(), if !tasks.is_empty() => match joined {
+                Ok(line) => summary += line,
+                Err(join_error) => {
+                    summary.transient_errors += 1;
+                    (options.log)(&ResumeLogEvent::TransientError {
+                        key: None,
+                        error: format!("candidate task failed: {join_error}"),
+                    });
+                }
+            },
+            (batch, want, asked) = async { claiming.as_mut().expect("guarded").await },
+                if claiming.is_some() =>
+            {
+                claiming = None;
+                match batch {
+                    Ok(claims) => {
+                        exhausted = claims.len() < want;
+                        claimed += claims.len();
+                        summary.discovered += u64::try_from(claims.len()).unwrap_or(u64::MAX);
+                        pending.extend(claims.into_iter().map(|claim| (claim, asked)));
+                    }
+                    // A refused value (a journal past what one claim can load) refuses every
+                    // batch that may pick its instance: claim one instance at a time instead,
+                    // so the others run and that one is set aside.
+                    Err(error) if claimed == 0 && error.is_value_refused() => {
+                        // Nothing runs yet: runs only come from claims.
+                        transient(options, None, &error);
+                        return pass(store, registry, options, Some(limit), stop).await;
+                    }
+                    // The first claim failing fails the pass, like a failed discovery; a later
+                    // one only ends it early, after the runs already claimed.
+                    Err(error) if claimed == 0 => return Err(error),
+                    Err(error) => {
+                        exhausted = true;
+                        transient(options, None, &error);
+                    }
                 }
             }
         }
@@ -212,6 +239,11 @@ pub(crate) async fn claim_pass(
     });
     Ok(summary)
 }
+
+/// A claim sent beside the runs: its answer, how many it asked for, and when it asked.
+type ClaimInFlight = Pin<
+    Box<dyn Future<Output = (Result<Vec<keiro_lease::Claim>, StoreError>, usize, Instant)> + Send>,
+>;
 
 /// Records the pending awakeables when metrics are on and a sample is due: a count over a
 /// table that grows with the backlog, so it is paced by the metrics handle (see
