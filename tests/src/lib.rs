@@ -13,4 +13,4 @@ pub mod status;
 
 pub use faulty::FaultyStore;
 pub use harness::{crash, key, run_inline, run_with, Backend, Harness, Ledger, TestResult};
-pub use status::{status, until_status};
+pub use status::{status, until, until_status};

@@ -1,5 +1,6 @@
-//! Looking up an instance's status, and waiting for one: what tests that drive runs through a
-//! facade handle (a harness's, or one they built on a store of their own) repeat otherwise.
+//! Looking up an instance's status, and waiting for one (or for any condition the test can
+//! read at once): what tests that drive runs through a facade handle (a harness's, or one
+//! they built on a store of their own) repeat otherwise.
 
 use std::future::Future;
 use std::time::Duration;
@@ -52,5 +53,16 @@ where
             return Err(format!("{name}/{id} is {seen:?}, not {status}").into());
         }
         tokio::time::sleep(UNTIL_STATUS_POLL).await;
+    }
+}
+
+/// Waits until `done` holds, looking every 5 ms; panics naming `what` after
+/// [`UNTIL_STATUS_TIMEOUT`]. For conditions a test reads without the store (counters its
+/// workflows or a counting store keep).
+pub async fn until(what: &str, done: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + UNTIL_STATUS_TIMEOUT;
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "waited for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }

@@ -955,19 +955,18 @@ async fn the_next_claim_is_sent_while_the_last_ones_runs_still_run(h: Harness) -
         let finished = finished.clone();
         move || finished.load(Ordering::SeqCst)
     };
-    until(|| claims() == 1, "the first claim").await;
+    keiro_tests::until("the first claim", || claims() == 1).await;
     gate.add_permits(2);
-    until(|| done() == 2, "two runs to finish").await;
+    keiro_tests::until("two runs to finish", || done() == 2).await;
     // The third and fourth runs hold their slots (no permit is left); the next claim must be
     // on its way anyway.
-    until(
-        || claims() >= 2,
-        "the second claim, sent beside the running two",
-    )
+    keiro_tests::until("the second claim, sent beside the running two", || {
+        claims() >= 2
+    })
     .await;
     assert_eq!(done(), 2, "no permit was left for a third run to finish");
     gate.add_permits(4);
-    until(|| done() == 6, "all six runs").await;
+    keiro_tests::until("all six runs", || done() == 6).await;
     let _ = stop_tx.send(());
     tokio::time::timeout(Duration::from_secs(5), looping).await??;
     for i in 0..6 {
@@ -976,13 +975,4 @@ async fn the_next_claim_is_sent_while_the_last_ones_runs_still_run(h: Harness) -
         assert_eq!(row.status, Status::Completed, "{id}");
     }
     Ok(())
-}
-
-/// Waits up to 10 s for `done`, polling every 5 ms.
-async fn until(done: impl Fn() -> bool, what: &str) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(tokio::time::Instant::now() < deadline, "waited for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }

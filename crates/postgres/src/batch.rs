@@ -13,8 +13,8 @@
 //! commit is acknowledged and its callers are answered, and then for turns of the runtime
 //! while the answered callers are still queueing what they do next (until three turns in a
 //! row bring nothing new): so the runs that shared a commit share the next one too, and so do
-//! the runs a worker starts as those end. A batch is one statement in an implicit transaction: one round
-//! trip, whose rows come once the commit is durable. A request that finds its lane idle (a
+//! the runs a worker starts as those end. A batch is one statement in an implicit
+//! transaction: one round trip, whose rows come once the commit is durable. A request that finds its lane idle (a
 //! free slot, nothing queued) is sent by its caller at once, alone, holding the slot
 //! meanwhile: it costs what a call without batching costs, with no hop through the lane's
 //! task.
@@ -374,7 +374,7 @@ const LINGER_TURNS_MAX: usize = 64;
 /// first step), and a slot given back on the first quiet turn sent the first of them alone,
 /// holding up the rest for a whole round: measured, one append batch in seven at K=100 carried
 /// a single request (BENCHMARKS.md, "Issue 15, stop 15").
-async fn linger<F: std::future::Future<Output = ()>>(
+async fn linger<F: Future<Output = ()>>(
     queued: impl Fn() -> usize,
     mut turn: impl FnMut() -> F,
 ) -> usize {

@@ -43,6 +43,32 @@ async fn claimed(
     Ok((k, claim.fence))
 }
 
+/// `n` instances started and claimed, named `{prefix}00`, `{prefix}01`, ...
+async fn claimed_runs(
+    store: &PgStore,
+    prefix: &str,
+    n: usize,
+) -> Result<Vec<(InstanceKey, Fence)>, Box<dyn std::error::Error + Send + Sync>> {
+    let mut runs = Vec::with_capacity(n);
+    for i in 0..n {
+        runs.push(claimed(store, &format!("{prefix}{i:02}")).await?);
+    }
+    Ok(runs)
+}
+
+/// Appends step `name` to every run at once, one task each, and checks each was appended.
+async fn append_at_once(store: &PgStore, runs: &[(InstanceKey, Fence)], name: &str) -> TestResult {
+    let mut tasks = tokio::task::JoinSet::new();
+    for (k, fence) in runs {
+        let (store, append) = (store.clone(), step(k, Some(fence), name));
+        tasks.spawn(async move { store.journal_append(&append).await });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        assert_eq!(joined??, AppendOutcome::Appended);
+    }
+    Ok(())
+}
+
 /// Statements `store` sent while `work` ran, after a warm-up of the same work prepared them.
 async fn round_trips_of<F, Fut>(
     store: &PgStore,
@@ -146,22 +172,12 @@ async fn concurrent_appends_share_statements() -> TestResult {
     const RUNS: usize = 64;
     let db = TestDb::new().await;
     let store = db.store();
-    let mut runs = Vec::new();
-    for i in 0..RUNS {
-        runs.push(claimed(&store, &format!("c{i:02}")).await?);
-    }
+    let runs = claimed_runs(&store, "c", RUNS).await?;
     // Warm the statements on every pooled connection.
     let warm: Vec<Append> = runs.iter().map(|(k, f)| step(k, Some(f), "warm")).collect();
     store.journal_append_batch(&warm).await;
     let before = store.round_trips();
-    let mut tasks = tokio::task::JoinSet::new();
-    for (k, fence) in runs.clone() {
-        let store = store.clone();
-        tasks.spawn(async move { store.journal_append(&step(&k, Some(&fence), "s")).await });
-    }
-    while let Some(joined) = tasks.join_next().await {
-        assert_eq!(joined??, AppendOutcome::Appended);
-    }
+    append_at_once(&store, &runs, "s").await?;
     let sent = store.round_trips() - before;
     // One statement each without batching; the appends that queue while earlier batches are
     // in flight leave together. (Prepares on connections the warm-up did not reach count too,
@@ -399,10 +415,7 @@ async fn each_lane_counts_its_batches_and_the_calls_they_carried() -> TestResult
     let db = TestDb::new().await;
     let store = db.store();
     assert_eq!(store.batch_stats(), keiro_postgres::BatchStats::default());
-    let mut runs = Vec::new();
-    for i in 0..RUNS {
-        runs.push(claimed(&store, &format!("n{i:02}")).await?);
-    }
+    let runs = claimed_runs(&store, "n", RUNS).await?;
     // The starts above came one at a time: each found its lane idle and went alone.
     let after_starts = store.batch_stats();
     assert_eq!(
@@ -420,14 +433,7 @@ async fn each_lane_counts_its_batches_and_the_calls_they_carried() -> TestResult
 
     // Concurrent appends: every call counted once, in fewer batches than calls.
     let before = store.batch_stats();
-    let mut tasks = tokio::task::JoinSet::new();
-    for (k, fence) in runs.clone() {
-        let store = store.clone();
-        tasks.spawn(async move { store.journal_append(&step(&k, Some(&fence), "s")).await });
-    }
-    while let Some(joined) = tasks.join_next().await {
-        assert_eq!(joined??, AppendOutcome::Appended);
-    }
+    append_at_once(&store, &runs, "s").await?;
     let shared = store.batch_stats().since(&before);
     assert_eq!(shared.appends.requests, u64::try_from(RUNS)?);
     assert!(
@@ -456,22 +462,21 @@ async fn each_lane_counts_its_batches_and_the_calls_they_carried() -> TestResult
     Ok(())
 }
 
-/// A worker's runs come back a few hops after their answer: the run's task ends, the worker
-/// notices and starts the next run, which then asks for its first step. The lane keeps its
-/// slot while they keep coming, so the next runs' first steps share one batch instead of the
-/// first of them leaving alone and the rest waiting a whole round behind it. On a
-/// current-thread runtime the turns are deterministic: 16 runs take two steps each (the first
-/// steps in two batches, one alone on the idle lane and 15 behind it; the second steps in one
-/// batch), and the 16 runs started as they end append their first steps in one batch.
+/// The batch shape a worker's runs make, on a current-thread runtime where the turns are
+/// deterministic: 16 runs take two steps each (the first steps in two batches, one alone on
+/// the idle lane and 15 behind it; the second steps in one batch, the lone one's joined by
+/// the 15 answered while it waited), and the 16 runs started as those end (the worker's hops:
+/// a task ends, the worker starts the next) append their first steps in one batch. A guard:
+/// it fails if the lane gives its slot back before its answered callers asked again. It
+/// cannot show the linger's turns (one `yield_now` on this runtime already waits until every
+/// ready task ran; the split they prevent shows on the multi-thread runtime, in `keiro
+/// bench`), which the unit tests of `linger` cover.
 #[tokio::test(flavor = "current_thread")]
 async fn runs_started_after_a_batch_is_answered_share_the_next_one() -> TestResult {
     const RUNS: usize = 16;
     let db = TestDb::new().await;
     let store = db.store();
-    let mut runs = Vec::new();
-    for i in 0..RUNS {
-        runs.push(claimed(&store, &format!("h{i:02}")).await?);
-    }
+    let runs = claimed_runs(&store, "h", RUNS).await?;
     let before = store.batch_stats();
     // The worker: a task of its own that starts a successor as each run ends.
     let worker = {
