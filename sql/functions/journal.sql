@@ -322,17 +322,23 @@ $$;
 -- generations, stale fences, terminal rows, several requests for one instance) is a call of
 -- `keiro_journal_append_to`, after the fast ones, in key order.
 --
--- A common batch is four statements, whatever its length (each statement's set-up costs
--- about as much as a few rows; the first form ran about ten, and read every instance row
--- three more times after locking it):
---   1. lock the instance rows in key order and read, into arrays, what the checks need: which
---      requests are fast, which rows wake or renew their lease, each row's generation;
---   2. one INSERT of the fast steps and the completion markers;
---   3. one UPDATE of the rows that close, wake or renew their lease (skipped when none do);
---   4. the answers.
--- A completion's marker cannot be recorded already (its row would be completed), so a
--- conflict on one is raised as the unique violation it is alone, and the store re-sends the
--- batch request by request.
+-- A common batch is two statements, whatever its length (each statement's set-up, its
+-- executor and the arrays it unnests, costs about as much as a few rows):
+--   1. lock the instance rows in key order, class each request, and journal the fast ones:
+--      one statement, whose INSERT reads the classes from the same locked rows;
+--   2. the answers.
+-- A third, the UPDATE of the rows that close, wake or renew their lease, runs only when a
+-- request does one of those (a batch of steps on running rows changes no instance row).
+--
+-- The journal INSERT has no ON CONFLICT: a fast request's row is locked by this batch, and
+-- every writer of an instance's journal holds its row, so its step can only be recorded
+-- already if it was recorded before (a writer that raced this one and lost the lease, or an
+-- append sent again after its commit was lost). The unique index then raises, the batch fails
+-- as a whole, and the store sends each request alone, where that one is answered
+-- `already_present` (or `conflict`) as always. Measured under callgrind, a batch of 12 steps
+-- and 4 completions took 24% fewer instructions than the four-statement form with ON
+-- CONFLICT (speculative insertion costs a pre-check and a second WAL record per row), and a
+-- batch of 16 steps 38% fewer.
 CREATE OR REPLACE FUNCTION keiro_journal_append_batch(
     p_names text[], p_ids text[], p_generations integer[], p_steps text[], p_kinds text[],
     p_payloads jsonb[], p_owners text[], p_epochs bigint[], p_renew_ms bigint[])
@@ -346,15 +352,17 @@ LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     i             integer;
+    -- Indexed by request: the generation of its instance, and its class:
+    --   0 busy: its row is held by another transaction (the store sends it alone);
+    --   1 slow: a call of `keiro_journal_append_to` after the fast ones;
+    --   2 a step, its row left as it is;
+    --   3 a step that renews its lease (due within the quarter of the TTL that has run);
+    --   4 a step that wakes its suspended row;
+    --   5 a completion; 6 a completion of a child, whose parent is then told.
+    -- Classes 2 to 6 are journaled by statement 1; 3 to 6 change their row.
     v_generations integer[];
-    v_fast        integer[];
-    v_close       integer[];
-    v_rewrite     integer[];
-    v_woken       integer[];
+    v_class       integer[];
     v_slow        integer[];
-    v_busy        integer[];
-    v_children    integer[];
-    v_appended    integer[] := '{}';
     v_row         workflows%ROWTYPE;
 BEGIN
     -- 1. The requests sorted by key, and each one's row locked in that order (a nested loop
@@ -362,72 +370,56 @@ BEGIN
     -- A row another transaction holds reads as missing (SKIP LOCKED): its request is `busy`,
     -- and the store sends it alone, where it waits as a single append would. `fast` is the
     -- entry condition of `keiro_journal_append_to`'s fast path (a step), or of its plain close
-    -- of a live row (a completion).
-    SELECT array_agg(w.generation ORDER BY r.n),
-           coalesce(array_agg(r.n) FILTER (WHERE f.fast AND r.kind <> 'completed'), '{}'),
-           coalesce(array_agg(r.n) FILTER (WHERE f.fast AND r.kind = 'completed'), '{}'),
-           coalesce(array_agg(r.n) FILTER (
-               WHERE f.fast AND r.kind <> 'completed'
-                 AND (w.status = 'suspended'
-                      OR r.owner IS NULL OR r.renew_ms IS NULL
-                      OR w.lease_expires_at IS NULL
-                      OR w.lease_expires_at <= now() + r.renew_ms * interval '750 microseconds')),
-               '{}'),
-           coalesce(array_agg(r.n) FILTER (
-               WHERE f.fast AND r.kind <> 'completed' AND w.status = 'suspended'), '{}'),
-           coalesce(array_agg(r.n ORDER BY r.name COLLATE "C", r.id COLLATE "C", r.n)
-                        FILTER (WHERE NOT f.fast AND w.status IS NOT NULL), '{}'),
-           coalesce(array_agg(r.n) FILTER (WHERE w.status IS NULL), '{}'),
-           coalesce(array_agg(r.n) FILTER (
-               WHERE f.fast AND r.kind = 'completed' AND w.parent_step IS NOT NULL), '{}')
-    INTO v_generations, v_fast, v_close, v_rewrite, v_woken, v_slow, v_busy, v_children
-    FROM (SELECT u.*,
-                 count(*) OVER (PARTITION BY u.name COLLATE "C", u.id COLLATE "C") AS same
-          FROM unnest(p_names, p_ids, p_generations, p_kinds, p_owners, p_epochs, p_renew_ms)
-               WITH ORDINALITY AS u (name, id, generation, kind, owner, epoch, renew_ms, n)
-          ORDER BY u.name COLLATE "C", u.id COLLATE "C", u.n) r
-    LEFT JOIN LATERAL (
-        SELECT y.generation, y.status, y.lease_owner, y.lease_epoch, y.lease_expires_at,
-               y.parent_step
-        FROM workflows y WHERE y.workflow_name = r.name AND y.workflow_id = r.id
-        FOR UPDATE SKIP LOCKED) w ON true
-    CROSS JOIN LATERAL (
-        SELECT coalesce(r.same = 1
-                        AND r.kind NOT IN ('failed', 'cancelled', 'continued')
-                        AND coalesce(r.generation, w.generation) = w.generation
-                        AND w.status IN ('running', 'suspended')
-                        AND (r.owner IS NULL
-                             OR (w.lease_owner = r.owner AND w.lease_epoch = r.epoch)),
-                        false) AS fast) f;
+    -- of a live row (a completion). The INSERT runs once the rows are locked: it reads the
+    -- classes from `c`, which locks as it is read.
+    WITH c AS (
+        SELECT r.n, r.name, r.id, w.generation,
+               CASE
+                   WHEN w.status IS NULL THEN 0
+                   WHEN NOT f.fast THEN 1
+                   WHEN r.kind = 'completed' THEN
+                       CASE WHEN w.parent_step IS NULL THEN 5 ELSE 6 END
+                   WHEN w.status = 'suspended' THEN 4
+                   WHEN r.owner IS NULL OR r.renew_ms IS NULL OR w.lease_expires_at IS NULL
+                        OR w.lease_expires_at <= now() + r.renew_ms * interval '750 microseconds'
+                       THEN 3
+                   ELSE 2
+               END AS class
+        FROM (SELECT u.*,
+                     count(*) OVER (PARTITION BY u.name COLLATE "C", u.id COLLATE "C") AS same
+              FROM unnest(p_names, p_ids, p_generations, p_kinds, p_owners, p_epochs,
+                          p_renew_ms)
+                   WITH ORDINALITY AS u (name, id, generation, kind, owner, epoch, renew_ms, n)
+              ORDER BY u.name COLLATE "C", u.id COLLATE "C", u.n) r
+        LEFT JOIN LATERAL (
+            SELECT y.generation, y.status, y.lease_owner, y.lease_epoch, y.lease_expires_at,
+                   y.parent_step
+            FROM workflows y WHERE y.workflow_name = r.name AND y.workflow_id = r.id
+            FOR UPDATE SKIP LOCKED) w ON true
+        CROSS JOIN LATERAL (
+            SELECT coalesce(r.same = 1
+                            AND r.kind NOT IN ('failed', 'cancelled', 'continued')
+                            AND coalesce(r.generation, w.generation) = w.generation
+                            AND w.status IN ('running', 'suspended')
+                            AND (r.owner IS NULL
+                                 OR (w.lease_owner = r.owner AND w.lease_epoch = r.epoch)),
+                            false) AS fast) f
+    ), journaled AS (
+        INSERT INTO journal (workflow_name, workflow_id, generation, step_name, kind, payload)
+        SELECT c.name, c.id, c.generation, p_steps[c.n], p_kinds[c.n], p_payloads[c.n]
+        FROM c WHERE c.class >= 2
+    )
+    SELECT array_agg(c.generation ORDER BY c.n), array_agg(c.class ORDER BY c.n),
+           coalesce(array_agg(c.n ORDER BY c.name COLLATE "C", c.id COLLATE "C", c.n)
+                        FILTER (WHERE c.class = 1), '{}')
+    INTO v_generations, v_class, v_slow
+    FROM c;
 
-    -- 2. The fast steps and the completion markers: one INSERT. A step recorded before is left
-    -- as it is (every writer adopts the first recorded value, answered below).
-    IF v_fast <> '{}' OR v_close <> '{}' THEN
-        WITH inserted AS (
-            INSERT INTO journal (workflow_name, workflow_id, generation, step_name, kind, payload)
-            SELECT r.name, r.id, v_generations[r.n], r.step, r.kind, r.payload
-            FROM unnest(p_names, p_ids, p_steps, p_kinds, p_payloads)
-                 WITH ORDINALITY AS r (name, id, step, kind, payload, n)
-            WHERE r.n = ANY (v_fast || v_close)
-            ORDER BY r.name, r.id
-            ON CONFLICT (workflow_name, workflow_id, generation, step_name) DO NOTHING
-            RETURNING journal.workflow_name, journal.workflow_id
-        )
-        SELECT coalesce(array_agg(r.n), '{}') INTO v_appended
-        FROM unnest(p_names, p_ids) WITH ORDINALITY AS r (name, id, n)
-        JOIN inserted x ON x.workflow_name = r.name AND x.workflow_id = r.id
-        WHERE r.n = ANY (v_fast || v_close);
-        IF NOT v_close <@ v_appended THEN
-            RAISE unique_violation USING
-                MESSAGE = 'a completion of the batch found its marker recorded already';
-        END IF;
-    END IF;
-
-    -- 3. The rows that change: a completion closes its row (as `keiro_journal_append_to`), an
-    -- appended step wakes its row or renews a lease that is due (as 0004: only unindexed
+    -- The rows that change: a completion closes its row (as `keiro_journal_append_to`), a
+    -- journaled step wakes its row or renews a lease that is due (as 0004: only unindexed
     -- columns change on a running row, so that version can be HOT). Then each completed
     -- child tells its parent, in key order (the parent's row is locked after the child's).
-    IF v_close <> '{}' OR v_rewrite && v_appended THEN
+    IF v_class && '{3,4,5,6}'::integer[] THEN
         UPDATE workflows w SET
             status = CASE WHEN r.kind = 'completed' THEN 'completed' ELSE 'running' END,
             output = CASE WHEN r.kind = 'completed' THEN r.payload ELSE w.output END,
@@ -447,15 +439,15 @@ BEGIN
             updated_at = now()
         FROM unnest(p_names, p_ids, p_kinds, p_payloads, p_owners, p_renew_ms)
              WITH ORDINALITY AS r (name, id, kind, payload, owner, renew_ms, n)
-        WHERE (r.n = ANY (v_close) OR (r.n = ANY (v_rewrite) AND r.n = ANY (v_appended)))
+        WHERE v_class[r.n] >= 3
           AND w.workflow_name = r.name AND w.workflow_id = r.id;
-        IF v_children <> '{}' THEN
+        IF v_class && '{6}'::integer[] THEN
             FOR v_row IN
                 SELECT w.* FROM unnest(p_names, p_ids) WITH ORDINALITY AS r (name, id, n)
                 CROSS JOIN LATERAL (
                     SELECT y.* FROM workflows y
                     WHERE y.workflow_name = r.name AND y.workflow_id = r.id OFFSET 0) w
-                WHERE r.n = ANY (v_children)
+                WHERE v_class[r.n] = 6
                 ORDER BY r.name COLLATE "C", r.id COLLATE "C"
             LOOP
                 PERFORM keiro_child_deliver(v_row);
@@ -463,34 +455,18 @@ BEGIN
         END IF;
         -- One notification for the rows the batch woke: a listener only learns that some
         -- instance became runnable (the key in the payload is not used to pick it).
-        FOREACH i IN ARRAY v_woken LOOP
-            IF i = ANY (v_appended) THEN
-                PERFORM keiro_notify_wake(p_names[i], p_ids[i]);
-                EXIT;
-            END IF;
-        END LOOP;
+        i := array_position(v_class, 4);
+        IF i IS NOT NULL THEN
+            PERFORM keiro_notify_wake(p_names[i], p_ids[i]);
+        END IF;
     END IF;
 
-    -- 4. The answers: appended, busy, recorded before; then every other request, alone, in
-    -- key order.
+    -- 2. The answers: journaled, busy; then every other request, alone, in key order.
     RETURN QUERY
-    SELECT k::integer, 'appended'::text, NULL::jsonb, NULL::text FROM unnest(v_appended) AS k
-    UNION ALL
-    SELECT k::integer, 'busy'::text, NULL::jsonb, NULL::text FROM unnest(v_busy) AS k;
-    IF cardinality(v_appended) < cardinality(v_fast) + cardinality(v_close) THEN
-        RETURN QUERY
-        SELECT r.n::integer,
-               CASE WHEN j.kind = r.kind THEN 'already_present' ELSE 'conflict' END,
-               CASE WHEN j.kind = r.kind THEN j.payload END,
-               NULL::text
-        FROM unnest(p_names, p_ids, p_steps, p_kinds)
-             WITH ORDINALITY AS r (name, id, step, kind, n)
-        LEFT JOIN LATERAL (
-            SELECT y.kind, y.payload FROM journal y
-            WHERE y.workflow_name = r.name AND y.workflow_id = r.id
-              AND y.generation = v_generations[r.n] AND y.step_name = r.step OFFSET 0) j ON true
-        WHERE r.n = ANY (v_fast) AND NOT r.n = ANY (v_appended);
-    END IF;
+    SELECT c.n::integer, CASE WHEN c.class = 0 THEN 'busy' ELSE 'appended' END, NULL::jsonb,
+           NULL::text
+    FROM unnest(v_class) WITH ORDINALITY AS c (class, n)
+    WHERE c.class <> 1;
     FOREACH i IN ARRAY v_slow LOOP
         RETURN QUERY
         SELECT i, a.outcome, a.recorded, a.marker
