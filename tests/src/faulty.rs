@@ -1,6 +1,6 @@
 //! A store wrapper that injects failures, for the "a store error is transient" scenarios.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,14 +19,17 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 /// Delegates to `inner`, but fails every step append while `fail_appends` is set, with an
-/// error shaped like a dropped connection; and refuses every claim that would load the
-/// journal of the instance set with `unloadable`, as PostgreSQL refuses a journal past what one
-/// jsonb array holds (54000).
+/// error shaped like a dropped connection; refuses every claim that would load the journal of
+/// the instance set with `unloadable`, as PostgreSQL refuses a journal past what one jsonb
+/// array holds (54000); and keeps every completion waiting while `hold_completions` is set, as
+/// a slow commit would.
 #[derive(Debug, Clone)]
 pub struct FaultyStore {
     inner: Arc<dyn LeaseStore>,
     fail_appends: Arc<AtomicBool>,
     unloadable: Arc<std::sync::Mutex<Option<InstanceKey>>>,
+    completions_held: Arc<tokio::sync::watch::Sender<bool>>,
+    completions_waiting: Arc<AtomicUsize>,
 }
 
 impl FaultyStore {
@@ -36,7 +39,33 @@ impl FaultyStore {
             inner,
             fail_appends: Arc::new(AtomicBool::new(false)),
             unloadable: Arc::default(),
+            completions_held: Arc::new(tokio::sync::watch::Sender::new(false)),
+            completions_waiting: Arc::default(),
         }
+    }
+
+    /// Holds every completion append (the `WorkflowCompleted` marker) before the store sees it
+    /// while `on`; switching it off lets the held ones through.
+    pub fn hold_completions(&self, on: bool) {
+        self.completions_held.send_replace(on);
+    }
+
+    /// How many completion appends are held right now.
+    pub fn completions_waiting(&self) -> usize {
+        self.completions_waiting.load(Ordering::SeqCst)
+    }
+
+    async fn wait_while_held(&self, append: &Append) {
+        if !matches!(append.event, keiro::Event::WorkflowCompleted { .. }) {
+            return;
+        }
+        let mut held = self.completions_held.subscribe();
+        if !*held.borrow_and_update() {
+            return;
+        }
+        self.completions_waiting.fetch_add(1, Ordering::SeqCst);
+        let _ = held.wait_for(|on| !*on).await;
+        self.completions_waiting.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Makes the journal of `key` one no claim can load (`None`: every journal loads).
@@ -106,6 +135,7 @@ impl JournalStore for FaultyStore {
         if self.fail_appends.load(Ordering::SeqCst) {
             return Err(unavailable("appending to the journal"));
         }
+        self.wait_while_held(append).await;
         self.inner.journal_append(append).await
     }
     async fn instance_confirm(

@@ -35,6 +35,7 @@ on_both_stores!(
     batch_claim_takes_only_claimable_registered_instances,
     concurrent_batch_claims_never_share_an_instance,
     the_next_claim_is_sent_while_the_last_ones_runs_still_run,
+    a_run_whose_body_returned_gives_its_slot_to_the_next,
 );
 
 fn counted(
@@ -974,5 +975,70 @@ async fn the_next_claim_is_sent_while_the_last_ones_runs_still_run(h: Harness) -
         let row = h.keiro.instance(("held", id.as_str())).await?.expect("row");
         assert_eq!(row.status, Status::Completed, "{id}");
     }
+    Ok(())
+}
+
+/// A slot bounds the bodies running, not the closing writes: with one slot, a second run's body
+/// starts while the first run's completion still waits for the store, and closing runs are
+/// bounded too (one slot-set of them).
+async fn a_run_whose_body_returned_gives_its_slot_to_the_next(h: Harness) -> TestResult {
+    let bodies = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut registry = Registry::new();
+    {
+        let bodies = bodies.clone();
+        registry.register("quick", move |ctx: Ctx, (): ()| {
+            let bodies = bodies.clone();
+            async move {
+                bodies.fetch_add(1, Ordering::SeqCst);
+                ctx.step("one", || async { Ok::<_, Infallible>(1) }).await
+            }
+        })?;
+    }
+    for i in 0..4 {
+        h.keiro.start("quick", &format!("q-{i}"), &()).await?;
+    }
+    let faulty = FaultyStore::new(h.store.clone());
+    faulty.hold_completions(true);
+    let mut options = h.fast_options();
+    options.max_concurrent_advances = 1;
+    let worker = keiro::WorkerBuilder::new(Arc::new(faulty.clone()))
+        .registry(registry)
+        .options(options)
+        .build()?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let looping = tokio::spawn(async move {
+        worker
+            .run_until(async {
+                let _ = stop_rx.await;
+            })
+            .await
+    });
+    let started = {
+        let bodies = bodies.clone();
+        move || bodies.load(Ordering::SeqCst)
+    };
+    keiro_tests::until("the first completion to be held", || {
+        faulty.completions_waiting() >= 1
+    })
+    .await;
+    keiro_tests::until(
+        "a second body, started while the first completion waits",
+        || started() == 2 && faulty.completions_waiting() == 2,
+    )
+    .await;
+    // Two runs are closing, one slot-set's worth: no third body starts until one of them ends.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(started(), 2, "closing runs are bounded by one slot-set");
+    faulty.hold_completions(false);
+    keiro_tests::until("all four runs", || started() == 4).await;
+    for i in 0..4 {
+        let id = format!("q-{i}");
+        keiro_tests::until_status(&h.keiro, "quick", &id, Status::Completed, || async {
+            Ok(())
+        })
+        .await?;
+    }
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(5), looping).await??;
     Ok(())
 }

@@ -103,8 +103,9 @@ pub use remote::{
 pub use retention::{GcBatch, GcRequest, RetentionStore, GC_BATCH_DEFAULT, GC_BATCH_MAX};
 pub use retry::{StepOptions, STEP_ATTEMPTS_DEFAULT};
 pub use run::{
-    cancel, cancel_outcome, deliver, deliver_to, delivery_append, delivery_refused, drive, run,
-    start, CancelOutcome, DeliveryRefusal, Driven, Error, Parked, RunError, RunOutcome,
+    cancel, cancel_outcome, deliver, deliver_to, delivery_append, delivery_refused, drive,
+    drive_notifying, run, start, CancelOutcome, DeliveryRefusal, Driven, Error, Parked, RunError,
+    RunOutcome,
 };
 pub use self_journaled::{SelfJournalError, SelfJournaled, StepJournal};
 pub use sources::Awakeable;

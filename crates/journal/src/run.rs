@@ -122,7 +122,28 @@ pub async fn drive(
     journal: &[JournalEntry],
     options: RunOptions,
 ) -> Driven {
+    drive_notifying(store, workflow, instance, journal, options, || {}).await
+}
+
+/// [`drive`], calling `body_returned` once the body has returned or panicked (or at once, for a
+/// terminal instance, which runs no body), before the run's closing write (its completion,
+/// park or failure) is sent.
+///
+/// A worker counts a run against its concurrency until then: what is left is one store write
+/// that runs no workflow code, so the run's slot can go to the next run while that write
+/// waits for its commit (River's workers give a job's slot back when its work returns, and
+/// complete jobs in batches, the same way). The drive still waits for the write, and its
+/// outcome is the one [`drive`] gives.
+pub async fn drive_notifying(
+    store: Arc<dyn JournalStore>,
+    workflow: &dyn Workflow,
+    instance: &Instance,
+    journal: &[JournalEntry],
+    options: RunOptions,
+    body_returned: impl FnOnce() + Send,
+) -> Driven {
     if instance.status.is_terminal() {
+        body_returned();
         let result = Ok(outcome_of_status(instance));
         return Driven {
             result,
@@ -146,6 +167,7 @@ pub async fn drive(
         options.clone(),
     );
     let body = CatchPanic::new(workflow.call(ctx.clone(), instance.input.clone())).await;
+    body_returned();
     let result = settle(&store, &ctx, &options, body).await;
     let (stats, parked) = {
         let state = ctx.state();

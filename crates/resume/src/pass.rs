@@ -12,10 +12,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use keiro_journal::{
-    drive, InstanceKey, JournalStore, ParkOutcome, RunError, RunOutcome, StoreError, WorkflowName,
+    drive_notifying, InstanceKey, JournalStore, ParkOutcome, RunError, RunOutcome, StoreError,
+    WorkflowName,
 };
 use keiro_lease::{ClaimOutcome, Crash, CrashOutcome, LeaseStore};
 use time::OffsetDateTime;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::log::ResumeLogEvent;
@@ -113,6 +115,11 @@ pub(crate) async fn pass(
 /// The next claim runs beside the runs, not between them: a claim is sent once fewer than half
 /// a slot-set of runs wait, so the runs that finish while it is in flight find their successors
 /// queued instead of idling for a round trip.
+///
+/// A run holds one of the `max_concurrent_advances` slots while its body runs; once the body
+/// has returned, its closing write (completion, park, failure, crash record, release) no longer
+/// holds a slot, so the next run starts while that write waits for its commit. Closing runs
+/// are bounded too (at most one slot-set of them), so a slow store cannot pile them up.
 pub(crate) async fn claim_pass(
     store: &Arc<dyn LeaseStore>,
     registry: &Registry,
@@ -134,13 +141,19 @@ pub(crate) async fn claim_pass(
     let mut summary = ResumeSummary::default();
     let shared = Arc::new(options.clone());
     let mut tasks = JoinSet::new();
+    let slots = Arc::new(Semaphore::new(concurrency));
+    // A slot the loop waited for, kept for the next run it starts.
+    let mut spare: Option<OwnedSemaphorePermit> = None;
+    // Runs in their body plus runs closing: the slots bound the first, this bounds both.
+    let tasks_max = concurrency.saturating_mul(2);
     // Each claim waits with the time it was asked for: its lease was granted no earlier, so a
     // run that waited past `confirm_after` confirms its lease before its first fresh action.
     let mut pending: VecDeque<(keiro_lease::Claim, Instant)> = VecDeque::new();
     let mut claiming: Option<ClaimInFlight> = None;
     let (mut claimed, mut exhausted) = (0usize, false);
     loop {
-        let held = pending.len() + tasks.len();
+        let bodies = concurrency - slots.available_permits() - usize::from(spare.is_some());
+        let held = pending.len() + bodies;
         if claiming.is_none()
             && !exhausted
             && !stop.load(Ordering::Relaxed)
@@ -168,19 +181,31 @@ pub(crate) async fn claim_pass(
                 (batch, want, asked)
             }));
         }
-        while tasks.len() < concurrency && !stop.load(Ordering::Relaxed) {
+        while tasks.len() < tasks_max && !pending.is_empty() && !stop.load(Ordering::Relaxed) {
+            let Some(slot) = spare
+                .take()
+                .or_else(|| slots.clone().try_acquire_owned().ok())
+            else {
+                break;
+            };
             let Some((claim, asked)) = pending.pop_front() else {
                 break;
             };
             let Some(workflow) = registry.get(&claim.instance.key.name).cloned() else {
                 // Only registered names are claimed; a registry cannot shrink mid-pass.
                 release(store, options, &claim.instance.key, &claim.fence, false).await;
+                spare = Some(slot);
                 continue;
             };
             let (store, shared) = (store.clone(), shared.clone());
-            tasks
-                .spawn(async move { drive_claimed(&store, workflow, &shared, claim, asked).await });
+            tasks.spawn(async move {
+                drive_claimed(&store, workflow, &shared, claim, asked, move || drop(slot)).await
+            });
         }
+        let waiting_for_slot = spare.is_none()
+            && !pending.is_empty()
+            && tasks.len() < tasks_max
+            && !stop.load(Ordering::Relaxed);
         if tasks.is_empty() && claiming.is_none() {
             // Nothing running or being claimed: stop when asked to (unstarted claims are
             // released below) or when there is nothing left to start or claim.
@@ -201,6 +226,8 @@ pub(crate) async fn claim_pass(
                     });
                 }
             },
+            // A body returned: its slot goes to the next queued run.
+            Ok(slot) = slots.clone().acquire_owned(), if waiting_for_slot => spare = Some(slot),
             (batch, want, asked) = async { claiming.as_mut().expect("guarded").await },
                 if claiming.is_some() =>
             {
@@ -326,7 +353,7 @@ async fn advance(
             return line;
         }
     };
-    line += drive_claimed(store, workflow, options, *claim, asked).await;
+    line += drive_claimed(store, workflow, options, *claim, asked, || {}).await;
     line
 }
 
@@ -409,20 +436,23 @@ pub async fn drive_claim(
     claim: keiro_lease::Claim,
     asked: Instant,
 ) -> ClaimDriven {
-    let (summary, outcome) = drive_claimed_outcome(store, workflow, options, claim, asked).await;
+    let (summary, outcome) =
+        drive_claimed_outcome(store, workflow, options, claim, asked, || {}).await;
     ClaimDriven { summary, outcome }
 }
 
 /// Drives one claimed run and classifies how it ended: the summary line of a granted claim
-/// asked for at `asked`.
+/// asked for at `asked`. `body_returned` is called once the body has returned, before the
+/// run's closing writes ([`drive_notifying`]).
 async fn drive_claimed(
     store: &Arc<dyn LeaseStore>,
     workflow: Arc<dyn keiro_journal::Workflow>,
     options: &ResumeOptions,
     claim: keiro_lease::Claim,
     asked: Instant,
+    body_returned: impl FnOnce() + Send,
 ) -> ResumeSummary {
-    drive_claimed_outcome(store, workflow, options, claim, asked)
+    drive_claimed_outcome(store, workflow, options, claim, asked, body_returned)
         .await
         .0
 }
@@ -434,6 +464,7 @@ async fn drive_claimed_outcome(
     options: &ResumeOptions,
     claim: keiro_lease::Claim,
     asked: Instant,
+    body_returned: impl FnOnce() + Send,
 ) -> (ResumeSummary, Option<RunOutcome>) {
     let mut line = ResumeSummary {
         resumed: 1,
@@ -459,12 +490,13 @@ async fn drive_claimed_outcome(
         keiro.workflow.id = %key.id,
     );
     let driven = tracing::Instrument::instrument(
-        drive(
+        drive_notifying(
             journal_store,
             workflow.as_ref(),
             &claim.instance,
             &claim.journal,
             run_options,
+            body_returned,
         ),
         span,
     );
