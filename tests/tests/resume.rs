@@ -980,7 +980,7 @@ async fn the_next_claim_is_sent_while_the_last_ones_runs_still_run(h: Harness) -
 
 /// A slot bounds the bodies running, not the closing writes: with one slot, a second run's body
 /// starts while the first run's completion still waits for the store, and closing runs are
-/// bounded too (one slot-set of them).
+/// bounded too (running and closing runs together within two slot-sets).
 async fn a_run_whose_body_returned_gives_its_slot_to_the_next(h: Harness) -> TestResult {
     let bodies = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut registry = Registry::new();
@@ -1026,9 +1026,14 @@ async fn a_run_whose_body_returned_gives_its_slot_to_the_next(h: Harness) -> Tes
         || started() == 2 && faulty.completions_waiting() == 2,
     )
     .await;
-    // Two runs are closing, one slot-set's worth: no third body starts until one of them ends.
+    // Two runs are closing: running and closing runs stay within two slot-sets, so no third
+    // body starts until one of them ends.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(started(), 2, "closing runs are bounded by one slot-set");
+    assert_eq!(
+        started(),
+        2,
+        "running and closing runs stay within two slot-sets"
+    );
     faulty.hold_completions(false);
     keiro_tests::until("all four runs", || started() == 4).await;
     for i in 0..4 {

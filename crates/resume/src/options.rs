@@ -35,6 +35,12 @@ pub struct ResumeOptions {
     pub lease_ttl: Duration,
     /// Runs one pass drives at once; values below 1 count as 1. Defaults to
     /// [`MAX_CONCURRENT_ADVANCES_DEFAULT`].
+    ///
+    /// A worker loop's pass counts a run while its body runs: once the body has returned, its
+    /// closing write (the completion, park or failure, then the crash record or release) waits
+    /// for its commit without a slot, and the next run starts meanwhile. Runs running and
+    /// closing together stay within twice this many, so a slow store holds back new runs
+    /// instead of piling up writes.
     pub max_concurrent_advances: usize,
     /// Reconcile fallback for runs parked on an event with no deadline; `None` disables it.
     /// Defaults to [`RECONCILE_DEFAULT`](keiro_journal::RECONCILE_DEFAULT).

@@ -118,8 +118,8 @@ pub(crate) async fn pass(
 ///
 /// A run holds one of the `max_concurrent_advances` slots while its body runs; once the body
 /// has returned, its closing write (completion, park, failure, crash record, release) no longer
-/// holds a slot, so the next run starts while that write waits for its commit. Closing runs
-/// are bounded too (at most one slot-set of them), so a slow store cannot pile them up.
+/// holds a slot, so the next run starts while that write waits for its commit. Runs running
+/// and closing together stay within two slot-sets, so a slow store cannot pile up closings.
 pub(crate) async fn claim_pass(
     store: &Arc<dyn LeaseStore>,
     registry: &Registry,
