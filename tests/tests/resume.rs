@@ -36,6 +36,7 @@ on_both_stores!(
     concurrent_batch_claims_never_share_an_instance,
     the_next_claim_is_sent_while_the_last_ones_runs_still_run,
     a_run_whose_body_returned_gives_its_slot_to_the_next,
+    a_run_started_while_a_long_one_runs_is_claimed_at_once,
 );
 
 fn counted(
@@ -1043,6 +1044,67 @@ async fn a_run_whose_body_returned_gives_its_slot_to_the_next(h: Harness) -> Tes
         })
         .await?;
     }
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(5), looping).await??;
+    Ok(())
+}
+
+/// A pass whose claim came back short keeps claiming while it has free slots: a run started
+/// while a long run holds one slot is claimed on the next wake or poll, not when the long run
+/// ends and its pass with it.
+async fn a_run_started_while_a_long_one_runs_is_claimed_at_once(h: Harness) -> TestResult {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let running = Arc::new(AtomicBool::new(false));
+    let mut registry = Registry::new();
+    {
+        let (gate, running) = (gate.clone(), running.clone());
+        registry.register("long", move |ctx: Ctx, (): ()| {
+            let (gate, running) = (gate.clone(), running.clone());
+            async move {
+                ctx.step("wait", || async {
+                    running.store(true, Ordering::SeqCst);
+                    gate.acquire().await.expect("open").forget();
+                    Ok::<_, Infallible>(())
+                })
+                .await
+            }
+        })?;
+    }
+    registry.register("quick", |ctx: Ctx, (): ()| async move {
+        ctx.step("one", || async { Ok::<_, Infallible>(1) }).await
+    })?;
+    h.keiro.start("long", "l-1", &()).await?;
+    let mut options = h.fast_options();
+    options.max_concurrent_advances = 4;
+    let worker = keiro::WorkerBuilder::new(h.store.clone())
+        .registry(registry)
+        .options(options)
+        .build()?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let looping = tokio::spawn(async move {
+        worker
+            .run_until(async {
+                let _ = stop_rx.await;
+            })
+            .await
+    });
+    keiro_tests::until("the long run's step", || running.load(Ordering::SeqCst)).await;
+    h.keiro.start("quick", "q-1", &()).await?;
+    keiro_tests::until_status(&h.keiro, "quick", "q-1", Status::Completed, || async {
+        Ok(())
+    })
+    .await?;
+    let long = h.keiro.instance(("long", "l-1")).await?.expect("row");
+    assert_eq!(
+        long.status,
+        Status::Running,
+        "the long run is still in its step"
+    );
+    gate.add_permits(1);
+    keiro_tests::until_status(&h.keiro, "long", "l-1", Status::Completed, || async {
+        Ok(())
+    })
+    .await?;
     let _ = stop_tx.send(());
     tokio::time::timeout(Duration::from_secs(5), looping).await??;
     Ok(())

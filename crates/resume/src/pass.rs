@@ -9,7 +9,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use keiro_journal::{
     drive_notifying, InstanceKey, JournalStore, ParkOutcome, RunError, RunOutcome, StoreError,
@@ -21,8 +21,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::log::ResumeLogEvent;
+use crate::wake::WakeSource;
 use crate::{Registry, ResumeOptions, ResumeSummary};
-use keiro_journal::error_chain;
+use keiro_journal::{error_chain, stretched};
 
 /// Runs one unbounded resume pass. See [`resume_once_up_to`].
 ///
@@ -114,7 +115,9 @@ pub(crate) async fn pass(
 ///
 /// The next claim runs beside the runs, not between them: a claim is sent once fewer than half
 /// a slot-set of runs wait, so the runs that finish while it is in flight find their successors
-/// queued instead of idling for a round trip.
+/// queued instead of idling for a round trip. A claim that came back short (nothing more was
+/// claimable) is sent again, while there is room, on the next `wake` or after the poll
+/// interval: a run started meanwhile is not held back until the pass's longest run ends.
 ///
 /// A run holds one of the `max_concurrent_advances` slots while its body runs; once the body
 /// has returned, its closing write (completion, park, failure, crash record, release) no longer
@@ -126,6 +129,7 @@ pub(crate) async fn claim_pass(
     options: &ResumeOptions,
     limit: usize,
     stop: &AtomicBool,
+    wake: &mut dyn WakeSource,
 ) -> Result<ResumeSummary, StoreError> {
     sample_awakeables_pending(store, options).await;
     let owner = options
@@ -151,15 +155,14 @@ pub(crate) async fn claim_pass(
     let mut pending: VecDeque<(keiro_lease::Claim, Instant)> = VecDeque::new();
     let mut claiming: Option<ClaimInFlight> = None;
     let (mut claimed, mut exhausted) = (0usize, false);
+    // When a claim that came back short may be sent again without a wake: the poll interval
+    // after it, kept across the loop's turns so that runs ending often do not postpone it.
+    let mut poll_at: Option<Instant> = None;
     loop {
         let bodies = concurrency - slots.available_permits() - usize::from(spare.is_some());
         let held = pending.len() + bodies;
-        if claiming.is_none()
-            && !exhausted
-            && !stop.load(Ordering::Relaxed)
-            && held < low_water
-            && claimed < limit
-        {
+        let room = !stop.load(Ordering::Relaxed) && held < low_water && claimed < limit;
+        if claiming.is_none() && !exhausted && room {
             let want = refill.saturating_sub(held).min(limit - claimed);
             let (store, names, owner, ttl) = (
                 store.clone(),
@@ -206,6 +209,10 @@ pub(crate) async fn claim_pass(
             && !pending.is_empty()
             && tasks.len() < tasks_max
             && !stop.load(Ordering::Relaxed);
+        let claim_again = exhausted && room && claiming.is_none();
+        let poll_in = poll_at.map_or(Duration::ZERO, |at| {
+            at.saturating_duration_since(Instant::now())
+        });
         if tasks.is_empty() && claiming.is_none() {
             // Nothing running or being claimed: stop when asked to (unstarted claims are
             // released below) or when there is nothing left to start or claim.
@@ -228,6 +235,8 @@ pub(crate) async fn claim_pass(
             },
             // A body returned: its slot goes to the next queued run.
             Ok(slot) = slots.clone().acquire_owned(), if waiting_for_slot => spare = Some(slot),
+            // Something may have become runnable since the short claim: claim again.
+            _ = wake.wait(poll_in), if claim_again => (exhausted, poll_at) = (false, None),
             (batch, want, asked) = async { claiming.as_mut().expect("guarded").await },
                 if claiming.is_some() =>
             {
@@ -235,6 +244,9 @@ pub(crate) async fn claim_pass(
                 match batch {
                     Ok(claims) => {
                         exhausted = claims.len() < want;
+                        if exhausted {
+                            poll_at = Some(Instant::now() + stretched(options.poll_interval));
+                        }
                         claimed += claims.len();
                         summary.discovered += u64::try_from(claims.len()).unwrap_or(u64::MAX);
                         pending.extend(claims.into_iter().map(|claim| (claim, asked)));
@@ -248,10 +260,12 @@ pub(crate) async fn claim_pass(
                         return pass(store, registry, options, Some(limit), stop).await;
                     }
                     // The first claim failing fails the pass, like a failed discovery; a later
-                    // one only ends it early, after the runs already claimed.
+                    // one is counted and tried again as a short claim is, while the runs
+                    // already claimed go on.
                     Err(error) if claimed == 0 => return Err(error),
                     Err(error) => {
                         exhausted = true;
+                        poll_at = Some(Instant::now() + stretched(options.poll_interval));
                         transient(options, None, &error);
                     }
                 }

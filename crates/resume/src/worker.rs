@@ -35,7 +35,7 @@ pub async fn run_loop<W: WakeSource>(
     loop {
         let result = {
             let batch = options.pass_limit.unwrap_or(usize::MAX);
-            let current = claim_pass(&store, &registry, &options, batch, &stop);
+            let current = claim_pass(&store, &registry, &options, batch, &stop, &mut wake);
             let mut current = std::pin::pin!(current);
             loop {
                 tokio::select! {
