@@ -50,9 +50,10 @@ pub struct ResumeOptions {
     pub backoff: Backoff,
     /// The most runs one pass of a worker loop claims (`None`: no cap). A pass claims in small
     /// batches beside the runs it drives (once fewer than one and a half times
-    /// `max_concurrent_advances` are queued or running, it asks for enough to hold twice that)
-    /// and ends when nothing more is claimable or this many were claimed. One-off passes
-    /// (`resume_once`) are unbounded.
+    /// `max_concurrent_advances` are queued or running, it asks for enough to hold twice that);
+    /// after a claim that came back short it claims again on the next wake or poll while it
+    /// has room, and it ends once its runs are done and nothing more was claimable, or this
+    /// many were claimed. One-off passes (`resume_once`) are unbounded.
     /// Defaults to `Some(`[`PASS_LIMIT_DEFAULT`]`)`.
     pub pass_limit: Option<usize>,
     /// Largest payload accepted. Defaults to
