@@ -10,7 +10,9 @@ pub mod harness;
 pub mod pg;
 pub mod remote_fixtures;
 pub mod status;
+pub mod worker;
 
 pub use faulty::FaultyStore;
 pub use harness::{crash, key, run_inline, run_with, Backend, Harness, Ledger, TestResult};
 pub use status::{status, until, until_status};
+pub use worker::{spawn_worker, RunningWorker};

@@ -150,14 +150,7 @@ async fn an_instance_whose_journal_cannot_be_loaded_does_not_block_the_others(
                 .await
         })
         .build()?;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(async move {
-        worker
-            .run_until(async {
-                let _ = stop_rx.await;
-            })
-            .await
-    });
+    let running = keiro_tests::spawn_worker(worker);
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
     let statuses = loop {
         let mut statuses = Vec::new();
@@ -169,8 +162,7 @@ async fn an_instance_whose_journal_cannot_be_loaded_does_not_block_the_others(
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     };
-    let _ = stop_tx.send(());
-    running.await?;
+    running.stop().await?;
     assert_eq!(
         statuses,
         [Status::Completed, Status::Failed, Status::Completed]

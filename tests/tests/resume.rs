@@ -730,20 +730,13 @@ async fn fixed_poll_loop_survives_poison_and_shuts_down_gracefully(h: Harness) -
     let registry = mixed_registry(ledger.clone())?;
     h.keiro.start("poison", "p-1", &()).await?;
     h.keiro.start("healthy", "h-1", &()).await?;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let worker = h
         .keiro
         .worker()
         .registry(registry)
         .options(h.fast_options())
         .build()?;
-    let looping = tokio::spawn(async move {
-        worker
-            .run_until(async {
-                let _ = stop_rx.await;
-            })
-            .await
-    });
+    let looping = keiro_tests::spawn_worker(worker);
     // Start another healthy one while the loop runs; it must be picked up too.
     tokio::time::sleep(Duration::from_millis(100)).await;
     h.keiro.start("healthy", "h-2", &()).await?;
@@ -763,8 +756,7 @@ async fn fixed_poll_loop_survives_poison_and_shuts_down_gracefully(h: Harness) -
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let _ = stop_tx.send(());
-    let total = tokio::time::timeout(Duration::from_secs(5), looping).await??;
+    let total = looping.stop().await?;
     assert!(total.completed >= 2 && total.resumed >= 4, "{total:?}");
     Ok(())
 }
@@ -941,14 +933,7 @@ async fn the_next_claim_is_sent_while_the_last_ones_runs_still_run(h: Harness) -
         .registry(registry)
         .options(options)
         .build()?;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let looping = tokio::spawn(async move {
-        worker
-            .run_until(async {
-                let _ = stop_rx.await;
-            })
-            .await
-    });
+    let looping = keiro_tests::spawn_worker(worker);
     let claims = {
         let counting = counting.clone();
         move || counting.calls("instances_claim_batch")
@@ -969,8 +954,7 @@ async fn the_next_claim_is_sent_while_the_last_ones_runs_still_run(h: Harness) -
     assert_eq!(done(), 2, "no permit was left for a third run to finish");
     gate.add_permits(4);
     keiro_tests::until("all six runs", || done() == 6).await;
-    let _ = stop_tx.send(());
-    tokio::time::timeout(Duration::from_secs(5), looping).await??;
+    looping.stop().await?;
     for i in 0..6 {
         let id = format!("h-{i}");
         let row = h.keiro.instance(("held", id.as_str())).await?.expect("row");
@@ -1006,14 +990,7 @@ async fn a_run_whose_body_returned_gives_its_slot_to_the_next(h: Harness) -> Tes
         .registry(registry)
         .options(options)
         .build()?;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let looping = tokio::spawn(async move {
-        worker
-            .run_until(async {
-                let _ = stop_rx.await;
-            })
-            .await
-    });
+    let looping = keiro_tests::spawn_worker(worker);
     let started = {
         let bodies = bodies.clone();
         move || bodies.load(Ordering::SeqCst)
@@ -1044,8 +1021,7 @@ async fn a_run_whose_body_returned_gives_its_slot_to_the_next(h: Harness) -> Tes
         })
         .await?;
     }
-    let _ = stop_tx.send(());
-    tokio::time::timeout(Duration::from_secs(5), looping).await??;
+    looping.stop().await?;
     Ok(())
 }
 
@@ -1080,14 +1056,7 @@ async fn a_run_started_while_a_long_one_runs_is_claimed_at_once(h: Harness) -> T
         .registry(registry)
         .options(options)
         .build()?;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let looping = tokio::spawn(async move {
-        worker
-            .run_until(async {
-                let _ = stop_rx.await;
-            })
-            .await
-    });
+    let looping = keiro_tests::spawn_worker(worker);
     keiro_tests::until("the long run's step", || running.load(Ordering::SeqCst)).await;
     h.keiro.start("quick", "q-1", &()).await?;
     keiro_tests::until_status(&h.keiro, "quick", "q-1", Status::Completed, || async {
@@ -1105,7 +1074,6 @@ async fn a_run_started_while_a_long_one_runs_is_claimed_at_once(h: Harness) -> T
         Ok(())
     })
     .await?;
-    let _ = stop_tx.send(());
-    tokio::time::timeout(Duration::from_secs(5), looping).await??;
+    looping.stop().await?;
     Ok(())
 }

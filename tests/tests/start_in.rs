@@ -127,14 +127,7 @@ async fn a_committed_start_exists_and_a_worker_runs_it() -> TestResult {
     let mut options = app.h.fast_options();
     options.poll_interval = Duration::from_secs(30);
     let worker = keiro.worker().registry(registry).options(options).build()?;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(async move {
-        worker
-            .run_until(async {
-                let _ = stop_rx.await;
-            })
-            .await
-    });
+    let running = keiro_tests::spawn_worker(worker);
     let mut wakes = wakes(&app).await?;
 
     let tx = app.client.transaction().await?;
@@ -159,8 +152,7 @@ async fn a_committed_start_exists_and_a_worker_runs_it() -> TestResult {
         .result(("order", "o-1"), Duration::from_secs(10))
         .await?;
     assert_eq!(output, 42);
-    let _ = stop_tx.send(());
-    tokio::time::timeout(Duration::from_secs(5), running).await??;
+    running.stop().await?;
     Ok(())
 }
 

@@ -666,14 +666,7 @@ async fn push_wakes_a_worker_without_waiting_for_its_poll(h: Harness) -> TestRes
     let mut opts = options(&h);
     opts.poll_interval = Duration::from_secs(30);
     let worker = keiro.worker().registry(registry).options(opts).build()?;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(async move {
-        worker
-            .run_until(async {
-                let _ = stop_rx.await;
-            })
-            .await
-    });
+    let running = keiro_tests::spawn_worker(worker);
     keiro.start("gate", "g-1", &()).await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while keiro.instance(("gate", "g-1")).await?.expect("row").status != Status::Suspended {
@@ -691,7 +684,6 @@ async fn push_wakes_a_worker_without_waiting_for_its_poll(h: Harness) -> TestRes
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let _ = stop_tx.send(());
-    tokio::time::timeout(Duration::from_secs(5), running).await??;
+    running.stop().await?;
     Ok(())
 }
