@@ -17,7 +17,7 @@
 //! the demo completes the awakeables from this process, one at a time, and verifies that every
 //! sleeper woke no earlier than its deadline and within a small bound after it (plus the
 //! recovery slack for a sleep that ends while the crash workflows still run, since a woken run
-//! waits for the pass under way), and every waiter within a small bound of its completion: push
+//! may wait for a worker's slot), and every waiter within a small bound of its completion: push
 //! through LISTEN/NOTIFY, well inside the workers' poll interval.
 //!
 //! It prints a few lines and a one-line verdict, and exits 0 only if every check passed.
@@ -99,7 +99,7 @@ pub(crate) struct DemoArgs {
     /// How long after its deadline a sleep may end, in milliseconds. The timer loop sleeps
     /// until the deadline, fires it and notifies, which takes milliseconds on an idle worker. A
     /// sleep that ends while the crash workflows still run may also take the recovery slack:
-    /// a woken run waits for the pass under way to end.
+    /// a woken run may wait for a slot of a worker busy with them.
     #[arg(long, default_value_t = 250)]
     pub(crate) sleep_bound_ms: u64,
     /// Workflows that wait on an awakeable which the demo completes from this process.
@@ -338,7 +338,7 @@ fn report(
     let pushes = WakeFindings::spread(&wakes.push_ms);
     println!(
         "wake: {} sleeps woke {} after their deadlines, none early: {} ended while the crash \
-         workflows ran (bound {:.2} s: a woken run waits for the pass under way), {} after them, on \
+         workflows ran (bound {:.2} s: a woken run may wait for a busy worker's slot), {} after them, on \
          an idle worker: {}, bound {} ms",
         wakes.sleep_lags_ms.len(),
         range_ms(&wakes.sleep_lags_ms, sleeps),
