@@ -338,8 +338,8 @@ fn report(
     let pushes = WakeFindings::spread(&wakes.push_ms);
     println!(
         "wake: {} sleeps woke {} after their deadlines, none early: {} ended while the crash \
-         workflows ran (bound {:.2} s: a woken run may wait for a busy worker's slot), {} after them, on \
-         an idle worker: {}, bound {} ms",
+         workflows ran (bound {:.2} s: a woken run may wait for a busy worker's slot), {} \
+         after them, on an idle worker: {}, bound {} ms",
         wakes.sleep_lags_ms.len(),
         range_ms(&wakes.sleep_lags_ms, sleeps),
         wakes.sleeps_busy,
