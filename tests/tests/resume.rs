@@ -37,6 +37,7 @@ on_both_stores!(
     the_next_claim_is_sent_while_the_last_ones_runs_still_run,
     a_run_whose_body_returned_gives_its_slot_to_the_next,
     a_run_started_while_a_long_one_runs_is_claimed_at_once,
+    a_pass_at_its_claim_limit_does_not_hold_back_new_runs,
 );
 
 fn counted(
@@ -1075,5 +1076,62 @@ async fn a_run_started_while_a_long_one_runs_is_claimed_at_once(h: Harness) -> T
     })
     .await?;
     looping.stop().await?;
+    Ok(())
+}
+
+/// A pass that claimed its `pass_limit` ends without waiting for its runs, which the next pass
+/// takes over: a run started then is claimed while a long run of the earlier pass still runs.
+async fn a_pass_at_its_claim_limit_does_not_hold_back_new_runs(h: Harness) -> TestResult {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let running = Arc::new(AtomicBool::new(false));
+    let mut registry = Registry::new();
+    {
+        let (gate, running) = (gate.clone(), running.clone());
+        registry.register("long", move |ctx: Ctx, (): ()| {
+            let (gate, running) = (gate.clone(), running.clone());
+            async move {
+                ctx.step("wait", || async {
+                    running.store(true, Ordering::SeqCst);
+                    gate.acquire().await.expect("open").forget();
+                    Ok::<_, Infallible>(())
+                })
+                .await
+            }
+        })?;
+    }
+    registry.register("quick", |ctx: Ctx, (): ()| async move {
+        ctx.step("one", || async { Ok::<_, Infallible>(1) }).await
+    })?;
+    h.keiro.start("long", "l-1", &()).await?;
+    let mut options = h.fast_options();
+    options.max_concurrent_advances = 4;
+    options.pass_limit = Some(2);
+    let worker = keiro::WorkerBuilder::new(h.store.clone())
+        .registry(registry)
+        .options(options)
+        .build()?;
+    let looping = keiro_tests::spawn_worker(worker);
+    keiro_tests::until("the long run's step", || running.load(Ordering::SeqCst)).await;
+    // The pass's second claim, and then one past its limit.
+    for id in ["q-1", "q-2", "q-3"] {
+        h.keiro.start("quick", id, &()).await?;
+        keiro_tests::until_status(&h.keiro, "quick", id, Status::Completed, || async {
+            Ok(())
+        })
+        .await?;
+    }
+    let long = h.keiro.instance(("long", "l-1")).await?.expect("row");
+    assert_eq!(
+        long.status,
+        Status::Running,
+        "the long run is still in its step"
+    );
+    gate.add_permits(1);
+    keiro_tests::until_status(&h.keiro, "long", "l-1", Status::Completed, || async {
+        Ok(())
+    })
+    .await?;
+    let total = looping.stop().await?;
+    assert_eq!(total.completed, 4, "{total:?}");
     Ok(())
 }

@@ -36,6 +36,7 @@
 //! Only a failing discovery query fails a pass; everything per candidate is counted in
 //! [`ResumeSummary`] and reported through the log hook ([`ResumeLogEvent`]).
 
+mod claim_pass;
 mod closed;
 mod log;
 mod options;

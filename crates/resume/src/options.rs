@@ -52,8 +52,10 @@ pub struct ResumeOptions {
     /// batches beside the runs it drives (once fewer than one and a half times
     /// `max_concurrent_advances` are queued or running, it asks for enough to hold twice that);
     /// after a claim that came back short it claims again on the next wake or poll while it
-    /// has room, and it ends once its runs are done and nothing more was claimable, or this
-    /// many were claimed. One-off passes (`resume_once`) are unbounded.
+    /// has room. It ends once its runs are done and nothing more was claimable, or as soon as
+    /// this many were claimed, leaving the runs still going to the next pass (the limit bounds
+    /// a pass's summary, never how long a new run waits). One-off passes (`resume_once`) are
+    /// unbounded.
     /// Defaults to `Some(`[`PASS_LIMIT_DEFAULT`]`)`.
     pub pass_limit: Option<usize>,
     /// Largest payload accepted. Defaults to

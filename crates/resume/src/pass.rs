@@ -4,26 +4,20 @@
 //! driver, a store error, or a poison workflow affects that candidate's line of the summary and
 //! nothing else.
 
-use std::collections::VecDeque;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use keiro_journal::{
     drive_notifying, InstanceKey, JournalStore, ParkOutcome, RunError, RunOutcome, StoreError,
-    WorkflowName,
 };
 use keiro_lease::{ClaimOutcome, Crash, CrashOutcome, LeaseStore};
 use time::OffsetDateTime;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::log::ResumeLogEvent;
-use crate::wake::WakeSource;
 use crate::{Registry, ResumeOptions, ResumeSummary};
-use keiro_journal::{error_chain, stretched};
+use keiro_journal::error_chain;
 
 /// Runs one unbounded resume pass. See [`resume_once_up_to`].
 ///
@@ -107,189 +101,13 @@ pub(crate) async fn pass(
     Ok(summary)
 }
 
-/// A worker loop's pass: claim up to `limit` runnable instances of the registered workflows in
-/// one round trip, then drive them, up to `max_concurrent_advances` at once. Cheaper than
-/// discover-then-claim (no claim round trip per run); the summary counts only what was claimed,
-/// so unknown names, paced and leased-elsewhere instances are reported by `resume_once`, not
-/// here. Claims not started when `stop` is set are released.
-///
-/// The next claim runs beside the runs, not between them: a claim is sent once fewer than half
-/// a slot-set of runs wait, so the runs that finish while it is in flight find their successors
-/// queued instead of idling for a round trip. A claim that came back short (nothing more was
-/// claimable) is sent again, while there is room, on the next `wake` or after the poll
-/// interval: a run started meanwhile is not held back until the pass's longest run ends.
-///
-/// A run holds one of the `max_concurrent_advances` slots while its body runs; once the body
-/// has returned, its closing write (completion, park, failure, crash record, release) no longer
-/// holds a slot, so the next run starts while that write waits for its commit. Runs running
-/// and closing together stay within two slot-sets, so a slow store cannot pile up closings.
-pub(crate) async fn claim_pass(
-    store: &Arc<dyn LeaseStore>,
-    registry: &Registry,
-    options: &ResumeOptions,
-    limit: usize,
-    stop: &AtomicBool,
-    wake: &mut dyn WakeSource,
-) -> Result<ResumeSummary, StoreError> {
-    sample_awakeables_pending(store, options).await;
-    let owner = options
-        .owner
-        .clone()
-        .unwrap_or_else(|| format!("keiro-{}", uuid::Uuid::new_v4()));
-    let names: Arc<[WorkflowName]> = registry.names().into();
-    let concurrency = options.concurrency();
-    let refill = concurrency.saturating_mul(2);
-    // Claim again once fewer than this many runs are queued or running: the queue then still
-    // holds half a slot-set, enough to feed the slots that free while the claim is in flight.
-    let low_water = refill - concurrency.div_ceil(2);
-    let mut summary = ResumeSummary::default();
-    let shared = Arc::new(options.clone());
-    let mut tasks = JoinSet::new();
-    let slots = Arc::new(Semaphore::new(concurrency));
-    // A slot the loop waited for, kept for the next run it starts.
-    let mut spare: Option<OwnedSemaphorePermit> = None;
-    // Runs in their body plus runs closing: the slots bound the first, this bounds both.
-    let tasks_max = concurrency.saturating_mul(2);
-    // Each claim waits with the time it was asked for: its lease was granted no earlier, so a
-    // run that waited past `confirm_after` confirms its lease before its first fresh action.
-    let mut pending: VecDeque<(keiro_lease::Claim, Instant)> = VecDeque::new();
-    let mut claiming: Option<ClaimInFlight> = None;
-    let (mut claimed, mut exhausted) = (0usize, false);
-    // When a claim that came back short may be sent again without a wake: the poll interval
-    // after it, kept across the loop's turns so that runs ending often do not postpone it.
-    let mut poll_at: Option<Instant> = None;
-    loop {
-        let bodies = concurrency - slots.available_permits() - usize::from(spare.is_some());
-        let held = pending.len() + bodies;
-        let room = !stop.load(Ordering::Relaxed) && held < low_water && claimed < limit;
-        if claiming.is_none() && !exhausted && room {
-            let want = refill.saturating_sub(held).min(limit - claimed);
-            let (store, names, owner, ttl) = (
-                store.clone(),
-                names.clone(),
-                owner.clone(),
-                options.lease_ttl,
-            );
-            let asked = Instant::now();
-            claiming = Some(Box::pin(async move {
-                let batch = store
-                    .instances_claim_batch(
-                        &names,
-                        &owner,
-                        ttl,
-                        i64::try_from(want).unwrap_or(i64::MAX),
-                        None,
-                    )
-                    .await;
-                (batch, want, asked)
-            }));
-        }
-        while tasks.len() < tasks_max && !pending.is_empty() && !stop.load(Ordering::Relaxed) {
-            let Some(slot) = spare
-                .take()
-                .or_else(|| slots.clone().try_acquire_owned().ok())
-            else {
-                break;
-            };
-            let Some((claim, asked)) = pending.pop_front() else {
-                break;
-            };
-            let Some(workflow) = registry.get(&claim.instance.key.name).cloned() else {
-                // Only registered names are claimed; a registry cannot shrink mid-pass.
-                release(store, options, &claim.instance.key, &claim.fence, false).await;
-                spare = Some(slot);
-                continue;
-            };
-            let (store, shared) = (store.clone(), shared.clone());
-            tasks.spawn(async move {
-                drive_claimed(&store, workflow, &shared, claim, asked, move || drop(slot)).await
-            });
-        }
-        let waiting_for_slot = spare.is_none()
-            && !pending.is_empty()
-            && tasks.len() < tasks_max
-            && !stop.load(Ordering::Relaxed);
-        let claim_again = exhausted && room && claiming.is_none();
-        let poll_in = poll_at.map_or(Duration::ZERO, |at| {
-            at.saturating_duration_since(Instant::now())
-        });
-        if tasks.is_empty() && claiming.is_none() {
-            // Nothing running or being claimed: stop when asked to (unstarted claims are
-            // released below) or when there is nothing left to start or claim.
-            let more = !exhausted && claimed < limit;
-            if stop.load(Ordering::Relaxed) || (pending.is_empty() && !more) {
-                break;
-            }
-            continue;
-        }
-        tokio::select! {
-            Some(joined) = tasks.join_next(), if !tasks.is_empty() => match joined {
-                Ok(line) => summary += line,
-                Err(join_error) => {
-                    summary.transient_errors += 1;
-                    (options.log)(&ResumeLogEvent::TransientError {
-                        key: None,
-                        error: format!("candidate task failed: {join_error}"),
-                    });
-                }
-            },
-            // A body returned: its slot goes to the next queued run.
-            Ok(slot) = slots.clone().acquire_owned(), if waiting_for_slot => spare = Some(slot),
-            // Something may have become runnable since the short claim: claim again.
-            _ = wake.wait(poll_in), if claim_again => (exhausted, poll_at) = (false, None),
-            (batch, want, asked) = async { claiming.as_mut().expect("guarded").await },
-                if claiming.is_some() =>
-            {
-                claiming = None;
-                match batch {
-                    Ok(claims) => {
-                        exhausted = claims.len() < want;
-                        if exhausted {
-                            poll_at = Some(Instant::now() + stretched(options.poll_interval));
-                        }
-                        claimed += claims.len();
-                        summary.discovered += u64::try_from(claims.len()).unwrap_or(u64::MAX);
-                        pending.extend(claims.into_iter().map(|claim| (claim, asked)));
-                    }
-                    // A refused value (a journal past what one claim can load) refuses every
-                    // batch that may pick its instance: claim one instance at a time instead,
-                    // so the others run and that one is set aside.
-                    Err(error) if claimed == 0 && error.is_value_refused() => {
-                        // Nothing runs yet: runs only come from claims.
-                        transient(options, None, &error);
-                        return pass(store, registry, options, Some(limit), stop).await;
-                    }
-                    // The first claim failing fails the pass, like a failed discovery; a later
-                    // one is counted and tried again as a short claim is, while the runs
-                    // already claimed go on.
-                    Err(error) if claimed == 0 => return Err(error),
-                    Err(error) => {
-                        exhausted = true;
-                        poll_at = Some(Instant::now() + stretched(options.poll_interval));
-                        transient(options, None, &error);
-                    }
-                }
-            }
-        }
-    }
-    for (claim, _) in pending {
-        release(store, options, &claim.instance.key, &claim.fence, false).await;
-    }
-    (options.log)(&ResumeLogEvent::PassFinished {
-        summary: summary.clone(),
-    });
-    Ok(summary)
-}
-
-/// A claim sent beside the runs: its answer, how many it asked for, and when it asked.
-type ClaimInFlight = Pin<
-    Box<dyn Future<Output = (Result<Vec<keiro_lease::Claim>, StoreError>, usize, Instant)> + Send>,
->;
-
 /// Records the pending awakeables when metrics are on and a sample is due: a count over a
 /// table that grows with the backlog, so it is paced by the metrics handle (see
 /// [`keiro_telemetry::Metrics::sample_due`]) rather than run on every pass.
-async fn sample_awakeables_pending(store: &Arc<dyn LeaseStore>, options: &ResumeOptions) {
+pub(crate) async fn sample_awakeables_pending(
+    store: &Arc<dyn LeaseStore>,
+    options: &ResumeOptions,
+) {
     let Some(metrics) = &options.metrics else {
         return;
     };
@@ -458,7 +276,7 @@ pub async fn drive_claim(
 /// Drives one claimed run and classifies how it ended: the summary line of a granted claim
 /// asked for at `asked`. `body_returned` is called once the body has returned, before the
 /// run's closing writes ([`drive_notifying`]).
-async fn drive_claimed(
+pub(crate) async fn drive_claimed(
     store: &Arc<dyn LeaseStore>,
     workflow: Arc<dyn keiro_journal::Workflow>,
     options: &ResumeOptions,
@@ -676,7 +494,7 @@ async fn record_crash(
     }
 }
 
-async fn release(
+pub(crate) async fn release(
     store: &Arc<dyn LeaseStore>,
     options: &ResumeOptions,
     key: &InstanceKey,
@@ -694,7 +512,11 @@ async fn release(
     }
 }
 
-fn transient(options: &ResumeOptions, key: Option<&InstanceKey>, error: &dyn std::error::Error) {
+pub(crate) fn transient(
+    options: &ResumeOptions,
+    key: Option<&InstanceKey>,
+    error: &dyn std::error::Error,
+) {
     if let Some(metrics) = &options.metrics {
         metrics.resume_error("store");
     }

@@ -6,21 +6,22 @@ use std::sync::Arc;
 
 use keiro_lease::LeaseStore;
 
+use crate::claim_pass::{claim_pass, Held};
 use crate::log::ResumeLogEvent;
-use crate::pass::claim_pass;
 use crate::wake::{WakeReason, WakeSource};
 use crate::{Registry, ResumeOptions, ResumeSummary};
 use keiro_journal::error_chain;
 
 /// Runs passes until `shutdown` resolves, returning the sum of every pass.
 ///
-/// Each pass claims a batch of runnable instances of the registered workflows in one round
-/// trip (`instances_claim_batch`) and drives them; unknown names, paced and leased-elsewhere
-/// instances are left alone (report them with `resume_once`).
+/// Each pass claims batches of runnable instances of the registered workflows, one round trip
+/// each (`instances_claim_batch`), and drives them; unknown names, paced and leased-elsewhere
+/// instances are left alone (report them with `resume_once`). A pass that reaches
+/// `pass_limit` claims ends at once; the runs it leaves going are the next pass's.
 ///
-/// After a pass that advanced something the next pass starts at once (there may be more);
-/// otherwise the loop waits on `wake` for a notification or `poll_interval` (plus 0-20%). A failing
-/// pass is logged and the loop goes on. Shutdown is graceful: once it resolves no new run is
+/// After a pass that advanced something, or left runs going, the next pass starts at once;
+/// otherwise the loop waits on `wake` for a notification or `poll_interval` (plus 0-20%). A
+/// failing pass is logged and the loop goes on. Shutdown is graceful: once it resolves no new run is
 /// claimed, runs already started finish and release their leases, then the loop returns.
 pub async fn run_loop<W: WakeSource>(
     store: Arc<dyn LeaseStore>,
@@ -32,10 +33,14 @@ pub async fn run_loop<W: WakeSource>(
     let mut total = ResumeSummary::default();
     let mut shutdown = std::pin::pin!(shutdown);
     let stop = AtomicBool::new(false);
+    // The runs claimed and not yet ended, handed from pass to pass.
+    let mut held = Held::new(options.concurrency());
     loop {
         let result = {
             let batch = options.pass_limit.unwrap_or(usize::MAX);
-            let current = claim_pass(&store, &registry, &options, batch, &stop, &mut wake);
+            let current = claim_pass(
+                &store, &registry, &options, batch, &stop, &mut wake, &mut held,
+            );
             let mut current = std::pin::pin!(current);
             loop {
                 tokio::select! {
@@ -60,7 +65,8 @@ pub async fn run_loop<W: WakeSource>(
         if stop.load(Ordering::Relaxed) {
             return total;
         }
-        if advanced {
+        // A pass that reached its claim limit left runs going: the next one takes them over.
+        if advanced || !held.is_empty() {
             continue;
         }
         tokio::select! {
