@@ -38,6 +38,7 @@ on_both_stores!(
     a_run_whose_body_returned_gives_its_slot_to_the_next,
     a_run_started_while_a_long_one_runs_is_claimed_at_once,
     a_pass_at_its_claim_limit_does_not_hold_back_new_runs,
+    a_shutdown_waits_for_the_runs_passes_handed_over,
 );
 
 fn counted(
@@ -1133,5 +1134,57 @@ async fn a_pass_at_its_claim_limit_does_not_hold_back_new_runs(h: Harness) -> Te
     .await?;
     let total = looping.stop().await?;
     assert_eq!(total.completed, 4, "{total:?}");
+    Ok(())
+}
+
+/// Graceful shutdown covers every run the loop holds, whichever pass claimed it: runs handed
+/// from pass to pass (a claim limit of one) finish and complete, none is dropped mid-step.
+async fn a_shutdown_waits_for_the_runs_passes_handed_over(h: Harness) -> TestResult {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut registry = Registry::new();
+    {
+        let (gate, running) = (gate.clone(), running.clone());
+        registry.register("long", move |ctx: Ctx, (): ()| {
+            let (gate, running) = (gate.clone(), running.clone());
+            async move {
+                ctx.step("wait", || async {
+                    running.fetch_add(1, Ordering::SeqCst);
+                    gate.acquire().await.expect("open").forget();
+                    Ok::<_, Infallible>(())
+                })
+                .await
+            }
+        })?;
+    }
+    for i in 0..3 {
+        h.keiro.start("long", &format!("l-{i}"), &()).await?;
+    }
+    let mut options = h.fast_options();
+    options.max_concurrent_advances = 4;
+    options.pass_limit = Some(1);
+    let worker = keiro::WorkerBuilder::new(h.store.clone())
+        .registry(registry)
+        .options(options)
+        .build()?;
+    let looping = keiro_tests::spawn_worker(worker);
+    keiro_tests::until("three runs in their step, one claimed per pass", || {
+        running.load(Ordering::SeqCst) == 3
+    })
+    .await;
+    let stopping = tokio::spawn(looping.stop());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !stopping.is_finished(),
+        "the loop waits for the runs it holds"
+    );
+    gate.add_permits(3);
+    let total = stopping.await??;
+    assert_eq!(total.completed, 3, "{total:?}");
+    for i in 0..3 {
+        let id = format!("l-{i}");
+        let row = h.keiro.instance(("long", id.as_str())).await?.expect("row");
+        assert_eq!(row.status, Status::Completed, "{id}");
+    }
     Ok(())
 }

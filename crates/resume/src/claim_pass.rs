@@ -168,7 +168,7 @@ pub(crate) async fn claim_pass(
                 drive_claimed(&store, workflow, &shared, claim, asked, move || drop(slot)).await
             });
         }
-        if !stopping && claimed >= limit && claiming.is_none() {
+        if claimed >= limit && claiming.is_none() && !stop.load(Ordering::Relaxed) {
             // The limit is reached: the runs held go on, and the next pass takes them over.
             break;
         }

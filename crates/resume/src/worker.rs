@@ -62,7 +62,9 @@ pub async fn run_loop<W: WakeSource>(
                 false
             }
         };
-        if stop.load(Ordering::Relaxed) {
+        // Stopped with runs still held (they were handed over as the shutdown came): the next
+        // pass, stopping, waits for them.
+        if stop.load(Ordering::Relaxed) && held.is_empty() {
             return total;
         }
         // A pass that reached its claim limit left runs going: the next one takes them over.
