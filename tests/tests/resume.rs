@@ -1031,35 +1031,16 @@ async fn a_run_whose_body_returned_gives_its_slot_to_the_next(h: Harness) -> Tes
 /// while a long run holds one slot is claimed on the next wake or poll, not when the long run
 /// ends and its pass with it.
 async fn a_run_started_while_a_long_one_runs_is_claimed_at_once(h: Harness) -> TestResult {
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let running = Arc::new(AtomicBool::new(false));
-    let mut registry = Registry::new();
-    {
-        let (gate, running) = (gate.clone(), running.clone());
-        registry.register("long", move |ctx: Ctx, (): ()| {
-            let (gate, running) = (gate.clone(), running.clone());
-            async move {
-                ctx.step("wait", || async {
-                    running.store(true, Ordering::SeqCst);
-                    gate.acquire().await.expect("open").forget();
-                    Ok::<_, Infallible>(())
-                })
-                .await
-            }
-        })?;
-    }
-    registry.register("quick", |ctx: Ctx, (): ()| async move {
-        ctx.step("one", || async { Ok::<_, Infallible>(1) }).await
-    })?;
+    let gated = Gated::new()?;
     h.keiro.start("long", "l-1", &()).await?;
     let mut options = h.fast_options();
     options.max_concurrent_advances = 4;
     let worker = keiro::WorkerBuilder::new(h.store.clone())
-        .registry(registry)
+        .registry(gated.registry.clone())
         .options(options)
         .build()?;
     let looping = keiro_tests::spawn_worker(worker);
-    keiro_tests::until("the long run's step", || running.load(Ordering::SeqCst)).await;
+    keiro_tests::until("the long run's step", || gated.in_step() == 1).await;
     h.keiro.start("quick", "q-1", &()).await?;
     keiro_tests::until_status(&h.keiro, "quick", "q-1", Status::Completed, || async {
         Ok(())
@@ -1071,7 +1052,7 @@ async fn a_run_started_while_a_long_one_runs_is_claimed_at_once(h: Harness) -> T
         Status::Running,
         "the long run is still in its step"
     );
-    gate.add_permits(1);
+    gated.gate.add_permits(1);
     keiro_tests::until_status(&h.keiro, "long", "l-1", Status::Completed, || async {
         Ok(())
     })
@@ -1083,36 +1064,17 @@ async fn a_run_started_while_a_long_one_runs_is_claimed_at_once(h: Harness) -> T
 /// A pass that claimed its `pass_limit` ends without waiting for its runs, which the next pass
 /// takes over: a run started then is claimed while a long run of the earlier pass still runs.
 async fn a_pass_at_its_claim_limit_does_not_hold_back_new_runs(h: Harness) -> TestResult {
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let running = Arc::new(AtomicBool::new(false));
-    let mut registry = Registry::new();
-    {
-        let (gate, running) = (gate.clone(), running.clone());
-        registry.register("long", move |ctx: Ctx, (): ()| {
-            let (gate, running) = (gate.clone(), running.clone());
-            async move {
-                ctx.step("wait", || async {
-                    running.store(true, Ordering::SeqCst);
-                    gate.acquire().await.expect("open").forget();
-                    Ok::<_, Infallible>(())
-                })
-                .await
-            }
-        })?;
-    }
-    registry.register("quick", |ctx: Ctx, (): ()| async move {
-        ctx.step("one", || async { Ok::<_, Infallible>(1) }).await
-    })?;
+    let gated = Gated::new()?;
     h.keiro.start("long", "l-1", &()).await?;
     let mut options = h.fast_options();
     options.max_concurrent_advances = 4;
     options.pass_limit = Some(2);
     let worker = keiro::WorkerBuilder::new(h.store.clone())
-        .registry(registry)
+        .registry(gated.registry.clone())
         .options(options)
         .build()?;
     let looping = keiro_tests::spawn_worker(worker);
-    keiro_tests::until("the long run's step", || running.load(Ordering::SeqCst)).await;
+    keiro_tests::until("the long run's step", || gated.in_step() == 1).await;
     // The pass's second claim, and then one past its limit.
     for id in ["q-1", "q-2", "q-3"] {
         h.keiro.start("quick", id, &()).await?;
@@ -1127,7 +1089,7 @@ async fn a_pass_at_its_claim_limit_does_not_hold_back_new_runs(h: Harness) -> Te
         Status::Running,
         "the long run is still in its step"
     );
-    gate.add_permits(1);
+    gated.gate.add_permits(1);
     keiro_tests::until_status(&h.keiro, "long", "l-1", Status::Completed, || async {
         Ok(())
     })
@@ -1140,23 +1102,7 @@ async fn a_pass_at_its_claim_limit_does_not_hold_back_new_runs(h: Harness) -> Te
 /// Graceful shutdown covers every run the loop holds, whichever pass claimed it: runs handed
 /// from pass to pass (a claim limit of one) finish and complete, none is dropped mid-step.
 async fn a_shutdown_waits_for_the_runs_passes_handed_over(h: Harness) -> TestResult {
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mut registry = Registry::new();
-    {
-        let (gate, running) = (gate.clone(), running.clone());
-        registry.register("long", move |ctx: Ctx, (): ()| {
-            let (gate, running) = (gate.clone(), running.clone());
-            async move {
-                ctx.step("wait", || async {
-                    running.fetch_add(1, Ordering::SeqCst);
-                    gate.acquire().await.expect("open").forget();
-                    Ok::<_, Infallible>(())
-                })
-                .await
-            }
-        })?;
-    }
+    let gated = Gated::new()?;
     for i in 0..3 {
         h.keiro.start("long", &format!("l-{i}"), &()).await?;
     }
@@ -1164,12 +1110,12 @@ async fn a_shutdown_waits_for_the_runs_passes_handed_over(h: Harness) -> TestRes
     options.max_concurrent_advances = 4;
     options.pass_limit = Some(1);
     let worker = keiro::WorkerBuilder::new(h.store.clone())
-        .registry(registry)
+        .registry(gated.registry.clone())
         .options(options)
         .build()?;
     let looping = keiro_tests::spawn_worker(worker);
     keiro_tests::until("three runs in their step, one claimed per pass", || {
-        running.load(Ordering::SeqCst) == 3
+        gated.in_step() == 3
     })
     .await;
     let stopping = tokio::spawn(looping.stop());
@@ -1178,7 +1124,7 @@ async fn a_shutdown_waits_for_the_runs_passes_handed_over(h: Harness) -> TestRes
         !stopping.is_finished(),
         "the loop waits for the runs it holds"
     );
-    gate.add_permits(3);
+    gated.gate.add_permits(3);
     let total = stopping.await??;
     assert_eq!(total.completed, 3, "{total:?}");
     for i in 0..3 {
@@ -1187,4 +1133,47 @@ async fn a_shutdown_waits_for_the_runs_passes_handed_over(h: Harness) -> TestRes
         assert_eq!(row.status, Status::Completed, "{id}");
     }
     Ok(())
+}
+
+/// A `long` workflow whose one step waits for a permit of `gate`, counting the runs in it, and
+/// a `quick` one-step workflow: for the scenarios where a long run holds a worker's slot.
+struct Gated {
+    registry: Registry,
+    gate: Arc<tokio::sync::Semaphore>,
+    in_step: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Gated {
+    fn new() -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let in_step = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut registry = Registry::new();
+        {
+            let (gate, in_step) = (gate.clone(), in_step.clone());
+            registry.register("long", move |ctx: Ctx, (): ()| {
+                let (gate, in_step) = (gate.clone(), in_step.clone());
+                async move {
+                    ctx.step("wait", || async {
+                        in_step.fetch_add(1, Ordering::SeqCst);
+                        gate.acquire().await.expect("open").forget();
+                        Ok::<_, Infallible>(())
+                    })
+                    .await
+                }
+            })?;
+        }
+        registry.register("quick", |ctx: Ctx, (): ()| async move {
+            ctx.step("one", || async { Ok::<_, Infallible>(1) }).await
+        })?;
+        Ok(Self {
+            registry,
+            gate,
+            in_step,
+        })
+    }
+
+    /// Runs of `long` inside their step now.
+    fn in_step(&self) -> usize {
+        self.in_step.load(Ordering::SeqCst)
+    }
 }
