@@ -136,6 +136,50 @@ pub(super) fn own_cpu() -> Option<Duration> {
     Some(Duration::from_millis(ticks * 1000 / TICKS_PER_SECOND))
 }
 
+/// The whole machine's CPU time so far, from the first line of `/proc/stat`: how much of it
+/// was idle (`idle` + `iowait`) out of all of it, in ticks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct HostTicks {
+    idle: u64,
+    total: u64,
+}
+
+impl HostTicks {
+    /// A reading now; `None` where there is no `/proc/stat`.
+    pub(super) fn now() -> Option<Self> {
+        Self::parse(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+
+    /// The `cpu` line of a `/proc/stat` text: user nice system idle iowait irq softirq steal
+    /// (guest time is already in user).
+    fn parse(stat: &str) -> Option<Self> {
+        let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+        let ticks: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .take(8)
+            .map(str::parse)
+            .collect::<std::result::Result<_, _>>()
+            .ok()?;
+        let [user, nice, system, idle, iowait, irq, softirq, steal] = ticks[..] else {
+            return None;
+        };
+        Some(Self {
+            idle: idle + iowait,
+            total: user + nice + system + idle + iowait + irq + softirq + steal,
+        })
+    }
+
+    /// The share of the machine's CPU time that was idle from `self` to `after` (0 to 1): near
+    /// 0 when the phase was CPU-bound, well above it when the runs waited on each other.
+    pub(super) fn idle_share_until(&self, after: &Self) -> Option<f64> {
+        let total = after.total.checked_sub(self.total).filter(|t| *t > 0)?;
+        let idle = after.idle.checked_sub(self.idle)?;
+        #[allow(clippy::cast_precision_loss)] // tick counts far below 2^52 convert exactly
+        Some(idle as f64 / total as f64)
+    }
+}
+
 /// utime + stime of a local PostgreSQL process, from `/proc/<pid>/stat`; `None` when there is
 /// no such process here or it is not PostgreSQL.
 fn process_ticks(pid: i32) -> Option<u64> {
@@ -156,6 +200,19 @@ fn process_ticks(pid: i32) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_idle_share_is_idle_and_iowait_over_every_tick() {
+        let before = HostTicks::parse("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3\n");
+        let after = HostTicks::parse("cpu  160 0 90 860 60 0 0 0 0 0\n");
+        let (before, after) = (before.expect("parsed"), after.expect("parsed"));
+        // 170 ticks passed, 70 of them idle or waiting on I/O.
+        let share = before.idle_share_until(&after).expect("time passed");
+        assert!((share - 70.0 / 170.0).abs() < 1e-9, "{share}");
+        assert_eq!(after.idle_share_until(&after), None, "no time passed");
+        assert_eq!(HostTicks::parse("intr 1 2 3\n"), None);
+        assert_eq!(HostTicks::parse("cpu  1 2\n"), None);
+    }
 
     #[test]
     fn a_process_that_is_not_postgres_has_no_ticks() {

@@ -84,6 +84,9 @@ struct ThroughputReport {
     pg_cpu_ms_per_workflow: Option<f64>,
     /// CPU time of the bench process (worker, producers) per workflow, in milliseconds.
     keiro_cpu_ms_per_workflow: Option<f64>,
+    /// The share of the whole machine's CPU time that was idle during the phase (0 to 1;
+    /// `null` without `/proc/stat`).
+    host_idle_share: Option<f64>,
     /// Calls per group-commit batch of the append lane (steps and completions), and of the
     /// start lane; `null` with batching off.
     append_batch_mean: Option<f64>,
@@ -177,6 +180,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     );
     let server_before = server::read_before(&setup.db, &setup.store).await?;
     let own_cpu_before = server::own_cpu();
+    let host_before = server::HostTicks::now();
     let round_trips_before = setup.store.round_trips();
     let batches_before = setup.store.batch_stats();
     let started = Instant::now();
@@ -218,6 +222,9 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let own_cpu = server::own_cpu()
         .zip(own_cpu_before)
         .map(|(after, before)| after.saturating_sub(before));
+    let host_idle = host_before
+        .zip(server::HostTicks::now())
+        .and_then(|(before, after)| before.idle_share_until(&after));
     let spent = server_before.spent_until(&server::read_after(&setup.db, &setup.store).await?);
     let Ok((finished_at, round_trips_after)) = reached else {
         println!(
@@ -273,6 +280,13 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         pg_cpu_ms.map_or_else(|| "n/a".to_owned(), |ms| format!("{ms:.3} ms")),
         keiro_cpu_ms.map_or_else(|| "n/a".to_owned(), |ms| format!("{ms:.3} ms"))
     );
+    if let Some(idle) = host_idle {
+        println!(
+            "bench: the machine's CPUs were {:.0}% idle during the phase (near 0: CPU-bound; \
+             well above: the runs waited on round trips and commits)",
+            idle * 100.0
+        );
+    }
     if args.batching {
         println!(
             "bench: group commit: {} append batches carried {} calls ({}), {} start batches {} \
@@ -327,6 +341,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         commits_per_workflow: round(commits_f / workflows_f, 3),
         pg_cpu_ms_per_workflow: pg_cpu_ms.map(|ms| round(ms, 4)),
         keiro_cpu_ms_per_workflow: keiro_cpu_ms.map(|ms| round(ms, 4)),
+        host_idle_share: host_idle.map(|share| round(share, 3)),
         append_batch_mean: batches.appends.mean_len().map(|len| round(len, 2)),
         start_batch_mean: batches.starts.mean_len().map(|len| round(len, 2)),
         p50_ms: round(p50, 2),
