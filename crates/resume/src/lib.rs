@@ -3,7 +3,9 @@
 //! A pass runs one exact discovery query (instances `running`, or `suspended` with a due
 //! `wake_after`), then for each candidate: registry lookup, lease claim, drive, classify,
 //! release. Crashed runs are retried with backoff and failed at the ceiling; a poison workflow
-//! never stops a healthy one. Loops repeat passes on a fixed poll or on push notifications.
+//! never stops a healthy one. Loops repeat passes on a fixed poll or on push notifications; a
+//! loop's pass claims in batches beside the runs it drives, and the runs it holds outlive the
+//! pass, so no run waits for another to end before it is claimed.
 //!
 //! ```no_run
 //! use std::sync::Arc;
