@@ -1017,11 +1017,7 @@ async fn a_run_whose_body_returned_gives_its_slot_to_the_next(h: Harness) -> Tes
     faulty.hold_completions(false);
     keiro_tests::until("all four runs", || started() == 4).await;
     for i in 0..4 {
-        let id = format!("q-{i}");
-        keiro_tests::until_status(&h.keiro, "quick", &id, Status::Completed, || async {
-            Ok(())
-        })
-        .await?;
+        until_completed(&h, "quick", &format!("q-{i}")).await?;
     }
     looping.stop().await?;
     Ok(())
@@ -1032,31 +1028,10 @@ async fn a_run_whose_body_returned_gives_its_slot_to_the_next(h: Harness) -> Tes
 /// ends and its pass with it.
 async fn a_run_started_while_a_long_one_runs_is_claimed_at_once(h: Harness) -> TestResult {
     let gated = Gated::new()?;
-    h.keiro.start("long", "l-1", &()).await?;
-    let mut options = h.fast_options();
-    options.max_concurrent_advances = 4;
-    let worker = keiro::WorkerBuilder::new(h.store.clone())
-        .registry(gated.registry.clone())
-        .options(options)
-        .build()?;
-    let looping = keiro_tests::spawn_worker(worker);
-    keiro_tests::until("the long run's step", || gated.in_step() == 1).await;
+    let looping = gated.long_run_holding_a_slot(&h, None).await?;
     h.keiro.start("quick", "q-1", &()).await?;
-    keiro_tests::until_status(&h.keiro, "quick", "q-1", Status::Completed, || async {
-        Ok(())
-    })
-    .await?;
-    let long = h.keiro.instance(("long", "l-1")).await?.expect("row");
-    assert_eq!(
-        long.status,
-        Status::Running,
-        "the long run is still in its step"
-    );
-    gated.gate.add_permits(1);
-    keiro_tests::until_status(&h.keiro, "long", "l-1", Status::Completed, || async {
-        Ok(())
-    })
-    .await?;
+    until_completed(&h, "quick", "q-1").await?;
+    gated.finish_long_run(&h).await?;
     looping.stop().await?;
     Ok(())
 }
@@ -1065,35 +1040,13 @@ async fn a_run_started_while_a_long_one_runs_is_claimed_at_once(h: Harness) -> T
 /// takes over: a run started then is claimed while a long run of the earlier pass still runs.
 async fn a_pass_at_its_claim_limit_does_not_hold_back_new_runs(h: Harness) -> TestResult {
     let gated = Gated::new()?;
-    h.keiro.start("long", "l-1", &()).await?;
-    let mut options = h.fast_options();
-    options.max_concurrent_advances = 4;
-    options.pass_limit = Some(2);
-    let worker = keiro::WorkerBuilder::new(h.store.clone())
-        .registry(gated.registry.clone())
-        .options(options)
-        .build()?;
-    let looping = keiro_tests::spawn_worker(worker);
-    keiro_tests::until("the long run's step", || gated.in_step() == 1).await;
+    let looping = gated.long_run_holding_a_slot(&h, Some(2)).await?;
     // The pass's second claim, and then one past its limit.
     for id in ["q-1", "q-2", "q-3"] {
         h.keiro.start("quick", id, &()).await?;
-        keiro_tests::until_status(&h.keiro, "quick", id, Status::Completed, || async {
-            Ok(())
-        })
-        .await?;
+        until_completed(&h, "quick", id).await?;
     }
-    let long = h.keiro.instance(("long", "l-1")).await?.expect("row");
-    assert_eq!(
-        long.status,
-        Status::Running,
-        "the long run is still in its step"
-    );
-    gated.gate.add_permits(1);
-    keiro_tests::until_status(&h.keiro, "long", "l-1", Status::Completed, || async {
-        Ok(())
-    })
-    .await?;
+    gated.finish_long_run(&h).await?;
     let total = looping.stop().await?;
     assert_eq!(total.completed, 4, "{total:?}");
     Ok(())
@@ -1176,4 +1129,42 @@ impl Gated {
     fn in_step(&self) -> usize {
         self.in_step.load(Ordering::SeqCst)
     }
+
+    /// Starts `long/l-1` and a worker of four slots (and `pass_limit`) over `h`'s store, and
+    /// waits until the long run is in its step, holding one slot.
+    async fn long_run_holding_a_slot(
+        &self,
+        h: &Harness,
+        pass_limit: Option<usize>,
+    ) -> Result<keiro_tests::RunningWorker, Box<dyn std::error::Error + Send + Sync>> {
+        h.keiro.start("long", "l-1", &()).await?;
+        let mut options = h.fast_options();
+        options.max_concurrent_advances = 4;
+        options.pass_limit = pass_limit;
+        let worker = keiro::WorkerBuilder::new(h.store.clone())
+            .registry(self.registry.clone())
+            .options(options)
+            .build()?;
+        let looping = keiro_tests::spawn_worker(worker);
+        keiro_tests::until("the long run's step", || self.in_step() == 1).await;
+        Ok(looping)
+    }
+
+    /// Checks that `long/l-1` is still in its step, lets it through and waits for it to
+    /// complete.
+    async fn finish_long_run(&self, h: &Harness) -> TestResult {
+        let long = h.keiro.instance(("long", "l-1")).await?.expect("row");
+        assert_eq!(
+            long.status,
+            Status::Running,
+            "the long run is still in its step"
+        );
+        self.gate.add_permits(1);
+        until_completed(h, "long", "l-1").await
+    }
+}
+
+/// Waits until `name/id` is completed by the worker the test runs.
+async fn until_completed(h: &Harness, name: &str, id: &str) -> TestResult {
+    keiro_tests::until_status(&h.keiro, name, id, Status::Completed, || async { Ok(()) }).await
 }
