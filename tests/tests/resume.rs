@@ -39,6 +39,7 @@ on_both_stores!(
     a_run_started_while_a_long_one_runs_is_claimed_at_once,
     a_pass_at_its_claim_limit_does_not_hold_back_new_runs,
     a_shutdown_waits_for_the_runs_passes_handed_over,
+    a_worker_with_no_practical_concurrency_bound_runs,
 );
 
 fn counted(
@@ -1085,6 +1086,23 @@ async fn a_shutdown_waits_for_the_runs_passes_handed_over(h: Harness) -> TestRes
         let row = h.keiro.instance(("long", id.as_str())).await?.expect("row");
         assert_eq!(row.status, Status::Completed, "{id}");
     }
+    Ok(())
+}
+
+/// `max_concurrent_advances` as large as a `usize` goes ("no bound") runs like any other value:
+/// the worker's slots are capped where the semaphore that counts them stops, not a panic.
+async fn a_worker_with_no_practical_concurrency_bound_runs(h: Harness) -> TestResult {
+    let gated = Gated::new()?;
+    h.keiro.start("quick", "q-1", &()).await?;
+    let mut options = h.fast_options();
+    options.max_concurrent_advances = usize::MAX;
+    let worker = keiro::WorkerBuilder::new(h.store.clone())
+        .registry(gated.registry.clone())
+        .options(options)
+        .build()?;
+    let looping = keiro_tests::spawn_worker(worker);
+    until_completed(&h, "quick", "q-1").await?;
+    looping.stop().await?;
     Ok(())
 }
 

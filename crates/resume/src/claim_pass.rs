@@ -41,8 +41,11 @@ pub(crate) struct Held {
 }
 
 impl Held {
-    /// Nothing held, with `concurrency` slots.
+    /// Nothing held, with `concurrency` slots: at most [`Semaphore::MAX_PERMITS`] (2^61 - 1 on
+    /// 64-bit targets), so a `max_concurrent_advances` of `usize::MAX`, meaning "no bound",
+    /// is a bound no worker reaches rather than a panic.
     pub(crate) fn new(concurrency: usize) -> Self {
+        let concurrency = concurrency.min(Semaphore::MAX_PERMITS);
         Self {
             tasks: JoinSet::new(),
             pending: VecDeque::new(),
