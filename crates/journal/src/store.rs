@@ -191,7 +191,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// are not generic over the store.
 ///
 /// Each operation runs in a `keiro.store.<operation>` tracing span (as do those of the other
-/// store traits): a store of your own opens it with [`store_span!`](crate::store_span) and
+/// store traits): a store of your own opens it with [`store_span!`](macro@crate::store_span) and
 /// [`traced`](crate::traced), so a trace reads the same whichever store served it.
 #[async_trait::async_trait]
 pub trait JournalStore: Send + Sync + fmt::Debug + 'static {

@@ -6,7 +6,7 @@
 //! `ScheduleStore`) runs in a span named `keiro.store.<operation>`, where `<operation>` is the
 //! trait method's name: `keiro.store.journal_append`, `keiro.store.instance_claim`,
 //! `keiro.store.timers_fire_due`. Both built-in stores open the same spans, so a trace reads the
-//! same on either, and a store of your own can open them with [`store_span!`](crate::store_span)
+//! same on either, and a store of your own can open them with [`store_span!`](macro@crate::store_span)
 //! and [`traced`]. The spans' fields:
 //!
 //! - `keiro.workflow.name`, `keiro.workflow.id`: the instance, for an operation on one;

@@ -116,7 +116,7 @@ pub struct Config {
     pub listen_check_timeout: Duration,
     /// How long [`PgStore::migrate`](crate::PgStore::migrate) waits for the schema's migration
     /// lock while another runner holds it, before it fails with
-    /// [`Error::MigrationLocked`](crate::Error::MigrationLocked). Non-zero. Defaults to
+    /// [`Error::MigrationLocked`]. Non-zero. Defaults to
     /// [`MIGRATE_LOCK_TIMEOUT_DEFAULT`].
     pub migrate_lock_timeout: Duration,
     /// Group commit: whether concurrent journal appends, starts and parks of this store share

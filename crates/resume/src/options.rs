@@ -28,10 +28,10 @@ pub struct ResumeOptions {
     /// Gap between passes when nothing advanced. Defaults to [`POLL_INTERVAL_DEFAULT`].
     pub poll_interval: Duration,
     /// Crash ceiling: at this many attempts a run is failed. Defaults to
-    /// [`MAX_ATTEMPTS_DEFAULT`](keiro_lease::MAX_ATTEMPTS_DEFAULT).
+    /// [`MAX_ATTEMPTS_DEFAULT`].
     pub max_attempts: i32,
     /// Lease time-to-live; a dead worker's runs resume within it plus one poll interval.
-    /// Defaults to [`LEASE_TTL_DEFAULT`](keiro_journal::LEASE_TTL_DEFAULT).
+    /// Defaults to [`LEASE_TTL_DEFAULT`].
     pub lease_ttl: Duration,
     /// Runs one pass drives at once; values below 1 count as 1. Defaults to
     /// [`MAX_CONCURRENT_ADVANCES_DEFAULT`].
@@ -43,7 +43,7 @@ pub struct ResumeOptions {
     /// instead of piling up writes.
     pub max_concurrent_advances: usize,
     /// Reconcile fallback for runs parked on an event with no deadline; `None` disables it.
-    /// Defaults to [`RECONCILE_DEFAULT`](keiro_journal::RECONCILE_DEFAULT).
+    /// Defaults to [`RECONCILE_DEFAULT`].
     pub reconcile: Option<Duration>,
     /// Crash backoff: after a crash with `n` earlier ones the run waits the ladder's rung
     /// `n + 1`. Defaults to [`CRASH_BACKOFF_DEFAULT`] (`min(2^(n+1), 64)` s, no jitter).
@@ -59,7 +59,7 @@ pub struct ResumeOptions {
     /// Defaults to `Some(`[`PASS_LIMIT_DEFAULT`]`)`.
     pub pass_limit: Option<usize>,
     /// Largest payload accepted. Defaults to
-    /// [`PAYLOAD_LEN_MAX_DEFAULT`](keiro_journal::PAYLOAD_LEN_MAX_DEFAULT).
+    /// [`PAYLOAD_LEN_MAX_DEFAULT`].
     pub payload_len_max: usize,
     /// How long one generation's journal may grow before fresh steps fail with
     /// `WorkflowError::JournalFull` (continue as new to go on). Defaults to
