@@ -52,7 +52,7 @@
 //!
 //! - `postgres` (default): [`Keiro::connect`] and the Postgres store.
 //! - `memory`: the in-memory store, for tests and embedding.
-//! - `testing`: [`testing::TestEnv`], a test kit with time skipping, crash injection and
+//! - `testing`: `testing::TestEnv`, a test kit with time skipping, crash injection and
 //!   replay verification (implies `memory`).
 //!
 //! # Guarantees

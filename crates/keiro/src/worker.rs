@@ -341,7 +341,11 @@ impl WorkerBuilder {
         self
     }
 
-    /// Runs driven at once per pass.
+    /// Runs whose bodies a worker drives at once. Defaults to
+    /// [`MAX_CONCURRENT_ADVANCES_DEFAULT`](keiro_resume::MAX_CONCURRENT_ADVANCES_DEFAULT), 1:
+    /// one run at a time. A run holds its slot while its body runs; a run that parks (a sleep,
+    /// an awaited event, a remote step) or returns gives it back, and its closing write commits
+    /// without one.
     ///
     /// ```
     /// # #[cfg(feature = "memory")]

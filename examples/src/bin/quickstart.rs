@@ -48,7 +48,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?; // durable, idempotent by id; the input type is checked
     order.deliver("approval", &true).await?; // from anywhere
 
-    let worker = keiro.worker().register_workflow::<Order>().build()?;
+    let worker = keiro
+        .worker()
+        .register_workflow::<Order>()
+        .concurrency(16)
+        .build()?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(async move {
         worker
