@@ -315,12 +315,18 @@ $$;
 --
 -- journal_append_batch: every request as `keiro_journal_append_to` would answer it, one
 -- outcome row each. The common request, a step on a live instance by its lease holder (or
--- unfenced), the only request of the batch for its instance, takes 0004's fast path for the
--- whole batch at once; so does the completion of such an instance (its marker row, the row
--- `completed`, its parent told). The conditions are those of `keiro_journal_append_to`,
--- checked on the rows this batch holds locked. Every other request (the other markers, other
--- generations, stale fences, terminal rows, several requests for one instance) is a call of
+-- unfenced), takes 0004's fast path for the whole batch at once; so does the completion of
+-- such an instance (its marker row, the row `completed`, its parent told). The conditions are
+-- those of `keiro_journal_append_to`, checked on the rows this batch holds locked. Every other
+-- request (the other markers, other generations, stale fences, terminal rows) is a call of
 -- `keiro_journal_append_to`, after the fast ones, in key order.
+--
+-- The store sends the requests sorted by key (byte order, as `COLLATE "C"` compares), each
+-- instance once: the statement then locks the rows in key order as it reads them, with no sort
+-- and no window over the requests to find repeated keys (those two plan nodes were 11% of a
+-- batch of 16 steps, scripts/sql-cost). A batch sent otherwise, out of order or with an
+-- instance twice, is not refused: each of its requests is a call of `keiro_journal_append_to`,
+-- in key order, so each sees the ones before it.
 --
 -- A common batch is two statements, whatever its length (each statement's set-up, its
 -- executor and the arrays it unnests, costs about as much as a few rows):
@@ -365,108 +371,114 @@ DECLARE
     v_slow        integer[];
     v_row         workflows%ROWTYPE;
 BEGIN
-    -- 1. The requests sorted by key, and each one's row locked in that order (a nested loop
-    -- keeps it); a key asked twice is locked again by its own holder, which waits for nothing.
-    -- A row another transaction holds reads as missing (SKIP LOCKED): its request is `busy`,
-    -- and the store sends it alone, where it waits as a single append would. `fast` is the
-    -- entry condition of `keiro_journal_append_to`'s fast path (a step), or of its plain close
-    -- of a live row (a completion). The INSERT runs once the rows are locked: it reads the
-    -- classes from `c`, which locks as it is read.
-    WITH c AS (
-        SELECT r.n, r.name, r.id, w.generation,
-               CASE
-                   WHEN w.status IS NULL THEN 0
-                   WHEN NOT f.fast THEN 1
-                   WHEN r.kind = 'completed' THEN
-                       CASE WHEN w.parent_step IS NULL THEN 5 ELSE 6 END
-                   WHEN w.status = 'suspended' THEN 4
-                   WHEN r.owner IS NULL OR r.renew_ms IS NULL OR w.lease_expires_at IS NULL
-                        OR w.lease_expires_at <= now() + r.renew_ms * interval '750 microseconds'
-                       THEN 3
-                   ELSE 2
-               END AS class
-        FROM (SELECT u.*,
-                     count(*) OVER (PARTITION BY u.name COLLATE "C", u.id COLLATE "C") AS same
-              FROM unnest(p_names, p_ids, p_generations, p_kinds, p_owners, p_epochs,
-                          p_renew_ms)
-                   WITH ORDINALITY AS u (name, id, generation, kind, owner, epoch, renew_ms, n)
-              ORDER BY u.name COLLATE "C", u.id COLLATE "C", u.n) r
-        LEFT JOIN LATERAL (
-            SELECT y.generation, y.status, y.lease_owner, y.lease_epoch, y.lease_expires_at,
-                   y.parent_step
-            FROM workflows y WHERE y.workflow_name = r.name AND y.workflow_id = r.id
-            FOR UPDATE SKIP LOCKED) w ON true
-        CROSS JOIN LATERAL (
-            SELECT coalesce(r.same = 1
-                            AND r.kind NOT IN ('failed', 'cancelled', 'continued')
-                            AND coalesce(r.generation, w.generation) = w.generation
-                            AND w.status IN ('running', 'suspended')
-                            AND (r.owner IS NULL
-                                 OR (w.lease_owner = r.owner AND w.lease_epoch = r.epoch)),
-                            false) AS fast) f
-    ), journaled AS (
-        INSERT INTO journal (workflow_name, workflow_id, generation, step_name, kind, payload)
-        SELECT c.name, c.id, c.generation, p_steps[c.n], p_kinds[c.n], p_payloads[c.n]
-        FROM c WHERE c.class >= 2
-    )
-    SELECT array_agg(c.generation ORDER BY c.n), array_agg(c.class ORDER BY c.n),
-           coalesce(array_agg(c.n ORDER BY c.name COLLATE "C", c.id COLLATE "C", c.n)
-                        FILTER (WHERE c.class = 1), '{}')
-    INTO v_generations, v_class, v_slow
-    FROM c;
+    -- 0. Sorted by key, each instance once? Otherwise every request goes alone, in key order.
+    FOR k IN 2 .. coalesce(array_length(p_names, 1), 0) LOOP
+        IF (p_names[k] COLLATE "C", p_ids[k] COLLATE "C") <= (p_names[k - 1], p_ids[k - 1]) THEN
+            SELECT array_agg(u.n ORDER BY u.name COLLATE "C", u.id COLLATE "C", u.n) INTO v_slow
+            FROM unnest(p_names, p_ids) WITH ORDINALITY AS u (name, id, n);
+            EXIT;
+        END IF;
+    END LOOP;
 
-    -- The rows that change: a completion closes its row (as `keiro_journal_append_to`), a
-    -- journaled step wakes its row or renews a lease that is due (as 0004: only unindexed
-    -- columns change on a running row, so that version can be HOT). Then each completed
-    -- child tells its parent, in key order (the parent's row is locked after the child's).
-    IF v_class && '{3,4,5,6}'::integer[] THEN
-        UPDATE workflows w SET
-            status = CASE WHEN r.kind = 'completed' THEN 'completed' ELSE 'running' END,
-            output = CASE WHEN r.kind = 'completed' THEN r.payload ELSE w.output END,
-            completed_at = CASE WHEN r.kind = 'completed' THEN now() ELSE w.completed_at END,
-            lease_owner = CASE WHEN r.kind = 'completed' THEN NULL ELSE w.lease_owner END,
-            lease_expires_at = CASE
-                WHEN r.kind = 'completed' THEN NULL
-                WHEN r.owner IS NOT NULL AND r.renew_ms IS NOT NULL
-                    THEN now() + r.renew_ms * interval '1 millisecond'
-                ELSE w.lease_expires_at
-            END,
-            attempts = CASE WHEN r.kind = 'completed' THEN 0 ELSE w.attempts END,
-            last_error = CASE WHEN r.kind = 'completed' THEN NULL ELSE w.last_error END,
-            next_attempt_at = CASE WHEN r.kind = 'completed' THEN NULL
-                                   ELSE w.next_attempt_at END,
-            wake_after = CASE WHEN r.kind = 'completed' THEN NULL ELSE w.wake_after END,
-            updated_at = now()
-        FROM unnest(p_names, p_ids, p_kinds, p_payloads, p_owners, p_renew_ms)
-             WITH ORDINALITY AS r (name, id, kind, payload, owner, renew_ms, n)
-        WHERE v_class[r.n] >= 3
-          AND w.workflow_name = r.name AND w.workflow_id = r.id;
-        IF v_class && '{6}'::integer[] THEN
-            FOR v_row IN
-                SELECT w.* FROM unnest(p_names, p_ids) WITH ORDINALITY AS r (name, id, n)
-                CROSS JOIN LATERAL (
-                    SELECT y.* FROM workflows y
-                    WHERE y.workflow_name = r.name AND y.workflow_id = r.id OFFSET 0) w
-                WHERE v_class[r.n] = 6
-                ORDER BY r.name COLLATE "C", r.id COLLATE "C"
-            LOOP
-                PERFORM keiro_child_deliver(v_row);
-            END LOOP;
+    IF v_slow IS NULL THEN
+        -- 1. Each request's row locked in the requests' order, which is the key order (a nested
+        -- loop over the unnested arrays keeps it). A row another transaction holds reads as
+        -- missing (SKIP LOCKED): its request is `busy`, and the store sends it alone, where it
+        -- waits as a single append would. `fast` is the entry condition of
+        -- `keiro_journal_append_to`'s fast path (a step), or of its plain close of a live row (a
+        -- completion). The INSERT runs once the rows are locked: it reads the classes from `c`,
+        -- which locks as it is read.
+        WITH c AS (
+            SELECT r.n, r.name, r.id, w.generation,
+                   CASE
+                       WHEN w.status IS NULL THEN 0
+                       WHEN NOT f.fast THEN 1
+                       WHEN r.kind = 'completed' THEN
+                           CASE WHEN w.parent_step IS NULL THEN 5 ELSE 6 END
+                       WHEN w.status = 'suspended' THEN 4
+                       WHEN r.owner IS NULL OR r.renew_ms IS NULL OR w.lease_expires_at IS NULL
+                            OR w.lease_expires_at
+                               <= now() + r.renew_ms * interval '750 microseconds'
+                           THEN 3
+                       ELSE 2
+                   END AS class
+            FROM unnest(p_names, p_ids, p_generations, p_kinds, p_owners, p_epochs, p_renew_ms)
+                 WITH ORDINALITY AS r (name, id, generation, kind, owner, epoch, renew_ms, n)
+            LEFT JOIN LATERAL (
+                SELECT y.generation, y.status, y.lease_owner, y.lease_epoch, y.lease_expires_at,
+                       y.parent_step
+                FROM workflows y WHERE y.workflow_name = r.name AND y.workflow_id = r.id
+                FOR UPDATE SKIP LOCKED) w ON true
+            CROSS JOIN LATERAL (
+                SELECT coalesce(r.kind NOT IN ('failed', 'cancelled', 'continued')
+                                AND coalesce(r.generation, w.generation) = w.generation
+                                AND w.status IN ('running', 'suspended')
+                                AND (r.owner IS NULL
+                                     OR (w.lease_owner = r.owner AND w.lease_epoch = r.epoch)),
+                                false) AS fast) f
+        ), journaled AS (
+            INSERT INTO journal (workflow_name, workflow_id, generation, step_name, kind, payload)
+            SELECT c.name, c.id, c.generation, p_steps[c.n], p_kinds[c.n], p_payloads[c.n]
+            FROM c WHERE c.class >= 2
+        )
+        SELECT array_agg(c.generation ORDER BY c.n), array_agg(c.class ORDER BY c.n),
+               coalesce(array_agg(c.n ORDER BY c.n) FILTER (WHERE c.class = 1), '{}')
+        INTO v_generations, v_class, v_slow
+        FROM c;
+
+        -- The rows that change: a completion closes its row (as `keiro_journal_append_to`), a
+        -- journaled step wakes its row or renews a lease that is due (as 0004: only unindexed
+        -- columns change on a running row, so that version can be HOT). Then each completed
+        -- child tells its parent, in key order (the parent's row is locked after the child's).
+        IF v_class && '{3,4,5,6}'::integer[] THEN
+            UPDATE workflows w SET
+                status = CASE WHEN r.kind = 'completed' THEN 'completed' ELSE 'running' END,
+                output = CASE WHEN r.kind = 'completed' THEN r.payload ELSE w.output END,
+                completed_at = CASE WHEN r.kind = 'completed' THEN now() ELSE w.completed_at END,
+                lease_owner = CASE WHEN r.kind = 'completed' THEN NULL ELSE w.lease_owner END,
+                lease_expires_at = CASE
+                    WHEN r.kind = 'completed' THEN NULL
+                    WHEN r.owner IS NOT NULL AND r.renew_ms IS NOT NULL
+                        THEN now() + r.renew_ms * interval '1 millisecond'
+                    ELSE w.lease_expires_at
+                END,
+                attempts = CASE WHEN r.kind = 'completed' THEN 0 ELSE w.attempts END,
+                last_error = CASE WHEN r.kind = 'completed' THEN NULL ELSE w.last_error END,
+                next_attempt_at = CASE WHEN r.kind = 'completed' THEN NULL
+                                       ELSE w.next_attempt_at END,
+                wake_after = CASE WHEN r.kind = 'completed' THEN NULL ELSE w.wake_after END,
+                updated_at = now()
+            FROM unnest(p_names, p_ids, p_kinds, p_payloads, p_owners, p_renew_ms)
+                 WITH ORDINALITY AS r (name, id, kind, payload, owner, renew_ms, n)
+            WHERE v_class[r.n] >= 3
+              AND w.workflow_name = r.name AND w.workflow_id = r.id;
+            IF v_class && '{6}'::integer[] THEN
+                FOR v_row IN
+                    SELECT w.* FROM unnest(p_names, p_ids) WITH ORDINALITY AS r (name, id, n)
+                    CROSS JOIN LATERAL (
+                        SELECT y.* FROM workflows y
+                        WHERE y.workflow_name = r.name AND y.workflow_id = r.id OFFSET 0) w
+                    WHERE v_class[r.n] = 6
+                    ORDER BY r.name COLLATE "C", r.id COLLATE "C"
+                LOOP
+                    PERFORM keiro_child_deliver(v_row);
+                END LOOP;
+            END IF;
+            -- One notification for the rows the batch woke: a listener only learns that some
+            -- instance became runnable (the key in the payload is not used to pick it).
+            i := array_position(v_class, 4);
+            IF i IS NOT NULL THEN
+                PERFORM keiro_notify_wake(p_names[i], p_ids[i]);
+            END IF;
         END IF;
-        -- One notification for the rows the batch woke: a listener only learns that some
-        -- instance became runnable (the key in the payload is not used to pick it).
-        i := array_position(v_class, 4);
-        IF i IS NOT NULL THEN
-            PERFORM keiro_notify_wake(p_names[i], p_ids[i]);
-        END IF;
+
+        -- 2. The answers: journaled, busy; then every other request, alone, in key order.
+        RETURN QUERY
+        SELECT c.n::integer, CASE WHEN c.class = 0 THEN 'busy' ELSE 'appended' END, NULL::jsonb,
+               NULL::text
+        FROM unnest(v_class) WITH ORDINALITY AS c (class, n)
+        WHERE c.class <> 1;
     END IF;
-
-    -- 2. The answers: journaled, busy; then every other request, alone, in key order.
-    RETURN QUERY
-    SELECT c.n::integer, CASE WHEN c.class = 0 THEN 'busy' ELSE 'appended' END, NULL::jsonb,
-           NULL::text
-    FROM unnest(v_class) WITH ORDINALITY AS c (class, n)
-    WHERE c.class <> 1;
     FOREACH i IN ARRAY v_slow LOOP
         RETURN QUERY
         SELECT i, a.outcome, a.recorded, a.marker

@@ -304,12 +304,17 @@ const JOURNAL_APPEND_BATCH: &str = "SELECT a.n, a.outcome, a.recorded, a.marker 
      FROM keiro_journal_append_batch($1, $2, $3, $4, $5, $6, $7, $8, $9) a";
 
 /// Appends of several callers in one statement (see `batch`): an outcome per append, in the
-/// batch's order, each what `keiro_journal_append_to` would have answered.
+/// batch's order, each what `keiro_journal_append_to` would have answered. The statement
+/// carries the appends sorted by instance key, one per instance (the form the function
+/// journals without sorting, `sql/functions/journal.sql`); a second append to an instance is
+/// answered `None`, so it is sent alone once the batch has committed, after the first.
 async fn journal_append_many(
     store: &PgStore,
-    appends: &[Append],
+    all: &[Append],
     slot: Option<&SlotHold>,
 ) -> Result<Vec<Option<Result<AppendOutcome>>>> {
+    let sent = first_per_instance_in_key_order(all);
+    let appends: Vec<&Append> = sent.iter().map(|&i| &all[i]).collect();
     let encoded: Vec<EncodedEvent> = appends.iter().map(|a| a.event.encode()).collect();
     let names: Vec<&str> = appends.iter().map(|a| a.key.name.as_str()).collect();
     let ids: Vec<&str> = appends.iter().map(|a| a.key.id.as_str()).collect();
@@ -344,12 +349,8 @@ async fn journal_append_many(
             slot,
         )
         .await?;
-    Ok(in_batch_order(
-        &rows,
-        appends.len(),
-        APPEND,
-        "n",
-        |row, i| match column::<String>(row, "outcome", APPEND) {
+    let answers = in_batch_order(&rows, appends.len(), APPEND, "n", |row, i| {
+        match column::<String>(row, "outcome", APPEND) {
             // The instance's row was held by another transaction: sent alone.
             Ok(outcome) if outcome == "busy" => None,
             _ => Some(append_outcome(
@@ -358,8 +359,24 @@ async fn journal_append_many(
                 &appends[i].key,
                 appends[i].fence.as_ref(),
             )),
-        },
-    ))
+        }
+    });
+    let mut outcomes: Vec<Option<Result<AppendOutcome>>> = all.iter().map(|_| None).collect();
+    for (i, answer) in sent.into_iter().zip(answers) {
+        outcomes[i] = answer;
+    }
+    Ok(outcomes)
+}
+
+/// The positions of `appends` a batch statement carries: sorted by instance key in byte order
+/// (the order of `COLLATE "C"`, in which the batch locks instance rows), the first append of
+/// each instance only.
+fn first_per_instance_in_key_order(appends: &[Append]) -> Vec<usize> {
+    let key = |i: usize| (appends[i].key.name.as_str(), appends[i].key.id.as_str());
+    let mut order: Vec<usize> = (0..appends.len()).collect();
+    order.sort_by(|&a, &b| key(a).cmp(&key(b)).then(a.cmp(&b)));
+    order.dedup_by(|later, first| key(*later) == key(*first));
+    order
 }
 
 impl Batched for Append {
@@ -902,5 +919,41 @@ impl JournalStore for PgStore {
     ) -> Result<(ParkOutcome, Vec<RemoteArmOutcome>)> {
         let span = store_span!("instance_park_dispatch", key = park.key);
         traced(span, crate::park_batch::park_dispatch(self, park, arms)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use keiro_journal::store::Append;
+    use keiro_journal::{Event, InstanceKey, StepKind};
+    use serde_json::json;
+
+    use super::first_per_instance_in_key_order;
+
+    fn append(name: &str, id: &str) -> Append {
+        Append {
+            key: InstanceKey::parse(name, id).expect("a valid key"),
+            generation: Some(0),
+            event: Event::StepRecorded {
+                step: "s".to_owned(),
+                kind: StepKind::Step,
+                result: json!(null),
+            },
+            fence: None,
+            renew: None,
+        }
+    }
+
+    #[test]
+    fn a_batch_carries_the_first_append_of_each_instance_in_byte_order() {
+        // Byte order, as `COLLATE "C"`: upper case before lower case, "a-2" before "a2".
+        let appends = [
+            append("w", "b"),
+            append("w", "a2"),
+            append("W", "z"),
+            append("w", "b"),
+            append("w", "a-2"),
+        ];
+        assert_eq!(first_per_instance_in_key_order(&appends), [2, 4, 1, 0]);
     }
 }

@@ -206,7 +206,7 @@ const FUNCTION_FILES: &[FunctionFile] = &[
 /// The revision of [`FUNCTION_FILES`], raised by one with every change to a file of
 /// `sql/functions/` (or to that list), so that of two builds migrating one schema only the one
 /// with the newer files applies them.
-const FUNCTIONS_REVISION: i32 = 4;
+const FUNCTIONS_REVISION: i32 = 5;
 
 /// The combined checksum (hex) of [`FUNCTION_FILES`] at [`FUNCTIONS_REVISION`], as
 /// [`FunctionSet::checksum`] computes it: the unit test
@@ -215,7 +215,7 @@ const FUNCTIONS_REVISION: i32 = 4;
 /// computes, so a build whose files differ from this one's refuses this one's revision.
 #[cfg(test)]
 const FUNCTIONS_REVISION_CHECKSUM: &str =
-    "28124f861bcdfcea9ac475d70e4e09e163a40695825c5e08bfb11139873ced14";
+    "1aab9f4ebe3a1c5d111d5ae18c80c81e1281f14b7c71612337b7b1fac0b3a930";
 
 /// This build's function files.
 const FUNCTIONS: FunctionSet<'static> = FunctionSet {

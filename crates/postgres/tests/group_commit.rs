@@ -517,3 +517,64 @@ async fn runs_started_after_a_batch_is_answered_share_the_next_one() -> TestResu
     );
     Ok(())
 }
+
+/// The store sends an append batch sorted by instance key, one request per instance, the form
+/// `keiro_journal_append_batch` journals without sorting. A batch in any other form (an older
+/// build's store during a rolling deploy, a request out of order or an instance named twice)
+/// goes request by request in key order, each as `keiro_journal_append_to` answers it alone:
+/// a step behind its instance's completion in the same batch is refused, never journaled after
+/// the completion marker.
+#[tokio::test]
+async fn a_batch_out_of_key_order_or_naming_an_instance_twice_goes_request_by_request() -> TestResult
+{
+    let db = TestDb::new().await;
+    let store = db.store();
+    let a = key("gc", "a");
+    let b = key("gc", "b");
+    store.instance_start(&start(&a, json!(null))).await?;
+    store.instance_start(&start(&b, json!(null))).await?;
+
+    // b before a, and a twice: its completion, then a step.
+    let names = ["gc", "gc", "gc"];
+    let ids = ["b", "a", "a"];
+    let generations = [Some(0_i32); 3];
+    let steps = ["s1", "__workflow_completed__", "s2"];
+    let kinds = ["step", "completed", "step"];
+    let payloads = [json!("s1"), json!("done"), json!("s2")];
+    let unfenced: [Option<&str>; 3] = [None; 3];
+    let no_numbers: [Option<i64>; 3] = [None; 3];
+    let rows = sql(&store)
+        .await?
+        .query(
+            "SELECT n, outcome FROM keiro_journal_append_batch($1, $2, $3, $4, $5, $6, $7, \
+             $8, $9) ORDER BY n",
+            &[
+                &&names[..],
+                &&ids[..],
+                &&generations[..],
+                &&steps[..],
+                &&kinds[..],
+                &&payloads[..],
+                &&unfenced[..],
+                &&no_numbers[..],
+                &&no_numbers[..],
+            ],
+        )
+        .await?;
+    let outcomes: Vec<(i32, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(
+        outcomes,
+        [
+            (1, "appended".to_owned()),
+            (2, "appended".to_owned()),
+            (3, "refused_terminal".to_owned()),
+        ]
+    );
+    assert_eq!(status(&store, &a).await?, Status::Completed);
+    assert_eq!(
+        committed_steps(&store, &a).await?,
+        ["__workflow_completed__"]
+    );
+    assert_eq!(committed_steps(&store, &b).await?, ["s1"]);
+    Ok(())
+}
