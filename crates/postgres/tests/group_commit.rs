@@ -578,3 +578,57 @@ async fn a_batch_out_of_key_order_or_naming_an_instance_twice_goes_request_by_re
     assert_eq!(committed_steps(&store, &b).await?, ["s1"]);
     Ok(())
 }
+
+/// Whatever order its callers came in, the store sends an append batch in the one form the
+/// batch function journals at once (sorted by instance, one append per instance): none of the
+/// batch's requests falls back to `keiro_journal_append_to`, and only the second append to an
+/// instance goes alone, after the batch. Counted by PostgreSQL itself (`track_functions`), on
+/// the store's one connection.
+#[tokio::test]
+async fn appends_in_any_order_share_the_batch_path_but_a_repeated_instance() -> TestResult {
+    let db = TestDb::new().await;
+    let mut config = db.config();
+    config.pool_size = 1;
+    let separator = if config.url.contains('?') { '&' } else { '?' };
+    config.url = format!("{}{separator}options=-c%20track_functions%3Dpl", config.url);
+    let store = PgStore::connect(config).await?;
+    let mut runs = Vec::new();
+    for id in ["c", "b", "a"] {
+        runs.push(claimed(&store, id).await?);
+    }
+    // Callers in reverse key order, and a second step of `a`.
+    let mut appends: Vec<Append> = runs
+        .iter()
+        .map(|(k, fence)| step(k, Some(fence), "s"))
+        .collect();
+    appends.push(step(&runs[2].0, Some(&runs[2].1), "t"));
+    for outcome in store.journal_append_batch(&appends).await {
+        assert!(matches!(outcome?, AppendOutcome::Appended), "each appended");
+    }
+
+    let client = sql(&store).await?;
+    client
+        .batch_execute("SELECT pg_stat_force_next_flush()")
+        .await?;
+    let calls = |function: &'static str| {
+        let client = &client;
+        let schema = db.schema().to_owned();
+        async move {
+            let row = client
+                .query_opt(
+                    "SELECT calls FROM pg_stat_user_functions \
+                     WHERE schemaname = $1 AND funcname = $2",
+                    &[&schema, &function],
+                )
+                .await?;
+            Ok::<i64, tokio_postgres::Error>(row.map_or(0, |r| r.get(0)))
+        }
+    };
+    assert_eq!(calls("keiro_journal_append_batch").await?, 1, "one batch");
+    assert_eq!(
+        calls("keiro_journal_append_to").await?,
+        1,
+        "only the repeated instance's second append went alone"
+    );
+    Ok(())
+}
