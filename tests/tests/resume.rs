@@ -34,6 +34,7 @@ on_both_stores!(
     backoff_paces_a_crashed_workflow,
     batch_claim_takes_only_claimable_registered_instances,
     concurrent_batch_claims_never_share_an_instance,
+    a_batch_claim_goes_by_priority_then_age_across_free_expired_and_due_runs,
     the_next_claim_is_sent_while_the_last_ones_runs_still_run,
     a_run_whose_body_returned_gives_its_slot_to_the_next,
     a_run_started_while_a_long_one_runs_is_claimed_at_once,
@@ -874,6 +875,91 @@ async fn batch_claim_takes_only_claimable_registered_instances(h: Harness) -> Te
     assert!(h
         .store
         .instances_claim_batch(&names, "me", ttl, 0, None)
+        .await?
+        .is_empty());
+    Ok(())
+}
+
+/// The rows a batch claim may take sit in different places (a running row nobody holds, a
+/// running row whose lease expired, a suspended row whose wake is due); whichever it is, the
+/// batch takes the highest priority first, then the oldest, and never a row whose lease lives.
+async fn a_batch_claim_goes_by_priority_then_age_across_free_expired_and_due_runs(
+    h: Harness,
+) -> TestResult {
+    let names = [WorkflowName::new("mine")?];
+    let ttl = Duration::from_secs(60);
+    // Started in this order, so each is older than the next.
+    for (id, priority) in [
+        ("free-low", 0),
+        ("expired-high", 5),
+        ("live-top", 9),
+        ("due-mid", 3),
+        ("free-high", 5),
+        ("expired-low", 0),
+    ] {
+        h.store
+            .instance_start(&keiro_journal::StartRequest {
+                key: key("mine", id),
+                input: json!(null),
+                parent: None,
+                priority,
+            })
+            .await?;
+    }
+    let an_hour_ago = OffsetDateTime::now_utc() - Duration::from_secs(3600);
+    for id in ["expired-high", "expired-low"] {
+        // Leased an hour ago for a minute: expired now, its holder gone.
+        let claimed = h
+            .store
+            .instance_claim(&key("mine", id), "gone", ttl, Some(an_hour_ago))
+            .await?;
+        assert!(matches!(claimed, ClaimOutcome::Acquired(_)));
+    }
+    let live = h
+        .store
+        .instance_claim(
+            &key("mine", "live-top"),
+            "busy",
+            Duration::from_secs(3600),
+            None,
+        )
+        .await?;
+    assert!(matches!(live, ClaimOutcome::Acquired(_)));
+    let parked = h
+        .store
+        .instance_park(&keiro_journal::Park {
+            key: key("mine", "due-mid"),
+            generation: 0,
+            fence: None,
+            awaited: vec!["never".into()],
+            wake_after: Some(an_hour_ago),
+        })
+        .await?;
+    assert_eq!(parked, keiro_journal::ParkOutcome::Suspended);
+
+    let ids = |claims: &[keiro_lease::Claim]| -> Vec<String> {
+        claims
+            .iter()
+            .map(|c| c.instance.key.id.to_string())
+            .collect()
+    };
+    let first = h
+        .store
+        .instances_claim_batch(&names, "me", ttl, 3, None)
+        .await?;
+    assert_eq!(ids(&first), ["expired-high", "free-high", "due-mid"]);
+    for claim in &first {
+        assert_eq!(claim.fence.owner, "me");
+        assert_eq!(claim.fence.epoch, claim.instance.lease_epoch);
+    }
+    let rest = h
+        .store
+        .instances_claim_batch(&names, "me", ttl, 10, None)
+        .await?;
+    assert_eq!(ids(&rest), ["free-low", "expired-low"]);
+    assert!(h
+        .store
+        .instances_claim_batch(&names, "me", ttl, 10, None)
         .await?
         .is_empty());
     Ok(())

@@ -102,6 +102,8 @@ struct ThroughputReport {
     batching: bool,
     /// Starts per `start_many` call (1: one `start` each).
     start_batch: u64,
+    /// Runs in progress on another owner, seeded in front (`--in-progress`).
+    in_progress: u64,
 }
 
 /// Start-to-completion latency from the instance rows, and the same span the wall clock saw
@@ -114,6 +116,12 @@ const THROUGHPUT_LATENCY: &str = "SELECT count(*),
                extract(epoch FROM completed_at - created_at)::float8 * 1000 AS ms
         FROM workflows WHERE workflow_name = $1 AND status = 'completed') AS done";
 
+/// `--in-progress`: runs other workers hold, older than every measured run.
+const SEED_IN_PROGRESS: &str = "INSERT INTO workflows (workflow_name, workflow_id, created_at, \
+     lease_owner, lease_epoch, lease_expires_at) \
+     SELECT $1, 'held-' || g, now() - interval '1 hour', 'another-worker', 1, \
+     now() + interval '1 hour' FROM generate_series(1, $2::bigint) g";
+
 /// The throughput mode.
 pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let workflows = args.workflows();
@@ -122,6 +130,19 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     // Every concurrent run holds a connection for each store call; producers and the discovery
     // query need theirs beside them, so nothing waits on the pool.
     let setup = Setup::new(global, args, concurrency + producers + 2).await?;
+    if args.in_progress > 0 {
+        let held = i64::try_from(args.in_progress).context("--in-progress")?;
+        setup
+            .db
+            .execute(SEED_IN_PROGRESS, &[&WORKFLOW, &held])
+            .await
+            .context("seeding the runs in progress")?;
+        setup
+            .db
+            .batch_execute("ANALYZE workflows")
+            .await
+            .context("analyzing the seeded runs")?;
+    }
     let keiro = Keiro::builder(setup.store.clone()).without_push().build();
     let total_steps = workflows * args.steps;
 
@@ -167,7 +188,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
 
     println!(
         "bench: throughput: {} workflows x {} steps, worker concurrency {}, {} producers, poll {} ms, \
-         metrics {}, batching {}, starts {} per call, schema {}",
+         metrics {}, batching {}, starts {} per call, {} runs in progress elsewhere, schema {}",
         workflows,
         args.steps,
         args.concurrency,
@@ -176,6 +197,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         if args.metrics { "on" } else { "off" },
         if args.batching { "on" } else { "off" },
         args.start_batch,
+        args.in_progress,
         args.bench_schema
     );
     let server_before = server::read_before(&setup.db, &setup.store).await?;
@@ -353,6 +375,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         metrics: args.metrics,
         batching: args.batching,
         start_batch: args.start_batch,
+        in_progress: args.in_progress,
     };
     println!(
         "{}",
