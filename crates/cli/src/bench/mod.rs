@@ -155,8 +155,8 @@ pub(crate) struct BenchArgs {
     pub(crate) start_batch: u64,
     /// `throughput`: runs in progress on other workers, seeded before the measured phase: this
     /// many `running` instances of the bench workflow, older than the measured ones (so first
-    /// in claim order), leased to another owner for an hour. A fleet's claims find these in
-    /// front of the runs they may take.
+    /// in claim order), leased to another owner for an hour, then the table analyzed. A
+    /// fleet's claims find these in front of the runs they may take.
     #[arg(long, default_value_t = 0)]
     pub(crate) in_progress: u64,
     /// With batching, how many batches of one operation may be in flight at once
