@@ -122,6 +122,12 @@ const SEED_IN_PROGRESS: &str = "INSERT INTO workflows (workflow_name, workflow_i
      SELECT $1, 'held-' || g, now() - interval '1 hour', 'another-worker', 1, \
      now() + interval '1 hour' FROM generate_series(1, $2::bigint) g";
 
+/// The seeded runs in progress still held as seeded: a worker that took a live lease would
+/// break fencing, and a seed the worker never met would measure nothing.
+const IN_PROGRESS_UNTOUCHED: &str = "SELECT count(*) FROM workflows \
+     WHERE workflow_name = $1 AND workflow_id LIKE 'held-%' AND status = 'running' \
+       AND lease_owner = 'another-worker' AND lease_epoch = 1";
+
 /// The throughput mode.
 pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let workflows = args.workflows();
@@ -342,14 +348,26 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         }
         sink.shutdown();
     }
-    let outcome = if completed == workflows {
-        Outcome::Success
-    } else {
+    let untouched = setup
+        .db
+        .query_one(IN_PROGRESS_UNTOUCHED, &[&WORKFLOW])
+        .await
+        .context("reading the seeded runs in progress")?
+        .get::<_, i64>(0);
+    let outcome = if completed != workflows {
         println!(
             "bench: FAIL: {completed}/{} workflows completed according to the database",
             workflows
         );
         Outcome::Failed
+    } else if u64::try_from(untouched).ok() != Some(args.in_progress) {
+        println!(
+            "bench: FAIL: {untouched}/{} seeded runs in progress are still held as seeded",
+            args.in_progress
+        );
+        Outcome::Failed
+    } else {
+        Outcome::Success
     };
     let report = ThroughputReport {
         mode: "throughput",
