@@ -91,6 +91,14 @@ struct DirectReport {
     /// CPU time of the server's processes for this database per workflow, in milliseconds;
     /// `null` when the server is not on this machine.
     pg_cpu_ms_per_workflow: Option<f64>,
+    /// CPU time of this process (the callers, the worker beside them, the store) per
+    /// workflow, in milliseconds.
+    keiro_cpu_ms_per_workflow: Option<f64>,
+    /// Share of the machine's CPU time that was idle during the phase.
+    host_idle_share: Option<f64>,
+    /// Calls per batch of the direct start lane and of the append lane.
+    direct_start_batch_mean: Option<f64>,
+    append_batch_mean: Option<f64>,
     /// Start to output as each caller saw it, over every workflow.
     p50_ms: f64,
     p99_ms: f64,
@@ -153,6 +161,9 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let next = Arc::new(AtomicU64::new(0));
     let server_before = server::read_before(&setup.db, &setup.store).await?;
     let round_trips_before = setup.store.round_trips();
+    let own_cpu_before = server::own_cpu();
+    let host_before = server::HostTicks::now();
+    let batches_before = setup.store.batch_stats();
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..concurrency {
@@ -201,6 +212,13 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     .await;
     let elapsed = started.elapsed();
     let round_trips = setup.store.round_trips() - round_trips_before;
+    let batches = setup.store.batch_stats().since(&batches_before);
+    let own_cpu = server::own_cpu()
+        .zip(own_cpu_before)
+        .map(|(after, before)| after.saturating_sub(before));
+    let host_idle = host_before
+        .zip(server::HostTicks::now())
+        .and_then(|(before, after)| before.idle_share_until(&after));
     let _ = stop_tx.send(());
     let summary = worker_task.await.context("the bench worker task failed")?;
     let spent = server_before.spent_until(&server::read_after(&setup.db, &setup.store).await?);
@@ -253,6 +271,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         spent.commits as f64,
     );
     let pg_cpu_ms = spent.cpu.map(|cpu| ms(cpu) / workflows_f);
+    let keiro_cpu_ms = own_cpu.map(|cpu| ms(cpu) / workflows_f);
     println!(
         "bench: {:.0} workflows/s, {:.0} steps/s in {:.0} ms; {round_trips} round trips = {:.2} per \
          step ({:.2} per workflow)",
@@ -263,10 +282,28 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         round_trips_f / workflows_f
     );
     println!(
-        "bench: {} commits = {:.2} per workflow; PostgreSQL CPU {} per workflow",
+        "bench: {} commits = {:.2} per workflow; CPU per workflow: PostgreSQL {}, the bench \
+         process {}",
         spent.commits,
         commits_f / workflows_f,
-        pg_cpu_ms.map_or_else(|| "n/a".to_owned(), |ms| format!("{ms:.3} ms"))
+        pg_cpu_ms.map_or_else(|| "n/a".to_owned(), |ms| format!("{ms:.3} ms")),
+        keiro_cpu_ms.map_or_else(|| "n/a".to_owned(), |ms| format!("{ms:.3} ms"))
+    );
+    if let Some(idle) = host_idle {
+        println!(
+            "bench: the machine's CPUs were {:.0}% idle during the phase",
+            idle * 100.0
+        );
+    }
+    println!(
+        "bench: group commit: {} direct start batches carried {} calls ({}), {} append batches {} \
+         ({})",
+        batches.direct_starts.batches,
+        batches.direct_starts.requests,
+        super::mean_len(batches.direct_starts.mean_len()),
+        batches.appends.batches,
+        batches.appends.requests,
+        super::mean_len(batches.appends.mean_len())
     );
     println!(
         "bench: start-to-output latency p50 {:.2} ms, p99 {:.2} ms (rows: p50 {:.2} ms, p99 {:.2} \
@@ -299,6 +336,10 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         round_trips_per_step: round(round_trips_f / steps_f, 3),
         commits_per_workflow: round(commits_f / workflows_f, 3),
         pg_cpu_ms_per_workflow: pg_cpu_ms.map(|ms| round(ms, 4)),
+        keiro_cpu_ms_per_workflow: keiro_cpu_ms.map(|ms| round(ms, 4)),
+        host_idle_share: host_idle.map(|idle| round(idle, 3)),
+        direct_start_batch_mean: batches.direct_starts.mean_len().map(|len| round(len, 2)),
+        append_batch_mean: batches.appends.mean_len().map(|len| round(len, 2)),
         p50_ms: called.p50_ms,
         p99_ms: called.p99_ms,
         direct,

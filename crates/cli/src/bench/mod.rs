@@ -288,6 +288,14 @@ async fn start_all_many<I: Serialize + Clone + Send + Sync + 'static>(
     Ok(())
 }
 
+/// A group-commit lane's calls per batch, for a report line.
+fn mean_len(mean: Option<f64>) -> String {
+    mean.map_or_else(
+        || "none sent".to_owned(),
+        |len| format!("{len:.1} per batch"),
+    )
+}
+
 /// The id of instance `i` of a bench: zero-padded, so ids sort like numbers.
 fn instance_id(prefix: &str, i: u64) -> String {
     format!("{prefix}-{i:07}")

@@ -321,10 +321,10 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
              ({})",
             batches.appends.batches,
             batches.appends.requests,
-            mean_len(batches.appends.mean_len()),
+            super::mean_len(batches.appends.mean_len()),
             batches.starts.batches,
             batches.starts.requests,
-            mean_len(batches.starts.mean_len())
+            super::mean_len(batches.starts.mean_len())
         );
     }
     println!(
@@ -400,12 +400,4 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         serde_json::to_string(&report).context("encoding the report")?
     );
     Ok(outcome)
-}
-
-/// A lane's calls per batch, for the report line.
-fn mean_len(mean: Option<f64>) -> String {
-    mean.map_or_else(
-        || "none sent".to_owned(),
-        |len| format!("{len:.1} per batch"),
-    )
 }
