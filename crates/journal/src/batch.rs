@@ -183,6 +183,10 @@ impl Lane {
     }
 }
 
+/// The slots of a natural-batching loop, for another loop to take its slots from.
+#[derive(Debug, Clone)]
+pub struct SharedSlots(Arc<Semaphore>);
+
 /// The sending end of a natural-batching loop started with [`Batcher::spawn`]: requests pushed
 /// here are sent by the loop's task in natural batches (see [`run_batches`]).
 ///
@@ -226,6 +230,32 @@ impl<R: Send + 'static> Batcher<R> {
     {
         let (queue, requests) = mpsc::unbounded_channel();
         let lane = Lane::new(limits);
+        tokio::spawn(Arc::clone(&lane).run(requests, limits.len_max.max(1), send));
+        Self { queue, lane }
+    }
+
+    /// This loop's slots, for another loop to share ([`spawn_with_slots`](Self::spawn_with_slots)).
+    pub fn slots(&self) -> SharedSlots {
+        SharedSlots(Arc::clone(&self.lane.slots))
+    }
+
+    /// Starts a loop as [`spawn`](Self::spawn) does whose batches take their slots from
+    /// another loop's: the two never have more batches under way at once than that loop's
+    /// limit.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime, as `tokio::spawn` does.
+    pub fn spawn_with_slots<F, Fut>(slots: SharedSlots, limits: BatchLimits, send: F) -> Self
+    where
+        F: FnMut(Vec<R>, Slot) -> Option<Fut> + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let (queue, requests) = mpsc::unbounded_channel();
+        let lane = Arc::new(Lane {
+            slots: slots.0,
+            queued: AtomicUsize::new(0),
+        });
         tokio::spawn(Arc::clone(&lane).run(requests, limits.len_max.max(1), send));
         Self { queue, lane }
     }
@@ -279,10 +309,18 @@ mod tests {
 
     /// A loop whose batches each wait for a permit before answering, recording their sizes.
     fn gated(limits: BatchLimits) -> (Batcher<Request>, Arc<Semaphore>, Arc<Mutex<Vec<usize>>>) {
+        gated_with(limits, None)
+    }
+
+    /// [`gated`], taking its slots from `slots` when given.
+    fn gated_with(
+        limits: BatchLimits,
+        slots: Option<SharedSlots>,
+    ) -> (Batcher<Request>, Arc<Semaphore>, Arc<Mutex<Vec<usize>>>) {
         let gate = Arc::new(Semaphore::new(0));
         let sizes = Arc::new(Mutex::new(Vec::new()));
         let (g, s) = (gate.clone(), sizes.clone());
-        let batcher = Batcher::spawn(limits, move |batch: Vec<Request>, slot| {
+        let send = move |batch: Vec<Request>, slot| {
             let (gate, sizes) = (g.clone(), s.clone());
             sizes.lock().unwrap().push(batch.len());
             Some(async move {
@@ -293,7 +331,11 @@ mod tests {
                     let _ = reply.send(len);
                 }
             })
-        });
+        };
+        let batcher = match slots {
+            Some(slots) => Batcher::spawn_with_slots(slots, limits, send),
+            None => Batcher::spawn(limits, send),
+        };
         (batcher, gate, sizes)
     }
 
@@ -335,6 +377,32 @@ mod tests {
         for replied in waiting {
             assert_eq!(replied.await.unwrap(), 5);
         }
+    }
+
+    #[tokio::test]
+    async fn loops_sharing_slots_never_have_more_batches_under_way_than_the_slots() {
+        let limits = BatchLimits {
+            len_max: 64,
+            in_flight: 1,
+        };
+        let (first, first_gate, first_sizes) = gated(limits);
+        let (second, second_gate, second_sizes) = gated_with(limits, Some(first.slots()));
+        second_gate.add_permits(10);
+        // The first loop's lone request takes the one slot both loops share.
+        let holding = push(&first, 1);
+        settle().await;
+        assert!(second.try_slot().is_none(), "the shared slot is taken");
+        // The second loop's requests wait for it, however idle their own loop is.
+        let waiting: Vec<_> = (2..6).map(|n| push(&second, n)).collect();
+        settle().await;
+        assert!(second_sizes.lock().unwrap().is_empty());
+        first_gate.add_permits(1);
+        assert_eq!(holding.await.unwrap(), 1);
+        for replied in waiting {
+            assert_eq!(replied.await.unwrap(), 4);
+        }
+        assert_eq!(*first_sizes.lock().unwrap(), [1]);
+        assert_eq!(*second_sizes.lock().unwrap(), [4]);
     }
 
     #[tokio::test]

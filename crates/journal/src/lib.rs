@@ -69,7 +69,8 @@ mod workflow;
 
 pub use backoff::{stretched, unit_random, Backoff, InvalidBackoff};
 pub use batch::{
-    run_batches, BatchLimits, Batcher, Slot, BATCHES_IN_FLIGHT_DEFAULT, BATCH_LEN_MAX_DEFAULT,
+    run_batches, BatchLimits, Batcher, SharedSlots, Slot, BATCHES_IN_FLIGHT_DEFAULT,
+    BATCH_LEN_MAX_DEFAULT,
 };
 pub use budget::{
     encoded_len, JournalBudget, JOURNAL_BYTES_MAX_DEFAULT, JOURNAL_STEPS_MAX_DEFAULT,

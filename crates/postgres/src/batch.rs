@@ -19,6 +19,16 @@
 //! meanwhile: it costs what a call without batching costs, with no hop through the lane's
 //! task.
 //!
+//! Direct starts take their slot from the append lane's rather than having their own. A
+//! direct run's caller starts it and then appends its steps, so the callers of both lanes are
+//! the same runs: on two slots they split into two groups, each paying its own commit while the
+//! other's is in flight; on one they stay together, a batch of starts taking turns with a
+//! batch of steps (`keiro bench --mode direct`, C=16: 0.37 commits a workflow instead of 0.8,
+//! PostgreSQL CPU 0.26-0.28 ms a workflow instead of 0.40-0.435; BENCHMARKS.md, issue 15, stop
+//! 20). Plain starts keep their own slot: their callers are producers, not the runs that
+//! append, and on the append lane's slot they held a worker's steps up (0.58-0.74x the
+//! workflows a second in `keiro bench`).
+//!
 //! Why the slot covers the commit (measured, BENCHMARKS.md "Issue 15, stop 14"): runs that
 //! wait for one commit come back together, a few microseconds apart. A slot given back when
 //! the statement's rows came (before its commit, in a transaction of its own) let the first
@@ -45,7 +55,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use keiro_journal::store::Result;
-use keiro_journal::{store_span, BatchLimits, Batcher, Slot, StoreError, STORE_SPAN_TARGET};
+use keiro_journal::{store_span, Batcher, SharedSlots, Slot, StoreError, STORE_SPAN_TARGET};
 use tokio::sync::oneshot;
 use tracing::Instrument as _;
 
@@ -62,6 +72,11 @@ pub(crate) trait Batched: Send + Sync + Sized + 'static {
     /// The store operation whose calls the lane carries (`journal_append`): the
     /// `keiro.store.operation` of its batches' spans.
     const NAME: &'static str;
+
+    /// Whether the lane takes its slots from the append lane's instead of having its own:
+    /// for an operation whose callers go on to append (a direct start, whose caller's steps
+    /// follow), so the two lanes' batches take turns and the callers stay together.
+    const SHARES_APPEND_SLOTS: bool = false;
 
     /// Whether this request may join a batch; one that may not is sent alone (an operation
     /// whose lock order a batch cannot keep, for instance).
@@ -270,7 +285,10 @@ impl<T: Batched> Lane<T> {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let batcher = match batcher.as_ref() {
             Some(running) if !running.is_closed() => running,
-            _ => batcher.insert(spawn(store, store.batch_limits(), self.counters.clone())),
+            _ => {
+                let slots = T::SHARES_APPEND_SLOTS.then(|| append_slots(store));
+                batcher.insert(spawn(store, slots, self.counters.clone()))
+            }
         };
         f(batcher)
     }
@@ -297,18 +315,29 @@ async fn send_idle<T: Batched>(store: &PgStore, request: &T, slot: Slot) -> Resu
     outcome
 }
 
-/// Starts a lane's loop; it stops when the last clone of the store is dropped.
+/// The append lane's slots, started first if it is not running.
+fn append_slots(store: &PgStore) -> SharedSlots {
+    store.lanes().appends.with_batcher(store, Batcher::slots)
+}
+
+/// Starts a lane's loop, with slots of its own or taking them from `slots`; it stops when the
+/// last clone of the store is dropped.
 fn spawn<T: Batched>(
     store: &PgStore,
-    limits: BatchLimits,
+    slots: Option<SharedSlots>,
     counters: Arc<LaneCounters>,
 ) -> Batcher<Waiting<T>> {
+    let limits = store.batch_limits();
     let store = store.downgrade();
-    Batcher::spawn(limits, move |batch: Vec<Waiting<T>>, slot| {
+    let send = move |batch: Vec<Waiting<T>>, slot| {
         let store = store.upgrade()?;
         counters.count(batch.len());
         Some(async move { send(&store, batch, slot).await })
-    })
+    };
+    match slots {
+        Some(slots) => Batcher::spawn_with_slots(slots, limits, send),
+        None => Batcher::spawn(limits, send),
+    }
 }
 
 /// Sends one batch in a `keiro.store.batch` span of its own, which follows from the span of

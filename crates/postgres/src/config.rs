@@ -129,8 +129,9 @@ pub struct Config {
     pub batching: bool,
     /// With [`batching`](#structfield.batching), how many batches of one operation may be in
     /// flight at once, each on its own pooled connection: fewer makes larger batches under
-    /// load, more lets the database work on several at once. At least 1. Defaults to
-    /// [`BATCHES_IN_FLIGHT_DEFAULT`].
+    /// load, more lets the database work on several at once. Direct starts
+    /// (`instance_start_claimed`) share the journal appends' batches in flight, since their
+    /// callers go on to append. At least 1. Defaults to [`BATCHES_IN_FLIGHT_DEFAULT`].
     pub batch_in_flight: usize,
     /// With [`batching`](#structfield.batching), the most calls one batch carries. At least 1.
     /// Defaults to [`BATCH_LEN_MAX_DEFAULT`].

@@ -68,6 +68,8 @@ impl Batched for StartClaimedRequest {
 
     const NAME: &'static str = "instance_start_claimed";
 
+    const SHARES_APPEND_SLOTS: bool = true;
+
     async fn send_many(
         store: &PgStore,
         batch: &[Self],

@@ -518,6 +518,51 @@ async fn runs_started_after_a_batch_is_answered_share_the_next_one() -> TestResu
     Ok(())
 }
 
+/// Direct starts take their slot from the append lane's: a direct run's start and its steps
+/// are one caller's sequence, and callers that wait for one commit come back together, so on
+/// one slot they stay together (BENCHMARKS.md, issue 15, stop 20: on two slots `keiro bench
+/// --mode direct` at C=16 split its runs over two commits in flight, 0.8 commits a workflow
+/// against 0.37). On a current-thread runtime the order is fixed: the append finds the lanes
+/// idle and goes alone, holding the slot; the direct starts behind it cannot take a slot of
+/// their own, queue, and leave together once the append is answered.
+#[tokio::test(flavor = "current_thread")]
+async fn direct_starts_wait_for_the_append_lanes_slot_and_leave_together() -> TestResult {
+    const STARTS: usize = 8;
+    let db = TestDb::new().await;
+    let store = db.store();
+    let (k, fence) = claimed(&store, "slot").await?;
+    let before = store.batch_stats();
+    let mut tasks = tokio::task::JoinSet::new();
+    {
+        let store = store.clone();
+        tasks.spawn(async move {
+            let outcome = store.journal_append(&step(&k, Some(&fence), "a")).await;
+            assert_eq!(outcome.expect("the append"), AppendOutcome::Appended);
+        });
+    }
+    for i in 0..STARTS {
+        let store = store.clone();
+        tasks.spawn(async move {
+            let request = start(&key("direct", &format!("d{i}")), json!(i));
+            let started = store.instance_start_claimed(&request, "w", TTL, None).await;
+            let started = started.expect("a direct start");
+            assert!(started.created);
+            assert!(matches!(started.claim, ClaimOutcome::Acquired(_)));
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        joined?;
+    }
+    let sent = store.batch_stats().since(&before);
+    assert_eq!((sent.appends.batches, sent.appends.requests), (1, 1));
+    assert_eq!(
+        (sent.direct_starts.batches, sent.direct_starts.requests),
+        (1, u64::try_from(STARTS)?),
+        "the direct starts queued behind the append's slot and left in one batch"
+    );
+    Ok(())
+}
+
 /// The store sends an append batch sorted by instance key, one request per instance, the form
 /// `keiro_journal_append_batch` journals without sorting. A batch in any other form (an older
 /// build's store during a rolling deploy, a request out of order or an instance named twice)
