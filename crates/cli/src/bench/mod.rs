@@ -159,8 +159,9 @@ pub(crate) struct BenchArgs {
     /// fleet's claims find these in front of the runs they may take.
     #[arg(long, default_value_t = 0)]
     pub(crate) in_progress: u64,
-    /// With batching, how many batches of one operation may be in flight at once
-    /// (`Config::batch_in_flight`; the store's default when absent).
+    /// With batching, how many batches of one operation may be in flight at once, direct
+    /// starts and appends counting as one (`Config::batch_in_flight`; the store's default when
+    /// absent).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub(crate) batch_in_flight: Option<u64>,
 }
