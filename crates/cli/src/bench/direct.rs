@@ -161,8 +161,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let next = Arc::new(AtomicU64::new(0));
     let server_before = server::read_before(&setup.db, &setup.store).await?;
     let round_trips_before = setup.store.round_trips();
-    let own_cpu_before = server::own_cpu();
-    let host_before = server::HostTicks::now();
+    let phase_cpu = server::PhaseCpu::start();
     let batches_before = setup.store.batch_stats();
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
@@ -213,12 +212,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let elapsed = started.elapsed();
     let round_trips = setup.store.round_trips() - round_trips_before;
     let batches = setup.store.batch_stats().since(&batches_before);
-    let own_cpu = server::own_cpu()
-        .zip(own_cpu_before)
-        .map(|(after, before)| after.saturating_sub(before));
-    let host_idle = host_before
-        .zip(server::HostTicks::now())
-        .and_then(|(before, after)| before.idle_share_until(&after));
+    let (own_cpu, host_idle) = phase_cpu.finish();
     let _ = stop_tx.send(());
     let summary = worker_task.await.context("the bench worker task failed")?;
     let spent = server_before.spent_until(&server::read_after(&setup.db, &setup.store).await?);
@@ -296,14 +290,11 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         );
     }
     println!(
-        "bench: group commit: {} direct start batches carried {} calls ({}), {} append batches {} \
-         ({})",
-        batches.direct_starts.batches,
-        batches.direct_starts.requests,
-        super::mean_len(batches.direct_starts.mean_len()),
-        batches.appends.batches,
-        batches.appends.requests,
-        super::mean_len(batches.appends.mean_len())
+        "{}",
+        super::group_commit_line(
+            ("direct start", batches.direct_starts),
+            ("append", batches.appends)
+        )
     );
     println!(
         "bench: start-to-output latency p50 {:.2} ms, p99 {:.2} ms (rows: p50 {:.2} ms, p99 {:.2} \

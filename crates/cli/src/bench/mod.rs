@@ -31,7 +31,7 @@ mod wake;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use keiro::postgres::PgStore;
+use keiro::postgres::{LaneStats, PgStore};
 use keiro::Keiro;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
@@ -294,6 +294,22 @@ fn mean_len(mean: Option<f64>) -> String {
     mean.map_or_else(
         || "none sent".to_owned(),
         |len| format!("{len:.1} per batch"),
+    )
+}
+
+/// The report line of two group-commit lanes, each named: its batches, the calls they
+/// carried, and calls per batch.
+fn group_commit_line(first: (&str, LaneStats), second: (&str, LaneStats)) -> String {
+    let ((first_name, first), (second_name, second)) = (first, second);
+    format!(
+        "bench: group commit: {} {first_name} batches carried {} calls ({}), {} {second_name} \
+         batches {} ({})",
+        first.batches,
+        first.requests,
+        mean_len(first.mean_len()),
+        second.batches,
+        second.requests,
+        mean_len(second.mean_len())
     )
 }
 

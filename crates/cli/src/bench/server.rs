@@ -128,7 +128,7 @@ async fn cpu_by_pid(db: &tokio_postgres::Client) -> Result<Option<HashMap<i32, u
 
 /// CPU time this process (the bench: worker, producers, driver) has used so far, from
 /// `/proc/self/stat`; `None` where there is no `/proc`.
-pub(super) fn own_cpu() -> Option<Duration> {
+fn own_cpu() -> Option<Duration> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     let (_, rest) = stat.rsplit_once(')')?;
     let fields: Vec<&str> = rest.split_whitespace().collect();
@@ -136,17 +136,46 @@ pub(super) fn own_cpu() -> Option<Duration> {
     Some(Duration::from_millis(ticks * 1000 / TICKS_PER_SECOND))
 }
 
+/// This process's CPU time and the machine's CPU ticks when a measured phase began.
+pub(super) struct PhaseCpu {
+    own: Option<Duration>,
+    host: Option<HostTicks>,
+}
+
+impl PhaseCpu {
+    /// Readings now, at the start of the phase.
+    pub(super) fn start() -> Self {
+        Self {
+            own: own_cpu(),
+            host: HostTicks::now(),
+        }
+    }
+
+    /// This process's CPU time since the start, and the share of the machine's CPU time that
+    /// was idle meanwhile; `None` for what this platform cannot read.
+    pub(super) fn finish(&self) -> (Option<Duration>, Option<f64>) {
+        let own = own_cpu()
+            .zip(self.own)
+            .map(|(after, before)| after.saturating_sub(before));
+        let idle = self
+            .host
+            .zip(HostTicks::now())
+            .and_then(|(before, after)| before.idle_share_until(&after));
+        (own, idle)
+    }
+}
+
 /// The whole machine's CPU time so far, from the first line of `/proc/stat`: how much of it
 /// was idle (`idle` + `iowait`) out of all of it, in ticks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct HostTicks {
+struct HostTicks {
     idle: u64,
     total: u64,
 }
 
 impl HostTicks {
     /// A reading now; `None` where there is no `/proc/stat`.
-    pub(super) fn now() -> Option<Self> {
+    fn now() -> Option<Self> {
         Self::parse(&std::fs::read_to_string("/proc/stat").ok()?)
     }
 
@@ -172,7 +201,7 @@ impl HostTicks {
 
     /// The share of the machine's CPU time that was idle from `self` to `after` (0 to 1): near
     /// 0 when the phase was CPU-bound, well above it when the runs waited on each other.
-    pub(super) fn idle_share_until(&self, after: &Self) -> Option<f64> {
+    fn idle_share_until(&self, after: &Self) -> Option<f64> {
         let total = after.total.checked_sub(self.total).filter(|t| *t > 0)?;
         let idle = after.idle.checked_sub(self.idle)?;
         #[allow(clippy::cast_precision_loss)] // tick counts far below 2^52 convert exactly

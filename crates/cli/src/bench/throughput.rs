@@ -207,8 +207,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         args.bench_schema
     );
     let server_before = server::read_before(&setup.db, &setup.store).await?;
-    let own_cpu_before = server::own_cpu();
-    let host_before = server::HostTicks::now();
+    let phase_cpu = server::PhaseCpu::start();
     let round_trips_before = setup.store.round_trips();
     let batches_before = setup.store.batch_stats();
     let started = Instant::now();
@@ -247,12 +246,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let _ = stop_tx.send(());
     let summary = worker_task.await.context("the bench worker task failed")?;
     let batches = setup.store.batch_stats().since(&batches_before);
-    let own_cpu = server::own_cpu()
-        .zip(own_cpu_before)
-        .map(|(after, before)| after.saturating_sub(before));
-    let host_idle = host_before
-        .zip(server::HostTicks::now())
-        .and_then(|(before, after)| before.idle_share_until(&after));
+    let (own_cpu, host_idle) = phase_cpu.finish();
     let spent = server_before.spent_until(&server::read_after(&setup.db, &setup.store).await?);
     let Ok((finished_at, round_trips_after)) = reached else {
         println!(
@@ -317,14 +311,8 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     }
     if args.batching {
         println!(
-            "bench: group commit: {} append batches carried {} calls ({}), {} start batches {} \
-             ({})",
-            batches.appends.batches,
-            batches.appends.requests,
-            super::mean_len(batches.appends.mean_len()),
-            batches.starts.batches,
-            batches.starts.requests,
-            super::mean_len(batches.starts.mean_len())
+            "{}",
+            super::group_commit_line(("append", batches.appends), ("start", batches.starts))
         );
     }
     println!(
