@@ -129,6 +129,17 @@ pub async fn run_batches<R, F, Fut>(
 struct Lane {
     slots: Arc<Semaphore>,
     queued: AtomicUsize,
+    spare: Option<Spare>,
+}
+
+/// The slot of its own that a loop taking shared slots keeps ([`Batcher::spawn_with_slots`]),
+/// taken only while every shared slot is held and at least `from` requests wait.
+#[derive(Debug)]
+struct Spare {
+    slot: Arc<Semaphore>,
+    from: usize,
+    /// Told when a push leaves at least `from` requests waiting.
+    grew: tokio::sync::Notify,
 }
 
 impl Lane {
@@ -136,7 +147,29 @@ impl Lane {
         Arc::new(Self {
             slots: Arc::new(Semaphore::new(limits.in_flight.max(1))),
             queued: AtomicUsize::new(0),
+            spare: None,
         })
+    }
+
+    /// A slot for the next batch: a free one of `slots`, or the spare while enough wait.
+    /// `None` once the slots are closed (never: the lanes own them).
+    async fn acquire(&self) -> Option<OwnedSemaphorePermit> {
+        let Some(spare) = &self.spare else {
+            return Arc::clone(&self.slots).acquire_owned().await.ok();
+        };
+        loop {
+            if self.queued.load(Ordering::Acquire) >= spare.from {
+                if let Ok(permit) = Arc::clone(&spare.slot).try_acquire_owned() {
+                    return Some(permit);
+                }
+            }
+            // Waiting for a shared slot, woken to look again when the queue grows long (a
+            // spare given back while the queue stays long is found at the next push).
+            tokio::select! {
+                permit = Arc::clone(&self.slots).acquire_owned() => return permit.ok(),
+                () = spare.grew.notified() => {}
+            }
+        }
     }
 
     /// The loop. A batch is cut when a request has come and a slot is free: what has queued by
@@ -158,7 +191,7 @@ impl Lane {
                 break;
             }
             // Never closed: the lane owns the semaphore.
-            let Ok(permit) = Arc::clone(&self.slots).acquire_owned().await else {
+            let Some(permit) = self.acquire().await else {
                 break;
             };
             // What queued while every slot was held joins the batch.
@@ -240,8 +273,10 @@ impl<R: Send + 'static> Batcher<R> {
     }
 
     /// Starts a loop as [`spawn`](Self::spawn) does whose batches take their slots from
-    /// another loop's: the two never have more batches under way at once than that loop's
-    /// limit.
+    /// another loop's, so the two loops' batches take turns; and one slot of its own, which it
+    /// takes only while every shared slot is held and at least half a batch (`len_max / 2`)
+    /// waits. Callers that go from one loop to the other stay together on the shared slots,
+    /// and a long queue does not wait behind the other loop's batches.
     ///
     /// # Panics
     ///
@@ -255,6 +290,11 @@ impl<R: Send + 'static> Batcher<R> {
         let lane = Arc::new(Lane {
             slots: slots.0,
             queued: AtomicUsize::new(0),
+            spare: Some(Spare {
+                slot: Arc::new(Semaphore::new(1)),
+                from: (limits.len_max / 2).max(1),
+                grew: tokio::sync::Notify::new(),
+            }),
         });
         tokio::spawn(Arc::clone(&lane).run(requests, limits.len_max.max(1), send));
         Self { queue, lane }
@@ -267,7 +307,12 @@ impl<R: Send + 'static> Batcher<R> {
     /// The request back when the loop has stopped (its runtime shut down, or `send` returned
     /// `None`), for the caller to send some other way.
     pub fn push(&self, request: R) -> Result<(), R> {
-        self.lane.queued.fetch_add(1, Ordering::AcqRel);
+        let queued = self.lane.queued.fetch_add(1, Ordering::AcqRel) + 1;
+        if let Some(spare) = &self.lane.spare {
+            if queued >= spare.from {
+                spare.grew.notify_one();
+            }
+        }
         self.queue.send(request).map_err(|e| {
             self.lane.queued.fetch_sub(1, Ordering::AcqRel);
             e.0
@@ -380,7 +425,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn loops_sharing_slots_never_have_more_batches_under_way_than_the_slots() {
+    async fn a_loop_sharing_slots_waits_for_them_while_less_than_half_a_batch_waits() {
         let limits = BatchLimits {
             len_max: 64,
             in_flight: 1,
@@ -403,6 +448,38 @@ mod tests {
         }
         assert_eq!(*first_sizes.lock().unwrap(), [1]);
         assert_eq!(*second_sizes.lock().unwrap(), [4]);
+    }
+
+    #[tokio::test]
+    async fn a_loop_sharing_slots_takes_its_spare_once_half_a_batch_waits() {
+        let limits = BatchLimits {
+            len_max: 8,
+            in_flight: 1,
+        };
+        let (first, first_gate, first_sizes) = gated(limits);
+        let (second, second_gate, second_sizes) = gated_with(limits, Some(first.slots()));
+        let holding = push(&first, 1);
+        settle().await;
+        // Three wait for the shared slot: fewer than half a batch.
+        let mut waiting: Vec<_> = (2..5).map(|n| push(&second, n)).collect();
+        settle().await;
+        assert!(second_sizes.lock().unwrap().is_empty());
+        // The fourth makes half a batch: they leave on the spare, the shared slot still held.
+        waiting.push(push(&second, 5));
+        settle().await;
+        assert_eq!(*second_sizes.lock().unwrap(), [4]);
+        // While the spare is out too, the next ones wait for either.
+        let later: Vec<_> = (6..10).map(|n| push(&second, n)).collect();
+        settle().await;
+        assert_eq!(*second_sizes.lock().unwrap(), [4]);
+        first_gate.add_permits(1);
+        second_gate.add_permits(2);
+        assert_eq!(holding.await.unwrap(), 1);
+        for replied in waiting.into_iter().chain(later) {
+            assert_eq!(replied.await.unwrap(), 4);
+        }
+        assert_eq!(*first_sizes.lock().unwrap(), [1]);
+        assert_eq!(*second_sizes.lock().unwrap(), [4, 4]);
     }
 
     #[tokio::test]

@@ -25,9 +25,12 @@
 //! other's is in flight; on one they stay together, a batch of starts taking turns with a
 //! batch of steps (`keiro bench --mode direct`, C=16: 0.37 commits a workflow instead of 0.8,
 //! PostgreSQL CPU 0.26-0.28 ms a workflow instead of 0.40-0.435; BENCHMARKS.md, issue 15, stop
-//! 20). Plain starts keep their own slot: their callers are producers, not the runs that
-//! append, and on the append lane's slot they held a worker's steps up (0.58-0.74x the
-//! workflows a second in `keiro bench`).
+//! 20). The direct start lane keeps one spare slot of its own for when half a batch of starts
+//! waits behind the append lane's batches (many runs in flight: at C=64 the shared slot alone
+//! left the second core idler, 0.87-0.98x the workflows a second; with the spare 0.98-1.08x,
+//! on less PostgreSQL CPU either way). Plain starts keep their own slot: their callers are
+//! producers, not the runs that append, and on the append lane's slot they held a worker's
+//! steps up (0.58-0.74x the workflows a second in `keiro bench`).
 //!
 //! Why the slot covers the commit (measured, BENCHMARKS.md "Issue 15, stop 14"): runs that
 //! wait for one commit come back together, a few microseconds apart. A slot given back when

@@ -131,7 +131,8 @@ pub struct Config {
     /// flight at once, each on its own pooled connection: fewer makes larger batches under
     /// load, more lets the database work on several at once. Direct starts
     /// (`instance_start_claimed`) share the journal appends' batches in flight, since their
-    /// callers go on to append. At least 1. Defaults to [`BATCHES_IN_FLIGHT_DEFAULT`].
+    /// callers go on to append, and have one more of their own for when half a batch of them
+    /// waits. At least 1. Defaults to [`BATCHES_IN_FLIGHT_DEFAULT`].
     pub batch_in_flight: usize,
     /// With [`batching`](#structfield.batching), the most calls one batch carries. At least 1.
     /// Defaults to [`BATCH_LEN_MAX_DEFAULT`].
