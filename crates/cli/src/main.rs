@@ -102,6 +102,9 @@ enum Command {
     /// The chaos run's remote worker process (spawned by `keiro chaos`, not for direct use).
     #[command(hide = true)]
     ChaosRemoteWorker(chaos::RemoteWorkerArgs),
+    /// The chaos run's direct caller process (spawned by `keiro chaos`, not for direct use).
+    #[command(hide = true)]
+    ChaosDirect(chaos::DirectArgs),
 }
 
 /// Exit status: 0 on success, 1 when a check failed or an operation was refused, 2 on errors.
@@ -142,6 +145,7 @@ fn main() -> ExitCode {
             Command::Chaos(args) => chaos::run(&global, &args).await,
             Command::ChaosWorker(args) => chaos::child::worker(&global, &args).await,
             Command::ChaosRemoteWorker(args) => chaos::child::remote_worker(&global, &args).await,
+            Command::ChaosDirect(args) => chaos::child::direct(&global, &args).await,
         }
     });
     // Waiting for background tasks (pool connections, a worker's in-flight runs) would only

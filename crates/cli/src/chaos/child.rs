@@ -1,6 +1,7 @@
 //! The chaos command's child processes: `keiro chaos-worker` (a push-aware resume worker with a
-//! short lease) and `keiro chaos-remote-worker` (a remote worker with a short claim), both this
-//! same binary.
+//! short lease), `keiro chaos-remote-worker` (a remote worker with a short claim) and `keiro
+//! chaos-direct` (callers running the direct instances with `Worker::run_named`), all this same
+//! binary.
 //!
 //! Each prints `ready` on stdout once connected, and runs until its stdin closes: a parent
 //! that dies without cleaning up (even by SIGKILL) leaves no stray child behind.
@@ -13,7 +14,7 @@ use clap::Args;
 use keiro::{Backoff, Keiro, RemoteWorkerOptions, TaskContext};
 
 use super::witness::Witness;
-use super::workload::{self, Input, LOCAL, MIXED, REMOTE_STEPS};
+use super::workload::{self, instance_id, is_direct, Input, Output, LOCAL, MIXED, REMOTE_STEPS};
 use crate::common::{connect_store, Global, Outcome, Result, ResultExt};
 
 /// The line a child prints once it is connected and about to serve.
@@ -56,6 +57,78 @@ pub(crate) struct RemoteWorkerArgs {
     /// Handlers running at once.
     #[arg(long)]
     pub(crate) concurrency: usize,
+}
+
+/// Options of the hidden `keiro chaos-direct`, passed by `keiro chaos`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct DirectArgs {
+    /// The chaos schema.
+    #[arg(long)]
+    pub(crate) chaos_schema: String,
+    /// Lease time-to-live of the runs it drives, in milliseconds.
+    #[arg(long)]
+    pub(crate) lease_ttl_ms: u64,
+    /// Instances of the run (the direct ones among `1..=instances` are this process's).
+    #[arg(long)]
+    pub(crate) instances: u64,
+    /// Callers running at once.
+    #[arg(long)]
+    pub(crate) concurrency: usize,
+}
+
+/// How long a direct caller waits before it calls again after an error that is not final
+/// (PostgreSQL restarting, say).
+const DIRECT_RETRY: Duration = Duration::from_millis(100);
+
+/// Runs every direct instance of the run with `Worker::run_named`, callers side by side, then
+/// waits until stdin closes. A replacement of a killed process runs them all again: an instance
+/// already completed answers at once, one a killed caller left leased is awaited while a resume
+/// worker recovers it. It drives no worker loop of its own: what its runs park or crash on is
+/// the resume workers' to finish.
+pub(crate) async fn direct(global: &Global, args: &DirectArgs) -> Result<Outcome> {
+    // One connection per caller, plus one for result waits.
+    let store = connect_store(global.config(&args.chaos_schema, args.concurrency + 2)).await?;
+    let witness = Arc::new(Witness::open(store.connection_config()).await?);
+    let worker = Keiro::builder(store)
+        .build()
+        .worker()
+        .register(LOCAL, move |ctx, input: Input| {
+            workload::local(ctx, input, witness.clone())
+        })
+        .lease_ttl(Duration::from_millis(args.lease_ttl_ms))
+        .max_attempts(MAX_ATTEMPTS)
+        .backoff(BACKOFF)
+        .owner(format!("direct-{}", std::process::id()))
+        .build()
+        .context("building the chaos direct callers")?;
+    announce_ready()?;
+    let ids: Arc<Vec<u64>> = Arc::new((1..=args.instances).filter(|n| is_direct(*n)).collect());
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut callers = tokio::task::JoinSet::new();
+    for _ in 0..args.concurrency.max(1) {
+        let (worker, ids, next) = (worker.clone(), ids.clone(), next.clone());
+        callers.spawn(async move {
+            while let Some(&n) = ids.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+                let id = instance_id(n);
+                loop {
+                    match worker
+                        .run_named::<Output, _>(LOCAL, &id, &Input { n })
+                        .await
+                    {
+                        // A wrong output, or a failed run, is the invariants' to report.
+                        Ok(_) => break,
+                        Err(error) if error.is_final() => break,
+                        Err(_) => tokio::time::sleep(DIRECT_RETRY).await,
+                    }
+                }
+            }
+        });
+    }
+    tokio::select! {
+        () = async { while callers.join_next().await.is_some() {} } => stdin_closed().await,
+        () = stdin_closed() => {}
+    }
+    Ok(Outcome::Success)
 }
 
 /// Runs a chaos worker until stdin closes.

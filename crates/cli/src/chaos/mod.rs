@@ -2,9 +2,12 @@
 //!
 //! 1. Recreates its scratch schema (`keiro_chaos`), migrates it, creates the witness table, and
 //!    starts N instances: 80% run five local steps, 20% a local step and two remote steps.
-//!    Every step writes a witness (a row on a connection of its own, outside the journal).
-//! 2. Spawns three worker processes and two remote worker processes (this binary, through the
-//!    hidden `chaos-worker` and `chaos-remote-worker`).
+//!    Every tenth (a local one) is not started here: a direct caller process starts and drives
+//!    it with `Worker::run_named`. Every step writes a witness (a row on a connection of its
+//!    own, outside the journal).
+//! 2. Spawns three worker processes, two remote worker processes and one direct caller
+//!    process (this binary, through the hidden `chaos-worker`, `chaos-remote-worker` and
+//!    `chaos-direct`).
 //! 3. Until every instance is done: every 0.5 s one process chosen at random is killed with
 //!    SIGKILL and replaced; at evenly spaced points of the journal's progress PostgreSQL is
 //!    restarted in immediate mode (twice by default), and the time from the server accepting
@@ -32,14 +35,16 @@ use clap::Args;
 use keiro::Keiro;
 use tokio::task::JoinHandle;
 
-pub(crate) use self::child::{RemoteWorkerArgs, WorkerArgs};
+pub(crate) use self::child::{DirectArgs, RemoteWorkerArgs, WorkerArgs};
 use self::db::Db;
 use self::faults::{Restart, Rng};
 use self::invariants::Expected;
 use self::processes::{Fleet, SpawnSpec};
 use self::report::{Report, Run};
 use self::witness::WITNESS_CREATE;
-use self::workload::{expected_output, instance_id, steps_of, workflow_of, Input, LOCAL, MIXED};
+use self::workload::{
+    expected_output, instance_id, is_direct, steps_of, workflow_of, Input, LOCAL, MIXED,
+};
 use crate::common::{
     connect_store, error_chain, failure, recreate_scratch_schema, Global, Outcome, Result,
     ResultExt,
@@ -81,6 +86,11 @@ pub(crate) struct ChaosArgs {
     /// Remote worker processes.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=16))]
     pub(crate) remote_workers: u64,
+    /// Direct caller processes: each runs every direct instance (one in ten) with
+    /// `Worker::run_named`, so a killed one's runs are recovered by the resume workers and
+    /// awaited by the others.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=16))]
+    pub(crate) direct_callers: u64,
     /// Runs (or remote handlers) each process drives at once.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=256))]
     pub(crate) concurrency: u64,
@@ -192,18 +202,20 @@ async fn drive(
     let keiro = Keiro::builder(store).build();
     let expected = start_instances(&keiro, args.instances).await?;
     let mixed = expected.iter().filter(|e| e.name == MIXED).count() as u64;
+    let direct = (1..=args.instances).filter(|n| is_direct(*n)).count() as u64;
     let restarts_planned = if restart.is_some() {
         args.pg_restarts
     } else {
         0
     };
     eprintln!(
-        "chaos: schema {schema}: {} instances ({mixed} with remote steps); {} workers and {} \
-         remote workers; a SIGKILL every {} ms; {restarts_planned} PostgreSQL restarts{}; seed \
-         {seed}",
+        "chaos: schema {schema}: {} instances ({mixed} with remote steps, {direct} run \
+         directly); {} workers, {} remote workers and {} direct callers; a SIGKILL every {} ms; \
+         {restarts_planned} PostgreSQL restarts{}; seed {seed}",
         args.instances,
         args.workers,
         args.remote_workers,
+        args.direct_callers,
         args.kill_interval_ms,
         restart.map(|c| format!(" (`{c}`)")).unwrap_or_default()
     );
@@ -213,6 +225,7 @@ async fn drive(
         SpawnSpec::new(global, args),
         usize::try_from(args.workers).context("--workers")?,
         usize::try_from(args.remote_workers).context("--remote-workers")?,
+        usize::try_from(args.direct_callers).context("--direct-callers")?,
     )?;
     let total_steps = (1..=args.instances).map(steps_of).sum();
     let chaos = Chaos {
@@ -248,6 +261,7 @@ async fn drive(
     let run = Run {
         instances: args.instances,
         mixed,
+        direct,
         fleet: inflicted.fleet,
         restarts: inflicted.restarts,
         restarts_planned,
@@ -268,15 +282,18 @@ async fn drive(
     })
 }
 
-/// Starts instances `1..=count` and returns what each must end with.
+/// Starts instances `1..=count`, but the direct ones (the direct callers start those), and
+/// returns what each must end with.
 async fn start_instances(keiro: &Keiro, count: u64) -> Result<Vec<Expected>> {
     let mut expected = Vec::new();
     for n in 1..=count {
         let (name, id) = (workflow_of(n), instance_id(n));
-        keiro
-            .start(name, &id, &Input { n })
-            .await
-            .context(format!("starting {name} {id}"))?;
+        if !is_direct(n) {
+            keiro
+                .start(name, &id, &Input { n })
+                .await
+                .context(format!("starting {name} {id}"))?;
+        }
         expected.push(Expected {
             name: name.to_owned(),
             id,

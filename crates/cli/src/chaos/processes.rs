@@ -30,6 +30,8 @@ pub(crate) enum Role {
     Worker,
     /// A remote worker (`keiro chaos-remote-worker`).
     Remote,
+    /// Direct callers (`keiro chaos-direct`).
+    Direct,
 }
 
 /// How to spawn children: the binary, the environment and each role's arguments.
@@ -39,6 +41,7 @@ pub(crate) struct SpawnSpec {
     schema: String,
     worker_args: Vec<String>,
     remote_args: Vec<String>,
+    direct_args: Vec<String>,
 }
 
 impl SpawnSpec {
@@ -67,6 +70,17 @@ impl SpawnSpec {
                 "--concurrency".into(),
                 args.concurrency.to_string(),
             ],
+            direct_args: vec![
+                "chaos-direct".into(),
+                "--chaos-schema".into(),
+                args.chaos_schema.clone(),
+                "--lease-ttl-ms".into(),
+                args.lease_ttl_ms.to_string(),
+                "--instances".into(),
+                args.instances.to_string(),
+                "--concurrency".into(),
+                args.concurrency.to_string(),
+            ],
         }
     }
 
@@ -75,6 +89,7 @@ impl SpawnSpec {
         let args = match role {
             Role::Worker => &self.worker_args,
             Role::Remote => &self.remote_args,
+            Role::Direct => &self.direct_args,
         };
         let mut command = Command::new(exe);
         // Through the environment rather than argv, so a password in the URL does not show in
@@ -194,10 +209,17 @@ pub(crate) struct Fleet {
 }
 
 impl Fleet {
-    /// Spawns `workers` resume workers and `remotes` remote workers.
-    pub(crate) fn start(spec: SpawnSpec, workers: usize, remotes: usize) -> Result<Self> {
+    /// Spawns `workers` resume workers, `remotes` remote workers and `direct` direct caller
+    /// processes.
+    pub(crate) fn start(
+        spec: SpawnSpec,
+        workers: usize,
+        remotes: usize,
+        direct: usize,
+    ) -> Result<Self> {
         let roles = std::iter::repeat_n(Role::Worker, workers)
-            .chain(std::iter::repeat_n(Role::Remote, remotes));
+            .chain(std::iter::repeat_n(Role::Remote, remotes))
+            .chain(std::iter::repeat_n(Role::Direct, direct));
         let mut fleet = Self {
             spec,
             slots: roles

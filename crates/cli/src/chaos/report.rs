@@ -21,6 +21,8 @@ pub(crate) struct Report {
     instances: u64,
     local_instances: u64,
     mixed_instances: u64,
+    /// Of the local ones, those started and driven by the direct callers.
+    direct_instances: u64,
     completed_ok: u64,
     /// Violations per invariant (0: it held).
     invariants: BTreeMap<&'static str, u64>,
@@ -51,6 +53,8 @@ pub(crate) struct Run {
     pub(crate) instances: u64,
     /// Of them, the mixed ones.
     pub(crate) mixed: u64,
+    /// Of them, the ones the direct callers ran.
+    pub(crate) direct: u64,
     /// The fleet's history.
     pub(crate) fleet: FleetStats,
     /// The restarts that happened.
@@ -98,6 +102,7 @@ impl Report {
             instances: run.instances,
             local_instances: run.instances - run.mixed,
             mixed_instances: run.mixed,
+            direct_instances: run.direct,
             completed_ok: findings.completed_ok,
             invariants: checks
                 .iter()

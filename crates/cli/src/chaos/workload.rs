@@ -2,9 +2,10 @@
 //! before it works.
 //!
 //! Four instances in five run `chaos-local` (five local steps); every fifth runs `chaos-mixed`
-//! (a local step, then two remote steps served by the remote worker processes). Every step's
-//! value is a function of the instance number, so the output of each instance is known in
-//! advance.
+//! (a local step, then two remote steps served by the remote worker processes). Every tenth
+//! (a local one) is started and driven by a direct caller process instead of a resume worker.
+//! Every step's value is a function of the instance number, so the output of each instance is
+//! known in advance.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,6 +49,12 @@ pub(crate) struct Output {
 /// Whether instance `n` is a mixed one: every fifth, so 20%.
 pub(crate) fn is_mixed(n: u64) -> bool {
     n % 5 == 0
+}
+
+/// Whether instance `n` is run by the direct callers (`Worker::run_named`) rather than started
+/// for the resume workers: every tenth, all of them local ones (never a fifth).
+pub(crate) fn is_direct(n: u64) -> bool {
+    n % 10 == 1
 }
 
 /// The workflow instance `n` runs.
