@@ -124,9 +124,13 @@ pub(crate) async fn direct(global: &Global, args: &DirectArgs) -> Result<Outcome
             }
         });
     }
+    // Done or not, it runs until asked to stop, as the workers do: a child that exits on its
+    // own after it was ready is a problem to the chaos command.
+    let closed = stdin_closed();
+    tokio::pin!(closed);
     tokio::select! {
-        () = async { while callers.join_next().await.is_some() {} } => stdin_closed().await,
-        () = stdin_closed() => {}
+        () = async { while callers.join_next().await.is_some() {} } => closed.await,
+        () = &mut closed => {}
     }
     Ok(Outcome::Success)
 }
