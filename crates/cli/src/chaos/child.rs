@@ -11,11 +11,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use keiro::{Backoff, Keiro, RemoteWorkerOptions, TaskContext};
+use keiro::{Backoff, DirectError, Keiro, RemoteWorkerOptions, ResultError, TaskContext};
 
 use super::witness::Witness;
-use super::workload::{self, instance_id, is_direct, Input, Output, LOCAL, MIXED, REMOTE_STEPS};
-use crate::common::{connect_store, Global, Outcome, Result, ResultExt};
+use super::workload::{
+    self, direct_instances, instance_id, Input, Output, LOCAL, MIXED, REMOTE_STEPS,
+};
+use crate::common::{connect_store, failure, Global, Outcome, Result, ResultExt};
 
 /// The line a child prints once it is connected and about to serve.
 pub(crate) const READY: &str = "ready";
@@ -76,9 +78,36 @@ pub(crate) struct DirectArgs {
     pub(crate) concurrency: usize,
 }
 
-/// How long a direct caller waits before it calls again after an error that is not final
+/// How long a direct caller waits before it calls again after an error another call can mend
 /// (PostgreSQL restarting, say).
 const DIRECT_RETRY: Duration = Duration::from_millis(100);
+
+/// What a direct caller does after its call of `run_named` failed.
+#[derive(Debug, PartialEq, Eq)]
+enum AfterError {
+    /// Call again: the database was away, or the run was still going when the wait ended.
+    CallAgain,
+    /// Go on to the next instance: the run failed or was cancelled, which the invariants
+    /// report.
+    NextInstance,
+    /// Stop the process: calling again cannot mend it (an unknown workflow, a refused input, a
+    /// started instance gone missing, an output that does not decode), and its exit is a
+    /// problem the chaos command reports.
+    GiveUp,
+}
+
+impl AfterError {
+    fn of(error: &DirectError) -> Self {
+        match error {
+            error if error.is_final() => Self::NextInstance,
+            DirectError::Start { .. }
+            | DirectError::Result(ResultError::Timeout { .. } | ResultError::Store { .. }) => {
+                Self::CallAgain
+            }
+            _ => Self::GiveUp,
+        }
+    }
+}
 
 /// Runs every direct instance of the run with `Worker::run_named`, callers side by side, then
 /// waits until stdin closes. A replacement of a killed process runs them all again: an instance
@@ -102,7 +131,7 @@ pub(crate) async fn direct(global: &Global, args: &DirectArgs) -> Result<Outcome
         .build()
         .context("building the chaos direct callers")?;
     announce_ready()?;
-    let ids: Arc<Vec<u64>> = Arc::new((1..=args.instances).filter(|n| is_direct(*n)).collect());
+    let ids: Arc<Vec<u64>> = Arc::new(direct_instances(args.instances).collect());
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut callers = tokio::task::JoinSet::new();
     for _ in 0..args.concurrency.max(1) {
@@ -111,25 +140,40 @@ pub(crate) async fn direct(global: &Global, args: &DirectArgs) -> Result<Outcome
             while let Some(&n) = ids.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
                 let id = instance_id(n);
                 loop {
-                    match worker
+                    let called = worker
                         .run_named::<Output, _>(LOCAL, &id, &Input { n })
-                        .await
-                    {
-                        // A wrong output, or a failed run, is the invariants' to report.
-                        Ok(_) => break,
-                        Err(error) if error.is_final() => break,
-                        Err(_) => tokio::time::sleep(DIRECT_RETRY).await,
+                        .await;
+                    // A wrong output is the invariants' to report, as a failed run is.
+                    let Err(error) = called else { break };
+                    match AfterError::of(&error) {
+                        AfterError::CallAgain => tokio::time::sleep(DIRECT_RETRY).await,
+                        AfterError::NextInstance => break,
+                        AfterError::GiveUp => {
+                            return Err(format!("running {LOCAL} {id}: {error:?}"));
+                        }
                     }
                 }
             }
+            Ok(())
         });
     }
     // Done or not, it runs until asked to stop, as the workers do: a child that exits on its
-    // own after it was ready is a problem to the chaos command.
+    // own after it was ready is a problem to the chaos command, which is how giving up shows.
     let closed = stdin_closed();
     tokio::pin!(closed);
+    let called_all = async {
+        while let Some(joined) = callers.join_next().await {
+            joined
+                .context("a direct caller task failed")?
+                .map_err(failure)?;
+        }
+        Ok::<_, crate::common::Error>(())
+    };
     tokio::select! {
-        () = async { while callers.join_next().await.is_some() {} } => closed.await,
+        called = called_all => {
+            called?;
+            closed.await;
+        }
         () = &mut closed => {}
     }
     Ok(Outcome::Success)
@@ -212,4 +256,34 @@ async fn stdin_closed() {
         let _ = closed_tx.send(());
     });
     let _ = closed_rx.await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use keiro::{DirectError, InstanceKey, ResultError, WorkflowName};
+
+    use super::AfterError;
+
+    #[test]
+    fn a_direct_caller_calls_again_only_when_another_call_can_mend_it() {
+        let key = InstanceKey::parse("chaos-local", "chaos-00001").unwrap();
+        let timeout = ResultError::Timeout {
+            key: key.clone(),
+            waited: Duration::from_secs(1),
+        };
+        assert_eq!(AfterError::of(&timeout.into()), AfterError::CallAgain);
+        let failed = ResultError::Failed {
+            key: key.clone(),
+            reason: "poisoned".into(),
+        };
+        assert_eq!(AfterError::of(&failed.into()), AfterError::NextInstance);
+        let missing = ResultError::NotFound { key };
+        assert_eq!(AfterError::of(&missing.into()), AfterError::GiveUp);
+        let unregistered = DirectError::Unregistered {
+            name: WorkflowName::new("nobody").unwrap(),
+        };
+        assert_eq!(AfterError::of(&unregistered), AfterError::GiveUp);
+    }
 }

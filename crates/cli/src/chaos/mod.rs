@@ -43,7 +43,8 @@ use self::processes::{Fleet, SpawnSpec};
 use self::report::{Report, Run};
 use self::witness::WITNESS_CREATE;
 use self::workload::{
-    expected_output, instance_id, is_direct, steps_of, workflow_of, Input, LOCAL, MIXED,
+    direct_instances, expected_output, instance_id, is_direct, steps_of, workflow_of, Input, LOCAL,
+    MIXED,
 };
 use crate::common::{
     connect_store, error_chain, failure, recreate_scratch_schema, Global, Outcome, Result,
@@ -202,7 +203,7 @@ async fn drive(
     let keiro = Keiro::builder(store).build();
     let expected = start_instances(&keiro, args.instances).await?;
     let mixed = expected.iter().filter(|e| e.name == MIXED).count() as u64;
-    let direct = (1..=args.instances).filter(|n| is_direct(*n)).count() as u64;
+    let direct = direct_instances(args.instances).count() as u64;
     let restarts_planned = if restart.is_some() {
         args.pg_restarts
     } else {

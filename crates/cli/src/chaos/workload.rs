@@ -57,6 +57,11 @@ pub(crate) fn is_direct(n: u64) -> bool {
     n % 10 == 1
 }
 
+/// The direct instances among `1..=count`, in order.
+pub(crate) fn direct_instances(count: u64) -> impl Iterator<Item = u64> {
+    (1..=count).filter(|n| is_direct(*n))
+}
+
 /// The workflow instance `n` runs.
 pub(crate) fn workflow_of(n: u64) -> &'static str {
     if is_mixed(n) {
@@ -211,6 +216,14 @@ mod tests {
         assert_eq!(mixed, 200);
         assert_eq!(workflow_of(5), MIXED);
         assert_eq!(workflow_of(6), LOCAL);
+    }
+
+    #[test]
+    fn one_instance_in_ten_is_direct_and_local() {
+        let direct: Vec<u64> = direct_instances(30).collect();
+        assert_eq!(direct, [1, 11, 21]);
+        assert_eq!(direct_instances(1000).count(), 100);
+        assert!(direct_instances(1000).all(|n| workflow_of(n) == LOCAL));
     }
 
     #[test]
