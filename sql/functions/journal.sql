@@ -329,6 +329,17 @@ $$;
 -- rolling deploy), is not refused: each of its requests is a call of
 -- `keiro_journal_append_to`, in key order, so each sees the ones before it.
 --
+-- A closing pair: a step directly followed by the completion of the same instance, with the
+-- same generation and fence (a run's last step and its completion, sent as one request by the
+-- store's `journal_append_closing`). The order check lets such a pair through, each instance
+-- still once otherwise. Both rows of the pair lock the same instance row, so they class alike:
+-- both fast (the step journaled, the completion closing the row, which the step then leaves
+-- alone), both busy, or both slow. A slow pair's completion is tried only once its step
+-- recorded its own value (`appended`, or `already_present` with an equal one), else answered
+-- `skipped`: the run behind it has already gone on with that value, so its output must not
+-- close a journal that holds another. A fast pair's step that was recorded already raises the
+-- unique index like any fast step, and the store then sends the pair alone.
+--
 -- A common batch is two statements, whatever its length (each statement's set-up, its
 -- executor and the arrays it unnests, costs about as much as a few rows):
 --   1. lock the instance rows in key order, class each request, and journal the fast ones:
@@ -371,13 +382,29 @@ DECLARE
     v_class       integer[];
     v_slow        integer[];
     v_row         workflows%ROWTYPE;
+    -- Indexed by request: whether it is the completion of a closing pair (see above).
+    v_closes      boolean[] := '{}';
+    v_prev        integer;
+    v_recorded_ok boolean;
+    v_outcome     text;
+    v_recorded    jsonb;
+    v_marker      text;
 BEGIN
-    -- 0. Sorted by key, each instance once? Otherwise every request goes alone, in key order.
+    -- 0. Sorted by key, each instance once (or as a closing pair)? Otherwise every request
+    -- goes alone, in key order.
     FOR k IN 2 .. coalesce(array_length(p_names, 1), 0) LOOP
-        IF (p_names[k] COLLATE "C", p_ids[k] COLLATE "C") <= (p_names[k - 1], p_ids[k - 1]) THEN
+        v_closes[k] := (p_names[k], p_ids[k]) = (p_names[k - 1], p_ids[k - 1])
+            AND p_kinds[k] = 'completed'
+            AND p_kinds[k - 1] NOT IN ('completed', 'failed', 'cancelled', 'continued')
+            AND NOT coalesce(v_closes[k - 1], false)
+            AND p_generations[k] IS NOT DISTINCT FROM p_generations[k - 1]
+            AND p_owners[k] IS NOT DISTINCT FROM p_owners[k - 1]
+            AND p_epochs[k] IS NOT DISTINCT FROM p_epochs[k - 1];
+        IF NOT v_closes[k] AND v_slow IS NULL
+           AND (p_names[k] COLLATE "C", p_ids[k] COLLATE "C") <= (p_names[k - 1], p_ids[k - 1])
+        THEN
             SELECT array_agg(u.n ORDER BY u.name COLLATE "C", u.id COLLATE "C", u.n) INTO v_slow
             FROM unnest(p_names, p_ids) WITH ORDINALITY AS u (name, id, n);
-            EXIT;
         END IF;
     END LOOP;
 
@@ -388,7 +415,8 @@ BEGIN
         -- waits as a single append would. `fast` is the entry condition of
         -- `keiro_journal_append_to`'s fast path (a step), or of its plain close of a live row (a
         -- completion). The INSERT runs once the rows are locked: it reads the classes from `c`,
-        -- which locks as it is read.
+        -- which locks as it is read. A closing pair's step changes no row: its completion
+        -- closes it.
         WITH c AS (
             SELECT r.n, r.name, r.id, w.generation,
                    CASE
@@ -396,6 +424,7 @@ BEGIN
                        WHEN NOT f.fast THEN 1
                        WHEN r.kind = 'completed' THEN
                            CASE WHEN w.parent_step IS NULL THEN 5 ELSE 6 END
+                       WHEN coalesce(v_closes[r.n + 1], false) THEN 2
                        WHEN w.status = 'suspended' THEN 4
                        WHEN r.owner IS NULL OR r.renew_ms IS NULL OR w.lease_expires_at IS NULL
                             OR w.lease_expires_at
@@ -420,12 +449,23 @@ BEGIN
         ), journaled AS (
             INSERT INTO journal (workflow_name, workflow_id, generation, step_name, kind, payload)
             SELECT c.name, c.id, c.generation, p_steps[c.n], p_kinds[c.n], p_payloads[c.n]
-            FROM c WHERE c.class >= 2
+            FROM c WHERE c.class >= 2 -- in `c`'s order, the requests': a pair's step first
         )
         SELECT array_agg(c.generation ORDER BY c.n), array_agg(c.class ORDER BY c.n),
                coalesce(array_agg(c.n ORDER BY c.n) FILTER (WHERE c.class = 1), '{}')
         INTO v_generations, v_class, v_slow
         FROM c;
+        -- A closing pair's two rows lock one instance row, so they class alike, but for a row
+        -- another transaction let go between the two: its step busy, its completion journaled.
+        -- The batch is then undone whole, and the store sends each request alone.
+        IF v_closes && '{true}'::boolean[] THEN
+            FOR k IN 2 .. array_length(v_class, 1) LOOP
+                IF v_closes[k] AND least(v_class[k - 1], 2) <> least(v_class[k], 2) THEN
+                    RAISE EXCEPTION 'closing pair of %/% split: classes % and %',
+                        p_names[k], p_ids[k], v_class[k - 1], v_class[k];
+                END IF;
+            END LOOP;
+        END IF;
 
         -- The rows that change: a completion closes its row (as `keiro_journal_append_to`), a
         -- journaled step wakes its row or renews a lease that is due (as 0004: only unindexed
@@ -481,11 +521,18 @@ BEGIN
         WHERE c.class <> 1;
     END IF;
     FOREACH i IN ARRAY v_slow LOOP
-        RETURN QUERY
-        SELECT i, a.outcome, a.recorded, a.marker
-        FROM keiro_journal_append_to(p_names[i], p_ids[i], p_generations[i], p_steps[i],
-                                     p_kinds[i], p_payloads[i], p_owners[i], p_epochs[i],
-                                     p_renew_ms[i]) a;
+        IF coalesce(v_closes[i], false) AND v_prev = i - 1 AND NOT v_recorded_ok THEN
+            RETURN QUERY SELECT i, 'skipped'::text, NULL::jsonb, NULL::text;
+        ELSE
+            SELECT a.outcome, a.recorded, a.marker INTO v_outcome, v_recorded, v_marker
+            FROM keiro_journal_append_to(p_names[i], p_ids[i], p_generations[i], p_steps[i],
+                                         p_kinds[i], p_payloads[i], p_owners[i], p_epochs[i],
+                                         p_renew_ms[i]) a;
+            RETURN QUERY SELECT i, v_outcome, v_recorded, v_marker;
+            v_recorded_ok := v_outcome = 'appended'
+                OR (v_outcome = 'already_present' AND v_recorded = p_payloads[i]);
+        END IF;
+        v_prev := i;
     END LOOP;
 END;
 $$;

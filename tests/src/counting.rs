@@ -119,6 +119,14 @@ impl JournalStore for CountingStore {
         self.count("journal_append");
         self.inner.journal_append(append).await
     }
+    async fn journal_append_closing(
+        &self,
+        step: &Append,
+        completion: &Append,
+    ) -> Result<keiro_journal::ClosingOutcome> {
+        self.count("journal_append_closing");
+        self.inner.journal_append_closing(step, completion).await
+    }
     async fn instance_confirm(
         &self,
         key: &InstanceKey,

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use keiro::{Append, AppendOutcome, Event, Fence, Marker, Status, StepKind};
+use keiro_journal::ClosingOutcome;
 use keiro_journal::{ChildSpawn, InstanceKey, Park, StartRequest, StoreError};
 use keiro_lease::ClaimOutcome;
 use keiro_tests::{key, on_every_store, Harness, TestResult};
@@ -23,6 +24,10 @@ on_every_store!(
     start_many_answers_each_item,
     concurrent_starts_create_each_instance_once,
     concurrent_direct_starts_lease_each_instance_once,
+    a_closing_pair_journals_its_step_and_completes,
+    a_closing_pair_completes_only_over_its_own_value,
+    a_closing_pair_refused_writes_nothing_more,
+    concurrent_closing_pairs_and_appends_each_get_their_outcome,
 );
 
 const TTL: Duration = Duration::from_secs(60);
@@ -687,6 +692,259 @@ async fn concurrent_direct_starts_lease_each_instance_once(h: Harness) -> TestRe
             .await?
             .expect("row");
         assert_eq!((row.lease_owner, row.lease_epoch), (Some(owner), epoch));
+    }
+    Ok(())
+}
+
+fn completed(output: Value) -> Event {
+    Event::WorkflowCompleted { output }
+}
+
+/// A run's last step and its completion, as one call: both journaled, the row completed.
+async fn a_closing_pair_journals_its_step_and_completes(h: Harness) -> TestResult {
+    let (k, fence) = claimed(&h, "pair", "w").await?;
+    h.store
+        .journal_append(&fenced(&k, &fence, step("a", json!(1))))
+        .await?;
+    let outcome = h
+        .store
+        .journal_append_closing(
+            &fenced(&k, &fence, step("b", json!(2))),
+            &fenced(&k, &fence, completed(json!("done"))),
+        )
+        .await?;
+    assert_eq!(
+        outcome,
+        ClosingOutcome {
+            step: AppendOutcome::Appended,
+            completion: Some(AppendOutcome::Appended),
+        }
+    );
+    assert_eq!(
+        journal(&h, &k).await?,
+        [
+            ("a".into(), json!(1)),
+            ("b".into(), json!(2)),
+            ("__workflow_completed__".into(), json!("done")),
+        ]
+    );
+    let row = h.store.instance_get(&k).await?.expect("row");
+    assert_eq!(
+        (row.status, row.output, row.lease_owner),
+        (Status::Completed, Some(json!("done")), None)
+    );
+    // Sent again (a commit whose answer was lost): the step is there with its value, and the
+    // completion answers as a second completion does.
+    let again = h
+        .store
+        .journal_append_closing(
+            &fenced(&k, &fence, step("b", json!(2))),
+            &fenced(&k, &fence, completed(json!("done"))),
+        )
+        .await?;
+    assert_eq!(again.step, AppendOutcome::AlreadyPresent(json!(2)));
+    assert_eq!(
+        again.completion,
+        Some(AppendOutcome::AlreadyPresent(json!("done")))
+    );
+    Ok(())
+}
+
+/// The run computed its output from the step's value: a journal holding another value for
+/// that step must not be completed with it; an equal value completes as if appended.
+async fn a_closing_pair_completes_only_over_its_own_value(h: Harness) -> TestResult {
+    let (other, other_fence) = claimed(&h, "other-value", "w").await?;
+    h.store
+        .journal_append(&fenced(&other, &other_fence, step("x", json!("first"))))
+        .await?;
+    let outcome = h
+        .store
+        .journal_append_closing(
+            &fenced(&other, &other_fence, step("x", json!("second"))),
+            &fenced(&other, &other_fence, completed(json!("from second"))),
+        )
+        .await?;
+    assert_eq!(
+        outcome,
+        ClosingOutcome {
+            step: AppendOutcome::AlreadyPresent(json!("first")),
+            completion: None,
+        }
+    );
+    assert_eq!(status(&h, &other).await?, Status::Running);
+    assert_eq!(journal(&h, &other).await?, [("x".into(), json!("first"))]);
+
+    let (same, same_fence) = claimed(&h, "same-value", "w").await?;
+    h.store
+        .journal_append(&fenced(&same, &same_fence, step("x", json!({"v": 1}))))
+        .await?;
+    let outcome = h
+        .store
+        .journal_append_closing(
+            &fenced(&same, &same_fence, step("x", json!({"v": 1}))),
+            &fenced(&same, &same_fence, completed(json!(1))),
+        )
+        .await?;
+    assert_eq!(
+        outcome,
+        ClosingOutcome {
+            step: AppendOutcome::AlreadyPresent(json!({"v": 1})),
+            completion: Some(AppendOutcome::Appended),
+        }
+    );
+    assert_eq!(status(&h, &same).await?, Status::Completed);
+
+    // A cancelled instance: the step is refused, so the completion is not tried.
+    let (cancelled, cancelled_fence) = claimed(&h, "cancelled", "w").await?;
+    h.store.instance_cancel(&cancelled, false).await?;
+    let outcome = h
+        .store
+        .journal_append_closing(
+            &fenced(&cancelled, &cancelled_fence, step("x", json!(1))),
+            &fenced(&cancelled, &cancelled_fence, completed(json!(1))),
+        )
+        .await?;
+    assert_eq!(
+        outcome,
+        ClosingOutcome {
+            step: AppendOutcome::RefusedTerminal(Marker::Cancelled),
+            completion: None,
+        }
+    );
+    assert_eq!(status(&h, &cancelled).await?, Status::Cancelled);
+    Ok(())
+}
+
+/// A stale fence or a value the store refuses: an error, and no completion.
+async fn a_closing_pair_refused_writes_nothing_more(h: Harness) -> TestResult {
+    let (stale, stale_fence) = claimed(&h, "stale", "w").await?;
+    h.store.instance_lease_force_release(&stale).await?;
+    let outcome = h
+        .store
+        .journal_append_closing(
+            &fenced(&stale, &stale_fence, step("x", json!(1))),
+            &fenced(&stale, &stale_fence, completed(json!(1))),
+        )
+        .await;
+    assert!(
+        matches!(&outcome, Err(e) if e.is_lease_lost()),
+        "{outcome:?}"
+    );
+    assert_eq!(journal(&h, &stale).await?, []);
+    assert_eq!(status(&h, &stale).await?, Status::Running);
+
+    // The step's value refused: nothing written.
+    let (bad_step, bad_step_fence) = claimed(&h, "bad-step", "w").await?;
+    let outcome = h
+        .store
+        .journal_append_closing(
+            &fenced(&bad_step, &bad_step_fence, step("x", json!("a\u{0}b"))),
+            &fenced(&bad_step, &bad_step_fence, completed(json!(1))),
+        )
+        .await;
+    assert!(
+        matches!(&outcome, Err(e) if e.is_value_refused()),
+        "{outcome:?}"
+    );
+    assert_eq!(journal(&h, &bad_step).await?, []);
+    assert_eq!(status(&h, &bad_step).await?, Status::Running);
+
+    // The output refused: the step may land (it is the run's to keep), the row stays open.
+    let (bad_output, bad_output_fence) = claimed(&h, "bad-output", "w").await?;
+    let outcome = h
+        .store
+        .journal_append_closing(
+            &fenced(&bad_output, &bad_output_fence, step("x", json!(1))),
+            &fenced(&bad_output, &bad_output_fence, completed(json!("\u{0}"))),
+        )
+        .await;
+    assert!(
+        matches!(&outcome, Err(e) if e.is_value_refused()),
+        "{outcome:?}"
+    );
+    assert_eq!(journal(&h, &bad_output).await?, [("x".into(), json!(1))]);
+    assert_eq!(status(&h, &bad_output).await?, Status::Running);
+    Ok(())
+}
+
+/// Runs ending (closing pairs) beside runs appending steps, all at once, some of them on
+/// journals that already hold another value for the step (which undoes a Postgres batch
+/// whole): each call gets the outcome it would have had alone.
+async fn concurrent_closing_pairs_and_appends_each_get_their_outcome(h: Harness) -> TestResult {
+    const INSTANCES: usize = 24;
+    let mut runs = Vec::new();
+    for i in 0..INSTANCES {
+        runs.push(claimed(&h, &format!("mix-{i:02}"), "w").await?);
+    }
+    // One in six already holds another value for its last step.
+    for (k, fence) in runs.iter().step_by(6) {
+        h.store
+            .journal_append(&fenced(k, fence, step("last", json!("earlier"))))
+            .await?;
+    }
+    for round in 0..3 {
+        let mut tasks = tokio::task::JoinSet::new();
+        for (i, (k, fence)) in runs.iter().cloned().enumerate() {
+            let store = h.store.clone();
+            tasks.spawn(async move {
+                if i % 2 == 0 && round == 2 {
+                    let outcome = store
+                        .journal_append_closing(
+                            &fenced(&k, &fence, step("last", json!(i))),
+                            &fenced(&k, &fence, completed(json!(i))),
+                        )
+                        .await;
+                    (i, Err(outcome))
+                } else {
+                    let append = fenced(&k, &fence, step(&format!("s{round}"), json!(round)));
+                    (i, Ok(store.journal_append(&append).await))
+                }
+            });
+        }
+        while let Some(joined) = tasks.join_next().await {
+            let (i, outcome) = joined?;
+            let (k, _) = &runs[i];
+            match outcome {
+                Ok(appended) => assert_eq!(appended?, AppendOutcome::Appended, "{k}"),
+                Err(closing) if i % 6 == 0 => assert_eq!(
+                    closing?,
+                    ClosingOutcome {
+                        step: AppendOutcome::AlreadyPresent(json!("earlier")),
+                        completion: None,
+                    },
+                    "{k}"
+                ),
+                Err(closing) => assert_eq!(
+                    closing?,
+                    ClosingOutcome {
+                        step: AppendOutcome::Appended,
+                        completion: Some(AppendOutcome::Appended),
+                    },
+                    "{k}"
+                ),
+            }
+        }
+    }
+    for (i, (k, _)) in runs.iter().enumerate() {
+        let row = h.store.instance_get(k).await?.expect("row");
+        let names: Vec<String> = journal(&h, k).await?.into_iter().map(|(n, _)| n).collect();
+        match (i % 6 == 0, i % 2 == 0) {
+            (true, _) => {
+                assert_eq!(row.status, Status::Running, "{k}");
+                assert_eq!(names, ["last", "s0", "s1"], "{k}");
+            }
+            (false, true) => {
+                assert_eq!(
+                    (row.status, row.output),
+                    (Status::Completed, Some(json!(i)))
+                );
+                assert_eq!(names, ["s0", "s1", "last", "__workflow_completed__"], "{k}");
+            }
+            (false, false) => {
+                assert_eq!(row.status, Status::Running, "{k}");
+                assert_eq!(names, ["s0", "s1", "s2"], "{k}");
+            }
+        }
     }
     Ok(())
 }

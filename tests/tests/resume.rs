@@ -305,6 +305,18 @@ async fn crash_against_a_terminal_workflow_records_no_attempt(h: Harness) -> Tes
         let keiro = keiro.clone();
         async move {
             let _: () = ctx.step("s", || async { Ok::<_, Infallible>(()) }).await?;
+            // The step's append is held back until the body waits on something (it would go
+            // with a completion); the scenario wants it journaled before the cancel lands.
+            loop {
+                let journal = keiro
+                    .journal(("self-cancel", "sc-1"))
+                    .await
+                    .map_err(WorkflowError::app)?;
+                if journal.iter().any(|e| e.event.step_name() == "s") {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
             // Cancelled from outside, then the body crashes before reaching a boundary.
             keiro
                 .cancel(("self-cancel", "sc-1"))

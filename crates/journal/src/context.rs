@@ -193,7 +193,7 @@ pub(crate) enum Halt {
 }
 
 impl Halt {
-    fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             Self::Terminal(m) => format!("the instance is {}", m.kind_str()),
             Self::LeaseLost => "the lease was lost".into(),
@@ -235,6 +235,13 @@ pub(crate) struct State {
     pub(crate) signal_waits_armed: Vec<String>,
     /// What the generation's journal holds, for the journal budget.
     pub(crate) journal_size: crate::budget::JournalSize,
+    /// Set by the driver, which sends a held-back append whenever the body waits: only then
+    /// may a step's append be held back (`held_back`).
+    pub(crate) drives_held_back: bool,
+    /// The last step's append, held back for the completion to carry (`held_back`).
+    pub(crate) held_back: Option<crate::held_back::HeldBack>,
+    /// Set while someone sends the held-back append; the others wait for `held_back_sent`.
+    pub(crate) held_back_sending: bool,
 }
 
 pub(crate) struct Inner {
@@ -243,6 +250,8 @@ pub(crate) struct Inner {
     generation: Generation,
     options: RunOptions,
     pub(crate) state: Mutex<State>,
+    /// Told when a held-back append has been answered.
+    pub(crate) held_back_sent: tokio::sync::Notify,
 }
 
 /// The handle a workflow body uses. Cheap to clone; clones share one run.
@@ -292,7 +301,11 @@ impl Ctx {
                     disarmed: false,
                     signal_waits_armed: Vec::new(),
                     journal_size,
+                    drives_held_back: false,
+                    held_back: None,
+                    held_back_sending: false,
                 }),
+                held_back_sent: tokio::sync::Notify::new(),
             }),
         }
     }
@@ -402,6 +415,9 @@ impl Ctx {
             }
         };
         self.state().stats.executed += 1;
+        if let Some(value) = self.hold_back(step, kind, started, &value) {
+            return value;
+        }
         self.record_result(step, kind, started, &value).await
     }
 
@@ -736,6 +752,7 @@ impl Ctx {
                 step: step.to_owned(),
             });
         }
+        self.send_held_back().await?;
         YieldNow::new().await;
         let unreached = {
             let state = self.state();
@@ -847,6 +864,7 @@ impl Ctx {
         json: Value,
         via: RecordVia,
     ) -> Result<Value, WorkflowError> {
+        self.send_held_back().await?;
         let len = crate::budget::encoded_len(&json);
         self.check_budget_for(step, len)?;
         let append = self.fresh_append(step, kind, json.clone());

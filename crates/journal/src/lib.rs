@@ -49,6 +49,7 @@ mod error;
 mod event;
 mod faults;
 mod heartbeat;
+mod held_back;
 mod id;
 mod inspect;
 mod instance;
@@ -111,7 +112,9 @@ pub use run::{
 pub use self_journaled::{SelfJournalError, SelfJournaled, StepJournal};
 pub use sources::Awakeable;
 pub use storable::{check_value, storable_text};
-pub use store::{Append, AppendOutcome, Error as StoreError, JournalStore, Park, ParkOutcome};
+pub use store::{
+    Append, AppendOutcome, ClosingOutcome, Error as StoreError, JournalStore, Park, ParkOutcome,
+};
 pub use store_span::{traced, SpanOutcome, STORE_SPAN_TARGET};
 pub use wake::{
     awakeable_step, child_result_step, validate_signal_token, AwakeableOutcome, AwakeableStatus,

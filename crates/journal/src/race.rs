@@ -194,6 +194,9 @@ impl Ctx {
             state.open_ended = before.open_ended;
             state.signal_waits_armed.split_off(before.signal_waits)
         };
+        if !withdrawn.is_empty() {
+            self.send_held_back().await?;
+        }
         for wait in withdrawn {
             self.store()
                 .signal_withdraw(self.key(), self.generation(), &wait)

@@ -8,6 +8,7 @@ use serde_json::Value;
 use time::OffsetDateTime;
 
 use crate::context::{check_payload, encode_payload, Halt, RunStats};
+use crate::held_back::HeldBack;
 use crate::replay::Replay;
 use crate::store::{self, Append, AppendOutcome, JournalStore, Park, ParkOutcome};
 use crate::unwind::CatchPanic;
@@ -166,7 +167,8 @@ pub async fn drive_notifying(
         crate::budget::JournalSize::of(&entries),
         options.clone(),
     );
-    let body = CatchPanic::new(workflow.call(ctx.clone(), instance.input.clone())).await;
+    let body = CatchPanic::new(workflow.call(ctx.clone(), instance.input.clone()));
+    let body = crate::held_back::drive_body(&ctx, body).await;
     body_returned();
     let result = settle(&store, &ctx, &options, body).await;
     let (stats, parked) = {
@@ -187,6 +189,18 @@ async fn settle(
     body: Result<Result<Value, WorkflowError>, String>,
 ) -> Result<RunOutcome, RunError> {
     let key = ctx.key().clone();
+    // A step the body held back goes with the completion, or alone before any other ending
+    // (dropped when the run halted: it stops before any further write).
+    let completes = matches!(&body, Ok(Ok(_))) && {
+        let state = ctx.state();
+        state.halt.is_none() && state.awaiting.is_empty()
+    };
+    let held = if completes {
+        ctx.take_held_back()
+    } else {
+        flush_held_back(ctx).await;
+        None
+    };
     let (halt, store_error, awaiting, wake_at, open_ended) = {
         let mut state = ctx.state();
         (
@@ -309,6 +323,7 @@ async fn settle(
             if let Some(step) = unreached {
                 let detail =
                     format!("recorded step {step:?} was never reached before the body returned");
+                send_alone(ctx, held).await;
                 return park_diverged(store, ctx, options, step, detail).await;
             }
             // An output that cannot be stored fails the run: the body would return it again.
@@ -321,12 +336,17 @@ async fn settle(
                     })
                 });
             if let Err(e) = checked {
+                send_alone(ctx, held).await;
                 return fail_run(store, ctx, options, &crate::error_chain(&e)).await;
             }
             let event = Event::WorkflowCompleted {
                 output: output.clone(),
             };
-            match append_marker(store, ctx, options, event).await {
+            let appended = match held {
+                None => append_marker(store, ctx, options, event).await,
+                Some(held) => append_closing(store, ctx, options, held, event).await,
+            };
+            match appended {
                 Ok(AppendOutcome::Appended) => {
                     settle_leftovers(store, ctx).await;
                     Ok(RunOutcome::Completed(output))
@@ -440,6 +460,88 @@ async fn append_marker(
         }
         Err(e) if e.is_lease_lost() => Err(RunError::LeaseLost { key }),
         Err(source) => Err(RunError::Store { key, source }),
+    }
+}
+
+/// Sends the run's held-back step alone, before the run's other closing write: the journal
+/// keeps what the body did, as when each step waited for its append. Dropped when the run
+/// halted because it may no longer write (its lease, the store, its generation or its
+/// instance gone): it then stops before any further write, and a resumed run runs the step
+/// again.
+async fn flush_held_back(ctx: &Ctx) {
+    let may_write = !matches!(
+        ctx.state().halt,
+        Some(Halt::LeaseLost | Halt::Store | Halt::Conflict { .. } | Halt::Terminal(_))
+    );
+    if may_write {
+        // An error halts the run, which the settle then reports.
+        let _ = ctx.send_held_back().await;
+    } else {
+        ctx.take_held_back();
+    }
+}
+
+/// Puts a held-back step taken for the completion back and sends it alone: the run ends
+/// otherwise.
+async fn send_alone(ctx: &Ctx, held: Option<HeldBack>) {
+    if let Some(held) = held {
+        ctx.state().held_back = Some(held);
+        flush_held_back(ctx).await;
+    }
+}
+
+/// The completion with the run's held-back last step, in one store call: answers as
+/// [`append_marker`] for the completion, or with the step's answer when that did not record
+/// the value the body saw (a terminal instance: its marker; otherwise a conflict, and the run
+/// is driven again from the journal).
+async fn append_closing(
+    store: &Arc<dyn JournalStore>,
+    ctx: &Ctx,
+    options: &RunOptions,
+    held: HeldBack,
+    event: Event,
+) -> Result<AppendOutcome, RunError> {
+    let key = ctx.key().clone();
+    let completion = Append {
+        key: key.clone(),
+        generation: Some(ctx.generation()),
+        event,
+        fence: options.fence.clone(),
+        renew: None,
+    };
+    let sent_at = std::time::Instant::now();
+    let closing = match store
+        .journal_append_closing(&held.append, &completion)
+        .await
+    {
+        Ok(closing) => closing,
+        Err(e) if e.is_lease_lost() => return Err(RunError::LeaseLost { key }),
+        Err(source) => return Err(RunError::Store { key, source }),
+    };
+    if ctx
+        .held_back_answered(&held, &closing.step, sent_at)
+        .is_err()
+    {
+        return match closing.step {
+            AppendOutcome::RefusedTerminal(marker) => Ok(AppendOutcome::RefusedTerminal(marker)),
+            _ => Err(RunError::Conflict {
+                key,
+                step: held.step,
+            }),
+        };
+    }
+    match closing.completion {
+        Some(outcome) => {
+            if outcome == AppendOutcome::Appended {
+                ctx.state().stats.appended += 1;
+            }
+            Ok(outcome)
+        }
+        // A store that did not try the completion of a step that recorded its value.
+        None => Err(RunError::Conflict {
+            key,
+            step: Marker::Completed.step_name().into(),
+        }),
     }
 }
 

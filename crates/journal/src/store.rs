@@ -51,6 +51,32 @@ impl Append {
     }
 }
 
+impl Append {
+    /// Whether `outcome`, the answer to this append, leaves this append's value in the journal:
+    /// it was appended, or the same step was recorded already with an equal value.
+    pub fn recorded_by(&self, outcome: &AppendOutcome) -> bool {
+        match outcome {
+            AppendOutcome::Appended => true,
+            AppendOutcome::AlreadyPresent(recorded) => match &self.event {
+                Event::StepRecorded { result, .. } => recorded == result,
+                _ => false,
+            },
+            AppendOutcome::RefusedTerminal(_) | AppendOutcome::Conflict => false,
+        }
+    }
+}
+
+/// What [`JournalStore::journal_append_closing`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClosingOutcome {
+    /// The step's outcome.
+    pub step: AppendOutcome,
+    /// The completion's outcome, or `None` when it was not tried because the step did not
+    /// leave its own value in the journal ([`Append::recorded_by`]): the run that computed its
+    /// output from that value must not close a journal that holds another.
+    pub completion: Option<AppendOutcome>,
+}
+
 /// What an append did. The four outcomes are exhaustive for a well-formed request.
 #[derive(Debug, Clone, PartialEq)]
 pub enum AppendOutcome {
@@ -257,6 +283,37 @@ pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
             outcomes.push(self.journal_append(append).await);
         }
         outcomes
+    }
+
+    /// Appends a run's last step and then its completion, the completion only if the step left
+    /// its own value in the journal ([`Append::recorded_by`]; otherwise
+    /// [`ClosingOutcome::completion`] is `None` and nothing more is written). Each is the append
+    /// [`journal_append`](Self::journal_append) would make, with the same outcomes. A store may
+    /// make both in one transaction (the Postgres store does, as one request of its append
+    /// lane); the default appends them one after the other, which is as safe: a run stopped
+    /// between the two finds its step journaled when it is resumed.
+    ///
+    /// # Errors
+    ///
+    /// The error of whichever append failed; after an error of the completion the step may be
+    /// journaled.
+    async fn journal_append_closing(
+        &self,
+        step: &Append,
+        completion: &Append,
+    ) -> Result<ClosingOutcome> {
+        let first = self.journal_append(step).await?;
+        if !step.recorded_by(&first) {
+            return Ok(ClosingOutcome {
+                step: first,
+                completion: None,
+            });
+        }
+        let closed = self.journal_append(completion).await?;
+        Ok(ClosingOutcome {
+            step: first,
+            completion: Some(closed),
+        })
     }
 
     /// Confirms a fenced run may go on: renews the lease to `now + ttl` and returns the status.

@@ -525,7 +525,7 @@ pub(crate) struct Lanes {
     /// Parks with their remote dispatches (`keiro_instances_park_dispatch`).
     pub(crate) parks: Lane<crate::park_batch::ParkRequest>,
     /// Journal appends (`keiro_journal_append_batch`).
-    pub(crate) appends: Lane<keiro_journal::Append>,
+    pub(crate) appends: Lane<crate::append_lane::AppendRequest>,
     /// Instance starts (`keiro_instances_start`).
     pub(crate) starts: Lane<keiro_journal::StartRequest>,
     /// Direct starts, leased to their callers (`keiro_instances_start_claimed`).

@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use keiro_journal::store::{Append, AppendOutcome, JournalStore, Park, ParkOutcome, Result};
+use keiro_journal::store::{
+    Append, AppendOutcome, ClosingOutcome, JournalStore, Park, ParkOutcome, Result,
+};
 use keiro_journal::{store_span, traced};
 use keiro_journal::{
     AwakeableOutcome, ChildSpawn, EncodedEvent, Event, Fence, Generation, Instance, InstanceKey,
@@ -22,7 +24,7 @@ use uuid::Uuid;
 use crate::batch::{in_batch_order, Batched, SlotHold};
 use crate::row::{self, column, instance_columns, malformed};
 use crate::store::span_ms;
-use crate::{awakeable, child, remote, signal, timer, PgStore};
+use crate::{append_lane, awakeable, child, remote, signal, timer, PgStore};
 
 pub(crate) const START: &str = "starting an instance";
 pub(crate) const GET: &str = "reading an instance";
@@ -258,7 +260,7 @@ const JOURNAL_APPEND: &str = "SELECT outcome, recorded, marker \
 
 /// Sends the requests at positions `pending` one at a time: those of one instance in their
 /// order, the instances side by side, so none waits behind another instance's lock.
-async fn alone_by_instance<'a, O, Fut>(
+pub(crate) async fn alone_by_instance<'a, O, Fut>(
     pending: &[usize],
     key: impl Fn(usize) -> &'a InstanceKey,
     send: impl Fn(usize) -> Fut,
@@ -288,7 +290,7 @@ where
 }
 
 /// One append alone: `keiro_journal_append_to`.
-async fn journal_append_one(
+pub(crate) async fn journal_append_one(
     store: &PgStore,
     append: &Append,
     slot: Option<&SlotHold>,
@@ -298,174 +300,6 @@ async fn journal_append_one(
         .query_one_in_slot(APPEND, JOURNAL_APPEND, &args.params(), slot)
         .await?;
     append_outcome(&row, APPEND, &append.key, append.fence.as_ref())
-}
-
-const JOURNAL_APPEND_BATCH: &str = "SELECT a.n, a.outcome, a.recorded, a.marker \
-     FROM keiro_journal_append_batch($1, $2, $3, $4, $5, $6, $7, $8, $9) a";
-
-/// Appends of several callers in one statement (see `batch`): an outcome per append, in the
-/// batch's order, each what `keiro_journal_append_to` would have answered. The statement
-/// carries the appends sorted by instance key, one per instance (the form the function
-/// journals without sorting, `sql/functions/journal.sql`); a second append to an instance is
-/// answered `None`, so it is sent alone once the batch has committed, after the first.
-async fn journal_append_many(
-    store: &PgStore,
-    all: &[Append],
-    slot: Option<&SlotHold>,
-) -> Result<Vec<Option<Result<AppendOutcome>>>> {
-    let sent = first_per_instance_in_key_order(all);
-    let appends: Vec<&Append> = sent.iter().map(|&i| &all[i]).collect();
-    let encoded: Vec<EncodedEvent> = appends.iter().map(|a| a.event.encode()).collect();
-    let names: Vec<&str> = appends.iter().map(|a| a.key.name.as_str()).collect();
-    let ids: Vec<&str> = appends.iter().map(|a| a.key.id.as_str()).collect();
-    let generations: Vec<Option<i32>> = appends.iter().map(|a| a.generation).collect();
-    let steps: Vec<&str> = encoded.iter().map(|e| e.step_name.as_str()).collect();
-    let kinds: Vec<&str> = encoded.iter().map(|e| e.kind).collect();
-    let payloads: Vec<&Value> = encoded.iter().map(|e| &e.payload).collect();
-    let owners: Vec<Option<&str>> = appends
-        .iter()
-        .map(|a| a.fence.as_ref().map(|f| f.owner.as_str()))
-        .collect();
-    let epochs: Vec<Option<i64>> = appends
-        .iter()
-        .map(|a| a.fence.as_ref().map(|f| f.epoch))
-        .collect();
-    let renew_ms: Vec<Option<i64>> = appends.iter().map(|a| a.renew.map(span_ms)).collect();
-    let rows = store
-        .query_in_slot(
-            APPEND,
-            JOURNAL_APPEND_BATCH,
-            &[
-                &names,
-                &ids,
-                &generations,
-                &steps,
-                &kinds,
-                &payloads,
-                &owners,
-                &epochs,
-                &renew_ms,
-            ],
-            slot,
-        )
-        .await?;
-    let answers = in_batch_order(&rows, appends.len(), APPEND, "n", |row, i| {
-        match column::<String>(row, "outcome", APPEND) {
-            // The instance's row was held by another transaction: sent alone.
-            Ok(outcome) if outcome == "busy" => None,
-            _ => Some(append_outcome(
-                row,
-                APPEND,
-                &appends[i].key,
-                appends[i].fence.as_ref(),
-            )),
-        }
-    });
-    let mut outcomes: Vec<Option<Result<AppendOutcome>>> = all.iter().map(|_| None).collect();
-    for (i, answer) in sent.into_iter().zip(answers) {
-        outcomes[i] = answer;
-    }
-    Ok(outcomes)
-}
-
-/// The positions of `appends` a batch statement carries: sorted by instance key in byte order
-/// (the order of `COLLATE "C"`, in which the batch locks instance rows), the first append of
-/// each instance only.
-fn first_per_instance_in_key_order(appends: &[Append]) -> Vec<usize> {
-    let key = |i: usize| (appends[i].key.name.as_str(), appends[i].key.id.as_str());
-    let mut order: Vec<usize> = (0..appends.len()).collect();
-    order.sort_by(|&a, &b| key(a).cmp(&key(b)).then(a.cmp(&b)));
-    order.dedup_by(|later, first| key(*later) == key(*first));
-    order
-}
-
-impl Batched for Append {
-    type Output = AppendOutcome;
-
-    const OPERATION: &'static str = APPEND;
-
-    const NAME: &'static str = "journal_append";
-
-    /// The markers that close a generation by cancel or continue-as-new lock the live remote
-    /// tasks of the instance before its row (migration 0010), an order a batch sorted by
-    /// instance cannot keep: they go alone (they are rare).
-    fn batchable(&self) -> bool {
-        matches!(
-            self.event,
-            Event::StepRecorded { .. }
-                | Event::WorkflowCompleted { .. }
-                | Event::WorkflowFailed { .. }
-        )
-    }
-
-    async fn send_many(
-        store: &PgStore,
-        batch: &[Self],
-        slot: Option<&SlotHold>,
-    ) -> Result<Vec<Option<Result<AppendOutcome>>>> {
-        journal_append_many(store, batch, slot).await
-    }
-
-    async fn send_one(
-        store: &PgStore,
-        append: &Self,
-        slot: Option<&SlotHold>,
-    ) -> Result<AppendOutcome> {
-        journal_append_one(store, append, slot).await
-    }
-}
-
-/// `journal_append` through the store's append lane: concurrent appends share a transaction.
-async fn journal_append(store: &PgStore, append: &Append) -> Result<AppendOutcome> {
-    appendable(append)?;
-    store.lanes().appends.call(store, append.clone()).await
-}
-
-/// Several appends at once: one statement when batching is on (falling back to one append at
-/// a time when it fails as a whole), else one transaction each. An instance with an append a
-/// batch may not carry has all its appends sent alone, in their order, after the batch.
-async fn journal_append_batch(store: &PgStore, appends: &[Append]) -> Vec<Result<AppendOutcome>> {
-    let mut outcomes: Vec<Option<Result<AppendOutcome>>> = appends
-        .iter()
-        .map(|a| appendable(a).err().map(Err))
-        .collect();
-    let alone: std::collections::HashSet<&InstanceKey> = appends
-        .iter()
-        .filter(|a| !a.batchable())
-        .map(|a| &a.key)
-        .collect();
-    let batched: Vec<usize> = (0..appends.len())
-        .filter(|&i| outcomes[i].is_none() && !alone.contains(&appends[i].key))
-        .collect();
-    if store.batching() && batched.len() > 1 {
-        let batch: Vec<Append> = batched.iter().map(|&i| appends[i].clone()).collect();
-        match journal_append_many(store, &batch, None).await {
-            Ok(answers) => {
-                for (&i, answer) in batched.iter().zip(answers) {
-                    outcomes[i] = answer;
-                }
-            }
-            Err(error) => {
-                tracing::debug!(%error, appends = batch.len(), "an append batch failed as a whole; appending one by one");
-            }
-        }
-    }
-    let pending: Vec<usize> = (0..appends.len())
-        .filter(|&i| outcomes[i].is_none())
-        .collect();
-    let sent = alone_by_instance(
-        &pending,
-        |i| &appends[i].key,
-        |i| journal_append_one(store, &appends[i], None),
-    )
-    .await;
-    for (i, answer) in sent {
-        outcomes[i] = Some(answer);
-    }
-    outcomes
-        .into_iter()
-        .map(|o| o.expect("every append was answered by the batch or alone"))
-        .collect()
 }
 
 /// Refuses an event `journal_append` does not take.
@@ -738,12 +572,29 @@ impl JournalStore for PgStore {
             key = append.key,
             keiro.workflow.step = %append.event.step_name()
         );
-        traced(span, journal_append(self, append)).await
+        traced(span, append_lane::journal_append(self, append)).await
     }
 
     async fn journal_append_batch(&self, appends: &[Append]) -> Vec<Result<AppendOutcome>> {
         let span = store_span!("journal_append_batch", keiro.store.len = appends.len());
-        traced(span, journal_append_batch(self, appends)).await
+        traced(span, append_lane::journal_append_batch(self, appends)).await
+    }
+
+    async fn journal_append_closing(
+        &self,
+        step: &Append,
+        completion: &Append,
+    ) -> Result<ClosingOutcome> {
+        let span = store_span!(
+            "journal_append_closing",
+            key = step.key,
+            keiro.workflow.step = %step.event.step_name()
+        );
+        traced(
+            span,
+            append_lane::journal_append_closing(self, step, completion),
+        )
+        .await
     }
 
     async fn instances_start(&self, requests: &[StartRequest]) -> Vec<Result<Started>> {
@@ -919,41 +770,5 @@ impl JournalStore for PgStore {
     ) -> Result<(ParkOutcome, Vec<RemoteArmOutcome>)> {
         let span = store_span!("instance_park_dispatch", key = park.key);
         traced(span, crate::park_batch::park_dispatch(self, park, arms)).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use keiro_journal::store::Append;
-    use keiro_journal::{Event, InstanceKey, StepKind};
-    use serde_json::json;
-
-    use super::first_per_instance_in_key_order;
-
-    fn append(name: &str, id: &str) -> Append {
-        Append {
-            key: InstanceKey::parse(name, id).expect("a valid key"),
-            generation: Some(0),
-            event: Event::StepRecorded {
-                step: "s".to_owned(),
-                kind: StepKind::Step,
-                result: json!(null),
-            },
-            fence: None,
-            renew: None,
-        }
-    }
-
-    #[test]
-    fn a_batch_carries_the_first_append_of_each_instance_in_byte_order() {
-        // Byte order, as `COLLATE "C"`: upper case before lower case, "a-2" before "a2".
-        let appends = [
-            append("w", "b"),
-            append("w", "a2"),
-            append("W", "z"),
-            append("w", "b"),
-            append("w", "a-2"),
-        ];
-        assert_eq!(first_per_instance_in_key_order(&appends), [2, 4, 1, 0]);
     }
 }

@@ -65,6 +65,7 @@
 //! rows that do not read as keiro data are `Malformed`. Connecting, configuring and migrating
 //! return this crate's [`Error`].
 
+mod append_lane;
 mod awaited;
 mod awakeable;
 mod batch;

@@ -677,3 +677,217 @@ async fn appends_in_any_order_share_the_batch_path_but_a_repeated_instance() -> 
     );
     Ok(())
 }
+
+fn completion(k: &InstanceKey, fence: Option<&Fence>, output: serde_json::Value) -> Append {
+    Append {
+        key: k.clone(),
+        generation: Some(0),
+        event: Event::WorkflowCompleted { output },
+        fence: fence.cloned(),
+        renew: fence.map(|_| TTL),
+    }
+}
+
+/// How many transactions wrote `k`'s journal rows (their distinct `xmin`).
+async fn journal_transactions(
+    store: &PgStore,
+    k: &InstanceKey,
+) -> Result<i64, tokio_postgres::Error> {
+    let row = sql(store)
+        .await
+        .expect("a connection")
+        .query_one(
+            "SELECT count(DISTINCT xmin::text) FROM journal \
+             WHERE workflow_name = $1 AND workflow_id = $2",
+            &[&k.name.as_str(), &k.id.as_str()],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+/// A run's last step and its completion are one statement, one transaction and the batch
+/// function's fast path (no call of `keiro_journal_append_to`), with batching on or off.
+#[tokio::test]
+async fn a_closing_pair_is_one_statement_and_one_transaction() -> TestResult {
+    let db = TestDb::new().await;
+    for batching in [true, false] {
+        let mut config = db.config().batching(batching);
+        config.pool_size = 1;
+        let separator = if config.url.contains('?') { '&' } else { '?' };
+        config.url = format!("{}{separator}options=-c%20track_functions%3Dpl", config.url);
+        let store = PgStore::connect(config).await?;
+        let mut runs = Vec::new();
+        for i in 0..2 {
+            runs.push(claimed(&store, &format!("pair-{batching}-{i}")).await?);
+        }
+        let calls = |function: &'static str| {
+            let (store, schema) = (store.clone(), db.schema().to_owned());
+            async move {
+                let client = sql(&store).await.expect("a connection");
+                client
+                    .batch_execute("SELECT pg_stat_force_next_flush()")
+                    .await?;
+                let row = client
+                    .query_opt(
+                        "SELECT calls FROM pg_stat_user_functions \
+                         WHERE schemaname = $1 AND funcname = $2",
+                        &[&schema, &function],
+                    )
+                    .await?;
+                Ok::<i64, tokio_postgres::Error>(row.map_or(0, |r| r.get(0)))
+            }
+        };
+        let slow_before = calls("keiro_journal_append_to").await?;
+        let sent = round_trips_of(&store, |i| {
+            let (k, fence) = runs[usize::try_from(i).expect("0 or 1")].clone();
+            let store = store.clone();
+            async move {
+                let outcome = store
+                    .journal_append_closing(
+                        &step(&k, Some(&fence), "last"),
+                        &completion(&k, Some(&fence), json!("done")),
+                    )
+                    .await?;
+                assert_eq!(outcome.step, AppendOutcome::Appended);
+                assert_eq!(outcome.completion, Some(AppendOutcome::Appended));
+                Ok(())
+            }
+        })
+        .await?;
+        assert_eq!(sent, 1, "one round trip, batching {batching}");
+        assert_eq!(
+            calls("keiro_journal_append_to").await? - slow_before,
+            0,
+            "the fast path, batching {batching}"
+        );
+        for (k, _) in &runs {
+            assert_eq!(status(&store, k).await?, Status::Completed);
+            assert_eq!(
+                committed_steps(&store, k).await?,
+                ["last", "__workflow_completed__"]
+            );
+            assert_eq!(journal_transactions(&store, k).await?, 1, "{k}");
+        }
+    }
+    Ok(())
+}
+
+/// Runs ending at once share statements, each pair still in one transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_closing_pairs_share_statements() -> TestResult {
+    const RUNS: usize = 48;
+    let db = TestDb::new().await;
+    let store = db.store();
+    let runs = claimed_runs(&store, "p", RUNS).await?;
+    let warm: Vec<Append> = runs.iter().map(|(k, f)| step(k, Some(f), "warm")).collect();
+    store.journal_append_batch(&warm).await;
+    let before = store.round_trips();
+    let mut tasks = tokio::task::JoinSet::new();
+    for (k, fence) in runs.clone() {
+        let store = store.clone();
+        tasks.spawn(async move {
+            store
+                .journal_append_closing(
+                    &step(&k, Some(&fence), "last"),
+                    &completion(&k, Some(&fence), json!(k.id.clone())),
+                )
+                .await
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        let outcome = joined??;
+        assert_eq!(outcome.step, AppendOutcome::Appended);
+        assert_eq!(outcome.completion, Some(AppendOutcome::Appended));
+    }
+    let sent = store.round_trips() - before;
+    assert!(
+        sent < u64::try_from(RUNS / 2)?,
+        "{RUNS} concurrent closing pairs took {sent} round trips"
+    );
+    for (k, _) in &runs {
+        assert_eq!(status(&store, k).await?, Status::Completed, "{k}");
+        assert_eq!(
+            committed_steps(&store, k).await?,
+            ["warm", "last", "__workflow_completed__"]
+        );
+        assert_eq!(
+            journal_transactions(&store, k).await?,
+            2,
+            "the warm-up, the pair: {k}"
+        );
+    }
+    Ok(())
+}
+
+/// A batch the function takes request by request (here out of key order) keeps a closing
+/// pair's condition: the completion of a step whose journal holds another value is not tried
+/// (`skipped`); a pair whose step recorded its own value closes its row.
+#[tokio::test]
+async fn a_closing_pair_taken_request_by_request_completes_only_over_its_own_value() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let (a, b, c) = (key("gc", "a"), key("gc", "b"), key("gc", "c"));
+    for k in [&a, &b, &c] {
+        store.instance_start(&start(k, json!(null))).await?;
+    }
+    store.journal_append(&step(&a, None, "x")).await?;
+
+    // c, then a's pair (its step `x` recorded with another value), then b's pair.
+    let names = ["gc"; 5];
+    let ids = ["c", "a", "a", "b", "b"];
+    let generations = [Some(0_i32); 5];
+    let steps = [
+        "s",
+        "x",
+        "__workflow_completed__",
+        "x",
+        "__workflow_completed__",
+    ];
+    let kinds = ["step", "step", "completed", "step", "completed"];
+    let payloads = [
+        json!("s"),
+        json!("other"),
+        json!("a"),
+        json!("x"),
+        json!("b"),
+    ];
+    let unfenced: [Option<&str>; 5] = [None; 5];
+    let no_numbers: [Option<i64>; 5] = [None; 5];
+    let rows = sql(&store)
+        .await?
+        .query(
+            "SELECT n, outcome FROM keiro_journal_append_batch($1, $2, $3, $4, $5, $6, $7, \
+             $8, $9) ORDER BY n",
+            &[
+                &&names[..],
+                &&ids[..],
+                &&generations[..],
+                &&steps[..],
+                &&kinds[..],
+                &&payloads[..],
+                &&unfenced[..],
+                &&no_numbers[..],
+                &&no_numbers[..],
+            ],
+        )
+        .await?;
+    let outcomes: Vec<(i32, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(
+        outcomes,
+        [
+            (1, "appended".to_owned()),
+            (2, "already_present".to_owned()),
+            (3, "skipped".to_owned()),
+            (4, "appended".to_owned()),
+            (5, "appended".to_owned()),
+        ]
+    );
+    assert_eq!(status(&store, &a).await?, Status::Running);
+    assert_eq!(committed_steps(&store, &a).await?, ["x"]);
+    assert_eq!(status(&store, &b).await?, Status::Completed);
+    assert_eq!(
+        committed_steps(&store, &b).await?,
+        ["x", "__workflow_completed__"]
+    );
+    Ok(())
+}

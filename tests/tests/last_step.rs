@@ -1,0 +1,290 @@
+//! A run's last step shares its completion's commit (issue 15): the step's append is held back
+//! until the body shows what it does next, and goes with the completion when the body returns.
+//! Held back, it is still journaled before the body does anything else that lasts, and a
+//! journal that holds another value for it is never completed. Both stores.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use keiro::{
+    workflow_fn, Append, ClaimOutcome, Ctx, Event, JournalStore, RunError, RunOptions, RunOutcome,
+    Status, StepKind, WorkflowDef, WorkflowError,
+};
+use keiro_journal::StartRequest;
+use keiro_tests::counting::CountingStore;
+use keiro_tests::{key, on_both_stores, Harness, Ledger, TestResult};
+use serde_json::{json, Value};
+
+on_both_stores!(
+    the_last_step_and_the_completion_are_one_store_call,
+    a_held_back_step_is_journaled_before_the_body_waits_on_anything_else,
+    a_held_back_step_meeting_another_value_never_completes_the_run,
+    a_stale_lease_writes_neither_the_last_step_nor_the_completion,
+);
+
+const TTL: Duration = Duration::from_secs(60);
+
+/// Three counted steps; returns the sum of the input and the step results.
+struct Sum {
+    ledger: Ledger,
+}
+
+impl WorkflowDef for Sum {
+    const NAME: &'static str = "sum";
+    type Input = u64;
+    type Output = u64;
+
+    async fn run(&self, ctx: Ctx, base: u64) -> Result<u64, WorkflowError> {
+        let mut total = base;
+        for i in 0..3_u64 {
+            let ledger = self.ledger.clone();
+            total += ctx
+                .step(&format!("step-{i}"), || async move {
+                    ledger.bump(&format!("step-{i}"));
+                    Ok::<_, Infallible>(i)
+                })
+                .await?;
+        }
+        Ok(total)
+    }
+}
+
+/// The stored step names of `k`'s journal, in order.
+async fn steps(
+    h: &Harness,
+    k: &keiro::InstanceKey,
+) -> Result<Vec<(String, Value)>, keiro::StoreError> {
+    Ok(h.store
+        .journal_history(k)
+        .await?
+        .into_iter()
+        .map(|e| {
+            let encoded = e.event.encode();
+            (encoded.step_name, encoded.payload)
+        })
+        .collect())
+}
+
+/// Starts `id` of workflow `name` with `input` and claims it for `owner`.
+async fn claimed(
+    h: &Harness,
+    name: &str,
+    id: &str,
+    owner: &str,
+) -> Result<Box<keiro_lease::Claim>, Box<dyn std::error::Error + Send + Sync>> {
+    let k = key(name, id);
+    h.store
+        .instance_start(&StartRequest {
+            key: k.clone(),
+            input: json!(null),
+            parent: None,
+            priority: 0,
+        })
+        .await?;
+    match h.store.instance_claim(&k, owner, TTL, None).await? {
+        ClaimOutcome::Acquired(claim) => Ok(claim),
+        other => panic!("claim of {k} refused: {other:?}"),
+    }
+}
+
+fn fenced(claim: &keiro_lease::Claim) -> RunOptions {
+    RunOptions {
+        fence: Some(claim.fence.clone()),
+        ..RunOptions::new(TTL)
+    }
+}
+
+async fn the_last_step_and_the_completion_are_one_store_call(h: Harness) -> TestResult {
+    let counting = CountingStore::new(h.store.clone());
+    let ledger = Ledger::default();
+    let worker = keiro::WorkerBuilder::new(Arc::new(counting.clone()))
+        .options(h.fast_options())
+        .register_workflow_with(Sum {
+            ledger: ledger.clone(),
+        })
+        .build()?;
+    assert_eq!(worker.run_workflow::<Sum>("s-1", &10).await?, 13);
+
+    // The first two steps alone; the third with the completion.
+    assert_eq!(counting.calls("journal_append"), 2);
+    assert_eq!(counting.calls("journal_append_closing"), 1);
+    let k = key("sum", "s-1");
+    let names: Vec<String> = steps(&h, &k).await?.into_iter().map(|(n, _)| n).collect();
+    assert_eq!(
+        names,
+        ["step-0", "step-1", "step-2", "__workflow_completed__"]
+    );
+    let row = h.store.instance_get(&k).await?.expect("row");
+    assert_eq!(
+        (row.status, row.output, row.lease_owner),
+        (Status::Completed, Some(json!(13)), None)
+    );
+    assert_eq!(
+        (
+            ledger.count("step-0"),
+            ledger.count("step-1"),
+            ledger.count("step-2")
+        ),
+        (1, 1, 1)
+    );
+    Ok(())
+}
+
+async fn a_held_back_step_is_journaled_before_the_body_waits_on_anything_else(
+    h: Harness,
+) -> TestResult {
+    let claim = claimed(&h, "waits", "w-1", "w").await?;
+    let k = claim.instance.key.clone();
+    let reached = Arc::new(tokio::sync::Notify::new());
+    let (release, released) = tokio::sync::watch::channel(false);
+    let workflow = {
+        let reached = reached.clone();
+        workflow_fn(move |ctx: Ctx, _: Value| {
+            let (reached, mut released) = (reached.clone(), released.clone());
+            async move {
+                let a: u32 = ctx.step("a", || async { Ok::<_, Infallible>(1) }).await?;
+                // Something of the body's own that takes long: not the context.
+                reached.notify_one();
+                released
+                    .wait_for(|go| *go)
+                    .await
+                    .map_err(|e| WorkflowError::Halted {
+                        reason: e.to_string(),
+                    })?;
+                let b: u32 = ctx.step("b", || async { Ok::<_, Infallible>(2) }).await?;
+                Ok(a + b)
+            }
+        })
+    };
+    let store: Arc<dyn JournalStore> = h.store.clone();
+    let options = fenced(&claim);
+    let run = tokio::spawn({
+        let claim = claim.clone();
+        async move {
+            keiro_journal::drive(store, &*workflow, &claim.instance, &claim.journal, options)
+                .await
+                .result
+        }
+    });
+    reached.notified().await;
+    // The body waits on its own; its step is journaled meanwhile.
+    let mut journaled = Vec::new();
+    for _ in 0..200 {
+        journaled = steps(&h, &k).await?;
+        if !journaled.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(journaled, [("a".to_owned(), json!(1))]);
+    release.send_replace(true);
+    assert_eq!(run.await??, RunOutcome::Completed(json!(3)));
+    let names: Vec<String> = steps(&h, &k).await?.into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["a", "b", "__workflow_completed__"]);
+    Ok(())
+}
+
+/// The body went on with its own value: a journal that recorded another for the step (a
+/// writer racing the run) is not completed with an output computed from it. The next drive
+/// replays the recorded value and completes with that.
+async fn a_held_back_step_meeting_another_value_never_completes_the_run(h: Harness) -> TestResult {
+    let claim = claimed(&h, "raced", "r-1", "w").await?;
+    let k = claim.instance.key.clone();
+    let workflow = {
+        let store = h.store.clone();
+        let k = k.clone();
+        workflow_fn(move |ctx: Ctx, _: Value| {
+            let (store, k) = (store.clone(), k.clone());
+            async move {
+                let x: String = ctx
+                    .step("x", || async move {
+                        // Another writer records this step first.
+                        store
+                            .journal_append(&Append::external(
+                                k.clone(),
+                                Event::StepRecorded {
+                                    step: "x".into(),
+                                    kind: StepKind::Step,
+                                    result: json!("theirs"),
+                                },
+                            ))
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        Ok::<_, String>("mine".to_owned())
+                    })
+                    .await?;
+                Ok(format!("out-{x}"))
+            }
+        })
+    };
+    let store: Arc<dyn JournalStore> = h.store.clone();
+    let first = keiro_journal::drive(
+        store.clone(),
+        &*workflow,
+        &claim.instance,
+        &claim.journal,
+        fenced(&claim),
+    )
+    .await
+    .result;
+    assert!(
+        matches!(&first, Ok(RunOutcome::Completed(output)) if output == &json!("out-theirs"))
+            || matches!(&first, Err(RunError::Conflict { .. })),
+        "never completed with the body's own value: {first:?}"
+    );
+    if first.is_err() {
+        assert_eq!(
+            h.store.instance_get(&k).await?.expect("row").status,
+            Status::Running
+        );
+        assert_eq!(steps(&h, &k).await?, [("x".to_owned(), json!("theirs"))]);
+        // Driven again (same lease): the recorded value wins.
+        let journal = h.store.journal_load(&k, 0).await?;
+        let again =
+            keiro_journal::drive(store, &*workflow, &claim.instance, &journal, fenced(&claim))
+                .await
+                .result?;
+        assert_eq!(again, RunOutcome::Completed(json!("out-theirs")));
+    }
+    let row = h.store.instance_get(&k).await?.expect("row");
+    assert_eq!(
+        (row.status, row.output),
+        (Status::Completed, Some(json!("out-theirs")))
+    );
+    Ok(())
+}
+
+async fn a_stale_lease_writes_neither_the_last_step_nor_the_completion(h: Harness) -> TestResult {
+    let claim = claimed(&h, "stale", "s-1", "w").await?;
+    let k = claim.instance.key.clone();
+    h.store.instance_lease_force_release(&k).await?;
+    let ClaimOutcome::Acquired(_) = h.store.instance_claim(&k, "other", TTL, None).await? else {
+        panic!("takeover refused")
+    };
+    let workflow = workflow_fn(|ctx: Ctx, _: Value| async move {
+        let a: u32 = ctx.step("a", || async { Ok::<_, Infallible>(1) }).await?;
+        Ok(a)
+    });
+    let store: Arc<dyn JournalStore> = h.store.clone();
+    let result = keiro_journal::drive(
+        store,
+        &*workflow,
+        &claim.instance,
+        &claim.journal,
+        fenced(&claim),
+    )
+    .await
+    .result;
+    assert!(
+        matches!(result, Err(RunError::LeaseLost { .. })),
+        "{result:?}"
+    );
+    assert_eq!(steps(&h, &k).await?, []);
+    let row = h.store.instance_get(&k).await?.expect("row");
+    assert_eq!(
+        (row.status, row.lease_owner.as_deref()),
+        (Status::Running, Some("other"))
+    );
+    Ok(())
+}
