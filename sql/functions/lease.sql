@@ -218,6 +218,15 @@ $$;
 -- their locks go with the commit; a concurrent claimer only skips them meanwhile. plpgsql, so
 -- the statement's plan is cached (a LANGUAGE sql function whose body has a data-modifying CTE
 -- is never inlined, so it was planned again on every call).
+--
+-- The journals are read by a second statement, after the claim. FOR UPDATE locks the newest
+-- version of a row, re-checking the WHERE clause on it, when another transaction changed the
+-- row after this statement's snapshot was taken: a claim that started before another worker
+-- claimed a row, ran a step, parked and was woken can still take the row once it is claimable
+-- again, and a journal read in the claim's own statement would be that old snapshot's, without
+-- the step, which the run would then run again (seen in `keiro chaos`: a step's witness written
+-- after the step was journaled). The second statement's snapshot is taken after the locks:
+-- every append to these rows committed before it, and none can commit before this transaction.
 CREATE OR REPLACE FUNCTION keiro_instances_claim_batch(p_names text[], p_owner text,
                                                        p_ttl_ms bigint, p_limit integer,
                                                        p_now timestamptz)
@@ -227,9 +236,9 @@ RETURNS TABLE (instance workflows, journal_seq bigint[], journal_step text[],
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := coalesce(p_now, now());
+    v_now     timestamptz := coalesce(p_now, now());
+    v_claimed workflows[];
 BEGIN
-    RETURN QUERY
     WITH running AS (
         SELECT w.workflow_name, w.workflow_id, w.priority, w.created_at
         FROM workflows w
@@ -265,18 +274,24 @@ BEGIN
         WHERE w.workflow_name = p.workflow_name AND w.workflow_id = p.workflow_id
         RETURNING w.*
     )
-    SELECT ROW(c.*)::workflows,
-           j.seqs, j.steps, j.kinds, j.payloads, j.recorded
-    FROM claimed c
+    SELECT array_agg(ROW(c.*)::workflows
+                     ORDER BY c.priority DESC, c.created_at, c.workflow_name, c.workflow_id)
+    INTO v_claimed
+    FROM claimed c;
+
+    RETURN QUERY
+    SELECT v_claimed[i], j.seqs, j.steps, j.kinds, j.payloads, j.recorded
+    FROM generate_subscripts(v_claimed, 1) AS i
     LEFT JOIN LATERAL (
         SELECT array_agg(jr.seq) AS seqs, array_agg(jr.step_name) AS steps,
                array_agg(jr.kind) AS kinds, array_agg(jr.payload) AS payloads,
                array_agg(jr.recorded_at) AS recorded
         FROM journal jr
-        WHERE jr.workflow_name = c.workflow_name AND jr.workflow_id = c.workflow_id
-          AND jr.generation = c.generation
+        WHERE jr.workflow_name = (v_claimed[i]).workflow_name
+          AND jr.workflow_id = (v_claimed[i]).workflow_id
+          AND jr.generation = (v_claimed[i]).generation
     ) j ON true
-    ORDER BY c.priority DESC, c.created_at, c.workflow_name, c.workflow_id;
+    ORDER BY i;
 END;
 $$;
 
