@@ -384,6 +384,7 @@ DECLARE
     v_row         workflows%ROWTYPE;
     -- Indexed by request: whether it is the completion of a closing pair (see above).
     v_closes      boolean[] := '{}';
+    v_pairs       boolean := false;
     v_prev        integer;
     v_recorded_ok boolean;
     v_outcome     text;
@@ -393,18 +394,22 @@ BEGIN
     -- 0. Sorted by key, each instance once (or as a closing pair)? Otherwise every request
     -- goes alone, in key order.
     FOR k IN 2 .. coalesce(array_length(p_names, 1), 0) LOOP
-        v_closes[k] := (p_names[k], p_ids[k]) = (p_names[k - 1], p_ids[k - 1])
-            AND p_kinds[k] = 'completed'
-            AND p_kinds[k - 1] NOT IN ('completed', 'failed', 'cancelled', 'continued')
-            AND NOT coalesce(v_closes[k - 1], false)
-            AND p_generations[k] IS NOT DISTINCT FROM p_generations[k - 1]
-            AND p_owners[k] IS NOT DISTINCT FROM p_owners[k - 1]
-            AND p_epochs[k] IS NOT DISTINCT FROM p_epochs[k - 1];
-        IF NOT v_closes[k] AND v_slow IS NULL
-           AND (p_names[k] COLLATE "C", p_ids[k] COLLATE "C") <= (p_names[k - 1], p_ids[k - 1])
-        THEN
-            SELECT array_agg(u.n ORDER BY u.name COLLATE "C", u.id COLLATE "C", u.n) INTO v_slow
-            FROM unnest(p_names, p_ids) WITH ORDINALITY AS u (name, id, n);
+        IF (p_names[k] COLLATE "C", p_ids[k] COLLATE "C") <= (p_names[k - 1], p_ids[k - 1]) THEN
+            IF (p_names[k], p_ids[k]) = (p_names[k - 1], p_ids[k - 1])
+               AND p_kinds[k] = 'completed'
+               AND p_kinds[k - 1] NOT IN ('completed', 'failed', 'cancelled', 'continued')
+               AND NOT coalesce(v_closes[k - 1], false)
+               AND p_generations[k] IS NOT DISTINCT FROM p_generations[k - 1]
+               AND p_owners[k] IS NOT DISTINCT FROM p_owners[k - 1]
+               AND p_epochs[k] IS NOT DISTINCT FROM p_epochs[k - 1]
+            THEN
+                v_closes[k] := true;
+                v_pairs := true;
+            ELSIF v_slow IS NULL THEN
+                SELECT array_agg(u.n ORDER BY u.name COLLATE "C", u.id COLLATE "C", u.n)
+                INTO v_slow
+                FROM unnest(p_names, p_ids) WITH ORDINALITY AS u (name, id, n);
+            END IF;
         END IF;
     END LOOP;
 
@@ -424,7 +429,7 @@ BEGIN
                        WHEN NOT f.fast THEN 1
                        WHEN r.kind = 'completed' THEN
                            CASE WHEN w.parent_step IS NULL THEN 5 ELSE 6 END
-                       WHEN coalesce(v_closes[r.n + 1], false) THEN 2
+                       WHEN v_pairs AND coalesce(v_closes[r.n + 1], false) THEN 2
                        WHEN w.status = 'suspended' THEN 4
                        WHEN r.owner IS NULL OR r.renew_ms IS NULL OR w.lease_expires_at IS NULL
                             OR w.lease_expires_at
@@ -458,7 +463,7 @@ BEGIN
         -- A closing pair's two rows lock one instance row, so they class alike, but for a row
         -- another transaction let go between the two: its step busy, its completion journaled.
         -- The batch is then undone whole, and the store sends each request alone.
-        IF v_closes && '{true}'::boolean[] THEN
+        IF v_pairs THEN
             FOR k IN 2 .. array_length(v_class, 1) LOOP
                 IF v_closes[k] AND least(v_class[k - 1], 2) <> least(v_class[k], 2) THEN
                     RAISE EXCEPTION 'closing pair of %/% split: classes % and %',
@@ -521,7 +526,9 @@ BEGIN
         WHERE c.class <> 1;
     END IF;
     FOREACH i IN ARRAY v_slow LOOP
-        IF coalesce(v_closes[i], false) AND v_prev = i - 1 AND NOT v_recorded_ok THEN
+        IF v_pairs AND coalesce(v_closes[i], false) AND v_prev = i - 1
+           AND NOT v_recorded_ok
+        THEN
             RETURN QUERY SELECT i, 'skipped'::text, NULL::jsonb, NULL::text;
         ELSE
             SELECT a.outcome, a.recorded, a.marker INTO v_outcome, v_recorded, v_marker
