@@ -77,6 +77,36 @@ pub struct ClosingOutcome {
     pub completion: Option<AppendOutcome>,
 }
 
+/// [`JournalStore::journal_append_closing`] as two appends made by `append`, one after the
+/// other: the step, then the completion only if the step left its own value. The trait's
+/// default, and the fallback of a store whose one-transaction form failed as a whole.
+///
+/// # Errors
+///
+/// The error of whichever append failed.
+pub async fn closing_one_after_the_other<'a, F, Fut>(
+    step: &'a Append,
+    completion: &'a Append,
+    append: F,
+) -> Result<ClosingOutcome>
+where
+    F: Fn(&'a Append) -> Fut,
+    Fut: std::future::Future<Output = Result<AppendOutcome>>,
+{
+    let first = append(step).await?;
+    if !step.recorded_by(&first) {
+        return Ok(ClosingOutcome {
+            step: first,
+            completion: None,
+        });
+    }
+    let closed = append(completion).await?;
+    Ok(ClosingOutcome {
+        step: first,
+        completion: Some(closed),
+    })
+}
+
 /// What an append did. The four outcomes are exhaustive for a well-formed request.
 #[derive(Debug, Clone, PartialEq)]
 pub enum AppendOutcome {
@@ -302,18 +332,7 @@ pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
         step: &Append,
         completion: &Append,
     ) -> Result<ClosingOutcome> {
-        let first = self.journal_append(step).await?;
-        if !step.recorded_by(&first) {
-            return Ok(ClosingOutcome {
-                step: first,
-                completion: None,
-            });
-        }
-        let closed = self.journal_append(completion).await?;
-        Ok(ClosingOutcome {
-            step: first,
-            completion: Some(closed),
-        })
+        closing_one_after_the_other(step, completion, |append| self.journal_append(append)).await
     }
 
     /// Confirms a fenced run may go on: renews the lease to `now + ttl` and returns the status.

@@ -8,7 +8,9 @@
 //! it is still one statement; should that statement fail as a whole too, the step and then the
 //! completion go one after the other, with the same condition.
 
-use keiro_journal::store::{Append, AppendOutcome, ClosingOutcome, Result};
+use keiro_journal::store::{
+    closing_one_after_the_other, Append, AppendOutcome, ClosingOutcome, Result,
+};
 use keiro_journal::{EncodedEvent, Event, InstanceKey};
 use serde_json::Value;
 
@@ -200,18 +202,10 @@ async fn closing_alone(
             tracing::debug!(%error, key = %step.key, "a closing pair failed as a whole; appending its step and then its completion");
         }
     }
-    let first = journal_append_one(store, step, None).await?;
-    if !step.recorded_by(&first) {
-        return Ok(ClosingOutcome {
-            step: first,
-            completion: None,
-        });
-    }
-    let closed = journal_append_one(store, completion, None).await?;
-    Ok(ClosingOutcome {
-        step: first,
-        completion: Some(closed),
+    closing_one_after_the_other(step, completion, |append| {
+        journal_append_one(store, append, None)
     })
+    .await
 }
 
 impl Batched for AppendRequest {
@@ -288,18 +282,10 @@ pub(crate) async fn journal_append_closing(
         && step.generation == completion.generation
         && step.fence == completion.fence;
     if !pairs {
-        let first = journal_append(store, step).await?;
-        if !step.recorded_by(&first) {
-            return Ok(ClosingOutcome {
-                step: first,
-                completion: None,
-            });
-        }
-        let closed = journal_append(store, completion).await?;
-        return Ok(ClosingOutcome {
-            step: first,
-            completion: Some(closed),
-        });
+        return closing_one_after_the_other(step, completion, |append| {
+            journal_append(store, append)
+        })
+        .await;
     }
     let request = AppendRequest::Closing {
         step: step.clone(),
