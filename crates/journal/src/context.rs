@@ -334,7 +334,9 @@ impl Ctx {
         &self.inner.options
     }
 
-    /// The store the run journals to, for keiro's own wake sources.
+    /// The store the run journals to, for keiro's own wake sources. The run's last step may
+    /// still be held back (`held_back`): a journal write through it comes after a call that
+    /// sends that step first (`before_fresh_work`, or `send_held_back`).
     #[doc(hidden)]
     pub fn store(&self) -> &Arc<dyn JournalStore> {
         &self.inner.store
