@@ -257,3 +257,19 @@ pub async fn run_with(
         .await
         .result
 }
+
+/// The stored step names and payloads of `key`'s journal, every generation, in append order.
+pub async fn journal_steps(
+    h: &Harness,
+    key: &InstanceKey,
+) -> Result<Vec<(String, serde_json::Value)>, keiro::StoreError> {
+    Ok(h.store
+        .journal_history(key)
+        .await?
+        .into_iter()
+        .map(|e| {
+            let encoded = e.event.encode();
+            (encoded.step_name, encoded.payload)
+        })
+        .collect())
+}

@@ -11,8 +11,11 @@ pub mod pg;
 pub mod remote_fixtures;
 pub mod status;
 pub mod worker;
+pub mod workflows;
 
 pub use faulty::FaultyStore;
-pub use harness::{crash, key, run_inline, run_with, Backend, Harness, Ledger, TestResult};
+pub use harness::{
+    crash, journal_steps, key, run_inline, run_with, Backend, Harness, Ledger, TestResult,
+};
 pub use status::{status, until, until_status};
 pub use worker::{spawn_worker, RunningWorker};

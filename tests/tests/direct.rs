@@ -15,6 +15,7 @@ use keiro::{
 };
 use keiro_journal::StartRequest;
 use keiro_tests::counting::CountingStore;
+use keiro_tests::workflows::Sum;
 use keiro_tests::{key, on_both_stores, Backend, Harness, Ledger, TestResult};
 
 on_both_stores!(
@@ -28,31 +29,6 @@ on_both_stores!(
     a_direct_run_that_continues_as_new_is_driven_on_here,
     two_direct_runs_of_one_id_run_its_body_once,
 );
-
-/// Three counted steps, then the sum of the input and the step results.
-struct Sum {
-    ledger: Ledger,
-}
-
-impl WorkflowDef for Sum {
-    const NAME: &'static str = "sum";
-    type Input = u64;
-    type Output = u64;
-
-    async fn run(&self, ctx: Ctx, base: u64) -> Result<u64, WorkflowError> {
-        let mut total = base;
-        for i in 0..3_u64 {
-            let ledger = self.ledger.clone();
-            total += ctx
-                .step(&format!("step-{i}"), || async move {
-                    ledger.bump(&format!("step-{i}"));
-                    Ok::<_, Infallible>(i)
-                })
-                .await?;
-        }
-        Ok(total)
-    }
-}
 
 /// A worker on `store` with the harness's fast options and `Sum` registered.
 fn sum_worker(h: &Harness, store: Arc<dyn keiro::LeaseStore>, ledger: &Ledger) -> Worker {

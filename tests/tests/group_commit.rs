@@ -9,7 +9,7 @@ use keiro::{Append, AppendOutcome, Event, Fence, Marker, Status, StepKind};
 use keiro_journal::ClosingOutcome;
 use keiro_journal::{ChildSpawn, InstanceKey, Park, StartRequest, StoreError};
 use keiro_lease::ClaimOutcome;
-use keiro_tests::{key, on_every_store, Harness, TestResult};
+use keiro_tests::{journal_steps, key, on_every_store, Harness, TestResult};
 use serde_json::{json, Value};
 
 on_every_store!(
@@ -70,19 +70,6 @@ async fn claimed(h: &Harness, id: &str, owner: &str) -> Result<(InstanceKey, Fen
         ClaimOutcome::Acquired(claim) => Ok((k, claim.fence)),
         other => panic!("claim of {k} refused: {other:?}"),
     }
-}
-
-/// The stored step names and payloads of `k`'s journal, in order.
-async fn journal(h: &Harness, k: &InstanceKey) -> Result<Vec<(String, Value)>, StoreError> {
-    Ok(h.store
-        .journal_history(k)
-        .await?
-        .into_iter()
-        .map(|e| {
-            let encoded = e.event.encode();
-            (encoded.step_name, encoded.payload)
-        })
-        .collect())
 }
 
 async fn status(h: &Harness, k: &InstanceKey) -> Result<Status, StoreError> {
@@ -149,18 +136,27 @@ async fn each_append_of_a_batch_keeps_its_own_outcome(h: Harness) -> TestResult 
     assert!(matches!(next(), Err(e) if e.is_not_found()));
     assert_eq!(next()?, AppendOutcome::Appended);
 
-    assert_eq!(journal(&h, &good).await?, [("s".into(), json!("good"))]);
-    assert_eq!(journal(&h, &stale).await?, []);
+    assert_eq!(
+        journal_steps(&h, &good).await?,
+        [("s".into(), json!("good"))]
+    );
+    assert_eq!(journal_steps(&h, &stale).await?, []);
     assert_eq!(status(&h, &cancelled).await?, Status::Cancelled);
-    assert_eq!(journal(&h, &recorded).await?, [("s".into(), json!(1))]);
-    assert_eq!(journal(&h, &kinds).await?, [("s".into(), json!(1))]);
+    assert_eq!(
+        journal_steps(&h, &recorded).await?,
+        [("s".into(), json!(1))]
+    );
+    assert_eq!(journal_steps(&h, &kinds).await?, [("s".into(), json!(1))]);
     let row = h.store.instance_get(&done).await?.expect("row");
     assert_eq!(
         (row.status, row.output, row.lease_owner),
         (Status::Completed, Some(json!("out")), None)
     );
     assert!(h.store.instance_get(&missing).await?.is_none());
-    assert_eq!(journal(&h, &after).await?, [("s".into(), json!("after"))]);
+    assert_eq!(
+        journal_steps(&h, &after).await?,
+        [("s".into(), json!("after"))]
+    );
     // The fenced appends renewed their leases: the holder still holds them.
     h.store
         .instance_lease_renew(&good, &good_fence, TTL)
@@ -268,9 +264,9 @@ async fn each_completion_of_a_batch_keeps_its_own_outcome(h: Harness) -> TestRes
         );
     }
     assert_eq!(status(&h, &stale).await?, Status::Running);
-    assert_eq!(journal(&h, &stale).await?, []);
+    assert_eq!(journal_steps(&h, &stale).await?, []);
     // The parent heard of its child's completion in the batch's transaction.
-    let delivered = journal(&h, &parent).await?;
+    let delivered = journal_steps(&h, &parent).await?;
     assert_eq!(delivered.len(), 2, "{delivered:?}");
     assert_eq!(delivered[1].0, "child:c:result");
     assert_eq!(delivered[1].1, json!({"ok": "from the child"}));
@@ -313,10 +309,10 @@ async fn a_refused_value_fails_only_its_own_append(h: Harness) -> TestResult {
         } else {
             vec![("s".into(), json!(i))]
         };
-        assert_eq!(journal(&h, k).await?, expected, "{k}");
+        assert_eq!(journal_steps(&h, k).await?, expected, "{k}");
     }
     assert_eq!(status(&h, &closing).await?, Status::Running);
-    assert_eq!(journal(&h, &closing).await?, []);
+    assert_eq!(journal_steps(&h, &closing).await?, []);
     Ok(())
 }
 
@@ -344,7 +340,7 @@ async fn duplicates_in_a_batch_converge_on_the_first_value(h: Harness) -> TestRe
         ]
     );
     assert_eq!(
-        journal(&h, &k).await?,
+        journal_steps(&h, &k).await?,
         [
             ("x".into(), json!("first")),
             ("__workflow_completed__".into(), json!(1))
@@ -382,14 +378,14 @@ async fn appends_to_one_instance_keep_their_order_in_a_batch(h: Harness) -> Test
         ]
     );
     assert_eq!(
-        journal(&h, &a).await?,
+        journal_steps(&h, &a).await?,
         [
             ("1".into(), json!(1)),
             ("__workflow_completed__".into(), json!("a"))
         ]
     );
     assert_eq!(
-        journal(&h, &b).await?,
+        journal_steps(&h, &b).await?,
         [("1".into(), json!(1)), ("2".into(), json!(2))]
     );
     Ok(())
@@ -420,7 +416,7 @@ async fn a_cancel_in_a_batch_keeps_its_place(h: Harness) -> TestResult {
         ]
     );
     assert_eq!(status(&h, &k).await?, Status::Cancelled);
-    assert_eq!(journal(&h, &other).await?, [("s".into(), json!(1))]);
+    assert_eq!(journal_steps(&h, &other).await?, [("s".into(), json!(1))]);
     Ok(())
 }
 
@@ -461,7 +457,7 @@ async fn concurrent_batches_over_many_instances_record_each_step_once(h: Harness
         answers.push(joined?);
     }
     for (k, _) in &runs {
-        let entries = journal(&h, k).await?;
+        let entries = journal_steps(&h, k).await?;
         assert_eq!(entries.len(), 1 + BATCHES, "{k}: {entries:?}");
         let winner = entries
             .iter()
@@ -525,7 +521,7 @@ async fn concurrent_single_appends_each_get_their_outcome(h: Harness) -> TestRes
                     .all(|o| matches!(o, Err(e) if e.is_lease_lost())),
                 "{k}: {outcomes:?}"
             );
-            assert_eq!(journal(&h, k).await?, []);
+            assert_eq!(journal_steps(&h, k).await?, []);
         } else {
             assert!(
                 outcomes
@@ -534,7 +530,7 @@ async fn concurrent_single_appends_each_get_their_outcome(h: Harness) -> TestRes
                 "{k}: {outcomes:?}"
             );
             assert_eq!(status(&h, k).await?, Status::Completed);
-            assert_eq!(journal(&h, k).await?.len(), 4);
+            assert_eq!(journal_steps(&h, k).await?.len(), 4);
         }
     }
     Ok(())
@@ -721,7 +717,7 @@ async fn a_closing_pair_journals_its_step_and_completes(h: Harness) -> TestResul
         }
     );
     assert_eq!(
-        journal(&h, &k).await?,
+        journal_steps(&h, &k).await?,
         [
             ("a".into(), json!(1)),
             ("b".into(), json!(2)),
@@ -772,7 +768,10 @@ async fn a_closing_pair_completes_only_over_its_own_value(h: Harness) -> TestRes
         }
     );
     assert_eq!(status(&h, &other).await?, Status::Running);
-    assert_eq!(journal(&h, &other).await?, [("x".into(), json!("first"))]);
+    assert_eq!(
+        journal_steps(&h, &other).await?,
+        [("x".into(), json!("first"))]
+    );
 
     let (same, same_fence) = claimed(&h, "same-value", "w").await?;
     h.store
@@ -830,7 +829,7 @@ async fn a_closing_pair_refused_writes_nothing_more(h: Harness) -> TestResult {
         matches!(&outcome, Err(e) if e.is_lease_lost()),
         "{outcome:?}"
     );
-    assert_eq!(journal(&h, &stale).await?, []);
+    assert_eq!(journal_steps(&h, &stale).await?, []);
     assert_eq!(status(&h, &stale).await?, Status::Running);
 
     // The step's value refused: nothing written.
@@ -846,7 +845,7 @@ async fn a_closing_pair_refused_writes_nothing_more(h: Harness) -> TestResult {
         matches!(&outcome, Err(e) if e.is_value_refused()),
         "{outcome:?}"
     );
-    assert_eq!(journal(&h, &bad_step).await?, []);
+    assert_eq!(journal_steps(&h, &bad_step).await?, []);
     assert_eq!(status(&h, &bad_step).await?, Status::Running);
 
     // The output refused: the step may land (it is the run's to keep), the row stays open.
@@ -862,7 +861,10 @@ async fn a_closing_pair_refused_writes_nothing_more(h: Harness) -> TestResult {
         matches!(&outcome, Err(e) if e.is_value_refused()),
         "{outcome:?}"
     );
-    assert_eq!(journal(&h, &bad_output).await?, [("x".into(), json!(1))]);
+    assert_eq!(
+        journal_steps(&h, &bad_output).await?,
+        [("x".into(), json!(1))]
+    );
     assert_eq!(status(&h, &bad_output).await?, Status::Running);
     Ok(())
 }
@@ -927,7 +929,11 @@ async fn concurrent_closing_pairs_and_appends_each_get_their_outcome(h: Harness)
     }
     for (i, (k, _)) in runs.iter().enumerate() {
         let row = h.store.instance_get(k).await?.expect("row");
-        let names: Vec<String> = journal(&h, k).await?.into_iter().map(|(n, _)| n).collect();
+        let names: Vec<String> = journal_steps(&h, k)
+            .await?
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
         match (i % 6 == 0, i % 2 == 0) {
             (true, _) => {
                 assert_eq!(row.status, Status::Running, "{k}");

@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use keiro::{
     workflow_fn, Append, ClaimOutcome, Ctx, Event, JournalStore, RunError, RunOptions, RunOutcome,
-    Status, StepKind, WorkflowDef, WorkflowError,
+    Status, StepKind, WorkflowError,
 };
 use keiro_journal::StartRequest;
 use keiro_tests::counting::CountingStore;
-use keiro_tests::{key, on_both_stores, Harness, Ledger, TestResult};
+use keiro_tests::workflows::Sum;
+use keiro_tests::{journal_steps, key, on_both_stores, Harness, Ledger, TestResult};
 use serde_json::{json, Value};
 
 on_both_stores!(
@@ -24,47 +25,6 @@ on_both_stores!(
 );
 
 const TTL: Duration = Duration::from_secs(60);
-
-/// Three counted steps; returns the sum of the input and the step results.
-struct Sum {
-    ledger: Ledger,
-}
-
-impl WorkflowDef for Sum {
-    const NAME: &'static str = "sum";
-    type Input = u64;
-    type Output = u64;
-
-    async fn run(&self, ctx: Ctx, base: u64) -> Result<u64, WorkflowError> {
-        let mut total = base;
-        for i in 0..3_u64 {
-            let ledger = self.ledger.clone();
-            total += ctx
-                .step(&format!("step-{i}"), || async move {
-                    ledger.bump(&format!("step-{i}"));
-                    Ok::<_, Infallible>(i)
-                })
-                .await?;
-        }
-        Ok(total)
-    }
-}
-
-/// The stored step names of `k`'s journal, in order.
-async fn steps(
-    h: &Harness,
-    k: &keiro::InstanceKey,
-) -> Result<Vec<(String, Value)>, keiro::StoreError> {
-    Ok(h.store
-        .journal_history(k)
-        .await?
-        .into_iter()
-        .map(|e| {
-            let encoded = e.event.encode();
-            (encoded.step_name, encoded.payload)
-        })
-        .collect())
-}
 
 /// Starts `id` of workflow `name` with `input` and claims it for `owner`.
 async fn claimed(
@@ -110,7 +70,11 @@ async fn the_last_step_and_the_completion_are_one_store_call(h: Harness) -> Test
     assert_eq!(counting.calls("journal_append"), 2);
     assert_eq!(counting.calls("journal_append_closing"), 1);
     let k = key("sum", "s-1");
-    let names: Vec<String> = steps(&h, &k).await?.into_iter().map(|(n, _)| n).collect();
+    let names: Vec<String> = journal_steps(&h, &k)
+        .await?
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
     assert_eq!(
         names,
         ["step-0", "step-1", "step-2", "__workflow_completed__"]
@@ -171,7 +135,7 @@ async fn a_held_back_step_is_journaled_before_the_body_waits_on_anything_else(
     // The body waits on its own; its step is journaled meanwhile.
     let mut journaled = Vec::new();
     for _ in 0..200 {
-        journaled = steps(&h, &k).await?;
+        journaled = journal_steps(&h, &k).await?;
         if !journaled.is_empty() {
             break;
         }
@@ -180,7 +144,11 @@ async fn a_held_back_step_is_journaled_before_the_body_waits_on_anything_else(
     assert_eq!(journaled, [("a".to_owned(), json!(1))]);
     release.send_replace(true);
     assert_eq!(run.await??, RunOutcome::Completed(json!(3)));
-    let names: Vec<String> = steps(&h, &k).await?.into_iter().map(|(n, _)| n).collect();
+    let names: Vec<String> = journal_steps(&h, &k)
+        .await?
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
     assert_eq!(names, ["a", "b", "__workflow_completed__"]);
     Ok(())
 }
@@ -238,7 +206,10 @@ async fn a_held_back_step_meeting_another_value_never_completes_the_run(h: Harne
             h.store.instance_get(&k).await?.expect("row").status,
             Status::Running
         );
-        assert_eq!(steps(&h, &k).await?, [("x".to_owned(), json!("theirs"))]);
+        assert_eq!(
+            journal_steps(&h, &k).await?,
+            [("x".to_owned(), json!("theirs"))]
+        );
         // Driven again (same lease): the recorded value wins.
         let journal = h.store.journal_load(&k, 0).await?;
         let again =
@@ -280,7 +251,7 @@ async fn a_stale_lease_writes_neither_the_last_step_nor_the_completion(h: Harnes
         matches!(result, Err(RunError::LeaseLost { .. })),
         "{result:?}"
     );
-    assert_eq!(steps(&h, &k).await?, []);
+    assert_eq!(journal_steps(&h, &k).await?, []);
     let row = h.store.instance_get(&k).await?.expect("row");
     assert_eq!(
         (row.status, row.lease_owner.as_deref()),

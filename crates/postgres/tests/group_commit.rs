@@ -569,6 +569,42 @@ async fn direct_starts_wait_for_the_append_lanes_slot_and_leave_together() -> Te
 /// goes request by request in key order, each as `keiro_journal_append_to` answers it alone:
 /// a step behind its instance's completion in the same batch is refused, never journaled after
 /// the completion marker.
+/// Calls `keiro_journal_append_batch` directly with unfenced requests of workflow `gc` on
+/// generation 0, `(id, step, kind, payload)` in the order given; its `(n, outcome)` rows.
+async fn unfenced_batch(
+    store: &PgStore,
+    requests: &[(&str, &str, &str, serde_json::Value)],
+) -> Result<Vec<(i32, String)>, Box<dyn std::error::Error + Send + Sync>> {
+    let len = requests.len();
+    let names = vec!["gc"; len];
+    let ids: Vec<&str> = requests.iter().map(|r| r.0).collect();
+    let generations = vec![Some(0_i32); len];
+    let steps: Vec<&str> = requests.iter().map(|r| r.1).collect();
+    let kinds: Vec<&str> = requests.iter().map(|r| r.2).collect();
+    let payloads: Vec<&serde_json::Value> = requests.iter().map(|r| &r.3).collect();
+    let unfenced: Vec<Option<&str>> = vec![None; len];
+    let no_numbers: Vec<Option<i64>> = vec![None; len];
+    let rows = sql(store)
+        .await?
+        .query(
+            "SELECT n, outcome FROM keiro_journal_append_batch($1, $2, $3, $4, $5, $6, $7, \
+             $8, $9) ORDER BY n",
+            &[
+                &names,
+                &ids,
+                &generations,
+                &steps,
+                &kinds,
+                &payloads,
+                &unfenced,
+                &no_numbers,
+                &no_numbers,
+            ],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
 #[tokio::test]
 async fn a_batch_out_of_key_order_or_naming_an_instance_twice_goes_request_by_request() -> TestResult
 {
@@ -580,33 +616,15 @@ async fn a_batch_out_of_key_order_or_naming_an_instance_twice_goes_request_by_re
     store.instance_start(&start(&b, json!(null))).await?;
 
     // b before a, and a twice: its completion, then a step.
-    let names = ["gc", "gc", "gc"];
-    let ids = ["b", "a", "a"];
-    let generations = [Some(0_i32); 3];
-    let steps = ["s1", "__workflow_completed__", "s2"];
-    let kinds = ["step", "completed", "step"];
-    let payloads = [json!("s1"), json!("done"), json!("s2")];
-    let unfenced: [Option<&str>; 3] = [None; 3];
-    let no_numbers: [Option<i64>; 3] = [None; 3];
-    let rows = sql(&store)
-        .await?
-        .query(
-            "SELECT n, outcome FROM keiro_journal_append_batch($1, $2, $3, $4, $5, $6, $7, \
-             $8, $9) ORDER BY n",
-            &[
-                &&names[..],
-                &&ids[..],
-                &&generations[..],
-                &&steps[..],
-                &&kinds[..],
-                &&payloads[..],
-                &&unfenced[..],
-                &&no_numbers[..],
-                &&no_numbers[..],
-            ],
-        )
-        .await?;
-    let outcomes: Vec<(i32, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let outcomes = unfenced_batch(
+        &store,
+        &[
+            ("b", "s1", "step", json!("s1")),
+            ("a", "__workflow_completed__", "completed", json!("done")),
+            ("a", "s2", "step", json!("s2")),
+        ],
+    )
+    .await?;
     assert_eq!(
         outcomes,
         [
@@ -833,45 +851,17 @@ async fn a_closing_pair_taken_request_by_request_completes_only_over_its_own_val
     store.journal_append(&step(&a, None, "x")).await?;
 
     // c, then a's pair (its step `x` recorded with another value), then b's pair.
-    let names = ["gc"; 5];
-    let ids = ["c", "a", "a", "b", "b"];
-    let generations = [Some(0_i32); 5];
-    let steps = [
-        "s",
-        "x",
-        "__workflow_completed__",
-        "x",
-        "__workflow_completed__",
-    ];
-    let kinds = ["step", "step", "completed", "step", "completed"];
-    let payloads = [
-        json!("s"),
-        json!("other"),
-        json!("a"),
-        json!("x"),
-        json!("b"),
-    ];
-    let unfenced: [Option<&str>; 5] = [None; 5];
-    let no_numbers: [Option<i64>; 5] = [None; 5];
-    let rows = sql(&store)
-        .await?
-        .query(
-            "SELECT n, outcome FROM keiro_journal_append_batch($1, $2, $3, $4, $5, $6, $7, \
-             $8, $9) ORDER BY n",
-            &[
-                &&names[..],
-                &&ids[..],
-                &&generations[..],
-                &&steps[..],
-                &&kinds[..],
-                &&payloads[..],
-                &&unfenced[..],
-                &&no_numbers[..],
-                &&no_numbers[..],
-            ],
-        )
-        .await?;
-    let outcomes: Vec<(i32, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let outcomes = unfenced_batch(
+        &store,
+        &[
+            ("c", "s", "step", json!("s")),
+            ("a", "x", "step", json!("other")),
+            ("a", "__workflow_completed__", "completed", json!("a")),
+            ("b", "x", "step", json!("x")),
+            ("b", "__workflow_completed__", "completed", json!("b")),
+        ],
+    )
+    .await?;
     assert_eq!(
         outcomes,
         [
