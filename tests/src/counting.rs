@@ -27,11 +27,15 @@ use uuid::Uuid;
 /// of its own (behind, when negative): absolute due times, `now` pins and park deadlines go in
 /// moved back, fire times and due times come out moved forward. Instance rows come out as the
 /// store wrote them; the scenarios using the offset read none of their instants.
+///
+/// With [`CountingStore::with_append_delay`] each journal append takes that much longer, for
+/// the scenarios that time a step to the end of its append.
 #[derive(Debug, Clone)]
 pub struct CountingStore {
     inner: Arc<dyn LeaseStore>,
     calls: Arc<Mutex<BTreeMap<&'static str, u64>>>,
     offset: time::Duration,
+    append_delay: Duration,
 }
 
 impl CountingStore {
@@ -41,7 +45,16 @@ impl CountingStore {
             inner,
             calls: Arc::default(),
             offset: time::Duration::ZERO,
+            append_delay: Duration::ZERO,
         }
+    }
+
+    /// The same store, whose journal appends (alone or with a completion) each wait `delay`
+    /// before they go to the store.
+    #[must_use]
+    pub fn with_append_delay(mut self, delay: Duration) -> Self {
+        self.append_delay = delay;
+        self
     }
 
     /// The same store, seen with its clock `offset` ahead of the worker's.
@@ -69,6 +82,12 @@ impl CountingStore {
     /// Forgets the counts.
     pub fn reset(&self) {
         self.lock().clear();
+    }
+
+    async fn delay_append(&self) {
+        if !self.append_delay.is_zero() {
+            tokio::time::sleep(self.append_delay).await;
+        }
     }
 
     fn count(&self, operation: &'static str) {
@@ -117,6 +136,7 @@ impl JournalStore for CountingStore {
     }
     async fn journal_append(&self, append: &Append) -> Result<AppendOutcome> {
         self.count("journal_append");
+        self.delay_append().await;
         self.inner.journal_append(append).await
     }
     async fn journal_append_closing(
@@ -125,6 +145,7 @@ impl JournalStore for CountingStore {
         completion: &Append,
     ) -> Result<keiro_journal::ClosingOutcome> {
         self.count("journal_append_closing");
+        self.delay_append().await;
         self.inner.journal_append_closing(step, completion).await
     }
     async fn instance_confirm(

@@ -22,6 +22,7 @@ on_both_stores!(
     a_held_back_step_is_journaled_before_the_body_waits_on_anything_else,
     a_held_back_step_meeting_another_value_never_completes_the_run,
     a_stale_lease_writes_neither_the_last_step_nor_the_completion,
+    a_held_back_step_is_timed_to_the_end_of_its_append,
 );
 
 const TTL: Duration = Duration::from_secs(60);
@@ -256,6 +257,62 @@ async fn a_stale_lease_writes_neither_the_last_step_nor_the_completion(h: Harnes
     assert_eq!(
         (row.status, row.lease_owner.as_deref()),
         (Status::Running, Some("other"))
+    );
+    Ok(())
+}
+
+/// Every duration the step observer was told, in order.
+#[derive(Debug, Default)]
+struct StepDurations(std::sync::Mutex<Vec<Duration>>);
+
+impl keiro_journal::StepObserver for StepDurations {
+    fn step_finished(&self, _: &keiro::WorkflowName, _: StepKind, duration: Duration) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(duration);
+    }
+}
+
+/// The step observer times a step from its action's start to the end of its append; a
+/// held-back step's append ends later (sent by the next step, or with the completion), and its
+/// duration says so.
+async fn a_held_back_step_is_timed_to_the_end_of_its_append(h: Harness) -> TestResult {
+    const APPEND: Duration = Duration::from_millis(150);
+    let claim = claimed(&h, "timed", "t-1", "w").await?;
+    let counting = CountingStore::new(h.store.clone()).with_append_delay(APPEND);
+    let workflow = workflow_fn(|ctx: Ctx, _: Value| async move {
+        let a: u32 = ctx.step("a", || async { Ok::<_, Infallible>(1) }).await?;
+        let b: u32 = ctx.step("b", || async { Ok::<_, Infallible>(2) }).await?;
+        Ok(a + b)
+    });
+    let durations = Arc::new(StepDurations::default());
+    let options = RunOptions {
+        observer: Some(durations.clone()),
+        ..fenced(&claim)
+    };
+    let store: Arc<dyn JournalStore> = Arc::new(counting.clone());
+    let outcome = keiro_journal::drive(store, &*workflow, &claim.instance, &claim.journal, options)
+        .await
+        .result?;
+    assert_eq!(outcome, RunOutcome::Completed(json!(3)));
+    // Both were held back: "a" sent by the call of "b", "b" with the completion.
+    assert_eq!(
+        (
+            counting.calls("journal_append"),
+            counting.calls("journal_append_closing")
+        ),
+        (1, 1)
+    );
+    let durations = durations
+        .0
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    assert_eq!(durations.len(), 2, "{durations:?}");
+    assert!(
+        durations.iter().all(|d| *d >= APPEND),
+        "each step timed to the end of its append: {durations:?}"
     );
     Ok(())
 }

@@ -47,6 +47,10 @@ pub(crate) struct HeldBack {
     pub(crate) append: Append,
     /// The encoded length of the value, for the journal budget.
     len: usize,
+    /// The step's kind and when its action started: the step observer times a step to the end
+    /// of its append, which comes later for a held-back one.
+    kind: StepKind,
+    started: Instant,
 }
 
 impl Ctx {
@@ -94,10 +98,9 @@ impl Ctx {
                 step: step.to_owned(),
                 append,
                 len,
+                kind,
+                started,
             });
-        }
-        if let Some(observer) = &options.observer {
-            observer.step_finished(&self.key().name, kind, started.elapsed());
         }
         Some(decode(step, json))
     }
@@ -183,9 +186,13 @@ impl Ctx {
                 self.confirmed(sent_at);
                 self.count_appended(held.len);
                 self.state().stats.appended += 1;
+                self.observe_held_back(held);
                 Ok(())
             }
-            AppendOutcome::AlreadyPresent(_) if held.append.recorded_by(outcome) => Ok(()),
+            AppendOutcome::AlreadyPresent(_) if held.append.recorded_by(outcome) => {
+                self.observe_held_back(held);
+                Ok(())
+            }
             // The body went on with a value the journal does not hold.
             AppendOutcome::AlreadyPresent(_) | AppendOutcome::Conflict => {
                 Err(self.halt(Halt::Conflict {
@@ -193,6 +200,14 @@ impl Ctx {
                 }))
             }
             AppendOutcome::RefusedTerminal(marker) => Err(self.halt(Halt::Terminal(*marker))),
+        }
+    }
+
+    /// Tells the step observer that a held-back step is journaled, as an unheld one is told
+    /// after its append.
+    fn observe_held_back(&self, held: &HeldBack) {
+        if let Some(observer) = &self.options().observer {
+            observer.step_finished(&self.key().name, held.kind, held.started.elapsed());
         }
     }
 }
