@@ -16,6 +16,8 @@ on_both_stores!(
     gc_deletes_expired_terminal_instances_and_keeps_the_rest,
     batches_are_bounded_and_gc_runs_them_until_done,
     a_worker_with_retention_collects,
+    a_parent_that_finished_first_goes_after_its_child,
+    a_parent_stays_while_a_grandchild_lives,
 );
 
 fn worker(h: &Harness) -> Result<Worker, Error> {
@@ -42,6 +44,15 @@ fn worker(h: &Harness) -> Result<Worker, Error> {
         })
         .register("batch", |ctx: Ctx, kid: String| async move {
             ctx.child::<_, bool>("order", &kid, &()).await
+        })
+        // Starts an `order` child and finishes without waiting for it.
+        .register("detach", |ctx: Ctx, kid: String| async move {
+            ctx.spawn_child("order", &kid, &()).await
+        })
+        // Awaits a `detach` child, which leaves an `order` grandchild behind.
+        .register("tree", |ctx: Ctx, kid: String| async move {
+            ctx.child::<_, ()>("detach", &format!("{kid}-mid"), &kid)
+                .await
         })
         .build()
 }
@@ -165,6 +176,103 @@ async fn gc_deletes_expired_terminal_instances_and_keeps_the_rest(h: Harness) ->
     assert_eq!(status(&h, "order", "o-1").await?, Some(Status::Suspended));
     let counts = h.keiro.counts().await?;
     assert_eq!(counts.instances.iter().map(|c| c.count).sum::<u64>(), 1);
+    if h.backend == Backend::Postgres {
+        assert_no_orphans(&h).await?;
+    }
+    Ok(())
+}
+
+/// None of `keys` that is still there names a parent that is gone.
+async fn assert_no_dangling_parent(h: &Harness, keys: &[(&str, &str)]) -> TestResult {
+    for (name, id) in keys {
+        let Some(row) = h.keiro.instance((*name, *id)).await? else {
+            continue;
+        };
+        if let Some(parent) = &row.parent {
+            assert!(
+                h.keiro
+                    .instance((parent.name.as_str(), parent.id.as_str()))
+                    .await?
+                    .is_some(),
+                "{name}/{id} names {parent}, which retention deleted"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A parent that did not wait for its child finished first, so it is the older of the two in
+/// retention's order; a batch of one still never takes it while the child is there.
+async fn a_parent_that_finished_first_goes_after_its_child(h: Harness) -> TestResult {
+    let worker = worker(&h)?;
+    h.keiro.start("detach", "d-1", &"kid-2").await?;
+    worker.drain().await?;
+    assert_eq!(status(&h, "detach", "d-1").await?, Some(Status::Completed));
+    assert_eq!(status(&h, "order", "kid-2").await?, Some(Status::Suspended));
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    h.keiro.deliver(("order", "kid-2"), "go", &true).await?;
+    worker.drain().await?;
+    assert_eq!(status(&h, "order", "kid-2").await?, Some(Status::Completed));
+
+    let one = GcRequest {
+        batch: 1,
+        ..later(2)
+    };
+    assert_eq!(h.keiro.gc_eligible(&one).await?, 2);
+    let keys = [("detach", "d-1"), ("order", "kid-2")];
+    let mut deleted = 0;
+    for _ in 0..4 {
+        deleted += h.keiro.gc_batch(&one).await?.instances;
+        assert_no_dangling_parent(&h, &keys).await?;
+        if h.backend == Backend::Postgres {
+            assert_no_orphans(&h).await?;
+        }
+    }
+    assert_eq!(deleted, 2);
+    for (name, id) in keys {
+        assert_eq!(status(&h, name, id).await?, None, "{name}/{id}");
+    }
+    Ok(())
+}
+
+/// Parent and child are both expired, but the grandchild the child left behind still runs:
+/// neither goes (the child would otherwise be left naming a deleted parent). Once the
+/// grandchild expires too, one collection takes all three.
+async fn a_parent_stays_while_a_grandchild_lives(h: Harness) -> TestResult {
+    let worker = worker(&h)?;
+    h.keiro.start("tree", "t-1", &"kid-3").await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while status(&h, "tree", "t-1").await? != Some(Status::Completed) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "t-1 never completed"
+        );
+        worker.drain().await?;
+    }
+    assert_eq!(
+        status(&h, "detach", "kid-3-mid").await?,
+        Some(Status::Completed)
+    );
+    assert_eq!(status(&h, "order", "kid-3").await?, Some(Status::Suspended));
+    let keys = [("tree", "t-1"), ("detach", "kid-3-mid"), ("order", "kid-3")];
+
+    assert_eq!(h.keiro.gc_eligible(&later(2)).await?, 0);
+    let deleted = h.keiro.gc(&later(2), Duration::ZERO).await?;
+    assert_eq!(deleted.instances, 0, "{deleted:?}");
+    assert_no_dangling_parent(&h, &keys).await?;
+    if h.backend == Backend::Postgres {
+        assert_no_orphans(&h).await?;
+    }
+
+    h.keiro.deliver(("order", "kid-3"), "go", &true).await?;
+    worker.drain().await?;
+    assert_eq!(status(&h, "order", "kid-3").await?, Some(Status::Completed));
+    assert_eq!(h.keiro.gc_eligible(&later(2)).await?, 3);
+    let deleted = h.keiro.gc(&later(2), Duration::ZERO).await?;
+    assert_eq!(deleted.instances, 3, "{deleted:?}");
+    for (name, id) in keys {
+        assert_eq!(status(&h, name, id).await?, None, "{name}/{id}");
+    }
     if h.backend == Backend::Postgres {
         assert_no_orphans(&h).await?;
     }

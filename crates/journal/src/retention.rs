@@ -8,8 +8,9 @@
 //! - it has no parent row, or its parent is terminal and past the cutoff too: a live parent
 //!   may still read the child's result (and a requeue of a recent failed parent cascades to
 //!   its failed child);
-//! - every child it has is itself eligible (terminal and past the cutoff), so a parent goes
-//!   with or after its children and no child is left naming a deleted parent.
+//! - no child names it any more: a tree goes leaves first (in one batch when it fits), so no
+//!   child is ever left naming a deleted parent, even when the parent finished first (a child
+//!   it did not wait for) or a grandchild still runs.
 //!
 //! Deleting an instance deletes its journal, timers, awakeables, signal waits and remote
 //! tasks with it. Buffered signals belong to a token, not an instance, and keep their own TTL.

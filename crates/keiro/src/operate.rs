@@ -133,7 +133,7 @@ impl Keiro {
     /// Retention, one batch: deletes up to `request.batch` instances that have been terminal
     /// for longer than `request.older_than`, with their journal, timers, awakeables, signal
     /// waits and remote tasks, in one short transaction. Never a live instance, nor one whose
-    /// parent or child is not expired too.
+    /// parent is not expired too, nor a parent before its children.
     ///
     /// ```
     /// # #[cfg(feature = "memory")]

@@ -14,37 +14,67 @@ fn expired(row: &Instance, cutoff: OffsetDateTime) -> bool {
     row.status.is_terminal() && row.completed_at.is_some_and(|at| at < cutoff)
 }
 
-/// Whether `key` may go: expired, its parent (if any is left) expired, every child expired.
-fn eligible(state: &State, key: &InstanceKey, cutoff: OffsetDateTime) -> bool {
+/// Whether `row` is expired under an expired parent (or one that is gone, or none).
+fn expired_under_expired_parent(state: &State, row: &Instance, cutoff: OffsetDateTime) -> bool {
+    expired(row, cutoff)
+        && row
+            .parent
+            .as_ref()
+            .and_then(|parent| state.instances.get(parent))
+            .is_none_or(|parent| expired(&parent.row, cutoff))
+}
+
+/// The children of `key` that are still there.
+fn children<'a>(state: &'a State, key: &InstanceKey) -> impl Iterator<Item = &'a InstanceKey> {
+    state
+        .children
+        .get(key)
+        .into_iter()
+        .flatten()
+        .filter(|child| state.instances.contains_key(*child))
+}
+
+/// Whether `key` may go now: expired under an expired parent, with no child left.
+fn candidate(state: &State, key: &InstanceKey, cutoff: OffsetDateTime) -> bool {
+    state.instances.get(key).is_some_and(|entry| {
+        expired_under_expired_parent(state, &entry.row, cutoff)
+            && children(state, key).next().is_none()
+    })
+}
+
+/// Whether `key` goes in a collection, batch after batch: expired under an expired parent,
+/// with nothing unexpired below it (its descendants then go first).
+fn collectable(state: &State, key: &InstanceKey, cutoff: OffsetDateTime) -> bool {
     let Some(entry) = state.instances.get(key) else {
         return false;
     };
-    if !expired(&entry.row, cutoff) {
+    if !expired_under_expired_parent(state, &entry.row, cutoff) {
         return false;
     }
-    let parent_ok = entry
-        .row
-        .parent
-        .as_ref()
-        .and_then(|parent| state.instances.get(parent))
-        .is_none_or(|parent| expired(&parent.row, cutoff));
-    let children_ok = state.children.get(key).is_none_or(|children| {
-        children.iter().all(|child| {
-            state
-                .instances
-                .get(child)
-                .is_none_or(|child| expired(&child.row, cutoff))
-        })
-    });
-    parent_ok && children_ok
+    let mut seen = std::collections::HashSet::from([key]);
+    let mut below: Vec<&InstanceKey> = children(state, key).collect();
+    while let Some(next) = below.pop() {
+        if !seen.insert(next) {
+            continue;
+        }
+        if !state
+            .instances
+            .get(next)
+            .is_some_and(|e| expired(&e.row, cutoff))
+        {
+            return false;
+        }
+        below.extend(children(state, next));
+    }
+    true
 }
 
-/// The eligible instances, oldest terminal first (the Postgres batch's order).
+/// The candidates, oldest terminal first (the Postgres batch's order).
 fn candidates(state: &State, cutoff: OffsetDateTime) -> Vec<InstanceKey> {
     let mut keys: Vec<(OffsetDateTime, InstanceKey)> = state
         .instances
         .iter()
-        .filter(|(key, _)| eligible(state, key, cutoff))
+        .filter(|(key, _)| candidate(state, key, cutoff))
         .filter_map(|(key, entry)| entry.row.completed_at.map(|at| (at, key.clone())))
         .collect();
     keys.sort();
@@ -83,10 +113,20 @@ impl RetentionStore for MemoryStore {
         traced(span, async {
             self.transact("deleting expired instances", |state| {
                 let cutoff = request.cutoff(request.now.unwrap_or_else(|| state.clock.now()));
-                let batch = usize::try_from(request.batch_bounded()).unwrap_or(usize::MAX);
+                let mut room = usize::try_from(request.batch_bounded()).unwrap_or(usize::MAX);
                 let mut deleted = GcBatch::default();
-                for key in candidates(state, cutoff).into_iter().take(batch) {
-                    deleted += delete(state, &key);
+                // Rounds, as the Postgres batch: a child deleted may leave its parent a
+                // candidate, which goes in the same batch if there is room.
+                while room > 0 {
+                    let round: Vec<InstanceKey> =
+                        candidates(state, cutoff).into_iter().take(room).collect();
+                    if round.is_empty() {
+                        break;
+                    }
+                    room -= round.len();
+                    for key in &round {
+                        deleted += delete(state, key);
+                    }
                 }
                 Ok(deleted)
             })
@@ -99,7 +139,12 @@ impl RetentionStore for MemoryStore {
         traced(span, async {
             self.transact("counting expired instances", |state| {
                 let cutoff = request.cutoff(request.now.unwrap_or_else(|| state.clock.now()));
-                Ok(u64::try_from(candidates(state, cutoff).len()).unwrap_or(u64::MAX))
+                let n = state
+                    .instances
+                    .keys()
+                    .filter(|key| collectable(state, key, cutoff))
+                    .count();
+                Ok(u64::try_from(n).unwrap_or(u64::MAX))
             })
         })
         .await

@@ -10,12 +10,20 @@
 //!    rule (keiro-journal's `retention` module) in the query, so ineligible rows never take a
 //!    slot of the batch: `FOR UPDATE OF w SKIP LOCKED`, so a row some run or operator holds is
 //!    left for a later batch, and Postgres re-checks the row's status on the locked version.
-//! 3. Their parents that are not candidates too, `FOR SHARE SKIP LOCKED`, re-checked terminal:
-//!    an operator's requeue or resurrect of a parent locks the parent first, so once this
-//!    holds it the parent stays terminal until commit. A candidate whose parent could not be
-//!    locked, or is no longer eligible, stays.
+//!    "No child row left" is read from the statement's snapshot, which cannot miss a child: a
+//!    terminal instance gains none (only a live run spawns or adopts one; a requeue or
+//!    resurrect that makes it live again fails the re-check), and only retention, which holds
+//!    the lock of step 1, deletes them.
+//! 3. Their parents, `FOR SHARE SKIP LOCKED`, re-checked terminal: an operator's requeue or
+//!    resurrect of a parent locks the parent first, so once this holds it the parent stays
+//!    terminal until commit. A candidate whose parent could not be locked, or is no longer
+//!    eligible, stays.
 //! 4. One statement deletes the instance rows and, table by table, what they own, counting
 //!    each (the foreign keys' cascades and the journal's trigger then find nothing left).
+//!
+//! Steps 2 to 4 repeat while the batch has room and the last round deleted a child, whose
+//! parent may have become eligible: a tree goes leaves first, in one batch when it fits, and
+//! a batch that deleted fewer instances than it asked for found no more.
 
 use keiro_journal::{store_span, traced, GcBatch, GcRequest, RetentionStore, StoreError};
 use time::OffsetDateTime;
@@ -36,34 +44,50 @@ const INSTANCES_GC_LOCK: &str = "SELECT \
      pg_try_advisory_xact_lock(hashtextextended(current_schema() || '.retention', 0)) AS locked, \
      coalesce($1::timestamptz, now()) - $2::bigint * interval '1 millisecond' AS cutoff";
 
-// The eligibility rule, on `w` against `$1` (the cutoff). The parent and child probes are
-// served by the primary key and workflows_list_parent_idx.
-macro_rules! eligible {
+// `w` expired against `$1` (the cutoff), and its parent, if there is one, too. The parent
+// probe is served by the primary key.
+macro_rules! expired_under_expired_parent {
     () => {
         "w.status IN ('completed', 'failed', 'cancelled') AND w.completed_at < $1 \
          AND NOT EXISTS (SELECT 1 FROM workflows p \
              WHERE p.workflow_name = w.parent_name AND p.workflow_id = w.parent_id \
              AND NOT (p.status IN ('completed', 'failed', 'cancelled') \
-                      AND coalesce(p.completed_at < $1, false))) \
-         AND NOT EXISTS (SELECT 1 FROM workflows c \
-             WHERE c.parent_name = w.workflow_name AND c.parent_id = w.workflow_id \
-             AND NOT (c.status IN ('completed', 'failed', 'cancelled') \
-                      AND coalesce(c.completed_at < $1, false)))"
+                      AND coalesce(p.completed_at < $1, false)))"
     };
 }
 
 /// Retention's candidates query (exported for the plan test): `$1` the cutoff, `$2` the batch.
+/// A candidate has no child row left (the child probe is served by workflows_list_parent_idx).
 #[doc(hidden)]
 pub const INSTANCES_GC_CANDIDATES: &str = concat!(
     "SELECT w.workflow_name, w.workflow_id, w.parent_name, w.parent_id FROM workflows w WHERE ",
-    eligible!(),
-    " ORDER BY w.completed_at LIMIT $2 FOR UPDATE OF w SKIP LOCKED"
+    expired_under_expired_parent!(),
+    " AND NOT EXISTS (SELECT 1 FROM workflows c \
+         WHERE c.parent_name = w.workflow_name AND c.parent_id = w.workflow_id) \
+     ORDER BY w.completed_at LIMIT $2 FOR UPDATE OF w SKIP LOCKED"
 );
 
-const INSTANCES_GC_ELIGIBLE: &str =
-    concat!("SELECT count(*) AS n FROM workflows w WHERE ", eligible!());
+// What a collection deletes, batch after batch: every instance whose candidates query would
+// come true once its descendants are gone, i.e. expired under an expired parent with nothing
+// unexpired below it. `held` walks up from each unexpired child through its ancestors (UNION:
+// each once, so it ends); most instances have no parent and cost it nothing.
+const INSTANCES_GC_ELIGIBLE: &str = concat!(
+    "WITH RECURSIVE held (name, id) AS (\
+         SELECT c.parent_name, c.parent_id FROM workflows c \
+         WHERE c.parent_name IS NOT NULL \
+           AND NOT (c.status IN ('completed', 'failed', 'cancelled') \
+                    AND coalesce(c.completed_at < $1, false)) \
+         UNION \
+         SELECT a.parent_name, a.parent_id FROM held h \
+         JOIN workflows a ON a.workflow_name = h.name AND a.workflow_id = h.id \
+         WHERE a.parent_name IS NOT NULL) \
+     SELECT count(*) AS n FROM workflows w WHERE ",
+    expired_under_expired_parent!(),
+    " AND NOT EXISTS (SELECT 1 FROM held h \
+         WHERE h.name = w.workflow_name AND h.id = w.workflow_id)"
+);
 
-// The parents of candidates that are not candidates themselves, locked against a concurrent
+// The parents of the candidates (never candidates themselves), locked against a concurrent
 // requeue or resurrect; a parent another transaction holds is skipped, and so is its child.
 const INSTANCES_GC_PARENTS: &str = "SELECT p.workflow_name, p.workflow_id FROM workflows p \
      JOIN unnest($2::text[], $3::text[]) AS c(name, id) \
@@ -122,10 +146,33 @@ impl PgStore {
             });
         }
         let cutoff: OffsetDateTime = column(&head, "cutoff", GC)?;
-        let batch = i64::from(request.batch_bounded());
+        let mut deleted = GcBatch::default();
+        let mut room = u64::from(request.batch_bounded());
+        while room > 0 {
+            let round = self.gc_round(&tx, cutoff, room).await?;
+            deleted += round.deleted;
+            room = room.saturating_sub(round.deleted.instances);
+            if !round.deleted_a_child {
+                break;
+            }
+        }
+        self.count_round_trips(1);
+        tx.commit().await.map_err(fail)?;
+        Ok(deleted)
+    }
+
+    /// Steps 2 to 4 of the module docs: up to `room` candidates, deleted.
+    async fn gc_round(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        cutoff: OffsetDateTime,
+        room: u64,
+    ) -> Result<GcRound> {
+        let fail = |e: tokio_postgres::Error| Failure::from(e).into_store(GC);
+        let limit = i64::try_from(room).unwrap_or(i64::MAX);
         self.count_round_trips(1);
         let candidates = tx
-            .query(INSTANCES_GC_CANDIDATES, &[&cutoff, &batch])
+            .query(INSTANCES_GC_CANDIDATES, &[&cutoff, &limit])
             .await
             .map_err(fail)?;
         let mut names = Vec::with_capacity(candidates.len());
@@ -142,18 +189,12 @@ impl PgStore {
             ));
         }
         if names.is_empty() {
-            tx.commit().await.map_err(fail)?;
-            return Ok(GcBatch::default());
+            return Ok(GcRound::default());
         }
-        let in_batch = |name: &str, id: &str| {
-            names
-                .iter()
-                .zip(&ids)
-                .any(|(n, i)| n.as_str() == name && i.as_str() == id)
-        };
+        // A candidate's parent is never a candidate of the same round: it still has a child.
         let (outside_names, outside_ids): (Vec<String>, Vec<String>) = parents
             .iter()
-            .filter(|(name, id)| !name.is_empty() && !in_batch(name, id))
+            .filter(|(name, _)| !name.is_empty())
             .cloned()
             .unzip();
         let mut keep = vec![true; names.len()];
@@ -197,14 +238,15 @@ impl PgStore {
                 })
                 .collect::<Result<Vec<_>>>()?;
             for (slot, parent) in keep.iter_mut().zip(&parents) {
-                if parent.0.is_empty() || in_batch(&parent.0, &parent.1) {
-                    continue;
-                }
-                if existing.contains(parent) && !locked.contains(parent) {
+                if !parent.0.is_empty() && existing.contains(parent) && !locked.contains(parent) {
                     *slot = false;
                 }
             }
         }
+        let deleted_a_child = keep
+            .iter()
+            .zip(&parents)
+            .any(|(kept, parent)| *kept && !parent.0.is_empty());
         let (names, ids): (Vec<String>, Vec<String>) = names
             .into_iter()
             .zip(ids)
@@ -225,10 +267,19 @@ impl PgStore {
             remote_tasks: count(&row, "remote_tasks", GC)?,
             locked_out: false,
         };
-        self.count_round_trips(1);
-        tx.commit().await.map_err(fail)?;
-        Ok(deleted)
+        Ok(GcRound {
+            deleted,
+            deleted_a_child,
+        })
     }
+}
+
+/// What one round of a batch deleted.
+#[derive(Debug, Default)]
+struct GcRound {
+    deleted: GcBatch,
+    /// Whether an instance with a parent went: the parent may be a candidate now.
+    deleted_a_child: bool,
 }
 
 #[async_trait::async_trait]
