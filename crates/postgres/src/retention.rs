@@ -152,7 +152,7 @@ impl PgStore {
             let round = self.gc_round(&tx, cutoff, room).await?;
             deleted += round.deleted;
             room = room.saturating_sub(round.deleted.instances);
-            if !round.deleted_a_child {
+            if !round.deleted_a_child || round.deleted.instances == 0 {
                 break;
             }
         }
