@@ -69,22 +69,25 @@ BEGIN
         RETURN;
     END IF;
 
-    INSERT INTO workflows AS w (workflow_name, workflow_id, input, parent_name, parent_id,
-                                parent_generation, parent_step, priority)
-    VALUES (p_child_name, p_child_id, p_input, p_name, p_id, v_generation, p_await_step, 0)
-    ON CONFLICT (workflow_name, workflow_id) DO NOTHING;
-    IF FOUND THEN
-        PERFORM keiro_notify_wake(p_child_name, p_child_id);
-        RETURN;
-    END IF;
+    LOOP
+        INSERT INTO workflows AS w (workflow_name, workflow_id, input, parent_name, parent_id,
+                                    parent_generation, parent_step, priority)
+        VALUES (p_child_name, p_child_id, p_input, p_name, p_id, v_generation, p_await_step, 0)
+        ON CONFLICT (workflow_name, workflow_id) DO NOTHING;
+        IF FOUND THEN
+            PERFORM keiro_notify_wake(p_child_name, p_child_id);
+            RETURN;
+        END IF;
 
-    -- A fresh snapshot sees the row a concurrent start committed (the conflict above).
-    SELECT * INTO v_child FROM workflows w
-    WHERE w.workflow_name = p_child_name AND w.workflow_id = p_child_id
-    FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN;
-    END IF;
+        -- A fresh snapshot sees the row a concurrent start committed (the conflict above).
+        SELECT * INTO v_child FROM workflows w
+        WHERE w.workflow_name = p_child_name AND w.workflow_id = p_child_id
+        FOR UPDATE;
+        EXIT WHEN FOUND;
+        -- Deleted between the two (retention, which had locked a finished instance with this
+        -- key): the key is free again, and the child is created after all. Returning here
+        -- would leave a journaled spawn with no child, and a parent waiting forever.
+    END LOOP;
 
     IF v_child.status IN ('completed', 'failed', 'cancelled') THEN
         IF v_child.parent_name IS NULL THEN

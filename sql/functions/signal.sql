@@ -110,14 +110,21 @@ DECLARE
 BEGIN
     PERFORM keiro_signal_lock(p_token);
     DELETE FROM signal_buffer b WHERE b.token = p_token AND b.expires_at <= now();
-    -- Every writer of this token's waiters holds the token lock, so the list cannot change
-    -- under the loop and needs no row locks.
+    -- Waits are added and taken only under the token lock, so no waiter appears under the
+    -- loop. One can disappear: a withdraw (a `select` race's losing wait,
+    -- crates/postgres/src/signal.rs) deletes its row without the token lock. So each waiter
+    -- is taken by deleting its row, and one already gone is skipped: the body no longer makes
+    -- that wait, and the signal goes to the next waiter or the buffer. A withdraw that comes
+    -- after the DELETE waits for this transaction and finds the row gone (delivered).
     FOR v_waiter IN
         SELECT * FROM signal_waiters sw WHERE sw.token = p_token ORDER BY sw.seq
     LOOP
         DELETE FROM signal_waiters sw
         WHERE sw.workflow_name = v_waiter.workflow_name AND sw.workflow_id = v_waiter.workflow_id
           AND sw.generation = v_waiter.generation AND sw.step = v_waiter.step;
+        IF NOT FOUND THEN
+            CONTINUE;
+        END IF;
         SELECT a.outcome INTO v_outcome
         FROM keiro_journal_append_to(v_waiter.workflow_name, v_waiter.workflow_id,
                                      v_waiter.generation, v_waiter.step, 'signal', v_envelope,

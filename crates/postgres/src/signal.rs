@@ -112,8 +112,10 @@ pub(crate) fn send_outcome(row: &Row) -> Result<SignalSendOutcome> {
 const WITHDRAW: &str = "withdrawing a signal wait";
 
 // A plain DELETE, not under the token's advisory lock: a send that takes the waiter first holds
-// its row lock, so the DELETE either removes a waiter no send has taken (the next send buffers
-// or goes to the next waiter) or finds the row gone (the signal was delivered to it).
+// its row lock, so the DELETE either removes a waiter no send has taken or finds the row gone
+// (the signal was delivered to it). A send already going through the token's waiters when the
+// DELETE commits finds the row gone and passes on to the next waiter or the buffer
+// (`keiro_signal_send`, sql/functions/signal.sql).
 const SIGNAL_WITHDRAW: &str = "DELETE FROM signal_waiters \
      WHERE workflow_name = $1 AND workflow_id = $2 AND generation = $3 AND step = $4";
 

@@ -376,3 +376,85 @@ async fn spawning_an_existing_instance_adopts_it_or_delivers_its_result() -> Tes
     );
     Ok(())
 }
+
+/// A spawn that meets a finished, parentless instance with the child's key while retention
+/// deletes it: once the deletion commits the key is free, and the spawn creates the child
+/// afresh, rather than journaling a spawn with no child behind it (the parent would wait for
+/// a result forever). Retention is played by a transaction that locks the row as its
+/// candidates query does, then deletes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_spawn_racing_the_deletion_of_its_finished_child_creates_it_afresh() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let (parent, old) = (key("parent", "p-1"), key("child", "old"));
+    store.instance_start(&start(&old, json!(null))).await?;
+    store
+        .journal_append(&Append::external(
+            old.clone(),
+            Event::WorkflowCompleted {
+                output: json!("long ago"),
+            },
+        ))
+        .await?;
+    start_parked(&store, &parent).await?;
+
+    let mut collector = sql(&store).await?;
+    let collecting = collector.transaction().await?;
+    let collector_pid: i32 = collecting
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await?
+        .get(0);
+    collecting
+        .execute(
+            "SELECT 1 FROM workflows WHERE workflow_name = 'child' AND workflow_id = 'old' \
+             FOR UPDATE",
+            &[],
+        )
+        .await?;
+    let spawn = {
+        let (store, parent, old) = (store.clone(), parent.clone(), old.clone());
+        tokio::spawn(async move {
+            store
+                .child_spawn(&spawn_step(&parent, &old), &spawn_of(&old))
+                .await
+        })
+    };
+    let watcher = sql(&store).await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let blocked: i64 = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))",
+                &[&collector_pid],
+            )
+            .await?
+            .get(0);
+        if blocked > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the spawn never met the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    collecting
+        .batch_execute(
+            "DELETE FROM journal WHERE workflow_name = 'child' AND workflow_id = 'old'; \
+             DELETE FROM workflows WHERE workflow_name = 'child' AND workflow_id = 'old'",
+        )
+        .await?;
+    collecting.commit().await?;
+
+    assert_eq!(spawn.await??, AppendOutcome::Appended);
+    let row = store
+        .instance_get(&old)
+        .await?
+        .ok_or("the spawn was journaled, but no child row stands behind it")?;
+    assert_eq!(
+        (row.status, row.input, row.parent),
+        (Status::Running, json!({"for": "old"}), Some(parent.clone()))
+    );
+    assert!(delivered(&store, &parent, &old).await?.is_empty());
+    Ok(())
+}

@@ -205,3 +205,77 @@ async fn timeouts_and_sends_racing_on_one_token_lose_nothing() -> TestResult {
     assert_eq!(received.len(), delivered, "no signal delivered twice");
     Ok(())
 }
+
+/// A wait withdrawn (a `select` race's loser) while a send is already going through the
+/// token's waiters is skipped by that send: the signal goes to the next live waiter, never
+/// into the withdrawn wait, which the body no longer makes. The send is held on an earlier
+/// waiter's instance row (any append in flight there) while the withdraw commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_send_skips_a_wait_withdrawn_while_it_runs() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let (z, x, y) = (key("pay", "z"), key("pay", "x"), key("pay", "y"));
+    for k in [&z, &x, &y] {
+        start_parked(&store, k).await?;
+        let waited = store
+            .signal_wait(&SignalWait {
+                step: "signal:tok:1".into(),
+                ..wait(k, "tok")
+            })
+            .await?;
+        assert_eq!(waited, SignalWaitOutcome::Waiting);
+    }
+    // The oldest waiter's run has ended: a send passes over it.
+    sql(&store)
+        .await?
+        .execute(
+            "UPDATE workflows SET status = 'completed', completed_at = now() \
+             WHERE workflow_name = 'pay' AND workflow_id = 'z'",
+            &[],
+        )
+        .await?;
+
+    let mut holder = sql(&store).await?;
+    let held = holder.transaction().await?;
+    let holder_pid: i32 = held.query_one("SELECT pg_backend_pid()", &[]).await?.get(0);
+    held.execute(
+        "SELECT 1 FROM workflows WHERE workflow_name = 'pay' AND workflow_id = 'z' FOR UPDATE",
+        &[],
+    )
+    .await?;
+    let send = {
+        let store = store.clone();
+        tokio::spawn(async move { store.signal_send("tok", &json!("paid")).await })
+    };
+    // The send has read the waiters and waits for z's row.
+    let watcher = sql(&store).await?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let blocked: i64 = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))",
+                &[&holder_pid],
+            )
+            .await?
+            .get(0);
+        if blocked > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the send never reached z"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert!(store.signal_withdraw(&x, 0, "signal:tok:1").await?);
+    held.commit().await?;
+
+    let sent = send.await??;
+    assert_eq!(sent, SignalSendOutcome::Delivered { to: y.clone() });
+    assert!(recorded(&store, &x, "signal:tok:1").await?.is_empty());
+    assert_eq!(
+        recorded(&store, &y, "signal:tok:1").await?,
+        vec![json!({"ok": "paid"})]
+    );
+    Ok(())
+}
