@@ -575,13 +575,44 @@ $$;
 -- order), and the run's park, in one transaction, so a run that dispatches and suspends pays
 -- one commit for both, and its dispatch is atomic with its suspension. The park wakes by the
 -- earliest redispatch deadline an arm returned, if earlier than the run's own. Locks follow
--- the lock order: the arms lock task rows, the park then the instance row. An arm that finds
--- the instance missing or the fence stale ends the call with that outcome before the park
--- (every arm checks the same fence, so that is the first arm unless the lease moved meanwhile).
--- Outcomes: the park's (suspended, woken, terminal, not_found, lease_lost), with one arm
--- outcome, deadline and settled value per arm. Commits asynchronously, as the arm and the
--- park do on their own (see the header of migrations/0005_remote_steps.sql).
+-- the lock order: the existing tasks first, in step id order (as a batched park and a batched
+-- report lock theirs), then the arms and the park the instance row. Each arm takes the
+-- instance row (KEY SHARE) after its task, so without the tasks locked up front a second arm
+-- would wait for its task while holding the instance, which a report holding that task and
+-- waiting for the instance deadlocks with. An arm that finds the instance missing or the
+-- fence stale ends the call with that outcome before the park (every arm checks the same
+-- fence, so that is the first arm unless the lease moved meanwhile). Outcomes: the park's
+-- (suspended, woken, terminal, not_found, lease_lost), with one arm outcome, deadline and
+-- settled value per arm. Commits asynchronously, as the arm and the park do on their own (see
+-- the header of migrations/0005_remote_steps.sql).
 CREATE OR REPLACE FUNCTION keiro_instance_park_dispatch(
+    p_name text, p_id text, p_generation integer, p_owner text, p_epoch bigint,
+    p_awaited text[], p_wake_after timestamptz,
+    p_step_ids text[], p_steps text[], p_journal_steps text[], p_groups text[],
+    p_inputs jsonb[], p_priorities integer[], p_traceparents text[], p_max_attempts integer[],
+    p_backoff_initial_ms bigint[], p_backoff_max_ms bigint[], p_backoff_jitter boolean[],
+    p_redispatch_after_ms bigint[], p_redispatch_max integer[],
+    OUT outcome text, OUT row_status text, OUT arm_outcomes text[],
+    OUT arm_deadlines timestamptz[], OUT arm_settled jsonb[])
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    PERFORM 1 FROM remote_tasks t WHERE t.step_id = ANY (p_step_ids)
+    ORDER BY t.step_id FOR UPDATE;
+    SELECT d.outcome, d.row_status, d.arm_outcomes, d.arm_deadlines, d.arm_settled
+    INTO outcome, row_status, arm_outcomes, arm_deadlines, arm_settled
+    FROM keiro_instance_park_dispatch_locked(
+        p_name, p_id, p_generation, p_owner, p_epoch, p_awaited, p_wake_after,
+        p_step_ids, p_steps, p_journal_steps, p_groups, p_inputs, p_priorities, p_traceparents,
+        p_max_attempts, p_backoff_initial_ms, p_backoff_max_ms, p_backoff_jitter,
+        p_redispatch_after_ms, p_redispatch_max) d;
+END;
+$$;
+
+-- instance_park_dispatch_locked: `keiro_instance_park_dispatch` once its caller holds the
+-- locks of the existing tasks (the lone park above, or the batched park below).
+CREATE OR REPLACE FUNCTION keiro_instance_park_dispatch_locked(
     p_name text, p_id text, p_generation integer, p_owner text, p_epoch bigint,
     p_awaited text[], p_wake_after timestamptz,
     p_step_ids text[], p_steps text[], p_journal_steps text[], p_groups text[],
@@ -674,7 +705,7 @@ BEGIN
         park := i;
         SELECT d.outcome, d.row_status, d.arm_outcomes, d.arm_deadlines, d.arm_settled
         INTO outcome, row_status, arm_outcomes, arm_deadlines, arm_settled
-        FROM keiro_instance_park_dispatch(
+        FROM keiro_instance_park_dispatch_locked(
             p_names[i], p_ids[i], p_generations[i], p_owners[i], p_epochs[i],
             p_awaited[p_awaited_from[i] : p_awaited_to[i]], p_wake_after[i],
             p_step_ids[a:b], p_steps[a:b], p_journal_steps[a:b], p_groups[a:b], p_inputs[a:b],

@@ -12,7 +12,8 @@ use std::time::Duration;
 use common::{claim, key, recorded, sql, start, start_parked, status, Listener, TestResult};
 use keiro_journal::{
     child_result_step, remote_step_id, Append, AppendOutcome, Backoff, ChildSpawn, Event,
-    InstanceKey, JournalStore, RemoteArm, RemoteArmOutcome, Status, StepKind, StoreError,
+    InstanceKey, JournalStore, Park, ParkOutcome, RemoteArm, RemoteArmOutcome, Status, StepKind,
+    StoreError,
 };
 use keiro_postgres::{Config, PgStore};
 use keiro_remote::{
@@ -1947,5 +1948,79 @@ async fn an_arm_and_a_cancel_at_the_same_moment_leave_no_live_task() -> TestResu
         TaskStatus::Cancelled
     );
     assert!(claim_tasks(&store, &["label"], 10).await?.is_empty());
+    Ok(())
+}
+
+/// A lone park that re-arms two remote steps, racing a report on the second step's task: the
+/// report locks the task and then the owner (as every report does), and the park must not
+/// hold the owner while it waits for that task, or the two deadlock (the server aborts one
+/// after `deadlock_timeout`, and an aborted park leaves its run leased until the lease ends).
+/// The park locks every task it arms before the owner, as the lock order and the batched park
+/// do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lone_park_rearming_two_steps_never_deadlocks_with_a_report() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let k = key("fan", "w");
+    store.instance_start(&start(&k, json!(null))).await?;
+    let arms = [arm(&k, "a", json!(1)), arm(&k, "b", json!(2))];
+    let park = Park {
+        key: k.clone(),
+        generation: 0,
+        fence: None,
+        awaited: arms.iter().map(|a| a.journal_step.clone()).collect(),
+        wake_after: None,
+    };
+    let (parked, _) = store.instance_park_dispatch(&park, &arms).await?;
+    assert_eq!(parked, ParkOutcome::Suspended);
+
+    // The report on the second task: its task row first.
+    let mut reporter = sql(&store).await?;
+    let report = reporter.transaction().await?;
+    let reporter_pid: i32 = report
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await?
+        .get(0);
+    report
+        .execute(
+            "SELECT 1 FROM remote_tasks WHERE step_id = $1 FOR UPDATE",
+            &[&arms[1].step_id],
+        )
+        .await?;
+    // The run is driven again and parks on both steps once more.
+    let again = {
+        let (store, park, arms) = (store.clone(), park.clone(), arms.clone());
+        tokio::spawn(async move { store.instance_park_dispatch(&park, &arms).await })
+    };
+    let watcher = sql(&store).await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let blocked: i64 = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))",
+                &[&reporter_pid],
+            )
+            .await?
+            .get(0);
+        if blocked > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the park never met the report"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The report's second lock: the owner, as its journal append takes it.
+    report
+        .execute(
+            "SELECT 1 FROM workflows WHERE workflow_name = 'fan' AND workflow_id = 'w' FOR UPDATE",
+            &[],
+        )
+        .await?;
+    report.commit().await?;
+    let (parked, outcomes) = again.await??;
+    assert_eq!(parked, ParkOutcome::Suspended);
+    assert_eq!(outcomes.len(), 2);
     Ok(())
 }
