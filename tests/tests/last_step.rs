@@ -23,6 +23,8 @@ on_both_stores!(
     a_held_back_step_meeting_another_value_never_completes_the_run,
     a_stale_lease_writes_neither_the_last_step_nor_the_completion,
     a_held_back_step_is_timed_to_the_end_of_its_append,
+    a_context_call_dropped_while_it_sends_a_held_back_step_loses_nothing,
+    a_body_returning_after_dropping_that_call_still_journals_the_step,
 );
 
 const TTL: Duration = Duration::from_secs(60);
@@ -313,6 +315,97 @@ async fn a_held_back_step_is_timed_to_the_end_of_its_append(h: Harness) -> TestR
     assert!(
         durations.iter().all(|d| *d >= APPEND),
         "each step timed to the end of its append: {durations:?}"
+    );
+    Ok(())
+}
+
+/// A body that gives up on a context call (a `timeout` around it) while that call is sending
+/// the held-back step before it: the step goes back to be held, and the body's next call sends
+/// it, instead of waiting forever for the abandoned send.
+async fn a_context_call_dropped_while_it_sends_a_held_back_step_loses_nothing(
+    h: Harness,
+) -> TestResult {
+    let claim = claimed(&h, "impatient", "i-1", "w").await?;
+    let k = claim.instance.key.clone();
+    let counting =
+        CountingStore::new(h.store.clone()).with_append_delay(Duration::from_millis(200));
+    let workflow = workflow_fn(|ctx: Ctx, _: Value| async move {
+        let a: u32 = ctx.step("a", || async { Ok::<_, Infallible>(1) }).await?;
+        // Gives up on "b" while it still sends "a".
+        let b = tokio::time::timeout(
+            Duration::from_millis(20),
+            ctx.step("b", || async { Ok::<_, Infallible>(2u32) }),
+        )
+        .await
+        .ok()
+        .transpose()?;
+        let c: u32 = ctx.step("c", || async { Ok::<_, Infallible>(3) }).await?;
+        Ok(a + b.unwrap_or(0) + c)
+    });
+    let store: Arc<dyn JournalStore> = Arc::new(counting);
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(20),
+        keiro_journal::drive(
+            store,
+            &*workflow,
+            &claim.instance,
+            &claim.journal,
+            fenced(&claim),
+        ),
+    )
+    .await
+    .map_err(|_| "the run never ended: its next call waited for the abandoned send")?
+    .result?;
+    assert_eq!(outcome, RunOutcome::Completed(json!(4)));
+    let names: Vec<String> = journal_steps(&h, &k)
+        .await?
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(names, ["a", "c", "__workflow_completed__"]);
+    Ok(())
+}
+
+/// The same abandoned call, then the body returns at once: the completion carries the step
+/// back, so the journal holds every value the output was made from.
+async fn a_body_returning_after_dropping_that_call_still_journals_the_step(
+    h: Harness,
+) -> TestResult {
+    let claim = claimed(&h, "hasty", "h-1", "w").await?;
+    let k = claim.instance.key.clone();
+    let counting =
+        CountingStore::new(h.store.clone()).with_append_delay(Duration::from_millis(200));
+    let workflow = workflow_fn(|ctx: Ctx, _: Value| async move {
+        let a: u32 = ctx.step("a", || async { Ok::<_, Infallible>(1) }).await?;
+        let gave_up = tokio::time::timeout(
+            Duration::from_millis(20),
+            ctx.step("b", || async { Ok::<_, Infallible>(2u32) }),
+        )
+        .await
+        .is_err();
+        Ok(if gave_up { a } else { 0 })
+    });
+    let store: Arc<dyn JournalStore> = Arc::new(counting);
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(20),
+        keiro_journal::drive(
+            store,
+            &*workflow,
+            &claim.instance,
+            &claim.journal,
+            fenced(&claim),
+        ),
+    )
+    .await
+    .map_err(|_| "the run never ended")?
+    .result?;
+    assert_eq!(outcome, RunOutcome::Completed(json!(1)));
+    assert_eq!(
+        journal_steps(&h, &k).await?,
+        [
+            ("a".to_owned(), json!(1)),
+            ("__workflow_completed__".to_owned(), json!(1))
+        ]
     );
     Ok(())
 }

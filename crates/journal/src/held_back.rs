@@ -17,7 +17,9 @@
 //!   the run's closing write.
 //!
 //! A crash before the append is sent loses the step's result, as a crash between an action and
-//! its append always could: the step runs again when the run is resumed. A held-back append
+//! its append always could: the step runs again when the run is resumed. A context call
+//! dropped while it sends the append (a `timeout` around it) puts it back to be held, so the
+//! next call, the driver or the settle sends it again. A held-back append
 //! that meets a journal holding another value for its step (a racing writer) stops the run
 //! (`Conflict`), since the body already went on with its own value; the resumed run replays the
 //! recorded one.
@@ -39,7 +41,7 @@ use crate::store::{Append, AppendOutcome};
 use crate::{Ctx, StepKind, WorkflowError};
 
 /// A fresh step's append the run has not sent yet.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct HeldBack {
     /// The step's name.
     pub(crate) step: String,
@@ -145,9 +147,12 @@ impl Ctx {
             };
             match taken {
                 Some(held) => {
+                    let mut sending = Sending {
+                        ctx: self,
+                        unanswered: Some(held.clone()),
+                    };
                     let outcome = self.append_held_back(held).await;
-                    self.state().held_back_sending = false;
-                    self.inner.held_back_sent.notify_waiters();
+                    sending.unanswered = None;
                     return outcome;
                 }
                 None => {
@@ -209,6 +214,31 @@ impl Ctx {
         if let Some(observer) = &self.options().observer {
             observer.step_finished(&self.key().name, held.kind, held.started.elapsed());
         }
+    }
+}
+
+/// A send of the held-back append under way. Its caller's future may be dropped before the
+/// store answers (a body's `timeout` or `select!` around a context call, a failing sibling in
+/// a `try_join!`): then the append goes back to be held, to be sent again by the next context
+/// call, the driver or the settle (an append is idempotent: one that landed after all answers
+/// `AlreadyPresent` with the same value). Either way the run's other callers stop waiting for
+/// this send.
+struct Sending<'a> {
+    ctx: &'a Ctx,
+    /// The append, until the store answered it.
+    unanswered: Option<HeldBack>,
+}
+
+impl Drop for Sending<'_> {
+    fn drop(&mut self) {
+        {
+            let mut state = self.ctx.state();
+            if let Some(held) = self.unanswered.take() {
+                state.held_back.get_or_insert(held);
+            }
+            state.held_back_sending = false;
+        }
+        self.ctx.inner.held_back_sent.notify_waiters();
     }
 }
 
