@@ -202,8 +202,10 @@ async fn closing_alone(
             tracing::debug!(%error, key = %step.key, "a closing pair failed as a whole; appending its step and then its completion");
         }
     }
+    // With the slot, if the lane's: a pair kept waiting for a lock gives it back as a lone
+    // append does, so the lane never waits behind it.
     closing_one_after_the_other(step, completion, |append| {
-        journal_append_one(store, append, None)
+        journal_append_one(store, append, slot)
     })
     .await
 }

@@ -444,7 +444,7 @@ async fn send_many<T: Batched>(
                     None => left.push((request, reply)),
                 }
             }
-            alone(store, left).await;
+            alone(store, left, hold).await;
             return;
         }
         Ok(outcomes) => {
@@ -465,17 +465,21 @@ async fn send_many<T: Batched>(
             );
         }
     }
-    alone(store, requests.iter().zip(replies).collect()).await;
+    alone(store, requests.iter().zip(replies).collect(), hold).await;
 }
 
 /// Sends each request alone, all at once (they come from independent callers, so none waits
-/// behind another, as without batching), and answers each.
+/// behind another, as without batching), and answers each. They go with the batch's slot: one
+/// kept waiting (a row another transaction holds, which a batch answers as busy) gives the
+/// slot back after `SLOT_HOLD_MAX` (crates/postgres/src/store.rs), so the lane's next batch
+/// never waits for that transaction.
 async fn alone<T: Batched>(
     store: &PgStore,
     requests: Vec<(&T, oneshot::Sender<Result<T::Output>>)>,
+    hold: &SlotHold,
 ) {
     futures_util::future::join_all(requests.into_iter().map(|(request, reply)| async move {
-        let _ = reply.send(T::send_one(store, request, None).await);
+        let _ = reply.send(T::send_one(store, request, Some(hold)).await);
     }))
     .await;
 }

@@ -345,6 +345,124 @@ async fn an_append_kept_waiting_never_holds_up_the_lane() -> TestResult {
     Ok(())
 }
 
+/// Plans the append batch function on two of the pool's connections: one left waiting for a
+/// lock and one sending batches meanwhile, as the scenarios about appends kept waiting use
+/// them. A batch on a fresh connection plans the function first, which alone can outlast the
+/// few milliseconds after which a running batch gives its lane's slot back anyway.
+async fn warm_two_connections(store: &PgStore, others: &[(InstanceKey, Fence)]) -> TestResult {
+    let (warm, warm_fence) = claimed(store, "warm").await?;
+    let warm_holder = holding(store, &warm).await?;
+    let warm_waiting = {
+        let store = store.clone();
+        let append = step(&warm, Some(&warm_fence), "s");
+        tokio::spawn(async move { store.journal_append(&append).await })
+    };
+    for round in 0..3 {
+        appended_by_all(store, others, &format!("warm{round}")).await?;
+    }
+    warm_holder.batch_execute("COMMIT").await?;
+    assert_eq!(warm_waiting.await??, AppendOutcome::Appended);
+    Ok(())
+}
+
+/// Appends `name` to every run of `runs` at once, and fails if that takes ten seconds: the
+/// lane waited for something it must not wait for.
+async fn appended_by_all(store: &PgStore, runs: &[(InstanceKey, Fence)], name: &str) -> TestResult {
+    let mut tasks = tokio::task::JoinSet::new();
+    for (k, fence) in runs.iter().cloned() {
+        let store = store.clone();
+        let append = step(&k, Some(&fence), name);
+        tasks.spawn(async move { store.journal_append(&append).await });
+    }
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(joined) = tasks.join_next().await {
+            assert_eq!(joined??, AppendOutcome::Appended);
+        }
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+    })
+    .await
+    .map_err(|_| format!("appending {name}: the lane waited for another transaction"))?
+}
+
+/// An append whose row another transaction holds, carried by a batch: the batch answers it
+/// busy and sends it alone afterwards, where it waits for the lock. That wait must not keep
+/// the lane's slot, or every append of every run in the process waits for that transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_append_sent_alone_after_its_batch_never_holds_up_the_lane() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let (first, first_fence) = claimed(&store, "first").await?;
+    let (held, held_fence) = claimed(&store, "held").await?;
+    let mut others = Vec::new();
+    for i in 0..8 {
+        others.push(claimed(&store, &format!("o{i}")).await?);
+    }
+    warm_two_connections(&store, &others).await?;
+    let first_holder = holding(&store, &first).await?;
+    let held_holder = holding(&store, &held).await?;
+    // The idle lane sends this one alone; it waits for its lock and keeps the slot a moment.
+    let first_waiting = {
+        let store = store.clone();
+        let append = step(&first, Some(&first_fence), "s");
+        tokio::spawn(async move { store.journal_append(&append).await })
+    };
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    // Meanwhile these queue, and leave as one batch: `held` in it, busy.
+    let held_waiting = {
+        let store = store.clone();
+        let append = step(&held, Some(&held_fence), "s");
+        tokio::spawn(async move { store.journal_append(&append).await })
+    };
+    appended_by_all(&store, &others, "batched").await?;
+    // The other runs go on appending while `held` waits.
+    for round in 0..3 {
+        appended_by_all(&store, &others, &format!("r{round}")).await?;
+    }
+    assert!(!held_waiting.is_finished());
+    first_holder.batch_execute("COMMIT").await?;
+    held_holder.batch_execute("COMMIT").await?;
+    assert_eq!(first_waiting.await??, AppendOutcome::Appended);
+    assert_eq!(held_waiting.await??, AppendOutcome::Appended);
+    Ok(())
+}
+
+/// A run's last step and its completion, alone in an idle lane, whose row another transaction
+/// holds: the pair's statement answers it busy, and its two appends then wait for the lock one
+/// after the other, without keeping the lane's slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closing_pair_kept_waiting_never_holds_up_the_lane() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let (held, held_fence) = claimed(&store, "held").await?;
+    let mut others = Vec::new();
+    for i in 0..8 {
+        others.push(claimed(&store, &format!("o{i}")).await?);
+    }
+    warm_two_connections(&store, &others).await?;
+    let held_holder = holding(&store, &held).await?;
+    let closing = {
+        let store = store.clone();
+        let last = step(&held, Some(&held_fence), "last");
+        let completion = Append {
+            event: Event::WorkflowCompleted { output: json!(1) },
+            ..step(&held, Some(&held_fence), "unused")
+        };
+        tokio::spawn(async move { store.journal_append_closing(&last, &completion).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for round in 0..3 {
+        appended_by_all(&store, &others, &format!("r{round}")).await?;
+    }
+    assert!(!closing.is_finished());
+    held_holder.batch_execute("COMMIT").await?;
+    let closed = closing.await??;
+    assert_eq!(
+        (closed.step, closed.completion),
+        (AppendOutcome::Appended, Some(AppendOutcome::Appended))
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_kept_waiting_on_a_parent_is_sent_again_append_by_append() -> TestResult {
     let db = TestDb::new().await;
