@@ -369,9 +369,9 @@ async fn warm_two_connections(store: &PgStore, others: &[(InstanceKey, Fence)]) 
 /// lane waited for something it must not wait for.
 async fn appended_by_all(store: &PgStore, runs: &[(InstanceKey, Fence)], name: &str) -> TestResult {
     let mut tasks = tokio::task::JoinSet::new();
-    for (k, fence) in runs.iter().cloned() {
+    for (k, fence) in runs {
         let store = store.clone();
-        let append = step(&k, Some(&fence), name);
+        let append = step(k, Some(fence), name);
         tasks.spawn(async move { store.journal_append(&append).await });
     }
     tokio::time::timeout(Duration::from_secs(10), async {
