@@ -41,7 +41,7 @@ use crate::store::{Append, AppendOutcome};
 use crate::{Ctx, StepKind, WorkflowError};
 
 /// A fresh step's append the run has not sent yet.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct HeldBack {
     /// The step's name.
     pub(crate) step: String,
@@ -149,10 +149,13 @@ impl Ctx {
                 Some(held) => {
                     let mut sending = Sending {
                         ctx: self,
-                        unanswered: Some(held.clone()),
+                        held: Some(held),
                     };
-                    let outcome = self.append_held_back(held).await;
-                    sending.unanswered = None;
+                    let outcome = match &sending.held {
+                        Some(held) => self.append_held_back(held).await,
+                        None => Ok(()),
+                    };
+                    sending.held = None;
                     return outcome;
                 }
                 None => {
@@ -168,14 +171,14 @@ impl Ctx {
         self.state().held_back.take()
     }
 
-    async fn append_held_back(&self, held: HeldBack) -> Result<(), WorkflowError> {
+    async fn append_held_back(&self, held: &HeldBack) -> Result<(), WorkflowError> {
         let sent_at = Instant::now();
         let outcome = self
             .store()
             .journal_append(&held.append)
             .await
             .map_err(|e| self.store_failed(&held.step, e))?;
-        self.held_back_answered(&held, &outcome, sent_at)
+        self.held_back_answered(held, &outcome, sent_at)
     }
 
     /// What the body must learn of the answer to its held-back append: nothing when it recorded
@@ -226,14 +229,14 @@ impl Ctx {
 struct Sending<'a> {
     ctx: &'a Ctx,
     /// The append, until the store answered it.
-    unanswered: Option<HeldBack>,
+    held: Option<HeldBack>,
 }
 
 impl Drop for Sending<'_> {
     fn drop(&mut self) {
         {
             let mut state = self.ctx.state();
-            if let Some(held) = self.unanswered.take() {
+            if let Some(held) = self.held.take() {
                 state.held_back.get_or_insert(held);
             }
             state.held_back_sending = false;
