@@ -6,7 +6,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{claim, key, recorded, sql, start, start_parked, status, TestResult};
+use common::{
+    backend_pid, blocked_by, claim, key, recorded, sql, start, start_parked, status, TestResult,
+};
 use keiro_journal::{
     child_result_step, Append, AppendOutcome, ChildSpawn, Event, InstanceKey, JournalStore, Status,
     StepKind,
@@ -400,10 +402,7 @@ async fn a_spawn_racing_the_deletion_of_its_finished_child_creates_it_afresh() -
 
     let mut collector = sql(&store).await?;
     let collecting = collector.transaction().await?;
-    let collector_pid: i32 = collecting
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await?
-        .get(0);
+    let collector_pid = backend_pid(&collecting).await?;
     collecting
         .execute(
             "SELECT 1 FROM workflows WHERE workflow_name = 'child' AND workflow_id = 'old' \
@@ -419,25 +418,7 @@ async fn a_spawn_racing_the_deletion_of_its_finished_child_creates_it_afresh() -
                 .await
         })
     };
-    let watcher = sql(&store).await?;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let blocked: i64 = watcher
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))",
-                &[&collector_pid],
-            )
-            .await?
-            .get(0);
-        if blocked > 0 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the spawn never met the lock"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    blocked_by(&store, collector_pid, "the spawn never met the lock").await?;
     collecting
         .batch_execute(
             "DELETE FROM journal WHERE workflow_name = 'child' AND workflow_id = 'old'; \

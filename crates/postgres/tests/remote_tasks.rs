@@ -9,7 +9,10 @@ mod common;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::{claim, key, recorded, sql, start, start_parked, status, Listener, TestResult};
+use common::{
+    backend_pid, blocked_by, claim, key, recorded, sql, start, start_parked, status, Listener,
+    TestResult,
+};
 use keiro_journal::{
     child_result_step, remote_step_id, Append, AppendOutcome, Backoff, ChildSpawn, Event,
     InstanceKey, JournalStore, Park, ParkOutcome, RemoteArm, RemoteArmOutcome, Status, StepKind,
@@ -1977,10 +1980,7 @@ async fn a_lone_park_rearming_two_steps_never_deadlocks_with_a_report() -> TestR
     // The report on the second task: its task row first.
     let mut reporter = sql(&store).await?;
     let report = reporter.transaction().await?;
-    let reporter_pid: i32 = report
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await?
-        .get(0);
+    let reporter_pid = backend_pid(&report).await?;
     report
         .execute(
             "SELECT 1 FROM remote_tasks WHERE step_id = $1 FOR UPDATE",
@@ -1992,25 +1992,7 @@ async fn a_lone_park_rearming_two_steps_never_deadlocks_with_a_report() -> TestR
         let (store, park, arms) = (store.clone(), park.clone(), arms.clone());
         tokio::spawn(async move { store.instance_park_dispatch(&park, &arms).await })
     };
-    let watcher = sql(&store).await?;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let blocked: i64 = watcher
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))",
-                &[&reporter_pid],
-            )
-            .await?
-            .get(0);
-        if blocked > 0 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the park never met the report"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    blocked_by(&store, reporter_pid, "the park never met the report").await?;
     // The report's second lock: the owner, as its journal append takes it.
     report
         .execute(

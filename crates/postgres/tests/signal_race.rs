@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{key, recorded, sql, start_parked, TestResult};
+use common::{backend_pid, blocked_by, key, recorded, sql, start_parked, TestResult};
 use keiro_journal::{InstanceKey, JournalStore, SignalSendOutcome, SignalWait, SignalWaitOutcome};
 use keiro_postgres::PgStore;
 use keiro_tests::pg::TestDb;
@@ -237,7 +237,7 @@ async fn a_send_skips_a_wait_withdrawn_while_it_runs() -> TestResult {
 
     let mut holder = sql(&store).await?;
     let held = holder.transaction().await?;
-    let holder_pid: i32 = held.query_one("SELECT pg_backend_pid()", &[]).await?.get(0);
+    let holder_pid = backend_pid(&held).await?;
     held.execute(
         "SELECT 1 FROM workflows WHERE workflow_name = 'pay' AND workflow_id = 'z' FOR UPDATE",
         &[],
@@ -248,25 +248,7 @@ async fn a_send_skips_a_wait_withdrawn_while_it_runs() -> TestResult {
         tokio::spawn(async move { store.signal_send("tok", &json!("paid")).await })
     };
     // The send has read the waiters and waits for z's row.
-    let watcher = sql(&store).await?;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let blocked: i64 = watcher
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))",
-                &[&holder_pid],
-            )
-            .await?
-            .get(0);
-        if blocked > 0 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the send never reached z"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    blocked_by(&store, holder_pid, "the send never reached z").await?;
     assert!(store.signal_withdraw(&x, 0, "signal:tok:1").await?);
     held.commit().await?;
 

@@ -167,3 +167,37 @@ pub(crate) async fn sql(
 ) -> Result<deadpool_postgres::Object, Box<dyn std::error::Error + Send + Sync>> {
     Ok(store.pool().get().await?)
 }
+
+/// The backend process id of a test's own transaction, to wait for others blocked by it.
+pub(crate) async fn backend_pid(
+    tx: &tokio_postgres::Transaction<'_>,
+) -> Result<i32, Box<dyn std::error::Error + Send + Sync>> {
+    Ok(tx.query_one("SELECT pg_backend_pid()", &[]).await?.get(0))
+}
+
+/// Waits until some backend waits for a lock that backend `pid` holds: the call under test has
+/// reached the row a test transaction holds. Fails with `what` after ten seconds.
+pub(crate) async fn blocked_by(
+    store: &PgStore,
+    pid: i32,
+    what: &str,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let watcher = sql(store).await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let blocked: i64 = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))",
+                &[&pid],
+            )
+            .await?
+            .get(0);
+        if blocked > 0 {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(what.into());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
