@@ -319,6 +319,28 @@ async fn a_held_back_step_is_timed_to_the_end_of_its_append(h: Harness) -> TestR
     Ok(())
 }
 
+/// Drives `claim`'s run once over a store whose appends each take 200 ms (so a context call
+/// given 20 ms gives up while it sends), failing if the run has not ended in 20 s.
+async fn drive_with_slow_appends(
+    h: &Harness,
+    claim: &keiro_lease::Claim,
+    workflow: &dyn keiro::Workflow,
+) -> Result<RunOutcome, Box<dyn std::error::Error + Send + Sync>> {
+    let store: Arc<dyn JournalStore> =
+        Arc::new(CountingStore::new(h.store.clone()).with_append_delay(Duration::from_millis(200)));
+    let driven = keiro_journal::drive(
+        store,
+        workflow,
+        &claim.instance,
+        &claim.journal,
+        fenced(claim),
+    );
+    Ok(tokio::time::timeout(Duration::from_secs(20), driven)
+        .await
+        .map_err(|_| "the run never ended: a call waited for an abandoned send")?
+        .result?)
+}
+
 /// A body that gives up on a context call (a `timeout` around it) while that call is sending
 /// the held-back step before it: the step goes back to be held, and the body's next call sends
 /// it, instead of waiting forever for the abandoned send.
@@ -327,8 +349,6 @@ async fn a_context_call_dropped_while_it_sends_a_held_back_step_loses_nothing(
 ) -> TestResult {
     let claim = claimed(&h, "impatient", "i-1", "w").await?;
     let k = claim.instance.key.clone();
-    let counting =
-        CountingStore::new(h.store.clone()).with_append_delay(Duration::from_millis(200));
     let workflow = workflow_fn(|ctx: Ctx, _: Value| async move {
         let a: u32 = ctx.step("a", || async { Ok::<_, Infallible>(1) }).await?;
         // Gives up on "b" while it still sends "a".
@@ -342,20 +362,7 @@ async fn a_context_call_dropped_while_it_sends_a_held_back_step_loses_nothing(
         let c: u32 = ctx.step("c", || async { Ok::<_, Infallible>(3) }).await?;
         Ok(a + b.unwrap_or(0) + c)
     });
-    let store: Arc<dyn JournalStore> = Arc::new(counting);
-    let outcome = tokio::time::timeout(
-        Duration::from_secs(20),
-        keiro_journal::drive(
-            store,
-            &*workflow,
-            &claim.instance,
-            &claim.journal,
-            fenced(&claim),
-        ),
-    )
-    .await
-    .map_err(|_| "the run never ended: its next call waited for the abandoned send")?
-    .result?;
+    let outcome = drive_with_slow_appends(&h, &claim, &*workflow).await?;
     assert_eq!(outcome, RunOutcome::Completed(json!(4)));
     let names: Vec<String> = journal_steps(&h, &k)
         .await?
@@ -373,8 +380,6 @@ async fn a_body_returning_after_dropping_that_call_still_journals_the_step(
 ) -> TestResult {
     let claim = claimed(&h, "hasty", "h-1", "w").await?;
     let k = claim.instance.key.clone();
-    let counting =
-        CountingStore::new(h.store.clone()).with_append_delay(Duration::from_millis(200));
     let workflow = workflow_fn(|ctx: Ctx, _: Value| async move {
         let a: u32 = ctx.step("a", || async { Ok::<_, Infallible>(1) }).await?;
         let gave_up = tokio::time::timeout(
@@ -385,20 +390,7 @@ async fn a_body_returning_after_dropping_that_call_still_journals_the_step(
         .is_err();
         Ok(if gave_up { a } else { 0 })
     });
-    let store: Arc<dyn JournalStore> = Arc::new(counting);
-    let outcome = tokio::time::timeout(
-        Duration::from_secs(20),
-        keiro_journal::drive(
-            store,
-            &*workflow,
-            &claim.instance,
-            &claim.journal,
-            fenced(&claim),
-        ),
-    )
-    .await
-    .map_err(|_| "the run never ended")?
-    .result?;
+    let outcome = drive_with_slow_appends(&h, &claim, &*workflow).await?;
     assert_eq!(outcome, RunOutcome::Completed(json!(1)));
     assert_eq!(
         journal_steps(&h, &k).await?,
