@@ -18,10 +18,14 @@
 //!    resurrect of a parent locks the parent first, so once this holds it the parent stays
 //!    terminal until commit. A candidate whose parent could not be locked, or is no longer
 //!    eligible, stays.
-//! 4. One statement deletes the instance rows and, table by table, what they own, counting
+//! 4. Their wake-source rows (timers, awakeables, signal waits, remote tasks), `FOR UPDATE
+//!    SKIP LOCKED`: a candidate with one held elsewhere (a late report, timer or settle, which
+//!    takes its own row before the instance's) stays for a later batch, since waiting for it
+//!    while holding the instance would deadlock with that holder.
+//! 5. One statement deletes the instance rows and, table by table, what they own, counting
 //!    each (the foreign keys' cascades and the journal's trigger then find nothing left).
 //!
-//! Steps 2 to 4 repeat while the batch has room and the last round deleted a child, whose
+//! Steps 2 to 5 repeat while the batch has room and the last round deleted a child, whose
 //! parent may have become eligible: a tree goes leaves first, in one batch when it fits, and
 //! a batch that deleted fewer instances than it asked for found no more.
 
@@ -104,6 +108,38 @@ const INSTANCES_GC_PARENTS_EXISTING: &str = "SELECT p.workflow_name, p.workflow_
 const INSTANCES_GC_CUTOFF: &str =
     "SELECT coalesce($1::timestamptz, now()) - $2::bigint * interval '1 millisecond' AS cutoff";
 
+// The candidates (`$1`, `$2`) some of whose wake-source rows another transaction holds: a
+// late report, timer or awakeable settle, which locks its own row and then the instance's
+// (the lock order), while this batch holds the instance's. Every such row of the candidates
+// is locked here, `SKIP LOCKED`, and a candidate with fewer rows locked than it has goes to a
+// later batch: waiting for the rest would deadlock with their holders. Locked, the rest stay
+// this batch's until the delete (a terminal instance gains no new ones: their writers lock the
+// instance row first).
+const INSTANCES_GC_BUSY: &str = "WITH d AS (\
+         SELECT * FROM unnest($1::text[], $2::text[]) AS d(name, id)), \
+     t AS (SELECT x.workflow_name AS name, x.workflow_id AS id FROM timers x JOIN d \
+         ON x.workflow_name = d.name AND x.workflow_id = d.id FOR UPDATE OF x SKIP LOCKED), \
+     a AS (SELECT x.workflow_name AS name, x.workflow_id AS id FROM awakeables x JOIN d \
+         ON x.workflow_name = d.name AND x.workflow_id = d.id FOR UPDATE OF x SKIP LOCKED), \
+     s AS (SELECT x.workflow_name AS name, x.workflow_id AS id FROM signal_waiters x JOIN d \
+         ON x.workflow_name = d.name AND x.workflow_id = d.id FOR UPDATE OF x SKIP LOCKED), \
+     r AS (SELECT x.workflow_name AS name, x.workflow_id AS id FROM remote_tasks x JOIN d \
+         ON x.workflow_name = d.name AND x.workflow_id = d.id FOR UPDATE OF x SKIP LOCKED), \
+     locked AS (SELECT g.name, g.id, count(*) AS n FROM \
+         (SELECT * FROM t UNION ALL SELECT * FROM a UNION ALL SELECT * FROM s \
+          UNION ALL SELECT * FROM r) g GROUP BY g.name, g.id) \
+     SELECT d.name AS workflow_name, d.id AS workflow_id FROM d \
+     LEFT JOIN locked l ON l.name = d.name AND l.id = d.id \
+     WHERE coalesce(l.n, 0) < \
+         (SELECT count(*) FROM timers x \
+          WHERE x.workflow_name = d.name AND x.workflow_id = d.id) \
+       + (SELECT count(*) FROM awakeables x \
+          WHERE x.workflow_name = d.name AND x.workflow_id = d.id) \
+       + (SELECT count(*) FROM signal_waiters x \
+          WHERE x.workflow_name = d.name AND x.workflow_id = d.id) \
+       + (SELECT count(*) FROM remote_tasks x \
+          WHERE x.workflow_name = d.name AND x.workflow_id = d.id)";
+
 // One statement, so each table's rows are counted as they go. Every owned table is named:
 // journal (its trigger's cascade then finds nothing), timers, awakeables, signal waits and
 // remote tasks (their foreign keys' cascades likewise). Each delete is served by the owner's
@@ -161,7 +197,7 @@ impl PgStore {
         Ok(deleted)
     }
 
-    /// Steps 2 to 4 of the module docs: up to `room` candidates, deleted.
+    /// Steps 2 to 5 of the module docs: up to `room` candidates, deleted.
     async fn gc_round(
         &self,
         tx: &tokio_postgres::Transaction<'_>,
@@ -243,6 +279,7 @@ impl PgStore {
                 }
             }
         }
+        self.keep_unless_busy(tx, &names, &ids, &mut keep).await?;
         let deleted_a_child = keep
             .iter()
             .zip(&parents)
@@ -271,6 +308,43 @@ impl PgStore {
             deleted,
             deleted_a_child,
         })
+    }
+}
+
+impl PgStore {
+    /// Locks the wake-source rows of the candidates still kept, and lets go of those with a
+    /// row held elsewhere (`INSTANCES_GC_BUSY`).
+    async fn keep_unless_busy(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        names: &[String],
+        ids: &[String],
+        keep: &mut [bool],
+    ) -> Result<()> {
+        let (kept_names, kept_ids): (Vec<&String>, Vec<&String>) = names
+            .iter()
+            .zip(ids)
+            .zip(keep.iter())
+            .filter_map(|(pair, kept)| kept.then_some(pair))
+            .unzip();
+        if kept_names.is_empty() {
+            return Ok(());
+        }
+        self.count_round_trips(1);
+        let busy = tx
+            .query(INSTANCES_GC_BUSY, &[&kept_names, &kept_ids])
+            .await
+            .map_err(|e| Failure::from(e).into_store(GC))?;
+        for row in &busy {
+            let name: String = column(row, "workflow_name", GC)?;
+            let id: String = column(row, "workflow_id", GC)?;
+            for ((n, i), kept) in names.iter().zip(ids).zip(keep.iter_mut()) {
+                if *n == name && *i == id {
+                    *kept = false;
+                }
+            }
+        }
+        Ok(())
     }
 }
 
