@@ -10,13 +10,12 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::{
-    backend_pid, blocked_by, claim, key, recorded, sql, start, start_parked, status, Listener,
-    TestResult,
+    backend_pid, blocked_by, claim, key, recorded, remote_arm as arm, sql, start, start_parked,
+    status, Listener, TestResult,
 };
 use keiro_journal::{
-    child_result_step, remote_step_id, Append, AppendOutcome, Backoff, ChildSpawn, Event,
-    InstanceKey, JournalStore, Park, ParkOutcome, RemoteArm, RemoteArmOutcome, Status, StepKind,
-    StoreError,
+    child_result_step, remote_step_id, Append, AppendOutcome, ChildSpawn, Event, InstanceKey,
+    JournalStore, Park, ParkOutcome, RemoteArm, RemoteArmOutcome, Status, StepKind, StoreError,
 };
 use keiro_postgres::{Config, PgStore};
 use keiro_remote::{
@@ -30,26 +29,6 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
-
-/// The arm of remote step `step` of `k`'s generation 0, one attempt, no redispatch.
-fn arm(k: &InstanceKey, step: &str, input: Value) -> RemoteArm {
-    RemoteArm {
-        step_id: remote_step_id(k, 0, step),
-        key: k.clone(),
-        generation: 0,
-        step: step.into(),
-        journal_step: format!("remote:{step}"),
-        group: step.into(),
-        input,
-        priority: 0,
-        traceparent: None,
-        max_attempts: 1,
-        backoff: Backoff::default(),
-        redispatch_after: None,
-        redispatch_max: 10,
-        fence: None,
-    }
-}
 
 fn claim_request(groups: &[&str], worker: &str, limit: u32, ttl: Duration) -> ClaimRequest {
     ClaimRequest {

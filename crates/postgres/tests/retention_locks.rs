@@ -8,11 +8,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{sql, start, TestResult};
-use keiro_journal::{
-    remote_step_id, Append, Backoff, Event, GcRequest, InstanceKey, JournalStore, RemoteArm,
-    RetentionStore,
-};
+use common::{remote_arm, sql, start, TestResult};
+use keiro_journal::{Append, Event, GcRequest, InstanceKey, JournalStore, RetentionStore};
 use keiro_tests::pg::TestDb;
 use serde_json::json;
 
@@ -22,22 +19,7 @@ async fn retention_leaves_an_instance_whose_task_a_report_holds() -> TestResult 
     let store = db.store();
     let k = InstanceKey::parse("fan", "old")?;
     store.instance_start(&start(&k, json!(null))).await?;
-    let task = RemoteArm {
-        step_id: remote_step_id(&k, 0, "print"),
-        key: k.clone(),
-        generation: 0,
-        step: "print".into(),
-        journal_step: "remote:print".into(),
-        group: "print".into(),
-        input: json!("x"),
-        priority: 0,
-        traceparent: None,
-        max_attempts: 1,
-        backoff: Backoff::default(),
-        redispatch_after: None,
-        redispatch_max: 10,
-        fence: None,
-    };
+    let task = remote_arm(&k, "print", json!("x"));
     store.remote_arm(&task).await?;
     store
         .journal_append(&Append::external(

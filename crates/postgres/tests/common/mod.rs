@@ -201,3 +201,27 @@ pub(crate) async fn blocked_by(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// The arm of remote step `step` of `k`'s generation 0, one attempt, no redispatch.
+pub(crate) fn remote_arm(
+    k: &InstanceKey,
+    step: &str,
+    input: serde_json::Value,
+) -> keiro_journal::RemoteArm {
+    keiro_journal::RemoteArm {
+        step_id: keiro_journal::remote_step_id(k, 0, step),
+        key: k.clone(),
+        generation: 0,
+        step: step.into(),
+        journal_step: format!("remote:{step}"),
+        group: step.into(),
+        input,
+        priority: 0,
+        traceparent: None,
+        max_attempts: 1,
+        backoff: keiro_journal::Backoff::default(),
+        redispatch_after: None,
+        redispatch_max: 10,
+        fence: None,
+    }
+}
