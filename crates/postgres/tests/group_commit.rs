@@ -56,17 +56,22 @@ async fn claimed_runs(
     Ok(runs)
 }
 
-/// Appends step `name` to every run at once, one task each, and checks each was appended.
+/// Appends step `name` to every run at once, one task each, and checks each was appended; fails
+/// if that takes ten seconds (the lane waited for something it must not wait for).
 async fn append_at_once(store: &PgStore, runs: &[(InstanceKey, Fence)], name: &str) -> TestResult {
     let mut tasks = tokio::task::JoinSet::new();
     for (k, fence) in runs {
         let (store, append) = (store.clone(), step(k, Some(fence), name));
         tasks.spawn(async move { store.journal_append(&append).await });
     }
-    while let Some(joined) = tasks.join_next().await {
-        assert_eq!(joined??, AppendOutcome::Appended);
-    }
-    Ok(())
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(joined) = tasks.join_next().await {
+            assert_eq!(joined??, AppendOutcome::Appended);
+        }
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+    })
+    .await
+    .map_err(|_| format!("appending {name}: the lane waited for another transaction"))?
 }
 
 /// Statements `store` sent while `work` ran, after a warm-up of the same work prepared them.
@@ -315,10 +320,7 @@ async fn an_append_kept_waiting_never_holds_up_the_lane() -> TestResult {
     let db = TestDb::new().await;
     let store = db.store();
     let (held, held_fence) = claimed(&store, "held").await?;
-    let mut others = Vec::new();
-    for i in 0..8 {
-        others.push(claimed(&store, &format!("o{i}")).await?);
-    }
+    let others = claimed_runs(&store, "o", 8).await?;
     let other = holding(&store, &held).await?;
     // Alone in the lane, it waits for the other transaction...
     let waiting = {
@@ -358,30 +360,11 @@ async fn warm_two_connections(store: &PgStore, others: &[(InstanceKey, Fence)]) 
         tokio::spawn(async move { store.journal_append(&append).await })
     };
     for round in 0..3 {
-        appended_by_all(store, others, &format!("warm{round}")).await?;
+        append_at_once(store, others, &format!("warm{round}")).await?;
     }
     warm_holder.batch_execute("COMMIT").await?;
     assert_eq!(warm_waiting.await??, AppendOutcome::Appended);
     Ok(())
-}
-
-/// Appends `name` to every run of `runs` at once, and fails if that takes ten seconds: the
-/// lane waited for something it must not wait for.
-async fn appended_by_all(store: &PgStore, runs: &[(InstanceKey, Fence)], name: &str) -> TestResult {
-    let mut tasks = tokio::task::JoinSet::new();
-    for (k, fence) in runs {
-        let store = store.clone();
-        let append = step(k, Some(fence), name);
-        tasks.spawn(async move { store.journal_append(&append).await });
-    }
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while let Some(joined) = tasks.join_next().await {
-            assert_eq!(joined??, AppendOutcome::Appended);
-        }
-        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
-    })
-    .await
-    .map_err(|_| format!("appending {name}: the lane waited for another transaction"))?
 }
 
 /// An append whose row another transaction holds, carried by a batch: the batch answers it
@@ -393,10 +376,7 @@ async fn a_busy_append_sent_alone_after_its_batch_never_holds_up_the_lane() -> T
     let store = db.store();
     let (first, first_fence) = claimed(&store, "first").await?;
     let (held, held_fence) = claimed(&store, "held").await?;
-    let mut others = Vec::new();
-    for i in 0..8 {
-        others.push(claimed(&store, &format!("o{i}")).await?);
-    }
+    let others = claimed_runs(&store, "o", 8).await?;
     warm_two_connections(&store, &others).await?;
     let first_holder = holding(&store, &first).await?;
     let held_holder = holding(&store, &held).await?;
@@ -413,10 +393,10 @@ async fn a_busy_append_sent_alone_after_its_batch_never_holds_up_the_lane() -> T
         let append = step(&held, Some(&held_fence), "s");
         tokio::spawn(async move { store.journal_append(&append).await })
     };
-    appended_by_all(&store, &others, "batched").await?;
+    append_at_once(&store, &others, "batched").await?;
     // The other runs go on appending while `held` waits.
     for round in 0..3 {
-        appended_by_all(&store, &others, &format!("r{round}")).await?;
+        append_at_once(&store, &others, &format!("r{round}")).await?;
     }
     assert!(!held_waiting.is_finished());
     first_holder.batch_execute("COMMIT").await?;
@@ -434,10 +414,7 @@ async fn a_closing_pair_kept_waiting_never_holds_up_the_lane() -> TestResult {
     let db = TestDb::new().await;
     let store = db.store();
     let (held, held_fence) = claimed(&store, "held").await?;
-    let mut others = Vec::new();
-    for i in 0..8 {
-        others.push(claimed(&store, &format!("o{i}")).await?);
-    }
+    let others = claimed_runs(&store, "o", 8).await?;
     warm_two_connections(&store, &others).await?;
     let held_holder = holding(&store, &held).await?;
     let closing = {
@@ -451,7 +428,7 @@ async fn a_closing_pair_kept_waiting_never_holds_up_the_lane() -> TestResult {
     };
     tokio::time::sleep(Duration::from_millis(50)).await;
     for round in 0..3 {
-        appended_by_all(&store, &others, &format!("r{round}")).await?;
+        append_at_once(&store, &others, &format!("r{round}")).await?;
     }
     assert!(!closing.is_finished());
     held_holder.batch_execute("COMMIT").await?;
