@@ -14,13 +14,16 @@ LANGUAGE sql AS $$
 $$;
 
 -- signal_wait: under the token's lock, deletes the token's expired signals (they are never
--- delivered), then either finds the step already journaled, finds the waiter already
--- registered, consumes the oldest live buffered signal (journaled at once, fenced by the run's
--- lease), or registers the waiter. The oldest live signal is read without a row lock: a
--- concurrent sweep may delete it only once it has expired by the sweeper's clock, and then
--- this wait delivers a signal that was live when it looked, once (the token lock orders every
--- deliverer). Outcomes: delivered (delivered = the journaled envelope), waiting, not_found,
--- lease_lost.
+-- delivered), then either finds the step already journaled, consumes the oldest live buffered
+-- signal (journaled at once, fenced by the run's lease; the wait's own waiter row, if a
+-- drive before registered it, goes with it), or registers the waiter (once). The buffer is
+-- consulted even when the waiter is registered: a send normally hands a signal to a waiter
+-- rather than buffer it, but one that could not see the waiter (a transaction whose snapshot
+-- predated it) buffers it beside the waiter, and the re-driven wait must then take it. The
+-- oldest live signal is read without a row lock: a concurrent sweep may delete it only once
+-- it has expired by the sweeper's clock, and then this wait delivers a signal that was live
+-- when it looked, once (the token lock orders every deliverer). Outcomes: delivered
+-- (delivered = the journaled envelope), waiting, not_found, lease_lost.
 CREATE OR REPLACE FUNCTION keiro_signal_wait(p_name text, p_id text, p_generation integer,
                                              p_step text, p_token text, p_owner text,
                                              p_epoch bigint,
@@ -33,6 +36,7 @@ DECLARE
     v_envelope jsonb;
     v_outcome  text;
     v_recorded jsonb;
+    v_waiting  boolean;
 BEGIN
     PERFORM keiro_signal_lock(p_token);
     PERFORM 1 FROM workflows w WHERE w.workflow_name = p_name AND w.workflow_id = p_id;
@@ -51,10 +55,7 @@ BEGIN
     PERFORM 1 FROM signal_waiters sw
     WHERE sw.workflow_name = p_name AND sw.workflow_id = p_id
       AND sw.generation = p_generation AND sw.step = p_step;
-    IF FOUND THEN
-        outcome := 'waiting';
-        RETURN;
-    END IF;
+    v_waiting := FOUND;
 
     DELETE FROM signal_buffer b WHERE b.token = p_token AND b.expires_at <= now();
     SELECT b.seq, b.payload INTO v_seq, v_payload FROM signal_buffer b
@@ -68,6 +69,11 @@ BEGIN
                                      p_owner, p_epoch, NULL) a;
         IF v_outcome = 'appended' THEN
             DELETE FROM signal_buffer b WHERE b.seq = v_seq;
+            IF v_waiting THEN
+                DELETE FROM signal_waiters sw
+                WHERE sw.workflow_name = p_name AND sw.workflow_id = p_id
+                  AND sw.generation = p_generation AND sw.step = p_step;
+            END IF;
             outcome := 'delivered';
             delivered := v_envelope;
         ELSIF v_outcome = 'already_present' THEN
@@ -84,8 +90,10 @@ BEGIN
         RETURN;
     END IF;
 
-    INSERT INTO signal_waiters (token, workflow_name, workflow_id, generation, step)
-    VALUES (p_token, p_name, p_id, p_generation, p_step);
+    IF NOT v_waiting THEN
+        INSERT INTO signal_waiters (token, workflow_name, workflow_id, generation, step)
+        VALUES (p_token, p_name, p_id, p_generation, p_step);
+    END IF;
     outcome := 'waiting';
 END;
 $$;

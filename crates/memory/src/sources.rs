@@ -559,9 +559,9 @@ impl State {
             return Ok(SignalWaitOutcome::Delivered(stored.payload.clone()));
         }
         let id = StepId::new(&wait.key, wait.generation, &wait.step);
-        if self.sources.waiters.contains_key(&id) {
-            return Ok(SignalWaitOutcome::Waiting);
-        }
+        // The buffer is consulted even when this wait is registered (keiro_signal_wait): a
+        // signal buffered beside its waiter goes to it on the re-drive.
+        let waiting = self.sources.waiters.contains_key(&id);
         let now = self.clock.now();
         if let Some((seq, payload)) = self.sources.buffered_oldest(&wait.token, now) {
             let envelope = Envelope::ok(payload);
@@ -579,6 +579,7 @@ impl State {
             return Ok(match self.append(&append)? {
                 AppendOutcome::Appended => {
                     self.sources.buffered_remove(&wait.token, seq);
+                    self.sources.waiter_remove(&id);
                     SignalWaitOutcome::Delivered(envelope)
                 }
                 // Unreachable under the lock (the step was checked above), but if it were
@@ -590,7 +591,9 @@ impl State {
                 }
             });
         }
-        self.sources.waiter_push(id, &wait.token, now)?;
+        if !waiting {
+            self.sources.waiter_push(id, &wait.token, now)?;
+        }
         Ok(SignalWaitOutcome::Waiting)
     }
 
@@ -1171,6 +1174,39 @@ mod tests {
             .await
             .unwrap_err()
             .is_not_found());
+    }
+
+    #[tokio::test]
+    async fn a_registered_wait_takes_a_signal_buffered_beside_it() {
+        // The state a send whose snapshot predated the waiter leaves on PostgreSQL (a waiter
+        // with a signal buffered beside it), made by hand: the re-driven wait takes it.
+        let store = store();
+        let a = start(&store, "a").await;
+        assert_eq!(
+            store.signal_wait(&wait(&a, "signal:x", "t")).await.unwrap(),
+            SignalWaitOutcome::Waiting
+        );
+        store
+            .transact("buffering beside a waiter", |state| {
+                state
+                    .sources
+                    .buffer_push("t", json!(1), T0 + Span::hours(1))
+            })
+            .unwrap();
+        assert_eq!(
+            store.signal_wait(&wait(&a, "signal:x", "t")).await.unwrap(),
+            SignalWaitOutcome::Delivered(json!({"ok": 1})),
+            "the re-driven wait must consult the buffer"
+        );
+        store.inspect(|state| {
+            assert!(state.sources.buffered.is_empty());
+            assert!(state.sources.waiters.is_empty());
+            assert!(state.sources.queues.is_empty());
+        });
+        assert_eq!(
+            store.signal_send("t", &json!(2)).await.unwrap(),
+            SignalSendOutcome::Buffered
+        );
     }
 
     #[tokio::test]
