@@ -199,6 +199,23 @@ pub enum Error {
         /// Why, for humans (already safe to store).
         reason: String,
     },
+    /// The operation refuses to run inside the caller's transaction at its isolation level
+    /// (`level`, as PostgreSQL names it: `repeatable read`, `serializable`). It takes a lock
+    /// and must then see what committed before it got the lock, which only READ COMMITTED's
+    /// statement snapshots do: a signal send from an older snapshot would buffer the signal
+    /// past a waiter it cannot see. Deterministic and checked before anything is written: the
+    /// caller's transaction is still usable, and the same call from a READ COMMITTED
+    /// transaction goes through.
+    #[error(
+        "{operation}: refused inside a {level} transaction, whose snapshot cannot see what \
+         committed while it waited for a lock; call it from a read committed transaction"
+    )]
+    IsolationRefused {
+        /// What was being done.
+        operation: &'static str,
+        /// The caller's isolation level.
+        level: String,
+    },
     /// The database refused the operation.
     #[error("{operation} failed")]
     Database {
@@ -230,6 +247,12 @@ impl Error {
     /// The store refused a value; the same write will be refused again.
     pub fn is_value_refused(&self) -> bool {
         matches!(self, Self::ValueRefused { .. })
+    }
+
+    /// The call refused the caller's transaction's isolation level; the same call from a READ
+    /// COMMITTED transaction goes through.
+    pub fn is_isolation_refused(&self) -> bool {
+        matches!(self, Self::IsolationRefused { .. })
     }
 
     /// The instance is missing.
