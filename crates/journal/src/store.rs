@@ -13,8 +13,8 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::wake::{
-    AwakeableOutcome, ChildSpawn, SignalOptions, SignalSendOutcome, SignalWait, SignalWaitOutcome,
-    TimerArm, TimerFiring,
+    AwakeableOutcome, ChildSpawn, ReturnedSignal, SignalOptions, SignalSendOutcome, SignalWait,
+    SignalWaitOutcome, TimerArm, TimerFiring,
 };
 use crate::{
     Event, Fence, Generation, Instance, InstanceKey, JournalEntry, Marker, StartRequest, Started,
@@ -468,6 +468,26 @@ pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
         payload: &Value,
         options: &SignalOptions,
     ) -> Result<SignalSendOutcome>;
+
+    /// Journals `decision`, the winner of a [`Ctx::select`](crate::Ctx::select) race, and, only
+    /// when it is appended, gives each of `signals` (what the race's losing waits took) back to
+    /// its token, in one transaction: each is offered to the token's waiters as a send would
+    /// offer it, and those no waiter takes are buffered ahead of every signal buffered for the
+    /// token since, in the order given, for [`SIGNAL_TTL_DEFAULT`](crate::SIGNAL_TTL_DEFAULT).
+    /// So a signal a losing wait took is neither lost nor delivered twice: the loser's
+    /// journaled copy is never read again, since every replay takes the recorded winner. Any
+    /// other outcome writes nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`journal_append`](Self::journal_append); [`Error::ValueRefused`] for a token
+    /// [`validate_signal_token`](crate::validate_signal_token) rejects, before anything is
+    /// written.
+    async fn signal_return(
+        &self,
+        decision: &Append,
+        signals: &[ReturnedSignal],
+    ) -> Result<AppendOutcome>;
 
     /// [`signal_send_with`](Self::signal_send_with) with the default options: a buffered
     /// signal expires after [`SIGNAL_TTL_DEFAULT`](crate::SIGNAL_TTL_DEFAULT).
