@@ -108,7 +108,9 @@ fn first_resolved<T>(states: &[Branch<T>], marks: &[RaceMarks]) -> Option<usize>
 impl Ctx {
     /// Races `branches` (awaits mapped into one result type) and returns the winner's result;
     /// the winner is journaled under `race:<name>`, so every replay takes the same branch
-    /// however the awaits resolved meanwhile. A losing signal wait is withdrawn.
+    /// however the awaits resolved meanwhile. When several branches have resolved by the time
+    /// the run is driven, the one journaled first wins. A losing signal wait is withdrawn, and
+    /// a signal it had already taken goes back to its token with the decision.
     ///
     /// ```no_run
     /// # use std::time::Duration;
