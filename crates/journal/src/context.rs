@@ -503,9 +503,11 @@ impl Ctx {
         match state.replay.lookup(name, StepKind::Await) {
             Lookup::Hit(value) => {
                 state.stats.replayed += 1;
-                let position = state.replay.position(name);
-                if let Some(marks) = &mut state.race_marks {
-                    marks.read(position);
+                if state.race_marks.is_some() {
+                    let position = state.replay.position(name);
+                    if let Some(marks) = &mut state.race_marks {
+                        marks.read(position);
+                    }
                 }
                 Some(value)
             }
@@ -692,9 +694,11 @@ impl Ctx {
         match state.replay.lookup(step, kind) {
             Lookup::Hit(value) => {
                 state.stats.replayed += 1;
-                let position = state.replay.position(step);
-                if let Some(marks) = &mut state.race_marks {
-                    marks.read(position);
+                if state.race_marks.is_some() {
+                    let position = state.replay.position(step);
+                    if let Some(marks) = &mut state.race_marks {
+                        marks.read(position);
+                    }
                 }
                 Ok(Some(value))
             }
