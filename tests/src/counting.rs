@@ -11,9 +11,9 @@ use keiro::{
     JournalStore, LeaseStore, ResurrectOutcome, Started, Status,
 };
 use keiro_journal::{
-    AwakeableOutcome, ChildSpawn, Park, ParkOutcome, RemoteArm, RemoteArmOutcome, SignalOptions,
-    SignalSendOutcome, SignalWait, SignalWaitOutcome, StartRequest, TimerArm, TimerDue,
-    TimerFiring,
+    AwakeableOutcome, ChildSpawn, Park, ParkOutcome, RemoteArm, RemoteArmOutcome, ReturnedSignal,
+    SignalOptions, SignalSendOutcome, SignalWait, SignalWaitOutcome, StartRequest, TimerArm,
+    TimerDue, TimerFiring,
 };
 use keiro_lease::Crash;
 use serde_json::Value;
@@ -239,6 +239,14 @@ impl JournalStore for CountingStore {
     ) -> Result<bool> {
         self.count("signal_withdraw");
         self.inner.signal_withdraw(key, generation, step).await
+    }
+    async fn signal_return(
+        &self,
+        decision: &Append,
+        signals: &[ReturnedSignal],
+    ) -> Result<AppendOutcome> {
+        self.count("signal_return");
+        self.inner.signal_return(decision, signals).await
     }
     async fn signal_send_with(
         &self,

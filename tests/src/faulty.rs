@@ -10,8 +10,9 @@ use keiro::{
     JournalStore, LeaseStore, ResurrectOutcome, Started, Status,
 };
 use keiro_journal::{
-    AwakeableOutcome, ChildSpawn, Park, ParkOutcome, RemoteArm, RemoteArmOutcome, SignalOptions,
-    SignalSendOutcome, SignalWait, SignalWaitOutcome, StartRequest, TimerArm, TimerFiring,
+    AwakeableOutcome, ChildSpawn, Park, ParkOutcome, RemoteArm, RemoteArmOutcome, ReturnedSignal,
+    SignalOptions, SignalSendOutcome, SignalWait, SignalWaitOutcome, StartRequest, TimerArm,
+    TimerFiring,
 };
 use keiro_lease::Crash;
 use serde_json::Value;
@@ -209,6 +210,16 @@ impl JournalStore for FaultyStore {
         options: &SignalOptions,
     ) -> Result<SignalSendOutcome> {
         self.inner.signal_send_with(token, payload, options).await
+    }
+    async fn signal_return(
+        &self,
+        decision: &Append,
+        signals: &[ReturnedSignal],
+    ) -> Result<AppendOutcome> {
+        if self.fail_appends.load(Ordering::SeqCst) {
+            return Err(unavailable("giving signals back to their tokens"));
+        }
+        self.inner.signal_return(decision, signals).await
     }
     async fn child_spawn(&self, append: &Append, spawn: &ChildSpawn) -> Result<AppendOutcome> {
         if self.fail_appends.load(Ordering::SeqCst) {

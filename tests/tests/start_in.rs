@@ -531,3 +531,228 @@ async fn the_memory_store_refuses_with_a_typed_error() -> TestResult {
     );
     Ok(())
 }
+
+/// The isolation levels above READ COMMITTED, with the name PostgreSQL gives each.
+const SNAPSHOT_LEVELS: [(tokio_postgres::IsolationLevel, &str); 2] = [
+    (
+        tokio_postgres::IsolationLevel::RepeatableRead,
+        "repeatable read",
+    ),
+    (tokio_postgres::IsolationLevel::Serializable, "serializable"),
+];
+
+/// A transaction of the app's at `level` whose snapshot is taken now (by its first statement),
+/// so whatever commits from here on is invisible to it.
+async fn snapshot_at(
+    client: &mut Client,
+    level: tokio_postgres::IsolationLevel,
+) -> Result<tokio_postgres::Transaction<'_>, AnyError> {
+    let tx = client
+        .build_transaction()
+        .isolation_level(level)
+        .start()
+        .await?;
+    tx.query_one("SELECT count(*) FROM orders", &[]).await?;
+    Ok(tx)
+}
+
+fn isolation_refused(result: &Result<impl std::fmt::Debug, Error>, wanted: &str) -> bool {
+    matches!(result, Err(Error::Store(StoreError::IsolationRefused { level, .. })) if level == wanted)
+}
+
+/// The reviewer's case: a run parks on `wait_signal` after the caller's REPEATABLE READ (or
+/// SERIALIZABLE) transaction took its snapshot; a send in that transaction cannot see the
+/// waiter, and it answered `Buffered` and left the run suspended forever. It is refused with
+/// the level named, before anything is written, and the transaction goes on; from READ
+/// COMMITTED the same signal reaches the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_in_a_snapshot_transaction_is_refused_naming_the_level() -> TestResult {
+    let mut app = App::new().await?;
+    let mut registry = Registry::new();
+    registry.register("waiter", |ctx: Ctx, token: String| async move {
+        ctx.wait_signal::<u32>(&token, None).await
+    })?;
+    let options = app.h.fast_options();
+    for (n, (level, name)) in SNAPSHOT_LEVELS.into_iter().enumerate() {
+        let (id, token) = (format!("w-{n}"), format!("tok-{n}"));
+        let tx = snapshot_at(&mut app.client, level).await?;
+        app.keiro.start("waiter", &id, &token).await?;
+        keiro::resume_once(&app.h.store, &registry, &options).await?;
+        let row = app
+            .keiro
+            .instance(("waiter", id.as_str()))
+            .await?
+            .expect("row");
+        assert_eq!(row.status, Status::Suspended, "parked on the wait");
+
+        let sent = app.keiro.signal_in(&tx, &token, &7u32).await;
+        assert!(isolation_refused(&sent, name), "{name}: {sent:?}");
+        let message = keiro::error_chain(&sent.expect_err("refused"));
+        assert!(message.contains(name), "{message}");
+        // Nothing was sent, and the transaction is still good for the caller's own rows.
+        tx.execute("INSERT INTO orders VALUES ($1)", &[&id]).await?;
+        tx.commit().await?;
+        let buffered = format!("SELECT count(*) FROM {}.signal_buffer", app.schema());
+        assert_eq!(app.count(&buffered).await?, 0, "{name}");
+
+        let tx = app.client.transaction().await?;
+        assert_eq!(
+            app.keiro.signal_in(&tx, &token, &7u32).await?,
+            SignalSendOutcome::Delivered {
+                to: InstanceKey::parse("waiter", &id)?
+            }
+        );
+        tx.commit().await?;
+        keiro::resume_once(&app.h.store, &registry, &options).await?;
+        let row = app
+            .keiro
+            .instance(("waiter", id.as_str()))
+            .await?
+            .expect("row");
+        assert_eq!(
+            (row.status, row.output),
+            (Status::Completed, Some(serde_json::json!(7))),
+            "{name}"
+        );
+    }
+    Ok(())
+}
+
+/// A cancel reads the tree it cascades to, and the remote tasks and awakeables it closes,
+/// after taking the instance's lock: from an older snapshot it would miss a child spawned
+/// since. It is refused at REPEATABLE READ and SERIALIZABLE, as the send is, and works from
+/// READ COMMITTED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_in_a_snapshot_transaction_is_refused_naming_the_level() -> TestResult {
+    let mut app = App::new().await?;
+    app.keiro.start("gate", "g-1", &()).await?;
+    for (level, name) in SNAPSHOT_LEVELS {
+        let tx = snapshot_at(&mut app.client, level).await?;
+        let plain = app.keiro.cancel_in(&tx, ("gate", "g-1")).await;
+        assert!(isolation_refused(&plain, name), "{name}: {plain:?}");
+        let cascade = app.keiro.cancel_cascade_in(&tx, ("gate", "g-1")).await;
+        assert!(isolation_refused(&cascade, name), "{name}: {cascade:?}");
+        tx.execute("INSERT INTO orders VALUES ($1)", &[&name])
+            .await?;
+        tx.commit().await?;
+        let row = app.keiro.instance(("gate", "g-1")).await?.expect("row");
+        assert_eq!(row.status, Status::Running, "{name}");
+    }
+    let tx = app.client.transaction().await?;
+    assert_eq!(
+        app.keiro.cancel_in(&tx, ("gate", "g-1")).await?,
+        CancelOutcome::Recorded
+    );
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Starts, deliveries and awakeable settlements work at REPEATABLE READ and SERIALIZABLE: each
+/// locks the row it changes (the instance's, the awakeable's) before it reads it, and a row
+/// that changed after the caller's snapshot is a serialization failure (retryable), never a
+/// stale answer. Retried in a fresh transaction, the call then lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starts_deliveries_and_awakeables_work_in_snapshot_transactions() -> TestResult {
+    let mut app = App::new().await?;
+    let ids = Arc::new(Mutex::new(Vec::<Uuid>::new()));
+    let mut registry = Registry::new();
+    registry.register("gate", |ctx: Ctx, (): ()| async move {
+        ctx.await_step::<u32>("open").await
+    })?;
+    let seen = ids.clone();
+    registry.register("approver", move |ctx: Ctx, (): ()| {
+        let seen = seen.clone();
+        async move {
+            let approval = ctx.awakeable::<String>("approval").await?;
+            seen.lock().expect("lock").push(approval.id());
+            approval.value().await
+        }
+    })?;
+    let options = app.h.fast_options();
+    let done = |keiro: Keiro, name: &'static str, id: String| async move {
+        let row = keiro.instance((name, id.as_str())).await?.expect("row");
+        Ok::<_, Error>((row.status, row.output))
+    };
+    for (n, (level, name)) in SNAPSHOT_LEVELS.into_iter().enumerate() {
+        // A start commits and runs.
+        let id = format!("g-{n}");
+        let tx = snapshot_at(&mut app.client, level).await?;
+        assert!(app.keiro.start_in(&tx, "gate", &id, &()).await?.created);
+        tx.commit().await?;
+        keiro::resume_once(&app.h.store, &registry, &options).await?;
+        assert_eq!(
+            done(app.keiro.clone(), "gate", id.clone()).await?.0,
+            Status::Suspended,
+            "{name}"
+        );
+        // A start of an id another transaction started after the snapshot is a serialization
+        // failure, not a second `created`.
+        let other = format!("o-{n}");
+        let tx = snapshot_at(&mut app.client, level).await?;
+        app.keiro.start("gate", &other, &()).await?;
+        let again = app.keiro.start_in(&tx, "gate", &other, &()).await;
+        assert!(
+            matches!(&again, Err(Error::Store(e)) if e.is_retryable()),
+            "{name}: {again:?}"
+        );
+        tx.rollback().await?;
+        let tx = snapshot_at(&mut app.client, level).await?;
+        assert!(!app.keiro.start_in(&tx, "gate", &other, &()).await?.created);
+        tx.rollback().await?;
+
+        // A delivery to a run that parked after the snapshot is a serialization failure...
+        let late = format!("late-{n}");
+        app.keiro.start("gate", &late, &()).await?;
+        let tx = snapshot_at(&mut app.client, level).await?;
+        keiro::resume_once(&app.h.store, &registry, &options).await?;
+        let stale = app
+            .keiro
+            .deliver_in(&tx, ("gate", late.as_str()), "open", &1u32)
+            .await;
+        assert!(
+            matches!(&stale, Err(Error::Store(e)) if e.is_retryable()),
+            "{name}: {stale:?}"
+        );
+        tx.rollback().await?;
+        // ... and lands from a snapshot taken after the park, waking the run.
+        for target in [&id, &late] {
+            let tx = snapshot_at(&mut app.client, level).await?;
+            assert_eq!(
+                app.keiro
+                    .deliver_in(&tx, ("gate", target.as_str()), "open", &1u32)
+                    .await?,
+                AppendOutcome::Appended,
+                "{name}"
+            );
+            tx.commit().await?;
+        }
+        keiro::resume_once(&app.h.store, &registry, &options).await?;
+        for target in [&id, &late] {
+            assert_eq!(
+                done(app.keiro.clone(), "gate", target.clone()).await?,
+                (Status::Completed, Some(serde_json::json!(1))),
+                "{name}"
+            );
+        }
+
+        // An awakeable settled from a snapshot that sees it pending.
+        let approver = format!("a-{n}");
+        app.keiro.start("approver", &approver, &()).await?;
+        keiro::resume_once(&app.h.store, &registry, &options).await?;
+        let id = *ids.lock().expect("lock").last().expect("an awakeable");
+        let tx = snapshot_at(&mut app.client, level).await?;
+        assert_eq!(
+            app.keiro.complete_awakeable_in(&tx, id, "yes").await?,
+            AwakeableOutcome::Delivered,
+            "{name}"
+        );
+        tx.commit().await?;
+        keiro::resume_once(&app.h.store, &registry, &options).await?;
+        assert_eq!(
+            done(app.keiro.clone(), "approver", approver).await?,
+            (Status::Completed, Some(serde_json::json!("yes"))),
+            "{name}"
+        );
+    }
+    Ok(())
+}

@@ -152,6 +152,8 @@ pub(crate) enum RecordVia {
     Awakeable(uuid::Uuid),
     /// An append that also spawns this child.
     Child(crate::ChildSpawn),
+    /// A race's decision that also gives back the signals its losing waits took.
+    Race(Vec<crate::ReturnedSignal>),
 }
 
 /// Counts of what a run did, for summaries and metrics.
@@ -233,6 +235,9 @@ pub(crate) struct State {
     pub(crate) disarmed: bool,
     /// The steps of signal waits this drive registered, so a race can withdraw its losers'.
     pub(crate) signal_waits_armed: Vec<String>,
+    /// While a [`Ctx::select`] polls one of its branches: what the branch has read so far, to
+    /// decide the race by journal order and give back the signals a losing branch took.
+    pub(crate) race_marks: Option<crate::race::RaceMarks>,
     /// What the generation's journal holds, for the journal budget.
     pub(crate) journal_size: crate::budget::JournalSize,
     /// Set by the driver, which sends a held-back append whenever the body waits: only then
@@ -300,6 +305,7 @@ impl Ctx {
                     actions_running: 0,
                     disarmed: false,
                     signal_waits_armed: Vec::new(),
+                    race_marks: None,
                     journal_size,
                     drives_held_back: false,
                     held_back: None,
@@ -497,6 +503,12 @@ impl Ctx {
         match state.replay.lookup(name, StepKind::Await) {
             Lookup::Hit(value) => {
                 state.stats.replayed += 1;
+                if state.race_marks.is_some() {
+                    let position = state.replay.position(name);
+                    if let Some(marks) = &mut state.race_marks {
+                        marks.read(position);
+                    }
+                }
                 Some(value)
             }
             Lookup::KindMismatch { .. } | Lookup::Miss => None,
@@ -682,6 +694,12 @@ impl Ctx {
         match state.replay.lookup(step, kind) {
             Lookup::Hit(value) => {
                 state.stats.replayed += 1;
+                if state.race_marks.is_some() {
+                    let position = state.replay.position(step);
+                    if let Some(marks) = &mut state.race_marks {
+                        marks.read(position);
+                    }
+                }
                 Ok(Some(value))
             }
             Lookup::Miss => Ok(None),
@@ -747,12 +765,19 @@ impl Ctx {
     }
 
     async fn prepare_fresh(&self, step: &str, flush: bool) -> Result<(), WorkflowError> {
-        if self.state().disarmed {
-            // A losing branch of a decided race: it replays what is journaled, and waits
-            // forever on anything else, without arming it.
-            return Err(WorkflowError::Suspended {
-                step: step.to_owned(),
-            });
+        {
+            let mut state = self.state();
+            if state.disarmed {
+                // A losing branch of a decided race: it replays what is journaled, and waits
+                // forever on anything else, without arming it.
+                return Err(WorkflowError::Suspended {
+                    step: step.to_owned(),
+                });
+            }
+            // Whatever this branch of a race resolves from here on, it resolves in this drive.
+            if let Some(marks) = &mut state.race_marks {
+                marks.fresh = true;
+            }
         }
         self.send_held_back().await?;
         YieldNow::new().await;
@@ -867,6 +892,9 @@ impl Ctx {
         via: RecordVia,
     ) -> Result<Value, WorkflowError> {
         self.send_held_back().await?;
+        if let Some(marks) = &mut self.state().race_marks {
+            marks.fresh = true;
+        }
         let len = crate::budget::encoded_len(&json);
         self.check_budget_for(step, len)?;
         let append = self.fresh_append(step, kind, json.clone());
@@ -876,6 +904,7 @@ impl Ctx {
             RecordVia::Append => store.journal_append(&append).await,
             RecordVia::Awakeable(id) => store.awakeable_create(&append, *id).await,
             RecordVia::Child(spawn) => store.child_spawn(&append, spawn).await,
+            RecordVia::Race(signals) => store.signal_return(&append, signals).await,
         }
         .map_err(|e| self.store_failed(step, e))?;
         self.adopt(step, kind, json, len, outcome, started)

@@ -118,7 +118,7 @@ pub use store::{
 pub use store_span::{traced, SpanOutcome, STORE_SPAN_TARGET};
 pub use wake::{
     awakeable_step, child_result_step, validate_signal_token, AwakeableOutcome, AwakeableStatus,
-    ChildSpawn, Envelope, FiredTimer, SignalOptions, SignalSendOutcome, SignalWait,
+    ChildSpawn, Envelope, FiredTimer, ReturnedSignal, SignalOptions, SignalSendOutcome, SignalWait,
     SignalWaitOutcome, TimerArm, TimerDue, TimerFiring, TimerKind, SIGNAL_TTL_DEFAULT,
     SIGNAL_TTL_MAX,
 };

@@ -58,7 +58,9 @@ pub(crate) enum Lookup {
 /// The generation's recorded steps and which of them this run has consumed.
 #[derive(Debug, Default)]
 pub(crate) struct Replay {
-    recorded: HashMap<String, (StepKind, Value)>,
+    /// Each recorded step's kind, value, and journal position (`seq`; `None` for a value this
+    /// run recorded itself, which comes after everything loaded).
+    recorded: HashMap<String, (StepKind, Value, Option<i64>)>,
     /// Body-recorded steps in journal order, for a stable divergence report.
     body_order: Vec<String>,
     consumed: HashSet<String>,
@@ -92,7 +94,7 @@ impl Replay {
             match &entry.event {
                 // A revised step (`remote:x#2`) answers for its logical step.
                 Event::StepRecorded { step, kind, result } => {
-                    replay.insert(logical_step(step), *kind, result.clone());
+                    replay.insert(logical_step(step), *kind, result.clone(), Some(entry.seq));
                 }
                 // Entries come in append order, so a reset forgets exactly the records before
                 // it, and the next revision (appended after it) is the one replayed.
@@ -114,14 +116,20 @@ impl Replay {
         self.consumed_prefix.set(0);
     }
 
-    fn insert(&mut self, step: &str, kind: StepKind, value: Value) {
+    fn insert(&mut self, step: &str, kind: StepKind, value: Value, seq: Option<i64>) {
         if self.recorded.contains_key(step) {
             return; // first record wins, as in the store
         }
         if recorded_by_body(step, kind) {
             self.body_order.push(step.to_owned());
         }
-        self.recorded.insert(step.to_owned(), (kind, value));
+        self.recorded.insert(step.to_owned(), (kind, value, seq));
+    }
+
+    /// Where `step`'s record sits in the journal (its `seq`), if it was loaded with the run;
+    /// `None` for a step this run recorded itself, or none at all.
+    pub(crate) fn position(&self, step: &str) -> Option<i64> {
+        self.recorded.get(step).and_then(|(_, _, seq)| *seq)
     }
 
     /// The name the next value of `step` is stored under: `step` itself, or its next revision
@@ -137,12 +145,12 @@ impl Replay {
     /// Looks a step up and marks it consumed on a hit.
     pub(crate) fn lookup(&mut self, step: &str, kind: StepKind) -> Lookup {
         match self.recorded.get(step) {
-            Some((recorded, value)) if *recorded == kind => {
+            Some((recorded, value, _)) if *recorded == kind => {
                 let value = value.clone();
                 self.consumed.insert(step.to_owned());
                 Lookup::Hit(value)
             }
-            Some((recorded, _)) => Lookup::KindMismatch {
+            Some((recorded, _, _)) => Lookup::KindMismatch {
                 recorded: *recorded,
             },
             None => Lookup::Miss,
@@ -151,7 +159,7 @@ impl Replay {
 
     /// Records a fresh result so a repeated name in the same run replays it.
     pub(crate) fn record_fresh(&mut self, step: &str, kind: StepKind, value: Value) {
-        self.insert(step, kind, value);
+        self.insert(step, kind, value, None);
         self.consumed.insert(step.to_owned());
     }
 
@@ -286,6 +294,18 @@ mod tests {
         assert_eq!(r.first_unconsumed(), None);
         r.record_fresh("e", StepKind::Step, json!(5));
         assert_eq!(r.first_unconsumed(), None);
+    }
+
+    #[test]
+    fn a_loaded_step_knows_its_journal_position_and_a_fresh_one_does_not() {
+        let mut r = Replay::new(&[
+            entry(7, "a", StepKind::Sleep),
+            entry(9, "a", StepKind::Sleep),
+        ]);
+        assert_eq!(r.position("a"), Some(7), "the first record wins");
+        r.record_fresh("b", StepKind::Step, json!(1));
+        assert_eq!(r.position("b"), None);
+        assert_eq!(r.position("c"), None);
     }
 
     #[test]

@@ -18,8 +18,8 @@ use crate::context::{decode, Armed, RecordVia};
 use crate::wake::{open, Opened};
 use crate::{
     awakeable_step, child_result_step, id, validate_signal_token, ChildSpawn, Ctx, InstanceKey,
-    SignalWait, SignalWaitOutcome, StepKind, TimerArm, TimerDue, TimerKind, WorkflowError,
-    WorkflowId, WorkflowName,
+    ReturnedSignal, SignalWait, SignalWaitOutcome, StepKind, TimerArm, TimerDue, TimerKind,
+    WorkflowError, WorkflowId, WorkflowName,
 };
 
 /// An awakeable: a durable promise with a random id, completed from anywhere by id.
@@ -229,7 +229,16 @@ impl Ctx {
             })
             .await?;
         match open(value.clone()) {
-            Some(Opened::Ok(v)) => decode(&step, v),
+            Some(Opened::Ok(v)) => {
+                // Taken by this wait: if it is in a race's losing branch, the race gives it back.
+                if let Some(marks) = &mut self.state().race_marks {
+                    marks.signals.push(ReturnedSignal {
+                        token: token.to_owned(),
+                        payload: v.clone(),
+                    });
+                }
+                decode(&step, v)
+            }
             Some(Opened::Timeout) => Err(WorkflowError::SignalTimeout {
                 token: token.to_owned(),
             }),

@@ -13,8 +13,8 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::wake::{
-    AwakeableOutcome, ChildSpawn, SignalOptions, SignalSendOutcome, SignalWait, SignalWaitOutcome,
-    TimerArm, TimerFiring,
+    AwakeableOutcome, ChildSpawn, ReturnedSignal, SignalOptions, SignalSendOutcome, SignalWait,
+    SignalWaitOutcome, TimerArm, TimerFiring,
 };
 use crate::{
     Event, Fence, Generation, Instance, InstanceKey, JournalEntry, Marker, StartRequest, Started,
@@ -199,6 +199,23 @@ pub enum Error {
         /// Why, for humans (already safe to store).
         reason: String,
     },
+    /// The operation refuses to run inside the caller's transaction at its isolation level
+    /// (`level`, as PostgreSQL names it: `repeatable read`, `serializable`). It takes a lock
+    /// and must then see what committed before it got the lock, which only READ COMMITTED's
+    /// statement snapshots do: a signal send from an older snapshot would buffer the signal
+    /// past a waiter it cannot see. Deterministic and checked before anything is written: the
+    /// caller's transaction is still usable, and the same call from a READ COMMITTED
+    /// transaction goes through.
+    #[error(
+        "{operation}: refused inside a {level} transaction, whose snapshot cannot see what \
+         committed while it waited for a lock; call it from a read committed transaction"
+    )]
+    IsolationRefused {
+        /// What was being done.
+        operation: &'static str,
+        /// The caller's isolation level.
+        level: String,
+    },
     /// The database refused the operation.
     #[error("{operation} failed")]
     Database {
@@ -230,6 +247,12 @@ impl Error {
     /// The store refused a value; the same write will be refused again.
     pub fn is_value_refused(&self) -> bool {
         matches!(self, Self::ValueRefused { .. })
+    }
+
+    /// The call refused the caller's transaction's isolation level; the same call from a READ
+    /// COMMITTED transaction goes through.
+    pub fn is_isolation_refused(&self) -> bool {
+        matches!(self, Self::IsolationRefused { .. })
     }
 
     /// The instance is missing.
@@ -445,6 +468,26 @@ pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
         payload: &Value,
         options: &SignalOptions,
     ) -> Result<SignalSendOutcome>;
+
+    /// Journals `decision`, the winner of a [`Ctx::select`](crate::Ctx::select) race, and, only
+    /// when it is appended, gives each of `signals` (what the race's losing waits took) back to
+    /// its token, in one transaction: each is offered to the token's waiters as a send would
+    /// offer it, and those no waiter takes are buffered ahead of every signal buffered for the
+    /// token since, in the order given, for [`SIGNAL_TTL_DEFAULT`](crate::SIGNAL_TTL_DEFAULT).
+    /// So a signal a losing wait took is neither lost nor delivered twice: the loser's
+    /// journaled copy is never read again, since every replay takes the recorded winner. Any
+    /// other outcome writes nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`journal_append`](Self::journal_append); [`Error::ValueRefused`] for a token
+    /// [`validate_signal_token`](crate::validate_signal_token) rejects, before anything is
+    /// written.
+    async fn signal_return(
+        &self,
+        decision: &Append,
+        signals: &[ReturnedSignal],
+    ) -> Result<AppendOutcome>;
 
     /// [`signal_send_with`](Self::signal_send_with) with the default options: a buffered
     /// signal expires after [`SIGNAL_TTL_DEFAULT`](crate::SIGNAL_TTL_DEFAULT).

@@ -182,6 +182,16 @@ pub enum SignalWaitOutcome {
     Waiting,
 }
 
+/// A signal a losing wait of a [`Ctx::select`](crate::Ctx::select) race took, given back to its
+/// token when the race is decided ([`JournalStore::signal_return`](crate::JournalStore::signal_return)).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReturnedSignal {
+    /// The token it was sent on.
+    pub token: String,
+    /// The payload as sent (out of its journaled envelope).
+    pub payload: Value,
+}
+
 /// Checks a signal token: non-empty, at most [`ID_LEN_MAX`] bytes, no control character. Waits
 /// and sends apply this one rule, so a token a send accepts is one a wait can take.
 ///

@@ -6,6 +6,13 @@
 //! payload encoding and size) before anything reaches the database, and answers with the same
 //! outcomes and errors. Wake-ups come with the commit: keiro's functions `NOTIFY` inside the
 //! caller's transaction, and PostgreSQL delivers a notification only when it commits.
+//!
+//! Isolation levels: `start_in`, `deliver_in`, `deliver_to_in`, `complete_awakeable_in` and
+//! `cancel_awakeable_in` work at READ COMMITTED, REPEATABLE READ and SERIALIZABLE (a row that
+//! changed after the caller's snapshot is a retryable serialization failure; retry the
+//! transaction). `signal_in`, `signal_with_in`, `cancel_in` and `cancel_cascade_in` need READ
+//! COMMITTED and refuse the other two with `StoreError::IsolationRefused`, naming the level,
+//! before anything is written (see `keiro::postgres::InTransaction`).
 
 use keiro_journal::{
     cancel_outcome, encode_payload, AppendOutcome, AwakeableOutcome, CancelOutcome, Generation,
@@ -48,6 +55,11 @@ impl Keiro {
     /// tx.commit().await?; // the order and its workflow, or neither
     /// # Ok(()) }
     /// ```
+    ///
+    /// Works at every isolation level. At REPEATABLE READ or SERIALIZABLE, a start of an id
+    /// that another transaction started after the caller's snapshot is a serialization failure
+    /// (a retryable [`StoreError`]): retry the transaction, as for
+    /// any write PostgreSQL cannot order. So are `deliver_in` and the awakeable settlements.
     ///
     /// # Errors
     ///
@@ -168,7 +180,9 @@ impl Keiro {
     }
 
     /// [`signal`](Self::signal) inside the caller's transaction `client`: delivered or
-    /// buffered when the caller commits. The token's lock is held until then.
+    /// buffered when the caller commits. The token's lock is held until then. The transaction
+    /// must be READ COMMITTED: from an older snapshot the send could not see a waiter that
+    /// registered meanwhile, and would buffer the signal past it.
     ///
     /// ```no_run
     /// # async fn demo(keiro: keiro::Keiro, tx: keiro::postgres::tokio_postgres::Transaction<'_>) -> Result<(), Box<dyn std::error::Error>> {
@@ -179,7 +193,9 @@ impl Keiro {
     ///
     /// # Errors
     ///
-    /// As [`signal`](Self::signal) and [`start_in`](Self::start_in).
+    /// As [`signal`](Self::signal) and [`start_in`](Self::start_in), and
+    /// [`StoreError::IsolationRefused`] (in [`Error::Store`]) inside a REPEATABLE READ or
+    /// SERIALIZABLE transaction, which is left as it was.
     pub async fn signal_in<C, T>(
         &self,
         client: &C,
@@ -206,7 +222,7 @@ impl Keiro {
     ///
     /// # Errors
     ///
-    /// As [`signal`](Self::signal) and [`start_in`](Self::start_in).
+    /// As [`signal_in`](Self::signal_in).
     pub async fn signal_with_in<C, T>(
         &self,
         client: &C,
@@ -229,7 +245,9 @@ impl Keiro {
 
     /// [`cancel`](Self::cancel) inside the caller's transaction `client`: the cancel marker is
     /// written when the caller commits (the run then stops at its next boundary); if the caller
-    /// rolls back, the instance runs on as if nothing happened.
+    /// rolls back, the instance runs on as if nothing happened. The transaction must be READ
+    /// COMMITTED: a cancel closes the remote tasks and awakeables of the run (and cascades to
+    /// its children), which an older snapshot may not see yet.
     ///
     /// ```no_run
     /// # async fn demo(keiro: keiro::Keiro, tx: keiro::postgres::tokio_postgres::Transaction<'_>) -> Result<(), Box<dyn std::error::Error>> {
@@ -241,7 +259,9 @@ impl Keiro {
     ///
     /// # Errors
     ///
-    /// As [`cancel`](Self::cancel) and [`start_in`](Self::start_in).
+    /// As [`cancel`](Self::cancel) and [`start_in`](Self::start_in), and
+    /// [`StoreError::IsolationRefused`] (in [`Error::Store`]) inside a REPEATABLE READ or
+    /// SERIALIZABLE transaction, which is left as it was.
     pub async fn cancel_in<C>(
         &self,
         client: &C,
@@ -264,7 +284,7 @@ impl Keiro {
     ///
     /// # Errors
     ///
-    /// As [`cancel_cascade`](Self::cancel_cascade) and [`start_in`](Self::start_in).
+    /// As [`cancel_cascade`](Self::cancel_cascade) and [`cancel_in`](Self::cancel_in).
     pub async fn cancel_cascade_in<C>(
         &self,
         client: &C,

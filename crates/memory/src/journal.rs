@@ -18,7 +18,7 @@ use keiro_journal::store::{Append, AppendOutcome, JournalStore, Park, ParkOutcom
 use keiro_journal::{store_span, traced};
 use keiro_journal::{
     AwakeableOutcome, AwakeableStatus, ChildSpawn, Envelope, Event, Fence, Generation, Instance,
-    InstanceKey, JournalEntry, Marker, RemoteArm, RemoteArmOutcome, SignalOptions,
+    InstanceKey, JournalEntry, Marker, RemoteArm, RemoteArmOutcome, ReturnedSignal, SignalOptions,
     SignalSendOutcome, SignalWait, SignalWaitOutcome, StartRequest, Started, Status, StoreError,
     TimerArm, TimerFiring,
 };
@@ -43,6 +43,7 @@ const WAIT_SIGNAL: &str = "waiting for a signal";
 const WITHDRAW_SIGNAL: &str = "withdrawing a signal wait";
 const SETTLE_LEFTOVERS: &str = "settling a completed run's leftovers";
 const SEND_SIGNAL: &str = "sending a signal";
+const RETURN_SIGNALS: &str = "giving signals back to their tokens";
 const SPAWN: &str = "spawning a child workflow";
 const ARM_REMOTE: &str = "arming a remote step";
 const PARK_DISPATCH: &str = "parking a run with its remote dispatches";
@@ -675,6 +676,25 @@ impl JournalStore for MemoryStore {
             storable::value(SEND_SIGNAL, payload)?;
             self.transact(SEND_SIGNAL, |state| {
                 state.signal_send(token, payload, options)
+            })
+        })
+        .await
+    }
+
+    async fn signal_return(
+        &self,
+        decision: &Append,
+        signals: &[ReturnedSignal],
+    ) -> Result<AppendOutcome> {
+        let span = store_span!("signal_return", key = decision.key, keiro.workflow.step = %decision.event.step_name());
+        traced(span, async {
+            storable::append(RETURN_SIGNALS, decision)?;
+            for signal in signals {
+                storable::text(RETURN_SIGNALS, "signal token", &signal.token)?;
+                storable::value(RETURN_SIGNALS, &signal.payload)?;
+            }
+            self.transact(RETURN_SIGNALS, |state| {
+                state.signal_return(decision, signals)
             })
         })
         .await

@@ -22,9 +22,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use keiro_journal::store::{Append, AppendOutcome, Result};
 use keiro_journal::{
     awakeable_step, validate_signal_token, AwakeableInfo, AwakeableOutcome, AwakeableStatus,
-    ChildSpawn, Envelope, Event, FiredTimer, Generation, Instance, InstanceKey, SignalOptions,
-    SignalSendOutcome, SignalWait, SignalWaitInfo, SignalWaitOutcome, Status, StepKind, StoreError,
-    TimerArm, TimerDue, TimerFiring, TimerInfo, TimerKind, TimerState, Waits,
+    ChildSpawn, Envelope, Event, FiredTimer, Generation, Instance, InstanceKey, ReturnedSignal,
+    SignalOptions, SignalSendOutcome, SignalWait, SignalWaitInfo, SignalWaitOutcome, Status,
+    StepKind, StoreError, TimerArm, TimerDue, TimerFiring, TimerInfo, TimerKind, TimerState, Waits,
 };
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -195,6 +195,29 @@ impl Sources {
             },
         );
         self.expiring.insert((expires_at, seq, token.to_owned()));
+        Ok(())
+    }
+
+    /// Puts `payloads` (in their order) at the head of `token`'s buffer, ahead of every signal
+    /// buffered for it: the token's signals are taken out and buffered again after them, so
+    /// arrival numbers keep giving the order (Postgres: the same in `keiro_signal_return`).
+    fn buffer_push_front(
+        &mut self,
+        token: &str,
+        payloads: Vec<Value>,
+        expires_at: OffsetDateTime,
+    ) -> Result<()> {
+        let behind = self.buffered.remove(token).unwrap_or_default();
+        for (seq, signal) in &behind {
+            self.expiring
+                .remove(&(signal.expires_at, *seq, token.to_owned()));
+        }
+        for payload in payloads {
+            self.buffer_push(token, payload, expires_at)?;
+        }
+        for signal in behind.into_values() {
+            self.buffer_push(token, signal.payload, signal.expires_at)?;
+        }
         Ok(())
     }
 
@@ -559,9 +582,9 @@ impl State {
             return Ok(SignalWaitOutcome::Delivered(stored.payload.clone()));
         }
         let id = StepId::new(&wait.key, wait.generation, &wait.step);
-        if self.sources.waiters.contains_key(&id) {
-            return Ok(SignalWaitOutcome::Waiting);
-        }
+        // The buffer is consulted even when this wait is registered (keiro_signal_wait): a
+        // signal buffered beside its waiter goes to it on the re-drive.
+        let waiting = self.sources.waiters.contains_key(&id);
         let now = self.clock.now();
         if let Some((seq, payload)) = self.sources.buffered_oldest(&wait.token, now) {
             let envelope = Envelope::ok(payload);
@@ -579,6 +602,7 @@ impl State {
             return Ok(match self.append(&append)? {
                 AppendOutcome::Appended => {
                     self.sources.buffered_remove(&wait.token, seq);
+                    self.sources.waiter_remove(&id);
                     SignalWaitOutcome::Delivered(envelope)
                 }
                 // Unreachable under the lock (the step was checked above), but if it were
@@ -590,7 +614,9 @@ impl State {
                 }
             });
         }
-        self.sources.waiter_push(id, &wait.token, now)?;
+        if !waiting {
+            self.sources.waiter_push(id, &wait.token, now)?;
+        }
         Ok(SignalWaitOutcome::Waiting)
     }
 
@@ -606,18 +632,63 @@ impl State {
         // point may leave them deleted.
         self.sources.buffered_expire(token, now);
         self.sources.buffered_sweep(now, SIGNAL_SWEEP_BATCH);
-        let envelope = Envelope::ok(payload.clone());
-        while let Some(waiter) = self.sources.waiter_pop_oldest(token) {
-            let outcome = self.append_external(&waiter, StepKind::Signal, envelope.clone())?;
-            if outcome == Some(AppendOutcome::Appended) {
-                return Ok(SignalSendOutcome::Delivered { to: waiter.key });
-            }
-            // A waiter that can no longer take it (terminal, another generation, already
-            // answered) is dropped, and the next one in line is offered the signal.
+        if let Some(to) = self.signal_offer(token, payload)? {
+            return Ok(SignalSendOutcome::Delivered { to });
         }
         self.sources
             .buffer_push(token, payload.clone(), signal_expiry(now, options))?;
         Ok(SignalSendOutcome::Buffered)
+    }
+
+    /// Offers a signal to `token`'s waiters, oldest first; each waiter offered is removed,
+    /// and the first that takes it (the step appended, waking it) is returned. Waiters that
+    /// can no longer take it (terminal, another generation, already answered) are dropped.
+    fn signal_offer(&mut self, token: &str, payload: &Value) -> Result<Option<InstanceKey>> {
+        let envelope = Envelope::ok(payload.clone());
+        while let Some(waiter) = self.sources.waiter_pop_oldest(token) {
+            let outcome = self.append_external(&waiter, StepKind::Signal, envelope.clone())?;
+            if outcome == Some(AppendOutcome::Appended) {
+                return Ok(Some(waiter.key));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Journals a race's `decision` and, when it was appended, gives `signals` (what the
+    /// race's losing waits took) back to their tokens: each is offered to its token's waiters
+    /// as a send would offer it, and the rest go to the head of their token's buffer, in the
+    /// order given, for the default TTL (keiro_signal_return). Any other outcome changes
+    /// nothing.
+    pub(crate) fn signal_return(
+        &mut self,
+        decision: &Append,
+        signals: &[ReturnedSignal],
+    ) -> Result<AppendOutcome> {
+        for signal in signals {
+            signal_token("returning a signal", &signal.token)?;
+        }
+        let outcome = self.append(decision)?;
+        if outcome != AppendOutcome::Appended {
+            return Ok(outcome);
+        }
+        let now = self.clock.now();
+        let mut untaken: Vec<(&str, Vec<Value>)> = Vec::new();
+        for signal in signals {
+            self.sources.buffered_expire(&signal.token, now);
+            if self.signal_offer(&signal.token, &signal.payload)?.is_some() {
+                continue;
+            }
+            match untaken.iter_mut().find(|(token, _)| *token == signal.token) {
+                Some((_, payloads)) => payloads.push(signal.payload.clone()),
+                None => untaken.push((&signal.token, vec![signal.payload.clone()])),
+            }
+        }
+        let expires_at = signal_expiry(now, &SignalOptions::default());
+        for (token, payloads) in untaken {
+            self.sources
+                .buffer_push_front(token, payloads, expires_at)?;
+        }
+        Ok(AppendOutcome::Appended)
     }
 
     pub(crate) fn child_spawn(
@@ -1171,6 +1242,39 @@ mod tests {
             .await
             .unwrap_err()
             .is_not_found());
+    }
+
+    #[tokio::test]
+    async fn a_registered_wait_takes_a_signal_buffered_beside_it() {
+        // The state a send whose snapshot predated the waiter leaves on PostgreSQL (a waiter
+        // with a signal buffered beside it), made by hand: the re-driven wait takes it.
+        let store = store();
+        let a = start(&store, "a").await;
+        assert_eq!(
+            store.signal_wait(&wait(&a, "signal:x", "t")).await.unwrap(),
+            SignalWaitOutcome::Waiting
+        );
+        store
+            .transact("buffering beside a waiter", |state| {
+                state
+                    .sources
+                    .buffer_push("t", json!(1), T0 + Span::hours(1))
+            })
+            .unwrap();
+        assert_eq!(
+            store.signal_wait(&wait(&a, "signal:x", "t")).await.unwrap(),
+            SignalWaitOutcome::Delivered(json!({"ok": 1})),
+            "the re-driven wait must consult the buffer"
+        );
+        store.inspect(|state| {
+            assert!(state.sources.buffered.is_empty());
+            assert!(state.sources.waiters.is_empty());
+            assert!(state.sources.queues.is_empty());
+        });
+        assert_eq!(
+            store.signal_send("t", &json!(2)).await.unwrap(),
+            SignalSendOutcome::Buffered
+        );
     }
 
     #[tokio::test]

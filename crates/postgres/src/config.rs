@@ -44,6 +44,14 @@ pub const LISTEN_CHECK_INTERVAL_DEFAULT: Duration = Duration::from_secs(30);
 /// How long the wake listener waits for a check's answer unless told otherwise.
 pub const LISTEN_CHECK_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 
+/// The isolation level every transaction on keiro's own connections runs at, pinned as the
+/// session's `default_transaction_isolation` whatever the database, the role or the URL makes
+/// the default. keiro's functions take a lock (a signal token's, an instance row's) and then
+/// read what committed before they got it, which only a statement snapshot taken after the
+/// lock sees; a REPEATABLE READ or SERIALIZABLE snapshot is taken before it, when the statement
+/// starts, so a send would buffer a signal past a waiter that registered while it waited.
+pub const TRANSACTION_ISOLATION: &str = "read committed";
+
 /// How long [`PgStore::migrate`](crate::PgStore::migrate) waits for the schema's migration
 /// lock, held by another runner, unless told otherwise. A migration takes seconds; a runner
 /// holding the lock for a minute is stuck, or its connection is.
@@ -314,15 +322,37 @@ impl Config {
             .map_err(|problem| invalid("url", problem))
     }
 
-    /// The driver's settings: the URL plus keiro's session defaults. The schema becomes the
-    /// session's `search_path` through the startup options, so no statement ever has to set it
-    /// and a recycled connection can never run in another schema. Connect with
-    /// [`tls_connector`](Self::tls_connector), which knows how to verify the server.
+    /// Every session setting keiro pins on its connections, as (name, value) pairs: the schema
+    /// as `search_path`, and [`TRANSACTION_ISOLATION`] as `default_transaction_isolation`. The
+    /// one list both the startup options ([`connection_config`](Self::connection_config)) and
+    /// [`PgStore::restore_session`](crate::PgStore::restore_session) apply.
+    ///
+    /// ```
+    /// let config = keiro_postgres::Config::default();
+    /// assert_eq!(
+    ///     config.session_settings(),
+    ///     [("search_path", "keiro".to_owned()),
+    ///      ("default_transaction_isolation", "read committed".to_owned())]
+    /// );
+    /// ```
+    pub fn session_settings(&self) -> [(&'static str, String); 2] {
+        session_settings(&self.schema)
+    }
+
+    /// The driver's settings: the URL plus keiro's session settings
+    /// ([`session_settings`](Self::session_settings)) as startup options, so no statement ever
+    /// has to set them, a recycled connection can never run in another schema, and a default
+    /// isolation level the database or the role sets never reaches keiro's transactions.
+    /// Connect with [`tls_connector`](Self::tls_connector), which knows how to verify the
+    /// server.
     ///
     /// ```
     /// let config = keiro_postgres::Config::new("postgres://app@db/app?sslmode=verify-full");
     /// let driver = config.connection_config()?;
-    /// assert_eq!(driver.get_options(), Some("-c search_path=keiro"));
+    /// assert_eq!(
+    ///     driver.get_options(),
+    ///     Some(r"-c search_path=keiro -c default_transaction_isolation=read\ committed")
+    /// );
     /// # Ok::<(), keiro_postgres::Error>(())
     /// ```
     ///
@@ -331,12 +361,17 @@ impl Config {
     /// [`Error::Config`] on `url` when the URL cannot be read.
     pub fn connection_config(&self) -> Result<tokio_postgres::Config> {
         let mut config = self.conninfo()?.driver;
-        // Appended after the URL's own options so the schema wins over a search_path there.
+        let pinned = self
+            .session_settings()
+            .iter()
+            .map(|(name, value)| format!("-c {name}={}", startup_option_value(value)))
+            .collect::<Vec<_>>()
+            .join(" ");
+        // Appended after the URL's own options: a later `-c` wins, so keiro's settings win over
+        // the same ones there.
         let options = match config.get_options() {
-            Some(existing) if !existing.trim().is_empty() => {
-                format!("{existing} -c search_path={}", self.schema)
-            }
-            _ => format!("-c search_path={}", self.schema),
+            Some(existing) if !existing.trim().is_empty() => format!("{existing} {pinned}"),
+            _ => pinned,
         };
         config.options(options);
         if config.get_application_name().is_none() {
@@ -416,6 +451,30 @@ impl fmt::Debug for Config {
             .field("batch_len_max", &self.batch_len_max)
             .finish()
     }
+}
+
+/// keiro's session settings for a store on `schema` (see [`Config::session_settings`]).
+pub(crate) fn session_settings(schema: &str) -> [(&'static str, String); 2] {
+    [
+        ("search_path", schema.to_owned()),
+        (
+            "default_transaction_isolation",
+            TRANSACTION_ISOLATION.to_owned(),
+        ),
+    ]
+}
+
+/// `value` as one word of the startup `options`, which the server splits at spaces unless a
+/// backslash escapes them (`read\ committed`).
+fn startup_option_value(value: &str) -> String {
+    let mut escaped = String::with_capacity(value.len());
+    for c in value.chars() {
+        if c == ' ' || c == '\\' {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
 }
 
 fn invalid(field: &'static str, problem: String) -> Error {
@@ -599,11 +658,16 @@ mod tests {
         let pg = config.connection_config().unwrap();
         assert_eq!(
             pg.get_options(),
-            Some("-c statement_timeout=5s -c search_path=tenant_a")
+            Some(
+                r"-c statement_timeout=5s -c search_path=tenant_a -c default_transaction_isolation=read\ committed"
+            )
         );
         assert_eq!(pg.get_application_name(), Some("app"));
         let pg = Config::new("host=h user=u").connection_config().unwrap();
-        assert_eq!(pg.get_options(), Some("-c search_path=keiro"));
+        assert_eq!(
+            pg.get_options(),
+            Some(r"-c search_path=keiro -c default_transaction_isolation=read\ committed")
+        );
         assert_eq!(pg.get_application_name(), Some(APPLICATION_NAME_DEFAULT));
     }
 

@@ -10,6 +10,26 @@
 //! every statement here names the schema itself. Each operation is one call of the same
 //! `keiro_*` function as the pooled path, read back by the same row readers, so outcomes and
 //! errors are the same; they just commit (or not) with the caller.
+//!
+//! So is its isolation level, which keiro's own connections pin to READ COMMITTED
+//! ([`TRANSACTION_ISOLATION`](crate::TRANSACTION_ISOLATION)). At REPEATABLE READ or
+//! SERIALIZABLE every statement reads the transaction's snapshot, taken at its first statement,
+//! so what an operation reads after taking a lock may predate the lock. Each operation here is
+//! decided for that case:
+//!
+//! - a start, a delivery (a journal append) and an awakeable's completion or cancellation work
+//!   at every level: each locks the row it changes (the instance's, the awakeable's) before it
+//!   reads it, and PostgreSQL answers a row changed after the snapshot with a serialization
+//!   failure (SQLSTATE 40001, a retryable [`StoreError::Database`]), never with the stale row,
+//!   as it answers an insert of a key that a transaction it cannot see committed. What the
+//!   snapshot never saw is not there for them, as for any statement of the caller's: an
+//!   instance or an awakeable created after it is not found.
+//! - a signal send and a cancel refuse both levels with [`StoreError::IsolationRefused`],
+//!   before anything is sent: a send reads the token's waiters after taking the token's lock,
+//!   and from an older snapshot it would buffer the signal past a waiter that registered
+//!   meanwhile (the waiter's row is new, so no lock conflict tells); a cancel reads the live
+//!   children it cascades to, and the remote tasks and awakeables of the generation it closes,
+//!   which can be just as new. The check costs these two one more round trip.
 
 use keiro_journal::store::{Append, AppendOutcome, Result};
 use keiro_journal::{
@@ -102,6 +122,21 @@ where
         Ok(rows.swap_remove(0))
     }
 
+    /// Refuses to go on inside a transaction whose snapshot may predate the locks the
+    /// operation takes (see the module docs): anything but READ COMMITTED.
+    async fn read_committed_only(&self, operation: &'static str) -> Result<()> {
+        const TRANSACTION_ISOLATION_GET: &str = "SELECT current_setting('transaction_isolation')";
+        let row = self
+            .query_one(operation, TRANSACTION_ISOLATION_GET, &[])
+            .await?;
+        let level: String = column(&row, "current_setting", operation)?;
+        // READ UNCOMMITTED is READ COMMITTED in PostgreSQL: a snapshot per statement.
+        if level == crate::TRANSACTION_ISOLATION || level == "read uncommitted" {
+            return Ok(());
+        }
+        Err(StoreError::IsolationRefused { operation, level })
+    }
+
     async fn query(
         &self,
         operation: &'static str,
@@ -189,12 +224,15 @@ where
 
     /// [`JournalStore::instance_cancel`](keiro_journal::JournalStore::instance_cancel) in the
     /// caller's transaction: the cancel marker (and with `cascade`, every live descendant's)
-    /// is written, and the run woken to stop, when the caller commits.
+    /// is written, and the run woken to stop, when the caller commits. READ COMMITTED only.
     ///
     /// # Errors
     ///
-    /// As the pooled operation: [`StoreError::NotFound`] for an unknown instance.
+    /// As the pooled operation: [`StoreError::NotFound`] for an unknown instance; and
+    /// [`StoreError::IsolationRefused`] inside a REPEATABLE READ or SERIALIZABLE transaction,
+    /// which could not see a child, a task or an awakeable that came after its snapshot.
     pub async fn instance_cancel(&self, key: &InstanceKey, cascade: bool) -> Result<AppendOutcome> {
+        self.read_committed_only(child::CANCEL).await?;
         let sql = format!(
             "SELECT outcome, recorded, marker FROM {}.keiro_instance_cancel($1, $2, $3)",
             self.schema
@@ -275,11 +313,13 @@ where
 
     /// [`JournalStore::signal_send_with`](keiro_journal::JournalStore::signal_send_with) in
     /// the caller's transaction. The token's advisory lock is a transaction lock, so it is
-    /// held until the caller commits or rolls back.
+    /// held until the caller commits or rolls back. READ COMMITTED only.
     ///
     /// # Errors
     ///
-    /// As the pooled operation: [`StoreError::ValueRefused`] for a token no wait could take.
+    /// As the pooled operation: [`StoreError::ValueRefused`] for a token no wait could take;
+    /// and [`StoreError::IsolationRefused`] inside a REPEATABLE READ or SERIALIZABLE
+    /// transaction, which could not see a waiter that registered after its snapshot.
     pub async fn signal_send_with(
         &self,
         token: &str,
@@ -287,6 +327,7 @@ where
         options: &SignalOptions,
     ) -> Result<SignalSendOutcome> {
         signal_token(signal::SEND, token)?;
+        self.read_committed_only(signal::SEND).await?;
         let sql = format!(
             "SELECT outcome, to_name, to_id FROM {}.keiro_signal_send($1, $2, $3)",
             self.schema

@@ -11,9 +11,9 @@ use keiro_journal::store::{
 use keiro_journal::{store_span, traced};
 use keiro_journal::{
     AwakeableOutcome, ChildSpawn, EncodedEvent, Event, Fence, Generation, Instance, InstanceKey,
-    JournalEntry, Marker, RemoteArm, RemoteArmOutcome, SignalOptions, SignalSendOutcome,
-    SignalWait, SignalWaitOutcome, StartRequest, Started, Status, StoreError, TimerArm,
-    TimerFiring,
+    JournalEntry, Marker, RemoteArm, RemoteArmOutcome, ReturnedSignal, SignalOptions,
+    SignalSendOutcome, SignalWait, SignalWaitOutcome, StartRequest, Started, Status, StoreError,
+    TimerArm, TimerFiring,
 };
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -727,6 +727,19 @@ impl JournalStore for PgStore {
     ) -> Result<bool> {
         let span = store_span!("signal_withdraw", key = key, keiro.workflow.step = %step);
         traced(span, signal::signal_withdraw(self, key, generation, step)).await
+    }
+
+    async fn signal_return(
+        &self,
+        decision: &Append,
+        signals: &[ReturnedSignal],
+    ) -> Result<AppendOutcome> {
+        let span = store_span!(
+            "signal_return",
+            key = decision.key,
+            keiro.workflow.step = %decision.event.step_name()
+        );
+        traced(span, signal::signal_return(self, decision, signals)).await
     }
 
     async fn child_spawn(&self, append: &Append, spawn: &ChildSpawn) -> Result<AppendOutcome> {

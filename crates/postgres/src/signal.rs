@@ -6,15 +6,18 @@
 //! buffer by the wait or handed to the waiter by the send, exactly once. Delivery journals the
 //! envelope into the waiter and flips it `running` in the same transaction.
 
-use keiro_journal::store::Result;
+use keiro_journal::store::{Append, AppendOutcome, Result};
 use keiro_journal::{
-    validate_signal_token, InstanceKey, SignalOptions, SignalSendOutcome, SignalWait,
-    SignalWaitOutcome, StoreError,
+    validate_signal_token, InstanceKey, ReturnedSignal, SignalOptions, SignalSendOutcome,
+    SignalWait, SignalWaitOutcome, StoreError,
 };
 use serde_json::Value;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
-use crate::journal::{lease_lost, not_found, unknown_outcome};
+use crate::journal::{
+    append_outcome, encoded_step, lease_lost, not_found, unknown_outcome, AppendArgs,
+};
 use crate::row::{column, malformed};
 use crate::PgStore;
 
@@ -107,6 +110,35 @@ pub(crate) fn send_outcome(row: &Row) -> Result<SignalSendOutcome> {
         "buffered" => Ok(SignalSendOutcome::Buffered),
         other => Err(unknown_outcome(SEND, other)),
     }
+}
+
+const RETURN: &str = "giving signals back to their tokens";
+
+const SIGNAL_RETURN: &str = "SELECT outcome, recorded, marker \
+     FROM keiro_signal_return($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
+
+/// A race's decision and the signals its losing waits took, in one transaction
+/// (`keiro_signal_return`): each signal goes back to its token only when the decision lands.
+pub(crate) async fn signal_return(
+    store: &PgStore,
+    decision: &Append,
+    signals: &[ReturnedSignal],
+) -> Result<AppendOutcome> {
+    for signal in signals {
+        signal_token(RETURN, &signal.token)?;
+    }
+    let args = AppendArgs::new(decision, encoded_step(decision, RETURN)?);
+    let tokens: Vec<&str> = signals.iter().map(|s| s.token.as_str()).collect();
+    let payloads: Vec<&Value> = signals.iter().map(|s| &s.payload).collect();
+    let ttl_ms = ttl_ms(&SignalOptions::default());
+    let mut params = args.params();
+    params.extend([
+        &tokens as &(dyn ToSql + Sync),
+        &payloads as &(dyn ToSql + Sync),
+        &ttl_ms as &(dyn ToSql + Sync),
+    ]);
+    let row = store.query_one(RETURN, SIGNAL_RETURN, &params).await?;
+    append_outcome(&row, RETURN, &decision.key, decision.fence.as_ref())
 }
 
 const WITHDRAW: &str = "withdrawing a signal wait";

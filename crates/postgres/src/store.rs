@@ -201,6 +201,42 @@ impl PgStore {
         &self.inner.connection
     }
 
+    /// Puts keiro's session settings ([`Config::session_settings`]: the schema as
+    /// `search_path`, READ COMMITTED as the default isolation) back on `client`, a connection of
+    /// this store's pool that something changed them on (a `SET` without `LOCAL`, `DISCARD
+    /// ALL`, `SET SESSION CHARACTERISTICS`), so it runs keiro's statements as a fresh pooled
+    /// connection does. One statement, for the rest of the session.
+    ///
+    /// ```no_run
+    /// # async fn demo(store: keiro_postgres::PgStore) -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = store.pool().get().await?;
+    /// client.batch_execute("SET search_path TO public").await?;
+    /// store.restore_session(&**client).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] or [`Error::Unavailable`] when the statement fails.
+    pub async fn restore_session<C>(&self, client: &C) -> Result<()>
+    where
+        C: tokio_postgres::GenericClient + Sync + ?Sized,
+    {
+        const RESTORE: &str = "restoring keiro's session settings";
+        // `set_config(.., false)` is `SET` with bind parameters: the values are never spliced
+        // into the statement.
+        const SESSION_RESTORE: &str = "SELECT set_config(s.name, s.value, false) \
+             FROM unnest($1::text[], $2::text[]) AS s(name, value)";
+        let settings = crate::config::session_settings(&self.inner.schema);
+        let names: Vec<&str> = settings.iter().map(|(name, _)| *name).collect();
+        let values: Vec<&str> = settings.iter().map(|(_, value)| value.as_str()).collect();
+        client
+            .execute(SESSION_RESTORE, &[&names, &values])
+            .await
+            .map_err(|e| Failure::from(e).into_error(RESTORE))?;
+        Ok(())
+    }
+
     /// The TLS connector every pooled connection uses (the URL's `sslmode` and
     /// `sslrootcert`), for a dedicated connection with [`connection_config`](Self::connection_config).
     ///
@@ -467,7 +503,7 @@ mod tests {
         assert_eq!(store.wake_channel(), "tenant_a.wake");
         assert_eq!(
             store.connection_config().get_options(),
-            Some("-c search_path=tenant_a")
+            Some(r"-c search_path=tenant_a -c default_transaction_isolation=read\ committed")
         );
         assert!(format!("{store:?}").contains("tenant_a"));
     }
