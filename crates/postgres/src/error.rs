@@ -56,6 +56,18 @@ pub enum Error {
         #[source]
         source: Source,
     },
+    /// The connection string says `sslrootcert=system` with an `sslmode` weaker than
+    /// `verify-full`. As in libpq, `sslrootcert=system` alone means `verify-full`, and a
+    /// weaker mode next to it is refused: the platform's roots vouch for any public name, so
+    /// only checking that the certificate names the host authenticates the server.
+    #[error(
+        "sslmode={mode} may not be used with sslrootcert=system: use sslmode=verify-full \
+         (the mode sslrootcert=system implies when none is given)"
+    )]
+    WeakSslMode {
+        /// The mode the connection string gave.
+        mode: crate::SslMode,
+    },
     /// The database refused the operation.
     #[error("{operation} failed")]
     Database {
