@@ -159,6 +159,12 @@ const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../migrations/0017_schedules.sql"),
         shipped: None,
     },
+    Migration {
+        version: 18,
+        name: "schedule_backoff",
+        sql: include_str!("../../../migrations/0018_schedule_backoff.sql"),
+        shipped: None,
+    },
 ];
 
 /// Every function file, in the order they are applied: a `LANGUAGE sql` function is checked

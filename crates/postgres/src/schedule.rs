@@ -1,4 +1,5 @@
-//! Schedules on Postgres: the `schedules` table and the `schedule_leader` row (migration 0017).
+//! Schedules on Postgres: the `schedules` table and the `schedule_leader` row (migration 0017;
+//! the back-off columns `failures` and `retry_at`, 0018).
 //!
 //! Plain parameterized SQL, no plpgsql: the operations that write more than one row (a fire's
 //! starts with its row update, a trigger, a resume that computes the next tick in Rust) run in
@@ -57,6 +58,10 @@ macro_rules! schedule_columns {
             $source,
             "last_error, ",
             $source,
+            "failures, ",
+            $source,
+            "retry_at, ",
+            $source,
             "revision, ",
             $source,
             "created_at, ",
@@ -104,6 +109,9 @@ fn schedule(row: &Row, operation: &'static str) -> Result<Schedule> {
             .transpose()
             .map_err(|e| malformed(operation, e))?,
         last_error: column(row, "last_error", operation)?,
+        failures: u32::try_from(column::<i32>(row, "failures", operation)?)
+            .map_err(|_| malformed(operation, "a negative failure count"))?,
+        retry_at: column(row, "retry_at", operation)?,
         revision: column(row, "revision", operation)?,
         created_at: column(row, "created_at", operation)?,
         updated_at: column(row, "updated_at", operation)?,
@@ -155,7 +163,8 @@ const SCHEDULE_UPSERT: &str = concat!(
     "cron = EXCLUDED.cron, interval_ms = EXCLUDED.interval_ms, time_zone = EXCLUDED.time_zone, ",
     "input = EXCLUDED.input, overlap = EXCLUDED.overlap, catch_up = EXCLUDED.catch_up, ",
     "catch_up_max = EXCLUDED.catch_up_max, next_tick = EXCLUDED.next_tick, ",
-    "buffered_tick = NULL, last_error = NULL, revision = s.revision + 1, ",
+    "buffered_tick = NULL, last_error = NULL, failures = 0, retry_at = NULL, ",
+    "revision = s.revision + 1, ",
     "updated_at = EXCLUDED.updated_at RETURNING ",
     schedule_columns!("s.")
 );
@@ -215,11 +224,14 @@ const SCHEDULE_LOCK: &str = concat!(
     schedule_columns!(""),
     ", coalesce($2::timestamptz, now()) AS now FROM schedules WHERE name = $1 FOR UPDATE"
 );
-/// A pause keeps the next tick (it is recomputed on resume) and any buffered tick; a resume
-/// drops the buffered tick with the other ticks that fell while paused.
+/// A pause keeps the next tick (it is recomputed on resume), any buffered tick and the
+/// back-off; a resume drops the buffered tick with the other ticks that fell while paused, and
+/// the back-off (the operator's act is the retry).
 const SCHEDULE_SET_PAUSED: &str = concat!(
     "UPDATE schedules SET paused = $2, next_tick = $3, ",
     "buffered_tick = CASE WHEN $2 THEN buffered_tick END, ",
+    "failures = CASE WHEN $2 THEN failures ELSE 0 END, ",
+    "retry_at = CASE WHEN $2 THEN retry_at END, ",
     "revision = revision + 1, updated_at = $4 WHERE name = $1 RETURNING ",
     schedule_columns!("")
 );
@@ -343,15 +355,18 @@ const SCHEDULER_RELEASE: &str =
 
 const DUE: &str = "reading due schedules";
 /// One round trip: the clock, the due rows (with the status of each one's last instance) and
-/// the earliest next tick. The lateral subquery keeps one row even when nothing is due.
+/// the earliest instant any schedule is due (`greatest` ignores a missing retry). A row backed
+/// off past the clock is left out. The lateral subquery keeps one row even when nothing is due.
 const SCHEDULES_DUE: &str = concat!(
     "WITH c AS (SELECT coalesce($1::timestamptz, now()) AS clock) ",
     "SELECT c.clock, ",
-    "(SELECT min(n.next_tick) FROM schedules n WHERE NOT n.paused) AS next_due, ",
+    "(SELECT min(greatest(n.next_tick, n.retry_at)) FROM schedules n WHERE NOT n.paused) ",
+    "AS next_due, ",
     "coalesce(w.status IN ('running', 'suspended'), false) AS previous_live, ",
     schedule_columns!("s."),
     " FROM c LEFT JOIN LATERAL (SELECT * FROM schedules d WHERE NOT d.paused ",
     "AND (d.next_tick <= c.clock OR d.buffered_tick IS NOT NULL) ",
+    "AND (d.retry_at IS NULL OR d.retry_at <= c.clock) ",
     "ORDER BY d.next_tick NULLS LAST LIMIT $2) s ON true ",
     "LEFT JOIN workflows w ON w.workflow_name = s.workflow_name ",
     "AND w.workflow_id = s.last_instance"
@@ -363,7 +378,7 @@ const FIRE: &str = "firing a schedule";
 const FIRE_LEADER: &str = "SELECT 1 FROM schedule_leader WHERE owner = $1 AND epoch = $2 FOR SHARE";
 const FIRE_ROW: &str = "UPDATE schedules SET next_tick = $3, last_tick = $4, \
      buffered_tick = $5, last_instance = coalesce($6, last_instance), last_error = NULL, \
-     revision = revision + 1, updated_at = now() \
+     failures = 0, retry_at = NULL, revision = revision + 1, updated_at = now() \
      WHERE name = $1 AND revision = $2 AND NOT paused";
 
 async fn schedule_fire(store: &PgStore, fire: &ScheduleFire) -> Result<FireOutcome> {
@@ -416,7 +431,8 @@ async fn schedule_fire(store: &PgStore, fire: &ScheduleFire) -> Result<FireOutco
     Ok(FireOutcome::Fired(started))
 }
 
-const SCHEDULE_RECORD_ERROR: &str = "UPDATE schedules SET last_error = $3, updated_at = now() \
+const SCHEDULE_RECORD_ERROR: &str = "UPDATE schedules SET last_error = $3, \
+     failures = least(failures, 2147483646) + 1, retry_at = $4, updated_at = now() \
      WHERE name = $1 AND revision = $2";
 
 #[async_trait::async_trait]
@@ -550,14 +566,20 @@ impl ScheduleStore for PgStore {
         traced(span, schedule_fire(self, fire)).await
     }
 
-    async fn schedule_record_error(&self, name: &str, revision: i64, error: &str) -> Result<bool> {
+    async fn schedule_record_error(
+        &self,
+        name: &str,
+        revision: i64,
+        error: &str,
+        retry_at: OffsetDateTime,
+    ) -> Result<bool> {
         let span = store_span!("schedule_record_error", keiro.schedule.name = %name);
         traced(span, async {
             Ok(self
                 .execute(
                     "recording a schedule's error",
                     SCHEDULE_RECORD_ERROR,
-                    &[&name, &revision, &error],
+                    &[&name, &revision, &error, &retry_at],
                 )
                 .await?
                 > 0)
