@@ -17,7 +17,6 @@ use keiro_resume::{
 use time::OffsetDateTime;
 use tokio_postgres::Row;
 
-use crate::error::Failure;
 use crate::journal::INSTANCE_START;
 use crate::row::{self, column, malformed};
 use crate::store::span_ms;
@@ -146,8 +145,11 @@ fn next_tick_after(
         })
 }
 
-fn failed(operation: &'static str) -> impl Fn(tokio_postgres::Error) -> StoreError {
-    move |e| Failure::from(e).into_store(operation)
+fn failed<'s>(
+    store: &'s PgStore,
+    operation: &'static str,
+) -> impl Fn(tokio_postgres::Error) -> StoreError + 's {
+    move |e| store.failed(operation, e)
 }
 
 const UPSERT: &str = "writing a schedule";
@@ -242,7 +244,7 @@ async fn schedule_set_paused(
     paused: bool,
     now: Option<OffsetDateTime>,
 ) -> Result<Option<Schedule>> {
-    let fail = failed(PAUSE);
+    let fail = failed(store, PAUSE);
     let mut client = store.client(PAUSE).await?;
     // One transaction: the row is locked while its next tick is computed from its cadence.
     let tx = client.transaction().await.map_err(&fail)?;
@@ -283,7 +285,7 @@ async fn schedule_trigger(
     name: &str,
     now: Option<OffsetDateTime>,
 ) -> Result<Option<Started>> {
-    let fail = failed(TRIGGER);
+    let fail = failed(store, TRIGGER);
     let mut client = store.client(TRIGGER).await?;
     // The start and the row's last instance in one transaction, so an overlap check never
     // sees the one without the other.
@@ -302,7 +304,15 @@ async fn schedule_trigger(
         operation: TRIGGER,
         reason: e.to_string(),
     })?;
-    let started = start(&tx, &row.spec.workflow, &id, &row.spec.input, TRIGGER).await?;
+    let started = start(
+        store,
+        &tx,
+        &row.spec.workflow,
+        &id,
+        &row.spec.input,
+        TRIGGER,
+    )
+    .await?;
     tx.execute(SCHEDULE_TRIGGERED, &[&name, &id.as_str()])
         .await
         .map_err(&fail)?;
@@ -314,6 +324,7 @@ async fn schedule_trigger(
 /// Starts one instance inside the caller's transaction, through the same function as
 /// `instance_start` (insert or find, and NOTIFY on create).
 async fn start(
+    store: &PgStore,
     tx: &deadpool_postgres::Transaction<'_>,
     workflow: &WorkflowName,
     id: &WorkflowId,
@@ -334,7 +345,7 @@ async fn start(
             ],
         )
         .await
-        .map_err(failed(operation))?;
+        .map_err(failed(store, operation))?;
     Ok(Started {
         created: column(&row, "created", operation)?,
         instance: row::instance(&row, operation)?,
@@ -382,7 +393,7 @@ const FIRE_ROW: &str = "UPDATE schedules SET next_tick = $3, last_tick = $4, \
      WHERE name = $1 AND revision = $2 AND NOT paused";
 
 async fn schedule_fire(store: &PgStore, fire: &ScheduleFire) -> Result<FireOutcome> {
-    let fail = failed(FIRE);
+    let fail = failed(store, FIRE);
     let mut client = store.client(FIRE).await?;
     // One transaction: the starts commit with the row that moved past their ticks, or neither.
     let tx = client.transaction().await.map_err(&fail)?;
@@ -417,6 +428,7 @@ async fn schedule_fire(store: &PgStore, fire: &ScheduleFire) -> Result<FireOutco
     for request in &fire.starts {
         started.push(
             start(
+                store,
                 &tx,
                 &request.key.name,
                 &request.key.id,
