@@ -684,6 +684,77 @@ async fn a_fleet_of_two_services_starts_every_schedule_whoever_leads(h: Harness)
     Ok(())
 }
 
+/// The same fleet with both workers running their loops on the store's clock: `shipping`
+/// leads (it takes the lease first), and `billing`'s every-second schedule still has its runs
+/// started and completed by `billing`.
+async fn a_running_fleet_runs_each_services_schedules(h: Harness) -> TestResult {
+    h.keiro
+        .schedule("billing-run", "invoice")
+        .every(Duration::from_secs(1))
+        .overlap(Overlap::AllowAll)
+        .save()
+        .await?;
+    let scheduler = |owner: &str| SchedulerOptions {
+        poll_interval: Duration::from_millis(50),
+        lease_ttl: Duration::from_secs(10),
+        ..options(owner)
+    };
+    let shipping = h
+        .keiro
+        .worker()
+        .options(h.fast_options())
+        .register("ship", job)
+        .scheduler(Some(scheduler("shipping")))
+        .build()?;
+    assert_eq!(shipping.schedule_once(None).await?.led, 1);
+    let billing_keiro = second_service(&h).await?;
+    let billing = billing_keiro
+        .worker()
+        .options(h.fast_options())
+        .register("invoice", job)
+        .scheduler(Some(scheduler("billing")))
+        .build()?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let run = |w: Worker| {
+        let mut stopped = stopped.clone();
+        tokio::spawn(async move {
+            w.run_until(async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            })
+            .await
+        })
+    };
+    let runners = [run(shipping), run(billing)];
+    let completed = keiro::ListRequest::from_pairs([("name", "invoice"), ("status", "completed")])?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let done = loop {
+        let page = h.keiro.list(&completed).await?;
+        if page.instances.len() >= 3 {
+            break page.instances.len();
+        }
+        if tokio::time::Instant::now() > deadline {
+            break page.instances.len();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Still shipping's: billing never led, and never needed to.
+    let lead = store(&h)
+        .scheduler_lease("billing", Duration::from_secs(10), None)
+        .await?;
+    let _ = stop.send(true);
+    for runner in runners {
+        runner.await?;
+    }
+    assert!(done >= 3, "{done} invoice runs completed");
+    assert_eq!(lead, None, "shipping led throughout");
+    let row = store(&h)
+        .schedule_get("billing-run")
+        .await?
+        .expect("exists");
+    assert_eq!(row.last_error, None);
+    Ok(())
+}
+
 async fn schedules_no_worker_registers_never_hold_up_one_it_does(h: Harness) -> TestResult {
     let s = store(&h);
     for n in 0..100 {
@@ -954,6 +1025,7 @@ async fn a_refused_start_is_recorded_and_retried_without_blocking_the_others(
 }
 
 on_both_stores!(
+    a_running_fleet_runs_each_services_schedules,
     a_schedule_that_cannot_start_records_its_error_and_backs_off,
     a_refused_start_is_recorded_and_retried_without_blocking_the_others,
     a_fleet_of_two_services_starts_every_schedule_whoever_leads,
