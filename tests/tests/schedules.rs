@@ -1043,6 +1043,67 @@ on_both_stores!(
     bad_definitions_are_typed_errors,
 );
 
+/// A row keiro cannot read (edited by hand, or by another build, into a workflow name no id
+/// may carry) is one schedule's failure on Postgres: recorded on its row and backed off, while
+/// the others start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_schedule_row_never_holds_up_the_others() -> TestResult {
+    let h = Harness::postgres().await;
+    let db = h.db.as_ref().expect("postgres");
+    every_minute(
+        &h,
+        "garbled",
+        Overlap::AllowAll,
+        CatchUp::None,
+        datetime!(2026-01-01 10:00:30 UTC),
+    )
+    .await?;
+    every_minute(
+        &h,
+        "fine",
+        Overlap::AllowAll,
+        CatchUp::None,
+        datetime!(2026-01-01 10:01:30 UTC),
+    )
+    .await?;
+    db.store()
+        .pool()
+        .get()
+        .await?
+        .execute(
+            "UPDATE schedules SET workflow_name = 'no:such' WHERE name = 'garbled'",
+            &[],
+        )
+        .await?;
+    let w = worker(&h, "a")?;
+    let now = datetime!(2026-01-01 10:02:01 UTC);
+    let pass = w.schedule_once(Some(now)).await?;
+    assert_eq!(
+        started(&h, "fine", &[datetime!(2026-01-01 10:02 UTC)])
+            .await?
+            .len(),
+        1,
+        "the readable schedule starts"
+    );
+    assert_eq!(pass.failed, 1);
+    let client = db.store().pool().get().await?;
+    let row = client
+        .query_one(
+            "SELECT last_error, failures, retry_at > $1 AS backed_off FROM schedules \
+             WHERE name = 'garbled'",
+            &[&now],
+        )
+        .await?;
+    let error: Option<String> = row.get("last_error");
+    let error = error.expect("the reason is recorded");
+    assert!(error.contains("malformed"), "{error}");
+    assert_eq!(row.get::<_, i32>("failures"), 1);
+    assert!(row.get::<_, bool>("backed_off"));
+    let again = w.schedule_once(Some(now)).await?;
+    assert_eq!(again.failed, 0, "backed off");
+    Ok(())
+}
+
 /// The memory store's pinned clock drives the scheduler when no `now` is passed: a test moves
 /// it past a tick instead of sleeping.
 #[tokio::test]

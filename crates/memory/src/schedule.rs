@@ -307,6 +307,8 @@ impl ScheduleStore for MemoryStore {
                 Ok(SchedulesDue {
                     clock,
                     due,
+                    // Every row here was written through the trait, typed.
+                    unreadable: Vec::new(),
                     next_due,
                 })
             })

@@ -12,7 +12,7 @@ use keiro_journal::store::{Error as StoreError, Result};
 use keiro_journal::{store_span, traced, Fence, Started, WorkflowId, WorkflowName};
 use keiro_resume::{
     trigger_instance_id, Cadence, CatchUp, DueSchedule, FireOutcome, Overlap, Schedule,
-    ScheduleFire, ScheduleSpec, ScheduleStore, SchedulesDue,
+    ScheduleFire, ScheduleSpec, ScheduleStore, SchedulesDue, UnreadableSchedule,
 };
 use time::OffsetDateTime;
 use tokio_postgres::Row;
@@ -554,19 +554,30 @@ impl ScheduleStore for PgStore {
             let rows = self.query(DUE, SCHEDULES_DUE, &[&now, &limit]).await?;
             let first = rows.first().ok_or_else(|| malformed(DUE, "no clock row"))?;
             let mut due = Vec::with_capacity(rows.len());
+            let mut unreadable = Vec::new();
             for row in &rows {
-                let name: Option<String> = column(row, "name", DUE)?;
-                if name.is_none() {
+                let Some(name) = column::<Option<String>>(row, "name", DUE)? else {
                     continue; // the lateral join's empty side: nothing is due
+                };
+                // A row edited by hand or by another build is that schedule's failure, which
+                // the scheduler records on it, not the pass's.
+                match schedule(row, DUE) {
+                    Ok(schedule) => due.push(DueSchedule {
+                        schedule,
+                        previous_live: column(row, "previous_live", DUE)?,
+                    }),
+                    Err(error) => unreadable.push(UnreadableSchedule {
+                        name,
+                        revision: column(row, "revision", DUE)?,
+                        failures: u32::try_from(column::<i32>(row, "failures", DUE)?).unwrap_or(0),
+                        error: error.to_string(),
+                    }),
                 }
-                due.push(DueSchedule {
-                    schedule: schedule(row, DUE)?,
-                    previous_live: column(row, "previous_live", DUE)?,
-                });
             }
             Ok(SchedulesDue {
                 clock: column(first, "clock", DUE)?,
                 due,
+                unreadable,
                 next_due: column(first, "next_due", DUE)?,
             })
         })

@@ -19,7 +19,8 @@
 //!   name would need a lease per name and would leave a name nobody leads unscheduled; one
 //!   leader that never looks at the registry has neither problem.
 //! - A due schedule that cannot start (its tick's id is refused, its cadence no longer
-//!   compiles, the store refuses the fire) gets the reason on its row (`last_error`) and is
+//!   compiles, the store refuses the fire, or its row cannot be read as a schedule) gets the
+//!   reason on its row (`last_error`) and is
 //!   backed off (`retry_at`, growing with each failure in a row along
 //!   [`SchedulerOptions::error_backoff`]); the pass goes on with the others, and the due query
 //!   leaves it out until then, so a batch is never filled with schedules that cannot start.
@@ -37,7 +38,7 @@ use keiro_journal::{Backoff, InstanceKey, StartRequest, StoreError};
 use time::OffsetDateTime;
 
 use super::plan::plan;
-use super::spec::{tick_instance_id, Schedule, ScheduleError};
+use super::spec::{tick_instance_id, ScheduleError};
 use super::store::{DueSchedule, FireOutcome, ScheduleFire, ScheduleStore};
 use crate::{InvalidOptions, POLL_INTERVAL_MIN};
 use keiro_journal::error_chain;
@@ -228,13 +229,31 @@ async fn pass(
             Err(error) => {
                 // This schedule's own failure: recorded on its row, which leaves the due
                 // schedules until its back-off is over; the others go on.
-                record_failure(store, options, found.clock, &due.schedule, &error).await?;
+                let s = &due.schedule;
+                let failed = Failed {
+                    name: &s.spec.name,
+                    revision: s.revision,
+                    failures: s.failures,
+                };
+                record_failure(store, options, found.clock, &failed, &error.message()).await?;
                 summary.failed += 1;
                 written += 1;
             }
         }
     }
-    let full = i64::try_from(found.due.len()).unwrap_or(i64::MAX) >= options.batch;
+    for row in &found.unreadable {
+        let failed = Failed {
+            name: &row.name,
+            revision: row.revision,
+            failures: row.failures,
+        };
+        let error = keiro_journal::storable_text(&row.error).into_owned();
+        record_failure(store, options, found.clock, &failed, &error).await?;
+        summary.failed += 1;
+        written += 1;
+    }
+    let read = found.due.len() + found.unreadable.len();
+    let full = i64::try_from(read).unwrap_or(i64::MAX) >= options.batch;
     let wait = if full && written > 0 {
         Some(Duration::ZERO) // there may be more due right now
     } else {
@@ -344,32 +363,34 @@ impl FireError {
     }
 }
 
-/// Writes `error` on the schedule's row and backs it off; `Err` only when even that fails
+/// The row of a schedule that could not start.
+struct Failed<'a> {
+    name: &'a str,
+    revision: i64,
+    /// Its failures before this one.
+    failures: u32,
+}
+
+/// Writes `message` on the schedule's row and backs it off; `Err` only when even that fails
 /// (the store is likely unreachable then, and the pass fails as a whole).
 async fn record_failure(
     store: &dyn ScheduleStore,
     options: &SchedulerOptions,
     clock: OffsetDateTime,
-    schedule: &Schedule,
-    error: &FireError,
+    failed: &Failed<'_>,
+    message: &str,
 ) -> Result<(), StoreError> {
-    let failures = schedule.failures.saturating_add(1);
+    let failures = failed.failures.saturating_add(1);
     let delay = options.error_backoff.delay_random(failures);
-    let message = error.message();
     tracing::warn!(
-        schedule = %schedule.spec.name,
+        schedule = %failed.name,
         error = %message,
         failures,
         retry_in = ?delay,
         "schedule not started; backing off"
     );
     store
-        .schedule_record_error(
-            &schedule.spec.name,
-            schedule.revision,
-            &message,
-            clock + delay,
-        )
+        .schedule_record_error(failed.name, failed.revision, message, clock + delay)
         .await?;
     Ok(())
 }

@@ -23,6 +23,21 @@ pub struct DueSchedule {
     pub previous_live: bool,
 }
 
+/// A due row the store could not read as a schedule (edited by hand, or written by another
+/// build): the scheduler records `error` on it and backs it off, as for a schedule that cannot
+/// start, so it never holds up the others.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnreadableSchedule {
+    /// The row's name.
+    pub name: String,
+    /// Its revision.
+    pub revision: i64,
+    /// Its failures so far.
+    pub failures: u32,
+    /// Why it cannot be read.
+    pub error: String,
+}
+
 /// What [`ScheduleStore::schedules_due`] found.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SchedulesDue {
@@ -31,6 +46,9 @@ pub struct SchedulesDue {
     /// Unpaused schedules whose next tick is at or before the clock, or that hold a buffered
     /// tick, and that are not backed off past the clock (`retry_at`), earliest next tick first.
     pub due: Vec<DueSchedule>,
+    /// Due rows that could not be read as schedules (only a store that reads rows written
+    /// outside it has any), counted against the same limit.
+    pub unreadable: Vec<UnreadableSchedule>,
     /// The earliest instant any unpaused schedule is due, backed off or not (its next tick, or
     /// its `retry_at` when later): how long a scheduler may wait.
     pub next_due: Option<OffsetDateTime>,
