@@ -294,12 +294,16 @@ async fn another_host_is_refused_and_an_empty_database_says_how_to_migrate() -> 
         &["--host-resolver-rules=MAP attacker.example 127.0.0.1"],
     )
     .await?;
-    let result = async {
-        client.goto(&format!("{}/instances", ui.base)).await?;
+    // On a task of its own, so that a failed assertion still closes the browser below.
+    let (base, empty_base) = (ui.base.clone(), empty_ui.base.clone());
+    let session = client.clone();
+    let result = tokio::spawn(async move {
+        let client = session;
+        client.goto(&format!("{base}/instances")).await?;
         let rows = client.find_all(Locator::Css("#instances tbody tr")).await?;
         assert!(rows.len() >= 5, "its own name is served: {}", rows.len());
 
-        let port = ui.base.rsplit(':').next().expect("a port");
+        let port = base.rsplit(':').next().expect("a port");
         client
             .goto(&format!("http://attacker.example:{port}/instances"))
             .await?;
@@ -323,7 +327,7 @@ async fn another_host_is_refused_and_an_empty_database_says_how_to_migrate() -> 
             .await?;
         assert_eq!(read, json!(421));
 
-        client.goto(&format!("{}/", empty_ui.base)).await?;
+        client.goto(&format!("{empty_base}/")).await?;
         let heading = client.find(Locator::Id("no-schema")).await?.text().await?;
         assert!(heading.contains(&schema), "{heading}");
         let command = client.find(Locator::Id("migrate")).await?.text().await?;
@@ -337,10 +341,13 @@ async fn another_host_is_refused_and_an_empty_database_says_how_to_migrate() -> 
             "{body}"
         );
         Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
-    }
+    })
     .await;
     let _ = client.close().await;
-    result
+    match result {
+        Ok(result) => result,
+        Err(failed) => std::panic::resume_unwind(failed.into_panic()),
+    }
 }
 
 /// Waits (5 s at most) until the browser's URL contains `part`: a click's navigation.
