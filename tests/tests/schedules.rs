@@ -1,6 +1,7 @@
 //! Schedules on both stores: ticks while the schedulers were down under each catch-up policy,
 //! each overlap policy, two schedulers racing (exactly one start per tick), pause and resume,
-//! trigger, daylight-saving days, an unregistered workflow and bad definitions.
+//! trigger, daylight-saving days, a workflow the leader does not register, a fleet of two
+//! services on one schema, schedules that cannot start, and bad definitions.
 //!
 //! Time is passed in (`now`) on both stores, never slept for: the scheduler plans with the
 //! instant its store reports, which is the one given.
@@ -467,7 +468,9 @@ async fn a_daily_0230_in_berlin_on_both_daylight_saving_days(h: Harness) -> Test
     Ok(())
 }
 
-async fn an_unregistered_workflow_is_refused_and_recorded(h: Harness) -> TestResult {
+async fn an_unregistered_workflow_starts_and_waits_for_a_worker_that_has_it(
+    h: Harness,
+) -> TestResult {
     let spec = h
         .keiro
         .schedule("ghostly", "ghost")
@@ -478,46 +481,32 @@ async fn an_unregistered_workflow_is_refused_and_recorded(h: Harness) -> TestRes
     let s = store(&h);
     s.schedule_upsert(&spec, Some(datetime!(2026-01-01 10:00:30 UTC)))
         .await?;
+    // The leader registers only `job`; the tick starts `ghost` all the same.
     let w = worker(&h, "a")?;
-    let refused = w
+    let pass = w
         .schedule_once(Some(datetime!(2026-01-01 10:01:01 UTC)))
         .await?;
-    assert_eq!((refused.unregistered, refused.started), (1, 0));
+    assert_eq!((pass.started, pass.failed), (1, 0));
     let row = s.schedule_get("ghostly").await?.expect("exists");
-    let error = row.last_error.expect("the reason is recorded");
-    assert!(
-        error.contains("ghost") && error.contains("not registered"),
-        "{error}"
-    );
+    assert_eq!(row.last_error, None);
+    assert_eq!(row.next_tick, Some(datetime!(2026-01-01 10:02 UTC)));
+    let first = "ghostly@20260101T100100Z";
+    w.drain().await?;
     assert_eq!(
-        row.next_tick,
-        Some(datetime!(2026-01-01 10:01 UTC)),
-        "its ticks stay due"
+        status(&h, "ghost", first).await?,
+        Some(Status::Running),
+        "no worker that lacks `ghost` runs it"
     );
-    assert_eq!(status(&h, "ghost", "ghostly@20260101T100100Z").await?, None);
-    // A worker that has it takes over once the first one's leadership ends: the missed ticks
-    // follow the catch-up policy (the last one), the on-time one starts.
-    s.scheduler_release("a").await?;
+    // A worker that has it runs it, whoever leads.
     let ghost = h
         .keiro
         .worker()
+        .options(h.fast_options())
         .register("ghost", job)
-        .scheduler(Some(options("g")))
+        .scheduler(None)
         .build()?;
-    let caught_up = ghost
-        .schedule_once(Some(datetime!(2026-01-01 10:05:30 UTC)))
-        .await?;
-    assert_eq!(caught_up.started, 2);
-    assert!(status(&h, "ghost", "ghostly@20260101T100400Z")
-        .await?
-        .is_some());
-    assert!(status(&h, "ghost", "ghostly@20260101T100500Z")
-        .await?
-        .is_some());
-    assert_eq!(
-        s.schedule_get("ghostly").await?.expect("exists").last_error,
-        None
-    );
+    ghost.drain().await?;
+    assert_eq!(status(&h, "ghost", first).await?, Some(Status::Completed));
     Ok(())
 }
 
@@ -588,7 +577,459 @@ async fn bad_definitions_are_typed_errors(h: Harness) -> TestResult {
     Ok(())
 }
 
+/// The instances `workflow` runs that schedule `schedule` started, among `ticks`.
+async fn started_as(
+    h: &Harness,
+    workflow: &str,
+    schedule: &str,
+    ticks: &[OffsetDateTime],
+) -> Result<Vec<OffsetDateTime>, Error> {
+    let mut found = Vec::new();
+    for tick in ticks {
+        if status(h, workflow, &id(schedule, *tick)).await?.is_some() {
+            found.push(*tick);
+        }
+    }
+    Ok(found)
+}
+
+/// What a scheduler pass wrote: a start, a known start, a dropped or a buffered tick.
+fn wrote(s: &keiro::SchedulerSummary) -> u64 {
+    s.started + s.already_started + s.dropped + s.buffered
+}
+
+/// Passes at `now` until one writes nothing, as the worker's loop passes again at once after
+/// a full batch; the sum of them.
+async fn passes_at(w: &Worker, now: OffsetDateTime) -> Result<keiro::SchedulerSummary, Error> {
+    let mut total = keiro::SchedulerSummary::default();
+    for _ in 0..5 {
+        let pass = w.schedule_once(Some(now)).await?;
+        total += pass;
+        if wrote(&pass) == 0 {
+            break;
+        }
+    }
+    Ok(total)
+}
+
+/// Another service on the same schema: a second pool on Postgres (another process would have
+/// its own), the same store in memory.
+async fn second_service(h: &Harness) -> Result<Keiro, Box<dyn std::error::Error + Send + Sync>> {
+    Ok(match &h.db {
+        Some(db) => {
+            let store = keiro_postgres::PgStore::connect(db.config()).await?;
+            Keiro::builder(store).without_push().build()
+        }
+        None => h.keiro.clone(),
+    })
+}
+
+async fn a_fleet_of_two_services_starts_every_schedule_whoever_leads(h: Harness) -> TestResult {
+    let t0 = datetime!(2026-01-01 10:00:30 UTC);
+    for (schedule, workflow) in [("billing-run", "invoice"), ("shipping-run", "ship")] {
+        let spec = h
+            .keiro
+            .schedule(schedule, workflow)
+            .every(MINUTE)
+            .overlap(Overlap::AllowAll)
+            .spec()?;
+        store(&h).schedule_upsert(&spec, Some(t0)).await?;
+    }
+    let shipping = h
+        .keiro
+        .worker()
+        .options(h.fast_options())
+        .register("ship", job)
+        .scheduler(Some(options("shipping")))
+        .build()?;
+    let billing_keiro = second_service(&h).await?;
+    let billing = billing_keiro
+        .worker()
+        .options(h.fast_options())
+        .register("invoice", job)
+        .scheduler(Some(options("billing")))
+        .build()?;
+    for minute in 1..=5 {
+        let now = datetime!(2026-01-01 10:00:01 UTC) + time::Duration::minutes(minute);
+        // Shipping passes first every minute, so it takes the leadership and keeps it.
+        assert_eq!(shipping.schedule_once(Some(now)).await?.led, 1);
+        assert_eq!(billing.schedule_once(Some(now)).await?.led, 0);
+    }
+    let ticks = minutes(datetime!(2026-01-01 10:01 UTC), 5);
+    assert_eq!(
+        started_as(&h, "invoice", "billing-run", &ticks).await?,
+        ticks,
+        "every billing tick starts, though the leader does not register invoice"
+    );
+    assert_eq!(started_as(&h, "ship", "shipping-run", &ticks).await?, ticks);
+    // Each run waits for a service that registers its workflow.
+    shipping.drain().await?;
+    for tick in &ticks {
+        let invoice = id("billing-run", *tick);
+        assert_eq!(
+            status(&h, "invoice", &invoice).await?,
+            Some(Status::Running)
+        );
+        let ship = id("shipping-run", *tick);
+        assert_eq!(status(&h, "ship", &ship).await?, Some(Status::Completed));
+    }
+    billing.drain().await?;
+    for tick in &ticks {
+        let invoice = id("billing-run", *tick);
+        assert_eq!(
+            status(&h, "invoice", &invoice).await?,
+            Some(Status::Completed)
+        );
+    }
+    Ok(())
+}
+
+/// The same fleet with both workers running their loops on the store's clock: `shipping`
+/// leads (it takes the lease first), and `billing`'s every-second schedule still has its runs
+/// started and completed by `billing`.
+async fn a_running_fleet_runs_each_services_schedules(h: Harness) -> TestResult {
+    h.keiro
+        .schedule("billing-run", "invoice")
+        .every(Duration::from_secs(1))
+        .overlap(Overlap::AllowAll)
+        .save()
+        .await?;
+    let scheduler = |owner: &str| SchedulerOptions {
+        poll_interval: Duration::from_millis(50),
+        lease_ttl: Duration::from_secs(10),
+        ..options(owner)
+    };
+    let shipping = h
+        .keiro
+        .worker()
+        .options(h.fast_options())
+        .register("ship", job)
+        .scheduler(Some(scheduler("shipping")))
+        .build()?;
+    assert_eq!(shipping.schedule_once(None).await?.led, 1);
+    let billing_keiro = second_service(&h).await?;
+    let billing = billing_keiro
+        .worker()
+        .options(h.fast_options())
+        .register("invoice", job)
+        .scheduler(Some(scheduler("billing")))
+        .build()?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let run = |w: Worker| {
+        let mut stopped = stopped.clone();
+        tokio::spawn(async move {
+            w.run_until(async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            })
+            .await
+        })
+    };
+    let runners = [run(shipping), run(billing)];
+    let completed = keiro::ListRequest::from_pairs([("name", "invoice"), ("status", "completed")])?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let done = loop {
+        let page = h.keiro.list(&completed).await?;
+        if page.instances.len() >= 3 {
+            break page.instances.len();
+        }
+        if tokio::time::Instant::now() > deadline {
+            break page.instances.len();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Still shipping's: billing never led, and never needed to.
+    let lead = store(&h)
+        .scheduler_lease("billing", Duration::from_secs(10), None)
+        .await?;
+    let _ = stop.send(true);
+    for runner in runners {
+        runner.await?;
+    }
+    assert!(done >= 3, "{done} invoice runs completed");
+    assert_eq!(lead, None, "shipping led throughout");
+    let row = store(&h)
+        .schedule_get("billing-run")
+        .await?
+        .expect("exists");
+    assert_eq!(row.last_error, None);
+    Ok(())
+}
+
+async fn schedules_no_worker_registers_never_hold_up_one_it_does(h: Harness) -> TestResult {
+    let s = store(&h);
+    for n in 0..100 {
+        let spec = h
+            .keiro
+            .schedule(&format!("orphan-{n:03}"), "orphan")
+            .every(MINUTE)
+            .spec()?;
+        s.schedule_upsert(&spec, Some(datetime!(2026-01-01 10:00:30 UTC)))
+            .await?;
+    }
+    every_minute(
+        &h,
+        "mine",
+        Overlap::AllowAll,
+        CatchUp::None,
+        datetime!(2026-01-01 10:01:30 UTC),
+    )
+    .await?;
+    let w = worker(&h, "a")?;
+    for minute in 1..=5 {
+        let now = datetime!(2026-01-01 10:00:01 UTC) + time::Duration::minutes(minute);
+        passes_at(&w, now).await?;
+    }
+    let ticks = minutes(datetime!(2026-01-01 10:02 UTC), 4);
+    assert_eq!(
+        started(&h, "mine", &ticks).await?,
+        ticks,
+        "the registered schedule starts all its ticks"
+    );
+    // An orphan starts its first run, which waits for a worker that registers `orphan`;
+    // under Skip its later ticks are dropped while that run waits.
+    let first = id("orphan-042", datetime!(2026-01-01 10:01 UTC));
+    assert_eq!(status(&h, "orphan", &first).await?, Some(Status::Running));
+    let later = id("orphan-042", datetime!(2026-01-01 10:02 UTC));
+    assert_eq!(status(&h, "orphan", &later).await?, None);
+    let row = s.schedule_get("orphan-042").await?.expect("exists");
+    assert_eq!(row.last_error, None);
+    assert_eq!(row.next_tick, Some(datetime!(2026-01-01 10:06 UTC)));
+    Ok(())
+}
+
+/// A schedule store that refuses every fire of one schedule while `refusing` is set, as a
+/// store refuses a value it cannot hold; everything else goes to the store underneath.
+#[derive(Debug)]
+struct Refusing {
+    inner: Arc<dyn ScheduleStore>,
+    name: String,
+    refusing: std::sync::atomic::AtomicBool,
+}
+
+impl Refusing {
+    fn refuses(&self) -> bool {
+        self.refusing.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[async_trait::async_trait]
+impl ScheduleStore for Refusing {
+    async fn schedule_upsert(
+        &self,
+        spec: &keiro::ScheduleSpec,
+        now: Option<OffsetDateTime>,
+    ) -> keiro::store::Result<keiro::Schedule> {
+        self.inner.schedule_upsert(spec, now).await
+    }
+    async fn schedule_get(&self, name: &str) -> keiro::store::Result<Option<keiro::Schedule>> {
+        self.inner.schedule_get(name).await
+    }
+    async fn schedules_list(&self) -> keiro::store::Result<Vec<keiro::Schedule>> {
+        self.inner.schedules_list().await
+    }
+    async fn schedule_delete(&self, name: &str) -> keiro::store::Result<bool> {
+        self.inner.schedule_delete(name).await
+    }
+    async fn schedule_set_paused(
+        &self,
+        name: &str,
+        paused: bool,
+        now: Option<OffsetDateTime>,
+    ) -> keiro::store::Result<Option<keiro::Schedule>> {
+        self.inner.schedule_set_paused(name, paused, now).await
+    }
+    async fn schedule_trigger(
+        &self,
+        name: &str,
+        now: Option<OffsetDateTime>,
+    ) -> keiro::store::Result<Option<keiro::Started>> {
+        self.inner.schedule_trigger(name, now).await
+    }
+    async fn scheduler_lease(
+        &self,
+        owner: &str,
+        ttl: Duration,
+        now: Option<OffsetDateTime>,
+    ) -> keiro::store::Result<Option<keiro::Fence>> {
+        self.inner.scheduler_lease(owner, ttl, now).await
+    }
+    async fn scheduler_release(&self, owner: &str) -> keiro::store::Result<bool> {
+        self.inner.scheduler_release(owner).await
+    }
+    async fn schedules_due(
+        &self,
+        now: Option<OffsetDateTime>,
+        limit: i64,
+    ) -> keiro::store::Result<keiro_resume::SchedulesDue> {
+        self.inner.schedules_due(now, limit).await
+    }
+    async fn schedule_fire(&self, fire: &ScheduleFire) -> keiro::store::Result<FireOutcome> {
+        if fire.name == self.name && self.refuses() {
+            return Err(keiro::store::Error::ValueRefused {
+                operation: "firing a schedule",
+                reason: "a value the store cannot hold".into(),
+            });
+        }
+        self.inner.schedule_fire(fire).await
+    }
+    async fn schedule_record_error(
+        &self,
+        name: &str,
+        revision: i64,
+        error: &str,
+        retry_at: OffsetDateTime,
+    ) -> keiro::store::Result<bool> {
+        self.inner
+            .schedule_record_error(name, revision, error, retry_at)
+            .await
+    }
+}
+
+async fn a_schedule_that_cannot_start_records_its_error_and_backs_off(h: Harness) -> TestResult {
+    let s = store(&h);
+    // Written through the store, past the facade's checks (another build, a hand-written
+    // row): a name no instance id may carry, so no tick of it can start.
+    let bad = keiro::ScheduleSpec {
+        name: "bad:name".into(),
+        workflow: keiro::WorkflowName::new("job")?,
+        cadence: keiro::Cadence::Every(MINUTE),
+        input: serde_json::Value::Null,
+        overlap: Overlap::AllowAll,
+        catch_up: CatchUp::None,
+    };
+    s.schedule_upsert(&bad, Some(datetime!(2026-01-01 10:00:30 UTC)))
+        .await?;
+    every_minute(
+        &h,
+        "good",
+        Overlap::AllowAll,
+        CatchUp::None,
+        datetime!(2026-01-01 10:01:30 UTC),
+    )
+    .await?;
+    let w = worker(&h, "a")?;
+    let now = datetime!(2026-01-01 10:02:01 UTC);
+    let pass = w.schedule_once(Some(now)).await?;
+    assert_eq!(pass.started, 1, "the other schedule starts");
+    assert_eq!(
+        started(&h, "good", &[datetime!(2026-01-01 10:02 UTC)])
+            .await?
+            .len(),
+        1
+    );
+    assert_eq!(pass.failed, 1);
+    let row = s.schedule_get("bad:name").await?.expect("exists");
+    let error = row.last_error.clone().expect("the reason is recorded");
+    assert!(
+        error.contains("bad:name") && error.contains("forbidden character"),
+        "{error}"
+    );
+    assert_eq!(row.failures, 1);
+    let retry_at = row.retry_at.expect("backed off");
+    assert!(
+        retry_at > now && retry_at <= now + Duration::from_secs(1),
+        "{retry_at}"
+    );
+    assert_eq!(
+        row.next_tick,
+        Some(datetime!(2026-01-01 10:01 UTC)),
+        "its ticks stay due"
+    );
+    // The same pass again writes nothing for it: it waits out its back-off.
+    let again = w.schedule_once(Some(now)).await?;
+    assert_eq!((wrote(&again), again.failed), (0, 0));
+    assert_eq!(s.schedule_get("bad:name").await?, Some(row));
+    // Every later tick of the good one starts while the bad one keeps failing.
+    for minute in 3..=5 {
+        let now = datetime!(2026-01-01 10:00:01 UTC) + time::Duration::minutes(minute);
+        w.schedule_once(Some(now)).await?;
+    }
+    assert_eq!(
+        started(&h, "good", &minutes(datetime!(2026-01-01 10:02 UTC), 4)).await?,
+        minutes(datetime!(2026-01-01 10:02 UTC), 4)
+    );
+    let row = s.schedule_get("bad:name").await?.expect("exists");
+    assert_eq!(
+        row.failures, 4,
+        "one failure per retry, each after its back-off"
+    );
+    // A resume is the operator's retry: the back-off is cleared, the error stays until a
+    // fire clears it.
+    s.schedule_set_paused("bad:name", true, Some(datetime!(2026-01-01 10:05:10 UTC)))
+        .await?;
+    let resumed = s
+        .schedule_set_paused("bad:name", false, Some(datetime!(2026-01-01 10:05:20 UTC)))
+        .await?
+        .expect("exists");
+    assert_eq!((resumed.failures, resumed.retry_at), (0, None));
+    assert!(resumed.last_error.is_some());
+    Ok(())
+}
+
+async fn a_refused_start_is_recorded_and_retried_without_blocking_the_others(
+    h: Harness,
+) -> TestResult {
+    let refusing = Refusing {
+        inner: store(&h),
+        name: "refused".into(),
+        refusing: true.into(),
+    };
+    let t0 = datetime!(2026-01-01 10:00:30 UTC);
+    // The refused one is due first, so a pass meets it before the other.
+    every_minute(
+        &h,
+        "refused",
+        Overlap::AllowAll,
+        CatchUp::All { max: 10 },
+        t0,
+    )
+    .await?;
+    every_minute(
+        &h,
+        "fine",
+        Overlap::AllowAll,
+        CatchUp::None,
+        datetime!(2026-01-01 10:01:30 UTC),
+    )
+    .await?;
+    let options = options("a");
+    let pass = |now| keiro_resume::schedule_once(&refusing, &options, Some(now));
+    pass(datetime!(2026-01-01 10:02:01 UTC)).await?;
+    assert_eq!(
+        started(&h, "fine", &[datetime!(2026-01-01 10:02 UTC)])
+            .await?
+            .len(),
+        1,
+        "the refusal of one schedule does not stop the pass"
+    );
+    let row = refusing.schedule_get("refused").await?.expect("exists");
+    let error = row.last_error.clone().expect("the refusal is recorded");
+    assert!(error.contains("cannot hold"), "{error}");
+    assert_eq!(
+        row.next_tick,
+        Some(datetime!(2026-01-01 10:01 UTC)),
+        "its ticks stay due"
+    );
+    // Once the store takes it again, the ticks it could not start follow the catch-up policy
+    // and the error is cleared.
+    refusing
+        .refusing
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    pass(datetime!(2026-01-01 10:03:01 UTC)).await?;
+    let ticks = minutes(datetime!(2026-01-01 10:01 UTC), 3);
+    assert_eq!(started(&h, "refused", &ticks).await?, ticks);
+    let row = refusing.schedule_get("refused").await?.expect("exists");
+    assert_eq!(row.last_error, None);
+    assert_eq!(row.next_tick, Some(datetime!(2026-01-01 10:04 UTC)));
+    Ok(())
+}
+
 on_both_stores!(
+    a_running_fleet_runs_each_services_schedules,
+    a_schedule_that_cannot_start_records_its_error_and_backs_off,
+    a_refused_start_is_recorded_and_retried_without_blocking_the_others,
+    a_fleet_of_two_services_starts_every_schedule_whoever_leads,
+    schedules_no_worker_registers_never_hold_up_one_it_does,
     ticks_while_down_follow_each_catch_up_policy,
     skip_overlap_drops_ticks_while_the_previous_run_is_live,
     buffer_one_starts_the_kept_tick_when_the_previous_run_ends,
@@ -598,9 +1039,70 @@ on_both_stores!(
     pause_skips_ticks_and_resume_does_not_catch_them_up,
     trigger_starts_one_run_now_whatever_the_policy,
     a_daily_0230_in_berlin_on_both_daylight_saving_days,
-    an_unregistered_workflow_is_refused_and_recorded,
+    an_unregistered_workflow_starts_and_waits_for_a_worker_that_has_it,
     bad_definitions_are_typed_errors,
 );
+
+/// A row keiro cannot read (edited by hand, or by another build, into a workflow name no id
+/// may carry) is one schedule's failure on Postgres: recorded on its row and backed off, while
+/// the others start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_schedule_row_never_holds_up_the_others() -> TestResult {
+    let h = Harness::postgres().await;
+    let db = h.db.as_ref().expect("postgres");
+    every_minute(
+        &h,
+        "garbled",
+        Overlap::AllowAll,
+        CatchUp::None,
+        datetime!(2026-01-01 10:00:30 UTC),
+    )
+    .await?;
+    every_minute(
+        &h,
+        "fine",
+        Overlap::AllowAll,
+        CatchUp::None,
+        datetime!(2026-01-01 10:01:30 UTC),
+    )
+    .await?;
+    db.store()
+        .pool()
+        .get()
+        .await?
+        .execute(
+            "UPDATE schedules SET workflow_name = 'no:such' WHERE name = 'garbled'",
+            &[],
+        )
+        .await?;
+    let w = worker(&h, "a")?;
+    let now = datetime!(2026-01-01 10:02:01 UTC);
+    let pass = w.schedule_once(Some(now)).await?;
+    assert_eq!(
+        started(&h, "fine", &[datetime!(2026-01-01 10:02 UTC)])
+            .await?
+            .len(),
+        1,
+        "the readable schedule starts"
+    );
+    assert_eq!(pass.failed, 1);
+    let client = db.store().pool().get().await?;
+    let row = client
+        .query_one(
+            "SELECT last_error, failures, retry_at > $1 AS backed_off FROM schedules \
+             WHERE name = 'garbled'",
+            &[&now],
+        )
+        .await?;
+    let error: Option<String> = row.get("last_error");
+    let error = error.expect("the reason is recorded");
+    assert!(error.contains("malformed"), "{error}");
+    assert_eq!(row.get::<_, i32>("failures"), 1);
+    assert!(row.get::<_, bool>("backed_off"));
+    let again = w.schedule_once(Some(now)).await?;
+    assert_eq!(again.failed, 0, "backed off");
+    Ok(())
+}
 
 /// The memory store's pinned clock drives the scheduler when no `now` is passed: a test moves
 /// it past a tick instead of sleeping.

@@ -105,6 +105,13 @@ fn print_schedule(s: &Schedule) {
     if let Some(error) = &s.last_error {
         println!("  last error {error}");
     }
+    if let Some(retry_at) = s.retry_at {
+        println!(
+            "  backed off after {} failure(s) until {}",
+            s.failures,
+            timestamp(Some(retry_at))
+        );
+    }
 }
 
 const TIMESTAMP: &[FormatItem<'static>] =

@@ -515,3 +515,220 @@ async fn pages_escape_stored_values_and_forms_need_the_csrf_value() -> TestResul
     );
     Ok(())
 }
+
+/// A request to `url` naming `host` as its `Host`.
+async fn get_as(
+    client: &reqwest::Client,
+    url: &str,
+    host: &str,
+) -> Result<StatusCode, reqwest::Error> {
+    Ok(client
+        .get(url)
+        .header(reqwest::header::HOST, host)
+        .send()
+        .await?
+        .status())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_for_another_host_is_refused_on_every_route() -> TestResult {
+    let h = Harness::postgres().await;
+    let registry = registry(broken());
+    seed(&h, &registry).await?;
+    let ui = Ui::start_with(
+        &h,
+        Some(TOKEN),
+        &["--listen", "127.0.0.1:0", "--public-host", "dash.example"],
+    );
+    let port = ui.base.rsplit(':').next().expect("a port").to_owned();
+    let client = reqwest::Client::new();
+    let reads = [
+        "/",
+        "/instances",
+        "/instances/charge/c-1",
+        "/assets/app.js",
+        "/api/v1/counts",
+        "/api/v1/instances",
+        "/api/v1/instances/charge/c-1",
+        "/no/such/route",
+    ];
+    // A page whose DNS name was rebound to 127.0.0.1 still says its own name.
+    for path in reads {
+        let url = format!("{}{path}", ui.base);
+        for host in ["attacker.example", &format!("attacker.example:{port}")] {
+            let status = get_as(&client, &url, host).await?;
+            assert!(
+                status == StatusCode::MISDIRECTED_REQUEST || status == StatusCode::FORBIDDEN,
+                "{path} as {host}: {status}"
+            );
+        }
+    }
+    let requeue = format!("{}/api/v1/instances/charge/c-1/requeue", ui.base);
+    let status = client
+        .post(&requeue)
+        .header(reqwest::header::HOST, format!("attacker.example:{port}"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await?
+        .status();
+    assert_eq!(status, StatusCode::MISDIRECTED_REQUEST);
+    assert_eq!(
+        keiro_tests::status(&h.keiro, "charge", "c-1").await?,
+        Some(Status::Failed),
+        "nothing was done for another host"
+    );
+    // The bound address's names, and the public host, are served.
+    for host in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        format!("[::1]:{port}"),
+        "dash.example".to_owned(),
+        format!("dash.example:{port}"),
+    ] {
+        let status = get_as(&client, &format!("{}/api/v1/counts", ui.base), &host).await?;
+        assert_eq!(status, StatusCode::OK, "{host}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn actions_from_another_origin_are_refused() -> TestResult {
+    let h = Harness::postgres().await;
+    let registry = registry(broken());
+    seed(&h, &registry).await?;
+    let ui = Ui::start(&h, Some(TOKEN));
+    let client = reqwest::Client::new();
+    let requeue = format!("{}/api/v1/instances/charge/c-1/requeue", ui.base);
+    for origin in ["http://attacker.example", "null", "http://localhost:1"] {
+        let response = client
+            .post(&requeue)
+            .header(reqwest::header::ORIGIN, origin)
+            .bearer_auth(TOKEN)
+            .send()
+            .await?;
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{origin}");
+    }
+    // The page's own form, posted from another origin with the right token and CSRF value.
+    let page = client
+        .get(format!("{}/instances/charge/c-1", ui.base))
+        .send()
+        .await?
+        .text()
+        .await?;
+    let csrf = page
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("the form carries the CSRF value")
+        .to_owned();
+    let form = client
+        .post(format!("{}/instances/charge/c-1/requeue", ui.base))
+        .header(reqwest::header::ORIGIN, "http://attacker.example")
+        .form(&[("token", TOKEN), ("csrf", csrf.as_str())])
+        .send()
+        .await?;
+    assert_eq!(form.status(), StatusCode::FORBIDDEN);
+    assert_eq!(
+        keiro_tests::status(&h.keiro, "charge", "c-1").await?,
+        Some(Status::Failed),
+        "nothing was done for another origin"
+    );
+    // Its own origin may act.
+    let response = client
+        .post(&requeue)
+        .header(reqwest::header::ORIGIN, ui.base.as_str())
+        .bearer_auth(TOKEN)
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::OK);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bound_beyond_loopback_it_needs_a_token_for_reads_too() -> TestResult {
+    let h = Harness::postgres().await;
+    // Without a token it does not start, and says why.
+    let mut child = ui_support::ui_command(&h, None, &["--listen", "0.0.0.0:0"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let mut exited = None;
+    for _ in 0..100 {
+        if let Some(status) = child.try_wait()? {
+            exited = Some(status);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let Some(status) = exited else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("keiro ui started on 0.0.0.0 without a token");
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("piped"), &mut stderr)?;
+    assert!(!status.success());
+    assert!(
+        stderr.contains("0.0.0.0") && stderr.contains("--token") && stderr.contains("loopback"),
+        "{stderr}"
+    );
+
+    // With one, every read needs it as well.
+    let ui = Ui::start_with(&h, Some(TOKEN), &["--listen", "0.0.0.0:0"]);
+    let port = ui.base.rsplit(':').next().expect("a port").to_owned();
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    for path in ["/", "/instances", "/api/v1/counts", "/api/v1/instances"] {
+        let url = format!("{base}{path}");
+        let status = client.get(&url).send().await?.status();
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{path}");
+        let status = client.get(&url).bearer_auth("guess").send().await?.status();
+        assert_eq!(status, StatusCode::FORBIDDEN, "{path}");
+        let status = client.get(&url).bearer_auth(TOKEN).send().await?.status();
+        assert_eq!(status, StatusCode::OK, "{path}");
+        // A browser asks for it once and sends it as Basic credentials.
+        let status = client
+            .get(&url)
+            .basic_auth("operator", Some(TOKEN))
+            .send()
+            .await?
+            .status();
+        assert_eq!(status, StatusCode::OK, "{path}");
+    }
+    let asked = client.get(format!("{base}/")).send().await?;
+    assert!(
+        asked
+            .headers()
+            .contains_key(reqwest::header::WWW_AUTHENTICATE),
+        "a browser is asked for the token"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_without_keiros_schema_says_how_to_migrate() -> TestResult {
+    let h = Harness::postgres().await;
+    let db = h.db.as_ref().expect("a Postgres harness");
+    let schema = db.schema().to_owned();
+    db.store()
+        .pool()
+        .get()
+        .await?
+        .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .await?;
+    let ui = Ui::start(&h, None);
+    let client = reqwest::Client::new();
+    for path in ["/", "/instances", "/instances/charge/c-1"] {
+        let response = client.get(format!("{}{path}", ui.base)).send().await?;
+        let status = response.status();
+        let page = response.text().await?;
+        assert_ne!(status, StatusCode::INTERNAL_SERVER_ERROR, "{path}: {page}");
+        assert!(
+            page.contains(&schema) && page.contains("keiro migrate") && page.contains("--schema"),
+            "{path}: {page}"
+        );
+    }
+    let (status, body) = get_json(&client, &format!("{}/api/v1/counts", ui.base)).await?;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"], "schema_not_migrated", "{body}");
+    Ok(())
+}

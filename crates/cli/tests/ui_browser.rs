@@ -1,5 +1,6 @@
 //! `keiro ui` in a real browser: Debian's headless chromium driven through chromedriver
-//! (WebDriver). It opens the list, filters on failed, opens the failed instance, requeues it
+//! (WebDriver). A page whose DNS name was rebound to the dashboard's address is refused, and a
+//! dashboard on a database without keiro's schema says how to migrate it. It opens the list, filters on failed, opens the failed instance, requeues it
 //! with the token (accepting the confirmation), sees it complete, checks that a request
 //! without the token is refused, opens a parked instance's page and finds its timers,
 //! awakeable and signal wait listed (a token that is markup stays text), and saves a
@@ -62,8 +63,9 @@ async fn wait_for_port(port: u16) {
     panic!("chromedriver did not listen on {port}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_operator_requeues_a_failed_run_in_the_browser() -> TestResult {
+/// The browser and its driver, when both are installed; `None` (the test skips, saying why)
+/// only when `KEIRO_REQUIRE_BROWSER` is unset.
+fn browser_tools() -> Option<(PathBuf, PathBuf)> {
     let browser = which(&["chromium", "chromium-browser", "google-chrome"]);
     let driver = which(&["chromedriver"]);
     let (Some(browser), Some(driver)) = (browser, driver) else {
@@ -71,6 +73,49 @@ async fn an_operator_requeues_a_failed_run_in_the_browser() -> TestResult {
             panic!("KEIRO_REQUIRE_BROWSER is set but chromium or chromedriver is not installed");
         }
         println!("skipped: chromium and chromedriver are not installed (apt-get install chromium chromium-driver)");
+        return None;
+    };
+    Some((browser, driver))
+}
+
+/// Starts chromedriver and a headless browser session with `args` added to the browser's.
+async fn open_browser(
+    (browser, driver): &(PathBuf, PathBuf),
+    args: &[&str],
+) -> Result<(Driver, fantoccini::Client), Box<dyn std::error::Error + Send + Sync>> {
+    let port = free_port();
+    let driver = Driver(
+        Command::new(driver)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    wait_for_port(port).await;
+    // Root in CI has no user namespace sandbox; the page is our own, on loopback.
+    let mut browser_args = vec![
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,1100",
+    ];
+    browser_args.extend_from_slice(args);
+    let mut capabilities = serde_json::Map::new();
+    capabilities.insert(
+        "goog:chromeOptions".into(),
+        json!({ "binary": browser, "args": browser_args }),
+    );
+    let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+        .capabilities(capabilities)
+        .connect(&format!("http://127.0.0.1:{port}"))
+        .await?;
+    Ok((driver, client))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_requeues_a_failed_run_in_the_browser() -> TestResult {
+    let Some(tools) = browser_tools() else {
         return Ok(());
     };
 
@@ -96,28 +141,7 @@ async fn an_operator_requeues_a_failed_run_in_the_browser() -> TestResult {
         })
     };
 
-    let port = free_port();
-    let _driver = Driver(
-        Command::new(&driver)
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?,
-    );
-    wait_for_port(port).await;
-    let mut capabilities = serde_json::Map::new();
-    capabilities.insert(
-        "goog:chromeOptions".into(),
-        json!({
-            "binary": browser,
-            // Root in CI has no user namespace sandbox; the page is our own, on loopback.
-            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1100"],
-        }),
-    );
-    let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
-        .capabilities(capabilities)
-        .connect(&format!("http://127.0.0.1:{port}"))
-        .await?;
+    let (_driver, client) = open_browser(&tools, &[]).await?;
     let result = drive(&client, &ui.base, &h, &broken).await;
     let _ = client.close().await;
     worker.abort();
@@ -241,6 +265,89 @@ async fn drive(
     std::fs::write(&path, &png)?;
     println!("saved {} ({} bytes)", path.display(), png.len());
     Ok(())
+}
+
+/// A page whose DNS name points at the dashboard (as a rebinding attack makes it) is refused,
+/// page and API alike, while the dashboard's own name works; a dashboard on a database without
+/// keiro's schema shows how to migrate it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_host_is_refused_and_an_empty_database_says_how_to_migrate() -> TestResult {
+    let Some(tools) = browser_tools() else {
+        return Ok(());
+    };
+    let h = Harness::postgres().await;
+    seed(&h, &registry(broken())).await?;
+    let ui = Ui::start(&h, Some(TOKEN));
+    let empty = Harness::postgres().await;
+    let db = empty.db.as_ref().expect("a Postgres harness");
+    let schema = db.schema().to_owned();
+    db.store()
+        .pool()
+        .get()
+        .await?
+        .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .await?;
+    let empty_ui = Ui::start(&empty, None);
+    // attacker.example resolves to the dashboard's address, as a rebound DNS name does.
+    let (_driver, client) = open_browser(
+        &tools,
+        &["--host-resolver-rules=MAP attacker.example 127.0.0.1"],
+    )
+    .await?;
+    // On a task of its own, so that a failed assertion still closes the browser below.
+    let (base, empty_base) = (ui.base.clone(), empty_ui.base.clone());
+    let session = client.clone();
+    let result = tokio::spawn(async move {
+        let client = session;
+        client.goto(&format!("{base}/instances")).await?;
+        let rows = client.find_all(Locator::Css("#instances tbody tr")).await?;
+        assert!(rows.len() >= 5, "its own name is served: {}", rows.len());
+
+        let port = base.rsplit(':').next().expect("a port");
+        client
+            .goto(&format!("http://attacker.example:{port}/instances"))
+            .await?;
+        let body = client.find(Locator::Css("body")).await?.text().await?;
+        assert!(body.contains("does not answer to that host"), "{body}");
+        assert!(
+            client
+                .find_all(Locator::Css("#instances tbody tr"))
+                .await?
+                .is_empty(),
+            "no instance is shown to another host"
+        );
+        // The rebound page's own script reads nothing either.
+        let read = client
+            .execute_async(
+                "const done = arguments[arguments.length - 1];
+                 fetch('/api/v1/instances/charge/c-1')
+                   .then(r => done(r.status)).catch(e => done(String(e)));",
+                vec![],
+            )
+            .await?;
+        assert_eq!(read, json!(421));
+
+        client.goto(&format!("{empty_base}/")).await?;
+        let heading = client.find(Locator::Id("no-schema")).await?.text().await?;
+        assert!(heading.contains(&schema), "{heading}");
+        let command = client.find(Locator::Id("migrate")).await?.text().await?;
+        assert!(
+            command.contains(&format!("migrate --schema {schema}")),
+            "{command}"
+        );
+        let body = client.find(Locator::Css("body")).await?.text().await?;
+        assert!(
+            body.contains("--schema") && body.contains("keiro ui"),
+            "{body}"
+        );
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+    })
+    .await;
+    let _ = client.close().await;
+    match result {
+        Ok(result) => result,
+        Err(failed) => std::panic::resume_unwind(failed.into_panic()),
+    }
 }
 
 /// Waits (5 s at most) until the browser's URL contains `part`: a click's navigation.

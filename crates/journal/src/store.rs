@@ -216,6 +216,24 @@ pub enum Error {
         /// The caller's isolation level.
         level: String,
     },
+    /// The store's schema does not hold what this build needs: it does not exist, was never
+    /// migrated, or was migrated by an older build (a migration or the function files of this
+    /// build are missing). Nothing was done. Migrating the schema (`keiro migrate --schema
+    /// <schema>`, or the store's own migrate call) fixes it; retrying before that fails the
+    /// same way.
+    #[error(
+        "{operation}: schema {schema} {problem}: migrate it with \
+         `keiro migrate --schema {schema}` (or `PgStore::migrate`)"
+    )]
+    SchemaNotMigrated {
+        /// What was being done.
+        operation: &'static str,
+        /// The schema.
+        schema: String,
+        /// What is missing, for humans: "does not exist", "lacks migration 18
+        /// (schedule_backoff)", or the server's own message.
+        problem: String,
+    },
     /// The database refused the operation.
     #[error("{operation} failed")]
     Database {
@@ -258,6 +276,11 @@ impl Error {
     /// The instance is missing.
     pub fn is_not_found(&self) -> bool {
         matches!(self, Self::NotFound { .. })
+    }
+
+    /// The store's schema is missing or older than this build: migrate it.
+    pub fn is_schema_not_migrated(&self) -> bool {
+        matches!(self, Self::SchemaNotMigrated { .. })
     }
 }
 

@@ -3,11 +3,13 @@
 //!
 //! Where bad input is caught: a cron expression that does not parse, an unknown time zone, a
 //! bad interval, name or catch-up bound are refused by [`ScheduleBuilder::save`] with
-//! [`Error::Schedule`], before anything is written. Whether the workflow is registered cannot
-//! be known there (the facade has no registry; workers in other processes have theirs): the
-//! scheduler that leads refuses to start a workflow its worker has not registered, writes
-//! [`ScheduleError::Unregistered`](keiro_resume::ScheduleError::Unregistered)'s message to the
-//! schedule's `last_error`, and leaves its ticks due; `keiro schedule list` shows it.
+//! [`Error::Schedule`], before anything is written. Whether a worker registers the workflow
+//! is not checked, there or by the scheduler: a tick starts its workflow by name, whichever
+//! worker's scheduler leads, and the run waits for a worker that registers it, as any
+//! [`Keiro::start`] does (services sharing a schema share one scheduler). A due schedule that
+//! cannot start (the store refuses its runs, or a row written past these checks) gets the
+//! reason in its `last_error` and is backed off (`retry_at`) without holding up the others;
+//! `keiro schedule list` shows both.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,8 +74,8 @@ impl WorkerBuilder {
     }
 
     /// How this worker's scheduler runs; `None`: this worker never schedules (another one
-    /// does, or its registry lacks the scheduled workflows). Every scheduling worker competes
-    /// for one leadership, and only the leader starts runs. Defaults to
+    /// does). Every scheduling worker on a schema competes for one leadership, and only the
+    /// leader starts runs, those of every schedule whatever this worker registers. Defaults to
     /// `Some(SchedulerOptions::default())`.
     ///
     /// ```
@@ -90,7 +92,7 @@ impl WorkerBuilder {
 
 impl Worker {
     /// One scheduler pass at `now` (`None`: the store's clock), for tests and custom loops:
-    /// take or renew the leadership, then start the due runs of registered workflows.
+    /// take or renew the leadership, then start the due runs of every schedule.
     ///
     /// ```
     /// # #[cfg(feature = "memory")]
@@ -115,7 +117,7 @@ impl Worker {
         let (Some(store), Some(options)) = (&self.schedules.store, &self.schedules.options) else {
             return Err(unsupported());
         };
-        Ok(keiro_resume::schedule_once(store.as_ref(), self.registry(), options, now).await?)
+        Ok(keiro_resume::schedule_once(store.as_ref(), options, now).await?)
     }
 
     /// Starts the scheduler loop, when this worker has a schedule store and its scheduler is on.
@@ -126,10 +128,7 @@ impl Worker {
         let store = self.schedules.store.clone()?;
         let options = self.schedules.options.clone()?;
         Some(tokio::spawn(keiro_resume::run_scheduler_loop(
-            store,
-            self.registry().clone(),
-            options,
-            shutdown,
+            store, options, shutdown,
         )))
     }
 }

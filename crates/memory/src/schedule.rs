@@ -97,6 +97,8 @@ impl ScheduleStore for MemoryStore {
                         next_tick,
                         buffered_tick: None,
                         last_error: None,
+                        failures: 0,
+                        retry_at: None,
                         revision: old.revision + 1,
                         updated_at: now,
                         ..old.clone()
@@ -109,6 +111,8 @@ impl ScheduleStore for MemoryStore {
                         buffered_tick: None,
                         last_instance: None,
                         last_error: None,
+                        failures: 0,
+                        retry_at: None,
                         revision: 1,
                         created_at: now,
                         updated_at: now,
@@ -173,10 +177,18 @@ impl ScheduleStore for MemoryStore {
                 } else {
                     first_tick(&row.spec, now, PAUSE)?
                 };
+                // A resume clears the back-off: the operator's act is the retry.
+                let (failures, retry_at) = if paused {
+                    (row.failures, row.retry_at)
+                } else {
+                    (0, None)
+                };
                 let row = Schedule {
                     paused,
                     next_tick,
                     buffered_tick: if paused { row.buffered_tick } else { None },
+                    failures,
+                    retry_at,
                     revision: row.revision + 1,
                     updated_at: now,
                     ..row
@@ -273,10 +285,16 @@ impl ScheduleStore for MemoryStore {
             self.transact("reading due schedules", |state| {
                 let clock = now.unwrap_or_else(|| state.clock.now());
                 let live = state.schedules.rows.values().filter(|s| !s.paused);
-                let next_due = live.clone().filter_map(|s| s.next_tick).min();
+                // A backed-off schedule is due at its next tick or its retry, whichever is
+                // later (PostgreSQL's `greatest`, which ignores a missing retry).
+                let next_due = live
+                    .clone()
+                    .filter_map(|s| s.next_tick.map(|t| s.retry_at.map_or(t, |r| r.max(t))))
+                    .min();
                 let mut due: Vec<DueSchedule> = live
                     .filter(|s| {
-                        s.next_tick.is_some_and(|t| t <= clock) || s.buffered_tick.is_some()
+                        (s.next_tick.is_some_and(|t| t <= clock) || s.buffered_tick.is_some())
+                            && s.retry_at.is_none_or(|r| r <= clock)
                     })
                     .map(|s| DueSchedule {
                         schedule: s.clone(),
@@ -289,6 +307,8 @@ impl ScheduleStore for MemoryStore {
                 Ok(SchedulesDue {
                     clock,
                     due,
+                    // Every row here was written through the trait, typed.
+                    unreadable: Vec::new(),
                     next_due,
                 })
             })
@@ -338,6 +358,8 @@ impl ScheduleStore for MemoryStore {
                         .map(|r| r.key.id.clone())
                         .or(row.last_instance),
                     last_error: None,
+                    failures: 0,
+                    retry_at: None,
                     revision: row.revision + 1,
                     updated_at: now,
                     ..row
@@ -349,14 +371,24 @@ impl ScheduleStore for MemoryStore {
         .await
     }
 
-    async fn schedule_record_error(&self, name: &str, revision: i64, error: &str) -> Result<bool> {
+    async fn schedule_record_error(
+        &self,
+        name: &str,
+        revision: i64,
+        error: &str,
+        retry_at: OffsetDateTime,
+    ) -> Result<bool> {
+        const RECORD: &str = "recording a schedule's error";
         let span = store_span!("schedule_record_error", keiro.schedule.name = %name);
         traced(span, async {
-            self.transact("recording a schedule's error", |state| {
+            storable::text(RECORD, "schedule error", error)?;
+            self.transact(RECORD, |state| {
                 let now = state.clock.now();
                 match state.schedules.rows.get_mut(name) {
                     Some(row) if row.revision == revision => {
                         row.last_error = Some(error.to_owned());
+                        row.failures = row.failures.saturating_add(1);
+                        row.retry_at = Some(retry_at);
                         row.updated_at = now;
                         Ok(true)
                     }

@@ -77,7 +77,7 @@ pub struct Config {
     /// `tokio_postgres::Config` parses them, plus libpq's TLS settings the driver lacks:
     /// `sslmode` (`disable`, `prefer` (the default), `require`, `verify-ca`, `verify-full`;
     /// see [`SslMode`](crate::SslMode)) and `sslrootcert` (a PEM file of trusted roots, or
-    /// `system`). Without a password in it, `PGPASSWORD` gives one, as with libpq. Never
+    /// `system`, which implies `verify-full` and refuses a weaker mode, as libpq). Without a password in it, `PGPASSWORD` gives one, as with libpq. Never
     /// printed: `Debug` and `Display` show [`url_redacted`](Config::url_redacted). Defaults to
     /// [`URL_DEFAULT`].
     pub url: String,
@@ -319,7 +319,6 @@ impl Config {
     /// What the URL says, with `PGPASSWORD` for a missing password.
     pub(crate) fn conninfo(&self) -> Result<ConnInfo> {
         ConnInfo::parse(&self.url, |key| std::env::var(key).ok())
-            .map_err(|problem| invalid("url", problem))
     }
 
     /// Every session setting keiro pins on its connections, as (name, value) pairs: the schema
@@ -396,7 +395,8 @@ impl Config {
     /// # Errors
     ///
     /// [`Error::Config`] on `url` when the URL cannot be read, `sslmode` is unknown, or the
-    /// trusted roots cannot be read.
+    /// trusted roots cannot be read; [`Error::WeakSslMode`] for `sslrootcert=system` with a
+    /// mode other than `verify-full`.
     pub fn tls_connector(&self) -> Result<TlsConnector> {
         self.conninfo()?
             .tls

@@ -2,6 +2,10 @@
 //! `sslmode=verify-ca|verify-full`, `sslrootcert`, and `PGPASSWORD`) and writing them back
 //! for people, with the password hidden.
 //!
+//! `sslrootcert=system` follows libpq: it makes `verify-full` the mode when the string names
+//! none, and any weaker mode it names is refused ([`Error::WeakSslMode`]), since trusting the
+//! platform's roots for any server they vouch for means nothing unless the name is checked.
+//!
 //! The printable form is written from the parsed settings, never by editing the string: a
 //! password spelled in any way the parser accepts (`password = x`, quoted with `\'` escapes,
 //! percent-encoded in a URL, a query parameter, the environment) is a parsed password, and a
@@ -12,6 +16,7 @@ use std::str::FromStr;
 
 use tokio_postgres::config::Host;
 
+use crate::error::Error;
 use crate::tls::{RootCert, SslMode, TlsSettings};
 
 /// The environment variable libpq reads a password from when the connection string has none.
@@ -32,19 +37,36 @@ const SSLROOTCERT: &str = "sslrootcert";
 
 impl ConnInfo {
     /// Reads `url` (a `postgres://` URL or a `key=value` string), taking a missing password
-    /// from `env(PGPASSWORD)`. `Err` says what is wrong without quoting any value but an
-    /// `sslmode` or a file name.
-    pub(crate) fn parse(url: &str, env: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+    /// from `env(PGPASSWORD)`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] on `url`, saying what is wrong without quoting any value but an
+    /// `sslmode` or a file name; [`Error::WeakSslMode`] for `sslrootcert=system` with a mode
+    /// other than `verify-full`.
+    pub(crate) fn parse(url: &str, env: impl Fn(&str) -> Option<String>) -> Result<Self, Error> {
+        let invalid = |problem: String| Error::Config {
+            field: "url",
+            problem,
+        };
         let (rest, tls_params) = split_tls_params(url);
         let mut tls = TlsSettings::default();
+        let mut mode = None;
         for (key, value) in tls_params {
             match key {
-                SSLMODE => tls.mode = SslMode::from_str(&value).map_err(|e| e.to_string())?,
+                SSLMODE => {
+                    mode = Some(SslMode::from_str(&value).map_err(|e| invalid(e.to_string()))?);
+                }
                 _ => tls.root_cert = Some(RootCert::parse(&value)),
             }
         }
+        tls.mode = match (mode, &tls.root_cert) {
+            (None | Some(SslMode::VerifyFull), Some(RootCert::System)) => SslMode::VerifyFull,
+            (Some(mode), Some(RootCert::System)) => return Err(Error::WeakSslMode { mode }),
+            (mode, _) => mode.unwrap_or_default(),
+        };
         let mut driver = tokio_postgres::Config::from_str(&rest)
-            .map_err(|e| format!("is not a connection string keiro can read ({e})"))?;
+            .map_err(|e| invalid(format!("is not a connection string keiro can read ({e})")))?;
         driver.ssl_mode(tls.mode.driver_mode());
         // The driver refuses TLS without a host name, where libpq connects by address alone.
         // The addresses stand in as the names (a certificate for an IP names that IP), one
@@ -347,8 +369,56 @@ mod tests {
 
     #[test]
     fn unknown_modes_are_refused_by_name() {
-        let err = ConnInfo::parse("host=h sslmode=allow password=pw", no_env).unwrap_err();
+        let err = ConnInfo::parse("host=h sslmode=allow password=pw", no_env)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("allow") && !err.contains("pw"), "{err}");
+    }
+
+    #[test]
+    fn sslrootcert_system_means_verify_full_and_refuses_a_weaker_mode() {
+        for url in [
+            "host=h sslrootcert=system",
+            "postgres://u@h/db?sslrootcert=system",
+            "host=h sslmode=verify-full sslrootcert=system",
+            "host=h sslrootcert=system sslmode=verify-full",
+        ] {
+            let info = parse(url);
+            assert_eq!(info.tls.mode, SslMode::VerifyFull, "{url}");
+            assert_eq!(info.tls.root_cert, Some(RootCert::System), "{url}");
+            assert_eq!(
+                info.driver.get_ssl_mode(),
+                tokio_postgres::config::SslMode::Require,
+                "{url}"
+            );
+        }
+        for (url, weak) in [
+            (
+                "host=h sslmode=require sslrootcert=system",
+                SslMode::Require,
+            ),
+            (
+                "host=h sslrootcert=system sslmode=require",
+                SslMode::Require,
+            ),
+            (
+                "postgres://u@h/db?sslmode=verify-ca&sslrootcert=system",
+                SslMode::VerifyCa,
+            ),
+            ("host=h sslmode=prefer sslrootcert=system", SslMode::Prefer),
+            (
+                "host=h sslmode=disable sslrootcert=system",
+                SslMode::Disable,
+            ),
+        ] {
+            match ConnInfo::parse(url, no_env) {
+                Err(Error::WeakSslMode { mode }) => assert_eq!(mode, weak, "{url}"),
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        // A file of roots keeps libpq's other rules: `require` with it checks the chain.
+        let info = parse("host=h sslmode=require sslrootcert=/etc/ca.pem");
+        assert_eq!(info.tls.mode, SslMode::Require);
     }
 
     #[test]
@@ -366,7 +436,9 @@ mod tests {
         for url in [
             "postgres://app:se%20cret@db.internal:6432,db2/app?application_name=my%20app&sslmode=verify-full",
             r"host=/var/run/postgresql user='o\'brien' password = 'x y' dbname=app options='-c statement_timeout=5s'",
-            "host=h hostaddr=10.0.0.1 port=5433 sslmode=require sslrootcert=system",
+            "host=h hostaddr=10.0.0.1 port=5433 sslmode=verify-full sslrootcert=system",
+            "host=h hostaddr=10.0.0.1 port=5433 sslrootcert=system",
+            "host=h sslmode=require sslrootcert=/etc/ca.pem",
         ] {
             let info = parse(url);
             let redacted = info.redacted();

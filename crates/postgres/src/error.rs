@@ -5,8 +5,10 @@
 //! failure or deadlock is a *retryable* database error; a data exception (SQLSTATE class 22:
 //! a NUL in a jsonb string or a text value, an invalid byte sequence, a value out of range)
 //! or a program limit (54000: a jsonb or index row too large) is a *refused value*, which the
-//! same call will meet again with the same value; anything else is a database error that
-//! retrying the same call will not fix.
+//! same call will meet again with the same value; a missing schema, table, column or function
+//! (3F000, 42P01, 42703, 42883) in keiro's own statements means the schema is not migrated for
+//! this build, which the store reports as such, naming the schema; anything else is a
+//! database error that retrying the same call will not fix.
 //!
 //! keiro's own SQL functions raise no SQLSTATE of their own (no `RAISE` in `sql/functions/`),
 //! so every class 22 or 54000 error comes from a value a caller passed in.
@@ -55,6 +57,18 @@ pub enum Error {
         /// The driver's error, with rustls' reason at the end of its chain.
         #[source]
         source: Source,
+    },
+    /// The connection string says `sslrootcert=system` with an `sslmode` weaker than
+    /// `verify-full`. As in libpq, `sslrootcert=system` alone means `verify-full`, and a
+    /// weaker mode next to it is refused: the platform's roots vouch for any public name, so
+    /// only checking that the certificate names the host authenticates the server.
+    #[error(
+        "sslmode={mode} may not be used with sslrootcert=system: use sslmode=verify-full \
+         (the mode sslrootcert=system implies when none is given)"
+    )]
+    WeakSslMode {
+        /// The mode the connection string gave.
+        mode: crate::SslMode,
     },
     /// The database refused the operation.
     #[error("{operation} failed")]
@@ -205,6 +219,8 @@ pub(crate) enum Class {
     Retryable,
     /// The server refused a value passed in; the same value is refused every time.
     ValueRefused,
+    /// A schema, table, column or function keiro's statement names does not exist.
+    MissingObject,
     /// The server refused; retrying will not help.
     Refused,
 }
@@ -231,11 +247,33 @@ impl Failure {
                 operation,
                 reason: self.reason.unwrap_or_else(|| self.source.to_string()),
             },
-            Class::Retryable | Class::Refused => StoreError::Database {
+            Class::Retryable | Class::Refused | Class::MissingObject => StoreError::Database {
                 operation,
                 retryable: self.class == Class::Retryable,
                 source: self.source,
             },
+        }
+    }
+
+    /// Whether the statement named an object that does not exist.
+    pub(crate) fn is_missing_object(&self) -> bool {
+        self.class == Class::MissingObject
+    }
+
+    /// As [`into_store`](Self::into_store), for a statement of keiro's own in `schema`: a
+    /// missing object is [`StoreError::SchemaNotMigrated`], with the server's message.
+    pub(crate) fn into_store_in(self, operation: &'static str, schema: &str) -> StoreError {
+        if self.class != Class::MissingObject {
+            return self.into_store(operation);
+        }
+        let reason = self.reason.unwrap_or_else(|| self.source.to_string());
+        StoreError::SchemaNotMigrated {
+            operation,
+            schema: schema.to_owned(),
+            problem: format!(
+                "lacks what this build needs, so it was never migrated or an older build \
+                 migrated it ({reason})"
+            ),
         }
     }
 
@@ -247,11 +285,13 @@ impl Failure {
                 operation,
                 source: self.source,
             },
-            Class::Retryable | Class::ValueRefused | Class::Refused => Error::Database {
-                operation,
-                retryable: self.class == Class::Retryable,
-                source: self.source,
-            },
+            Class::Retryable | Class::ValueRefused | Class::Refused | Class::MissingObject => {
+                Error::Database {
+                    operation,
+                    retryable: self.class == Class::Retryable,
+                    source: self.source,
+                }
+            }
         }
     }
 }
@@ -341,6 +381,15 @@ pub(crate) fn classify_code(code: &SqlState) -> Class {
     if code.code().starts_with("22") || *code == SqlState::PROGRAM_LIMIT_EXCEEDED {
         return Class::ValueRefused;
     }
+    // keiro's statements name only keiro's schema, tables, columns and functions: one that is
+    // missing means the schema is not (or not yet) what this build migrates it to.
+    if *code == SqlState::INVALID_SCHEMA_NAME
+        || *code == SqlState::UNDEFINED_TABLE
+        || *code == SqlState::UNDEFINED_COLUMN
+        || *code == SqlState::UNDEFINED_FUNCTION
+    {
+        return Class::MissingObject;
+    }
     Class::Refused
 }
 
@@ -377,7 +426,11 @@ mod tests {
             ("54000", Class::ValueRefused),
             ("54001", Class::Refused),
             ("23505", Class::Refused),
-            ("42P01", Class::Refused),
+            ("42P01", Class::MissingObject),
+            ("42883", Class::MissingObject),
+            ("42703", Class::MissingObject),
+            ("3F000", Class::MissingObject),
+            ("42501", Class::Refused),
             ("P0001", Class::Refused),
         ];
         for (code, class) in cases {

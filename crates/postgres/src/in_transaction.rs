@@ -148,7 +148,7 @@ where
         self.client
             .query(sql, params)
             .await
-            .map_err(|e| Failure::from(e).into_store(operation))
+            .map_err(|e| Failure::from(e).into_store_in(operation, self.schema.trim_matches('"')))
     }
 
     /// [`JournalStore::instance_start`](keiro_journal::JournalStore::instance_start) in the

@@ -22,7 +22,6 @@ use time::OffsetDateTime;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
-use crate::error::Failure;
 use crate::row::{column, count, malformed, status};
 use crate::PgStore;
 
@@ -351,7 +350,7 @@ impl PgStore {
         let rows = client
             .query(statement.sql.as_str(), &statement.params())
             .await
-            .map_err(|e| Failure::from(e).into_store(LIST))?;
+            .map_err(|e| self.failed(LIST, e))?;
         let rows = rows.iter().map(summary).collect::<Result<Vec<_>>>()?;
         Ok(Page::from_probe(rows, request.limit))
     }

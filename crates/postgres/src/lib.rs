@@ -82,6 +82,7 @@ mod lease;
 mod listen;
 mod migrate;
 mod park_batch;
+mod readiness;
 mod remote;
 mod retention;
 mod row;

@@ -159,6 +159,12 @@ const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../migrations/0017_schedules.sql"),
         shipped: None,
     },
+    Migration {
+        version: 18,
+        name: "schedule_backoff",
+        sql: include_str!("../../../migrations/0018_schedule_backoff.sql"),
+        shipped: None,
+    },
 ];
 
 /// Every function file, in the order they are applied: a `LANGUAGE sql` function is checked
@@ -248,6 +254,18 @@ impl Migration {
     }
 }
 
+/// This build's migrations, each as its version and name: a schema lacking one is not ready
+/// for this build (`readiness`).
+pub(crate) fn migrations_needed() -> impl Iterator<Item = (i32, &'static str)> {
+    MIGRATIONS.iter().map(|m| (m.version, m.name))
+}
+
+/// This build's function-files revision: a schema recording an older one is not ready for
+/// this build (`readiness`).
+pub(crate) fn functions_revision() -> i32 {
+    FUNCTIONS.revision
+}
+
 /// What one [`PgStore::migrate_report`] call did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -331,7 +349,11 @@ impl PgStore {
     ///
     /// Those of [`migrate`](Self::migrate).
     pub async fn migrate_report(&self) -> Result<Migrated> {
-        self.migrate_up_to(None, &FUNCTIONS).await
+        let migrated = self.migrate_up_to(None, &FUNCTIONS).await?;
+        // Every migration of this build is applied and its files (or a newer build's) are in
+        // place: operations stop checking the schema first.
+        self.schema_check().migrated();
+        Ok(migrated)
     }
 
     /// Tests only: [`migrate_report`](Self::migrate_report) as a build whose function files

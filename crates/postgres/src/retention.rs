@@ -32,7 +32,6 @@
 use keiro_journal::{store_span, traced, GcBatch, GcRequest, RetentionStore, StoreError};
 use time::OffsetDateTime;
 
-use crate::error::Failure;
 use crate::row::{column, count};
 use crate::store::span_ms;
 use crate::PgStore;
@@ -166,7 +165,7 @@ const INSTANCES_GC_DELETE: &str = "WITH d AS (\
 
 impl PgStore {
     async fn gc_batch(&self, request: &GcRequest) -> Result<GcBatch> {
-        let fail = |e: tokio_postgres::Error| Failure::from(e).into_store(GC);
+        let fail = |e: tokio_postgres::Error| self.failed(GC, e);
         let mut client = self.client(GC).await?;
         let tx = client.transaction().await.map_err(fail)?;
         let older_than = span_ms(request.older_than);
@@ -204,7 +203,7 @@ impl PgStore {
         cutoff: OffsetDateTime,
         room: u64,
     ) -> Result<GcRound> {
-        let fail = |e: tokio_postgres::Error| Failure::from(e).into_store(GC);
+        let fail = |e: tokio_postgres::Error| self.failed(GC, e);
         let limit = i64::try_from(room).unwrap_or(i64::MAX);
         self.count_round_trips(1);
         let candidates = tx
@@ -334,7 +333,7 @@ impl PgStore {
         let busy = tx
             .query(INSTANCES_GC_BUSY, &[&kept_names, &kept_ids])
             .await
-            .map_err(|e| Failure::from(e).into_store(GC))?;
+            .map_err(|e| self.failed(GC, e))?;
         for row in &busy {
             let name: String = column(row, "workflow_name", GC)?;
             let id: String = column(row, "workflow_id", GC)?;

@@ -1,4 +1,5 @@
-//! Schedules on Postgres: the `schedules` table and the `schedule_leader` row (migration 0017).
+//! Schedules on Postgres: the `schedules` table and the `schedule_leader` row (migration 0017;
+//! the back-off columns `failures` and `retry_at`, 0018).
 //!
 //! Plain parameterized SQL, no plpgsql: the operations that write more than one row (a fire's
 //! starts with its row update, a trigger, a resume that computes the next tick in Rust) run in
@@ -11,12 +12,11 @@ use keiro_journal::store::{Error as StoreError, Result};
 use keiro_journal::{store_span, traced, Fence, Started, WorkflowId, WorkflowName};
 use keiro_resume::{
     trigger_instance_id, Cadence, CatchUp, DueSchedule, FireOutcome, Overlap, Schedule,
-    ScheduleFire, ScheduleSpec, ScheduleStore, SchedulesDue,
+    ScheduleFire, ScheduleSpec, ScheduleStore, SchedulesDue, UnreadableSchedule,
 };
 use time::OffsetDateTime;
 use tokio_postgres::Row;
 
-use crate::error::Failure;
 use crate::journal::INSTANCE_START;
 use crate::row::{self, column, malformed};
 use crate::store::span_ms;
@@ -56,6 +56,10 @@ macro_rules! schedule_columns {
             "last_instance, ",
             $source,
             "last_error, ",
+            $source,
+            "failures, ",
+            $source,
+            "retry_at, ",
             $source,
             "revision, ",
             $source,
@@ -104,6 +108,9 @@ fn schedule(row: &Row, operation: &'static str) -> Result<Schedule> {
             .transpose()
             .map_err(|e| malformed(operation, e))?,
         last_error: column(row, "last_error", operation)?,
+        failures: u32::try_from(column::<i32>(row, "failures", operation)?)
+            .map_err(|_| malformed(operation, "a negative failure count"))?,
+        retry_at: column(row, "retry_at", operation)?,
         revision: column(row, "revision", operation)?,
         created_at: column(row, "created_at", operation)?,
         updated_at: column(row, "updated_at", operation)?,
@@ -138,8 +145,11 @@ fn next_tick_after(
         })
 }
 
-fn failed(operation: &'static str) -> impl Fn(tokio_postgres::Error) -> StoreError {
-    move |e| Failure::from(e).into_store(operation)
+fn failed<'s>(
+    store: &'s PgStore,
+    operation: &'static str,
+) -> impl Fn(tokio_postgres::Error) -> StoreError + 's {
+    move |e| store.failed(operation, e)
 }
 
 const UPSERT: &str = "writing a schedule";
@@ -155,7 +165,8 @@ const SCHEDULE_UPSERT: &str = concat!(
     "cron = EXCLUDED.cron, interval_ms = EXCLUDED.interval_ms, time_zone = EXCLUDED.time_zone, ",
     "input = EXCLUDED.input, overlap = EXCLUDED.overlap, catch_up = EXCLUDED.catch_up, ",
     "catch_up_max = EXCLUDED.catch_up_max, next_tick = EXCLUDED.next_tick, ",
-    "buffered_tick = NULL, last_error = NULL, revision = s.revision + 1, ",
+    "buffered_tick = NULL, last_error = NULL, failures = 0, retry_at = NULL, ",
+    "revision = s.revision + 1, ",
     "updated_at = EXCLUDED.updated_at RETURNING ",
     schedule_columns!("s.")
 );
@@ -215,11 +226,14 @@ const SCHEDULE_LOCK: &str = concat!(
     schedule_columns!(""),
     ", coalesce($2::timestamptz, now()) AS now FROM schedules WHERE name = $1 FOR UPDATE"
 );
-/// A pause keeps the next tick (it is recomputed on resume) and any buffered tick; a resume
-/// drops the buffered tick with the other ticks that fell while paused.
+/// A pause keeps the next tick (it is recomputed on resume), any buffered tick and the
+/// back-off; a resume drops the buffered tick with the other ticks that fell while paused, and
+/// the back-off (the operator's act is the retry).
 const SCHEDULE_SET_PAUSED: &str = concat!(
     "UPDATE schedules SET paused = $2, next_tick = $3, ",
     "buffered_tick = CASE WHEN $2 THEN buffered_tick END, ",
+    "failures = CASE WHEN $2 THEN failures ELSE 0 END, ",
+    "retry_at = CASE WHEN $2 THEN retry_at END, ",
     "revision = revision + 1, updated_at = $4 WHERE name = $1 RETURNING ",
     schedule_columns!("")
 );
@@ -230,7 +244,7 @@ async fn schedule_set_paused(
     paused: bool,
     now: Option<OffsetDateTime>,
 ) -> Result<Option<Schedule>> {
-    let fail = failed(PAUSE);
+    let fail = failed(store, PAUSE);
     let mut client = store.client(PAUSE).await?;
     // One transaction: the row is locked while its next tick is computed from its cadence.
     let tx = client.transaction().await.map_err(&fail)?;
@@ -271,7 +285,7 @@ async fn schedule_trigger(
     name: &str,
     now: Option<OffsetDateTime>,
 ) -> Result<Option<Started>> {
-    let fail = failed(TRIGGER);
+    let fail = failed(store, TRIGGER);
     let mut client = store.client(TRIGGER).await?;
     // The start and the row's last instance in one transaction, so an overlap check never
     // sees the one without the other.
@@ -290,7 +304,15 @@ async fn schedule_trigger(
         operation: TRIGGER,
         reason: e.to_string(),
     })?;
-    let started = start(&tx, &row.spec.workflow, &id, &row.spec.input, TRIGGER).await?;
+    let started = start(
+        store,
+        &tx,
+        &row.spec.workflow,
+        &id,
+        &row.spec.input,
+        TRIGGER,
+    )
+    .await?;
     tx.execute(SCHEDULE_TRIGGERED, &[&name, &id.as_str()])
         .await
         .map_err(&fail)?;
@@ -302,6 +324,7 @@ async fn schedule_trigger(
 /// Starts one instance inside the caller's transaction, through the same function as
 /// `instance_start` (insert or find, and NOTIFY on create).
 async fn start(
+    store: &PgStore,
     tx: &deadpool_postgres::Transaction<'_>,
     workflow: &WorkflowName,
     id: &WorkflowId,
@@ -322,7 +345,7 @@ async fn start(
             ],
         )
         .await
-        .map_err(failed(operation))?;
+        .map_err(failed(store, operation))?;
     Ok(Started {
         created: column(&row, "created", operation)?,
         instance: row::instance(&row, operation)?,
@@ -343,15 +366,18 @@ const SCHEDULER_RELEASE: &str =
 
 const DUE: &str = "reading due schedules";
 /// One round trip: the clock, the due rows (with the status of each one's last instance) and
-/// the earliest next tick. The lateral subquery keeps one row even when nothing is due.
+/// the earliest instant any schedule is due (`greatest` ignores a missing retry). A row backed
+/// off past the clock is left out. The lateral subquery keeps one row even when nothing is due.
 const SCHEDULES_DUE: &str = concat!(
     "WITH c AS (SELECT coalesce($1::timestamptz, now()) AS clock) ",
     "SELECT c.clock, ",
-    "(SELECT min(n.next_tick) FROM schedules n WHERE NOT n.paused) AS next_due, ",
+    "(SELECT min(greatest(n.next_tick, n.retry_at)) FROM schedules n WHERE NOT n.paused) ",
+    "AS next_due, ",
     "coalesce(w.status IN ('running', 'suspended'), false) AS previous_live, ",
     schedule_columns!("s."),
     " FROM c LEFT JOIN LATERAL (SELECT * FROM schedules d WHERE NOT d.paused ",
     "AND (d.next_tick <= c.clock OR d.buffered_tick IS NOT NULL) ",
+    "AND (d.retry_at IS NULL OR d.retry_at <= c.clock) ",
     "ORDER BY d.next_tick NULLS LAST LIMIT $2) s ON true ",
     "LEFT JOIN workflows w ON w.workflow_name = s.workflow_name ",
     "AND w.workflow_id = s.last_instance"
@@ -363,11 +389,11 @@ const FIRE: &str = "firing a schedule";
 const FIRE_LEADER: &str = "SELECT 1 FROM schedule_leader WHERE owner = $1 AND epoch = $2 FOR SHARE";
 const FIRE_ROW: &str = "UPDATE schedules SET next_tick = $3, last_tick = $4, \
      buffered_tick = $5, last_instance = coalesce($6, last_instance), last_error = NULL, \
-     revision = revision + 1, updated_at = now() \
+     failures = 0, retry_at = NULL, revision = revision + 1, updated_at = now() \
      WHERE name = $1 AND revision = $2 AND NOT paused";
 
 async fn schedule_fire(store: &PgStore, fire: &ScheduleFire) -> Result<FireOutcome> {
-    let fail = failed(FIRE);
+    let fail = failed(store, FIRE);
     let mut client = store.client(FIRE).await?;
     // One transaction: the starts commit with the row that moved past their ticks, or neither.
     let tx = client.transaction().await.map_err(&fail)?;
@@ -402,6 +428,7 @@ async fn schedule_fire(store: &PgStore, fire: &ScheduleFire) -> Result<FireOutco
     for request in &fire.starts {
         started.push(
             start(
+                store,
                 &tx,
                 &request.key.name,
                 &request.key.id,
@@ -416,7 +443,8 @@ async fn schedule_fire(store: &PgStore, fire: &ScheduleFire) -> Result<FireOutco
     Ok(FireOutcome::Fired(started))
 }
 
-const SCHEDULE_RECORD_ERROR: &str = "UPDATE schedules SET last_error = $3, updated_at = now() \
+const SCHEDULE_RECORD_ERROR: &str = "UPDATE schedules SET last_error = $3, \
+     failures = least(failures, 2147483646) + 1, retry_at = $4, updated_at = now() \
      WHERE name = $1 AND revision = $2";
 
 #[async_trait::async_trait]
@@ -526,19 +554,30 @@ impl ScheduleStore for PgStore {
             let rows = self.query(DUE, SCHEDULES_DUE, &[&now, &limit]).await?;
             let first = rows.first().ok_or_else(|| malformed(DUE, "no clock row"))?;
             let mut due = Vec::with_capacity(rows.len());
+            let mut unreadable = Vec::new();
             for row in &rows {
-                let name: Option<String> = column(row, "name", DUE)?;
-                if name.is_none() {
+                let Some(name) = column::<Option<String>>(row, "name", DUE)? else {
                     continue; // the lateral join's empty side: nothing is due
+                };
+                // A row edited by hand or by another build is that schedule's failure, which
+                // the scheduler records on it, not the pass's.
+                match schedule(row, DUE) {
+                    Ok(schedule) => due.push(DueSchedule {
+                        schedule,
+                        previous_live: column(row, "previous_live", DUE)?,
+                    }),
+                    Err(error) => unreadable.push(UnreadableSchedule {
+                        name,
+                        revision: column(row, "revision", DUE)?,
+                        failures: u32::try_from(column::<i32>(row, "failures", DUE)?).unwrap_or(0),
+                        error: error.to_string(),
+                    }),
                 }
-                due.push(DueSchedule {
-                    schedule: schedule(row, DUE)?,
-                    previous_live: column(row, "previous_live", DUE)?,
-                });
             }
             Ok(SchedulesDue {
                 clock: column(first, "clock", DUE)?,
                 due,
+                unreadable,
                 next_due: column(first, "next_due", DUE)?,
             })
         })
@@ -550,14 +589,20 @@ impl ScheduleStore for PgStore {
         traced(span, schedule_fire(self, fire)).await
     }
 
-    async fn schedule_record_error(&self, name: &str, revision: i64, error: &str) -> Result<bool> {
+    async fn schedule_record_error(
+        &self,
+        name: &str,
+        revision: i64,
+        error: &str,
+        retry_at: OffsetDateTime,
+    ) -> Result<bool> {
         let span = store_span!("schedule_record_error", keiro.schedule.name = %name);
         traced(span, async {
             Ok(self
                 .execute(
                     "recording a schedule's error",
                     SCHEDULE_RECORD_ERROR,
-                    &[&name, &revision, &error],
+                    &[&name, &revision, &error, &retry_at],
                 )
                 .await?
                 > 0)

@@ -14,6 +14,7 @@ use crate::batch::{BatchStats, Lanes, SlotHold};
 use crate::config::{Config, WAKE_CHANNEL_SUFFIX};
 use crate::error::{Error, Failure, Result};
 use crate::listen::Hub;
+use crate::readiness::{self, SchemaCheck};
 use crate::tls::{rustls_error, TlsConnector};
 
 /// The longest a group-commit batch keeps its lane's slot: far longer than a batch takes, short
@@ -54,6 +55,8 @@ struct Inner {
     round_trips: AtomicU64,
     /// How long [`PgStore::migrate`] waits for another runner's migration lock.
     migrate_lock_timeout: Duration,
+    /// Whether the schema holds what this build needs (`readiness`).
+    schema_check: SchemaCheck,
     /// The push notifications: one LISTEN connection, started by the first subscription and
     /// stopped when this is dropped.
     wakes: Hub,
@@ -78,7 +81,11 @@ impl WeakStore {
 
 impl PgStore {
     /// Validates `config`, builds the pool and opens one connection, so an unreachable or
-    /// misconfigured database shows here rather than at the first operation. Does not migrate.
+    /// misconfigured database shows here rather than at the first operation. Does not migrate,
+    /// but checks on that connection whether the schema holds what this build needs: until it
+    /// does (until [`migrate`](Self::migrate) or another process migrates it), every operation
+    /// answers [`StoreError::SchemaNotMigrated`], naming the schema, instead of whatever
+    /// PostgreSQL finds missing.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), keiro_postgres::Error> {
@@ -113,6 +120,13 @@ impl PgStore {
             }
             Failure::from(e).into_error(CONNECT)
         })?;
+        // On the connection just opened, not counted as an operation's round trips. A check
+        // that fails (a role that may not read the catalogs) leaves the schema unchecked: the
+        // operations' own errors still name a missing object.
+        match readiness::check(&first, store.schema()).await {
+            Ok(found) => store.inner.schema_check.set(&found),
+            Err(error) => tracing::debug!(%error, "checking the schema failed"),
+        }
         // Back into the pool: the first operation reuses it.
         drop(first);
         Ok(store)
@@ -165,6 +179,7 @@ impl PgStore {
                 tls,
                 round_trips: AtomicU64::new(0),
                 migrate_lock_timeout: config.migrate_lock_timeout,
+                schema_check: SchemaCheck::default(),
                 wakes,
                 lanes: Lanes::default(),
                 batching: config.batching,
@@ -255,7 +270,8 @@ impl PgStore {
     /// statement executed, plus every statement prepared (once per statement per connection);
     /// a group-commit batch counts two (its statement, written together with its `BEGIN`, and
     /// its `COMMIT`).
-    /// Opening connections is not counted, nor is the wake listener's `LISTEN`. Benchmarks divide it by the work done.
+    /// Opening connections is not counted (nor the schema check [`connect`](Self::connect)
+    /// makes on its first), nor is the wake listener's `LISTEN`. Benchmarks divide it by the work done.
     ///
     /// ```no_run
     /// # async fn demo(store: keiro_postgres::PgStore, key: keiro_journal::InstanceKey) -> Result<(), Box<dyn std::error::Error>> {
@@ -326,13 +342,46 @@ impl PgStore {
         self.inner.round_trips.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// A pooled connection for one store operation.
+    /// What this store knows of its schema.
+    pub(crate) fn schema_check(&self) -> &SchemaCheck {
+        &self.inner.schema_check
+    }
+
+    /// A pooled connection for one store operation. On a schema found lacking, the schema is
+    /// checked again on it first: [`StoreError::SchemaNotMigrated`] until it is migrated.
     pub(crate) async fn client(&self, operation: &'static str) -> Result<Object, StoreError> {
-        self.inner
+        let client = self
+            .inner
             .pool
             .get()
             .await
-            .map_err(|e| Failure::from(e).into_store(operation))
+            .map_err(|e| Failure::from(e).into_store(operation))?;
+        if self.inner.schema_check.lacking() {
+            self.count_round_trips(2);
+            let found = readiness::check(&client, self.schema())
+                .await
+                .map_err(|e| Failure::from(e).into_store(operation))?;
+            self.inner.schema_check.set(&found);
+            if let Some(error) = found.error(operation, self.schema()) {
+                return Err(error);
+            }
+        }
+        Ok(client)
+    }
+
+    /// The store error of a failed statement of `operation`; one that met a missing object
+    /// (the schema is gone or older than this build) is [`StoreError::SchemaNotMigrated`],
+    /// and the next operation checks the schema first.
+    pub(crate) fn failed(
+        &self,
+        operation: &'static str,
+        error: tokio_postgres::Error,
+    ) -> StoreError {
+        let failure = Failure::from(error);
+        if failure.is_missing_object() {
+            self.inner.schema_check.suspect();
+        }
+        failure.into_store_in(operation, self.schema())
     }
 
     /// Prepares `sql` once per connection; a cache hit costs no round trip and is not counted.
@@ -362,12 +411,12 @@ impl PgStore {
         let statement = self
             .prepared(&client, sql)
             .await
-            .map_err(|e| Failure::from(e).into_store(operation))?;
+            .map_err(|e| self.failed(operation, e))?;
         self.count_round_trips(1);
         client
             .query(&statement, params)
             .await
-            .map_err(|e| Failure::from(e).into_store(operation))
+            .map_err(|e| self.failed(operation, e))
     }
 
     /// [`query`](Self::query) for a batch of a group-commit lane: one statement in an implicit
@@ -430,12 +479,12 @@ impl PgStore {
         let statement = self
             .prepared(&client, sql)
             .await
-            .map_err(|e| Failure::from(e).into_store(operation))?;
+            .map_err(|e| self.failed(operation, e))?;
         self.count_round_trips(1);
         client
             .execute(&statement, params)
             .await
-            .map_err(|e| Failure::from(e).into_store(operation))
+            .map_err(|e| self.failed(operation, e))
     }
 }
 

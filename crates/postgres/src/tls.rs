@@ -10,7 +10,8 @@
 //! | `verify-full` | always | the chain, and that the certificate names the host |
 //!
 //! `sslrootcert=<file>` trusts the certificates of that PEM file alone, as libpq does; without
-//! it (or with `sslrootcert=system`) the platform's trusted roots are used. Unlike libpq,
+//! it the platform's trusted roots are used. `sslrootcert=system` names those roots and, as in
+//! libpq, implies `verify-full`: a weaker `sslmode` next to it is refused. Unlike libpq,
 //! `~/.postgresql/root.crt` is not read: a connection string says what it trusts.
 //!
 //! "Nothing verified" still checks the handshake's signatures, so the session is encrypted

@@ -19,7 +19,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use common::TestResult;
-use keiro_postgres::{Config, Error, PgStore};
+use keiro_postgres::{Config, Error, PgStore, SslMode};
 use keiro_resume::{Notifier, WakeFilter, WakeReason};
 use keiro_tests::pg::test_database_url;
 use rustls::pki_types::pem::PemObject;
@@ -294,4 +294,23 @@ fn host_of_test_server() -> String {
         Some(Host::Tcp(host)) => host.clone(),
         _ => "127.0.0.1".to_owned(),
     }
+}
+
+#[tokio::test]
+async fn sslrootcert_system_refuses_a_weaker_sslmode_before_connecting() -> TestResult {
+    for (params, weak) in [
+        ("sslmode=require&sslrootcert=system", SslMode::Require),
+        ("sslmode=verify-ca&sslrootcert=system", SslMode::VerifyCa),
+    ] {
+        let url = url_with(params);
+        match PgStore::connect_lazy(config(url, "tls_system_weak")) {
+            Err(Error::WeakSslMode { mode }) => assert_eq!(mode, weak, "{params}"),
+            Err(other) => panic!("{params}: {other:?}"),
+            Ok(_) => panic!("{params} was accepted"),
+        }
+    }
+    // Alone it means verify-full, so the connector verifies the host name.
+    let lazy = PgStore::connect_lazy(config(url_with("sslrootcert=system"), "tls_system"))?;
+    assert_eq!(lazy.tls_connector().mode(), SslMode::VerifyFull);
+    Ok(())
 }

@@ -67,12 +67,15 @@ pub use schedule::cadence::{Cadence, INTERVAL_MIN, TIME_ZONE_DEFAULT};
 pub use schedule::scheduler::{
     run_scheduler_loop, schedule_once, SchedulerOptions, SchedulerSummary, CATCH_UP_WINDOW_DEFAULT,
     SCHEDULER_BATCH_DEFAULT, SCHEDULER_LEASE_TTL_DEFAULT, SCHEDULER_POLL_INTERVAL_DEFAULT,
+    SCHEDULE_ERROR_BACKOFF_DEFAULT,
 };
 pub use schedule::spec::{
     tick_instance_id, trigger_instance_id, validate_name as validate_schedule_name, CatchUp,
     Overlap, Schedule, ScheduleError, ScheduleSpec, CATCH_UP_MAX, SCHEDULE_NAME_LEN_MAX,
 };
-pub use schedule::store::{DueSchedule, FireOutcome, ScheduleFire, ScheduleStore, SchedulesDue};
+pub use schedule::store::{
+    DueSchedule, FireOutcome, ScheduleFire, ScheduleStore, SchedulesDue, UnreadableSchedule,
+};
 pub use summary::ResumeSummary;
 pub use timer::{
     fire_due_once, run_timer_loop, TimerOptions, TimerSummary, TIMER_BATCH_SIZE_DEFAULT,

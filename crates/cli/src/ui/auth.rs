@@ -37,6 +37,37 @@ impl Auth {
         &self.csrf
     }
 
+    /// Checks a request's credentials where every request needs the token (a dashboard bound
+    /// beyond loopback): `Authorization: Bearer <token>`, or Basic credentials whose password
+    /// is the token (what a browser sends once asked).
+    pub(crate) fn check_reader(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        let Some(expected) = &self.token else {
+            return Ok(());
+        };
+        let authorization = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        let given = authorization.and_then(|v| {
+            if let Some(token) = v.strip_prefix("Bearer ") {
+                return Some(token.to_owned());
+            }
+            let decoded = base64_decode(v.strip_prefix("Basic ")?.trim())?;
+            let text = String::from_utf8(decoded).ok()?;
+            Some(
+                text.split_once(':')
+                    .map_or(text.clone(), |(_, p)| p.to_owned()),
+            )
+        });
+        match given {
+            None => Err(ApiError::unauthorized(
+                "this dashboard is served beyond loopback: every request needs the operator \
+                 token (Authorization: Bearer <token>, or the token as the password)",
+            )),
+            Some(given) if same(&given, expected) => Ok(()),
+            Some(_) => Err(ApiError::forbidden("token", "wrong operator token")),
+        }
+    }
+
     /// Checks an API request's bearer token.
     pub(crate) fn check_bearer(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         let given = headers
@@ -77,6 +108,31 @@ impl Auth {
     }
 }
 
+/// Standard base64 (RFC 4648, with or without padding), as Basic credentials carry them;
+/// `None` for anything else.
+fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    let text = text.trim_end_matches('=');
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    let (mut bits, mut len) = (0u32, 0u32);
+    for c in text.bytes() {
+        let value = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        };
+        bits = (bits << 6) | u32::from(value);
+        len += 6;
+        if len >= 8 {
+            len -= 8;
+            out.push(u8::try_from((bits >> len) & 0xff).ok()?);
+        }
+    }
+    Some(out)
+}
+
 /// Compares without stopping at the first difference, so the time taken does not tell an
 /// attacker how much of a guess was right.
 fn same(a: &str, b: &str) -> bool {
@@ -99,6 +155,35 @@ mod tests {
         assert!(!same("abc", "ab"));
         assert!(!same("ab", "abc"));
         assert!(!same("", "a"));
+    }
+
+    #[test]
+    fn basic_credentials_decode() {
+        assert_eq!(
+            base64_decode("b3BlcmF0b3I6czNjcmV0").as_deref(),
+            Some(&b"operator:s3cret"[..])
+        );
+        assert_eq!(base64_decode("YQ==").as_deref(), Some(&b"a"[..]));
+        assert_eq!(base64_decode("YWI").as_deref(), Some(&b"ab"[..]));
+        assert_eq!(base64_decode("a*b"), None);
+        let auth = Auth::new(Some("s3cret".into()));
+        let mut headers = HeaderMap::new();
+        assert_eq!(
+            auth.check_reader(&headers).unwrap_err().status.as_u16(),
+            401
+        );
+        headers.insert(
+            header::AUTHORIZATION,
+            "Basic b3BlcmF0b3I6czNjcmV0".parse().unwrap(),
+        );
+        assert!(auth.check_reader(&headers).is_ok());
+        headers.insert(header::AUTHORIZATION, "Bearer s3cret".parse().unwrap());
+        assert!(auth.check_reader(&headers).is_ok());
+        headers.insert(header::AUTHORIZATION, "Bearer guess".parse().unwrap());
+        assert_eq!(
+            auth.check_reader(&headers).unwrap_err().status.as_u16(),
+            403
+        );
     }
 
     #[test]

@@ -16,6 +16,9 @@ pub(crate) struct ApiError {
     pub(crate) kind: &'static str,
     /// For people.
     pub(crate) message: String,
+    /// The schema, when keiro's schema is missing from the database or not migrated for this
+    /// build: the page says how to migrate it.
+    pub(crate) unmigrated_schema: Option<String>,
 }
 
 impl ApiError {
@@ -24,6 +27,7 @@ impl ApiError {
             status,
             kind,
             message: message.into(),
+            unmigrated_schema: None,
         }
     }
 
@@ -63,6 +67,20 @@ impl From<keiro::Error> for ApiError {
             keiro::Error::Admin(
                 keiro::AdminError::Payload(_) | keiro::AdminError::InvalidId(_),
             ) => Self::bad_request("invalid", error_chain(&error)),
+            keiro::Error::Store(keiro::store::Error::SchemaNotMigrated {
+                schema, problem, ..
+            }) => Self {
+                unmigrated_schema: Some(schema.clone()),
+                ..Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "schema_not_migrated",
+                    format!(
+                        "keiro's schema {schema} {problem} in this database: run `keiro \
+                         migrate --schema {schema}` with the same --database-url, or start \
+                         `keiro ui` with the --schema your workers use"
+                    ),
+                )
+            },
             _ => {
                 tracing::warn!(error = %error_chain(&error), "a dashboard request failed");
                 Self::new(

@@ -2,13 +2,19 @@
 //! same facade calls the CLI makes (`Keiro::counts`, `list`, `instance`, `journal`,
 //! `remote_tasks` and the operator actions), served by axum on 127.0.0.1 by default.
 //!
-//! Security: without a token the dashboard is read-only (actions answer 403); with one
-//! (`--token` or `KEIRO_UI_TOKEN`) an action needs it, as `Authorization: Bearer <token>` on
-//! the API or typed into the page's action form. Forms also carry a per-process CSRF value
-//! (see [`auth`]). Every page is rendered by maud, which escapes every value it interpolates,
-//! and served under a Content-Security-Policy that allows no inline script; the page's script
-//! and style are embedded in the binary.
+//! Security: every request must name the dashboard in its `Host` (a loopback name, the bound
+//! address or a `--public-host`), so a page whose DNS name was rebound to 127.0.0.1 reads
+//! nothing, and an action must come from the dashboard's own origin (see [`access`]). Without
+//! a token the dashboard is read-only (actions answer 403); with one (`--token` or
+//! `KEIRO_UI_TOKEN`) an action needs it, as `Authorization: Bearer <token>` on the API or typed
+//! into the page's action form. Bound beyond loopback, every read needs the token too, and
+//! `keiro ui` does not start without one. Forms also carry a per-process CSRF value (see
+//! [`auth`]). Every page is rendered by maud, which escapes every value it interpolates, and
+//! served under a Content-Security-Policy that allows no inline script; the page's script and
+//! style are embedded in the binary. A schema keiro was never migrated to shows a page saying
+//! so, with the `keiro migrate` command that fixes it.
 
+mod access;
 mod actions;
 mod api;
 mod assets;
@@ -27,7 +33,7 @@ use axum::Router;
 use clap::Args;
 use keiro::Keiro;
 
-use crate::common::{connect_store, Global, Outcome, Result, ResultExt};
+use crate::common::{connect_store, failure, Global, Outcome, Result, ResultExt};
 
 /// The largest request body accepted (an action form, a retry's corrected input): a larger one
 /// is answered 413 and never kept.
@@ -43,11 +49,17 @@ const DISCARD_LEN_MAX: usize = 1024 * 1024;
 #[derive(Debug, Clone, Args)]
 pub(crate) struct UiArgs {
     /// The address to serve on; keep it on loopback unless a proxy with TLS is in front.
+    /// Beyond loopback every request needs the token, so one must be given.
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
-    /// The operator token that actions require; without it the dashboard is read-only.
+    /// The operator token that actions require (and, beyond loopback, every read); without it
+    /// the dashboard is read-only.
     #[arg(long, env = "KEIRO_UI_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// Another host name the dashboard answers to (the name a proxy in front serves it
+    /// under); repeat for several. Requests naming any other host are refused.
+    #[arg(long = "public-host", value_name = "NAME")]
+    public_hosts: Vec<String>,
 }
 
 /// What every handler shares.
@@ -57,14 +69,28 @@ pub(crate) struct AppState {
     pub(crate) keiro: Keiro,
     /// The token and the CSRF value.
     pub(crate) auth: Arc<auth::Auth>,
+    /// The host names it answers to, and whether reads need the token.
+    pub(crate) access: Arc<access::Access>,
 }
 
 /// `keiro ui`: serves until interrupted (Ctrl-C or SIGTERM).
 pub(crate) async fn run(global: &Global, args: &UiArgs) -> Result<Outcome> {
+    let access = access::Access::new(args.listen, &args.public_hosts).map_err(failure)?;
+    let auth = auth::Auth::new(args.token.clone());
+    if access.reads_need_token() && auth.read_only() {
+        return Err(failure(format!(
+            "keiro ui would listen on {}, which is not a loopback address: every instance \
+             would be readable from the network, so it needs an operator token (--token or \
+             KEIRO_UI_TOKEN), which every request must then carry; or listen on 127.0.0.1 \
+             behind a proxy",
+            args.listen
+        )));
+    }
     let keiro = Keiro::builder(connect_store(global.config(&global.schema, 4)).await?).build();
     let state = AppState {
         keiro,
-        auth: Arc::new(auth::Auth::new(args.token.clone())),
+        auth: Arc::new(auth),
+        access: Arc::new(access),
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -74,6 +100,8 @@ pub(crate) async fn run(global: &Global, args: &UiArgs) -> Result<Outcome> {
     println!("keiro ui listening on http://{address}");
     if state.auth.read_only() {
         eprintln!("no --token or KEIRO_UI_TOKEN: the dashboard is read-only");
+    } else if state.access.reads_need_token() {
+        eprintln!("not on loopback: every request needs the operator token");
     }
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown())
@@ -118,10 +146,22 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/assets/app.js", get(assets::script))
         .route("/assets/app.css", get(assets::style))
         .nest("/api/v1", api)
+        .fallback(not_found)
         .layer(DefaultBodyLimit::max(BODY_LEN_MAX))
         .layer(axum::middleware::from_fn(refuse_oversized))
+        // Outside the body limit: a request for another host is refused before its body is
+        // read; the fallback makes an unknown path pass the guard too.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            access::guard,
+        ))
         .layer(axum::middleware::map_response(security_headers))
         .with_state(state)
+}
+
+/// Any other path: 404, after the guard like every route.
+async fn not_found(uri: axum::http::Uri) -> error::ApiError {
+    error::ApiError::not_found(format!("no page {}", uri.path()))
 }
 
 /// Answers 413 to a body declared larger than [`BODY_LEN_MAX`], after discarding it when it is
@@ -155,7 +195,9 @@ async fn refuse_oversized(
 }
 
 /// No inline script or style may run (an escaping slip stays inert), no framing
-/// (clickjacking of the action buttons), no MIME sniffing, no referrer leaking ids.
+/// (clickjacking of the action buttons), no MIME sniffing, no referrer leaking ids to another
+/// site (`same-origin`: under `no-referrer` a browser sends `Origin: null` with the page's own
+/// form posts, which the origin check could not tell from another site's).
 async fn security_headers(mut response: axum::response::Response) -> axum::response::Response {
     let headers = response.headers_mut();
     headers.insert(
@@ -172,7 +214,7 @@ async fn security_headers(mut response: axum::response::Response) -> axum::respo
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     headers.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     response
 }

@@ -42,16 +42,32 @@ fn layout(title: &str, body: Markup) -> Markup {
     }
 }
 
-/// An error as a page, with the same status the API would answer.
-fn error_page(error: ApiError) -> Response {
-    let page = layout(
-        "Error",
-        html! {
-            h1 { "Error " (error.status.as_u16()) }
-            p.error { (error.message) }
-            p { a href="/instances" { "Back to the list" } }
-        },
-    );
+/// An error as a page, with the same status the API would answer. A schema keiro's was never
+/// migrated to gets its own page: the database is reachable, it just holds no keiro (yet).
+pub(crate) fn error_page(error: ApiError) -> Response {
+    let page = match &error.unmigrated_schema {
+        Some(schema) => layout(
+            "No keiro schema",
+            html! {
+                h1 #no-schema { "keiro's schema " code { (schema) } " is not in this database" }
+                p.error { (error.message) }
+                p { "Create it (or bring it up to this build) with" }
+                pre #migrate { "keiro --database-url <the same URL> migrate --schema " (schema) }
+                p {
+                    "If your workers use another schema, start the dashboard with "
+                    code { "keiro ui --schema <name>" } " (or " code { "KEIRO_SCHEMA" } ")."
+                }
+            },
+        ),
+        None => layout(
+            "Error",
+            html! {
+                h1 { "Error " (error.status.as_u16()) }
+                p.error { (error.message) }
+                p { a href="/instances" { "Back to the list" } }
+            },
+        ),
+    };
     (error.status, Html(page.into_string())).into_response()
 }
 

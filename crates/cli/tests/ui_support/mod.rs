@@ -114,22 +114,35 @@ pub struct Ui {
     pub base: String,
 }
 
+/// `keiro ui` on the harness's schema with `token` if any and `args` after `ui`.
+pub fn ui_command(h: &Harness, token: Option<&str>, args: &[&str]) -> Command {
+    let db = h.db.as_ref().expect("a Postgres harness");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_keiro"));
+    command
+        .env("DATABASE_URL", db.url())
+        .env("KEIRO_SCHEMA", db.schema())
+        .env_remove("KEIRO_UI_TOKEN")
+        .arg("ui")
+        .args(args)
+        .stdout(Stdio::piped());
+    if let Some(token) = token {
+        command.env("KEIRO_UI_TOKEN", token);
+    }
+    command
+}
+
 impl Ui {
     /// Starts `keiro ui` on a free loopback port, with `token` if any, and waits for its
     /// address line.
     pub fn start(h: &Harness, token: Option<&str>) -> Self {
-        let db = h.db.as_ref().expect("a Postgres harness");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_keiro"));
-        command
-            .env("DATABASE_URL", db.url())
-            .env("KEIRO_SCHEMA", db.schema())
-            .env_remove("KEIRO_UI_TOKEN")
-            .args(["ui", "--listen", "127.0.0.1:0"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        if let Some(token) = token {
-            command.env("KEIRO_UI_TOKEN", token);
-        }
+        Self::start_with(h, token, &["--listen", "127.0.0.1:0"])
+    }
+
+    /// Starts `keiro ui` with `args` (which pick the address, `--listen`), and waits for its
+    /// address line.
+    pub fn start_with(h: &Harness, token: Option<&str>, args: &[&str]) -> Self {
+        let mut command = ui_command(h, token, args);
+        command.stderr(Stdio::inherit());
         let mut child = command.spawn().expect("starting keiro ui");
         let stdout = child.stdout.take().expect("piped stdout");
         let mut line = String::new();

@@ -130,6 +130,8 @@ mod tests {
             buffered_tick: None,
             last_instance: None,
             last_error: None,
+            failures: 0,
+            retry_at: None,
             revision: 1,
             created_at: next,
             updated_at: next,

@@ -11,9 +11,22 @@
 //! - Exactly once per tick: a tick's run has the id `<schedule>@<tick>`, starts are idempotent
 //!   by id, and the row's next tick moves past a tick in the same transaction as its start. Two
 //!   leaders (a lease that expired mid-pass) can both plan a tick; the revision lets one write.
-//! - A schedule whose workflow this worker has not registered starts nothing: the reason is
-//!   written to its row (`last_error`) and its ticks stay due, so the catch-up policy decides
-//!   what happens to them once a worker that has it leads.
+//! - A tick starts its workflow by name, whether or not the leading worker registers it: the
+//!   run waits for a worker that does, as any start does. Services that share a schema with
+//!   different registries therefore share one scheduler, and a schedule whose workflow no
+//!   worker runs yet holds up no other (under [`Overlap::Skip`](crate::Overlap), its default,
+//!   it keeps one run waiting and drops its later ticks meanwhile). Leadership per workflow
+//!   name would need a lease per name and would leave a name nobody leads unscheduled; one
+//!   leader that never looks at the registry has neither problem.
+//! - A due schedule that cannot start (its tick's id is refused, its cadence no longer
+//!   compiles, the store refuses the fire, or its row cannot be read as a schedule) gets the
+//!   reason on its row (`last_error`) and is
+//!   backed off (`retry_at`, growing with each failure in a row along
+//!   [`SchedulerOptions::error_backoff`]); the pass goes on with the others, and the due query
+//!   leaves it out until then, so a batch is never filled with schedules that cannot start.
+//!   Its ticks stay due meanwhile: the catch-up policy decides what happens to them once it
+//!   starts again. Only the store being unreachable (the error cannot even be recorded) fails
+//!   a pass.
 //! - A failing pass is logged and retried after the poll interval; the loop releases its
 //!   leadership on shutdown so another worker takes over at once.
 
@@ -21,13 +34,13 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use keiro_journal::{InstanceKey, StartRequest, StoreError};
+use keiro_journal::{Backoff, InstanceKey, StartRequest, StoreError};
 use time::OffsetDateTime;
 
 use super::plan::plan;
 use super::spec::{tick_instance_id, ScheduleError};
-use super::store::{FireOutcome, ScheduleFire, ScheduleStore};
-use crate::{InvalidOptions, Registry, POLL_INTERVAL_MIN};
+use super::store::{DueSchedule, FireOutcome, ScheduleFire, ScheduleStore};
+use crate::{InvalidOptions, POLL_INTERVAL_MIN};
 use keiro_journal::error_chain;
 use keiro_journal::stretched as jittered;
 
@@ -40,6 +53,10 @@ pub const SCHEDULER_LEASE_TTL_DEFAULT: Duration = Duration::from_secs(15);
 pub const CATCH_UP_WINDOW_DEFAULT: Duration = Duration::from_secs(60);
 /// The default number of due schedules one pass reads.
 pub const SCHEDULER_BATCH_DEFAULT: i64 = 100;
+/// The default back-off of a schedule that cannot start: 1 s after the first failure,
+/// doubling up to 5 minutes, jittered.
+pub const SCHEDULE_ERROR_BACKOFF_DEFAULT: Backoff =
+    Backoff::exponential(Duration::from_secs(1), Duration::from_secs(300));
 
 /// How the scheduler runs.
 #[derive(Debug, Clone)]
@@ -62,6 +79,9 @@ pub struct SchedulerOptions {
     pub batch: i64,
     /// The leadership's owner id. Defaults to a fresh `scheduler-<uuid>` per worker.
     pub owner: String,
+    /// How long a schedule that could not start is left alone, by how many passes in a row
+    /// failed it. Defaults to [`SCHEDULE_ERROR_BACKOFF_DEFAULT`].
+    pub error_backoff: Backoff,
 }
 
 impl Default for SchedulerOptions {
@@ -72,6 +92,7 @@ impl Default for SchedulerOptions {
             catch_up_window: CATCH_UP_WINDOW_DEFAULT,
             batch: SCHEDULER_BATCH_DEFAULT,
             owner: format!("scheduler-{}", uuid::Uuid::new_v4().simple()),
+            error_backoff: SCHEDULE_ERROR_BACKOFF_DEFAULT,
         }
     }
 }
@@ -103,6 +124,16 @@ impl SchedulerOptions {
         if self.owner.is_empty() {
             return field("scheduler.owner", "must not be empty");
         }
+        if let Err(e) = self.error_backoff.validate() {
+            return field(
+                if e.field == "initial" {
+                    "scheduler.error_backoff.initial"
+                } else {
+                    "scheduler.error_backoff.max"
+                },
+                e.problem,
+            );
+        }
         Ok(())
     }
 }
@@ -124,8 +155,8 @@ pub struct SchedulerSummary {
     pub buffered: u64,
     /// Plans refused because the row moved on or the leadership was lost.
     pub stale: u64,
-    /// Due schedules whose workflow this worker has not registered.
-    pub unregistered: u64,
+    /// Due schedules that could not start: their error was recorded and they were backed off.
+    pub failed: u64,
 }
 
 impl std::ops::AddAssign for SchedulerSummary {
@@ -137,30 +168,41 @@ impl std::ops::AddAssign for SchedulerSummary {
         self.dropped += o.dropped;
         self.buffered += o.buffered;
         self.stale += o.stale;
-        self.unregistered += o.unregistered;
+        self.failed += o.failed;
     }
 }
 
 /// One scheduler pass at `now` (`None`: the store's clock): take or renew the leadership,
-/// then start the runs of every due schedule whose workflow is in `registry`.
+/// then start the runs of every due schedule, whatever workflow it names.
 ///
 /// # Errors
 ///
-/// The first store error; schedules handled before it stay handled.
+/// The first store error that is not one schedule's own (taking the lease, reading the due
+/// schedules, recording a schedule's error); schedules handled before it stay handled.
 pub async fn schedule_once(
     store: &dyn ScheduleStore,
-    registry: &Registry,
     options: &SchedulerOptions,
     now: Option<OffsetDateTime>,
 ) -> Result<SchedulerSummary, StoreError> {
-    Ok(pass(store, registry, options, now).await?.0)
+    Ok(pass(store, options, now).await?.0)
+}
+
+/// What became of one due schedule.
+enum Handled {
+    /// Nothing to write.
+    Nothing,
+    /// The plan was applied.
+    Fired,
+    /// The plan was refused (the row moved on).
+    Stale,
+    /// The leadership is gone: the pass stops.
+    Deposed,
 }
 
 /// A pass, and how long until the next tick as the store saw it: `None` when this worker does
 /// not lead or no schedule is active.
 async fn pass(
     store: &dyn ScheduleStore,
-    registry: &Registry,
     options: &SchedulerOptions,
     now: Option<OffsetDateTime>,
 ) -> Result<(SchedulerSummary, Option<Duration>), StoreError> {
@@ -174,70 +216,113 @@ async fn pass(
     };
     summary.led = 1;
     let found = store.schedules_due(now, options.batch).await?;
+    let mut written = 0_u64;
     for due in &found.due {
-        let schedule = &due.schedule;
-        let spec = &schedule.spec;
-        if registry.get(&spec.workflow).is_none() {
-            summary.unregistered += 1;
-            let error = ScheduleError::Unregistered {
-                schedule: spec.name.clone(),
-                workflow: spec.workflow.clone(),
+        match fire(store, options, &leader, found.clock, due, &mut summary).await {
+            Ok(Handled::Nothing) => {}
+            Ok(Handled::Fired) => written += 1,
+            Ok(Handled::Stale) => summary.stale += 1,
+            Ok(Handled::Deposed) => {
+                summary.stale += 1;
+                break;
             }
-            .to_string();
-            if schedule.last_error.as_deref() != Some(error.as_str()) {
-                tracing::warn!(schedule = %spec.name, %error, "schedule not started");
-                store
-                    .schedule_record_error(&spec.name, schedule.revision, &error)
-                    .await?;
-            }
-            continue;
-        }
-        let cadence = match spec.cadence.compile() {
-            Ok(cadence) => cadence,
             Err(error) => {
-                // Validated when written; a row that no longer compiles (written by another
-                // build) is reported on the row rather than failing every pass.
-                store
-                    .schedule_record_error(&spec.name, schedule.revision, &error.to_string())
-                    .await?;
-                continue;
+                // This schedule's own failure: recorded on its row, which leaves the due
+                // schedules until its back-off is over; the others go on.
+                let s = &due.schedule;
+                let failed = Failed {
+                    name: &s.spec.name,
+                    revision: s.revision,
+                    failures: s.failures,
+                };
+                record_failure(store, options, found.clock, &failed, &error.message()).await?;
+                summary.failed += 1;
+                written += 1;
             }
-        };
-        let Some(plan) = plan(
-            schedule,
-            &cadence,
-            found.clock,
-            due.previous_live,
-            options.catch_up_window,
-        ) else {
-            continue;
-        };
-        let mut starts = Vec::with_capacity(plan.starts.len());
-        for tick in &plan.starts {
-            let id = tick_instance_id(&spec.name, *tick).map_err(|e| StoreError::Malformed {
-                operation: "planning a schedule",
-                detail: e.to_string(),
-            })?;
-            starts.push(StartRequest {
-                key: InstanceKey {
-                    name: spec.workflow.clone(),
-                    id,
-                },
-                input: spec.input.clone(),
-                parent: None,
-                priority: 0,
-            });
         }
-        let fire = ScheduleFire {
-            name: spec.name.clone(),
-            leader: leader.clone(),
-            revision: schedule.revision,
-            starts,
-            next_tick: plan.next_tick,
-            last_tick: plan.last_tick,
-            buffered_tick: plan.buffered,
+    }
+    for row in &found.unreadable {
+        let failed = Failed {
+            name: &row.name,
+            revision: row.revision,
+            failures: row.failures,
         };
-        match store.schedule_fire(&fire).await? {
+        let error = keiro_journal::storable_text(&row.error).into_owned();
+        record_failure(store, options, found.clock, &failed, &error).await?;
+        summary.failed += 1;
+        written += 1;
+    }
+    let read = found.due.len() + found.unreadable.len();
+    let full = i64::try_from(read).unwrap_or(i64::MAX) >= options.batch;
+    let wait = if full && written > 0 {
+        Some(Duration::ZERO) // there may be more due right now
+    } else {
+        // Until the next tick, at most the poll interval; a tick already due that this pass
+        // left (a live previous run) waits the poll interval, not nothing, or the loop would
+        // spin on it.
+        found.next_due.map(|at| {
+            Duration::try_from(at - found.clock)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .unwrap_or(options.poll_interval)
+        })
+    };
+    Ok((summary, wait))
+}
+
+/// Plans one due schedule and applies the plan. `Err` is the schedule's own failure: its
+/// tick's id is refused, its cadence does not compile, or the store refused the fire.
+async fn fire(
+    store: &dyn ScheduleStore,
+    options: &SchedulerOptions,
+    leader: &keiro_journal::Fence,
+    clock: OffsetDateTime,
+    due: &DueSchedule,
+    summary: &mut SchedulerSummary,
+) -> Result<Handled, FireError> {
+    let schedule = &due.schedule;
+    let spec = &schedule.spec;
+    // Validated when written; a row that no longer compiles (written by another build or by
+    // hand) is this schedule's failure.
+    let cadence = spec.cadence.compile().map_err(FireError::Schedule)?;
+    let Some(plan) = plan(
+        schedule,
+        &cadence,
+        clock,
+        due.previous_live,
+        options.catch_up_window,
+    ) else {
+        return Ok(Handled::Nothing);
+    };
+    let mut starts = Vec::with_capacity(plan.starts.len());
+    for tick in &plan.starts {
+        let id = tick_instance_id(&spec.name, *tick).map_err(|source| {
+            FireError::Schedule(ScheduleError::TickId {
+                schedule: spec.name.clone(),
+                source,
+            })
+        })?;
+        starts.push(StartRequest {
+            key: InstanceKey {
+                name: spec.workflow.clone(),
+                id,
+            },
+            input: spec.input.clone(),
+            parent: None,
+            priority: 0,
+        });
+    }
+    let fire = ScheduleFire {
+        name: spec.name.clone(),
+        leader: leader.clone(),
+        revision: schedule.revision,
+        starts,
+        next_tick: plan.next_tick,
+        last_tick: plan.last_tick,
+        buffered_tick: plan.buffered,
+    };
+    Ok(
+        match store.schedule_fire(&fire).await.map_err(FireError::Store)? {
             FireOutcome::Fired(started) => {
                 for s in &started {
                     if s.created {
@@ -250,43 +335,76 @@ async fn pass(
                 if plan.buffered.is_some() && plan.buffered != schedule.buffered_tick {
                     summary.buffered += 1;
                 }
+                Handled::Fired
             }
-            FireOutcome::Stale => summary.stale += 1,
-            FireOutcome::NotLeader => {
-                summary.stale += 1;
-                break;
-            }
-        }
+            FireOutcome::Stale => Handled::Stale,
+            FireOutcome::NotLeader => Handled::Deposed,
+        },
+    )
+}
+
+/// Why one schedule could not start.
+#[derive(Debug)]
+enum FireError {
+    /// Its row cannot be planned.
+    Schedule(ScheduleError),
+    /// The store refused its fire.
+    Store(StoreError),
+}
+
+impl FireError {
+    /// What the row's `last_error` says: the whole chain, as text a row can hold.
+    fn message(&self) -> String {
+        let chain = match self {
+            Self::Schedule(e) => error_chain(e),
+            Self::Store(e) => error_chain(e),
+        };
+        keiro_journal::storable_text(&chain).into_owned()
     }
-    let full = i64::try_from(found.due.len()).unwrap_or(i64::MAX) >= options.batch;
-    let progressed = summary.started + summary.already_started > 0;
-    let wait = if full && progressed {
-        Some(Duration::ZERO) // there may be more due right now
-    } else {
-        // Until the next tick, at most the poll interval; a tick already due that this pass
-        // left (an unregistered workflow, a live previous run) waits the poll interval, not
-        // nothing, or the loop would spin on it.
-        found.next_due.map(|at| {
-            Duration::try_from(at - found.clock)
-                .ok()
-                .filter(|d| !d.is_zero())
-                .unwrap_or(options.poll_interval)
-        })
-    };
-    Ok((summary, wait))
+}
+
+/// The row of a schedule that could not start.
+struct Failed<'a> {
+    name: &'a str,
+    revision: i64,
+    /// Its failures before this one.
+    failures: u32,
+}
+
+/// Writes `message` on the schedule's row and backs it off; `Err` only when even that fails
+/// (the store is likely unreachable then, and the pass fails as a whole).
+async fn record_failure(
+    store: &dyn ScheduleStore,
+    options: &SchedulerOptions,
+    clock: OffsetDateTime,
+    failed: &Failed<'_>,
+    message: &str,
+) -> Result<(), StoreError> {
+    let failures = failed.failures.saturating_add(1);
+    let delay = options.error_backoff.delay_random(failures);
+    tracing::warn!(
+        schedule = %failed.name,
+        error = %message,
+        failures,
+        retry_in = ?delay,
+        "schedule not started; backing off"
+    );
+    store
+        .schedule_record_error(failed.name, failed.revision, message, clock + delay)
+        .await?;
+    Ok(())
 }
 
 /// Runs scheduler passes until `shutdown` resolves, then gives up the leadership.
 pub async fn run_scheduler_loop(
     store: Arc<dyn ScheduleStore>,
-    registry: Registry,
     options: SchedulerOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) -> SchedulerSummary {
     let mut total = SchedulerSummary::default();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        let wait = match pass(store.as_ref(), &registry, &options, None).await {
+        let wait = match pass(store.as_ref(), &options, None).await {
             Ok((summary, until_next)) => {
                 total += summary;
                 // A follower, or a leader with nothing scheduled, only needs to keep its lease

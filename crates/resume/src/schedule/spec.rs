@@ -73,16 +73,16 @@ pub enum ScheduleError {
         /// The bound.
         max: u32,
     },
-    /// The schedule's workflow is not registered with the worker whose scheduler is leader:
-    /// it starts nothing, and records this on the schedule's row (`last_error`).
-    #[error(
-        "schedule {schedule} starts workflow {workflow}, which this worker has not registered"
-    )]
-    Unregistered {
+    /// A due tick could not be started: its instance id is not valid (a name written past
+    /// [`ScheduleSpec::validate`], by hand or by another build). Recorded on the schedule's
+    /// row (`last_error`); the scheduler backs the schedule off and goes on with the others.
+    #[error("schedule {schedule} cannot start its tick")]
+    TickId {
         /// The schedule.
         schedule: String,
-        /// The workflow.
-        workflow: WorkflowName,
+        /// Why the id is refused.
+        #[source]
+        source: IdError,
     },
 }
 
@@ -121,8 +121,8 @@ impl Overlap {
     }
 }
 
-/// What happens to ticks missed while no scheduler ran (the workers were down, or the leader
-/// had not registered the workflow). A tick is missed when the scheduler first sees it more
+/// What happens to ticks missed while no scheduler ran (the workers were down, or the store
+/// refused to start the schedule's runs and the scheduler backed it off). A tick is missed when the scheduler first sees it more
 /// than `catch_up_window` ([`SchedulerOptions`](crate::SchedulerOptions)) late; ticks seen
 /// sooner are on time and always start (subject to [`Overlap`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -240,8 +240,15 @@ pub struct Schedule {
     pub buffered_tick: Option<OffsetDateTime>,
     /// The id of the instance the schedule started last (by a tick or a trigger).
     pub last_instance: Option<WorkflowId>,
-    /// Why the last scheduler pass could not start it, if it could not.
+    /// Why the last scheduler pass could not start it, if it could not; cleared by the next
+    /// fire and by an update.
     pub last_error: Option<String>,
+    /// Scheduler passes in a row that could not start it (0 once one does): how far it is
+    /// backed off.
+    pub failures: u32,
+    /// Until when the scheduler leaves it alone after a failure ([`last_error`](Self::last_error));
+    /// its ticks stay due meanwhile and follow [`CatchUp`] once it starts again.
+    pub retry_at: Option<OffsetDateTime>,
     /// Bumped by every write: a scheduler's write names the revision it planned from, so a
     /// write planned from a stale read changes nothing.
     pub revision: i64,

@@ -23,16 +23,34 @@ pub struct DueSchedule {
     pub previous_live: bool,
 }
 
+/// A due row the store could not read as a schedule (edited by hand, or written by another
+/// build): the scheduler records `error` on it and backs it off, as for a schedule that cannot
+/// start, so it never holds up the others.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnreadableSchedule {
+    /// The row's name.
+    pub name: String,
+    /// Its revision.
+    pub revision: i64,
+    /// Its failures so far.
+    pub failures: u32,
+    /// Why it cannot be read.
+    pub error: String,
+}
+
 /// What [`ScheduleStore::schedules_due`] found.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SchedulesDue {
     /// The store's clock when it looked: the scheduler plans with this instant.
     pub clock: OffsetDateTime,
     /// Unpaused schedules whose next tick is at or before the clock, or that hold a buffered
-    /// tick, earliest next tick first.
+    /// tick, and that are not backed off past the clock (`retry_at`), earliest next tick first.
     pub due: Vec<DueSchedule>,
-    /// The earliest next tick of any unpaused schedule, due or not: how long a scheduler may
-    /// wait.
+    /// Due rows that could not be read as schedules (only a store that reads rows written
+    /// outside it has any), counted against the same limit.
+    pub unreadable: Vec<UnreadableSchedule>,
+    /// The earliest instant any unpaused schedule is due, backed off or not (its next tick, or
+    /// its `retry_at` when later): how long a scheduler may wait.
     pub next_due: Option<OffsetDateTime>,
 }
 
@@ -73,8 +91,8 @@ pub enum FireOutcome {
 #[async_trait::async_trait]
 pub trait ScheduleStore: Send + Sync + std::fmt::Debug + 'static {
     /// Creates the schedule, or updates its definition: the next tick becomes the first tick
-    /// of the (new) cadence strictly after `now`, a buffered tick and the error are cleared,
-    /// and the paused flag, last tick and last instance are kept.
+    /// of the (new) cadence strictly after `now`, a buffered tick, the error and the back-off
+    /// are cleared, and the paused flag, last tick and last instance are kept.
     async fn schedule_upsert(
         &self,
         spec: &ScheduleSpec,
@@ -91,8 +109,9 @@ pub trait ScheduleStore: Send + Sync + std::fmt::Debug + 'static {
     async fn schedule_delete(&self, name: &str) -> Result<bool>;
 
     /// Pauses (`true`) or resumes (`false`) a schedule. Resuming a paused schedule sets its
-    /// next tick to the first tick after `now`: ticks that fell while it was paused are not
-    /// caught up. `None` when there is no such schedule.
+    /// next tick to the first tick after `now` and clears its back-off (`retry_at`, the
+    /// failure count; the last error stays until a fire): ticks that fell while it was paused
+    /// are not caught up. `None` when there is no such schedule.
     async fn schedule_set_paused(
         &self,
         name: &str,
@@ -126,11 +145,19 @@ pub trait ScheduleStore: Send + Sync + std::fmt::Debug + 'static {
     /// The due schedules, at most `limit`.
     async fn schedules_due(&self, now: Option<OffsetDateTime>, limit: i64) -> Result<SchedulesDue>;
 
-    /// Applies a scheduler's plan for one schedule atomically.
+    /// Applies a scheduler's plan for one schedule atomically; a fire clears the row's error
+    /// and back-off.
     async fn schedule_fire(&self, fire: &ScheduleFire) -> Result<FireOutcome>;
 
-    /// Records why the scheduler could not start a schedule, if the row is still at
-    /// `revision`; the revision is not bumped, so a later plan from the same read still
-    /// applies. `false` when the row moved on or is gone.
-    async fn schedule_record_error(&self, name: &str, revision: i64, error: &str) -> Result<bool>;
+    /// Records why the scheduler could not start a schedule and backs it off: `last_error`
+    /// becomes `error`, the failure count grows by one and `retry_at` becomes `retry_at`, if
+    /// the row is still at `revision`. The revision is not bumped, so a later plan from the
+    /// same read still applies. `false` when the row moved on or is gone.
+    async fn schedule_record_error(
+        &self,
+        name: &str,
+        revision: i64,
+        error: &str,
+        retry_at: OffsetDateTime,
+    ) -> Result<bool>;
 }
