@@ -331,12 +331,16 @@ impl Config {
     /// [`Error::Config`] on `url` when the URL cannot be read.
     pub fn connection_config(&self) -> Result<tokio_postgres::Config> {
         let mut config = self.conninfo()?.driver;
-        // Appended after the URL's own options so the schema wins over a search_path there.
+        // Appended after the URL's own options so keiro's settings win over the same ones there.
+        let pinned = self
+            .session_settings()
+            .into_iter()
+            .map(|(name, value)| format!("-c {name}={}", startup_option_value(&value)))
+            .collect::<Vec<_>>()
+            .join(" ");
         let options = match config.get_options() {
-            Some(existing) if !existing.trim().is_empty() => {
-                format!("{existing} -c search_path={}", self.schema)
-            }
-            _ => format!("-c search_path={}", self.schema),
+            Some(existing) if !existing.trim().is_empty() => format!("{existing} {pinned}"),
+            _ => pinned,
         };
         config.options(options);
         if config.get_application_name().is_none() {
@@ -344,6 +348,16 @@ impl Config {
         }
         config.connect_timeout(self.connect_timeout);
         Ok(config)
+    }
+
+    /// Every session setting keiro pins on its pooled connections, as (name, value) pairs: today
+    /// the schema as `search_path`. They go into the startup options
+    /// ([`connection_config`](Self::connection_config)), so each connection opens with them and
+    /// `RESET ALL` returns to them, and the reset that gives a connection back to the pool after
+    /// a transaction step sets them again (`session::reset_sql`). A setting keiro pins is added
+    /// here and nowhere else.
+    pub(crate) fn session_settings(&self) -> Vec<(&'static str, String)> {
+        vec![("search_path", self.schema.clone())]
     }
 
     /// The TLS connector for the URL's `sslmode` and `sslrootcert`: what the store's pool and
@@ -385,6 +399,12 @@ impl Config {
             Err(_) => UNREADABLE.to_owned(),
         }
     }
+}
+
+/// A value as a `-c name=value` startup option carries it: the server splits the options at
+/// spaces and takes a backslash as an escape, so both are escaped.
+fn startup_option_value(value: &str) -> String {
+    value.replace('\\', "\\\\").replace(' ', "\\ ")
 }
 
 /// What is shown of a URL that cannot be parsed: nothing of it, since without parsing it
@@ -605,6 +625,13 @@ mod tests {
         let pg = Config::new("host=h user=u").connection_config().unwrap();
         assert_eq!(pg.get_options(), Some("-c search_path=keiro"));
         assert_eq!(pg.get_application_name(), Some(APPLICATION_NAME_DEFAULT));
+    }
+
+    #[test]
+    fn startup_options_escape_spaces_and_backslashes() {
+        assert_eq!(startup_option_value("keiro"), "keiro");
+        assert_eq!(startup_option_value("read committed"), "read\\ committed");
+        assert_eq!(startup_option_value("a\\b"), "a\\\\b");
     }
 
     #[test]
