@@ -1305,3 +1305,52 @@ async fn a_write_skew_under_serializable_is_retried_in_place() -> TestResult {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_serialization_failure_inside_a_boxed_closure_error_is_retried_in_place() -> TestResult {
+    // keiro finds the driver's error in the source chain of a boxed error too.
+    let h = Harness::postgres().await;
+    accounts(&h).await?;
+    let conflict = conflicting(&h, ConflictAt::Statement, "40001", 2).await?;
+    let s = schema(&h);
+    let runs = Arc::new(AtomicU32::new(0));
+    let worker = {
+        let runs = runs.clone();
+        h.keiro
+            .worker()
+            .options(h.fast_options())
+            .register("transfer", move |ctx: Ctx, (): ()| {
+                let (s, runs, conflict) = (s.clone(), runs.clone(), conflict.clone());
+                async move {
+                    ctx.transaction_with("move-30", quick_policy(1), move |tx| {
+                        let (s, runs, conflict) = (s.clone(), runs.clone(), conflict.clone());
+                        Box::pin(async move {
+                            runs.fetch_add(1, Ordering::SeqCst);
+                            tx.batch_execute(&conflict).await?;
+                            tx.batch_execute(&format!(
+                                "UPDATE {s}.accounts SET balance = balance - 30 WHERE id = 'a';
+                                 UPDATE {s}.accounts SET balance = balance + 30 WHERE id = 'b';
+                                 INSERT INTO {s}.transfers VALUES ('t-1', 30);"
+                            ))
+                            .await?;
+                            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(30i64)
+                        })
+                    })
+                    .await
+                }
+            })
+            .build()?
+    };
+    h.keiro.start("transfer", "t-1", &()).await?;
+    let (row, transient) = drive(&h, &worker, 1).await?;
+    assert_eq!(
+        (row.status, row.output),
+        (Status::Completed, Some(serde_json::json!(30))),
+        "{:?}",
+        row.last_error
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    assert_eq!(transient, 0);
+    assert_eq!(balances(&h).await?, (70, 130, 1));
+    Ok(())
+}
