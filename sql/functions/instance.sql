@@ -1,5 +1,6 @@
--- Instances: start, confirm, park, the divergence failure, cancellation (plain and cascading),
--- the settling of a completed run's leftovers, and the operator's requeue and fix-and-replay.
+-- Instances: start, confirm, a transaction step's hold, park, the divergence failure,
+-- cancellation (plain and cascading), the settling of a completed run's leftovers, and the
+-- operator's requeue and fix-and-replay.
 -- Claims, crash accounting and resurrection are in lease.sql.
 
 -- instance_start: creates the row `running`, or returns the existing one untouched.
@@ -112,6 +113,46 @@ BEGIN
         updated_at = now()
     WHERE w.workflow_name = p_name AND w.workflow_id = p_id;
     outcome := 'confirmed';
+END;
+$$;
+
+-- instance_hold: the first statement of a transaction step (crates/postgres/src/
+-- transaction_step.rs), before the user's statements: locks the instance row for the rest of
+-- the caller's transaction and checks the run's fence, writing nothing. Every writer of the row
+-- (the lease heartbeat, a claim, a cancel, a delivery) then waits for that transaction instead
+-- of changing the row under it, so no write of keiro's makes a REPEATABLE READ or SERIALIZABLE
+-- transaction fail at its append ("could not serialize access due to concurrent update"), and
+-- no other worker can take the lease over before the step commits or rolls back: the lock is
+-- the lease for as long as it is held. As the transaction's first query it also takes the
+-- transaction's snapshot, which therefore sees the row as it locks it. Unfenced (p_owner
+-- NULL) it checks the status only. No memory-store twin: transaction steps need PostgreSQL.
+-- Outcomes: held, terminal (row_status), not_found, lease_lost.
+CREATE OR REPLACE FUNCTION keiro_instance_hold(p_name text, p_id text, p_owner text,
+                                               p_epoch bigint,
+                                               OUT outcome text, OUT row_status text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_row workflows%ROWTYPE;
+BEGIN
+    SELECT * INTO v_row FROM workflows w
+    WHERE w.workflow_name = p_name AND w.workflow_id = p_id
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        outcome := 'not_found';
+        RETURN;
+    END IF;
+    row_status := v_row.status;
+    IF v_row.status IN ('completed', 'failed', 'cancelled') THEN
+        outcome := 'terminal';
+        RETURN;
+    END IF;
+    IF p_owner IS NOT NULL
+       AND (v_row.lease_owner IS DISTINCT FROM p_owner OR v_row.lease_epoch <> p_epoch) THEN
+        outcome := 'lease_lost';
+        RETURN;
+    END IF;
+    outcome := 'held';
 END;
 $$;
 

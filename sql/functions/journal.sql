@@ -74,6 +74,12 @@ $$;
 -- serialize with the append. A wake (a step on a `suspended` row) and an unfenced step always
 -- write. Every other case takes the full sequence (the body's "checks and writes of 0002", the
 -- migration that first wrote them).
+--
+-- A renewal counts from `clock_timestamp()`, the moment of the append, not from `now()`, the
+-- start of its transaction: the same instant for the store's own one-statement transactions,
+-- but a transaction step's append ends the user's transaction, which may have run for longer
+-- than the lease (its instance row held by `keiro_instance_hold` meanwhile, so nobody took the
+-- lease over), and the lease it renews must still run a whole TTL after the commit.
 CREATE OR REPLACE FUNCTION keiro_journal_append_to(p_name text, p_id text, p_generation integer,
                                                    p_step text, p_kind text, p_payload jsonb,
                                                    p_owner text, p_epoch bigint,
@@ -141,14 +147,15 @@ BEGIN
         IF v_row.status = 'suspended'
            OR p_owner IS NULL OR p_renew_ms IS NULL
            OR v_row.lease_expires_at IS NULL
-           OR v_row.lease_expires_at <= now() + p_renew_ms * interval '750 microseconds' THEN
+           OR v_row.lease_expires_at
+              <= clock_timestamp() + p_renew_ms * interval '750 microseconds' THEN
             -- Only unindexed columns change on a running row, so the new version can be HOT;
             -- a wake changes `status` and is indexed as it must be.
             UPDATE workflows w SET
                 status = 'running',
                 lease_expires_at = CASE
                     WHEN p_owner IS NOT NULL AND p_renew_ms IS NOT NULL
-                        THEN now() + p_renew_ms * interval '1 millisecond'
+                        THEN clock_timestamp() + p_renew_ms * interval '1 millisecond'
                     ELSE w.lease_expires_at
                 END,
                 updated_at = now()
@@ -235,7 +242,7 @@ BEGIN
             status = 'running',
             lease_expires_at = CASE
                 WHEN p_owner IS NOT NULL AND p_renew_ms IS NOT NULL
-                    THEN now() + p_renew_ms * interval '1 millisecond'
+                    THEN clock_timestamp() + p_renew_ms * interval '1 millisecond'
                 ELSE w.lease_expires_at
             END,
             updated_at = now()

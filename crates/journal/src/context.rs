@@ -230,6 +230,10 @@ pub(crate) struct State {
     /// Step actions running now (concurrent branches of a `join`): while one runs, a remote
     /// step is dispatched at once instead of waiting for the park.
     pub(crate) actions_running: u32,
+    /// Actions holding the instance row locked in their own transaction, fenced
+    /// ([`StepJournal::hold_lease`](crate::StepJournal::hold_lease)): while any does, nobody
+    /// else can take the lease over and the heartbeat renews nothing.
+    pub(crate) leases_held: u32,
     /// Set while the body polls a branch that lost a decided [`Ctx::select`]: it may replay,
     /// but any fresh work (an arm, an action) suspends instead of happening.
     pub(crate) disarmed: bool,
@@ -303,6 +307,7 @@ impl Ctx {
                     parked: None,
                     deferred: Vec::new(),
                     actions_running: 0,
+                    leases_held: 0,
                     disarmed: false,
                     signal_waits_armed: Vec::new(),
                     race_marks: None,

@@ -7,7 +7,9 @@
 //! interleaved with the action's own polls. A heartbeat that finds the lease lost (or the run
 //! cancelled) halts the run: it stops at its next boundary, and the action's result is refused
 //! by fencing. An action shorter than a third of the lease never renews: the heartbeat costs a
-//! timer and nothing else.
+//! timer and nothing else. While an action holds the instance row locked in its own fenced
+//! transaction (a transaction step, `StepJournal::hold_lease`), the lock keeps every other
+//! writer out, so the beats that come due meanwhile are skipped rather than sent to wait for it.
 
 use std::future::Future;
 use std::pin::pin;
@@ -50,6 +52,11 @@ impl Ctx {
         let period = ttl / 3;
         loop {
             tokio::time::sleep(period).await;
+            if self.state().leases_held > 0 {
+                // The row is locked by the run's own transaction: nobody can take the lease
+                // over, and a renewal would only wait for that transaction (see the module).
+                continue;
+            }
             let asked = Instant::now();
             match self.store().instance_confirm(self.key(), &fence, ttl).await {
                 Ok(Status::Running | Status::Suspended) => self.confirmed(asked),

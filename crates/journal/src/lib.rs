@@ -109,7 +109,7 @@ pub use run::{
     drive_notifying, run, start, CancelOutcome, DeliveryRefusal, Driven, Error, Parked, RunError,
     RunOutcome,
 };
-pub use self_journaled::{SelfJournalError, SelfJournaled, StepJournal};
+pub use self_journaled::{LeaseHeld, SelfJournalError, SelfJournaled, StepJournal};
 pub use sources::Awakeable;
 pub use storable::{check_value, storable_text};
 pub use store::{

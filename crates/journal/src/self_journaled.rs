@@ -10,6 +10,16 @@
 //! running the action; the divergence and lease checks run before it; the lease is kept alive
 //! while it runs; and the append the action makes carries the run's fence, so a writer that
 //! lost its lease is refused and must roll its effects back.
+//!
+//! An action may hold the run's instance row locked in its transaction, fenced, from before
+//! its effects ([`StepJournal::hold_lease`]): no other writer can then take the lease over
+//! until that transaction ends, so the heartbeat stops renewing it meanwhile (its renewal would
+//! only wait for the lock, or make a snapshot transaction's append fail).
+//!
+//! Failures keep the plain step's rules too: the action's own error, or a failure the store
+//! reports that the action caused ([`SelfJournalError::Failed`]: a transaction it left aborted,
+//! a commit its statements made the database refuse), is a failed attempt; a store that could
+//! not be reached is a store error the run stops on, with no attempt counted.
 
 use std::future::Future;
 use std::time::Instant;
@@ -21,7 +31,9 @@ use serde_json::Value;
 use crate::context::{decode, Halt};
 use crate::retry::Attempt;
 use crate::unwind::CatchPanic;
-use crate::{id, store, Append, AppendOutcome, Ctx, StepKind, StepOptions, WorkflowError};
+use crate::{
+    id, store, Append, AppendOutcome, Ctx, Fence, InstanceKey, StepKind, StepOptions, WorkflowError,
+};
 
 /// What a self-journaling step's action gets: the step's name and the append its result must
 /// be journaled with.
@@ -39,10 +51,32 @@ impl std::fmt::Debug for StepJournal<'_> {
     }
 }
 
-impl StepJournal<'_> {
+impl<'a> StepJournal<'a> {
     /// The step being run.
     pub fn step(&self) -> &str {
         self.step
+    }
+
+    /// The instance the step belongs to.
+    pub fn key(&self) -> &InstanceKey {
+        self.ctx.key()
+    }
+
+    /// The lease the run holds (`None` for an unfenced run), which the action checks before
+    /// its effects when it locks the instance row itself (see [`hold_lease`](Self::hold_lease)).
+    pub fn fence(&self) -> Option<&Fence> {
+        self.ctx.options().fence.as_ref()
+    }
+
+    /// Tells the run that the action is about to hold the instance row locked in its own
+    /// transaction, its fence checked: until the returned guard is dropped, no other writer can
+    /// take the lease over, so the lease heartbeat skips its renewals (each would wait for the
+    /// lock, holding a connection, and under REPEATABLE READ or SERIALIZABLE its write would
+    /// make the transaction's own append fail). Drop the guard once the transaction has ended;
+    /// the step's append renews the lease as it commits.
+    pub fn hold_lease(&self) -> LeaseHeld<'a> {
+        self.ctx.state().leases_held += 1;
+        LeaseHeld(self.ctx)
     }
 
     /// The append that journals `value` as this step's result, carrying the run's fence and
@@ -59,6 +93,18 @@ impl StepJournal<'_> {
         self.ctx
             .check_budget_for(self.step, crate::budget::encoded_len(&json))?;
         Ok(self.ctx.fresh_append(self.step, StepKind::Step, json))
+    }
+}
+
+/// The guard of [`StepJournal::hold_lease`]: while it lives the heartbeat renews nothing.
+#[derive(Debug)]
+#[must_use = "the heartbeat resumes as soon as the guard is dropped"]
+pub struct LeaseHeld<'a>(&'a Ctx);
+
+impl Drop for LeaseHeld<'_> {
+    fn drop(&mut self) {
+        let mut state = self.0.state();
+        state.leases_held = state.leases_held.saturating_sub(1);
     }
 }
 
@@ -80,6 +126,13 @@ pub enum SelfJournalError<E> {
     Action(E),
     /// The result was refused by [`StepJournal::append_for`]; the transaction was rolled back.
     Refused(WorkflowError),
+    /// The step failed for a reason of the action's making that the store, not the action,
+    /// reported, such as a transaction the action left aborted or a commit the database
+    /// refused for what its statements did; the transaction was rolled back. A failed attempt,
+    /// as [`Action`](Self::Action) is: the run crashes, or under a retry policy the attempt
+    /// is journaled and retried. A policy's [`retry_if`](StepOptions::retry_if) sees the boxed
+    /// error (the type `Box<dyn std::error::Error + Send + Sync>`).
+    Failed(Box<dyn std::error::Error + Send + Sync>),
     /// The store failed: the append, the commit, or the transaction itself. A commit that
     /// failed may still have committed; the next drive's journal tells.
     Store(store::Error),
@@ -162,7 +215,8 @@ impl Ctx {
 
     /// One attempt of a self-journaling step: the action runs under the lease's heartbeat, and
     /// what its append answered is adopted. Without a retry policy (`options` is `None`) an
-    /// action error or panic is reported as a failed attempt that may not be retried.
+    /// action error, a failure of the action's making, or a panic is reported as a failed
+    /// attempt that may not be retried.
     async fn self_journaled_attempt<E, Fut>(
         &self,
         name: &str,
@@ -199,6 +253,10 @@ impl Ctx {
             Ok(Err(SelfJournalError::Action(e))) => Ok(Attempt::Failed {
                 message: e.to_string(),
                 retry: options.is_some_and(|options| options.retries(&e)),
+            }),
+            Ok(Err(SelfJournalError::Failed(error))) => Ok(Attempt::Failed {
+                message: crate::error_chain(&*error),
+                retry: options.is_some_and(|options| options.retries(&error)),
             }),
             Ok(Err(SelfJournalError::Refused(error))) => Err(if error.fails_run_at_once() {
                 self.fail_at_once(error)

@@ -672,6 +672,13 @@ mod tests {
     }
 
     #[test]
+    fn startup_options_escape_spaces_and_backslashes() {
+        assert_eq!(startup_option_value("keiro"), "keiro");
+        assert_eq!(startup_option_value("read committed"), "read\\ committed");
+        assert_eq!(startup_option_value("a\\b"), "a\\\\b");
+    }
+
+    #[test]
     fn passwords_never_show() {
         for url in [
             "postgres://u:p%40zw@h:5432/db",

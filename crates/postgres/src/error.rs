@@ -327,7 +327,7 @@ impl From<PoolError> for Failure {
 /// exception can quote the refused value, which may be large.
 const REASON_CHARS_MAX: usize = 200;
 
-fn server_reason(error: &DbError) -> String {
+pub(crate) fn server_reason(error: &DbError) -> String {
     refusal_reason(error.message(), error.detail())
 }
 

@@ -88,6 +88,7 @@ mod retention;
 mod row;
 mod schedule;
 mod scratch;
+mod session;
 mod signal;
 mod start_claimed;
 mod store;
@@ -117,7 +118,10 @@ pub use retention::INSTANCES_GC_CANDIDATES;
 pub use scratch::DROP_SCHEMA_LOCK_TIMEOUT;
 pub use store::PgStore;
 pub use tls::{SslMode, TlsConnector, UnknownSslMode};
-pub use transaction_step::TransactionStep;
+pub use transaction_step::{
+    TransactionFailure, TransactionOptions, TransactionStage, TransactionStep,
+    SERIALIZATION_TRIES_MAX,
+};
 
 /// The driver, re-exported for the transaction step's closures (`tokio_postgres::Transaction`,
 /// `tokio_postgres::Error`) so their types match keiro's own.

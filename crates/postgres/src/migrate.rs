@@ -212,7 +212,7 @@ const FUNCTION_FILES: &[FunctionFile] = &[
 /// The revision of [`FUNCTION_FILES`], raised by one with every change to a file of
 /// `sql/functions/` (or to that list), so that of two builds migrating one schema only the one
 /// with the newer files applies them.
-const FUNCTIONS_REVISION: i32 = 9;
+const FUNCTIONS_REVISION: i32 = 10;
 
 /// The combined checksum (hex) of [`FUNCTION_FILES`] at [`FUNCTIONS_REVISION`], as
 /// [`FunctionSet::checksum`] computes it: the unit test
@@ -221,7 +221,7 @@ const FUNCTIONS_REVISION: i32 = 9;
 /// computes, so a build whose files differ from this one's refuses this one's revision.
 #[cfg(test)]
 const FUNCTIONS_REVISION_CHECKSUM: &str =
-    "118f68b5c0350dc3dfe35647042de57db2801515a8dd53e368a03d69b39cbeba";
+    "502bcf9774e04922794d9e21b77e89f3cb128fc9e9919caf4fb4ea08379d90e4";
 
 /// This build's function files.
 const FUNCTIONS: FunctionSet<'static> = FunctionSet {

@@ -66,6 +66,8 @@ struct Inner {
     batching: bool,
     /// How the lanes cut their batches.
     batch_limits: BatchLimits,
+    /// What resets a connection a transaction step lent to the user's closure (`session`).
+    session_reset: String,
 }
 
 /// A handle that does not keep the store (nor its listener) alive: what a subscription holds.
@@ -150,6 +152,7 @@ impl PgStore {
         let connection = config.connection_config()?;
         let tls = config.tls_connector()?;
         let wakes = Hub::new(&config, &connection, &tls);
+        let session_reset = crate::session::reset_sql(&config.session_settings());
         let manager = Manager::from_config(
             connection.clone(),
             tls.clone(),
@@ -187,6 +190,7 @@ impl PgStore {
                     len_max: config.batch_len_max,
                     in_flight: config.batch_in_flight,
                 },
+                session_reset,
             }),
         })
     }
@@ -336,6 +340,11 @@ impl PgStore {
     /// How long [`migrate`](Self::migrate) waits for another runner's migration lock.
     pub(crate) fn migrate_lock_timeout(&self) -> Duration {
         self.inner.migrate_lock_timeout
+    }
+
+    /// The statements that reset a connection after a transaction step (`session`).
+    pub(crate) fn session_reset(&self) -> &str {
+        &self.inner.session_reset
     }
 
     pub(crate) fn count_round_trips(&self, n: u64) {

@@ -49,6 +49,9 @@ fn transfer_workflow(
             let c = crashed.clone();
             let moved: i64 = ctx
                 .transaction("move-money", move |tx| {
+                    // The closure may run more than once (a serialization failure is tried
+                    // again in place), so it clones what its future takes.
+                    let (id, c) = (transfer.id.clone(), c.clone());
                     Box::pin(async move {
                         tx.execute(
                             "UPDATE bank.accounts SET balance = balance - $1 WHERE id = 'alice'",
@@ -66,7 +69,7 @@ fn transfer_workflow(
                         .await?;
                         tx.execute(
                             "INSERT INTO bank.transfers (id, cents) VALUES ($1, $2)",
-                            &[&transfer.id, &transfer.cents],
+                            &[&id, &transfer.cents],
                         )
                         .await?;
                         if crash_here(CrashAt::BeforeTheJournalAppend) {
