@@ -331,7 +331,7 @@ impl PgStore {
     ///
     /// Those of [`migrate`](Self::migrate).
     pub async fn migrate_report(&self) -> Result<Migrated> {
-        self.migrate_up_to(None, &FUNCTIONS).await
+        self.migrate_up_to(None, MIGRATIONS, &FUNCTIONS).await
     }
 
     /// Tests only: [`migrate_report`](Self::migrate_report) as a build whose function files
@@ -347,6 +347,41 @@ impl PgStore {
         revision: i32,
         files: &[(&'static str, &'static str)],
     ) -> Result<Migrated> {
+        self.migrate_as_build_of(MIGRATIONS, revision, files).await
+    }
+
+    /// Tests only: [`migrate_as_build`](Self::migrate_as_build) as a build that knows the
+    /// migrations up to `migrations` only, such as the previous build of a rolling deploy that
+    /// adds a migration.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`migrate`](Self::migrate); [`Error::Config`] for a migration this build does
+    /// not have.
+    #[doc(hidden)]
+    pub async fn migrate_as_older_build(
+        &self,
+        migrations: i32,
+        revision: i32,
+        files: &[(&'static str, &'static str)],
+    ) -> Result<Migrated> {
+        let known = MIGRATIONS
+            .iter()
+            .position(|m| m.version == migrations)
+            .ok_or_else(|| Error::Config {
+                field: "migrations",
+                problem: format!("names migration {migrations}, which this build does not have"),
+            })?;
+        self.migrate_as_build_of(&MIGRATIONS[..=known], revision, files)
+            .await
+    }
+
+    async fn migrate_as_build_of(
+        &self,
+        known: &[Migration],
+        revision: i32,
+        files: &[(&'static str, &'static str)],
+    ) -> Result<Migrated> {
         let files: Vec<FunctionFile> = files
             .iter()
             .map(|&(name, sql)| FunctionFile { name, sql })
@@ -355,7 +390,7 @@ impl PgStore {
             revision,
             files: &files,
         };
-        self.migrate_up_to(None, &set).await
+        self.migrate_up_to(None, known, &set).await
     }
 
     /// Tests only: [`migrate`](Self::migrate), but only the migrations up to `version`, and the
@@ -368,14 +403,17 @@ impl PgStore {
     #[doc(hidden)]
     pub async fn migrate_to(&self, version: i32) -> Result<Vec<i32>> {
         Ok(self
-            .migrate_up_to(Some(version), &FUNCTIONS)
+            .migrate_up_to(Some(version), MIGRATIONS, &FUNCTIONS)
             .await?
             .migrations)
     }
 
+    /// Migrates as a build whose migrations are `known` (this build's, or the first of them for
+    /// an older build in tests) and whose function files are `functions`.
     async fn migrate_up_to(
         &self,
         target: Option<i32>,
+        known: &[Migration],
         functions: &FunctionSet<'_>,
     ) -> Result<Migrated> {
         let mut client = self
@@ -385,7 +423,9 @@ impl PgStore {
             .map_err(|e| Failure::from(e).into_error(MIGRATE))?;
         let key = lock_key(self.schema());
         self.migrate_lock(&client, key).await?;
-        let migrated = self.migrate_locked(&mut client, target, functions).await;
+        let migrated = self
+            .migrate_locked(&mut client, target, known, functions)
+            .await;
         self.count_round_trips(1);
         if client
             .query_typed(MIGRATE_UNLOCK, &[(&key, Type::INT8)])
@@ -431,6 +471,7 @@ impl PgStore {
         &self,
         client: &mut Object,
         target: Option<i32>,
+        known: &[Migration],
         functions: &FunctionSet<'_>,
     ) -> Result<Migrated> {
         let state = self.schema_state(client).await?;
@@ -441,7 +482,7 @@ impl PgStore {
         };
         // Every applied file is checked before anything is applied, so an edited migration
         // stops the run with the schema untouched.
-        for migration in MIGRATIONS {
+        for migration in known {
             if let Some((_, recorded)) = applied.iter().find(|(v, _)| *v == migration.version) {
                 if !migration.accepts(recorded) {
                     return Err(Error::MigrationChanged {
@@ -452,7 +493,7 @@ impl PgStore {
                 }
             }
         }
-        let newest = MIGRATIONS.last().map_or(0, |m| m.version);
+        let newest = known.last().map_or(0, |m| m.version);
         let newer = applied
             .iter()
             .map(|(v, _)| *v)
@@ -470,7 +511,7 @@ impl PgStore {
             );
         }
         let target = target.unwrap_or(newest);
-        let pending: Vec<&Migration> = MIGRATIONS
+        let pending: Vec<&Migration> = known
             .iter()
             .filter(|m| m.version <= target && !applied.iter().any(|(v, _)| *v == m.version))
             .collect();
