@@ -159,6 +159,12 @@ const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../migrations/0017_schedules.sql"),
         shipped: None,
     },
+    Migration {
+        version: 19,
+        name: "delivery_backlog",
+        sql: include_str!("../../../migrations/0019_delivery_backlog.sql"),
+        shipped: None,
+    },
 ];
 
 /// Every function file, in the order they are applied: a `LANGUAGE sql` function is checked
@@ -206,7 +212,7 @@ const FUNCTION_FILES: &[FunctionFile] = &[
 /// The revision of [`FUNCTION_FILES`], raised by one with every change to a file of
 /// `sql/functions/` (or to that list), so that of two builds migrating one schema only the one
 /// with the newer files applies them.
-const FUNCTIONS_REVISION: i32 = 8;
+const FUNCTIONS_REVISION: i32 = 9;
 
 /// The combined checksum (hex) of [`FUNCTION_FILES`] at [`FUNCTIONS_REVISION`], as
 /// [`FunctionSet::checksum`] computes it: the unit test
@@ -215,7 +221,7 @@ const FUNCTIONS_REVISION: i32 = 8;
 /// computes, so a build whose files differ from this one's refuses this one's revision.
 #[cfg(test)]
 const FUNCTIONS_REVISION_CHECKSUM: &str =
-    "1b93bbc4a22a5624eb2f5b5ed926af8c87f21f076a5b249057c5449572b1b2c7";
+    "679cdc3025b13acb33ffe8eff26368474757d759a4cbb374121d9fe4bb6dc914";
 
 /// This build's function files.
 const FUNCTIONS: FunctionSet<'static> = FunctionSet {
