@@ -159,8 +159,9 @@ $$;
 -- instance_park: parks a run waiting on `p_awaited`, releasing its lease and forgetting its
 -- crash history (it made progress). The awaited steps are checked under the row lock that
 -- every append takes first, so a wake that landed before the park keeps the row `running`
--- instead of being masked by `suspended`. Outcomes: suspended, woken, terminal, not_found,
--- lease_lost.
+-- instead of being masked by `suspended`. A park on the current generation records the
+-- deliveries it waits on (`parked_on`, for keiro_delivery_append). Outcomes: suspended, woken,
+-- terminal, not_found, lease_lost.
 CREATE OR REPLACE FUNCTION keiro_instance_park(p_name text, p_id text, p_generation integer,
                                                p_owner text, p_epoch bigint, p_awaited text[],
                                                p_wake_after timestamptz,
@@ -168,7 +169,12 @@ CREATE OR REPLACE FUNCTION keiro_instance_park(p_name text, p_id text, p_generat
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    v_row workflows%ROWTYPE;
+    v_row       workflows%ROWTYPE;
+    -- The deliveries this park waits on, which the bound on unread ones always lets in
+    -- (keiro_delivery_append); NULL when it waits on none. Recorded by a woken park too: a
+    -- run woken before every park by deliveries it does not read still gets its own.
+    v_parked_on text[] := nullif(ARRAY(SELECT a FROM unnest(p_awaited) a
+                                       WHERE starts_with(a, 'await:')), '{}');
 BEGIN
     SELECT * INTO v_row FROM workflows w
     WHERE w.workflow_name = p_name AND w.workflow_id = p_id
@@ -196,6 +202,8 @@ BEGIN
             status = 'running',
             lease_owner = NULL, lease_expires_at = NULL,
             attempts = 0, last_error = NULL, next_attempt_at = NULL,
+            parked_on = CASE WHEN p_generation = w.generation THEN v_parked_on
+                             ELSE w.parked_on END,
             updated_at = now()
         WHERE w.workflow_name = p_name AND w.workflow_id = p_id;
         PERFORM keiro_notify_wake(p_name, p_id);
@@ -205,6 +213,7 @@ BEGIN
             status = 'suspended', wake_after = p_wake_after,
             lease_owner = NULL, lease_expires_at = NULL,
             attempts = 0, last_error = NULL, next_attempt_at = NULL,
+            parked_on = v_parked_on,
             updated_at = now()
         WHERE w.workflow_name = p_name AND w.workflow_id = p_id;
         outcome := 'suspended';

@@ -285,6 +285,7 @@ BEGIN
             status = 'running', output = NULL,
             lease_owner = NULL, lease_expires_at = NULL,
             attempts = 0, last_error = NULL, next_attempt_at = NULL, wake_after = NULL,
+            parked_on = NULL,
             updated_at = now()
         WHERE w.workflow_name = p_name AND w.workflow_id = p_id;
         -- The generation left behind is never driven again, so nothing awaits its tasks.
@@ -293,6 +294,81 @@ BEGIN
     END IF;
     outcome := 'appended';
     appended_generation := v_generation;
+END;
+$$;
+
+-- delivery_append: a delivery (`deliver`, `deliver_to`: an `await:<step>` record from outside
+-- the run, unfenced) through the append rules above, bounded. The instance's generation holds
+-- at most `p_unread_max` deliveries, and `p_unread_bytes_max` bytes of them, that no await has
+-- read (the run reports what its awaits read before it parks: `deliveries_read` in
+-- crates/postgres/src/delivery.rs), so names no await ever reads cannot grow a journal
+-- without end. A new row past the bound is refused with nothing written (outcome `backlog`),
+-- unless it answers a wait the run's last park waits on (`parked_on`; a delivery wakes a
+-- parked run, so the row may be running again): the drive after that park reads it. A repeat, another generation and a closed
+-- instance get the append rules' own answer and are never refused here. `p_bytes` is the
+-- payload's encoded length as the caller measures it (the run measures what it reads the same
+-- way). The counters describe `deliveries_generation`; on any other generation they count as
+-- empty (migration 0019). Outcomes: those of keiro_journal_append_to, and backlog;
+-- `unread`/`unread_bytes` are the generation's unread deliveries after the call.
+-- Called by: `delivery_append` (crates/postgres/src/delivery.rs; memory: journal.rs).
+CREATE OR REPLACE FUNCTION keiro_delivery_append(p_name text, p_id text, p_generation integer,
+                                                 p_step text, p_payload jsonb, p_bytes bigint,
+                                                 p_unread_max bigint, p_unread_bytes_max bigint,
+                                                 OUT outcome text, OUT recorded jsonb,
+                                                 OUT marker text, OUT unread bigint,
+                                                 OUT unread_bytes bigint)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_row     workflows%ROWTYPE;
+    v_counted boolean;
+    v_fresh   boolean;
+BEGIN
+    -- The append below takes the same lock again; taking it first makes the count and the
+    -- write one decision.
+    SELECT * INTO v_row FROM workflows w
+    WHERE w.workflow_name = p_name AND w.workflow_id = p_id
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        outcome := 'not_found';
+        RETURN;
+    END IF;
+    v_counted := v_row.deliveries_generation IS NOT DISTINCT FROM v_row.generation;
+    unread := CASE WHEN v_counted
+        THEN greatest(coalesce(v_row.deliveries, 0) - coalesce(v_row.deliveries_read, 0), 0)
+        ELSE 0 END;
+    unread_bytes := CASE WHEN v_counted
+        THEN greatest(coalesce(v_row.deliveries_bytes, 0)
+                      - coalesce(v_row.deliveries_read_bytes, 0), 0)
+        ELSE 0 END;
+    v_fresh := coalesce(p_generation, v_row.generation) = v_row.generation
+        AND v_row.status IN ('running', 'suspended')
+        AND NOT EXISTS (
+            SELECT 1 FROM journal j
+            WHERE j.workflow_name = p_name AND j.workflow_id = p_id
+              AND j.generation = v_row.generation AND j.step_name = p_step);
+    IF v_fresh
+       AND (unread >= p_unread_max OR unread_bytes + p_bytes > p_unread_bytes_max)
+       AND NOT (p_step = ANY (coalesce(v_row.parked_on, '{}')))
+    THEN
+        outcome := 'backlog';
+        RETURN;
+    END IF;
+    SELECT a.outcome, a.recorded, a.marker INTO outcome, recorded, marker
+    FROM keiro_journal_append_to(p_name, p_id, p_generation, p_step, 'await', p_payload,
+                                 NULL, NULL, NULL) a;
+    IF v_fresh AND outcome = 'appended' THEN
+        UPDATE workflows w SET
+            deliveries_generation = v_row.generation,
+            deliveries = CASE WHEN v_counted THEN coalesce(w.deliveries, 0) + 1 ELSE 1 END,
+            deliveries_bytes = CASE WHEN v_counted
+                THEN coalesce(w.deliveries_bytes, 0) + p_bytes ELSE p_bytes END,
+            deliveries_read = CASE WHEN v_counted THEN w.deliveries_read END,
+            deliveries_read_bytes = CASE WHEN v_counted THEN w.deliveries_read_bytes END
+        WHERE w.workflow_name = p_name AND w.workflow_id = p_id;
+        unread := unread + 1;
+        unread_bytes := unread_bytes + p_bytes;
+    END IF;
 END;
 $$;
 

@@ -148,6 +148,23 @@ impl JournalStore for CountingStore {
         self.delay_append().await;
         self.inner.journal_append_closing(step, completion).await
     }
+    async fn delivery_append(
+        &self,
+        append: &Append,
+        backlog: &keiro_journal::DeliveryBacklog,
+    ) -> Result<keiro_journal::DeliveryOutcome> {
+        self.count("delivery_append");
+        self.inner.delivery_append(append, backlog).await
+    }
+    async fn deliveries_read(
+        &self,
+        key: &InstanceKey,
+        generation: keiro_journal::Generation,
+        read: keiro_journal::Deliveries,
+    ) -> Result<()> {
+        self.count("deliveries_read");
+        self.inner.deliveries_read(key, generation, read).await
+    }
     async fn instance_confirm(
         &self,
         key: &InstanceKey,

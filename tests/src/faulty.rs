@@ -139,6 +139,21 @@ impl JournalStore for FaultyStore {
         self.wait_while_held(append).await;
         self.inner.journal_append(append).await
     }
+    async fn delivery_append(
+        &self,
+        append: &Append,
+        backlog: &keiro_journal::DeliveryBacklog,
+    ) -> Result<keiro_journal::DeliveryOutcome> {
+        self.inner.delivery_append(append, backlog).await
+    }
+    async fn deliveries_read(
+        &self,
+        key: &InstanceKey,
+        generation: keiro_journal::Generation,
+        read: keiro_journal::Deliveries,
+    ) -> Result<()> {
+        self.inner.deliveries_read(key, generation, read).await
+    }
     async fn instance_confirm(
         &self,
         key: &InstanceKey,

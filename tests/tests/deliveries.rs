@@ -14,6 +14,11 @@ on_both_stores!(
     an_early_delivery_waits_for_its_await,
     a_value_delivered_under_the_bare_name_is_still_read,
     a_delivery_bound_to_a_left_generation_is_refused,
+    deliveries_no_await_reads_do_not_fill_the_journal_budget,
+    a_delivery_past_the_unread_bound_is_refused_and_writes_nothing,
+    what_the_awaits_read_makes_room_and_a_parked_wait_is_always_answered,
+    the_unread_bytes_are_bounded_too,
+    a_new_generation_starts_with_no_unread_delivery,
 );
 
 /// A worker for `order`: it charges (each run of the action counted in `ledger`), then awaits
@@ -220,6 +225,281 @@ async fn a_value_delivered_under_the_bare_name_is_still_read(h: Harness) -> Test
     assert_eq!(
         (row.status, row.output),
         (Status::Completed, Some(serde_json::json!([42, true]))),
+        "{:?}",
+        row.last_error
+    );
+    Ok(())
+}
+
+/// A worker for `gated` with a journal budget of `budget`: it charges, awaits an approval, then
+/// ships (each action counted in `ledger`), and returns the approval.
+fn gated_worker(
+    h: &Harness,
+    ledger: &Ledger,
+    budget: keiro::JournalBudget,
+) -> Result<keiro::Worker, keiro::Error> {
+    let l = ledger.clone();
+    h.keiro
+        .worker()
+        .options(h.fast_options())
+        .journal_budget(budget)
+        .register("gated", move |ctx: Ctx, (): ()| {
+            let l = l.clone();
+            async move {
+                ctx.step("charge", || async {
+                    l.bump("charge");
+                    Ok::<_, Infallible>(())
+                })
+                .await?;
+                let approved: bool = ctx.await_step("approval").await?;
+                ctx.step("ship", || async {
+                    l.bump("ship");
+                    Ok::<_, Infallible>(())
+                })
+                .await?;
+                Ok::<_, WorkflowError>(approved)
+            }
+        })
+        .build()
+}
+
+async fn deliveries_no_await_reads_do_not_fill_the_journal_budget(h: Harness) -> TestResult {
+    // A public webhook delivers under names no await reads, more of them (and more bytes) than
+    // the whole journal budget: the run's next step still runs. Only what an await reads
+    // counts against the budget.
+    let ledger = Ledger::default();
+    let budget = keiro::JournalBudget {
+        steps: 20,
+        bytes: 4_000,
+    };
+    let worker = gated_worker(&h, &ledger, budget)?;
+    for id in ["by-count", "by-bytes"] {
+        h.keiro.start("gated", id, &()).await?;
+    }
+    worker.drain().await?;
+    for n in 0..30 {
+        h.keiro
+            .deliver(("gated", "by-count"), &format!("junk-{n}"), &n)
+            .await?;
+    }
+    for n in 0..3 {
+        h.keiro
+            .deliver(
+                ("gated", "by-bytes"),
+                &format!("junk-{n}"),
+                &"x".repeat(2_000),
+            )
+            .await?;
+    }
+    for id in ["by-count", "by-bytes"] {
+        h.keiro.deliver(("gated", id), "approval", &true).await?;
+    }
+    worker.drain().await?;
+    for id in ["by-count", "by-bytes"] {
+        let row = h.keiro.instance(("gated", id)).await?.expect("row");
+        assert_eq!(
+            (row.status, row.output),
+            (Status::Completed, Some(serde_json::json!(true))),
+            "{id}: {:?}",
+            row.last_error
+        );
+    }
+    assert_eq!(ledger.count("ship"), 2);
+    Ok(())
+}
+
+async fn a_delivery_past_the_unread_bound_is_refused_and_writes_nothing(h: Harness) -> TestResult {
+    // The default bound: a generation holds at most 1,000 deliveries no await has read. The
+    // next fresh name is refused, typed, and journals nothing; a repeat is still idempotent,
+    // and the delivery the parked run waits for is still taken.
+    let ledger = Ledger::default();
+    let worker = gated_worker(&h, &ledger, keiro::JournalBudget::default())?;
+    h.keiro.start("gated", "g-1", &()).await?;
+    worker.drain().await?;
+    for n in 0..1_000 {
+        let outcome = h
+            .keiro
+            .deliver(("gated", "g-1"), &format!("junk-{n}"), &n)
+            .await?;
+        assert_eq!(outcome, keiro::AppendOutcome::Appended, "junk-{n}");
+    }
+    let journaled = h.keiro.journal(("gated", "g-1")).await?.len();
+    let refused = h.keiro.deliver(("gated", "g-1"), "junk-1000", &1_000).await;
+    assert!(
+        matches!(
+            &refused,
+            Err(keiro::Error::DeliveryRefused {
+                step,
+                reason: DeliveryRefusal::Backlog { unread, backlog },
+            }) if step == "junk-1000"
+                && unread.count == 1_000
+                && *backlog == keiro::DeliveryBacklog::default()
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(
+        h.keiro.journal(("gated", "g-1")).await?.len(),
+        journaled,
+        "nothing was journaled"
+    );
+    let repeat = h.keiro.deliver(("gated", "g-1"), "junk-7", &7).await?;
+    assert_eq!(
+        repeat,
+        keiro::AppendOutcome::AlreadyPresent(serde_json::json!(7))
+    );
+    let approval = h.keiro.deliver(("gated", "g-1"), "approval", &true).await?;
+    assert_eq!(approval, keiro::AppendOutcome::Appended, "the awaited one");
+    worker.drain().await?;
+    let row = h.keiro.instance(("gated", "g-1")).await?.expect("row");
+    assert_eq!(
+        (row.status, row.output),
+        (Status::Completed, Some(serde_json::json!(true))),
+        "{:?}",
+        row.last_error
+    );
+    Ok(())
+}
+
+/// Whether `result` is a refusal for the backlog, holding `count` unread deliveries.
+fn backlogged(result: &Result<keiro::AppendOutcome, keiro::Error>, count: usize) -> bool {
+    matches!(
+        result,
+        Err(keiro::Error::DeliveryRefused {
+            reason: DeliveryRefusal::Backlog { unread, .. },
+            ..
+        }) if unread.count == count
+    )
+}
+
+async fn what_the_awaits_read_makes_room_and_a_parked_wait_is_always_answered(
+    h: Harness,
+) -> TestResult {
+    // A backlog of two. The body awaits item-0 .. item-3 in turn.
+    let keiro = h
+        .keiro
+        .clone()
+        .with_delivery_backlog(keiro::DeliveryBacklog {
+            deliveries: 2,
+            ..keiro::DeliveryBacklog::default()
+        });
+    let worker = keiro
+        .worker()
+        .options(h.fast_options())
+        .register("items", |ctx: Ctx, (): ()| async move {
+            let mut total = 0u32;
+            for i in 0..4 {
+                let item: u32 = ctx.await_step(&format!("item-{i}")).await?;
+                total = ctx
+                    .step(&format!("add-{i}"), || async move {
+                        Ok::<_, Infallible>(total + item)
+                    })
+                    .await?;
+            }
+            Ok::<_, WorkflowError>(total)
+        })
+        .build()?;
+    let key = ("items", "i-1");
+    keiro.start("items", "i-1", &()).await?;
+    // Before the run ever parks: two early deliveries fill the backlog.
+    keiro.deliver(key, "item-0", &1u32).await?;
+    keiro.deliver(key, "item-1", &2u32).await?;
+    let early = keiro.deliver(key, "item-2", &3u32).await;
+    assert!(backlogged(&early, 2), "{early:?}");
+    // The run reads both and parks on item-2, telling the store what it read: room again.
+    worker.drain().await?;
+    keiro.deliver(key, "junk-a", &0u32).await?;
+    keiro.deliver(key, "junk-b", &0u32).await?;
+    let junk = keiro.deliver(key, "junk-c", &0u32).await;
+    assert!(backlogged(&junk, 2), "{junk:?}");
+    // Full, but the parked run waits on item-2 (and the junk woke it, so it is running again
+    // until a worker looks): taken.
+    assert_eq!(
+        keiro.deliver(key, "item-2", &3u32).await?,
+        keiro::AppendOutcome::Appended
+    );
+    worker.drain().await?;
+    // The junk is still unread, and the run now waits on item-3.
+    assert_eq!(
+        keiro.deliver(key, "item-3", &4u32).await?,
+        keiro::AppendOutcome::Appended
+    );
+    worker.drain().await?;
+    let row = keiro.instance(key).await?.expect("row");
+    assert_eq!(
+        (row.status, row.output),
+        (Status::Completed, Some(serde_json::json!(10))),
+        "{:?}",
+        row.last_error
+    );
+    Ok(())
+}
+
+async fn the_unread_bytes_are_bounded_too(h: Harness) -> TestResult {
+    let keiro = h
+        .keiro
+        .clone()
+        .with_delivery_backlog(keiro::DeliveryBacklog {
+            deliveries: 100,
+            bytes: 100,
+        });
+    keiro.start("gate", "g-1", &()).await?;
+    let sixty = "x".repeat(58); // 60 bytes encoded, with its quotes
+    keiro.deliver(("gate", "g-1"), "a", &sixty).await?;
+    let refused = keiro.deliver(("gate", "g-1"), "b", &sixty).await;
+    assert!(
+        matches!(
+            &refused,
+            Err(keiro::Error::DeliveryRefused {
+                reason: DeliveryRefusal::Backlog { unread, .. },
+                ..
+            }) if unread.count == 1 && unread.bytes == 60
+        ),
+        "{refused:?}"
+    );
+    keiro.deliver(("gate", "g-1"), "c", &"x".repeat(38)).await?;
+    Ok(())
+}
+
+async fn a_new_generation_starts_with_no_unread_delivery(h: Harness) -> TestResult {
+    // A backlog of one; the body awaits `next` and continues as new once.
+    let keiro = h
+        .keiro
+        .clone()
+        .with_delivery_backlog(keiro::DeliveryBacklog {
+            deliveries: 1,
+            ..keiro::DeliveryBacklog::default()
+        });
+    let worker = keiro
+        .worker()
+        .options(h.fast_options())
+        .register("rounds", |ctx: Ctx, round: u32| async move {
+            let next: u32 = ctx.await_step("next").await?;
+            if round == 0 {
+                return Err(ctx.continue_as_new(&next));
+            }
+            Ok::<_, WorkflowError>(next)
+        })
+        .build()?;
+    let key = ("rounds", "r-1");
+    keiro.start("rounds", "r-1", &0u32).await?;
+    worker.drain().await?;
+    keiro.deliver(key, "junk", &0u32).await?;
+    let full = keiro.deliver(key, "more-junk", &0u32).await;
+    assert!(backlogged(&full, 1), "{full:?}");
+    keiro.deliver(key, "next", &7u32).await?;
+    worker.drain().await?;
+    assert_eq!(keiro.instance(key).await?.expect("row").generation, 1);
+    // Generation 0's unread junk does not count in generation 1.
+    assert_eq!(
+        keiro.deliver(key, "junk", &0u32).await?,
+        keiro::AppendOutcome::Appended
+    );
+    keiro.deliver_to(key, 1, "next", &8u32).await?;
+    worker.drain().await?;
+    let row = keiro.instance(key).await?.expect("row");
+    assert_eq!(
+        (row.status, row.output),
+        (Status::Completed, Some(serde_json::json!(8))),
         "{:?}",
         row.last_error
     );

@@ -22,6 +22,7 @@ on_both_stores!(
     an_application_error_fails_the_run_at_once,
     a_step_with_a_policy_retries_in_place,
     a_step_with_spent_attempts_gives_the_body_step_failed,
+    a_replay_past_a_journaled_final_failure_does_not_run_the_step_again,
     a_step_whose_error_is_not_retryable_fails_after_one_attempt,
     a_crash_during_step_retries_keeps_the_attempt_count,
     refused_inputs_and_deliveries_are_typed_errors,
@@ -436,15 +437,77 @@ async fn a_step_with_spent_attempts_gives_the_body_step_failed(h: Harness) -> Te
     assert_eq!(row.status, Status::Completed);
     assert_eq!(row.output, Some(serde_json::json!("3: declined")));
     assert_eq!(ledger.count("charge"), 3);
-    // A replay returns the journaled failure without running the action.
-    let workflow = registry
-        .get(&keiro::WorkflowName::new("spent")?)
-        .cloned()
-        .expect("registered");
-    h.keiro.resurrect(("spent", "s-1")).await.ok();
-    let replayed = run_inline(&h, &key("spent", "s-1"), workflow.as_ref()).await;
-    assert!(replayed.is_ok(), "{replayed:?}");
-    assert_eq!(ledger.count("charge"), 3);
+    Ok(())
+}
+
+async fn a_replay_past_a_journaled_final_failure_does_not_run_the_step_again(
+    h: Harness,
+) -> TestResult {
+    // `charge` spends its attempts and its final failure is journaled; the step after it
+    // crashes the run on its first try (a plain step's error). The next drive replays the
+    // body from the start: it must get the journaled failure back, not run `charge` again.
+    let ledger = Ledger::default();
+    let l = ledger.clone();
+    let workflow = keiro::workflow_fn(move |ctx: Ctx, (): ()| {
+        let l = l.clone();
+        async move {
+            l.bump("body");
+            let charged = ctx
+                .step_with("charge", &quick_policy(3), || {
+                    let l = l.clone();
+                    async move {
+                        l.bump("charge");
+                        Err::<u32, _>("declined")
+                    }
+                })
+                .await;
+            let Err(WorkflowError::StepFailed {
+                attempts, message, ..
+            }) = charged
+            else {
+                return Ok(format!("unexpected: {charged:?}"));
+            };
+            ctx.step("fallback", || {
+                let l = l.clone();
+                async move {
+                    l.bump("fallback");
+                    if l.count("fallback") == 1 {
+                        return Err("the fallback is down".to_owned());
+                    }
+                    Ok(format!("{attempts}: {message}"))
+                }
+            })
+            .await
+        }
+    });
+    h.keiro.start("spent", "s-2", &()).await?;
+    let k = key("spent", "s-2");
+    let crashed = run_inline(&h, &k, workflow.as_ref()).await;
+    assert!(
+        matches!(crashed, Err(keiro::RunError::Crashed { .. })),
+        "{crashed:?}"
+    );
+    assert_eq!(
+        (ledger.count("charge"), ledger.count("fallback")),
+        (3, 1),
+        "the attempts were spent, then the fallback crashed the run"
+    );
+    let row = h.keiro.instance(("spent", "s-2")).await?.expect("started");
+    assert_eq!(row.status, Status::Running, "live, to be driven again");
+
+    let outcome = run_inline(&h, &k, workflow.as_ref()).await?;
+    assert_eq!(
+        outcome,
+        RunOutcome::Completed(serde_json::json!("3: declined")),
+        "the body got the journaled failure back"
+    );
+    assert_eq!(ledger.count("body"), 2, "the body was replayed");
+    assert_eq!(ledger.count("fallback"), 2);
+    assert_eq!(
+        ledger.count("charge"),
+        3,
+        "the journaled final failure was replayed, not run again"
+    );
     Ok(())
 }
 

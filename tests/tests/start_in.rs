@@ -280,6 +280,36 @@ async fn a_rolled_back_delivery_leaves_nothing() -> TestResult {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_in_a_transaction_is_bounded_as_the_pooled_one() -> TestResult {
+    let mut app = App::new().await?;
+    let keiro = app
+        .keiro
+        .clone()
+        .with_delivery_backlog(keiro::DeliveryBacklog {
+            deliveries: 1,
+            ..keiro::DeliveryBacklog::default()
+        });
+    keiro.start("gate", "g-1", &()).await?;
+    let tx = app.client.transaction().await?;
+    keiro.deliver_in(&tx, ("gate", "g-1"), "first", &1).await?;
+    let refused = keiro.deliver_in(&tx, ("gate", "g-1"), "second", &2).await;
+    assert!(
+        matches!(
+            &refused,
+            Err(Error::DeliveryRefused {
+                reason: keiro::DeliveryRefusal::Backlog { unread, .. },
+                ..
+            }) if unread.count == 1
+        ),
+        "{refused:?}"
+    );
+    // Refused before anything was written: the caller's transaction goes on.
+    tx.commit().await?;
+    assert_eq!(app.journal_rows("gate", "g-1").await?, 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolled_back_cancel_leaves_the_run_going_and_a_committed_one_cancels_it() -> TestResult {
     let mut app = App::new().await?;
     app.keiro.start("gate", "g-1", &()).await?;

@@ -30,6 +30,7 @@ mod gc;
 mod list;
 mod migrate;
 mod ops;
+mod proof;
 mod schedule;
 mod timeline;
 mod ui;

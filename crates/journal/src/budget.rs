@@ -6,11 +6,15 @@
 //! most 256 MiB) cannot be loaded by a claim at all. The budget stops a generation before
 //! either: a fresh step past it fails with [`WorkflowError::JournalFull`], whose message says to
 //! continue as new (`ctx.continue_as_new`), which starts an empty journal.
+//!
+//! A delivery counts once an await has read it. The ones no await has read are the
+//! deliverers' doing, not the body's, and have a bound of their own (the `delivery` module):
+//! counted here, deliveries under names the body never reads could make its next step fail.
 
 use serde_json::Value;
 
 use crate::context::Halt;
-use crate::{Ctx, Event, JournalEntry, WorkflowError};
+use crate::{Ctx, Deliveries, Event, JournalEntry, StepKind, WorkflowError};
 
 /// The default budget of journal entries per generation.
 pub const JOURNAL_STEPS_MAX_DEFAULT: usize = 50_000;
@@ -43,14 +47,34 @@ pub(crate) struct JournalSize {
 }
 
 impl JournalSize {
-    /// The size of a loaded generation.
+    /// The size of a loaded generation, its deliveries left out (the run counts those its
+    /// awaits read).
     pub(crate) fn of(entries: &[JournalEntry]) -> Self {
-        let bytes = entries.iter().map(|e| payload_len(&e.event)).sum();
+        let counted = entries.iter().filter(|e| !is_delivery(&e.event));
+        let (steps, bytes) = counted.fold((0, 0), |(steps, bytes), e| {
+            (steps + 1, bytes + payload_len(&e.event))
+        });
+        Self { steps, bytes }
+    }
+
+    /// This size with `read` deliveries added.
+    fn with(self, read: Deliveries) -> Self {
         Self {
-            steps: entries.len(),
-            bytes,
+            steps: self.steps + read.count,
+            bytes: self.bytes + read.bytes,
         }
     }
+}
+
+/// Whether the event is a delivery (what `deliver` journals for an await).
+fn is_delivery(event: &Event) -> bool {
+    matches!(
+        event,
+        Event::StepRecorded {
+            kind: StepKind::Await,
+            ..
+        }
+    )
 }
 
 /// The encoded length of an event's payload; a step's result is measured in place (a drive
@@ -90,7 +114,7 @@ impl Ctx {
     /// body that continues as new on the error has run nothing it cannot journal.
     pub(crate) fn check_budget(&self, step: &str) -> Result<(), WorkflowError> {
         let budget = self.options().journal_budget;
-        let size = self.state().journal_size;
+        let size = self.journal_size();
         if size.steps >= budget.steps || size.bytes >= budget.bytes {
             return Err(journal_full(step, size, budget));
         }
@@ -102,7 +126,7 @@ impl Ctx {
     /// of running it again.
     pub(crate) fn check_budget_for(&self, step: &str, len: usize) -> Result<(), WorkflowError> {
         let budget = self.options().journal_budget;
-        let size = self.state().journal_size;
+        let size = self.journal_size();
         let grown = JournalSize {
             steps: size.steps + 1,
             bytes: size.bytes + len,
@@ -115,6 +139,13 @@ impl Ctx {
             return Err(error);
         }
         Ok(())
+    }
+
+    /// What the budget counts now: the loaded entries but the deliveries, what this run
+    /// appended, and the deliveries its awaits read.
+    fn journal_size(&self) -> JournalSize {
+        let state = self.state();
+        state.journal_size.with(state.replay.deliveries_read())
     }
 
     /// Counts an entry of `len` encoded bytes this run appended.

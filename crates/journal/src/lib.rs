@@ -44,6 +44,7 @@ mod backoff;
 mod batch;
 mod budget;
 mod context;
+mod delivery;
 mod diagnostics;
 mod error;
 mod event;
@@ -80,6 +81,9 @@ pub use context::{
     encode_payload, Ctx, RunOptions, RunStats, StepObserver, TraceContext, LEASE_TTL_DEFAULT,
     PAYLOAD_LEN_MAX_DEFAULT, RECONCILE_DEFAULT,
 };
+pub use delivery::{
+    Deliveries, DeliveryBacklog, DELIVERIES_UNREAD_BYTES_MAX_DEFAULT, DELIVERIES_UNREAD_MAX_DEFAULT,
+};
 pub use diagnostics::{error_chain, panic_message};
 pub use error::WorkflowError;
 pub use event::{
@@ -105,15 +109,16 @@ pub use remote::{
 pub use retention::{GcBatch, GcRequest, RetentionStore, GC_BATCH_DEFAULT, GC_BATCH_MAX};
 pub use retry::{StepOptions, STEP_ATTEMPTS_DEFAULT};
 pub use run::{
-    cancel, cancel_outcome, deliver, deliver_to, delivery_append, delivery_refused, drive,
-    drive_notifying, run, start, CancelOutcome, DeliveryRefusal, Driven, Error, Parked, RunError,
-    RunOutcome,
+    cancel, cancel_outcome, deliver, deliver_to, delivery_append, delivery_backlogged,
+    delivery_refused, drive, drive_notifying, run, start, CancelOutcome, DeliveryRefusal, Driven,
+    Error, Parked, RunError, RunOutcome,
 };
 pub use self_journaled::{LeaseHeld, SelfJournalError, SelfJournaled, StepJournal};
 pub use sources::Awakeable;
 pub use storable::{check_value, storable_text};
 pub use store::{
-    Append, AppendOutcome, ClosingOutcome, Error as StoreError, JournalStore, Park, ParkOutcome,
+    Append, AppendOutcome, ClosingOutcome, DeliveryOutcome, Error as StoreError, JournalStore,
+    Park, ParkOutcome,
 };
 pub use store_span::{traced, SpanOutcome, STORE_SPAN_TARGET};
 pub use wake::{

@@ -42,7 +42,7 @@ use std::collections::{HashMap, HashSet};
 use serde_json::Value;
 
 use crate::event::{logical_step, revised_step, step_revision};
-use crate::{Event, JournalEntry, StepKind};
+use crate::{encoded_len, Deliveries, Event, JournalEntry, StepKind};
 
 /// What a lookup found.
 #[derive(Debug, Clone, PartialEq)]
@@ -71,6 +71,8 @@ pub(crate) struct Replay {
     consumed_prefix: std::cell::Cell<usize>,
     /// Steps an operator reset, with the revision their next value is stored under.
     revisions: HashMap<String, u32>,
+    /// The deliveries (`await` records) this run's awaits have read, each once.
+    deliveries_read: Deliveries,
 }
 
 /// Whether the body itself records this step, as opposed to a wake source delivering it.
@@ -147,7 +149,10 @@ impl Replay {
         match self.recorded.get(step) {
             Some((recorded, value, _)) if *recorded == kind => {
                 let value = value.clone();
-                self.consumed.insert(step.to_owned());
+                if self.consumed.insert(step.to_owned()) && kind == StepKind::Await {
+                    self.deliveries_read.count += 1;
+                    self.deliveries_read.bytes += encoded_len(&value);
+                }
                 Lookup::Hit(value)
             }
             Some((recorded, _, _)) => Lookup::KindMismatch {
@@ -155,6 +160,12 @@ impl Replay {
             },
             None => Lookup::Miss,
         }
+    }
+
+    /// The deliveries this run's awaits have read so far (each counted once): the whole
+    /// generation's, since a drive replays it from the start.
+    pub(crate) fn deliveries_read(&self) -> Deliveries {
+        self.deliveries_read
     }
 
     /// Records a fresh result so a repeated name in the same run replays it.

@@ -10,11 +10,11 @@ use time::OffsetDateTime;
 use crate::context::{check_payload, encode_payload, Halt, RunStats};
 use crate::held_back::HeldBack;
 use crate::replay::Replay;
-use crate::store::{self, Append, AppendOutcome, JournalStore, Park, ParkOutcome};
+use crate::store::{self, Append, AppendOutcome, DeliveryOutcome, JournalStore, Park, ParkOutcome};
 use crate::unwind::CatchPanic;
 use crate::{
-    id, Ctx, Event, Generation, Instance, InstanceKey, JournalEntry, Marker, RunOptions,
-    StartRequest, Started, Status, StepKind, Workflow, WorkflowError,
+    id, Ctx, Deliveries, DeliveryBacklog, Event, Generation, Instance, InstanceKey, JournalEntry,
+    Marker, RunOptions, StartRequest, Started, Status, StepKind, Workflow, WorkflowError,
 };
 
 /// How a run ended normally.
@@ -279,6 +279,15 @@ async fn settle(
                 awaited: awaiting,
                 wake_after,
             };
+            // What the awaits read no longer counts against the deliveries' bound: the store
+            // learns it before the run parks, when the next delivery may need the room.
+            let read = ctx.state().replay.deliveries_read();
+            if read.count > 0 {
+                store
+                    .deliveries_read(&key, ctx.generation(), read)
+                    .await
+                    .map_err(store_err)?;
+            }
             let deferred = std::mem::take(&mut ctx.state().deferred);
             let parked = if deferred.is_empty() {
                 store.instance_park(&park).await
@@ -621,6 +630,20 @@ pub enum DeliveryRefusal {
         /// The instance's current generation.
         current: Generation,
     },
+    /// The generation holds as many deliveries that no await has read as the caller's
+    /// [`DeliveryBacklog`] allows, and this one answers no wait the parked run waits on.
+    /// Nothing was written; the run's reads make room again, so a later try may succeed.
+    #[error(
+        "the instance holds {} deliveries ({} bytes) that no await has read, the most allowed \
+         ({} deliveries, {} bytes)",
+        .unread.count, .unread.bytes, .backlog.deliveries, .backlog.bytes
+    )]
+    Backlog {
+        /// The unread deliveries the generation holds.
+        unread: Deliveries,
+        /// The bound they reached.
+        backlog: DeliveryBacklog,
+    },
 }
 
 /// Starts an instance `running` with `input`; idempotent by key (a second start returns the
@@ -747,18 +770,24 @@ pub fn cancel_outcome(outcome: AppendOutcome) -> Option<CancelOutcome> {
 /// await belongs to (a run that continues as new awaits the same step name again in each
 /// generation), [`deliver_to`] binds the delivery to it.
 ///
+/// Deliveries no await has read are bounded per generation by `backlog` (see
+/// [`DeliveryBacklog`]): past it a delivery is refused, unless it answers a wait the parked run
+/// waits on.
+///
 /// # Errors
 ///
 /// [`Error::InvalidId`] for a reserved or invalid step name, [`Error::Payload`] for a bad
-/// payload, [`Error::Store`] when the store fails.
+/// payload, [`Error::DeliveryRefused`] with [`DeliveryRefusal::Backlog`] past the backlog,
+/// [`Error::Store`] when the store fails.
 pub async fn deliver<T: Serialize + ?Sized>(
     store: &dyn JournalStore,
     key: &InstanceKey,
     step: &str,
     value: &T,
     payload_len_max: usize,
+    backlog: &DeliveryBacklog,
 ) -> Result<AppendOutcome, Error> {
-    deliver_at(store, key, None, step, value, payload_len_max).await
+    deliver_at(store, key, None, step, value, payload_len_max, backlog).await
 }
 
 /// [`deliver`] to generation `generation` only: a delivery that answers an await of a
@@ -776,8 +805,18 @@ pub async fn deliver_to<T: Serialize + ?Sized>(
     step: &str,
     value: &T,
     payload_len_max: usize,
+    backlog: &DeliveryBacklog,
 ) -> Result<AppendOutcome, Error> {
-    deliver_at(store, key, Some(generation), step, value, payload_len_max).await
+    deliver_at(
+        store,
+        key,
+        Some(generation),
+        step,
+        value,
+        payload_len_max,
+        backlog,
+    )
+    .await
 }
 
 async fn deliver_at<T: Serialize + ?Sized>(
@@ -787,12 +826,13 @@ async fn deliver_at<T: Serialize + ?Sized>(
     step: &str,
     value: &T,
     payload_len_max: usize,
+    backlog: &DeliveryBacklog,
 ) -> Result<AppendOutcome, Error> {
     let append = delivery_append(key, generation, step, value, payload_len_max)?;
-    match store.journal_append(&append).await? {
+    match store.delivery_append(&append, backlog).await? {
         // The store's conflict: the generation named is not current, or the step is recorded
         // by another kind of call in it. Nothing was written either way.
-        AppendOutcome::Conflict => {
+        DeliveryOutcome::Append(AppendOutcome::Conflict) => {
             let current = store
                 .instance_get(key)
                 .await?
@@ -800,7 +840,17 @@ async fn deliver_at<T: Serialize + ?Sized>(
                 .generation;
             Err(delivery_refused(step, generation, current))
         }
-        outcome => Ok(outcome),
+        DeliveryOutcome::Append(outcome) => Ok(outcome),
+        DeliveryOutcome::Backlog(unread) => Err(delivery_backlogged(step, unread, *backlog)),
+    }
+}
+
+/// The error of a delivery the store refused with [`DeliveryOutcome::Backlog`]: the
+/// generation holds `unread` deliveries no await has read, as many as `backlog` allows.
+pub fn delivery_backlogged(step: &str, unread: Deliveries, backlog: DeliveryBacklog) -> Error {
+    Error::DeliveryRefused {
+        step: step.to_owned(),
+        reason: DeliveryRefusal::Backlog { unread, backlog },
     }
 }
 

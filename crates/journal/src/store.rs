@@ -17,8 +17,8 @@ use crate::wake::{
     SignalWaitOutcome, TimerArm, TimerFiring,
 };
 use crate::{
-    Event, Fence, Generation, Instance, InstanceKey, JournalEntry, Marker, StartRequest, Started,
-    Status,
+    Deliveries, DeliveryBacklog, Event, Fence, Generation, Instance, InstanceKey, JournalEntry,
+    Marker, StartRequest, Started, Status,
 };
 use crate::{RemoteArm, RemoteArmOutcome};
 
@@ -121,6 +121,16 @@ pub enum AppendOutcome {
     /// The writer is on a generation that is no longer current, or the step was recorded by a
     /// different kind of call. Nothing was written.
     Conflict,
+}
+
+/// What a delivery did ([`JournalStore::delivery_append`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum DeliveryOutcome {
+    /// It went through the append rules, with this outcome.
+    Append(AppendOutcome),
+    /// Refused, nothing written: the generation holds these unread deliveries, and one more
+    /// would take them past the caller's [`DeliveryBacklog`].
+    Backlog(Deliveries),
 }
 
 /// A request to park an instance that is waiting on `awaited` steps.
@@ -380,6 +390,34 @@ pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
     ) -> Result<ClosingOutcome> {
         closing_one_after_the_other(step, completion, |append| self.journal_append(append)).await
     }
+
+    /// Journals a delivery: `append` (an `await:<step>` step of kind [`StepKind::Await`],
+    /// unfenced, as [`delivery_append`](crate::delivery_append) makes it) exactly as
+    /// [`journal_append`](Self::journal_append) would, unless it is a new row of the current
+    /// generation of a live instance that would take the generation's deliveries no await has
+    /// read past `backlog` and its step is not one the parked (`suspended`) run waits on: then
+    /// nothing is written and the outcome is [`DeliveryOutcome::Backlog`] with the unread
+    /// deliveries. A delivery appended counts as unread until the run reports it read
+    /// ([`deliveries_read`](Self::deliveries_read)); the count starts empty on every
+    /// generation. See the `delivery` module docs.
+    ///
+    /// [`StepKind::Await`]: crate::StepKind::Await
+    async fn delivery_append(
+        &self,
+        append: &Append,
+        backlog: &DeliveryBacklog,
+    ) -> Result<DeliveryOutcome>;
+
+    /// Records that the run of `key` on `generation` has read `read` deliveries of that
+    /// generation in all (its awaits' total, which only grows): the deliveries it read no
+    /// longer count against [`delivery_append`](Self::delivery_append)'s bound. Does nothing
+    /// when the generation is not the current one or holds no delivery the store counted.
+    async fn deliveries_read(
+        &self,
+        key: &InstanceKey,
+        generation: Generation,
+        read: Deliveries,
+    ) -> Result<()>;
 
     /// Confirms a fenced run may go on: renews the lease to `now + ttl` and returns the status.
     ///

@@ -3,7 +3,7 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use keiro_journal::PAYLOAD_LEN_MAX_DEFAULT;
+use keiro_journal::{DeliveryBacklog, PAYLOAD_LEN_MAX_DEFAULT};
 use keiro_lease::LeaseStore;
 use keiro_resume::Notifier;
 
@@ -32,6 +32,7 @@ pub struct KeiroBuilder {
     schedules: Option<Arc<dyn keiro_resume::ScheduleStore>>,
     notifier: Option<Arc<dyn Notifier>>,
     payload_len_max: usize,
+    delivery_backlog: DeliveryBacklog,
 }
 
 impl std::fmt::Debug for KeiroBuilder {
@@ -40,6 +41,7 @@ impl std::fmt::Debug for KeiroBuilder {
             .field("store", &self.store)
             .field("push", &self.notifier.is_some())
             .field("payload_len_max", &self.payload_len_max)
+            .field("delivery_backlog", &self.delivery_backlog)
             .finish_non_exhaustive()
     }
 }
@@ -56,6 +58,7 @@ impl KeiroBuilder {
             }),
             schedules: Some(store),
             payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
+            delivery_backlog: DeliveryBacklog::default(),
         }
     }
 
@@ -83,6 +86,7 @@ impl KeiroBuilder {
             operate: None,
             schedules: None,
             payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
+            delivery_backlog: DeliveryBacklog::default(),
         }
     }
 
@@ -141,6 +145,24 @@ impl KeiroBuilder {
         self
     }
 
+    /// How many deliveries that no await has read the handle's `deliver` lets a generation
+    /// hold (see [`Keiro::with_delivery_backlog`]). Defaults to [`DeliveryBacklog::default`].
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::builder(keiro::memory::MemoryStore::new())
+    ///     .delivery_backlog(keiro::DeliveryBacklog { deliveries: 100, bytes: 1 << 20 })
+    ///     .build();
+    /// # let _ = keiro;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    pub fn delivery_backlog(mut self, backlog: DeliveryBacklog) -> Self {
+        self.delivery_backlog = backlog;
+        self
+    }
+
     /// The handle.
     ///
     /// ```
@@ -157,6 +179,7 @@ impl KeiroBuilder {
             remote: self.remote,
             notifier: self.notifier,
             payload_len_max: self.payload_len_max,
+            delivery_backlog: self.delivery_backlog,
             operate: self.operate,
             schedules: self.schedules,
         }

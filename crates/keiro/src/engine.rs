@@ -3,8 +3,9 @@
 use std::sync::Arc;
 
 use keiro_journal::{
-    validate_signal_token, AppendOutcome, AwakeableOutcome, CancelOutcome, Instance, InstanceKey,
-    IntoInstanceKey, JournalEntry, SignalOptions, SignalSendOutcome, Started,
+    validate_signal_token, AppendOutcome, AwakeableOutcome, CancelOutcome, DeliveryBacklog,
+    Instance, InstanceKey, IntoInstanceKey, JournalEntry, SignalOptions, SignalSendOutcome,
+    Started,
 };
 use keiro_lease::{LeaseStore, ResurrectOutcome};
 use keiro_remote::{
@@ -46,6 +47,7 @@ pub struct Keiro {
     pub(crate) remote: Option<Remote>,
     pub(crate) notifier: Option<Arc<dyn Notifier>>,
     pub(crate) payload_len_max: usize,
+    pub(crate) delivery_backlog: DeliveryBacklog,
     /// The operators' list, counts and retention; `None` for a store built with `KeiroBuilder::lease_only`.
     pub(crate) operate: Option<Operate>,
     /// Schedules (`None` for a store built with `KeiroBuilder::lease_only`).
@@ -58,6 +60,7 @@ impl std::fmt::Debug for Keiro {
             .field("store", &self.store)
             .field("push", &self.notifier.is_some())
             .field("payload_len_max", &self.payload_len_max)
+            .field("delivery_backlog", &self.delivery_backlog)
             .finish()
     }
 }
@@ -147,6 +150,33 @@ impl Keiro {
         self
     }
 
+    /// How many deliveries that no await has read [`deliver`](Self::deliver) lets a
+    /// generation hold (and their bytes): past it a delivery is refused with
+    /// [`DeliveryRefusal::Backlog`](crate::DeliveryRefusal::Backlog), unless it answers a wait
+    /// the parked run waits on. Defaults to [`DeliveryBacklog::default`] (1,000 deliveries,
+    /// 16 MiB).
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory().with_delivery_backlog(keiro::DeliveryBacklog {
+    ///     deliveries: 1,
+    ///     ..keiro::DeliveryBacklog::default()
+    /// });
+    /// keiro.start("order", "order-1", &7).await?;
+    /// keiro.deliver(("order", "order-1"), "approval", &true).await?;
+    /// let refused = keiro.deliver(("order", "order-1"), "coupon", &"X").await;
+    /// assert!(matches!(refused, Err(keiro::Error::DeliveryRefused { .. })));
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    #[must_use]
+    pub fn with_delivery_backlog(mut self, backlog: DeliveryBacklog) -> Self {
+        self.delivery_backlog = backlog;
+        self
+    }
+
     /// The store.
     ///
     /// ```
@@ -167,6 +197,11 @@ impl Keiro {
     /// The payload limit of [`with_payload_len_max`](Self::with_payload_len_max).
     pub(crate) fn payload_len_max(&self) -> usize {
         self.payload_len_max
+    }
+
+    /// The bound of [`with_delivery_backlog`](Self::with_delivery_backlog).
+    pub(crate) fn delivery_backlog(&self) -> &DeliveryBacklog {
+        &self.delivery_backlog
     }
 
     /// Starts instance `id` of workflow `name` with `input`, durably: the instance row exists
@@ -448,7 +483,9 @@ impl Keiro {
     /// Journals `value` for a run waiting in `ctx.await_step(step)`, and wakes it. A delivery
     /// that comes before the run reaches its await waits in the journal (under
     /// `await:<step>`, which only an await reads, so a delivery naming a `ctx.step` of the body
-    /// changes nothing).
+    /// changes nothing). Deliveries no await has read yet are bounded per generation
+    /// ([`with_delivery_backlog`](Self::with_delivery_backlog)); one the parked run waits on is
+    /// always taken.
     ///
     /// ```
     /// # #[cfg(feature = "memory")]
@@ -464,7 +501,9 @@ impl Keiro {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidId`], [`Error::Payload`], [`Error::Store`].
+    /// [`Error::InvalidId`], [`Error::Payload`], [`Error::Store`];
+    /// [`Error::DeliveryRefused`] with [`DeliveryRefusal::Backlog`](crate::DeliveryRefusal::Backlog)
+    /// past the backlog.
     pub async fn deliver<T: Serialize + ?Sized>(
         &self,
         key: impl IntoInstanceKey,
@@ -472,10 +511,15 @@ impl Keiro {
         value: &T,
     ) -> Result<AppendOutcome, Error> {
         let key = key.into_instance_key()?;
-        Ok(
-            keiro_journal::deliver(self.store.as_ref(), &key, step, value, self.payload_len_max)
-                .await?,
+        Ok(keiro_journal::deliver(
+            self.store.as_ref(),
+            &key,
+            step,
+            value,
+            self.payload_len_max,
+            &self.delivery_backlog,
         )
+        .await?)
     }
 
     /// [`deliver`](Self::deliver) bound to generation `generation` (which a body reads with
@@ -514,6 +558,7 @@ impl Keiro {
             step,
             value,
             self.payload_len_max,
+            &self.delivery_backlog,
         )
         .await?)
     }

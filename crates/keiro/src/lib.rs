@@ -91,8 +91,8 @@ pub use typed::{Handle, WorkflowDef};
 pub use worker::{Worker, WorkerBuilder};
 
 pub use keiro_journal::{
-    error_chain, panic_message, Backoff, BoxFuture, DeliveryRefusal, JournalBudget,
-    RemoteHandlerDef, RemoteOptions, RemoteStepError, StepOptions,
+    error_chain, panic_message, Backoff, BoxFuture, Deliveries, DeliveryBacklog, DeliveryRefusal,
+    JournalBudget, RemoteHandlerDef, RemoteOptions, RemoteStepError, StepOptions,
 };
 pub use keiro_journal::{
     store, workflow_fn, Append, AppendOutcome, Awakeable, AwakeableOutcome, CancelOutcome, Ctx,

@@ -15,9 +15,9 @@
 //! before anything is written (see `keiro::postgres::InTransaction`).
 
 use keiro_journal::{
-    cancel_outcome, encode_payload, AppendOutcome, AwakeableOutcome, CancelOutcome, Generation,
-    InstanceKey, IntoInstanceKey, SignalOptions, SignalSendOutcome, StartRequest, Started,
-    StoreError, INPUT_STEP,
+    cancel_outcome, encode_payload, AppendOutcome, AwakeableOutcome, CancelOutcome,
+    DeliveryOutcome, Generation, InstanceKey, IntoInstanceKey, SignalOptions, SignalSendOutcome,
+    StartRequest, Started, StoreError, INPUT_STEP,
 };
 use keiro_postgres::tokio_postgres::GenericClient;
 use keiro_postgres::{InTransaction, PgStore};
@@ -165,9 +165,10 @@ impl Keiro {
         let append =
             keiro_journal::delivery_append(&key, generation, step, value, self.payload_len_max())?;
         let tx = self.in_transaction(client)?;
-        match tx.journal_append(&append).await? {
+        let backlog = self.delivery_backlog();
+        match tx.delivery_append(&append, backlog).await? {
             // Nothing was written: read the generation, in the same transaction, to say why.
-            AppendOutcome::Conflict => {
+            DeliveryOutcome::Append(AppendOutcome::Conflict) => {
                 let current = tx
                     .instance_get(&key)
                     .await?
@@ -175,7 +176,10 @@ impl Keiro {
                     .generation;
                 Err(keiro_journal::delivery_refused(step, generation, current).into())
             }
-            outcome => Ok(outcome),
+            DeliveryOutcome::Append(outcome) => Ok(outcome),
+            DeliveryOutcome::Backlog(unread) => {
+                Err(keiro_journal::delivery_backlogged(step, unread, *backlog).into())
+            }
         }
     }
 

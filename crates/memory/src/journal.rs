@@ -14,13 +14,15 @@
 
 use std::time::Duration;
 
-use keiro_journal::store::{Append, AppendOutcome, JournalStore, Park, ParkOutcome, Result};
-use keiro_journal::{store_span, traced};
+use keiro_journal::store::{
+    Append, AppendOutcome, DeliveryOutcome, JournalStore, Park, ParkOutcome, Result,
+};
+use keiro_journal::{encoded_len, store_span, traced};
 use keiro_journal::{
-    AwakeableOutcome, AwakeableStatus, ChildSpawn, Envelope, Event, Fence, Generation, Instance,
-    InstanceKey, JournalEntry, Marker, RemoteArm, RemoteArmOutcome, ReturnedSignal, SignalOptions,
-    SignalSendOutcome, SignalWait, SignalWaitOutcome, StartRequest, Started, Status, StoreError,
-    TimerArm, TimerFiring,
+    AwakeableOutcome, AwakeableStatus, ChildSpawn, Deliveries, DeliveryBacklog, Envelope, Event,
+    Fence, Generation, Instance, InstanceKey, JournalEntry, Marker, RemoteArm, RemoteArmOutcome,
+    ReturnedSignal, SignalOptions, SignalSendOutcome, SignalWait, SignalWaitOutcome, StartRequest,
+    Started, Status, StepKind, StoreError, TimerArm, TimerFiring,
 };
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -34,6 +36,10 @@ use crate::state::{
 use crate::{storable, MemoryStore};
 
 const APPEND: &str = "appending to the journal";
+const DELIVER: &str = "journaling a delivery";
+const DELIVERIES_READ: &str = "counting the deliveries a run read";
+/// The journal names of deliveries start with it (`keiro_journal`'s `await_step_name`).
+const AWAIT_PREFIX: &str = "await:";
 const START: &str = "starting an instance";
 const FAIL_DIVERGED: &str = "failing a diverged instance";
 const ARM_TIMER: &str = "arming a timer";
@@ -146,6 +152,62 @@ impl State {
                 Ok(AppendOutcome::Appended)
             }
         }
+    }
+
+    /// `delivery_append` (sql/functions/journal.sql `keiro_delivery_append`): a delivery goes
+    /// through the append rules, but a new row of the current generation that would take its
+    /// unread deliveries past `backlog` is refused, unless the run is parked on its step.
+    pub(crate) fn delivery_append(
+        &mut self,
+        append: &Append,
+        backlog: &DeliveryBacklog,
+    ) -> Result<DeliveryOutcome> {
+        let len = match &append.event {
+            Event::StepRecorded {
+                kind: StepKind::Await,
+                result,
+                ..
+            } if append.fence.is_none() => encoded_len(result),
+            _ => return Err(refused(DELIVER, "a delivery is an unfenced await record")),
+        };
+        let slot = match self.append_plan(append)? {
+            Plan::Decided(outcome) => return Ok(DeliveryOutcome::Append(outcome)),
+            Plan::Write(slot) => slot,
+        };
+        let entry = self.entry_mut(&append.key)?;
+        let generation = entry.row.generation;
+        let unread = entry.deliveries.unread(generation);
+        let answers_the_park = entry.deliveries.parked_on.contains(&slot.step_name);
+        if !backlog.admits(unread, len) && !answers_the_park {
+            return Ok(DeliveryOutcome::Backlog(unread));
+        }
+        let book = &mut entry.deliveries;
+        if book.generation != Some(generation) {
+            // The counters start over on a new generation (`parked_on` is the park's).
+            book.generation = Some(generation);
+            book.delivered = Deliveries::default();
+            book.read = Deliveries::default();
+        }
+        book.delivered.count += 1;
+        book.delivered.bytes += len;
+        self.append_write(append, slot)?;
+        Ok(DeliveryOutcome::Append(AppendOutcome::Appended))
+    }
+
+    /// `deliveries_read`: the run's awaits have read `read` deliveries of `generation` in all.
+    fn deliveries_read(
+        &mut self,
+        key: &InstanceKey,
+        generation: Generation,
+        read: Deliveries,
+    ) -> Result<()> {
+        let entry = self.entry_mut(key)?;
+        let book = &mut entry.deliveries;
+        if entry.row.generation == generation && book.generation == Some(generation) {
+            book.read.count = book.read.count.max(read.count);
+            book.read.bytes = book.read.bytes.max(read.bytes);
+        }
+        Ok(())
     }
 
     /// The checks of an append, in their contractual order, without writing anything.
@@ -276,6 +338,8 @@ impl State {
                 row.wake_after = None;
                 row.output = None;
                 wake = true;
+                // The new generation's run has parked on nothing yet.
+                entry.deliveries.parked_on.clear();
             }
             // Only steps remain: everything else was turned away by the plan.
             _ => {
@@ -343,6 +407,16 @@ impl State {
                 .awaited
                 .iter()
                 .any(|step| entry.step(park.generation, step).is_some());
+        if park.generation == entry.row.generation {
+            // What a delivery past the bound may still answer (`delivery_append`), woken or
+            // not: deliveries the run does not read wake it too.
+            entry.deliveries.parked_on = park
+                .awaited
+                .iter()
+                .filter(|step| step.starts_with(AWAIT_PREFIX))
+                .cloned()
+                .collect();
+        }
         let row = &mut entry.row;
         clear_lease(row);
         reset_attempts(row);
@@ -487,6 +561,34 @@ impl JournalStore for MemoryStore {
         traced(span, async {
             storable::append(APPEND, append)?;
             self.transact(APPEND, |state| state.append(append))
+        })
+        .await
+    }
+
+    async fn delivery_append(
+        &self,
+        append: &Append,
+        backlog: &DeliveryBacklog,
+    ) -> Result<DeliveryOutcome> {
+        let span = store_span!("delivery_append", key = append.key, keiro.workflow.step = %append.event.step_name());
+        traced(span, async {
+            storable::append(DELIVER, append)?;
+            self.transact(DELIVER, |state| state.delivery_append(append, backlog))
+        })
+        .await
+    }
+
+    async fn deliveries_read(
+        &self,
+        key: &InstanceKey,
+        generation: Generation,
+        read: Deliveries,
+    ) -> Result<()> {
+        let span = store_span!("deliveries_read", key = key);
+        traced(span, async {
+            self.transact(DELIVERIES_READ, |state| {
+                state.deliveries_read(key, generation, read)
+            })
         })
         .await
     }

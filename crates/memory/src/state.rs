@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use keiro_journal::store::{Error, Result};
 use keiro_journal::{
-    Event, Fence, Generation, Instance, InstanceKey, JournalEntry, Marker, Status,
+    Deliveries, Event, Fence, Generation, Instance, InstanceKey, JournalEntry, Marker, Status,
 };
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -194,6 +194,32 @@ pub(crate) struct Entry {
     journal: Vec<JournalRow>,
     /// `(generation, step_name) -> position in journal`: the unique index, for O(1) lookups.
     steps: HashMap<Generation, HashMap<String, usize>>,
+    /// The deliveries' bound's bookkeeping (the `workflows` columns of migration 0019).
+    pub(crate) deliveries: DeliveryBook,
+}
+
+/// What the bound on unread deliveries knows of an instance (journal.rs `delivery_append`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct DeliveryBook {
+    /// The generation `delivered` and `read` count in; on any other they count as empty.
+    pub(crate) generation: Option<Generation>,
+    /// The deliveries journaled into that generation by `delivery_append`.
+    pub(crate) delivered: Deliveries,
+    /// Of them, what the run reported its awaits read.
+    pub(crate) read: Deliveries,
+    /// The `await:` steps the park that suspended the run waits on.
+    pub(crate) parked_on: Vec<String>,
+}
+
+impl DeliveryBook {
+    /// The deliveries of `generation` no await has read.
+    pub(crate) fn unread(&self, generation: Generation) -> Deliveries {
+        if self.generation == Some(generation) {
+            self.delivered.less(self.read)
+        } else {
+            Deliveries::default()
+        }
+    }
 }
 
 impl Entry {
@@ -204,6 +230,7 @@ impl Entry {
             link: None,
             journal: Vec::new(),
             steps: HashMap::new(),
+            deliveries: DeliveryBook::default(),
         }
     }
 

@@ -31,10 +31,10 @@
 //!   children it cascades to, and the remote tasks and awakeables of the generation it closes,
 //!   which can be just as new. The check costs these two one more round trip.
 
-use keiro_journal::store::{Append, AppendOutcome, Result};
+use keiro_journal::store::{Append, AppendOutcome, DeliveryOutcome, Result};
 use keiro_journal::{
-    awakeable_step, AwakeableOutcome, AwakeableStatus, Envelope, Instance, InstanceKey,
-    SignalOptions, SignalSendOutcome, StartRequest, Started, StoreError,
+    awakeable_step, AwakeableOutcome, AwakeableStatus, DeliveryBacklog, Envelope, Instance,
+    InstanceKey, SignalOptions, SignalSendOutcome, StartRequest, Started, StoreError,
 };
 use serde_json::Value;
 use tokio_postgres::types::ToSql;
@@ -43,6 +43,7 @@ use uuid::Uuid;
 
 use crate::awakeable::{self, settle_outcome, status_text};
 use crate::child;
+use crate::delivery::{delivery_outcome, DeliveryArgs, DELIVER};
 use crate::error::Failure;
 use crate::journal::{append_outcome, appendable, AppendArgs, APPEND, GET, START};
 use crate::row::{self, column, instance_columns};
@@ -220,6 +221,28 @@ where
         let args = AppendArgs::new(append, append.event.encode());
         let row = self.query_one(APPEND, &sql, &args.params()).await?;
         append_outcome(&row, APPEND, &append.key, append.fence.as_ref())
+    }
+
+    /// [`JournalStore::delivery_append`](keiro_journal::JournalStore::delivery_append) in the
+    /// caller's transaction: the delivery `keiro_journal::delivery_append` makes, bounded by
+    /// `backlog` as the pooled operation is.
+    ///
+    /// # Errors
+    ///
+    /// As the pooled operation.
+    pub async fn delivery_append(
+        &self,
+        append: &Append,
+        backlog: &DeliveryBacklog,
+    ) -> Result<DeliveryOutcome> {
+        let args = DeliveryArgs::new(append, backlog)?;
+        let sql = format!(
+            "SELECT outcome, recorded, marker, unread, unread_bytes \
+             FROM {}.keiro_delivery_append($1, $2, $3, $4, $5, $6, $7, $8)",
+            self.schema
+        );
+        let row = self.query_one(DELIVER, &sql, &args.params()).await?;
+        delivery_outcome(&row, &append.key)
     }
 
     /// [`JournalStore::instance_cancel`](keiro_journal::JournalStore::instance_cancel) in the

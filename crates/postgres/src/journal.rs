@@ -6,14 +6,14 @@
 use std::time::Duration;
 
 use keiro_journal::store::{
-    Append, AppendOutcome, ClosingOutcome, JournalStore, Park, ParkOutcome, Result,
+    Append, AppendOutcome, ClosingOutcome, DeliveryOutcome, JournalStore, Park, ParkOutcome, Result,
 };
 use keiro_journal::{store_span, traced};
 use keiro_journal::{
-    AwakeableOutcome, ChildSpawn, EncodedEvent, Event, Fence, Generation, Instance, InstanceKey,
-    JournalEntry, Marker, RemoteArm, RemoteArmOutcome, ReturnedSignal, SignalOptions,
-    SignalSendOutcome, SignalWait, SignalWaitOutcome, StartRequest, Started, Status, StoreError,
-    TimerArm, TimerFiring,
+    AwakeableOutcome, ChildSpawn, Deliveries, DeliveryBacklog, EncodedEvent, Event, Fence,
+    Generation, Instance, InstanceKey, JournalEntry, Marker, RemoteArm, RemoteArmOutcome,
+    ReturnedSignal, SignalOptions, SignalSendOutcome, SignalWait, SignalWaitOutcome, StartRequest,
+    Started, Status, StoreError, TimerArm, TimerFiring,
 };
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -24,7 +24,7 @@ use uuid::Uuid;
 use crate::batch::{in_batch_order, Batched, SlotHold};
 use crate::row::{self, column, instance_columns, malformed};
 use crate::store::span_ms;
-use crate::{append_lane, awakeable, child, remote, signal, timer, PgStore};
+use crate::{append_lane, awakeable, child, delivery, remote, signal, timer, PgStore};
 
 pub(crate) const START: &str = "starting an instance";
 pub(crate) const GET: &str = "reading an instance";
@@ -600,6 +600,25 @@ impl JournalStore for PgStore {
     async fn instances_start(&self, requests: &[StartRequest]) -> Vec<Result<Started>> {
         let span = store_span!("instances_start", keiro.store.len = requests.len());
         traced(span, instances_start(self, requests)).await
+    }
+
+    async fn delivery_append(
+        &self,
+        append: &Append,
+        backlog: &DeliveryBacklog,
+    ) -> Result<DeliveryOutcome> {
+        let span = store_span!("delivery_append", key = append.key, keiro.workflow.step = %append.event.step_name());
+        traced(span, delivery::delivery_append(self, append, backlog)).await
+    }
+
+    async fn deliveries_read(
+        &self,
+        key: &InstanceKey,
+        generation: Generation,
+        read: Deliveries,
+    ) -> Result<()> {
+        let span = store_span!("deliveries_read", key = key);
+        traced(span, delivery::deliveries_read(self, key, generation, read)).await
     }
 
     async fn instance_confirm(

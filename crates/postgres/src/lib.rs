@@ -72,6 +72,7 @@ mod batch;
 mod child;
 mod config;
 mod conninfo;
+mod delivery;
 mod error;
 mod flush;
 mod function_set;

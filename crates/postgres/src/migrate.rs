@@ -165,6 +165,12 @@ const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../migrations/0018_schedule_backoff.sql"),
         shipped: None,
     },
+    Migration {
+        version: 19,
+        name: "delivery_backlog",
+        sql: include_str!("../../../migrations/0019_delivery_backlog.sql"),
+        shipped: None,
+    },
 ];
 
 /// Every function file, in the order they are applied: a `LANGUAGE sql` function is checked
@@ -212,7 +218,7 @@ const FUNCTION_FILES: &[FunctionFile] = &[
 /// The revision of [`FUNCTION_FILES`], raised by one with every change to a file of
 /// `sql/functions/` (or to that list), so that of two builds migrating one schema only the one
 /// with the newer files applies them.
-const FUNCTIONS_REVISION: i32 = 10;
+const FUNCTIONS_REVISION: i32 = 11;
 
 /// The combined checksum (hex) of [`FUNCTION_FILES`] at [`FUNCTIONS_REVISION`], as
 /// [`FunctionSet::checksum`] computes it: the unit test
@@ -221,7 +227,7 @@ const FUNCTIONS_REVISION: i32 = 10;
 /// computes, so a build whose files differ from this one's refuses this one's revision.
 #[cfg(test)]
 const FUNCTIONS_REVISION_CHECKSUM: &str =
-    "502bcf9774e04922794d9e21b77e89f3cb128fc9e9919caf4fb4ea08379d90e4";
+    "a0f3123382fe669e9c30c66595e3aa89008468b87d0e137878fe2bf29fec195c";
 
 /// This build's function files.
 const FUNCTIONS: FunctionSet<'static> = FunctionSet {
@@ -349,7 +355,7 @@ impl PgStore {
     ///
     /// Those of [`migrate`](Self::migrate).
     pub async fn migrate_report(&self) -> Result<Migrated> {
-        let migrated = self.migrate_up_to(None, &FUNCTIONS).await?;
+        let migrated = self.migrate_up_to(None, MIGRATIONS, &FUNCTIONS).await?;
         // Every migration of this build is applied and its files (or a newer build's) are in
         // place: operations stop checking the schema first.
         self.schema_check().migrated();
@@ -369,6 +375,41 @@ impl PgStore {
         revision: i32,
         files: &[(&'static str, &'static str)],
     ) -> Result<Migrated> {
+        self.migrate_as_build_of(MIGRATIONS, revision, files).await
+    }
+
+    /// Tests only: [`migrate_as_build`](Self::migrate_as_build) as a build that knows the
+    /// migrations up to `migrations` only, such as the previous build of a rolling deploy that
+    /// adds a migration.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`migrate`](Self::migrate); [`Error::Config`] for a migration this build does
+    /// not have.
+    #[doc(hidden)]
+    pub async fn migrate_as_older_build(
+        &self,
+        migrations: i32,
+        revision: i32,
+        files: &[(&'static str, &'static str)],
+    ) -> Result<Migrated> {
+        let known = MIGRATIONS
+            .iter()
+            .position(|m| m.version == migrations)
+            .ok_or_else(|| Error::Config {
+                field: "migrations",
+                problem: format!("names migration {migrations}, which this build does not have"),
+            })?;
+        self.migrate_as_build_of(&MIGRATIONS[..=known], revision, files)
+            .await
+    }
+
+    async fn migrate_as_build_of(
+        &self,
+        known: &[Migration],
+        revision: i32,
+        files: &[(&'static str, &'static str)],
+    ) -> Result<Migrated> {
         let files: Vec<FunctionFile> = files
             .iter()
             .map(|&(name, sql)| FunctionFile { name, sql })
@@ -377,7 +418,7 @@ impl PgStore {
             revision,
             files: &files,
         };
-        self.migrate_up_to(None, &set).await
+        self.migrate_up_to(None, known, &set).await
     }
 
     /// Tests only: [`migrate`](Self::migrate), but only the migrations up to `version`, and the
@@ -390,14 +431,17 @@ impl PgStore {
     #[doc(hidden)]
     pub async fn migrate_to(&self, version: i32) -> Result<Vec<i32>> {
         Ok(self
-            .migrate_up_to(Some(version), &FUNCTIONS)
+            .migrate_up_to(Some(version), MIGRATIONS, &FUNCTIONS)
             .await?
             .migrations)
     }
 
+    /// Migrates as a build whose migrations are `known` (this build's, or the first of them for
+    /// an older build in tests) and whose function files are `functions`.
     async fn migrate_up_to(
         &self,
         target: Option<i32>,
+        known: &[Migration],
         functions: &FunctionSet<'_>,
     ) -> Result<Migrated> {
         let mut client = self
@@ -407,7 +451,9 @@ impl PgStore {
             .map_err(|e| Failure::from(e).into_error(MIGRATE))?;
         let key = lock_key(self.schema());
         self.migrate_lock(&client, key).await?;
-        let migrated = self.migrate_locked(&mut client, target, functions).await;
+        let migrated = self
+            .migrate_locked(&mut client, target, known, functions)
+            .await;
         self.count_round_trips(1);
         if client
             .query_typed(MIGRATE_UNLOCK, &[(&key, Type::INT8)])
@@ -453,6 +499,7 @@ impl PgStore {
         &self,
         client: &mut Object,
         target: Option<i32>,
+        known: &[Migration],
         functions: &FunctionSet<'_>,
     ) -> Result<Migrated> {
         let state = self.schema_state(client).await?;
@@ -463,7 +510,7 @@ impl PgStore {
         };
         // Every applied file is checked before anything is applied, so an edited migration
         // stops the run with the schema untouched.
-        for migration in MIGRATIONS {
+        for migration in known {
             if let Some((_, recorded)) = applied.iter().find(|(v, _)| *v == migration.version) {
                 if !migration.accepts(recorded) {
                     return Err(Error::MigrationChanged {
@@ -474,7 +521,7 @@ impl PgStore {
                 }
             }
         }
-        let newest = MIGRATIONS.last().map_or(0, |m| m.version);
+        let newest = known.last().map_or(0, |m| m.version);
         let newer = applied
             .iter()
             .map(|(v, _)| *v)
@@ -492,7 +539,7 @@ impl PgStore {
             );
         }
         let target = target.unwrap_or(newest);
-        let pending: Vec<&Migration> = MIGRATIONS
+        let pending: Vec<&Migration> = known
             .iter()
             .filter(|m| m.version <= target && !applied.iter().any(|(v, _)| *v == m.version))
             .collect();

@@ -7,10 +7,9 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{sql, TestResult};
+use common::{history, sql, TestResult};
 use keiro_postgres::{Config, Error, FunctionFiles, PgStore};
 use keiro_tests::pg::TestDb;
 use sha2::{Digest, Sha256};
@@ -146,48 +145,22 @@ async fn a_schema_migrated_step_by_step_ends_like_a_fresh_one() -> TestResult {
 }
 
 /// The migrations of the last build that defined functions in them, read from git, with
-/// their file names: `None` when this checkout has no git history to read them from.
-fn shipped_migrations() -> Option<Vec<(String, String)>> {
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
-    let git = |args: &[&str]| {
-        let out = Command::new("git")
-            .arg("-C")
-            .arg(root)
-            .args(args)
-            .output()
-            .ok()?;
-        out.status
-            .success()
-            .then(|| String::from_utf8(out.stdout).ok())
-            .flatten()
-    };
-    let listing = git(&[
-        "ls-tree",
-        "--name-only",
-        LAST_BUILD_WITH_FUNCTIONS_IN_MIGRATIONS,
-        "migrations/",
-    ])?;
-    let mut files: Vec<&str> = listing.lines().filter(|f| f.ends_with(".sql")).collect();
-    files.sort_unstable();
-    files
+/// their file names.
+fn shipped_migrations(git: &history::Git) -> Result<Vec<(String, String)>, String> {
+    git.files(LAST_BUILD_WITH_FUNCTIONS_IN_MIGRATIONS, "migrations/")?
         .into_iter()
+        .filter(|path| path.ends_with(".sql"))
         .map(|path| {
-            let sql = git(&[
-                "show",
-                &format!("{LAST_BUILD_WITH_FUNCTIONS_IN_MIGRATIONS}:{path}"),
-            ])?;
-            Some((path.trim_start_matches("migrations/").to_owned(), sql))
+            let sql = git.show(LAST_BUILD_WITH_FUNCTIONS_IN_MIGRATIONS, &path)?;
+            Ok((path.trim_start_matches("migrations/").to_owned(), sql))
         })
         .collect()
 }
 
 #[tokio::test]
 async fn a_schema_the_previous_layout_migrated_upgrades_to_exactly_a_fresh_schema() -> TestResult {
-    let Some(shipped) = shipped_migrations() else {
-        eprintln!(
-            "skipped: git cannot show commit {LAST_BUILD_WITH_FUNCTIONS_IN_MIGRATIONS} here \
-             (no history in this checkout)"
-        );
+    let what = format!("the migrations of commit {LAST_BUILD_WITH_FUNCTIONS_IN_MIGRATIONS}");
+    let Some(shipped) = history::read(&what, shipped_migrations)? else {
         return Ok(());
     };
     assert_eq!(

@@ -11,7 +11,8 @@
 //!   host the certificate names (`host=<its DNS name>`) and still reaches the local server
 //!   (`hostaddr=<the test server's address>`), so the test needs no DNS entry.
 //!
-//! A server with `ssl = off` skips these tests with a printed reason (`.ci/run` turns it on).
+//! A server with `ssl = off` skips these tests with a printed reason, unless `KEIRO_REQUIRE_TLS`
+//! is set: then it fails them. `.ci/run` turns TLS on and sets it, so in CI they run or fail.
 
 mod common;
 
@@ -33,6 +34,31 @@ use x509_cert::ext::pkix::SubjectAltName;
 /// Long enough for anything that should arrive; only reached when a test fails.
 const PATIENCE: Duration = Duration::from_secs(10);
 
+/// Set (to anything) where these tests must run: a server without TLS then fails them
+/// instead of skipping them. `.ci/run` sets it.
+const REQUIRE: &str = "KEIRO_REQUIRE_TLS";
+
+/// Whether a test runs on a server whose `ssl` setting is `ssl`: `Ok(false)` skips it, an
+/// error fails it (TLS is `required` but off).
+fn tls_offered(ssl: &str, required: bool) -> Result<bool, String> {
+    match (ssl == "on", required) {
+        (true, _) => Ok(true),
+        (false, false) => Ok(false),
+        (false, true) => Err(format!(
+            "{REQUIRE} is set but the test server has ssl = {ssl}: these tests cannot run"
+        )),
+    }
+}
+
+#[test]
+fn a_server_without_tls_fails_the_tests_where_tls_is_required() {
+    assert_eq!(tls_offered("on", false), Ok(true));
+    assert_eq!(tls_offered("on", true), Ok(true));
+    assert_eq!(tls_offered("off", false), Ok(false));
+    let refused = tls_offered("off", true).expect_err("required");
+    assert!(refused.contains("KEIRO_REQUIRE_TLS"), "{refused}");
+}
+
 /// What the test server says about TLS; `None` when `ssl = off`.
 struct ServerTls {
     /// The server certificate's PEM file (`ssl_cert_file`).
@@ -42,12 +68,12 @@ struct ServerTls {
 }
 
 /// Reads `ssl` and `ssl_cert_file` over a plain connection; `None` (with the reason printed)
-/// when the server does not offer TLS.
+/// when the server does not offer TLS, an error when it does not and [`REQUIRE`] is set.
 async fn server_tls() -> Result<Option<ServerTls>, Box<dyn std::error::Error + Send + Sync>> {
     let (client, connection) = tokio_postgres::connect(&test_database_url(), NoTls).await?;
     tokio::spawn(connection);
     let ssl: String = client.query_one("SHOW ssl", &[]).await?.get(0);
-    if ssl != "on" {
+    if !tls_offered(&ssl, std::env::var_os(REQUIRE).is_some())? {
         println!("skipped: the test server has ssl = {ssl}; .ci/run turns it on");
         return Ok(None);
     }

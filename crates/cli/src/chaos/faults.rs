@@ -1,5 +1,6 @@
 //! The faults the chaos command injects beside the SIGKILLs (which the fleet sends): PostgreSQL
-//! restarts in immediate mode, and the random source that picks the victims.
+//! restarts in immediate mode, and the random source that picks the victims; and the verdict
+//! on whether the faults asked for happened.
 
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
@@ -181,9 +182,157 @@ async fn probe(config: &tokio_postgres::Config) -> Result<(OffsetDateTime, Offse
     Ok((row.get(0), row.get(1)))
 }
 
+/// The faults a run was asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FaultPlan {
+    /// A SIGKILL this often, in milliseconds (`--kill-interval-ms`); 0 asks for none.
+    pub(crate) kill_interval_ms: u64,
+    /// PostgreSQL restarts asked for (`--pg-restarts`).
+    pub(crate) restarts_requested: u64,
+    /// Whether `--no-pg-restart` turned them off.
+    pub(crate) restarts_skipped: bool,
+}
+
+impl FaultPlan {
+    /// The restarts the run will make.
+    pub(crate) fn restarts_planned(&self) -> u64 {
+        if self.restarts_skipped {
+            0
+        } else {
+            self.restarts_requested
+        }
+    }
+}
+
+/// The faults a run injected.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Injected {
+    /// SIGKILLs sent.
+    pub(crate) kills: u64,
+    /// PostgreSQL restarts that happened.
+    pub(crate) restarts: u64,
+}
+
+/// What the report says of a run's faults.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct FaultVerdict {
+    /// What was injected, one line per kind of fault (also what was not, and why).
+    pub(crate) injected: Vec<String>,
+    /// A fault asked for that did not happen, one line each: the run fails on any.
+    pub(crate) problems: Vec<String>,
+}
+
+/// Compares what a run was asked to inject with what it injected: a proof under faults that
+/// met none proves nothing, so a SIGKILL interval without a kill, or fewer restarts than
+/// planned, fails the run. Faults turned off on purpose (`--kill-interval-ms 0`,
+/// `--no-pg-restart`, `--pg-restarts 0`) are not problems; the report says they were not made.
+pub(crate) fn fault_verdict(plan: &FaultPlan, injected: &Injected) -> FaultVerdict {
+    let mut verdict = FaultVerdict::default();
+    if plan.kill_interval_ms == 0 {
+        verdict
+            .injected
+            .push("no SIGKILL (--kill-interval-ms 0)".to_owned());
+    } else {
+        verdict.injected.push(format!(
+            "{} SIGKILLs, one every {} ms",
+            injected.kills, plan.kill_interval_ms
+        ));
+        if injected.kills == 0 {
+            verdict.problems.push(format!(
+                "no SIGKILL happened (one every {} ms was asked for): the workload ended first, \
+                 so nothing was checked under kills",
+                plan.kill_interval_ms
+            ));
+        }
+    }
+    let planned = plan.restarts_planned();
+    if plan.restarts_skipped && plan.restarts_requested > 0 {
+        verdict
+            .injected
+            .push("no PostgreSQL restart (--no-pg-restart)".to_owned());
+    } else if planned == 0 {
+        verdict
+            .injected
+            .push("no PostgreSQL restart (--pg-restarts 0)".to_owned());
+    } else {
+        verdict.injected.push(format!(
+            "{} of {planned} PostgreSQL restarts",
+            injected.restarts
+        ));
+        if injected.restarts < planned {
+            verdict.problems.push(format!(
+                "only {} of {planned} PostgreSQL restarts happened before the workload ended",
+                injected.restarts
+            ));
+        }
+    }
+    verdict
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn plan(kill_interval_ms: u64, restarts: u64, skipped: bool) -> FaultPlan {
+        FaultPlan {
+            kill_interval_ms,
+            restarts_requested: restarts,
+            restarts_skipped: skipped,
+        }
+    }
+
+    fn injected(kills: u64, restarts: u64) -> Injected {
+        Injected { kills, restarts }
+    }
+
+    #[test]
+    fn a_run_that_made_every_fault_asked_for_has_no_problem_and_says_what_it_made() {
+        let verdict = fault_verdict(&plan(500, 2, false), &injected(12, 2));
+        assert!(verdict.problems.is_empty(), "{verdict:?}");
+        assert_eq!(
+            verdict.injected,
+            [
+                "12 SIGKILLs, one every 500 ms",
+                "2 of 2 PostgreSQL restarts"
+            ]
+        );
+    }
+
+    #[test]
+    fn no_kill_where_kills_were_asked_for_fails_the_run() {
+        let verdict = fault_verdict(&plan(500, 0, false), &injected(0, 0));
+        assert_eq!(verdict.problems.len(), 1, "{verdict:?}");
+        assert!(verdict.problems[0].contains("no SIGKILL happened"));
+    }
+
+    #[test]
+    fn fewer_restarts_than_planned_fail_the_run() {
+        let verdict = fault_verdict(&plan(500, 4, false), &injected(30, 3));
+        assert_eq!(
+            verdict.problems,
+            ["only 3 of 4 PostgreSQL restarts happened before the workload ended"]
+        );
+        assert_eq!(verdict.injected[1], "3 of 4 PostgreSQL restarts");
+    }
+
+    #[test]
+    fn faults_turned_off_on_purpose_are_reported_not_failed() {
+        let verdict = fault_verdict(&plan(0, 2, true), &injected(0, 0));
+        assert!(verdict.problems.is_empty(), "{verdict:?}");
+        assert_eq!(
+            verdict.injected,
+            [
+                "no SIGKILL (--kill-interval-ms 0)",
+                "no PostgreSQL restart (--no-pg-restart)"
+            ]
+        );
+        let verdict = fault_verdict(&plan(500, 0, false), &injected(3, 0));
+        assert_eq!(
+            verdict.injected[1],
+            "no PostgreSQL restart (--pg-restarts 0)"
+        );
+        assert_eq!(plan(500, 2, true).restarts_planned(), 0);
+    }
 
     #[test]
     fn the_highest_version_is_compared_as_numbers() {

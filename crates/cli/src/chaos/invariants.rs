@@ -23,6 +23,10 @@
 //!      when the older holder started the step: a double run after a lost lease that the
 //!      journal happens not to show (the newer holder had not recorded the step yet) trips
 //!      this.
+//! 5. **Every step journaled**: every completed instance journaled each step of its workflow
+//!    (kinds `step` and `remote`) and no other: the demo's check ([`proof::check_steps`]). A
+//!    run that completed with the right output but without one of its steps in the journal
+//!    passes 1 and 3; this catches it.
 //!
 //! The checks are pure functions over rows, so the unit tests feed them rows that break each
 //! invariant.
@@ -35,6 +39,7 @@ use time::OffsetDateTime;
 use super::db::Db;
 use super::workload::Output;
 use crate::common::{Result, ResultExt};
+use crate::proof;
 
 /// How many example lines each check keeps for the report.
 const EXAMPLES: usize = 5;
@@ -112,6 +117,8 @@ pub(crate) struct Expected {
     pub(crate) id: String,
     /// The right output.
     pub(crate) output: Output,
+    /// The journal names of the steps it must journal.
+    pub(crate) steps: Vec<String>,
 }
 
 /// The rows the checks read.
@@ -195,7 +202,7 @@ impl Check {
     }
 }
 
-/// What the four checks found, with the figures around them.
+/// What the checks found, with the figures around them.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Findings {
     /// Invariant 1.
@@ -208,6 +215,8 @@ pub(crate) struct Findings {
     pub(crate) late: Check,
     /// Invariant 4, stale epochs.
     pub(crate) stale_epoch: Check,
+    /// Invariant 5.
+    pub(crate) all_journaled: Check,
     /// Instances completed with the right output.
     pub(crate) completed_ok: u64,
     /// Journal rows of steps (local and remote).
@@ -225,6 +234,7 @@ impl Findings {
             &self.witnessed,
             &self.late,
             &self.stale_epoch,
+            &self.all_journaled,
         ]
         .iter()
         .all(|check| check.held())
@@ -247,6 +257,7 @@ pub(crate) fn check(expected: &[Expected], rows: &Rows) -> Findings {
         witnessed: check_witnessed(&rows.journal, &rows.witnesses),
         late,
         stale_epoch,
+        all_journaled: check_all_journaled(expected, &rows.instances, &rows.journal),
         completed_ok,
         journaled_steps: rows.journal.iter().filter(|row| row.is_step()).count() as u64,
         witnesses: rows.witnesses.len() as u64,
@@ -293,6 +304,36 @@ pub(crate) fn check_completed(expected: &[Expected], instances: &[InstanceRow]) 
         }
     }
     (check, ok)
+}
+
+/// Invariant 5: every step of every completed instance journaled, and no other.
+pub(crate) fn check_all_journaled(
+    expected: &[Expected],
+    instances: &[InstanceRow],
+    journal: &[JournalRow],
+) -> Check {
+    let completed: BTreeSet<(&str, &str)> = instances
+        .iter()
+        .filter(|row| row.status == "completed")
+        .map(|row| (row.name.as_str(), row.id.as_str()))
+        .collect();
+    let expected: Vec<(String, Vec<String>)> = expected
+        .iter()
+        .filter(|e| completed.contains(&(e.name.as_str(), e.id.as_str())))
+        .map(|e| (e.id.clone(), e.steps.clone()))
+        .collect();
+    let ids: BTreeSet<&str> = expected.iter().map(|(id, _)| id.as_str()).collect();
+    let journaled = journal
+        .iter()
+        .filter(|row| row.is_step() && ids.contains(row.key.1.as_str()))
+        .map(|row| (row.key.1.clone(), row.key.3.clone()))
+        .collect();
+    let found = proof::check_steps(&expected, &journaled);
+    let mut check = Check::default();
+    for line in found.missing.into_iter().chain(found.unknown) {
+        check.violation(|| line);
+    }
+    check
 }
 
 /// Invariant 2, from the journal rows themselves (not trusting the unique key).
@@ -419,20 +460,22 @@ mod tests {
         }
     }
 
-    fn expected(id: &str, total: u64) -> Expected {
+    /// Instance `id` of `chaos-local`, whose steps here are `a` and `b`.
+    fn expected(id: &str, chain: u64) -> Expected {
         Expected {
             name: "chaos-local".into(),
             id: id.into(),
-            output: Output { n: 1, total },
+            output: Output { n: 1, chain },
+            steps: vec!["a".into(), "b".into()],
         }
     }
 
-    fn instance(id: &str, status: &str, total: Option<u64>) -> InstanceRow {
+    fn instance(id: &str, status: &str, chain: Option<u64>) -> InstanceRow {
         InstanceRow {
             name: "chaos-local".into(),
             id: id.into(),
             status: status.into(),
-            output: total.map(|total| serde_json::json!({ "n": 1, "total": total })),
+            output: chain.map(|chain| serde_json::json!({ "n": 1, "chain": chain })),
             last_error: None,
         }
     }
@@ -492,6 +535,41 @@ mod tests {
         assert_eq!(findings.journaled_once.violations, 1);
         assert!(findings.journaled_once.examples[0].contains("step b is journaled 2 times"));
         assert!(!findings.held());
+    }
+
+    #[test]
+    fn a_completed_instance_without_one_of_its_steps_in_the_journal_is_caught() {
+        // Completed with the right output, every journaled step witnessed: but `b` was never
+        // journaled.
+        let mut rows = clean();
+        rows.journal.retain(|row| row.key.3 != "b");
+        rows.witnesses.retain(|w| w.key.3 != "b");
+        let findings = check(&[expected("i1", 60)], &rows);
+        assert!(!findings.held(), "{findings:?}");
+        assert_eq!(findings.all_journaled.violations, 1);
+        assert!(
+            findings.all_journaled.examples[0].contains("i1 step b was never journaled"),
+            "{findings:?}"
+        );
+    }
+
+    #[test]
+    fn a_step_no_workflow_has_or_a_failed_instance_is_left_to_the_other_checks() {
+        let mut rows = clean();
+        rows.journal.push(journaled("i1", "z", 205));
+        rows.witnesses.push(witness("i1", "z", 2, 204));
+        let findings = check(&[expected("i1", 60)], &rows);
+        assert_eq!(findings.all_journaled.violations, 1, "{findings:?}");
+        assert!(findings.all_journaled.examples[0].contains("unknown step z"));
+        // A failed instance is the first check's violation, not this one's.
+        let failed = Rows {
+            instances: vec![instance("i1", "failed", None)],
+            journal: Vec::new(),
+            witnesses: Vec::new(),
+        };
+        let findings = check(&[expected("i1", 60)], &failed);
+        assert!(findings.all_journaled.held(), "{findings:?}");
+        assert_eq!(findings.completed.violations, 1);
     }
 
     #[test]

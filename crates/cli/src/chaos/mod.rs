@@ -14,8 +14,11 @@
 //!    connections again to the next journal row is measured.
 //! 4. Stops the fleet, reads the instance rows, the journal and the witnesses, and checks the
 //!    invariants ([`invariants`] defines them precisely).
-//! 5. Prints one JSON line and exits 0 only if every invariant held; drops its scratch schema
-//!    and leaves no child behind however it ends (an error, the deadline, Ctrl-C or SIGTERM).
+//! 5. Prints one JSON line, naming the faults injected (`faults_injected`: SIGKILLs per role,
+//!    PostgreSQL restarts), and exits 0 only if every invariant held and every fault asked for
+//!    happened (a SIGKILL interval with no kill, or fewer restarts than planned, fails the run:
+//!    [`faults::fault_verdict`]); drops its scratch schema and leaves no child behind however it
+//!    ends (an error, the deadline, Ctrl-C or SIGTERM).
 //!
 //! Progress goes to stderr; stdout carries only the JSON line. The children log (to stderr)
 //! only when `RUST_LOG` is set: under these faults their connection errors are expected.
@@ -37,14 +40,14 @@ use tokio::task::JoinHandle;
 
 pub(crate) use self::child::{DirectArgs, RemoteWorkerArgs, WorkerArgs};
 use self::db::Db;
-use self::faults::{Restart, Rng};
+use self::faults::{FaultPlan, Restart, Rng};
 use self::invariants::Expected;
 use self::processes::{Fleet, SpawnSpec};
 use self::report::{Report, Run};
 use self::witness::WITNESS_CREATE;
 use self::workload::{
-    direct_instances, expected_output, instance_id, is_direct, steps_of, workflow_of, Input, LOCAL,
-    MIXED,
+    direct_instances, expected_output, instance_id, is_direct, journal_steps_of, steps_of,
+    workflow_of, Input, LOCAL, MIXED,
 };
 use crate::common::{
     connect_store, error_chain, failure, recreate_scratch_schema, Global, Outcome, Result,
@@ -204,11 +207,12 @@ async fn drive(
     let expected = start_instances(&keiro, args.instances).await?;
     let mixed = expected.iter().filter(|e| e.name == MIXED).count() as u64;
     let direct = direct_instances(args.instances).count() as u64;
-    let restarts_planned = if restart.is_some() {
-        args.pg_restarts
-    } else {
-        0
+    let plan = FaultPlan {
+        kill_interval_ms: args.kill_interval_ms,
+        restarts_requested: args.pg_restarts,
+        restarts_skipped: args.no_pg_restart,
     };
+    let restarts_planned = plan.restarts_planned();
     eprintln!(
         "chaos: schema {schema}: {} instances ({mixed} with remote steps, {direct} run \
          directly); {} workers, {} remote workers and {} direct callers; a SIGKILL every {} ms; \
@@ -265,13 +269,17 @@ async fn drive(
         direct,
         fleet: inflicted.fleet,
         restarts: inflicted.restarts,
-        restarts_planned,
+        plan,
         elapsed,
         timed_out: inflicted.timed_out,
         seed,
         problems,
     };
     let report = Report::new(run, &findings, &rows.journal);
+    eprintln!(
+        "chaos: faults injected: {}",
+        report.faults_injected().join("; ")
+    );
     println!(
         "{}",
         serde_json::to_string(&report).context("encoding the report")?
@@ -299,6 +307,7 @@ async fn start_instances(keiro: &Keiro, count: u64) -> Result<Vec<Expected>> {
             name: name.to_owned(),
             id,
             output: expected_output(n),
+            steps: journal_steps_of(n),
         });
     }
     Ok(expected)

@@ -5,6 +5,7 @@
 //! interrupt that unwinds the chaos command takes the fleet with it; a chaos command killed
 //! outright closes the children's stdin, on which they stop by themselves.
 
+use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -193,6 +194,8 @@ pub(crate) struct FleetStats {
     pub(crate) spawned: u64,
     /// SIGKILLs sent.
     pub(crate) kills: u64,
+    /// Of them, per role (`worker`, `remote`, `direct`).
+    pub(crate) kills_by_role: BTreeMap<String, u64>,
     /// Children that exited on their own before they were ready (PostgreSQL down while they
     /// connected); they are spawned again.
     pub(crate) startup_failures: u64,
@@ -289,6 +292,8 @@ impl Fleet {
         let pid = process.pid();
         process.kill()?;
         self.stats.kills += 1;
+        let role = format!("{:?}", self.slots[index].role).to_lowercase();
+        *self.stats.kills_by_role.entry(role).or_default() += 1;
         self.respawn(index)?;
         Ok(Some(pid))
     }

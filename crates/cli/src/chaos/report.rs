@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::faults::Restart;
+use super::faults::{fault_verdict, FaultPlan, Injected, Restart};
 use super::invariants::{Findings, JournalRow};
 use super::processes::FleetStats;
 use crate::common::{ms, round};
@@ -30,11 +30,17 @@ pub(crate) struct Report {
     witnesses: u64,
     /// Witnesses minus journaled steps: at-least-once re-executions.
     re_executions: i64,
+    /// The faults injected, in words (and those turned off, and why).
+    faults_injected: Vec<String>,
     processes_spawned: u64,
+    kill_interval_ms: u64,
     kills: u64,
+    kills_by_role: BTreeMap<String, u64>,
     startup_failures: u64,
     unexpected_exits: u64,
     pg_restarts: u64,
+    pg_restarts_requested: u64,
+    pg_restarts_skipped: bool,
     pg_restarts_planned: u64,
     pg_restart_command_ms: Vec<f64>,
     /// Per restart: from the server accepting connections again to the next journal row.
@@ -59,8 +65,8 @@ pub(crate) struct Run {
     pub(crate) fleet: FleetStats,
     /// The restarts that happened.
     pub(crate) restarts: Vec<Restart>,
-    /// How many were asked for.
-    pub(crate) restarts_planned: u64,
+    /// The faults asked for.
+    pub(crate) plan: FaultPlan,
     /// From the first start to the end of the workload.
     pub(crate) elapsed: std::time::Duration,
     /// Whether the deadline passed before every instance was done.
@@ -77,19 +83,21 @@ impl Report {
         let recovery = recovery_ms(&run.restarts, journal);
         let mut problems = run.problems;
         problems.extend(run.fleet.unexpected_exits.iter().cloned());
-        if run.restarts.len() < usize::try_from(run.restarts_planned).unwrap_or(usize::MAX) {
-            problems.push(format!(
-                "only {} of {} PostgreSQL restarts happened before the workload ended",
-                run.restarts.len(),
-                run.restarts_planned
-            ));
-        }
+        let faults = fault_verdict(
+            &run.plan,
+            &Injected {
+                kills: run.fleet.kills,
+                restarts: run.restarts.len() as u64,
+            },
+        );
+        problems.extend(faults.problems);
         let checks = [
             ("completed_right", &findings.completed),
             ("journaled_once", &findings.journaled_once),
             ("witnessed", &findings.witnessed),
             ("no_late_witness", &findings.late),
             ("no_stale_epoch", &findings.stale_epoch),
+            ("every_step_journaled", &findings.all_journaled),
         ];
         for (name, check) in checks {
             problems.extend(check.examples.iter().map(|line| format!("{name}: {line}")));
@@ -111,12 +119,17 @@ impl Report {
             journaled_steps: findings.journaled_steps,
             witnesses: findings.witnesses,
             re_executions: findings.re_executions(),
+            faults_injected: faults.injected,
             processes_spawned: run.fleet.spawned,
+            kill_interval_ms: run.plan.kill_interval_ms,
             kills: run.fleet.kills,
+            kills_by_role: run.fleet.kills_by_role,
             startup_failures: run.fleet.startup_failures,
             unexpected_exits: run.fleet.unexpected_exits.len() as u64,
             pg_restarts: run.restarts.len() as u64,
-            pg_restarts_planned: run.restarts_planned,
+            pg_restarts_requested: run.plan.restarts_requested,
+            pg_restarts_skipped: run.plan.restarts_skipped,
+            pg_restarts_planned: run.plan.restarts_planned(),
             pg_restart_command_ms: run
                 .restarts
                 .iter()
@@ -134,6 +147,11 @@ impl Report {
     /// Whether the run passed.
     pub(crate) fn passed(&self) -> bool {
         self.pass
+    }
+
+    /// The faults injected, in words.
+    pub(crate) fn faults_injected(&self) -> &[String] {
+        &self.faults_injected
     }
 }
 
@@ -179,6 +197,54 @@ mod tests {
             server_started: at(started),
             accepted_at: at(accepted),
         }
+    }
+
+    fn run(kills: u64, plan: FaultPlan) -> Run {
+        Run {
+            instances: 1,
+            mixed: 0,
+            direct: 0,
+            fleet: FleetStats {
+                kills,
+                ..FleetStats::default()
+            },
+            restarts: Vec::new(),
+            plan,
+            elapsed: std::time::Duration::from_secs(1),
+            timed_out: false,
+            seed: 1,
+            problems: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_run_whose_faults_did_not_happen_fails_and_says_so() {
+        let plan = FaultPlan {
+            kill_interval_ms: 500,
+            restarts_requested: 1,
+            restarts_skipped: false,
+        };
+        let findings = Findings::default();
+        let report = Report::new(run(0, plan), &findings, &[]);
+        assert!(!report.passed(), "{report:?}");
+        assert_eq!(report.problems.len(), 2, "{:?}", report.problems);
+        assert_eq!(
+            report.faults_injected(),
+            ["0 SIGKILLs, one every 500 ms", "0 of 1 PostgreSQL restarts"]
+        );
+        let skipped = FaultPlan {
+            restarts_skipped: true,
+            ..plan
+        };
+        let report = Report::new(run(3, skipped), &findings, &[]);
+        assert!(report.passed(), "{report:?}");
+        assert_eq!(
+            report.faults_injected(),
+            [
+                "3 SIGKILLs, one every 500 ms",
+                "no PostgreSQL restart (--no-pg-restart)"
+            ]
+        );
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //! Four instances in five run `chaos-local` (five local steps); every fifth runs `chaos-mixed`
 //! (a local step, then two remote steps served by the remote worker processes). Every tenth
 //! (a local one) is started and driven by a direct caller process instead of a resume worker.
-//! Every step's value is a function of the instance number, so the output of each instance is
-//! known in advance.
+//! Every step's value is a function of the instance number and the step's place, and the output
+//! chains them in order, so the output of each instance is known in advance and a replay that
+//! answered a step with another's result shows in it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +15,7 @@ use keiro::{Backoff, Ctx, RemoteOptions, TaskContext, TaskError, WorkflowError};
 use serde::{Deserialize, Serialize};
 
 use super::witness::{Holder, Witness};
+use crate::proof;
 
 /// The five-local-step workflow.
 pub(crate) const LOCAL: &str = "chaos-local";
@@ -37,13 +39,14 @@ pub(crate) struct Input {
     pub(crate) n: u64,
 }
 
-/// The workflow's output: the sum of the step values, which the verification recomputes.
+/// The workflow's output: the chain of the step values in their places ([`proof::chain`]),
+/// which the verification recomputes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Output {
     /// The instance number.
     pub(crate) n: u64,
-    /// The sum of the step values.
-    pub(crate) total: u64,
+    /// The step values, chained in order from the instance number.
+    pub(crate) chain: u64,
 }
 
 /// Whether instance `n` is a mixed one: every fifth, so 20%.
@@ -90,6 +93,17 @@ pub(crate) fn remote_journal_step(step: &str) -> String {
     format!("remote:{step}")
 }
 
+/// The journal names of the steps instance `n` journals, in order.
+pub(crate) fn journal_steps_of(n: u64) -> Vec<String> {
+    if is_mixed(n) {
+        std::iter::once(MIXED_STEP.to_owned())
+            .chain(REMOTE_STEPS.iter().map(|step| remote_journal_step(step)))
+            .collect()
+    } else {
+        LOCAL_STEPS.map(str::to_owned).to_vec()
+    }
+}
+
 /// What local step `index` of instance `n` returns: distinct per step, so a mixed-up replay
 /// shows in the output.
 fn local_value(n: u64, index: u64) -> u64 {
@@ -103,16 +117,17 @@ fn remote_value(input: u64) -> u64 {
 
 /// The output a correct run of instance `n` returns.
 pub(crate) fn expected_output(n: u64) -> Output {
-    let total = if is_mixed(n) {
+    let chain = if is_mixed(n) {
         let base = local_value(n, 0);
         let first = remote_value(base);
-        base + first + remote_value(first)
+        proof::chained(n, [base, first, remote_value(first)])
     } else {
-        (0..LOCAL_STEPS.len() as u64)
-            .map(|index| local_value(n, index))
-            .sum()
+        proof::chained(
+            n,
+            (0..LOCAL_STEPS.len() as u64).map(|index| local_value(n, index)),
+        )
     };
-    Output { n, total }
+    Output { n, chain }
 }
 
 /// How long a step works after its witness: 5 to 20 ms, spread deterministically, so a SIGKILL
@@ -142,16 +157,17 @@ pub(crate) async fn local(
     input: Input,
     witness: Arc<Witness>,
 ) -> Result<Output, WorkflowError> {
-    let mut total = 0;
+    let mut chain = input.n;
     for (index, step) in (0u64..).zip(LOCAL_STEPS) {
         let value = local_value(input.n, index);
-        total += ctx
+        let got = ctx
             .step(step, || {
                 witnessed(&ctx, &witness, step, work(input.n, index), value)
             })
             .await?;
+        chain = proof::chain(chain, index, got);
     }
-    Ok(Output { n: input.n, total })
+    Ok(Output { n: input.n, chain })
 }
 
 /// The remote steps' options: many retries with a short backoff (see [`REMOTE_RETRIES`]).
@@ -177,10 +193,13 @@ pub(crate) async fn mixed(
     let options = remote_options();
     let first: u64 = ctx.remote(REMOTE_STEPS[0], &base, &options).await?;
     let second: u64 = ctx.remote(REMOTE_STEPS[1], &first, &options).await?;
-    Ok(Output {
-        n: input.n,
-        total: base + first + second,
-    })
+    let chain = [base, first, second]
+        .into_iter()
+        .zip(0u64..)
+        .fold(input.n, |chain, (value, index)| {
+            proof::chain(chain, index, value)
+        });
+    Ok(Output { n: input.n, chain })
 }
 
 /// The remote handler of `step` (both remote steps run it): the witness first, then the work.
@@ -227,11 +246,21 @@ mod tests {
     }
 
     #[test]
-    fn expected_outputs_sum_the_step_values() {
-        assert_eq!(expected_output(1).total, 10 + 11 + 12 + 13 + 14);
+    fn expected_outputs_chain_the_step_values_in_order() {
+        assert_eq!(
+            expected_output(1).chain,
+            proof::chained(1, [10, 11, 12, 13, 14])
+        );
         // 50, then 151, then 454.
-        assert_eq!(expected_output(5).total, 50 + 151 + 454);
+        assert_eq!(expected_output(5).chain, proof::chained(5, [50, 151, 454]));
+        // A replay that swapped the two remote results would not pass.
+        assert_ne!(expected_output(5).chain, proof::chained(5, [50, 454, 151]));
         assert_eq!(steps_of(1) * 4 + steps_of(5), 23);
+        assert_eq!(journal_steps_of(1).len() as u64, steps_of(1));
+        assert_eq!(
+            journal_steps_of(5),
+            ["prepare", "remote:enrich", "remote:stamp"]
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@ use tokio_postgres::Client;
 
 use super::workflow::{expected_receipt, instance_id, Order, Receipt, STEPS, WORKFLOW};
 use crate::common::{Result, ResultExt};
+use crate::proof;
 
 const PROGRESS: &str = "SELECT
     (SELECT count(*) FROM journal WHERE workflow_name = $1 AND kind = 'step'),
@@ -236,26 +237,13 @@ async fn check_journal(
         }
         recorded.insert((id, step), row.get::<_, OffsetDateTime>(3));
     }
-    for order in 1..=orders {
-        let id = instance_id(order);
-        for step in STEPS {
-            if recorded.contains_key(&(id.clone(), step.to_owned())) {
-                findings.steps_journaled_once += 1;
-            } else {
-                findings
-                    .problems
-                    .push(format!("{id} step {step} was never journaled"));
-            }
-        }
-    }
-    let expected: BTreeSet<&str> = STEPS.into_iter().collect();
-    for (id, step) in recorded.keys() {
-        if !expected.contains(step.as_str()) {
-            findings
-                .problems
-                .push(format!("{id} journaled an unknown step {step}"));
-        }
-    }
+    let expected: Vec<(String, Vec<String>)> = (1..=orders)
+        .map(|order| (instance_id(order), STEPS.map(str::to_owned).to_vec()))
+        .collect();
+    let found = proof::check_steps(&expected, &recorded.keys().cloned().collect());
+    findings.steps_journaled_once += found.journaled;
+    findings.problems.extend(found.missing);
+    findings.problems.extend(found.unknown);
     Ok(recorded)
 }
 

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use tokio_postgres::{Client, Statement};
 
 use crate::common::{open_connection, Result, ResultExt};
+use crate::proof;
 
 /// The registered workflow name.
 pub(crate) const WORKFLOW: &str = "demo-order";
@@ -41,13 +42,14 @@ pub(crate) struct Order {
     pub(crate) order: u64,
 }
 
-/// The workflow's output: the sum of its step results, which the verification recomputes.
+/// The workflow's output: the chain of its step results in their places
+/// ([`proof::chain`]), which the verification recomputes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Receipt {
     /// The order number.
     pub(crate) order: u64,
-    /// The sum of the five step results.
-    pub(crate) total: u64,
+    /// The five step results, chained in order from the order number.
+    pub(crate) chain: u64,
 }
 
 /// What step `index` of `order` returns: distinct per step, so a mixed-up replay shows.
@@ -57,8 +59,11 @@ fn step_value(order: u64, index: u64) -> u64 {
 
 /// The receipt a correct run of `order` returns.
 pub(crate) fn expected_receipt(order: u64) -> Receipt {
-    let total = (0..STEPS.len() as u64).map(|i| step_value(order, i)).sum();
-    Receipt { order, total }
+    let values = (0..STEPS.len() as u64).map(|i| step_value(order, i));
+    Receipt {
+        order,
+        chain: proof::chained(order, values),
+    }
 }
 
 /// The instance id of order `n`: zero-padded so ids sort like numbers.
@@ -125,7 +130,7 @@ pub(crate) async fn order(
     counters: Arc<Counters>,
 ) -> Result<Receipt, WorkflowError> {
     let id = ctx.key().id.as_str().to_owned();
-    let mut total = 0;
+    let mut chain = input.order;
     for (index, step) in (0u64..).zip(STEPS) {
         // Set inside the action, so a journal hit (the action never runs) is told apart.
         let ran = AtomicBool::new(false);
@@ -149,11 +154,11 @@ pub(crate) async fn order(
             &counters.replayed
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        total += value;
+        chain = proof::chain(chain, index, value);
     }
     Ok(Receipt {
         order: input.order,
-        total,
+        chain,
     })
 }
 
@@ -162,10 +167,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_expected_receipt_sums_the_step_values() {
+    fn the_expected_receipt_chains_the_step_values_in_order() {
         let receipt = expected_receipt(7);
         assert_eq!(receipt.order, 7);
-        assert_eq!(receipt.total, 70 + 71 + 72 + 73 + 74);
+        assert_eq!(receipt.chain, proof::chained(7, [70, 71, 72, 73, 74]));
+        // A replay that answered `charge` with `reserve`'s result and the other way round.
+        assert_ne!(receipt.chain, proof::chained(7, [71, 70, 72, 73, 74]));
     }
 
     #[test]

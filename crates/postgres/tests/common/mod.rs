@@ -2,6 +2,8 @@
 
 #![allow(dead_code)] // each test file uses a different subset
 
+pub(crate) mod history;
+
 use std::time::Duration;
 
 use futures_util::StreamExt;
