@@ -71,11 +71,12 @@ pub use schedule::scheduler::{
 };
 pub use schedule::spec::{
     tick_instance_id, trigger_instance_id, validate_name as validate_schedule_name, CatchUp,
-    Overlap, Schedule, ScheduleError, ScheduleSpec, CATCH_UP_MAX, SCHEDULE_NAME_LEN_MAX,
+    Overlap, Schedule, ScheduleSpec, CATCH_UP_MAX, SCHEDULE_NAME_LEN_MAX,
 };
 pub use schedule::store::{
     DueSchedule, FireOutcome, ScheduleFire, ScheduleStore, SchedulesDue, UnreadableSchedule,
 };
+pub use schedule::ScheduleError;
 pub use summary::ResumeSummary;
 pub use timer::{
     fire_due_once, run_timer_loop, TimerOptions, TimerSummary, TIMER_BATCH_SIZE_DEFAULT,

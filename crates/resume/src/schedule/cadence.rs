@@ -23,7 +23,7 @@ use croner::parser::{CronParser, Seconds};
 use croner::Cron;
 use time::OffsetDateTime;
 
-use super::spec::ScheduleError;
+use super::ScheduleError;
 
 /// The shortest fixed interval: ticks are named by whole seconds.
 pub const INTERVAL_MIN: Duration = Duration::from_secs(1);

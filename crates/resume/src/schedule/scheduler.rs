@@ -38,8 +38,9 @@ use keiro_journal::{Backoff, InstanceKey, StartRequest, StoreError};
 use time::OffsetDateTime;
 
 use super::plan::plan;
-use super::spec::{tick_instance_id, ScheduleError};
+use super::spec::tick_instance_id;
 use super::store::{DueSchedule, FireOutcome, ScheduleFire, ScheduleStore};
+use super::ScheduleError;
 use crate::{InvalidOptions, POLL_INTERVAL_MIN};
 use keiro_journal::error_chain;
 use keiro_journal::stretched as jittered;

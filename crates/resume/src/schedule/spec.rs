@@ -1,14 +1,13 @@
 //! What a schedule is: its definition (what to start, when, with which policies), the row a
 //! store keeps for it, and the ids of the instances it starts.
 
-use std::time::Duration;
-
 use keiro_journal::{IdError, WorkflowId, WorkflowName, ID_LEN_MAX};
 use serde_json::Value;
 use time::macros::format_description;
 use time::OffsetDateTime;
 
 use super::cadence::Cadence;
+use super::ScheduleError;
 
 /// The most missed ticks [`CatchUp::All`] may start after downtime.
 pub const CATCH_UP_MAX: u32 = 1_000;
@@ -18,73 +17,6 @@ const TICK_SUFFIX_LEN: usize = 18;
 /// The longest schedule name: the started instance's id (`<name>@<tick>`) must fit
 /// [`ID_LEN_MAX`]. A trigger's id has milliseconds as well, so it is counted.
 pub const SCHEDULE_NAME_LEN_MAX: usize = ID_LEN_MAX - TICK_SUFFIX_LEN - 4;
-
-/// Why a schedule was refused, or could not be started.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum ScheduleError {
-    /// The schedule's name is not a valid instance id prefix.
-    #[error("invalid schedule name")]
-    InvalidName(#[source] IdError),
-    /// The schedule's name leaves no room for the tick in the ids it starts.
-    #[error("schedule name {name:?} is longer than {SCHEDULE_NAME_LEN_MAX} bytes")]
-    NameTooLong {
-        /// The name.
-        name: String,
-    },
-    /// The workflow name is invalid.
-    #[error("invalid workflow name for a schedule")]
-    InvalidWorkflow(#[source] IdError),
-    /// The cron expression does not parse.
-    #[error("cron expression {expression:?} does not parse: {reason}")]
-    Cron {
-        /// The expression.
-        expression: String,
-        /// The parser's reason.
-        reason: String,
-    },
-    /// The time zone is not an IANA zone name.
-    #[error("unknown time zone {time_zone:?}")]
-    TimeZone {
-        /// The zone.
-        time_zone: String,
-    },
-    /// A fixed interval shorter than a second, or not whole seconds.
-    #[error("interval {interval:?} is not a whole number of seconds of at least one")]
-    Interval {
-        /// The interval.
-        interval: Duration,
-    },
-    /// The schedule never ticks from now on (a cron expression for a date that never comes).
-    #[error("schedule {name} never ticks")]
-    NeverTicks {
-        /// The schedule.
-        name: String,
-    },
-    /// The builder was given neither a cron expression nor an interval.
-    #[error("schedule {name} has neither a cron expression nor an interval")]
-    NoCadence {
-        /// The schedule.
-        name: String,
-    },
-    /// [`CatchUp::All`] with a bound of zero or above [`CATCH_UP_MAX`].
-    #[error("catch-up bound {max} is outside 1..={CATCH_UP_MAX}")]
-    CatchUpBound {
-        /// The bound.
-        max: u32,
-    },
-    /// A due tick could not be started: its instance id is not valid (a name written past
-    /// [`ScheduleSpec::validate`], by hand or by another build). Recorded on the schedule's
-    /// row (`last_error`); the scheduler backs the schedule off and goes on with the others.
-    #[error("schedule {schedule} cannot start its tick")]
-    TickId {
-        /// The schedule.
-        schedule: String,
-        /// Why the id is refused.
-        #[source]
-        source: IdError,
-    },
-}
 
 /// What a tick does while the schedule's previous run is still running or suspended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
