@@ -1,6 +1,6 @@
 //! Operators' reads in memory: the list filters every row and sorts the matches (the Postgres
 //! store walks an index instead; the results are the same, page by page). An instance's waits
-//! are read from the wake-source tables (`crate::sources`).
+//! are read from the wake-source tables, through `Sources::waits`.
 
 use keiro_journal::store::Result;
 use keiro_journal::{store_span, traced};
@@ -10,8 +10,8 @@ use keiro_journal::{
 };
 use time::OffsetDateTime;
 
-use crate::state::State;
 use crate::MemoryStore;
+use crate::State;
 
 fn list(state: &State, request: &ListRequest) -> Page {
     let filter = &request.filter;

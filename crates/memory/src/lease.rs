@@ -21,7 +21,8 @@ use keiro_lease::{
 use time::OffsetDateTime;
 
 use crate::clock::later;
-use crate::state::{clear_lease, holds, lease_lost, refused, reset_attempts, JournalRow, State};
+use crate::state::{clear_lease, holds, lease_lost, refused, reset_attempts, JournalRow};
+use crate::State;
 use crate::{storable, MemoryStore};
 
 const RECORD_CRASH: &str = "recording a crash";

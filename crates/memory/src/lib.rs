@@ -75,3 +75,36 @@ mod store;
 
 pub use notify::Notification;
 pub use store::{MemoryStore, WAKE_BUFFER_LEN};
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use keiro_journal::InstanceKey;
+
+/// Everything the store holds, the data behind the lock. The crate root owns it; each module
+/// adds the table it keeps here (`remote::Tasks`, `sources::Sources`, `schedule::Schedules`) and
+/// its operations as `impl State` blocks. Each trait method runs as one function over `&mut State` under
+/// the store's lock, which is what makes it atomic.
+#[derive(Debug, Default)]
+pub(crate) struct State {
+    /// "now" for operations that are not given one.
+    pub(crate) clock: clock::Clock,
+    /// The instance rows with their journals, ordered like the Postgres primary key.
+    pub(crate) instances: BTreeMap<InstanceKey, state::Entry>,
+    /// The journal's global order.
+    pub(crate) seq: state::Sequence,
+    /// Timers, awakeables and signals.
+    pub(crate) sources: sources::Sources,
+    /// Remote tasks by step id: the `remote_tasks` table.
+    pub(crate) tasks: remote::Tasks,
+    /// Parent -> the instances whose `parent` names it: the lookup a cascading cancel needs,
+    /// kept beside the rows because a row's parent only ever goes from none to some.
+    pub(crate) children: BTreeMap<InstanceKey, BTreeSet<InstanceKey>>,
+    /// The schedules and the scheduler's leadership.
+    pub(crate) schedules: schedule::Schedules,
+    /// Notifications to send once the operation has finished (the memory form of NOTIFY,
+    /// which Postgres also delivers only at commit).
+    notifications: Vec<notify::Notification>,
+    /// Instances the operation closed (completed, failed, cancelled), whose result waiters to
+    /// wake once it has finished: the memory form of migration 0016's `done:` NOTIFY.
+    closed: Vec<InstanceKey>,
+}

@@ -6,8 +6,8 @@ use keiro_journal::{store_span, traced};
 use keiro_journal::{GcBatch, GcRequest, Instance, InstanceKey, RetentionStore};
 use time::OffsetDateTime;
 
-use crate::state::State;
 use crate::MemoryStore;
+use crate::State;
 
 /// Whether `row` is terminal and went terminal before `cutoff`.
 fn expired(row: &Instance, cutoff: OffsetDateTime) -> bool {

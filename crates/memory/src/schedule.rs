@@ -16,7 +16,7 @@ use keiro_resume::{
 use time::OffsetDateTime;
 
 use crate::clock::later;
-use crate::state::State;
+use crate::State;
 use crate::{storable, MemoryStore};
 
 /// The schedules and the leadership, inside the store's state.

@@ -1,8 +1,7 @@
-//! The data behind the lock: instance rows, their journals, the sequence, the clock, the wake
-//! sources, the remote tasks and the notifications an operation raised, plus the small rules
-//! every operation shares.
+//! The instance rows and their journals (the rows [`State`] holds), the journal sequence, the
+//! notifications an operation raises, and the small rules every operation shares.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::HashMap;
 
 use keiro_journal::store::{Error, Result};
 use keiro_journal::{
@@ -11,37 +10,8 @@ use keiro_journal::{
 use serde_json::Value;
 use time::OffsetDateTime;
 
-use crate::clock::Clock;
 use crate::notify::Notification;
-use crate::remote::Tasks;
-use crate::sources::Sources;
-
-/// Everything the store holds. Each trait method runs as one function over `&mut State` under
-/// the store's lock, which is what makes it atomic.
-#[derive(Debug, Default)]
-pub(crate) struct State {
-    /// "now" for operations that are not given one.
-    pub(crate) clock: Clock,
-    /// The instance rows with their journals, ordered like the Postgres primary key.
-    pub(crate) instances: BTreeMap<InstanceKey, Entry>,
-    /// The journal's global order.
-    pub(crate) seq: Sequence,
-    /// Timers, awakeables and signals.
-    pub(crate) sources: Sources,
-    /// Remote tasks by step id: the `remote_tasks` table.
-    pub(crate) tasks: Tasks,
-    /// Parent -> the instances whose `parent` names it: the lookup a cascading cancel needs,
-    /// kept beside the rows because a row's parent only ever goes from none to some.
-    pub(crate) children: BTreeMap<InstanceKey, BTreeSet<InstanceKey>>,
-    /// The schedules and the scheduler's leadership.
-    pub(crate) schedules: crate::schedule::Schedules,
-    /// Notifications to send once the operation has finished (the memory form of NOTIFY,
-    /// which Postgres also delivers only at commit).
-    notifications: Vec<Notification>,
-    /// Instances the operation closed (completed, failed, cancelled), whose result waiters to
-    /// wake once it has finished: the memory form of migration 0016's `done:` NOTIFY.
-    closed: Vec<InstanceKey>,
-}
+use crate::State;
 
 impl State {
     /// The entry of `key`, or [`Error::NotFound`].

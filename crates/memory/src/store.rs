@@ -8,7 +8,8 @@ use time::OffsetDateTime;
 use tokio::sync::broadcast;
 
 use crate::notify::Notification;
-use crate::state::{refused, State};
+use crate::state::refused;
+use crate::State;
 
 /// How many notifications a [`MemoryStore::notifications`] receiver (and so a
 /// [`Notifier`](keiro_resume::Notifier) subscription) may fall behind before it starts losing
