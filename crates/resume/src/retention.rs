@@ -17,9 +17,8 @@ use keiro_journal::{GcBatch, GcRequest, RetentionStore, StoreError};
 /// Gap between two sweeps. Defaults to 60 s.
 pub const RETENTION_INTERVAL_DEFAULT: Duration = Duration::from_secs(60);
 /// Instances per batch of the loop. Defaults to 100: with [`RETENTION_PAUSE_DEFAULT`], at most
-/// 200 instances a second (720,000 an hour), which kept a running workload within 10% of its
-/// throughput without a collector in `keiro bench --mode gc` (BENCHMARKS.md); a batch of 500
-/// every 200 ms cost it about 23%.
+/// 200 instances a second (720,000 an hour), a rate a running workload hardly notices
+/// (`keiro bench --mode gc`; figures in BENCHMARKS.md and docs/benchmarks-history.md).
 pub const RETENTION_BATCH_DEFAULT: u32 = 100;
 /// Gap between two batches of one sweep. Defaults to 500 ms.
 pub const RETENTION_PAUSE_DEFAULT: Duration = Duration::from_millis(500);

@@ -84,11 +84,9 @@ pub(crate) struct Completion {
 /// The most outputs one batch carries.
 const BATCH_MAX: usize = 128;
 
-/// Batches in flight at once: while one commits, the next fills. One alone made results wait
-/// behind a slow commit (dispatch-to-result p50 over a second under load); four split a busy
-/// worker's results into batches of about two, and each batch has a fixed cost (measured with
-/// `keiro bench --mode remote`: two in flight used about 5% less CPU per remote step than four,
-/// at the same latency).
+/// Batches in flight at once: while one commits, the next fills. With one, results wait
+/// behind a slow commit; with more, a busy worker's results split into small batches that each
+/// pay a batch's fixed cost (figures: docs/benchmarks-history.md, "Remote steps").
 const BATCHES_IN_FLIGHT: usize = 2;
 
 /// Reports outputs in natural batches (keiro-journal's loop) until every sender is gone:
