@@ -34,7 +34,7 @@
 //! again (a recorded step answers `AlreadyPresent`, a start finds its row, a park re-arms).
 //!
 //! Why the slot covers the commit, and how these choices were measured:
-//! docs/benchmarks-history.md ("Group commit").
+//! docs/benchmarks-history.md ("Moved from the code").
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
