@@ -4,6 +4,7 @@
 -- awakeable_create: applies the allocation step's append and, only when it was appended,
 -- registers the pending awakeable for the generation written to. A replayed allocation
 -- (already_present) registers nothing. Outcomes: those of `keiro_journal_append_to`.
+-- Called by: keiro_postgres ops::awakeable::awakeable_create; tested by contract::awakeable.
 CREATE OR REPLACE FUNCTION keiro_awakeable_create(p_name text, p_id text, p_generation integer,
                                                   p_step text, p_kind text, p_payload jsonb,
                                                   p_owner text, p_epoch bigint, p_renew_ms bigint,
@@ -32,6 +33,7 @@ $$;
 -- The awakeable row is locked first, so two settlements are ordered and the second finds it
 -- settled. Outcomes: delivered, owner_gone (settled, but the owner refused the step),
 -- already_settled (settled_status), not_found.
+-- Called by: keiro_postgres ops::awakeable::awakeable_settle (also InTransaction); tested by contract::awakeable.
 CREATE OR REPLACE FUNCTION keiro_awakeable_settle(p_awakeable uuid, p_status text, p_payload jsonb,
                                                   p_step text, p_envelope jsonb,
                                                   OUT outcome text, OUT settled_status text)
@@ -71,6 +73,7 @@ $$;
 -- is being settled by `keiro_awakeable_settle`, which finds the owner closed and settles it
 -- anyway (`owner_gone`). Why, and the lock order in full:
 -- migrations/0012_settle_abandoned_awakeables.sql.
+-- Called by: trigger on the journal (a closing marker); tested by contract::awakeable.
 CREATE OR REPLACE FUNCTION keiro_awakeables_settle_closed() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN

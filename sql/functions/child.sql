@@ -2,6 +2,7 @@
 -- generation of its parent that awaits it.
 
 -- The result envelope of a terminal instance row, as its parent journals it.
+-- Called by: SQL only (keiro_child_deliver); tested by contract::child.
 CREATE OR REPLACE FUNCTION keiro_child_envelope(p_child workflows) RETURNS jsonb
 LANGUAGE sql AS $$
     SELECT CASE p_child.status
@@ -19,6 +20,7 @@ $$;
 -- contains `~retry~`) delivers to its parent only when it completes: its failure or
 -- cancellation is not the origin's result; the origin's own failure is what the parent
 -- already has.
+-- Called by: SQL only (every terminal transaction of a child); tested by contract::child.
 CREATE OR REPLACE FUNCTION keiro_child_deliver(p_child workflows) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -47,6 +49,7 @@ $$;
 --   under the awaited step too, so an await of the child ends, and the outcome is
 --   already_present with the stored value, which the context reads as `ChildTaken`.
 -- Outcomes: those of `keiro_journal_append_to`.
+-- Called by: keiro_postgres ops::child::child_spawn; tested by contract::child.
 CREATE OR REPLACE FUNCTION keiro_child_spawn(p_name text, p_id text, p_generation integer,
                                              p_step text, p_kind text, p_payload jsonb,
                                              p_owner text, p_epoch bigint, p_renew_ms bigint,

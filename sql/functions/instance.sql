@@ -4,6 +4,7 @@
 -- Claims, crash accounting and resurrection are in lease.sql.
 
 -- instance_start: creates the row `running`, or returns the existing one untouched.
+-- Called by: keiro_postgres ops::instance::instance_start (also InTransaction, schedule); tested by contract::instance.
 CREATE OR REPLACE FUNCTION keiro_instance_start(p_name text, p_id text, p_input jsonb,
                                                 p_parent_name text, p_parent_id text,
                                                 p_priority integer,
@@ -40,6 +41,7 @@ $$;
 -- One wake notification serves the batch: a listener only learns that some instance became
 -- runnable (the payload's key is not used to pick it), and each notification is a queue entry
 -- written at commit.
+-- Called by: keiro_postgres ops::instance::instances_start; tested by contract::instance.
 CREATE OR REPLACE FUNCTION keiro_instances_start(
     p_names text[], p_ids text[], p_inputs jsonb[], p_parent_names text[], p_parent_ids text[],
     p_priorities integer[])
@@ -84,6 +86,7 @@ $$;
 -- instance_confirm: renews a fenced run's lease and reports the status. A terminal row
 -- answers without a lease check, so a run learns it is over even after the terminal write
 -- cleared its lease. Outcomes: confirmed, terminal, not_found, lease_lost.
+-- Called by: keiro_postgres ops::instance::instance_confirm; tested by contract::instance.
 CREATE OR REPLACE FUNCTION keiro_instance_confirm(p_name text, p_id text, p_owner text,
                                                   p_epoch bigint, p_ttl_ms bigint,
                                                   OUT outcome text, OUT row_status text)
@@ -127,6 +130,7 @@ $$;
 -- transaction's snapshot, which therefore sees the row as it locks it. Unfenced (p_owner
 -- NULL) it checks the status only. No memory-store twin: transaction steps need PostgreSQL.
 -- Outcomes: held, terminal (row_status), not_found, lease_lost.
+-- Called by: keiro_postgres transaction_step::hold; tested in crates/postgres/tests only.
 CREATE OR REPLACE FUNCTION keiro_instance_hold(p_name text, p_id text, p_owner text,
                                                p_epoch bigint,
                                                OUT outcome text, OUT row_status text)
@@ -162,6 +166,7 @@ $$;
 -- instead of being masked by `suspended`. A park on the current generation records the
 -- deliveries it waits on (`parked_on`, for keiro_delivery_append). Outcomes: suspended, woken,
 -- terminal, not_found, lease_lost.
+-- Called by: keiro_postgres ops::instance::instance_park; tested by contract::instance.
 CREATE OR REPLACE FUNCTION keiro_instance_park(p_name text, p_id text, p_generation integer,
                                                p_owner text, p_epoch bigint, p_awaited text[],
                                                p_wake_after timestamptz,
@@ -225,6 +230,7 @@ $$;
 -- journal row, so the very same journal can resume once fixed code is deployed and an
 -- operator resurrects it. The failure is delivered to a waiting parent like any other.
 -- Outcomes: failed, terminal, not_found, lease_lost.
+-- Called by: keiro_postgres ops::instance::instance_fail_diverged; tested by contract::instance.
 CREATE OR REPLACE FUNCTION keiro_instance_fail_diverged(p_name text, p_id text, p_owner text,
                                                         p_epoch bigint, p_reason text,
                                                         OUT outcome text)
@@ -267,6 +273,7 @@ $$;
 -- tasks and awakeables and never the owner's row, so it keeps the lock order of reports and
 -- settlements. Returns how many it settled. Why not a trigger on every completion:
 -- migrations/0014_settle_leftovers_of_completed_runs.sql.
+-- Called by: keiro_postgres ops::instance::instance_settle_leftovers; tested by contract::instance.
 CREATE OR REPLACE FUNCTION keiro_instance_settle_leftovers(p_name text, p_id text,
                                                            p_generation integer)
 RETURNS bigint
@@ -304,6 +311,7 @@ $$;
 -- locks the tree and its tasks before it calls this. A cancelled instance is terminal, so a
 -- cycle of parent links ends where it comes back: that cancel is refused. Outcomes: those of
 -- `keiro_journal_append_to` for the instance itself.
+-- Called by: SQL only (keiro_instance_cancel); tested by contract::instance.
 CREATE OR REPLACE FUNCTION keiro_instance_cancel_tree(p_name text, p_id text,
                                                       p_cascade boolean,
                                                       OUT outcome text, OUT recorded jsonb,
@@ -357,6 +365,7 @@ $$;
 -- and, when `p_cascade`, cancels every live descendant, all in this transaction. The live
 -- remote tasks of the tree are locked first, then the tree deepest first (the lock order,
 -- sql/functions/README.md); the cancellations themselves cancel the tasks.
+-- Called by: keiro_postgres ops::instance::instance_cancel (also InTransaction); tested by contract::instance.
 CREATE OR REPLACE FUNCTION keiro_instance_cancel(p_name text, p_id text, p_cascade boolean,
                                                  OUT outcome text, OUT recorded jsonb,
                                                  OUT marker text)
@@ -417,6 +426,7 @@ $$;
 
 -- Whether the body itself wrote a journal row, as opposed to a wake source delivering it
 -- (keiro_journal::replay::recorded_by_body, less the remote results that arrive from outside).
+-- Called by: SQL only (keiro_instance_requeue_one); tested by contract::instance.
 CREATE OR REPLACE FUNCTION keiro_journal_written_by_body(p_step text, p_kind text) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
     SELECT p_kind IN ('step', 'patch', 'race', 'attempt')
@@ -425,6 +435,7 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- How a run's failure reason names the failed remote step or child stored as `p_step`.
+-- Called by: SQL only (keiro_instance_requeue_one); tested by contract::instance.
 CREATE OR REPLACE FUNCTION keiro_failure_mention(p_step text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE
@@ -449,6 +460,7 @@ $$;
 -- failure counts as handled when the body itself wrote a journal row after it and the run's
 -- last failure reason does not name it (the rule, and why:
 -- migrations/0013_requeue_unhandled_failures.sql; the memory store applies the same rule).
+-- Called by: SQL only (keiro_instance_requeue); tested by contract::instance.
 CREATE OR REPLACE FUNCTION keiro_instance_requeue_one(p_name text, p_id text, INOUT visited text[],
                                            OUT reset_steps bigint, OUT child_names text[],
                                            OUT child_ids text[])
@@ -615,6 +627,7 @@ $$;
 -- finishing now locks itself and then its parent, and a worker reporting locks the task and
 -- then its owner. Outcomes: requeued (reset_steps, child_names, child_ids: the children
 -- requeued, each before its own), not_failed (row_status), not_found.
+-- Called by: keiro_postgres ops::instance::instance_requeue; tested by contract::instance.
 CREATE OR REPLACE FUNCTION keiro_instance_requeue(p_name text, p_id text,
                                        OUT outcome text, OUT row_status text,
                                        OUT reset_steps bigint, OUT child_names text[],
@@ -733,6 +746,7 @@ $$;
 -- read FOR SHARE: a requeue relinking the origin (a write) is ordered with this, so the link
 -- copied is the current one, and a requeue after this finds the new row. Outcomes: started,
 -- exists, origin_not_found.
+-- Called by: keiro_postgres ops::instance::instance_retry_with_input; tested by contract::instance.
 CREATE OR REPLACE FUNCTION keiro_instance_retry_with_input(p_origin_name text, p_origin_id text,
                                                            p_retry_name text, p_retry_id text,
                                                            p_input jsonb,

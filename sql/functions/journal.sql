@@ -4,6 +4,7 @@
 
 -- The logical step a stored step name records (`keiro_journal::logical_step`): a revised
 -- `remote:`/`child:` step `<step>#<n>` reads as `<step>`; every other name as itself.
+-- Called by: SQL only (keiro_journal_repeatable_name, the requeue); tested by contract::journal.
 CREATE OR REPLACE FUNCTION keiro_step_logical(p_stored text) RETURNS text
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
     SELECT CASE
@@ -16,6 +17,7 @@ $$;
 
 -- The revision a stored step name holds (`keiro_journal::step_revision`): n for `<step>#<n>`,
 -- 0 for the step's own name.
+-- Called by: SQL only (keiro_journal_repeatable_name); tested by contract::journal.
 CREATE OR REPLACE FUNCTION keiro_step_revision(p_stored text) RETURNS integer
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
     SELECT CASE
@@ -27,6 +29,7 @@ $$;
 -- The step name of the next occurrence of a repeatable event (`failed`, `resurrected`) in one
 -- generation: the bare name first, then `<name>/2`, `<name>/3`, ... A failure can recur after
 -- a resurrection and both must stay in history, yet every row keeps a unique step name.
+-- Called by: SQL only (the append rules, crash accounting, resurrection); tested by contract::journal.
 CREATE OR REPLACE FUNCTION keiro_journal_repeatable_name(p_name text, p_id text,
                                                          p_generation integer, p_kind text,
                                                          p_base text) RETURNS text
@@ -80,6 +83,7 @@ $$;
 -- but a transaction step's append ends the user's transaction, which may have run for longer
 -- than the lease (its instance row held by `keiro_instance_hold` meanwhile, so nobody took the
 -- lease over), and the lease it renews must still run a whole TTL after the commit.
+-- Called by: keiro_postgres ops::journal::journal_append (also InTransaction, transaction_step); tested by contract::journal.
 CREATE OR REPLACE FUNCTION keiro_journal_append_to(p_name text, p_id text, p_generation integer,
                                                    p_step text, p_kind text, p_payload jsonb,
                                                    p_owner text, p_epoch bigint,
@@ -301,7 +305,7 @@ $$;
 -- the run, unfenced) through the append rules above, bounded. The instance's generation holds
 -- at most `p_unread_max` deliveries, and `p_unread_bytes_max` bytes of them, that no await has
 -- read (the run reports what its awaits read before it parks: `deliveries_read` in
--- crates/postgres/src/delivery.rs), so names no await ever reads cannot grow a journal
+-- crates/postgres/src/ops/journal.rs), so names no await ever reads cannot grow a journal
 -- without end. A new row past the bound is refused with nothing written (outcome `backlog`),
 -- unless it answers a wait the run's last park waits on (`parked_on`; a delivery wakes a
 -- parked run, so the row may be running again): the drive after that park reads it. A repeat, another generation and a closed
@@ -310,7 +314,7 @@ $$;
 -- way). The counters describe `deliveries_generation`; on any other generation they count as
 -- empty (migration 0019). Outcomes: those of keiro_journal_append_to, and backlog;
 -- `unread`/`unread_bytes` are the generation's unread deliveries after the call.
--- Called by: `delivery_append` (crates/postgres/src/delivery.rs; memory: journal.rs).
+-- Called by: keiro_postgres ops::journal::delivery_append (also InTransaction); tested by contract::journal.
 CREATE OR REPLACE FUNCTION keiro_delivery_append(p_name text, p_id text, p_generation integer,
                                                  p_step text, p_payload jsonb, p_bytes bigint,
                                                  p_unread_max bigint, p_unread_bytes_max bigint,
@@ -372,12 +376,11 @@ BEGIN
 END;
 $$;
 
--- Group commit (issue 15): the Postgres store sends the appends that arrive while its earlier
--- batches are in flight as one call of journal_append_batch (natural batching: a lone append
--- still calls keiro_journal_append_to, so an idle store waits for nothing), in a transaction
--- that commits synchronously as any append: nobody is answered before the batch is durable.
--- One round trip, one commit and one WAL flush then serve many runs' steps, where each step
--- was a transaction of its own (about five commits per three-step workflow, with the start).
+-- Group commit: the Postgres store sends the appends that arrive while its earlier batches
+-- are in flight as one call of journal_append_batch (natural batching: a lone append still
+-- calls keiro_journal_append_to, so an idle store waits for nothing), in a transaction that
+-- commits synchronously as any append: nobody is answered before the batch is durable. One
+-- round trip, one commit and one WAL flush then serve many runs' steps.
 --
 -- Request i of a batch is element i of every array; one outcome row per request names it
 -- (`n`, 1-based). A batch that fails as a whole (a value PostgreSQL refuses aborts the
@@ -398,7 +401,7 @@ $$;
 --
 -- journal_append_batch: every request as `keiro_journal_append_to` would answer it, one
 -- outcome row each. The common request, a step on a live instance by its lease holder (or
--- unfenced), takes 0004's fast path for the whole batch at once; so does the completion of
+-- unfenced), takes the fast path of `keiro_journal_append_to` for the whole batch at once; so does the completion of
 -- such an instance (its marker row, the row `completed`, its parent told). The conditions are
 -- those of `keiro_journal_append_to`, checked on the rows this batch holds locked. Every other
 -- request (the other markers, other generations, stale fences, terminal rows) is a call of
@@ -406,8 +409,8 @@ $$;
 --
 -- The store sends the requests sorted by key (byte order, as `COLLATE "C"` compares), each
 -- instance once: the statement then locks the rows in key order as it reads them, with no sort
--- and no window over the requests to find repeated keys. Those two plan nodes cost 11% of a
--- batch of 16 steps; the loop that checks the order instead, 2% (scripts/sql-cost). A batch
+-- and no window over the requests to find repeated keys, whose plan nodes cost far more than
+-- the loop that checks the order (docs/benchmarks-history.md, "Moved from the code"). A batch
 -- sent otherwise, out of order or with an instance twice (an older build's store during a
 -- rolling deploy), is not refused: each of its requests is a call of
 -- `keiro_journal_append_to`, in key order, so each sees the ones before it.
@@ -436,10 +439,10 @@ $$;
 -- already if it was recorded before (a writer that raced this one and lost the lease, or an
 -- append sent again after its commit was lost). The unique index then raises, the batch fails
 -- as a whole, and the store sends each request alone, where that one is answered
--- `already_present` (or `conflict`) as always. Measured under callgrind, a batch of 12 steps
--- and 4 completions took 24% fewer instructions than the four-statement form with ON
--- CONFLICT (speculative insertion costs a pre-check and a second WAL record per row), and a
--- batch of 16 steps 38% fewer.
+-- `already_present` (or `conflict`) as always, and the common batch pays no speculative
+-- insertion (a pre-check and a second WAL record per row); figures in
+-- docs/benchmarks-history.md, "Moved from the code".
+-- Called by: keiro_postgres ops::journal::journal_append_batch; tested by contract::journal.
 CREATE OR REPLACE FUNCTION keiro_journal_append_batch(
     p_names text[], p_ids text[], p_generations integer[], p_steps text[], p_kinds text[],
     p_payloads jsonb[], p_owners text[], p_epochs bigint[], p_renew_ms bigint[])
@@ -629,8 +632,9 @@ $$;
 
 -- The first form of journal_append, kept for statements prepared against it by older builds
 -- (same signature and outcomes). The store calls `keiro_journal_append_to` directly: this
--- LANGUAGE sql wrapper returning a record cannot be inlined, and parsing and planning it on
--- every call cost about as much as the append itself.
+-- LANGUAGE sql wrapper returning a record cannot be inlined, so it is parsed and planned again
+-- on every call.
+-- Called by: no current build (kept for statements older builds prepared); tested by contract::journal.
 CREATE OR REPLACE FUNCTION keiro_journal_append(p_name text, p_id text, p_generation integer,
                                                 p_step text, p_kind text, p_payload jsonb,
                                                 p_owner text, p_epoch bigint,
@@ -643,11 +647,12 @@ LANGUAGE sql AS $$
                                  p_owner, p_epoch, p_renew_ms) a;
 $$;
 
--- The journal has no foreign key to `workflows`: its check cost an index probe and an
+-- The journal has no foreign key to `workflows`: its check would cost an index probe and an
 -- after-trigger on every journal row, although every writer of the journal already holds the
 -- instance row's lock and has just read it. This statement trigger keeps the cascade (a
 -- retention GC that deletes many instances deletes their journals in one statement), so a
 -- journal still never outlives its instance.
+-- Called by: trigger workflows_delete_journal; tested by contract::retention.
 CREATE OR REPLACE FUNCTION keiro_journal_delete_with_instances() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN

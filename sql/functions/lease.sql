@@ -5,8 +5,9 @@
 -- and the current generation's journal (as parallel arrays), so claiming and loading cost one
 -- round trip. The journal is aggregated in one pass: all five arrays come from the same rows
 -- in the same order, so they stay parallel, and the store sorts the entries by `seq` (one
--- ORDER BY per array meant five sorts per claim). A refused claim returns the row as it is,
+-- ORDER BY per array would be five sorts per claim). A refused claim returns the row as it is,
 -- for the caller to classify at `clock`, the instant the claim was judged at.
+-- Called by: keiro_postgres ops::lease::instance_claim; tested by contract::lease.
 CREATE OR REPLACE FUNCTION keiro_instance_claim(p_name text, p_id text, p_owner text,
                                                 p_ttl_ms bigint, p_now timestamptz,
                                                 OUT granted boolean, OUT clock timestamptz,
@@ -67,8 +68,8 @@ $$;
 --
 -- No NOTIFY on create, unlike `keiro_instance_start`: nobody but the caller may advance the run
 -- while its lease lives, and a notifying commit holds the NOTIFY queue's lock across its WAL
--- flush (migrations/0016_notify_terminal.sql measured what that costs), which serializes
--- concurrent starts.
+-- flush, which serializes concurrent starts.
+-- Called by: keiro_postgres ops::lease::instance_start_claimed; tested by contract::lease.
 CREATE OR REPLACE FUNCTION keiro_instance_start_claimed(p_name text, p_id text, p_input jsonb,
                                                         p_parent_name text, p_parent_id text,
                                                         p_priority integer, p_owner text,
@@ -137,6 +138,7 @@ $$;
 -- second caller of one key finds the first one's live lease, as it would alone. A key another
 -- transaction is inserting makes the INSERT wait for it at most `lock_timeout` (then the store
 -- sends the batch's requests one by one). No NOTIFY, as alone.
+-- Called by: keiro_postgres ops::lease::instances_start_claimed; tested by contract::lease.
 CREATE OR REPLACE FUNCTION keiro_instances_start_claimed(
     p_names text[], p_ids text[], p_inputs jsonb[], p_parent_names text[], p_parent_ids text[],
     p_priorities integer[], p_owners text[], p_ttl_ms bigint[], p_nows timestamptz[])
@@ -208,8 +210,7 @@ $$;
 -- in between is skipped, never claimed twice.
 --
 -- The two discovery arms are claimed separately, each in claim order with its own LIMIT, so a
--- claim stops after `p_limit` rows instead of sorting the whole backlog (measured with 4,000
--- runnable rows: 22 ms a claim when it sorted them all): running rows through
+-- claim stops after `p_limit` rows instead of sorting the whole backlog: running rows through
 -- workflows_running_claim_idx in that order (the scan stops after `p_limit` rows it could
 -- lock; a leased row costs one heap visit and is passed over), due suspended rows through
 -- workflows_active_idx (they are few: only those whose deadline passed). The union's first
@@ -217,16 +218,16 @@ $$;
 -- both arms would give. Rows of the other arm locked beyond the batch are not updated and
 -- their locks go with the commit; a concurrent claimer only skips them meanwhile. plpgsql, so
 -- the statement's plan is cached (a LANGUAGE sql function whose body has a data-modifying CTE
--- is never inlined, so it was planned again on every call).
+-- is never inlined, so it would be planned again on every call).
 --
 -- The journals are read by a second statement, after the claim. FOR UPDATE locks the newest
 -- version of a row, re-checking the WHERE clause on it, when another transaction changed the
 -- row after this statement's snapshot was taken: a claim that started before another worker
 -- claimed a row, ran a step, parked and was woken can still take the row once it is claimable
 -- again, and a journal read in the claim's own statement would be that old snapshot's, without
--- the step, which the run would then run again (seen in `keiro chaos`: a step's witness written
--- after the step was journaled). The second statement's snapshot is taken after the locks:
+-- the step, which the run would then run again. The second statement's snapshot is taken after the locks:
 -- every append to these rows committed before it, and none can commit before this transaction.
+-- Called by: keiro_postgres ops::lease::instances_claim_batch; tested by contract::lease.
 CREATE OR REPLACE FUNCTION keiro_instances_claim_batch(p_names text[], p_owner text,
                                                        p_ttl_ms bigint, p_limit integer,
                                                        p_now timestamptz)
@@ -299,6 +300,7 @@ $$;
 -- ceiling it fails the run, journaling the failure in the same transaction, and delivers the
 -- failure to a waiting parent. Outcomes: retrying (crash_attempts, retry_at), failed
 -- (crash_attempts), terminal, not_found, lease_lost.
+-- Called by: keiro_postgres ops::lease::instance_record_crash; tested by contract::lease.
 CREATE OR REPLACE FUNCTION keiro_instance_record_crash(p_name text, p_id text, p_owner text,
                                                        p_epoch bigint, p_error text,
                                                        p_retry_delay_ms bigint,
@@ -359,6 +361,7 @@ $$;
 -- instance_resurrect: the operator returns a failed instance to `running`. The failure stays
 -- in history and a `resurrected` row is appended beside it. Outcomes: resurrected,
 -- not_failed (row_status), not_found.
+-- Called by: keiro_postgres ops::lease::instance_resurrect; tested by contract::lease.
 CREATE OR REPLACE FUNCTION keiro_instance_resurrect(p_name text, p_id text,
                                                     OUT outcome text, OUT row_status text)
 LANGUAGE plpgsql AS $$

@@ -7,10 +7,11 @@
 -- so no two kinds can be confused.
 
 -- The three senders are plpgsql, not `LANGUAGE sql`: a SQL function that cannot be inlined
--- (these return void) is parsed and planned again by every statement that calls it, about
--- 0.1 ms per start or wake, where plpgsql keeps its plan for the session (revision 3).
+-- (these return void) is parsed and planned again by every statement that calls it, where
+-- plpgsql keeps its plan for the session.
 
 -- Sends the wake notification of one instance on this schema's channel.
+-- Called by: SQL only (every wake), keiro_postgres ops::instance::instance_mark_awaited; tested in crates/postgres/tests only (LISTEN).
 CREATE OR REPLACE FUNCTION keiro_notify_wake(p_name text, p_id text) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -19,6 +20,7 @@ END;
 $$;
 
 -- Tells timer loops that a timer was armed, so the earliest due time may have moved closer.
+-- Called by: SQL only (keiro_timer_arm); tested in crates/postgres/tests only (LISTEN).
 CREATE OR REPLACE FUNCTION keiro_notify_timer() RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -27,6 +29,7 @@ END;
 $$;
 
 -- Tells remote workers that a task became claimable.
+-- Called by: SQL only (whatever makes a remote task claimable); tested in crates/postgres/tests only (LISTEN).
 CREATE OR REPLACE FUNCTION keiro_notify_remote() RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -38,9 +41,10 @@ $$;
 -- terminal status, so the caller (`Keiro::result`) wakes at once instead of at its next poll.
 -- Only rows marked `awaited` (by the Postgres store, when a first wait starts) notify: the
 -- WHEN clause lets a run nobody awaits pay one boolean test, where notifying every completion
--- serialized completions on the WAL flush. A trigger on the instance row, so every terminal
--- transition (completion, every kind of failure, cancellation plain or cascading) is seen.
--- Why, measured, and how the mark and a close serialize: migrations/0016_notify_terminal.sql.
+-- would serialize completions on the WAL flush. A trigger on the instance row, so every
+-- terminal transition (completion, every kind of failure, cancellation plain or cascading) is
+-- seen. The mark and a close serialize on the row lock (`instance_mark_awaited`).
+-- Called by: trigger workflows_notify_terminal; tested in crates/postgres/tests only (LISTEN).
 CREATE OR REPLACE FUNCTION keiro_notify_terminal() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN

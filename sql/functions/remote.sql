@@ -12,9 +12,10 @@
 -- with `synchronous_commit = off`; why no acknowledged state is lost is in the header of
 -- migrations/0005_remote_steps.sql (the bodies' "0005's header"). Plans: the hot functions
 -- rule sequential scans out (plans cached while the tables were empty) and force generic
--- plans (statements over arrays were planned again on every call); measured in 0005 and 0007.
+-- plans (statements over arrays would be planned again on every call).
 
 -- The envelope a failed task's result is journaled as: its last error with its attempts.
+-- Called by: SQL only (keiro_remote_deliver); tested by contract::remote.
 CREATE OR REPLACE FUNCTION keiro_remote_error_envelope(p_task remote_tasks) RETURNS jsonb
 LANGUAGE sql IMMUTABLE AS $$
     SELECT jsonb_build_object('error', coalesce(p_task.last_error, '{}'::jsonb)
@@ -25,6 +26,7 @@ $$;
 -- journal step (external, through the append rules) and says what became of it: delivered
 -- (appended, or the same step was already recorded) or owner_gone (terminal, another
 -- generation, deleted). The caller holds the task row's lock; this takes the owner's.
+-- Called by: SQL only (the reports, expired claims); tested by contract::remote.
 CREATE OR REPLACE FUNCTION keiro_remote_deliver(p_task remote_tasks, p_envelope jsonb,
                                                 OUT outcome text, OUT recorded jsonb)
 LANGUAGE plpgsql AS $$
@@ -61,6 +63,7 @@ $$;
 -- A cancelled task is left as it is. Outcomes: dispatched (deadline), waiting (deadline),
 -- redispatched (deadline), settled (settled = the journaled envelope), lost (settled),
 -- not_found, lease_lost.
+-- Called by: keiro_postgres ops::remote::remote_arm; tested by contract::remote.
 CREATE OR REPLACE FUNCTION keiro_remote_arm(p_step_id text, p_name text, p_id text,
                                             p_generation integer, p_step text,
                                             p_journal_step text, p_group text, p_input jsonb,
@@ -219,6 +222,7 @@ $$;
 -- rows another transaction holds (SKIP LOCKED) and re-check their conditions on the rows they
 -- lock, so concurrent claimers never take the same task and never wait for each other.
 -- Returns the claimed rows in claim order.
+-- Called by: keiro_postgres ops::remote::tasks_claim; tested by contract::remote.
 CREATE OR REPLACE FUNCTION keiro_remote_tasks_claim(p_groups text[], p_worker text,
                                                     p_limit integer, p_ttl_ms bigint)
 RETURNS SETOF remote_tasks
@@ -281,6 +285,7 @@ $$;
 -- envelope) or `owner_gone`. An expired claim is what a dead handler process looks like, so
 -- it draws from the same `max_attempts` as a reported failure; the final error has the code
 -- `remote_step_crashed` (why: migrations/0008_remote_claim_attempts.sql).
+-- Called by: SQL only (keiro_remote_tasks_claim); tested by contract::remote.
 CREATE OR REPLACE FUNCTION keiro_remote_claims_expire(p_step_ids text[])
 RETURNS TABLE (step_id text, outcome text, recorded jsonb)
 LANGUAGE plpgsql AS $$
@@ -323,6 +328,7 @@ $$;
 -- task_heartbeat: extends the claim `p_claim` of a running task to now + `p_ttl_ms`. Outcomes:
 -- extended; cancelled (the task was cancelled, whatever the claim: the cancellation dropped
 -- it); lost (another claim, no claim, settled, or no such task).
+-- Called by: keiro_postgres ops::remote::task_heartbeat; tested by contract::remote.
 CREATE OR REPLACE FUNCTION keiro_remote_task_heartbeat(p_step_id text, p_claim uuid,
                                                        p_ttl_ms bigint,
                                                        OUT outcome text)
@@ -350,6 +356,7 @@ $$;
 -- (the first result wins), and journals `{"ok": output}` into the owner. A cancelled task
 -- refuses the report (nothing journaled). Outcomes: delivered, owner_gone, already_settled,
 -- cancelled, not_found.
+-- Called by: keiro_postgres ops::remote::task_complete; tested by contract::remote.
 CREATE OR REPLACE FUNCTION keiro_remote_task_complete(p_step_id text, p_output jsonb,
                                                       OUT outcome text)
 LANGUAGE plpgsql AS $$
@@ -388,6 +395,7 @@ $$;
 -- report, nothing journaled), locking the task rows in step id order; then each result is
 -- journaled through `keiro_remote_deliver` in the order of its owner's key, so two batches
 -- take their locks in the same order. Returns one outcome per step id.
+-- Called by: keiro_postgres ops::remote::tasks_complete; tested by contract::remote.
 CREATE OR REPLACE FUNCTION keiro_remote_tasks_complete(p_step_ids text[], p_outputs jsonb[])
 RETURNS TABLE (step_id text, outcome text)
 -- Generic plans, index-driven: see the header of this file.
@@ -459,6 +467,7 @@ $$;
 -- A report of an older claim is ignored; a cancelled task refuses the report, whatever its
 -- claim (nothing journaled, no retry). Outcomes: retrying (retry_at), delivered, owner_gone,
 -- already_settled, cancelled, stale, not_found.
+-- Called by: keiro_postgres ops::remote::task_fail; tested by contract::remote.
 CREATE OR REPLACE FUNCTION keiro_remote_task_fail(p_step_id text, p_claim uuid, p_message text,
                                                   p_code text, p_retryable boolean,
                                                   p_retry_delay_ms bigint,
@@ -519,6 +528,7 @@ $$;
 -- current generation again (claim dropped, available now, dispatches + 1), whatever its
 -- deadline and redispatch_max (an operator's decision). Outcomes: redispatched (count),
 -- not_found.
+-- Called by: keiro_postgres ops::remote::remote_redispatch_pending; tested by contract::remote.
 CREATE OR REPLACE FUNCTION keiro_remote_redispatch_pending(p_name text, p_id text,
                                                            OUT outcome text,
                                                            OUT redispatched bigint)
@@ -554,6 +564,7 @@ $$;
 -- they were. Settled tasks keep their result. The `cancelled` and `continued` markers call it
 -- (`keiro_journal_append_to`): a worker would otherwise still run a task no run will read.
 -- Returns how many.
+-- Called by: SQL only (the cancelled and continued markers, cancel); tested by contract::remote.
 CREATE OR REPLACE FUNCTION keiro_remote_tasks_cancel(p_name text, p_id text, p_generation integer)
 RETURNS bigint
 LANGUAGE plpgsql AS $$
@@ -585,6 +596,7 @@ $$;
 -- (suspended, woken, terminal, not_found, lease_lost), with one arm outcome, deadline and
 -- settled value per arm. Commits asynchronously, as the arm and the park do on their own (see
 -- the header of migrations/0005_remote_steps.sql).
+-- Called by: keiro_postgres ops::remote::instance_park_dispatch; tested by contract::remote.
 CREATE OR REPLACE FUNCTION keiro_instance_park_dispatch(
     p_name text, p_id text, p_generation integer, p_owner text, p_epoch bigint,
     p_awaited text[], p_wake_after timestamptz,
@@ -612,6 +624,7 @@ $$;
 
 -- instance_park_dispatch_locked: `keiro_instance_park_dispatch` once its caller holds the
 -- locks of the existing tasks (the lone park above, or the batched park below).
+-- Called by: SQL only (the two park_dispatch functions); tested by contract::remote.
 CREATE OR REPLACE FUNCTION keiro_instance_park_dispatch_locked(
     p_name text, p_id text, p_generation integer, p_owner text, p_epoch bigint,
     p_awaited text[], p_wake_after timestamptz,
@@ -657,9 +670,8 @@ $$;
 -- instances_park_dispatch: the parks of several runs in one transaction, each exactly as
 -- `keiro_instance_park_dispatch` does it, one outcome row per park (`park` is its 1-based
 -- position in the arrays). A busy worker parks a run on every remote step, and a transaction
--- per park (a round trip, a commit, the statement's set-up) cost about as much as the park's
--- own work: measured, eight parks in one statement took 0.31-0.44 ms each against 0.66 ms
--- alone.
+-- per park (a round trip, a commit, the statement's set-up) costs about as much as the park's
+-- own work (docs/benchmarks-history.md, "Moved from the code").
 --
 -- Park i awaits `p_awaited[p_awaited_from[i] : p_awaited_to[i]]` and arms the tasks
 -- `p_step_ids[p_arms_from[i] : p_arms_to[i]]` (and the same slice of every arm array); an
@@ -672,6 +684,7 @@ $$;
 -- deepest first instead; one racing a batch that parks both a parent and its child can
 -- deadlock with it, which the server detects (after `deadlock_timeout`) and breaks by failing
 -- one side: a failed batch is retried park by park, a failed cancel is a retryable error.
+-- Called by: keiro_postgres ops::remote::instances_park_dispatch; tested by contract::remote.
 CREATE OR REPLACE FUNCTION keiro_instances_park_dispatch(
     p_names text[], p_ids text[], p_generations integer[], p_owners text[], p_epochs bigint[],
     p_wake_after timestamptz[], p_awaited_from integer[], p_awaited_to integer[],

@@ -7,6 +7,7 @@
 -- there may be no row to lock yet. It is transaction-scoped, so commit or rollback releases
 -- it. The key carries the schema, so installations sharing a database do not contend; a hash
 -- collision between two tokens only serializes them, it never merges them.
+-- Called by: SQL only (keiro_signal_wait, keiro_signal_send, keiro_signal_return); tested by contract::signal.
 CREATE OR REPLACE FUNCTION keiro_signal_lock(p_token text) RETURNS void
 LANGUAGE sql AS $$
     SELECT pg_advisory_xact_lock(
@@ -24,6 +25,7 @@ $$;
 -- it has expired by the sweeper's clock, and then this wait delivers a signal that was live
 -- when it looked, once (the token lock orders every deliverer). Outcomes: delivered
 -- (delivered = the journaled envelope), waiting, not_found, lease_lost.
+-- Called by: keiro_postgres ops::signal::signal_wait; tested by contract::signal.
 CREATE OR REPLACE FUNCTION keiro_signal_wait(p_name text, p_id text, p_generation integer,
                                              p_step text, p_token text, p_owner text,
                                              p_epoch bigint,
@@ -103,6 +105,7 @@ $$;
 -- first whose owner takes the step (appended, waking it) receives it (to_name, to_id; both
 -- NULL when none did). Waiters that cannot take it (terminal, another generation, already
 -- answered, gone) are dropped.
+-- Called by: SQL only (keiro_signal_send, keiro_signal_return); tested by contract::signal.
 CREATE OR REPLACE FUNCTION keiro_signal_offer(p_token text, p_payload jsonb,
                                               OUT to_name text, OUT to_id text)
 LANGUAGE plpgsql AS $$
@@ -114,7 +117,7 @@ DECLARE
 BEGIN
     -- Waits are added and taken only under the token lock, so no waiter appears under the
     -- loop. One can disappear: a withdraw (a `select` race's losing wait,
-    -- crates/postgres/src/signal.rs) deletes its row without the token lock. So each waiter
+    -- crates/postgres/src/ops/signal.rs) deletes its row without the token lock. So each waiter
     -- is taken by deleting its row, and one already gone is skipped: the body no longer makes
     -- that wait, and the signal goes to the next waiter or the buffer. A withdraw that comes
     -- after the DELETE waits for this transaction and finds the row gone (delivered).
@@ -147,6 +150,7 @@ $$;
 -- and skips locked rows, so it never waits while holding what another transaction may need: a
 -- wait that holds an instance row and deletes the signal it consumed cannot meet this send
 -- waiting on that instance row. Outcomes: delivered (to_name, to_id), buffered.
+-- Called by: keiro_postgres ops::signal::signal_send (also InTransaction); tested by contract::signal.
 CREATE OR REPLACE FUNCTION keiro_signal_send(p_token text, p_payload jsonb, p_ttl_ms bigint,
                                              OUT outcome text, OUT to_name text, OUT to_id text)
 LANGUAGE plpgsql AS $$
@@ -175,6 +179,7 @@ $$;
 
 -- The first, two-argument form of signal_send, kept for statements prepared against it by
 -- older builds: the default TTL (7 days, `SIGNAL_TTL_DEFAULT`).
+-- Called by: no current build (kept for older builds); tested by contract::signal.
 CREATE OR REPLACE FUNCTION keiro_signal_send(p_token text, p_payload jsonb,
                                              OUT outcome text, OUT to_name text,
                                              OUT to_id text)
@@ -197,6 +202,7 @@ $$;
 -- are touched. Lock order (sql/functions/README.md): the tokens' locks first, in token order,
 -- then the instance row (the append), then the waiters' rows. Outcomes: those of
 -- `keiro_journal_append_to`.
+-- Called by: keiro_postgres ops::signal::signal_return; tested by contract::signal.
 CREATE OR REPLACE FUNCTION keiro_signal_return(p_name text, p_id text, p_generation integer,
                                                p_step text, p_kind text, p_payload jsonb,
                                                p_owner text, p_epoch bigint, p_renew_ms bigint,

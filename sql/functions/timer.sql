@@ -3,6 +3,7 @@
 -- timer_arm: inserts the timer unless one exists for the step (first arm wins; a re-arm never
 -- moves fire_at, even after the timer fired) and returns the stored fire_at. Only a new timer
 -- notifies, with the `timer` payload. Not fenced. Outcomes: armed, present, not_found.
+-- Called by: keiro_postgres ops::timer::timer_arm; tested by contract::timer.
 CREATE OR REPLACE FUNCTION keiro_timer_arm(p_name text, p_id text, p_generation integer,
                                            p_step text, p_kind text, p_token text,
                                            p_fire_at timestamptz,
@@ -38,6 +39,7 @@ $$;
 -- transaction: each fire journals its step (external) and marks the timer fired. Returns the
 -- fired timers as parallel arrays in fire order, and `next_due`, the earliest fire_at still
 -- scheduled, so an idle timer loop knows how long it may sleep without another round trip.
+-- Called by: keiro_postgres ops::timer::timers_fire_due; tested by contract::timer.
 CREATE OR REPLACE FUNCTION keiro_timers_fire_due(p_now timestamptz, p_limit bigint,
                                                  OUT clock timestamptz, OUT fired_name text[],
                                                  OUT fired_id text[], OUT fired_step text[],

@@ -41,13 +41,14 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{GenericClient, Row};
 use uuid::Uuid;
 
-use crate::awakeable::{self, settle_outcome, status_text};
-use crate::child;
-use crate::delivery::{delivery_outcome, DeliveryArgs, DELIVER};
 use crate::error::Failure;
-use crate::journal::{append_outcome, appendable, AppendArgs, APPEND, GET, START};
+use crate::ops::awakeable::{self, settle_outcome, status_text};
+use crate::ops::instance::{self, GET, START};
+use crate::ops::journal::{
+    append_outcome, appendable, delivery_outcome, AppendArgs, DeliveryArgs, APPEND, DELIVER,
+};
+use crate::ops::signal::{self, send_outcome, signal_token, ttl_ms};
 use crate::row::{self, column, instance_columns};
-use crate::signal::{self, send_outcome, signal_token, ttl_ms};
 use crate::PgStore;
 
 /// keiro's store operations on a client or transaction the caller owns, for one schema: get
@@ -255,19 +256,19 @@ where
     /// [`StoreError::IsolationRefused`] inside a REPEATABLE READ or SERIALIZABLE transaction,
     /// which could not see a child, a task or an awakeable that came after its snapshot.
     pub async fn instance_cancel(&self, key: &InstanceKey, cascade: bool) -> Result<AppendOutcome> {
-        self.read_committed_only(child::CANCEL).await?;
+        self.read_committed_only(instance::CANCEL).await?;
         let sql = format!(
             "SELECT outcome, recorded, marker FROM {}.keiro_instance_cancel($1, $2, $3)",
             self.schema
         );
         let row = self
             .query_one(
-                child::CANCEL,
+                instance::CANCEL,
                 &sql,
                 &[&key.name.as_str(), &key.id.as_str(), &cascade],
             )
             .await?;
-        append_outcome(&row, child::CANCEL, key, None)
+        append_outcome(&row, instance::CANCEL, key, None)
     }
 
     /// Settles awakeable `id` as `status`, journaling `envelope` into its owner.

@@ -301,7 +301,7 @@ fn awakeable(row: &Row) -> Result<AwakeableInfo> {
     Ok(AwakeableInfo {
         id: column(row, "awakeable", WAITS)?,
         generation: column(row, "generation", WAITS)?,
-        status: crate::awakeable::parse_status(&status, WAITS)?,
+        status: crate::ops::awakeable::parse_status(&status, WAITS)?,
         created_at: column(row, "created_at", WAITS)?,
         settled_at: column(row, "done_at", WAITS)?,
     })

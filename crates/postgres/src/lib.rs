@@ -65,39 +65,28 @@
 //! rows that do not read as keiro data are `Malformed`. Connecting, configuring and migrating
 //! return this crate's [`Error`].
 
-mod append_lane;
-mod awaited;
-mod awakeable;
-mod batch;
-mod child;
 mod config;
 mod conninfo;
-mod delivery;
+mod db;
 mod error;
-mod flush;
 mod function_set;
+mod impls;
 mod in_transaction;
 mod inspect;
-mod journal;
-mod lease;
+mod lanes;
 mod listen;
 mod migrate;
-mod park_batch;
+mod ops;
 mod readiness;
-mod remote;
 mod retention;
 mod row;
 mod schedule;
 mod scratch;
 mod session;
-mod signal;
-mod start_claimed;
 mod store;
-mod timer;
 mod tls;
 mod transaction_step;
 
-pub use batch::{BatchStats, LaneStats};
 pub use config::{
     Config, ACQUIRE_TIMEOUT_DEFAULT, APPLICATION_NAME_DEFAULT, BATCHES_IN_FLIGHT_DEFAULT,
     BATCH_LEN_MAX_DEFAULT, CONNECT_TIMEOUT_DEFAULT, LISTEN_CHECK_INTERVAL_DEFAULT,
@@ -111,9 +100,10 @@ pub use in_transaction::InTransaction;
 pub use inspect::ListStatement;
 #[doc(hidden)]
 pub use inspect::INSTANCE_WAITS;
-#[doc(hidden)]
-pub use lease::INSTANCES_RUNNABLE;
+pub use lanes::{BatchStats, LaneStats};
 pub use migrate::Migrated;
+#[doc(hidden)]
+pub use ops::lease::INSTANCES_RUNNABLE;
 #[doc(hidden)]
 pub use retention::INSTANCES_GC_CANDIDATES;
 pub use scratch::DROP_SCHEMA_LOCK_TIMEOUT;

@@ -463,7 +463,7 @@ impl WakeSource for ClosedSubscription {
         if let Some(store) = self.store.upgrade() {
             store.listener_start();
             if !self.marked {
-                match crate::awaited::instance_mark_awaited(&store, &self.key).await {
+                match crate::ops::instance::instance_mark_awaited(store.db(), &self.key).await {
                     Ok(true) => self.marked = true,
                     // Closed already (or gone): nothing will notify; read now.
                     Ok(false) => return WakeReason::Notified,

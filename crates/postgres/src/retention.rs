@@ -32,8 +32,8 @@
 use keiro_journal::{store_span, traced, GcBatch, GcRequest, RetentionStore, StoreError};
 use time::OffsetDateTime;
 
+use crate::ops::span_ms;
 use crate::row::{column, count};
-use crate::store::span_ms;
 use crate::PgStore;
 
 type Result<T, E = StoreError> = std::result::Result<T, E>;

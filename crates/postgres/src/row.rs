@@ -71,7 +71,11 @@ pub(crate) fn status(text: &str, operation: &'static str) -> Result<Status, Stor
 }
 
 /// Reads a stored key.
-fn key(name: &str, id: &str, operation: &'static str) -> Result<InstanceKey, StoreError> {
+pub(crate) fn key(
+    name: &str,
+    id: &str,
+    operation: &'static str,
+) -> Result<InstanceKey, StoreError> {
     InstanceKey::parse(name, id)
         .map_err(|e| malformed(operation, format_args!("instance key {name:?}/{id:?}: {e}")))
 }
@@ -153,5 +157,44 @@ pub(crate) fn entries(
 ) -> Result<Vec<JournalEntry>, StoreError> {
     rows.iter()
         .map(|row| StoredEntry::from_row(row, operation)?.decode(operation))
+        .collect()
+}
+
+/// A 1-based array position, as the batch functions number their requests.
+pub(crate) fn position(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+/// Places the outcome rows of a batch function (each naming its request's 1-based position in
+/// `n_column`) in the batch's order; `outcome` reads one row (`None`: the request is to be
+/// sent alone), and a request with no row gets a malformed-data error.
+pub(crate) fn in_batch_order<O>(
+    rows: &[Row],
+    len: usize,
+    operation: &'static str,
+    n_column: &str,
+    mut outcome: impl FnMut(&Row, usize) -> Option<Result<O, StoreError>>,
+) -> Vec<Option<Result<O, StoreError>>> {
+    let mut outcomes: Vec<Option<Option<Result<O, StoreError>>>> = (0..len).map(|_| None).collect();
+    for row in rows {
+        let at = column::<i32>(row, n_column, operation)
+            .ok()
+            .and_then(|n| usize::try_from(n).ok())
+            .and_then(|n| n.checked_sub(1))
+            .filter(|&i| i < len);
+        if let Some(i) = at {
+            outcomes[i] = Some(outcome(row, i));
+        }
+    }
+    outcomes
+        .into_iter()
+        .map(|o| {
+            o.unwrap_or_else(|| {
+                Some(Err(malformed(
+                    operation,
+                    "no outcome for this request of the batch",
+                )))
+            })
+        })
         .collect()
 }

@@ -17,9 +17,9 @@ use keiro_resume::{
 use time::OffsetDateTime;
 use tokio_postgres::Row;
 
-use crate::journal::INSTANCE_START;
+use crate::ops::instance::INSTANCE_START;
+use crate::ops::span_ms;
 use crate::row::{self, column, malformed};
-use crate::store::span_ms;
 use crate::PgStore;
 
 /// The columns of a schedule row, in the order [`schedule`] reads them by name.

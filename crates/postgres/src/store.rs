@@ -1,29 +1,21 @@
 //! The store handle: a connection pool bound to one schema, and the round-trip counter.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use keiro_journal::{BatchLimits, StoreError};
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Row, Statement};
+use tokio_postgres::Row;
 
-use crate::batch::{BatchStats, Lanes, SlotHold};
 use crate::config::{Config, WAKE_CHANNEL_SUFFIX};
+use crate::db::Db;
 use crate::error::{Error, Failure, Result};
+use crate::lanes::{BatchStats, Lanes};
 use crate::listen::Hub;
 use crate::readiness::{self, SchemaCheck};
 use crate::tls::{rustls_error, TlsConnector};
-
-/// The longest a group-commit batch keeps its lane's slot: far longer than a batch takes, short
-/// enough that one kept waiting for a lock does not hold up the lane (see `batch`).
-const SLOT_HOLD_MAX: Duration = Duration::from_millis(20);
-
-/// The longest span sent to the database: longer leases and delays are cut to this, which is
-/// "forever" for a workflow, so that `now() + span` can never leave the timestamp range.
-const SPAN_MS_MAX: i64 = 100 * 366 * 24 * 60 * 60 * 1000;
 
 /// keiro's Postgres store: every store trait of `keiro-journal`, `keiro-lease` and
 /// `keiro-remote` over a `deadpool-postgres` pool whose connections all use one schema.
@@ -47,25 +39,19 @@ pub struct PgStore {
 }
 
 struct Inner {
-    pool: Pool,
-    schema: String,
+    /// The pool, the schema and the round-trip counter the operations run on.
+    db: Arc<Db>,
     wake_channel: String,
     connection: tokio_postgres::Config,
     tls: TlsConnector,
-    round_trips: AtomicU64,
     /// How long [`PgStore::migrate`] waits for another runner's migration lock.
     migrate_lock_timeout: Duration,
-    /// Whether the schema holds what this build needs (`readiness`).
-    schema_check: SchemaCheck,
     /// The push notifications: one LISTEN connection, started by the first subscription and
     /// stopped when this is dropped.
     wakes: Hub,
-    /// The group-commit lanes (appends, starts, parks), each started by its first call.
+    /// The group-commit lanes (appends, starts, parks), each started by its first call; they
+    /// know whether calls go through them ([`Config::batching`]) and how they cut batches.
     lanes: Lanes,
-    /// Whether calls go through the lanes ([`Config::batching`]).
-    batching: bool,
-    /// How the lanes cut their batches.
-    batch_limits: BatchLimits,
     /// What resets a connection a transaction step lent to the user's closure (`session`).
     session_reset: String,
 }
@@ -111,7 +97,7 @@ impl PgStore {
     pub async fn connect(config: Config) -> Result<Self> {
         const CONNECT: &str = "connecting to the database";
         let store = Self::connect_lazy(config)?;
-        let first = store.inner.pool.get().await.map_err(|e| {
+        let first = store.pool().get().await.map_err(|e| {
             // A refused certificate is refused again: not an outage to wait out.
             if rustls_error(&e).is_some() {
                 return Error::Tls {
@@ -126,7 +112,7 @@ impl PgStore {
         // that fails (a role that may not read the catalogs) leaves the schema unchecked: the
         // operations' own errors still name a missing object.
         match readiness::check(&first, store.schema()).await {
-            Ok(found) => store.inner.schema_check.set(&found),
+            Ok(found) => store.schema_check().set(&found),
             Err(error) => tracing::debug!(%error, "checking the schema failed"),
         }
         // Back into the pool: the first operation reuses it.
@@ -175,21 +161,19 @@ impl PgStore {
             })?;
         Ok(Self {
             inner: Arc::new(Inner {
-                pool,
                 wake_channel: format!("{}{WAKE_CHANNEL_SUFFIX}", config.schema),
-                schema: config.schema,
+                db: Arc::new(Db::new(pool, config.schema)),
                 connection,
                 tls,
-                round_trips: AtomicU64::new(0),
                 migrate_lock_timeout: config.migrate_lock_timeout,
-                schema_check: SchemaCheck::default(),
                 wakes,
-                lanes: Lanes::default(),
-                batching: config.batching,
-                batch_limits: BatchLimits {
-                    len_max: config.batch_len_max,
-                    in_flight: config.batch_in_flight,
-                },
+                lanes: Lanes::new(
+                    config.batching,
+                    BatchLimits {
+                        len_max: config.batch_len_max,
+                        in_flight: config.batch_in_flight,
+                    },
+                ),
                 session_reset,
             }),
         })
@@ -199,12 +183,12 @@ impl PgStore {
     /// `search_path` is [`schema`](Self::schema)). Statements sent through it directly are
     /// not counted by [`round_trips`](Self::round_trips).
     pub fn pool(&self) -> &Pool {
-        &self.inner.pool
+        self.inner.db.pool()
     }
 
     /// The schema this store works in.
     pub fn schema(&self) -> &str {
-        &self.inner.schema
+        self.inner.db.schema()
     }
 
     /// The channel wake notifications are sent on: `<schema>.wake`, with the payload
@@ -246,7 +230,7 @@ impl PgStore {
         // into the statement.
         const SESSION_RESTORE: &str = "SELECT set_config(s.name, s.value, false) \
              FROM unnest($1::text[], $2::text[]) AS s(name, value)";
-        let settings = crate::config::session_settings(&self.inner.schema);
+        let settings = crate::config::session_settings(self.schema());
         let names: Vec<&str> = settings.iter().map(|(name, _)| *name).collect();
         let values: Vec<&str> = settings.iter().map(|(_, value)| value.as_str()).collect();
         client
@@ -286,7 +270,7 @@ impl PgStore {
     /// # Ok(()) }
     /// ```
     pub fn round_trips(&self) -> u64 {
-        self.inner.round_trips.load(Ordering::Relaxed)
+        self.inner.db.round_trips()
     }
 
     /// The push-notification hub.
@@ -299,6 +283,11 @@ impl PgStore {
         &self.inner.lanes
     }
 
+    /// The pool the operations run on.
+    pub(crate) fn db(&self) -> &Arc<Db> {
+        &self.inner.db
+    }
+
     /// Whether concurrent calls share transactions ([`Config::batching`]).
     ///
     /// ```
@@ -308,7 +297,7 @@ impl PgStore {
     /// # Ok::<(), keiro_postgres::Error>(())
     /// ```
     pub fn batching(&self) -> bool {
-        self.inner.batching
+        self.inner.lanes.batching()
     }
 
     /// What each group-commit lane sent so far: batches and the calls they carried, so a
@@ -327,11 +316,6 @@ impl PgStore {
         self.inner.lanes.stats()
     }
 
-    /// How the group-commit lanes cut their batches.
-    pub(crate) fn batch_limits(&self) -> BatchLimits {
-        self.inner.batch_limits
-    }
-
     /// A handle that does not keep the store alive.
     pub(crate) fn downgrade(&self) -> WeakStore {
         WeakStore(Arc::downgrade(&self.inner))
@@ -348,160 +332,65 @@ impl PgStore {
     }
 
     pub(crate) fn count_round_trips(&self, n: u64) {
-        self.inner.round_trips.fetch_add(n, Ordering::Relaxed);
+        self.inner.db.count_round_trips(n);
     }
 
     /// What this store knows of its schema.
     pub(crate) fn schema_check(&self) -> &SchemaCheck {
-        &self.inner.schema_check
+        self.inner.db.schema_check()
     }
 
-    /// A pooled connection for one store operation. On a schema found lacking, the schema is
-    /// checked again on it first: [`StoreError::SchemaNotMigrated`] until it is migrated.
+    /// A pooled connection for one store operation ([`Db::client`]).
     pub(crate) async fn client(&self, operation: &'static str) -> Result<Object, StoreError> {
-        let client = self
-            .inner
-            .pool
-            .get()
-            .await
-            .map_err(|e| Failure::from(e).into_store(operation))?;
-        if self.inner.schema_check.lacking() {
-            self.count_round_trips(2);
-            let found = readiness::check(&client, self.schema())
-                .await
-                .map_err(|e| Failure::from(e).into_store(operation))?;
-            self.inner.schema_check.set(&found);
-            if let Some(error) = found.error(operation, self.schema()) {
-                return Err(error);
-            }
-        }
-        Ok(client)
+        self.inner.db.client(operation).await
     }
 
-    /// The store error of a failed statement of `operation`; one that met a missing object
-    /// (the schema is gone or older than this build) is [`StoreError::SchemaNotMigrated`],
-    /// and the next operation checks the schema first.
+    /// The store error of a failed statement of `operation` ([`Db::failed`]).
     pub(crate) fn failed(
         &self,
         operation: &'static str,
         error: tokio_postgres::Error,
     ) -> StoreError {
-        let failure = Failure::from(error);
-        if failure.is_missing_object() {
-            self.inner.schema_check.suspect();
-        }
-        failure.into_store_in(operation, self.schema())
+        self.inner.db.failed(operation, error)
     }
 
-    /// Prepares `sql` once per connection; a cache hit costs no round trip and is not counted.
-    async fn prepared(
-        &self,
-        client: &Object,
-        sql: &str,
-    ) -> Result<Statement, tokio_postgres::Error> {
-        // The connection is ours alone until dropped, so a change of its cache size is exactly
-        // a miss of this call.
-        let cached = client.statement_cache.size();
-        let prepared = client.prepare_cached(sql).await;
-        if prepared.is_err() || client.statement_cache.size() != cached {
-            self.count_round_trips(1);
-        }
-        prepared
-    }
-
-    /// Runs one prepared statement and returns its rows.
+    /// Runs one prepared statement and returns its rows ([`Db::query`]).
     pub(crate) async fn query(
         &self,
         operation: &'static str,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, StoreError> {
-        let client = self.client(operation).await?;
-        let statement = self
-            .prepared(&client, sql)
-            .await
-            .map_err(|e| self.failed(operation, e))?;
-        self.count_round_trips(1);
-        client
-            .query(&statement, params)
-            .await
-            .map_err(|e| self.failed(operation, e))
+        self.inner.db.query(operation, sql, params).await
     }
 
-    /// [`query`](Self::query) for a batch of a group-commit lane: one statement in an implicit
-    /// transaction, whose rows come once its commit is durable, so nobody is answered before.
-    /// The lane holds its slot until then ([`SlotHold`]); a statement still running after
-    /// [`SLOT_HOLD_MAX`] (kept waiting for a lock, most likely) gives the slot back, so the lane
-    /// never waits behind it. (An explicit `BEGIN` and `COMMIT` around the statement would let
-    /// the slot go before the commit; holding it is what keeps a lane's callers together, and
-    /// they would cost two more statements a batch.)
-    pub(crate) async fn query_in_slot(
-        &self,
-        operation: &'static str,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-        slot: Option<&SlotHold>,
-    ) -> Result<Vec<Row>, StoreError> {
-        let query = self.query(operation, sql, params);
-        match slot {
-            Some(slot) => released_if_kept_waiting(query, slot).await,
-            None => query.await,
-        }
-    }
-
-    /// [`query_one`](Self::query_one) for a request a lane sends alone: in an implicit
-    /// transaction as any single call (a lone call costs nothing more than without batching),
-    /// giving the lane's slot back after [`SLOT_HOLD_MAX`] if it is still running then.
-    pub(crate) async fn query_one_in_slot(
-        &self,
-        operation: &'static str,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-        slot: Option<&SlotHold>,
-    ) -> Result<Row, StoreError> {
-        let query = self.query_one(operation, sql, params);
-        match slot {
-            Some(slot) => released_if_kept_waiting(query, slot).await,
-            None => query.await,
-        }
-    }
-
-    /// Runs one prepared statement that returns exactly one row.
+    /// Runs one prepared statement that returns exactly one row ([`Db::query_one`]).
     pub(crate) async fn query_one(
         &self,
         operation: &'static str,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Row, StoreError> {
-        let rows = self.query(operation, sql, params).await?;
-        exactly_one(operation, rows)
+        self.inner.db.query_one(operation, sql, params).await
     }
 
-    /// Runs one prepared statement and returns the number of rows it changed.
+    /// Runs one prepared statement and returns the number of rows it changed
+    /// ([`Db::execute`]).
     pub(crate) async fn execute(
         &self,
         operation: &'static str,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, StoreError> {
-        let client = self.client(operation).await?;
-        let statement = self
-            .prepared(&client, sql)
-            .await
-            .map_err(|e| self.failed(operation, e))?;
-        self.count_round_trips(1);
-        client
-            .execute(&statement, params)
-            .await
-            .map_err(|e| self.failed(operation, e))
+        self.inner.db.execute(operation, sql, params).await
     }
 }
 
 impl fmt::Debug for PgStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let status = self.inner.pool.status();
+        let status = self.pool().status();
         f.debug_struct("PgStore")
-            .field("schema", &self.inner.schema)
+            .field("schema", &self.schema())
             .field("pool_size", &status.size)
             .field("pool_max_size", &status.max_size)
             .field("round_trips", &self.round_trips())
@@ -509,46 +398,9 @@ impl fmt::Debug for PgStore {
     }
 }
 
-/// A span as the whole milliseconds SQL multiplies by `interval '1 millisecond'`, capped at
-/// [`SPAN_MS_MAX`].
-pub(crate) fn span_ms(span: Duration) -> i64 {
-    i64::try_from(span.as_millis()).map_or(SPAN_MS_MAX, |ms| ms.min(SPAN_MS_MAX))
-}
-
-/// Runs `call`, giving `slot` back if it is still running after [`SLOT_HOLD_MAX`].
-async fn released_if_kept_waiting<T>(
-    call: impl std::future::Future<Output = T>,
-    slot: &SlotHold,
-) -> T {
-    let mut call = std::pin::pin!(call);
-    tokio::select! {
-        done = &mut call => return done,
-        () = tokio::time::sleep(SLOT_HOLD_MAX) => slot.release(),
-    }
-    call.await
-}
-
-/// The one row a statement must return.
-fn exactly_one(operation: &'static str, mut rows: Vec<Row>) -> Result<Row, StoreError> {
-    if rows.len() != 1 {
-        return Err(StoreError::Malformed {
-            operation,
-            detail: format!("expected exactly one row, got {}", rows.len()),
-        });
-    }
-    Ok(rows.swap_remove(0))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn spans_are_whole_milliseconds_and_capped() {
-        assert_eq!(span_ms(Duration::from_millis(1500)), 1500);
-        assert_eq!(span_ms(Duration::from_micros(2999)), 2);
-        assert_eq!(span_ms(Duration::MAX), SPAN_MS_MAX);
-    }
 
     #[test]
     fn a_lazy_store_is_bound_to_its_schema_and_channel() {

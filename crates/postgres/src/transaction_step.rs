@@ -61,7 +61,8 @@ use tokio_postgres::error::{DbError, SqlState};
 use tokio_postgres::{IsolationLevel, Transaction};
 
 use crate::error::{classify_code, server_reason, Class, Failure};
-use crate::journal::{append_outcome, lease_lost, not_found, unknown_outcome, AppendArgs};
+use crate::ops::journal::{append_outcome, AppendArgs};
+use crate::ops::{lease_lost, not_found, unknown_outcome};
 use crate::row::column;
 use crate::session::Lent;
 use crate::PgStore;

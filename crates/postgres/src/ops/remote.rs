@@ -1,12 +1,14 @@
-//! Remote steps: arming a task (the workflow side), the task-table transport (claim,
-//! heartbeat, report) and the operator's recovery tools (redispatch, requeue, fix-and-replay).
+//! `sql/functions/remote.sql`: remote steps: arming a task (the workflow side), the
+//! task-table transport (claim, heartbeat, report), redispatch, and the park that dispatches
+//! (one run's, or several runs' in one statement); with the plain statements that list an
+//! instance's tasks and make an asynchronous report durable beside them. (The operator's
+//! requeue and fix-and-replay are in `instance.sql`.)
 //!
 //! # Design
 //!
 //! A remote task is a row of `remote_tasks` keyed by its stable step id. Every operation is
-//! one call of a `keiro_*` function from migrations 0005, 0007, 0008 and 0010, so one round trip
-//! and one transaction (the parks of several runs that dispatch at the same moment share one:
-//! see `park_batch`):
+//! one call of a `keiro_*` function, so one round trip and one transaction (the parks of
+//! several runs that dispatch at the same moment share one: `keiro_instances_park_dispatch`):
 //!
 //! - arming locks the task row (when it exists), then the owner's row `FOR KEY SHARE` (so a
 //!   cancellation committing meanwhile cannot miss the task), and writes the task once; a
@@ -30,11 +32,9 @@
 use std::time::Duration;
 
 use keiro_journal::store::Result;
-use keiro_journal::{store_span, traced};
 use keiro_journal::{Backoff, InstanceKey, Park, ParkOutcome, RemoteArm, RemoteArmOutcome};
 use keiro_remote::{
-    ClaimRequest, ClaimedTask, HeartbeatOutcome, RemoteAdmin, RemoteTask, ReportOutcome,
-    RequeueOutcome, RetryOutcome, TaskFailure, TaskStatus, Transport,
+    ClaimRequest, ClaimedTask, HeartbeatOutcome, RemoteTask, ReportOutcome, TaskFailure, TaskStatus,
 };
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -42,10 +42,10 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
-use crate::journal::{lease_lost, not_found, park_outcome, unknown_outcome};
-use crate::row::{self, column, malformed};
-use crate::store::span_ms;
-use crate::PgStore;
+use crate::db::Db;
+use crate::ops::instance::park_outcome;
+use crate::ops::{lease_lost, not_found, span_ms, unknown_outcome};
+use crate::row::{self, column, in_batch_order, malformed, position};
 
 const ARM: &str = "arming a remote step";
 const CLAIM: &str = "claiming remote tasks";
@@ -53,10 +53,10 @@ const HEARTBEAT: &str = "heartbeating a remote task";
 const COMPLETE: &str = "completing a remote task";
 const FAIL: &str = "failing a remote task";
 const PARK_DISPATCH: &str = "parking a run with its remote dispatches";
+pub(crate) const PARK_BATCH: &str = "parking runs with their remote dispatches";
 const REDISPATCH: &str = "redispatching remote tasks";
-const REQUEUE: &str = "requeueing an instance";
-const RETRY: &str = "starting a fix-and-replay";
 const TASKS: &str = "reading remote tasks";
+const FLUSH: &str = "flushing asynchronous commits";
 
 /// A count or limit for an `integer` column; larger values mean "no limit" anyway.
 fn int(n: u32) -> i32 {
@@ -81,22 +81,17 @@ fn millis(row: &Row, name: &str, operation: &'static str) -> Result<Duration> {
 fn owner(row: &Row, operation: &'static str) -> Result<InstanceKey> {
     let name: String = column(row, "workflow_name", operation)?;
     let id: String = column(row, "workflow_id", operation)?;
-    parse_key(&name, &id, operation)
-}
-
-fn parse_key(name: &str, id: &str, operation: &'static str) -> Result<InstanceKey> {
-    InstanceKey::parse(name, id)
-        .map_err(|e| malformed(operation, format_args!("instance key {name:?}/{id:?}: {e}")))
+    row::key(&name, &id, operation)
 }
 
 const REMOTE_ARM: &str = "SELECT outcome, deadline, settled FROM keiro_remote_arm(\
      $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)";
 
 /// [`JournalStore::remote_arm`](keiro_journal::JournalStore::remote_arm).
-pub(crate) async fn remote_arm(store: &PgStore, arm: &RemoteArm) -> Result<RemoteArmOutcome> {
+pub(crate) async fn remote_arm(db: &Db, arm: &RemoteArm) -> Result<RemoteArmOutcome> {
     let owner = arm.fence.as_ref().map(|f| f.owner.as_str());
     let epoch = arm.fence.as_ref().map(|f| f.epoch);
-    let row = store
+    let row = db
         .query_one(
             ARM,
             REMOTE_ARM,
@@ -151,6 +146,182 @@ fn arm_outcome(
             None => Err(unknown_outcome(ARM, "lease_lost without a fence")),
         },
         other => Err(unknown_outcome(ARM, other)),
+    }
+}
+
+// The columns are spelled out (never `*`), so a column added by a later migration cannot change
+// the result type of a statement a running process has already prepared.
+const TASKS_CLAIM: &str = "SELECT step_id, claim, workflow_name, workflow_id, generation, step, \
+     grp, input, priority, traceparent, attempts, max_attempts, backoff_initial_ms, \
+     backoff_max_ms, backoff_jitter, dispatches, available_at \
+     FROM keiro_remote_tasks_claim($1, $2, $3, $4)";
+
+pub(crate) async fn tasks_claim(db: &Db, request: &ClaimRequest) -> Result<Vec<ClaimedTask>> {
+    if request.groups.is_empty() || request.limit == 0 {
+        return Ok(Vec::new());
+    }
+    let rows = db
+        .query(
+            CLAIM,
+            TASKS_CLAIM,
+            &[
+                &request.groups,
+                &request.worker,
+                &int(request.limit),
+                &span_ms(request.claim_ttl),
+            ],
+        )
+        .await?;
+    rows.iter().map(claimed_task).collect()
+}
+
+fn claimed_task(row: &Row) -> Result<ClaimedTask> {
+    let claim: Option<Uuid> = column(row, "claim", CLAIM)?;
+    Ok(ClaimedTask {
+        step_id: column(row, "step_id", CLAIM)?,
+        claim: claim.ok_or_else(|| malformed(CLAIM, "a claimed task has no claim"))?,
+        key: owner(row, CLAIM)?,
+        generation: column(row, "generation", CLAIM)?,
+        step: column(row, "step", CLAIM)?,
+        group: column(row, "grp", CLAIM)?,
+        input: column(row, "input", CLAIM)?,
+        priority: column(row, "priority", CLAIM)?,
+        traceparent: column(row, "traceparent", CLAIM)?,
+        attempt: natural(row, "attempts", CLAIM)?.saturating_add(1),
+        max_attempts: natural(row, "max_attempts", CLAIM)?,
+        backoff: Backoff {
+            initial: millis(row, "backoff_initial_ms", CLAIM)?,
+            max: millis(row, "backoff_max_ms", CLAIM)?,
+            jitter: column(row, "backoff_jitter", CLAIM)?,
+        },
+        dispatches: natural(row, "dispatches", CLAIM)?,
+        available_at: column(row, "available_at", CLAIM)?,
+    })
+}
+
+const TASK_HEARTBEAT: &str = "SELECT outcome FROM keiro_remote_task_heartbeat($1, $2, $3)";
+
+pub(crate) async fn task_heartbeat(
+    db: &Db,
+    step_id: &str,
+    claim: Uuid,
+    ttl: Duration,
+) -> Result<HeartbeatOutcome> {
+    let row = db
+        .query_one(
+            HEARTBEAT,
+            TASK_HEARTBEAT,
+            &[&step_id, &claim, &span_ms(ttl)],
+        )
+        .await?;
+    let outcome: String = column(&row, "outcome", HEARTBEAT)?;
+    match outcome.as_str() {
+        "extended" => Ok(HeartbeatOutcome::Extended),
+        "lost" => Ok(HeartbeatOutcome::Lost),
+        "cancelled" => Ok(HeartbeatOutcome::Cancelled),
+        other => Err(unknown_outcome(HEARTBEAT, other)),
+    }
+}
+
+/// Reads the outcome of a report.
+fn report(row: &Row, operation: &'static str) -> Result<ReportOutcome> {
+    let outcome: String = column(row, "outcome", operation)?;
+    match outcome.as_str() {
+        "delivered" => Ok(ReportOutcome::Delivered),
+        "owner_gone" => Ok(ReportOutcome::OwnerGone),
+        "already_settled" => Ok(ReportOutcome::AlreadySettled),
+        "stale" => Ok(ReportOutcome::Stale),
+        "not_found" => Ok(ReportOutcome::NotFound),
+        "cancelled" => Ok(ReportOutcome::Cancelled),
+        "retrying" => {
+            let at: Option<OffsetDateTime> = column(row, "retry_at", operation)?;
+            at.map(|at| ReportOutcome::Retrying { at })
+                .ok_or_else(|| malformed(operation, "a retry without its time"))
+        }
+        other => Err(unknown_outcome(operation, other)),
+    }
+}
+
+const TASK_COMPLETE: &str = "SELECT outcome FROM keiro_remote_task_complete($1, $2)";
+
+pub(crate) async fn task_complete(db: &Db, step_id: &str, output: &Value) -> Result<ReportOutcome> {
+    let row = db
+        .query_one(COMPLETE, TASK_COMPLETE, &[&step_id, output])
+        .await?;
+    report(&row, COMPLETE)
+}
+
+const TASKS_COMPLETE: &str = "SELECT step_id, outcome FROM keiro_remote_tasks_complete($1, $2)";
+
+pub(crate) async fn tasks_complete(
+    db: &Db,
+    reports: &[(String, Value)],
+) -> Result<Vec<ReportOutcome>> {
+    let step_ids: Vec<&str> = reports.iter().map(|(id, _)| id.as_str()).collect();
+    let outputs: Vec<&Value> = reports.iter().map(|(_, output)| output).collect();
+    let rows = db
+        .query(COMPLETE, TASKS_COMPLETE, &[&step_ids, &outputs])
+        .await?;
+    // The function journals in its own (lock) order; answer in the caller's.
+    let mut by_id = std::collections::HashMap::with_capacity(rows.len());
+    for row in &rows {
+        let step_id: String = column(row, "step_id", COMPLETE)?;
+        by_id.insert(step_id, report(row, COMPLETE)?);
+    }
+    step_ids
+        .iter()
+        .map(|id| {
+            by_id
+                .get(*id)
+                .copied()
+                .ok_or_else(|| malformed(COMPLETE, "a report without its outcome"))
+        })
+        .collect()
+}
+
+const TASK_FAIL: &str =
+    "SELECT outcome, retry_at FROM keiro_remote_task_fail($1, $2, $3, $4, $5, $6)";
+
+pub(crate) async fn task_fail(
+    db: &Db,
+    step_id: &str,
+    claim: Uuid,
+    failure: &TaskFailure,
+    retry_delay: Duration,
+) -> Result<ReportOutcome> {
+    let row = db
+        .query_one(
+            FAIL,
+            TASK_FAIL,
+            &[
+                &step_id,
+                &claim,
+                &failure.message,
+                &failure.code,
+                &failure.retryable,
+                &span_ms(retry_delay),
+            ],
+        )
+        .await?;
+    report(&row, FAIL)
+}
+
+const REDISPATCH_PENDING: &str =
+    "SELECT outcome, redispatched FROM keiro_remote_redispatch_pending($1, $2)";
+
+pub(crate) async fn remote_redispatch_pending(db: &Db, key: &InstanceKey) -> Result<Option<u64>> {
+    let row = db
+        .query_one(
+            REDISPATCH,
+            REDISPATCH_PENDING,
+            &[&key.name.as_str(), &key.id.as_str()],
+        )
+        .await?;
+    let outcome: String = column(&row, "outcome", REDISPATCH)?;
+    match outcome.as_str() {
+        "redispatched" => Ok(Some(row::count(&row, "redispatched", REDISPATCH)?)),
+        "not_found" => Ok(None),
+        other => Err(unknown_outcome(REDISPATCH, other)),
     }
 }
 
@@ -220,7 +391,7 @@ impl<'a> ArmColumns<'a> {
 /// [`JournalStore::instance_park_dispatch`](keiro_journal::JournalStore::instance_park_dispatch)
 /// in one transaction of its own: the arms, then the park.
 pub(crate) async fn instance_park_dispatch(
-    store: &PgStore,
+    db: &Db,
     park: &Park,
     arms: &[RemoteArm],
 ) -> Result<(ParkOutcome, Vec<RemoteArmOutcome>)> {
@@ -240,7 +411,7 @@ pub(crate) async fn instance_park_dispatch(
         &park.wake_after,
     ];
     params.extend(columns.params());
-    let row = store
+    let row = db
         .query_one(PARK_DISPATCH, INSTANCE_PARK_DISPATCH, &params)
         .await?;
     park_dispatch_outcome(&row, park, arms)
@@ -267,253 +438,70 @@ pub(crate) fn park_dispatch_outcome(
     Ok((park_outcome, outcomes))
 }
 
-// The columns are spelled out (never `*`), so a column added by a later migration cannot change
-// the result type of a statement a running process has already prepared.
-const TASKS_CLAIM: &str = "SELECT step_id, claim, workflow_name, workflow_id, generation, step, \
-     grp, input, priority, traceparent, attempts, max_attempts, backoff_initial_ms, \
-     backoff_max_ms, backoff_jitter, dispatches, available_at \
-     FROM keiro_remote_tasks_claim($1, $2, $3, $4)";
+const INSTANCES_PARK_DISPATCH: &str = "SELECT p.park, p.outcome, p.row_status, \
+     p.arm_outcomes, p.arm_deadlines, p.arm_settled \
+     FROM keiro_instances_park_dispatch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
+     $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24) p";
 
-async fn tasks_claim(store: &PgStore, request: &ClaimRequest) -> Result<Vec<ClaimedTask>> {
-    if request.groups.is_empty() || request.limit == 0 {
-        return Ok(Vec::new());
+/// Parks with their remote dispatches of several runs in one statement
+/// (`keiro_instances_park_dispatch`): an outcome per park, in the order given. An error here
+/// means the statement failed, so nothing of it was written; a refusal of one park (not found,
+/// lease lost) is that park's outcome.
+pub(crate) async fn instances_park_dispatch(
+    db: &Db,
+    batch: &[(&Park, &[RemoteArm])],
+) -> Result<Vec<Option<Result<(ParkOutcome, Vec<RemoteArmOutcome>)>>>> {
+    let mut names = Vec::with_capacity(batch.len());
+    let mut ids = Vec::with_capacity(batch.len());
+    let mut generations = Vec::with_capacity(batch.len());
+    let mut owners = Vec::with_capacity(batch.len());
+    let mut epochs = Vec::with_capacity(batch.len());
+    let mut wake_after = Vec::with_capacity(batch.len());
+    let (mut awaited_from, mut awaited_to, mut awaited) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut arms_from, mut arms_to, mut arms) = (Vec::new(), Vec::new(), ArmColumns::default());
+    let mut arm_count = 0;
+    for (park, park_arms) in batch {
+        names.push(park.key.name.as_str());
+        ids.push(park.key.id.as_str());
+        generations.push(park.generation);
+        owners.push(park.fence.as_ref().map(|f| f.owner.as_str()));
+        epochs.push(park.fence.as_ref().map(|f| f.epoch));
+        wake_after.push(park.wake_after);
+        // 1-based inclusive slices; an empty one ends before it starts.
+        awaited_from.push(position(awaited.len() + 1));
+        awaited.extend(park.awaited.iter().map(String::as_str));
+        awaited_to.push(position(awaited.len()));
+        arms_from.push(position(arm_count + 1));
+        park_arms.iter().for_each(|arm| arms.push(arm));
+        arm_count += park_arms.len();
+        arms_to.push(position(arm_count));
     }
-    let rows = store
-        .query(
-            CLAIM,
-            TASKS_CLAIM,
-            &[
-                &request.groups,
-                &request.worker,
-                &int(request.limit),
-                &span_ms(request.claim_ttl),
-            ],
-        )
+    let mut params: Vec<&(dyn ToSql + Sync)> = vec![
+        &names,
+        &ids,
+        &generations,
+        &owners,
+        &epochs,
+        &wake_after,
+        &awaited_from,
+        &awaited_to,
+        &awaited,
+        &arms_from,
+        &arms_to,
+    ];
+    params.extend(arms.params());
+    let rows = db
+        .query(PARK_BATCH, INSTANCES_PARK_DISPATCH, &params)
         .await?;
-    rows.iter().map(claimed_task).collect()
-}
-
-fn claimed_task(row: &Row) -> Result<ClaimedTask> {
-    let claim: Option<Uuid> = column(row, "claim", CLAIM)?;
-    Ok(ClaimedTask {
-        step_id: column(row, "step_id", CLAIM)?,
-        claim: claim.ok_or_else(|| malformed(CLAIM, "a claimed task has no claim"))?,
-        key: owner(row, CLAIM)?,
-        generation: column(row, "generation", CLAIM)?,
-        step: column(row, "step", CLAIM)?,
-        group: column(row, "grp", CLAIM)?,
-        input: column(row, "input", CLAIM)?,
-        priority: column(row, "priority", CLAIM)?,
-        traceparent: column(row, "traceparent", CLAIM)?,
-        attempt: natural(row, "attempts", CLAIM)?.saturating_add(1),
-        max_attempts: natural(row, "max_attempts", CLAIM)?,
-        backoff: Backoff {
-            initial: millis(row, "backoff_initial_ms", CLAIM)?,
-            max: millis(row, "backoff_max_ms", CLAIM)?,
-            jitter: column(row, "backoff_jitter", CLAIM)?,
-        },
-        dispatches: natural(row, "dispatches", CLAIM)?,
-        available_at: column(row, "available_at", CLAIM)?,
-    })
-}
-
-const TASK_HEARTBEAT: &str = "SELECT outcome FROM keiro_remote_task_heartbeat($1, $2, $3)";
-
-async fn task_heartbeat(
-    store: &PgStore,
-    step_id: &str,
-    claim: Uuid,
-    ttl: Duration,
-) -> Result<HeartbeatOutcome> {
-    let row = store
-        .query_one(
-            HEARTBEAT,
-            TASK_HEARTBEAT,
-            &[&step_id, &claim, &span_ms(ttl)],
-        )
-        .await?;
-    let outcome: String = column(&row, "outcome", HEARTBEAT)?;
-    match outcome.as_str() {
-        "extended" => Ok(HeartbeatOutcome::Extended),
-        "lost" => Ok(HeartbeatOutcome::Lost),
-        "cancelled" => Ok(HeartbeatOutcome::Cancelled),
-        other => Err(unknown_outcome(HEARTBEAT, other)),
-    }
-}
-
-/// Reads the outcome of a report.
-fn report(row: &Row, operation: &'static str) -> Result<ReportOutcome> {
-    let outcome: String = column(row, "outcome", operation)?;
-    match outcome.as_str() {
-        "delivered" => Ok(ReportOutcome::Delivered),
-        "owner_gone" => Ok(ReportOutcome::OwnerGone),
-        "already_settled" => Ok(ReportOutcome::AlreadySettled),
-        "stale" => Ok(ReportOutcome::Stale),
-        "not_found" => Ok(ReportOutcome::NotFound),
-        "cancelled" => Ok(ReportOutcome::Cancelled),
-        "retrying" => {
-            let at: Option<OffsetDateTime> = column(row, "retry_at", operation)?;
-            at.map(|at| ReportOutcome::Retrying { at })
-                .ok_or_else(|| malformed(operation, "a retry without its time"))
-        }
-        other => Err(unknown_outcome(operation, other)),
-    }
-}
-
-const TASK_COMPLETE: &str = "SELECT outcome FROM keiro_remote_task_complete($1, $2)";
-
-async fn task_complete(store: &PgStore, step_id: &str, output: &Value) -> Result<ReportOutcome> {
-    let row = store
-        .query_one(COMPLETE, TASK_COMPLETE, &[&step_id, output])
-        .await?;
-    report(&row, COMPLETE)
-}
-
-const TASKS_COMPLETE: &str = "SELECT step_id, outcome FROM keiro_remote_tasks_complete($1, $2)";
-
-async fn tasks_complete(
-    store: &PgStore,
-    reports: &[(String, Value)],
-) -> Result<Vec<ReportOutcome>> {
-    let step_ids: Vec<&str> = reports.iter().map(|(id, _)| id.as_str()).collect();
-    let outputs: Vec<&Value> = reports.iter().map(|(_, output)| output).collect();
-    let rows = store
-        .query(COMPLETE, TASKS_COMPLETE, &[&step_ids, &outputs])
-        .await?;
-    // The function journals in its own (lock) order; answer in the caller's.
-    let mut by_id = std::collections::HashMap::with_capacity(rows.len());
-    for row in &rows {
-        let step_id: String = column(row, "step_id", COMPLETE)?;
-        by_id.insert(step_id, report(row, COMPLETE)?);
-    }
-    step_ids
-        .iter()
-        .map(|id| {
-            by_id
-                .get(*id)
-                .copied()
-                .ok_or_else(|| malformed(COMPLETE, "a report without its outcome"))
-        })
-        .collect()
-}
-
-const TASK_FAIL: &str =
-    "SELECT outcome, retry_at FROM keiro_remote_task_fail($1, $2, $3, $4, $5, $6)";
-
-async fn task_fail(
-    store: &PgStore,
-    step_id: &str,
-    claim: Uuid,
-    failure: &TaskFailure,
-    retry_delay: Duration,
-) -> Result<ReportOutcome> {
-    let row = store
-        .query_one(
-            FAIL,
-            TASK_FAIL,
-            &[
-                &step_id,
-                &claim,
-                &failure.message,
-                &failure.code,
-                &failure.retryable,
-                &span_ms(retry_delay),
-            ],
-        )
-        .await?;
-    report(&row, FAIL)
-}
-
-const REDISPATCH_PENDING: &str =
-    "SELECT outcome, redispatched FROM keiro_remote_redispatch_pending($1, $2)";
-
-async fn remote_redispatch_pending(store: &PgStore, key: &InstanceKey) -> Result<Option<u64>> {
-    let row = store
-        .query_one(
-            REDISPATCH,
-            REDISPATCH_PENDING,
-            &[&key.name.as_str(), &key.id.as_str()],
-        )
-        .await?;
-    let outcome: String = column(&row, "outcome", REDISPATCH)?;
-    match outcome.as_str() {
-        "redispatched" => Ok(Some(row::count(&row, "redispatched", REDISPATCH)?)),
-        "not_found" => Ok(None),
-        other => Err(unknown_outcome(REDISPATCH, other)),
-    }
-}
-
-const INSTANCE_REQUEUE: &str = "SELECT outcome, row_status, reset_steps, child_names, child_ids \
-     FROM keiro_instance_requeue($1, $2)";
-
-async fn instance_requeue(store: &PgStore, key: &InstanceKey) -> Result<RequeueOutcome> {
-    let row = store
-        .query_one(
-            REQUEUE,
-            INSTANCE_REQUEUE,
-            &[&key.name.as_str(), &key.id.as_str()],
-        )
-        .await?;
-    let outcome: String = column(&row, "outcome", REQUEUE)?;
-    match outcome.as_str() {
-        "requeued" => {
-            let names: Option<Vec<String>> = column(&row, "child_names", REQUEUE)?;
-            let ids: Option<Vec<String>> = column(&row, "child_ids", REQUEUE)?;
-            let (names, ids) = (names.unwrap_or_default(), ids.unwrap_or_default());
-            if names.len() != ids.len() {
-                return Err(malformed(
-                    REQUEUE,
-                    "the requeued children's columns differ in length",
-                ));
-            }
-            let children = names
-                .iter()
-                .zip(&ids)
-                .map(|(name, id)| parse_key(name, id, REQUEUE))
-                .collect::<Result<Vec<_>>>()?;
-            Ok(RequeueOutcome::Requeued {
-                reset_steps: row::count(&row, "reset_steps", REQUEUE)?,
-                children,
-            })
-        }
-        "not_failed" => {
-            let status: String = column(&row, "row_status", REQUEUE)?;
-            Ok(RequeueOutcome::NotFailed(row::status(&status, REQUEUE)?))
-        }
-        "not_found" => Ok(RequeueOutcome::NotFound),
-        other => Err(unknown_outcome(REQUEUE, other)),
-    }
-}
-
-const RETRY_WITH_INPUT: &str =
-    "SELECT outcome FROM keiro_instance_retry_with_input($1, $2, $3, $4, $5)";
-
-async fn instance_retry_with_input(
-    store: &PgStore,
-    origin: &InstanceKey,
-    retry: &InstanceKey,
-    input: &Value,
-) -> Result<RetryOutcome> {
-    let row = store
-        .query_one(
-            RETRY,
-            RETRY_WITH_INPUT,
-            &[
-                &origin.name.as_str(),
-                &origin.id.as_str(),
-                &retry.name.as_str(),
-                &retry.id.as_str(),
-                input,
-            ],
-        )
-        .await?;
-    let outcome: String = column(&row, "outcome", RETRY)?;
-    match outcome.as_str() {
-        "started" => Ok(RetryOutcome::Started(retry.clone())),
-        "exists" => Ok(RetryOutcome::Exists(retry.clone())),
-        "origin_not_found" => Ok(RetryOutcome::OriginNotFound),
-        other => Err(unknown_outcome(RETRY, other)),
-    }
+    // From here on the batch has committed: a row that cannot be read is that park's error,
+    // never a reason to park again.
+    Ok(in_batch_order(
+        &rows,
+        batch.len(),
+        PARK_BATCH,
+        "park",
+        |row, i| Some(park_dispatch_outcome(row, batch[i].0, batch[i].1)),
+    ))
 }
 
 // Served by `remote_tasks_owner_idx` (its (name, id) prefix).
@@ -522,8 +510,8 @@ const REMOTE_TASKS: &str = "SELECT step_id, workflow_name, workflow_id, generati
      output, traceparent FROM remote_tasks \
      WHERE workflow_name = $1 AND workflow_id = $2 ORDER BY created_at, step_id";
 
-async fn remote_tasks(store: &PgStore, key: &InstanceKey) -> Result<Vec<RemoteTask>> {
-    let rows = store
+pub(crate) async fn remote_tasks(db: &Db, key: &InstanceKey) -> Result<Vec<RemoteTask>> {
+    let rows = db
         .query(TASKS, REMOTE_TASKS, &[&key.name.as_str(), &key.id.as_str()])
         .await?;
     rows.iter().map(remote_task).collect()
@@ -551,74 +539,29 @@ fn remote_task(row: &Row) -> Result<RemoteTask> {
     })
 }
 
-/// The task table as the remote workers' transport: a claim is one round trip that also
-/// counts expired claims as failed attempts, and a report settles the task and journals its
-/// result into the owner in one transaction.
-#[async_trait::async_trait]
-impl Transport for PgStore {
-    async fn tasks_claim(&self, request: &ClaimRequest) -> Result<Vec<ClaimedTask>> {
-        let span = store_span!("tasks_claim", keiro.remote.groups = ?request.groups);
-        traced(span, tasks_claim(self, request)).await
-    }
+// A commit waits for its flush only when its transaction wrote WAL before the commit record
+// (a transaction id alone is not enough), so the barrier rewrites one row: the task whose
+// settled result is about to be handed over. Under the session's default
+// `synchronous_commit = on` its commit returns once WAL is on disk up to it, and so up to every
+// earlier commit, the report's included. It runs only on this rare path.
+const FLUSH_BARRIER: &str = "UPDATE remote_tasks SET step_id = step_id WHERE step_id = $1";
 
-    async fn task_heartbeat(
-        &self,
-        step_id: &str,
-        claim: Uuid,
-        ttl: Duration,
-    ) -> Result<HeartbeatOutcome> {
-        let span = store_span!("task_heartbeat", keiro.remote.step_id = %step_id);
-        traced(span, task_heartbeat(self, step_id, claim, ttl)).await
-    }
-
-    async fn task_complete(&self, step_id: &str, output: &Value) -> Result<ReportOutcome> {
-        let span = store_span!("task_complete", keiro.remote.step_id = %step_id);
-        traced(span, task_complete(self, step_id, output)).await
-    }
-
-    async fn tasks_complete(&self, reports: &[(String, Value)]) -> Result<Vec<ReportOutcome>> {
-        let span = store_span!("tasks_complete", keiro.store.len = reports.len());
-        traced(span, tasks_complete(self, reports)).await
-    }
-
-    async fn task_fail(
-        &self,
-        step_id: &str,
-        claim: Uuid,
-        failure: &TaskFailure,
-        retry_delay: Duration,
-    ) -> Result<ReportOutcome> {
-        let span = store_span!("task_fail", keiro.remote.step_id = %step_id);
-        traced(span, task_fail(self, step_id, claim, failure, retry_delay)).await
-    }
-}
-
-/// The operator's recovery tools, each one function call (one transaction).
-#[async_trait::async_trait]
-impl RemoteAdmin for PgStore {
-    async fn remote_redispatch_pending(&self, key: &InstanceKey) -> Result<Option<u64>> {
-        let span = store_span!("remote_redispatch_pending", key = key);
-        traced(span, remote_redispatch_pending(self, key)).await
-    }
-
-    async fn instance_requeue(&self, key: &InstanceKey) -> Result<RequeueOutcome> {
-        let span = store_span!("instance_requeue", key = key);
-        traced(span, instance_requeue(self, key)).await
-    }
-
-    async fn instance_retry_with_input(
-        &self,
-        origin: &InstanceKey,
-        retry: &InstanceKey,
-        input: &Value,
-    ) -> Result<RetryOutcome> {
-        let span =
-            store_span!("instance_retry_with_input", key = origin, keiro.retry.id = %retry.id);
-        traced(span, instance_retry_with_input(self, origin, retry, input)).await
-    }
-
-    async fn remote_tasks(&self, key: &InstanceKey) -> Result<Vec<RemoteTask>> {
-        let span = store_span!("remote_tasks", key = key);
-        traced(span, remote_tasks(self, key)).await
-    }
+/// Returns once every commit visible to this session is flushed to disk, by a synchronous
+/// rewrite of task `step_id`.
+///
+/// The remote path commits its arms, claims, reports and parks with `synchronous_commit = off`.
+/// Such a commit is visible to every session at once, but written to disk only by the WAL
+/// writer, within `wal_writer_delay` (or by the next synchronous commit, since WAL is flushed
+/// in order). A value read from it is therefore safe to act on only after a flush:
+///
+/// - a run woken by a report reads it in its claim, and the claim commits synchronously, which
+///   flushes the report first: safe;
+/// - an arm that finds its task already settled hands the result straight to the body, which
+///   may act on it (send the email) before anything else commits: if PostgreSQL then crashed,
+///   the report would be gone, the handler would run again, and the journal could end with
+///   another value than the one acted on. So this runs first: one tiny transaction that
+///   commits synchronously, which flushes every WAL record before it, the report's included.
+pub(crate) async fn flushed(db: &Db, step_id: &str) -> Result<()> {
+    db.execute(FLUSH, FLUSH_BARRIER, &[&step_id]).await?;
+    Ok(())
 }

@@ -1,47 +1,27 @@
-//! Group commit: concurrent calls of one store operation share a statement and a transaction.
+//! The group-commit lane: concurrent calls of one store operation share a statement and a
+//! transaction. It is generic over the request ([`Batched`]); each batched operation's file in
+//! `lanes/` says what its requests are and which statement carries them.
 //!
-//! Each batched operation has a lane. A call pushes its request onto the lane, whose loop
-//! (keiro-journal's natural batching: no timer, a lone call leaves at once) sends what has
-//! queued while the lane's earlier batch was running as ONE call of a plpgsql function over
-//! arrays (`keiro_journal_append_batch`, `keiro_instances_start`,
-//! `keiro_instances_park_dispatch`), which runs every request exactly as the operation's own
-//! function would, in a stable order (the instances' keys), and answers each with its own
-//! outcome. One statement and one commit, whose WAL flush PostgreSQL waits for as always,
-//! serve the whole batch: nobody is answered before the batch is durable.
+//! A call pushes its request onto its lane, whose loop (keiro-journal's natural batching: no
+//! timer, a lone call leaves at once) sends what has queued while the lane's earlier batch was
+//! running as ONE call of a plpgsql function over arrays, which runs every request exactly as
+//! the operation's own function would, in a stable order (the instances' keys), and answers
+//! each with its own outcome. One statement and one commit, whose WAL flush PostgreSQL waits
+//! for as always, serve the whole batch: nobody is answered before the batch is durable.
 //!
 //! The slot (one per lane by default, `Config::batch_in_flight`) is held until the batch's
 //! commit is acknowledged and its callers are answered, and then for turns of the runtime
 //! while the answered callers are still queueing what they do next (until three turns in a
-//! row bring nothing new): so the runs that shared a commit share the next one too, and so do
-//! the runs a worker starts as those end. A batch is one statement in an implicit
-//! transaction: one round trip, whose rows come once the commit is durable. A request that finds its lane idle (a
-//! free slot, nothing queued) is sent by its caller at once, alone, holding the slot
+//! row bring nothing new): runs that wait for one commit come back together, a few
+//! microseconds apart, so the runs that shared a commit share the next one too, and so do the
+//! runs a worker starts as those end. A batch is one statement in an implicit transaction: one
+//! round trip, whose rows come once the commit is durable. A request that finds its lane idle
+//! (a free slot, nothing queued) is sent by its caller at once, alone, holding the slot
 //! meanwhile: it costs what a call without batching costs, with no hop through the lane's
-//! task.
+//! task. A lane may take its slots from another lane's ([`Lane::call_on_slots_of`]), so that
+//! two lanes whose callers are the same runs take turns instead of splitting them.
 //!
-//! Direct starts take their slot from the append lane's rather than having their own. A
-//! direct run's caller starts it and then appends its steps, so the callers of both lanes are
-//! the same runs: on two slots they split into two groups, each paying its own commit while the
-//! other's is in flight; on one they stay together, a batch of starts taking turns with a
-//! batch of steps (`keiro bench --mode direct`, C=16: 0.37 commits a workflow instead of 0.8,
-//! PostgreSQL CPU 0.26-0.28 ms a workflow instead of 0.40-0.435; BENCHMARKS.md, issue 15, stop
-//! 20). The direct start lane keeps one spare slot of its own for when half a batch of starts
-//! waits behind the append lane's batches (many runs in flight: at C=64 the shared slot alone
-//! left the second core idler, 0.87-0.98x the workflows a second; with the spare 0.98-1.08x,
-//! on less PostgreSQL CPU either way). Plain starts keep their own slot: their callers are
-//! producers, not the runs that append, and on the append lane's slot they held a worker's
-//! steps up (0.58-0.74x the workflows a second in `keiro bench`).
-//!
-//! Why the slot covers the commit (measured, BENCHMARKS.md "Issue 15, stop 14"): runs that
-//! wait for one commit come back together, a few microseconds apart. A slot given back when
-//! the statement's rows came (before its commit, in a transaction of its own) let the first
-//! of them, or a straggler, leave alone and hold the lane through its own commit while the
-//! rest queued behind it: every other batch carried one request, at the price of a statement
-//! and a commit. Held to the end, the lane sends one batch per round of its callers (0.7
-//! commits per three-step workflow in `keiro bench` instead of 1.14), and the round takes as
-//! long, since the callers wait for their commit either way.
-//!
-//! A lane never waits long behind one batch: a batch still running after a few milliseconds
+//! A lane never waits long behind one batch: a batch still running after [`SLOT_HOLD_MAX`]
 //! gives its slot back (it is waiting for a lock, most likely), and the append batch skips
 //! instance rows other transactions hold (see `sql/functions/journal.sql`), so one caller's
 //! long transaction delays the appends to its own instance only.
@@ -52,17 +32,27 @@
 //! would have given: the request holding the refused value is refused, the others land.
 //! A request that was in a batch whose commit failed ambiguously is idempotent when sent
 //! again (a recorded step answers `AlreadyPresent`, a start finds its row, a park re-arms).
+//!
+//! Why the slot covers the commit, and how these choices were measured:
+//! docs/benchmarks-history.md ("Moved from the code").
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use keiro_journal::store::Result;
-use keiro_journal::{store_span, Batcher, SharedSlots, Slot, StoreError, STORE_SPAN_TARGET};
+use keiro_journal::{
+    store_span, BatchLimits, Batcher, InstanceKey, SharedSlots, Slot, StoreError, STORE_SPAN_TARGET,
+};
 use tokio::sync::oneshot;
 use tracing::Instrument as _;
 
-use crate::PgStore;
+use crate::db::Db;
+
+/// The longest a group-commit batch keeps its lane's slot: far longer than a batch takes, short
+/// enough that one kept waiting for a lock does not hold up the lane.
+const SLOT_HOLD_MAX: Duration = Duration::from_millis(20);
 
 /// An operation whose concurrent calls can share a statement.
 pub(crate) trait Batched: Send + Sync + Sized + 'static {
@@ -76,10 +66,9 @@ pub(crate) trait Batched: Send + Sync + Sized + 'static {
     /// `keiro.store.operation` of its batches' spans.
     const NAME: &'static str;
 
-    /// Whether the lane takes its slots from the append lane's instead of having its own:
-    /// for an operation whose callers go on to append (a direct start, whose caller's steps
-    /// follow), so the two lanes' batches take turns and the callers stay together.
-    const SHARES_APPEND_SLOTS: bool = false;
+    /// Whether a request sent alone gives the lane's slot back when it is kept waiting
+    /// ([`SLOT_HOLD_MAX`]); one that does not holds the slot to its end.
+    const ALONE_GIVES_SLOT_BACK: bool = true;
 
     /// Whether this request may join a batch; one that may not is sent alone (an operation
     /// whose lock order a batch cannot keep, for instance).
@@ -87,22 +76,16 @@ pub(crate) trait Batched: Send + Sync + Sized + 'static {
         true
     }
 
-    /// One statement for the whole batch, an outcome per request in the batch's order, giving
-    /// `slot` back early if kept waiting (see [`PgStore::query_in_slot`]); `None`
+    /// One statement for the whole batch, an outcome per request in the batch's order; `None`
     /// for a request the batch left alone (its row was held by another transaction), which
     /// is then sent alone. An error means the statement failed, so nothing of it was written.
     fn send_many(
-        store: &PgStore,
+        db: &Db,
         batch: &[Self],
-        slot: Option<&SlotHold>,
     ) -> impl Future<Output = Result<Vec<Option<Result<Self::Output>>>>> + Send;
 
-    /// The request alone, as the operation's own call, giving `slot` back likewise.
-    fn send_one(
-        store: &PgStore,
-        request: &Self,
-        slot: Option<&SlotHold>,
-    ) -> impl Future<Output = Result<Self::Output>> + Send;
+    /// The request alone, as the operation's own call.
+    fn send_one(db: &Db, request: &Self) -> impl Future<Output = Result<Self::Output>> + Send;
 }
 
 /// One request waiting in a lane, with where its outcome goes.
@@ -115,9 +98,9 @@ struct Waiting<T: Batched> {
 
 /// A batch's hold on its lane's slot. The lane gives the slot back once the batch's commit is
 /// acknowledged and its callers are answered (and have had a turn to ask again), so the
-/// requests they make next leave together; the statement gives it back early when it is kept
-/// waiting ([`PgStore::query_in_slot`]), so the lane never waits behind a batch stuck on a lock.
-pub(crate) struct SlotHold(Mutex<Option<Slot>>);
+/// requests they make next leave together; a statement gives it back early when it is kept
+/// waiting ([`in_slot`]), so the lane never waits behind a batch stuck on a lock.
+struct SlotHold(Mutex<Option<Slot>>);
 
 impl SlotHold {
     fn new(slot: Slot) -> Self {
@@ -134,7 +117,7 @@ impl SlotHold {
     }
 
     /// Gives the slot back now (once; later calls do nothing).
-    pub(crate) fn release(&self) {
+    fn release(&self) {
         drop(
             self.0
                 .lock()
@@ -150,15 +133,10 @@ pub(crate) struct Lane<T: Batched> {
     batcher: Mutex<Option<Batcher<Waiting<T>>>>,
     /// What the lane sent so far, shared with its loop.
     counters: Arc<LaneCounters>,
-}
-
-impl<T: Batched> Default for Lane<T> {
-    fn default() -> Self {
-        Self {
-            batcher: Mutex::new(None),
-            counters: Arc::default(),
-        }
-    }
+    /// Whether calls go through the lane ([`Config::batching`](crate::Config::batching)).
+    batching: bool,
+    /// How the lane cuts its batches.
+    limits: BatchLimits,
 }
 
 /// Batches a lane cut and the requests they carried, counted as they leave.
@@ -215,42 +193,58 @@ impl LaneStats {
     }
 }
 
-/// What each group-commit lane of a store sent so far ([`PgStore::batch_stats`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct BatchStats {
-    /// Journal appends and completions (`keiro_journal_append_batch`).
-    pub appends: LaneStats,
-    /// Starts (`keiro_instances_start`).
-    pub starts: LaneStats,
-    /// Direct starts, leased to their callers (`keiro_instances_start_claimed`).
-    pub direct_starts: LaneStats,
-    /// Parks with their remote dispatches (`keiro_instances_park_dispatch`).
-    pub parks: LaneStats,
-}
-
-impl BatchStats {
-    /// What was sent between `earlier` and `self` (two reads of the same store).
-    #[must_use]
-    pub fn since(&self, earlier: &Self) -> Self {
-        Self {
-            appends: self.appends.since(&earlier.appends),
-            starts: self.starts.since(&earlier.starts),
-            direct_starts: self.direct_starts.since(&earlier.direct_starts),
-            parks: self.parks.since(&earlier.parks),
-        }
-    }
-}
+/// Where a lane that does not have slots of its own takes them from.
+type SlotsOf<'a> = Option<&'a (dyn Fn() -> SharedSlots + Sync)>;
 
 impl<T: Batched> Lane<T> {
-    /// Sends `request` through this lane of `store`, or alone when the store does not batch.
-    pub(crate) async fn call(&self, store: &PgStore, request: T) -> Result<T::Output> {
-        if !store.batching() || !request.batchable() {
-            return T::send_one(store, &request, None).await;
+    /// A lane whose loop starts with its first call; with `batching` off every call is sent
+    /// alone.
+    pub(crate) fn new(batching: bool, limits: BatchLimits) -> Self {
+        Self {
+            batcher: Mutex::new(None),
+            counters: Arc::default(),
+            batching,
+            limits,
         }
-        let idle = self.with_batcher(store, Batcher::try_slot);
+    }
+
+    /// Whether calls go through the lane.
+    pub(crate) fn batching(&self) -> bool {
+        self.batching
+    }
+
+    /// What the lane sent so far.
+    pub(crate) fn stats(&self) -> LaneStats {
+        self.counters.read()
+    }
+
+    /// Sends `request` through this lane, or alone when the store does not batch.
+    pub(crate) async fn call(&self, db: &Arc<Db>, request: T) -> Result<T::Output> {
+        self.call_with(db, request, None).await
+    }
+
+    /// [`call`](Self::call) on a lane that takes its slots from `other`'s rather than having
+    /// its own: for an operation whose callers go on to call `other` (a direct start, whose
+    /// caller's steps follow), so the two lanes' batches take turns and the callers stay
+    /// together.
+    pub(crate) async fn call_on_slots_of<U: Batched>(
+        &self,
+        db: &Arc<Db>,
+        request: T,
+        other: &Lane<U>,
+    ) -> Result<T::Output> {
+        let slots = || other.with_batcher(db, None, Batcher::slots);
+        self.call_with(db, request, Some(&slots)).await
+    }
+
+    async fn call_with(&self, db: &Arc<Db>, request: T, slots: SlotsOf<'_>) -> Result<T::Output> {
+        if !self.batching || !request.batchable() {
+            return T::send_one(db, &request).await;
+        }
+        let idle = self.with_batcher(db, slots, Batcher::try_slot);
         if let Some(slot) = idle {
             self.counters.count(1);
-            return send_idle(store, &request, slot).await;
+            return send_idle(db, &request, slot).await;
         }
         let (reply, outcome) = oneshot::channel();
         // Taken only while store spans are on: a clone of the current span is not free, and
@@ -265,7 +259,7 @@ impl<T: Batched> Lane<T> {
             reply,
             caller,
         };
-        let pushed = self.with_batcher(store, |batcher| batcher.push(waiting));
+        let pushed = self.with_batcher(db, slots, |batcher| batcher.push(waiting));
         match pushed {
             Ok(()) => outcome.await.unwrap_or_else(|_| {
                 // The loop dropped the request unanswered: its runtime is shutting down. The
@@ -276,12 +270,18 @@ impl<T: Batched> Lane<T> {
                     source: "the store's batching task stopped before answering".into(),
                 })
             }),
-            Err(waiting) => T::send_one(store, &waiting.request, None).await,
+            Err(waiting) => T::send_one(db, &waiting.request).await,
         }
     }
 
-    /// Runs `f` on the lane's loop, started first if it is not running.
-    fn with_batcher<O>(&self, store: &PgStore, f: impl FnOnce(&Batcher<Waiting<T>>) -> O) -> O {
+    /// Runs `f` on the lane's loop, started first (on slots of its own, or on `slots`) if it is
+    /// not running.
+    fn with_batcher<O>(
+        &self,
+        db: &Arc<Db>,
+        slots: SlotsOf<'_>,
+        f: impl FnOnce(&Batcher<Waiting<T>>) -> O,
+    ) -> O {
         let mut batcher = self
             .batcher
             .lock()
@@ -289,8 +289,8 @@ impl<T: Batched> Lane<T> {
         let batcher = match batcher.as_ref() {
             Some(running) if !running.is_closed() => running,
             _ => {
-                let slots = T::SHARES_APPEND_SLOTS.then(|| append_slots(store));
-                batcher.insert(spawn(store, slots, self.counters.clone()))
+                let slots = slots.map(|slots| slots());
+                batcher.insert(spawn(db, self.limits, slots, self.counters.clone()))
             }
         };
         f(batcher)
@@ -301,7 +301,7 @@ impl<T: Batched> Lane<T> {
 /// slot: the requests that arrive meanwhile queue for the next batch, and this one costs what
 /// it would without batching (no hop through the lane's task). Its `keiro.store.batch` span
 /// (of length 1) follows from the caller's span, as a batch's does.
-async fn send_idle<T: Batched>(store: &PgStore, request: &T, slot: Slot) -> Result<T::Output> {
+async fn send_idle<T: Batched>(db: &Db, request: &T, slot: Slot) -> Result<T::Output> {
     let span = store_span!(
         "batch",
         keiro.store.operation = T::NAME,
@@ -311,31 +311,24 @@ async fn send_idle<T: Batched>(store: &PgStore, request: &T, slot: Slot) -> Resu
         span.follows_from(tracing::Span::current());
     }
     let hold = SlotHold::new(slot);
-    let outcome = T::send_one(store, request, Some(&hold))
-        .instrument(span)
-        .await;
+    let outcome = alone_in_slot(db, request, &hold).instrument(span).await;
     hold.release();
     outcome
-}
-
-/// The append lane's slots, started first if it is not running.
-fn append_slots(store: &PgStore) -> SharedSlots {
-    store.lanes().appends.with_batcher(store, Batcher::slots)
 }
 
 /// Starts a lane's loop, with slots of its own or taking them from `slots`; it stops when the
 /// last clone of the store is dropped.
 fn spawn<T: Batched>(
-    store: &PgStore,
+    db: &Arc<Db>,
+    limits: BatchLimits,
     slots: Option<SharedSlots>,
     counters: Arc<LaneCounters>,
 ) -> Batcher<Waiting<T>> {
-    let limits = store.batch_limits();
-    let store = store.downgrade();
+    let db: Weak<Db> = Arc::downgrade(db);
     let send = move |batch: Vec<Waiting<T>>, slot| {
-        let store = store.upgrade()?;
+        let db = db.upgrade()?;
         counters.count(batch.len());
-        Some(async move { send(&store, batch, slot).await })
+        Some(async move { send(&db, batch, slot).await })
     };
     match slots {
         Some(slots) => Batcher::spawn_with_slots(slots, limits, send),
@@ -346,7 +339,7 @@ fn spawn<T: Batched>(
 /// Sends one batch in a `keiro.store.batch` span of its own, which follows from the span of
 /// each call it carries: the batch runs in the lane's task, apart from every caller, and one
 /// commit serves them all.
-async fn send<T: Batched>(store: &PgStore, batch: Vec<Waiting<T>>, slot: Slot) {
+async fn send<T: Batched>(db: &Db, batch: Vec<Waiting<T>>, slot: Slot) {
     let span = store_span!(
         "batch",
         keiro.store.operation = T::NAME,
@@ -359,7 +352,7 @@ async fn send<T: Batched>(store: &PgStore, batch: Vec<Waiting<T>>, slot: Slot) {
     }
     let (requests, replies): (Vec<T>, Vec<_>) =
         batch.into_iter().map(|w| (w.request, w.reply)).unzip();
-    send_batch(store, requests, replies, slot)
+    send_batch(db, requests, replies, slot)
         .instrument(span)
         .await;
 }
@@ -367,7 +360,7 @@ async fn send<T: Batched>(store: &PgStore, batch: Vec<Waiting<T>>, slot: Slot) {
 /// Sends one batch and answers each request; a batch that fails as a whole is sent again
 /// request by request.
 async fn send_batch<T: Batched>(
-    store: &PgStore,
+    db: &Db,
     requests: Vec<T>,
     replies: Vec<oneshot::Sender<Result<T::Output>>>,
     slot: Slot,
@@ -377,14 +370,14 @@ async fn send_batch<T: Batched>(
         // A lone request: the lane was idle when it came, so nobody is waiting to join its
         // caller's next one. The slot goes before the answer, which that next request then
         // finds free, as it would without batching.
-        let outcome = T::send_one(store, request, Some(&hold)).await;
+        let outcome = alone_in_slot(db, request, &hold).await;
         hold.release();
         if let Some(reply) = replies.into_iter().next() {
             let _ = reply.send(outcome);
         }
         return;
     }
-    send_many(store, requests, replies, &hold).await;
+    send_many(db, requests, replies, &hold).await;
     // The answered callers run on this runtime: turns for them to queue what they do next
     // before the slot frees, so that it leaves as one batch rather than a lone first request
     // and the rest behind it.
@@ -403,9 +396,8 @@ const LINGER_TURNS_MAX: usize = 64;
 /// until [`LINGER_QUIET_TURNS`] turns in a row brought nothing new to the lane (`queued`), at
 /// most [`LINGER_TURNS_MAX`]; returns the turns taken. What an answer sets off takes a few
 /// hops (a finished run's task ends, its worker starts the next run, that run asks for its
-/// first step), and a slot given back on the first quiet turn sent the first of them alone,
-/// holding up the rest for a whole round: measured, one append batch in seven at K=100 carried
-/// a single request (BENCHMARKS.md, "Issue 15, stop 15").
+/// first step), and a slot given back on the first quiet turn would send the first of them
+/// alone, holding up the rest for a whole round.
 async fn linger<F: Future<Output = ()>>(
     queued: impl Fn() -> usize,
     mut turn: impl FnMut() -> F,
@@ -428,12 +420,12 @@ async fn linger<F: Future<Output = ()>>(
 
 /// Sends a batch of several requests while it holds its slot, and answers each.
 async fn send_many<T: Batched>(
-    store: &PgStore,
+    db: &Db,
     requests: Vec<T>,
     replies: Vec<oneshot::Sender<Result<T::Output>>>,
     hold: &SlotHold,
 ) {
-    match T::send_many(store, &requests, Some(hold)).await {
+    match in_slot(T::send_many(db, &requests), hold).await {
         Ok(outcomes) if outcomes.len() == requests.len() => {
             let mut left = Vec::new();
             for ((request, reply), outcome) in requests.iter().zip(replies).zip(outcomes) {
@@ -444,7 +436,7 @@ async fn send_many<T: Batched>(
                     None => left.push((request, reply)),
                 }
             }
-            alone(store, left, hold).await;
+            alone(db, left, hold).await;
             return;
         }
         Ok(outcomes) => {
@@ -465,87 +457,78 @@ async fn send_many<T: Batched>(
             );
         }
     }
-    alone(store, requests.iter().zip(replies).collect(), hold).await;
+    alone(db, requests.iter().zip(replies).collect(), hold).await;
 }
 
 /// Sends each request alone, all at once (they come from independent callers, so none waits
 /// behind another, as without batching), and answers each. They go with the batch's slot: one
 /// kept waiting (a row another transaction holds, which a batch answers as busy) gives the
-/// slot back after `SLOT_HOLD_MAX` (crates/postgres/src/store.rs), so the lane's next batch
-/// never waits for that transaction.
+/// slot back after [`SLOT_HOLD_MAX`], so the lane's next batch never waits for that
+/// transaction.
 async fn alone<T: Batched>(
-    store: &PgStore,
+    db: &Db,
     requests: Vec<(&T, oneshot::Sender<Result<T::Output>>)>,
     hold: &SlotHold,
 ) {
     futures_util::future::join_all(requests.into_iter().map(|(request, reply)| async move {
-        let _ = reply.send(T::send_one(store, request, Some(hold)).await);
+        let _ = reply.send(alone_in_slot(db, request, hold).await);
     }))
     .await;
 }
 
-/// A 1-based array position, as the batch functions number their requests.
-pub(crate) fn position(n: usize) -> i32 {
-    i32::try_from(n).unwrap_or(i32::MAX)
+/// A request sent alone while its lane's slot is held: it gives the slot back if kept waiting,
+/// unless its operation holds the slot to the end ([`Batched::ALONE_GIVES_SLOT_BACK`]).
+async fn alone_in_slot<T: Batched>(db: &Db, request: &T, hold: &SlotHold) -> Result<T::Output> {
+    if T::ALONE_GIVES_SLOT_BACK {
+        in_slot(T::send_one(db, request), hold).await
+    } else {
+        T::send_one(db, request).await
+    }
 }
 
-/// Places the outcome rows of a batch function (each naming its request's 1-based position in
-/// `n_column`) in the batch's order; `outcome` reads one row (`None`: the request is to be
-/// sent alone), and a request with no row gets a malformed-data error.
-pub(crate) fn in_batch_order<O>(
-    rows: &[tokio_postgres::Row],
-    len: usize,
-    operation: &'static str,
-    n_column: &str,
-    mut outcome: impl FnMut(&tokio_postgres::Row, usize) -> Option<Result<O>>,
-) -> Vec<Option<Result<O>>> {
-    let mut outcomes: Vec<Option<Option<Result<O>>>> = (0..len).map(|_| None).collect();
-    for row in rows {
-        let at = crate::row::column::<i32>(row, n_column, operation)
-            .ok()
-            .and_then(|n| usize::try_from(n).ok())
-            .and_then(|n| n.checked_sub(1))
-            .filter(|&i| i < len);
-        if let Some(i) = at {
-            outcomes[i] = Some(outcome(row, i));
+/// Runs `call`, a statement sent while its lane's slot is held, giving the slot back if it is
+/// still running after [`SLOT_HOLD_MAX`]. The statement runs in an implicit transaction, whose
+/// rows come once its commit is durable, so nobody is answered before; holding the slot until
+/// then is what keeps a lane's callers together (an explicit `BEGIN` and `COMMIT` around it
+/// would let the slot go before the commit, and cost two more statements a batch).
+async fn in_slot<O>(call: impl Future<Output = O>, slot: &SlotHold) -> O {
+    let mut call = std::pin::pin!(call);
+    tokio::select! {
+        done = &mut call => return done,
+        () = tokio::time::sleep(SLOT_HOLD_MAX) => slot.release(),
+    }
+    call.await
+}
+
+/// Sends the requests at positions `pending` one at a time: those of one instance in their
+/// order, the instances side by side, so none waits behind another instance's lock.
+pub(super) async fn alone_by_instance<'a, O, Fut>(
+    pending: &[usize],
+    key: impl Fn(usize) -> &'a InstanceKey,
+    send: impl Fn(usize) -> Fut,
+) -> Vec<(usize, O)>
+where
+    Fut: Future<Output = O>,
+{
+    let mut by_instance: Vec<(&InstanceKey, Vec<usize>)> = Vec::new();
+    for &i in pending {
+        match by_instance.iter_mut().find(|(k, _)| *k == key(i)) {
+            Some((_, at)) => at.push(i),
+            None => by_instance.push((key(i), vec![i])),
         }
     }
-    outcomes
-        .into_iter()
-        .map(|o| {
-            o.unwrap_or_else(|| {
-                Some(Err(crate::row::malformed(
-                    operation,
-                    "no outcome for this request of the batch",
-                )))
-            })
-        })
-        .collect()
-}
-
-/// The store's lanes, one per batched operation.
-#[derive(Default)]
-pub(crate) struct Lanes {
-    /// Parks with their remote dispatches (`keiro_instances_park_dispatch`).
-    pub(crate) parks: Lane<crate::park_batch::ParkRequest>,
-    /// Journal appends (`keiro_journal_append_batch`).
-    pub(crate) appends: Lane<crate::append_lane::AppendRequest>,
-    /// Instance starts (`keiro_instances_start`).
-    pub(crate) starts: Lane<keiro_journal::StartRequest>,
-    /// Direct starts, leased to their callers (`keiro_instances_start_claimed`).
-    pub(crate) direct_starts: Lane<crate::start_claimed::StartClaimedRequest>,
-}
-
-impl Lanes {
-    /// What each lane sent so far.
-    pub(crate) fn stats(&self) -> BatchStats {
-        BatchStats {
-            appends: self.appends.counters.read(),
-            starts: self.starts.counters.read(),
-            direct_starts: self.direct_starts.counters.read(),
-            parks: self.parks.counters.read(),
+    let send = &send;
+    futures_util::future::join_all(by_instance.into_iter().map(|(_, at)| async move {
+        let mut answers = Vec::with_capacity(at.len());
+        for i in at {
+            answers.push((i, send(i).await));
         }
-    }
+        answers
+    }))
+    .await
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! Durable timers: arming, firing the due ones, healing stuck ones, and the backlog count.
+//! `sql/functions/timer.sql`: durable timers: arming, firing the due ones; with the plain
+//! statements that heal stuck ones and count the backlog.
 //!
 //! # Design
 //!
@@ -18,10 +19,9 @@ use keiro_journal::store::Result;
 use keiro_journal::{FiredTimer, InstanceKey, TimerArm, TimerDue, TimerFiring, TimerKind};
 use time::OffsetDateTime;
 
-use crate::journal::{not_found, unknown_outcome};
+use crate::db::Db;
+use crate::ops::{not_found, span_ms, unknown_outcome};
 use crate::row::{column, count, malformed};
-use crate::store::span_ms;
-use crate::PgStore;
 
 const ARM: &str = "arming a timer";
 const FIRE_DUE: &str = "firing due timers";
@@ -34,7 +34,7 @@ const DUE_COUNT: &str = "counting due timers";
 const TIMER_ARM: &str = "SELECT outcome, stored_fire_at FROM keiro_timer_arm($1, $2, $3, $4, $5, \
      $6, coalesce($7::timestamptz, now() + $8::bigint * interval '1 microsecond'))";
 
-pub(crate) async fn timer_arm(store: &PgStore, arm: &TimerArm) -> Result<OffsetDateTime> {
+pub(crate) async fn timer_arm(db: &Db, arm: &TimerArm) -> Result<OffsetDateTime> {
     let token = match &arm.kind {
         TimerKind::SignalTimeout { token } => Some(token.as_str()),
         _ => None,
@@ -50,7 +50,7 @@ pub(crate) async fn timer_arm(store: &PgStore, arm: &TimerArm) -> Result<OffsetD
                 .map(|span| i64::try_from(span.as_micros()).unwrap_or(i64::MAX)),
         ),
     };
-    let row = store
+    let row = db
         .query_one(
             ARM,
             TIMER_ARM,
@@ -78,11 +78,11 @@ const TIMERS_FIRE_DUE: &str = "SELECT clock, fired_name, fired_id, fired_step, f
      fired_delivered, next_due FROM keiro_timers_fire_due($1, $2)";
 
 pub(crate) async fn timers_fire_due(
-    store: &PgStore,
+    db: &Db,
     now: Option<OffsetDateTime>,
     limit: i64,
 ) -> Result<TimerFiring> {
-    let row = store
+    let row = db
         .query_one(FIRE_DUE, TIMERS_FIRE_DUE, &[&now, &limit])
         .await?;
     let fired_at: OffsetDateTime = column(&row, "clock", FIRE_DUE)?;
@@ -136,9 +136,8 @@ pub(crate) async fn timers_fire_due(
 const TIMERS_REQUEUE_STUCK: &str = "UPDATE timers SET status = 'scheduled', updated_at = now() \
      WHERE status = 'firing' AND updated_at <= now() - $1::bigint * interval '1 millisecond'";
 
-pub(crate) async fn timers_requeue_stuck(store: &PgStore, older_than: Duration) -> Result<u64> {
-    store
-        .execute(REQUEUE_STUCK, TIMERS_REQUEUE_STUCK, &[&span_ms(older_than)])
+pub(crate) async fn timers_requeue_stuck(db: &Db, older_than: Duration) -> Result<u64> {
+    db.execute(REQUEUE_STUCK, TIMERS_REQUEUE_STUCK, &[&span_ms(older_than)])
         .await
 }
 
@@ -146,9 +145,7 @@ pub(crate) async fn timers_requeue_stuck(store: &PgStore, older_than: Duration) 
 const TIMERS_DUE_COUNT: &str = "SELECT count(*) AS due FROM timers \
      WHERE status = 'scheduled' AND fire_at <= coalesce($1, now())";
 
-pub(crate) async fn timers_due_count(store: &PgStore, now: Option<OffsetDateTime>) -> Result<u64> {
-    let row = store
-        .query_one(DUE_COUNT, TIMERS_DUE_COUNT, &[&now])
-        .await?;
+pub(crate) async fn timers_due_count(db: &Db, now: Option<OffsetDateTime>) -> Result<u64> {
+    let row = db.query_one(DUE_COUNT, TIMERS_DUE_COUNT, &[&now]).await?;
     count(&row, "due", DUE_COUNT)
 }

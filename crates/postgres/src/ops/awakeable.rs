@@ -1,4 +1,4 @@
-//! Awakeables: ids a workflow hands to an outside system, which completes or cancels them.
+//! `sql/functions/awakeable.sql`. Awakeables: ids a workflow hands to an outside system, which completes or cancels them.
 //!
 //! The allocation step and the awakeable row commit together, so an awakeable exists exactly
 //! when its allocation is journaled. Settling locks the awakeable row, settles it once, and
@@ -10,9 +10,10 @@ use serde_json::Value;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
-use crate::journal::{append_outcome, encoded_step, unknown_outcome, AppendArgs};
+use crate::db::Db;
+use crate::ops::journal::{append_outcome, encoded_step, AppendArgs};
+use crate::ops::unknown_outcome;
 use crate::row::{column, count, malformed};
-use crate::PgStore;
 
 const CREATE: &str = "creating an awakeable";
 pub(crate) const COMPLETE: &str = "completing an awakeable";
@@ -22,15 +23,11 @@ const PENDING: &str = "counting pending awakeables";
 const AWAKEABLE_CREATE: &str = "SELECT outcome, recorded, marker \
      FROM keiro_awakeable_create($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
 
-pub(crate) async fn awakeable_create(
-    store: &PgStore,
-    append: &Append,
-    id: Uuid,
-) -> Result<AppendOutcome> {
+pub(crate) async fn awakeable_create(db: &Db, append: &Append, id: Uuid) -> Result<AppendOutcome> {
     let args = AppendArgs::new(append, encoded_step(append, CREATE)?);
     let mut params = args.params();
     params.push(&id);
-    let row = store.query_one(CREATE, AWAKEABLE_CREATE, &params).await?;
+    let row = db.query_one(CREATE, AWAKEABLE_CREATE, &params).await?;
     append_outcome(&row, CREATE, &append.key, append.fence.as_ref())
 }
 
@@ -40,14 +37,14 @@ const AWAKEABLE_SETTLE: &str =
 /// Settles `id` as `status` (`completed` with `payload`, or `cancelled`), journaling
 /// `envelope` into its owner.
 async fn awakeable_settle(
-    store: &PgStore,
+    db: &Db,
     operation: &'static str,
     id: Uuid,
     status: AwakeableStatus,
     payload: Option<&Value>,
     envelope: Value,
 ) -> Result<AwakeableOutcome> {
-    let row = store
+    let row = db
         .query_one(
             operation,
             AWAKEABLE_SETTLE,
@@ -81,13 +78,13 @@ pub(crate) fn settle_outcome(row: &Row, operation: &'static str) -> Result<Awake
 }
 
 pub(crate) async fn awakeable_complete(
-    store: &PgStore,
+    db: &Db,
     id: Uuid,
     payload: &Value,
 ) -> Result<AwakeableOutcome> {
     let envelope = Envelope::ok(payload.clone());
     awakeable_settle(
-        store,
+        db,
         COMPLETE,
         id,
         AwakeableStatus::Completed,
@@ -97,9 +94,9 @@ pub(crate) async fn awakeable_complete(
     .await
 }
 
-pub(crate) async fn awakeable_cancel(store: &PgStore, id: Uuid) -> Result<AwakeableOutcome> {
+pub(crate) async fn awakeable_cancel(db: &Db, id: Uuid) -> Result<AwakeableOutcome> {
     awakeable_settle(
-        store,
+        db,
         CANCEL,
         id,
         AwakeableStatus::Cancelled,
@@ -113,8 +110,8 @@ pub(crate) async fn awakeable_cancel(store: &PgStore, id: Uuid) -> Result<Awakea
 const AWAKEABLES_PENDING: &str =
     "SELECT count(*) AS pending FROM awakeables WHERE status = 'pending'";
 
-pub(crate) async fn awakeables_pending(store: &PgStore) -> Result<u64> {
-    let row = store.query_one(PENDING, AWAKEABLES_PENDING, &[]).await?;
+pub(crate) async fn awakeables_pending(db: &Db) -> Result<u64> {
+    let row = db.query_one(PENDING, AWAKEABLES_PENDING, &[]).await?;
     count(&row, "pending", PENDING)
 }
 

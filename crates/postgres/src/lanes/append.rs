@@ -1,6 +1,6 @@
 //! The append lane: journal appends and closing pairs (a run's last step with its completion)
-//! of concurrent runs, sent as one call of `keiro_journal_append_batch` (see `batch` for the
-//! lane, `sql/functions/journal.sql` for the statement).
+//! of concurrent runs, sent as one call of `keiro_journal_append_batch` (`lane` for the lane,
+//! `ops::journal` and `sql/functions/journal.sql` for the statement).
 //!
 //! A closing pair is one request: its two rows travel side by side in the statement's arrays,
 //! the step first, and the statement journals both in one transaction, the completion only if
@@ -8,21 +8,21 @@
 //! it is still one statement; should that statement fail as a whole too, the step and then the
 //! completion go one after the other, with the same condition.
 
+use std::sync::Arc;
+
 use keiro_journal::store::{
     closing_one_after_the_other, Append, AppendOutcome, ClosingOutcome, Result,
 };
-use keiro_journal::{EncodedEvent, Event, InstanceKey};
-use serde_json::Value;
+use keiro_journal::{Event, InstanceKey};
 
-use crate::batch::{in_batch_order, Batched, SlotHold};
-use crate::journal::{alone_by_instance, append_outcome, appendable, journal_append_one, APPEND};
-use crate::row::{column, malformed};
-use crate::store::span_ms;
-use crate::PgStore;
+use super::lane::{alone_by_instance, Batched, Lane};
+use crate::db::Db;
+use crate::ops::journal::{self as op, appendable, RowAnswer, APPEND};
+use crate::row::malformed;
 
 /// One request of the append lane.
 #[derive(Debug, Clone)]
-pub(crate) enum AppendRequest {
+pub(super) enum AppendRequest {
     /// An append, as `journal_append` makes it.
     One(Append),
     /// A run's last step and its completion (`journal_append_closing`): the completion only if
@@ -37,7 +37,7 @@ pub(crate) enum AppendRequest {
 
 /// What the lane answers a request.
 #[derive(Debug)]
-pub(crate) enum AppendAnswer {
+pub(super) enum AppendAnswer {
     /// To [`AppendRequest::One`].
     One(AppendOutcome),
     /// To [`AppendRequest::Closing`].
@@ -61,74 +61,16 @@ impl AppendRequest {
     }
 }
 
-const JOURNAL_APPEND_BATCH: &str = "SELECT a.n, a.outcome, a.recorded, a.marker \
-     FROM keiro_journal_append_batch($1, $2, $3, $4, $5, $6, $7, $8, $9) a";
-
-/// One row's answer from the batch statement: `None` when its instance's row was held by
-/// another transaction (the request is then sent alone), `Some(Ok(None))` for a closing pair's
-/// completion that was not tried.
-type RowAnswer = Option<Result<Option<AppendOutcome>>>;
-
-/// Requests of several callers in one statement (see `batch`): an answer per request, in the
+/// Requests of several callers in one statement (see `lane`): an answer per request, in the
 /// batch's order, each what the request alone would have been answered. The statement carries
 /// the requests sorted by instance key, one per instance (a closing pair's two rows side by
 /// side: the form the function journals without sorting, `sql/functions/journal.sql`); a
 /// second request to an instance is answered `None`, so it is sent alone once the batch has
 /// committed, after the first.
-async fn append_many(
-    store: &PgStore,
-    all: &[AppendRequest],
-    slot: Option<&SlotHold>,
-) -> Result<Vec<Option<Result<AppendAnswer>>>> {
+async fn append_many(db: &Db, all: &[AppendRequest]) -> Result<Vec<Option<Result<AppendAnswer>>>> {
     let sent = first_per_instance_in_key_order(all, AppendRequest::key);
-    // Each row with the request it belongs to.
-    let rows: Vec<(usize, &Append)> = sent
-        .iter()
-        .flat_map(|&i| all[i].rows().into_iter().map(move |append| (i, append)))
-        .collect();
-    let encoded: Vec<EncodedEvent> = rows.iter().map(|(_, a)| a.event.encode()).collect();
-    let names: Vec<&str> = rows.iter().map(|(_, a)| a.key.name.as_str()).collect();
-    let ids: Vec<&str> = rows.iter().map(|(_, a)| a.key.id.as_str()).collect();
-    let generations: Vec<Option<i32>> = rows.iter().map(|(_, a)| a.generation).collect();
-    let steps: Vec<&str> = encoded.iter().map(|e| e.step_name.as_str()).collect();
-    let kinds: Vec<&str> = encoded.iter().map(|e| e.kind).collect();
-    let payloads: Vec<&Value> = encoded.iter().map(|e| &e.payload).collect();
-    let owners: Vec<Option<&str>> = rows
-        .iter()
-        .map(|(_, a)| a.fence.as_ref().map(|f| f.owner.as_str()))
-        .collect();
-    let epochs: Vec<Option<i64>> = rows
-        .iter()
-        .map(|(_, a)| a.fence.as_ref().map(|f| f.epoch))
-        .collect();
-    let renew_ms: Vec<Option<i64>> = rows.iter().map(|(_, a)| a.renew.map(span_ms)).collect();
-    let answered = store
-        .query_in_slot(
-            APPEND,
-            JOURNAL_APPEND_BATCH,
-            &[
-                &names,
-                &ids,
-                &generations,
-                &steps,
-                &kinds,
-                &payloads,
-                &owners,
-                &epochs,
-                &renew_ms,
-            ],
-            slot,
-        )
-        .await?;
-    let answers: Vec<RowAnswer> = in_batch_order(&answered, rows.len(), APPEND, "n", |row, r| {
-        let append = rows[r].1;
-        match column::<String>(row, "outcome", APPEND) {
-            // The instance's row was held by another transaction: sent alone.
-            Ok(outcome) if outcome == "busy" => None,
-            Ok(outcome) if outcome == "skipped" => Some(Ok(None)),
-            _ => Some(append_outcome(row, APPEND, &append.key, append.fence.as_ref()).map(Some)),
-        }
-    });
+    let rows: Vec<&Append> = sent.iter().flat_map(|&i| all[i].rows()).collect();
+    let answers = op::journal_append_batch(db, &rows).await?;
     let mut outcomes: Vec<Option<Result<AppendAnswer>>> = all.iter().map(|_| None).collect();
     let mut answers = answers.into_iter();
     for &i in &sent {
@@ -180,17 +122,12 @@ fn first_per_instance_in_key_order<T>(
 
 /// A closing pair alone: one statement; if that fails as a whole, the step and then (if it
 /// left its value) the completion, each alone.
-async fn closing_alone(
-    store: &PgStore,
-    step: &Append,
-    completion: &Append,
-    slot: Option<&SlotHold>,
-) -> Result<ClosingOutcome> {
+async fn closing_alone(db: &Db, step: &Append, completion: &Append) -> Result<ClosingOutcome> {
     let pair = [AppendRequest::Closing {
         step: step.clone(),
         completion: completion.clone(),
     }];
-    match append_many(store, &pair, slot).await {
+    match append_many(db, &pair).await {
         Ok(mut answers) => match answers.pop().flatten() {
             Some(Ok(AppendAnswer::Closing(outcome))) => return Ok(outcome),
             Some(Err(error)) => return Err(error),
@@ -202,12 +139,7 @@ async fn closing_alone(
             tracing::debug!(%error, key = %step.key, "a closing pair failed as a whole; appending its step and then its completion");
         }
     }
-    // With the slot, if the lane's: a pair kept waiting for a lock gives it back as a lone
-    // append does, so the lane never waits behind it.
-    closing_one_after_the_other(step, completion, |append| {
-        journal_append_one(store, append, slot)
-    })
-    .await
+    closing_one_after_the_other(step, completion, |append| op::journal_append(db, append)).await
 }
 
 impl Batched for AppendRequest {
@@ -232,24 +164,14 @@ impl Batched for AppendRequest {
         }
     }
 
-    async fn send_many(
-        store: &PgStore,
-        batch: &[Self],
-        slot: Option<&SlotHold>,
-    ) -> Result<Vec<Option<Result<AppendAnswer>>>> {
-        append_many(store, batch, slot).await
+    async fn send_many(db: &Db, batch: &[Self]) -> Result<Vec<Option<Result<AppendAnswer>>>> {
+        append_many(db, batch).await
     }
 
-    async fn send_one(
-        store: &PgStore,
-        request: &Self,
-        slot: Option<&SlotHold>,
-    ) -> Result<AppendAnswer> {
+    async fn send_one(db: &Db, request: &Self) -> Result<AppendAnswer> {
         match request {
-            Self::One(append) => journal_append_one(store, append, slot)
-                .await
-                .map(AppendAnswer::One),
-            Self::Closing { step, completion } => closing_alone(store, step, completion, slot)
+            Self::One(append) => op::journal_append(db, append).await.map(AppendAnswer::One),
+            Self::Closing { step, completion } => closing_alone(db, step, completion)
                 .await
                 .map(AppendAnswer::Closing),
         }
@@ -257,14 +179,13 @@ impl Batched for AppendRequest {
 }
 
 /// `journal_append` through the store's append lane: concurrent appends share a transaction.
-pub(crate) async fn journal_append(store: &PgStore, append: &Append) -> Result<AppendOutcome> {
+pub(super) async fn journal_append(
+    lane: &Lane<AppendRequest>,
+    db: &Arc<Db>,
+    append: &Append,
+) -> Result<AppendOutcome> {
     appendable(append)?;
-    match store
-        .lanes()
-        .appends
-        .call(store, AppendRequest::One(append.clone()))
-        .await?
-    {
+    match lane.call(db, AppendRequest::One(append.clone())).await? {
         AppendAnswer::One(outcome) => Ok(outcome),
         AppendAnswer::Closing(_) => Err(malformed(APPEND, "a closing answer to an append")),
     }
@@ -273,8 +194,9 @@ pub(crate) async fn journal_append(store: &PgStore, append: &Append) -> Result<A
 /// `journal_append_closing` through the store's append lane, as one request. A pair the
 /// statement cannot carry (a step that is not a step, a completion that is not one, or of
 /// another instance, generation or fence) goes one append at a time, as the trait's default.
-pub(crate) async fn journal_append_closing(
-    store: &PgStore,
+pub(super) async fn journal_append_closing(
+    lane: &Lane<AppendRequest>,
+    db: &Arc<Db>,
     step: &Append,
     completion: &Append,
 ) -> Result<ClosingOutcome> {
@@ -285,7 +207,7 @@ pub(crate) async fn journal_append_closing(
         && step.fence == completion.fence;
     if !pairs {
         return closing_one_after_the_other(step, completion, |append| {
-            journal_append(store, append)
+            journal_append(lane, db, append)
         })
         .await;
     }
@@ -293,7 +215,7 @@ pub(crate) async fn journal_append_closing(
         step: step.clone(),
         completion: completion.clone(),
     };
-    match store.lanes().appends.call(store, request).await? {
+    match lane.call(db, request).await? {
         AppendAnswer::Closing(outcome) => Ok(outcome),
         AppendAnswer::One(_) => Err(malformed(APPEND, "an append's answer to a closing pair")),
     }
@@ -302,8 +224,9 @@ pub(crate) async fn journal_append_closing(
 /// Several appends at once: one statement when batching is on (falling back to one append at
 /// a time when it fails as a whole), else one transaction each. An instance with an append a
 /// batch may not carry has all its appends sent alone, in their order, after the batch.
-pub(crate) async fn journal_append_batch(
-    store: &PgStore,
+pub(super) async fn journal_append_batch(
+    batching: bool,
+    db: &Db,
     appends: &[Append],
 ) -> Vec<Result<AppendOutcome>> {
     let mut outcomes: Vec<Option<Result<AppendOutcome>>> = appends
@@ -319,9 +242,9 @@ pub(crate) async fn journal_append_batch(
     let batched: Vec<usize> = (0..appends.len())
         .filter(|&i| outcomes[i].is_none() && !alone.contains(&appends[i].key))
         .collect();
-    if store.batching() && batched.len() > 1 {
+    if batching && batched.len() > 1 {
         let batch: Vec<AppendRequest> = batched.iter().map(|&i| requests[i].clone()).collect();
-        match append_many(store, &batch, None).await {
+        match append_many(db, &batch).await {
             Ok(answers) => {
                 for (&i, answer) in batched.iter().zip(answers) {
                     outcomes[i] = answer.map(|answer| match answer? {
@@ -343,7 +266,7 @@ pub(crate) async fn journal_append_batch(
     let sent = alone_by_instance(
         &pending,
         |i| &appends[i].key,
-        |i| journal_append_one(store, &appends[i], None),
+        |i| op::journal_append(db, &appends[i]),
     )
     .await;
     for (i, answer) in sent {

@@ -1,26 +1,25 @@
-//! Child workflows and cancellation: spawning a child in the parent's spawn-step transaction,
-//! and cancelling an instance with or without its live descendants.
+//! `sql/functions/child.sql`: spawning a child in the parent's spawn-step transaction.
+//! (Cancelling an instance with or without its live descendants is in `instance.sql`.)
 //!
 //! The delivery of a child's result is not here: it is part of every terminal transaction of
 //! the child (a closing marker, the crash ceiling, divergence), in `keiro_child_deliver`, so a
 //! parent is woken by the very commit that finishes its child.
 
 use keiro_journal::store::{Append, AppendOutcome, Result};
-use keiro_journal::{ChildSpawn, InstanceKey};
+use keiro_journal::ChildSpawn;
 
 use tokio_postgres::types::ToSql;
 
-use crate::journal::{append_outcome, encoded_step, AppendArgs};
-use crate::PgStore;
+use crate::db::Db;
+use crate::ops::journal::{append_outcome, encoded_step, AppendArgs};
 
 const SPAWN: &str = "spawning a child instance";
-pub(crate) const CANCEL: &str = "cancelling an instance";
 
 const CHILD_SPAWN: &str = "SELECT outcome, recorded, marker \
      FROM keiro_child_spawn($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
 
 pub(crate) async fn child_spawn(
-    store: &PgStore,
+    db: &Db,
     append: &Append,
     spawn: &ChildSpawn,
 ) -> Result<AppendOutcome> {
@@ -33,24 +32,6 @@ pub(crate) async fn child_spawn(
         &spawn.input,
         &spawn.await_step,
     ]);
-    let row = store.query_one(SPAWN, CHILD_SPAWN, &params).await?;
+    let row = db.query_one(SPAWN, CHILD_SPAWN, &params).await?;
     append_outcome(&row, SPAWN, &append.key, append.fence.as_ref())
-}
-
-const INSTANCE_CANCEL: &str =
-    "SELECT outcome, recorded, marker FROM keiro_instance_cancel($1, $2, $3)";
-
-pub(crate) async fn instance_cancel(
-    store: &PgStore,
-    key: &InstanceKey,
-    cascade: bool,
-) -> Result<AppendOutcome> {
-    let row = store
-        .query_one(
-            CANCEL,
-            INSTANCE_CANCEL,
-            &[&key.name.as_str(), &key.id.as_str(), &cascade],
-        )
-        .await?;
-    append_outcome(&row, CANCEL, key, None)
 }

@@ -1,4 +1,4 @@
-//! Signals: payloads sent to a token, delivered to the oldest waiter or buffered until one
+//! `sql/functions/signal.sql`. Signals: payloads sent to a token, delivered to the oldest waiter or buffered until one
 //! waits.
 //!
 //! Both operations take the token's transaction advisory lock first (`keiro_signal_lock`), so
@@ -15,11 +15,10 @@ use serde_json::Value;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
-use crate::journal::{
-    append_outcome, encoded_step, lease_lost, not_found, unknown_outcome, AppendArgs,
-};
+use crate::db::Db;
+use crate::ops::journal::{append_outcome, encoded_step, AppendArgs};
+use crate::ops::{lease_lost, not_found, unknown_outcome};
 use crate::row::{column, malformed};
-use crate::PgStore;
 
 const WAIT: &str = "waiting for a signal";
 pub(crate) const SEND: &str = "sending a signal";
@@ -36,12 +35,12 @@ pub(crate) fn signal_token(operation: &'static str, token: &str) -> Result<()> {
     })
 }
 
-pub(crate) async fn signal_wait(store: &PgStore, wait: &SignalWait) -> Result<SignalWaitOutcome> {
+pub(crate) async fn signal_wait(db: &Db, wait: &SignalWait) -> Result<SignalWaitOutcome> {
     signal_token(WAIT, &wait.token)?;
     let key = &wait.key;
     let owner = wait.fence.as_ref().map(|f| f.owner.as_str());
     let epoch = wait.fence.as_ref().map(|f| f.epoch);
-    let row = store
+    let row = db
         .query_one(
             WAIT,
             SIGNAL_WAIT,
@@ -77,14 +76,14 @@ pub(crate) async fn signal_wait(store: &PgStore, wait: &SignalWait) -> Result<Si
 const SIGNAL_SEND: &str = "SELECT outcome, to_name, to_id FROM keiro_signal_send($1, $2, $3)";
 
 pub(crate) async fn signal_send(
-    store: &PgStore,
+    db: &Db,
     token: &str,
     payload: &Value,
     options: &SignalOptions,
 ) -> Result<SignalSendOutcome> {
     signal_token(SEND, token)?;
     let ttl_ms = ttl_ms(options);
-    let row = store
+    let row = db
         .query_one(SEND, SIGNAL_SEND, &[&token, payload, &ttl_ms])
         .await?;
     send_outcome(&row)
@@ -120,7 +119,7 @@ const SIGNAL_RETURN: &str = "SELECT outcome, recorded, marker \
 /// A race's decision and the signals its losing waits took, in one transaction
 /// (`keiro_signal_return`): each signal goes back to its token only when the decision lands.
 pub(crate) async fn signal_return(
-    store: &PgStore,
+    db: &Db,
     decision: &Append,
     signals: &[ReturnedSignal],
 ) -> Result<AppendOutcome> {
@@ -137,7 +136,7 @@ pub(crate) async fn signal_return(
         &payloads as &(dyn ToSql + Sync),
         &ttl_ms as &(dyn ToSql + Sync),
     ]);
-    let row = store.query_one(RETURN, SIGNAL_RETURN, &params).await?;
+    let row = db.query_one(RETURN, SIGNAL_RETURN, &params).await?;
     append_outcome(&row, RETURN, &decision.key, decision.fence.as_ref())
 }
 
@@ -152,12 +151,12 @@ const SIGNAL_WITHDRAW: &str = "DELETE FROM signal_waiters \
      WHERE workflow_name = $1 AND workflow_id = $2 AND generation = $3 AND step = $4";
 
 pub(crate) async fn signal_withdraw(
-    store: &PgStore,
+    db: &Db,
     key: &InstanceKey,
     generation: i32,
     step: &str,
 ) -> Result<bool> {
-    let removed = store
+    let removed = db
         .execute(
             WITHDRAW,
             SIGNAL_WITHDRAW,
