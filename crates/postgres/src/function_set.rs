@@ -1,21 +1,15 @@
-//! A build's function files (the embedded `sql/functions/` files, or in tests another build's)
+//! A build's function files (those of `keiro-migrations`, or in tests another build's)
 //! and the pure decision of what to do with them, given what a schema records: apply the
 //! missing and changed ones, leave a newer build's in place, or refuse a revision whose files
 //! differ. The runner in `migrate.rs` reads the record and carries the decision out.
 
 use sha2::{Digest, Sha256};
 
-/// One embedded file of `sql/functions/`: the definitions of one group of functions.
-#[derive(Clone, Copy)]
-pub(crate) struct FunctionFile {
-    pub(crate) name: &'static str,
-    pub(crate) sql: &'static str,
-}
+pub(crate) use keiro_migrations::FunctionFile;
 
-impl FunctionFile {
-    pub(crate) fn checksum(&self) -> Vec<u8> {
-        Sha256::digest(self.sql.as_bytes()).to_vec()
-    }
+/// The SHA-256 of one function file, as `keiro_functions` records it.
+pub(crate) fn file_checksum(file: &FunctionFile) -> Vec<u8> {
+    Sha256::digest(file.sql.as_bytes()).to_vec()
 }
 
 /// A build's function files and their revision: this build's (`FUNCTIONS` in `migrate.rs`),
@@ -33,7 +27,7 @@ impl<'a> FunctionSet<'a> {
         for file in self.files {
             digest.update(file.name.as_bytes());
             digest.update([0]);
-            digest.update(file.checksum());
+            digest.update(file_checksum(file));
         }
         digest.finalize().to_vec()
     }
@@ -65,7 +59,7 @@ impl<'a> FunctionSet<'a> {
                 !recorded
                     .files
                     .iter()
-                    .any(|(name, sum)| name == file.name && *sum == file.checksum())
+                    .any(|(name, sum)| name == file.name && *sum == file_checksum(file))
             })
             .collect();
         FunctionsPlan::Apply { files, record }
@@ -96,7 +90,7 @@ pub(crate) enum FunctionsPlan<'a> {
     Changed,
 }
 
-/// What a migration run did with the function files of `sql/functions/`.
+/// What a migration run did with the function files of `keiro-migrations`.
 ///
 /// ```
 /// use keiro_postgres::FunctionFiles;
@@ -112,7 +106,7 @@ pub enum FunctionFiles {
         /// The build's revision of its function files.
         revision: i32,
     },
-    /// These files (`journal` for `sql/functions/journal.sql`), new to the schema or changed,
+    /// These files (`journal` for `functions/journal.sql`), new to the schema or changed,
     /// were applied, in order.
     Applied {
         /// The build's revision of its function files, now recorded in the schema.
@@ -149,7 +143,7 @@ mod tests {
             files: set
                 .files
                 .iter()
-                .map(|f| (f.name.to_owned(), f.checksum()))
+                .map(|f| (f.name.to_owned(), file_checksum(f)))
                 .collect(),
             revision: Some((set.revision, set.checksum())),
         }

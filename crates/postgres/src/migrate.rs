@@ -1,5 +1,5 @@
-//! The migration runner: the numbered files of the workspace's `migrations/` folder and the
-//! function files of `sql/functions/`, embedded at build time and applied to the store's schema.
+//! The migration runner: the numbered migrations and the function files of `keiro-migrations`,
+//! embedded at build time, applied to the store's schema.
 //!
 //! Runners race safely: each takes a session advisory lock keyed on the schema before it looks
 //! at anything, so the second one waits and then finds nothing left to do. It waits at most
@@ -40,183 +40,15 @@ use sha2::{Digest, Sha256};
 use tokio_postgres::types::{ToSql, Type};
 
 use crate::error::{Error, Failure, Result};
+use keiro_migrations::{Migration, FUNCTION_FILES, MIGRATIONS};
+
 use crate::function_set::{
-    FunctionFile, FunctionFiles, FunctionSet, FunctionsPlan, FunctionsRecorded,
+    file_checksum, FunctionFile, FunctionFiles, FunctionSet, FunctionsPlan, FunctionsRecorded,
 };
 use crate::PgStore;
 
-/// One embedded migration file.
-struct Migration {
-    version: i32,
-    name: &'static str,
-    sql: &'static str,
-    /// The SHA-256 (hex) of the form this file shipped in, when it was rewritten since: schemas
-    /// migrated by a build that embedded that form recorded its checksum.
-    shipped: Option<&'static str>,
-}
-
-/// Every migration this build knows, in order. Numbers are never reused or renumbered.
-const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "init",
-        sql: include_str!("../../../migrations/0001_init.sql"),
-        shipped: Some("1c45e716cf1cc11a8a39ec6bc4170b7e0e2b5efc1bf3090822435ee88906e278"),
-    },
-    Migration {
-        version: 2,
-        name: "wake_sources",
-        sql: include_str!("../../../migrations/0002_wake_sources.sql"),
-        shipped: Some("01e6d7cdd8eaaf3b38439739539deb48380fbf2bdf8d3d1b1d364fa672ae2726"),
-    },
-    Migration {
-        version: 3,
-        name: "claim_batch",
-        sql: include_str!("../../../migrations/0003_claim_batch.sql"),
-        shipped: Some("ea19e228f02bb337b0dc27d55891b88b39b65e9e2e9b60b8dad85f34209a3a5f"),
-    },
-    Migration {
-        version: 4,
-        name: "hot_path",
-        sql: include_str!("../../../migrations/0004_hot_path.sql"),
-        shipped: Some("1c2d79434f3b18336039df3d9e5ce14ce16ef2f0445827e709dc1d99aa7c8d83"),
-    },
-    Migration {
-        version: 5,
-        name: "remote_steps",
-        sql: include_str!("../../../migrations/0005_remote_steps.sql"),
-        shipped: Some("dd50f45abbd9c48cf6a61b1d611b3a14f65c321e92eb016a7d01cddf22619e69"),
-    },
-    Migration {
-        version: 6,
-        name: "claim_order",
-        sql: include_str!("../../../migrations/0006_claim_order.sql"),
-        shipped: Some("3bbdb2368dd148bff4c43db873e17ad5b61ba7eb4da2c675814ac35c34279f21"),
-    },
-    Migration {
-        version: 7,
-        name: "remote_hot_path",
-        sql: include_str!("../../../migrations/0007_remote_hot_path.sql"),
-        shipped: Some("e7ef7f3c1eea60312ec5026e23177b26e78146e99cf5a3bc6794228b1f8edda2"),
-    },
-    Migration {
-        version: 8,
-        name: "remote_claim_attempts",
-        sql: include_str!("../../../migrations/0008_remote_claim_attempts.sql"),
-        shipped: Some("2e2363983fc8eae87298ae207960e7d5f62fb63739ba80e2ff203c5dd7c7edca"),
-    },
-    Migration {
-        version: 9,
-        name: "function_search_path",
-        sql: include_str!("../../../migrations/0009_function_search_path.sql"),
-        shipped: Some("280eb06c8de5cf19598287f38b0f02da3d7fde147a662a219e1521d68632b9a9"),
-    },
-    Migration {
-        version: 10,
-        name: "cancel_remote_tasks",
-        sql: include_str!("../../../migrations/0010_cancel_remote_tasks.sql"),
-        shipped: Some("712f6a2adc512326e76abda88409de2f9e39d8a5cf6b98b741981baa5760f56b"),
-    },
-    Migration {
-        version: 11,
-        name: "signal_ttl_and_children",
-        sql: include_str!("../../../migrations/0011_signal_ttl_and_children.sql"),
-        shipped: Some("b2b9b3cd267ccbe36dd52cb40be4a23fcb256415d155d1869f8f825f2919e224"),
-    },
-    Migration {
-        version: 12,
-        name: "settle_abandoned_awakeables",
-        sql: include_str!("../../../migrations/0012_settle_abandoned_awakeables.sql"),
-        shipped: Some("5748b6f70cfaacc5ae014a0af02d8716ea092a01511bc69dca4af5e397e5f690"),
-    },
-    Migration {
-        version: 13,
-        name: "requeue_unhandled_failures",
-        sql: include_str!("../../../migrations/0013_requeue_unhandled_failures.sql"),
-        shipped: Some("f8eb79e4e4ce9eddc1c74d447cb2e5022dbf1583d087092da044c0e8bacf7b9f"),
-    },
-    Migration {
-        version: 14,
-        name: "settle_leftovers_of_completed_runs",
-        sql: include_str!("../../../migrations/0014_settle_leftovers_of_completed_runs.sql"),
-        shipped: Some("d76e7d5e16af40cfe7cf418f5cc00c2836d501599f2f3e241eaf7a7743f96706"),
-    },
-    Migration {
-        version: 15,
-        name: "list_and_retention_indexes",
-        sql: include_str!("../../../migrations/0015_list_and_retention_indexes.sql"),
-        shipped: None,
-    },
-    Migration {
-        version: 16,
-        name: "notify_terminal",
-        sql: include_str!("../../../migrations/0016_notify_terminal.sql"),
-        shipped: Some("f56649ec31ec8d5164b3a93cf14d985f7441c54e90c1e7d5e50deaad4eb09bd1"),
-    },
-    Migration {
-        version: 17,
-        name: "schedules",
-        sql: include_str!("../../../migrations/0017_schedules.sql"),
-        shipped: None,
-    },
-    Migration {
-        version: 18,
-        name: "schedule_backoff",
-        sql: include_str!("../../../migrations/0018_schedule_backoff.sql"),
-        shipped: None,
-    },
-    Migration {
-        version: 19,
-        name: "delivery_backlog",
-        sql: include_str!("../../../migrations/0019_delivery_backlog.sql"),
-        shipped: None,
-    },
-];
-
-/// Every function file, in the order they are applied: a `LANGUAGE sql` function is checked
-/// when it is created, so the functions it calls come from an earlier file (plpgsql bodies
-/// are resolved when they run).
-const FUNCTION_FILES: &[FunctionFile] = &[
-    FunctionFile {
-        name: "notify",
-        sql: include_str!("../../../sql/functions/notify.sql"),
-    },
-    FunctionFile {
-        name: "journal",
-        sql: include_str!("../../../sql/functions/journal.sql"),
-    },
-    FunctionFile {
-        name: "instance",
-        sql: include_str!("../../../sql/functions/instance.sql"),
-    },
-    FunctionFile {
-        name: "lease",
-        sql: include_str!("../../../sql/functions/lease.sql"),
-    },
-    FunctionFile {
-        name: "timer",
-        sql: include_str!("../../../sql/functions/timer.sql"),
-    },
-    FunctionFile {
-        name: "signal",
-        sql: include_str!("../../../sql/functions/signal.sql"),
-    },
-    FunctionFile {
-        name: "awakeable",
-        sql: include_str!("../../../sql/functions/awakeable.sql"),
-    },
-    FunctionFile {
-        name: "child",
-        sql: include_str!("../../../sql/functions/child.sql"),
-    },
-    FunctionFile {
-        name: "remote",
-        sql: include_str!("../../../sql/functions/remote.sql"),
-    },
-];
-
-/// The revision of [`FUNCTION_FILES`], raised by one with every change to a file of
-/// `sql/functions/` (or to that list), so that of two builds migrating one schema only the one
+/// The revision of [`FUNCTION_FILES`], raised by one with every change to a function file of
+/// `keiro-migrations` (or to that list), so that of two builds migrating one schema only the one
 /// with the newer files applies them.
 const FUNCTIONS_REVISION: i32 = 12;
 
@@ -249,15 +81,10 @@ fn hex(bytes: &[u8]) -> String {
     })
 }
 
-impl Migration {
-    fn checksum(&self) -> Vec<u8> {
-        checksum(self.sql)
-    }
-
-    /// Whether `recorded` is the checksum of this file as embedded or as it shipped.
-    fn accepts(&self, recorded: &[u8]) -> bool {
-        recorded == self.checksum().as_slice() || self.shipped == Some(hex(recorded).as_str())
-    }
+/// Whether `recorded` is the checksum of `migration` as embedded or as it shipped.
+fn accepts(migration: &Migration, recorded: &[u8]) -> bool {
+    recorded == checksum(migration.sql).as_slice()
+        || migration.shipped == Some(hex(recorded).as_str())
 }
 
 /// This build's migrations, each as its version and name: a schema lacking one is not ready
@@ -278,7 +105,7 @@ pub(crate) fn functions_revision() -> i32 {
 pub struct Migrated {
     /// The numbered migrations applied, in order: empty when none was pending.
     pub migrations: Vec<i32>,
-    /// What became of the function files of `sql/functions/`.
+    /// What became of the function files of `keiro-migrations`.
     pub functions: FunctionFiles,
 }
 
@@ -512,7 +339,7 @@ impl PgStore {
         // stops the run with the schema untouched.
         for migration in known {
             if let Some((_, recorded)) = applied.iter().find(|(v, _)| *v == migration.version) {
-                if !migration.accepts(recorded) {
+                if !accepts(migration, recorded) {
                     return Err(Error::MigrationChanged {
                         schema: self.schema().to_owned(),
                         version: migration.version,
@@ -628,7 +455,7 @@ impl PgStore {
                 &[
                     (&migration.version, Type::INT4),
                     (&migration.name, Type::TEXT),
-                    (&migration.checksum(), Type::BYTEA),
+                    (&checksum(migration.sql), Type::BYTEA),
                 ],
             )
             .await
@@ -655,7 +482,10 @@ impl PgStore {
                 "applying a function file",
                 &[file.sql, FUNCTIONS_PIN],
                 FUNCTION_FILE_RECORD,
-                &[(&file.name, Type::TEXT), (&file.checksum(), Type::BYTEA)],
+                &[
+                    (&file.name, Type::TEXT),
+                    (&file_checksum(file), Type::BYTEA),
+                ],
             )
             .await
             .map_err(|source| Error::FunctionFile {
@@ -960,8 +790,8 @@ mod tests {
         for migration in MIGRATIONS {
             if let Some(shipped) = migration.shipped {
                 assert_eq!(shipped.len(), 64, "{}", migration.name);
-                assert_ne!(shipped, hex(&migration.checksum()), "{}", migration.name);
-                assert!(migration.accepts(&migration.checksum()));
+                assert_ne!(shipped, hex(&checksum(migration.sql)), "{}", migration.name);
+                assert!(accepts(migration, &checksum(migration.sql)));
             }
         }
     }
@@ -977,7 +807,7 @@ mod tests {
                     .any(|line| line.contains(word));
                 assert!(
                     !defines,
-                    "{} names a {word}: it goes in sql/functions/",
+                    "{} names a {word}: it goes in crates/migrations/functions/",
                     migration.name
                 );
             }
@@ -998,11 +828,11 @@ mod tests {
         assert!(
             checksum == FUNCTIONS_REVISION_CHECKSUM,
             "the function files changed since revision {FUNCTIONS_REVISION} (a file of \
-             sql/functions/ was edited, added, removed or reordered): in \
+             crates/migrations/functions/ was edited, added, removed or reordered): in \
              crates/postgres/src/migrate.rs, raise FUNCTIONS_REVISION to {} and set \
              FUNCTIONS_REVISION_CHECKSUM to \"{checksum}\". Without it, a build with the old \
              files and one with the new would refuse each other's schema \
-             (sql/functions/README.md, \"Changing a function\")",
+             (crates/migrations/functions/README.md, \"Changing a function\")",
             FUNCTIONS_REVISION + 1
         );
     }

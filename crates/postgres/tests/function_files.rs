@@ -1,4 +1,4 @@
-//! The function files of `sql/functions/`: every way a schema gets to this build ends with the
+//! The function files (`crates/migrations/functions/`): every way a schema gets to this build ends with the
 //! same functions, triggers, tables and indexes as a fresh one; a changed file is applied
 //! again and an unchanged one costs nothing; a schema a newer build migrated (a migration this
 //! build does not know, or function files of a higher revision) keeps its functions, so two
@@ -220,9 +220,9 @@ async fn a_schema_the_previous_layout_migrated_upgrades_to_exactly_a_fresh_schem
     Ok(())
 }
 
-/// The version of every file of the workspace's `migrations/` folder, in order.
+/// The version of every numbered migration file (`crates/migrations/numbered/`), in order.
 fn migration_versions() -> Result<Vec<i32>, Box<dyn std::error::Error + Send + Sync>> {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../migrations");
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../migrations/numbered");
     let mut versions = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let name = entry?.file_name().to_string_lossy().into_owned();
@@ -488,7 +488,7 @@ async fn a_shipped_migration_checksum_is_accepted_and_any_other_is_refused() -> 
     let db = TestDb::new().await;
     let store = db.store();
     let client = sql(&store).await?;
-    // The checksum 0001 shipped with, before its functions moved to sql/functions/:
+    // The checksum 0001 shipped with, before its functions moved to function files:
     // `git show <LAST_BUILD_WITH_FUNCTIONS_IN_MIGRATIONS>:migrations/0001_init.sql | sha256sum`.
     client
         .batch_execute(

@@ -6,9 +6,10 @@ use common::TestResult;
 use keiro_postgres::PgStore;
 use keiro_tests::pg::TestDb;
 
-/// The versions of every file in `migrations/`, numbered from 1: each must be applied, once.
+/// The versions of every numbered migration file (`crates/migrations/numbered/`), numbered
+/// from 1: each must be applied, once.
 fn every_version() -> Vec<i32> {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../migrations");
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../migrations/numbered");
     let files = std::fs::read_dir(dir)
         .expect("the migrations folder exists")
         .filter_map(Result::ok)

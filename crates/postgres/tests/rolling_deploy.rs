@@ -35,7 +35,42 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 const MIGRATE_RS: &str = "crates/postgres/src/migrate.rs";
 const REVISION_CONST: &str = "const FUNCTIONS_REVISION: i32 = ";
-const FUNCTION_FILE_INCLUDE: &str = "include_str!(\"../../../sql/functions/";
+
+/// Where a build keeps its SQL files, and the source that lists its function files in the
+/// order it applies them (each as an `include_str!` of `include` followed by the file's name).
+struct Layout {
+    numbered: &'static str,
+    functions: &'static str,
+    list: &'static str,
+    include: &'static str,
+}
+
+/// The builds before `keiro-migrations`: the workspace's `migrations/` and `sql/functions/`,
+/// listed in the store's `migrate.rs`.
+const TOP_LEVEL: Layout = Layout {
+    numbered: "migrations/",
+    functions: "sql/functions/",
+    list: MIGRATE_RS,
+    include: "include_str!(\"../../../sql/functions/",
+};
+
+/// The builds since, this one among them: the files are the `keiro-migrations` crate's.
+const MIGRATIONS_CRATE: Layout = Layout {
+    numbered: "crates/migrations/numbered/",
+    functions: "crates/migrations/functions/",
+    list: "crates/migrations/src/lib.rs",
+    include: "include_str!(\"../functions/",
+};
+
+/// The layout of the build at `commit`.
+fn layout_at(git: &history::Git, commit: &str) -> &'static Layout {
+    let crate_list = format!("{commit}:{}", MIGRATIONS_CRATE.list);
+    if git.run(&["cat-file", "-e", &crate_list]).is_ok() {
+        &MIGRATIONS_CRATE
+    } else {
+        &TOP_LEVEL
+    }
+}
 
 /// The previous build, as the git history has it.
 struct Previous {
@@ -88,23 +123,24 @@ fn keep(text: String) -> &'static str {
     Box::leak(text.into_boxed_str())
 }
 
-/// The function files a runner (the source of `migrate.rs`) embeds, in its order, each named
-/// as it names them and read with `read` from its path.
+/// The function files a build embeds, in its order, each named as it names them: `read`
+/// reads a file of that build by its path, laid out as `layout` says.
 fn function_files(
-    runner: &str,
+    layout: &Layout,
     read: impl Fn(&str) -> Result<String, String>,
 ) -> Result<Vec<(&'static str, &'static str)>, String> {
+    let list = read(layout.list)?;
     let mut files = Vec::new();
-    for piece in runner.split(FUNCTION_FILE_INCLUDE).skip(1) {
+    for piece in list.split(layout.include).skip(1) {
         let name = piece
             .split_once(".sql\")")
             .ok_or("an include of a function file without .sql")?
             .0;
-        let sql = read(&format!("sql/functions/{name}.sql"))?;
+        let sql = read(&format!("{}{name}.sql", layout.functions))?;
         files.push((keep(name.to_owned()), keep(sql)));
     }
     if files.is_empty() {
-        return Err(format!("no function files in {MIGRATE_RS}"));
+        return Err(format!("no function files in {}", layout.list));
     }
     Ok(files)
 }
@@ -121,17 +157,16 @@ impl Previous {
     fn read(git: &history::Git, ours: i32) -> Result<Self, String> {
         let commit = previous_commit(git, ours)?;
         let revision = revision_at(git, &commit)?;
-        let files = function_files(&git.show(&commit, MIGRATE_RS)?, |path| {
-            git.show(&commit, path)
-        })
-        .map_err(|e| format!("{commit}: {e}"))?;
+        let layout = layout_at(git, &commit);
+        let files = function_files(layout, |path| git.show(&commit, path))
+            .map_err(|e| format!("{commit}: {e}"))?;
         // Migrations are never edited: the previous build's are this build's first ones.
         let mut newest_migration = 0;
-        for path in git.files(&commit, "migrations/")? {
-            let Some(file) = path.strip_prefix("migrations/") else {
+        for path in git.files(&commit, layout.numbered)? {
+            let Some(file) = path.strip_prefix(layout.numbered) else {
                 continue;
             };
-            let ours = this_build(&path)?;
+            let ours = this_build(&format!("{}{file}", MIGRATIONS_CRATE.numbered))?;
             if git.show(&commit, &path)? != ours {
                 return Err(format!(
                     "{path} differs from {commit}'s: migrations are never edited"
@@ -386,7 +421,7 @@ async fn the_previous_builds_sql_still_works_against_this_builds_schema() -> Tes
             }
         }
     }
-    let ours_files = function_files(&this_build(MIGRATE_RS)?, this_build)?;
+    let ours_files = function_files(&MIGRATIONS_CRATE, this_build)?;
     let old_codes = outcome_codes(&previous.files);
     for (function, codes) in outcome_codes(&ours_files) {
         let Some(known) = old_codes.get(&function) else {
