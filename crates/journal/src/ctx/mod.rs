@@ -87,6 +87,7 @@ impl std::fmt::Debug for Ctx {
             .finish_non_exhaustive()
     }
 }
+
 impl Ctx {
     pub(crate) fn new(
         store: Arc<dyn JournalStore>,
@@ -108,13 +109,9 @@ impl Ctx {
         }
     }
 
+    /// The run's state, locked.
     pub(crate) fn state(&self) -> MutexGuard<'_, State> {
-        // A poisoned lock means a panic while holding it; the state is plain data updated in
-        // single assignments, so it is still consistent.
-        self.inner
-            .state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner.state()
     }
 
     /// The instance this run drives.

@@ -183,7 +183,7 @@ pub fn cancel_outcome(outcome: AppendOutcome) -> Option<CancelOutcome> {
 }
 
 /// Journals `value` under the user step `step` of the instance's current generation, for a run
-/// waiting in [`Ctx::await_step`]. Idempotent: a second delivery returns
+/// waiting in [`Ctx::await_step`](crate::Ctx::await_step). Idempotent: a second delivery returns
 /// [`AppendOutcome::AlreadyPresent`] with the first value.
 ///
 /// A delivery may arrive before the run reaches its await: it waits in the journal, under
@@ -216,7 +216,7 @@ pub async fn deliver<T: Serialize + ?Sized>(
 /// [`deliver`] to generation `generation` only: a delivery that answers an await of a
 /// generation the instance has left (a webhook retried after a continue-as-new) is refused
 /// with [`DeliveryRefusal::StaleGeneration`] instead of being taken by the next generation's
-/// await of the same name. A body hands out its generation with [`Ctx::generation`].
+/// await of the same name. A body hands out its generation with [`Ctx::generation`](crate::Ctx::generation).
 ///
 /// # Errors
 ///

@@ -153,11 +153,13 @@ mod tests {
     #[test]
     fn the_checks_stop_a_call_in_order_halt_divergence_replay_only_budget() {
         let now = Instant::now();
-        let mut options = RunOptions::default();
-        options.replay_only = true;
-        options.journal_budget = JournalBudget {
-            steps: 1,
-            bytes: 1 << 20,
+        let mut options = RunOptions {
+            replay_only: true,
+            journal_budget: JournalBudget {
+                steps: 1,
+                bytes: 1 << 20,
+            },
+            ..RunOptions::default()
         };
         let mut state = state(&[entry(1, "a")], now);
         state.halt = Some(Halt::Terminal(Marker::Cancelled));

@@ -217,7 +217,7 @@ impl Run {
     /// after its append.
     fn observe_held_back(&self, held: &HeldBack) {
         if let Some(observer) = &self.options.observer {
-            observer.step_finished(&&self.key.name, held.kind, held.started.elapsed());
+            observer.step_finished(&self.key.name, held.kind, held.started.elapsed());
         }
     }
 }

@@ -47,7 +47,7 @@ pub struct RunOptions {
     /// them late. `None` counts from the worker's clock. Defaults to `None`.
     pub claimed_at: Option<OffsetDateTime>,
     /// How long one generation's journal may grow before fresh steps fail with
-    /// [`WorkflowError::JournalFull`]. Defaults to [`JournalBudget::default`](crate::JournalBudget::default).
+    /// [`WorkflowError::JournalFull`](crate::WorkflowError::JournalFull). Defaults to [`JournalBudget::default`](crate::JournalBudget::default).
     pub journal_budget: crate::JournalBudget,
     /// Where runs crash on purpose, for tests. Defaults to `None`.
     pub faults: Option<Arc<dyn crate::Faults>>,
