@@ -42,31 +42,17 @@
 
 mod backoff;
 mod batch;
-mod budget;
-mod context;
-mod delivery;
+mod ctx;
 mod diagnostics;
-mod error;
-mod event;
 mod faults;
-mod heartbeat;
-mod held_back;
-mod id;
 mod inspect;
-mod instance;
-mod race;
-mod remote;
-mod replay;
+mod model;
 mod retention;
-mod retry;
 mod run;
-mod self_journaled;
-mod sources;
-mod storable;
+mod state;
 pub mod store;
 mod store_span;
 mod unwind;
-mod wake;
 mod workflow;
 
 pub use backoff::{stretched, unit_random, Backoff, InvalidBackoff};
@@ -74,59 +60,62 @@ pub use batch::{
     run_batches, BatchLimits, Batcher, SharedSlots, Slot, BATCHES_IN_FLIGHT_DEFAULT,
     BATCH_LEN_MAX_DEFAULT,
 };
-pub use budget::{
-    encoded_len, JournalBudget, JOURNAL_BYTES_MAX_DEFAULT, JOURNAL_STEPS_MAX_DEFAULT,
-};
-pub use context::{
-    encode_payload, Ctx, RunOptions, RunStats, StepObserver, TraceContext, LEASE_TTL_DEFAULT,
-    PAYLOAD_LEN_MAX_DEFAULT, RECONCILE_DEFAULT,
-};
-pub use delivery::{
-    Deliveries, DeliveryBacklog, DELIVERIES_UNREAD_BYTES_MAX_DEFAULT, DELIVERIES_UNREAD_MAX_DEFAULT,
-};
+pub use ctx::awakeables::Awakeable;
+pub use ctx::transaction::{LeaseHeld, SelfJournalError, SelfJournaled, StepJournal};
+pub use ctx::Ctx;
 pub use diagnostics::{error_chain, panic_message};
-pub use error::WorkflowError;
-pub use event::{
-    logical_step, marker_name, revised_step, step_revision, EncodedEvent, Event, Generation,
-    JournalEntry, MalformedEvent, Marker, StepKind,
-};
 pub use faults::Faults;
-pub use id::{
-    IdError, InstanceKey, IntoInstanceKey, WorkflowId, WorkflowName, ID_LEN_MAX,
-    RESERVED_STEP_PREFIXES,
-};
 pub use inspect::{
     parse_status, AwakeableInfo, Counts, Cursor, FilterError, GroupCount, InspectStore,
     InstanceSummary, ListFilter, ListOrder, ListRequest, Page, SignalWaitInfo, StatusCount,
     TimeRange, TimerInfo, TimerState, Waits, ID_PREFIX_LEN_MAX, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX,
     WAITS_LIMIT_DEFAULT,
 };
-pub use instance::{Fence, Instance, StartRequest, Started, Status};
-pub use remote::{
+pub use model::budget::{
+    encoded_len, JournalBudget, JOURNAL_BYTES_MAX_DEFAULT, JOURNAL_STEPS_MAX_DEFAULT,
+};
+pub use model::delivery::{
+    Deliveries, DeliveryBacklog, DELIVERIES_UNREAD_BYTES_MAX_DEFAULT, DELIVERIES_UNREAD_MAX_DEFAULT,
+};
+pub use model::error::WorkflowError;
+pub use model::event::{
+    logical_step, marker_name, revised_step, step_revision, EncodedEvent, Event, Generation,
+    JournalEntry, MalformedEvent, Marker, StepKind,
+};
+pub use model::id::{
+    IdError, InstanceKey, IntoInstanceKey, WorkflowId, WorkflowName, ID_LEN_MAX,
+    RESERVED_STEP_PREFIXES,
+};
+pub use model::instance::{Fence, Instance, StartRequest, Started, Status};
+pub use model::observe::{StepObserver, TraceContext};
+pub use model::payload::encode_payload;
+pub use model::remote::{
     remote_group, remote_step_id, RemoteArm, RemoteArmOutcome, RemoteHandlerDef, RemoteOptions,
     RemoteStepError, REDISPATCH_MAX_DEFAULT,
 };
-pub use retention::{GcBatch, GcRequest, RetentionStore, GC_BATCH_DEFAULT, GC_BATCH_MAX};
-pub use retry::{StepOptions, STEP_ATTEMPTS_DEFAULT};
-pub use run::{
-    cancel, cancel_outcome, deliver, deliver_to, delivery_append, delivery_backlogged,
-    delivery_refused, drive, drive_notifying, run, start, CancelOutcome, DeliveryRefusal, Driven,
-    Error, Parked, RunError, RunOutcome,
-};
-pub use self_journaled::{LeaseHeld, SelfJournalError, SelfJournaled, StepJournal};
-pub use sources::Awakeable;
-pub use storable::{check_value, storable_text};
-pub use store::{
-    Append, AppendOutcome, ClosingOutcome, DeliveryOutcome, Error as StoreError, JournalStore,
-    Park, ParkOutcome,
-};
-pub use store_span::{traced, SpanOutcome, STORE_SPAN_TARGET};
-pub use wake::{
+pub use model::retry::{StepOptions, STEP_ATTEMPTS_DEFAULT};
+pub use model::storable::{check_value, storable_text};
+pub use model::wake::{
     awakeable_step, child_result_step, validate_signal_token, AwakeableOutcome, AwakeableStatus,
     ChildSpawn, Envelope, FiredTimer, ReturnedSignal, SignalOptions, SignalSendOutcome, SignalWait,
     SignalWaitOutcome, TimerArm, TimerDue, TimerFiring, TimerKind, SIGNAL_TTL_DEFAULT,
     SIGNAL_TTL_MAX,
 };
+pub use retention::{GcBatch, GcRequest, RetentionStore, GC_BATCH_DEFAULT, GC_BATCH_MAX};
+pub use run::inline::{
+    cancel, cancel_outcome, deliver, deliver_to, delivery_append, delivery_backlogged,
+    delivery_refused, run, start, CancelOutcome, DeliveryRefusal, Error,
+};
+pub use run::{drive, drive_notifying, Driven, RunError, RunOutcome};
+pub use state::options::{
+    RunOptions, LEASE_TTL_DEFAULT, PAYLOAD_LEN_MAX_DEFAULT, RECONCILE_DEFAULT,
+};
+pub use state::{Parked, RunStats};
+pub use store::{
+    Append, AppendOutcome, ClosingOutcome, DeliveryOutcome, Error as StoreError, JournalStore,
+    Park, ParkOutcome,
+};
+pub use store_span::{traced, SpanOutcome, STORE_SPAN_TARGET};
 pub use workflow::{workflow_fn, BoxFuture, FnWorkflow, Workflow, INPUT_STEP, OUTPUT_STEP};
 
 // What `store_span!` expands to, from crates that need not depend on `tracing` themselves.
@@ -141,5 +130,5 @@ pub mod __private {
 ///
 /// [`IdError`] naming the rule broken.
 pub fn validate_step_name(name: &str) -> Result<(), IdError> {
-    id::validate_user_step(name)
+    model::id::validate_user_step(name)
 }

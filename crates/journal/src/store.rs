@@ -12,7 +12,7 @@ use serde_json::Value;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use crate::wake::{
+use crate::model::wake::{
     AwakeableOutcome, ChildSpawn, ReturnedSignal, SignalOptions, SignalSendOutcome, SignalWait,
     SignalWaitOutcome, TimerArm, TimerFiring,
 };

@@ -28,11 +28,11 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::context::{decode, Halt};
-use crate::retry::Attempt;
+use crate::ctx::{decode, ActionRunning};
+use crate::model::retry::Attempt;
 use crate::unwind::CatchPanic;
 use crate::{
-    id, store, Append, AppendOutcome, Ctx, Fence, InstanceKey, StepKind, StepOptions, WorkflowError,
+    store, Append, AppendOutcome, Ctx, Fence, InstanceKey, StepKind, StepOptions, WorkflowError,
 };
 
 /// What a self-journaling step's action gets: the step's name and the append its result must
@@ -89,10 +89,11 @@ impl<'a> StepJournal<'a> {
     /// [`WorkflowError::PayloadTooLarge`]) and [`WorkflowError::JournalFull`]: the action
     /// rolls back and returns them as [`SelfJournalError::Refused`].
     pub fn append_for<T: Serialize + ?Sized>(&self, value: &T) -> Result<Append, WorkflowError> {
-        let json = self.ctx.encode(self.step, value)?;
+        let json = self.ctx.inner.encode(self.step, value)?;
         self.ctx
-            .check_budget_for(self.step, crate::budget::encoded_len(&json))?;
-        Ok(self.ctx.fresh_append(self.step, StepKind::Step, json))
+            .inner
+            .check_budget_for(self.step, crate::encoded_len(&json))?;
+        Ok(self.ctx.inner.fresh_append(self.step, StepKind::Step, json))
     }
 }
 
@@ -161,7 +162,7 @@ impl Ctx {
         F: FnOnce(StepJournal<'c>) -> Fut,
         Fut: Future<Output = Result<SelfJournaled, SelfJournalError<E>>>,
     {
-        id::validate_user_step(name)?;
+        crate::model::id::validate_user_step(name)?;
         if let Some(value) = self.replayed(name, StepKind::Step)? {
             return decode(name, value);
         }
@@ -229,15 +230,15 @@ impl Ctx {
         Fut: Future<Output = Result<SelfJournaled, SelfJournalError<E>>>,
     {
         let ran = {
-            let _running = crate::context::ActionRunning::new(self);
+            let _running = ActionRunning::new(self);
             let span = tracing::debug_span!("step", keiro.workflow.step = name);
             let run = tracing::Instrument::instrument(CatchPanic::new(run), span);
-            self.keep_alive(run).await
+            self.inner.keep_alive(run).await
         };
         match ran {
             Ok(Ok(journaled)) => {
-                let len = crate::budget::encoded_len(&journaled.value);
-                let value = self.adopt(
+                let len = crate::encoded_len(&journaled.value);
+                let value = self.inner.adopt(
                     name,
                     StepKind::Step,
                     journaled.value,
@@ -259,11 +260,11 @@ impl Ctx {
                 retry: options.is_some_and(|options| options.retries(&error)),
             }),
             Ok(Err(SelfJournalError::Refused(error))) => Err(if error.fails_run_at_once() {
-                self.fail_at_once(error)
+                self.inner.fail_at_once(error)
             } else {
                 error
             }),
-            Ok(Err(SelfJournalError::Store(error))) => Err(self.store_failed(name, error)),
+            Ok(Err(SelfJournalError::Store(error))) => Err(self.inner.store_failed(name, error)),
             Err(message) if options.is_some() => Ok(Attempt::Failed {
                 message: format!("panicked: {message}"),
                 retry: true,
@@ -272,50 +273,6 @@ impl Ctx {
                 step: name.to_owned(),
                 message,
             }),
-        }
-    }
-}
-
-impl Ctx {
-    /// Takes what a fresh append of `step` answered into the run: the value every reader must
-    /// adopt, or the halt the answer implies. `len` is `json`'s encoded length. `started` is when the append (or the action that
-    /// made it) began, which its success confirms the lease as of.
-    pub(crate) fn adopt(
-        &self,
-        step: &str,
-        kind: StepKind,
-        json: Value,
-        len: usize,
-        outcome: AppendOutcome,
-        started: Instant,
-    ) -> Result<Value, WorkflowError> {
-        match outcome {
-            AppendOutcome::Appended => {
-                self.confirmed(started);
-                self.count_appended(len);
-                {
-                    let mut state = self.state();
-                    state.stats.appended += 1;
-                    state.replay.record_fresh(step, kind, json.clone());
-                }
-                if let Some(faults) = &self.options().faults {
-                    if faults.crash_after(self.key(), step) {
-                        return Err(self.halt(Halt::Crash {
-                            message: format!("injected crash after step {step:?} was journaled"),
-                        }));
-                    }
-                }
-                Ok(json)
-            }
-            AppendOutcome::AlreadyPresent(value) => {
-                // Nothing was written, so the lease was not renewed: keep the old confirmation.
-                self.state().replay.record_fresh(step, kind, value.clone());
-                Ok(value)
-            }
-            AppendOutcome::RefusedTerminal(marker) => Err(self.halt(Halt::Terminal(marker))),
-            AppendOutcome::Conflict => Err(self.halt(Halt::Conflict {
-                step: step.to_owned(),
-            })),
         }
     }
 }

@@ -13,8 +13,7 @@
 
 use serde_json::Value;
 
-use crate::context::Halt;
-use crate::{Ctx, Deliveries, Event, JournalEntry, StepKind, WorkflowError};
+use crate::{Deliveries, Event, JournalEntry, StepKind, WorkflowError};
 
 /// The default budget of journal entries per generation.
 pub const JOURNAL_STEPS_MAX_DEFAULT: usize = 50_000;
@@ -58,7 +57,7 @@ impl JournalSize {
     }
 
     /// This size with `read` deliveries added.
-    fn with(self, read: Deliveries) -> Self {
+    pub(crate) fn with(self, read: Deliveries) -> Self {
         Self {
             steps: self.steps + read.count,
             bytes: self.bytes + read.bytes,
@@ -109,54 +108,8 @@ pub fn encoded_len(value: &Value) -> usize {
     counter.0
 }
 
-impl Ctx {
-    /// Refuses fresh work at `step` once the journal is full: before an action runs, so a
-    /// body that continues as new on the error has run nothing it cannot journal.
-    pub(crate) fn check_budget(&self, step: &str) -> Result<(), WorkflowError> {
-        let budget = self.options().journal_budget;
-        let size = self.journal_size();
-        if size.steps >= budget.steps || size.bytes >= budget.bytes {
-            return Err(journal_full(step, size, budget));
-        }
-        Ok(())
-    }
-
-    /// Refuses to journal a value of `len` encoded bytes at `step` when it would take the
-    /// journal past its budget. The action has run by then, so the run fails at once instead
-    /// of running it again.
-    pub(crate) fn check_budget_for(&self, step: &str, len: usize) -> Result<(), WorkflowError> {
-        let budget = self.options().journal_budget;
-        let size = self.journal_size();
-        let grown = JournalSize {
-            steps: size.steps + 1,
-            bytes: size.bytes + len,
-        };
-        if grown.steps > budget.steps || grown.bytes > budget.bytes {
-            let error = journal_full(step, grown, budget);
-            self.halt(Halt::Fail {
-                reason: error.to_string(),
-            });
-            return Err(error);
-        }
-        Ok(())
-    }
-
-    /// What the budget counts now: the loaded entries but the deliveries, what this run
-    /// appended, and the deliveries its awaits read.
-    fn journal_size(&self) -> JournalSize {
-        let state = self.state();
-        state.journal_size.with(state.replay.deliveries_read())
-    }
-
-    /// Counts an entry of `len` encoded bytes this run appended.
-    pub(crate) fn count_appended(&self, len: usize) {
-        let mut state = self.state();
-        state.journal_size.steps += 1;
-        state.journal_size.bytes += len;
-    }
-}
-
-fn journal_full(step: &str, size: JournalSize, budget: JournalBudget) -> WorkflowError {
+/// The error of a fresh step at `step` refused because the journal, at `size`, is full.
+pub(crate) fn journal_full(step: &str, size: JournalSize, budget: JournalBudget) -> WorkflowError {
     WorkflowError::JournalFull {
         step: step.to_owned(),
         steps: size.steps,

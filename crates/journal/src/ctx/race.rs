@@ -36,58 +36,17 @@ use std::task::Poll;
 
 use serde_json::{json, Value};
 
-use crate::context::{Halt, RecordVia};
-use crate::{id, BoxFuture, Ctx, ReturnedSignal, StepKind, WorkflowError};
+use crate::ctx::RecordVia;
+use crate::model::id;
+use crate::state::race_marks::RaceMarks;
+use crate::state::Halt;
+use crate::{BoxFuture, Ctx, ReturnedSignal, StepKind, WorkflowError};
 
 /// Where a branch stands in the current drive.
 enum Branch<T> {
     Running,
     Suspended,
     Resolved(Result<T, WorkflowError>),
-}
-
-/// What one branch of a race has read in this drive: where in the journal the values it
-/// replayed sit, whether it did fresh work, and the signals its waits took.
-#[derive(Debug, Default)]
-pub(crate) struct RaceMarks {
-    /// The latest journal position (`seq`) among the values it replayed that were loaded with
-    /// the run.
-    latest: Option<i64>,
-    /// Whether it resolved anything in this drive (a fresh step, an arm that found its value,
-    /// a value recorded earlier in this drive): then it resolved after everything loaded.
-    pub(crate) fresh: bool,
-    /// The signals its waits took, in the order they took them.
-    pub(crate) signals: Vec<ReturnedSignal>,
-}
-
-impl RaceMarks {
-    /// Notes a replayed value at journal position `position` (`None`: recorded in this drive).
-    pub(crate) fn read(&mut self, position: Option<i64>) {
-        match position {
-            Some(seq) => self.latest = Some(self.latest.map_or(seq, |l| l.max(seq))),
-            None => self.fresh = true,
-        }
-    }
-
-    /// When the branch resolved, for ordering the resolved branches of an undecided race:
-    /// journal order for one resolved by loaded values only, and after all of them
-    /// (`None`) for one that did fresh work or read nothing at all.
-    fn resolved_at(&self) -> Option<i64> {
-        if self.fresh {
-            None
-        } else {
-            self.latest
-        }
-    }
-
-    /// Adds what a nested race's winning branch read to the branch around the race.
-    fn absorb(&mut self, inner: RaceMarks) {
-        if let Some(seq) = inner.latest {
-            self.read(Some(seq));
-        }
-        self.fresh |= inner.fresh;
-        self.signals.extend(inner.signals);
-    }
 }
 
 /// The winner of an undecided race whose branches have all resolved or suspended: the
@@ -152,7 +111,7 @@ impl Ctx {
                         "the race record {value} names none of the {} branches given",
                         branches.len()
                     );
-                    return Err(self.diverged(&step, detail));
+                    return Err(self.inner.diverged(&step, detail));
                 }
             },
             None => None,
@@ -177,7 +136,7 @@ impl Ctx {
             };
             if recorded_winner(&recorded, usize::MAX) != Some(index) {
                 // Another holder decided the race first; our winner's result is not that one.
-                return Err(self.halt(Halt::Conflict { step }));
+                return Err(self.inner.halt(Halt::Conflict { step }));
             }
         }
         result
@@ -287,13 +246,13 @@ impl Ctx {
             state.signal_waits_armed.split_off(before.signal_waits)
         };
         if !withdrawn.is_empty() {
-            self.send_held_back().await?;
+            self.inner.send_held_back().await?;
         }
         for wait in withdrawn {
             self.store()
                 .signal_withdraw(self.key(), self.generation(), &wait)
                 .await
-                .map_err(|e| self.store_failed(step, e))?;
+                .map_err(|e| self.inner.store_failed(step, e))?;
         }
         Ok(())
     }

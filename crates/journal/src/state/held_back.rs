@@ -24,7 +24,7 @@
 //! (`Conflict`), since the body already went on with its own value; the resumed run replays the
 //! recorded one.
 //!
-//! Only plain steps ([`Ctx::step`]) of a fenced run driven by [`drive`](crate::drive) are held
+//! Only plain steps ([`Ctx::step`](crate::Ctx::step)) of a fenced run driven by [`drive`](crate::drive) are held
 //! back, never while another action runs beside them or remote dispatches wait for the park,
 //! and never under fault injection, whose crash points name journaled steps.
 
@@ -36,9 +36,11 @@ use std::time::Instant;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::context::{decode, Halt};
+use crate::model::budget::encoded_len;
+use crate::model::payload::decode;
+use crate::state::{Halt, Run};
 use crate::store::{Append, AppendOutcome};
-use crate::{Ctx, StepKind, WorkflowError};
+use crate::{StepKind, WorkflowError};
 
 /// A fresh step's append the run has not sent yet.
 #[derive(Debug)]
@@ -55,7 +57,7 @@ pub(crate) struct HeldBack {
     started: Instant,
 }
 
-impl Ctx {
+impl Run {
     /// Holds back the append of the step whose action just ran, when it may be (see the module
     /// docs), and returns the value the body gets; `None` when the step must be recorded now.
     pub(crate) fn hold_back<T>(
@@ -68,7 +70,7 @@ impl Ctx {
     where
         T: Serialize + DeserializeOwned,
     {
-        let options = self.options();
+        let options = &self.options;
         if kind != StepKind::Step || options.fence.is_none() || options.faults.is_some() {
             return None;
         }
@@ -88,7 +90,7 @@ impl Ctx {
             Ok(json) => json,
             Err(error) => return Some(Err(self.fail_at_once(error))),
         };
-        let len = crate::budget::encoded_len(&json);
+        let len = encoded_len(&json);
         if let Err(error) = self.check_budget_for(step, len) {
             return Some(Err(error));
         }
@@ -122,7 +124,7 @@ impl Ctx {
     pub(crate) async fn send_held_back(&self) -> Result<(), WorkflowError> {
         let mut waited = false;
         loop {
-            let sent = self.inner.held_back_sent.notified();
+            let sent = self.held_back_sent.notified();
             tokio::pin!(sent);
             sent.as_mut().enable();
             let taken = {
@@ -148,7 +150,7 @@ impl Ctx {
             match taken {
                 Some(held) => {
                     let mut sending = Sending {
-                        ctx: self,
+                        run: self,
                         held: Some(held),
                     };
                     let outcome = match &sending.held {
@@ -174,7 +176,7 @@ impl Ctx {
     async fn append_held_back(&self, held: &HeldBack) -> Result<(), WorkflowError> {
         let sent_at = Instant::now();
         let outcome = self
-            .store()
+            .store
             .journal_append(&held.append)
             .await
             .map_err(|e| self.store_failed(&held.step, e))?;
@@ -214,8 +216,8 @@ impl Ctx {
     /// Tells the step observer that a held-back step is journaled, as an unheld one is told
     /// after its append.
     fn observe_held_back(&self, held: &HeldBack) {
-        if let Some(observer) = &self.options().observer {
-            observer.step_finished(&self.key().name, held.kind, held.started.elapsed());
+        if let Some(observer) = &self.options.observer {
+            observer.step_finished(&self.key.name, held.kind, held.started.elapsed());
         }
     }
 }
@@ -227,7 +229,7 @@ impl Ctx {
 /// `AlreadyPresent` with the same value). Either way the run's other callers stop waiting for
 /// this send.
 struct Sending<'a> {
-    ctx: &'a Ctx,
+    run: &'a Run,
     /// The append, until the store answered it.
     held: Option<HeldBack>,
 }
@@ -235,21 +237,21 @@ struct Sending<'a> {
 impl Drop for Sending<'_> {
     fn drop(&mut self) {
         {
-            let mut state = self.ctx.state();
+            let mut state = self.run.state();
             if let Some(held) = self.held.take() {
                 state.held_back.get_or_insert(held);
             }
             state.held_back_sending = false;
         }
-        self.ctx.inner.held_back_sent.notify_waiters();
+        self.run.held_back_sent.notify_waiters();
     }
 }
 
 /// Polls `body` to its end, sending the run's held-back append whenever the body waits on
 /// something else (see the module docs). A send under way when the body returns is finished
 /// before this returns.
-pub(crate) async fn drive_body<F: Future>(ctx: &Ctx, body: F) -> F::Output {
-    ctx.state().drives_held_back = true;
+pub(crate) async fn drive_body<F: Future>(run: &Run, body: F) -> F::Output {
+    run.state().drives_held_back = true;
     let mut body = std::pin::pin!(body);
     let mut sending: Option<Pin<Box<dyn Future<Output = ()> + Send + '_>>> = None;
     let mut output = None;
@@ -272,10 +274,10 @@ pub(crate) async fn drive_body<F: Future>(ctx: &Ctx, body: F) -> F::Output {
         if let Some(out) = output.take() {
             return Poll::Ready(out);
         }
-        if ctx.holds_back() {
+        if run.holds_back() {
             // Its errors halt the run, which the body's next call or the settle reports.
             sending = Some(Box::pin(async move {
-                let _ = ctx.send_held_back().await;
+                let _ = run.send_held_back().await;
             }));
             continue;
         }

@@ -16,10 +16,10 @@ use std::pin::pin;
 use std::task::Poll;
 use std::time::Instant;
 
-use crate::context::Halt;
-use crate::{Ctx, Fence, Marker, Status};
+use crate::state::{Halt, Run};
+use crate::{Fence, Marker, Status};
 
-impl Ctx {
+impl Run {
     /// Runs `work` while keeping the run's lease alive. Unfenced runs have no lease to keep.
     pub(crate) async fn keep_alive<F: Future>(&self, work: F) -> F::Output {
         let Some(fence) = self.inner_fence() else {
@@ -42,13 +42,13 @@ impl Ctx {
     }
 
     fn inner_fence(&self) -> Option<Fence> {
-        self.options().fence.clone()
+        self.options.fence.clone()
     }
 
     /// Renews the lease every `lease_ttl / 3` until it is found lost or the run is terminal;
     /// a store error only skips one beat (the next one, or the append's fence, decides).
     async fn heartbeat(&self, fence: Fence) {
-        let ttl = self.options().lease_ttl;
+        let ttl = self.options.lease_ttl;
         let period = ttl / 3;
         loop {
             tokio::time::sleep(period).await;
@@ -58,7 +58,7 @@ impl Ctx {
                 continue;
             }
             let asked = Instant::now();
-            match self.store().instance_confirm(self.key(), &fence, ttl).await {
+            match self.store.instance_confirm(&self.key, &fence, ttl).await {
                 Ok(Status::Running | Status::Suspended) => self.confirmed(asked),
                 Ok(status) => {
                     let marker = match status {

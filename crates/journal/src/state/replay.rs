@@ -41,7 +41,7 @@ use std::collections::{HashMap, HashSet};
 
 use serde_json::Value;
 
-use crate::event::{logical_step, revised_step, step_revision};
+use crate::model::event::{logical_step, revised_step, step_revision};
 use crate::{encoded_len, Deliveries, Event, JournalEntry, StepKind};
 
 /// What a lookup found.
@@ -82,7 +82,7 @@ pub(crate) fn recorded_by_body(step: &str, kind: StepKind) -> bool {
         StepKind::Step | StepKind::Patch | StepKind::Remote => true,
         StepKind::Awakeable => step.starts_with("awkid:"),
         StepKind::Child => !step.ends_with(":result"),
-        StepKind::Attempt => crate::retry::is_final_attempt(step),
+        StepKind::Attempt => crate::model::event::is_final_attempt(step),
         StepKind::Race => true,
         _ => false,
     }

@@ -366,6 +366,22 @@ pub struct JournalEntry {
     pub recorded_at: OffsetDateTime,
 }
 
+/// The journal name of failed attempt `n` of `step`.
+pub(crate) fn attempt_step(step: &str, n: u32) -> String {
+    format!("attempt:{step}:{n}")
+}
+
+/// The journal name of `step`'s final failure.
+pub(crate) fn attempt_failed_step(step: &str) -> String {
+    format!("attempt:{step}:failed")
+}
+
+/// Whether a journal row of kind `attempt` is a step's final failure (which the body acts
+/// on, so it counts for divergence detection like a recorded step).
+pub(crate) fn is_final_attempt(step: &str) -> bool {
+    step.ends_with(":failed")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
