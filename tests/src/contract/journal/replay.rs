@@ -4,38 +4,12 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use crate::{key, run_inline, run_with, Harness, Ledger, TestResult};
 use keiro::{
     workflow_fn, Append, AppendOutcome, CancelOutcome, Ctx, Event, Marker, RunError, RunOptions,
     RunOutcome, Status, StepKind, WorkflowError,
 };
-use keiro_tests::{key, on_every_store, run_inline, run_with, Harness, Ledger, TestResult};
 use serde_json::json;
-
-on_every_store!(
-    journaled_steps_never_run_again,
-    repeated_step_name_reuses_the_first_result,
-    first_run_returns_the_json_round_trip,
-    start_is_idempotent_by_id,
-    racing_writers_converge_on_one_result,
-    racing_runs_converge_on_one_result,
-    appends_after_failed_or_cancelled_are_refused,
-    late_append_never_resurrects_a_terminal_row,
-    completion_and_cancellation_have_one_winner,
-    cancel_stops_the_run_at_its_next_boundary,
-    cancel_is_idempotent_and_refuses_unknown_instances,
-    renamed_step_is_caught_as_non_determinism,
-    removed_step_is_caught_when_the_body_returns,
-    kind_mismatch_is_caught_as_non_determinism,
-    concurrent_steps_in_a_join_are_not_divergence,
-    await_suspends_and_resumes_with_the_delivered_value,
-    duplicate_delivery_is_idempotent,
-    wake_before_park_is_never_masked,
-    undecodable_recorded_value_is_a_typed_error,
-    oversized_payloads_are_refused_and_lose_nothing,
-    panicking_step_is_a_crash_not_a_process_abort,
-    patched_takes_old_branch_in_flight_and_new_branch_fresh,
-    continue_as_new_bounds_the_journal,
-);
 
 fn opts() -> RunOptions {
     RunOptions::default()
@@ -73,7 +47,7 @@ fn three_steps(ledger: Ledger, fail_c: Arc<AtomicBool>) -> Arc<dyn keiro::Workfl
     })
 }
 
-async fn journaled_steps_never_run_again(h: Harness) -> TestResult {
+pub async fn journaled_steps_never_run_again(h: Harness) -> TestResult {
     let ledger = Ledger::default();
     let fail_c = Arc::new(AtomicBool::new(true));
     let wf = three_steps(ledger.clone(), fail_c.clone());
@@ -107,7 +81,7 @@ async fn journaled_steps_never_run_again(h: Harness) -> TestResult {
     Ok(())
 }
 
-async fn repeated_step_name_reuses_the_first_result(h: Harness) -> TestResult {
+pub async fn repeated_step_name_reuses_the_first_result(h: Harness) -> TestResult {
     let ledger = Ledger::default();
     let l = ledger.clone();
     let wf = workflow_fn(move |ctx: Ctx, (): ()| {
@@ -135,7 +109,7 @@ async fn repeated_step_name_reuses_the_first_result(h: Harness) -> TestResult {
     Ok(())
 }
 
-async fn first_run_returns_the_json_round_trip(h: Harness) -> TestResult {
+pub async fn first_run_returns_the_json_round_trip(h: Harness) -> TestResult {
     // f32 -> JSON -> f32 is exact, but a map with non-string keys is not representable: the
     // first run must already return what a replay would, so use a lossy newtype.
     #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
@@ -165,7 +139,7 @@ async fn first_run_returns_the_json_round_trip(h: Harness) -> TestResult {
     Ok(())
 }
 
-async fn start_is_idempotent_by_id(h: Harness) -> TestResult {
+pub async fn start_is_idempotent_by_id(h: Harness) -> TestResult {
     let first = h.keiro.start("s", "s-1", &json!({"v": 1})).await?;
     let second = h.keiro.start("s", "s-1", &json!({"v": 2})).await?;
     assert!(first.created);
@@ -183,7 +157,7 @@ fn step_event(step: &str, value: serde_json::Value) -> Event {
     }
 }
 
-async fn racing_writers_converge_on_one_result(h: Harness) -> TestResult {
+pub async fn racing_writers_converge_on_one_result(h: Harness) -> TestResult {
     for i in 0..20 {
         let id = format!("race-{i}");
         h.keiro.start("race", &id, &()).await?;
@@ -220,7 +194,7 @@ async fn racing_writers_converge_on_one_result(h: Harness) -> TestResult {
     Ok(())
 }
 
-async fn racing_runs_converge_on_one_result(h: Harness) -> TestResult {
+pub async fn racing_runs_converge_on_one_result(h: Harness) -> TestResult {
     // Two unfenced runs of one instance race; each step's value is random, yet both runs must
     // return the same output because losers adopt the recorded value.
     let wf = workflow_fn(|ctx: Ctx, (): ()| async move {
@@ -253,7 +227,7 @@ async fn racing_runs_converge_on_one_result(h: Harness) -> TestResult {
     Ok(())
 }
 
-async fn appends_after_failed_or_cancelled_are_refused(h: Harness) -> TestResult {
+pub async fn appends_after_failed_or_cancelled_are_refused(h: Harness) -> TestResult {
     h.keiro.start("t", "cancelled", &()).await?;
     assert_eq!(
         h.keiro.cancel(("t", "cancelled")).await?,
@@ -303,7 +277,7 @@ async fn appends_after_failed_or_cancelled_are_refused(h: Harness) -> TestResult
     Ok(())
 }
 
-async fn late_append_never_resurrects_a_terminal_row(h: Harness) -> TestResult {
+pub async fn late_append_never_resurrects_a_terminal_row(h: Harness) -> TestResult {
     h.keiro.start("t", "done", &()).await?;
     let k = key("t", "done");
     h.store
@@ -325,7 +299,7 @@ async fn late_append_never_resurrects_a_terminal_row(h: Harness) -> TestResult {
     Ok(())
 }
 
-async fn completion_and_cancellation_have_one_winner(h: Harness) -> TestResult {
+pub async fn completion_and_cancellation_have_one_winner(h: Harness) -> TestResult {
     for i in 0..25 {
         let id = format!("cc-{i}");
         h.keiro.start("cc", &id, &()).await?;
@@ -372,7 +346,7 @@ async fn completion_and_cancellation_have_one_winner(h: Harness) -> TestResult {
     Ok(())
 }
 
-async fn cancel_stops_the_run_at_its_next_boundary(h: Harness) -> TestResult {
+pub async fn cancel_stops_the_run_at_its_next_boundary(h: Harness) -> TestResult {
     let ledger = Ledger::default();
     let (l, keiro) = (ledger.clone(), h.keiro.clone());
     let wf = workflow_fn(move |ctx: Ctx, (): ()| {
@@ -415,7 +389,7 @@ async fn cancel_stops_the_run_at_its_next_boundary(h: Harness) -> TestResult {
     Ok(())
 }
 
-async fn cancel_is_idempotent_and_refuses_unknown_instances(h: Harness) -> TestResult {
+pub async fn cancel_is_idempotent_and_refuses_unknown_instances(h: Harness) -> TestResult {
     h.keiro.start("c", "c-1", &()).await?;
     assert_eq!(h.keiro.cancel(("c", "c-1")).await?, CancelOutcome::Recorded);
     assert_eq!(
@@ -455,7 +429,7 @@ fn named_steps(names: &'static [&'static str], ledger: Ledger) -> Arc<dyn keiro:
     })
 }
 
-async fn renamed_step_is_caught_as_non_determinism(h: Harness) -> TestResult {
+pub async fn renamed_step_is_caught_as_non_determinism(h: Harness) -> TestResult {
     let ledger = Ledger::default();
     h.keiro.start("d", "d-1", &true).await?;
     let k = key("d", "d-1");
@@ -488,7 +462,7 @@ async fn renamed_step_is_caught_as_non_determinism(h: Harness) -> TestResult {
     Ok(())
 }
 
-async fn removed_step_is_caught_when_the_body_returns(h: Harness) -> TestResult {
+pub async fn removed_step_is_caught_when_the_body_returns(h: Harness) -> TestResult {
     let ledger = Ledger::default();
     h.keiro.start("d", "d-2", &true).await?;
     let k = key("d", "d-2");
@@ -522,7 +496,7 @@ async fn removed_step_is_caught_when_the_body_returns(h: Harness) -> TestResult 
     Ok(())
 }
 
-async fn kind_mismatch_is_caught_as_non_determinism(h: Harness) -> TestResult {
+pub async fn kind_mismatch_is_caught_as_non_determinism(h: Harness) -> TestResult {
     h.keiro.start("km", "k-1", &()).await?;
     let k = key("km", "k-1");
     // An await's value under the bare step name, as keiro journaled deliveries before they got
@@ -550,7 +524,7 @@ async fn kind_mismatch_is_caught_as_non_determinism(h: Harness) -> TestResult {
     Ok(())
 }
 
-async fn concurrent_steps_in_a_join_are_not_divergence(h: Harness) -> TestResult {
+pub async fn concurrent_steps_in_a_join_are_not_divergence(h: Harness) -> TestResult {
     let ledger = Ledger::default();
     let crash = Arc::new(AtomicBool::new(true));
     let (l, c) = (ledger.clone(), crash.clone());
@@ -630,7 +604,7 @@ fn approval_flow(ledger: Ledger) -> Arc<dyn keiro::Workflow> {
     })
 }
 
-async fn await_suspends_and_resumes_with_the_delivered_value(h: Harness) -> TestResult {
+pub async fn await_suspends_and_resumes_with_the_delivered_value(h: Harness) -> TestResult {
     let ledger = Ledger::default();
     let wf = approval_flow(ledger.clone());
     h.keiro.start("appr", "a-1", &()).await?;
@@ -666,7 +640,7 @@ async fn await_suspends_and_resumes_with_the_delivered_value(h: Harness) -> Test
     Ok(())
 }
 
-async fn duplicate_delivery_is_idempotent(h: Harness) -> TestResult {
+pub async fn duplicate_delivery_is_idempotent(h: Harness) -> TestResult {
     h.keiro.start("appr", "a-2", &()).await?;
     assert_eq!(
         h.keiro.deliver(("appr", "a-2"), "approval", &true).await?,
@@ -679,7 +653,7 @@ async fn duplicate_delivery_is_idempotent(h: Harness) -> TestResult {
     Ok(())
 }
 
-async fn wake_before_park_is_never_masked(h: Harness) -> TestResult {
+pub async fn wake_before_park_is_never_masked(h: Harness) -> TestResult {
     // The value lands after the run read its journal but before it parks: the park must see it
     // and leave the row running, or the run would sleep forever.
     let keiro = h.keiro.clone();
@@ -715,7 +689,7 @@ async fn wake_before_park_is_never_masked(h: Harness) -> TestResult {
     Ok(())
 }
 
-async fn undecodable_recorded_value_is_a_typed_error(h: Harness) -> TestResult {
+pub async fn undecodable_recorded_value_is_a_typed_error(h: Harness) -> TestResult {
     h.keiro.start("dec", "d-1", &()).await?;
     h.keiro
         .deliver(("dec", "d-1"), "n", &"not a number")
@@ -744,7 +718,7 @@ async fn undecodable_recorded_value_is_a_typed_error(h: Harness) -> TestResult {
     Ok(())
 }
 
-async fn oversized_payloads_are_refused_and_lose_nothing(h: Harness) -> TestResult {
+pub async fn oversized_payloads_are_refused_and_lose_nothing(h: Harness) -> TestResult {
     let small = h.keiro.clone().with_payload_len_max(64);
     let big = "x".repeat(100);
     assert!(matches!(
@@ -781,7 +755,7 @@ async fn oversized_payloads_are_refused_and_lose_nothing(h: Harness) -> TestResu
     Ok(())
 }
 
-async fn panicking_step_is_a_crash_not_a_process_abort(h: Harness) -> TestResult {
+pub async fn panicking_step_is_a_crash_not_a_process_abort(h: Harness) -> TestResult {
     let wf = workflow_fn(|ctx: Ctx, (): ()| async move {
         ctx.step("boom", || async {
             if true {
@@ -826,7 +800,7 @@ fn patched_flow(ledger: Ledger) -> Arc<dyn keiro::Workflow> {
     })
 }
 
-async fn patched_takes_old_branch_in_flight_and_new_branch_fresh(h: Harness) -> TestResult {
+pub async fn patched_takes_old_branch_in_flight_and_new_branch_fresh(h: Harness) -> TestResult {
     let ledger = Ledger::default();
     // In flight: the old code (no patch) already recorded "first" and, past the patch's
     // place, "second", then parked.
@@ -878,7 +852,7 @@ async fn patched_takes_old_branch_in_flight_and_new_branch_fresh(h: Harness) -> 
     Ok(())
 }
 
-async fn continue_as_new_bounds_the_journal(h: Harness) -> TestResult {
+pub async fn continue_as_new_bounds_the_journal(h: Harness) -> TestResult {
     let wf = workflow_fn(|ctx: Ctx, n: u32| async move {
         let next: u32 = ctx
             .step("tick", || async move { Ok::<_, Infallible>(n + 1) })

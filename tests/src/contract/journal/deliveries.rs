@@ -5,21 +5,8 @@
 
 use std::convert::Infallible;
 
+use crate::{Harness, Ledger, TestResult};
 use keiro::{Ctx, DeliveryRefusal, Status, WorkflowError};
-use keiro_tests::{on_both_stores, Harness, Ledger, TestResult};
-
-on_both_stores!(
-    a_delivery_before_the_body_runs_a_step_of_that_name_changes_nothing,
-    a_delivery_to_a_step_the_body_recorded_changes_nothing,
-    an_early_delivery_waits_for_its_await,
-    a_value_delivered_under_the_bare_name_is_still_read,
-    a_delivery_bound_to_a_left_generation_is_refused,
-    deliveries_no_await_reads_do_not_fill_the_journal_budget,
-    a_delivery_past_the_unread_bound_is_refused_and_writes_nothing,
-    what_the_awaits_read_makes_room_and_a_parked_wait_is_always_answered,
-    the_unread_bytes_are_bounded_too,
-    a_new_generation_starts_with_no_unread_delivery,
-);
 
 /// A worker for `order`: it charges (each run of the action counted in `ledger`), then awaits
 /// an approval, and returns both.
@@ -44,7 +31,7 @@ fn charging_worker(h: &Harness, ledger: &Ledger) -> Result<keiro::Worker, keiro:
         .build()
 }
 
-async fn a_delivery_before_the_body_runs_a_step_of_that_name_changes_nothing(
+pub async fn a_delivery_before_the_body_runs_a_step_of_that_name_changes_nothing(
     h: Harness,
 ) -> TestResult {
     // A caller delivers to "charge" before the body has run its `ctx.step("charge")`: the value
@@ -70,7 +57,7 @@ async fn a_delivery_before_the_body_runs_a_step_of_that_name_changes_nothing(
     Ok(())
 }
 
-async fn an_early_delivery_waits_for_its_await(h: Harness) -> TestResult {
+pub async fn an_early_delivery_waits_for_its_await(h: Harness) -> TestResult {
     // Both deliveries land before the worker ever drives the run; the await reads its own.
     let ledger = Ledger::default();
     let worker = charging_worker(&h, &ledger)?;
@@ -96,7 +83,7 @@ async fn an_early_delivery_waits_for_its_await(h: Harness) -> TestResult {
     Ok(())
 }
 
-async fn a_delivery_to_a_step_the_body_recorded_changes_nothing(h: Harness) -> TestResult {
+pub async fn a_delivery_to_a_step_the_body_recorded_changes_nothing(h: Harness) -> TestResult {
     // The body recorded "charge" and parked on "approval"; a delivery to "charge" neither
     // replaces the recorded result nor fails the run (it used to fail it with a kind mismatch).
     let ledger = Ledger::default();
@@ -120,7 +107,7 @@ async fn a_delivery_to_a_step_the_body_recorded_changes_nothing(h: Harness) -> T
     Ok(())
 }
 
-async fn a_delivery_bound_to_a_left_generation_is_refused(h: Harness) -> TestResult {
+pub async fn a_delivery_bound_to_a_left_generation_is_refused(h: Harness) -> TestResult {
     // A loop: await a payment, ship, continue as new. A webhook retry of generation 0's payment
     // arrives after the run moved on: bound to its generation, it is refused instead of being
     // taken as generation 1's payment (which would ship twice).
@@ -203,7 +190,7 @@ async fn a_delivery_bound_to_a_left_generation_is_refused(h: Harness) -> TestRes
     Ok(())
 }
 
-async fn a_value_delivered_under_the_bare_name_is_still_read(h: Harness) -> TestResult {
+pub async fn a_value_delivered_under_the_bare_name_is_still_read(h: Harness) -> TestResult {
     // An older keiro journaled deliveries under the await's bare name; a run parked across the
     // upgrade must still read such a value rather than wait for one under `await:<step>`.
     let ledger = Ledger::default();
@@ -263,7 +250,7 @@ fn gated_worker(
         .build()
 }
 
-async fn deliveries_no_await_reads_do_not_fill_the_journal_budget(h: Harness) -> TestResult {
+pub async fn deliveries_no_await_reads_do_not_fill_the_journal_budget(h: Harness) -> TestResult {
     // A public webhook delivers under names no await reads, more of them (and more bytes) than
     // the whole journal budget: the run's next step still runs. Only what an await reads
     // counts against the budget.
@@ -308,7 +295,9 @@ async fn deliveries_no_await_reads_do_not_fill_the_journal_budget(h: Harness) ->
     Ok(())
 }
 
-async fn a_delivery_past_the_unread_bound_is_refused_and_writes_nothing(h: Harness) -> TestResult {
+pub async fn a_delivery_past_the_unread_bound_is_refused_and_writes_nothing(
+    h: Harness,
+) -> TestResult {
     // The default bound: a generation holds at most 1,000 deliveries no await has read. The
     // next fresh name is refused, typed, and journals nothing; a repeat is still idempotent,
     // and the delivery the parked run waits for is still taken.
@@ -371,7 +360,7 @@ fn backlogged(result: &Result<keiro::AppendOutcome, keiro::Error>, count: usize)
     )
 }
 
-async fn what_the_awaits_read_makes_room_and_a_parked_wait_is_always_answered(
+pub async fn what_the_awaits_read_makes_room_and_a_parked_wait_is_always_answered(
     h: Harness,
 ) -> TestResult {
     // A backlog of two. The body awaits item-0 .. item-3 in turn.
@@ -434,7 +423,7 @@ async fn what_the_awaits_read_makes_room_and_a_parked_wait_is_always_answered(
     Ok(())
 }
 
-async fn the_unread_bytes_are_bounded_too(h: Harness) -> TestResult {
+pub async fn the_unread_bytes_are_bounded_too(h: Harness) -> TestResult {
     let keiro = h
         .keiro
         .clone()
@@ -460,7 +449,7 @@ async fn the_unread_bytes_are_bounded_too(h: Harness) -> TestResult {
     Ok(())
 }
 
-async fn a_new_generation_starts_with_no_unread_delivery(h: Harness) -> TestResult {
+pub async fn a_new_generation_starts_with_no_unread_delivery(h: Harness) -> TestResult {
     // A backlog of one; the body awaits `next` and continues as new once.
     let keiro = h
         .keiro

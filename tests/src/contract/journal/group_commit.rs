@@ -5,30 +5,12 @@
 
 use std::time::Duration;
 
+use crate::{journal_steps, key, Harness, TestResult};
 use keiro::{Append, AppendOutcome, Event, Fence, Marker, Status, StepKind};
 use keiro_journal::ClosingOutcome;
 use keiro_journal::{ChildSpawn, InstanceKey, Park, StartRequest, StoreError};
 use keiro_lease::ClaimOutcome;
-use keiro_tests::{journal_steps, key, on_every_store, Harness, TestResult};
 use serde_json::{json, Value};
-
-on_every_store!(
-    each_append_of_a_batch_keeps_its_own_outcome,
-    each_completion_of_a_batch_keeps_its_own_outcome,
-    a_refused_value_fails_only_its_own_append,
-    duplicates_in_a_batch_converge_on_the_first_value,
-    appends_to_one_instance_keep_their_order_in_a_batch,
-    a_cancel_in_a_batch_keeps_its_place,
-    concurrent_batches_over_many_instances_record_each_step_once,
-    concurrent_single_appends_each_get_their_outcome,
-    start_many_answers_each_item,
-    concurrent_starts_create_each_instance_once,
-    concurrent_direct_starts_lease_each_instance_once,
-    a_closing_pair_journals_its_step_and_completes,
-    a_closing_pair_completes_only_over_its_own_value,
-    a_closing_pair_refused_writes_nothing_more,
-    concurrent_closing_pairs_and_appends_each_get_their_outcome,
-);
 
 const TTL: Duration = Duration::from_secs(60);
 
@@ -76,7 +58,7 @@ async fn status(h: &Harness, k: &InstanceKey) -> Result<Status, StoreError> {
     Ok(h.store.instance_get(k).await?.expect("instance row").status)
 }
 
-async fn each_append_of_a_batch_keeps_its_own_outcome(h: Harness) -> TestResult {
+pub async fn each_append_of_a_batch_keeps_its_own_outcome(h: Harness) -> TestResult {
     let (good, good_fence) = claimed(&h, "good", "w").await?;
     let (stale, stale_fence) = claimed(&h, "stale", "w").await?;
     // Another worker took `stale` over: the first holder's fence is stale.
@@ -166,7 +148,7 @@ async fn each_append_of_a_batch_keeps_its_own_outcome(h: Harness) -> TestResult 
 
 /// Completions are the other half of every run's appends: a batch closes the rows it may close
 /// and answers the others as they would be answered alone.
-async fn each_completion_of_a_batch_keeps_its_own_outcome(h: Harness) -> TestResult {
+pub async fn each_completion_of_a_batch_keeps_its_own_outcome(h: Harness) -> TestResult {
     let completed = |output: Value| Event::WorkflowCompleted { output };
     let (live, live_fence) = claimed(&h, "live", "w").await?;
     let (stale, stale_fence) = claimed(&h, "stale", "w").await?;
@@ -273,7 +255,7 @@ async fn each_completion_of_a_batch_keeps_its_own_outcome(h: Harness) -> TestRes
     Ok(())
 }
 
-async fn a_refused_value_fails_only_its_own_append(h: Harness) -> TestResult {
+pub async fn a_refused_value_fails_only_its_own_append(h: Harness) -> TestResult {
     let mut appends = Vec::new();
     let mut keys = Vec::new();
     for i in 0..6 {
@@ -316,7 +298,7 @@ async fn a_refused_value_fails_only_its_own_append(h: Harness) -> TestResult {
     Ok(())
 }
 
-async fn duplicates_in_a_batch_converge_on_the_first_value(h: Harness) -> TestResult {
+pub async fn duplicates_in_a_batch_converge_on_the_first_value(h: Harness) -> TestResult {
     let (k, fence) = claimed(&h, "dup", "w").await?;
     let appends = [
         fenced(&k, &fence, step("x", json!("first"))),
@@ -349,7 +331,7 @@ async fn duplicates_in_a_batch_converge_on_the_first_value(h: Harness) -> TestRe
     Ok(())
 }
 
-async fn appends_to_one_instance_keep_their_order_in_a_batch(h: Harness) -> TestResult {
+pub async fn appends_to_one_instance_keep_their_order_in_a_batch(h: Harness) -> TestResult {
     let (a, a_fence) = claimed(&h, "order-b", "w").await?;
     let (b, b_fence) = claimed(&h, "order-a", "w").await?;
     // Interleaved, and with the instances out of key order: each instance's appends land in
@@ -391,7 +373,7 @@ async fn appends_to_one_instance_keep_their_order_in_a_batch(h: Harness) -> Test
     Ok(())
 }
 
-async fn a_cancel_in_a_batch_keeps_its_place(h: Harness) -> TestResult {
+pub async fn a_cancel_in_a_batch_keeps_its_place(h: Harness) -> TestResult {
     let (k, fence) = claimed(&h, "cancel", "w").await?;
     let (other, other_fence) = claimed(&h, "bystander", "w").await?;
     let appends = [
@@ -420,7 +402,9 @@ async fn a_cancel_in_a_batch_keeps_its_place(h: Harness) -> TestResult {
     Ok(())
 }
 
-async fn concurrent_batches_over_many_instances_record_each_step_once(h: Harness) -> TestResult {
+pub async fn concurrent_batches_over_many_instances_record_each_step_once(
+    h: Harness,
+) -> TestResult {
     const INSTANCES: usize = 24;
     const BATCHES: usize = 6;
     let mut runs = Vec::new();
@@ -487,7 +471,7 @@ async fn concurrent_batches_over_many_instances_record_each_step_once(h: Harness
     Ok(())
 }
 
-async fn concurrent_single_appends_each_get_their_outcome(h: Harness) -> TestResult {
+pub async fn concurrent_single_appends_each_get_their_outcome(h: Harness) -> TestResult {
     const INSTANCES: usize = 32;
     let mut runs = Vec::new();
     for i in 0..INSTANCES {
@@ -536,7 +520,7 @@ async fn concurrent_single_appends_each_get_their_outcome(h: Harness) -> TestRes
     Ok(())
 }
 
-async fn start_many_answers_each_item(h: Harness) -> TestResult {
+pub async fn start_many_answers_each_item(h: Harness) -> TestResult {
     h.keiro.start("batch", "existing", &json!("old")).await?;
     let inputs = [
         ("fresh-1", json!(1)),
@@ -594,7 +578,7 @@ async fn start_many_answers_each_item(h: Harness) -> TestResult {
     Ok(())
 }
 
-async fn concurrent_starts_create_each_instance_once(h: Harness) -> TestResult {
+pub async fn concurrent_starts_create_each_instance_once(h: Harness) -> TestResult {
     const IDS: usize = 40;
     let mut tasks = tokio::task::JoinSet::new();
     // Four starters race over the same ids, in different orders.
@@ -628,7 +612,7 @@ async fn concurrent_starts_create_each_instance_once(h: Harness) -> TestResult {
 
 /// Direct starts (a worker's `run_workflow`) racing over the same ids: each id is created once,
 /// exactly one caller holds its lease, and every other caller learns the lease is held.
-async fn concurrent_direct_starts_lease_each_instance_once(h: Harness) -> TestResult {
+pub async fn concurrent_direct_starts_lease_each_instance_once(h: Harness) -> TestResult {
     const IDS: usize = 30;
     let mut tasks = tokio::task::JoinSet::new();
     // Every call is a task of its own, so they share batches.
@@ -697,7 +681,7 @@ fn completed(output: Value) -> Event {
 }
 
 /// A run's last step and its completion, as one call: both journaled, the row completed.
-async fn a_closing_pair_journals_its_step_and_completes(h: Harness) -> TestResult {
+pub async fn a_closing_pair_journals_its_step_and_completes(h: Harness) -> TestResult {
     let (k, fence) = claimed(&h, "pair", "w").await?;
     h.store
         .journal_append(&fenced(&k, &fence, step("a", json!(1))))
@@ -748,7 +732,7 @@ async fn a_closing_pair_journals_its_step_and_completes(h: Harness) -> TestResul
 
 /// The run computed its output from the step's value: a journal holding another value for
 /// that step must not be completed with it; an equal value completes as if appended.
-async fn a_closing_pair_completes_only_over_its_own_value(h: Harness) -> TestResult {
+pub async fn a_closing_pair_completes_only_over_its_own_value(h: Harness) -> TestResult {
     let (other, other_fence) = claimed(&h, "other-value", "w").await?;
     h.store
         .journal_append(&fenced(&other, &other_fence, step("x", json!("first"))))
@@ -815,7 +799,7 @@ async fn a_closing_pair_completes_only_over_its_own_value(h: Harness) -> TestRes
 }
 
 /// A stale fence or a value the store refuses: an error, and no completion.
-async fn a_closing_pair_refused_writes_nothing_more(h: Harness) -> TestResult {
+pub async fn a_closing_pair_refused_writes_nothing_more(h: Harness) -> TestResult {
     let (stale, stale_fence) = claimed(&h, "stale", "w").await?;
     h.store.instance_lease_force_release(&stale).await?;
     let outcome = h
@@ -872,7 +856,7 @@ async fn a_closing_pair_refused_writes_nothing_more(h: Harness) -> TestResult {
 /// Runs ending (closing pairs) beside runs appending steps, all at once, some of them on
 /// journals that already hold another value for the step (which undoes a Postgres batch
 /// whole): each call gets the outcome it would have had alone.
-async fn concurrent_closing_pairs_and_appends_each_get_their_outcome(h: Harness) -> TestResult {
+pub async fn concurrent_closing_pairs_and_appends_each_get_their_outcome(h: Harness) -> TestResult {
     const INSTANCES: usize = 24;
     let mut runs = Vec::new();
     for i in 0..INSTANCES {

@@ -7,25 +7,15 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::counting::CountingStore;
+use crate::workflows::Sum;
+use crate::{journal_steps, key, Harness, Ledger, TestResult};
 use keiro::{
     workflow_fn, Append, ClaimOutcome, Ctx, Event, JournalStore, RunError, RunOptions, RunOutcome,
     Status, StepKind, WorkflowError,
 };
 use keiro_journal::StartRequest;
-use keiro_tests::counting::CountingStore;
-use keiro_tests::workflows::Sum;
-use keiro_tests::{journal_steps, key, on_both_stores, Harness, Ledger, TestResult};
 use serde_json::{json, Value};
-
-on_both_stores!(
-    the_last_step_and_the_completion_are_one_store_call,
-    a_held_back_step_is_journaled_before_the_body_waits_on_anything_else,
-    a_held_back_step_meeting_another_value_never_completes_the_run,
-    a_stale_lease_writes_neither_the_last_step_nor_the_completion,
-    a_held_back_step_is_timed_to_the_end_of_its_append,
-    a_context_call_dropped_while_it_sends_a_held_back_step_loses_nothing,
-    a_body_returning_after_dropping_that_call_still_journals_the_step,
-);
 
 const TTL: Duration = Duration::from_secs(60);
 
@@ -58,7 +48,7 @@ fn fenced(claim: &keiro_lease::Claim) -> RunOptions {
     }
 }
 
-async fn the_last_step_and_the_completion_are_one_store_call(h: Harness) -> TestResult {
+pub async fn the_last_step_and_the_completion_are_one_store_call(h: Harness) -> TestResult {
     let counting = CountingStore::new(h.store.clone());
     let ledger = Ledger::default();
     let worker = keiro::WorkerBuilder::new(Arc::new(counting.clone()))
@@ -98,7 +88,7 @@ async fn the_last_step_and_the_completion_are_one_store_call(h: Harness) -> Test
     Ok(())
 }
 
-async fn a_held_back_step_is_journaled_before_the_body_waits_on_anything_else(
+pub async fn a_held_back_step_is_journaled_before_the_body_waits_on_anything_else(
     h: Harness,
 ) -> TestResult {
     let claim = claimed(&h, "waits", "w-1", "w").await?;
@@ -159,7 +149,9 @@ async fn a_held_back_step_is_journaled_before_the_body_waits_on_anything_else(
 /// The body went on with its own value: a journal that recorded another for the step (a
 /// writer racing the run) is not completed with an output computed from it. The next drive
 /// replays the recorded value and completes with that.
-async fn a_held_back_step_meeting_another_value_never_completes_the_run(h: Harness) -> TestResult {
+pub async fn a_held_back_step_meeting_another_value_never_completes_the_run(
+    h: Harness,
+) -> TestResult {
     let claim = claimed(&h, "raced", "r-1", "w").await?;
     let k = claim.instance.key.clone();
     let workflow = {
@@ -229,7 +221,9 @@ async fn a_held_back_step_meeting_another_value_never_completes_the_run(h: Harne
     Ok(())
 }
 
-async fn a_stale_lease_writes_neither_the_last_step_nor_the_completion(h: Harness) -> TestResult {
+pub async fn a_stale_lease_writes_neither_the_last_step_nor_the_completion(
+    h: Harness,
+) -> TestResult {
     let claim = claimed(&h, "stale", "s-1", "w").await?;
     let k = claim.instance.key.clone();
     h.store.instance_lease_force_release(&k).await?;
@@ -279,7 +273,7 @@ impl keiro_journal::StepObserver for StepDurations {
 /// The step observer times a step from its action's start to the end of its append; a
 /// held-back step's append ends later (sent by the next step, or with the completion), and its
 /// duration says so.
-async fn a_held_back_step_is_timed_to_the_end_of_its_append(h: Harness) -> TestResult {
+pub async fn a_held_back_step_is_timed_to_the_end_of_its_append(h: Harness) -> TestResult {
     const APPEND: Duration = Duration::from_millis(150);
     let claim = claimed(&h, "timed", "t-1", "w").await?;
     let counting = CountingStore::new(h.store.clone()).with_append_delay(APPEND);
@@ -344,7 +338,7 @@ async fn drive_with_slow_appends(
 /// A body that gives up on a context call (a `timeout` around it) while that call is sending
 /// the held-back step before it: the step goes back to be held, and the body's next call sends
 /// it, instead of waiting forever for the abandoned send.
-async fn a_context_call_dropped_while_it_sends_a_held_back_step_loses_nothing(
+pub async fn a_context_call_dropped_while_it_sends_a_held_back_step_loses_nothing(
     h: Harness,
 ) -> TestResult {
     let claim = claimed(&h, "impatient", "i-1", "w").await?;
@@ -375,7 +369,7 @@ async fn a_context_call_dropped_while_it_sends_a_held_back_step_loses_nothing(
 
 /// The same abandoned call, then the body returns at once: the completion carries the step
 /// back, so the journal holds every value the output was made from.
-async fn a_body_returning_after_dropping_that_call_still_journals_the_step(
+pub async fn a_body_returning_after_dropping_that_call_still_journals_the_step(
     h: Harness,
 ) -> TestResult {
     let claim = claimed(&h, "hasty", "h-1", "w").await?;

@@ -4,18 +4,12 @@
 
 use std::time::Duration;
 
+use crate::{Harness, TestResult};
 use keiro::{
     Ctx, Error, FilterError, InstanceKey, ListOrder, ListRequest, RemoteOptions, Status,
     TaskContext, TaskError, Worker,
 };
-use keiro_tests::{on_both_stores, Harness, TestResult};
 use time::OffsetDateTime;
-
-on_both_stores!(
-    list_filters_and_pages_add_up,
-    bad_list_requests_are_typed_errors,
-    counts_show_statuses_timers_and_remote_backlog,
-);
 
 fn worker(h: &Harness) -> Result<Worker, Error> {
     h.keiro
@@ -97,7 +91,7 @@ async fn keys(h: &Harness, pairs: &[(&str, &str)]) -> Result<Vec<String>, Error>
     Ok(keys)
 }
 
-async fn list_filters_and_pages_add_up(h: Harness) -> TestResult {
+pub async fn list_filters_and_pages_add_up(h: Harness) -> TestResult {
     let worker = worker(&h)?;
     let started = OffsetDateTime::now_utc() - time::Duration::seconds(1);
     for id in ["o-1", "o-2", "o-3", "o-4", "o-5"] {
@@ -247,7 +241,7 @@ async fn list_filters_and_pages_add_up(h: Harness) -> TestResult {
     Ok(())
 }
 
-async fn bad_list_requests_are_typed_errors(h: Harness) -> TestResult {
+pub async fn bad_list_requests_are_typed_errors(h: Harness) -> TestResult {
     h.keiro.start("order", "o-1", &()).await?;
     for pairs in [
         vec![("colour", "red")],
@@ -303,7 +297,7 @@ async fn bad_list_requests_are_typed_errors(h: Harness) -> TestResult {
     Ok(())
 }
 
-async fn counts_show_statuses_timers_and_remote_backlog(h: Harness) -> TestResult {
+pub async fn counts_show_statuses_timers_and_remote_backlog(h: Harness) -> TestResult {
     let worker = worker(&h)?;
     for id in ["o-1", "o-2", "o-3"] {
         h.keiro.start("order", id, &()).await?;

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::{key, Harness, Ledger, TestResult};
 use keiro::{
     Ctx, Registry, RemoteOptions, RemoteWorker, RemoteWorkerOptions, ResumeOptions, Status,
     TaskContext, TaskError, TaskStatus, WorkflowError,
@@ -17,22 +18,8 @@ use keiro_journal::{
 };
 use keiro_lease::{ClaimOutcome, Crash};
 use keiro_remote::{ClaimRequest, ReportOutcome, TaskFailure};
-use keiro_tests::{key, on_every_store, Harness, Ledger, TestResult};
 use serde_json::{json, Value};
 use uuid::Uuid;
-
-on_every_store!(
-    a_start_with_a_refused_input_creates_nothing,
-    a_refused_step_result_is_not_journaled,
-    a_refused_output_or_failure_reason_leaves_the_run_open,
-    a_refused_delivery_is_not_journaled,
-    a_refused_signal_is_neither_delivered_nor_buffered,
-    a_refused_awakeable_payload_leaves_it_pending,
-    a_crash_with_a_refused_error_text_is_not_recorded,
-    a_refused_remote_report_leaves_the_task_unsettled,
-    refused_child_and_remote_inputs_write_nothing,
-    a_refused_output_fails_its_step_and_the_rest_of_its_batch_lands,
-);
 
 /// A poisoned string: PostgreSQL refuses it in jsonb (22P05) and in text (22021).
 const NUL: &str = "a\u{0}b";
@@ -79,7 +66,7 @@ fn step(name: &str, kind: StepKind, result: Value) -> Event {
     }
 }
 
-async fn a_start_with_a_refused_input_creates_nothing(h: Harness) -> TestResult {
+pub async fn a_start_with_a_refused_input_creates_nothing(h: Harness) -> TestResult {
     let k = key("refused", "start");
     let request = StartRequest {
         key: k.clone(),
@@ -92,7 +79,7 @@ async fn a_start_with_a_refused_input_creates_nothing(h: Harness) -> TestResult 
     Ok(())
 }
 
-async fn a_refused_step_result_is_not_journaled(h: Harness) -> TestResult {
+pub async fn a_refused_step_result_is_not_journaled(h: Harness) -> TestResult {
     let k = started(&h, "refused", "step").await?;
     let before = snapshot(&h, &k).await?;
     let poisoned = step("s", StepKind::Step, json!(["ok", {"deep": NUL}]));
@@ -106,7 +93,7 @@ async fn a_refused_step_result_is_not_journaled(h: Harness) -> TestResult {
     Ok(())
 }
 
-async fn a_refused_output_or_failure_reason_leaves_the_run_open(h: Harness) -> TestResult {
+pub async fn a_refused_output_or_failure_reason_leaves_the_run_open(h: Harness) -> TestResult {
     let k = started(&h, "refused", "markers").await?;
     let before = snapshot(&h, &k).await?;
     let markers = [
@@ -145,7 +132,7 @@ async fn a_refused_output_or_failure_reason_leaves_the_run_open(h: Harness) -> T
     Ok(())
 }
 
-async fn a_refused_delivery_is_not_journaled(h: Harness) -> TestResult {
+pub async fn a_refused_delivery_is_not_journaled(h: Harness) -> TestResult {
     let k = started(&h, "refused", "deliver").await?;
     let before = snapshot(&h, &k).await?;
     // What `deliver` appends for a run waiting in `ctx.await_step("approval")`.
@@ -160,7 +147,7 @@ async fn a_refused_delivery_is_not_journaled(h: Harness) -> TestResult {
     Ok(())
 }
 
-async fn a_refused_signal_is_neither_delivered_nor_buffered(h: Harness) -> TestResult {
+pub async fn a_refused_signal_is_neither_delivered_nor_buffered(h: Harness) -> TestResult {
     let k = started(&h, "refused", "signal").await?;
     let wait = |step: &str| SignalWait {
         key: k.clone(),
@@ -199,7 +186,7 @@ async fn a_refused_signal_is_neither_delivered_nor_buffered(h: Harness) -> TestR
     Ok(())
 }
 
-async fn a_refused_awakeable_payload_leaves_it_pending(h: Harness) -> TestResult {
+pub async fn a_refused_awakeable_payload_leaves_it_pending(h: Harness) -> TestResult {
     let k = started(&h, "refused", "awakeable").await?;
     let id = Uuid::new_v4();
     let allocation = step("awkid:a", StepKind::Awakeable, json!(id.to_string()));
@@ -220,7 +207,7 @@ async fn a_refused_awakeable_payload_leaves_it_pending(h: Harness) -> TestResult
     Ok(())
 }
 
-async fn a_crash_with_a_refused_error_text_is_not_recorded(h: Harness) -> TestResult {
+pub async fn a_crash_with_a_refused_error_text_is_not_recorded(h: Harness) -> TestResult {
     let k = started(&h, "refused", "crash").await?;
     let ttl = Duration::from_secs(30);
     let ClaimOutcome::Acquired(claim) = h.store.instance_claim(&k, "w", ttl, None).await? else {
@@ -262,7 +249,7 @@ fn arm(k: &InstanceKey, step: &str, input: Value) -> RemoteArm {
     }
 }
 
-async fn a_refused_remote_report_leaves_the_task_unsettled(h: Harness) -> TestResult {
+pub async fn a_refused_remote_report_leaves_the_task_unsettled(h: Harness) -> TestResult {
     let k = started(&h, "refused", "remote").await?;
     for step in ["one", "two"] {
         h.store.remote_arm(&arm(&k, step, json!(step))).await?;
@@ -318,7 +305,7 @@ async fn a_refused_remote_report_leaves_the_task_unsettled(h: Harness) -> TestRe
     Ok(())
 }
 
-async fn refused_child_and_remote_inputs_write_nothing(h: Harness) -> TestResult {
+pub async fn refused_child_and_remote_inputs_write_nothing(h: Harness) -> TestResult {
     let parent = started(&h, "refused", "parent").await?;
     let before = snapshot(&h, &parent).await?;
     let child = key("kid", "k-1");
@@ -385,7 +372,9 @@ fn labels() -> Result<Registry, keiro::RegistryError> {
     Ok(registry)
 }
 
-async fn a_refused_output_fails_its_step_and_the_rest_of_its_batch_lands(h: Harness) -> TestResult {
+pub async fn a_refused_output_fails_its_step_and_the_rest_of_its_batch_lands(
+    h: Harness,
+) -> TestResult {
     let registry = labels()?;
     let options = h.fast_options();
     for i in 0..RUNS {

@@ -4,19 +4,12 @@
 
 use std::time::Duration;
 
+use crate::{Harness, TestResult};
 use keiro::{
     AwakeableStatus, Ctx, Error, FilterError, Status, TimerKind, TimerState, Waits, Worker,
     WAITS_LIMIT_DEFAULT,
 };
-use keiro_tests::{on_both_stores, Harness, TestResult};
 use time::OffsetDateTime;
-
-on_both_stores!(
-    waits_follow_timers_awakeables_and_signal_waits,
-    a_cancelled_run_shows_its_awakeables_cancelled,
-    waits_are_newest_first_and_bounded,
-    bad_waits_requests_are_typed_errors,
-);
 
 fn worker(h: &Harness) -> Result<Worker, Error> {
     h.keiro
@@ -74,7 +67,7 @@ async fn waits(h: &Harness, name: &str, id: &str) -> Result<Waits, Error> {
     h.keiro.waits((name, id), WAITS_LIMIT_DEFAULT).await
 }
 
-async fn waits_follow_timers_awakeables_and_signal_waits(h: Harness) -> TestResult {
+pub async fn waits_follow_timers_awakeables_and_signal_waits(h: Harness) -> TestResult {
     let worker = worker(&h)?;
     let token = "poke-w-1";
     let before = OffsetDateTime::now_utc() - time::Duration::seconds(5);
@@ -161,7 +154,7 @@ async fn waits_follow_timers_awakeables_and_signal_waits(h: Harness) -> TestResu
     Ok(())
 }
 
-async fn a_cancelled_run_shows_its_awakeables_cancelled(h: Harness) -> TestResult {
+pub async fn a_cancelled_run_shows_its_awakeables_cancelled(h: Harness) -> TestResult {
     let worker = worker(&h)?;
     h.keiro.start("waiter", "w-2", &"poke-w-2").await?;
     worker.drain().await?;
@@ -179,7 +172,7 @@ async fn a_cancelled_run_shows_its_awakeables_cancelled(h: Harness) -> TestResul
     Ok(())
 }
 
-async fn waits_are_newest_first_and_bounded(h: Harness) -> TestResult {
+pub async fn waits_are_newest_first_and_bounded(h: Harness) -> TestResult {
     let worker = worker(&h)?;
     h.keiro.start("napper", "n-1", &()).await?;
     h.keiro.start("many", "m-1", &()).await?;
@@ -240,7 +233,7 @@ async fn waits_are_newest_first_and_bounded(h: Harness) -> TestResult {
     Ok(())
 }
 
-async fn bad_waits_requests_are_typed_errors(h: Harness) -> TestResult {
+pub async fn bad_waits_requests_are_typed_errors(h: Harness) -> TestResult {
     assert!(matches!(
         h.keiro.waits(("waiter", "w-1"), 0).await,
         Err(Error::Filter(FilterError::Limit { limit: 0, .. }))
