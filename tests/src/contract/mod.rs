@@ -26,10 +26,15 @@
 // A scenario's name says what it checks; its opening comment says how.
 #![allow(missing_docs)]
 
+pub mod awakeable;
 pub mod inspect;
+pub mod instance;
 pub mod journal;
+pub mod lease;
 pub mod retention;
 pub mod schedule;
+pub mod support;
+pub mod timer;
 
 /// Generates one `#[tokio::test]` per contract scenario for one store, inside `mod $store`:
 /// `$store::<module>::<file>::<scenario>`, each calling the scenario with the harness that
@@ -115,6 +120,46 @@ macro_rules! contract_suite {
                     a_new_generation_starts_with_no_unread_delivery,
                 ],
             },
+            instance {
+                cancel [
+                    a_cascade_cancels_every_live_descendant,
+                    without_cascade_only_the_instance_is_cancelled,
+                    cancelling_a_subtree_notifies_its_parent,
+                    a_finished_or_missing_instance_is_not_cancelled,
+                    a_cycle_of_adoptions_does_not_loop,
+                ],
+            },
+            lease {
+                claim [
+                    a_claim_carries_the_row_and_the_current_journal,
+                    refusals_are_classified_and_leases_fence,
+                    crashes_back_off_then_fail_with_a_journaled_marker,
+                    parking_never_masks_a_wake_and_discovery_is_exact,
+                    discovery_orders_by_priority_then_age,
+                    a_diverged_run_fails_without_a_journal_row,
+                    racing_claims_grant_exactly_one_lease,
+                ],
+            },
+            timer {
+                fire [
+                    a_due_sleep_journals_its_step_wakes_the_owner_and_clears_its_deadline,
+                    fires_oldest_first_up_to_the_limit_and_reports_the_next_due,
+                    a_fire_that_cannot_journal_is_marked_fired_undelivered,
+                ],
+                fire_concurrent [
+                    concurrent_callers_fire_each_timer_once,
+                    many_workers_in_small_batches_fire_each_timer_once,
+                ],
+            },
+            awakeable {
+                settle [
+                    completion_delivers_once_and_repeats_are_idempotent,
+                    cancellation_delivers_the_cancelled_envelope,
+                    racing_completions_settle_once,
+                    a_terminal_owner_gets_nothing_journaled,
+                    creation_is_fenced_and_refused_on_a_terminal_owner,
+                ],
+            },
             retention {
                 collect [
                     gc_deletes_expired_terminal_instances_and_keeps_the_rest,
@@ -157,6 +202,7 @@ macro_rules! contract_suite {
                     bad_definitions_are_typed_errors,
                 ],
             },
+
         );
     };
     (@suite $store:ident => $harness:expr;
