@@ -4,6 +4,7 @@
 //! holds what they and the crates' own integration tests need, such as [`pg::TestDb`], a fresh
 //! migrated Postgres schema per test that reads `TEST_DATABASE_URL` and is dropped afterwards.
 
+pub mod contract;
 pub mod counting;
 pub mod faulty;
 pub mod harness;

@@ -2,7 +2,7 @@
 //!
 //! Every method is one transaction in the Postgres store and one critical section in the
 //! memory store; `docs/store-contract.md` ("Schedules") states each rule and the conformance
-//! suite (`tests/tests/schedules.rs`) checks them on both stores. Time-sensitive methods take
+//! suite (`keiro_tests::contract::schedule`) checks them on both stores. Time-sensitive methods take
 //! an optional `now`; `None` means the store's clock (the database's `now()`, the memory
 //! store's pinned or wall clock), so the database clock decides when a tick is due.
 

@@ -1,0 +1,57 @@
+//! A worker's batch claim reads about as many instance rows as it claims, whatever the backlog
+//! and whatever the table looked like when the connection first planned it.
+//!
+//! The claim walks `workflows_running_claim_idx` in claim order and stops after its limit. A
+//! plan that sorted every runnable row instead would read the whole backlog on every claim, and
+//! a connection keeps the plan it made while the table was small (a fresh schema, or a quiet
+//! one before the backlog arrived): this test plans on an empty table, then claims from 5,000.
+
+use crate::common::TestResult;
+use keiro_tests::pg::TestDb;
+
+/// The claim as a worker's pass sends it: 32 rows of `order`, a 30 s lease.
+const CLAIM: &str =
+    "SELECT count(*) FROM keiro_instances_claim_batch(ARRAY['order'], 'worker-a', 30000, 32, NULL)";
+
+/// Heap rows of `workflows` this transaction has read through indexes or scans so far.
+const ROWS_READ: &str = "SELECT (coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0))::bigint \
+     FROM pg_stat_xact_user_tables WHERE relid = 'workflows'::regclass";
+
+#[tokio::test]
+async fn a_batch_claim_reads_about_what_it_claims_after_the_backlog_grew() -> TestResult {
+    let db = TestDb::new().await;
+    let mut client = db.store().pool().get().await?;
+    // No statistics but what the test makes: autovacuum's ANALYZE would re-plan the claim.
+    client
+        .batch_execute("ALTER TABLE workflows SET (autovacuum_enabled = false)")
+        .await?;
+    // The connection claims while the table is empty, often enough for its plan to settle
+    // (plpgsql makes a generic plan after five custom ones).
+    for _ in 0..8 {
+        let tx = client.transaction().await?;
+        let claimed: i64 = tx.query_one(CLAIM, &[]).await?.get(0);
+        assert_eq!(claimed, 0);
+        tx.rollback().await?;
+    }
+    // Then the backlog arrives. Each claim is rolled back, so every claim sees all of it.
+    client
+        .batch_execute(
+            "INSERT INTO workflows (workflow_name, workflow_id) \
+                 SELECT 'order', 'late-' || g FROM generate_series(1, 5000) g",
+        )
+        .await?;
+    for _ in 0..3 {
+        let tx = client.transaction().await?;
+        let before: i64 = tx.query_one(ROWS_READ, &[]).await?.get(0);
+        let claimed: i64 = tx.query_one(CLAIM, &[]).await?.get(0);
+        let read = tx.query_one(ROWS_READ, &[]).await?.get::<_, i64>(0) - before;
+        tx.rollback().await?;
+        assert_eq!(claimed, 32);
+        // The 32 claimed rows are read twice (the scan, the update); never the backlog.
+        assert!(
+            read <= 100,
+            "a claim of 32 read {read} instance rows of a 5,005-row backlog"
+        );
+    }
+    Ok(())
+}

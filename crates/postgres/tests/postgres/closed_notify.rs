@@ -1,0 +1,162 @@
+//! An instance notifies `done:<name>/<id>` when it closes only if a result waiter marked it
+//! awaited (migration 0016): notifying every close halves throughput (the notify lock is held
+//! across the commit's flush), so a run nobody awaits must close silently.
+
+use std::time::Duration;
+
+use crate::common::{key, start, Listener, TestResult};
+use keiro_journal::{Append, Event, JournalStore};
+use keiro_resume::{Notifier, WakeReason};
+use keiro_tests::pg::TestDb;
+use serde_json::json;
+
+const QUIET: Duration = Duration::from_millis(150);
+
+#[tokio::test]
+async fn only_awaited_instances_notify_when_they_close() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let channel = store.wake_channel().to_owned();
+    let done = |id: &str| vec![(channel.clone(), format!("done:order/{id}"))];
+    let ids = ["quiet", "completes", "fails", "cancelled", "diverges"];
+    for id in ids {
+        store
+            .instance_start(&start(&key("order", id), json!(null)))
+            .await?;
+    }
+    // Every instance but `quiet` is awaited: a first wait marks it before it waits (and ends
+    // on the listener's first `Reconnected` or the short fallback, either way).
+    let mut waits = Vec::new();
+    for id in &ids[1..] {
+        let mut wait = store.subscribe_closed(&key("order", id));
+        wait.wait(Duration::from_millis(10)).await;
+        waits.push(wait);
+    }
+    let mut listener = Listener::on(&store).await?;
+    let close = |id: &str, event: Event| Append::external(key("order", id), event);
+
+    store
+        .journal_append(&close(
+            "quiet",
+            Event::WorkflowCompleted { output: json!(1) },
+        ))
+        .await?;
+    assert!(
+        listener.drain(QUIET).await.is_empty(),
+        "an instance nobody awaits closes without a notification"
+    );
+
+    store
+        .journal_append(&close(
+            "completes",
+            Event::WorkflowCompleted { output: json!(2) },
+        ))
+        .await?;
+    assert_eq!(listener.drain(QUIET).await, done("completes"));
+    store
+        .journal_append(&close(
+            "fails",
+            Event::WorkflowFailed {
+                reason: "no".into(),
+            },
+        ))
+        .await?;
+    assert_eq!(listener.drain(QUIET).await, done("fails"));
+    store
+        .instance_cancel(&key("order", "cancelled"), false)
+        .await?;
+    assert_eq!(listener.drain(QUIET).await, done("cancelled"));
+    store
+        .instance_fail_diverged(&key("order", "diverges"), None, "diverged")
+        .await?;
+    assert_eq!(listener.drain(QUIET).await, done("diverges"));
+
+    // A repeated close changes no status: nothing more.
+    store
+        .journal_append(&close(
+            "completes",
+            Event::WorkflowCompleted { output: json!(2) },
+        ))
+        .await?;
+    assert!(listener.drain(QUIET).await.is_empty());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_waiter_on_an_instance_already_closed_reads_at_once() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let k = key("order", "closed");
+    store.instance_start(&start(&k, json!(null))).await?;
+    store
+        .journal_append(&Append::external(
+            k.clone(),
+            Event::WorkflowCompleted { output: json!(1) },
+        ))
+        .await?;
+    // The mark finds no live row, so the wait says "read now" instead of sleeping an hour.
+    let mut wait = store.subscribe_closed(&k);
+    let woken = tokio::time::timeout(
+        Duration::from_secs(10),
+        wait.wait(Duration::from_secs(3600)),
+    )
+    .await?;
+    assert_eq!(woken, WakeReason::Notified);
+    Ok(())
+}
+
+/// A result waiter's mark holds the row lock until it commits; a worker claiming at that moment
+/// skips the row (`SKIP LOCKED`), so the mark announces a runnable instance again, and only a
+/// runnable one (a parked run is woken by its own sources).
+#[tokio::test]
+async fn marking_a_runnable_instance_awaited_announces_it_again() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let channel = store.wake_channel().to_owned();
+    let mut listener = Listener::on(&store).await?;
+    let runnable = key("order", "runnable");
+    store.instance_start(&start(&runnable, json!(null))).await?;
+    assert_eq!(
+        listener.drain(QUIET).await,
+        vec![(channel.clone(), "order/runnable".to_owned())],
+        "the start announces it"
+    );
+    let mut wait = store.subscribe_closed(&runnable);
+    wait.wait(Duration::from_millis(10)).await;
+    assert_eq!(
+        listener.drain(QUIET).await,
+        vec![(channel.clone(), "order/runnable".to_owned())],
+        "the mark announces it again"
+    );
+    wait.wait(Duration::from_millis(10)).await;
+    assert!(
+        listener.drain(QUIET).await.is_empty(),
+        "only the first wait marks"
+    );
+
+    let parked = key("order", "parked");
+    store.instance_start(&start(&parked, json!(null))).await?;
+    let ttl = Duration::from_secs(60);
+    let keiro_lease::ClaimOutcome::Acquired(claim) =
+        keiro_lease::LeaseStore::instance_claim(&store, &parked, "w", ttl, None).await?
+    else {
+        panic!("claimable");
+    };
+    store
+        .instance_park(&keiro_journal::Park {
+            key: parked.clone(),
+            generation: 0,
+            fence: Some(claim.fence),
+            awaited: vec!["sleep:a".into()],
+            wake_after: None,
+        })
+        .await?;
+    listener.drain(QUIET).await;
+    let mut wait = store.subscribe_closed(&parked);
+    wait.wait(Duration::from_millis(10)).await;
+    assert!(
+        listener.drain(QUIET).await.is_empty(),
+        "a parked run is not announced"
+    );
+    Ok(())
+}

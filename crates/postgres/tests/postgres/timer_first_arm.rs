@@ -1,0 +1,112 @@
+//! A timer is armed once per (instance, generation, step): the first arm's deadline stands,
+//! and only a new timer notifies the timer loops.
+
+use std::time::Duration;
+
+use crate::common::{key, sql, start, Listener, TestResult};
+use keiro_journal::{JournalStore, TimerArm, TimerKind};
+use keiro_tests::pg::TestDb;
+use serde_json::json;
+use time::macros::datetime;
+use time::OffsetDateTime;
+
+const QUIET: Duration = Duration::from_millis(150);
+
+fn sleep_arm(k: &keiro_journal::InstanceKey, step: &str, fire_at: OffsetDateTime) -> TimerArm {
+    TimerArm {
+        key: k.clone(),
+        generation: 0,
+        step: step.into(),
+        due: keiro_journal::TimerDue::At(fire_at),
+        kind: TimerKind::Sleep,
+    }
+}
+
+#[tokio::test]
+async fn the_first_arm_wins_and_alone_notifies() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let k = key("sleeper", "s-1");
+    store.instance_start(&start(&k, json!(null))).await?;
+    let mut listener = Listener::on(&store).await?;
+    listener.drain(QUIET).await;
+
+    let first = datetime!(2030-01-01 0:00 UTC);
+    let later = datetime!(2030-06-01 0:00 UTC);
+    assert_eq!(
+        store.timer_arm(&sleep_arm(&k, "sleep:nap", first)).await?,
+        first
+    );
+    assert_eq!(
+        listener.drain(QUIET).await,
+        vec![(store.wake_channel().to_owned(), "timer".to_owned())],
+        "a new timer tells the timer loops"
+    );
+
+    // A re-arm, earlier or later, of either kind, never moves the deadline nor notifies.
+    assert_eq!(
+        store.timer_arm(&sleep_arm(&k, "sleep:nap", later)).await?,
+        first
+    );
+    let earlier = TimerArm {
+        kind: TimerKind::SignalTimeout { token: "t".into() },
+        ..sleep_arm(&k, "sleep:nap", datetime!(2029-01-01 0:00 UTC))
+    };
+    assert_eq!(store.timer_arm(&earlier).await?, first);
+    assert!(
+        listener.drain(QUIET).await.is_empty(),
+        "re-arms notify nobody"
+    );
+
+    // Another generation's step is another timer.
+    let next_generation = TimerArm {
+        generation: 1,
+        ..sleep_arm(&k, "sleep:nap", later)
+    };
+    assert_eq!(store.timer_arm(&next_generation).await?, later);
+
+    // Even after it fired, the first timer still answers a re-arm.
+    let fired = store
+        .timers_fire_due(Some(datetime!(2030-01-02 0:00 UTC)), 10)
+        .await?;
+    assert_eq!(fired.fired.len(), 1);
+    assert_eq!(
+        store.timer_arm(&sleep_arm(&k, "sleep:nap", later)).await?,
+        first
+    );
+    let rows = sql(&store)
+        .await?
+        .query_one("SELECT count(*) FROM timers", &[])
+        .await?;
+    assert_eq!(rows.get::<_, i64>(0), 2);
+    Ok(())
+}
+
+#[tokio::test]
+async fn arming_needs_the_instance() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let missing = sleep_arm(
+        &key("sleeper", "nope"),
+        "sleep:nap",
+        datetime!(2030-01-01 0:00 UTC),
+    );
+    assert!(store.timer_arm(&missing).await.unwrap_err().is_not_found());
+    Ok(())
+}
+
+#[tokio::test]
+async fn racing_arms_agree_on_one_deadline() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let k = key("sleeper", "s-2");
+    store.instance_start(&start(&k, json!(null))).await?;
+    for n in 0..20 {
+        let step = format!("sleep:{n}");
+        let a = sleep_arm(&k, &step, datetime!(2030-01-01 0:00 UTC));
+        let b = sleep_arm(&k, &step, datetime!(2031-01-01 0:00 UTC));
+        let (a, b) = tokio::join!(store.timer_arm(&a), store.timer_arm(&b));
+        assert_eq!(a?, b?, "both arms of {step} return the stored deadline");
+    }
+    Ok(())
+}

@@ -1,0 +1,4 @@
+//! `sql/functions/lease.sql`: discovery, claims, renewals, releases, parking and crash
+//! accounting.
+
+pub mod claim;

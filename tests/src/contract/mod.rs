@@ -1,0 +1,228 @@
+//! The store contract suite: every rule a store must keep, as plain scenario functions that
+//! take a [`Harness`](crate::Harness), run on every store by one macro.
+//!
+//! One module per file of `sql/functions/` (`journal`, `instance`, `lease`, `timer`, `signal`,
+//! `awakeable`, `child`, `remote`), plus `retention`, `inspect` and `schedule`; inside each,
+//! one file per behaviour. A scenario is `pub async fn name(h: Harness) -> TestResult`, uses
+//! only what every store offers (the store traits, the facade, the harness's tools) and
+//! branches on [`Backend`](crate::Backend) only where the stores are allowed to differ.
+//!
+//! [`contract_suite!`](crate::contract_suite) expands the whole suite for one store:
+//!
+//! ```ignore
+//! keiro_tests::contract_suite!(memory => keiro_tests::Harness::memory());
+//! keiro_tests::contract_suite!(postgres => keiro_tests::Harness::postgres().await);
+//! ```
+//!
+//! The test binary `tests/tests/contract.rs` invokes it once per store, so a test is named
+//! `<store>::<module>::<file>::<scenario>` (`postgres::journal::replay::start_is_idempotent_by_id`).
+//! A new store joins with a [`Harness`](crate::Harness) constructor and one line there; a new
+//! scenario is a `pub async fn` here and one line in the macro's list.
+//!
+//! What is true of one store alone stays with that store: query plans, round trips, lock races
+//! held with a test transaction, search_path, TLS, LISTEN health, migrations and function files
+//! in `crates/postgres/tests`; the memory store's clock and state in its own unit tests.
+
+// A scenario's name says what it checks; its opening comment says how.
+#![allow(missing_docs)]
+
+pub mod awakeable;
+pub mod inspect;
+pub mod instance;
+pub mod journal;
+pub mod lease;
+pub mod retention;
+pub mod schedule;
+pub mod support;
+pub mod timer;
+
+/// Generates one `#[tokio::test]` per contract scenario for one store, inside `mod $store`:
+/// `$store::<module>::<file>::<scenario>`, each calling the scenario with the harness that
+/// `$harness` (an expression, evaluated inside the async test, so `.await` may end it) makes.
+#[macro_export]
+macro_rules! contract_suite {
+    ($store:ident => $harness:expr) => {
+        $crate::contract_suite!(@suite $store => $harness;
+            journal {
+                replay [
+                    journaled_steps_never_run_again,
+                    repeated_step_name_reuses_the_first_result,
+                    first_run_returns_the_json_round_trip,
+                    start_is_idempotent_by_id,
+                    racing_writers_converge_on_one_result,
+                    racing_runs_converge_on_one_result,
+                    appends_after_failed_or_cancelled_are_refused,
+                    late_append_never_resurrects_a_terminal_row,
+                    completion_and_cancellation_have_one_winner,
+                    cancel_stops_the_run_at_its_next_boundary,
+                    cancel_is_idempotent_and_refuses_unknown_instances,
+                    renamed_step_is_caught_as_non_determinism,
+                    removed_step_is_caught_when_the_body_returns,
+                    kind_mismatch_is_caught_as_non_determinism,
+                    concurrent_steps_in_a_join_are_not_divergence,
+                    await_suspends_and_resumes_with_the_delivered_value,
+                    duplicate_delivery_is_idempotent,
+                    wake_before_park_is_never_masked,
+                    undecodable_recorded_value_is_a_typed_error,
+                    oversized_payloads_are_refused_and_lose_nothing,
+                    panicking_step_is_a_crash_not_a_process_abort,
+                    patched_takes_old_branch_in_flight_and_new_branch_fresh,
+                    continue_as_new_bounds_the_journal,
+                ],
+                group_commit [
+                    each_append_of_a_batch_keeps_its_own_outcome,
+                    each_completion_of_a_batch_keeps_its_own_outcome,
+                    a_refused_value_fails_only_its_own_append,
+                    duplicates_in_a_batch_converge_on_the_first_value,
+                    appends_to_one_instance_keep_their_order_in_a_batch,
+                    a_cancel_in_a_batch_keeps_its_place,
+                    concurrent_batches_over_many_instances_record_each_step_once,
+                    concurrent_single_appends_each_get_their_outcome,
+                    start_many_answers_each_item,
+                    concurrent_starts_create_each_instance_once,
+                    concurrent_direct_starts_lease_each_instance_once,
+                    a_closing_pair_journals_its_step_and_completes,
+                    a_closing_pair_completes_only_over_its_own_value,
+                    a_closing_pair_refused_writes_nothing_more,
+                    concurrent_closing_pairs_and_appends_each_get_their_outcome,
+                ],
+                refused_values [
+                    a_start_with_a_refused_input_creates_nothing,
+                    a_refused_step_result_is_not_journaled,
+                    a_refused_output_or_failure_reason_leaves_the_run_open,
+                    a_refused_delivery_is_not_journaled,
+                    a_refused_signal_is_neither_delivered_nor_buffered,
+                    a_refused_awakeable_payload_leaves_it_pending,
+                    a_crash_with_a_refused_error_text_is_not_recorded,
+                    a_refused_remote_report_leaves_the_task_unsettled,
+                    refused_child_and_remote_inputs_write_nothing,
+                    a_refused_output_fails_its_step_and_the_rest_of_its_batch_lands,
+                ],
+                last_step [
+                    the_last_step_and_the_completion_are_one_store_call,
+                    a_held_back_step_is_journaled_before_the_body_waits_on_anything_else,
+                    a_held_back_step_meeting_another_value_never_completes_the_run,
+                    a_stale_lease_writes_neither_the_last_step_nor_the_completion,
+                    a_held_back_step_is_timed_to_the_end_of_its_append,
+                    a_context_call_dropped_while_it_sends_a_held_back_step_loses_nothing,
+                    a_body_returning_after_dropping_that_call_still_journals_the_step,
+                ],
+                deliveries [
+                    a_delivery_before_the_body_runs_a_step_of_that_name_changes_nothing,
+                    a_delivery_to_a_step_the_body_recorded_changes_nothing,
+                    an_early_delivery_waits_for_its_await,
+                    a_value_delivered_under_the_bare_name_is_still_read,
+                    a_delivery_bound_to_a_left_generation_is_refused,
+                    deliveries_no_await_reads_do_not_fill_the_journal_budget,
+                    a_delivery_past_the_unread_bound_is_refused_and_writes_nothing,
+                    what_the_awaits_read_makes_room_and_a_parked_wait_is_always_answered,
+                    the_unread_bytes_are_bounded_too,
+                    a_new_generation_starts_with_no_unread_delivery,
+                ],
+            },
+            instance {
+                cancel [
+                    a_cascade_cancels_every_live_descendant,
+                    without_cascade_only_the_instance_is_cancelled,
+                    cancelling_a_subtree_notifies_its_parent,
+                    a_finished_or_missing_instance_is_not_cancelled,
+                    a_cycle_of_adoptions_does_not_loop,
+                ],
+            },
+            lease {
+                claim [
+                    a_claim_carries_the_row_and_the_current_journal,
+                    refusals_are_classified_and_leases_fence,
+                    crashes_back_off_then_fail_with_a_journaled_marker,
+                    parking_never_masks_a_wake_and_discovery_is_exact,
+                    discovery_orders_by_priority_then_age,
+                    a_diverged_run_fails_without_a_journal_row,
+                    racing_claims_grant_exactly_one_lease,
+                ],
+            },
+            timer {
+                fire [
+                    a_due_sleep_journals_its_step_wakes_the_owner_and_clears_its_deadline,
+                    fires_oldest_first_up_to_the_limit_and_reports_the_next_due,
+                    a_fire_that_cannot_journal_is_marked_fired_undelivered,
+                ],
+                fire_concurrent [
+                    concurrent_callers_fire_each_timer_once,
+                    many_workers_in_small_batches_fire_each_timer_once,
+                ],
+            },
+            awakeable {
+                settle [
+                    completion_delivers_once_and_repeats_are_idempotent,
+                    cancellation_delivers_the_cancelled_envelope,
+                    racing_completions_settle_once,
+                    a_terminal_owner_gets_nothing_journaled,
+                    creation_is_fenced_and_refused_on_a_terminal_owner,
+                ],
+            },
+            retention {
+                collect [
+                    gc_deletes_expired_terminal_instances_and_keeps_the_rest,
+                    batches_are_bounded_and_gc_runs_them_until_done,
+                    a_worker_with_retention_collects,
+                    a_parent_that_finished_first_goes_after_its_child,
+                    a_parent_stays_while_a_grandchild_lives,
+                ],
+            },
+            inspect {
+                list [
+                    list_filters_and_pages_add_up,
+                    bad_list_requests_are_typed_errors,
+                    counts_show_statuses_timers_and_remote_backlog,
+                ],
+                waits [
+                    waits_follow_timers_awakeables_and_signal_waits,
+                    a_cancelled_run_shows_its_awakeables_cancelled,
+                    waits_are_newest_first_and_bounded,
+                    bad_waits_requests_are_typed_errors,
+                ],
+            },
+            schedule {
+                scheduler [
+                    a_running_fleet_runs_each_services_schedules,
+                    a_schedule_that_cannot_start_records_its_error_and_backs_off,
+                    a_refused_start_is_recorded_and_retried_without_blocking_the_others,
+                    a_fleet_of_two_services_starts_every_schedule_whoever_leads,
+                    schedules_no_worker_registers_never_hold_up_one_it_does,
+                    ticks_while_down_follow_each_catch_up_policy,
+                    skip_overlap_drops_ticks_while_the_previous_run_is_live,
+                    buffer_one_starts_the_kept_tick_when_the_previous_run_ends,
+                    allow_all_overlap_starts_every_tick,
+                    two_schedulers_racing_start_each_tick_exactly_once,
+                    a_dead_leaders_successor_starts_the_ticks_it_missed_once,
+                    pause_skips_ticks_and_resume_does_not_catch_them_up,
+                    trigger_starts_one_run_now_whatever_the_policy,
+                    a_daily_0230_in_berlin_on_both_daylight_saving_days,
+                    an_unregistered_workflow_starts_and_waits_for_a_worker_that_has_it,
+                    bad_definitions_are_typed_errors,
+                ],
+            },
+
+        );
+    };
+    (@suite $store:ident => $harness:expr;
+        $($group:ident { $($file:ident [ $($name:ident),* $(,)? ]),* $(,)? }),* $(,)?
+    ) => {
+        mod $store {
+            $(
+                mod $group {
+                    $(
+                        mod $file {
+                            $(
+                                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                                async fn $name() -> $crate::TestResult {
+                                    $crate::contract::$group::$file::$name($harness).await
+                                }
+                            )*
+                        }
+                    )*
+                }
+            )*
+        }
+    };
+}

@@ -1,0 +1,4 @@
+//! Schedules: ticks, catch-up and overlap policies, racing schedulers, pause, trigger and bad
+//! definitions.
+
+pub mod scheduler;
