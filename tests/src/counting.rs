@@ -7,13 +7,15 @@ use std::time::Duration;
 
 use keiro::store::Result;
 use keiro::{
-    Append, AppendOutcome, ClaimOutcome, CrashOutcome, Fence, Instance, InstanceKey, JournalEntry,
-    JournalStore, LeaseStore, ResurrectOutcome, Started, Status,
+    operate::ResurrectOutcome, store::Append, store::AppendOutcome, store::ClaimOutcome,
+    store::CrashOutcome, store::Fence, store::Instance, store::JournalEntry, store::JournalStore,
+    store::LeaseStore, store::Started, InstanceKey, Status,
 };
 use keiro_journal::{
-    AwakeableOutcome, ChildSpawn, Park, ParkOutcome, RemoteArm, RemoteArmOutcome, ReturnedSignal,
-    SignalOptions, SignalSendOutcome, SignalWait, SignalWaitOutcome, StartRequest, TimerArm,
-    TimerDue, TimerFiring,
+    store::ChildSpawn, store::Park, store::ParkOutcome, store::RemoteArm, store::RemoteArmOutcome,
+    store::ReturnedSignal, store::SignalWait, store::SignalWaitOutcome, store::StartRequest,
+    store::TimerArm, store::TimerDue, AwakeableOutcome, SignalOptions, SignalSendOutcome,
+    TimerFiring,
 };
 use keiro_lease::Crash;
 use serde_json::Value;
@@ -143,7 +145,7 @@ impl JournalStore for CountingStore {
         &self,
         step: &Append,
         completion: &Append,
-    ) -> Result<keiro_journal::ClosingOutcome> {
+    ) -> Result<keiro_journal::store::ClosingOutcome> {
         self.count("journal_append_closing");
         self.delay_append().await;
         self.inner.journal_append_closing(step, completion).await
@@ -152,7 +154,7 @@ impl JournalStore for CountingStore {
         &self,
         append: &Append,
         backlog: &keiro_journal::DeliveryBacklog,
-    ) -> Result<keiro_journal::DeliveryOutcome> {
+    ) -> Result<keiro_journal::store::DeliveryOutcome> {
         self.count("delivery_append");
         self.inner.delivery_append(append, backlog).await
     }
@@ -336,7 +338,7 @@ impl LeaseStore for CountingStore {
     }
     async fn instances_claim_batch(
         &self,
-        names: &[keiro::WorkflowName],
+        names: &[keiro::workflow::WorkflowName],
         owner: &str,
         ttl: Duration,
         limit: i64,

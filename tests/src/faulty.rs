@@ -6,13 +6,14 @@ use std::time::Duration;
 
 use keiro::store::{Error, Result};
 use keiro::{
-    Append, AppendOutcome, ClaimOutcome, CrashOutcome, Fence, Instance, InstanceKey, JournalEntry,
-    JournalStore, LeaseStore, ResurrectOutcome, Started, Status,
+    operate::ResurrectOutcome, store::Append, store::AppendOutcome, store::ClaimOutcome,
+    store::CrashOutcome, store::Fence, store::Instance, store::JournalEntry, store::JournalStore,
+    store::LeaseStore, store::Started, InstanceKey, Status,
 };
 use keiro_journal::{
-    AwakeableOutcome, ChildSpawn, Park, ParkOutcome, RemoteArm, RemoteArmOutcome, ReturnedSignal,
-    SignalOptions, SignalSendOutcome, SignalWait, SignalWaitOutcome, StartRequest, TimerArm,
-    TimerFiring,
+    store::ChildSpawn, store::Park, store::ParkOutcome, store::RemoteArm, store::RemoteArmOutcome,
+    store::ReturnedSignal, store::SignalWait, store::SignalWaitOutcome, store::StartRequest,
+    store::TimerArm, AwakeableOutcome, SignalOptions, SignalSendOutcome, TimerFiring,
 };
 use keiro_lease::Crash;
 use serde_json::Value;
@@ -57,7 +58,7 @@ impl FaultyStore {
     }
 
     async fn wait_while_held(&self, append: &Append) {
-        if !matches!(append.event, keiro::Event::WorkflowCompleted { .. }) {
+        if !matches!(append.event, keiro::store::Event::WorkflowCompleted { .. }) {
             return;
         }
         let mut held = self.completions_held.subscribe();
@@ -143,7 +144,7 @@ impl JournalStore for FaultyStore {
         &self,
         append: &Append,
         backlog: &keiro_journal::DeliveryBacklog,
-    ) -> Result<keiro_journal::DeliveryOutcome> {
+    ) -> Result<keiro_journal::store::DeliveryOutcome> {
         self.inner.delivery_append(append, backlog).await
     }
     async fn deliveries_read(
@@ -286,7 +287,7 @@ impl LeaseStore for FaultyStore {
     }
     async fn instances_claim_batch(
         &self,
-        names: &[keiro::WorkflowName],
+        names: &[keiro::workflow::WorkflowName],
         owner: &str,
         ttl: Duration,
         limit: i64,

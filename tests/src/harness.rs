@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use keiro::testing::{TestEnv, TestEnvBuilder};
-use keiro::{InstanceKey, Keiro, LeaseStore, ResumeOptions};
+use keiro::{store::LeaseStore, worker::ResumeOptions, InstanceKey, Keiro};
 use keiro_remote::{RemoteAdmin, Transport};
 
 use crate::pg::TestDb;
@@ -240,19 +240,19 @@ macro_rules! on_every_store {
 pub async fn run_inline(
     h: &Harness,
     key: &InstanceKey,
-    workflow: &dyn keiro::Workflow,
-) -> Result<keiro::RunOutcome, keiro::RunError> {
-    run_with(h, key, workflow, keiro::RunOptions::default()).await
+    workflow: &dyn keiro::workflow::Workflow,
+) -> Result<keiro::workflow::RunOutcome, keiro::workflow::RunError> {
+    run_with(h, key, workflow, keiro::workflow::RunOptions::default()).await
 }
 
 /// Drives one run of `workflow` for `key` inline with `options`.
 pub async fn run_with(
     h: &Harness,
     key: &InstanceKey,
-    workflow: &dyn keiro::Workflow,
-    options: keiro::RunOptions,
-) -> Result<keiro::RunOutcome, keiro::RunError> {
-    let store: Arc<dyn keiro::JournalStore> = h.store.clone();
+    workflow: &dyn keiro::workflow::Workflow,
+    options: keiro::workflow::RunOptions,
+) -> Result<keiro::workflow::RunOutcome, keiro::workflow::RunError> {
+    let store: Arc<dyn keiro::store::JournalStore> = h.store.clone();
     keiro_journal::run(store, key, workflow, options)
         .await
         .result
@@ -262,7 +262,7 @@ pub async fn run_with(
 pub async fn journal_steps(
     h: &Harness,
     key: &InstanceKey,
-) -> Result<Vec<(String, serde_json::Value)>, keiro::StoreError> {
+) -> Result<Vec<(String, serde_json::Value)>, keiro::store::StoreError> {
     Ok(h.store
         .journal_history(key)
         .await?

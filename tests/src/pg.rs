@@ -12,7 +12,7 @@
 //! # Ok(()) }
 //! ```
 
-use keiro::error_chain;
+use keiro::workflow::error_chain;
 use keiro_postgres::{Config, PgStore};
 
 /// The environment variable naming the test database.

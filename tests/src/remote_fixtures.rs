@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use keiro::{Ctx, RemoteOptions, TaskContext, TaskError, WorkflowError};
+use keiro::{remote::RemoteOptions, remote::TaskContext, remote::TaskError, Ctx, WorkflowError};
 use serde::{Deserialize, Serialize};
 
 /// The input of [`parcel`].

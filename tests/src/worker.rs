@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use keiro::{ResumeSummary, Worker};
+use keiro::{worker::ResumeSummary, Worker};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 

@@ -125,7 +125,7 @@ pub(crate) fn failure(message: impl Into<String>) -> Error {
     message.into().into()
 }
 
-pub(crate) use keiro::error_chain;
+pub(crate) use keiro::workflow::error_chain;
 
 /// Logs to stderr, filtered by `RUST_LOG` (default `warn`), so stdout carries only the
 /// command's own output (the bench's JSON line, the demo worker's report).

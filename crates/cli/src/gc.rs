@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use keiro::GcRequest;
+use keiro::operate::GcRequest;
 
 use crate::common::{Global, Outcome, Result, ResultExt};
 use crate::ops::keiro;
@@ -21,7 +21,7 @@ pub(crate) struct GcArgs {
     #[arg(long)]
     dry_run: bool,
     /// Instances per batch (one transaction each; 1 to 10000).
-    #[arg(long, default_value_t = keiro::GC_BATCH_DEFAULT)]
+    #[arg(long, default_value_t = keiro::operate::GC_BATCH_DEFAULT)]
     batch: u32,
     /// Pause between batches (`0ms` for none): the rate bound.
     #[arg(long, default_value = "100ms")]
@@ -33,7 +33,7 @@ pub(crate) async fn run(global: &Global, args: &GcArgs) -> Result<Outcome> {
     let older_than = crate::age::parse(&args.older_than).context("reading --older-than")?;
     let pause = crate::age::parse(&args.pause).context("reading --pause")?;
     let request = GcRequest {
-        batch: args.batch.clamp(1, keiro::GC_BATCH_MAX),
+        batch: args.batch.clamp(1, keiro::operate::GC_BATCH_MAX),
         ..GcRequest::new(older_than)
     };
     let keiro = keiro(global).await?;

@@ -2,7 +2,7 @@
 //! counts, through the facade's `Keiro::list` and `Keiro::counts` (the dashboard's calls too).
 
 use clap::Args;
-use keiro::{Counts, ListRequest, Page, Status};
+use keiro::{operate::Counts, operate::ListRequest, operate::Page, Status};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
@@ -34,7 +34,7 @@ pub(crate) struct ListArgs {
     #[arg(long)]
     oldest_first: bool,
     /// Rows per page (1 to 1000).
-    #[arg(long, default_value_t = keiro::LIST_LIMIT_DEFAULT)]
+    #[arg(long, default_value_t = keiro::operate::LIST_LIMIT_DEFAULT)]
     limit: u32,
     /// Start after this cursor (printed under the previous page).
     #[arg(long)]

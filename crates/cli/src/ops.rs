@@ -4,8 +4,9 @@
 
 use clap::Args;
 use keiro::{
-    CancelOutcome, Instance, InstanceSummary, JournalEntry, Keiro, ListRequest, RequeueOutcome,
-    ResurrectOutcome, TimerKind, Waits, WAITS_LIMIT_DEFAULT,
+    operate::CancelOutcome, operate::InstanceSummary, operate::ListRequest,
+    operate::RequeueOutcome, operate::ResurrectOutcome, operate::TimerKind, operate::Waits,
+    operate::WAITS_LIMIT_DEFAULT, store::Instance, store::JournalEntry, Keiro,
 };
 use time::format_description::FormatItem;
 use time::macros::format_description;
@@ -23,8 +24,10 @@ pub(crate) struct KeyArgs {
 }
 
 /// The facade validates the pair as it does any other, so a bad name or id is its typed error.
-impl keiro::IntoInstanceKey for &KeyArgs {
-    fn into_instance_key(self) -> std::result::Result<keiro::InstanceKey, keiro::IdError> {
+impl keiro::workflow::IntoInstanceKey for &KeyArgs {
+    fn into_instance_key(
+        self,
+    ) -> std::result::Result<keiro::InstanceKey, keiro::workflow::IdError> {
         keiro::InstanceKey::parse(&self.name, &self.id)
     }
 }
@@ -68,9 +71,9 @@ pub(crate) async fn show(global: &Global, key: &KeyArgs) -> Result<Outcome> {
         .context(format!("reading the remote tasks of {what}"))?;
     let children = keiro
         .list(&ListRequest {
-            filter: keiro::ListFilter {
+            filter: keiro::operate::ListFilter {
                 parent: Some(instance.key.clone()),
-                ..keiro::ListFilter::default()
+                ..keiro::operate::ListFilter::default()
             },
             limit: CHILDREN_SHOWN,
             ..ListRequest::default()
@@ -159,7 +162,7 @@ fn print_children(children: &[InstanceSummary], more: bool) {
     }
 }
 
-fn print_tasks(tasks: &[keiro::RemoteTask]) {
+fn print_tasks(tasks: &[keiro::remote::RemoteTask]) {
     if tasks.is_empty() {
         return;
     }

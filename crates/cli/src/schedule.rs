@@ -1,8 +1,8 @@
 //! `keiro schedule list|pause|resume|trigger`: the operator's view of schedules. Each is a thin
-//! call of the facade's [`Schedules`](keiro::Schedules); none migrates.
+//! call of the facade's [`Schedules`](keiro::schedule::Schedules); none migrates.
 
 use clap::{Args, Subcommand};
-use keiro::{Cadence, CatchUp, Keiro, Schedule};
+use keiro::{schedule::Cadence, schedule::CatchUp, schedule::Schedule, Keiro};
 use time::format_description::FormatItem;
 use time::macros::format_description;
 use time::{OffsetDateTime, UtcOffset};

@@ -4,7 +4,7 @@
 //! the totals. A journal row is written when its step ends, so the gap since the previous row
 //! is that step's duration, or the time the run spent parked waiting for it.
 
-use keiro::{Event, Instance, JournalEntry, StepKind};
+use keiro::{store::Event, store::Instance, store::JournalEntry, store::StepKind};
 use time::OffsetDateTime;
 
 /// What the gap before a journal row was spent on.

@@ -2,7 +2,10 @@
 
 use std::process::Command;
 
-use keiro::{Keiro, Overlap, ScheduleSpec, ScheduleStore, SchedulerOptions};
+use keiro::{
+    schedule::Overlap, schedule::ScheduleSpec, schedule::SchedulerOptions, store::ScheduleStore,
+    Keiro,
+};
 use keiro_tests::pg::TestDb;
 use keiro_tests::TestResult;
 use time::macros::datetime;
@@ -15,11 +18,11 @@ async fn schedule_list_shows_the_error_and_the_back_off() -> TestResult {
     // of a name with a `:` can start.
     let spec = ScheduleSpec {
         name: "bad:name".into(),
-        workflow: keiro::WorkflowName::new("report")?,
-        cadence: keiro::Cadence::Every(std::time::Duration::from_secs(60)),
+        workflow: keiro::workflow::WorkflowName::new("report")?,
+        cadence: keiro::schedule::Cadence::Every(std::time::Duration::from_secs(60)),
         input: serde_json::Value::Null,
         overlap: Overlap::Skip,
-        catch_up: keiro::CatchUp::None,
+        catch_up: keiro::schedule::CatchUp::None,
     };
     store
         .schedule_upsert(&spec, Some(datetime!(2026-01-01 10:00:30 UTC)))

@@ -135,7 +135,7 @@ async fn an_operator_requeues_a_failed_run_in_the_browser() -> TestResult {
         );
         tokio::spawn(async move {
             loop {
-                let _ = keiro::resume_once(&store, &registry, &options).await;
+                let _ = keiro::worker::resume_once(&store, &registry, &options).await;
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         })

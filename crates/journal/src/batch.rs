@@ -36,9 +36,9 @@ pub const BATCHES_IN_FLIGHT_DEFAULT: usize = 1;
 /// How a natural-batching loop cuts its batches.
 ///
 /// ```
-/// let limits = keiro_journal::BatchLimits::default();
-/// assert_eq!(limits.len_max, keiro_journal::BATCH_LEN_MAX_DEFAULT);
-/// assert_eq!(limits.in_flight, keiro_journal::BATCHES_IN_FLIGHT_DEFAULT);
+/// let limits = keiro_journal::batch::BatchLimits::default();
+/// assert_eq!(limits.len_max, keiro_journal::batch::BATCH_LEN_MAX_DEFAULT);
+/// assert_eq!(limits.in_flight, keiro_journal::batch::BATCHES_IN_FLIGHT_DEFAULT);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchLimits {
@@ -89,7 +89,7 @@ impl Slot {
 /// are done.
 ///
 /// ```
-/// use keiro_journal::{run_batches, BatchLimits};
+/// use keiro_journal::{batch::run_batches, batch::BatchLimits};
 /// use tokio::sync::{mpsc, oneshot};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
@@ -224,7 +224,7 @@ pub struct SharedSlots(Arc<Semaphore>);
 /// here are sent by the loop's task in natural batches (see [`run_batches`]).
 ///
 /// ```
-/// use keiro_journal::{BatchLimits, Batcher};
+/// use keiro_journal::{batch::BatchLimits, batch::Batcher};
 /// use tokio::sync::oneshot;
 ///
 /// # #[tokio::main(flavor = "current_thread")]

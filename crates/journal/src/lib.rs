@@ -25,6 +25,12 @@
 //! # Ok(()) }
 //! ```
 //!
+//! The crate root is the journal's vocabulary: the context, the errors, identities, events,
+//! instances, the options of steps and runs, and the store traits. The machinery beneath it is
+//! for the crates that implement a store or drive runs: [`store`] (the storage contract, the
+//! requests and outcomes of its operations, and the helpers the stores and workers share),
+//! [`batch`] (natural batching) and [`span`] (the `tracing` span of each store operation).
+//!
 //! # Guarantees
 //!
 //! - A step whose result is journaled never runs again; each `(instance, generation, step)` is
@@ -41,7 +47,7 @@
 //! sees [`WorkflowError`]; a drive ends in [`RunOutcome`] or [`RunError`].
 
 mod backoff;
-mod batch;
+pub mod batch;
 mod ctx;
 mod diagnostics;
 mod faults;
@@ -55,72 +61,66 @@ mod store_span;
 mod unwind;
 mod workflow;
 
-pub use backoff::{stretched, unit_random, Backoff, InvalidBackoff};
-pub use batch::{
-    run_batches, BatchLimits, Batcher, SharedSlots, Slot, BATCHES_IN_FLIGHT_DEFAULT,
-    BATCH_LEN_MAX_DEFAULT,
-};
+pub use backoff::{Backoff, InvalidBackoff};
 pub use ctx::awakeables::Awakeable;
-pub use ctx::transaction::{LeaseHeld, SelfJournalError, SelfJournaled, StepJournal};
 pub use ctx::Ctx;
 pub use diagnostics::{error_chain, panic_message};
-pub use faults::Faults;
 pub use inspect::{
     parse_status, AwakeableInfo, Counts, Cursor, FilterError, GroupCount, InspectStore,
     InstanceSummary, ListFilter, ListOrder, ListRequest, Page, SignalWaitInfo, StatusCount,
     TimeRange, TimerInfo, TimerState, Waits, ID_PREFIX_LEN_MAX, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX,
     WAITS_LIMIT_DEFAULT,
 };
-pub use model::budget::{
-    encoded_len, JournalBudget, JOURNAL_BYTES_MAX_DEFAULT, JOURNAL_STEPS_MAX_DEFAULT,
-};
+pub use model::budget::{JournalBudget, JOURNAL_BYTES_MAX_DEFAULT, JOURNAL_STEPS_MAX_DEFAULT};
 pub use model::delivery::{
     Deliveries, DeliveryBacklog, DELIVERIES_UNREAD_BYTES_MAX_DEFAULT, DELIVERIES_UNREAD_MAX_DEFAULT,
 };
 pub use model::error::WorkflowError;
-pub use model::event::{
-    logical_step, marker_name, revised_step, step_revision, EncodedEvent, Event, Generation,
-    JournalEntry, MalformedEvent, Marker, StepKind,
-};
+pub use model::event::{Event, Generation, JournalEntry, Marker, StepKind};
 pub use model::id::{
     IdError, InstanceKey, IntoInstanceKey, WorkflowId, WorkflowName, ID_LEN_MAX,
     RESERVED_STEP_PREFIXES,
 };
-pub use model::instance::{Fence, Instance, StartRequest, Started, Status};
+pub use model::instance::{Fence, Instance, Started, Status};
 pub use model::observe::{StepObserver, TraceContext};
-pub use model::payload::encode_payload;
-pub use model::remote::{
-    remote_group, remote_step_id, RemoteArm, RemoteArmOutcome, RemoteHandlerDef, RemoteOptions,
-    RemoteStepError, REDISPATCH_MAX_DEFAULT,
-};
+pub use model::remote::{RemoteHandlerDef, RemoteOptions, RemoteStepError, REDISPATCH_MAX_DEFAULT};
 pub use model::retry::{StepOptions, STEP_ATTEMPTS_DEFAULT};
-pub use model::storable::{check_value, storable_text};
 pub use model::wake::{
-    awakeable_step, child_result_step, validate_signal_token, AwakeableOutcome, AwakeableStatus,
-    ChildSpawn, Envelope, FiredTimer, ReturnedSignal, SignalOptions, SignalSendOutcome, SignalWait,
-    SignalWaitOutcome, TimerArm, TimerDue, TimerFiring, TimerKind, SIGNAL_TTL_DEFAULT,
-    SIGNAL_TTL_MAX,
+    AwakeableOutcome, AwakeableStatus, Envelope, SignalOptions, SignalSendOutcome, TimerFiring,
+    TimerKind, SIGNAL_TTL_DEFAULT, SIGNAL_TTL_MAX,
 };
 pub use retention::{GcBatch, GcRequest, RetentionStore, GC_BATCH_DEFAULT, GC_BATCH_MAX};
 pub use run::inline::{
-    cancel, cancel_outcome, deliver, deliver_to, delivery_append, delivery_backlogged,
-    delivery_refused, run, start, CancelOutcome, DeliveryRefusal, Error,
+    cancel, deliver, deliver_to, run, start, CancelOutcome, DeliveryRefusal, Error,
 };
-pub use run::{drive, drive_notifying, Driven, RunError, RunOutcome};
+pub use run::{drive, Driven, RunError, RunOutcome};
 pub use state::options::{
     RunOptions, LEASE_TTL_DEFAULT, PAYLOAD_LEN_MAX_DEFAULT, RECONCILE_DEFAULT,
 };
-pub use state::{Parked, RunStats};
-pub use store::{
-    Append, AppendOutcome, ClosingOutcome, DeliveryOutcome, Error as StoreError, JournalStore,
-    Park, ParkOutcome,
-};
-pub use store_span::{traced, SpanOutcome, STORE_SPAN_TARGET};
-pub use workflow::{workflow_fn, BoxFuture, FnWorkflow, Workflow, INPUT_STEP, OUTPUT_STEP};
+pub use state::RunStats;
+pub use store::{Append, AppendOutcome, Error as StoreError, JournalStore};
+pub use workflow::{workflow_fn, BoxFuture, FnWorkflow, Workflow};
 
-// What `store_span!` expands to, from crates that need not depend on `tracing` themselves.
-#[doc(hidden)]
-pub mod __private {
+// The machinery, public under `batch`, `store` and `span`, reachable at the crate root for this
+// crate's own modules.
+use backoff::unit_random;
+use faults::Faults;
+use model::budget::encoded_len;
+use model::instance::StartRequest;
+use model::payload::encode_payload;
+use model::remote::{remote_group, remote_step_id, RemoteArm, RemoteArmOutcome};
+use model::storable::{check_value, storable_text};
+use model::wake::{
+    awakeable_step, child_result_step, validate_signal_token, ChildSpawn, ReturnedSignal,
+    SignalWait, SignalWaitOutcome, TimerArm, TimerDue,
+};
+
+/// The `tracing` span each store operation runs in: [`store_span!`] opens it, [`span::traced`]
+/// runs an operation in it. For the crates that implement a store.
+pub mod span {
+    pub use crate::store_span::{traced, SpanOutcome, STORE_SPAN_TARGET};
+    /// What [`store_span!`](crate::store_span) expands to, so a store crate need not depend on
+    /// `tracing` itself.
     pub use tracing;
 }
 

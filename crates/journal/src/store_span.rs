@@ -41,7 +41,7 @@ use tracing::{Instrument as _, Span};
 /// turns them on.
 ///
 /// ```
-/// assert_eq!(keiro_journal::STORE_SPAN_TARGET, "keiro::store");
+/// assert_eq!(keiro_journal::span::STORE_SPAN_TARGET, "keiro::store");
 /// ```
 pub const STORE_SPAN_TARGET: &str = "keiro::store";
 
@@ -54,7 +54,7 @@ pub const STORE_SPAN_TARGET: &str = "keiro::store";
 /// module docs for the level).
 ///
 /// ```
-/// use keiro_journal::{store_span, traced, InstanceKey, StoreError};
+/// use keiro_journal::{span::traced, store_span, InstanceKey, StoreError};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), StoreError> {
@@ -67,11 +67,11 @@ pub const STORE_SPAN_TARGET: &str = "keiro::store";
 #[macro_export]
 macro_rules! store_span {
     (@span $operation:literal $(, $($field:tt)+)?) => {
-        $crate::__private::tracing::debug_span!(
-            target: $crate::STORE_SPAN_TARGET,
+        $crate::span::tracing::debug_span!(
+            target: $crate::span::STORE_SPAN_TARGET,
             concat!("keiro.store.", $operation),
             $($($field)+ ,)?
-            error = $crate::__private::tracing::field::Empty
+            error = $crate::span::tracing::field::Empty
         )
     };
     ($operation:literal, key = $key:expr $(, $($field:tt)+)?) => {
@@ -91,7 +91,7 @@ macro_rules! store_span {
 /// nests in it) and records its failure in the span's `error` field as it ends.
 ///
 /// ```
-/// use keiro_journal::{store_span, traced, StoreError};
+/// use keiro_journal::{store_span, span::traced, StoreError};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
@@ -119,7 +119,7 @@ where
 /// What an operation's result records in its span as it ends (see [`traced`]).
 ///
 /// ```
-/// use keiro_journal::{store_span, SpanOutcome, StoreError};
+/// use keiro_journal::{store_span, span::SpanOutcome, StoreError};
 ///
 /// let failed: Result<(), StoreError> =
 ///     Err(StoreError::Malformed { operation: "reading", detail: "bad row".into() });

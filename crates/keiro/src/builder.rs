@@ -9,7 +9,7 @@ use keiro_resume::Notifier;
 
 use crate::engine::{Keiro, Remote};
 use crate::operate::Operate;
-use crate::Store;
+use crate::store::Store;
 
 /// Builds a [`Keiro`] handle: from [`Keiro::builder`] over a full store, or
 /// [`lease_only`](Self::lease_only) over a store with leases alone.
@@ -72,7 +72,7 @@ impl KeiroBuilder {
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::sync::Arc;
     /// // A store of your own that has leases (here the memory store, standing in for one).
-    /// let store: Arc<dyn keiro::LeaseStore> = Arc::new(keiro::memory::MemoryStore::new());
+    /// let store: Arc<dyn keiro::store::LeaseStore> = Arc::new(keiro::memory::MemoryStore::new());
     /// let keiro = keiro::KeiroBuilder::lease_only(store).build();
     /// # let _ = keiro;
     /// # Ok(()) }
@@ -98,7 +98,7 @@ impl KeiroBuilder {
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::sync::Arc;
     /// let store = keiro::memory::MemoryStore::new();
-    /// let notifier: Arc<dyn keiro::Notifier> = Arc::new(store.clone());
+    /// let notifier: Arc<dyn keiro::worker::Notifier> = Arc::new(store.clone());
     /// let keiro = keiro::KeiroBuilder::lease_only(Arc::new(store)).push(notifier).build();
     /// assert!(keiro.notifier().is_some());
     /// # Ok(()) }
@@ -152,7 +152,7 @@ impl KeiroBuilder {
     /// # #[cfg(feature = "memory")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let keiro = keiro::Keiro::builder(keiro::memory::MemoryStore::new())
-    ///     .delivery_backlog(keiro::DeliveryBacklog { deliveries: 100, bytes: 1 << 20 })
+    ///     .delivery_backlog(keiro::workflow::DeliveryBacklog { deliveries: 100, bytes: 1 << 20 })
     ///     .build();
     /// # let _ = keiro;
     /// # Ok(()) }

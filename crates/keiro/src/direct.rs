@@ -51,8 +51,8 @@
 use std::time::Instant;
 
 use keiro_journal::{
-    encode_payload, IdError, InstanceKey, RunOutcome, StartRequest, StoreError, WorkflowError,
-    WorkflowName, INPUT_STEP,
+    store::encode_payload, store::StartRequest, store::INPUT_STEP, IdError, InstanceKey,
+    RunOutcome, StoreError, WorkflowError, WorkflowName,
 };
 use keiro_lease::ClaimOutcome;
 use keiro_resume::ResumeLogEvent;

@@ -3,34 +3,19 @@
 use std::sync::Arc;
 
 use keiro_journal::{
-    validate_signal_token, AppendOutcome, AwakeableOutcome, CancelOutcome, DeliveryBacklog,
+    store::validate_signal_token, AppendOutcome, AwakeableOutcome, CancelOutcome, DeliveryBacklog,
     Instance, InstanceKey, IntoInstanceKey, JournalEntry, SignalOptions, SignalSendOutcome,
     Started,
 };
-use keiro_lease::{LeaseStore, ResurrectOutcome};
-use keiro_remote::{
-    RemoteAdmin, RemoteTask, RemoteWorker, RemoteWorkerBuilder, RequeueOutcome, Transport,
-};
+use keiro_lease::LeaseStore;
+use keiro_remote::{RemoteAdmin, RemoteWorker, RemoteWorkerBuilder, Transport};
 use keiro_resume::{Notifier, ScheduleStore};
 use serde::Serialize;
 use uuid::Uuid;
 
 use crate::operate::Operate;
+use crate::store::Store;
 use crate::{Error, KeiroBuilder, WorkerBuilder};
-use keiro_journal::{InspectStore, RetentionStore};
-
-/// A store with every capability keiro uses: the journal and wake sources, leases, remote
-/// steps (their transport and the operator's tools), the operators' list, counts and
-/// retention, and schedules. `PgStore` and `MemoryStore` are ones.
-pub trait Store:
-    LeaseStore + Transport + RemoteAdmin + InspectStore + RetentionStore + ScheduleStore
-{
-}
-
-impl<T: LeaseStore + Transport + RemoteAdmin + InspectStore + RetentionStore + ScheduleStore> Store
-    for T
-{
-}
 
 /// The remote-step halves of a store.
 #[derive(Clone)]
@@ -152,7 +137,7 @@ impl Keiro {
 
     /// How many deliveries that no await has read [`deliver`](Self::deliver) lets a
     /// generation hold (and their bytes): past it a delivery is refused with
-    /// [`DeliveryRefusal::Backlog`](crate::DeliveryRefusal::Backlog), unless it answers a wait
+    /// [`DeliveryRefusal::Backlog`](crate::workflow::DeliveryRefusal::Backlog), unless it answers a wait
     /// the parked run waits on. Defaults to [`DeliveryBacklog::default`] (1,000 deliveries,
     /// 16 MiB).
     ///
@@ -160,9 +145,9 @@ impl Keiro {
     /// # #[cfg(feature = "memory")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory().with_delivery_backlog(keiro::DeliveryBacklog {
+    /// let keiro = keiro::Keiro::memory().with_delivery_backlog(keiro::workflow::DeliveryBacklog {
     ///     deliveries: 1,
-    ///     ..keiro::DeliveryBacklog::default()
+    ///     ..keiro::workflow::DeliveryBacklog::default()
     /// });
     /// keiro.start("order", "order-1", &7).await?;
     /// keiro.deliver(("order", "order-1"), "approval", &true).await?;
@@ -184,7 +169,7 @@ impl Keiro {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let keiro = keiro::Keiro::memory();
-    /// use keiro::JournalStore;
+    /// use keiro::store::JournalStore;
     /// let key = keiro::InstanceKey::parse("order", "order-1")?;
     /// assert!(keiro.store().instance_get(&key).await?.is_none());
     /// # Ok(()) }
@@ -271,13 +256,13 @@ impl Keiro {
             let request = keiro_journal::WorkflowId::new(id)
                 .map_err(Error::from)
                 .and_then(|id| {
-                    let input = keiro_journal::encode_payload(
-                        keiro_journal::INPUT_STEP,
+                    let input = keiro_journal::store::encode_payload(
+                        keiro_journal::store::INPUT_STEP,
                         input,
                         self.payload_len_max,
                     )
                     .map_err(Error::Payload)?;
-                    Ok(keiro_journal::StartRequest {
+                    Ok(keiro_journal::store::StartRequest {
                         key: InstanceKey::new(name.clone(), id),
                         input,
                         parent: None,
@@ -321,7 +306,7 @@ impl Keiro {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let keiro = keiro::Keiro::memory();
     /// keiro.start("order", "order-1", &7).await?;
-    /// assert_eq!(keiro.cancel(("order", "order-1")).await?, keiro::CancelOutcome::Recorded);
+    /// assert_eq!(keiro.cancel(("order", "order-1")).await?, keiro::operate::CancelOutcome::Recorded);
     /// let row = keiro.instance(("order", "order-1")).await?.expect("started");
     /// assert_eq!(row.status, keiro::Status::Cancelled);
     /// # Ok(()) }
@@ -346,7 +331,7 @@ impl Keiro {
     /// let keiro = keiro::Keiro::memory();
     /// keiro.start("order", "order-1", &7).await?;
     /// let outcome = keiro.cancel_cascade(("order", "order-1")).await?;
-    /// assert_eq!(outcome, keiro::CancelOutcome::Recorded);
+    /// assert_eq!(outcome, keiro::operate::CancelOutcome::Recorded);
     /// # Ok(()) }
     /// # #[cfg(not(feature = "memory"))] fn main() {}
     /// ```
@@ -370,7 +355,7 @@ impl Keiro {
     /// // The id a run got from `ctx.awakeable()` and handed out (in an approval link, say).
     /// let id = uuid::Uuid::new_v4();
     /// match keiro.complete_awakeable(id, &"approved").await? {
-    ///     keiro::AwakeableOutcome::NotFound => println!("no such awakeable"),
+    ///     keiro::workflow::AwakeableOutcome::NotFound => println!("no such awakeable"),
     ///     outcome => println!("{outcome:?}"),
     /// }
     /// # Ok(()) }
@@ -398,7 +383,7 @@ impl Keiro {
     /// let keiro = keiro::Keiro::memory();
     /// let id = uuid::Uuid::new_v4();
     /// let outcome = keiro.cancel_awakeable(id).await?;
-    /// assert_eq!(outcome, keiro::AwakeableOutcome::NotFound);
+    /// assert_eq!(outcome, keiro::workflow::AwakeableOutcome::NotFound);
     /// # Ok(()) }
     /// # #[cfg(not(feature = "memory"))] fn main() {}
     /// ```
@@ -423,7 +408,7 @@ impl Keiro {
     /// let keiro = keiro::Keiro::memory();
     /// // No run waits on the token yet: the signal is buffered for the first that will.
     /// let outcome = keiro.signal("order-42/paid", &7).await?;
-    /// assert_eq!(outcome, keiro::SignalSendOutcome::Buffered);
+    /// assert_eq!(outcome, keiro::workflow::SignalSendOutcome::Buffered);
     /// # Ok(()) }
     /// # #[cfg(not(feature = "memory"))] fn main() {}
     /// ```
@@ -477,7 +462,8 @@ impl Keiro {
         what: &str,
         payload: &T,
     ) -> Result<serde_json::Value, Error> {
-        keiro_journal::encode_payload(what, payload, self.payload_len_max).map_err(Error::Payload)
+        keiro_journal::store::encode_payload(what, payload, self.payload_len_max)
+            .map_err(Error::Payload)
     }
 
     /// Journals `value` for a run waiting in `ctx.await_step(step)`, and wakes it. A delivery
@@ -494,7 +480,7 @@ impl Keiro {
     /// let keiro = keiro::Keiro::memory();
     /// keiro.start("order", "order-1", &7).await?;
     /// let outcome = keiro.deliver(("order", "order-1"), "approval", &true).await?;
-    /// assert_eq!(outcome, keiro::AppendOutcome::Appended);
+    /// assert_eq!(outcome, keiro::store::AppendOutcome::Appended);
     /// # Ok(()) }
     /// # #[cfg(not(feature = "memory"))] fn main() {}
     /// ```
@@ -502,7 +488,7 @@ impl Keiro {
     /// # Errors
     ///
     /// [`Error::InvalidId`], [`Error::Payload`], [`Error::Store`];
-    /// [`Error::DeliveryRefused`] with [`DeliveryRefusal::Backlog`](crate::DeliveryRefusal::Backlog)
+    /// [`Error::DeliveryRefused`] with [`DeliveryRefusal::Backlog`](crate::workflow::DeliveryRefusal::Backlog)
     /// past the backlog.
     pub async fn deliver<T: Serialize + ?Sized>(
         &self,
@@ -614,51 +600,6 @@ impl Keiro {
         Ok(self.store.journal_history(&key).await?)
     }
 
-    /// Operator: returns a failed instance to running, keeping its failure history.
-    ///
-    /// ```
-    /// # #[cfg(feature = "memory")]
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
-    /// keiro.start("order", "order-1", &7).await?;
-    /// // Only a failed instance is resurrected.
-    /// let outcome = keiro.resurrect(("order", "order-1")).await?;
-    /// assert_eq!(outcome, keiro::ResurrectOutcome::NotFailed(keiro::Status::Running));
-    /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidId`], [`Error::Store`].
-    pub async fn resurrect(&self, key: impl IntoInstanceKey) -> Result<ResurrectOutcome, Error> {
-        let key = key.into_instance_key()?;
-        Ok(self.store.instance_resurrect(&key).await?)
-    }
-
-    /// Operator: drops the instance's lease; its holder stops at its next boundary.
-    ///
-    /// ```
-    /// # #[cfg(feature = "memory")]
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
-    /// keiro.start("order", "order-1", &7).await?;
-    /// let dropped = keiro.force_release(("order", "order-1")).await?;
-    /// assert!(!dropped, "no worker held it");
-    /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidId`], [`Error::Store`].
-    pub async fn force_release(&self, key: impl IntoInstanceKey) -> Result<bool, Error> {
-        let key = key.into_instance_key()?;
-        Ok(self.store.instance_lease_force_release(&key).await?)
-    }
-
     /// A builder for a worker on this store.
     ///
     /// ```
@@ -699,7 +640,7 @@ impl Keiro {
         self.notifier.as_ref()
     }
 
-    fn remote(&self) -> Result<&Remote, Error> {
+    pub(crate) fn remote(&self) -> Result<&Remote, Error> {
         self.remote.as_ref().ok_or(Error::Unsupported {
             what: "remote steps (the store was wrapped with `KeiroBuilder::lease_only`)",
         })
@@ -710,7 +651,7 @@ impl Keiro {
     ///
     /// ```no_run
     /// # async fn demo(keiro: keiro::Keiro) -> Result<(), Box<dyn std::error::Error>> {
-    /// use keiro::{TaskContext, TaskError};
+    /// use keiro::{remote::TaskContext, remote::TaskError};
     /// keiro
     ///     .remote_worker()?
     ///     .handle("print-label", |order: String, task: TaskContext| async move {
@@ -737,96 +678,5 @@ impl Keiro {
             Some(notifier) => builder.push(notifier.clone()),
             None => builder,
         })
-    }
-
-    /// Requeues a failed instance (the operator's retry): its failed remote steps are retried
-    /// from scratch, awaited child failures go back to waiting (failed children are requeued
-    /// too unless a success for them is already there), the error is cleared and the run is
-    /// runnable again. History is appended to, never rewritten.
-    ///
-    /// ```no_run
-    /// # async fn demo(keiro: keiro::Keiro) -> Result<(), Box<dyn std::error::Error>> {
-    /// match keiro.requeue(("order", "order-42")).await? {
-    ///     keiro::RequeueOutcome::NotFound => println!("no such instance"),
-    ///     outcome => println!("{outcome:?}"),
-    /// }
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Admin`] for an unknown instance or a store failure.
-    pub async fn requeue(&self, key: impl IntoInstanceKey) -> Result<RequeueOutcome, Error> {
-        let key = key.into_instance_key()?;
-        Ok(keiro_remote::requeue(self.remote()?.admin.as_ref(), &key).await?)
-    }
-
-    /// Re-dispatches every pending remote step of an instance and returns how many.
-    ///
-    /// ```no_run
-    /// # async fn demo(keiro: keiro::Keiro) -> Result<(), Box<dyn std::error::Error>> {
-    /// let count = keiro.redispatch_pending(("order", "order-42")).await?;
-    /// println!("{count} remote step(s) re-dispatched");
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Admin`] for an unknown instance or a store failure.
-    pub async fn redispatch_pending(&self, key: impl IntoInstanceKey) -> Result<u64, Error> {
-        let key = key.into_instance_key()?;
-        Ok(keiro_remote::redispatch_pending(self.remote()?.admin.as_ref(), &key).await?)
-    }
-
-    /// Fix-and-replay: starts `<id>~retry~<8 hex>` of the same workflow with `input` and a
-    /// clean history; its success is also delivered to a parent awaiting the origin. Returns
-    /// the new instance.
-    ///
-    /// ```no_run
-    /// # async fn demo(keiro: keiro::Keiro) -> Result<(), Box<dyn std::error::Error>> {
-    /// // order-42 failed on a bad SKU: run it again with the right one.
-    /// let retry = keiro.retry_with_input(("order", "order-42"), &8).await?;
-    /// println!("started {retry}");
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Admin`] for an unknown origin, a bad input or a store failure.
-    pub async fn retry_with_input<I: Serialize + ?Sized>(
-        &self,
-        key: impl IntoInstanceKey,
-        input: &I,
-    ) -> Result<InstanceKey, Error> {
-        let key = key.into_instance_key()?;
-        Ok(keiro_remote::retry_with_input(
-            self.remote()?.admin.as_ref(),
-            &key,
-            input,
-            self.payload_len_max,
-        )
-        .await?)
-    }
-
-    /// The remote tasks of an instance, oldest first.
-    ///
-    /// ```
-    /// # #[cfg(feature = "memory")]
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
-    /// keiro.start("order", "order-1", &7).await?;
-    /// let tasks = keiro.remote_tasks(("order", "order-1")).await?;
-    /// assert!(tasks.is_empty());
-    /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Store`].
-    pub async fn remote_tasks(&self, key: impl IntoInstanceKey) -> Result<Vec<RemoteTask>, Error> {
-        let key = key.into_instance_key()?;
-        Ok(self.remote()?.admin.remote_tasks(&key).await?)
     }
 }

@@ -7,9 +7,34 @@
 //!
 //! This crate is the facade: it re-exports the layers (`keiro-journal`, `keiro-lease`,
 //! `keiro-resume`, `keiro-remote`, the stores) and assembles them into [`Keiro`] (start, cancel,
-//! inspect, operate), [`Worker`] (the embeddable resume worker, which also runs workflows
-//! directly in its caller) and [`RemoteWorker`] (runs remote steps, typically in another
-//! process).
+//! signal, inspect, operate) and [`Worker`] (the embeddable resume worker, which also runs
+//! workflows directly in its caller).
+//!
+//! # Where to start
+//!
+//! Read [`Ctx`] first: a workflow is an `async fn(Ctx, Input) -> Result<Output, WorkflowError>`,
+//! and `Ctx`'s methods are its steps, sleeps, signals, awakeables and children. Then
+//! [`Keiro`], the handle you start and operate instances with, and [`WorkerBuilder`], where
+//! you register workflows and build the [`Worker`] that runs them. [`WorkflowDef`] and
+//! [`Handle`] give a workflow a typed input and output; [`StepOptions`] retries a step;
+//! [`WorkflowError`] is what a body returns (its control-flow variants are re-raised, see
+//! [`WorkflowError::is_control_flow`]), [`Error`] what the facade's calls return.
+//!
+//! The crate root holds only what a workflow's author writes every day. Everything else is in
+//! a module named for who it is for:
+//!
+//! - [`workflow`]: for workflow authors, beyond the root: the `Workflow` trait, run options and
+//!   outcomes, the journal budget, deliveries, awakeables, identities.
+//! - [`worker`]: for tuning and driving workers: `ResumeOptions` (every option the builder
+//!   does not set), wake sources, the log hook, `resume_once` and `drain`.
+//! - [`remote`]: remote steps and the [`RemoteWorker`](remote::RemoteWorker) that runs them,
+//!   typically in another process.
+//! - [`schedule`]: cron and interval schedules that start workflows.
+//! - [`operate`]: for operators: list, count, what an instance waits on, retention, and the
+//!   tools that repair a run (requeue, resurrect, retry with a new input).
+//! - [`store`]: for people writing a store, or reading its records: the traits, the records
+//!   (instances, journal entries, events) and the requests and outcomes of its operations.
+//! - `postgres` and `memory`: the stores; `testing`: a test kit (see Features).
 //!
 //! ```no_run
 //! use keiro::{Ctx, Keiro, WorkflowError};
@@ -69,61 +94,30 @@ mod builder;
 mod direct;
 mod engine;
 mod error;
-mod operate;
+pub mod operate;
+pub mod remote;
 mod result;
-mod schedule;
+pub mod schedule;
 #[cfg(feature = "postgres")]
 mod start_in;
+pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod typed;
-mod worker;
+pub mod worker;
+pub mod workflow;
 
 pub use builder::KeiroBuilder;
 pub use direct::DirectError;
-pub use engine::{Keiro, Store};
+pub use engine::Keiro;
 pub use error::Error;
-pub use result::{
-    ResultError, ResultOptions, RESULT_POLL_INTERVAL_DEFAULT, RESULT_POLL_INTERVAL_MIN,
-};
-pub use schedule::{ScheduleBuilder, Schedules};
-pub use typed::{Handle, WorkflowDef};
-pub use worker::{Worker, WorkerBuilder};
-
 pub use keiro_journal::{
-    error_chain, panic_message, Backoff, BoxFuture, Deliveries, DeliveryBacklog, DeliveryRefusal,
-    JournalBudget, RemoteHandlerDef, RemoteOptions, RemoteStepError, StepOptions,
-};
-pub use keiro_journal::{
-    store, workflow_fn, Append, AppendOutcome, Awakeable, AwakeableOutcome, CancelOutcome, Ctx,
-    Driven, Envelope, Event, Fence, Generation, IdError, Instance, InstanceKey, IntoInstanceKey,
-    JournalEntry, JournalStore, Marker, RunError, RunOptions, RunOutcome, RunStats, SignalOptions,
-    SignalSendOutcome, Started, Status, StepKind, StoreError, TimerFiring, Workflow, WorkflowError,
-    WorkflowId, WorkflowName, SIGNAL_TTL_DEFAULT,
-};
-pub use keiro_journal::{
-    AwakeableInfo, AwakeableStatus, Counts, Cursor, FilterError, GcBatch, GcRequest, GroupCount,
-    InspectStore, InstanceSummary, ListFilter, ListOrder, ListRequest, Page, RetentionStore,
-    SignalWaitInfo, StatusCount, TimeRange, TimerInfo, TimerKind, TimerState, Waits,
-    GC_BATCH_DEFAULT, GC_BATCH_MAX, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, WAITS_LIMIT_DEFAULT,
-};
-pub use keiro_lease::{
-    ClaimOutcome, CrashOutcome, LeaseStore, ResurrectOutcome, StartClaim, CRASH_BACKOFF_DEFAULT,
-};
-pub use keiro_remote::{
-    AdminError, RemoteTask, RemoteWorker, RemoteWorkerBuilder, RemoteWorkerOptions, ReportOutcome,
-    RequeueOutcome, TaskContext, TaskError, TaskHandler, TaskStatus, WorkerStats,
-};
-pub use keiro_resume::{
-    drain, resume_once, resume_once_up_to, ClosedWait, ClosedWaiters, FixedPoll, LogHook, Notifier,
-    Registry, RegistryError, ResumeLogEvent, ResumeOptions, ResumeSummary, RetentionOptions,
-    TimerOptions, TimerSummary, WakeFilter, WakeReason, WakeSource,
-};
-pub use keiro_resume::{
-    Cadence, CatchUp, Overlap, Schedule, ScheduleError, ScheduleSpec, ScheduleStore,
-    SchedulerOptions, SchedulerSummary,
+    Backoff, Ctx, InstanceKey, SignalOptions, Status, StepOptions, WorkflowError,
 };
 pub use keiro_telemetry::{Metrics, Tracing};
+pub use result::{ResultError, ResultOptions};
+pub use typed::{Handle, WorkflowDef};
+pub use worker::{Worker, WorkerBuilder};
 
 /// The Postgres store.
 #[cfg(feature = "postgres")]

@@ -1,15 +1,26 @@
-//! The operators' facade calls: list and count instances, read what one instance waits on,
-//! and retention. The CLI and the dashboard use these same calls.
+//! For operators: list and count instances, read what one instance waits on, retention, and
+//! the tools that repair a run (resurrect, requeue, re-dispatch, retry with a new input). The
+//! calls are methods of [`Keiro`]; this module holds their requests and answers. The CLI and
+//! the dashboard use these same calls.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use keiro_journal::{
-    Counts, FilterError, GcBatch, GcRequest, InspectStore, IntoInstanceKey, ListRequest, Page,
-    RetentionStore, Waits, LIST_LIMIT_MAX,
-};
+use keiro_journal::{InspectStore, IntoInstanceKey, RetentionStore};
+use keiro_remote::RemoteTask;
+use serde::Serialize;
 
-use crate::{Error, Keiro, Store};
+use crate::store::Store;
+use crate::{Error, InstanceKey, Keiro};
+
+pub use keiro_journal::{
+    AwakeableInfo, AwakeableStatus, CancelOutcome, Counts, Cursor, FilterError, GcBatch, GcRequest,
+    GroupCount, InstanceSummary, ListFilter, ListOrder, ListRequest, Page, SignalWaitInfo,
+    StatusCount, TimeRange, TimerInfo, TimerKind, TimerState, Waits, GC_BATCH_DEFAULT,
+    GC_BATCH_MAX, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, WAITS_LIMIT_DEFAULT,
+};
+pub use keiro_lease::ResurrectOutcome;
+pub use keiro_remote::{AdminError, RequeueOutcome};
 
 /// The operator halves of a store.
 #[derive(Clone)]
@@ -46,7 +57,7 @@ impl Keiro {
     /// # #[cfg(feature = "memory")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), keiro::Error> {
-    /// use keiro::{ListRequest, Status};
+    /// use keiro::{operate::ListRequest, Status};
     /// let keiro = keiro::Keiro::memory();
     /// keiro.start("order", "order-1", &1).await?;
     /// let mut request = ListRequest::from_pairs([("status", "running"), ("limit", "10")])?;
@@ -107,7 +118,7 @@ impl Keiro {
     /// # async fn main() -> Result<(), keiro::Error> {
     /// let keiro = keiro::Keiro::memory();
     /// keiro.start("order", "order-1", &1).await?;
-    /// let waits = keiro.waits(("order", "order-1"), keiro::WAITS_LIMIT_DEFAULT).await?;
+    /// let waits = keiro.waits(("order", "order-1"), keiro::operate::WAITS_LIMIT_DEFAULT).await?;
     /// assert!(waits.timers.is_empty() && !waits.truncated);
     /// # Ok(()) }
     /// # #[cfg(not(feature = "memory"))] fn main() {}
@@ -141,7 +152,7 @@ impl Keiro {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let keiro = keiro::Keiro::memory();
     /// use std::time::Duration;
-    /// let request = keiro::GcRequest::new(Duration::from_secs(30 * 86_400));
+    /// let request = keiro::operate::GcRequest::new(Duration::from_secs(30 * 86_400));
     /// let batch = keiro.gc_batch(&request).await?;
     /// assert_eq!(batch.instances, 0);
     /// # Ok(()) }
@@ -164,7 +175,7 @@ impl Keiro {
     /// # async fn main() -> Result<(), keiro::Error> {
     /// use std::time::Duration;
     /// let keiro = keiro::Keiro::memory();
-    /// let request = keiro::GcRequest::new(Duration::from_secs(30 * 86_400));
+    /// let request = keiro::operate::GcRequest::new(Duration::from_secs(30 * 86_400));
     /// let deleted = keiro.gc(&request, Duration::ZERO).await?;
     /// assert_eq!(deleted.instances, 0);
     /// # Ok(()) }
@@ -187,7 +198,7 @@ impl Keiro {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let keiro = keiro::Keiro::memory();
     /// use std::time::Duration;
-    /// let request = keiro::GcRequest::new(Duration::from_secs(30 * 86_400));
+    /// let request = keiro::operate::GcRequest::new(Duration::from_secs(30 * 86_400));
     /// assert_eq!(keiro.gc_eligible(&request).await?, 0);
     /// # Ok(()) }
     /// # #[cfg(not(feature = "memory"))] fn main() {}
@@ -202,5 +213,141 @@ impl Keiro {
             .retention
             .instances_gc_eligible(request)
             .await?)
+    }
+
+    /// Operator: returns a failed instance to running, keeping its failure history.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// keiro.start("order", "order-1", &7).await?;
+    /// // Only a failed instance is resurrected.
+    /// let outcome = keiro.resurrect(("order", "order-1")).await?;
+    /// assert_eq!(outcome, keiro::operate::ResurrectOutcome::NotFailed(keiro::Status::Running));
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidId`], [`Error::Store`].
+    pub async fn resurrect(&self, key: impl IntoInstanceKey) -> Result<ResurrectOutcome, Error> {
+        let key = key.into_instance_key()?;
+        Ok(self.store.instance_resurrect(&key).await?)
+    }
+
+    /// Operator: drops the instance's lease; its holder stops at its next boundary.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// keiro.start("order", "order-1", &7).await?;
+    /// let dropped = keiro.force_release(("order", "order-1")).await?;
+    /// assert!(!dropped, "no worker held it");
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidId`], [`Error::Store`].
+    pub async fn force_release(&self, key: impl IntoInstanceKey) -> Result<bool, Error> {
+        let key = key.into_instance_key()?;
+        Ok(self.store.instance_lease_force_release(&key).await?)
+    }
+
+    /// Requeues a failed instance (the operator's retry): its failed remote steps are retried
+    /// from scratch, awaited child failures go back to waiting (failed children are requeued
+    /// too unless a success for them is already there), the error is cleared and the run is
+    /// runnable again. History is appended to, never rewritten.
+    ///
+    /// ```no_run
+    /// # async fn demo(keiro: keiro::Keiro) -> Result<(), Box<dyn std::error::Error>> {
+    /// match keiro.requeue(("order", "order-42")).await? {
+    ///     keiro::operate::RequeueOutcome::NotFound => println!("no such instance"),
+    ///     outcome => println!("{outcome:?}"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Admin`] for an unknown instance or a store failure.
+    pub async fn requeue(&self, key: impl IntoInstanceKey) -> Result<RequeueOutcome, Error> {
+        let key = key.into_instance_key()?;
+        Ok(keiro_remote::requeue(self.remote()?.admin.as_ref(), &key).await?)
+    }
+
+    /// Re-dispatches every pending remote step of an instance and returns how many.
+    ///
+    /// ```no_run
+    /// # async fn demo(keiro: keiro::Keiro) -> Result<(), Box<dyn std::error::Error>> {
+    /// let count = keiro.redispatch_pending(("order", "order-42")).await?;
+    /// println!("{count} remote step(s) re-dispatched");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Admin`] for an unknown instance or a store failure.
+    pub async fn redispatch_pending(&self, key: impl IntoInstanceKey) -> Result<u64, Error> {
+        let key = key.into_instance_key()?;
+        Ok(keiro_remote::redispatch_pending(self.remote()?.admin.as_ref(), &key).await?)
+    }
+
+    /// Fix-and-replay: starts `<id>~retry~<8 hex>` of the same workflow with `input` and a
+    /// clean history; its success is also delivered to a parent awaiting the origin. Returns
+    /// the new instance.
+    ///
+    /// ```no_run
+    /// # async fn demo(keiro: keiro::Keiro) -> Result<(), Box<dyn std::error::Error>> {
+    /// // order-42 failed on a bad SKU: run it again with the right one.
+    /// let retry = keiro.retry_with_input(("order", "order-42"), &8).await?;
+    /// println!("started {retry}");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Admin`] for an unknown origin, a bad input or a store failure.
+    pub async fn retry_with_input<I: Serialize + ?Sized>(
+        &self,
+        key: impl IntoInstanceKey,
+        input: &I,
+    ) -> Result<InstanceKey, Error> {
+        let key = key.into_instance_key()?;
+        Ok(keiro_remote::retry_with_input(
+            self.remote()?.admin.as_ref(),
+            &key,
+            input,
+            self.payload_len_max,
+        )
+        .await?)
+    }
+
+    /// The remote tasks of an instance, oldest first.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::memory();
+    /// keiro.start("order", "order-1", &7).await?;
+    /// let tasks = keiro.remote_tasks(("order", "order-1")).await?;
+    /// assert!(tasks.is_empty());
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Store`].
+    pub async fn remote_tasks(&self, key: impl IntoInstanceKey) -> Result<Vec<RemoteTask>, Error> {
+        let key = key.into_instance_key()?;
+        Ok(self.remote()?.admin.remote_tasks(&key).await?)
     }
 }

@@ -242,7 +242,7 @@ pub(crate) async fn await_result<T: DeserializeOwned>(
             return outcome;
         }
         // Stretched, never shortened: no waiter reads more often than once per `poll`.
-        let mut wait = keiro_journal::stretched(poll);
+        let mut wait = keiro_journal::store::stretched(poll);
         if let Some((deadline, timeout)) = deadline {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             if left.is_zero() {

@@ -14,16 +14,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use keiro_journal::{encode_payload, Started, WorkflowName};
-use keiro_resume::{
-    Cadence, CatchUp, Overlap, Schedule, ScheduleSpec, ScheduleStore, SchedulerOptions,
-    SchedulerSummary, TIME_ZONE_DEFAULT,
-};
+use keiro_journal::{store::encode_payload, Started, WorkflowName};
+use keiro_resume::{ScheduleStore, TIME_ZONE_DEFAULT};
 use serde::Serialize;
 use serde_json::Value;
 use time::OffsetDateTime;
 
 use crate::{Error, Keiro, Worker, WorkerBuilder};
+
+pub use keiro_resume::{
+    Cadence, CatchUp, Overlap, Schedule, ScheduleError, ScheduleSpec, SchedulerOptions,
+    SchedulerSummary,
+};
 
 /// A worker's schedule store and scheduler options.
 #[derive(Clone)]
@@ -139,7 +141,7 @@ impl Keiro {
     ///
     /// ```no_run
     /// # async fn demo(keiro: keiro::Keiro) -> Result<(), keiro::Error> {
-    /// use keiro::{CatchUp, Overlap};
+    /// use keiro::{schedule::CatchUp, schedule::Overlap};
     /// keiro.schedule("nightly-report", "report")
     ///     .cron("30 2 * * *")
     ///     .time_zone("Europe/Berlin")
@@ -296,7 +298,7 @@ impl ScheduleBuilder {
     /// let keiro = keiro::Keiro::memory();
     /// let spec = keiro.schedule("sync", "pull")
     ///     .every(std::time::Duration::from_secs(60))
-    ///     .overlap(keiro::Overlap::Skip)
+    ///     .overlap(keiro::schedule::Overlap::Skip)
     ///     .spec()?;
     /// # let _ = spec;
     /// # Ok(()) }
@@ -315,7 +317,7 @@ impl ScheduleBuilder {
     /// let keiro = keiro::Keiro::memory();
     /// let spec = keiro.schedule("nightly", "report")
     ///     .cron("0 6 * * *")
-    ///     .catch_up(keiro::CatchUp::Last)
+    ///     .catch_up(keiro::schedule::CatchUp::Last)
     ///     .spec()?;
     /// # let _ = spec;
     /// # Ok(()) }

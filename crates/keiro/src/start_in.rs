@@ -15,9 +15,9 @@
 //! before anything is written (see `keiro::postgres::InTransaction`).
 
 use keiro_journal::{
-    cancel_outcome, encode_payload, AppendOutcome, AwakeableOutcome, CancelOutcome,
-    DeliveryOutcome, Generation, InstanceKey, IntoInstanceKey, SignalOptions, SignalSendOutcome,
-    StartRequest, Started, StoreError, INPUT_STEP,
+    store::cancel_outcome, store::encode_payload, store::DeliveryOutcome, store::StartRequest,
+    store::INPUT_STEP, AppendOutcome, AwakeableOutcome, CancelOutcome, Generation, InstanceKey,
+    IntoInstanceKey, SignalOptions, SignalSendOutcome, Started, StoreError,
 };
 use keiro_postgres::tokio_postgres::GenericClient;
 use keiro_postgres::{InTransaction, PgStore};
@@ -162,8 +162,13 @@ impl Keiro {
         T: Serialize + ?Sized,
     {
         let key = key.into_instance_key()?;
-        let append =
-            keiro_journal::delivery_append(&key, generation, step, value, self.payload_len_max())?;
+        let append = keiro_journal::store::delivery_append(
+            &key,
+            generation,
+            step,
+            value,
+            self.payload_len_max(),
+        )?;
         let tx = self.in_transaction(client)?;
         let backlog = self.delivery_backlog();
         match tx.delivery_append(&append, backlog).await? {
@@ -174,11 +179,11 @@ impl Keiro {
                     .await?
                     .ok_or(StoreError::NotFound { key })?
                     .generation;
-                Err(keiro_journal::delivery_refused(step, generation, current).into())
+                Err(keiro_journal::store::delivery_refused(step, generation, current).into())
             }
             DeliveryOutcome::Append(outcome) => Ok(outcome),
             DeliveryOutcome::Backlog(unread) => {
-                Err(keiro_journal::delivery_backlogged(step, unread, *backlog).into())
+                Err(keiro_journal::store::delivery_backlogged(step, unread, *backlog).into())
             }
         }
     }
@@ -238,7 +243,7 @@ impl Keiro {
         C: GenericClient + Sync + ?Sized,
         T: Serialize + ?Sized,
     {
-        keiro_journal::validate_signal_token(token)?;
+        keiro_journal::store::validate_signal_token(token)?;
         let payload =
             encode_payload(token, payload, self.payload_len_max()).map_err(Error::Payload)?;
         Ok(self

@@ -7,8 +7,8 @@
 //! The stringly API ([`Keiro::start`], [`WorkerBuilder::register`](crate::WorkerBuilder::register))
 //! stays for dynamic callers; a typed definition is registered under its [`WorkflowDef::NAME`],
 //! so both address the same instances. Remote handlers get the same kind of contract,
-//! [`RemoteHandlerDef`](crate::RemoteHandlerDef): `ctx.remote_typed::<H>(step, ..)` on the
-//! workflow side, [`RemoteWorkerBuilder::handle_typed`](crate::RemoteWorkerBuilder::handle_typed)
+//! [`RemoteHandlerDef`](crate::remote::RemoteHandlerDef): `ctx.remote_typed::<H>(step, ..)` on the
+//! workflow side, [`RemoteWorkerBuilder::handle_typed`](crate::remote::RemoteWorkerBuilder::handle_typed)
 //! on the worker side.
 //!
 //! ```no_run
@@ -360,7 +360,7 @@ impl<W: WorkflowDef> Handle<W> {
     /// # }
     /// # let worker = keiro.worker().register_workflow::<Double>().build()?;
     /// let handle = keiro.start_workflow::<Double>("double-1", &21).await?;
-    /// assert_eq!(handle.cancel().await?, keiro::CancelOutcome::Recorded);
+    /// assert_eq!(handle.cancel().await?, keiro::operate::CancelOutcome::Recorded);
     /// assert!(handle.result().await.unwrap_err().is_final());
     /// # Ok(()) }
     /// # #[cfg(not(feature = "memory"))] fn main() {}
@@ -394,7 +394,7 @@ impl<W: WorkflowDef> Handle<W> {
     /// # }
     /// # let worker = keiro.worker().register_workflow::<Double>().build()?;
     /// let handle = keiro.start_workflow::<Double>("double-1", &21).await?;
-    /// assert_eq!(handle.cancel_cascade().await?, keiro::CancelOutcome::Recorded);
+    /// assert_eq!(handle.cancel_cascade().await?, keiro::operate::CancelOutcome::Recorded);
     /// # Ok(()) }
     /// # #[cfg(not(feature = "memory"))] fn main() {}
     /// ```
@@ -428,7 +428,7 @@ impl<W: WorkflowDef> Handle<W> {
     /// # }
     /// # let worker = keiro.worker().register_workflow::<Double>().build()?;
     /// let handle = keiro.start_workflow::<Double>("double-1", &21).await?;
-    /// assert_eq!(handle.deliver("factor", &2).await?, keiro::AppendOutcome::Appended);
+    /// assert_eq!(handle.deliver("factor", &2).await?, keiro::store::AppendOutcome::Appended);
     /// # Ok(()) }
     /// # #[cfg(not(feature = "memory"))] fn main() {}
     /// ```
@@ -469,7 +469,7 @@ impl<W: WorkflowDef> Handle<W> {
     /// # let worker = keiro.worker().register_workflow::<Double>().build()?;
     /// let handle = keiro.start_workflow::<Double>("double-1", &21).await?;
     /// let outcome = handle.signal("double-1/nudge", &()).await?;
-    /// assert_eq!(outcome, keiro::SignalSendOutcome::Buffered);
+    /// assert_eq!(outcome, keiro::workflow::SignalSendOutcome::Buffered);
     /// # Ok(()) }
     /// # #[cfg(not(feature = "memory"))] fn main() {}
     /// ```

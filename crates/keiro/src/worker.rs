@@ -1,4 +1,6 @@
-//! `Worker`: the embeddable resume worker, built in a few lines.
+//! `Worker`: the embeddable resume worker, built in a few lines, and what tunes or drives one
+//! by hand: [`ResumeOptions`] (every option the builder does not set), the wake sources, the
+//! log hook, and the one-pass functions ([`resume_once`], [`drain`]) the worker loops over.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -7,14 +9,16 @@ use std::time::Duration;
 use keiro_journal::Backoff;
 use keiro_journal::{Ctx, RetentionStore, StoreError, WorkflowError};
 use keiro_lease::LeaseStore;
-use keiro_resume::{
-    FixedPoll, LogHook, Notifier, Registry, RegistryError, ResumeOptions, ResumeSummary,
-    TimerOptions, WakeFilter, WakeSource,
-};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::Error;
+
+pub use keiro_resume::{
+    drain, resume_once, resume_once_up_to, ClosedWait, ClosedWaiters, FixedPoll, LogHook, Notifier,
+    Registry, RegistryError, ResumeLogEvent, ResumeOptions, ResumeSummary, RetentionOptions,
+    TimerOptions, TimerSummary, WakeFilter, WakeReason, WakeSource,
+};
 
 /// Builds a [`Worker`]: register workflows, adjust options, then [`build`](Self::build).
 ///
@@ -48,7 +52,7 @@ impl WorkerBuilder {
     /// # #[cfg(feature = "memory")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::sync::Arc;
-    /// let store: Arc<dyn keiro::LeaseStore> = Arc::new(keiro::memory::MemoryStore::new());
+    /// let store: Arc<dyn keiro::store::LeaseStore> = Arc::new(keiro::memory::MemoryStore::new());
     /// let worker = keiro::WorkerBuilder::new(store).build()?;
     /// # let _ = worker;
     /// # Ok(()) }
@@ -122,18 +126,18 @@ impl WorkerBuilder {
     }
 
     /// How long one generation's journal may grow before fresh steps fail with
-    /// `WorkflowError::JournalFull`. Defaults to [`JournalBudget::default`](crate::JournalBudget).
+    /// `WorkflowError::JournalFull`. Defaults to [`JournalBudget::default`](crate::workflow::JournalBudget).
     ///
     /// ```
     /// # #[cfg(feature = "memory")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let budget = keiro::JournalBudget::default();
+    /// let budget = keiro::workflow::JournalBudget::default();
     /// let worker = keiro::Keiro::memory().worker().journal_budget(budget).build()?;
     /// # let _ = worker;
     /// # Ok(()) }
     /// # #[cfg(not(feature = "memory"))] fn main() {}
     /// ```
-    pub fn journal_budget(mut self, budget: crate::JournalBudget) -> Self {
+    pub fn journal_budget(mut self, budget: crate::workflow::JournalBudget) -> Self {
         self.options.journal_budget = budget;
         self
     }
@@ -186,7 +190,7 @@ impl WorkerBuilder {
     /// #     Ok(format!("hello {name}"))
     /// # }
     /// let worker = keiro::Keiro::memory().worker().register("hello", hello).build()?;
-    /// assert!(worker.registry().get(&keiro::WorkflowName::new("hello")?).is_some());
+    /// assert!(worker.registry().get(&keiro::workflow::WorkflowName::new("hello")?).is_some());
     /// # Ok(()) }
     /// # #[cfg(not(feature = "memory"))] fn main() {}
     /// ```
@@ -268,7 +272,7 @@ impl WorkerBuilder {
     /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
     /// #     Ok(format!("hello {name}"))
     /// # }
-    /// let mut registry = keiro::Registry::new();
+    /// let mut registry = keiro::worker::Registry::new();
     /// registry.register("hello", hello)?;
     /// let worker = keiro::Keiro::memory().worker().registry(registry).build()?;
     /// # let _ = worker;
@@ -285,7 +289,7 @@ impl WorkerBuilder {
     /// ```
     /// # #[cfg(feature = "memory")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let options = keiro::ResumeOptions { max_attempts: 3, ..keiro::ResumeOptions::default() };
+    /// let options = keiro::worker::ResumeOptions { max_attempts: 3, ..keiro::worker::ResumeOptions::default() };
     /// let worker = keiro::Keiro::memory().worker().options(options).build()?;
     /// assert_eq!(worker.options().max_attempts, 3);
     /// # Ok(()) }
@@ -366,7 +370,7 @@ impl WorkerBuilder {
     /// ```
     /// # #[cfg(feature = "memory")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let backoff = keiro::CRASH_BACKOFF_DEFAULT;
+    /// let backoff = keiro::store::CRASH_BACKOFF_DEFAULT;
     /// let worker = keiro::Keiro::memory().worker().backoff(backoff).build()?;
     /// # let _ = worker;
     /// # Ok(()) }
@@ -413,7 +417,7 @@ impl WorkerBuilder {
     /// # #[cfg(feature = "memory")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::sync::Arc;
-    /// let hook: keiro::LogHook = Arc::new(|event: &keiro::ResumeLogEvent| eprintln!("{event:?}"));
+    /// let hook: keiro::worker::LogHook = Arc::new(|event: &keiro::worker::ResumeLogEvent| eprintln!("{event:?}"));
     /// let worker = keiro::Keiro::memory().worker().log(hook).build()?;
     /// # let _ = worker;
     /// # Ok(()) }
@@ -557,7 +561,7 @@ impl Worker {
     /// #     Ok(format!("hello {name}"))
     /// # }
     /// let worker = keiro::Keiro::memory().worker().register("hello", hello).build()?;
-    /// assert!(worker.registry().get(&keiro::WorkflowName::new("hello")?).is_some());
+    /// assert!(worker.registry().get(&keiro::workflow::WorkflowName::new("hello")?).is_some());
     /// # Ok(()) }
     /// # #[cfg(not(feature = "memory"))] fn main() {}
     /// ```
@@ -750,7 +754,7 @@ impl Worker {
     /// # }
     /// let worker = keiro.worker().register("hello", hello).build()?;
     /// // A fixed poll instead of the store's push.
-    /// worker.run_with(keiro::FixedPoll, async {}).await;
+    /// worker.run_with(keiro::worker::FixedPoll, async {}).await;
     /// # Ok(()) }
     /// # #[cfg(not(feature = "memory"))] fn main() {}
     /// ```

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use keiro_journal::store::Result;
-use keiro_journal::{Fence, InstanceKey, JournalStore, StartRequest, Status, WorkflowName};
+use keiro_journal::{store::StartRequest, Fence, InstanceKey, JournalStore, Status, WorkflowName};
 use time::OffsetDateTime;
 
 use crate::{classify_refusal, Claim, ClaimGate, ClaimOutcome, Crash, CrashOutcome};

@@ -3,7 +3,9 @@
 use std::time::Duration;
 
 use keiro_journal::store::{Append, AppendOutcome, Result};
-use keiro_journal::{Event, Fence, Generation, InstanceKey, JournalStore, StartRequest, StepKind};
+use keiro_journal::{
+    store::StartRequest, Event, Fence, Generation, InstanceKey, JournalStore, StepKind,
+};
 use keiro_lease::{ClaimOutcome, LeaseStore};
 use serde_json::Value;
 use time::macros::datetime;

@@ -3,7 +3,7 @@
 //! are read from the wake-source tables, through `Sources::waits`.
 
 use keiro_journal::store::Result;
-use keiro_journal::{store_span, traced};
+use keiro_journal::{span::traced, store_span};
 use keiro_journal::{
     Counts, GroupCount, InspectStore, InstanceKey, InstanceSummary, ListOrder, ListRequest, Page,
     StatusCount, Waits,

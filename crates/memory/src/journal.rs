@@ -15,11 +15,11 @@
 
 use std::time::Duration;
 
-use keiro_journal::encoded_len;
+use keiro_journal::store::encoded_len;
 use keiro_journal::store::{Append, AppendOutcome, DeliveryOutcome, Park, ParkOutcome, Result};
 use keiro_journal::{
-    Deliveries, DeliveryBacklog, Event, Fence, Generation, Instance, InstanceKey, JournalEntry,
-    Marker, StartRequest, Started, Status, StepKind, StoreError,
+    store::StartRequest, Deliveries, DeliveryBacklog, Event, Fence, Generation, Instance,
+    InstanceKey, JournalEntry, Marker, Started, Status, StepKind, StoreError,
 };
 use serde_json::Value;
 
@@ -465,7 +465,7 @@ fn recorded_value(row: &Instance, closing: Marker) -> Value {
 
 #[cfg(test)]
 mod tests {
-    use keiro_journal::marker_name;
+    use keiro_journal::store::marker_name;
     use keiro_journal::{JournalStore, StepKind, StoreError};
     use keiro_lease::{ClaimOutcome, LeaseStore};
     use serde_json::json;

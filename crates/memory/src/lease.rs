@@ -12,8 +12,10 @@ use std::cmp::Reverse;
 use std::time::Duration;
 
 use keiro_journal::store::Result;
-use keiro_journal::{marker_name, Event, Fence, InstanceKey, StartRequest, Status, WorkflowName};
-use keiro_journal::{store_span, traced};
+use keiro_journal::{span::traced, store_span};
+use keiro_journal::{
+    store::marker_name, store::StartRequest, Event, Fence, InstanceKey, Status, WorkflowName,
+};
 use keiro_lease::{
     classify_refusal, Claim, ClaimGate, ClaimOutcome, Crash, CrashOutcome, LeaseStore,
     ResurrectOutcome, StartClaim,
@@ -447,7 +449,7 @@ impl LeaseStore for MemoryStore {
 
 #[cfg(test)]
 mod tests {
-    use keiro_journal::{JournalStore, Marker, Park, StartRequest};
+    use keiro_journal::{store::Park, store::StartRequest, JournalStore, Marker};
     use serde_json::json;
     use time::Duration as Span;
 

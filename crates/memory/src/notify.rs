@@ -16,7 +16,7 @@ use crate::MemoryStore;
 /// Postgres wake channel.
 ///
 /// ```
-/// use keiro_journal::{InstanceKey, JournalStore, StartRequest};
+/// use keiro_journal::{InstanceKey, JournalStore, store::StartRequest};
 /// use keiro_memory::{MemoryStore, Notification};
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -62,7 +62,7 @@ impl WakeMessage for Notification {
 ///
 /// ```
 /// use std::time::Duration;
-/// use keiro_journal::{InstanceKey, JournalStore, StartRequest};
+/// use keiro_journal::{InstanceKey, JournalStore, store::StartRequest};
 /// use keiro_memory::MemoryStore;
 /// use keiro_resume::{Notifier, WakeFilter, WakeReason};
 /// # #[tokio::main(flavor = "current_thread")]
@@ -89,7 +89,7 @@ impl Notifier for MemoryStore {
 
 #[cfg(test)]
 mod tests {
-    use keiro_journal::{JournalStore, TimerArm, TimerKind};
+    use keiro_journal::{store::TimerArm, JournalStore, TimerKind};
     use std::time::Duration;
     use time::Duration as Span;
 
@@ -104,7 +104,7 @@ mod tests {
             key: key.clone(),
             generation: 0,
             step: step.to_owned(),
-            due: keiro_journal::TimerDue::At(T0 + Span::minutes(5)),
+            due: keiro_journal::store::TimerDue::At(T0 + Span::minutes(5)),
             kind: TimerKind::Sleep,
         }
     }

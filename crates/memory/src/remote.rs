@@ -21,9 +21,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use keiro_journal::store::{Append, AppendOutcome, Result};
-use keiro_journal::{store_span, traced};
+use keiro_journal::{span::traced, store_span};
 use keiro_journal::{
-    Backoff, Envelope, Event, Generation, InstanceKey, RemoteArm, RemoteArmOutcome,
+    store::RemoteArm, store::RemoteArmOutcome, Backoff, Envelope, Event, Generation, InstanceKey,
     RemoteStepError, StepKind, StoreError,
 };
 use keiro_remote::{
@@ -734,8 +734,8 @@ impl Tasks {
 #[cfg(test)]
 mod tests {
     use keiro_journal::{
-        child_result_step, marker_name, remote_step_id, ChildSpawn, Fence, JournalStore, Park,
-        Status, REDISPATCH_MAX_DEFAULT,
+        store::child_result_step, store::marker_name, store::remote_step_id, store::ChildSpawn,
+        store::Park, Fence, JournalStore, Status, REDISPATCH_MAX_DEFAULT,
     };
     use keiro_lease::LeaseStore;
     use keiro_resume::{Notifier, WakeFilter, WakeReason};
@@ -2097,7 +2097,7 @@ mod tests {
         );
 
         // Priority and parent (none here) come from the origin.
-        let lone = keiro_journal::StartRequest {
+        let lone = keiro_journal::store::StartRequest {
             key: InstanceKey::parse("wf", "lone").unwrap(),
             input: json!(null),
             parent: None,

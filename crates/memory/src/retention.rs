@@ -2,7 +2,7 @@
 //! in one critical section (which is also why no second collector can ever be running).
 
 use keiro_journal::store::Result;
-use keiro_journal::{store_span, traced};
+use keiro_journal::{span::traced, store_span};
 use keiro_journal::{GcBatch, GcRequest, Instance, InstanceKey, RetentionStore};
 use time::OffsetDateTime;
 

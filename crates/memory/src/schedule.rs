@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use keiro_journal::store::{Error, Result};
-use keiro_journal::{store_span, traced};
-use keiro_journal::{Fence, InstanceKey, StartRequest, Started};
+use keiro_journal::{span::traced, store_span};
+use keiro_journal::{store::StartRequest, Fence, InstanceKey, Started};
 use keiro_resume::DueSchedule;
 use keiro_resume::{
     trigger_instance_id, FireOutcome, Schedule, ScheduleFire, ScheduleSpec, ScheduleStore,

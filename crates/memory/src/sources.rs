@@ -21,9 +21,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use keiro_journal::store::{Append, AppendOutcome, Result};
 use keiro_journal::{
-    awakeable_step, AwakeableInfo, AwakeableOutcome, AwakeableStatus, ChildSpawn, Envelope, Event,
-    FiredTimer, Generation, Instance, InstanceKey, SignalWaitInfo, Status, StepKind, StoreError,
-    TimerArm, TimerDue, TimerFiring, TimerInfo, TimerKind, TimerState, Waits,
+    store::awakeable_step, store::ChildSpawn, store::FiredTimer, store::TimerArm, store::TimerDue,
+    AwakeableInfo, AwakeableOutcome, AwakeableStatus, Envelope, Event, Generation, Instance,
+    InstanceKey, SignalWaitInfo, Status, StepKind, StoreError, TimerFiring, TimerInfo, TimerKind,
+    TimerState, Waits,
 };
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -640,8 +641,8 @@ impl Sources {
 #[cfg(test)]
 mod tests {
     use keiro_journal::{
-        child_result_step, JournalStore, Marker, Park, SignalSendOutcome, SignalWait,
-        SignalWaitOutcome,
+        store::child_result_step, store::Park, store::SignalWait, store::SignalWaitOutcome,
+        JournalStore, Marker, SignalSendOutcome,
     };
     use keiro_lease::{Crash, CrashOutcome, LeaseStore};
     use serde_json::json;
@@ -1256,7 +1257,7 @@ mod tests {
         let store = store();
         let parent = start(&store, "parent").await;
         let orphan = InstanceKey::parse("child", "orphan").unwrap();
-        let request = keiro_journal::StartRequest {
+        let request = keiro_journal::store::StartRequest {
             key: orphan.clone(),
             input: json!("own input"),
             parent: None,

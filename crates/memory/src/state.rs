@@ -374,7 +374,7 @@ mod tests {
     #[test]
     fn repeatable_names_count_occurrences_within_a_generation() {
         let mut entry = Entry::new(instance());
-        let base = keiro_journal::marker_name::FAILED;
+        let base = keiro_journal::store::marker_name::FAILED;
         assert_eq!(entry.repeatable_name(0, base), base);
         entry.push(row(1, 0, base)).unwrap();
         assert_eq!(entry.repeatable_name(0, base), format!("{base}/2"));
@@ -389,7 +389,7 @@ mod tests {
         entry
             .push(JournalRow {
                 kind: "failed",
-                ..row(1, 0, keiro_journal::marker_name::FAILED)
+                ..row(1, 0, keiro_journal::store::marker_name::FAILED)
             })
             .unwrap();
         assert!(matches!(

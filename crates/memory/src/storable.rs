@@ -11,7 +11,9 @@
 //! names of leases and claims) are not checked: they cannot hold a NUL.
 
 use keiro_journal::store::{Append, Error, Result};
-use keiro_journal::{check_value, ChildSpawn, Event, RemoteArm, TimerArm, TimerKind};
+use keiro_journal::{
+    store::check_value, store::ChildSpawn, store::RemoteArm, store::TimerArm, Event, TimerKind,
+};
 use keiro_remote::TaskFailure;
 use serde_json::Value;
 

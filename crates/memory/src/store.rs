@@ -33,7 +33,7 @@ pub const WAKE_BUFFER_LEN: usize = 1024;
 ///
 /// ```
 /// use std::time::Duration;
-/// use keiro_journal::{InstanceKey, JournalStore, StartRequest};
+/// use keiro_journal::{InstanceKey, JournalStore, store::StartRequest};
 /// use keiro_lease::{ClaimOutcome, LeaseStore};
 /// use keiro_memory::MemoryStore;
 ///
@@ -162,7 +162,7 @@ impl MemoryStore {
     /// run a pass.
     ///
     /// ```
-    /// use keiro_journal::{InstanceKey, JournalStore, StartRequest};
+    /// use keiro_journal::{InstanceKey, JournalStore, store::StartRequest};
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use keiro_memory::Notification;

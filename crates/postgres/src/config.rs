@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-pub use keiro_journal::{BATCHES_IN_FLIGHT_DEFAULT, BATCH_LEN_MAX_DEFAULT};
+pub use keiro_journal::{batch::BATCHES_IN_FLIGHT_DEFAULT, batch::BATCH_LEN_MAX_DEFAULT};
 
 use crate::conninfo::ConnInfo;
 use crate::tls::TlsConnector;

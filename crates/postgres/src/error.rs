@@ -16,7 +16,7 @@
 use std::error::Error as StdError;
 
 use deadpool_postgres::PoolError;
-use keiro_journal::{storable_text, StoreError};
+use keiro_journal::{store::storable_text, StoreError};
 use tokio_postgres::error::{DbError, SqlState};
 
 /// The boxed cause every variant keeps as its `source`.

@@ -33,8 +33,8 @@
 
 use keiro_journal::store::{Append, AppendOutcome, DeliveryOutcome, Result};
 use keiro_journal::{
-    awakeable_step, AwakeableOutcome, AwakeableStatus, DeliveryBacklog, Envelope, Instance,
-    InstanceKey, SignalOptions, SignalSendOutcome, StartRequest, Started, StoreError,
+    store::awakeable_step, store::StartRequest, AwakeableOutcome, AwakeableStatus, DeliveryBacklog,
+    Envelope, Instance, InstanceKey, SignalOptions, SignalSendOutcome, Started, StoreError,
 };
 use serde_json::Value;
 use tokio_postgres::types::ToSql;
@@ -61,7 +61,7 @@ use crate::PgStore;
 /// `Keiro::start` does.
 ///
 /// ```no_run
-/// use keiro_journal::{InstanceKey, StartRequest};
+/// use keiro_journal::{InstanceKey, store::StartRequest};
 /// use keiro_postgres::PgStore;
 ///
 /// # async fn demo(store: PgStore, client: &mut keiro_postgres::tokio_postgres::Client) -> Result<(), Box<dyn std::error::Error>> {
@@ -207,7 +207,7 @@ where
     }
 
     /// [`JournalStore::journal_append`](keiro_journal::JournalStore::journal_append) in the
-    /// caller's transaction, as a delivery (`keiro_journal::delivery_append`) makes.
+    /// caller's transaction, as a delivery (`keiro_journal::store::delivery_append`) makes.
     ///
     /// # Errors
     ///
@@ -225,7 +225,7 @@ where
     }
 
     /// [`JournalStore::delivery_append`](keiro_journal::JournalStore::delivery_append) in the
-    /// caller's transaction: the delivery `keiro_journal::delivery_append` makes, bounded by
+    /// caller's transaction: the delivery `keiro_journal::store::delivery_append` makes, bounded by
     /// `backlog` as the pooled operation is.
     ///
     /// # Errors

@@ -12,7 +12,7 @@
 //! they come from one snapshot in one round trip: a signal delivered meanwhile cannot show both
 //! as a pending wait and as a fired timeout.
 
-use keiro_journal::{store_span, traced};
+use keiro_journal::{span::traced, store_span};
 use keiro_journal::{
     AwakeableInfo, Counts, GroupCount, InspectStore, InstanceKey, InstanceSummary, ListOrder,
     ListRequest, Page, SignalWaitInfo, StatusCount, StoreError, TimerInfo, TimerKind, TimerState,
@@ -69,7 +69,6 @@ const ORDER_NEWEST: &str =
 const ORDER_OLDEST: &str = " ORDER BY w.created_at, w.workflow_name, w.workflow_id LIMIT $";
 
 /// A list statement and its parameters, assembled from the constant fragments.
-#[doc(hidden)]
 pub struct ListStatement {
     /// The SQL text.
     pub sql: String,
@@ -238,7 +237,6 @@ const REMOTE_BACKLOG: &str = "SELECT grp, \
 // timeout is the signal_timeout timer of its step (the same primary key).
 /// The statement of `InspectStore::instance_waits`: `$1` the workflow name, `$2` its id, `$3`
 /// the rows per kind. Public only so the plan test can `EXPLAIN` the exact statement.
-#[doc(hidden)]
 pub const INSTANCE_WAITS: &str = "\
     SELECT source, ord, generation, step, kind, token, status, awakeable, due_at, done_at, \
            attempts, created_at FROM ( \

@@ -10,7 +10,7 @@
 //! connections' `search_path`, so several installations can share a database.
 //!
 //! ```no_run
-//! use keiro_journal::{InstanceKey, JournalStore, StartRequest};
+//! use keiro_journal::{InstanceKey, JournalStore, store::StartRequest};
 //! use keiro_lease::LeaseStore;
 //! use keiro_postgres::{Config, PgStore};
 //!
@@ -96,16 +96,8 @@ pub use config::{
 pub use error::{Error, Result};
 pub use function_set::FunctionFiles;
 pub use in_transaction::InTransaction;
-#[doc(hidden)]
-pub use inspect::ListStatement;
-#[doc(hidden)]
-pub use inspect::INSTANCE_WAITS;
 pub use lanes::{BatchStats, LaneStats};
 pub use migrate::Migrated;
-#[doc(hidden)]
-pub use ops::lease::INSTANCES_RUNNABLE;
-#[doc(hidden)]
-pub use retention::INSTANCES_GC_CANDIDATES;
 pub use scratch::DROP_SCHEMA_LOCK_TIMEOUT;
 pub use store::PgStore;
 pub use tls::{SslMode, TlsConnector, UnknownSslMode};
@@ -117,3 +109,95 @@ pub use transaction_step::{
 /// The driver, re-exported for the transaction step's closures (`tokio_postgres::Transaction`,
 /// `tokio_postgres::Error`) so their types match keiro's own.
 pub use tokio_postgres;
+
+/// The exact statements behind the store's hot reads, for the plan tests (and anyone checking a
+/// plan on their own database): `EXPLAIN` them to see which index serves each.
+///
+/// ```no_run
+/// # async fn demo(client: &tokio_postgres::Client) -> Result<(), tokio_postgres::Error> {
+/// let plan = client
+///     .query(&format!("EXPLAIN {}", keiro_postgres::plans::INSTANCES_RUNNABLE), &[&None::<time::OffsetDateTime>, &Some(10_i64)])
+///     .await?;
+/// # let _ = plan; Ok(()) }
+/// ```
+pub mod plans {
+    pub use crate::inspect::{ListStatement, INSTANCE_WAITS};
+    pub use crate::ops::lease::INSTANCES_RUNNABLE;
+    pub use crate::retention::INSTANCES_GC_CANDIDATES;
+}
+
+/// Migrating as another build of keiro would, for upgrade tests: an older build during a
+/// rolling deploy, or successive builds migrating a schema step by step. Import the trait to
+/// call its methods on a [`PgStore`].
+///
+/// ```no_run
+/// # async fn demo(store: keiro_postgres::PgStore) -> Result<(), keiro_postgres::Error> {
+/// use keiro_postgres::builds::OtherBuild as _;
+/// let applied = store.migrate_to(1).await?;
+/// # let _ = applied; Ok(()) }
+/// ```
+pub mod builds {
+    use std::future::Future;
+
+    use crate::{Migrated, PgStore, Result};
+
+    /// [`PgStore::migrate_report`] as another build would run it.
+    pub trait OtherBuild {
+        /// As a build whose function files are `files` (each a name and its statements, in
+        /// order) at `revision` runs it, such as an older build during a rolling deploy.
+        ///
+        /// # Errors
+        ///
+        /// Those of [`PgStore::migrate`].
+        fn migrate_as_build(
+            &self,
+            revision: i32,
+            files: &[(&'static str, &'static str)],
+        ) -> impl Future<Output = Result<Migrated>>;
+
+        /// [`migrate_as_build`](Self::migrate_as_build) as a build that knows the migrations up
+        /// to `migrations` only, such as the previous build of a rolling deploy that adds one.
+        ///
+        /// # Errors
+        ///
+        /// Those of [`PgStore::migrate`]; [`Error::Config`](crate::Error::Config) for a
+        /// migration this build does not have.
+        fn migrate_as_older_build(
+            &self,
+            migrations: i32,
+            revision: i32,
+            files: &[(&'static str, &'static str)],
+        ) -> impl Future<Output = Result<Migrated>>;
+
+        /// [`PgStore::migrate`], but only the migrations up to `version`, and the function files
+        /// only once `version` is the newest this build knows; returns the versions applied.
+        ///
+        /// # Errors
+        ///
+        /// Those of [`PgStore::migrate`].
+        fn migrate_to(&self, version: i32) -> impl Future<Output = Result<Vec<i32>>>;
+    }
+
+    impl OtherBuild for PgStore {
+        fn migrate_as_build(
+            &self,
+            revision: i32,
+            files: &[(&'static str, &'static str)],
+        ) -> impl Future<Output = Result<Migrated>> {
+            self.migrate_as_this_build(revision, files)
+        }
+
+        fn migrate_as_older_build(
+            &self,
+            migrations: i32,
+            revision: i32,
+            files: &[(&'static str, &'static str)],
+        ) -> impl Future<Output = Result<Migrated>> {
+            self.migrate_as_older_build_of(migrations, revision, files)
+        }
+
+        fn migrate_to(&self, version: i32) -> impl Future<Output = Result<Vec<i32>>> {
+            self.migrate_to_version(version)
+        }
+    }
+}

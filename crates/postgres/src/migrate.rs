@@ -196,8 +196,7 @@ impl PgStore {
     /// # Errors
     ///
     /// Those of [`migrate`](Self::migrate).
-    #[doc(hidden)]
-    pub async fn migrate_as_build(
+    pub(crate) async fn migrate_as_this_build(
         &self,
         revision: i32,
         files: &[(&'static str, &'static str)],
@@ -205,7 +204,7 @@ impl PgStore {
         self.migrate_as_build_of(MIGRATIONS, revision, files).await
     }
 
-    /// Tests only: [`migrate_as_build`](Self::migrate_as_build) as a build that knows the
+    /// Tests only: [`migrate_as_this_build`](Self::migrate_as_this_build) as a build that knows the
     /// migrations up to `migrations` only, such as the previous build of a rolling deploy that
     /// adds a migration.
     ///
@@ -213,8 +212,7 @@ impl PgStore {
     ///
     /// Those of [`migrate`](Self::migrate); [`Error::Config`] for a migration this build does
     /// not have.
-    #[doc(hidden)]
-    pub async fn migrate_as_older_build(
+    pub(crate) async fn migrate_as_older_build_of(
         &self,
         migrations: i32,
         revision: i32,
@@ -255,8 +253,7 @@ impl PgStore {
     /// # Errors
     ///
     /// Those of [`migrate`](Self::migrate).
-    #[doc(hidden)]
-    pub async fn migrate_to(&self, version: i32) -> Result<Vec<i32>> {
+    pub(crate) async fn migrate_to_version(&self, version: i32) -> Result<Vec<i32>> {
         Ok(self
             .migrate_up_to(Some(version), MIGRATIONS, &FUNCTIONS)
             .await?

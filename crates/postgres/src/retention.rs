@@ -29,7 +29,7 @@
 //! parent may have become eligible: a tree goes leaves first, in one batch when it fits, and
 //! a batch that deleted fewer instances than it asked for found no more.
 
-use keiro_journal::{store_span, traced, GcBatch, GcRequest, RetentionStore, StoreError};
+use keiro_journal::{span::traced, store_span, GcBatch, GcRequest, RetentionStore, StoreError};
 use time::OffsetDateTime;
 
 use crate::ops::span_ms;
@@ -61,7 +61,6 @@ macro_rules! expired_under_expired_parent {
 
 /// Retention's candidates query (exported for the plan test): `$1` the cutoff, `$2` the batch.
 /// A candidate has no child row left (the child probe is served by workflows_list_parent_idx).
-#[doc(hidden)]
 pub const INSTANCES_GC_CANDIDATES: &str = concat!(
     "SELECT w.workflow_name, w.workflow_id, w.parent_name, w.parent_id FROM workflows w WHERE ",
     expired_under_expired_parent!(),

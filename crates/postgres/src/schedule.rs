@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use keiro_journal::store::{Error as StoreError, Result};
-use keiro_journal::{store_span, traced, Fence, Started, WorkflowId, WorkflowName};
+use keiro_journal::{span::traced, store_span, Fence, Started, WorkflowId, WorkflowName};
 use keiro_resume::{
     trigger_instance_id, Cadence, CatchUp, DueSchedule, FireOutcome, Overlap, Schedule,
     ScheduleFire, ScheduleSpec, ScheduleStore, SchedulesDue, UnreadableSchedule,

@@ -5,7 +5,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
-use keiro_journal::{BatchLimits, StoreError};
+use keiro_journal::{batch::BatchLimits, StoreError};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 

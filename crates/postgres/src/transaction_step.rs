@@ -51,8 +51,8 @@ use std::error::Error as StdError;
 use std::time::Duration;
 
 use keiro_journal::{
-    AppendOutcome, BoxFuture, Ctx, Event, Marker, SelfJournalError, SelfJournaled, StepJournal,
-    StepOptions, WorkflowError,
+    store::SelfJournalError, store::SelfJournaled, store::StepJournal, AppendOutcome, BoxFuture,
+    Ctx, Event, Marker, StepOptions, WorkflowError,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -404,7 +404,7 @@ impl TransactionStep for Ctx {
 
 /// The run's store as the Postgres store a transaction step needs.
 fn pg_store(ctx: &Ctx, step: &str) -> Result<PgStore, WorkflowError> {
-    ctx.store()
+    keiro_journal::store::run_store(ctx)
         .as_any()
         .and_then(|any| any.downcast_ref::<PgStore>())
         .cloned()
@@ -412,7 +412,7 @@ fn pg_store(ctx: &Ctx, step: &str) -> Result<PgStore, WorkflowError> {
             step: step.to_owned(),
             reason: format!(
                 "a transaction step needs the Postgres store; this run's store is {:?}",
-                ctx.store()
+                keiro_journal::store::run_store(ctx)
             ),
         })
 }
@@ -464,7 +464,7 @@ fn conflict_backoff(tries: u32) -> Duration {
     let doubled = SERIALIZATION_BACKOFF_INITIAL
         .saturating_mul(1 << tries.saturating_sub(1).min(16))
         .min(SERIALIZATION_BACKOFF_MAX);
-    doubled.mul_f64(1.0 - 0.5 * keiro_journal::unit_random())
+    doubled.mul_f64(1.0 - 0.5 * keiro_journal::store::unit_random())
 }
 
 /// One try: a transaction on a lent connection, which goes back to the pool reset.

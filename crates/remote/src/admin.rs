@@ -92,8 +92,12 @@ pub async fn retry_with_input<I: Serialize + ?Sized>(
 ) -> Result<InstanceKey, AdminError> {
     // The same checks as every other payload: encodes, fits the limit, holds nothing a store
     // refuses.
-    let input = keiro_journal::encode_payload(keiro_journal::INPUT_STEP, input, payload_len_max)
-        .map_err(|e| AdminError::Payload(e.to_string()))?;
+    let input = keiro_journal::store::encode_payload(
+        keiro_journal::store::INPUT_STEP,
+        input,
+        payload_len_max,
+    )
+    .map_err(|e| AdminError::Payload(e.to_string()))?;
     let retry = retry_key(origin)?;
     match store
         .instance_retry_with_input(origin, &retry, &input)

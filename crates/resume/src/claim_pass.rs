@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use keiro_journal::{stretched, StoreError, WorkflowName};
+use keiro_journal::{store::stretched, StoreError, WorkflowName};
 use keiro_lease::{Claim, LeaseStore};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;

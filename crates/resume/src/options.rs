@@ -76,7 +76,7 @@ pub struct ResumeOptions {
     /// whose trace context is stamped on the remote tasks it dispatches. Defaults to `None`.
     pub tracing: Option<keiro_telemetry::Tracing>,
     /// Where runs crash on purpose, for tests (`keiro::testing`). Defaults to `None`.
-    pub faults: Option<Arc<dyn keiro_journal::Faults>>,
+    pub faults: Option<Arc<dyn keiro_journal::store::Faults>>,
     /// Retention: when set, the worker also deletes terminal instances that went terminal
     /// longer ago than this, with everything they own, in bounded batches at a bounded rate
     /// (see [`RetentionOptions`](crate::RetentionOptions); at most one worker collects at a

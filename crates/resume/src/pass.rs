@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use keiro_journal::{
-    drive_notifying, InstanceKey, JournalStore, ParkOutcome, RunError, RunOutcome, StoreError,
+    store::drive_notifying, store::ParkOutcome, InstanceKey, JournalStore, RunError, RunOutcome,
+    StoreError,
 };
 use keiro_lease::{ClaimOutcome, Crash, CrashOutcome, LeaseStore};
 use time::OffsetDateTime;
@@ -427,16 +428,16 @@ async fn drive_claimed_outcome(
 /// claim was granted, the clock deadlines are kept on, never the worker's own (which may be
 /// skewed, and which a test that moves the store's clock does not move).
 fn classify_quiet_park(
-    parked: Option<keiro_journal::Parked>,
+    parked: Option<keiro_journal::store::Parked>,
     claimed_at: OffsetDateTime,
     line: &mut ResumeSummary,
 ) {
     match parked {
-        Some(keiro_journal::Parked {
+        Some(keiro_journal::store::Parked {
             outcome: ParkOutcome::WokenBeforePark,
             ..
         }) => line.advanced = 1,
-        Some(keiro_journal::Parked {
+        Some(keiro_journal::store::Parked {
             outcome: ParkOutcome::Suspended,
             wake_after: Some(wake_after),
         }) if wake_after <= claimed_at => line.sleep_due = 1,
@@ -455,7 +456,7 @@ async fn record_crash(
 ) {
     // A message quoting a refused value must not make the crash record refused in turn, or
     // the attempt ceiling would never be reached.
-    let error = keiro_journal::storable_text(&error).into_owned();
+    let error = keiro_journal::store::storable_text(&error).into_owned();
     let crash = Crash {
         error: error.clone(),
         retry_delay: keiro_lease::crash_delay(&options.backoff, *attempts_at_claim),

@@ -127,7 +127,7 @@ pub async fn run_retention_loop(
         tokio::select! {
             biased;
             () = &mut shutdown => return total,
-            () = tokio::time::sleep(keiro_journal::stretched(options.interval)) => {}
+            () = tokio::time::sleep(keiro_journal::store::stretched(options.interval)) => {}
         }
     }
 }

@@ -74,7 +74,7 @@ pub async fn run_loop<W: WakeSource>(
         tokio::select! {
             biased;
             () = &mut shutdown => return total,
-            reason = wake.wait(keiro_journal::stretched(options.poll_interval)) => {
+            reason = wake.wait(keiro_journal::store::stretched(options.poll_interval)) => {
                 if reason == WakeReason::Reconnected {
                     tracing::debug!("wake source reconnected; polling at once");
                 }

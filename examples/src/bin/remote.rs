@@ -7,7 +7,10 @@
 
 use std::time::Duration;
 
-use keiro::{Backoff, Ctx, Keiro, RemoteOptions, Status, TaskContext, TaskError, WorkflowError};
+use keiro::{
+    remote::RemoteOptions, remote::TaskContext, remote::TaskError, Backoff, Ctx, Keiro, Status,
+    WorkflowError,
+};
 
 async fn shipment(ctx: Ctx, order: String) -> Result<String, WorkflowError> {
     let options = RemoteOptions::default().retries(

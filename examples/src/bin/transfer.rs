@@ -39,7 +39,8 @@ struct Transfer {
 
 fn transfer_workflow(
     crash_at: CrashAt,
-) -> impl Fn(Ctx, Transfer) -> keiro::BoxFuture<'static, Result<i64, WorkflowError>> + Clone {
+) -> impl Fn(Ctx, Transfer) -> keiro::workflow::BoxFuture<'static, Result<i64, WorkflowError>> + Clone
+{
     let crashed = Arc::new(AtomicBool::new(false));
     move |ctx: Ctx, transfer: Transfer| {
         let crashed = crashed.clone();

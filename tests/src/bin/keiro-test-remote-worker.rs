@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use keiro::postgres::{Config, PgStore};
-use keiro::{Keiro, RemoteWorkerOptions, TaskContext, TaskError};
+use keiro::{remote::RemoteWorkerOptions, remote::TaskContext, remote::TaskError, Keiro};
 use keiro_tests::remote_fixtures::{parcel, print};
 
 #[tokio::main]

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use keiro_journal::{
-    Append, Event, Fence, InstanceKey, Park, ParkOutcome, StartRequest, Status, StepKind,
+    store::Park, store::ParkOutcome, store::StartRequest, Append, Event, Fence, InstanceKey,
+    Status, StepKind,
 };
 use keiro_lease::{ClaimOutcome, LeaseStore};
 

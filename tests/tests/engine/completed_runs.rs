@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use keiro::testing::TestEnvBuilder;
-use keiro::{AwakeableOutcome, Ctx, RemoteOptions, Status, TaskStatus};
+use keiro::{remote::RemoteOptions, remote::TaskStatus, workflow::AwakeableOutcome, Ctx, Status};
 use keiro_tests::{on_both_envs, TestResult};
 
 on_both_envs!(a_completed_run_cancels_its_leftover_task_and_awakeable);
@@ -51,7 +51,7 @@ async fn a_completed_run_cancels_its_leftover_task_and_awakeable(
         .await?
         .into_iter()
         .find_map(|e| match e.event {
-            keiro::Event::StepRecorded { step, result, .. } if step == "announce" => {
+            keiro::store::Event::StepRecorded { step, result, .. } if step == "announce" => {
                 serde_json::from_value(result).ok()
             }
             _ => None,
@@ -65,13 +65,16 @@ async fn a_completed_run_cancels_its_leftover_task_and_awakeable(
     let seen = ran.clone();
     let remote = keiro
         .remote_worker()?
-        .handle("slow", move |_: String, _task: keiro::TaskContext| {
-            let seen = seen.clone();
-            async move {
-                seen.store(true, std::sync::atomic::Ordering::SeqCst);
-                Ok::<_, keiro::TaskError>("done".to_owned())
-            }
-        })
+        .handle(
+            "slow",
+            move |_: String, _task: keiro::remote::TaskContext| {
+                let seen = seen.clone();
+                async move {
+                    seen.store(true, std::sync::atomic::Ordering::SeqCst);
+                    Ok::<_, keiro::remote::TaskError>("done".to_owned())
+                }
+            },
+        )
         .build();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(async move {

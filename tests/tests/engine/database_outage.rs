@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use keiro::postgres::{Config, PgStore};
-use keiro::{Ctx, Keiro, Registry, Status};
+use keiro::{worker::Registry, Ctx, Keiro, Status};
 use keiro_tests::pg::TestDb;
 use keiro_tests::{Ledger, TestResult};
 
@@ -54,23 +54,23 @@ async fn a_database_outage_mid_run_is_transient_and_loses_nothing() -> TestResul
             Ok(())
         }
     })?;
-    let options = keiro::ResumeOptions {
+    let options = keiro::worker::ResumeOptions {
         backoff: keiro::Backoff::exponential(
             std::time::Duration::from_millis(1),
             std::time::Duration::from_millis(1),
         )
         .without_jitter(),
         lease_ttl: std::time::Duration::from_millis(300),
-        ..keiro::ResumeOptions::default()
+        ..keiro::worker::ResumeOptions::default()
     };
     keiro.start("outage", "o-1", &()).await?;
     // Depending on timing the pool either hands the next append a dead connection (a transient
     // store error: the run stops, no attempt is consumed, a later pass resumes it) or notices
     // the closed connections and reconnects at once. Either way nothing may be lost, doubled
     // or counted as a crash.
-    let mut total = keiro::ResumeSummary::default();
+    let mut total = keiro::worker::ResumeSummary::default();
     for _ in 0..20 {
-        total += keiro::resume_once(keiro.store(), &registry, &options).await?;
+        total += keiro::worker::resume_once(keiro.store(), &registry, &options).await?;
         let row = keiro.instance(("outage", "o-1")).await?.expect("row");
         assert_eq!(row.attempts, 0, "a store error is not a crash: {total:?}");
         if row.status == Status::Completed {

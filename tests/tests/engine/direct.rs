@@ -10,10 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keiro::{
-    ClaimOutcome, Ctx, DirectError, Keiro, Notifier, ResultError, StartClaim, Status, WakeFilter,
-    WakeReason, Worker, WorkerBuilder, WorkflowDef, WorkflowError,
+    store::ClaimOutcome, store::StartClaim, worker::Notifier, worker::WakeFilter,
+    worker::WakeReason, Ctx, DirectError, Keiro, ResultError, Status, Worker, WorkerBuilder,
+    WorkflowDef, WorkflowError,
 };
-use keiro_journal::StartRequest;
+use keiro_journal::store::StartRequest;
 use keiro_tests::counting::CountingStore;
 use keiro_tests::workflows::Sum;
 use keiro_tests::{key, on_both_stores, Backend, Harness, Ledger, TestResult};
@@ -31,7 +32,7 @@ on_both_stores!(
 );
 
 /// A worker on `store` with the harness's fast options and `Sum` registered.
-fn sum_worker(h: &Harness, store: Arc<dyn keiro::LeaseStore>, ledger: &Ledger) -> Worker {
+fn sum_worker(h: &Harness, store: Arc<dyn keiro::store::LeaseStore>, ledger: &Ledger) -> Worker {
     WorkerBuilder::new(store)
         .options(h.fast_options())
         .register_workflow_with(Sum {
@@ -124,12 +125,12 @@ async fn the_direct_start_leases_the_instance_from_its_first_moment(h: Harness) 
         panic!("an expired direct lease is claimable");
     };
     assert_eq!(taken.fence.epoch, 2);
-    let stale = keiro::Append {
+    let stale = keiro::store::Append {
         key: k.clone(),
         generation: Some(0),
-        event: keiro::Event::StepRecorded {
+        event: keiro::store::Event::StepRecorded {
             step: "step-0".into(),
-            kind: keiro::StepKind::Step,
+            kind: keiro::store::StepKind::Step,
             result: serde_json::json!(0),
         },
         fence: Some(claim.fence.clone()),
@@ -199,7 +200,7 @@ async fn an_existing_instance_is_driven_only_under_a_claim_a_worker_could_make(
         panic!("claimable");
     };
     h.store
-        .instance_park(&keiro_journal::Park {
+        .instance_park(&keiro_journal::store::Park {
             key: key("sum", "parked"),
             generation: 0,
             fence: Some(parker.fence),

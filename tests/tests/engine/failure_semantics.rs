@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use keiro::{Ctx, Registry, RunOutcome, Status, StepOptions, WorkflowError};
+use keiro::{worker::Registry, workflow::RunOutcome, Ctx, Status, StepOptions, WorkflowError};
 use keiro_tests::{key, on_both_stores, run_inline, Harness, Ledger, TestResult};
 
 on_both_stores!(
@@ -36,7 +36,7 @@ async fn run_until_terminal(
     name: &str,
     ids: &[&str],
     within: Duration,
-) -> Result<Vec<keiro::Instance>, Box<dyn std::error::Error + Send + Sync>> {
+) -> Result<Vec<keiro::store::Instance>, Box<dyn std::error::Error + Send + Sync>> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut handles = Vec::new();
     for (delay, worker) in workers {
@@ -71,7 +71,7 @@ async fn run_until_terminal(
 /// A workflow whose single step sleeps for its input (milliseconds), counted per instance id.
 fn sleeper(
     ledger: &Ledger,
-) -> impl Fn(Ctx, u64) -> keiro::BoxFuture<'static, Result<u64, WorkflowError>>
+) -> impl Fn(Ctx, u64) -> keiro::workflow::BoxFuture<'static, Result<u64, WorkflowError>>
        + Send
        + Sync
        + Clone
@@ -150,13 +150,13 @@ async fn a_run_queued_behind_a_long_one_confirms_its_lease_before_acting(h: Harn
 async fn drive_passes(
     h: &Harness,
     registry: &Registry,
-    options: &keiro::ResumeOptions,
+    options: &keiro::worker::ResumeOptions,
     name: &str,
     id: &str,
     passes: usize,
-) -> Result<keiro::Instance, Box<dyn std::error::Error + Send + Sync>> {
+) -> Result<keiro::store::Instance, Box<dyn std::error::Error + Send + Sync>> {
     for _ in 0..passes {
-        keiro::resume_once(&h.store, registry, options).await?;
+        keiro::worker::resume_once(&h.store, registry, options).await?;
         let row = h.keiro.instance((name, id)).await?.expect("started");
         if row.status.is_terminal() {
             return Ok(row);
@@ -173,7 +173,7 @@ async fn failure_reason(h: &Harness, name: &str, id: &str) -> Result<String, kei
         .await?
         .into_iter()
         .find_map(|e| match e.event {
-            keiro::Event::WorkflowFailed { reason } => Some(reason),
+            keiro::store::Event::WorkflowFailed { reason } => Some(reason),
             _ => None,
         })
         .unwrap_or_default())
@@ -389,7 +389,7 @@ async fn a_step_with_a_policy_retries_in_place(h: Harness) -> TestResult {
         }
     })?;
     h.keiro.start("retry", "r-1", &()).await?;
-    let summary = keiro::resume_once(&h.store, &registry, &h.fast_options()).await?;
+    let summary = keiro::worker::resume_once(&h.store, &registry, &h.fast_options()).await?;
     assert_eq!(summary.completed, 1, "{summary:?}");
     assert_eq!(ledger.count("charge"), 3);
     assert_eq!(
@@ -432,7 +432,7 @@ async fn a_step_with_spent_attempts_gives_the_body_step_failed(h: Harness) -> Te
         }
     })?;
     h.keiro.start("spent", "s-1", &()).await?;
-    keiro::resume_once(&h.store, &registry, &h.fast_options()).await?;
+    keiro::worker::resume_once(&h.store, &registry, &h.fast_options()).await?;
     let row = h.keiro.instance(("spent", "s-1")).await?.expect("started");
     assert_eq!(row.status, Status::Completed);
     assert_eq!(row.output, Some(serde_json::json!("3: declined")));
@@ -448,7 +448,7 @@ async fn a_replay_past_a_journaled_final_failure_does_not_run_the_step_again(
     // body from the start: it must get the journaled failure back, not run `charge` again.
     let ledger = Ledger::default();
     let l = ledger.clone();
-    let workflow = keiro::workflow_fn(move |ctx: Ctx, (): ()| {
+    let workflow = keiro::workflow::workflow_fn(move |ctx: Ctx, (): ()| {
         let l = l.clone();
         async move {
             l.bump("body");
@@ -484,7 +484,7 @@ async fn a_replay_past_a_journaled_final_failure_does_not_run_the_step_again(
     let k = key("spent", "s-2");
     let crashed = run_inline(&h, &k, workflow.as_ref()).await;
     assert!(
-        matches!(crashed, Err(keiro::RunError::Crashed { .. })),
+        matches!(crashed, Err(keiro::workflow::RunError::Crashed { .. })),
         "{crashed:?}"
     );
     assert_eq!(
@@ -555,7 +555,7 @@ async fn a_crash_during_step_retries_keeps_the_attempt_count(h: Harness) -> Test
     // drive makes attempts 2 and 3 only: the budget of 3 is not reset by the crash.
     let ledger = Ledger::default();
     let l = ledger.clone();
-    let workflow = keiro::workflow_fn(move |ctx: Ctx, (): ()| {
+    let workflow = keiro::workflow::workflow_fn(move |ctx: Ctx, (): ()| {
         let l = l.clone();
         async move {
             let policy = StepOptions::new(3)

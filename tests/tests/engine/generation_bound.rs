@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use keiro::{AwakeableOutcome, Ctx, SignalSendOutcome, Status, WorkflowError};
+use keiro::{workflow::AwakeableOutcome, workflow::SignalSendOutcome, Ctx, Status, WorkflowError};
 use keiro_tests::{on_both_stores, Harness, TestResult};
 
 on_both_stores!(
@@ -40,7 +40,7 @@ async fn an_awakeable_of_a_left_generation_journals_nothing_into_the_new_one(
         .await?
         .into_iter()
         .find_map(|e| match e.event {
-            keiro::Event::StepRecorded { step, result, .. } if step == "announce" => {
+            keiro::store::Event::StepRecorded { step, result, .. } if step == "announce" => {
                 serde_json::from_value(result).ok()
             }
             _ => None,

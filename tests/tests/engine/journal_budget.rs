@@ -3,7 +3,7 @@
 
 use std::convert::Infallible;
 
-use keiro::{Ctx, JournalBudget, Status, WorkflowError};
+use keiro::{workflow::JournalBudget, Ctx, Status, WorkflowError};
 use keiro_tests::{on_both_stores, Harness, Ledger, TestResult};
 
 on_both_stores!(

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use keiro::{AwakeableOutcome, Ctx, LeaseStore, Registry, WorkflowError};
+use keiro::{store::LeaseStore, worker::Registry, workflow::AwakeableOutcome, Ctx, WorkflowError};
 use keiro_journal::AwakeableStatus;
 use keiro_resume::TimerOptions;
 use keiro_telemetry::names;
@@ -22,7 +22,7 @@ on_both_stores!(
 
 /// `approver` parks on an awakeable and records its id; `roller` creates one in generation 0
 /// and continues as new without awaiting it.
-fn registry(ids: Arc<Mutex<Vec<Uuid>>>) -> Result<Registry, keiro::RegistryError> {
+fn registry(ids: Arc<Mutex<Vec<Uuid>>>) -> Result<Registry, keiro::worker::RegistryError> {
     let mut registry = Registry::new();
     let approver_ids = ids.clone();
     registry.register("approver", move |ctx: Ctx, (): ()| {
@@ -51,14 +51,14 @@ async fn passes_and_timer_batches_sample_the_gauges_once_per_interval(h: Harness
     let recorder = Recorder::new();
     let counting = CountingStore::new(h.store.clone());
     let store: Arc<dyn LeaseStore> = Arc::new(counting.clone());
-    let options = keiro::ResumeOptions {
+    let options = keiro::worker::ResumeOptions {
         metrics: Some(recorder.metrics.clone()),
         ..h.fast_options()
     };
     let registry = registry(Arc::default())?;
     h.keiro.start("approver", "a-1", &()).await?;
     for _ in 0..10 {
-        keiro::resume_once(&store, &registry, &options).await?;
+        keiro::worker::resume_once(&store, &registry, &options).await?;
     }
     // The worker loop's passes (claim passes) share the same pace.
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -66,7 +66,7 @@ async fn passes_and_timer_batches_sample_the_gauges_once_per_interval(h: Harness
         store.clone(),
         registry.clone(),
         options.clone(),
-        keiro::FixedPoll,
+        keiro::worker::FixedPoll,
         async {
             let _ = stopped.await;
         },
@@ -109,7 +109,7 @@ async fn a_cancelled_runs_awakeables_are_settled(h: Harness) -> TestResult {
     let registry = registry(ids.clone())?;
     let options = h.fast_options();
     h.keiro.start("approver", "a-1", &()).await?;
-    keiro::resume_once(&h.store, &registry, &options).await?;
+    keiro::worker::resume_once(&h.store, &registry, &options).await?;
     assert_eq!(h.store.awakeables_pending().await?, 1);
     let id = ids.lock().expect("lock")[0];
 
@@ -133,7 +133,7 @@ async fn awakeables_of_a_generation_left_by_continue_as_new_are_settled(h: Harne
     let registry = registry(ids.clone())?;
     let options = h.fast_options();
     h.keiro.start("roller", "r-1", &0u32).await?;
-    keiro::drain(&h.store, &registry, &options).await?;
+    keiro::worker::drain(&h.store, &registry, &options).await?;
     let row = h.keiro.instance(("roller", "r-1")).await?.expect("row");
     assert_eq!((row.generation, row.status), (1, keiro::Status::Completed));
     assert_eq!(h.store.awakeables_pending().await?, 0);

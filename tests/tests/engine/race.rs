@@ -4,7 +4,7 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
-use keiro::{Ctx, SignalSendOutcome, Status, WorkflowError};
+use keiro::{workflow::SignalSendOutcome, Ctx, Status, WorkflowError};
 use keiro_tests::{key, on_both_stores, Harness, Ledger, TestResult};
 
 on_both_stores!(
@@ -25,7 +25,7 @@ enum Decision {
 
 fn approval_or_timeout(
     ledger: Ledger,
-) -> impl Fn(Ctx, u64) -> keiro::BoxFuture<'static, Result<String, WorkflowError>>
+) -> impl Fn(Ctx, u64) -> keiro::workflow::BoxFuture<'static, Result<String, WorkflowError>>
        + Send
        + Sync
        + Clone
@@ -174,7 +174,7 @@ async fn an_undecided_race_parks_on_every_branch(h: Harness) -> TestResult {
     let journal = h.keiro.journal(("race", "r-2")).await?;
     assert!(
         journal.iter().any(|e| matches!(&e.event,
-            keiro::Event::StepRecorded { step, result, .. }
+            keiro::store::Event::StepRecorded { step, result, .. }
                 if step == "race:approval-or-timeout" && result["winner"] == 0)),
         "{journal:?}"
     );
@@ -188,7 +188,7 @@ type Signals = (Option<u32>, Vec<u32>);
 /// `select([sleep("timeout"), wait_signal("tok")])`, then `waits` more waits on `tok`.
 fn timeout_or_signal(
     waits: usize,
-) -> impl Fn(Ctx, ()) -> keiro::BoxFuture<'static, Result<Signals, WorkflowError>>
+) -> impl Fn(Ctx, ()) -> keiro::workflow::BoxFuture<'static, Result<Signals, WorkflowError>>
        + Send
        + Sync
        + Clone
@@ -363,8 +363,12 @@ async fn a_signal_a_losing_wait_takes_in_the_deciding_drive_goes_back_too(
 /// buffer holds, in the order given. A decision that does not land (recorded before, a
 /// terminal instance) gives nothing back, and a bad token is refused before anything lands.
 async fn signal_return_gives_signals_back_only_with_the_decision(h: Harness) -> TestResult {
-    use keiro::{Append, AppendOutcome, Event, JournalStore, StepKind};
-    use keiro_journal::{ReturnedSignal, SignalWait, SignalWaitOutcome, StartRequest};
+    use keiro::{
+        store::Append, store::AppendOutcome, store::Event, store::JournalStore, store::StepKind,
+    };
+    use keiro_journal::{
+        store::ReturnedSignal, store::SignalWait, store::SignalWaitOutcome, store::StartRequest,
+    };
     let store: &dyn JournalStore = h.store.as_ref();
     let (racer, waiter) = (key("race", "r-1"), key("take", "w-1"));
     for k in [&racer, &waiter] {

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keiro::{
-    Backoff, Ctx, Event, Registry, RemoteOptions, RemoteWorker, RemoteWorkerOptions,
-    RequeueOutcome, ResumeOptions, Status, TaskContext, TaskError, TaskStatus, WorkflowError,
+    operate::RequeueOutcome, remote::RemoteOptions, remote::RemoteWorker,
+    remote::RemoteWorkerOptions, remote::TaskContext, remote::TaskError, remote::TaskStatus,
+    store::Event, worker::Registry, worker::ResumeOptions, Backoff, Ctx, Status, WorkflowError,
 };
 use keiro_tests::{key, on_both_stores, Harness, Ledger, TestResult};
 use serde_json::json;
@@ -57,7 +58,7 @@ async fn until_status(
 ) -> TestResult {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        keiro::resume_once(&h.store, registry, &options(h)).await?;
+        keiro::worker::resume_once(&h.store, registry, &options(h)).await?;
         let row = h.keiro.instance((name, id)).await?.expect("instance");
         if row.status == status {
             return Ok(());
@@ -120,7 +121,10 @@ fn worker_options() -> RemoteWorkerOptions {
 }
 
 /// `shipping`: one remote step `print` with the given options, then a local step.
-fn shipping(remote: RemoteOptions, ledger: Ledger) -> Result<Registry, keiro::RegistryError> {
+fn shipping(
+    remote: RemoteOptions,
+    ledger: Ledger,
+) -> Result<Registry, keiro::worker::RegistryError> {
     let mut registry = Registry::new();
     registry.register("shipping", move |ctx: Ctx, order: String| {
         let (remote, ledger) = (remote.clone(), ledger.clone());
@@ -141,7 +145,7 @@ async fn a_remote_step_runs_on_a_worker_and_the_run_resumes(h: Harness) -> TestR
     let ledger = Ledger::default();
     let registry = shipping(RemoteOptions::default(), ledger.clone())?;
     h.keiro.start("shipping", "s-1", &"order-1").await?;
-    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    keiro::worker::resume_once(&h.store, &registry, &options(&h)).await?;
     let row = h.keiro.instance(("shipping", "s-1")).await?.expect("row");
     assert_eq!(row.status, Status::Suspended, "parked on the remote step");
     let tasks = h.keiro.remote_tasks(("shipping", "s-1")).await?;
@@ -192,7 +196,7 @@ async fn a_remote_step_runs_on_a_worker_and_the_run_resumes(h: Harness) -> TestR
 async fn a_dispatch_is_written_once_per_step_id(h: Harness) -> TestResult {
     let registry = shipping(RemoteOptions::default(), Ledger::default())?;
     h.keiro.start("shipping", "s-2", &"order-2").await?;
-    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    keiro::worker::resume_once(&h.store, &registry, &options(&h)).await?;
     // A re-drive (here: a forced one, as after a crash) arms again and finds the task.
     let k = key("shipping", "s-2");
     let workflow = registry.get(&k.name).expect("registered");
@@ -211,8 +215,8 @@ async fn a_dispatch_is_written_once_per_step_id(h: Harness) -> TestResult {
         .transport
         .task_complete(&tasks[0].step_id, &json!("b"))
         .await?;
-    assert_eq!(first, keiro::ReportOutcome::Delivered);
-    assert_eq!(second, keiro::ReportOutcome::AlreadySettled);
+    assert_eq!(first, keiro::remote::ReportOutcome::Delivered);
+    assert_eq!(second, keiro::remote::ReportOutcome::AlreadySettled);
     until_status(&h, &registry, "shipping", "s-2", Status::Completed).await?;
     let row = h.keiro.instance(("shipping", "s-2")).await?.expect("row");
     assert_eq!(row.output, Some(json!("a")));
@@ -227,7 +231,7 @@ async fn retryable_failures_back_off_then_succeed(h: Harness) -> TestResult {
         Ledger::default(),
     )?;
     h.keiro.start("shipping", "s-3", &"order-3").await?;
-    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    keiro::worker::resume_once(&h.store, &registry, &options(&h)).await?;
     let attempts = Arc::new(std::sync::Mutex::new(Vec::new()));
     let a = attempts.clone();
     let worker = RemoteWorker::builder(h.transport.clone())
@@ -275,7 +279,7 @@ async fn a_not_retryable_failure_fails_at_once(h: Harness) -> TestResult {
         Ledger::default(),
     )?;
     h.keiro.start("shipping", "s-4", &"order-4").await?;
-    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    keiro::worker::resume_once(&h.store, &registry, &options(&h)).await?;
     let calls = Arc::new(AtomicU32::new(0));
     let c = calls.clone();
     let worker = RemoteWorker::builder(h.transport.clone())
@@ -352,7 +356,7 @@ async fn a_silent_task_is_redispatched_and_then_lost(h: Harness) -> TestResult {
         }
     })?;
     h.keiro.start("silent", "v-1", &()).await?;
-    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    keiro::worker::resume_once(&h.store, &registry, &options(&h)).await?;
     let row = h.keiro.instance(("silent", "v-1")).await?.expect("row");
     assert_eq!(row.status, Status::Suspended);
     assert!(
@@ -365,7 +369,7 @@ async fn a_silent_task_is_redispatched_and_then_lost(h: Harness) -> TestResult {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+        keiro::worker::resume_once(&h.store, &registry, &options(&h)).await?;
         let tasks = h.keiro.remote_tasks(("silent", "v-1")).await?;
         dispatches.push(tasks[0].dispatches);
         if h.keiro
@@ -396,7 +400,7 @@ async fn a_silent_task_is_redispatched_and_then_lost(h: Harness) -> TestResult {
     );
     assert_eq!(
         last_error_code(&tasks[0]),
-        Some(json!(keiro::RemoteStepError::LOST))
+        Some(json!(keiro::remote::RemoteStepError::LOST))
     );
     Ok(())
 }
@@ -407,7 +411,7 @@ async fn a_dead_workers_task_is_redispatched_and_completes(h: Harness) -> TestRe
         Ledger::default(),
     )?;
     h.keiro.start("shipping", "s-5", &"order-5").await?;
-    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    keiro::worker::resume_once(&h.store, &registry, &options(&h)).await?;
     // A worker claims the task with a long claim and dies without a word.
     let claimed = h
         .transport
@@ -445,14 +449,14 @@ async fn a_dead_workers_task_is_redispatched_and_completes(h: Harness) -> TestRe
             Duration::ZERO,
         )
         .await?;
-    assert_eq!(late, keiro::ReportOutcome::AlreadySettled);
+    assert_eq!(late, keiro::remote::ReportOutcome::AlreadySettled);
     Ok(())
 }
 
 async fn redispatch_pending_counts_the_runs_pending_steps(h: Harness) -> TestResult {
     let registry = pair()?;
     h.keiro.start("pair", "p-1", &()).await?;
-    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    keiro::worker::resume_once(&h.store, &registry, &options(&h)).await?;
     assert_eq!(h.keiro.remote_tasks(("pair", "p-1")).await?.len(), 2);
     assert_eq!(h.keiro.redispatch_pending(("pair", "p-1")).await?, 2);
     let tasks = h.keiro.remote_tasks(("pair", "p-1")).await?;
@@ -486,7 +490,7 @@ async fn redispatch_pending_counts_the_runs_pending_steps(h: Harness) -> TestRes
 }
 
 /// `pair`: two remote steps awaited together (`left` and `right`), their sum.
-fn pair() -> Result<Registry, keiro::RegistryError> {
+fn pair() -> Result<Registry, keiro::worker::RegistryError> {
     let mut registry = Registry::new();
     registry.register("pair", |ctx: Ctx, (): ()| async move {
         let options = RemoteOptions::default();
@@ -572,7 +576,7 @@ async fn requeue_retries_a_failed_remote_step(h: Harness) -> TestResult {
 }
 
 /// `parent` awaits child `kid`, whose only step is the remote `print`.
-fn family() -> Result<Registry, keiro::RegistryError> {
+fn family() -> Result<Registry, keiro::worker::RegistryError> {
     let mut registry = Registry::new();
     registry.register("parent", |ctx: Ctx, id: String| async move {
         let label: String = ctx.child("kid", &id, &id).await?;
@@ -760,13 +764,13 @@ async fn a_requeued_run_parks_until_its_retry_reports(h: Harness) -> TestResult 
     running.stop().await;
 
     h.keiro.requeue(("shipping", "s-7")).await?;
-    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    keiro::worker::resume_once(&h.store, &registry, &options(&h)).await?;
     // The superseded failure does not count as the step's value: the run parks, and a pass
     // finds nothing to do until the retry reports.
     let row = h.keiro.instance(("shipping", "s-7")).await?.expect("row");
     assert_eq!(row.status, Status::Suspended);
     assert_eq!(
-        keiro::resume_once(&h.store, &registry, &options(&h))
+        keiro::worker::resume_once(&h.store, &registry, &options(&h))
             .await?
             .discovered,
         0
@@ -794,7 +798,7 @@ async fn a_requeued_run_parks_until_its_retry_reports(h: Harness) -> TestResult 
 async fn a_result_reported_while_the_run_was_failed_is_kept(h: Harness) -> TestResult {
     let registry = pair()?;
     h.keiro.start("pair", "p-2", &()).await?;
-    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    keiro::worker::resume_once(&h.store, &registry, &options(&h)).await?;
     let claim = |group: &str| keiro_remote::ClaimRequest {
         groups: vec![group.into()],
         worker: "test".into(),
@@ -817,10 +821,10 @@ async fn a_result_reported_while_the_run_was_failed_is_kept(h: Harness) -> TestR
         h.transport
             .task_complete(&right.step_id, &json!(20))
             .await?,
-        keiro::ReportOutcome::OwnerGone
+        keiro::remote::ReportOutcome::OwnerGone
     );
     h.keiro.requeue(("pair", "p-2")).await?;
-    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    keiro::worker::resume_once(&h.store, &registry, &options(&h)).await?;
     let left = h.transport.tasks_claim(&claim("left")).await?.remove(0);
     h.transport.task_complete(&left.step_id, &json!(10)).await?;
     until_status(&h, &registry, "pair", "p-2", Status::Completed).await?;
@@ -839,7 +843,7 @@ async fn a_result_reported_while_the_run_was_failed_is_kept(h: Harness) -> TestR
 async fn heartbeats_keep_a_long_task_from_a_second_worker(h: Harness) -> TestResult {
     let registry = shipping(RemoteOptions::default(), Ledger::default())?;
     h.keiro.start("shipping", "s-8", &"order-8").await?;
-    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    keiro::worker::resume_once(&h.store, &registry, &options(&h)).await?;
     // Claims last 300 ms; the handler takes 1.2 s; heartbeats every 100 ms keep the claim.
     let runs = Ledger::default();
     let slow_worker = |name: &str| {
@@ -880,7 +884,7 @@ async fn heartbeats_keep_a_long_task_from_a_second_worker(h: Harness) -> TestRes
 async fn shutdown_lets_a_running_handler_finish_and_report(h: Harness) -> TestResult {
     let registry = shipping(RemoteOptions::default(), Ledger::default())?;
     h.keiro.start("shipping", "s-9", &"order-9").await?;
-    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    keiro::worker::resume_once(&h.store, &registry, &options(&h)).await?;
     let started = Arc::new(AtomicBool::new(false));
     let s = started.clone();
     let worker = RemoteWorker::builder(h.transport.clone())
@@ -1026,7 +1030,7 @@ async fn a_remote_step_beside_a_local_step_is_dispatched_while_the_action_runs(
         }
     })?;
     h.keiro.start("beside", "b-1", &()).await?;
-    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    keiro::worker::resume_once(&h.store, &registry, &options(&h)).await?;
     assert_eq!(
         *seen.lock().unwrap(),
         Some(1),
@@ -1093,7 +1097,7 @@ async fn bad_operator_input_is_a_typed_error_and_starts_nothing(h: Harness) -> T
 }
 
 /// The `code` of a task's last error.
-fn last_error_code(task: &keiro::RemoteTask) -> Option<serde_json::Value> {
+fn last_error_code(task: &keiro::remote::RemoteTask) -> Option<serde_json::Value> {
     task.last_error
         .as_ref()
         .and_then(|e| e.get("code"))
@@ -1130,14 +1134,14 @@ impl keiro_remote::Transport for CountingClaims {
         &self,
         step_id: &str,
         output: &serde_json::Value,
-    ) -> keiro_journal::store::Result<keiro::ReportOutcome> {
+    ) -> keiro_journal::store::Result<keiro::remote::ReportOutcome> {
         self.inner.task_complete(step_id, output).await
     }
 
     async fn tasks_complete(
         &self,
         reports: &[(String, serde_json::Value)],
-    ) -> keiro_journal::store::Result<Vec<keiro::ReportOutcome>> {
+    ) -> keiro_journal::store::Result<Vec<keiro::remote::ReportOutcome>> {
         self.inner.tasks_complete(reports).await
     }
 
@@ -1147,7 +1151,7 @@ impl keiro_remote::Transport for CountingClaims {
         claim: uuid::Uuid,
         failure: &keiro_remote::TaskFailure,
         retry_delay: Duration,
-    ) -> keiro_journal::store::Result<keiro::ReportOutcome> {
+    ) -> keiro_journal::store::Result<keiro::remote::ReportOutcome> {
         self.inner
             .task_fail(step_id, claim, failure, retry_delay)
             .await
@@ -1202,7 +1206,7 @@ async fn a_worker_claims_again_after_a_full_claim_not_after_every_handler(
     // Two slots, one task: the claim comes back short, so the queue was empty then, and the
     // handler finishing does not send the worker back to the store (only a wake would).
     h.keiro.start("shipping", "c-1", &"c-1").await?;
-    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    keiro::worker::resume_once(&h.store, &registry, &options(&h)).await?;
     let (counting, running) = worker(2);
     all_completed(&h, &["c-1"]).await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -1216,7 +1220,7 @@ async fn a_worker_claims_again_after_a_full_claim_not_after_every_handler(
     for id in ["c-2", "c-3"] {
         h.keiro.start("shipping", id, &id).await?;
     }
-    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    keiro::worker::resume_once(&h.store, &registry, &options(&h)).await?;
     let (counting, running) = worker(1);
     all_completed(&h, &["c-2", "c-3"]).await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -1228,7 +1232,10 @@ async fn a_worker_claims_again_after_a_full_claim_not_after_every_handler(
 
 /// `fragile`: one remote step `print` with `retries` (and `redispatch`, when given); the body
 /// turns the step's final failure into its output, `"<code> after <attempts>"`.
-fn fragile(retries: u32, redispatch: Option<Duration>) -> Result<Registry, keiro::RegistryError> {
+fn fragile(
+    retries: u32,
+    redispatch: Option<Duration>,
+) -> Result<Registry, keiro::worker::RegistryError> {
     let mut registry = Registry::new();
     registry.register("fragile", move |ctx: Ctx, order: String| async move {
         let mut options = RemoteOptions::default().retries(retries, Backoff::default());
@@ -1250,7 +1257,9 @@ fn fragile(retries: u32, redispatch: Option<Duration>) -> Result<Registry, keiro
 
 /// Claims the `print` tasks as a worker that dies at once: nothing is ever reported, the claim
 /// only expires (after 50 ms).
-async fn claim_and_die(h: &Harness) -> Result<Vec<keiro_remote::ClaimedTask>, keiro::StoreError> {
+async fn claim_and_die(
+    h: &Harness,
+) -> Result<Vec<keiro_remote::ClaimedTask>, keiro::store::StoreError> {
     h.transport
         .tasks_claim(&keiro_remote::ClaimRequest {
             groups: vec!["print".into()],
@@ -1267,7 +1276,7 @@ async fn a_claim_that_expires_counts_an_attempt_and_at_the_limit_the_step_crashe
     // Three attempts in all; every one is claimed by a worker whose process dies.
     let registry = fragile(2, None)?;
     h.keiro.start("fragile", "f-1", &"order-1").await?;
-    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    keiro::worker::resume_once(&h.store, &registry, &options(&h)).await?;
     for attempt in 1..=3 {
         let claimed = claim_and_die(&h).await?;
         assert_eq!(
@@ -1300,7 +1309,7 @@ async fn a_claim_that_expires_counts_an_attempt_and_at_the_limit_the_step_crashe
         row.output,
         Some(json!(format!(
             "{} after 3",
-            keiro::RemoteStepError::CRASHED
+            keiro::remote::RemoteStepError::CRASHED
         )))
     );
     let tasks = h.keiro.remote_tasks(("fragile", "f-1")).await?;
@@ -1310,7 +1319,7 @@ async fn a_claim_that_expires_counts_an_attempt_and_at_the_limit_the_step_crashe
     );
     assert_eq!(
         last_error_code(&tasks[0]),
-        Some(json!(keiro::RemoteStepError::CRASHED))
+        Some(json!(keiro::remote::RemoteStepError::CRASHED))
     );
     assert!(claim_and_die(&h).await?.is_empty());
     Ok(())
@@ -1323,12 +1332,12 @@ async fn a_claim_expired_at_the_redispatch_deadline_counts_an_attempt_too(
     // redispatch deadline, so the run's re-arm is what finds the dead claim.
     let registry = fragile(1, Some(Duration::from_millis(150)))?;
     h.keiro.start("fragile", "f-2", &"order-2").await?;
-    keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+    keiro::worker::resume_once(&h.store, &registry, &options(&h)).await?;
     assert_eq!(claim_and_die(&h).await?.len(), 1);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+        keiro::worker::resume_once(&h.store, &registry, &options(&h)).await?;
         let tasks = h.keiro.remote_tasks(("fragile", "f-2")).await?;
         if tasks[0].dispatches == 2 {
             assert_eq!(
@@ -1348,7 +1357,7 @@ async fn a_claim_expired_at_the_redispatch_deadline_counts_an_attempt_too(
         row.output,
         Some(json!(format!(
             "{} after 2",
-            keiro::RemoteStepError::CRASHED
+            keiro::remote::RemoteStepError::CRASHED
         )))
     );
     let tasks = h.keiro.remote_tasks(("fragile", "f-2")).await?;
@@ -1363,7 +1372,7 @@ async fn a_claim_expired_at_the_redispatch_deadline_counts_an_attempt_too(
 /// `charge` input is the order's id. `rotor` leaves its generation 0 with its `charge` task
 /// pending: the task is dispatched while a step action runs beside it, and the body continues
 /// as new without awaiting it.
-fn payments() -> Result<Registry, keiro::RegistryError> {
+fn payments() -> Result<Registry, keiro::worker::RegistryError> {
     let mut registry = Registry::new();
     registry.register("checkout", |ctx: Ctx, order: String| async move {
         let receipt: String = ctx.child("order", &order, &order).await?;
@@ -1405,7 +1414,7 @@ async fn until_dispatched(h: &Harness, registry: &Registry, name: &str, id: &str
             tokio::time::Instant::now() < deadline,
             "{name}/{id} never dispatched"
         );
-        keiro::resume_once(&h.store, registry, &options(h)).await?;
+        keiro::worker::resume_once(&h.store, registry, &options(h)).await?;
     }
     Ok(())
 }
@@ -1575,7 +1584,7 @@ async fn a_running_handler_learns_its_run_was_cancelled_and_its_report_is_refuse
             "{id}"
         );
         assert!(remote_results(&h, "order", id).await?.is_empty(), "{id}");
-        keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+        keiro::worker::resume_once(&h.store, &registry, &options(&h)).await?;
         let row = h.keiro.instance(("order", id)).await?.expect("row");
         assert_eq!((row.status, row.output), (Status::Cancelled, None), "{id}");
     }
@@ -1628,7 +1637,7 @@ mod handlers {
         a_bad_handler_name_is_a_typed_error
     );
 
-    fn labels() -> Result<Registry, keiro::RegistryError> {
+    fn labels() -> Result<Registry, keiro::worker::RegistryError> {
         let mut registry = Registry::new();
         registry.register("labels", |ctx: Ctx, order: String| async move {
             let print = RemoteOptions::default().handler("print-label");
@@ -1645,7 +1654,7 @@ mod handlers {
     async fn one_handler_serves_many_steps_of_one_run(h: Harness) -> TestResult {
         let registry = labels()?;
         h.keiro.start("labels", "l-1", &"o-1").await?;
-        keiro::resume_once(&h.store, &registry, &options(&h)).await?;
+        keiro::worker::resume_once(&h.store, &registry, &options(&h)).await?;
         let mut tasks = h.keiro.remote_tasks(("labels", "l-1")).await?;
         tasks.sort_by(|a, b| a.step_id.cmp(&b.step_id));
         let routed: Vec<_> = tasks

@@ -6,7 +6,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use keiro::{Event, Keiro, RemoteStepError, Status, TaskStatus};
+use keiro::{remote::RemoteStepError, remote::TaskStatus, store::Event, Keiro, Status};
 use keiro_tests::pg::TestDb;
 use keiro_tests::remote_fixtures::{parcel, Parcel};
 use keiro_tests::TestResult;

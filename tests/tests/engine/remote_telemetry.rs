@@ -5,8 +5,9 @@
 use std::time::Duration;
 
 use keiro::{
-    Ctx, Registry, RemoteOptions, RemoteWorker, RemoteWorkerOptions, ResumeOptions, Status,
-    TaskContext, TaskError, Tracing, WorkflowError,
+    remote::RemoteOptions, remote::RemoteWorker, remote::RemoteWorkerOptions, remote::TaskContext,
+    remote::TaskError, worker::Registry, worker::ResumeOptions, Ctx, Status, Tracing,
+    WorkflowError,
 };
 use keiro_telemetry::names;
 use keiro_telemetry::testing::Recorder;
@@ -28,7 +29,7 @@ async fn until(
 ) -> TestResult {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        keiro::resume_once(&h.store, registry, options).await?;
+        keiro::worker::resume_once(&h.store, registry, options).await?;
         if h.keiro.instance(("traced", id)).await?.map(|r| r.status) == Some(status) {
             return Ok(());
         }
@@ -40,7 +41,7 @@ async fn until(
     }
 }
 
-fn traced(redispatch: Option<(Duration, u32)>) -> Result<Registry, keiro::RegistryError> {
+fn traced(redispatch: Option<(Duration, u32)>) -> Result<Registry, keiro::worker::RegistryError> {
     let mut registry = Registry::new();
     registry.register("traced", move |ctx: Ctx, (): ()| async move {
         let mut options = RemoteOptions::default();
@@ -88,7 +89,7 @@ async fn a_remote_handlers_span_joins_the_workflows_trace(h: Harness) -> TestRes
     };
     let registry = traced(None)?;
     h.keiro.start("traced", "t-1", &()).await?;
-    keiro::resume_once(&h.store, &registry, &options).await?;
+    keiro::worker::resume_once(&h.store, &registry, &options).await?;
     let tasks = h.keiro.remote_tasks(("traced", "t-1")).await?;
     let traceparent = tasks[0]
         .traceparent

@@ -5,7 +5,10 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use keiro::{workflow_fn, Ctx, RemoteOptions, RunError, RunOutcome, Status, StepKind};
+use keiro::{
+    remote::RemoteOptions, store::StepKind, workflow::workflow_fn, workflow::RunError,
+    workflow::RunOutcome, Ctx, Status,
+};
 use keiro_tests::{key, on_both_stores, run_inline, Harness, Ledger, TestResult};
 use serde_json::{json, Value};
 
@@ -20,7 +23,7 @@ on_both_stores!(
 );
 
 /// A remote step `remote` (the label printer), then a local step.
-fn labelled(remote: &'static str, ledger: Ledger) -> Arc<dyn keiro::Workflow> {
+fn labelled(remote: &'static str, ledger: Ledger) -> Arc<dyn keiro::workflow::Workflow> {
     workflow_fn(move |ctx: Ctx, order: String| {
         let ledger = ledger.clone();
         async move {
@@ -63,7 +66,7 @@ async fn recorded(
         .await?
         .into_iter()
         .find_map(|e| match e.event {
-            keiro::Event::StepRecorded {
+            keiro::store::Event::StepRecorded {
                 step: s, result, ..
             } if s == step => Some(result),
             _ => None,
@@ -153,7 +156,11 @@ async fn a_pending_remote_step_renamed_is_no_divergence(h: Harness) -> TestResul
 
 /// Step `a`, the await `go`, then `old_tail` past it; with `patch`, the patch `p` sits between
 /// `go` and the tail and its new branch runs the step `fix`.
-fn around_a_park(patch: bool, old_tail: bool, ledger: Ledger) -> Arc<dyn keiro::Workflow> {
+fn around_a_park(
+    patch: bool,
+    old_tail: bool,
+    ledger: Ledger,
+) -> Arc<dyn keiro::workflow::Workflow> {
     workflow_fn(move |ctx: Ctx, (): ()| {
         let ledger = ledger.clone();
         async move {
@@ -300,7 +307,7 @@ async fn a_patch_beside_a_replaying_sibling_takes_the_new_branch(h: Harness) -> 
         .await?
         .into_iter()
         .filter_map(|e| match e.event {
-            keiro::Event::StepRecorded { step, kind, .. } => Some((step, kind)),
+            keiro::store::Event::StepRecorded { step, kind, .. } => Some((step, kind)),
             _ => None,
         })
         .collect();

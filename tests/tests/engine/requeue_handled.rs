@@ -7,15 +7,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keiro::{
-    Ctx, Registry, RemoteOptions, RemoteWorker, RemoteWorkerOptions, RequeueOutcome, Status,
-    TaskContext, TaskError, WorkflowError,
+    operate::RequeueOutcome, remote::RemoteOptions, remote::RemoteWorker,
+    remote::RemoteWorkerOptions, remote::TaskContext, remote::TaskError, worker::Registry, Ctx,
+    Status, WorkflowError,
 };
 use keiro_tests::{on_both_stores, Harness, Ledger, TestResult};
 
 on_both_stores!(a_handled_remote_failure_is_not_reset_by_requeue);
 
 /// `quote` may fail, and the body falls back to a local step; `charge` failing fails the run.
-fn quoting(ledger: Ledger) -> Result<Registry, keiro::RegistryError> {
+fn quoting(ledger: Ledger) -> Result<Registry, keiro::worker::RegistryError> {
     let mut registry = Registry::new();
     registry.register("quoting", move |ctx: Ctx, id: String| {
         let ledger = ledger.clone();
@@ -75,7 +76,7 @@ fn handlers(h: &Harness, broken: Arc<AtomicBool>, calls: Ledger) -> RemoteWorker
 async fn until_status(h: &Harness, registry: &Registry, id: &str, status: Status) -> TestResult {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        keiro::resume_once(&h.store, registry, &h.fast_options()).await?;
+        keiro::worker::resume_once(&h.store, registry, &h.fast_options()).await?;
         let row = h.keiro.instance(("quoting", id)).await?.expect("instance");
         if row.status == status {
             return Ok(());

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use keiro::{Ctx, Keiro, Notifier, ResultError, ResultOptions, WorkflowError};
+use keiro::{worker::Notifier, Ctx, Keiro, ResultError, ResultOptions, WorkflowError};
 use keiro_tests::counting::CountingStore;
 use keiro_tests::{Backend, Harness, TestResult};
 
@@ -45,7 +45,7 @@ impl Pushed {
     }
 
     /// A facade with push over `store` (the harness's store, or a wrapper of it).
-    fn keiro(&self, store: Arc<dyn keiro::LeaseStore>) -> Keiro {
+    fn keiro(&self, store: Arc<dyn keiro::store::LeaseStore>) -> Keiro {
         keiro::KeiroBuilder::lease_only(store)
             .push(self.notifier.clone())
             .build()
@@ -340,8 +340,8 @@ async fn two_hundred_waiters_share_one_listener_and_none_polls_faster_than_its_f
 }
 
 /// Drives the 200 runs a few at a time.
-fn concurrent(options: keiro::ResumeOptions) -> keiro::ResumeOptions {
-    keiro::ResumeOptions {
+fn concurrent(options: keiro::worker::ResumeOptions) -> keiro::worker::ResumeOptions {
+    keiro::worker::ResumeOptions {
         max_concurrent_advances: 8,
         ..options
     }

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keiro::{
-    Append, AppendOutcome, ClaimOutcome, Ctx, Event, LeaseStore, Registry, ResumeSummary,
-    ResurrectOutcome, RunOutcome, Status, StepKind, WorkflowError, WorkflowName,
+    operate::ResurrectOutcome, store::Append, store::AppendOutcome, store::ClaimOutcome,
+    store::Event, store::LeaseStore, store::StepKind, worker::Registry, worker::ResumeSummary,
+    workflow::RunOutcome, workflow::WorkflowName, Ctx, Status, WorkflowError,
 };
 use keiro_tests::{key, on_both_stores, run_inline, FaultyStore, Harness, Ledger, TestResult};
 use serde_json::json;
@@ -92,7 +93,7 @@ async fn crashed_mid_run_resumes_running_only_the_tail(h: Harness) -> TestResult
     let options = h.fast_options();
     h.keiro.start("counted", "c-1", &1u32).await?;
 
-    let first = keiro::resume_once(&h.store, &registry, &options).await?;
+    let first = keiro::worker::resume_once(&h.store, &registry, &options).await?;
     assert_eq!(
         (
             first.discovered,
@@ -111,7 +112,7 @@ async fn crashed_mid_run_resumes_running_only_the_tail(h: Harness) -> TestResult
 
     fail.store(false, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(5)).await; // the 1 ms backoff gate
-    let second = keiro::resume_once(&h.store, &registry, &options).await?;
+    let second = keiro::worker::resume_once(&h.store, &registry, &options).await?;
     assert_eq!(
         (second.resumed, second.completed, second.advanced),
         (1, 1, 1)
@@ -141,7 +142,7 @@ async fn suspended_resumes_once_its_awaited_step_is_journaled(h: Harness) -> Tes
     let mut options = h.fast_options();
     options.reconcile = None;
     h.keiro.start("gate", "g-1", &()).await?;
-    let parked = keiro::resume_once(&h.store, &registry, &options).await?;
+    let parked = keiro::worker::resume_once(&h.store, &registry, &options).await?;
     assert_eq!(
         (parked.resumed, parked.completed, parked.still_suspended),
         (1, 0, 0)
@@ -155,7 +156,7 @@ async fn suspended_resumes_once_its_awaited_step_is_journaled(h: Harness) -> Tes
         Status::Suspended
     );
 
-    let idle = keiro::resume_once(&h.store, &registry, &options).await?;
+    let idle = keiro::worker::resume_once(&h.store, &registry, &options).await?;
     assert_eq!(
         idle,
         ResumeSummary::default(),
@@ -163,7 +164,7 @@ async fn suspended_resumes_once_its_awaited_step_is_journaled(h: Harness) -> Tes
     );
 
     h.keiro.deliver(("gate", "g-1"), "open", &21).await?;
-    let woken = keiro::resume_once(&h.store, &registry, &options).await?;
+    let woken = keiro::worker::resume_once(&h.store, &registry, &options).await?;
     assert_eq!((woken.discovered, woken.completed), (1, 1));
     assert_eq!(
         h.keiro
@@ -179,7 +180,7 @@ async fn suspended_resumes_once_its_awaited_step_is_journaled(h: Harness) -> Tes
 async fn unknown_name_is_skipped_and_counted(h: Harness) -> TestResult {
     let registry = Registry::new();
     h.keiro.start("nobody-knows", "n-1", &()).await?;
-    let summary = keiro::resume_once(&h.store, &registry, &h.fast_options()).await?;
+    let summary = keiro::worker::resume_once(&h.store, &registry, &h.fast_options()).await?;
     assert_eq!(
         (summary.discovered, summary.unknown_name, summary.resumed),
         (1, 1, 0)
@@ -200,7 +201,7 @@ async fn unknown_name_is_skipped_and_counted(h: Harness) -> TestResult {
     Ok(())
 }
 
-fn mixed_registry(ledger: Ledger) -> Result<Registry, keiro::RegistryError> {
+fn mixed_registry(ledger: Ledger) -> Result<Registry, keiro::worker::RegistryError> {
     let mut registry = Registry::new();
     let l = ledger.clone();
     registry.register("healthy", move |ctx: Ctx, (): ()| {
@@ -234,7 +235,7 @@ async fn poison_workflow_is_isolated(h: Harness) -> TestResult {
     let registry = mixed_registry(ledger.clone())?;
     h.keiro.start("poison", "p-1", &()).await?;
     h.keiro.start("healthy", "h-1", &()).await?;
-    let summary = keiro::resume_once(&h.store, &registry, &h.fast_options()).await?;
+    let summary = keiro::worker::resume_once(&h.store, &registry, &h.fast_options()).await?;
     assert_eq!(
         (summary.discovered, summary.resumed, summary.completed),
         (2, 2, 1)
@@ -274,7 +275,7 @@ async fn mixed_pass(
     assert!(matches!(held, ClaimOutcome::Acquired(_)));
     let mut options = h.fast_options();
     options.max_concurrent_advances = concurrency;
-    Ok(keiro::resume_once(&h.store, &registry, &options).await?)
+    Ok(keiro::worker::resume_once(&h.store, &registry, &options).await?)
 }
 
 async fn sequential_and_concurrent_passes_report_identically(h: Harness) -> TestResult {
@@ -326,7 +327,7 @@ async fn crash_against_a_terminal_workflow_records_no_attempt(h: Harness) -> Tes
         }
     })?;
     h.keiro.start("self-cancel", "sc-1", &()).await?;
-    let summary = keiro::resume_once(&h.store, &registry, &h.fast_options()).await?;
+    let summary = keiro::worker::resume_once(&h.store, &registry, &h.fast_options()).await?;
     assert_eq!(
         (summary.resumed, summary.transient_errors, summary.failed),
         (1, 1, 0)
@@ -362,7 +363,7 @@ async fn failing_at_the_ceiling_short_circuits_later_runs(h: Harness) -> TestRes
     let mut total = ResumeSummary::default();
     for _ in 0..3 {
         tokio::time::sleep(Duration::from_millis(5)).await;
-        total += keiro::resume_once(&h.store, &registry, &options).await?;
+        total += keiro::worker::resume_once(&h.store, &registry, &options).await?;
     }
     assert_eq!((total.resumed, total.failed), (3, 1));
     let row = h.keiro.instance(("doomed", "d-1")).await?.expect("row");
@@ -374,16 +375,21 @@ async fn failing_at_the_ceiling_short_circuits_later_runs(h: Harness) -> TestRes
         .into_iter()
         .filter_map(|e| e.event.marker())
         .collect();
-    assert_eq!(markers, [keiro::Marker::Failed]);
+    assert_eq!(markers, [keiro::store::Marker::Failed]);
 
-    let direct = run_inline(&h, &key("doomed", "d-1"), keiro::workflow_fn(body).as_ref()).await?;
+    let direct = run_inline(
+        &h,
+        &key("doomed", "d-1"),
+        keiro::workflow::workflow_fn(body).as_ref(),
+    )
+    .await?;
     assert_eq!(direct, RunOutcome::Failed);
     assert_eq!(
         ledger.count("try"),
         3,
         "the short-circuited run ran nothing"
     );
-    let after = keiro::resume_once(&h.store, &registry, &options).await?;
+    let after = keiro::worker::resume_once(&h.store, &registry, &options).await?;
     assert_eq!(after.discovered, 0);
     Ok(())
 }
@@ -398,7 +404,7 @@ async fn resurrect_completes_without_rerunning_the_prefix_and_can_fail_again(
     let mut options = h.fast_options();
     options.max_attempts = 1;
     h.keiro.start("counted", "r-1", &1u32).await?;
-    let failed = keiro::resume_once(&h.store, &registry, &options).await?;
+    let failed = keiro::worker::resume_once(&h.store, &registry, &options).await?;
     assert_eq!(failed.failed, 1);
 
     // Resurrected while still broken: it fails again, in the same generation.
@@ -406,7 +412,7 @@ async fn resurrect_completes_without_rerunning_the_prefix_and_can_fail_again(
         h.keiro.resurrect(("counted", "r-1")).await?,
         ResurrectOutcome::Resurrected
     );
-    let again = keiro::resume_once(&h.store, &registry, &options).await?;
+    let again = keiro::worker::resume_once(&h.store, &registry, &options).await?;
     assert_eq!(again.failed, 1);
     assert_eq!(
         h.keiro
@@ -422,7 +428,7 @@ async fn resurrect_completes_without_rerunning_the_prefix_and_can_fail_again(
         h.keiro.resurrect(("counted", "r-1")).await?,
         ResurrectOutcome::Resurrected
     );
-    let done = keiro::resume_once(&h.store, &registry, &options).await?;
+    let done = keiro::worker::resume_once(&h.store, &registry, &options).await?;
     assert_eq!(done.completed, 1);
     assert_eq!(
         (ledger.count("a"), ledger.count("b"), ledger.count("c")),
@@ -431,7 +437,7 @@ async fn resurrect_completes_without_rerunning_the_prefix_and_can_fail_again(
     let history = h.keiro.journal(("counted", "r-1")).await?;
     let failures = history
         .iter()
-        .filter(|e| e.event.marker() == Some(keiro::Marker::Failed))
+        .filter(|e| e.event.marker() == Some(keiro::store::Marker::Failed))
         .count();
     let resurrections = history
         .iter()
@@ -464,7 +470,7 @@ async fn store_errors_are_transient_and_consume_no_attempt(h: Harness) -> TestRe
     )?;
     h.keiro.start("counted", "s-1", &1u32).await?;
     faulty.fail_appends(true);
-    let summary = keiro::resume_once(&store, &registry, &h.fast_options()).await?;
+    let summary = keiro::worker::resume_once(&store, &registry, &h.fast_options()).await?;
     assert_eq!(
         (summary.resumed, summary.transient_errors, summary.failed),
         (1, 1, 0)
@@ -480,7 +486,7 @@ async fn store_errors_are_transient_and_consume_no_attempt(h: Harness) -> TestRe
         "the lease was released for the next pass"
     );
     faulty.fail_appends(false);
-    let summary = keiro::resume_once(&store, &registry, &h.fast_options()).await?;
+    let summary = keiro::worker::resume_once(&store, &registry, &h.fast_options()).await?;
     assert_eq!(summary.completed, 1);
     Ok(())
 }
@@ -514,7 +520,7 @@ async fn lease_claim_expiry_and_skip(h: Harness) -> TestResult {
     let mut registry = Registry::new();
     registry.register("l", |_ctx: Ctx, (): ()| async move { Ok(()) })?;
     let _held = h.store.instance_claim(&k, "c", ttl, None).await?;
-    let summary = keiro::resume_once(&h.store, &registry, &h.fast_options()).await?;
+    let summary = keiro::worker::resume_once(&h.store, &registry, &h.fast_options()).await?;
     assert_eq!(
         (summary.discovered, summary.lease_skipped, summary.resumed),
         (1, 1, 0)
@@ -559,7 +565,7 @@ async fn renewal_before_a_slow_step_keeps_the_lease(h: Harness) -> TestResult {
     let mut options = h.fast_options();
     options.lease_ttl = Duration::from_millis(1200);
     h.keiro.start("slow", "s-1", &()).await?;
-    let summary = keiro::resume_once(&h.store, &registry, &options).await?;
+    let summary = keiro::worker::resume_once(&h.store, &registry, &options).await?;
     assert_eq!(summary.completed, 1, "{summary:?}");
     let rival = rival_claim
         .lock()
@@ -602,7 +608,7 @@ async fn lost_lease_stops_the_run_and_records_no_crash(h: Harness) -> TestResult
         }
     })?;
     h.keiro.start("lost", "x-1", &()).await?;
-    let summary = keiro::resume_once(&h.store, &registry, &h.fast_options()).await?;
+    let summary = keiro::worker::resume_once(&h.store, &registry, &h.fast_options()).await?;
     assert_eq!(
         (
             summary.resumed,
@@ -622,7 +628,7 @@ async fn lost_lease_stops_the_run_and_records_no_crash(h: Harness) -> TestResult
         h.keiro.journal(("lost", "x-1")).await?.is_empty(),
         "the step's append was refused"
     );
-    let next = keiro::resume_once(&h.store, &registry, &h.fast_options()).await?;
+    let next = keiro::worker::resume_once(&h.store, &registry, &h.fast_options()).await?;
     assert_eq!(next.completed, 1);
     Ok(())
 }
@@ -639,7 +645,7 @@ async fn stale_holder_cannot_change_a_recorded_result(h: Harness) -> TestResult 
     else {
         panic!()
     };
-    let record = |fence: keiro::Fence, v: u32| Append {
+    let record = |fence: keiro::store::Fence, v: u32| Append {
         key: k.clone(),
         generation: Some(0),
         event: Event::StepRecorded {
@@ -688,7 +694,7 @@ async fn discovery_returns_exactly_the_runnable_and_wake_due(h: Harness) -> Test
     for id in ["running", "parked", "due", "future", "done"] {
         h.keiro.start("d", id, &()).await?;
     }
-    let park = |id: &str, wake_after: Option<OffsetDateTime>| keiro_journal::Park {
+    let park = |id: &str, wake_after: Option<OffsetDateTime>| keiro_journal::store::Park {
         key: key("d", id),
         generation: 0,
         fence: None,
@@ -730,11 +736,11 @@ async fn completed_workflow_is_not_discovered_and_passes_are_stable(h: Harness) 
         ctx.step("s", || async { Ok::<_, Infallible>(1) }).await
     })?;
     h.keiro.start("once", "o-1", &()).await?;
-    let first = keiro::drain(&h.store, &registry, &h.fast_options()).await?;
+    let first = keiro::worker::drain(&h.store, &registry, &h.fast_options()).await?;
     assert_eq!(first.completed, 1);
     for _ in 0..3 {
         assert_eq!(
-            keiro::resume_once(&h.store, &registry, &h.fast_options()).await?,
+            keiro::worker::resume_once(&h.store, &registry, &h.fast_options()).await?,
             ResumeSummary::default()
         );
     }
@@ -783,9 +789,9 @@ async fn backoff_paces_a_crashed_workflow(h: Harness) -> TestResult {
         Err::<(), _>(keiro_tests::crash("nope"))
     })?;
     let mut options = h.fast_options();
-    options.backoff = keiro::CRASH_BACKOFF_DEFAULT; // 2 s after the first crash
+    options.backoff = keiro::store::CRASH_BACKOFF_DEFAULT; // 2 s after the first crash
     h.keiro.start("crashy", "c-1", &()).await?;
-    let first = keiro::resume_once(&h.store, &registry, &options).await?;
+    let first = keiro::worker::resume_once(&h.store, &registry, &options).await?;
     assert_eq!(first.resumed, 1);
     let row = h.keiro.instance(("crashy", "c-1")).await?.expect("row");
     let gate = row.next_attempt_at.expect("a backoff gate");
@@ -794,7 +800,7 @@ async fn backoff_paces_a_crashed_workflow(h: Harness) -> TestResult {
         wait >= time::Duration::milliseconds(1900) && wait <= time::Duration::milliseconds(2100),
         "{wait}"
     );
-    let paced = keiro::resume_once(&h.store, &registry, &options).await?;
+    let paced = keiro::worker::resume_once(&h.store, &registry, &options).await?;
     assert_eq!(
         (paced.discovered, paced.paced, paced.resumed, paced.advanced),
         (1, 1, 0, 0),
@@ -842,7 +848,7 @@ async fn batch_claim_takes_only_claimable_registered_instances(h: Harness) -> Te
         .instance_record_crash(&key("mine", "paced"), &paced.fence, &crash)
         .await?;
     h.store
-        .instance_park(&keiro_journal::Park {
+        .instance_park(&keiro_journal::store::Park {
             key: key("mine", "parked"),
             generation: 0,
             fence: None,
@@ -910,7 +916,7 @@ async fn a_batch_claim_goes_by_priority_then_age_across_free_expired_and_due_run
         ("expired-low", 0),
     ] {
         h.store
-            .instance_start(&keiro_journal::StartRequest {
+            .instance_start(&keiro_journal::store::StartRequest {
                 key: key("mine", id),
                 input: json!(null),
                 parent: None,
@@ -939,7 +945,7 @@ async fn a_batch_claim_goes_by_priority_then_age_across_free_expired_and_due_run
     assert!(matches!(live, ClaimOutcome::Acquired(_)));
     let parked = h
         .store
-        .instance_park(&keiro_journal::Park {
+        .instance_park(&keiro_journal::store::Park {
             key: key("mine", "due-mid"),
             generation: 0,
             fence: None,
@@ -947,7 +953,7 @@ async fn a_batch_claim_goes_by_priority_then_age_across_free_expired_and_due_run
             wake_after: Some(an_hour_ago),
         })
         .await?;
-    assert_eq!(parked, keiro_journal::ParkOutcome::Suspended);
+    assert_eq!(parked, keiro_journal::store::ParkOutcome::Suspended);
 
     let ids = |claims: &[keiro_lease::Claim]| -> Vec<String> {
         claims

@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use keiro::{CatchUp, InstanceKey, Keiro, Overlap, SchedulerOptions, Status};
+use keiro::{
+    schedule::CatchUp, schedule::Overlap, schedule::SchedulerOptions, InstanceKey, Keiro, Status,
+};
 use keiro_tests::contract::schedule::scheduler::{
     every_minute, job, options, started, worker, MINUTE,
 };

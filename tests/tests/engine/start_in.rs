@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use keiro::postgres::tokio_postgres::{self, AsyncMessage, Client, NoTls};
 use keiro::{
-    AppendOutcome, AwakeableOutcome, CancelOutcome, Ctx, Error, InstanceKey, Keiro, Registry,
-    SignalSendOutcome, Status, StoreError, WorkflowError,
+    operate::CancelOutcome, store::AppendOutcome, store::StoreError, worker::Registry,
+    workflow::AwakeableOutcome, workflow::SignalSendOutcome, Ctx, Error, InstanceKey, Keiro,
+    Status, WorkflowError,
 };
 use keiro_tests::{Harness, TestResult};
 use tokio::sync::mpsc;
@@ -266,7 +267,7 @@ async fn a_rolled_back_delivery_leaves_nothing() -> TestResult {
         matches!(
             refused,
             Err(Error::DeliveryRefused {
-                reason: keiro::DeliveryRefusal::StaleGeneration {
+                reason: keiro::workflow::DeliveryRefusal::StaleGeneration {
                     generation: 3,
                     current: 0
                 },
@@ -285,9 +286,9 @@ async fn a_delivery_in_a_transaction_is_bounded_as_the_pooled_one() -> TestResul
     let keiro = app
         .keiro
         .clone()
-        .with_delivery_backlog(keiro::DeliveryBacklog {
+        .with_delivery_backlog(keiro::workflow::DeliveryBacklog {
             deliveries: 1,
-            ..keiro::DeliveryBacklog::default()
+            ..keiro::workflow::DeliveryBacklog::default()
         });
     keiro.start("gate", "g-1", &()).await?;
     let tx = app.client.transaction().await?;
@@ -297,7 +298,7 @@ async fn a_delivery_in_a_transaction_is_bounded_as_the_pooled_one() -> TestResul
         matches!(
             &refused,
             Err(Error::DeliveryRefused {
-                reason: keiro::DeliveryRefusal::Backlog { unread, .. },
+                reason: keiro::workflow::DeliveryRefusal::Backlog { unread, .. },
                 ..
             }) if unread.count == 1
         ),
@@ -433,7 +434,7 @@ async fn a_rolled_back_awakeable_completion_leaves_nothing() -> TestResult {
     })?;
     let options = app.h.fast_options();
     app.keiro.start("approver", "a-1", &()).await?;
-    keiro::resume_once(&app.h.store, &registry, &options).await?;
+    keiro::worker::resume_once(&app.h.store, &registry, &options).await?;
     let id = ids.lock().expect("lock")[0];
     let before = app.journal_rows("approver", "a-1").await?;
     assert_eq!(app.h.store.awakeables_pending().await?, 1);
@@ -455,7 +456,7 @@ async fn a_rolled_back_awakeable_completion_leaves_nothing() -> TestResult {
     app.keiro.complete_awakeable_in(&tx, id, "yes").await?;
     tx.commit().await?;
     assert_eq!(app.h.store.awakeables_pending().await?, 0);
-    keiro::resume_once(&app.h.store, &registry, &options).await?;
+    keiro::worker::resume_once(&app.h.store, &registry, &options).await?;
     let instance = app.keiro.instance(("approver", "a-1")).await?.expect("row");
     assert_eq!(instance.status, Status::Completed);
     assert_eq!(instance.output, Some(serde_json::json!("yes")));
@@ -607,7 +608,7 @@ async fn a_signal_in_a_snapshot_transaction_is_refused_naming_the_level() -> Tes
         let (id, token) = (format!("w-{n}"), format!("tok-{n}"));
         let tx = snapshot_at(&mut app.client, level).await?;
         app.keiro.start("waiter", &id, &token).await?;
-        keiro::resume_once(&app.h.store, &registry, &options).await?;
+        keiro::worker::resume_once(&app.h.store, &registry, &options).await?;
         let row = app
             .keiro
             .instance(("waiter", id.as_str()))
@@ -617,7 +618,7 @@ async fn a_signal_in_a_snapshot_transaction_is_refused_naming_the_level() -> Tes
 
         let sent = app.keiro.signal_in(&tx, &token, &7u32).await;
         assert!(isolation_refused(&sent, name), "{name}: {sent:?}");
-        let message = keiro::error_chain(&sent.expect_err("refused"));
+        let message = keiro::workflow::error_chain(&sent.expect_err("refused"));
         assert!(message.contains(name), "{message}");
         // Nothing was sent, and the transaction is still good for the caller's own rows.
         tx.execute("INSERT INTO orders VALUES ($1)", &[&id]).await?;
@@ -633,7 +634,7 @@ async fn a_signal_in_a_snapshot_transaction_is_refused_naming_the_level() -> Tes
             }
         );
         tx.commit().await?;
-        keiro::resume_once(&app.h.store, &registry, &options).await?;
+        keiro::worker::resume_once(&app.h.store, &registry, &options).await?;
         let row = app
             .keiro
             .instance(("waiter", id.as_str()))
@@ -709,7 +710,7 @@ async fn starts_deliveries_and_awakeables_work_in_snapshot_transactions() -> Tes
         let tx = snapshot_at(&mut app.client, level).await?;
         assert!(app.keiro.start_in(&tx, "gate", &id, &()).await?.created);
         tx.commit().await?;
-        keiro::resume_once(&app.h.store, &registry, &options).await?;
+        keiro::worker::resume_once(&app.h.store, &registry, &options).await?;
         assert_eq!(
             done(app.keiro.clone(), "gate", id.clone()).await?.0,
             Status::Suspended,
@@ -734,7 +735,7 @@ async fn starts_deliveries_and_awakeables_work_in_snapshot_transactions() -> Tes
         let late = format!("late-{n}");
         app.keiro.start("gate", &late, &()).await?;
         let tx = snapshot_at(&mut app.client, level).await?;
-        keiro::resume_once(&app.h.store, &registry, &options).await?;
+        keiro::worker::resume_once(&app.h.store, &registry, &options).await?;
         let stale = app
             .keiro
             .deliver_in(&tx, ("gate", late.as_str()), "open", &1u32)
@@ -756,7 +757,7 @@ async fn starts_deliveries_and_awakeables_work_in_snapshot_transactions() -> Tes
             );
             tx.commit().await?;
         }
-        keiro::resume_once(&app.h.store, &registry, &options).await?;
+        keiro::worker::resume_once(&app.h.store, &registry, &options).await?;
         for target in [&id, &late] {
             assert_eq!(
                 done(app.keiro.clone(), "gate", target.clone()).await?,
@@ -768,7 +769,7 @@ async fn starts_deliveries_and_awakeables_work_in_snapshot_transactions() -> Tes
         // An awakeable settled from a snapshot that sees it pending.
         let approver = format!("a-{n}");
         app.keiro.start("approver", &approver, &()).await?;
-        keiro::resume_once(&app.h.store, &registry, &options).await?;
+        keiro::worker::resume_once(&app.h.store, &registry, &options).await?;
         let id = *ids.lock().expect("lock").last().expect("an awakeable");
         let tx = snapshot_at(&mut app.client, level).await?;
         assert_eq!(
@@ -777,7 +778,7 @@ async fn starts_deliveries_and_awakeables_work_in_snapshot_transactions() -> Tes
             "{name}"
         );
         tx.commit().await?;
-        keiro::resume_once(&app.h.store, &registry, &options).await?;
+        keiro::worker::resume_once(&app.h.store, &registry, &options).await?;
         assert_eq!(
             done(app.keiro.clone(), "approver", approver).await?,
             (Status::Completed, Some(serde_json::json!("yes"))),

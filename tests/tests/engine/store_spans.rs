@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use keiro::{Ctx, Fence, Registry, SignalSendOutcome, Status};
+use keiro::{store::Fence, worker::Registry, workflow::SignalSendOutcome, Ctx, Status};
 use keiro_tests::{key, Backend, Harness, TestResult};
 use serde_json::json;
 use tracing::field::{Field, Visit};
@@ -52,7 +52,7 @@ async fn a_workflow_opens_a_span_per_store_operation(h: Harness, spans: &Spans) 
     let options = h.fast_options();
 
     h.keiro.start("traced", ID, &TOKEN).await?;
-    keiro::resume_once(&h.store, &registry, &options).await?;
+    keiro::worker::resume_once(&h.store, &registry, &options).await?;
     let k = key("traced", ID);
     let parked = h.store.instance_get(&k).await?.ok_or("no row")?;
     assert_eq!(parked.status, Status::Suspended, "parked on the signal");
@@ -60,7 +60,7 @@ async fn a_workflow_opens_a_span_per_store_operation(h: Harness, spans: &Spans) 
         h.keiro.signal(TOKEN, &true).await?,
         SignalSendOutcome::Delivered { to: k.clone() }
     );
-    let done = keiro::resume_once(&h.store, &registry, &options).await?;
+    let done = keiro::worker::resume_once(&h.store, &registry, &options).await?;
     assert_eq!(done.completed, 1, "{done:?}");
     let row = h.store.instance_get(&k).await?.ok_or("no row")?;
     assert_eq!(row.output, Some(json!([7, true])));

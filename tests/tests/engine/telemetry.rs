@@ -7,7 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use keiro::{ClaimOutcome, Ctx, LeaseStore, Registry, ResumeOptions, TimerOptions};
+use keiro::{
+    store::ClaimOutcome, store::LeaseStore, worker::Registry, worker::ResumeOptions,
+    worker::TimerOptions, Ctx,
+};
 use keiro_telemetry::names;
 use keiro_telemetry::testing::Recorder;
 use keiro_tests::{key, on_both_stores, FaultyStore, Harness, TestResult};
@@ -19,7 +22,7 @@ on_both_stores!(
     metrics_off_records_nothing_and_changes_nothing,
 );
 
-fn registry(fail: Arc<AtomicBool>) -> Result<Registry, keiro::RegistryError> {
+fn registry(fail: Arc<AtomicBool>) -> Result<Registry, keiro::worker::RegistryError> {
     let mut registry = Registry::new();
     registry.register("m", move |ctx: Ctx, (): ()| {
         let fail = fail.clone();
@@ -59,12 +62,12 @@ async fn crash_then_resume_records_steps_runs_and_lengths(h: Harness) -> TestRes
     let options = with_metrics(&h, &recorder);
     let registry = registry(Arc::new(AtomicBool::new(true)))?;
     h.keiro.start("m", "m-1", &()).await?;
-    keiro::resume_once(&h.store, &registry, &options).await?;
+    keiro::worker::resume_once(&h.store, &registry, &options).await?;
     assert_eq!(recorder.total(names::WORKFLOW_RESUMED)?, 1.0);
     assert_eq!(recorder.total(names::WORKFLOW_STEPS_EXECUTED)?, 2.0);
     assert_eq!(recorder.total(names::WORKFLOW_STEPS_REPLAYED)?, 0.0);
     tokio::time::sleep(Duration::from_millis(5)).await;
-    keiro::resume_once(&h.store, &registry, &options).await?;
+    keiro::worker::resume_once(&h.store, &registry, &options).await?;
     assert_eq!(recorder.total(names::WORKFLOW_RESUMED)?, 2.0);
     assert_eq!(
         recorder.total(names::WORKFLOW_STEPS_EXECUTED)?,
@@ -116,19 +119,19 @@ async fn lease_skip_failure_and_store_errors_are_counted(h: Harness) -> TestResu
         )
         .await?;
     assert!(matches!(held, ClaimOutcome::Acquired(_)));
-    keiro::resume_once(&h.store, &registry, &options).await?;
+    keiro::worker::resume_once(&h.store, &registry, &options).await?;
     assert_eq!(recorder.total(names::WORKFLOW_LEASE_SKIPPED)?, 1.0);
 
     options.max_attempts = 1;
     h.keiro.start("always-fails", "f-1", &()).await?;
-    keiro::resume_once(&h.store, &registry, &options).await?;
+    keiro::worker::resume_once(&h.store, &registry, &options).await?;
     assert_eq!(recorder.total(names::WORKFLOW_FAILED)?, 1.0);
 
     let faulty = FaultyStore::new(h.store.clone());
     faulty.fail_appends(true);
     let store: Arc<dyn LeaseStore> = Arc::new(faulty);
     h.keiro.start("m", "flaky", &()).await?;
-    keiro::resume_once(&store, &registry, &options).await?;
+    keiro::worker::resume_once(&store, &registry, &options).await?;
     assert!(recorder.total(names::WORKFLOW_RESUME_ERRORS)? >= 1.0);
     assert_eq!(
         recorder.total(names::WORKFLOW_FAILED)?,
@@ -149,9 +152,9 @@ async fn awakeables_and_timers_are_sampled(h: Harness) -> TestResult {
     let registry = registry(Arc::new(AtomicBool::new(false)))?;
     h.keiro.start("parks", "p-1", &()).await?;
     h.keiro.start("naps", "n-1", &()).await?;
-    keiro::resume_once(&h.store, &registry, &options).await?;
+    keiro::worker::resume_once(&h.store, &registry, &options).await?;
     // The gauge is sampled at the start of a pass: the next pass sees the one pending.
-    keiro::resume_once(&h.store, &registry, &options).await?;
+    keiro::worker::resume_once(&h.store, &registry, &options).await?;
     assert_eq!(recorder.total(names::WORKFLOW_AWAKEABLES_PENDING)?, 1.0);
     tokio::time::sleep(Duration::from_millis(10)).await;
     let timers = TimerOptions {
@@ -178,9 +181,9 @@ async fn metrics_off_records_nothing_and_changes_nothing(h: Harness) -> TestResu
     let options = h.fast_options(); // metrics: None
     let registry = registry(Arc::new(AtomicBool::new(true)))?;
     h.keiro.start("m", "quiet", &()).await?;
-    keiro::resume_once(&h.store, &registry, &options).await?;
+    keiro::worker::resume_once(&h.store, &registry, &options).await?;
     tokio::time::sleep(Duration::from_millis(5)).await;
-    let summary = keiro::resume_once(&h.store, &registry, &options).await?;
+    let summary = keiro::worker::resume_once(&h.store, &registry, &options).await?;
     assert_eq!(summary.completed, 1);
     assert!(
         recorder.collect()?.is_empty(),

@@ -5,7 +5,7 @@ use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
 use keiro::testing::{verify_replay, ReplayMismatch, TestEnv, TestEnvBuilder};
-use keiro::{workflow_fn, Ctx, InstanceKey, Status, WorkflowError};
+use keiro::{workflow::workflow_fn, Ctx, InstanceKey, Status, WorkflowError};
 use keiro_tests::{on_both_envs, Ledger, TestResult};
 
 const WEEK: Duration = Duration::from_secs(7 * 24 * 3600);

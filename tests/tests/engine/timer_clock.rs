@@ -6,7 +6,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use keiro::{Ctx, LeaseStore, Registry, Status};
+use keiro::{store::LeaseStore, worker::Registry, Ctx, Status};
 use keiro_memory::MemoryStore;
 use keiro_resume::{FixedPoll, TimerOptions};
 use keiro_tests::counting::CountingStore;
@@ -25,7 +25,7 @@ const EARLY_BY_AT_MOST: Duration = Duration::from_millis(50);
 /// is older than the wait it computes), none in a loop.
 const CALLS_AT_MOST: u64 = 8;
 
-fn napper() -> Result<Registry, keiro::RegistryError> {
+fn napper() -> Result<Registry, keiro::worker::RegistryError> {
     let mut registry = Registry::new();
     registry.register("napper", |ctx: Ctx, (): ()| async move {
         ctx.sleep("nap", NAP).await?;
@@ -53,12 +53,12 @@ async fn a_sleep_fires_on_the_stores_time(
     )
     .await?;
     let registry = napper()?;
-    let options = keiro::ResumeOptions {
+    let options = keiro::worker::ResumeOptions {
         poll_interval: Duration::from_millis(20),
-        ..keiro::ResumeOptions::default()
+        ..keiro::worker::ResumeOptions::default()
     };
     let armed = Instant::now();
-    keiro::resume_once(&store, &registry, &options).await?;
+    keiro::worker::resume_once(&store, &registry, &options).await?;
     let parked = direct.instance_get(&k).await?.expect("row");
     assert_eq!(parked.status, Status::Suspended);
 
@@ -158,11 +158,11 @@ async fn postgres_an_idle_timer_worker_does_not_spin_on_a_timer_another_holds() 
     )
     .await?;
     direct
-        .timer_arm(&keiro_journal::TimerArm {
+        .timer_arm(&keiro_journal::store::TimerArm {
             key: k.clone(),
             generation: 0,
             step: "sleep:nap".to_owned(),
-            due: keiro_journal::TimerDue::After(Duration::ZERO),
+            due: keiro_journal::store::TimerDue::After(Duration::ZERO),
             kind: keiro_journal::TimerKind::Sleep,
         })
         .await?;

@@ -435,7 +435,7 @@ async fn drive(
     h: &Harness,
     worker: &keiro::Worker,
     passes: u32,
-) -> Result<(keiro::Instance, u64), Box<dyn std::error::Error + Send + Sync>> {
+) -> Result<(keiro::store::Instance, u64), Box<dyn std::error::Error + Send + Sync>> {
     let mut transient = 0;
     for _ in 0..passes {
         transient += worker.drain().await?.transient_errors;
@@ -578,7 +578,7 @@ async fn an_aborted_plain_transaction_step_crashes_the_run_with_its_error_record
         let (s, runs) = (s.clone(), runs.clone());
         h.keiro
             .worker()
-            .options(keiro::ResumeOptions {
+            .options(keiro::worker::ResumeOptions {
                 max_attempts: 3,
                 ..h.fast_options()
             })
@@ -830,7 +830,7 @@ fn slow_transfer(
     let s = schema(h);
     h.keiro
         .worker()
-        .options(keiro::ResumeOptions {
+        .options(keiro::worker::ResumeOptions {
             lease_ttl,
             ..h.fast_options()
         })

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use keiro::{Ctx, ResultError, SignalSendOutcome, Status, WorkflowDef, WorkflowError};
+use keiro::{workflow::SignalSendOutcome, Ctx, ResultError, Status, WorkflowDef, WorkflowError};
 use keiro_tests::{on_both_stores, Harness, TestResult};
 use serde::{Deserialize, Serialize};
 

@@ -9,8 +9,9 @@ use std::future::Future;
 use std::time::Duration;
 
 use keiro::{
-    Ctx, RemoteHandlerDef, RemoteOptions, RemoteWorker, RemoteWorkerOptions, Status, TaskContext,
-    TaskError, Worker, WorkflowDef, WorkflowError,
+    remote::RemoteHandlerDef, remote::RemoteOptions, remote::RemoteWorker,
+    remote::RemoteWorkerOptions, remote::TaskContext, remote::TaskError, Ctx, Status, Worker,
+    WorkflowDef, WorkflowError,
 };
 use keiro_tests::{on_both_stores, Harness, TestResult};
 use serde::{Deserialize, Serialize};

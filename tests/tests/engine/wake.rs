@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use keiro::testing::TestEnvBuilder;
 use keiro::{
-    AwakeableOutcome, Ctx, Keiro, Registry, ResumeOptions, RunOutcome, SignalSendOutcome, Status,
-    WorkflowError,
+    worker::Registry, worker::ResumeOptions, workflow::AwakeableOutcome, workflow::RunOutcome,
+    workflow::SignalSendOutcome, Ctx, Keiro, Status, WorkflowError,
 };
 use keiro_tests::{key, on_both_stores, run_inline, Harness, Ledger, TestResult};
 use serde_json::json;
@@ -42,11 +42,14 @@ fn options(h: &Harness) -> ResumeOptions {
     h.fast_options()
 }
 
-async fn pass(h: &Harness, registry: &Registry) -> Result<keiro::ResumeSummary, keiro::StoreError> {
-    keiro::resume_once(&h.store, registry, &options(h)).await
+async fn pass(
+    h: &Harness,
+    registry: &Registry,
+) -> Result<keiro::worker::ResumeSummary, keiro::store::StoreError> {
+    keiro::worker::resume_once(&h.store, registry, &options(h)).await
 }
 
-fn sleeper(ledger: Ledger) -> Result<Registry, keiro::RegistryError> {
+fn sleeper(ledger: Ledger) -> Result<Registry, keiro::worker::RegistryError> {
     let mut registry = Registry::new();
     registry.register("sleeper", move |ctx: Ctx, ms: u64| {
         let ledger = ledger.clone();
@@ -145,11 +148,11 @@ async fn first_sleep_arm_wins(h: Harness) -> TestResult {
         .expect("armed");
     // A re-drive (reconcile, crash) re-arms later; the deadline must not move.
     tokio::time::sleep(Duration::from_millis(30)).await;
-    let arm = keiro_journal::TimerArm {
+    let arm = keiro_journal::store::TimerArm {
         key: key("sleeper", "s-3"),
         generation: 0,
         step: "sleep:nap".into(),
-        due: keiro_journal::TimerDue::After(Duration::from_secs(5 * 60)),
+        due: keiro_journal::store::TimerDue::After(Duration::from_secs(5 * 60)),
         kind: keiro_journal::TimerKind::Sleep,
     };
     assert_eq!(h.store.timer_arm(&arm).await?, first);
@@ -157,7 +160,7 @@ async fn first_sleep_arm_wins(h: Harness) -> TestResult {
         &h,
         &key("sleeper", "s-3"),
         registry
-            .get(&keiro::WorkflowName::new("sleeper")?)
+            .get(&keiro::workflow::WorkflowName::new("sleeper")?)
             .expect("registered")
             .as_ref(),
     )
@@ -177,7 +180,7 @@ async fn first_sleep_arm_wins(h: Harness) -> TestResult {
 fn approver(
     ledger: Ledger,
     ids: Arc<std::sync::Mutex<Vec<uuid::Uuid>>>,
-) -> Result<Registry, keiro::RegistryError> {
+) -> Result<Registry, keiro::worker::RegistryError> {
     let mut registry = Registry::new();
     registry.register("approver", move |ctx: Ctx, (): ()| {
         let (ledger, ids) = (ledger.clone(), ids.clone());
@@ -207,12 +210,12 @@ async fn awakeable_parked_is_not_discovered_until_completed(h: Harness) -> TestR
     let mut opts = options(&h);
     opts.reconcile = None;
     h.keiro.start("approver", "a-1", &()).await?;
-    let first = keiro::resume_once(&h.store, &registry, &opts).await?;
+    let first = keiro::worker::resume_once(&h.store, &registry, &opts).await?;
     assert_eq!(first.still_suspended, 1);
     assert_eq!(h.store.awakeables_pending().await?, 1);
     for _ in 0..3 {
         assert_eq!(
-            keiro::resume_once(&h.store, &registry, &opts)
+            keiro::worker::resume_once(&h.store, &registry, &opts)
                 .await?
                 .discovered,
             0
@@ -223,7 +226,7 @@ async fn awakeable_parked_is_not_discovered_until_completed(h: Harness) -> TestR
         h.keiro.complete_awakeable(id, "ada").await?,
         AwakeableOutcome::Delivered
     );
-    let done = keiro::resume_once(&h.store, &registry, &opts).await?;
+    let done = keiro::worker::resume_once(&h.store, &registry, &opts).await?;
     assert_eq!((done.discovered, done.completed), (1, 1));
     let row = h.keiro.instance(("approver", "a-1")).await?.expect("row");
     assert_eq!(row.output, Some(json!("approved by ada")));
@@ -328,7 +331,7 @@ async fn awakeable_of_a_terminal_owner_journals_nothing(h: Harness) -> TestResul
     Ok(())
 }
 
-fn listener() -> Result<Registry, keiro::RegistryError> {
+fn listener() -> Result<Registry, keiro::worker::RegistryError> {
     let mut registry = Registry::new();
     registry.register("listener", |ctx: Ctx, token: String| async move {
         let first: u32 = ctx.wait_signal(&token, None).await?;
@@ -416,7 +419,7 @@ async fn signal_and_wait_race_deliver_exactly_once(h: Harness) -> TestResult {
         let (summary, sent) = tokio::join!(pass(&h, &registry), h.keiro.signal(&token, &i));
         summary?;
         sent?;
-        let mut drained = keiro::drain(&h.store, &registry, &options(&h)).await?;
+        let mut drained = keiro::worker::drain(&h.store, &registry, &options(&h)).await?;
         if h.keiro.instance(("once", &id)).await?.expect("row").status != Status::Completed {
             drained += pass(&h, &registry).await?;
         }
@@ -453,7 +456,7 @@ async fn signals_are_fifo_per_token(h: Harness) -> TestResult {
     h.keiro.signal("other", &100).await?;
     h.keiro.start("listener", "f-1", &"fifo").await?;
     h.keiro.start("listener", "f-2", &"fifo").await?;
-    keiro::drain(&h.store, &registry, &options(&h)).await?;
+    keiro::worker::drain(&h.store, &registry, &options(&h)).await?;
     let a = h.keiro.instance(("listener", "f-1")).await?.expect("row");
     let b = h.keiro.instance(("listener", "f-2")).await?.expect("row");
     let mut got: Vec<serde_json::Value> = [a.output, b.output].into_iter().flatten().collect();
@@ -494,7 +497,10 @@ async fn signal_wait_times_out(env: TestEnvBuilder) -> TestResult {
     Ok(())
 }
 
-fn family(ledger: Ledger, child_fails: Arc<AtomicBool>) -> Result<Registry, keiro::RegistryError> {
+fn family(
+    ledger: Ledger,
+    child_fails: Arc<AtomicBool>,
+) -> Result<Registry, keiro::worker::RegistryError> {
     let mut registry = Registry::new();
     let l = ledger.clone();
     registry.register("parent", move |ctx: Ctx, (): ()| {

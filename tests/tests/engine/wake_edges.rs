@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keiro::{
-    Ctx, Event, InstanceKey, Keiro, LeaseStore, Registry, ResumeOptions, SignalOptions,
-    SignalSendOutcome, Status, WorkflowError,
+    store::Event, store::LeaseStore, worker::Registry, worker::ResumeOptions,
+    workflow::SignalSendOutcome, Ctx, InstanceKey, Keiro, SignalOptions, Status, WorkflowError,
 };
-use keiro_journal::{child_result_step, Append, AppendOutcome, ChildSpawn, StepKind};
+use keiro_journal::{store::child_result_step, store::ChildSpawn, Append, AppendOutcome, StepKind};
 use keiro_remote::RequeueOutcome;
 use keiro_tests::{key, on_both_stores, Harness, TestResult};
 use serde_json::json;
@@ -28,7 +28,7 @@ fn options(h: &Harness) -> ResumeOptions {
 }
 
 async fn drain(h: &Harness, registry: &Registry) -> TestResult {
-    keiro::drain(&h.store, registry, &options(h)).await?;
+    keiro::worker::drain(&h.store, registry, &options(h)).await?;
     Ok(())
 }
 
@@ -52,7 +52,7 @@ async fn output(keiro: &Keiro, name: &str, id: &str) -> Result<serde_json::Value
 // ----- Signal tokens ------------------------------------------------------------------------
 
 /// A run that waits for two signals on the token it is given.
-fn listener() -> Result<Registry, keiro::RegistryError> {
+fn listener() -> Result<Registry, keiro::worker::RegistryError> {
     let mut registry = Registry::new();
     registry.register("listener", |ctx: Ctx, token: String| async move {
         let first: u32 = ctx.wait_signal(&token, None).await?;
@@ -182,7 +182,7 @@ async fn memory_a_buffered_signal_lives_seven_days_by_default() -> TestResult {
     memory.set_now(Some(t0 + week));
 
     keiro.start("listener", "l-week", &"weekly").await?;
-    keiro::drain(&store, &registry, &ResumeOptions::default()).await?;
+    keiro::worker::drain(&store, &registry, &ResumeOptions::default()).await?;
     assert_eq!(
         signals(&keiro, "l-week").await?,
         [("signal:weekly:1".to_owned(), json!({"ok": 2}))]
@@ -258,7 +258,7 @@ async fn postgres_expired_signals_are_deleted_by_waits_and_sends() -> TestResult
 /// `sync` holds until it is given a number; `owner` awaits `sync/tenant-1` and reports what
 /// it got; `latecomer` ignores a refused spawn and awaits the child anyway; `rotor` spawns
 /// `sync/tenant-2`, continues as new, and awaits it from its next generation.
-fn custody() -> Result<Registry, keiro::RegistryError> {
+fn custody() -> Result<Registry, keiro::worker::RegistryError> {
     let mut registry = Registry::new();
     registry.register("sync", |ctx: Ctx, (): ()| async move {
         let n: u32 = ctx.await_step("hold").await?;
@@ -405,7 +405,10 @@ async fn chain(
     Ok(keys)
 }
 
-async fn statuses(h: &Harness, keys: &[InstanceKey]) -> Result<Vec<Status>, keiro::StoreError> {
+async fn statuses(
+    h: &Harness,
+    keys: &[InstanceKey],
+) -> Result<Vec<Status>, keiro::store::StoreError> {
     let mut statuses = Vec::with_capacity(keys.len());
     for k in keys {
         let row = h.store.instance_get(k).await?.expect("every link exists");

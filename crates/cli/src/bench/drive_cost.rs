@@ -13,7 +13,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use keiro::{Ctx, LeaseStore, Registry, ResumeOptions, WorkflowError};
+use keiro::{store::LeaseStore, worker::Registry, worker::ResumeOptions, Ctx, WorkflowError};
 use serde::Serialize;
 
 use super::{BenchArgs, Percentiles, Setup};
@@ -64,7 +64,7 @@ pub(crate) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     // full drive: the claim that loads the journal, the replay, the park.
     let options = ResumeOptions {
         reconcile: Some(Duration::from_millis(1)),
-        journal_budget: keiro::JournalBudget {
+        journal_budget: keiro::workflow::JournalBudget {
             steps: usize::MAX,
             bytes: usize::MAX,
         },
@@ -78,7 +78,7 @@ pub(crate) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
             .await
             .context("starting")?;
         // The first drive journals the steps; every later one replays them and parks again.
-        let built = keiro::resume_once(&store, &registry, &options)
+        let built = keiro::worker::resume_once(&store, &registry, &options)
             .await
             .context("building the journal")?;
         if built.resumed != 1 {
@@ -90,7 +90,7 @@ pub(crate) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         for _ in 0..DRIVES {
             tokio::time::sleep(Duration::from_millis(5)).await;
             let started = Instant::now();
-            let driven = keiro::resume_once(&store, &registry, &options)
+            let driven = keiro::worker::resume_once(&store, &registry, &options)
                 .await
                 .context("re-driving")?;
             samples.push(started.elapsed());
@@ -105,7 +105,7 @@ pub(crate) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
             .deliver(("bench-drive-cost", &id), "go", &())
             .await
             .context("finishing")?;
-        keiro::resume_once(&store, &registry, &options)
+        keiro::worker::resume_once(&store, &registry, &options)
             .await
             .context("finishing")?;
         let p = Percentiles::of(&samples);

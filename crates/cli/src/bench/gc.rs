@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use keiro::{Ctx, GcRequest, Keiro, WorkflowError};
+use keiro::{operate::GcRequest, Ctx, Keiro, WorkflowError};
 use serde::Serialize;
 
 use super::{start_all, BenchArgs, Setup};

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use keiro::{Ctx, Keiro, ResumeLogEvent, ResumeOptions, WorkflowError};
+use keiro::{worker::ResumeLogEvent, worker::ResumeOptions, Ctx, Keiro, WorkflowError};
 use serde::Serialize;
 
 use super::{start_all, BenchArgs, MetricsSink, Setup};

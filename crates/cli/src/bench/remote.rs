@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use keiro::{
-    Ctx, Keiro, RemoteOptions, RemoteWorkerOptions, ResumeLogEvent, ResumeOptions, TaskContext,
-    TaskError, WorkflowError,
+    remote::RemoteOptions, remote::RemoteWorkerOptions, remote::TaskContext, remote::TaskError,
+    worker::ResumeLogEvent, worker::ResumeOptions, Ctx, Keiro, WorkflowError,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
@@ -210,7 +210,7 @@ fn spawn_worker(
     worker: keiro::Worker,
 ) -> (
     tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<keiro::ResumeSummary>,
+    tokio::task::JoinHandle<keiro::worker::ResumeSummary>,
 ) {
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(async move {

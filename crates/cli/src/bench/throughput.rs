@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use keiro::postgres::PgStore;
-use keiro::{Ctx, Keiro, ResumeLogEvent, ResumeOptions, WorkflowError};
+use keiro::{worker::ResumeLogEvent, worker::ResumeOptions, Ctx, Keiro, WorkflowError};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 

@@ -18,7 +18,7 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use keiro::{AwakeableOutcome, Ctx, Keiro, WorkflowError};
+use keiro::{workflow::AwakeableOutcome, Ctx, Keiro, WorkflowError};
 use serde::Serialize;
 use tokio::sync::oneshot;
 use uuid::Uuid;

@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use keiro::{Backoff, DirectError, Keiro, RemoteWorkerOptions, ResultError, TaskContext};
+use keiro::{
+    remote::RemoteWorkerOptions, remote::TaskContext, Backoff, DirectError, Keiro, ResultError,
+};
 
 use super::witness::Witness;
 use super::workload::{
@@ -262,7 +264,7 @@ async fn stdin_closed() {
 mod tests {
     use std::time::Duration;
 
-    use keiro::{DirectError, InstanceKey, ResultError, WorkflowName};
+    use keiro::{workflow::WorkflowName, DirectError, InstanceKey, ResultError};
 
     use super::AfterError;
 

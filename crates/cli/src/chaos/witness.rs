@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use keiro::{Ctx, Generation, InstanceKey};
+use keiro::{store::Generation, Ctx, InstanceKey};
 use tokio_postgres::{Client, Statement};
 
 use crate::common::open_connection;
@@ -64,7 +64,7 @@ impl Holder {
     }
 
     /// A remote worker's claim of a task.
-    pub(crate) fn of_task(worker: &str, task: &keiro::TaskContext) -> Self {
+    pub(crate) fn of_task(worker: &str, task: &keiro::remote::TaskContext) -> Self {
         Self {
             name: format!(
                 "{worker}/attempt {}/dispatch {}",

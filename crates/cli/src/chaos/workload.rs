@@ -11,7 +11,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use keiro::{Backoff, Ctx, RemoteOptions, TaskContext, TaskError, WorkflowError};
+use keiro::{
+    remote::RemoteOptions, remote::TaskContext, remote::TaskError, Backoff, Ctx, WorkflowError,
+};
 use serde::{Deserialize, Serialize};
 
 use super::witness::{Holder, Witness};

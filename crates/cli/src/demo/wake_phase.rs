@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use keiro::{AwakeableOutcome, Keiro};
+use keiro::{workflow::AwakeableOutcome, Keiro};
 use serde_json::Value;
 use tokio_postgres::{Client, Statement};
 use uuid::Uuid;

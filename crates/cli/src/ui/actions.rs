@@ -3,7 +3,7 @@
 //! appends history (the facade's own journal events); none rewrites it.
 
 use axum::http::StatusCode;
-use keiro::{CancelOutcome, Keiro, RequeueOutcome, ResurrectOutcome};
+use keiro::{operate::CancelOutcome, operate::RequeueOutcome, operate::ResurrectOutcome, Keiro};
 use serde::Serialize;
 use serde_json::Value;
 

@@ -12,7 +12,7 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::HeaderMap;
 use axum::Json;
-use keiro::{Counts, ListRequest, Page};
+use keiro::{operate::Counts, operate::ListRequest, operate::Page};
 use serde_json::Value;
 
 use super::actions::{self, Done};

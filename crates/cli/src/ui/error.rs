@@ -53,7 +53,7 @@ impl From<keiro::Error> for ApiError {
         match &error {
             keiro::Error::Filter(filter) => {
                 let kind = match filter {
-                    keiro::FilterError::MalformedCursor { .. } => "cursor",
+                    keiro::operate::FilterError::MalformedCursor { .. } => "cursor",
                     _ => "filter",
                 };
                 Self::bad_request(kind, filter.to_string())
@@ -61,11 +61,11 @@ impl From<keiro::Error> for ApiError {
             keiro::Error::InvalidId(_) | keiro::Error::Payload(_) => {
                 Self::bad_request("invalid", error_chain(&error))
             }
-            keiro::Error::Admin(keiro::AdminError::NotFound { key }) => {
+            keiro::Error::Admin(keiro::operate::AdminError::NotFound { key }) => {
                 Self::not_found(format!("no instance {key}"))
             }
             keiro::Error::Admin(
-                keiro::AdminError::Payload(_) | keiro::AdminError::InvalidId(_),
+                keiro::operate::AdminError::Payload(_) | keiro::operate::AdminError::InvalidId(_),
             ) => Self::bad_request("invalid", error_chain(&error)),
             keiro::Error::Store(keiro::store::Error::SchemaNotMigrated {
                 schema, problem, ..

@@ -311,7 +311,7 @@ pub(crate) async fn instance(
             }
         }
         @if view.waits.truncated {
-            p #waits-truncated { "Only the newest " (keiro::WAITS_LIMIT_DEFAULT) " of each kind are shown." }
+            p #waits-truncated { "Only the newest " (keiro::operate::WAITS_LIMIT_DEFAULT) " of each kind are shown." }
         }
         h2 { "Remote tasks" }
         @if view.tasks.is_empty() {

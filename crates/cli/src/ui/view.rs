@@ -3,8 +3,9 @@
 //! facade calls `keiro show` makes.
 
 use keiro::{
-    Instance, InstanceSummary, JournalEntry, Keiro, ListRequest, RemoteTask, TimerInfo, TimerKind,
-    Waits, WAITS_LIMIT_DEFAULT,
+    operate::InstanceSummary, operate::ListRequest, operate::TimerInfo, operate::TimerKind,
+    operate::Waits, operate::WAITS_LIMIT_DEFAULT, remote::RemoteTask, store::Instance,
+    store::JournalEntry, Keiro,
 };
 use serde_json::{json, Value};
 

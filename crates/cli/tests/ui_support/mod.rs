@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use keiro::{Ctx, Registry, Status, WorkflowError};
+use keiro::{worker::Registry, Ctx, Status, WorkflowError};
 use keiro_tests::{Harness, TestResult};
 
 /// The operator token the tests start the dashboard with.
@@ -78,7 +78,7 @@ pub async fn drive_until(
 ) -> TestResult {
     let options = h.fast_options();
     keiro_tests::until_status(&h.keiro, name, id, status, || async {
-        keiro::resume_once(&h.store, registry, &options).await?;
+        keiro::worker::resume_once(&h.store, registry, &options).await?;
         Ok(())
     })
     .await

@@ -3,7 +3,6 @@
 
 use serde::de::DeserializeOwned;
 use serde_json::Value;
-use time::OffsetDateTime;
 
 use crate::ctx::{decode, Armed};
 use crate::model::id;
@@ -60,20 +59,5 @@ impl Ctx {
             }
             Lookup::KindMismatch { .. } | Lookup::Miss => None,
         }
-    }
-
-    /// The general await: replay a journaled value, or register the suspension. `deadline`
-    /// is the await's natural wake time (a sleep's), `None` for open-ended waits.
-    #[doc(hidden)]
-    pub async fn awaited<T: DeserializeOwned>(
-        &self,
-        step: &str,
-        kind: StepKind,
-        deadline: Option<OffsetDateTime>,
-    ) -> Result<T, WorkflowError> {
-        let value = self
-            .awaited_with(step, kind, || async move { Ok(Armed::Deadline(deadline)) })
-            .await?;
-        decode(step, value)
     }
 }

@@ -132,14 +132,12 @@ impl Ctx {
     /// The store the run journals to, for keiro's own wake sources. The run's last step may
     /// still be held back (`held_back`): a journal write through it comes after a call that
     /// sends that step first (`before_fresh_work`, or `send_held_back`).
-    #[doc(hidden)]
-    pub fn store(&self) -> &Arc<dyn JournalStore> {
+    pub(crate) fn store(&self) -> &Arc<dyn JournalStore> {
         &self.inner.store
     }
     /// The general form of [`step`](Self::step) for keiro's own wake sources, which record under
     /// reserved names and kinds.
-    #[doc(hidden)]
-    pub async fn journaled<T, E, F, Fut>(
+    pub(crate) async fn journaled<T, E, F, Fut>(
         &self,
         step: &str,
         kind: StepKind,

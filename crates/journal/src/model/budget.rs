@@ -89,7 +89,7 @@ fn payload_len(event: &Event) -> usize {
 /// allocating the encoding.
 ///
 /// ```
-/// assert_eq!(keiro_journal::encoded_len(&serde_json::json!({"a": 1})), 7);
+/// assert_eq!(keiro_journal::store::encoded_len(&serde_json::json!({"a": 1})), 7);
 /// ```
 pub fn encoded_len(value: &Value) -> usize {
     struct Counter(usize);

@@ -4,10 +4,28 @@ use crate::{store, IdError};
 
 /// The error type of workflow bodies and of every context call.
 ///
-/// Some variants are control flow the body should simply propagate with `?`
-/// ([`Suspended`](Self::Suspended), [`Halted`](Self::Halted), [`ContinueAsNew`](Self::ContinueAsNew));
-/// the run driver reads the real reason from the context, so a body that swallows one of them
-/// still stops the right way.
+/// # Control flow
+///
+/// Three variants are not failures but the run's control flow, and a body propagates them with
+/// `?` like any other error: [`Suspended`](Self::Suspended) (the run waits on a wake source),
+/// [`Halted`](Self::Halted) (the run must stop: cancelled, lease lost, store error) and
+/// [`ContinueAsNew`](Self::ContinueAsNew). [`is_control_flow`](Self::is_control_flow) names
+/// them, so a body that catches errors knows what to re-raise. The run driver reads the real
+/// reason from the context, so a body that swallows one still stops the right way, but the
+/// code after the swallowed error runs for nothing.
+///
+/// ```
+/// use keiro_journal::WorkflowError;
+///
+/// fn recover(err: WorkflowError) -> Result<&'static str, WorkflowError> {
+///     if err.is_control_flow() {
+///         return Err(err); // never swallow a suspension, a halt or a continue-as-new
+///     }
+///     Ok("fallback")
+/// }
+/// assert!(recover(WorkflowError::ContinueAsNew).is_err());
+/// assert_eq!(recover(WorkflowError::app("declined")).ok(), Some("fallback"));
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum WorkflowError {
@@ -208,6 +226,22 @@ impl WorkflowError {
         Self::Application(message.to_string())
     }
 
+    /// Whether this is the run's control flow rather than a failure:
+    /// [`Suspended`](Self::Suspended), [`Halted`](Self::Halted) or
+    /// [`ContinueAsNew`](Self::ContinueAsNew). A body that catches errors re-raises these.
+    ///
+    /// ```
+    /// use keiro_journal::WorkflowError;
+    /// assert!(WorkflowError::ContinueAsNew.is_control_flow());
+    /// assert!(!WorkflowError::app("card declined").is_control_flow());
+    /// ```
+    pub fn is_control_flow(&self) -> bool {
+        matches!(
+            self,
+            Self::Suspended { .. } | Self::Halted { .. } | Self::ContinueAsNew
+        )
+    }
+
     /// Whether this is the suspension signal.
     pub fn is_suspended(&self) -> bool {
         matches!(self, Self::Suspended { .. })
@@ -229,5 +263,44 @@ impl WorkflowError {
                 | Self::AwakeableCancelled { .. }
                 | Self::SignalTimeout { .. }
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WorkflowError;
+
+    #[test]
+    fn control_flow_is_suspended_halted_and_continue_as_new_only() {
+        let control = [
+            WorkflowError::Suspended {
+                step: "sleep:wait".to_owned(),
+            },
+            WorkflowError::Halted {
+                reason: "cancelled".to_owned(),
+            },
+            WorkflowError::ContinueAsNew,
+        ];
+        for err in &control {
+            assert!(err.is_control_flow(), "{err:?} is control flow");
+            assert!(!err.fails_run_at_once(), "{err:?} does not fail the run");
+        }
+        let failures = [
+            WorkflowError::app("card declined"),
+            WorkflowError::NonDeterminism {
+                step: "charge".to_owned(),
+                detail: "kind differs".to_owned(),
+            },
+            WorkflowError::Unsupported {
+                step: "tx".to_owned(),
+                reason: "no Postgres".to_owned(),
+            },
+            WorkflowError::AwakeableCancelled {
+                id: uuid::Uuid::nil(),
+            },
+        ];
+        for err in &failures {
+            assert!(!err.is_control_flow(), "{err:?} is a failure");
+        }
     }
 }

@@ -8,10 +8,10 @@ use serde_json::Value;
 use crate::WorkflowError;
 
 /// Encodes a payload a run or a caller writes under `step`: it must encode as JSON, fit
-/// `limit` bytes, and hold nothing a store refuses (see [`check_value`](crate::check_value)).
+/// `limit` bytes, and hold nothing a store refuses (see [`check_value`](crate::store::check_value)).
 ///
 /// ```
-/// use keiro_journal::{encode_payload, WorkflowError};
+/// use keiro_journal::{store::encode_payload, WorkflowError};
 /// assert!(encode_payload("input", &"ok", 1024).is_ok());
 /// let refused = encode_payload("input", &"a\u{0}b", 1024);
 /// assert!(matches!(refused, Err(WorkflowError::PayloadRefused { .. })));

@@ -14,7 +14,7 @@ const NUL_REPLACEMENT: char = '\u{FFFD}';
 /// poisoned value can still be recorded.
 ///
 /// ```
-/// use keiro_journal::storable_text;
+/// use keiro_journal::store::storable_text;
 /// assert_eq!(storable_text("a\u{0}b"), "a\u{FFFD}b");
 /// assert_eq!(storable_text("fine"), "fine");
 /// ```
@@ -30,7 +30,7 @@ pub fn storable_text(text: &str) -> Cow<'_, str> {
 /// character. Returns why not, naming where, for a [`ValueRefused`](crate::StoreError::ValueRefused).
 ///
 /// ```
-/// use keiro_journal::check_value;
+/// use keiro_journal::store::check_value;
 /// assert!(check_value(&serde_json::json!({"a": ["ok"]})).is_ok());
 /// assert!(check_value(&serde_json::json!({"a": ["b\u{0}"]})).is_err());
 /// ```

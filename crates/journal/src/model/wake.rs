@@ -62,7 +62,7 @@ impl TimerDue {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use keiro_journal::TimerDue;
+    /// use keiro_journal::store::TimerDue;
     ///
     /// assert_eq!(TimerDue::After(Duration::from_secs(5)).span(), Some(Duration::from_secs(5)));
     /// assert_eq!(TimerDue::After(Duration::MAX).span(), Some(TimerDue::AFTER_MAX));
@@ -196,7 +196,7 @@ pub struct ReturnedSignal {
 /// and sends apply this one rule, so a token a send accepts is one a wait can take.
 ///
 /// ```
-/// use keiro_journal::{validate_signal_token, IdError};
+/// use keiro_journal::{store::validate_signal_token, IdError};
 /// assert!(validate_signal_token("order-42/paid").is_ok());
 /// assert!(matches!(validate_signal_token(""), Err(IdError::Empty { .. })));
 /// assert!(matches!(validate_signal_token("a\nb"), Err(IdError::ForbiddenChar { .. })));

@@ -161,7 +161,7 @@ pub async fn cancel(
 /// the caller answers by cancelling again, now in the new generation.
 ///
 /// ```
-/// use keiro_journal::{cancel_outcome, AppendOutcome, CancelOutcome};
+/// use keiro_journal::{store::cancel_outcome, AppendOutcome, CancelOutcome};
 /// assert_eq!(cancel_outcome(AppendOutcome::Appended), Some(CancelOutcome::Recorded));
 /// assert_eq!(cancel_outcome(AppendOutcome::Conflict), None);
 /// ```

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use keiro_journal::{Faults, InstanceKey};
+use keiro_journal::{store::Faults, InstanceKey};
 
 /// The crash points still armed: step name to how many more runs crash after journaling it.
 #[derive(Debug, Default)]

@@ -99,7 +99,7 @@ impl TestEnvBuilder {
     /// #     Ok(format!("hello {name}"))
     /// # }
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let mut registry = keiro::Registry::new();
+    /// let mut registry = keiro::worker::Registry::new();
     /// registry.register("hello", hello)?;
     /// let env = TestEnv::memory().registry(registry).build()?;
     /// # let _ = env;
@@ -504,7 +504,7 @@ impl TestEnv {
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// let env = TestEnv::memory().register("hello", hello).build()?;
     /// let outcome = env.signal("h-1/nudge", &()).await?;
-    /// assert_eq!(outcome, keiro::SignalSendOutcome::Buffered);
+    /// assert_eq!(outcome, keiro::workflow::SignalSendOutcome::Buffered);
     /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
     /// ```
     ///
@@ -591,7 +591,7 @@ impl TestEnv {
         match (row.status, row.output) {
             (Status::Completed, Some(output)) => serde_json::from_value(output).map_err(|e| {
                 Error::Payload(WorkflowError::Decode {
-                    step: keiro_journal::OUTPUT_STEP.into(),
+                    step: keiro_journal::store::OUTPUT_STEP.into(),
                     source: e,
                 })
             }),

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use keiro_journal::{
-    Append, Event, InstanceKey, JournalEntry, JournalStore, Marker, RunError, RunOptions,
-    RunOutcome, StartRequest, Workflow,
+    store::StartRequest, Append, Event, InstanceKey, JournalEntry, JournalStore, Marker, RunError,
+    RunOptions, RunOutcome, Workflow,
 };
 use keiro_memory::MemoryStore;
 use serde_json::Value;

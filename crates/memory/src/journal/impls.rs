@@ -8,12 +8,13 @@ use std::time::Duration;
 use keiro_journal::store::{
     Append, AppendOutcome, DeliveryOutcome, JournalStore, Park, ParkOutcome, Result,
 };
-use keiro_journal::{store_span, traced};
+use keiro_journal::{span::traced, store_span};
 use keiro_journal::{
-    AwakeableOutcome, AwakeableStatus, ChildSpawn, Deliveries, DeliveryBacklog, Envelope, Fence,
-    Generation, Instance, InstanceKey, JournalEntry, RemoteArm, RemoteArmOutcome, ReturnedSignal,
-    SignalOptions, SignalSendOutcome, SignalWait, SignalWaitOutcome, StartRequest, Started, Status,
-    TimerArm, TimerFiring,
+    store::ChildSpawn, store::RemoteArm, store::RemoteArmOutcome, store::ReturnedSignal,
+    store::SignalWait, store::SignalWaitOutcome, store::StartRequest, store::TimerArm,
+    AwakeableOutcome, AwakeableStatus, Deliveries, DeliveryBacklog, Envelope, Fence, Generation,
+    Instance, InstanceKey, JournalEntry, SignalOptions, SignalSendOutcome, Started, Status,
+    TimerFiring,
 };
 use serde_json::Value;
 use time::OffsetDateTime;

@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 
 use keiro_journal::store::{Append, Result};
 use keiro_journal::{
-    logical_step, marker_name, revised_step, step_revision, Envelope, Event, Generation,
-    InstanceKey, Status, StepKind, StoreError,
+    store::logical_step, store::marker_name, store::revised_step, store::step_revision, Envelope,
+    Event, Generation, InstanceKey, Status, StepKind, StoreError,
 };
 use keiro_remote::{RequeueOutcome, RetryOutcome};
 use serde_json::Value;

@@ -4,8 +4,9 @@
 
 use keiro_journal::store::{Append, AppendOutcome, Result};
 use keiro_journal::{
-    validate_signal_token, Envelope, Event, Generation, InstanceKey, ReturnedSignal, SignalOptions,
-    SignalSendOutcome, SignalWait, SignalWaitOutcome, StepKind, StoreError,
+    store::validate_signal_token, store::ReturnedSignal, store::SignalWait,
+    store::SignalWaitOutcome, Envelope, Event, Generation, InstanceKey, SignalOptions,
+    SignalSendOutcome, StepKind, StoreError,
 };
 use serde_json::Value;
 use time::OffsetDateTime;

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use keiro_journal::store::Result;
-use keiro_journal::{store_span, traced};
-use keiro_journal::{Fence, InstanceKey, StartRequest, WorkflowName};
+use keiro_journal::{span::traced, store_span};
+use keiro_journal::{store::StartRequest, Fence, InstanceKey, WorkflowName};
 use keiro_lease::{
     Claim, ClaimOutcome, Crash, CrashOutcome, LeaseStore, ResurrectOutcome, StartClaim,
 };

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use keiro_journal::store::Result;
-use keiro_journal::{store_span, traced, InstanceKey};
+use keiro_journal::{span::traced, store_span, InstanceKey};
 use keiro_remote::{
     ClaimRequest, ClaimedTask, HeartbeatOutcome, RemoteAdmin, RemoteTask, ReportOutcome,
     RequeueOutcome, RetryOutcome, TaskFailure, Transport,

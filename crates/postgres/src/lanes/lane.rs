@@ -43,7 +43,8 @@ use std::time::Duration;
 
 use keiro_journal::store::Result;
 use keiro_journal::{
-    store_span, BatchLimits, Batcher, InstanceKey, SharedSlots, Slot, StoreError, STORE_SPAN_TARGET,
+    batch::BatchLimits, batch::Batcher, batch::SharedSlots, batch::Slot, span::STORE_SPAN_TARGET,
+    store_span, InstanceKey, StoreError,
 };
 use tokio::sync::oneshot;
 use tracing::Instrument as _;

@@ -6,7 +6,9 @@
 use std::sync::Arc;
 
 use keiro_journal::store::{Append, AppendOutcome, ClosingOutcome, Park, ParkOutcome, Result};
-use keiro_journal::{BatchLimits, RemoteArm, RemoteArmOutcome, StartRequest, Started};
+use keiro_journal::{
+    batch::BatchLimits, store::RemoteArm, store::RemoteArmOutcome, store::StartRequest, Started,
+};
 use keiro_lease::StartClaim;
 
 use crate::db::Db;

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use keiro_journal::store::Result;
-use keiro_journal::{Park, ParkOutcome, RemoteArm, RemoteArmOutcome};
+use keiro_journal::{store::Park, store::ParkOutcome, store::RemoteArm, store::RemoteArmOutcome};
 
 use super::lane::{Batched, Lane};
 use crate::db::Db;

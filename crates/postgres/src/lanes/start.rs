@@ -2,7 +2,7 @@
 //! (`ops::instance`); a start alone is `keiro_instance_start`.
 
 use keiro_journal::store::Result;
-use keiro_journal::{StartRequest, Started};
+use keiro_journal::{store::StartRequest, Started};
 
 use super::lane::{alone_by_instance, Batched};
 use crate::db::Db;

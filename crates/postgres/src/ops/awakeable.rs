@@ -5,7 +5,7 @@
 //! journals the envelope into the owner's generation in the same transaction, waking it.
 
 use keiro_journal::store::{Append, AppendOutcome, Result};
-use keiro_journal::{awakeable_step, AwakeableOutcome, AwakeableStatus, Envelope};
+use keiro_journal::{store::awakeable_step, AwakeableOutcome, AwakeableStatus, Envelope};
 use serde_json::Value;
 use tokio_postgres::Row;
 use uuid::Uuid;

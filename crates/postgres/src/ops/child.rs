@@ -5,8 +5,8 @@
 //! the child (a closing marker, the crash ceiling, divergence), in `keiro_child_deliver`, so a
 //! parent is woken by the very commit that finishes its child.
 
+use keiro_journal::store::ChildSpawn;
 use keiro_journal::store::{Append, AppendOutcome, Result};
-use keiro_journal::ChildSpawn;
 
 use tokio_postgres::types::ToSql;
 

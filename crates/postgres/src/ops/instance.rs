@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use keiro_journal::store::{AppendOutcome, Park, ParkOutcome, Result};
-use keiro_journal::{Fence, Instance, InstanceKey, StartRequest, Started, Status};
+use keiro_journal::{store::StartRequest, Fence, Instance, InstanceKey, Started, Status};
 use keiro_remote::{RequeueOutcome, RetryOutcome};
 use serde_json::Value;
 use tokio_postgres::Row;

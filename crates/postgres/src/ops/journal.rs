@@ -6,8 +6,8 @@
 
 use keiro_journal::store::{Append, AppendOutcome, DeliveryOutcome, Result};
 use keiro_journal::{
-    encoded_len, Deliveries, DeliveryBacklog, EncodedEvent, Event, Fence, Generation, InstanceKey,
-    JournalEntry, Marker, StepKind, StoreError,
+    store::encoded_len, store::EncodedEvent, Deliveries, DeliveryBacklog, Event, Fence, Generation,
+    InstanceKey, JournalEntry, Marker, StepKind, StoreError,
 };
 use serde_json::Value;
 use tokio_postgres::types::ToSql;

@@ -15,7 +15,9 @@
 use std::time::Duration;
 
 use keiro_journal::store::Result;
-use keiro_journal::{Fence, Instance, InstanceKey, JournalEntry, StartRequest, WorkflowName};
+use keiro_journal::{
+    store::StartRequest, Fence, Instance, InstanceKey, JournalEntry, WorkflowName,
+};
 use keiro_lease::{
     classify_refusal, Claim, ClaimGate, ClaimOutcome, Crash, CrashOutcome, ResurrectOutcome,
     StartClaim,
@@ -413,7 +415,6 @@ pub(crate) async fn instance_resurrect(db: &Db, key: &InstanceKey) -> Result<Res
 /// the number of terminal instances. `LIMIT NULL` is no limit.
 ///
 /// Public only so the plan test can `EXPLAIN` the exact statement the store runs.
-#[doc(hidden)]
 pub const INSTANCES_RUNNABLE: &str = "SELECT workflow_name, workflow_id FROM workflows \
      WHERE status = 'running' \
         OR (status = 'suspended' AND wake_after IS NOT NULL AND wake_after <= coalesce($1, now())) \

@@ -32,7 +32,10 @@
 use std::time::Duration;
 
 use keiro_journal::store::Result;
-use keiro_journal::{Backoff, InstanceKey, Park, ParkOutcome, RemoteArm, RemoteArmOutcome};
+use keiro_journal::{
+    store::Park, store::ParkOutcome, store::RemoteArm, store::RemoteArmOutcome, Backoff,
+    InstanceKey,
+};
 use keiro_remote::{
     ClaimRequest, ClaimedTask, HeartbeatOutcome, RemoteTask, ReportOutcome, TaskFailure, TaskStatus,
 };

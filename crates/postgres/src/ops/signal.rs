@@ -8,8 +8,8 @@
 
 use keiro_journal::store::{Append, AppendOutcome, Result};
 use keiro_journal::{
-    validate_signal_token, InstanceKey, ReturnedSignal, SignalOptions, SignalSendOutcome,
-    SignalWait, SignalWaitOutcome, StoreError,
+    store::validate_signal_token, store::ReturnedSignal, store::SignalWait,
+    store::SignalWaitOutcome, InstanceKey, SignalOptions, SignalSendOutcome, StoreError,
 };
 use serde_json::Value;
 use tokio_postgres::types::ToSql;

@@ -16,7 +16,9 @@
 use std::time::Duration;
 
 use keiro_journal::store::Result;
-use keiro_journal::{FiredTimer, InstanceKey, TimerArm, TimerDue, TimerFiring, TimerKind};
+use keiro_journal::{
+    store::FiredTimer, store::TimerArm, store::TimerDue, InstanceKey, TimerFiring, TimerKind,
+};
 use time::OffsetDateTime;
 
 use crate::db::Db;

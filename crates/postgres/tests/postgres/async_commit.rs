@@ -12,7 +12,9 @@
 use std::time::Duration;
 
 use crate::common::{key, start, TestResult};
-use keiro_journal::{remote_step_id, Backoff, JournalStore, RemoteArm, RemoteArmOutcome};
+use keiro_journal::{
+    store::remote_step_id, store::RemoteArm, store::RemoteArmOutcome, Backoff, JournalStore,
+};
 use keiro_remote::{ClaimRequest, ReportOutcome, Transport};
 use keiro_tests::pg::TestDb;
 use serde_json::json;

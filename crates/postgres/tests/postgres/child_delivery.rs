@@ -8,8 +8,8 @@ use crate::common::{
     backend_pid, blocked_by, claim, key, recorded, sql, start, start_parked, status, TestResult,
 };
 use keiro_journal::{
-    child_result_step, Append, AppendOutcome, ChildSpawn, Event, InstanceKey, JournalStore, Status,
-    StepKind,
+    store::child_result_step, store::ChildSpawn, Append, AppendOutcome, Event, InstanceKey,
+    JournalStore, Status, StepKind,
 };
 use keiro_lease::{Crash, CrashOutcome, LeaseStore};
 use keiro_postgres::PgStore;
@@ -51,7 +51,7 @@ async fn family(
     );
     // The spawn step itself woke the parent; park it again, as its run would.
     store
-        .instance_park(&keiro_journal::Park {
+        .instance_park(&keiro_journal::store::Park {
             key: parent.clone(),
             generation: 0,
             fence: None,

@@ -143,7 +143,7 @@ async fn marking_a_runnable_instance_awaited_announces_it_again() -> TestResult 
         panic!("claimable");
     };
     store
-        .instance_park(&keiro_journal::Park {
+        .instance_park(&keiro_journal::store::Park {
             key: parked.clone(),
             generation: 0,
             fence: Some(claim.fence),

@@ -1,7 +1,7 @@
 //! Discovery is served by the partial index `workflows_active_idx`.
 
 use crate::common::TestResult;
-use keiro_postgres::INSTANCES_RUNNABLE;
+use keiro_postgres::plans::INSTANCES_RUNNABLE;
 use keiro_tests::pg::TestDb;
 use time::OffsetDateTime;
 

@@ -5,6 +5,7 @@
 //! builds of a rolling deploy do not put back their own in turn; the checksums migrations
 //! shipped with before the files existed are accepted.
 
+use keiro_postgres::builds::OtherBuild as _;
 use std::time::{Duration, Instant};
 
 use crate::common::{history, sql, TestResult};

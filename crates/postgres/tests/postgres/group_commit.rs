@@ -456,10 +456,10 @@ async fn a_batch_kept_waiting_on_a_parent_is_sent_again_append_by_append() -> Te
     let spawned = store
         .child_spawn(
             &spawn,
-            &keiro_journal::ChildSpawn {
+            &keiro_journal::store::ChildSpawn {
                 child: child.clone(),
                 input: json!(null),
-                await_step: keiro_journal::child_result_step(&child),
+                await_step: keiro_journal::store::child_result_step(&child),
             },
         )
         .await?;
@@ -493,7 +493,7 @@ async fn a_batch_kept_waiting_on_a_parent_is_sent_again_append_by_append() -> Te
         .journal_load(&parent, 0)
         .await?
         .into_iter()
-        .find(|e| e.event.step_name() == keiro_journal::child_result_step(&child))
+        .find(|e| e.event.step_name() == keiro_journal::store::child_result_step(&child))
         .map(|e| e.event);
     assert!(
         matches!(&delivered, Some(Event::StepRecorded { result, .. }) if result == &json!({"ok": 7})),

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::common::{key, start, TestResult};
-use keiro_journal::marker_name;
+use keiro_journal::store::marker_name;
 use keiro_journal::{
     Append, AppendOutcome, Event, InstanceKey, JournalStore, Marker, Status, StepKind, StoreError,
 };

@@ -5,7 +5,7 @@
 
 use crate::common::TestResult;
 use keiro_journal::{Cursor, InstanceKey, ListOrder, ListRequest, Status};
-use keiro_postgres::{ListStatement, INSTANCES_GC_CANDIDATES};
+use keiro_postgres::{plans::ListStatement, plans::INSTANCES_GC_CANDIDATES};
 use keiro_tests::pg::TestDb;
 use time::{Duration, OffsetDateTime};
 

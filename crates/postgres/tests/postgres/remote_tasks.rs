@@ -12,8 +12,9 @@ use crate::common::{
     status, Listener, TestResult,
 };
 use keiro_journal::{
-    child_result_step, remote_step_id, Append, AppendOutcome, ChildSpawn, Event, InstanceKey,
-    JournalStore, Park, ParkOutcome, RemoteArm, RemoteArmOutcome, Status, StepKind, StoreError,
+    store::child_result_step, store::remote_step_id, store::ChildSpawn, store::Park,
+    store::ParkOutcome, store::RemoteArm, store::RemoteArmOutcome, Append, AppendOutcome, Event,
+    InstanceKey, JournalStore, Status, StepKind, StoreError,
 };
 use keiro_postgres::{Config, PgStore};
 use keiro_remote::{
@@ -1106,7 +1107,7 @@ async fn a_fix_copies_the_parent_link_and_delivers_only_its_success() -> TestRes
     let store = db.store();
     let (parent, child) = (key("parent", "p-1"), key("child", "c-1"));
     store
-        .instance_start(&keiro_journal::StartRequest {
+        .instance_start(&keiro_journal::store::StartRequest {
             priority: 3,
             ..start(&parent, Value::Null)
         })
@@ -1369,7 +1370,7 @@ async fn park_dispatch_writes_the_tasks_and_the_park_in_one_round_trip() -> Test
     let store = db.store();
     let owner = key("owner", "pd-1");
     store.instance_start(&start(&owner, Value::Null)).await?;
-    let park = |awaited: Vec<String>| keiro_journal::Park {
+    let park = |awaited: Vec<String>| keiro_journal::store::Park {
         key: owner.clone(),
         generation: 0,
         fence: None,
@@ -1379,7 +1380,7 @@ async fn park_dispatch_writes_the_tasks_and_the_park_in_one_round_trip() -> Test
     // Prepare the statement once, on another instance's run.
     let other = key("owner", "pd-0");
     store.instance_start(&start(&other, Value::Null)).await?;
-    let warm = keiro_journal::Park {
+    let warm = keiro_journal::store::Park {
         key: other.clone(),
         ..park(vec!["remote:w".into()])
     };
@@ -1399,7 +1400,7 @@ async fn park_dispatch_writes_the_tasks_and_the_park_in_one_round_trip() -> Test
         .instance_park_dispatch(&park(vec!["remote:a".into(), "remote:b".into()]), &arms)
         .await?;
     assert_eq!(store.round_trips() - before, 1);
-    assert_eq!(parked, keiro_journal::ParkOutcome::Suspended);
+    assert_eq!(parked, keiro_journal::store::ParkOutcome::Suspended);
     assert!(matches!(
         outcomes[0],
         RemoteArmOutcome::Dispatched { deadline: Some(_) }
@@ -1477,7 +1478,7 @@ async fn parks_of_runs_at_once_share_a_transaction_and_each_gets_its_own_answer(
         ..db.config()
     })
     .await?;
-    let park = |owner: &InstanceKey, awaited: &[&str]| keiro_journal::Park {
+    let park = |owner: &InstanceKey, awaited: &[&str]| keiro_journal::store::Park {
         key: owner.clone(),
         generation: 0,
         fence: None,
@@ -1521,7 +1522,7 @@ async fn parks_of_runs_at_once_share_a_transaction_and_each_gets_its_own_answer(
         .task_complete(&remote_step_id(&settled, 0, "s"), &json!("done"))
         .await?;
 
-    let mut requests: Vec<(keiro_journal::Park, Vec<RemoteArm>)> = plain
+    let mut requests: Vec<(keiro_journal::store::Park, Vec<RemoteArm>)> = plain
         .iter()
         .enumerate()
         .map(|(i, owner)| (park(owner, &["s"]), vec![arm(owner, "s", json!(i))]))
@@ -1532,7 +1533,7 @@ async fn parks_of_runs_at_once_share_a_transaction_and_each_gets_its_own_answer(
     ));
     requests.push((park(&settled, &["s"]), vec![arm(&settled, "s", json!(1))]));
     requests.push((
-        keiro_journal::Park {
+        keiro_journal::store::Park {
             fence: Some(keiro_journal::Fence {
                 owner: "somebody-else".into(),
                 epoch: 7,
@@ -1566,7 +1567,11 @@ async fn parks_of_runs_at_once_share_a_transaction_and_each_gets_its_own_answer(
     let mut answers = answers.into_iter().map(|a| a.expect("every park answered"));
     for (i, owner) in plain.iter().enumerate() {
         let (parked, arms) = answers.next().expect("answer")?;
-        assert_eq!(parked, keiro_journal::ParkOutcome::Suspended, "{owner:?}");
+        assert_eq!(
+            parked,
+            keiro_journal::store::ParkOutcome::Suspended,
+            "{owner:?}"
+        );
         assert_eq!(arms, [RemoteArmOutcome::Dispatched { deadline: None }]);
         let input: Value = sql(&store)
             .await?
@@ -1580,11 +1585,11 @@ async fn parks_of_runs_at_once_share_a_transaction_and_each_gets_its_own_answer(
         assert_eq!(status(&store, owner).await?, Status::Suspended);
     }
     let (parked, arms) = answers.next().expect("answer")?;
-    assert_eq!(parked, keiro_journal::ParkOutcome::Suspended);
+    assert_eq!(parked, keiro_journal::store::ParkOutcome::Suspended);
     assert_eq!(arms.len(), 2);
     assert_eq!(store.remote_tasks(&two).await?.len(), 2);
     let (parked, arms) = answers.next().expect("answer")?;
-    assert_eq!(parked, keiro_journal::ParkOutcome::WokenBeforePark);
+    assert_eq!(parked, keiro_journal::store::ParkOutcome::WokenBeforePark);
     assert_eq!(
         arms,
         [RemoteArmOutcome::Settled {
@@ -1614,7 +1619,7 @@ async fn a_park_that_fails_does_not_fail_the_parks_sent_with_it() -> TestResult 
     for owner in &owners {
         store.instance_start(&start(owner, Value::Null)).await?;
     }
-    let park = |owner: &InstanceKey| keiro_journal::Park {
+    let park = |owner: &InstanceKey| keiro_journal::store::Park {
         key: owner.clone(),
         generation: 0,
         fence: None,
@@ -1649,7 +1654,7 @@ async fn a_park_that_fails_does_not_fail_the_parks_sent_with_it() -> TestResult 
             assert_eq!(status(&store, &owners[0]).await?, Status::Running);
         } else {
             let (parked, arms) = outcome?;
-            assert_eq!(parked, keiro_journal::ParkOutcome::Suspended);
+            assert_eq!(parked, keiro_journal::store::ParkOutcome::Suspended);
             assert_eq!(arms, [RemoteArmOutcome::Dispatched { deadline: None }]);
             assert_eq!(store.remote_tasks(&owners[i]).await?.len(), 1);
         }

@@ -23,6 +23,7 @@
 //! produced otherwise than by an `outcome := ...` assignment (arrays, `RETURN QUERY`), and what
 //! the previous build does with the rows beyond their names and types.
 
+use keiro_postgres::builds::OtherBuild as _;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::common::{history, sql, TestResult};

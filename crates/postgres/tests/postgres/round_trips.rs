@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::common::{key, start, TestResult};
-use keiro_journal::{Append, Event, JournalStore, Park, StepKind};
+use keiro_journal::{store::Park, Append, Event, JournalStore, StepKind};
 use keiro_lease::{ClaimOutcome, LeaseStore};
 use keiro_tests::pg::TestDb;
 use serde_json::json;

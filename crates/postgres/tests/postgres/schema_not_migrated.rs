@@ -8,6 +8,7 @@
 use crate::common::{key, start, TestResult};
 use keiro_journal::{JournalStore, StoreError};
 use keiro_lease::LeaseStore;
+use keiro_postgres::builds::OtherBuild as _;
 use keiro_postgres::PgStore;
 use keiro_resume::ScheduleStore;
 use keiro_tests::pg::TestDb;

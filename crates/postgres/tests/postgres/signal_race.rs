@@ -3,7 +3,9 @@
 //! same holds for sends racing the waits' timeouts.
 
 use crate::common::{backend_pid, blocked_by, key, recorded, sql, start_parked, TestResult};
-use keiro_journal::{InstanceKey, JournalStore, SignalSendOutcome, SignalWait, SignalWaitOutcome};
+use keiro_journal::{
+    store::SignalWait, store::SignalWaitOutcome, InstanceKey, JournalStore, SignalSendOutcome,
+};
 use keiro_postgres::PgStore;
 use keiro_tests::pg::TestDb;
 use serde_json::json;
@@ -137,11 +139,11 @@ async fn timeouts_and_sends_racing_on_one_token_lose_nothing() -> TestResult {
             SignalWaitOutcome::Waiting
         );
         store
-            .timer_arm(&keiro_journal::TimerArm {
+            .timer_arm(&keiro_journal::store::TimerArm {
                 key: k.clone(),
                 generation: 0,
                 step: "signal:go".into(),
-                due: keiro_journal::TimerDue::At(due),
+                due: keiro_journal::store::TimerDue::At(due),
                 kind: keiro_journal::TimerKind::SignalTimeout {
                     token: "shared".into(),
                 },

@@ -4,8 +4,8 @@
 
 use crate::common::{claim, key, recorded, sql, start, start_parked, status, TestResult};
 use keiro_journal::{
-    Append, Event, Fence, InstanceKey, JournalStore, SignalSendOutcome, SignalWait,
-    SignalWaitOutcome, Status, TimerArm, TimerKind,
+    store::SignalWait, store::SignalWaitOutcome, store::TimerArm, Append, Event, Fence,
+    InstanceKey, JournalStore, SignalSendOutcome, Status, TimerKind,
 };
 use keiro_tests::pg::TestDb;
 use serde_json::json;
@@ -228,7 +228,7 @@ async fn a_pending_wait_times_out_and_a_satisfied_one_does_not() -> TestResult {
         key: k.clone(),
         generation: 0,
         step: "signal:go".into(),
-        due: keiro_journal::TimerDue::At(now - time::Duration::seconds(seconds_ago)),
+        due: keiro_journal::store::TimerDue::At(now - time::Duration::seconds(seconds_ago)),
         kind: TimerKind::SignalTimeout { token: "t".into() },
     };
     let lonely = key("waiter", "lonely");

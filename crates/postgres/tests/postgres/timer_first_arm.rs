@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::common::{key, sql, start, Listener, TestResult};
-use keiro_journal::{JournalStore, TimerArm, TimerKind};
+use keiro_journal::{store::TimerArm, JournalStore, TimerKind};
 use keiro_tests::pg::TestDb;
 use serde_json::json;
 use time::macros::datetime;
@@ -17,7 +17,7 @@ fn sleep_arm(k: &keiro_journal::InstanceKey, step: &str, fire_at: OffsetDateTime
         key: k.clone(),
         generation: 0,
         step: step.into(),
-        due: keiro_journal::TimerDue::At(fire_at),
+        due: keiro_journal::store::TimerDue::At(fire_at),
         kind: TimerKind::Sleep,
     }
 }

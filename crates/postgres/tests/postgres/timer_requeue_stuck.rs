@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::common::{key, recorded, sql, start_parked, TestResult};
-use keiro_journal::{JournalStore, TimerArm, TimerKind};
+use keiro_journal::{store::TimerArm, JournalStore, TimerKind};
 use keiro_tests::pg::TestDb;
 use serde_json::json;
 use time::OffsetDateTime;
@@ -22,7 +22,7 @@ async fn only_timers_stuck_longer_than_the_threshold_are_requeued() -> TestResul
                 key: k.clone(),
                 generation: 0,
                 step: step.into(),
-                due: keiro_journal::TimerDue::At(due),
+                due: keiro_journal::store::TimerDue::At(due),
                 kind: TimerKind::Sleep,
             })
             .await?;

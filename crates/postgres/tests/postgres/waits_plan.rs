@@ -3,7 +3,7 @@
 //! timers, 50,000 awakeables and 40,000 signal waits, analyzed, the planner's own choice.
 
 use crate::common::TestResult;
-use keiro_postgres::INSTANCE_WAITS;
+use keiro_postgres::plans::INSTANCE_WAITS;
 use keiro_tests::pg::TestDb;
 
 /// 4,000 instances; each has 25 timers (one in five a signal timeout), 12 or 13 awakeables

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use crate::common::{key, sql, start, TestResult};
-use keiro_journal::{JournalStore, TimerArm, TimerKind};
+use keiro_journal::{store::TimerArm, JournalStore, TimerKind};
 use keiro_postgres::PgStore;
 use keiro_resume::{Notifier, WakeFilter, WakeReason, WakeSource};
 use keiro_tests::pg::TestDb;
@@ -71,7 +71,7 @@ async fn a_wake_is_notified_within_milliseconds_and_only_to_its_filter() -> Test
         key: key("order", "o-0"),
         generation: 0,
         step: "sleep:nap".into(),
-        due: keiro_journal::TimerDue::At(datetime!(2030-01-01 0:00 UTC)),
+        due: keiro_journal::store::TimerDue::At(datetime!(2030-01-01 0:00 UTC)),
         kind: TimerKind::Sleep,
     };
     store.timer_arm(&arm).await?;

@@ -3,7 +3,8 @@
 
 use crate::common::{key, start, start_parked, step, TestResult};
 use keiro_journal::{
-    child_result_step, ChildSpawn, JournalStore, SignalWait, StepKind, TimerArm, TimerKind,
+    store::child_result_step, store::ChildSpawn, store::SignalWait, store::TimerArm, JournalStore,
+    StepKind, TimerKind,
 };
 use keiro_postgres::PgStore;
 use keiro_tests::pg::TestDb;
@@ -41,7 +42,7 @@ async fn each_wake_source_operation_is_one_round_trip() -> TestResult {
             key: k.clone(),
             generation: 0,
             step: format!("sleep:{n}"),
-            due: keiro_journal::TimerDue::At(datetime!(2030-01-01 0:00 UTC)),
+            due: keiro_journal::store::TimerDue::At(datetime!(2030-01-01 0:00 UTC)),
             kind: TimerKind::Sleep,
         })
         .await

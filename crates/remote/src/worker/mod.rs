@@ -216,7 +216,7 @@ impl RemoteWorkerBuilder {
         F: Fn(I, TaskContext) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<O, TaskError>> + Send + 'static,
     {
-        let group = keiro_journal::remote_group(step, partition);
+        let group = keiro_journal::store::remote_group(step, partition);
         if !self.inner.groups.contains(&group) {
             self.inner.groups.push(group.clone());
         }
@@ -504,7 +504,7 @@ impl RemoteWorker {
             metrics.step_duration(task.key.name.as_str(), "remote", started.elapsed());
         }
         let report = match outcome {
-            Ok(Ok(output)) => match keiro_journal::encoded_len(&output) {
+            Ok(Ok(output)) => match keiro_journal::store::encoded_len(&output) {
                 len if len <= inner.options.payload_len_max => Report::Complete(output),
                 len => Report::Fail(
                     TaskError::fatal(format!(

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use keiro_journal::{storable_text, Backoff, StoreError};
+use keiro_journal::{store::storable_text, Backoff, StoreError};
 use serde_json::Value;
 
 use crate::store::{ClaimedTask, ReportOutcome, Transport};
@@ -98,11 +98,11 @@ pub(crate) async fn run_reporter(
     transport: std::sync::Arc<dyn Transport>,
     completions: tokio::sync::mpsc::UnboundedReceiver<Completion>,
 ) {
-    let limits = keiro_journal::BatchLimits {
+    let limits = keiro_journal::batch::BatchLimits {
         len_max: BATCH_MAX,
         in_flight: BATCHES_IN_FLIGHT,
     };
-    keiro_journal::run_batches(completions, limits, |batch, slot| {
+    keiro_journal::batch::run_batches(completions, limits, |batch, slot| {
         let transport = transport.clone();
         Some(async move {
             report_batch(transport, batch).await;
@@ -175,7 +175,7 @@ mod tests {
     }
 
     fn refusal(output: &Value) -> crate::Result<()> {
-        keiro_journal::check_value(output).map_err(|reason| StoreError::ValueRefused {
+        keiro_journal::store::check_value(output).map_err(|reason| StoreError::ValueRefused {
             operation: "test",
             reason,
         })

@@ -34,7 +34,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use keiro_journal::{Backoff, InstanceKey, StartRequest, StoreError};
+use keiro_journal::{store::StartRequest, Backoff, InstanceKey, StoreError};
 use time::OffsetDateTime;
 
 use super::plan::plan;
@@ -43,7 +43,7 @@ use super::store::{DueSchedule, FireOutcome, ScheduleFire, ScheduleStore};
 use super::ScheduleError;
 use crate::{InvalidOptions, POLL_INTERVAL_MIN};
 use keiro_journal::error_chain;
-use keiro_journal::stretched as jittered;
+use keiro_journal::store::stretched as jittered;
 
 /// The default longest wait between two scheduler passes: a tick starts at most this late.
 pub const SCHEDULER_POLL_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
@@ -248,7 +248,7 @@ async fn pass(
             revision: row.revision,
             failures: row.failures,
         };
-        let error = keiro_journal::storable_text(&row.error).into_owned();
+        let error = keiro_journal::store::storable_text(&row.error).into_owned();
         record_failure(store, options, found.clock, &failed, &error).await?;
         summary.failed += 1;
         written += 1;
@@ -360,7 +360,7 @@ impl FireError {
             Self::Schedule(e) => error_chain(e),
             Self::Store(e) => error_chain(e),
         };
-        keiro_journal::storable_text(&chain).into_owned()
+        keiro_journal::store::storable_text(&chain).into_owned()
     }
 }
 

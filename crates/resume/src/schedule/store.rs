@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use keiro_journal::store::Result;
-use keiro_journal::{Fence, StartRequest, Started};
+use keiro_journal::{store::StartRequest, Fence, Started};
 use time::OffsetDateTime;
 
 use super::spec::{Schedule, ScheduleSpec};

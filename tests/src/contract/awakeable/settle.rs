@@ -4,8 +4,8 @@
 use crate::contract::support::{claim, key, recorded, start_parked, status, TestResult};
 use crate::Harness;
 use keiro_journal::{
-    awakeable_step, Append, AppendOutcome, AwakeableOutcome, AwakeableStatus, Event, InstanceKey,
-    Marker, Status, StepKind,
+    store::awakeable_step, Append, AppendOutcome, AwakeableOutcome, AwakeableStatus, Event,
+    InstanceKey, Marker, Status, StepKind,
 };
 use serde_json::json;
 use uuid::Uuid;

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use crate::{Harness, TestResult};
 use keiro::{
-    Ctx, Error, FilterError, InstanceKey, ListOrder, ListRequest, RemoteOptions, Status,
-    TaskContext, TaskError, Worker,
+    operate::FilterError, operate::ListOrder, operate::ListRequest, remote::RemoteOptions,
+    remote::TaskContext, remote::TaskError, Ctx, Error, InstanceKey, Status, Worker,
 };
 use time::OffsetDateTime;
 
@@ -273,7 +273,7 @@ pub async fn bad_list_requests_are_typed_errors(h: Harness) -> TestResult {
             ..ListRequest::default()
         },
         ListRequest {
-            limit: keiro::LIST_LIMIT_MAX + 1,
+            limit: keiro::operate::LIST_LIMIT_MAX + 1,
             ..ListRequest::default()
         },
     ] {

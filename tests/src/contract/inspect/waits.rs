@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use crate::{Harness, TestResult};
 use keiro::{
-    AwakeableStatus, Ctx, Error, FilterError, Status, TimerKind, TimerState, Waits, Worker,
-    WAITS_LIMIT_DEFAULT,
+    operate::AwakeableStatus, operate::FilterError, operate::TimerKind, operate::TimerState,
+    operate::Waits, operate::WAITS_LIMIT_DEFAULT, Ctx, Error, Status, Worker,
 };
 use time::OffsetDateTime;
 

@@ -4,8 +4,8 @@
 use crate::contract::support::{key, recorded, start, start_parked, status, TestResult};
 use crate::Harness;
 use keiro_journal::{
-    child_result_step, Append, AppendOutcome, ChildSpawn, Event, InstanceKey, Marker, Park, Status,
-    StepKind,
+    store::child_result_step, store::ChildSpawn, store::Park, Append, AppendOutcome, Event,
+    InstanceKey, Marker, Status, StepKind,
 };
 use keiro_lease::LeaseStore;
 use serde_json::json;

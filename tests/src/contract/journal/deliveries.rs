@@ -6,7 +6,7 @@
 use std::convert::Infallible;
 
 use crate::{Harness, Ledger, TestResult};
-use keiro::{Ctx, DeliveryRefusal, Status, WorkflowError};
+use keiro::{workflow::DeliveryRefusal, Ctx, Status, WorkflowError};
 
 /// A worker for `order`: it charges (each run of the action counted in `ledger`), then awaits
 /// an approval, and returns both.
@@ -69,7 +69,7 @@ pub async fn an_early_delivery_waits_for_its_await(h: Harness) -> TestResult {
         .await?;
     assert_eq!(
         again,
-        keiro::AppendOutcome::AlreadyPresent(serde_json::json!(true)),
+        keiro::store::AppendOutcome::AlreadyPresent(serde_json::json!(true)),
         "the first delivery wins"
     );
     worker.drain().await?;
@@ -155,7 +155,7 @@ pub async fn a_delivery_bound_to_a_left_generation_is_refused(h: Harness) -> Tes
         .await?;
     assert_eq!(
         retried,
-        keiro::AppendOutcome::AlreadyPresent(serde_json::json!(100))
+        keiro::store::AppendOutcome::AlreadyPresent(serde_json::json!(100))
     );
     // A delivery for generation 0 that it never got is refused: that await is gone.
     let late = h
@@ -198,11 +198,11 @@ pub async fn a_value_delivered_under_the_bare_name_is_still_read(h: Harness) -> 
     h.keiro.start("order", "o-1", &()).await?;
     worker.drain().await?;
     let key = keiro::InstanceKey::parse("order", "o-1")?;
-    let legacy = keiro::Append::external(
+    let legacy = keiro::store::Append::external(
         key,
-        keiro::Event::StepRecorded {
+        keiro::store::Event::StepRecorded {
             step: "approval".into(),
-            kind: keiro::StepKind::Await,
+            kind: keiro::store::StepKind::Await,
             result: serde_json::json!(true),
         },
     );
@@ -223,7 +223,7 @@ pub async fn a_value_delivered_under_the_bare_name_is_still_read(h: Harness) -> 
 fn gated_worker(
     h: &Harness,
     ledger: &Ledger,
-    budget: keiro::JournalBudget,
+    budget: keiro::workflow::JournalBudget,
 ) -> Result<keiro::Worker, keiro::Error> {
     let l = ledger.clone();
     h.keiro
@@ -255,7 +255,7 @@ pub async fn deliveries_no_await_reads_do_not_fill_the_journal_budget(h: Harness
     // the whole journal budget: the run's next step still runs. Only what an await reads
     // counts against the budget.
     let ledger = Ledger::default();
-    let budget = keiro::JournalBudget {
+    let budget = keiro::workflow::JournalBudget {
         steps: 20,
         bytes: 4_000,
     };
@@ -302,7 +302,7 @@ pub async fn a_delivery_past_the_unread_bound_is_refused_and_writes_nothing(
     // next fresh name is refused, typed, and journals nothing; a repeat is still idempotent,
     // and the delivery the parked run waits for is still taken.
     let ledger = Ledger::default();
-    let worker = gated_worker(&h, &ledger, keiro::JournalBudget::default())?;
+    let worker = gated_worker(&h, &ledger, keiro::workflow::JournalBudget::default())?;
     h.keiro.start("gated", "g-1", &()).await?;
     worker.drain().await?;
     for n in 0..1_000 {
@@ -310,7 +310,7 @@ pub async fn a_delivery_past_the_unread_bound_is_refused_and_writes_nothing(
             .keiro
             .deliver(("gated", "g-1"), &format!("junk-{n}"), &n)
             .await?;
-        assert_eq!(outcome, keiro::AppendOutcome::Appended, "junk-{n}");
+        assert_eq!(outcome, keiro::store::AppendOutcome::Appended, "junk-{n}");
     }
     let journaled = h.keiro.journal(("gated", "g-1")).await?.len();
     let refused = h.keiro.deliver(("gated", "g-1"), "junk-1000", &1_000).await;
@@ -322,7 +322,7 @@ pub async fn a_delivery_past_the_unread_bound_is_refused_and_writes_nothing(
                 reason: DeliveryRefusal::Backlog { unread, backlog },
             }) if step == "junk-1000"
                 && unread.count == 1_000
-                && *backlog == keiro::DeliveryBacklog::default()
+                && *backlog == keiro::workflow::DeliveryBacklog::default()
         ),
         "{refused:?}"
     );
@@ -334,10 +334,14 @@ pub async fn a_delivery_past_the_unread_bound_is_refused_and_writes_nothing(
     let repeat = h.keiro.deliver(("gated", "g-1"), "junk-7", &7).await?;
     assert_eq!(
         repeat,
-        keiro::AppendOutcome::AlreadyPresent(serde_json::json!(7))
+        keiro::store::AppendOutcome::AlreadyPresent(serde_json::json!(7))
     );
     let approval = h.keiro.deliver(("gated", "g-1"), "approval", &true).await?;
-    assert_eq!(approval, keiro::AppendOutcome::Appended, "the awaited one");
+    assert_eq!(
+        approval,
+        keiro::store::AppendOutcome::Appended,
+        "the awaited one"
+    );
     worker.drain().await?;
     let row = h.keiro.instance(("gated", "g-1")).await?.expect("row");
     assert_eq!(
@@ -350,7 +354,7 @@ pub async fn a_delivery_past_the_unread_bound_is_refused_and_writes_nothing(
 }
 
 /// Whether `result` is a refusal for the backlog, holding `count` unread deliveries.
-fn backlogged(result: &Result<keiro::AppendOutcome, keiro::Error>, count: usize) -> bool {
+fn backlogged(result: &Result<keiro::store::AppendOutcome, keiro::Error>, count: usize) -> bool {
     matches!(
         result,
         Err(keiro::Error::DeliveryRefused {
@@ -367,9 +371,9 @@ pub async fn what_the_awaits_read_makes_room_and_a_parked_wait_is_always_answere
     let keiro = h
         .keiro
         .clone()
-        .with_delivery_backlog(keiro::DeliveryBacklog {
+        .with_delivery_backlog(keiro::workflow::DeliveryBacklog {
             deliveries: 2,
-            ..keiro::DeliveryBacklog::default()
+            ..keiro::workflow::DeliveryBacklog::default()
         });
     let worker = keiro
         .worker()
@@ -404,13 +408,13 @@ pub async fn what_the_awaits_read_makes_room_and_a_parked_wait_is_always_answere
     // until a worker looks): taken.
     assert_eq!(
         keiro.deliver(key, "item-2", &3u32).await?,
-        keiro::AppendOutcome::Appended
+        keiro::store::AppendOutcome::Appended
     );
     worker.drain().await?;
     // The junk is still unread, and the run now waits on item-3.
     assert_eq!(
         keiro.deliver(key, "item-3", &4u32).await?,
-        keiro::AppendOutcome::Appended
+        keiro::store::AppendOutcome::Appended
     );
     worker.drain().await?;
     let row = keiro.instance(key).await?.expect("row");
@@ -427,7 +431,7 @@ pub async fn the_unread_bytes_are_bounded_too(h: Harness) -> TestResult {
     let keiro = h
         .keiro
         .clone()
-        .with_delivery_backlog(keiro::DeliveryBacklog {
+        .with_delivery_backlog(keiro::workflow::DeliveryBacklog {
             deliveries: 100,
             bytes: 100,
         });
@@ -454,9 +458,9 @@ pub async fn a_new_generation_starts_with_no_unread_delivery(h: Harness) -> Test
     let keiro = h
         .keiro
         .clone()
-        .with_delivery_backlog(keiro::DeliveryBacklog {
+        .with_delivery_backlog(keiro::workflow::DeliveryBacklog {
             deliveries: 1,
-            ..keiro::DeliveryBacklog::default()
+            ..keiro::workflow::DeliveryBacklog::default()
         });
     let worker = keiro
         .worker()
@@ -481,7 +485,7 @@ pub async fn a_new_generation_starts_with_no_unread_delivery(h: Harness) -> Test
     // Generation 0's unread junk does not count in generation 1.
     assert_eq!(
         keiro.deliver(key, "junk", &0u32).await?,
-        keiro::AppendOutcome::Appended
+        keiro::store::AppendOutcome::Appended
     );
     keiro.deliver_to(key, 1, "next", &8u32).await?;
     worker.drain().await?;

@@ -6,9 +6,12 @@
 use std::time::Duration;
 
 use crate::{journal_steps, key, Harness, TestResult};
-use keiro::{Append, AppendOutcome, Event, Fence, Marker, Status, StepKind};
-use keiro_journal::ClosingOutcome;
-use keiro_journal::{ChildSpawn, InstanceKey, Park, StartRequest, StoreError};
+use keiro::{
+    store::Append, store::AppendOutcome, store::Event, store::Fence, store::Marker,
+    store::StepKind, Status,
+};
+use keiro_journal::store::ClosingOutcome;
+use keiro_journal::{store::ChildSpawn, store::Park, store::StartRequest, InstanceKey, StoreError};
 use keiro_lease::ClaimOutcome;
 use serde_json::{json, Value};
 

@@ -11,10 +11,11 @@ use crate::counting::CountingStore;
 use crate::workflows::Sum;
 use crate::{journal_steps, key, Harness, Ledger, TestResult};
 use keiro::{
-    workflow_fn, Append, ClaimOutcome, Ctx, Event, JournalStore, RunError, RunOptions, RunOutcome,
-    Status, StepKind, WorkflowError,
+    store::Append, store::ClaimOutcome, store::Event, store::JournalStore, store::StepKind,
+    workflow::workflow_fn, workflow::RunError, workflow::RunOptions, workflow::RunOutcome, Ctx,
+    Status, WorkflowError,
 };
-use keiro_journal::StartRequest;
+use keiro_journal::store::StartRequest;
 use serde_json::{json, Value};
 
 const TTL: Duration = Duration::from_secs(60);
@@ -262,7 +263,7 @@ pub async fn a_stale_lease_writes_neither_the_last_step_nor_the_completion(
 struct StepDurations(std::sync::Mutex<Vec<Duration>>);
 
 impl keiro_journal::StepObserver for StepDurations {
-    fn step_finished(&self, _: &keiro::WorkflowName, _: StepKind, duration: Duration) {
+    fn step_finished(&self, _: &keiro::workflow::WorkflowName, _: StepKind, duration: Duration) {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -318,7 +319,7 @@ pub async fn a_held_back_step_is_timed_to_the_end_of_its_append(h: Harness) -> T
 async fn drive_with_slow_appends(
     h: &Harness,
     claim: &keiro_lease::Claim,
-    workflow: &dyn keiro::Workflow,
+    workflow: &dyn keiro::workflow::Workflow,
 ) -> Result<RunOutcome, Box<dyn std::error::Error + Send + Sync>> {
     let store: Arc<dyn JournalStore> =
         Arc::new(CountingStore::new(h.store.clone()).with_append_delay(Duration::from_millis(200)));

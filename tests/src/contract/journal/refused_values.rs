@@ -8,13 +8,14 @@ use std::time::Duration;
 
 use crate::{key, Harness, Ledger, TestResult};
 use keiro::{
-    Ctx, Registry, RemoteOptions, RemoteWorker, RemoteWorkerOptions, ResumeOptions, Status,
-    TaskContext, TaskError, TaskStatus, WorkflowError,
+    remote::RemoteOptions, remote::RemoteWorker, remote::RemoteWorkerOptions, remote::TaskContext,
+    remote::TaskError, remote::TaskStatus, worker::Registry, worker::ResumeOptions, Ctx, Status,
+    WorkflowError,
 };
 use keiro_journal::{
-    remote_step_id, Append, Backoff, ChildSpawn, Event, Instance, InstanceKey, JournalEntry,
-    RemoteArm, SignalSendOutcome, SignalWait, SignalWaitOutcome, StartRequest, StepKind,
-    StoreError, REDISPATCH_MAX_DEFAULT,
+    store::remote_step_id, store::ChildSpawn, store::RemoteArm, store::SignalWait,
+    store::SignalWaitOutcome, store::StartRequest, Append, Backoff, Event, Instance, InstanceKey,
+    JournalEntry, SignalSendOutcome, StepKind, StoreError, REDISPATCH_MAX_DEFAULT,
 };
 use keiro_lease::{ClaimOutcome, Crash};
 use keiro_remote::{ClaimRequest, ReportOutcome, TaskFailure};
@@ -202,7 +203,7 @@ pub async fn a_refused_awakeable_payload_leaves_it_pending(h: Harness) -> TestRe
     assert_eq!(h.store.awakeables_pending().await?, 1);
     assert_eq!(
         h.store.awakeable_complete(id, &json!("fine")).await?,
-        keiro::AwakeableOutcome::Delivered
+        keiro::workflow::AwakeableOutcome::Delivered
     );
     Ok(())
 }
@@ -353,7 +354,7 @@ const POISON: &str = "o-3";
 
 /// `labels`: one remote step `label`; a remote failure becomes the run's output, so the test
 /// sees exactly what the body saw.
-fn labels() -> Result<Registry, keiro::RegistryError> {
+fn labels() -> Result<Registry, keiro::worker::RegistryError> {
     let mut registry = Registry::new();
     registry.register("labels", |ctx: Ctx, order: String| async move {
         match ctx
@@ -382,7 +383,7 @@ pub async fn a_refused_output_fails_its_step_and_the_rest_of_its_batch_lands(
             .start("labels", &format!("l-{i}"), &format!("o-{i}"))
             .await?;
     }
-    keiro::resume_once(&h.store, &registry, &options).await?;
+    keiro::worker::resume_once(&h.store, &registry, &options).await?;
     for i in 0..RUNS {
         let row = h
             .keiro
@@ -464,7 +465,7 @@ async fn until_all_completed(
 ) -> TestResult {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        keiro::resume_once(&h.store, registry, options).await?;
+        keiro::worker::resume_once(&h.store, registry, options).await?;
         let mut open = Vec::new();
         for i in 0..RUNS {
             let id = format!("l-{i}");

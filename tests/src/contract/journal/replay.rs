@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use crate::{key, run_inline, run_with, Harness, Ledger, TestResult};
 use keiro::{
-    workflow_fn, Append, AppendOutcome, CancelOutcome, Ctx, Event, Marker, RunError, RunOptions,
-    RunOutcome, Status, StepKind, WorkflowError,
+    operate::CancelOutcome, store::Append, store::AppendOutcome, store::Event, store::Marker,
+    store::StepKind, workflow::workflow_fn, workflow::RunError, workflow::RunOptions,
+    workflow::RunOutcome, Ctx, Status, WorkflowError,
 };
 use serde_json::json;
 
@@ -16,7 +17,7 @@ fn opts() -> RunOptions {
 }
 
 /// Three counted steps; the third fails while `fail_c` is set.
-fn three_steps(ledger: Ledger, fail_c: Arc<AtomicBool>) -> Arc<dyn keiro::Workflow> {
+fn three_steps(ledger: Ledger, fail_c: Arc<AtomicBool>) -> Arc<dyn keiro::workflow::Workflow> {
     workflow_fn(move |ctx: Ctx, n: u64| {
         let (ledger, fail_c) = (ledger.clone(), fail_c.clone());
         async move {
@@ -408,7 +409,10 @@ pub async fn cancel_is_idempotent_and_refuses_unknown_instances(h: Harness) -> T
     Ok(())
 }
 
-fn named_steps(names: &'static [&'static str], ledger: Ledger) -> Arc<dyn keiro::Workflow> {
+fn named_steps(
+    names: &'static [&'static str],
+    ledger: Ledger,
+) -> Arc<dyn keiro::workflow::Workflow> {
     workflow_fn(move |ctx: Ctx, crash: bool| {
         let ledger = ledger.clone();
         async move {
@@ -501,11 +505,11 @@ pub async fn kind_mismatch_is_caught_as_non_determinism(h: Harness) -> TestResul
     let k = key("km", "k-1");
     // An await's value under the bare step name, as keiro journaled deliveries before they got
     // their own namespace (a delivery can no longer collide with a `ctx.step`).
-    let recorded = keiro::Append::external(
+    let recorded = keiro::store::Append::external(
         k.clone(),
-        keiro::Event::StepRecorded {
+        keiro::store::Event::StepRecorded {
             step: "approval".into(),
-            kind: keiro::StepKind::Await,
+            kind: keiro::store::StepKind::Await,
             result: json!(true),
         },
     );
@@ -584,7 +588,7 @@ pub async fn concurrent_steps_in_a_join_are_not_divergence(h: Harness) -> TestRe
     Ok(())
 }
 
-fn approval_flow(ledger: Ledger) -> Arc<dyn keiro::Workflow> {
+fn approval_flow(ledger: Ledger) -> Arc<dyn keiro::workflow::Workflow> {
     workflow_fn(move |ctx: Ctx, (): ()| {
         let ledger = ledger.clone();
         async move {
@@ -775,7 +779,7 @@ pub async fn panicking_step_is_a_crash_not_a_process_abort(h: Harness) -> TestRe
     Ok(())
 }
 
-fn patched_flow(ledger: Ledger) -> Arc<dyn keiro::Workflow> {
+fn patched_flow(ledger: Ledger) -> Arc<dyn keiro::workflow::Workflow> {
     workflow_fn(move |ctx: Ctx, (): ()| {
         let ledger = ledger.clone();
         async move {

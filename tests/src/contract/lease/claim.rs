@@ -5,7 +5,8 @@ use std::time::Duration;
 use crate::contract::support::{key, start, TestResult};
 use crate::Harness;
 use keiro_journal::{
-    Append, Event, InstanceKey, Park, ParkOutcome, StartRequest, Status, StepKind,
+    store::Park, store::ParkOutcome, store::StartRequest, Append, Event, InstanceKey, Status,
+    StepKind,
 };
 use keiro_lease::{Claim, ClaimOutcome, Crash, CrashOutcome, LeaseStore};
 use serde_json::json;

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use crate::{Backend, Harness, TestResult};
 use keiro::{
-    Ctx, Error, GcRequest, RemoteOptions, Status, TaskContext, TaskError, Worker, WorkflowError,
+    operate::GcRequest, remote::RemoteOptions, remote::TaskContext, remote::TaskError, Ctx, Error,
+    Status, Worker, WorkflowError,
 };
 use time::OffsetDateTime;
 

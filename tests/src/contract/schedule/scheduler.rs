@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use crate::{Harness, TestResult};
 use keiro::{
-    CatchUp, Ctx, Error, Keiro, Overlap, ScheduleError, ScheduleStore, SchedulerOptions, Status,
-    Worker, WorkflowError,
+    schedule::CatchUp, schedule::Overlap, schedule::ScheduleError, schedule::SchedulerOptions,
+    store::ScheduleStore, Ctx, Error, Keiro, Status, Worker, WorkflowError,
 };
 use keiro_resume::{FireOutcome, ScheduleFire};
 use time::macros::datetime;
@@ -266,7 +266,7 @@ pub async fn two_schedulers_racing_start_each_tick_exactly_once(h: Harness) -> T
     )
     .await?;
     let (a, b) = (worker(&h, "a")?, worker(&h, "b")?);
-    let mut total = keiro::SchedulerSummary::default();
+    let mut total = keiro::schedule::SchedulerSummary::default();
     for minute in 1..=5 {
         let now = datetime!(2026-01-01 10:00:01 UTC) + time::Duration::minutes(minute);
         let (x, y) = tokio::join!(a.schedule_once(Some(now)), b.schedule_once(Some(now)));
@@ -291,11 +291,11 @@ pub async fn two_schedulers_racing_start_each_tick_exactly_once(h: Harness) -> T
     let lead_a = s.scheduler_lease("a", MINUTE, Some(later)).await?;
     assert_eq!(lead_a, None, "b holds it now");
     let row = s.schedule_get("r").await?.expect("exists");
-    let stale_fence = keiro::Fence {
+    let stale_fence = keiro::store::Fence {
         owner: "a".into(),
         epoch: lead_b.epoch - 1,
     };
-    let fire = |leader: keiro::Fence, revision: i64| ScheduleFire {
+    let fire = |leader: keiro::store::Fence, revision: i64| ScheduleFire {
         name: "r".into(),
         leader,
         revision,
@@ -594,14 +594,17 @@ async fn started_as(
 }
 
 /// What a scheduler pass wrote: a start, a known start, a dropped or a buffered tick.
-fn wrote(s: &keiro::SchedulerSummary) -> u64 {
+fn wrote(s: &keiro::schedule::SchedulerSummary) -> u64 {
     s.started + s.already_started + s.dropped + s.buffered
 }
 
 /// Passes at `now` until one writes nothing, as the worker's loop passes again at once after
 /// a full batch; the sum of them.
-async fn passes_at(w: &Worker, now: OffsetDateTime) -> Result<keiro::SchedulerSummary, Error> {
-    let mut total = keiro::SchedulerSummary::default();
+async fn passes_at(
+    w: &Worker,
+    now: OffsetDateTime,
+) -> Result<keiro::schedule::SchedulerSummary, Error> {
+    let mut total = keiro::schedule::SchedulerSummary::default();
     for _ in 0..5 {
         let pass = w.schedule_once(Some(now)).await?;
         total += pass;
@@ -725,7 +728,8 @@ pub async fn a_running_fleet_runs_each_services_schedules(h: Harness) -> TestRes
         })
     };
     let runners = [run(shipping), run(billing)];
-    let completed = keiro::ListRequest::from_pairs([("name", "invoice"), ("status", "completed")])?;
+    let completed =
+        keiro::operate::ListRequest::from_pairs([("name", "invoice"), ("status", "completed")])?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     let done = loop {
         let page = h.keiro.list(&completed).await?;
@@ -816,15 +820,18 @@ impl Refusing {
 impl ScheduleStore for Refusing {
     async fn schedule_upsert(
         &self,
-        spec: &keiro::ScheduleSpec,
+        spec: &keiro::schedule::ScheduleSpec,
         now: Option<OffsetDateTime>,
-    ) -> keiro::store::Result<keiro::Schedule> {
+    ) -> keiro::store::Result<keiro::schedule::Schedule> {
         self.inner.schedule_upsert(spec, now).await
     }
-    async fn schedule_get(&self, name: &str) -> keiro::store::Result<Option<keiro::Schedule>> {
+    async fn schedule_get(
+        &self,
+        name: &str,
+    ) -> keiro::store::Result<Option<keiro::schedule::Schedule>> {
         self.inner.schedule_get(name).await
     }
-    async fn schedules_list(&self) -> keiro::store::Result<Vec<keiro::Schedule>> {
+    async fn schedules_list(&self) -> keiro::store::Result<Vec<keiro::schedule::Schedule>> {
         self.inner.schedules_list().await
     }
     async fn schedule_delete(&self, name: &str) -> keiro::store::Result<bool> {
@@ -835,14 +842,14 @@ impl ScheduleStore for Refusing {
         name: &str,
         paused: bool,
         now: Option<OffsetDateTime>,
-    ) -> keiro::store::Result<Option<keiro::Schedule>> {
+    ) -> keiro::store::Result<Option<keiro::schedule::Schedule>> {
         self.inner.schedule_set_paused(name, paused, now).await
     }
     async fn schedule_trigger(
         &self,
         name: &str,
         now: Option<OffsetDateTime>,
-    ) -> keiro::store::Result<Option<keiro::Started>> {
+    ) -> keiro::store::Result<Option<keiro::store::Started>> {
         self.inner.schedule_trigger(name, now).await
     }
     async fn scheduler_lease(
@@ -850,7 +857,7 @@ impl ScheduleStore for Refusing {
         owner: &str,
         ttl: Duration,
         now: Option<OffsetDateTime>,
-    ) -> keiro::store::Result<Option<keiro::Fence>> {
+    ) -> keiro::store::Result<Option<keiro::store::Fence>> {
         self.inner.scheduler_lease(owner, ttl, now).await
     }
     async fn scheduler_release(&self, owner: &str) -> keiro::store::Result<bool> {
@@ -891,10 +898,10 @@ pub async fn a_schedule_that_cannot_start_records_its_error_and_backs_off(
     let s = store(&h);
     // Written through the store, past the facade's checks (another build, a hand-written
     // row): a name no instance id may carry, so no tick of it can start.
-    let bad = keiro::ScheduleSpec {
+    let bad = keiro::schedule::ScheduleSpec {
         name: "bad:name".into(),
-        workflow: keiro::WorkflowName::new("job")?,
-        cadence: keiro::Cadence::Every(MINUTE),
+        workflow: keiro::workflow::WorkflowName::new("job")?,
+        cadence: keiro::schedule::Cadence::Every(MINUTE),
         input: serde_json::Value::Null,
         overlap: Overlap::AllowAll,
         catch_up: CatchUp::None,

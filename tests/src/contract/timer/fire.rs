@@ -2,7 +2,9 @@
 
 use crate::contract::support::{key, recorded, start, start_parked, status, step, TestResult};
 use crate::Harness;
-use keiro_journal::{Append, Event, InstanceKey, Park, Status, StepKind, TimerArm, TimerKind};
+use keiro_journal::{
+    store::Park, store::TimerArm, Append, Event, InstanceKey, Status, StepKind, TimerKind,
+};
 use serde_json::json;
 use time::macros::datetime;
 use time::OffsetDateTime;
@@ -14,7 +16,7 @@ fn sleep_arm(k: &InstanceKey, step: &str, fire_at: OffsetDateTime) -> TimerArm {
         key: k.clone(),
         generation: 0,
         step: step.into(),
-        due: keiro_journal::TimerDue::At(fire_at),
+        due: keiro_journal::store::TimerDue::At(fire_at),
         kind: TimerKind::Sleep,
     }
 }

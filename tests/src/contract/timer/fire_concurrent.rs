@@ -8,7 +8,7 @@ use keiro_lease::LeaseStore;
 
 use crate::contract::support::{key, recorded, start_parked, status, TestResult};
 use crate::Harness;
-use keiro_journal::{InstanceKey, Status, TimerArm, TimerKind};
+use keiro_journal::{store::TimerArm, InstanceKey, Status, TimerKind};
 use serde_json::json;
 use time::OffsetDateTime;
 
@@ -42,7 +42,7 @@ pub async fn concurrent_callers_fire_each_timer_once(h: Harness) -> TestResult {
                 key: k.clone(),
                 generation: 0,
                 step: "sleep:nap".into(),
-                due: keiro_journal::TimerDue::At(due),
+                due: keiro_journal::store::TimerDue::At(due),
                 kind: TimerKind::Sleep,
             })
             .await?;
@@ -93,7 +93,7 @@ pub async fn many_workers_in_small_batches_fire_each_timer_once(h: Harness) -> T
                     key: k.clone(),
                     generation: 0,
                     step: step.into(),
-                    due: keiro_journal::TimerDue::At(due),
+                    due: keiro_journal::store::TimerDue::At(due),
                     kind: TimerKind::Sleep,
                 })
                 .await?;

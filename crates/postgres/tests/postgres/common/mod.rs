@@ -7,7 +7,7 @@ pub(crate) mod history;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use keiro_journal::{InstanceKey, StartRequest};
+use keiro_journal::{store::StartRequest, InstanceKey};
 use keiro_postgres::PgStore;
 use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, NoTls};
@@ -115,7 +115,7 @@ pub(crate) async fn start_parked(
     store: &PgStore,
     k: &InstanceKey,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    use keiro_journal::{JournalStore, Park, ParkOutcome};
+    use keiro_journal::{store::Park, store::ParkOutcome, JournalStore};
     store
         .instance_start(&start(k, serde_json::Value::Null))
         .await?;
@@ -209,9 +209,9 @@ pub(crate) fn remote_arm(
     k: &InstanceKey,
     step: &str,
     input: serde_json::Value,
-) -> keiro_journal::RemoteArm {
-    keiro_journal::RemoteArm {
-        step_id: keiro_journal::remote_step_id(k, 0, step),
+) -> keiro_journal::store::RemoteArm {
+    keiro_journal::store::RemoteArm {
+        step_id: keiro_journal::store::remote_step_id(k, 0, step),
         key: k.clone(),
         generation: 0,
         step: step.into(),

@@ -1,0 +1,26 @@
+//! For people writing a store, or reading one's records: the traits a store implements
+//! ([`Store`] is all of them at once, what [`Keiro::builder`](crate::Keiro::builder) takes),
+//! the records it keeps (instances, journal entries, events), and the requests and outcomes of
+//! its operations. The contract every store keeps is `docs/store-contract.md`.
+
+pub use keiro_journal::store::*;
+pub use keiro_journal::{
+    Append, AppendOutcome, Envelope, Event, Fence, Generation, InspectStore, Instance,
+    JournalEntry, Marker, RetentionStore, Started, StepKind, StoreError, TimerFiring,
+};
+pub use keiro_lease::{ClaimOutcome, CrashOutcome, LeaseStore, StartClaim, CRASH_BACKOFF_DEFAULT};
+pub use keiro_remote::{RemoteAdmin, Transport};
+pub use keiro_resume::ScheduleStore;
+
+/// A store with every capability keiro uses: the journal and wake sources, leases, remote
+/// steps (their transport and the operator's tools), the operators' list, counts and
+/// retention, and schedules. `PgStore` and `MemoryStore` are ones.
+pub trait Store:
+    LeaseStore + Transport + RemoteAdmin + InspectStore + RetentionStore + ScheduleStore
+{
+}
+
+impl<T: LeaseStore + Transport + RemoteAdmin + InspectStore + RetentionStore + ScheduleStore> Store
+    for T
+{
+}

@@ -1,0 +1,13 @@
+//! For workflow authors, beyond the root: the [`Workflow`] trait behind hand-written
+//! workflows, what driving a run returns, the journal budget, deliveries and awakeables, the
+//! identities an [`InstanceKey`](crate::InstanceKey) is made of, and the helpers that describe
+//! an error.
+
+pub use keiro_journal::{
+    error_chain, panic_message, workflow_fn, Awakeable, AwakeableOutcome, BoxFuture, Deliveries,
+    DeliveryBacklog, DeliveryRefusal, Driven, IdError, IntoInstanceKey, JournalBudget, RunError,
+    RunOptions, RunOutcome, RunStats, SignalSendOutcome, Workflow, WorkflowId, WorkflowName,
+    SIGNAL_TTL_DEFAULT,
+};
+
+pub use crate::result::{RESULT_POLL_INTERVAL_DEFAULT, RESULT_POLL_INTERVAL_MIN};
