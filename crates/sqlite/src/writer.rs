@@ -154,9 +154,7 @@ fn drain(
                 Err(_) => break,
             }
         }
-        if run_batch(conn, clock, batch) {
-            commits.fetch_add(1, Ordering::Relaxed);
-        }
+        run_batch(conn, clock, batch, commits);
     }
 }
 
@@ -167,9 +165,9 @@ fn fail_all(jobs: Vec<Box<dyn Job>>, error: &Arc<rusqlite::Error>) {
     }
 }
 
-/// Runs one batch: one transaction, a savepoint per job, then one commit. Whether a commit
-/// was made.
-fn run_batch(conn: &Connection, clock: &Clock, batch: Vec<Box<dyn Job>>) -> bool {
+/// Runs one batch: one transaction, a savepoint per job, then one commit, counted in `commits`
+/// before anyone is answered.
+fn run_batch(conn: &Connection, clock: &Clock, batch: Vec<Box<dyn Job>>, commits: &AtomicU64) {
     // Jobs run in the open transaction, waiting for its commit.
     let mut done: Vec<Box<dyn Job>> = Vec::with_capacity(batch.len());
     let mut open = false;
@@ -222,20 +220,84 @@ fn run_batch(conn: &Connection, clock: &Clock, batch: Vec<Box<dyn Job>>) -> bool
         done.push(job);
     }
     if !open {
-        return false;
+        return;
     }
     match conn.execute_batch("COMMIT") {
         Ok(()) => {
+            commits.fetch_add(1, Ordering::Relaxed);
             for job in done {
                 job.answer(None);
             }
-            true
         }
         Err(e) => {
             let error = Arc::new(e);
             let _ = conn.execute_batch("ROLLBACK");
             fail_all(done, &error);
-            false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn writer() -> Writer {
+        let conn = Connection::open_in_memory().expect("opens");
+        conn.execute_batch("CREATE TABLE t (v INTEGER PRIMARY KEY)")
+            .expect("creates");
+        Writer::start(conn, Clock::default(), 64, "test-writer".into()).expect("starts")
+    }
+
+    fn insert(v: i64) -> impl FnOnce(&Connection, OffsetDateTime) -> StoreResult<usize> {
+        move |conn, _| {
+            conn.execute("INSERT INTO t (v) VALUES (?1)", [v])
+                .map_err(|e| crate::error::store("insert", e))
+        }
+    }
+
+    fn count(writer: &Writer) -> impl std::future::Future<Output = StoreResult<i64>> + '_ {
+        writer.write("count", |conn, _| {
+            conn.query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+                .map_err(|e| crate::error::store("count", e))
+        })
+    }
+
+    #[tokio::test]
+    async fn a_failed_operation_leaves_nothing_and_the_others_commit() {
+        let writer = writer();
+        let (a, failed, b) = tokio::join!(
+            writer.write("insert", insert(1)),
+            // Writes a row, then fails: its row is rolled back with its savepoint.
+            writer.write("insert", |conn, now| {
+                insert(2)(conn, now)?;
+                insert(1)(conn, now)
+            }),
+            writer.write("insert", insert(3)),
+        );
+        assert_eq!(a.unwrap(), 1);
+        assert!(failed.is_err());
+        assert_eq!(b.unwrap(), 1);
+        assert_eq!(count(&writer).await.unwrap(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_panicking_operation_is_answered_as_a_stopped_writer_and_the_writer_goes_on() {
+        let writer = writer();
+        let (a, panicked) = tokio::join!(
+            writer.write("insert", insert(1)),
+            writer.write("panics", |conn, now| -> StoreResult<usize> {
+                insert(2)(conn, now)?;
+                panic!("a bug in a rule");
+            }),
+        );
+        assert_eq!(a.unwrap(), 1);
+        let err = panicked.unwrap_err();
+        assert!(err.is_retryable(), "{err}");
+        assert_eq!(writer.write("insert", insert(3)).await.unwrap(), 1);
+        assert_eq!(
+            count(&writer).await.unwrap(),
+            2,
+            "the panicking write was undone"
+        );
     }
 }
