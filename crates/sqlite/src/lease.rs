@@ -2,7 +2,8 @@
 //! one-statement lease operations the Postgres store runs from Rust
 //! (crates/postgres/src/lease.rs: discovery, renew, release, force release).
 //!
-//! Not here yet: `keiro_instance_start_claimed`, `keiro_instances_start_claimed`.
+//! Not here: `keiro_instances_start_claimed` (the writer runs each direct start of a batch as
+//! its own operation in one shared transaction).
 
 use keiro_journal::store::Result;
 use keiro_journal::JournalEntry;
@@ -15,6 +16,7 @@ use crate::journal::journal_repeatable_name;
 use crate::row::{self, micros, Stored};
 
 const CLAIM: &str = "claiming an instance";
+const START_CLAIMED: &str = "starting an instance claimed";
 const CLAIM_BATCH: &str = "claiming a batch of instances";
 const RECORD_CRASH: &str = "recording a crash";
 const RESURRECT: &str = "resurrecting an instance";
@@ -80,6 +82,86 @@ pub(crate) fn instance_claim(
         instance,
         journal,
     })
+}
+
+const INSTANCE_INSERT_CLAIMED: &str = "INSERT INTO workflows \
+         (workflow_name, workflow_id, input, parent_name, parent_id, priority, \
+          lease_owner, lease_epoch, lease_expires_at, created_at, updated_at) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 1, ?8, ?9, ?9) \
+     ON CONFLICT (workflow_name, workflow_id) DO NOTHING";
+
+const INSTANCE_CLAIM_DUE: &str = "UPDATE workflows SET \
+         lease_owner = ?3, lease_epoch = lease_epoch + 1, lease_expires_at = ?4, updated_at = ?5 \
+     WHERE workflow_name = ?1 AND workflow_id = ?2 \
+       AND (status = 'running' \
+            OR (status = 'suspended' AND wake_after IS NOT NULL AND wake_after <= ?6)) \
+       AND (lease_expires_at IS NULL OR lease_expires_at < ?6) \
+       AND (next_attempt_at IS NULL OR next_attempt_at <= ?6)";
+
+/// keiro_instance_start_claimed: direct execution starts an instance already leased to its
+/// caller. A new row is inserted with the caller's lease on it (epoch 1); an existing row keeps
+/// its input and is claimed only when a worker could claim it now (the discovery predicate:
+/// running, or suspended with a due `wake_after`; lease free or expired; gate open). Returns
+/// whether the row was created, with the claim's answer as [`instance_claim`]'s. No
+/// notification, as in plpgsql.
+#[allow(clippy::too_many_arguments)] // keiro_instance_start_claimed's parameters, in its order
+pub(crate) fn instance_start_claimed(
+    conn: &Connection,
+    now: OffsetDateTime,
+    name: &str,
+    id: &str,
+    input: &serde_json::Value,
+    parent: Option<(&str, &str)>,
+    priority: i32,
+    owner: &str,
+    ttl_ms: i64,
+    p_now: Option<OffsetDateTime>,
+) -> Result<(bool, Claimed)> {
+    let clock = p_now.unwrap_or(now);
+    let judged = micros(clock);
+    let expires = judged.saturating_add(ttl_ms.saturating_mul(1000));
+    let created = conn
+        .execute(
+            INSTANCE_INSERT_CLAIMED,
+            params![
+                name,
+                id,
+                row::json(input),
+                parent.map(|p| p.0),
+                parent.map(|p| p.1),
+                priority,
+                owner,
+                expires,
+                micros(now)
+            ],
+        )
+        .map_err(|e| store(START_CLAIMED, e))?
+        == 1;
+    // A fresh row has no journal.
+    let granted = created
+        || conn
+            .execute(
+                INSTANCE_CLAIM_DUE,
+                params![name, id, owner, expires, micros(now), judged],
+            )
+            .map_err(|e| store(START_CLAIMED, e))?
+            == 1;
+    let instance = row::instance_row(conn, name, id, START_CLAIMED)?;
+    let journal = match (&instance, granted && !created) {
+        (Some(row), true) => {
+            row::journal_generation(conn, name, id, row.generation, START_CLAIMED)?
+        }
+        _ => Vec::new(),
+    };
+    Ok((
+        created,
+        Claimed {
+            granted,
+            clock,
+            instance,
+            journal,
+        },
+    ))
 }
 
 /// The candidates of a batch claim: running rows, and suspended ones with a due `wake_after`,

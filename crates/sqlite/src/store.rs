@@ -11,7 +11,9 @@ use keiro_journal::{
     Fence, Generation, Instance, InstanceKey, JournalEntry, StartRequest, Started, Status,
     WorkflowName,
 };
-use keiro_lease::{Claim, ClaimGate, ClaimOutcome, Crash, CrashOutcome, ResurrectOutcome};
+use keiro_lease::{
+    Claim, ClaimGate, ClaimOutcome, Crash, CrashOutcome, ResurrectOutcome, StartClaim,
+};
 use rusqlite::Connection;
 use time::OffsetDateTime;
 
@@ -43,6 +45,7 @@ const CONFIRM: &str = "confirming a lease";
 const PARK: &str = "parking an instance";
 const FAIL_DIVERGED: &str = "failing a diverged run";
 const CLAIM: &str = "claiming an instance";
+const START_CLAIMED: &str = "starting an instance claimed";
 const CLAIM_BATCH: &str = "claiming a batch of instances";
 const RENEW: &str = "renewing a lease";
 const RELEASE: &str = "releasing a lease";
@@ -499,22 +502,50 @@ impl SqliteStore {
                     span_ms(ttl),
                     now,
                 )?;
-                let Some(row) = claimed.instance else {
-                    return Ok(keiro_lease::classify_refusal(None, claimed.clock).into());
-                };
-                if claimed.granted {
-                    return Ok(ClaimOutcome::Acquired(Box::new(claim(
-                        &row,
-                        claimed.journal,
-                        CLAIM,
-                    )?)));
-                }
-                let gate = ClaimGate {
-                    status: row::status(&row.status, CLAIM)?,
-                    lease_expires_at: row::instant_opt(row.lease_expires_at, CLAIM)?,
-                    next_attempt_at: row::instant_opt(row.next_attempt_at, CLAIM)?,
-                };
-                Ok(keiro_lease::classify_refusal(Some(gate), claimed.clock).into())
+                claim_outcome(claimed, CLAIM)
+            })
+            .await
+    }
+
+    /// Starts `request`'s instance already leased to `owner` until `now + ttl`, in one
+    /// operation, notifying nobody (`LeaseStore::instance_start_claimed`).
+    ///
+    /// # Errors
+    ///
+    /// `ValueRefused` for an input PostgreSQL would refuse; `Malformed` for a row keiro cannot
+    /// read (the claim is then undone with the operation).
+    pub async fn instance_start_claimed(
+        &self,
+        request: &StartRequest,
+        owner: &str,
+        ttl: Duration,
+        now: Option<OffsetDateTime>,
+    ) -> Result<StartClaim> {
+        storable::value(START_CLAIMED, &request.input)?;
+        let (request, owner) = (request.clone(), owner.to_owned());
+        self.inner
+            .writer
+            .write(START_CLAIMED, move |conn, clock| {
+                let parent = request
+                    .parent
+                    .as_ref()
+                    .map(|p| (p.name.as_str(), p.id.as_str()));
+                let (created, claimed) = lease::instance_start_claimed(
+                    conn,
+                    clock,
+                    request.key.name.as_str(),
+                    request.key.id.as_str(),
+                    &request.input,
+                    parent,
+                    request.priority,
+                    &owner,
+                    span_ms(ttl),
+                    now,
+                )?;
+                Ok(StartClaim {
+                    created,
+                    claim: claim_outcome(claimed, START_CLAIMED)?,
+                })
             })
             .await
     }
@@ -766,6 +797,27 @@ fn append_in(conn: &Connection, now: OffsetDateTime, append: &Append) -> Result<
             None => Err(malformed(APPEND, "lease_lost without a fence")),
         },
     }
+}
+
+/// A claim's answer: acquired with its row and journal, or the refusal classified at the
+/// instant the claim was judged at.
+fn claim_outcome(claimed: lease::Claimed, operation: &'static str) -> Result<ClaimOutcome> {
+    let Some(row) = claimed.instance else {
+        return Ok(keiro_lease::classify_refusal(None, claimed.clock).into());
+    };
+    if claimed.granted {
+        return Ok(ClaimOutcome::Acquired(Box::new(claim(
+            &row,
+            claimed.journal,
+            operation,
+        )?)));
+    }
+    let gate = ClaimGate {
+        status: row::status(&row.status, operation)?,
+        lease_expires_at: row::instant_opt(row.lease_expires_at, operation)?,
+        next_attempt_at: row::instant_opt(row.next_attempt_at, operation)?,
+    };
+    Ok(keiro_lease::classify_refusal(Some(gate), claimed.clock).into())
 }
 
 /// A granted claim: the fence, the row after it, the journal.

@@ -204,3 +204,34 @@ async fn two_writers_on_one_file_lose_no_operation() -> Result<(), Box<dyn std::
     assert_eq!(check, "ok");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_held_past_the_busy_timeout_fails_retryably_and_writes_nothing(
+) -> Result<(), Box<dyn std::error::Error>> {
+    let dir = TempDir::new("gc-busy");
+    let path = dir.file("keiro.db");
+    let config = Config {
+        busy_timeout: Duration::from_millis(100),
+        ..Config::default()
+    };
+    let store = SqliteStore::open(&path, config)?;
+    store
+        .instance_start(&start_request("a", json!(null)))
+        .await?;
+    let lock = Lock::take(&path);
+    let err = store
+        .journal_append(&step(&key("a"), "s", json!(1), None))
+        .await
+        .unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+    drop(lock);
+    assert!(store.journal_load(&key("a"), 0).await?.is_empty());
+    assert_eq!(
+        store
+            .journal_append(&step(&key("a"), "s", json!(2), None))
+            .await?,
+        AppendOutcome::Appended,
+        "the retry goes through"
+    );
+    Ok(())
+}

@@ -454,3 +454,94 @@ async fn two_stores_on_one_file_never_grant_one_lease_twice() {
     }
     assert_eq!(granted, 20, "each instance claimed exactly once");
 }
+
+#[tokio::test]
+async fn a_direct_start_is_leased_from_its_first_moment_and_claims_only_what_a_worker_could() {
+    let (_dir, store) = pinned("l-start-claimed");
+    let request = |id: &str, input| StartRequest {
+        key: InstanceKey::parse("wf", id).unwrap(),
+        input,
+        parent: None,
+        priority: 0,
+    };
+    let fresh = store
+        .instance_start_claimed(&request("new", json!(1)), "d", TTL, None)
+        .await
+        .unwrap();
+    assert!(fresh.created);
+    let ClaimOutcome::Acquired(claim) = fresh.claim else {
+        panic!("a created instance is leased to its caller");
+    };
+    assert_eq!(
+        claim.fence,
+        Fence {
+            owner: "d".into(),
+            epoch: 1
+        }
+    );
+    assert!(claim.journal.is_empty());
+    assert_eq!(claim.instance.lease_expires_at, Some(T0 + Span::minutes(1)));
+    // Nobody else can take it while that lease lives.
+    let again = store
+        .instance_start_claimed(&request("new", json!(2)), "e", TTL, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        (again.created, again.claim),
+        (false, ClaimOutcome::LeaseHeld)
+    );
+
+    // An existing runnable row keeps its input and is claimed with its journal.
+    let key = start(&store, "old").await;
+    append(&store, &key, None, step("s", json!(1)), None)
+        .await
+        .unwrap();
+    let existing = store
+        .instance_start_claimed(&request("old", json!("ignored")), "d", TTL, None)
+        .await
+        .unwrap();
+    let ClaimOutcome::Acquired(claim) = existing.claim else {
+        panic!("a runnable row is claimed");
+    };
+    assert!(!existing.created);
+    assert_eq!(claim.instance.input, json!(null));
+    assert_eq!(claim.journal.len(), 1);
+
+    // A parked row whose wake has not come, and a closed one, are left alone.
+    let parked = start(&store, "parked").await;
+    let park = Park {
+        key: parked.clone(),
+        generation: 0,
+        fence: None,
+        awaited: vec!["awk:x".into()],
+        wake_after: Some(T0 + Span::hours(1)),
+    };
+    store.instance_park(&park).await.unwrap();
+    let done = start(&store, "done").await;
+    append(&store, &done, None, Event::WorkflowCancelled, None)
+        .await
+        .unwrap();
+    for id in ["parked", "done"] {
+        let left = store
+            .instance_start_claimed(&request(id, json!(null)), "d", TTL, None)
+            .await
+            .unwrap();
+        assert_eq!(
+            (left.created, left.claim),
+            (false, ClaimOutcome::Unavailable)
+        );
+    }
+    let row = store.instance_get(&parked).await.unwrap().unwrap();
+    assert_eq!((row.status, row.lease_owner), (Status::Suspended, None));
+    // Its wake due, the parked row is claimed.
+    let due = store
+        .instance_start_claimed(
+            &request("parked", json!(null)),
+            "d",
+            TTL,
+            Some(T0 + Span::hours(1)),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(due.claim, ClaimOutcome::Acquired(_)));
+}
