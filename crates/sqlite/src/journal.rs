@@ -6,9 +6,8 @@
 //! before it), SQLite needs nothing: the writer holds the file's write lock for the whole
 //! transaction (`BEGIN IMMEDIATE`), so every read is already what a locked read would see.
 //!
-//! Not here yet: `keiro_step_logical`, `keiro_step_revision` (remote and child revisions),
-//! `keiro_delivery_append`. `keiro_journal_append_batch` has no twin: the writer runs each
-//! append of a batch as its own operation in one shared transaction (crate::writer), which is
+//! Not here yet: `keiro_step_logical`, `keiro_step_revision` (for remote and child
+//! revisions). `keiro_journal_append_batch` has no twin: the writer runs each append of a batch as its own operation in one shared transaction (crate::writer), which is
 //! what the plpgsql batch does with its savepoints; nor does `keiro_journal_append`, the
 //! plpgsql wrapper kept for statements prepared against it (the store calls
 //! [`journal_append_to`], as the Postgres store does). `keiro_journal_delete_with_instances` is
@@ -25,6 +24,8 @@ use crate::row::{self, micros, Stored};
 use crate::{child, remote};
 
 const APPEND: &str = "appending to the journal";
+const DELIVER: &str = "journaling a delivery";
+const READ: &str = "counting the deliveries a run read";
 
 /// `keiro_journal_append_to`'s outcome codes, typed.
 #[derive(Debug, Clone, PartialEq)]
@@ -338,4 +339,157 @@ pub(crate) fn journal_append_to(
         }
     }
     Ok(AppendCode::Appended(generation))
+}
+
+/// `keiro_delivery_append`'s outcomes: the append's, or `backlog` (nothing written) with the
+/// generation's unread deliveries and their bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum DeliveryCode {
+    Append(AppendCode),
+    Backlog(i64, i64),
+}
+
+const DELIVERY_COUNTERS: &str = "SELECT generation, status, deliveries_generation, \
+         deliveries, deliveries_bytes, deliveries_read, deliveries_read_bytes, parked_on \
+     FROM workflows WHERE workflow_name = ?1 AND workflow_id = ?2";
+
+const DELIVERY_COUNT: &str = "UPDATE workflows SET \
+         deliveries_generation = ?3, \
+         deliveries = CASE WHEN ?4 THEN coalesce(deliveries, 0) + 1 ELSE 1 END, \
+         deliveries_bytes = CASE WHEN ?4 THEN coalesce(deliveries_bytes, 0) + ?5 ELSE ?5 END, \
+         deliveries_read = CASE WHEN ?4 THEN deliveries_read END, \
+         deliveries_read_bytes = CASE WHEN ?4 THEN deliveries_read_bytes END \
+     WHERE workflow_name = ?1 AND workflow_id = ?2";
+
+/// The counters [`delivery_append`] reads from the instance row.
+type Counters = (
+    Generation,
+    String,
+    Option<Generation>,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+    Option<String>,
+);
+
+/// delivery_append (`keiro_delivery_append`): a delivery (an unfenced `await` record from
+/// outside the run) through the append rules above, bounded: the instance's generation holds
+/// at most `unread_max` deliveries, and `unread_bytes_max` bytes of them, that no await has
+/// read. A new row past the bound is refused with nothing written, unless it answers a wait
+/// the run's last park waits on (`parked_on`). A repeat, another generation and a closed
+/// instance get the append rules' own answer. The counters describe `deliveries_generation`;
+/// on any other generation they count as empty.
+#[allow(clippy::too_many_arguments)] // keiro_delivery_append's parameters, in its order
+pub(crate) fn delivery_append(
+    conn: &Connection,
+    now: OffsetDateTime,
+    name: &str,
+    id: &str,
+    generation: Option<Generation>,
+    step: &str,
+    payload: &Value,
+    bytes: i64,
+    unread_max: i64,
+    unread_bytes_max: i64,
+) -> Result<DeliveryCode> {
+    let counters: Option<Counters> = conn
+        .query_row(DELIVERY_COUNTERS, params![name, id], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+                r.get(6)?,
+                r.get(7)?,
+            ))
+        })
+        .optional()
+        .map_err(|e| store(DELIVER, e))?;
+    let Some((
+        current,
+        status,
+        counted_generation,
+        count,
+        count_bytes,
+        read,
+        read_bytes,
+        parked_on,
+    )) = counters
+    else {
+        return Ok(DeliveryCode::Append(AppendCode::NotFound));
+    };
+    let counted = counted_generation == Some(current);
+    let (unread, unread_bytes) = if counted {
+        (
+            (count.unwrap_or(0) - read.unwrap_or(0)).max(0),
+            (count_bytes.unwrap_or(0) - read_bytes.unwrap_or(0)).max(0),
+        )
+    } else {
+        (0, 0)
+    };
+    let fresh = generation.unwrap_or(current) == current
+        && matches!(status.as_str(), "running" | "suspended")
+        && recorded(conn, name, id, current, step)?.is_none();
+    let awaited = match parked_on.as_deref() {
+        Some(text) => match row::value(text, DELIVER)? {
+            Value::Array(steps) => steps.iter().any(|s| s.as_str() == Some(step)),
+            _ => false,
+        },
+        None => false,
+    };
+    if fresh
+        && (unread >= unread_max || unread_bytes.saturating_add(bytes) > unread_bytes_max)
+        && !awaited
+    {
+        return Ok(DeliveryCode::Backlog(unread, unread_bytes));
+    }
+    let outcome = journal_append_to(
+        conn,
+        now,
+        AppendTo {
+            name,
+            id,
+            generation,
+            step,
+            kind: "await",
+            payload,
+            owner: None,
+            epoch: None,
+            renew_ms: None,
+        },
+    )?;
+    if fresh && matches!(outcome, AppendCode::Appended(_)) {
+        conn.execute(DELIVERY_COUNT, params![name, id, current, counted, bytes])
+            .map_err(|e| store(DELIVER, e))?;
+    }
+    Ok(DeliveryCode::Append(outcome))
+}
+
+const DELIVERIES_READ: &str = "UPDATE workflows SET \
+         deliveries_read = max(coalesce(deliveries_read, 0), ?4), \
+         deliveries_read_bytes = max(coalesce(deliveries_read_bytes, 0), ?5) \
+     WHERE workflow_name = ?1 AND workflow_id = ?2 AND generation = ?3 \
+       AND deliveries_generation = ?3 \
+       AND (deliveries_read IS NOT ?4 OR deliveries_read_bytes IS NOT ?5)";
+
+/// deliveries_read (crates/postgres/src/delivery.rs, one statement): records that the run of
+/// the current generation has read `read` deliveries (`read_bytes` bytes) in all. Only the
+/// current generation, once a delivery was counted in it; the totals only grow.
+pub(crate) fn deliveries_read(
+    conn: &Connection,
+    name: &str,
+    id: &str,
+    generation: Generation,
+    read: i64,
+    read_bytes: i64,
+) -> Result<()> {
+    conn.execute(
+        DELIVERIES_READ,
+        params![name, id, generation, read, read_bytes],
+    )
+    .map_err(|e| store(READ, e))?;
+    Ok(())
 }

@@ -12,23 +12,24 @@
 //!   `instance_fail_diverged`;
 //! - journal.sql: `journal_repeatable_name`, `journal_append_to` (every append outcome,
 //!   markers included, with the renewal skip of the fast path), used by `journal_append`,
-//!   `journal_append_batch` and `journal_append_closing`;
+//!   `journal_append_batch` and `journal_append_closing`; `delivery_append`, and the
+//!   Postgres store's one-statement `deliveries_read`;
 //! - lease.sql: `instance_claim`, `instance_start_claimed`, `instances_claim_batch`,
-//!   `instance_record_crash`,
-//!   `instance_resurrect`; and the Postgres store's one-statement `instances_runnable`,
-//!   `instance_lease_renew`, `instance_release`, `instance_lease_force_release`;
+//!   `instance_record_crash`, `instance_resurrect`; and the Postgres store's one-statement
+//!   `instances_runnable`, `instance_lease_renew`, `instance_release`,
+//!   `instance_lease_force_release`;
 //! - child.sql: `child_envelope`, `child_deliver` (a closing marker delivers to a parent);
 //!   remote.sql: `remote_tasks_cancel` (a cancel or continue marker cancels the tasks);
 //!   awakeable.sql's settle-on-close trigger, in migration 0001;
 //! - reads: `instance_get`, `journal_load`, `journal_history`.
 //!
 //! Left (issue 35): notifications (no wake is pushed yet, in process or across processes:
-//! `keiro_notify_wake` and the polled notification table); journal.sql's `delivery_append`
-//! and `deliveries_read`, `step_logical`/`step_revision`; instance.sql's settle leftovers,
-//! cancel (and its tree), requeue, retry with input; timer.sql, signal.sql, awakeable.sql's functions, child.sql's spawn,
-//! remote.sql (all but the cancel); the inspect, retention and schedule queries; the trait
-//! impls; `Unsupported` answers for the PostgreSQL-only features; the conformance suite on
-//! this store; the CLI and facade entry points.
+//! `keiro_notify_wake` and the polled notification table); journal.sql's
+//! `step_logical`/`step_revision`; instance.sql's settle leftovers, cancel (and its tree),
+//! requeue, retry with input; timer.sql, signal.sql, awakeable.sql's functions, child.sql's
+//! spawn, remote.sql (all but the cancel); the inspect, retention and schedule queries; the
+//! trait impls; `Unsupported` answers for the PostgreSQL-only features; the conformance suite
+//! on this store; the CLI and facade entry points.
 //!
 //! ```no_run
 //! use keiro_journal::{InstanceKey, StartRequest};

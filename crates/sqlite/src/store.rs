@@ -5,11 +5,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use keiro_journal::store::{
-    Append, AppendOutcome, ClosingOutcome, Error as StoreError, Park, ParkOutcome, Result,
+    Append, AppendOutcome, ClosingOutcome, DeliveryOutcome, Error as StoreError, Park, ParkOutcome,
+    Result,
 };
 use keiro_journal::{
-    Fence, Generation, Instance, InstanceKey, JournalEntry, StartRequest, Started, Status,
-    WorkflowName,
+    Deliveries, DeliveryBacklog, Event, Fence, Generation, Instance, InstanceKey, JournalEntry,
+    StartRequest, Started, Status, StepKind, WorkflowName,
 };
 use keiro_lease::{
     Claim, ClaimGate, ClaimOutcome, Crash, CrashOutcome, ResurrectOutcome, StartClaim,
@@ -21,7 +22,7 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::error::{self, malformed};
 use crate::instance::{self, ConfirmCode, FailDivergedCode, ParkCode};
-use crate::journal::{self, AppendCode, AppendTo};
+use crate::journal::{self, AppendCode, AppendTo, DeliveryCode};
 use crate::lease::{self, CrashCode, ResurrectCode};
 use crate::row::{self, Stored};
 use crate::writer::Writer;
@@ -41,6 +42,8 @@ const GET: &str = "reading an instance";
 const LOAD: &str = "loading a journal";
 const HISTORY: &str = "loading a journal's history";
 const APPEND: &str = "appending to the journal";
+const DELIVER: &str = "journaling a delivery";
+const READ: &str = "counting the deliveries a run read";
 const CONFIRM: &str = "confirming a lease";
 const PARK: &str = "parking an instance";
 const FAIL_DIVERGED: &str = "failing a diverged run";
@@ -342,6 +345,98 @@ impl SqliteStore {
                     step: first,
                     completion: Some(closed),
                 })
+            })
+            .await
+    }
+
+    /// Journals a delivery (an unfenced `await` record) by the append rules unless it would
+    /// take the generation's unread deliveries past `backlog` (`JournalStore::delivery_append`).
+    ///
+    /// # Errors
+    ///
+    /// A non-retryable `Database` error for anything but an unfenced `await` step;
+    /// `ValueRefused`; `NotFound`.
+    pub async fn delivery_append(
+        &self,
+        append: &Append,
+        backlog: &DeliveryBacklog,
+    ) -> Result<DeliveryOutcome> {
+        let (step, payload) = match &append.event {
+            Event::StepRecorded {
+                step,
+                kind: StepKind::Await,
+                result,
+            } if append.fence.is_none() => (step.clone(), result.clone()),
+            _ => {
+                return Err(StoreError::Database {
+                    operation: DELIVER,
+                    retryable: false,
+                    source: "a delivery is an unfenced await record".into(),
+                })
+            }
+        };
+        storable::append(DELIVER, append)?;
+        let bigint = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        let bytes = bigint(keiro_journal::encoded_len(&payload));
+        let (unread_max, unread_bytes_max) = (bigint(backlog.deliveries), bigint(backlog.bytes));
+        let (key, generation) = (append.key.clone(), append.generation);
+        self.inner
+            .writer
+            .write(DELIVER, move |conn, now| {
+                let code = journal::delivery_append(
+                    conn,
+                    now,
+                    key.name.as_str(),
+                    key.id.as_str(),
+                    generation,
+                    &step,
+                    &payload,
+                    bytes,
+                    unread_max,
+                    unread_bytes_max,
+                )?;
+                let count = |n: i64| usize::try_from(n).unwrap_or(0);
+                match code {
+                    DeliveryCode::Backlog(unread, unread_bytes) => {
+                        Ok(DeliveryOutcome::Backlog(Deliveries {
+                            count: count(unread),
+                            bytes: count(unread_bytes),
+                        }))
+                    }
+                    DeliveryCode::Append(code) => {
+                        append_outcome(code, &key, None).map(DeliveryOutcome::Append)
+                    }
+                }
+            })
+            .await
+    }
+
+    /// Records that the run of `key` on `generation` has read `read` deliveries of that
+    /// generation in all (`JournalStore::deliveries_read`).
+    ///
+    /// # Errors
+    ///
+    /// `Unavailable` when the file stayed locked or the commit failed.
+    pub async fn deliveries_read(
+        &self,
+        key: &InstanceKey,
+        generation: Generation,
+        read: Deliveries,
+    ) -> Result<()> {
+        let key = key.clone();
+        let count = i64::try_from(read.count).unwrap_or(i64::from(i32::MAX));
+        let bytes = i64::try_from(read.bytes).unwrap_or(i64::MAX);
+        self.inner
+            .writer
+            .write(READ, move |conn, _| {
+                journal::deliveries_read(
+                    conn,
+                    key.name.as_str(),
+                    key.id.as_str(),
+                    generation,
+                    count.min(i64::from(i32::MAX)),
+                    bytes,
+                )
             })
             .await
     }
@@ -786,14 +881,23 @@ fn append_in(conn: &Connection, now: OffsetDateTime, append: &Append) -> Result<
             renew_ms: append.renew.map(span_ms),
         },
     )?;
-    match outcome {
+    append_outcome(outcome, &append.key, append.fence.as_ref())
+}
+
+/// An append's code as its outcome or error, for an append to `key` by the holder of `fence`.
+fn append_outcome(
+    code: AppendCode,
+    key: &InstanceKey,
+    fence: Option<&Fence>,
+) -> Result<AppendOutcome> {
+    match code {
         AppendCode::Appended(_) => Ok(AppendOutcome::Appended),
         AppendCode::AlreadyPresent(value) => Ok(AppendOutcome::AlreadyPresent(value)),
         AppendCode::Conflict => Ok(AppendOutcome::Conflict),
         AppendCode::RefusedTerminal(marker) => Ok(AppendOutcome::RefusedTerminal(marker)),
-        AppendCode::NotFound => Err(not_found(&append.key)),
-        AppendCode::LeaseLost => match &append.fence {
-            Some(fence) => Err(lease_lost(&append.key, &fence.owner, fence.epoch)),
+        AppendCode::NotFound => Err(not_found(key)),
+        AppendCode::LeaseLost => match fence {
+            Some(fence) => Err(lease_lost(key, &fence.owner, fence.epoch)),
             None => Err(malformed(APPEND, "lease_lost without a fence")),
         },
     }
