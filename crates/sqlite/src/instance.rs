@@ -2,8 +2,7 @@
 //!
 //! Not here: `keiro_instances_start` (the writer runs each start of a batch as its own
 //! operation in one shared transaction); `keiro_instance_hold` (transaction steps need
-//! PostgreSQL: `Unsupported` on SQLite). Not here yet: `keiro_instance_settle_leftovers`,
-//! `keiro_instance_cancel_tree`, `keiro_instance_cancel`, `keiro_journal_written_by_body`,
+//! PostgreSQL: `Unsupported` on SQLite). Not here yet: `keiro_journal_written_by_body`,
 //! `keiro_failure_mention`, `keiro_instance_requeue_one`, `keiro_instance_requeue`,
 //! `keiro_instance_retry_with_input`.
 
@@ -15,12 +14,15 @@ use time::OffsetDateTime;
 
 use crate::child;
 use crate::error::store;
+use crate::journal::{journal_append_to, AppendCode, AppendTo};
 use crate::row::{self, micros, Stored};
 
 const START: &str = "starting an instance";
 const CONFIRM: &str = "confirming a lease";
 const PARK: &str = "parking an instance";
 const FAIL_DIVERGED: &str = "failing a diverged run";
+const SETTLE: &str = "settling a completed run's leftovers";
+const CANCEL: &str = "cancelling an instance";
 
 const INSTANCE_INSERT: &str = "INSERT INTO workflows \
          (workflow_name, workflow_id, input, parent_name, parent_id, priority, created_at, updated_at) \
@@ -242,4 +244,121 @@ pub(crate) fn instance_fail_diverged(
     .map_err(|e| store(FAIL_DIVERGED, e))?;
     child::child_deliver(conn, now, name, id)?;
     Ok(FailDivergedCode::Failed)
+}
+
+const INSTANCE_COMPLETED: &str = "SELECT EXISTS (SELECT 1 FROM workflows \
+     WHERE workflow_name = ?1 AND workflow_id = ?2 AND status = 'completed')";
+
+const REMOTE_TASKS_SETTLE: &str = "UPDATE remote_tasks SET \
+         status = 'cancelled', claim = NULL, claimed_by = NULL, claim_expires_at = NULL, \
+         settled_at = ?4, updated_at = ?4 \
+     WHERE workflow_name = ?1 AND workflow_id = ?2 AND generation = ?3 \
+       AND status IN ('pending', 'running')";
+
+const AWAKEABLES_SETTLE: &str = "UPDATE awakeables SET status = 'cancelled', settled_at = ?4 \
+     WHERE workflow_name = ?1 AND workflow_id = ?2 AND generation = ?3 AND status = 'pending'";
+
+/// keiro_instance_settle_leftovers: cancels the live remote tasks and pending awakeables of a
+/// completed run's generation (the losing branch of a race, an awakeable never awaited), which
+/// nothing would ever read. Does nothing unless the instance is completed. Returns how many it
+/// settled.
+pub(crate) fn instance_settle_leftovers(
+    conn: &Connection,
+    now: OffsetDateTime,
+    name: &str,
+    id: &str,
+    generation: Generation,
+) -> Result<u64> {
+    let completed: bool = conn
+        .query_row(INSTANCE_COMPLETED, params![name, id], |r| r.get(0))
+        .map_err(|e| store(SETTLE, e))?;
+    if !completed {
+        return Ok(0);
+    }
+    let at = micros(now);
+    let tasks = conn
+        .execute(REMOTE_TASKS_SETTLE, params![name, id, generation, at])
+        .map_err(|e| store(SETTLE, e))?;
+    let awakeables = conn
+        .execute(AWAKEABLES_SETTLE, params![name, id, generation, at])
+        .map_err(|e| store(SETTLE, e))?;
+    Ok(u64::try_from(tasks + awakeables).unwrap_or(u64::MAX))
+}
+
+const INSTANCE_LIVE_CHILDREN: &str = "SELECT workflow_name, workflow_id FROM workflows \
+     WHERE parent_name = ?1 AND parent_id = ?2 AND status IN ('running', 'suspended') \
+     ORDER BY workflow_name DESC, workflow_id DESC";
+
+/// The cancel marker of one instance, appended to its current generation, unfenced.
+fn cancel_one(conn: &Connection, now: OffsetDateTime, name: &str, id: &str) -> Result<AppendCode> {
+    journal_append_to(
+        conn,
+        now,
+        AppendTo {
+            name,
+            id,
+            generation: None,
+            step: keiro_journal::marker_name::CANCELLED,
+            kind: "cancelled",
+            payload: &Value::Null,
+            owner: None,
+            epoch: None,
+            renew_ms: None,
+        },
+    )
+}
+
+/// keiro_instance_cancel_tree: cancels one instance and, when `cascade`, its live
+/// descendants, depth first with children in key order, from a worklist. Each cancel marker
+/// goes through the append rules, which cancel the instance's remote tasks; each cancelled
+/// child's own delivery to its (now cancelled) parent is refused and ignored. A cancelled
+/// instance is terminal, so a cycle of parent links ends where it comes back. Returns the
+/// append's outcome for the instance itself.
+pub(crate) fn instance_cancel_tree(
+    conn: &Connection,
+    now: OffsetDateTime,
+    name: &str,
+    id: &str,
+    cascade: bool,
+) -> Result<AppendCode> {
+    let outcome = cancel_one(conn, now, name, id)?;
+    if !matches!(outcome, AppendCode::Appended(_)) || !cascade {
+        return Ok(outcome);
+    }
+    let mut todo: Vec<(String, String)> = Vec::new();
+    let (mut name, mut id) = (name.to_owned(), id.to_owned());
+    loop {
+        // `name`/`id` was just cancelled. Its live children go on the worklist last key
+        // first, so they come off it in key order.
+        let children: Vec<(String, String)> = conn
+            .prepare_cached(INSTANCE_LIVE_CHILDREN)
+            .and_then(|mut s| {
+                s.query_map(params![name, id], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect()
+            })
+            .map_err(|e| store(CANCEL, e))?;
+        todo.extend(children);
+        loop {
+            let Some((next_name, next_id)) = todo.pop() else {
+                return Ok(outcome);
+            };
+            (name, id) = (next_name, next_id);
+            if matches!(cancel_one(conn, now, &name, &id)?, AppendCode::Appended(_)) {
+                break;
+            }
+        }
+    }
+}
+
+/// keiro_instance_cancel: appends the cancel marker to the instance's current generation and,
+/// when `cascade`, cancels every live descendant, all in this transaction. PostgreSQL locks the
+/// tree's tasks and rows first, deepest first; the writer holds the file's lock instead.
+pub(crate) fn instance_cancel(
+    conn: &Connection,
+    now: OffsetDateTime,
+    name: &str,
+    id: &str,
+    cascade: bool,
+) -> Result<AppendCode> {
+    instance_cancel_tree(conn, now, name, id, cascade)
 }

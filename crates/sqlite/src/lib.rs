@@ -9,7 +9,8 @@
 //!
 //! Implemented and tested (each the twin of its plpgsql function, same name, same order):
 //! - instance.sql: `instance_start`, `instance_confirm`, `instance_park`,
-//!   `instance_fail_diverged`;
+//!   `instance_fail_diverged`, `instance_settle_leftovers`, `instance_cancel_tree`,
+//!   `instance_cancel`;
 //! - journal.sql: `journal_repeatable_name`, `journal_append_to` (every append outcome,
 //!   markers included, with the renewal skip of the fast path), used by `journal_append`,
 //!   `journal_append_batch` and `journal_append_closing`; `delivery_append`, and the
@@ -25,8 +26,7 @@
 //!
 //! Left (issue 35): notifications (no wake is pushed yet, in process or across processes:
 //! `keiro_notify_wake` and the polled notification table); journal.sql's
-//! `step_logical`/`step_revision`; instance.sql's settle leftovers, cancel (and its tree),
-//! requeue, retry with input; timer.sql, signal.sql, awakeable.sql's functions, child.sql's
+//! `step_logical`/`step_revision`; instance.sql's requeue and retry with input; timer.sql, signal.sql, awakeable.sql's functions, child.sql's
 //! spawn, remote.sql (all but the cancel); the inspect, retention and schedule queries; the
 //! trait impls; `Unsupported` answers for the PostgreSQL-only features; the conformance suite
 //! on this store; the CLI and facade entry points.

@@ -47,6 +47,8 @@ const READ: &str = "counting the deliveries a run read";
 const CONFIRM: &str = "confirming a lease";
 const PARK: &str = "parking an instance";
 const FAIL_DIVERGED: &str = "failing a diverged run";
+const SETTLE: &str = "settling a completed run's leftovers";
+const CANCEL: &str = "cancelling an instance";
 const CLAIM: &str = "claiming an instance";
 const START_CLAIMED: &str = "starting an instance claimed";
 const CLAIM_BATCH: &str = "claiming a batch of instances";
@@ -547,6 +549,56 @@ impl SqliteStore {
                         Err(lease_lost(&key, owner, epoch))
                     }
                 }
+            })
+            .await
+    }
+
+    /// Settles what a completed run left live in `generation` (its pending or claimed remote
+    /// tasks, its pending awakeables become `cancelled`); nothing unless the instance is
+    /// completed. How many were settled (`JournalStore::instance_settle_leftovers`).
+    ///
+    /// # Errors
+    ///
+    /// `Unavailable` when the file stayed locked or the commit failed.
+    pub async fn instance_settle_leftovers(
+        &self,
+        key: &InstanceKey,
+        generation: Generation,
+    ) -> Result<u64> {
+        let key = key.clone();
+        self.inner
+            .writer
+            .write(SETTLE, move |conn, now| {
+                instance::instance_settle_leftovers(
+                    conn,
+                    now,
+                    key.name.as_str(),
+                    key.id.as_str(),
+                    generation,
+                )
+            })
+            .await
+    }
+
+    /// Appends the cancel marker to `key` and, when `cascade`, to every live descendant, in
+    /// one transaction; the outcome for `key` itself (`JournalStore::instance_cancel`).
+    ///
+    /// # Errors
+    ///
+    /// `NotFound` for a missing instance.
+    pub async fn instance_cancel(&self, key: &InstanceKey, cascade: bool) -> Result<AppendOutcome> {
+        let key = key.clone();
+        self.inner
+            .writer
+            .write(CANCEL, move |conn, now| {
+                let code = instance::instance_cancel(
+                    conn,
+                    now,
+                    key.name.as_str(),
+                    key.id.as_str(),
+                    cascade,
+                )?;
+                append_outcome(code, &key, None)
             })
             .await
     }
