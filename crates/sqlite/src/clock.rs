@@ -44,3 +44,11 @@ impl Clock {
         })
     }
 }
+
+/// `at + span`, saturating at the latest instant `time` represents.
+pub(crate) fn later(at: OffsetDateTime, span: Duration) -> OffsetDateTime {
+    time::Duration::try_from(span)
+        .ok()
+        .and_then(|span| at.checked_add(span))
+        .unwrap_or(LATEST)
+}

@@ -19,17 +19,20 @@
 //!   `instance_record_crash`, `instance_resurrect`; and the Postgres store's one-statement
 //!   `instances_runnable`, `instance_lease_renew`, `instance_release`,
 //!   `instance_lease_force_release`;
+//! - timer.sql: `timer_arm`, `timers_fire_due`; and the Postgres store's one-statement
+//!   `timers_requeue_stuck`, `timers_due_count`;
 //! - child.sql: `child_envelope`, `child_deliver` (a closing marker delivers to a parent);
 //!   remote.sql: `remote_tasks_cancel` (a cancel or continue marker cancels the tasks);
 //!   awakeable.sql's settle-on-close trigger, in migration 0001;
 //! - reads: `instance_get`, `journal_load`, `journal_history`.
 //!
 //! Left (issue 35): notifications (no wake is pushed yet, in process or across processes:
-//! `keiro_notify_wake` and the polled notification table); journal.sql's
-//! `step_logical`/`step_revision`; instance.sql's requeue and retry with input; timer.sql, signal.sql, awakeable.sql's functions, child.sql's
-//! spawn, remote.sql (all but the cancel); the inspect, retention and schedule queries; the
-//! trait impls; `Unsupported` answers for the PostgreSQL-only features; the conformance suite
-//! on this store; the CLI and facade entry points.
+//! `keiro_notify_wake`, `keiro_notify_timer` and the polled notification table);
+//! journal.sql's `step_logical`/`step_revision`; instance.sql's requeue and retry with input;
+//! signal.sql; awakeable.sql's create and settle; child.sql's spawn; remote.sql (all but the
+//! cancel); the inspect, retention and schedule queries; the trait impls; `Unsupported`
+//! answers for the PostgreSQL-only features; the conformance suite on this store; the CLI and
+//! facade entry points.
 //!
 //! ```no_run
 //! use keiro_journal::{InstanceKey, StartRequest};
@@ -86,6 +89,7 @@ mod remote;
 mod row;
 mod storable;
 mod store;
+mod timer;
 mod writer;
 
 pub use config::{
