@@ -6,9 +6,9 @@
 //! before it), SQLite needs nothing: the writer holds the file's write lock for the whole
 //! transaction (`BEGIN IMMEDIATE`), so every read is already what a locked read would see.
 //!
-//! Not here yet: `keiro_step_logical`, `keiro_step_revision` (for remote and child
-//! revisions). `keiro_journal_append_batch` has no twin: the writer runs each append of a batch as its own operation in one shared transaction (crate::writer), which is
-//! what the plpgsql batch does with its savepoints; nor does `keiro_journal_append`, the
+//! `keiro_journal_append_batch` has no twin: the writer runs each append of a batch as its own
+//! operation in one shared transaction (crate::writer), which is what the plpgsql batch does
+//! with its savepoints; nor does `keiro_journal_append`, the
 //! plpgsql wrapper kept for statements prepared against it (the store calls
 //! [`journal_append_to`], as the Postgres store does). `keiro_journal_delete_with_instances` is
 //! the `workflows_delete_journal` trigger of migration 0001.
@@ -58,6 +58,35 @@ pub(crate) struct AppendTo<'a> {
     pub(crate) owner: Option<&'a str>,
     pub(crate) epoch: Option<i64>,
     pub(crate) renew_ms: Option<i64>,
+}
+
+/// The revision suffix `#<digits>` at the end of a stored `remote:`/`child:` step name, as
+/// the byte offset where it starts.
+fn revision_suffix(stored: &str) -> Option<usize> {
+    if !(stored.starts_with("remote:") || stored.starts_with("child:")) {
+        return None;
+    }
+    let digits = stored.len() - stored.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+    let hash = stored.len().checked_sub(digits + 1)?;
+    (digits > 0 && stored.as_bytes()[hash] == b'#').then_some(hash)
+}
+
+/// keiro_step_logical: the logical step a stored step name records
+/// (`keiro_journal::logical_step`): a revised `remote:`/`child:` step `<step>#<n>` reads as
+/// `<step>`; every other name as itself.
+#[allow(dead_code)] // for instance.sql's requeue, not here yet
+pub(crate) fn step_logical(stored: &str) -> &str {
+    revision_suffix(stored).map_or(stored, |hash| &stored[..hash])
+}
+
+/// keiro_step_revision: the revision a stored step name holds (`keiro_journal::step_revision`):
+/// n for `<step>#<n>`, 0 for the step's own name. Digits past an `i32` saturate (PostgreSQL
+/// raises "out of range" there; keiro never writes such a revision).
+#[allow(dead_code)] // for instance.sql's requeue, not here yet
+pub(crate) fn step_revision(stored: &str) -> i32 {
+    revision_suffix(stored).map_or(0, |hash| {
+        stored[hash + 1..].parse::<i32>().unwrap_or(i32::MAX)
+    })
 }
 
 const JOURNAL_REPEATABLE_COUNT: &str = "SELECT count(*) FROM journal \
@@ -492,4 +521,40 @@ pub(crate) fn deliveries_read(
     )
     .map_err(|e| store(READ, e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logical_steps_and_revisions_read_as_the_journal_crate_reads_them() {
+        for stored in [
+            "remote:charge",
+            "remote:charge#2",
+            "remote:charge#12",
+            "child:wf/a:result#3",
+            "child:wf/a:result",
+            "step#2",
+            "remote:charge#",
+            "remote:charge#x2",
+            "remote:#7",
+            "#4",
+            "",
+        ] {
+            assert_eq!(
+                step_logical(stored),
+                keiro_journal::logical_step(stored),
+                "{stored:?}"
+            );
+            assert_eq!(
+                i64::from(step_revision(stored)),
+                i64::from(keiro_journal::step_revision(stored)),
+                "{stored:?}"
+            );
+        }
+        assert_eq!(step_logical("remote:charge#2"), "remote:charge");
+        assert_eq!(step_revision("remote:charge#2"), 2);
+        assert_eq!(step_revision("step#2"), 0);
+    }
 }

@@ -11,28 +11,33 @@
 //! - instance.sql: `instance_start`, `instance_confirm`, `instance_park`,
 //!   `instance_fail_diverged`, `instance_settle_leftovers`, `instance_cancel_tree`,
 //!   `instance_cancel`;
-//! - journal.sql: `journal_repeatable_name`, `journal_append_to` (every append outcome,
+//! - journal.sql: `step_logical`, `step_revision` (unit-tested against keiro-journal's own,
+//!   for the requeue), `journal_repeatable_name`, `journal_append_to` (every append outcome,
 //!   markers included, with the renewal skip of the fast path), used by `journal_append`,
-//!   `journal_append_batch` and `journal_append_closing`; `delivery_append`, and the
-//!   Postgres store's one-statement `deliveries_read`;
+//!   `journal_append_batch` and `journal_append_closing`; `delivery_append`, and the Postgres
+//!   store's one-statement `deliveries_read`;
 //! - lease.sql: `instance_claim`, `instance_start_claimed`, `instances_claim_batch`,
 //!   `instance_record_crash`, `instance_resurrect`; and the Postgres store's one-statement
 //!   `instances_runnable`, `instance_lease_renew`, `instance_release`,
 //!   `instance_lease_force_release`;
 //! - timer.sql: `timer_arm`, `timers_fire_due`; and the Postgres store's one-statement
 //!   `timers_requeue_stuck`, `timers_due_count`;
-//! - child.sql: `child_envelope`, `child_deliver` (a closing marker delivers to a parent);
-//!   remote.sql: `remote_tasks_cancel` (a cancel or continue marker cancels the tasks);
-//!   awakeable.sql's settle-on-close trigger, in migration 0001;
+//! - signal.sql: `signal_wait`, `signal_offer`, `signal_send` (with its TTL and the sweep of
+//!   expired signals), `signal_return`; and the Postgres store's one-statement
+//!   `signal_withdraw`;
+//! - awakeable.sql: `awakeable_create`, `awakeable_settle` (complete and cancel), the
+//!   settle-on-close trigger (in migration 0001); and the one-statement `awakeables_pending`;
+//! - child.sql: `child_envelope`, `child_deliver` (a closing marker delivers to a parent),
+//!   `child_spawn` (create, adopt, deliver a finished child's result, refuse a taken one);
+//! - remote.sql: `remote_tasks_cancel` (a cancel or continue marker cancels the tasks);
 //! - reads: `instance_get`, `journal_load`, `journal_history`.
 //!
 //! Left (issue 35): notifications (no wake is pushed yet, in process or across processes:
 //! `keiro_notify_wake`, `keiro_notify_timer` and the polled notification table);
-//! journal.sql's `step_logical`/`step_revision`; instance.sql's requeue and retry with input;
-//! signal.sql; awakeable.sql's create and settle; child.sql's spawn; remote.sql (all but the
-//! cancel); the inspect, retention and schedule queries; the trait impls; `Unsupported`
-//! answers for the PostgreSQL-only features; the conformance suite on this store; the CLI and
-//! facade entry points.
+//! instance.sql's requeue and retry with input; remote.sql (all but the cancel); the inspect,
+//! retention and schedule queries; the trait impls; `Unsupported` answers for the
+//! PostgreSQL-only features; the conformance suite on this store; the CLI and facade entry
+//! points.
 //!
 //! ```no_run
 //! use keiro_journal::{InstanceKey, StartRequest};
@@ -77,6 +82,7 @@
 //! a file migrated by a newer keiro, a durability setting that did not take. Operations
 //! answer `keiro_journal::StoreError` as the Postgres store does.
 
+mod awakeable;
 mod child;
 mod clock;
 mod config;
@@ -87,6 +93,7 @@ mod lease;
 mod open;
 mod remote;
 mod row;
+mod signal;
 mod storable;
 mod store;
 mod timer;

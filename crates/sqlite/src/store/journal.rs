@@ -8,8 +8,8 @@ use keiro_journal::store::{
     Result,
 };
 use keiro_journal::{
-    Deliveries, DeliveryBacklog, Event, Fence, Generation, Instance, InstanceKey, JournalEntry,
-    StartRequest, Started, Status, StepKind,
+    Deliveries, DeliveryBacklog, EncodedEvent, Event, Fence, Generation, Instance, InstanceKey,
+    JournalEntry, StartRequest, Started, Status, StepKind,
 };
 use rusqlite::Connection;
 use time::OffsetDateTime;
@@ -456,29 +456,43 @@ fn appendable(append: &Append) -> Result<()> {
     Ok(())
 }
 
+/// `append` as the append rules' arguments, its event encoded as `encoded`.
+pub(super) fn append_to<'a>(append: &'a Append, encoded: &'a EncodedEvent) -> AppendTo<'a> {
+    AppendTo {
+        name: append.key.name.as_str(),
+        id: append.key.id.as_str(),
+        generation: append.generation,
+        step: &encoded.step_name,
+        kind: encoded.kind,
+        payload: &encoded.payload,
+        owner: append.fence.as_ref().map(|f| f.owner.as_str()),
+        epoch: append.fence.as_ref().map(|f| f.epoch),
+        renew_ms: append.renew.map(span_ms),
+    }
+}
+
+/// Refuses anything but a step where an operation journals one (a wake source's allocation,
+/// a spawn, a race's decision), as the Postgres store does before it asks the database.
+pub(super) fn encoded_step(append: &Append, operation: &'static str) -> Result<EncodedEvent> {
+    match &append.event {
+        Event::StepRecorded { .. } => Ok(append.event.encode()),
+        _ => Err(StoreError::Database {
+            operation,
+            retryable: false,
+            source: format!("expected a step, got {:?}", append.event.step_name()).into(),
+        }),
+    }
+}
+
 /// One append by the append rules, as its outcome or error.
 fn append_in(conn: &Connection, now: OffsetDateTime, append: &Append) -> Result<AppendOutcome> {
     let encoded = append.event.encode();
-    let outcome = journal::journal_append_to(
-        conn,
-        now,
-        AppendTo {
-            name: append.key.name.as_str(),
-            id: append.key.id.as_str(),
-            generation: append.generation,
-            step: &encoded.step_name,
-            kind: encoded.kind,
-            payload: &encoded.payload,
-            owner: append.fence.as_ref().map(|f| f.owner.as_str()),
-            epoch: append.fence.as_ref().map(|f| f.epoch),
-            renew_ms: append.renew.map(span_ms),
-        },
-    )?;
+    let outcome = journal::journal_append_to(conn, now, append_to(append, &encoded))?;
     append_outcome(outcome, &append.key, append.fence.as_ref())
 }
 
 /// An append's code as its outcome or error, for an append to `key` by the holder of `fence`.
-fn append_outcome(
+pub(super) fn append_outcome(
     code: AppendCode,
     key: &InstanceKey,
     fence: Option<&Fence>,

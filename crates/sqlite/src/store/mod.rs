@@ -20,6 +20,7 @@ use crate::writer::Writer;
 
 mod journal;
 mod lease;
+mod sources;
 mod timer;
 
 /// The longest span the store adds to an instant, in milliseconds: the Postgres store's bound
