@@ -2,10 +2,11 @@
 //!
 //! **Status: the foundation of issue 35, not yet a store keiro can run on.** It opens, checks
 //! and migrates a file, writes through one writer thread with group commit, and implements the
-//! rules listed below as inherent methods of [`SqliteStore`]. The store traits
-//! (`JournalStore`, `LeaseStore`, `InspectStore`, `RetentionStore`, `ScheduleStore`,
-//! `Transport`, `RemoteAdmin`, `Notifier`) are deliberately **not** implemented until every
-//! method of each is: a trait answered half by fakes would pass tests it should fail.
+//! rules listed below as inherent methods of [`SqliteStore`], and through them the store traits
+//! `JournalStore` and `LeaseStore` (every method of both). The other store traits
+//! (`InspectStore`, `RetentionStore`, `ScheduleStore`, `Transport`, `RemoteAdmin`, `Notifier`)
+//! are deliberately **not** implemented until every method of each is: a trait answered half
+//! by fakes would pass tests it should fail.
 //!
 //! Implemented and tested (each the twin of its plpgsql function, same name, same order):
 //! - instance.sql: `instance_start`, `instance_confirm`, `instance_park`,
@@ -29,13 +30,18 @@
 //!   settle-on-close trigger (in migration 0001); and the one-statement `awakeables_pending`;
 //! - child.sql: `child_envelope`, `child_deliver` (a closing marker delivers to a parent),
 //!   `child_spawn` (create, adopt, deliver a finished child's result, refuse a taken one);
-//! - remote.sql: `remote_tasks_cancel` (a cancel or continue marker cancels the tasks);
+//! - remote.sql: `remote_error_envelope`, `remote_deliver`, `remote_arm` (dispatch, wait,
+//!   redispatch, loss, an expired claim counted), `remote_claims_expire`,
+//!   `remote_tasks_cancel` (a cancel or continue marker cancels the tasks),
+//!   `instance_park_dispatch` (arms and park in one transaction);
 //! - reads: `instance_get`, `journal_load`, `journal_history`.
 //!
 //! Left (issue 35): notifications (no wake is pushed yet, in process or across processes:
-//! `keiro_notify_wake`, `keiro_notify_timer` and the polled notification table);
-//! instance.sql's requeue and retry with input; remote.sql (all but the cancel); the inspect,
-//! retention and schedule queries; the trait impls; `Unsupported` answers for the
+//! `keiro_notify_wake`, `keiro_notify_timer`, `keiro_notify_remote` and the polled
+//! notification table); instance.sql's requeue and retry with
+//! input; remote.sql's worker side (claim, heartbeat, complete, fail, their batches), the
+//! operator's redispatch and the batched park (`Transport`, `RemoteAdmin`); the inspect,
+//! retention and schedule queries; the other traits' impls; `Unsupported` answers for the
 //! PostgreSQL-only features; the conformance suite on this store; the CLI and facade entry
 //! points.
 //!

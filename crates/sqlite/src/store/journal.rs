@@ -330,7 +330,7 @@ impl SqliteStore {
             .writer
             .write(PARK, move |conn, now| {
                 let fence = park.fence.as_ref().map(|f| (f.owner.as_str(), f.epoch));
-                match instance::instance_park(
+                let code = instance::instance_park(
                     conn,
                     now,
                     park.key.name.as_str(),
@@ -339,18 +339,8 @@ impl SqliteStore {
                     fence,
                     &park.awaited,
                     park.wake_after,
-                )? {
-                    ParkCode::Suspended => Ok(ParkOutcome::Suspended),
-                    ParkCode::Woken => Ok(ParkOutcome::WokenBeforePark),
-                    ParkCode::Terminal(status) => {
-                        Ok(ParkOutcome::Terminal(row::status(&status, PARK)?))
-                    }
-                    ParkCode::NotFound => Err(not_found(&park.key)),
-                    ParkCode::LeaseLost => {
-                        let (owner, epoch) = fence.unwrap_or_default();
-                        Err(lease_lost(&park.key, owner, epoch))
-                    }
-                }
+                )?;
+                park_outcome(code, &park)
             })
             .await
     }
@@ -441,6 +431,24 @@ impl SqliteStore {
                 append_outcome(code, &key, None)
             })
             .await
+    }
+}
+
+/// A park's code as its outcome or error.
+pub(super) fn park_outcome(code: ParkCode, park: &Park) -> Result<ParkOutcome> {
+    match code {
+        ParkCode::Suspended => Ok(ParkOutcome::Suspended),
+        ParkCode::Woken => Ok(ParkOutcome::WokenBeforePark),
+        ParkCode::Terminal(status) => Ok(ParkOutcome::Terminal(row::status(&status, PARK)?)),
+        ParkCode::NotFound => Err(not_found(&park.key)),
+        ParkCode::LeaseLost => {
+            let (owner, epoch) = park
+                .fence
+                .as_ref()
+                .map(|f| (f.owner.as_str(), f.epoch))
+                .unwrap_or_default();
+            Err(lease_lost(&park.key, owner, epoch))
+        }
     }
 }
 

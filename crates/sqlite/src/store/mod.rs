@@ -20,8 +20,10 @@ use crate::writer::Writer;
 
 mod journal;
 mod lease;
+mod remote;
 mod sources;
 mod timer;
+mod traits;
 
 /// The longest span the store adds to an instant, in milliseconds: the Postgres store's bound
 /// (100 years), so both stores cut the same `Duration::MAX`.
