@@ -74,7 +74,6 @@ fn revision_suffix(stored: &str) -> Option<usize> {
 /// keiro_step_logical: the logical step a stored step name records
 /// (`keiro_journal::logical_step`): a revised `remote:`/`child:` step `<step>#<n>` reads as
 /// `<step>`; every other name as itself.
-#[allow(dead_code)] // for instance.sql's requeue, not here yet
 pub(crate) fn step_logical(stored: &str) -> &str {
     revision_suffix(stored).map_or(stored, |hash| &stored[..hash])
 }
@@ -82,7 +81,6 @@ pub(crate) fn step_logical(stored: &str) -> &str {
 /// keiro_step_revision: the revision a stored step name holds (`keiro_journal::step_revision`):
 /// n for `<step>#<n>`, 0 for the step's own name. Digits past an `i32` saturate (PostgreSQL
 /// raises "out of range" there; keiro never writes such a revision).
-#[allow(dead_code)] // for instance.sql's requeue, not here yet
 pub(crate) fn step_revision(stored: &str) -> i32 {
     revision_suffix(stored).map_or(0, |hash| {
         stored[hash + 1..].parse::<i32>().unwrap_or(i32::MAX)

@@ -11,7 +11,9 @@
 //! Implemented and tested (each the twin of its plpgsql function, same name, same order):
 //! - instance.sql: `instance_start`, `instance_confirm`, `instance_park`,
 //!   `instance_fail_diverged`, `instance_settle_leftovers`, `instance_cancel_tree`,
-//!   `instance_cancel`;
+//!   `instance_cancel`, `journal_written_by_body`, `failure_mention`, `instance_requeue_one`,
+//!   `instance_requeue`, `instance_retry_with_input` (as inherent methods: `RemoteAdmin`
+//!   waits for the rest of remote.sql);
 //! - journal.sql: `step_logical`, `step_revision` (unit-tested against keiro-journal's own,
 //!   for the requeue), `journal_repeatable_name`, `journal_append_to` (every append outcome,
 //!   markers included, with the renewal skip of the fast path), used by `journal_append`,
@@ -38,10 +40,9 @@
 //!
 //! Left (issue 35): notifications (no wake is pushed yet, in process or across processes:
 //! `keiro_notify_wake`, `keiro_notify_timer`, `keiro_notify_remote` and the polled
-//! notification table); instance.sql's requeue and retry with
-//! input; remote.sql's worker side (claim, heartbeat, complete, fail, their batches), the
-//! operator's redispatch and the batched park (`Transport`, `RemoteAdmin`); the inspect,
-//! retention and schedule queries; the other traits' impls; `Unsupported` answers for the
+//! notification table); remote.sql's worker side (claim, heartbeat, complete, fail, their
+//! batches), the operator's redispatch and the batched park (`Transport`, `RemoteAdmin`);
+//! the inspect, retention and schedule queries; the other traits' impls; `Unsupported` answers for the
 //! PostgreSQL-only features; the conformance suite on this store; the CLI and facade entry
 //! points.
 //!

@@ -18,6 +18,7 @@ use crate::open;
 use crate::row;
 use crate::writer::Writer;
 
+mod admin;
 mod journal;
 mod lease;
 mod remote;
