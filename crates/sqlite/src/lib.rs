@@ -3,17 +3,16 @@
 //! **Status: the foundation of issue 35, not yet a store keiro can run on.** It opens, checks
 //! and migrates a file, writes through one writer thread with group commit, and implements the
 //! rules listed below as inherent methods of [`SqliteStore`], and through them the store traits
-//! `JournalStore` and `LeaseStore` (every method of both). The other store traits
-//! (`InspectStore`, `RetentionStore`, `ScheduleStore`, `Transport`, `RemoteAdmin`, `Notifier`)
-//! are deliberately **not** implemented until every method of each is: a trait answered half
+//! `JournalStore`, `LeaseStore` and `RemoteAdmin` (every method of each). The other store
+//! traits (`InspectStore`, `RetentionStore`, `ScheduleStore`, `Transport`, `Notifier`) are
+//! deliberately **not** implemented until every method of each is: a trait answered half
 //! by fakes would pass tests it should fail.
 //!
 //! Implemented and tested (each the twin of its plpgsql function, same name, same order):
 //! - instance.sql: `instance_start`, `instance_confirm`, `instance_park`,
 //!   `instance_fail_diverged`, `instance_settle_leftovers`, `instance_cancel_tree`,
 //!   `instance_cancel`, `journal_written_by_body`, `failure_mention`, `instance_requeue_one`,
-//!   `instance_requeue`, `instance_retry_with_input` (as inherent methods: `RemoteAdmin`
-//!   waits for the rest of remote.sql);
+//!   `instance_requeue`, `instance_retry_with_input`;
 //! - journal.sql: `step_logical`, `step_revision` (unit-tested against keiro-journal's own,
 //!   for the requeue), `journal_repeatable_name`, `journal_append_to` (every append outcome,
 //!   markers included, with the renewal skip of the fast path), used by `journal_append`,
@@ -34,14 +33,15 @@
 //!   `child_spawn` (create, adopt, deliver a finished child's result, refuse a taken one);
 //! - remote.sql: `remote_error_envelope`, `remote_deliver`, `remote_arm` (dispatch, wait,
 //!   redispatch, loss, an expired claim counted), `remote_claims_expire`,
-//!   `remote_tasks_cancel` (a cancel or continue marker cancels the tasks),
-//!   `instance_park_dispatch` (arms and park in one transaction);
+//!   `remote_redispatch_pending`, `remote_tasks_cancel` (a cancel or continue marker cancels
+//!   the tasks), `instance_park_dispatch` (arms and park in one transaction); and the
+//!   Postgres store's one-statement `remote_tasks` list;
 //! - reads: `instance_get`, `journal_load`, `journal_history`.
 //!
 //! Left (issue 35): notifications (no wake is pushed yet, in process or across processes:
 //! `keiro_notify_wake`, `keiro_notify_timer`, `keiro_notify_remote` and the polled
 //! notification table); remote.sql's worker side (claim, heartbeat, complete, fail, their
-//! batches), the operator's redispatch and the batched park (`Transport`, `RemoteAdmin`);
+//! batches) and the batched park (`Transport`);
 //! the inspect, retention and schedule queries; the other traits' impls; `Unsupported` answers for the
 //! PostgreSQL-only features; the conformance suite on this store; the CLI and facade entry
 //! points.

@@ -1,12 +1,13 @@
 //! Rules of sql/functions/remote.sql: so far what a run needs to dispatch remote steps and park
 //! (`keiro_remote_error_envelope`, `keiro_remote_deliver`, `keiro_remote_arm`,
 //! `keiro_remote_claims_expire` for an arm whose deadline passed, `keiro_instance_park_dispatch`
-//! with its `_locked` half), and the cancellation of a closed generation's live tasks, which
-//! the `cancelled` and `continued` markers need.
+//! with its `_locked` half), the operator's `keiro_remote_redispatch_pending`, and the
+//! cancellation of a closed generation's live tasks, which the `cancelled` and `continued`
+//! markers need.
 //!
 //! Not here yet: the worker side (`keiro_remote_tasks_claim`, `keiro_remote_task_heartbeat`,
-//! `keiro_remote_task_complete`, `keiro_remote_tasks_complete`, `keiro_remote_task_fail`), the
-//! operator's `keiro_remote_redispatch_pending`, and the batched `keiro_instances_park_dispatch`
+//! `keiro_remote_task_complete`, `keiro_remote_tasks_complete`, `keiro_remote_task_fail`) and
+//! the batched `keiro_instances_park_dispatch`
 //! (the writer runs each park of a batch as its own operation in one shared transaction). No
 //! `synchronous_commit = off` either: every commit of this store is durable.
 //!
@@ -27,6 +28,7 @@ use crate::row::{self, micros};
 const ARM: &str = "arming a remote step";
 const EXPIRE: &str = "counting expired claims";
 const CANCEL: &str = "cancelling remote tasks";
+const REDISPATCH: &str = "redispatching pending remote tasks";
 
 /// The columns of a task row the rules here read.
 #[derive(Debug, Clone)]
@@ -404,6 +406,43 @@ pub(crate) fn remote_claims_expire(
         outcomes.push((task.step_id, code));
     }
     Ok(outcomes)
+}
+
+const INSTANCE_GENERATION: &str =
+    "SELECT generation FROM workflows WHERE workflow_name = ?1 AND workflow_id = ?2";
+
+const TASKS_REDISPATCH: &str = "UPDATE remote_tasks SET \
+         status = 'pending', claim = NULL, claimed_by = NULL, claim_expires_at = NULL, \
+         available_at = ?4, dispatches = dispatches + 1, \
+         deadline_at = CASE WHEN redispatch_after_ms IS NULL THEN NULL \
+                            ELSE ?4 + redispatch_after_ms * 1000 END, \
+         updated_at = ?4 \
+     WHERE workflow_name = ?1 AND workflow_id = ?2 AND generation = ?3 \
+       AND status IN ('pending', 'running')";
+
+/// keiro_remote_redispatch_pending: dispatches every pending or claimed task of the
+/// instance's current generation again (claim dropped, available now, dispatches + 1),
+/// whatever its deadline and redispatch_max (an operator's decision); how many, or `None`
+/// for a missing instance.
+///
+/// Not yet: the `remote` notification.
+pub(crate) fn remote_redispatch_pending(
+    conn: &Connection,
+    now: OffsetDateTime,
+    name: &str,
+    id: &str,
+) -> Result<Option<u64>> {
+    let generation: Option<Generation> = conn
+        .query_row(INSTANCE_GENERATION, params![name, id], |r| r.get(0))
+        .optional()
+        .map_err(|e| store(REDISPATCH, e))?;
+    let Some(generation) = generation else {
+        return Ok(None);
+    };
+    let redispatched = conn
+        .execute(TASKS_REDISPATCH, params![name, id, generation, micros(now)])
+        .map_err(|e| store(REDISPATCH, e))?;
+    Ok(Some(u64::try_from(redispatched).unwrap_or(u64::MAX)))
 }
 
 const REMOTE_TASKS_CANCEL: &str = "UPDATE remote_tasks SET \

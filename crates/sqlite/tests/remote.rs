@@ -515,3 +515,82 @@ async fn the_store_answers_through_its_traits_as_through_its_methods() {
     ));
     assert_eq!(journal_store.journal_history(&key).await.unwrap().len(), 1);
 }
+
+#[tokio::test]
+async fn redispatch_pending_counts_the_live_tasks_of_the_current_generation() {
+    use keiro_remote::{RemoteAdmin, RemoteTask, TaskStatus};
+    let (_dir, store) = pinned("r-redispatch");
+    let admin: &dyn RemoteAdmin = &store;
+    let key = start(&store, "a").await;
+    for step in ["x", "y", "done"] {
+        store.remote_arm(&arm(&key, step)).await.unwrap();
+    }
+    claim_task(&store, &key, "x", "w1", micros(T0 + Span::hours(1)));
+    sql(
+        &store,
+        &format!(
+            "UPDATE remote_tasks SET status = 'completed', output = '1', settled_at = 0 \
+             WHERE step_id = '{}'",
+            remote_step_id(&key, 0, "done")
+        ),
+    );
+    store.pin_clock(Some(T0 + Span::minutes(1)));
+
+    assert_eq!(
+        admin.remote_redispatch_pending(&key).await.unwrap(),
+        Some(2)
+    );
+    let listed = admin.remote_tasks(&key).await.unwrap();
+    let task = |step: &str| -> RemoteTask {
+        listed
+            .iter()
+            .find(|t| t.step == step)
+            .cloned()
+            .expect("the task exists")
+    };
+    let x = task("x");
+    assert_eq!(
+        (x.status, x.dispatches, x.claimed_by),
+        (TaskStatus::Pending, 2, None)
+    );
+    assert_eq!(task("y").dispatches, 2);
+    let done = task("done");
+    assert_eq!(
+        (done.status, done.dispatches, done.output),
+        (TaskStatus::Completed, 1, Some(json!(1)))
+    );
+    assert_eq!(
+        listed,
+        // Armed at one instant of the pinned clock: oldest first, then by step id.
+        ["done", "x", "y"].map(|step| RemoteTask {
+            step_id: remote_step_id(&key, 0, step),
+            key: key.clone(),
+            generation: 0,
+            step: step.to_owned(),
+            journal_step: format!("remote:{step}"),
+            group: step.to_owned(),
+            max_attempts: 1,
+            attempts: 0,
+            last_error: None,
+            traceparent: None,
+            ..task(step)
+        }),
+        "listed oldest first, every column read back"
+    );
+
+    let missing = InstanceKey::parse("wf", "missing").unwrap();
+    assert_eq!(
+        admin.remote_redispatch_pending(&missing).await.unwrap(),
+        None
+    );
+    // The tasks belong to generation 0; generation 1 has none.
+    let rotate = Event::WorkflowContinuedAsNew {
+        next_generation: 1,
+        input: json!(null),
+    };
+    append(&store, &key, None, rotate, None).await.unwrap();
+    assert_eq!(
+        admin.remote_redispatch_pending(&key).await.unwrap(),
+        Some(0)
+    );
+}

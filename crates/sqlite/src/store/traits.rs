@@ -17,6 +17,7 @@ use keiro_journal::{
 use keiro_lease::{
     Claim, ClaimOutcome, Crash, CrashOutcome, LeaseStore, ResurrectOutcome, StartClaim,
 };
+use keiro_remote::{RemoteAdmin, RemoteTask, RequeueOutcome, RetryOutcome};
 use serde_json::Value;
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -401,5 +402,38 @@ impl LeaseStore for SqliteStore {
             SqliteStore::instance_resurrect(self, key),
         )
         .await
+    }
+}
+
+#[async_trait::async_trait]
+impl RemoteAdmin for SqliteStore {
+    async fn remote_redispatch_pending(&self, key: &InstanceKey) -> Result<Option<u64>> {
+        let span = store_span!("remote_redispatch_pending", key = key);
+        traced(span, SqliteStore::remote_redispatch_pending(self, key)).await
+    }
+
+    async fn instance_requeue(&self, key: &InstanceKey) -> Result<RequeueOutcome> {
+        let span = store_span!("instance_requeue", key = key);
+        traced(span, SqliteStore::instance_requeue(self, key)).await
+    }
+
+    async fn instance_retry_with_input(
+        &self,
+        origin: &InstanceKey,
+        retry: &InstanceKey,
+        input: &Value,
+    ) -> Result<RetryOutcome> {
+        let span =
+            store_span!("instance_retry_with_input", key = origin, keiro.retry.id = %retry.id);
+        traced(
+            span,
+            SqliteStore::instance_retry_with_input(self, origin, retry, input),
+        )
+        .await
+    }
+
+    async fn remote_tasks(&self, key: &InstanceKey) -> Result<Vec<RemoteTask>> {
+        let span = store_span!("remote_tasks", key = key);
+        traced(span, SqliteStore::remote_tasks(self, key)).await
     }
 }
