@@ -3,8 +3,8 @@
 //! **Status: the foundation of issue 35, not yet a store keiro can run on.** It opens, checks
 //! and migrates a file, writes through one writer thread with group commit, and implements the
 //! rules listed below as inherent methods of [`SqliteStore`], and through them the store traits
-//! `JournalStore`, `LeaseStore` and `RemoteAdmin` (every method of each). The other store
-//! traits (`InspectStore`, `RetentionStore`, `ScheduleStore`, `Transport`, `Notifier`) are
+//! `JournalStore`, `LeaseStore`, `Transport` and `RemoteAdmin` (every method of each). The
+//! other store traits (`InspectStore`, `RetentionStore`, `ScheduleStore`, `Notifier`) are
 //! deliberately **not** implemented until every method of each is: a trait answered half
 //! by fakes would pass tests it should fail.
 //!
@@ -33,18 +33,19 @@
 //!   `child_spawn` (create, adopt, deliver a finished child's result, refuse a taken one);
 //! - remote.sql: `remote_error_envelope`, `remote_deliver`, `remote_arm` (dispatch, wait,
 //!   redispatch, loss, an expired claim counted), `remote_claims_expire`,
-//!   `remote_redispatch_pending`, `remote_tasks_cancel` (a cancel or continue marker cancels
-//!   the tasks), `instance_park_dispatch` (arms and park in one transaction); and the
-//!   Postgres store's one-statement `remote_tasks` list;
+//!   `remote_tasks_claim`, `remote_task_heartbeat`, `remote_task_complete`,
+//!   `remote_tasks_complete`, `remote_task_fail`, `remote_redispatch_pending`,
+//!   `remote_tasks_cancel` (a cancel or continue marker cancels the tasks),
+//!   `instance_park_dispatch` (arms and park in one transaction); and the Postgres store's
+//!   one-statement `remote_tasks` list (the batched `instances_park_dispatch` has no twin: the
+//!   writer already shares a transaction between parks);
 //! - reads: `instance_get`, `journal_load`, `journal_history`.
 //!
 //! Left (issue 35): notifications (no wake is pushed yet, in process or across processes:
 //! `keiro_notify_wake`, `keiro_notify_timer`, `keiro_notify_remote` and the polled
-//! notification table); remote.sql's worker side (claim, heartbeat, complete, fail, their
-//! batches) and the batched park (`Transport`);
-//! the inspect, retention and schedule queries; the other traits' impls; `Unsupported` answers for the
-//! PostgreSQL-only features; the conformance suite on this store; the CLI and facade entry
-//! points.
+//! notification table); the inspect, retention and schedule queries; the other traits'
+//! impls; `Unsupported` answers for the PostgreSQL-only features; the conformance suite on
+//! this store; the CLI and facade entry points.
 //!
 //! ```no_run
 //! use keiro_journal::{InstanceKey, StartRequest};

@@ -25,6 +25,7 @@ mod remote;
 mod sources;
 mod timer;
 mod traits;
+mod transport;
 
 /// The longest span the store adds to an instant, in milliseconds: the Postgres store's bound
 /// (100 years), so both stores cut the same `Duration::MAX`.

@@ -17,7 +17,10 @@ use keiro_journal::{
 use keiro_lease::{
     Claim, ClaimOutcome, Crash, CrashOutcome, LeaseStore, ResurrectOutcome, StartClaim,
 };
-use keiro_remote::{RemoteAdmin, RemoteTask, RequeueOutcome, RetryOutcome};
+use keiro_remote::{
+    ClaimRequest, ClaimedTask, HeartbeatOutcome, RemoteAdmin, RemoteTask, ReportOutcome,
+    RequeueOutcome, RetryOutcome, TaskFailure, Transport,
+};
 use serde_json::Value;
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -435,5 +438,48 @@ impl RemoteAdmin for SqliteStore {
     async fn remote_tasks(&self, key: &InstanceKey) -> Result<Vec<RemoteTask>> {
         let span = store_span!("remote_tasks", key = key);
         traced(span, SqliteStore::remote_tasks(self, key)).await
+    }
+}
+
+#[async_trait::async_trait]
+impl Transport for SqliteStore {
+    async fn tasks_claim(&self, request: &ClaimRequest) -> Result<Vec<ClaimedTask>> {
+        let span = store_span!("tasks_claim", keiro.remote.groups = ?request.groups);
+        traced(span, SqliteStore::tasks_claim(self, request)).await
+    }
+
+    async fn task_heartbeat(
+        &self,
+        step_id: &str,
+        claim: Uuid,
+        ttl: Duration,
+    ) -> Result<HeartbeatOutcome> {
+        let span = store_span!("task_heartbeat", keiro.remote.step_id = %step_id);
+        traced(span, SqliteStore::task_heartbeat(self, step_id, claim, ttl)).await
+    }
+
+    async fn task_complete(&self, step_id: &str, output: &Value) -> Result<ReportOutcome> {
+        let span = store_span!("task_complete", keiro.remote.step_id = %step_id);
+        traced(span, SqliteStore::task_complete(self, step_id, output)).await
+    }
+
+    async fn tasks_complete(&self, reports: &[(String, Value)]) -> Result<Vec<ReportOutcome>> {
+        let span = store_span!("tasks_complete", keiro.store.len = reports.len());
+        traced(span, SqliteStore::tasks_complete(self, reports)).await
+    }
+
+    async fn task_fail(
+        &self,
+        step_id: &str,
+        claim: Uuid,
+        failure: &TaskFailure,
+        retry_delay: Duration,
+    ) -> Result<ReportOutcome> {
+        let span = store_span!("task_fail", keiro.remote.step_id = %step_id);
+        traced(
+            span,
+            SqliteStore::task_fail(self, step_id, claim, failure, retry_delay),
+        )
+        .await
     }
 }

@@ -5,9 +5,11 @@
 //! cancellation of a closed generation's live tasks, which the `cancelled` and `continued`
 //! markers need.
 //!
-//! Not here yet: the worker side (`keiro_remote_tasks_claim`, `keiro_remote_task_heartbeat`,
-//! `keiro_remote_task_complete`, `keiro_remote_tasks_complete`, `keiro_remote_task_fail`) and
-//! the batched `keiro_instances_park_dispatch`
+//! The worker side (`keiro_remote_tasks_claim`, `keiro_remote_task_heartbeat`,
+//! `keiro_remote_task_complete`, `keiro_remote_tasks_complete`, `keiro_remote_task_fail`, in
+//! the file's order) is in `worker.rs`, so neither file passes 800 lines.
+//!
+//! Not here: the batched `keiro_instances_park_dispatch`
 //! (the writer runs each park of a batch as its own operation in one shared transaction). No
 //! `synchronous_commit = off` either: every commit of this store is durable.
 //!
@@ -24,6 +26,13 @@ use crate::error::store;
 use crate::instance::{self, ParkCode};
 use crate::journal::{journal_append_to, AppendCode, AppendTo};
 use crate::row::{self, micros};
+
+mod worker;
+
+pub(crate) use worker::{
+    remote_task_complete, remote_task_fail, remote_task_heartbeat, remote_tasks_claim,
+    remote_tasks_complete, Claimed, HeartbeatCode, ReportCode,
+};
 
 const ARM: &str = "arming a remote step";
 const EXPIRE: &str = "counting expired claims";
@@ -45,6 +54,7 @@ pub(crate) struct Task {
     pub(crate) redispatch_max: i32,
     pub(crate) redispatch_after_ms: Option<i64>,
     pub(crate) deadline_at: Option<i64>,
+    pub(crate) claim: Option<String>,
     pub(crate) claimed_by: Option<String>,
     pub(crate) claim_expires_at: Option<i64>,
     pub(crate) output: Option<String>,
@@ -53,7 +63,7 @@ pub(crate) struct Task {
 
 const TASK_COLUMNS: &str = "step_id, workflow_name, workflow_id, generation, journal_step, \
      status, attempts, max_attempts, dispatches, redispatch_max, redispatch_after_ms, \
-     deadline_at, claimed_by, claim_expires_at, output, last_error";
+     deadline_at, claimed_by, claim_expires_at, output, last_error, claim";
 
 impl Task {
     fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
@@ -74,12 +84,17 @@ impl Task {
             claim_expires_at: r.get(13)?,
             output: r.get(14)?,
             last_error: r.get(15)?,
+            claim: r.get(16)?,
         })
     }
 }
 
 /// The task `step_id`, if any.
-fn task(conn: &Connection, step_id: &str, operation: &'static str) -> Result<Option<Task>> {
+pub(crate) fn task(
+    conn: &Connection,
+    step_id: &str,
+    operation: &'static str,
+) -> Result<Option<Task>> {
     conn.prepare_cached(&format!(
         "SELECT {TASK_COLUMNS} FROM remote_tasks WHERE step_id = ?1"
     ))
