@@ -1,0 +1,116 @@
+//! keiro-sqlite: keiro's durable store on one SQLite file, with no server.
+//!
+//! **Status: the foundation of issue 35, not yet a store keiro can run on.** It opens, checks
+//! and migrates a file, writes through one writer thread with group commit, and implements the
+//! rules listed below as inherent methods of [`SqliteStore`], and through them the store traits
+//! `JournalStore`, `LeaseStore`, `Transport` and `RemoteAdmin` (every method of each). The
+//! other store traits (`InspectStore`, `RetentionStore`, `ScheduleStore`, `Notifier`) are
+//! deliberately **not** implemented until every method of each is: a trait answered half
+//! by fakes would pass tests it should fail.
+//!
+//! Implemented and tested (each the twin of its plpgsql function, same name, same order):
+//! - instance.sql: `instance_start`, `instance_confirm`, `instance_park`,
+//!   `instance_fail_diverged`, `instance_settle_leftovers`, `instance_cancel_tree`,
+//!   `instance_cancel`, `journal_written_by_body`, `failure_mention`, `instance_requeue_one`,
+//!   `instance_requeue`, `instance_retry_with_input`;
+//! - journal.sql: `step_logical`, `step_revision` (unit-tested against keiro-journal's own,
+//!   for the requeue), `journal_repeatable_name`, `journal_append_to` (every append outcome,
+//!   markers included, with the renewal skip of the fast path), used by `journal_append`,
+//!   `journal_append_batch` and `journal_append_closing`; `delivery_append`, and the Postgres
+//!   store's one-statement `deliveries_read`;
+//! - lease.sql: `instance_claim`, `instance_start_claimed`, `instances_claim_batch`,
+//!   `instance_record_crash`, `instance_resurrect`; and the Postgres store's one-statement
+//!   `instances_runnable`, `instance_lease_renew`, `instance_release`,
+//!   `instance_lease_force_release`;
+//! - timer.sql: `timer_arm`, `timers_fire_due`; and the Postgres store's one-statement
+//!   `timers_requeue_stuck`, `timers_due_count`;
+//! - signal.sql: `signal_wait`, `signal_offer`, `signal_send` (with its TTL and the sweep of
+//!   expired signals), `signal_return`; and the Postgres store's one-statement
+//!   `signal_withdraw`;
+//! - awakeable.sql: `awakeable_create`, `awakeable_settle` (complete and cancel), the
+//!   settle-on-close trigger (in migration 0001); and the one-statement `awakeables_pending`;
+//! - child.sql: `child_envelope`, `child_deliver` (a closing marker delivers to a parent),
+//!   `child_spawn` (create, adopt, deliver a finished child's result, refuse a taken one);
+//! - remote.sql: `remote_error_envelope`, `remote_deliver`, `remote_arm` (dispatch, wait,
+//!   redispatch, loss, an expired claim counted), `remote_claims_expire`,
+//!   `remote_tasks_claim`, `remote_task_heartbeat`, `remote_task_complete`,
+//!   `remote_tasks_complete`, `remote_task_fail`, `remote_redispatch_pending`,
+//!   `remote_tasks_cancel` (a cancel or continue marker cancels the tasks),
+//!   `instance_park_dispatch` (arms and park in one transaction); and the Postgres store's
+//!   one-statement `remote_tasks` list (the batched `instances_park_dispatch` has no twin: the
+//!   writer already shares a transaction between parks);
+//! - reads: `instance_get`, `journal_load`, `journal_history`.
+//!
+//! Left (issue 35): notifications (no wake is pushed yet, in process or across processes:
+//! `keiro_notify_wake`, `keiro_notify_timer`, `keiro_notify_remote` and the polled
+//! notification table); the inspect, retention and schedule queries; the other traits'
+//! impls; `Unsupported` answers for the PostgreSQL-only features; the conformance suite on
+//! this store; the CLI and facade entry points.
+//!
+//! ```no_run
+//! use keiro_journal::{InstanceKey, StartRequest};
+//! use keiro_sqlite::{Config, SqliteStore};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = SqliteStore::open("app.db", Config::default())?;
+//! let key = InstanceKey::parse("greet", "greet-1")?;
+//! let started = store
+//!     .instance_start(&StartRequest {
+//!         key: key.clone(),
+//!         input: serde_json::json!("ada"),
+//!         parent: None,
+//!         priority: 0,
+//!     })
+//!     .await?;
+//! assert!(started.created);
+//! # Ok(()) }
+//! ```
+//!
+//! # Guarantees
+//!
+//! - Durable commits: the file is in WAL mode with `synchronous = FULL`, both read back when
+//!   the store opens; [`Synchronous::NormalLosesCommitsOnPowerLoss`] is the one, explicit,
+//!   weaker setting.
+//! - Every write operation runs on one writer thread in a `BEGIN IMMEDIATE` transaction shared
+//!   with the operations queued beside it, inside its own savepoint: a failing operation
+//!   leaves nothing and does not affect the others, and every caller is answered only after
+//!   the `COMMIT` (see the `writer` module).
+//! - Several stores (processes) on one file take its write lock in turn; a lock held past the
+//!   busy timeout fails the operation as retryable (`Unavailable`), never corrupts or loses
+//!   one. One file on one host: SQLite's locking does not hold on network filesystems.
+//! - Values: the refusals of PostgreSQL (`ValueRefused` for a NUL in a text or a JSON string,
+//!   and for a value past [`Config::value_len_max`]).
+//! - Times come from the store's clock ([`SqliteStore::pin_clock`],
+//!   [`SqliteStore::advance_clock`]), never from SQLite's.
+//!
+//! # Errors
+//!
+//! Opening answers [`Error`]: a directory, a file that is not a database, a read-only file,
+//! a file migrated by a newer keiro, a durability setting that did not take. Operations
+//! answer `keiro_journal::StoreError` as the Postgres store does.
+
+mod awakeable;
+mod child;
+mod clock;
+mod config;
+mod error;
+mod instance;
+mod journal;
+mod lease;
+mod open;
+mod remote;
+mod row;
+mod signal;
+mod storable;
+mod store;
+mod timer;
+mod writer;
+
+pub use config::{
+    Config, Synchronous, BATCH_MAX_DEFAULT, BUSY_TIMEOUT_DEFAULT, READERS_DEFAULT,
+    VALUE_LEN_MAX_DEFAULT,
+};
+pub use error::{Error, Result};
+pub use open::SCHEMA_VERSION;
+pub use store::SqliteStore;

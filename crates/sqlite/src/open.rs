@@ -1,0 +1,243 @@
+//! Opening a file: the checks that refuse what keiro cannot use, the durability settings (set,
+//! then read back), and the migrations.
+
+use std::path::{Path, PathBuf};
+
+use rusqlite::{Connection, ErrorCode, OpenFlags};
+use sha2::{Digest, Sha256};
+
+use crate::config::{Config, Synchronous};
+use crate::error::{Error, Result};
+
+/// The migrations, numbered from 1, in order. Never edited once released: a later file
+/// changes what an earlier one made (STYLE.md §6).
+pub(crate) const MIGRATIONS: &[(i64, &str, &str)] =
+    &[(1, "init", include_str!("../migrations/0001_init.sql"))];
+
+/// The newest schema version this build knows.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// The error for a SQLite failure while opening, with the two failures that have their own
+/// variant recognised by code.
+fn sqlite<'a>(operation: &'static str, path: &'a Path) -> impl Fn(rusqlite::Error) -> Error + 'a {
+    move |source| match source.sqlite_error_code() {
+        Some(ErrorCode::NotADatabase) => Error::NotADatabase {
+            path: path.to_owned(),
+            source,
+        },
+        Some(ErrorCode::ReadOnly) => Error::ReadOnly {
+            path: path.to_owned(),
+            detail: source.to_string(),
+        },
+        _ => Error::Sqlite {
+            operation,
+            path: path.to_owned(),
+            source,
+        },
+    }
+}
+
+/// Refuses a path that is a directory or a file that cannot be written, before SQLite sees it
+/// (SQLite would open a read-only file read-only without a word, and fail at the first write).
+/// The permission bits are checked, not tried: a superuser could write through them.
+pub(crate) fn check_path(path: &Path) -> Result<()> {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => Err(Error::IsDirectory {
+            path: path.to_owned(),
+        }),
+        Ok(meta) if meta.permissions().readonly() => Err(Error::ReadOnly {
+            path: path.to_owned(),
+            detail: "the file's permissions allow no writes".into(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Opens the writer's connection: checks, durability, migrations.
+pub(crate) fn writer(path: &Path, config: &Config, now_micros: i64) -> Result<Connection> {
+    check_path(path)?;
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(sqlite("opening", path))?;
+    prepare(&conn, path, config)?;
+    // The first read of the file: a file that is not a database fails here.
+    conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| {
+        r.get::<_, i64>(0)
+    })
+    .map_err(sqlite("reading the schema of", path))?;
+    if conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
+        return Err(Error::ReadOnly {
+            path: path.to_owned(),
+            detail: "SQLite opened it read-only".into(),
+        });
+    }
+    durability(&conn, path, config)?;
+    migrate(&conn, path, now_micros)?;
+    Ok(conn)
+}
+
+/// Opens a reader's connection: read-only, on the file the writer already checked.
+pub(crate) fn reader(path: &Path, config: &Config) -> Result<Connection> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(sqlite("opening", path))?;
+    prepare(&conn, path, config)?;
+    Ok(conn)
+}
+
+/// What every connection sets: the busy timeout and the length limit.
+fn prepare(conn: &Connection, path: &Path, config: &Config) -> Result<()> {
+    conn.busy_timeout(config.busy_timeout)
+        .map_err(sqlite("setting the busy timeout of", path))?;
+    // Validated to fit an i32 (Config::validate).
+    let limit = i32::try_from(config.value_len_max).unwrap_or(i32::MAX);
+    conn.set_limit(rusqlite::limits::Limit::SQLITE_LIMIT_LENGTH, limit)
+        .map_err(sqlite("setting the length limit of", path))?;
+    Ok(())
+}
+
+/// Sets WAL, the synchronous level and foreign keys, and reads each back: a setting SQLite
+/// ignores (WAL on a filesystem without shared memory, an unknown level) is an error, never a
+/// weaker store than asked for.
+fn durability(conn: &Connection, path: &Path, config: &Config) -> Result<()> {
+    let journal_mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
+        .map_err(sqlite("setting WAL mode on", path))?;
+    if !journal_mode.eq_ignore_ascii_case("wal") {
+        return Err(Error::Durability {
+            path: path.to_owned(),
+            pragma: "journal_mode",
+            wanted: "wal".into(),
+            found: journal_mode,
+        });
+    }
+    let (level, wanted) = match config.synchronous {
+        Synchronous::Full => ("FULL", 2),
+        Synchronous::NormalLosesCommitsOnPowerLoss => ("NORMAL", 1),
+    };
+    conn.pragma_update(None, "synchronous", level)
+        .map_err(sqlite("setting synchronous on", path))?;
+    let found: i64 = conn
+        .pragma_query_value(None, "synchronous", |row| row.get(0))
+        .map_err(sqlite("reading synchronous of", path))?;
+    if found != wanted {
+        return Err(Error::Durability {
+            path: path.to_owned(),
+            pragma: "synchronous",
+            wanted: level.into(),
+            found: found.to_string(),
+        });
+    }
+    conn.pragma_update(None, "foreign_keys", "ON")
+        .map_err(sqlite("enabling foreign keys on", path))?;
+    let on: i64 = conn
+        .pragma_query_value(None, "foreign_keys", |row| row.get(0))
+        .map_err(sqlite("reading foreign_keys of", path))?;
+    if on != 1 {
+        return Err(Error::Durability {
+            path: path.to_owned(),
+            pragma: "foreign_keys",
+            wanted: "1".into(),
+            found: on.to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// The bookkeeping table, as the Postgres store's `keiro_migrations`.
+const MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS keiro_migrations ( \
+         version    INTEGER PRIMARY KEY, \
+         name       TEXT    NOT NULL, \
+         checksum   BLOB    NOT NULL, \
+         applied_at INTEGER NOT NULL)";
+
+const MIGRATIONS_APPLIED: &str = "SELECT version, checksum FROM keiro_migrations ORDER BY version";
+
+const MIGRATION_RECORD: &str =
+    "INSERT INTO keiro_migrations (version, name, checksum, applied_at) VALUES (?1, ?2, ?3, ?4)";
+
+fn checksum(sql: &str) -> Vec<u8> {
+    Sha256::digest(sql.as_bytes()).to_vec()
+}
+
+/// The applied migrations, checked against this build: none newer, none changed.
+fn applied(conn: &Connection, path: &Path) -> Result<Vec<i64>> {
+    let mut statement = conn
+        .prepare(MIGRATIONS_APPLIED)
+        .map_err(sqlite("reading the migrations of", path))?;
+    let rows = statement
+        .query_map([], |row| {
+            Ok((row.get::<_, i64>(0)?, row.get::<_, Vec<u8>>(1)?))
+        })
+        .and_then(Iterator::collect::<rusqlite::Result<Vec<_>>>)
+        .map_err(sqlite("reading the migrations of", path))?;
+    if let Some((found, _)) = rows.iter().rev().find(|(v, _)| *v > SCHEMA_VERSION) {
+        return Err(Error::NewerSchema {
+            path: path.to_owned(),
+            found: *found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    for (version, sum) in &rows {
+        let known = MIGRATIONS.iter().find(|(v, _, _)| v == version);
+        if known.is_none_or(|(_, _, sql)| checksum(sql) != *sum) {
+            return Err(Error::ChecksumMismatch {
+                path: path.to_owned(),
+                version: *version,
+            });
+        }
+    }
+    Ok(rows.into_iter().map(|(v, _)| v).collect())
+}
+
+/// Runs `body` in one `BEGIN IMMEDIATE` transaction: committed if it returns `Ok`, rolled back
+/// otherwise.
+fn immediate<T>(conn: &Connection, path: &Path, body: impl FnOnce() -> Result<T>) -> Result<T> {
+    conn.execute_batch("BEGIN IMMEDIATE")
+        .map_err(sqlite("locking for migration", path))?;
+    match body() {
+        Ok(value) => {
+            conn.execute_batch("COMMIT")
+                .map_err(sqlite("committing a migration of", path))?;
+            Ok(value)
+        }
+        Err(e) => {
+            // The error is the answer; a failed rollback leaves nothing worse (SQLite rolls
+            // back an open transaction when the connection closes).
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
+/// Applies every pending migration, each in its own `BEGIN IMMEDIATE` transaction with its
+/// bookkeeping row, after refusing a file migrated by a newer build. The write lock makes a
+/// second process opening the same file wait, then find the migration applied.
+fn migrate(conn: &Connection, path: &Path, now_micros: i64) -> Result<()> {
+    immediate(conn, path, || {
+        conn.execute_batch(MIGRATIONS_TABLE)
+            .map_err(sqlite("creating the migrations table of", path))?;
+        applied(conn, path).map(drop)
+    })?;
+    for (version, name, sql) in MIGRATIONS {
+        immediate(conn, path, || {
+            if applied(conn, path)?.contains(version) {
+                return Ok(());
+            }
+            conn.execute_batch(sql)
+                .map_err(sqlite("applying a migration to", path))?;
+            conn.execute(
+                MIGRATION_RECORD,
+                rusqlite::params![version, name, checksum(sql), now_micros],
+            )
+            .map_err(sqlite("recording a migration in", path))?;
+            Ok(())
+        })?;
+    }
+    Ok(())
+}
+
+/// The path as given, for errors.
+pub(crate) fn owned(path: &Path) -> PathBuf {
+    path.to_owned()
+}

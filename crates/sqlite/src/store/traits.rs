@@ -1,0 +1,485 @@
+//! The store traits [`SqliteStore`] implements, each method its inherent operation of the same
+//! name (in `journal.rs`, `timer.rs`, `sources.rs`, `remote.rs` and `lease.rs`) run in the
+//! `keiro.store.<operation>` span every store opens. A trait is implemented here only once
+//! every one of its methods is (see the crate's Status).
+
+use std::time::Duration;
+
+use keiro_journal::store::{
+    Append, AppendOutcome, ClosingOutcome, DeliveryOutcome, Park, ParkOutcome, Result,
+};
+use keiro_journal::{
+    store_span, traced, AwakeableOutcome, ChildSpawn, Deliveries, DeliveryBacklog, Fence,
+    Generation, Instance, InstanceKey, JournalEntry, JournalStore, RemoteArm, RemoteArmOutcome,
+    ReturnedSignal, SignalOptions, SignalSendOutcome, SignalWait, SignalWaitOutcome, StartRequest,
+    Started, Status, TimerArm, TimerFiring, WorkflowName,
+};
+use keiro_lease::{
+    Claim, ClaimOutcome, Crash, CrashOutcome, LeaseStore, ResurrectOutcome, StartClaim,
+};
+use keiro_remote::{
+    ClaimRequest, ClaimedTask, HeartbeatOutcome, RemoteAdmin, RemoteTask, ReportOutcome,
+    RequeueOutcome, RetryOutcome, TaskFailure, Transport,
+};
+use serde_json::Value;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use super::SqliteStore;
+
+#[async_trait::async_trait]
+impl JournalStore for SqliteStore {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
+    async fn instance_start(&self, request: &StartRequest) -> Result<Started> {
+        traced(
+            store_span!("instance_start", key = request.key),
+            SqliteStore::instance_start(self, request),
+        )
+        .await
+    }
+
+    async fn instances_start(&self, requests: &[StartRequest]) -> Vec<Result<Started>> {
+        traced(
+            store_span!("instances_start", keiro.store.len = requests.len()),
+            SqliteStore::instances_start(self, requests),
+        )
+        .await
+    }
+
+    async fn instance_get(&self, key: &InstanceKey) -> Result<Option<Instance>> {
+        traced(
+            store_span!("instance_get", key = key),
+            SqliteStore::instance_get(self, key),
+        )
+        .await
+    }
+
+    async fn journal_load(
+        &self,
+        key: &InstanceKey,
+        generation: Generation,
+    ) -> Result<Vec<JournalEntry>> {
+        traced(
+            store_span!("journal_load", key = key),
+            SqliteStore::journal_load(self, key, generation),
+        )
+        .await
+    }
+
+    async fn journal_history(&self, key: &InstanceKey) -> Result<Vec<JournalEntry>> {
+        traced(
+            store_span!("journal_history", key = key),
+            SqliteStore::journal_history(self, key),
+        )
+        .await
+    }
+
+    async fn journal_append(&self, append: &Append) -> Result<AppendOutcome> {
+        traced(store_span!("journal_append", key = append.key, keiro.workflow.step = %append.event.step_name()), SqliteStore::journal_append(self, append)).await
+    }
+
+    async fn journal_append_batch(&self, appends: &[Append]) -> Vec<Result<AppendOutcome>> {
+        traced(
+            store_span!("journal_append_batch", keiro.store.len = appends.len()),
+            SqliteStore::journal_append_batch(self, appends),
+        )
+        .await
+    }
+
+    async fn journal_append_closing(
+        &self,
+        step: &Append,
+        completion: &Append,
+    ) -> Result<ClosingOutcome> {
+        traced(store_span!("journal_append_closing", key = step.key, keiro.workflow.step = %step.event.step_name()), SqliteStore::journal_append_closing(self, step, completion)).await
+    }
+
+    async fn delivery_append(
+        &self,
+        append: &Append,
+        backlog: &DeliveryBacklog,
+    ) -> Result<DeliveryOutcome> {
+        traced(store_span!("delivery_append", key = append.key, keiro.workflow.step = %append.event.step_name()), SqliteStore::delivery_append(self, append, backlog)).await
+    }
+
+    async fn deliveries_read(
+        &self,
+        key: &InstanceKey,
+        generation: Generation,
+        read: Deliveries,
+    ) -> Result<()> {
+        traced(
+            store_span!("deliveries_read", key = key),
+            SqliteStore::deliveries_read(self, key, generation, read),
+        )
+        .await
+    }
+
+    async fn instance_confirm(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        ttl: Duration,
+    ) -> Result<Status> {
+        traced(
+            store_span!("instance_confirm", key = key),
+            SqliteStore::instance_confirm(self, key, fence, ttl),
+        )
+        .await
+    }
+
+    async fn instance_park(&self, park: &Park) -> Result<ParkOutcome> {
+        traced(
+            store_span!("instance_park", key = park.key),
+            SqliteStore::instance_park(self, park),
+        )
+        .await
+    }
+
+    async fn instance_settle_leftovers(
+        &self,
+        key: &InstanceKey,
+        generation: Generation,
+    ) -> Result<u64> {
+        traced(
+            store_span!("instance_settle_leftovers", key = key),
+            SqliteStore::instance_settle_leftovers(self, key, generation),
+        )
+        .await
+    }
+
+    async fn instance_fail_diverged(
+        &self,
+        key: &InstanceKey,
+        fence: Option<&Fence>,
+        reason: &str,
+    ) -> Result<bool> {
+        traced(
+            store_span!("instance_fail_diverged", key = key),
+            SqliteStore::instance_fail_diverged(self, key, fence, reason),
+        )
+        .await
+    }
+
+    async fn timer_arm(&self, arm: &TimerArm) -> Result<OffsetDateTime> {
+        traced(
+            store_span!("timer_arm", key = arm.key, keiro.workflow.step = %arm.step),
+            SqliteStore::timer_arm(self, arm),
+        )
+        .await
+    }
+
+    async fn timers_fire_due(
+        &self,
+        now: Option<OffsetDateTime>,
+        limit: i64,
+    ) -> Result<TimerFiring> {
+        traced(
+            store_span!("timers_fire_due"),
+            SqliteStore::timers_fire_due(self, now, limit),
+        )
+        .await
+    }
+
+    async fn timers_requeue_stuck(&self, older_than: Duration) -> Result<u64> {
+        traced(
+            store_span!("timers_requeue_stuck"),
+            SqliteStore::timers_requeue_stuck(self, older_than),
+        )
+        .await
+    }
+
+    async fn timers_due_count(&self, now: Option<OffsetDateTime>) -> Result<u64> {
+        traced(
+            store_span!("timers_due_count"),
+            SqliteStore::timers_due_count(self, now),
+        )
+        .await
+    }
+
+    async fn awakeable_create(&self, append: &Append, id: Uuid) -> Result<AppendOutcome> {
+        traced(store_span!("awakeable_create", key = append.key, keiro.workflow.step = %append.event.step_name(), keiro.awakeable.id = %id), SqliteStore::awakeable_create(self, append, id)).await
+    }
+
+    async fn awakeable_complete(&self, id: Uuid, payload: &Value) -> Result<AwakeableOutcome> {
+        traced(
+            store_span!("awakeable_complete", keiro.awakeable.id = %id),
+            SqliteStore::awakeable_complete(self, id, payload),
+        )
+        .await
+    }
+
+    async fn awakeable_cancel(&self, id: Uuid) -> Result<AwakeableOutcome> {
+        traced(
+            store_span!("awakeable_cancel", keiro.awakeable.id = %id),
+            SqliteStore::awakeable_cancel(self, id),
+        )
+        .await
+    }
+
+    async fn awakeables_pending(&self) -> Result<u64> {
+        traced(
+            store_span!("awakeables_pending"),
+            SqliteStore::awakeables_pending(self),
+        )
+        .await
+    }
+
+    async fn signal_wait(&self, wait: &SignalWait) -> Result<SignalWaitOutcome> {
+        traced(store_span!("signal_wait", key = wait.key, keiro.workflow.step = %wait.step, keiro.signal.token = %wait.token), SqliteStore::signal_wait(self, wait)).await
+    }
+
+    async fn signal_withdraw(
+        &self,
+        key: &InstanceKey,
+        generation: Generation,
+        step: &str,
+    ) -> Result<bool> {
+        traced(
+            store_span!("signal_withdraw", key = key, keiro.workflow.step = %step),
+            SqliteStore::signal_withdraw(self, key, generation, step),
+        )
+        .await
+    }
+
+    async fn signal_send_with(
+        &self,
+        token: &str,
+        payload: &Value,
+        options: &SignalOptions,
+    ) -> Result<SignalSendOutcome> {
+        traced(
+            store_span!("signal_send_with", keiro.signal.token = %token),
+            SqliteStore::signal_send_with(self, token, payload, options),
+        )
+        .await
+    }
+
+    async fn signal_return(
+        &self,
+        decision: &Append,
+        signals: &[ReturnedSignal],
+    ) -> Result<AppendOutcome> {
+        traced(store_span!("signal_return", key = decision.key, keiro.workflow.step = %decision.event.step_name()), SqliteStore::signal_return(self, decision, signals)).await
+    }
+
+    async fn child_spawn(&self, append: &Append, spawn: &ChildSpawn) -> Result<AppendOutcome> {
+        traced(store_span!("child_spawn", key = append.key, keiro.workflow.step = %append.event.step_name(), keiro.child = %spawn.child), SqliteStore::child_spawn(self, append, spawn)).await
+    }
+
+    async fn instance_cancel(&self, key: &InstanceKey, cascade: bool) -> Result<AppendOutcome> {
+        traced(
+            store_span!("instance_cancel", key = key),
+            SqliteStore::instance_cancel(self, key, cascade),
+        )
+        .await
+    }
+
+    async fn remote_arm(&self, arm: &RemoteArm) -> Result<RemoteArmOutcome> {
+        traced(store_span!("remote_arm", key = arm.key, keiro.workflow.step = %arm.step, keiro.remote.step_id = %arm.step_id), SqliteStore::remote_arm(self, arm)).await
+    }
+
+    async fn instance_park_dispatch(
+        &self,
+        park: &Park,
+        arms: &[RemoteArm],
+    ) -> Result<(ParkOutcome, Vec<RemoteArmOutcome>)> {
+        traced(
+            store_span!("instance_park_dispatch", key = park.key),
+            SqliteStore::instance_park_dispatch(self, park, arms),
+        )
+        .await
+    }
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for SqliteStore {
+    async fn instances_runnable(
+        &self,
+        now: Option<OffsetDateTime>,
+        limit: Option<i64>,
+    ) -> Result<Vec<InstanceKey>> {
+        traced(
+            store_span!("instances_runnable"),
+            SqliteStore::instances_runnable(self, now, limit),
+        )
+        .await
+    }
+
+    async fn instance_claim(
+        &self,
+        key: &InstanceKey,
+        owner: &str,
+        ttl: Duration,
+        now: Option<OffsetDateTime>,
+    ) -> Result<ClaimOutcome> {
+        traced(
+            store_span!("instance_claim", key = key),
+            SqliteStore::instance_claim(self, key, owner, ttl, now),
+        )
+        .await
+    }
+
+    async fn instances_claim_batch(
+        &self,
+        names: &[WorkflowName],
+        owner: &str,
+        ttl: Duration,
+        limit: i64,
+        now: Option<OffsetDateTime>,
+    ) -> Result<Vec<Claim>> {
+        traced(
+            store_span!("instances_claim_batch"),
+            SqliteStore::instances_claim_batch(self, names, owner, ttl, limit, now),
+        )
+        .await
+    }
+
+    async fn instance_start_claimed(
+        &self,
+        request: &StartRequest,
+        owner: &str,
+        ttl: Duration,
+        now: Option<OffsetDateTime>,
+    ) -> Result<StartClaim> {
+        traced(
+            store_span!("instance_start_claimed", key = request.key),
+            SqliteStore::instance_start_claimed(self, request, owner, ttl, now),
+        )
+        .await
+    }
+
+    async fn instance_lease_renew(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        ttl: Duration,
+    ) -> Result<()> {
+        traced(
+            store_span!("instance_lease_renew", key = key),
+            SqliteStore::instance_lease_renew(self, key, fence, ttl),
+        )
+        .await
+    }
+
+    async fn instance_release(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        progressed: bool,
+    ) -> Result<bool> {
+        traced(
+            store_span!("instance_release", key = key),
+            SqliteStore::instance_release(self, key, fence, progressed),
+        )
+        .await
+    }
+
+    async fn instance_lease_force_release(&self, key: &InstanceKey) -> Result<bool> {
+        traced(
+            store_span!("instance_lease_force_release", key = key),
+            SqliteStore::instance_lease_force_release(self, key),
+        )
+        .await
+    }
+
+    async fn instance_record_crash(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        crash: &Crash,
+    ) -> Result<CrashOutcome> {
+        traced(
+            store_span!("instance_record_crash", key = key),
+            SqliteStore::instance_record_crash(self, key, fence, crash),
+        )
+        .await
+    }
+
+    async fn instance_resurrect(&self, key: &InstanceKey) -> Result<ResurrectOutcome> {
+        traced(
+            store_span!("instance_resurrect", key = key),
+            SqliteStore::instance_resurrect(self, key),
+        )
+        .await
+    }
+}
+
+#[async_trait::async_trait]
+impl RemoteAdmin for SqliteStore {
+    async fn remote_redispatch_pending(&self, key: &InstanceKey) -> Result<Option<u64>> {
+        let span = store_span!("remote_redispatch_pending", key = key);
+        traced(span, SqliteStore::remote_redispatch_pending(self, key)).await
+    }
+
+    async fn instance_requeue(&self, key: &InstanceKey) -> Result<RequeueOutcome> {
+        let span = store_span!("instance_requeue", key = key);
+        traced(span, SqliteStore::instance_requeue(self, key)).await
+    }
+
+    async fn instance_retry_with_input(
+        &self,
+        origin: &InstanceKey,
+        retry: &InstanceKey,
+        input: &Value,
+    ) -> Result<RetryOutcome> {
+        let span =
+            store_span!("instance_retry_with_input", key = origin, keiro.retry.id = %retry.id);
+        traced(
+            span,
+            SqliteStore::instance_retry_with_input(self, origin, retry, input),
+        )
+        .await
+    }
+
+    async fn remote_tasks(&self, key: &InstanceKey) -> Result<Vec<RemoteTask>> {
+        let span = store_span!("remote_tasks", key = key);
+        traced(span, SqliteStore::remote_tasks(self, key)).await
+    }
+}
+
+#[async_trait::async_trait]
+impl Transport for SqliteStore {
+    async fn tasks_claim(&self, request: &ClaimRequest) -> Result<Vec<ClaimedTask>> {
+        let span = store_span!("tasks_claim", keiro.remote.groups = ?request.groups);
+        traced(span, SqliteStore::tasks_claim(self, request)).await
+    }
+
+    async fn task_heartbeat(
+        &self,
+        step_id: &str,
+        claim: Uuid,
+        ttl: Duration,
+    ) -> Result<HeartbeatOutcome> {
+        let span = store_span!("task_heartbeat", keiro.remote.step_id = %step_id);
+        traced(span, SqliteStore::task_heartbeat(self, step_id, claim, ttl)).await
+    }
+
+    async fn task_complete(&self, step_id: &str, output: &Value) -> Result<ReportOutcome> {
+        let span = store_span!("task_complete", keiro.remote.step_id = %step_id);
+        traced(span, SqliteStore::task_complete(self, step_id, output)).await
+    }
+
+    async fn tasks_complete(&self, reports: &[(String, Value)]) -> Result<Vec<ReportOutcome>> {
+        let span = store_span!("tasks_complete", keiro.store.len = reports.len());
+        traced(span, SqliteStore::tasks_complete(self, reports)).await
+    }
+
+    async fn task_fail(
+        &self,
+        step_id: &str,
+        claim: Uuid,
+        failure: &TaskFailure,
+        retry_delay: Duration,
+    ) -> Result<ReportOutcome> {
+        let span = store_span!("task_fail", keiro.remote.step_id = %step_id);
+        traced(
+            span,
+            SqliteStore::task_fail(self, step_id, claim, failure, retry_delay),
+        )
+        .await
+    }
+}

@@ -1,0 +1,188 @@
+//! Opening a file: what is refused with which error, what is set and checked, migrations.
+
+mod common;
+
+use common::{start_request, TempDir};
+use keiro_sqlite::{Config, Error, SqliteStore, Synchronous, SCHEMA_VERSION};
+use rusqlite::Connection;
+use serde_json::json;
+
+#[tokio::test]
+async fn a_new_file_is_created_migrated_and_in_wal_mode() -> Result<(), Box<dyn std::error::Error>>
+{
+    let dir = TempDir::new("open-new");
+    let path = dir.file("new.db");
+    let store = SqliteStore::open(&path, Config::default())?;
+    assert!(path.is_file());
+    let raw = Connection::open(&path)?;
+    let mode: String = raw.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
+    assert_eq!(mode, "wal");
+    let versions: Vec<i64> = raw
+        .prepare("SELECT version FROM keiro_migrations ORDER BY version")?
+        .query_map([], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    assert_eq!(versions, (1..=SCHEMA_VERSION).collect::<Vec<_>>());
+    let started = store.instance_start(&start_request("a", json!(1))).await?;
+    assert!(started.created);
+    Ok(())
+}
+
+#[tokio::test]
+async fn reopening_keeps_the_data_and_applies_nothing_twice(
+) -> Result<(), Box<dyn std::error::Error>> {
+    let dir = TempDir::new("open-again");
+    let path = dir.file("again.db");
+    {
+        let store = SqliteStore::open(&path, Config::default())?;
+        store
+            .instance_start(&start_request("a", json!("kept")))
+            .await?;
+    }
+    let store = SqliteStore::open(&path, Config::default())?;
+    let again = store
+        .instance_start(&start_request("a", json!("other")))
+        .await?;
+    assert!(!again.created);
+    assert_eq!(again.instance.input, json!("kept"));
+    let raw = Connection::open(&path)?;
+    let rows: i64 = raw.query_row("SELECT count(*) FROM keiro_migrations", [], |r| r.get(0))?;
+    assert_eq!(rows, SCHEMA_VERSION);
+    Ok(())
+}
+
+#[test]
+fn a_directory_is_refused() {
+    let dir = TempDir::new("open-dir");
+    let err = SqliteStore::open(dir.path(), Config::default()).unwrap_err();
+    assert!(matches!(err, Error::IsDirectory { .. }), "{err:?}");
+    assert!(err.to_string().contains("is a directory"), "{err}");
+}
+
+#[test]
+fn a_file_that_is_not_a_database_is_refused_and_left_as_it_was() {
+    let dir = TempDir::new("open-notdb");
+    let path = dir.file("notes.txt");
+    let text = "these are not the pages of a database, ".repeat(200);
+    std::fs::write(&path, &text).unwrap();
+    let err = SqliteStore::open(&path, Config::default()).unwrap_err();
+    assert!(matches!(err, Error::NotADatabase { .. }), "{err:?}");
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        text,
+        "nothing written"
+    );
+}
+
+#[tokio::test]
+async fn a_read_only_file_is_refused_and_its_data_kept() -> Result<(), Box<dyn std::error::Error>> {
+    let dir = TempDir::new("open-ro");
+    let path = dir.file("ro.db");
+    {
+        let store = SqliteStore::open(&path, Config::default())?;
+        store.instance_start(&start_request("a", json!(1))).await?;
+    }
+    let mut permissions = std::fs::metadata(&path)?.permissions();
+    permissions.set_readonly(true);
+    std::fs::set_permissions(&path, permissions.clone())?;
+    let err = SqliteStore::open(&path, Config::default()).unwrap_err();
+    assert!(matches!(err, Error::ReadOnly { .. }), "{err:?}");
+    #[allow(clippy::permissions_set_readonly_false)] // the test's own file, made writable again
+    permissions.set_readonly(false);
+    std::fs::set_permissions(&path, permissions)?;
+    let store = SqliteStore::open(&path, Config::default())?;
+    assert!(store.instance_get(&common::key("a")).await?.is_some());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_database_of_a_newer_keiro_is_refused_and_nothing_lost(
+) -> Result<(), Box<dyn std::error::Error>> {
+    let dir = TempDir::new("open-newer");
+    let path = dir.file("newer.db");
+    {
+        let store = SqliteStore::open(&path, Config::default())?;
+        store.instance_start(&start_request("a", json!(1))).await?;
+    }
+    let raw = Connection::open(&path)?;
+    raw.execute(
+        "INSERT INTO keiro_migrations (version, name, checksum, applied_at) \
+         VALUES (?1, 'from_the_future', x'00', 0)",
+        [SCHEMA_VERSION + 1],
+    )?;
+    let err = SqliteStore::open(&path, Config::default()).unwrap_err();
+    match &err {
+        Error::NewerSchema {
+            found, supported, ..
+        } => {
+            assert_eq!(*found, SCHEMA_VERSION + 1);
+            assert_eq!(*supported, SCHEMA_VERSION);
+        }
+        other => panic!("expected NewerSchema, got {other:?}"),
+    }
+    assert!(err.to_string().contains("newer keiro"), "{err}");
+    let kept: i64 = raw.query_row("SELECT count(*) FROM workflows", [], |r| r.get(0))?;
+    assert_eq!(kept, 1);
+    Ok(())
+}
+
+#[test]
+fn a_changed_migration_is_refused() -> Result<(), Box<dyn std::error::Error>> {
+    let dir = TempDir::new("open-checksum");
+    let path = dir.file("changed.db");
+    drop(SqliteStore::open(&path, Config::default())?);
+    let raw = Connection::open(&path)?;
+    raw.execute(
+        "UPDATE keiro_migrations SET checksum = x'00' WHERE version = 1",
+        [],
+    )?;
+    let err = SqliteStore::open(&path, Config::default()).unwrap_err();
+    assert!(
+        matches!(err, Error::ChecksumMismatch { version: 1, .. }),
+        "{err:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn the_weaker_synchronous_level_opens_only_when_asked_for() -> Result<(), Box<dyn std::error::Error>>
+{
+    let dir = TempDir::new("open-normal");
+    let config = Config {
+        synchronous: Synchronous::NormalLosesCommitsOnPowerLoss,
+        ..Config::default()
+    };
+    drop(SqliteStore::open(dir.file("normal.db"), config)?);
+    assert_eq!(Config::default().synchronous, Synchronous::Full);
+    Ok(())
+}
+
+#[test]
+fn an_invalid_config_names_its_field() {
+    let dir = TempDir::new("open-config");
+    let config = Config {
+        readers: 0,
+        ..Config::default()
+    };
+    let err = SqliteStore::open(dir.file("x.db"), config).unwrap_err();
+    assert!(err.to_string().contains("readers"), "{err}");
+    assert!(!dir.file("x.db").exists(), "nothing created");
+}
+
+#[test]
+fn two_stores_open_one_file_concurrently() -> Result<(), Box<dyn std::error::Error>> {
+    let dir = TempDir::new("open-two");
+    let path = dir.file("two.db");
+    let opened: Vec<_> = (0..4)
+        .map(|_| {
+            let path = path.clone();
+            std::thread::spawn(move || SqliteStore::open(path, Config::default()).map(drop))
+        })
+        .collect();
+    for handle in opened {
+        handle.join().expect("no panic")?;
+    }
+    let raw = Connection::open(&path)?;
+    let rows: i64 = raw.query_row("SELECT count(*) FROM keiro_migrations", [], |r| r.get(0))?;
+    assert_eq!(rows, SCHEMA_VERSION, "each migration applied once");
+    Ok(())
+}
