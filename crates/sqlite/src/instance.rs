@@ -301,7 +301,7 @@ fn cancel_one(conn: &Connection, now: OffsetDateTime, name: &str, id: &str) -> R
             name,
             id,
             generation: None,
-            step: keiro_journal::marker_name::CANCELLED,
+            step: keiro_journal::store::marker_name::CANCELLED,
             kind: "cancelled",
             payload: &Value::Null,
             owner: None,
@@ -595,7 +595,7 @@ pub(crate) fn instance_requeue_one(
         id,
         generation,
         "resurrected",
-        keiro_journal::marker_name::RESURRECTED,
+        keiro_journal::store::marker_name::RESURRECTED,
     )?;
     conn.execute(
         JOURNAL_INSERT_DIRECT,

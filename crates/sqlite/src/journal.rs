@@ -72,13 +72,13 @@ fn revision_suffix(stored: &str) -> Option<usize> {
 }
 
 /// keiro_step_logical: the logical step a stored step name records
-/// (`keiro_journal::logical_step`): a revised `remote:`/`child:` step `<step>#<n>` reads as
+/// (`keiro_journal::store::logical_step`): a revised `remote:`/`child:` step `<step>#<n>` reads as
 /// `<step>`; every other name as itself.
 pub(crate) fn step_logical(stored: &str) -> &str {
     revision_suffix(stored).map_or(stored, |hash| &stored[..hash])
 }
 
-/// keiro_step_revision: the revision a stored step name holds (`keiro_journal::step_revision`):
+/// keiro_step_revision: the revision a stored step name holds (`keiro_journal::store::step_revision`):
 /// n for `<step>#<n>`, 0 for the step's own name. Digits past an `i32` saturate (PostgreSQL
 /// raises "out of range" there; keiro never writes such a revision).
 pub(crate) fn step_revision(stored: &str) -> i32 {
@@ -542,12 +542,12 @@ mod tests {
         ] {
             assert_eq!(
                 step_logical(stored),
-                keiro_journal::logical_step(stored),
+                keiro_journal::store::logical_step(stored),
                 "{stored:?}"
             );
             assert_eq!(
                 i64::from(step_revision(stored)),
-                i64::from(keiro_journal::step_revision(stored)),
+                i64::from(keiro_journal::store::step_revision(stored)),
                 "{stored:?}"
             );
         }

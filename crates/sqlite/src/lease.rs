@@ -279,7 +279,7 @@ pub(crate) fn instance_record_crash(
             id,
             row.generation,
             "failed",
-            keiro_journal::marker_name::FAILED,
+            keiro_journal::store::marker_name::FAILED,
         )?;
         let payload = serde_json::Value::String(error.to_owned()).to_string();
         conn.execute(
@@ -342,7 +342,7 @@ pub(crate) fn instance_resurrect(
         id,
         row.generation,
         "resurrected",
-        keiro_journal::marker_name::RESURRECTED,
+        keiro_journal::store::marker_name::RESURRECTED,
     )?;
     conn.execute(
         JOURNAL_INSERT_MARKER,

@@ -48,7 +48,7 @@
 //! this store; the CLI and facade entry points.
 //!
 //! ```no_run
-//! use keiro_journal::{InstanceKey, StartRequest};
+//! use keiro_journal::{InstanceKey, store::StartRequest};
 //! use keiro_sqlite::{Config, SqliteStore};
 //!
 //! # #[tokio::main(flavor = "current_thread")]

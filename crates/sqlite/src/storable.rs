@@ -12,7 +12,7 @@
 //! names of leases and claims) are not checked: they cannot hold a NUL.
 
 use keiro_journal::store::{Append, Error, Result};
-use keiro_journal::{check_value, Event};
+use keiro_journal::{store::check_value, Event};
 use serde_json::Value;
 
 /// Refuses a jsonb value holding a NUL.

@@ -7,7 +7,8 @@ mod common;
 use common::{claim, pinned, start, T0};
 use keiro_journal::store::{Append, AppendOutcome, Park};
 use keiro_journal::{
-    awakeable_step, AwakeableOutcome, AwakeableStatus, Event, InstanceKey, Marker, Status, StepKind,
+    store::awakeable_step, AwakeableOutcome, AwakeableStatus, Event, InstanceKey, Marker, Status,
+    StepKind,
 };
 use keiro_sqlite::SqliteStore;
 use serde_json::{json, Value};

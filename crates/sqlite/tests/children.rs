@@ -8,7 +8,8 @@ mod common;
 use common::{claim, pinned, start, T0, TTL};
 use keiro_journal::store::{Append, AppendOutcome, Park};
 use keiro_journal::{
-    child_result_step, ChildSpawn, Event, InstanceKey, StartRequest, Status, StepKind,
+    store::child_result_step, store::ChildSpawn, store::StartRequest, Event, InstanceKey, Status,
+    StepKind,
 };
 use keiro_lease::{Crash, CrashOutcome};
 use keiro_sqlite::SqliteStore;

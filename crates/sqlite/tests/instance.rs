@@ -5,7 +5,7 @@ mod common;
 
 use common::{append, claim, event_step as step, pinned, start, T0, TTL};
 use keiro_journal::store::{Park, ParkOutcome};
-use keiro_journal::{Fence, InstanceKey, StartRequest, Status};
+use keiro_journal::{store::StartRequest, Fence, InstanceKey, Status};
 use rusqlite::Connection;
 use serde_json::{json, Value};
 use time::Duration as Span;

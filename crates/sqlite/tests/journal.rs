@@ -7,7 +7,7 @@ mod common;
 
 use common::{append, claim, event_step as step, pinned, start, step_names, T0, TTL};
 use keiro_journal::store::{Append, AppendOutcome};
-use keiro_journal::{marker_name, Event, InstanceKey, Marker, Status, StepKind, StoreError};
+use keiro_journal::{store::marker_name, Event, InstanceKey, Marker, Status, StepKind, StoreError};
 use keiro_lease::ClaimOutcome;
 use rusqlite::Connection;
 use serde_json::{json, Value};

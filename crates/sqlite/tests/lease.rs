@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use common::{append, claim, event_step as step, pinned, start, step_names, T0, TTL};
 use keiro_journal::store::{AppendOutcome, Park};
-use keiro_journal::{marker_name, Event, Fence, InstanceKey, Marker, StartRequest, Status};
+use keiro_journal::{
+    store::marker_name, store::StartRequest, Event, Fence, InstanceKey, Marker, Status,
+};
 use keiro_lease::{ClaimOutcome, Crash, CrashOutcome, ResurrectOutcome};
 use keiro_sqlite::SqliteStore;
 use serde_json::json;

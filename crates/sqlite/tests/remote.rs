@@ -12,8 +12,8 @@ use std::time::Duration;
 use common::{append, claim, pinned, start, T0};
 use keiro_journal::store::{AppendOutcome, Park, ParkOutcome};
 use keiro_journal::{
-    remote_step_id, Backoff, Event, Fence, InstanceKey, JournalStore, RemoteArm, RemoteArmOutcome,
-    RemoteStepError, Status, REDISPATCH_MAX_DEFAULT,
+    store::remote_step_id, store::RemoteArm, store::RemoteArmOutcome, Backoff, Event, Fence,
+    InstanceKey, JournalStore, RemoteStepError, Status, REDISPATCH_MAX_DEFAULT,
 };
 use keiro_lease::LeaseStore;
 use keiro_sqlite::SqliteStore;

@@ -9,8 +9,8 @@ use std::time::Duration;
 use common::{append, pinned, start, T0};
 use keiro_journal::store::{Append, AppendOutcome, Park};
 use keiro_journal::{
-    child_result_step, marker_name, remote_step_id, Backoff, ChildSpawn, Event, InstanceKey,
-    RemoteArm, Status, StepKind,
+    store::child_result_step, store::marker_name, store::remote_step_id, store::ChildSpawn,
+    store::RemoteArm, Backoff, Event, InstanceKey, Status, StepKind,
 };
 use keiro_remote::{RequeueOutcome, RetryOutcome};
 use keiro_sqlite::SqliteStore;
@@ -440,7 +440,7 @@ async fn a_retry_with_input_takes_the_origins_link_and_delivers_only_its_success
     );
 
     // Priority and parent (none here) come from the origin.
-    let lone = keiro_journal::StartRequest {
+    let lone = keiro_journal::store::StartRequest {
         key: InstanceKey::parse("wf", "lone").unwrap(),
         input: json!(null),
         parent: None,

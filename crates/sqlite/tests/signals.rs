@@ -11,8 +11,9 @@ use std::time::Duration;
 use common::{claim, pinned, start, T0};
 use keiro_journal::store::{Append, AppendOutcome, Park};
 use keiro_journal::{
-    Event, Fence, InstanceKey, ReturnedSignal, SignalOptions, SignalSendOutcome, SignalWait,
-    SignalWaitOutcome, Status, StepKind, TimerArm, TimerDue, TimerKind,
+    store::ReturnedSignal, store::SignalWait, store::SignalWaitOutcome, store::TimerArm,
+    store::TimerDue, Event, Fence, InstanceKey, SignalOptions, SignalSendOutcome, Status, StepKind,
+    TimerKind,
 };
 use keiro_sqlite::SqliteStore;
 use rusqlite::Connection;

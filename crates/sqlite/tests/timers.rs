@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use common::{append, pinned, start, T0};
 use keiro_journal::store::{Append, Park};
-use keiro_journal::{Event, InstanceKey, Status, StepKind, TimerArm, TimerDue, TimerKind};
+use keiro_journal::{
+    store::TimerArm, store::TimerDue, Event, InstanceKey, Status, StepKind, TimerKind,
+};
 use keiro_sqlite::SqliteStore;
 use rusqlite::Connection;
 use serde_json::{json, Value};

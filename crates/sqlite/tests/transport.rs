@@ -9,8 +9,8 @@ use std::time::Duration;
 use common::{append, pinned, start, T0, TTL};
 use keiro_journal::store::Park;
 use keiro_journal::{
-    marker_name, remote_step_id, Backoff, Event, InstanceKey, RemoteArm, RemoteArmOutcome, Status,
-    REDISPATCH_MAX_DEFAULT,
+    store::marker_name, store::remote_step_id, store::RemoteArm, store::RemoteArmOutcome, Backoff,
+    Event, InstanceKey, Status, REDISPATCH_MAX_DEFAULT,
 };
 use keiro_remote::{
     ClaimRequest, ClaimedTask, HeartbeatOutcome, RemoteAdmin, RemoteTask, ReportOutcome,

@@ -8,8 +8,8 @@ use keiro_journal::store::{
     Result,
 };
 use keiro_journal::{
-    Deliveries, DeliveryBacklog, EncodedEvent, Event, Fence, Generation, Instance, InstanceKey,
-    JournalEntry, StartRequest, Started, Status, StepKind,
+    store::EncodedEvent, store::StartRequest, Deliveries, DeliveryBacklog, Event, Fence,
+    Generation, Instance, InstanceKey, JournalEntry, Started, Status, StepKind,
 };
 use rusqlite::Connection;
 use time::OffsetDateTime;
@@ -219,7 +219,7 @@ impl SqliteStore {
         };
         storable::append(DELIVER, append)?;
         let bigint = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-        let bytes = bigint(keiro_journal::encoded_len(&payload));
+        let bytes = bigint(keiro_journal::store::encoded_len(&payload));
         let (unread_max, unread_bytes_max) = (bigint(backlog.deliveries), bigint(backlog.bytes));
         let (key, generation) = (append.key.clone(), append.generation);
         self.inner

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use keiro_journal::store::Result;
-use keiro_journal::{Fence, InstanceKey, JournalEntry, StartRequest, WorkflowName};
+use keiro_journal::{store::StartRequest, Fence, InstanceKey, JournalEntry, WorkflowName};
 use keiro_lease::{
     Claim, ClaimGate, ClaimOutcome, Crash, CrashOutcome, ResurrectOutcome, StartClaim,
 };

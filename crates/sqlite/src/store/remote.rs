@@ -2,7 +2,7 @@
 //! park that goes with a run's dispatches.
 
 use keiro_journal::store::{Park, ParkOutcome, Result};
-use keiro_journal::{RemoteArm, RemoteArmOutcome};
+use keiro_journal::{store::RemoteArm, store::RemoteArmOutcome};
 use serde_json::Value;
 
 use crate::error::malformed;

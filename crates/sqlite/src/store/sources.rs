@@ -3,9 +3,9 @@
 
 use keiro_journal::store::{Append, AppendOutcome, Error as StoreError, Result};
 use keiro_journal::{
-    awakeable_step, validate_signal_token, AwakeableOutcome, AwakeableStatus, ChildSpawn, Envelope,
-    Generation, InstanceKey, ReturnedSignal, SignalOptions, SignalSendOutcome, SignalWait,
-    SignalWaitOutcome,
+    store::awakeable_step, store::validate_signal_token, store::ChildSpawn, store::ReturnedSignal,
+    store::SignalWait, store::SignalWaitOutcome, AwakeableOutcome, AwakeableStatus, Envelope,
+    Generation, InstanceKey, SignalOptions, SignalSendOutcome,
 };
 use serde_json::Value;
 use uuid::Uuid;

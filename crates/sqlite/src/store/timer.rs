@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use keiro_journal::store::Result;
-use keiro_journal::{FiredTimer, TimerArm, TimerDue, TimerFiring, TimerKind};
+use keiro_journal::{store::FiredTimer, store::TimerArm, store::TimerDue, TimerFiring, TimerKind};
 use time::OffsetDateTime;
 
 use crate::row;

@@ -9,10 +9,11 @@ use keiro_journal::store::{
     Append, AppendOutcome, ClosingOutcome, DeliveryOutcome, Park, ParkOutcome, Result,
 };
 use keiro_journal::{
-    store_span, traced, AwakeableOutcome, ChildSpawn, Deliveries, DeliveryBacklog, Fence,
-    Generation, Instance, InstanceKey, JournalEntry, JournalStore, RemoteArm, RemoteArmOutcome,
-    ReturnedSignal, SignalOptions, SignalSendOutcome, SignalWait, SignalWaitOutcome, StartRequest,
-    Started, Status, TimerArm, TimerFiring, WorkflowName,
+    span::traced, store::ChildSpawn, store::RemoteArm, store::RemoteArmOutcome,
+    store::ReturnedSignal, store::SignalWait, store::SignalWaitOutcome, store::StartRequest,
+    store::TimerArm, store_span, AwakeableOutcome, Deliveries, DeliveryBacklog, Fence, Generation,
+    Instance, InstanceKey, JournalEntry, JournalStore, SignalOptions, SignalSendOutcome, Started,
+    Status, TimerFiring, WorkflowName,
 };
 use keiro_lease::{
     Claim, ClaimOutcome, Crash, CrashOutcome, LeaseStore, ResurrectOutcome, StartClaim,

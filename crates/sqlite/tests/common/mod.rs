@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use keiro_journal::store::Append;
-use keiro_journal::{Event, Fence, InstanceKey, StartRequest, StepKind};
+use keiro_journal::{store::StartRequest, Event, Fence, InstanceKey, StepKind};
 use keiro_sqlite::{Config, SqliteStore};
 use serde_json::Value;
 
