@@ -1,5 +1,5 @@
 //! `keiro migrate`: create the schema if needed and apply pending migrations, then the function
-//! files of `sql/functions/` that are new or changed.
+//! files of `crates/migrations/functions/` that are new or changed.
 
 use keiro::postgres::FunctionFiles;
 

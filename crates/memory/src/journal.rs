@@ -1,4 +1,4 @@
-//! The journal's rules in memory (`sql/functions/journal.sql`): starting instances, appending
+//! The journal's rules in memory (`crates/migrations/functions/journal.sql`): starting instances, appending
 //! events, confirming, parking and failing diverged runs, each one function over [`State`].
 //! [`impls`] implements `JournalStore` for `MemoryStore` over them.
 //!
@@ -136,7 +136,7 @@ impl State {
         }
     }
 
-    /// `delivery_append` (sql/functions/journal.sql `keiro_delivery_append`): a delivery goes
+    /// `delivery_append` (crates/migrations/functions/journal.sql `keiro_delivery_append`): a delivery goes
     /// through the append rules, but a new row of the current generation that would take its
     /// unread deliveries past `backlog` is refused, unless the run is parked on its step.
     pub(crate) fn delivery_append(

@@ -10,7 +10,7 @@
 //! this build, which the store reports as such, naming the schema; anything else is a
 //! database error that retrying the same call will not fix.
 //!
-//! keiro's own SQL functions raise no SQLSTATE of their own (no `RAISE` in `sql/functions/`),
+//! keiro's own SQL functions raise no SQLSTATE of their own (no `RAISE` in `crates/migrations/functions/`),
 //! so every class 22 or 54000 error comes from a value a caller passed in.
 
 use std::error::Error as StdError;
@@ -135,19 +135,19 @@ pub enum Error {
     FunctionFilePrivilege {
         /// The schema.
         schema: String,
-        /// The first pending file's name (`journal` for `sql/functions/journal.sql`).
+        /// The first pending file's name (`journal` for `crates/migrations/functions/journal.sql`).
         file: &'static str,
         /// The missing privilege, as PostgreSQL grants it, such as
         /// `CREATE on schema keiro`.
         privilege: String,
     },
     /// The schema records this build's function-files revision with other files: a file of
-    /// `sql/functions/` changed without the revision being raised (the unit test
+    /// `crates/migrations/functions/` changed without the revision being raised (the unit test
     /// `the_function_files_revision_is_raised_with_every_change` says how to raise it).
     /// Nothing was applied, so the two builds do not overwrite each other's functions.
     #[error(
         "function files revision {revision} in schema {schema} was applied with other files \
-         than this build's; a file of sql/functions/ changed without raising the revision"
+         than this build's; a file of crates/migrations/functions/ changed without raising the revision"
     )]
     FunctionRevisionChanged {
         /// The schema.
@@ -160,7 +160,7 @@ pub enum Error {
     FunctionFile {
         /// The schema.
         schema: String,
-        /// The file's name (`journal` for `sql/functions/journal.sql`).
+        /// The file's name (`journal` for `crates/migrations/functions/journal.sql`).
         file: &'static str,
         /// Why, as an [`Error::Unavailable`] or [`Error::Database`].
         #[source]

@@ -4,7 +4,7 @@
 //! remote-step traits `keiro_remote::Transport` and `keiro_remote::RemoteAdmin` on
 //! tokio-postgres with a deadpool-postgres pool. Every store operation is one atomic
 //! transaction and one round trip: the operations that touch more than one row are plpgsql
-//! functions of the embedded `sql/functions/` files, which [`PgStore::migrate`] applies after
+//! functions of the embedded `crates/migrations/functions/` files, which [`PgStore::migrate`] applies after
 //! the numbered migrations (tables, indexes, data).
 //! Everything lives in one schema (`keiro` by default, see [`Config::schema`]), chosen by the
 //! connections' `search_path`, so several installations can share a database.

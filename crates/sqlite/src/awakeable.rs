@@ -1,4 +1,4 @@
-//! Rules of sql/functions/awakeable.sql: create, settle (complete or cancel). The trigger that
+//! Rules of crates/migrations/functions/awakeable.sql: create, settle (complete or cancel). The trigger that
 //! cancels a closed generation's pending awakeables (`keiro_awakeables_settle_closed`) is
 //! `journal_marker_settles_awakeables` in migration 0001. Then the Postgres store's
 //! one-statement count of pending awakeables (crates/postgres/src/awakeable.rs).

@@ -1,4 +1,4 @@
-//! Rules of sql/functions/child.sql: the spawn, and the delivery of a finished child's result
+//! Rules of crates/migrations/functions/child.sql: the spawn, and the delivery of a finished child's result
 //! into the generation of its parent that awaits it.
 
 use keiro_journal::store::Result;

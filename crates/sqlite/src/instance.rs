@@ -1,4 +1,4 @@
-//! Rules of sql/functions/instance.sql: start, confirm, park, the divergence failure, the
+//! Rules of crates/migrations/functions/instance.sql: start, confirm, park, the divergence failure, the
 //! leftovers of a completed run, cancel, requeue, fix-and-replay.
 //!
 //! Not here: `keiro_instances_start` (the writer runs each start of a batch as its own

@@ -1,4 +1,4 @@
-//! Rules of sql/functions/journal.sql: the one implementation of the append rules
+//! Rules of crates/migrations/functions/journal.sql: the one implementation of the append rules
 //! (docs/store-contract.md, `journal_append`) every writer of a journal goes through.
 //!
 //! Each function here is its plpgsql twin, in the file's order, over the writer's open

@@ -1,4 +1,4 @@
-//! Rules of sql/functions/lease.sql (claims, crash accounting, resurrection), then the
+//! Rules of crates/migrations/functions/lease.sql (claims, crash accounting, resurrection), then the
 //! one-statement lease operations the Postgres store runs from Rust
 //! (crates/postgres/src/lease.rs: discovery, renew, release, force release).
 //!

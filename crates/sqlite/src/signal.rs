@@ -1,4 +1,4 @@
-//! Rules of sql/functions/signal.sql: the wait, the send (buffered while nobody waits, for a
+//! Rules of crates/migrations/functions/signal.sql: the wait, the send (buffered while nobody waits, for a
 //! TTL) and its delivery half (the offer), and the return of the signals a race's losing waits
 //! took; then the Postgres store's one-statement withdraw (crates/postgres/src/signal.rs).
 //!

@@ -1,4 +1,4 @@
-//! Rules of sql/functions/timer.sql (durable timers: arm, fire the due ones), then the
+//! Rules of crates/migrations/functions/timer.sql (durable timers: arm, fire the due ones), then the
 //! one-statement timer operations the Postgres store runs from Rust (crates/postgres/src/
 //! timer.rs: requeue stuck, count due).
 //!

@@ -1,6 +1,6 @@
 //! An operator's requeue of a failed instance and its failed children, and the start of a fix
 //! with new input (`keiro_instance_requeue` and `keiro_instance_retry_with_input` in
-//! `sql/functions/instance.sql`). They sit beside the remote tasks because a requeue
+//! `crates/migrations/functions/instance.sql`). They sit beside the remote tasks because a requeue
 //! redispatches the tasks whose failures it supersedes.
 
 use std::collections::BTreeSet;

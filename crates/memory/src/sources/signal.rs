@@ -1,5 +1,5 @@
 //! Signals in memory: the waiters and the buffer of undelivered signals, and the rules of
-//! `sql/functions/signal.sql` (wait, withdraw, send, return). The store lock is the per-token
+//! `crates/migrations/functions/signal.sql` (wait, withdraw, send, return). The store lock is the per-token
 //! lock of the Postgres functions, so a send and a wait on one token never interleave.
 
 use keiro_journal::store::{Append, AppendOutcome, Result};

@@ -1,6 +1,6 @@
 //! The append lane: journal appends and closing pairs (a run's last step with its completion)
 //! of concurrent runs, sent as one call of `keiro_journal_append_batch` (`lane` for the lane,
-//! `ops::journal` and `sql/functions/journal.sql` for the statement).
+//! `ops::journal` and `crates/migrations/functions/journal.sql` for the statement).
 //!
 //! A closing pair is one request: its two rows travel side by side in the statement's arrays,
 //! the step first, and the statement journals both in one transaction, the completion only if
@@ -64,7 +64,7 @@ impl AppendRequest {
 /// Requests of several callers in one statement (see `lane`): an answer per request, in the
 /// batch's order, each what the request alone would have been answered. The statement carries
 /// the requests sorted by instance key, one per instance (a closing pair's two rows side by
-/// side: the form the function journals without sorting, `sql/functions/journal.sql`); a
+/// side: the form the function journals without sorting, `crates/migrations/functions/journal.sql`); a
 /// second request to an instance is answered `None`, so it is sent alone once the batch has
 /// committed, after the first.
 async fn append_many(db: &Db, all: &[AppendRequest]) -> Result<Vec<Option<Result<AppendAnswer>>>> {

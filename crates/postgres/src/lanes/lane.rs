@@ -23,7 +23,7 @@
 //!
 //! A lane never waits long behind one batch: a batch still running after [`SLOT_HOLD_MAX`]
 //! gives its slot back (it is waiting for a lock, most likely), and the append batch skips
-//! instance rows other transactions hold (see `sql/functions/journal.sql`), so one caller's
+//! instance rows other transactions hold (see `crates/migrations/functions/journal.sql`), so one caller's
 //! long transaction delays the appends to its own instance only.
 //!
 //! A batch that fails as a whole rolled back entirely (a value PostgreSQL refuses aborts the

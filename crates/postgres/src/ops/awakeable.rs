@@ -1,4 +1,4 @@
-//! `sql/functions/awakeable.sql`. Awakeables: ids a workflow hands to an outside system, which completes or cancels them.
+//! `crates/migrations/functions/awakeable.sql`. Awakeables: ids a workflow hands to an outside system, which completes or cancels them.
 //!
 //! The allocation step and the awakeable row commit together, so an awakeable exists exactly
 //! when its allocation is journaled. Settling locks the awakeable row, settles it once, and

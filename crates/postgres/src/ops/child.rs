@@ -1,4 +1,4 @@
-//! `sql/functions/child.sql`: spawning a child in the parent's spawn-step transaction.
+//! `crates/migrations/functions/child.sql`: spawning a child in the parent's spawn-step transaction.
 //! (Cancelling an instance with or without its live descendants is in `instance.sql`.)
 //!
 //! The delivery of a child's result is not here: it is part of every terminal transaction of

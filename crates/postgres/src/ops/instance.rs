@@ -1,4 +1,4 @@
-//! `sql/functions/instance.sql`: start (one, or several callers' in one statement), confirm,
+//! `crates/migrations/functions/instance.sql`: start (one, or several callers' in one statement), confirm,
 //! park, the divergence failure, the settling of a completed run's leftovers, cancellation,
 //! and the operator's requeue and fix-and-replay; with the plain reads and writes of the
 //! instance row beside them. (A transaction step's hold of its row, `keiro_instance_hold`, is

@@ -1,4 +1,4 @@
-//! `sql/functions/journal.sql`: the append rules (`keiro_journal_append_to`), bounded
+//! `crates/migrations/functions/journal.sql`: the append rules (`keiro_journal_append_to`), bounded
 //! deliveries (`keiro_delivery_append`) and the batch of appends of several runs
 //! (`keiro_journal_append_batch`), with the plain reads and writes of the journal beside them.
 //! Every function that journals something (a wake source, a child, a signal) takes the

@@ -1,4 +1,4 @@
-//! `sql/functions/lease.sql`: claims (one, a direct start leased to its caller, or a worker's
+//! `crates/migrations/functions/lease.sql`: claims (one, a direct start leased to its caller, or a worker's
 //! batch), crash accounting and resurrection, with the plain statements of discovery,
 //! renewal and release beside them; each one statement and one round trip.
 //!
@@ -93,7 +93,7 @@ pub(crate) async fn instance_claim(
     })))
 }
 
-// One statement: the start and the claim commit together (sql/functions/lease.sql says why
+// One statement: the start and the claim commit together (crates/migrations/functions/lease.sql says why
 // the row is inserted with its lease rather than claimed after the insert).
 const INSTANCE_START_CLAIMED: &str = concat!(
     "SELECT c.created, c.granted, c.clock, ",

@@ -1,4 +1,4 @@
-//! The store's operations, one file per file of `sql/functions/` and in the same order: each
+//! The store's operations, one file per file of `crates/migrations/functions/` and in the same order: each
 //! SQL function keiro calls has one `async fn` here, with its statement as a `const` directly
 //! above it, and the plain statements of the same concern sit beside them. An operation runs
 //! one statement on the [`Db`](crate::db::Db) it is given and reads the row back into keiro's

@@ -1,4 +1,4 @@
-//! `sql/functions/remote.sql`: remote steps: arming a task (the workflow side), the
+//! `crates/migrations/functions/remote.sql`: remote steps: arming a task (the workflow side), the
 //! task-table transport (claim, heartbeat, report), redispatch, and the park that dispatches
 //! (one run's, or several runs' in one statement); with the plain statements that list an
 //! instance's tasks and make an asynchronous report durable beside them. (The operator's

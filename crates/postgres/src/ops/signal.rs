@@ -1,4 +1,4 @@
-//! `sql/functions/signal.sql`. Signals: payloads sent to a token, delivered to the oldest waiter or buffered until one
+//! `crates/migrations/functions/signal.sql`. Signals: payloads sent to a token, delivered to the oldest waiter or buffered until one
 //! waits.
 //!
 //! Both operations take the token's transaction advisory lock first (`keiro_signal_lock`), so
@@ -146,7 +146,7 @@ const WITHDRAW: &str = "withdrawing a signal wait";
 // its row lock, so the DELETE either removes a waiter no send has taken or finds the row gone
 // (the signal was delivered to it). A send already going through the token's waiters when the
 // DELETE commits finds the row gone and passes on to the next waiter or the buffer
-// (`keiro_signal_send`, sql/functions/signal.sql).
+// (`keiro_signal_send`, crates/migrations/functions/signal.sql).
 const SIGNAL_WITHDRAW: &str = "DELETE FROM signal_waiters \
      WHERE workflow_name = $1 AND workflow_id = $2 AND generation = $3 AND step = $4";
 

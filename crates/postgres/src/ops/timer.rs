@@ -1,4 +1,4 @@
-//! `sql/functions/timer.sql`: durable timers: arming, firing the due ones; with the plain
+//! `crates/migrations/functions/timer.sql`: durable timers: arming, firing the due ones; with the plain
 //! statements that heal stuck ones and count the backlog.
 //!
 //! # Design

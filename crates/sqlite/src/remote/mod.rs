@@ -1,4 +1,4 @@
-//! Rules of sql/functions/remote.sql: so far what a run needs to dispatch remote steps and park
+//! Rules of crates/migrations/functions/remote.sql: so far what a run needs to dispatch remote steps and park
 //! (`keiro_remote_error_envelope`, `keiro_remote_deliver`, `keiro_remote_arm`,
 //! `keiro_remote_claims_expire` for an arm whose deadline passed, `keiro_instance_park_dispatch`
 //! with its `_locked` half), the operator's `keiro_remote_redispatch_pending`, and the

@@ -1,4 +1,4 @@
-//! Rules of sql/functions/remote.sql, the worker side: claim, heartbeat, reports (see the
+//! Rules of crates/migrations/functions/remote.sql, the worker side: claim, heartbeat, reports (see the
 //! parent module for the rest of the file).
 
 use keiro_journal::store::Result;
