@@ -23,7 +23,6 @@ mod resume;
 mod retention;
 mod schedules;
 mod start_in;
-mod store_spans;
 mod telemetry;
 mod testing_kit;
 mod timer_clock;

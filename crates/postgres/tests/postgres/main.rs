@@ -7,7 +7,6 @@ mod common;
 
 mod async_commit;
 mod child_delivery;
-mod claim_plan;
 mod claim_snapshot;
 mod closed_notify;
 mod credentials;

@@ -5,6 +5,9 @@
 //! Each test records spans with a layer of its own, installed as the thread's default
 //! subscriber on a current-thread runtime: every task of the test (the Postgres lanes' tasks
 //! too) runs on that thread, and tests running side by side never see each other's spans.
+//!
+//! A binary of its own: it installs a `tracing` subscriber, and the spans of tests running
+//! beside it in one process would reach it (they did, when it was a module of `engine`).
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
