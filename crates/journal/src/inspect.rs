@@ -20,7 +20,7 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use crate::store::Result;
+use crate::store::contract::Result;
 use crate::{
     AwakeableStatus, Generation, IdError, Instance, InstanceKey, Status, TimerKind, WorkflowName,
 };

@@ -21,7 +21,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
-use crate::store::Result;
+use crate::store::contract::Result;
 
 /// Instances one batch deletes at most when not told otherwise. Defaults to 500.
 pub const GC_BATCH_DEFAULT: u32 = 500;

@@ -47,7 +47,7 @@ use crate::model::retry::{step_failed, Attempt};
 use crate::state::fresh::{fresh_call, FreshCall, Stage};
 use crate::state::replay::{Lookup, Replay};
 use crate::state::{Halt, Run, State};
-use crate::store::{self, JournalStore};
+use crate::store::contract::{self as store, JournalStore};
 use crate::unwind::{CatchPanic, YieldNow};
 use crate::{
     Generation, InstanceKey, Marker, RunOptions, Status, StepKind, StepOptions, WorkflowError,

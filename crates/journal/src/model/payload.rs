@@ -8,7 +8,7 @@ use serde_json::Value;
 use crate::WorkflowError;
 
 /// Encodes a payload a run or a caller writes under `step`: it must encode as JSON, fit
-/// `limit` bytes, and hold nothing a store refuses (see [`check_value`](crate::store::check_value)).
+/// `limit` bytes, and hold nothing a store refuses (see `store::check_value`).
 ///
 /// ```
 /// use keiro_journal::{store::encode_payload, WorkflowError};

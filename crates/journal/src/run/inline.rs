@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::model::id;
 use crate::run::{drive, Driven, RunError};
-use crate::store::{self, Append, AppendOutcome, DeliveryOutcome, JournalStore};
+use crate::store::contract::{self as store, Append, AppendOutcome, DeliveryOutcome, JournalStore};
 use crate::{
     encode_payload, Deliveries, DeliveryBacklog, Event, Generation, InstanceKey, Marker,
     RunOptions, RunStats, StartRequest, Started, Status, StepKind, Workflow, WorkflowError,

@@ -13,7 +13,9 @@ use crate::model::payload::check_payload;
 use crate::state::held_back::{drive_body, HeldBack};
 use crate::state::replay::Replay;
 use crate::state::{Halt, Parked, RunStats};
-use crate::store::{self, Append, AppendOutcome, JournalStore, Park, ParkOutcome};
+use crate::store::contract::{
+    self as store, Append, AppendOutcome, JournalStore, Park, ParkOutcome,
+};
 use crate::unwind::CatchPanic;
 use crate::{
     Ctx, Event, Generation, Instance, InstanceKey, JournalEntry, Marker, RunOptions, Status,

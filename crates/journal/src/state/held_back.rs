@@ -39,7 +39,7 @@ use serde::Serialize;
 use crate::model::budget::encoded_len;
 use crate::model::payload::decode;
 use crate::state::{Halt, Run};
-use crate::store::{Append, AppendOutcome};
+use crate::store::contract::{Append, AppendOutcome};
 use crate::{StepKind, WorkflowError};
 
 /// A fresh step's append the run has not sent yet.

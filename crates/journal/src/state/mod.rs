@@ -23,7 +23,7 @@ use serde_json::Value;
 use time::OffsetDateTime;
 
 use crate::model::budget::{journal_full, JournalSize};
-use crate::store::{self, Append, AppendOutcome, JournalStore, ParkOutcome};
+use crate::store::contract::{self as store, Append, AppendOutcome, JournalStore, ParkOutcome};
 use crate::{
     encode_payload, Event, Generation, InstanceKey, Marker, RunOptions, StepKind, WorkflowError,
 };
@@ -64,7 +64,7 @@ pub(crate) enum Halt {
     Fail {
         reason: String,
     },
-    /// The run crashes (injected by [`Faults`](crate::store::Faults)): retried like a failing step.
+    /// The run crashes (injected by [`Faults`](crate::faults::Faults)): retried like a failing step.
     Crash {
         message: String,
     },
@@ -118,7 +118,7 @@ pub(crate) struct State {
     /// step is dispatched at once instead of waiting for the park.
     pub(crate) actions_running: u32,
     /// Actions holding the instance row locked in their own transaction, fenced
-    /// ([`StepJournal::hold_lease`](crate::store::StepJournal::hold_lease)): while any does, nobody
+    /// ([`StepJournal::hold_lease`](crate::ctx::transaction::StepJournal::hold_lease)): while any does, nobody
     /// else can take the lease over and the heartbeat renews nothing.
     pub(crate) leases_held: u32,
     /// Set while the body polls a branch that lost a decided [`Ctx::select`]: it may replay,

@@ -1,8 +1,5 @@
-//! The storage contract of the journal: whole atomic operations, never loose row writes.
-//!
-//! Every method is one transaction in the Postgres store and one critical section in the
-//! memory store. The conformance suite in the workspace `tests/` crate runs against both; the
-//! rule-by-rule contract it checks is `docs/store-contract.md` at the repository root.
+//! The storage contract itself: the store traits' requests, outcomes and errors, and
+//! `JournalStore`. [`store`](super) re-exports all of it beside the machinery the stores share.
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -12,50 +9,16 @@ use serde_json::Value;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use crate::model::wake::{AwakeableOutcome, SignalOptions, SignalSendOutcome, TimerFiring};
+use crate::model::instance::StartRequest;
+use crate::model::remote::{RemoteArm, RemoteArmOutcome};
+use crate::model::wake::{
+    AwakeableOutcome, ChildSpawn, ReturnedSignal, SignalOptions, SignalSendOutcome, SignalWait,
+    SignalWaitOutcome, TimerArm, TimerFiring,
+};
 use crate::{
     Deliveries, DeliveryBacklog, Event, Fence, Generation, Instance, InstanceKey, JournalEntry,
     Marker, Started, Status,
 };
-
-// What a store's implementation and the crates that drive one use besides the trait: the
-// requests and outcomes of its operations, the journal's reserved step names, the checks a
-// stored value passes, and the helpers the run, the workers and the stores share. The crate
-// root holds the vocabulary a workflow's author uses; this is the machinery beneath it.
-pub use crate::backoff::{stretched, unit_random};
-pub use crate::ctx::transaction::{LeaseHeld, SelfJournalError, SelfJournaled, StepJournal};
-pub use crate::faults::Faults;
-pub use crate::model::budget::encoded_len;
-pub use crate::model::event::{
-    logical_step, marker_name, revised_step, step_revision, EncodedEvent, MalformedEvent,
-};
-pub use crate::model::instance::StartRequest;
-pub use crate::model::payload::encode_payload;
-pub use crate::model::remote::{remote_group, remote_step_id, RemoteArm, RemoteArmOutcome};
-pub use crate::model::storable::{check_value, storable_text};
-pub use crate::model::wake::{
-    awakeable_step, child_result_step, validate_signal_token, ChildSpawn, FiredTimer,
-    ReturnedSignal, SignalWait, SignalWaitOutcome, TimerArm, TimerDue,
-};
-pub use crate::run::drive_notifying;
-pub use crate::run::inline::{
-    cancel_outcome, delivery_append, delivery_backlogged, delivery_refused,
-};
-pub use crate::state::Parked;
-pub use crate::workflow::{INPUT_STEP, OUTPUT_STEP};
-
-/// The store a run journals to, for a store crate's own wake sources (the Postgres store's
-/// transaction steps find their store through it). The run's last step may still be held back:
-/// a journal write through it comes after a call that sends that step first.
-///
-/// ```
-/// # async fn demo(ctx: keiro_journal::Ctx) {
-/// println!("{:?}", keiro_journal::store::run_store(&ctx));
-/// # }
-/// ```
-pub fn run_store(ctx: &crate::Ctx) -> &std::sync::Arc<dyn JournalStore> {
-    ctx.store()
-}
 
 /// One append to the journal.
 #[derive(Debug, Clone, PartialEq)]
@@ -427,7 +390,7 @@ pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
     }
 
     /// Journals a delivery: `append` (an `await:<step>` step of kind [`StepKind::Await`],
-    /// unfenced, as [`delivery_append`] makes it) exactly as
+    /// unfenced, as [`delivery_append`](super::delivery_append) makes it) exactly as
     /// [`journal_append`](Self::journal_append) would, unless it is a new row of the current
     /// generation of a live instance that would take the generation's deliveries no await has
     /// read past `backlog` and its step is not one the parked (`suspended`) run waits on: then
@@ -497,9 +460,9 @@ pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
 
     /// Arms a timer, first arm wins; returns the effective `fire_at` (the first arm's). The
     /// store computes `fire_at` with its own clock: `now() + span` for
-    /// [`TimerDue::After`] (cut to
-    /// [`TimerDue::AFTER_MAX`]), the instant itself for
-    /// [`TimerDue::At`].
+    /// [`TimerDue::After`](super::TimerDue::After) (cut to
+    /// [`TimerDue::AFTER_MAX`](super::TimerDue::AFTER_MAX)), the instant itself for
+    /// [`TimerDue::At`](super::TimerDue::At).
     async fn timer_arm(&self, arm: &TimerArm) -> Result<OffsetDateTime>;
 
     /// Fires up to `limit` timers due at `now` (store clock when `None`), oldest first, each in
@@ -556,7 +519,7 @@ pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
     ///
     /// # Errors
     ///
-    /// [`Error::ValueRefused`] for a token [`validate_signal_token`]
+    /// [`Error::ValueRefused`] for a token [`validate_signal_token`](super::validate_signal_token)
     /// rejects, before anything is written.
     async fn signal_send_with(
         &self,
@@ -577,7 +540,7 @@ pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
     /// # Errors
     ///
     /// As [`journal_append`](Self::journal_append); [`Error::ValueRefused`] for a token
-    /// [`validate_signal_token`] rejects, before anything is
+    /// [`validate_signal_token`](super::validate_signal_token) rejects, before anything is
     /// written.
     async fn signal_return(
         &self,
