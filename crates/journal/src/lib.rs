@@ -63,7 +63,7 @@ mod workflow;
 
 pub use backoff::{Backoff, InvalidBackoff};
 pub use ctx::awakeables::Awakeable;
-pub use ctx::Ctx;
+pub use ctx::{BoxFuture, Ctx};
 pub use diagnostics::{error_chain, panic_message};
 pub use inspect::{
     parse_status, AwakeableInfo, Counts, Cursor, FilterError, GroupCount, InspectStore,
@@ -99,7 +99,7 @@ pub use state::options::{
 };
 pub use state::RunStats;
 pub use store::{Append, AppendOutcome, Error as StoreError, JournalStore};
-pub use workflow::{workflow_fn, BoxFuture, FnWorkflow, Workflow};
+pub use workflow::{workflow_fn, FnWorkflow, Workflow};
 
 // The machinery, public under `batch`, `store` and `span`, reachable at the crate root for this
 // crate's own modules.

@@ -1,7 +1,9 @@
 //! The workflow context, [`Ctx`]: what a body calls to journal steps, await wake sources,
 //! take patch decisions and continue as new.
 //!
-//! This module owns the type and what every family of calls shares: the replay half of a
+//! This module owns the type, with what reaches into it from outside ([`run_store`], for a
+//! store crate's wake sources, and [`BoxFuture`], the form of a race's branches and of a
+//! workflow's erased body), and what every family of calls shares: the replay half of a
 //! call ([`Ctx::replayed`]), the checks before fresh work (decided by
 //! [`fresh_call`], carried out here), the append of a fresh result, the general await and the
 //! attempt loop of steps with a retry policy. Each family of calls is a file of its own that
@@ -31,6 +33,7 @@ pub(crate) mod timers;
 pub(crate) mod transaction;
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, MutexGuard};
 use std::time::Instant;
 
@@ -52,6 +55,23 @@ use crate::unwind::{CatchPanic, YieldNow};
 use crate::{
     Generation, InstanceKey, Marker, RunOptions, Status, StepKind, StepOptions, WorkflowError,
 };
+
+/// A boxed, sendable future: a race's branch ([`Ctx::select`]) and a workflow body erased to
+/// JSON ([`Workflow::call`](crate::Workflow::call)).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The store a run journals to, for a store crate's own wake sources (the Postgres store's
+/// transaction steps find their store through it). The run's last step may still be held back:
+/// a journal write through it comes after a call that sends that step first.
+///
+/// ```
+/// # async fn demo(ctx: keiro_journal::Ctx) {
+/// println!("{:?}", keiro_journal::store::run_store(&ctx));
+/// # }
+/// ```
+pub fn run_store(ctx: &Ctx) -> &Arc<dyn JournalStore> {
+    ctx.store()
+}
 
 /// What an await's arm found.
 pub(crate) enum Armed {

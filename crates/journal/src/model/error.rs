@@ -1,6 +1,7 @@
 //! The error a workflow body sees and returns.
 
-use crate::{store, IdError};
+use crate::model::store_error;
+use crate::IdError;
 
 /// The error type of workflow bodies and of every context call.
 ///
@@ -152,7 +153,7 @@ pub enum WorkflowError {
     },
     /// A store call made by the context failed.
     #[error("store error in the workflow context")]
-    Store(#[source] store::Error),
+    Store(#[source] store_error::Error),
     /// The awakeable was cancelled instead of completed.
     #[error("awakeable {id} was cancelled")]
     AwakeableCancelled {

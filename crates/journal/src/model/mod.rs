@@ -4,8 +4,9 @@
 //! what the store keeps for wake sources ([`wake`]) and remote steps ([`remote`]), the
 //! journal and delivery bounds ([`budget`], [`delivery`]), what a store can keep
 //! ([`storable`]) and how payloads are encoded ([`payload`]), a step's retry policy
-//! ([`retry`]), the observers a run reports to ([`observe`]), and the error a body sees
-//! ([`error`]). Nothing here depends on a run or a context.
+//! ([`retry`]), the observers a run reports to ([`observe`]), the error a body sees
+//! ([`error`]) and the error a store operation returns ([`store_error`]). Nothing here depends
+//! on a run, a context or the store contract.
 
 pub(crate) mod budget;
 pub(crate) mod delivery;
@@ -18,4 +19,5 @@ pub(crate) mod payload;
 pub(crate) mod remote;
 pub(crate) mod retry;
 pub(crate) mod storable;
+pub(crate) mod store_error;
 pub(crate) mod wake;

@@ -17,6 +17,7 @@ pub use contract::*;
 // stored value passes, and the helpers the run, the workers and the stores share. The crate
 // root holds the vocabulary a workflow's author uses; this is the machinery beneath it.
 pub use crate::backoff::{stretched, unit_random};
+pub use crate::ctx::run_store;
 pub use crate::ctx::transaction::{LeaseHeld, SelfJournalError, SelfJournaled, StepJournal};
 pub use crate::faults::Faults;
 pub use crate::model::budget::encoded_len;
@@ -37,16 +38,3 @@ pub use crate::run::inline::{
 };
 pub use crate::state::Parked;
 pub use crate::workflow::{INPUT_STEP, OUTPUT_STEP};
-
-/// The store a run journals to, for a store crate's own wake sources (the Postgres store's
-/// transaction steps find their store through it). The run's last step may still be held back:
-/// a journal write through it comes after a call that sends that step first.
-///
-/// ```
-/// # async fn demo(ctx: keiro_journal::Ctx) {
-/// println!("{:?}", keiro_journal::store::run_store(&ctx));
-/// # }
-/// ```
-pub fn run_store(ctx: &crate::Ctx) -> &std::sync::Arc<dyn JournalStore> {
-    ctx.store()
-}
