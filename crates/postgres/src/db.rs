@@ -11,6 +11,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Row, Statement};
 
 use crate::error::Failure;
+use crate::migrate::RoundTrips;
 use crate::readiness::{self, SchemaCheck};
 
 /// The connection pool of one schema, and the counters the store reports.
@@ -155,6 +156,12 @@ impl Db {
             .execute(&statement, params)
             .await
             .map_err(|e| self.failed(operation, e))
+    }
+}
+
+impl RoundTrips for Db {
+    fn count_round_trips(&self, n: u64) {
+        Db::count_round_trips(self, n);
     }
 }
 

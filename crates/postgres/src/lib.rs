@@ -184,7 +184,7 @@ pub mod builds {
             revision: i32,
             files: &[(&'static str, &'static str)],
         ) -> impl Future<Output = Result<Migrated>> {
-            self.migrate_as_this_build(revision, files)
+            self.migrator().as_build(revision, files)
         }
 
         fn migrate_as_older_build(
@@ -193,11 +193,11 @@ pub mod builds {
             revision: i32,
             files: &[(&'static str, &'static str)],
         ) -> impl Future<Output = Result<Migrated>> {
-            self.migrate_as_older_build_of(migrations, revision, files)
+            self.migrator().as_older_build(migrations, revision, files)
         }
 
         fn migrate_to(&self, version: i32) -> impl Future<Output = Result<Vec<i32>>> {
-            self.migrate_to_version(version)
+            self.migrator().to_version(version)
         }
     }
 }

@@ -31,10 +31,15 @@
 //! catalog lookup, then plain SELECTs on the bookkeeping tables), so a role without CREATE on
 //! an up-to-date schema migrates as a no-op, and one that would need it is told so before
 //! anything is attempted.
+//!
+//! The runner ([`Runner`]) works on the store's parts (its pool, schema, lock timeout and
+//! round-trip counter), never on the store handle: [`PgStore::migrate`](crate::PgStore::migrate)
+//! builds one, and the schema check (`readiness`), which the pool (`db`) runs below the store,
+//! reads this build's migrations from here.
 
 use std::time::{Duration, Instant};
 
-use deadpool_postgres::Object;
+use deadpool_postgres::{Object, Pool};
 use keiro_journal::Backoff;
 use sha2::{Digest, Sha256};
 use tokio_postgres::types::{ToSql, Type};
@@ -45,7 +50,6 @@ use keiro_migrations::{Migration, FUNCTION_FILES, MIGRATIONS};
 use crate::function_set::{
     file_checksum, FunctionFile, FunctionFiles, FunctionSet, FunctionsPlan, FunctionsRecorded,
 };
-use crate::PgStore;
 
 /// The revision of [`FUNCTION_FILES`], raised by one with every change to a function file of
 /// `keiro-migrations` (or to that list), so that of two builds migrating one schema only the one
@@ -99,7 +103,7 @@ pub(crate) fn functions_revision() -> i32 {
     FUNCTIONS.revision
 }
 
-/// What one [`PgStore::migrate_report`] call did.
+/// What one [`PgStore::migrate_report`](crate::PgStore::migrate_report) call did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Migrated {
@@ -129,91 +133,50 @@ const LOCK_RETRY: Backoff = Backoff::exponential(Duration::from_millis(50), Dura
 const MIGRATE_TRY_LOCK: &str = "SELECT pg_try_advisory_lock($1)";
 const MIGRATE_UNLOCK: &str = "SELECT pg_advisory_unlock($1)";
 
-impl PgStore {
-    /// Creates the schema if needed, applies every migration it lacks, in order, then every
-    /// function file that is new or changed. Returns the migration versions applied by this
-    /// call: empty when no migration was pending ([`migrate_report`](Self::migrate_report) also
-    /// says what became of the function files).
-    ///
-    /// Safe to run from many processes at once, and at every start. On an up-to-date schema it
-    /// only reads, so a role with no CREATE privilege (one that only runs workflows) can call it
-    /// too; applying a migration or a function file needs CREATE on the schema (on the
-    /// database, when the schema is missing) and ownership of keiro's tables and functions,
-    /// which the role that first migrated the schema has.
-    ///
-    /// ```no_run
-    /// # async fn demo(store: keiro_postgres::PgStore) -> Result<(), keiro_postgres::Error> {
-    /// let applied = store.migrate().await?;
-    /// println!("applied {applied:?}");
-    /// assert!(store.migrate().await?.is_empty());
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::MigrationChanged`] when an applied migration differs from the embedded file,
-    /// [`Error::FunctionRevisionChanged`] when the schema records this build's function-files
-    /// revision with other files (nothing is applied then); [`Error::MigrationLocked`] when
-    /// another runner holds the schema's migration lock for longer than
-    /// [`Config::migrate_lock_timeout`](crate::Config#structfield.migrate_lock_timeout);
-    /// [`Error::MigrationPrivilege`] or [`Error::FunctionFilePrivilege`] when something is
-    /// pending and the role lacks the CREATE privilege applying it needs (nothing is applied
-    /// then); [`Error::Migration`] or [`Error::FunctionFile`] when a file fails to apply (its
-    /// transaction is rolled back); [`Error::Unavailable`] or [`Error::Database`] otherwise.
-    pub async fn migrate(&self) -> Result<Vec<i32>> {
-        Ok(self.migrate_report().await?.migrations)
+/// What counts the runner's round trips: the store's counter ([`Db`](crate::db::Db)
+/// implements it).
+pub(crate) trait RoundTrips: Sync {
+    /// Counts `n` more round trips.
+    fn count_round_trips(&self, n: u64);
+}
+
+/// The runner, on one store's pool and schema: what
+/// [`PgStore::migrate`](crate::PgStore::migrate) runs, and in tests what another build's
+/// migrate runs. It takes the store's parts, not the store, so it sits below the store handle.
+#[derive(Clone, Copy)]
+pub(crate) struct Runner<'a> {
+    /// The store's pool: the runner takes one connection for the whole run.
+    pub(crate) pool: &'a Pool,
+    /// The schema migrated (the connections' `search_path`).
+    pub(crate) schema: &'a str,
+    /// How long to wait for another runner's lock
+    /// ([`Config::migrate_lock_timeout`](crate::Config#structfield.migrate_lock_timeout)).
+    pub(crate) lock_timeout: Duration,
+    /// The store's round-trip counter.
+    pub(crate) round_trips: &'a dyn RoundTrips,
+}
+
+impl Runner<'_> {
+    /// Migrates as this build: every pending migration, then the function files.
+    pub(crate) async fn this_build(self) -> Result<Migrated> {
+        self.migrate_up_to(None, MIGRATIONS, &FUNCTIONS).await
     }
 
-    /// [`migrate`](Self::migrate), returning what it did with the function files too: applied
-    /// (which), already in place, or left alone (and why). `keiro migrate` prints it.
-    ///
-    /// ```no_run
-    /// # async fn demo(store: keiro_postgres::PgStore) -> Result<(), keiro_postgres::Error> {
-    /// use keiro_postgres::FunctionFiles;
-    ///
-    /// let report = store.migrate_report().await?;
-    /// if let FunctionFiles::NewerRevision { ours, schema } = report.functions {
-    ///     println!("a newer build's function files (revision {schema} > {ours}) stay");
-    /// }
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// Those of [`migrate`](Self::migrate).
-    pub async fn migrate_report(&self) -> Result<Migrated> {
-        let migrated = self.migrate_up_to(None, MIGRATIONS, &FUNCTIONS).await?;
-        // Every migration of this build is applied and its files (or a newer build's) are in
-        // place: operations stop checking the schema first.
-        self.schema_check().migrated();
-        Ok(migrated)
-    }
-
-    /// Tests only: [`migrate_report`](Self::migrate_report) as a build whose function files
-    /// are `files` (each a name and its statements, in order) at `revision` runs it, such as an
-    /// older build during a rolling deploy.
-    ///
-    /// # Errors
-    ///
-    /// Those of [`migrate`](Self::migrate).
-    pub(crate) async fn migrate_as_this_build(
-        &self,
+    /// Tests only: as a build whose function files are `files` (each a name and its
+    /// statements, in order) at `revision`, such as an older build during a rolling deploy.
+    pub(crate) async fn as_build(
+        self,
         revision: i32,
         files: &[(&'static str, &'static str)],
     ) -> Result<Migrated> {
         self.migrate_as_build_of(MIGRATIONS, revision, files).await
     }
 
-    /// Tests only: [`migrate_as_this_build`](Self::migrate_as_this_build) as a build that knows the
-    /// migrations up to `migrations` only, such as the previous build of a rolling deploy that
-    /// adds a migration.
-    ///
-    /// # Errors
-    ///
-    /// Those of [`migrate`](Self::migrate); [`Error::Config`] for a migration this build does
-    /// not have.
-    pub(crate) async fn migrate_as_older_build_of(
-        &self,
+    /// Tests only: [`as_build`](Self::as_build) as a build that knows the migrations up to
+    /// `migrations` only, such as the previous build of a rolling deploy that adds a migration.
+    /// [`Error::Config`] for a migration this build does not have.
+    pub(crate) async fn as_older_build(
+        self,
         migrations: i32,
         revision: i32,
         files: &[(&'static str, &'static str)],
@@ -229,6 +192,22 @@ impl PgStore {
             .await
     }
 
+    /// Tests only: this build's migrations up to `version` only, and the function files only
+    /// once `version` is the newest this build knows. A test migrates a schema step by step
+    /// with it, as successive builds did.
+    pub(crate) async fn to_version(self, version: i32) -> Result<Vec<i32>> {
+        Ok(self
+            .migrate_up_to(Some(version), MIGRATIONS, &FUNCTIONS)
+            .await?
+            .migrations)
+    }
+
+    fn count_round_trips(&self, n: u64) {
+        self.round_trips.count_round_trips(n);
+    }
+
+    /// Migrates as a build whose migrations are `known` and whose function files are `files`
+    /// at `revision`.
     async fn migrate_as_build_of(
         &self,
         known: &[Migration],
@@ -246,20 +225,6 @@ impl PgStore {
         self.migrate_up_to(None, known, &set).await
     }
 
-    /// Tests only: [`migrate`](Self::migrate), but only the migrations up to `version`, and the
-    /// function files only once `version` is the newest this build knows. A test migrates a
-    /// schema step by step with it, as successive builds did.
-    ///
-    /// # Errors
-    ///
-    /// Those of [`migrate`](Self::migrate).
-    pub(crate) async fn migrate_to_version(&self, version: i32) -> Result<Vec<i32>> {
-        Ok(self
-            .migrate_up_to(Some(version), MIGRATIONS, &FUNCTIONS)
-            .await?
-            .migrations)
-    }
-
     /// Migrates as a build whose migrations are `known` (this build's, or the first of them for
     /// an older build in tests) and whose function files are `functions`.
     async fn migrate_up_to(
@@ -269,11 +234,11 @@ impl PgStore {
         functions: &FunctionSet<'_>,
     ) -> Result<Migrated> {
         let mut client = self
-            .pool()
+            .pool
             .get()
             .await
             .map_err(|e| Failure::from(e).into_error(MIGRATE))?;
-        let key = lock_key(self.schema());
+        let key = lock_key(self.schema);
         self.migrate_lock(&client, key).await?;
         let migrated = self
             .migrate_locked(&mut client, target, known, functions)
@@ -295,7 +260,7 @@ impl PgStore {
     /// configured wait is over.
     async fn migrate_lock(&self, client: &Object, key: i64) -> Result<()> {
         let fail = |e| Failure::from(e).into_error(MIGRATE);
-        let wait = self.migrate_lock_timeout();
+        let wait = self.lock_timeout;
         let started = Instant::now();
         let mut tries = 0;
         loop {
@@ -310,7 +275,7 @@ impl PgStore {
             let waited = started.elapsed();
             if waited >= wait {
                 return Err(Error::MigrationLocked {
-                    schema: self.schema().to_owned(),
+                    schema: self.schema.to_owned(),
                     waited,
                 });
             }
@@ -338,7 +303,7 @@ impl PgStore {
             if let Some((_, recorded)) = applied.iter().find(|(v, _)| *v == migration.version) {
                 if !accepts(migration, recorded) {
                     return Err(Error::MigrationChanged {
-                        schema: self.schema().to_owned(),
+                        schema: self.schema.to_owned(),
                         version: migration.version,
                         name: migration.name,
                     });
@@ -356,7 +321,7 @@ impl PgStore {
             // working, but its function files may be older than the ones in place, so they are
             // left alone. Whoever rolled back should know.
             tracing::warn!(
-                schema = self.schema(),
+                schema = self.schema,
                 version,
                 "the schema has a migration this build does not know; its function files are \
                  not applied"
@@ -376,7 +341,7 @@ impl PgStore {
             // could not apply a file anyway, so it goes on as before; whoever migrates with
             // the owning role applies what is pending.
             tracing::warn!(
-                schema = self.schema(),
+                schema = self.schema,
                 "the role may not read keiro_functions or keiro_function_revisions, so the \
                  function files are not checked"
             );
@@ -387,7 +352,7 @@ impl PgStore {
         let (stale, record, mut report) = match plan {
             FunctionsPlan::Changed => {
                 return Err(Error::FunctionRevisionChanged {
-                    schema: self.schema().to_owned(),
+                    schema: self.schema.to_owned(),
                     revision: functions.revision,
                 })
             }
@@ -395,7 +360,7 @@ impl PgStore {
                 if let FunctionFiles::NewerRevision { ours, schema } = why {
                     // A rolling deploy: the newer build's bodies stay in place.
                     tracing::warn!(
-                        schema = self.schema(),
+                        schema = self.schema,
                         revision = ours,
                         recorded = schema,
                         "the schema's function files are of a newer revision than this \
@@ -422,19 +387,19 @@ impl PgStore {
         }
         if !state.may_create {
             let privilege = if state.schema_exists {
-                format!("CREATE on schema {}", self.schema())
+                format!("CREATE on schema {}", self.schema)
             } else {
                 format!("CREATE on database {}", state.database)
             };
             return Err(match (pending.first(), stale.first()) {
                 (Some(first), _) => Error::MigrationPrivilege {
-                    schema: self.schema().to_owned(),
+                    schema: self.schema.to_owned(),
                     version: first.version,
                     name: first.name,
                     privilege,
                 },
                 (None, Some(file)) => Error::FunctionFilePrivilege {
-                    schema: self.schema().to_owned(),
+                    schema: self.schema.to_owned(),
                     file: file.name,
                     privilege,
                 },
@@ -457,13 +422,13 @@ impl PgStore {
             )
             .await
             .map_err(|source| Error::Migration {
-                schema: self.schema().to_owned(),
+                schema: self.schema.to_owned(),
                 version: migration.version,
                 name: migration.name,
                 source: Box::new(source),
             })?;
             tracing::info!(
-                schema = self.schema(),
+                schema = self.schema,
                 version = migration.version,
                 name = migration.name,
                 "applied migration"
@@ -486,12 +451,12 @@ impl PgStore {
             )
             .await
             .map_err(|source| Error::FunctionFile {
-                schema: self.schema().to_owned(),
+                schema: self.schema.to_owned(),
                 file: file.name,
                 source: Box::new(source),
             })?;
             tracing::info!(
-                schema = self.schema(),
+                schema = self.schema,
                 file = file.name,
                 "applied function file"
             );
@@ -573,13 +538,13 @@ const FUNCTION_REVISIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS keiro_functio
          checksum   bytea NOT NULL, \
          applied_at timestamptz NOT NULL DEFAULT now())";
 
-impl PgStore {
+impl Runner<'_> {
     /// Reads what exists and what the role may create, touching nothing.
     async fn schema_state(&self, client: &Object) -> Result<SchemaState> {
         let fail = |e| Failure::from(e).into_error(MIGRATE);
         self.count_round_trips(1);
         let row = client
-            .query_typed_one(SCHEMA_STATE, &[(&self.schema(), Type::TEXT)])
+            .query_typed_one(SCHEMA_STATE, &[(&self.schema, Type::TEXT)])
             .await
             .map_err(fail)?;
         Ok(SchemaState {
@@ -601,7 +566,7 @@ impl PgStore {
         if !state.schema_exists {
             // DDL takes no bind parameters for identifiers. The name is a validated plain
             // identifier ([a-z_][a-z0-9_]*), so quoting it is all it needs.
-            let create = format!("CREATE SCHEMA IF NOT EXISTS \"{}\"", self.schema());
+            let create = format!("CREATE SCHEMA IF NOT EXISTS \"{}\"", self.schema);
             self.count_round_trips(1);
             client.batch_execute(&create).await.map_err(fail)?;
         }
@@ -627,7 +592,7 @@ impl PgStore {
 
 const MIGRATIONS_APPLIED: &str = "SELECT version, checksum FROM keiro_migrations ORDER BY version";
 
-impl PgStore {
+impl Runner<'_> {
     /// The versions and checksums already applied.
     async fn migrations_applied(&self, client: &Object) -> Result<Vec<(i32, Vec<u8>)>> {
         self.count_round_trips(1);
@@ -651,7 +616,7 @@ const FUNCTIONS_AND_REVISION_APPLIED: &str = "\
     (SELECT NULL, checksum, revision FROM keiro_function_revisions \
      ORDER BY revision DESC LIMIT 1)";
 
-impl PgStore {
+impl Runner<'_> {
     /// The function files and checksums applied last, and the newest revision recorded.
     async fn functions_recorded(
         &self,
@@ -687,7 +652,7 @@ const MIGRATION_RECORD: &str =
 const FUNCTIONS_REVISION_RECORD: &str =
     "INSERT INTO keiro_function_revisions (revision, checksum) VALUES ($1, $2)";
 
-impl PgStore {
+impl Runner<'_> {
     /// Runs `statements` (a file and what must follow it), then the bookkeeping statement
     /// `record` with its parameters, in one transaction: a failure leaves neither the file's
     /// changes nor its record.

@@ -20,7 +20,7 @@ use std::ops::{Deref, DerefMut};
 
 use deadpool_postgres::Object;
 
-use crate::PgStore;
+use crate::db::Db;
 
 /// The statements that reset a session a transaction step's closure may have changed, for a
 /// store whose pinned settings are `settings` ([`Config::session_settings`](crate::Config)).
@@ -55,14 +55,15 @@ impl Lent {
 
     /// Resets the session (one round trip) and returns the connection to the pool; closes it
     /// when the reset fails. The transaction must have ended (committed, rolled back, or
-    /// dropped, which queues its `ROLLBACK` ahead of the reset).
-    pub(crate) async fn give_back(mut self, store: &PgStore) {
+    /// dropped, which queues its `ROLLBACK` ahead of the reset). `db` is the store's pool, which
+    /// counts the round trip; `reset` is the store's [`reset_sql`].
+    pub(crate) async fn give_back(mut self, db: &Db, reset: &str) {
         let client = self
             .0
             .as_ref()
             .expect("a lent connection is held until given back");
-        store.count_round_trips(1);
-        match client.batch_execute(store.session_reset()).await {
+        db.count_round_trips(1);
+        match client.batch_execute(reset).await {
             // Dropped here, into the pool.
             Ok(()) => drop(self.0.take()),
             Err(error) => tracing::debug!(

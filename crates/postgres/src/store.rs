@@ -14,6 +14,7 @@ use crate::db::Db;
 use crate::error::{Error, Failure, Result};
 use crate::lanes::{BatchStats, Lanes};
 use crate::listen::Hub;
+use crate::migrate::{Migrated, Runner};
 use crate::readiness::{self, SchemaCheck};
 use crate::tls::{rustls_error, TlsConnector};
 
@@ -321,9 +322,15 @@ impl PgStore {
         WeakStore(Arc::downgrade(&self.inner))
     }
 
-    /// How long [`migrate`](Self::migrate) waits for another runner's migration lock.
-    pub(crate) fn migrate_lock_timeout(&self) -> Duration {
-        self.inner.migrate_lock_timeout
+    /// The migration runner on this store's pool and schema: [`migrate`](Self::migrate), and
+    /// the other builds' runs of [`builds`](crate::builds).
+    pub(crate) fn migrator(&self) -> Runner<'_> {
+        Runner {
+            pool: self.pool(),
+            schema: self.schema(),
+            lock_timeout: self.inner.migrate_lock_timeout,
+            round_trips: self.inner.db.as_ref(),
+        }
     }
 
     /// The statements that reset a connection after a transaction step (`session`).
@@ -383,6 +390,67 @@ impl PgStore {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, StoreError> {
         self.inner.db.execute(operation, sql, params).await
+    }
+}
+
+impl PgStore {
+    /// Creates the schema if needed, applies every migration it lacks, in order, then every
+    /// function file that is new or changed. Returns the migration versions applied by this
+    /// call: empty when no migration was pending ([`migrate_report`](Self::migrate_report) also
+    /// says what became of the function files).
+    ///
+    /// Safe to run from many processes at once, and at every start. On an up-to-date schema it
+    /// only reads, so a role with no CREATE privilege (one that only runs workflows) can call it
+    /// too; applying a migration or a function file needs CREATE on the schema (on the
+    /// database, when the schema is missing) and ownership of keiro's tables and functions,
+    /// which the role that first migrated the schema has.
+    ///
+    /// ```no_run
+    /// # async fn demo(store: keiro_postgres::PgStore) -> Result<(), keiro_postgres::Error> {
+    /// let applied = store.migrate().await?;
+    /// println!("applied {applied:?}");
+    /// assert!(store.migrate().await?.is_empty());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::MigrationChanged`] when an applied migration differs from the embedded file,
+    /// [`Error::FunctionRevisionChanged`] when the schema records this build's function-files
+    /// revision with other files (nothing is applied then); [`Error::MigrationLocked`] when
+    /// another runner holds the schema's migration lock for longer than
+    /// [`Config::migrate_lock_timeout`](crate::Config#structfield.migrate_lock_timeout);
+    /// [`Error::MigrationPrivilege`] or [`Error::FunctionFilePrivilege`] when something is
+    /// pending and the role lacks the CREATE privilege applying it needs (nothing is applied
+    /// then); [`Error::Migration`] or [`Error::FunctionFile`] when a file fails to apply (its
+    /// transaction is rolled back); [`Error::Unavailable`] or [`Error::Database`] otherwise.
+    pub async fn migrate(&self) -> Result<Vec<i32>> {
+        Ok(self.migrate_report().await?.migrations)
+    }
+
+    /// [`migrate`](Self::migrate), returning what it did with the function files too: applied
+    /// (which), already in place, or left alone (and why). `keiro migrate` prints it.
+    ///
+    /// ```no_run
+    /// # async fn demo(store: keiro_postgres::PgStore) -> Result<(), keiro_postgres::Error> {
+    /// use keiro_postgres::FunctionFiles;
+    ///
+    /// let report = store.migrate_report().await?;
+    /// if let FunctionFiles::NewerRevision { ours, schema } = report.functions {
+    ///     println!("a newer build's function files (revision {schema} > {ours}) stay");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Those of [`migrate`](Self::migrate).
+    pub async fn migrate_report(&self) -> Result<Migrated> {
+        let migrated = self.migrator().this_build().await?;
+        // Every migration of this build is applied and its files (or a newer build's) are in
+        // place: operations stop checking the schema first.
+        self.schema_check().migrated();
+        Ok(migrated)
     }
 }
 

@@ -489,7 +489,7 @@ where
         let _held = journal.hold_lease();
         transact(store, &mut client, journal, isolation, work).await
     };
-    client.give_back(store).await;
+    client.give_back(store.db(), store.session_reset()).await;
     tried
 }
 
