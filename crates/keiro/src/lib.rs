@@ -94,6 +94,7 @@ mod builder;
 mod direct;
 mod engine;
 mod error;
+mod handle;
 pub mod operate;
 pub mod remote;
 mod result;
@@ -109,8 +110,8 @@ pub mod workflow;
 
 pub use builder::KeiroBuilder;
 pub use direct::DirectError;
-pub use engine::Keiro;
 pub use error::Error;
+pub use handle::Keiro;
 pub use keiro_journal::{
     Backoff, Ctx, InstanceKey, SignalOptions, Status, StepOptions, WorkflowError,
 };
