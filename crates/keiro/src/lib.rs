@@ -25,8 +25,8 @@
 //!
 //! - [`workflow`]: for workflow authors, beyond the root: the `Workflow` trait, run options and
 //!   outcomes, the journal budget, deliveries, awakeables, identities.
-//! - [`worker`]: for tuning and driving workers: `ResumeOptions` (every option the builder
-//!   does not set), wake sources, the log hook, `resume_once` and `drain`.
+//! - [`worker`]: for tuning and driving workers: `Tuning` (the options the builder sets as a
+//!   whole), `ResumeOptions`, wake sources, the log hook, `resume_once` and `drain`.
 //! - [`remote`]: remote steps and the [`RemoteWorker`](remote::RemoteWorker) that runs them,
 //!   typically in another process.
 //! - [`schedule`]: cron and interval schedules that start workflows.

@@ -4,7 +4,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use keiro_journal::Backoff;
 use keiro_journal::{Ctx, RetentionStore, WorkflowError};
 use keiro_lease::LeaseStore;
 use keiro_resume::{
@@ -15,12 +14,36 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::schedules::WorkerSchedules;
-use super::Worker;
+use super::{Tuning, Worker};
 use crate::Error;
 
 /// Builds a [`Worker`]: register workflows, adjust options, then [`build`](Self::build).
 ///
-/// Every option defaults to the value documented on [`ResumeOptions`].
+/// Each option is set one way. What people change day to day has a method of its own:
+/// [`concurrency`](Self::concurrency), [`lease_ttl`](Self::lease_ttl),
+/// [`poll_interval`](Self::poll_interval), [`owner`](Self::owner), the telemetry
+/// ([`log`](Self::log), [`metrics`](Self::metrics), [`tracing`](Self::tracing)), the payload
+/// limit, retention, timers, push and the scheduler. The rest, rarely changed, is a
+/// [`Tuning`] set as a whole with [`tuning`](Self::tuning). No option is reached by two
+/// methods, so the calls can come in any order; a method called twice keeps its last value.
+/// Every option defaults to the value documented on its method or [`Tuning`] field.
+///
+/// ```
+/// # #[cfg(feature = "memory")]
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use keiro::worker::Tuning;
+/// let worker = keiro::Keiro::memory()
+///     .worker()
+///     .tuning(Tuning { max_attempts: 5, ..Tuning::default() })
+///     .concurrency(16)
+///     .lease_ttl(Duration::from_secs(30))
+///     .owner("billing-1")
+///     .build()?;
+/// assert_eq!((worker.options().max_attempts, worker.options().concurrency()), (5, 16));
+/// # Ok(()) }
+/// # #[cfg(not(feature = "memory"))] fn main() {}
+/// ```
 #[must_use]
 pub struct WorkerBuilder {
     store: Arc<dyn LeaseStore>,
@@ -120,23 +143,6 @@ impl WorkerBuilder {
     /// ```
     pub fn payload_len_max(mut self, payload_len_max: usize) -> Self {
         self.options.payload_len_max = payload_len_max;
-        self
-    }
-
-    /// How long one generation's journal may grow before fresh steps fail with
-    /// `WorkflowError::JournalFull`. Defaults to [`JournalBudget::default`](crate::workflow::JournalBudget).
-    ///
-    /// ```
-    /// # #[cfg(feature = "memory")]
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let budget = keiro::workflow::JournalBudget::default();
-    /// let worker = keiro::Keiro::memory().worker().journal_budget(budget).build()?;
-    /// # let _ = worker;
-    /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
-    /// ```
-    pub fn journal_budget(mut self, budget: crate::workflow::JournalBudget) -> Self {
-        self.options.journal_budget = budget;
         self
     }
 
@@ -282,23 +288,8 @@ impl WorkerBuilder {
         self
     }
 
-    /// Replaces all options at once.
-    ///
-    /// ```
-    /// # #[cfg(feature = "memory")]
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let options = keiro::worker::ResumeOptions { max_attempts: 3, ..keiro::worker::ResumeOptions::default() };
-    /// let worker = keiro::Keiro::memory().worker().options(options).build()?;
-    /// assert_eq!(worker.options().max_attempts, 3);
-    /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
-    /// ```
-    pub fn options(mut self, options: ResumeOptions) -> Self {
-        self.options = options;
-        self
-    }
-
-    /// Gap between passes when idle.
+    /// Gap between passes when nothing advanced (with push, the fallback poll). Defaults to
+    /// [`POLL_INTERVAL_DEFAULT`](keiro_resume::POLL_INTERVAL_DEFAULT), 1 s.
     ///
     /// ```
     /// # #[cfg(feature = "memory")]
@@ -313,7 +304,8 @@ impl WorkerBuilder {
         self
     }
 
-    /// Lease time-to-live.
+    /// Lease time-to-live: a dead worker's runs resume within it plus one poll interval.
+    /// Defaults to [`LEASE_TTL_DEFAULT`](keiro_journal::LEASE_TTL_DEFAULT), 60 s.
     ///
     /// ```
     /// # #[cfg(feature = "memory")]
@@ -325,21 +317,6 @@ impl WorkerBuilder {
     /// ```
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
         self.options.lease_ttl = ttl;
-        self
-    }
-
-    /// Crash ceiling.
-    ///
-    /// ```
-    /// # #[cfg(feature = "memory")]
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let worker = keiro::Keiro::memory().worker().max_attempts(3).build()?;
-    /// assert_eq!(worker.options().max_attempts, 3);
-    /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
-    /// ```
-    pub fn max_attempts(mut self, attempts: i32) -> Self {
-        self.options.max_attempts = attempts;
         self
     }
 
@@ -362,39 +339,38 @@ impl WorkerBuilder {
         self
     }
 
-    /// Crash backoff: the wait after a run's `n`-th crash is `backoff`'s rung `n`. Defaults to
-    /// [`CRASH_BACKOFF_DEFAULT`](keiro_lease::CRASH_BACKOFF_DEFAULT).
+    /// The options that are rarely changed, all at once: crash ceiling and backoff, the
+    /// reconcile fallback, the pass limit and the journal budget (see [`Tuning`]). A second
+    /// call replaces the first. Defaults to [`Tuning::default`].
     ///
     /// ```
     /// # #[cfg(feature = "memory")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let backoff = keiro::store::CRASH_BACKOFF_DEFAULT;
-    /// let worker = keiro::Keiro::memory().worker().backoff(backoff).build()?;
-    /// # let _ = worker;
+    /// use keiro::worker::Tuning;
+    /// let tuning = Tuning {
+    ///     max_attempts: 3,
+    ///     backoff: keiro::store::CRASH_BACKOFF_DEFAULT,
+    ///     ..Tuning::default()
+    /// };
+    /// let worker = keiro::Keiro::memory().worker().tuning(tuning).build()?;
+    /// assert_eq!(worker.options().max_attempts, 3);
     /// # Ok(()) }
     /// # #[cfg(not(feature = "memory"))] fn main() {}
     /// ```
-    pub fn backoff(mut self, backoff: Backoff) -> Self {
-        self.options.backoff = backoff;
+    pub fn tuning(mut self, tuning: Tuning) -> Self {
+        tuning.apply(&mut self.options);
         self
     }
 
-    /// Reconcile fallback for runs parked with no deadline (`None` disables it).
-    ///
-    /// ```
-    /// # #[cfg(feature = "memory")]
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let worker = keiro::Keiro::memory().worker().reconcile(None).build()?;
-    /// # let _ = worker;
-    /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
-    /// ```
-    pub fn reconcile(mut self, reconcile: Option<Duration>) -> Self {
-        self.options.reconcile = reconcile;
+    /// Edits the resume options in place, for the test kit, which also installs its crash
+    /// points (`faults`) here; not public, so each option keeps one public way in.
+    #[cfg(feature = "testing")]
+    pub(crate) fn resume_options(mut self, edit: impl FnOnce(&mut ResumeOptions)) -> Self {
+        edit(&mut self.options);
         self
     }
 
-    /// The lease owner id (default: a fresh id per pass).
+    /// The lease owner id. Defaults to a fresh id per pass.
     ///
     /// ```
     /// # #[cfg(feature = "memory")]
@@ -409,7 +385,8 @@ impl WorkerBuilder {
         self
     }
 
-    /// Where notable events go (default: `tracing`).
+    /// Where notable events go. Defaults to
+    /// [`tracing_log_hook`](keiro_resume::tracing_log_hook), which logs them with `tracing`.
     ///
     /// ```
     /// # #[cfg(feature = "memory")]
@@ -426,7 +403,7 @@ impl WorkerBuilder {
         self
     }
 
-    /// Record OpenTelemetry metrics.
+    /// Records OpenTelemetry metrics. Defaults to none.
     ///
     /// ```
     /// # #[cfg(feature = "memory")]
@@ -442,7 +419,7 @@ impl WorkerBuilder {
     }
 
     /// Creates a `workflow <name>` OpenTelemetry span per drive, whose trace context the
-    /// remote steps it dispatches carry to their workers.
+    /// remote steps it dispatches carry to their workers. Defaults to none.
     ///
     /// ```
     /// # #[cfg(feature = "memory")]

@@ -1,9 +1,12 @@
 //! `Worker`: the embeddable resume worker, built in a few lines, and what tunes or drives one
-//! by hand: [`ResumeOptions`] (every option the builder does not set), the wake sources, the
-//! log hook, and the one-pass functions ([`resume_once`], [`drain`]) the worker loops over.
+//! by hand: [`Tuning`] (the rarely changed options, set as a whole with
+//! [`WorkerBuilder::tuning`]), [`ResumeOptions`] (everything a worker runs with, which the
+//! one-pass functions take), the wake sources, the log hook, and the one-pass functions
+//! ([`resume_once`], [`drain`]) the worker loops over.
 
 mod builder;
 mod schedules;
+mod tuning;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -17,6 +20,7 @@ pub use keiro_resume::{
     Registry, RegistryError, ResumeLogEvent, ResumeOptions, ResumeSummary, RetentionOptions,
     TimerOptions, TimerSummary, WakeFilter, WakeReason, WakeSource,
 };
+pub use tuning::Tuning;
 
 /// An embeddable resume worker: finds unfinished instances and drives them. It also runs
 /// workflows directly in its caller ([`run_workflow`](Self::run_workflow),
