@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use keiro::testing::{TestEnv, TestEnvBuilder};
-use keiro::{store::LeaseStore, worker::ResumeOptions, InstanceKey, Keiro};
+use keiro::worker::{ResumeOptions, Tuning};
+use keiro::{store::LeaseStore, InstanceKey, Keiro, WorkerBuilder};
 use keiro_remote::{RemoteAdmin, Transport};
 
 use crate::pg::TestDb;
@@ -95,18 +96,52 @@ impl Harness {
         }
     }
 
-    /// Resume options for fast tests: short leases, millisecond backoff, a fixed owner prefix.
+    /// Resume options for fast tests: a 20 ms poll, a 30 s lease, millisecond backoff.
     pub fn fast_options(&self) -> ResumeOptions {
         ResumeOptions {
-            poll_interval: Duration::from_millis(20),
-            lease_ttl: Duration::from_secs(30),
-            backoff: keiro::Backoff::exponential(
-                Duration::from_millis(1),
-                Duration::from_millis(1),
-            )
-            .without_jitter(),
+            poll_interval: FAST_POLL_INTERVAL,
+            lease_ttl: FAST_LEASE_TTL,
+            backoff: fast_backoff(),
             ..ResumeOptions::default()
         }
+    }
+
+    /// The tuning of [`fast_options`](Self::fast_options): millisecond backoff, the rest
+    /// default. For a builder that sets a tuning of its own after [`FastWorker::fast`].
+    pub fn fast_tuning(&self) -> Tuning {
+        Tuning {
+            backoff: fast_backoff(),
+            ..Tuning::default()
+        }
+    }
+}
+
+/// The poll interval of [`Harness::fast_options`].
+const FAST_POLL_INTERVAL: Duration = Duration::from_millis(20);
+/// The lease of [`Harness::fast_options`].
+const FAST_LEASE_TTL: Duration = Duration::from_secs(30);
+
+/// The crash backoff of [`Harness::fast_options`]: a crashed run retries within a millisecond.
+fn fast_backoff() -> keiro::Backoff {
+    keiro::Backoff::exponential(Duration::from_millis(1), Duration::from_millis(1)).without_jitter()
+}
+
+/// [`Harness::fast_options`] on a worker's builder.
+pub trait FastWorker {
+    /// Sets the poll interval, lease and tuning of [`Harness::fast_options`] (a later
+    /// [`tuning`](keiro::WorkerBuilder::tuning) replaces the tuning; start it from
+    /// [`Harness::fast_tuning`]).
+    fn fast(self) -> Self;
+}
+
+impl FastWorker for WorkerBuilder {
+    fn fast(self) -> Self {
+        self.poll_interval(FAST_POLL_INTERVAL)
+            .lease_ttl(FAST_LEASE_TTL)
+            .tuning(Tuning {
+                backoff: fast_backoff(),
+                ..Tuning::default()
+            })
     }
 }
 

@@ -7,8 +7,7 @@ use keiro_journal::{DeliveryBacklog, PAYLOAD_LEN_MAX_DEFAULT};
 use keiro_lease::LeaseStore;
 use keiro_resume::Notifier;
 
-use crate::engine::{Keiro, Remote};
-use crate::operate::Operate;
+use crate::handle::{Keiro, Operate, Remote};
 use crate::store::Store;
 
 /// Builds a [`Keiro`] handle: from [`Keiro::builder`] over a full store, or

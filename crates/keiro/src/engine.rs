@@ -1,4 +1,5 @@
-//! `Keiro`: the client half of the facade (start, cancel, deliver, inspect, operate).
+//! `Keiro`'s client calls (start, cancel, deliver, inspect), the ways to get a handle, and
+//! the builders of the workers on its store. The handle itself is in `handle`.
 
 use std::sync::Arc;
 
@@ -8,47 +9,14 @@ use keiro_journal::{
     Started,
 };
 use keiro_lease::LeaseStore;
-use keiro_remote::{RemoteAdmin, RemoteWorker, RemoteWorkerBuilder, Transport};
-use keiro_resume::{Notifier, ScheduleStore};
+use keiro_remote::{RemoteWorker, RemoteWorkerBuilder};
+use keiro_resume::Notifier;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::operate::Operate;
+use crate::handle::{Operate, Remote};
 use crate::store::Store;
-use crate::{Error, KeiroBuilder, WorkerBuilder};
-
-/// The remote-step halves of a store.
-#[derive(Clone)]
-pub(crate) struct Remote {
-    pub(crate) transport: Arc<dyn Transport>,
-    pub(crate) admin: Arc<dyn RemoteAdmin>,
-}
-
-/// A handle on a keiro store: start and operate workflow instances, and build workers.
-/// Cheap to clone.
-#[derive(Clone)]
-pub struct Keiro {
-    pub(crate) store: Arc<dyn LeaseStore>,
-    pub(crate) remote: Option<Remote>,
-    pub(crate) notifier: Option<Arc<dyn Notifier>>,
-    pub(crate) payload_len_max: usize,
-    pub(crate) delivery_backlog: DeliveryBacklog,
-    /// The operators' list, counts and retention; `None` for a store built with `KeiroBuilder::lease_only`.
-    pub(crate) operate: Option<Operate>,
-    /// Schedules (`None` for a store built with `KeiroBuilder::lease_only`).
-    pub(crate) schedules: Option<Arc<dyn ScheduleStore>>,
-}
-
-impl std::fmt::Debug for Keiro {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Keiro")
-            .field("store", &self.store)
-            .field("push", &self.notifier.is_some())
-            .field("payload_len_max", &self.payload_len_max)
-            .field("delivery_backlog", &self.delivery_backlog)
-            .finish()
-    }
-}
+use crate::{Error, Keiro, KeiroBuilder, WorkerBuilder};
 
 impl Keiro {
     /// A builder over `store`: the one way to wrap a store you built yourself. Push wake-ups

@@ -25,8 +25,8 @@
 //!
 //! - [`workflow`]: for workflow authors, beyond the root: the `Workflow` trait, run options and
 //!   outcomes, the journal budget, deliveries, awakeables, identities.
-//! - [`worker`]: for tuning and driving workers: `ResumeOptions` (every option the builder
-//!   does not set), wake sources, the log hook, `resume_once` and `drain`.
+//! - [`worker`]: for tuning and driving workers: `Tuning` (the options the builder sets as a
+//!   whole), `ResumeOptions`, wake sources, the log hook, `resume_once` and `drain`.
 //! - [`remote`]: remote steps and the [`RemoteWorker`](remote::RemoteWorker) that runs them,
 //!   typically in another process.
 //! - [`schedule`]: cron and interval schedules that start workflows.
@@ -94,6 +94,7 @@ mod builder;
 mod direct;
 mod engine;
 mod error;
+mod handle;
 pub mod operate;
 pub mod remote;
 mod result;
@@ -109,8 +110,8 @@ pub mod workflow;
 
 pub use builder::KeiroBuilder;
 pub use direct::DirectError;
-pub use engine::Keiro;
 pub use error::Error;
+pub use handle::Keiro;
 pub use keiro_journal::{
     Backoff, Ctx, InstanceKey, SignalOptions, Status, StepOptions, WorkflowError,
 };

@@ -3,14 +3,13 @@
 //! calls are methods of [`Keiro`]; this module holds their requests and answers. The CLI and
 //! the dashboard use these same calls.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use keiro_journal::{InspectStore, IntoInstanceKey, RetentionStore};
+use keiro_journal::IntoInstanceKey;
 use keiro_remote::RemoteTask;
 use serde::Serialize;
 
-use crate::store::Store;
+use crate::handle::Operate;
 use crate::{Error, InstanceKey, Keiro};
 
 pub use keiro_journal::{
@@ -21,26 +20,6 @@ pub use keiro_journal::{
 };
 pub use keiro_lease::ResurrectOutcome;
 pub use keiro_remote::{AdminError, RequeueOutcome};
-
-/// The operator halves of a store.
-#[derive(Clone)]
-pub(crate) struct Operate {
-    inspect: Arc<dyn InspectStore>,
-    retention: Arc<dyn RetentionStore>,
-}
-
-impl Operate {
-    pub(crate) fn new<S: Store>(store: Arc<S>) -> Self {
-        Self {
-            inspect: store.clone(),
-            retention: store,
-        }
-    }
-
-    pub(crate) fn retention(&self) -> Arc<dyn RetentionStore> {
-        self.retention.clone()
-    }
-}
 
 impl Keiro {
     fn operate(&self) -> Result<&Operate, Error> {

@@ -1,5 +1,5 @@
 //! Schedules in the facade: create or update one with [`Keiro::schedule`], operate them with
-//! [`Keiro::schedules`], and let every [`Worker`] run the elected scheduler.
+//! [`Keiro::schedules`], and let every [`Worker`](crate::Worker) run the elected scheduler.
 //!
 //! Where bad input is caught: a cron expression that does not parse, an unknown time zone, a
 //! bad interval, name or catch-up bound are refused by [`ScheduleBuilder::save`] with
@@ -20,118 +20,17 @@ use serde::Serialize;
 use serde_json::Value;
 use time::OffsetDateTime;
 
-use crate::{Error, Keiro, Worker, WorkerBuilder};
+use crate::{Error, Keiro};
 
 pub use keiro_resume::{
     Cadence, CatchUp, Overlap, Schedule, ScheduleError, ScheduleSpec, SchedulerOptions,
     SchedulerSummary,
 };
 
-/// A worker's schedule store and scheduler options.
-#[derive(Clone)]
-pub(crate) struct WorkerSchedules {
-    store: Option<Arc<dyn ScheduleStore>>,
-    options: Option<SchedulerOptions>,
-}
-
-impl Default for WorkerSchedules {
-    fn default() -> Self {
-        Self {
-            store: None,
-            options: Some(SchedulerOptions::default()),
-        }
-    }
-}
-
-impl WorkerSchedules {
-    /// Checks the scheduler's options, when it runs.
-    pub(crate) fn validate(&self) -> Result<(), keiro_resume::InvalidOptions> {
-        self.options
-            .as_ref()
-            .map_or(Ok(()), SchedulerOptions::validate)
-    }
-}
-
-fn unsupported() -> Error {
+/// What a schedule call returns on a store without schedules.
+pub(crate) fn unsupported() -> Error {
     Error::Unsupported {
         what: "schedules (the store was built with `KeiroBuilder::lease_only`)",
-    }
-}
-
-impl WorkerBuilder {
-    /// Where schedules live; the worker runs a scheduler only with one. Defaults to the
-    /// facade's store when built through [`Keiro::worker`], else `None`.
-    ///
-    /// ```
-    /// # #[cfg(feature = "memory")]
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let worker = keiro::Keiro::memory().worker().schedule_store(None).build()?;
-    /// # let _ = worker;
-    /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
-    /// ```
-    pub fn schedule_store(mut self, store: Option<Arc<dyn ScheduleStore>>) -> Self {
-        self.schedules.store = store;
-        self
-    }
-
-    /// How this worker's scheduler runs; `None`: this worker never schedules (another one
-    /// does). Every scheduling worker on a schema competes for one leadership, and only the
-    /// leader starts runs, those of every schedule whatever this worker registers. Defaults to
-    /// `Some(SchedulerOptions::default())`.
-    ///
-    /// ```
-    /// # #[cfg(feature = "memory")] {
-    /// let worker = keiro::Keiro::memory().worker().scheduler(None).build()?;
-    /// # let _ = worker; }
-    /// # Ok::<(), keiro::Error>(())
-    /// ```
-    pub fn scheduler(mut self, options: Option<SchedulerOptions>) -> Self {
-        self.schedules.options = options;
-        self
-    }
-}
-
-impl Worker {
-    /// One scheduler pass at `now` (`None`: the store's clock), for tests and custom loops:
-    /// take or renew the leadership, then start the due runs of every schedule.
-    ///
-    /// ```
-    /// # #[cfg(feature = "memory")]
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
-    /// let worker = keiro.worker().build()?;
-    /// let summary = worker.schedule_once(None).await?;
-    /// assert_eq!(summary.started, 0);
-    /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Unsupported`] without a schedule store or with the scheduler turned off,
-    /// [`Error::Store`].
-    pub async fn schedule_once(
-        &self,
-        now: Option<OffsetDateTime>,
-    ) -> Result<SchedulerSummary, Error> {
-        let (Some(store), Some(options)) = (&self.schedules.store, &self.schedules.options) else {
-            return Err(unsupported());
-        };
-        Ok(keiro_resume::schedule_once(store.as_ref(), options, now).await?)
-    }
-
-    /// Starts the scheduler loop, when this worker has a schedule store and its scheduler is on.
-    pub(crate) fn spawn_scheduler(
-        &self,
-        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-    ) -> Option<tokio::task::JoinHandle<SchedulerSummary>> {
-        let store = self.schedules.store.clone()?;
-        let options = self.schedules.options.clone()?;
-        Some(tokio::spawn(keiro_resume::run_scheduler_loop(
-            store, options, shutdown,
-        )))
     }
 }
 

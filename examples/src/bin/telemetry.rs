@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use keiro::worker::Tuning;
 use keiro::{Ctx, Keiro, Metrics, Status};
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 
@@ -54,10 +55,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         })
         .metrics(metrics)
-        .backoff(
-            keiro::Backoff::exponential(Duration::from_millis(100), Duration::from_millis(200))
-                .without_jitter(),
-        )
+        .tuning(Tuning {
+            backoff: keiro::Backoff::exponential(
+                Duration::from_millis(100),
+                Duration::from_millis(200),
+            )
+            .without_jitter(),
+            ..Tuning::default()
+        })
         .poll_interval(Duration::from_millis(100))
         .build()?;
     let names = ["ada", "grace", "edsger"];

@@ -17,7 +17,7 @@ use keiro::{
 use keiro_journal::store::StartRequest;
 use keiro_tests::counting::CountingStore;
 use keiro_tests::workflows::Sum;
-use keiro_tests::{key, on_both_stores, Backend, Harness, Ledger, TestResult};
+use keiro_tests::{key, on_both_stores, Backend, FastWorker, Harness, Ledger, TestResult};
 
 on_both_stores!(
     a_direct_run_completes_in_its_caller_without_a_worker,
@@ -32,9 +32,9 @@ on_both_stores!(
 );
 
 /// A worker on `store` with the harness's fast options and `Sum` registered.
-fn sum_worker(h: &Harness, store: Arc<dyn keiro::store::LeaseStore>, ledger: &Ledger) -> Worker {
+fn sum_worker(store: Arc<dyn keiro::store::LeaseStore>, ledger: &Ledger) -> Worker {
     WorkerBuilder::new(store)
-        .options(h.fast_options())
+        .fast()
         .register_workflow_with(Sum {
             ledger: ledger.clone(),
         })
@@ -45,7 +45,7 @@ fn sum_worker(h: &Harness, store: Arc<dyn keiro::store::LeaseStore>, ledger: &Le
 async fn a_direct_run_completes_in_its_caller_without_a_worker(h: Harness) -> TestResult {
     let counting = CountingStore::new(h.store.clone());
     let ledger = Ledger::default();
-    let worker = sum_worker(&h, Arc::new(counting.clone()), &ledger);
+    let worker = sum_worker(Arc::new(counting.clone()), &ledger);
 
     let total = worker.run_workflow::<Sum>("s-1", &10).await?;
     assert_eq!(total, 13);
@@ -148,7 +148,7 @@ async fn an_existing_instance_is_driven_only_under_a_claim_a_worker_could_make(
     h: Harness,
 ) -> TestResult {
     let ledger = Ledger::default();
-    let worker = sum_worker(&h, h.store.clone(), &ledger);
+    let worker = sum_worker(h.store.clone(), &ledger);
     let ttl = Duration::from_secs(30);
 
     // Completed: answers its recorded output; the body does not run again, the input stands.
@@ -300,7 +300,7 @@ async fn a_dropped_direct_run_is_recovered_when_its_lease_expires(h: Harness) ->
     let worker = h
         .keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .lease_ttl(lease_ttl)
         .register_workflow_with(Stuck {
             a: a.clone(),
@@ -369,12 +369,7 @@ async fn a_panicking_step_crashes_a_direct_run_as_under_a_worker(h: Harness) -> 
             }
         }
     };
-    let worker = h
-        .keiro
-        .worker()
-        .options(h.fast_options())
-        .register("flaky", body)
-        .build()?;
+    let worker = h.keiro.worker().fast().register("flaky", body).build()?;
     let caller = tokio::spawn({
         let worker = worker.clone();
         async move { worker.run_named::<u32, _>("flaky", "f", &()).await }
@@ -436,7 +431,7 @@ impl WorkflowDef for Unregistered {
 async fn unknown_names_and_bad_input_are_typed_errors_and_start_nothing(h: Harness) -> TestResult {
     let ledger = Ledger::default();
     let worker = WorkerBuilder::new(h.store.clone())
-        .options(h.fast_options())
+        .fast()
         .payload_len_max(64)
         .register_workflow_with(Sum {
             ledger: ledger.clone(),
@@ -490,7 +485,7 @@ async fn a_failed_or_cancelled_direct_run_gives_a_typed_error(h: Harness) -> Tes
     let worker = h
         .keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .register("rejects", |_ctx: Ctx, (): ()| async move {
             Err::<(), _>(WorkflowError::app("rejected"))
         })
@@ -532,7 +527,7 @@ async fn a_failed_or_cancelled_direct_run_gives_a_typed_error(h: Harness) -> Tes
 async fn a_direct_run_that_continues_as_new_is_driven_on_here(h: Harness) -> TestResult {
     let counting = CountingStore::new(h.store.clone());
     let worker = WorkerBuilder::new(Arc::new(counting.clone()))
-        .options(h.fast_options())
+        .fast()
         .register("countdown", |ctx: Ctx, n: u32| async move {
             let n: u32 = ctx
                 .step("tick", || async move { Ok::<_, Infallible>(n) })
@@ -559,7 +554,7 @@ async fn a_direct_run_that_continues_as_new_is_driven_on_here(h: Harness) -> Tes
 
 async fn two_direct_runs_of_one_id_run_its_body_once(h: Harness) -> TestResult {
     let ledger = Ledger::default();
-    let worker = sum_worker(&h, h.store.clone(), &ledger);
+    let worker = sum_worker(h.store.clone(), &ledger);
     let runs: Vec<_> = (0..2)
         .map(|_| {
             let worker = worker.clone();

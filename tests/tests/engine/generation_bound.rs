@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use keiro::{workflow::AwakeableOutcome, workflow::SignalSendOutcome, Ctx, Status, WorkflowError};
-use keiro_tests::{on_both_stores, Harness, TestResult};
+use keiro_tests::{on_both_stores, FastWorker, Harness, TestResult};
 
 on_both_stores!(
     an_awakeable_of_a_left_generation_journals_nothing_into_the_new_one,
@@ -18,7 +18,7 @@ async fn an_awakeable_of_a_left_generation_journals_nothing_into_the_new_one(
     let worker = h
         .keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .register("loop", |ctx: Ctx, round: u32| async move {
             let awakeable = ctx.awakeable::<u32>("a").await?;
             if round == 0 {
@@ -67,7 +67,7 @@ async fn a_signal_wait_of_a_left_generation_does_not_swallow_the_next_signal(
     let worker = h
         .keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .register("loop", |ctx: Ctx, round: u32| async move {
             if round == 0 {
                 // Generation 0 registers a signal wait, then continues as new beside it.

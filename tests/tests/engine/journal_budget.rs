@@ -3,8 +3,8 @@
 
 use std::convert::Infallible;
 
-use keiro::{workflow::JournalBudget, Ctx, Status, WorkflowError};
-use keiro_tests::{on_both_stores, Harness, Ledger, TestResult};
+use keiro::{worker::Tuning, workflow::JournalBudget, Ctx, Status, WorkflowError};
+use keiro_tests::{on_both_stores, FastWorker, Harness, Ledger, TestResult};
 
 on_both_stores!(
     a_step_past_the_budget_fails_the_run_before_its_action,
@@ -23,8 +23,11 @@ async fn a_step_past_the_budget_fails_the_run_before_its_action(h: Harness) -> T
     let worker = h
         .keiro
         .worker()
-        .options(h.fast_options())
-        .journal_budget(budget(10, 1 << 20))
+        .fast()
+        .tuning(Tuning {
+            journal_budget: budget(10, 1 << 20),
+            ..h.fast_tuning()
+        })
         .register("loop", move |ctx: Ctx, (): ()| {
             let l = l.clone();
             async move {
@@ -55,8 +58,11 @@ async fn a_body_continues_as_new_when_its_journal_is_full(h: Harness) -> TestRes
     let worker = h
         .keiro
         .worker()
-        .options(h.fast_options())
-        .journal_budget(budget(10, 1 << 20))
+        .fast()
+        .tuning(Tuning {
+            journal_budget: budget(10, 1 << 20),
+            ..h.fast_tuning()
+        })
         .register("long", move |ctx: Ctx, from: u32| {
             let l = l.clone();
             async move {
@@ -95,8 +101,11 @@ async fn a_result_past_the_byte_budget_fails_the_run_without_a_retry(h: Harness)
     let worker = h
         .keiro
         .worker()
-        .options(h.fast_options())
-        .journal_budget(budget(1000, 1000))
+        .fast()
+        .tuning(Tuning {
+            journal_budget: budget(1000, 1000),
+            ..h.fast_tuning()
+        })
         .register("wide", move |ctx: Ctx, (): ()| {
             let l = l.clone();
             async move {
@@ -144,7 +153,7 @@ async fn an_instance_whose_journal_cannot_be_loaded_does_not_block_the_others(
     faulty.unloadable(Some(keiro_tests::key("plain", "big")));
     let worker = keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .register("plain", |ctx: Ctx, (): ()| async move {
             ctx.step("one", || async { Ok::<_, Infallible>(1u32) })
                 .await

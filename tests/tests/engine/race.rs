@@ -5,7 +5,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use keiro::{workflow::SignalSendOutcome, Ctx, Status, WorkflowError};
-use keiro_tests::{key, on_both_stores, Harness, Ledger, TestResult};
+use keiro_tests::{key, on_both_stores, FastWorker, Harness, Ledger, TestResult};
 
 on_both_stores!(
     the_recorded_winner_decides_after_the_loser_arrives_too,
@@ -69,7 +69,7 @@ async fn the_recorded_winner_decides_after_the_loser_arrives_too(h: Harness) -> 
         .keiro
         .worker()
         .register("race", approval_or_timeout(ledger.clone()))
-        .options(h.fast_options())
+        .fast()
         .build()?;
     h.keiro.start("race", "r-1", &100u64).await?;
     worker.drain().await?;
@@ -130,7 +130,7 @@ async fn a_losing_signal_wait_leaves_the_next_signal_to_the_next_waiter(h: Harne
         .register("take", |ctx: Ctx, (): ()| async move {
             ctx.wait_signal::<u32>("tok", None).await
         })
-        .options(h.fast_options())
+        .fast()
         .build()?;
     h.keiro.start("lose", "l-1", &()).await?;
     worker.drain().await?;
@@ -164,7 +164,7 @@ async fn an_undecided_race_parks_on_every_branch(h: Harness) -> TestResult {
         .keiro
         .worker()
         .register("race", approval_or_timeout(ledger.clone()))
-        .options(h.fast_options())
+        .fast()
         .build()?;
     h.keiro.start("race", "r-2", &3_600_000u64).await?;
     worker.drain().await?;
@@ -235,7 +235,7 @@ async fn a_signal_journaled_before_the_timeout_wins_and_the_next_signal_reaches_
         .keiro
         .worker()
         .register("race", timeout_or_signal(1))
-        .options(h.fast_options())
+        .fast()
         .build()?;
     h.keiro.start("race", "r-1", &()).await?;
     worker.drain().await?;
@@ -277,7 +277,7 @@ async fn a_signal_a_losing_wait_took_goes_back_to_its_token(h: Harness) -> TestR
         .register("take", |ctx: Ctx, (): ()| async move {
             ctx.wait_signal::<u32>("tok", None).await
         })
-        .options(h.fast_options())
+        .fast()
         .build()?;
     h.keiro.start("race", "r-1", &()).await?;
     worker.drain().await?;
@@ -340,7 +340,7 @@ async fn a_signal_a_losing_wait_takes_in_the_deciding_drive_goes_back_too(
             let next: u32 = ctx.wait_signal("tok", None).await?;
             Ok((first, next))
         })
-        .options(h.fast_options())
+        .fast()
         .build()?;
     h.keiro.start("race", "r-1", &()).await?;
     worker.drain().await?;

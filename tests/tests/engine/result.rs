@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use keiro::{worker::Notifier, Ctx, Keiro, ResultError, ResultOptions, WorkflowError};
 use keiro_tests::counting::CountingStore;
-use keiro_tests::{Backend, Harness, TestResult};
+use keiro_tests::{Backend, FastWorker, Harness, TestResult};
 
 /// A scenario's store with its push notifier, which the harness's facade does not use.
 struct Pushed {
@@ -102,11 +102,7 @@ fn push_only(timeout: Duration) -> ResultOptions {
 
 async fn a_waiter_is_woken_by_push_when_the_run_completes(p: Pushed) -> TestResult {
     let keiro = p.keiro(p.h.store.clone());
-    let worker = keiro
-        .worker()
-        .options(p.h.fast_options())
-        .register("doubler", doubler)
-        .build()?;
+    let worker = keiro.worker().fast().register("doubler", doubler).build()?;
     keiro.start("doubler", "d-1", &()).await?;
     worker.drain().await?; // parked on `go`
 
@@ -134,11 +130,7 @@ async fn a_waiter_is_woken_by_push_when_the_run_completes(p: Pushed) -> TestResu
 
 async fn failed_and_cancelled_runs_give_typed_errors(p: Pushed) -> TestResult {
     let keiro = p.keiro(p.h.store.clone());
-    let worker = keiro
-        .worker()
-        .options(p.h.fast_options())
-        .register("doubler", doubler)
-        .build()?;
+    let worker = keiro.worker().fast().register("doubler", doubler).build()?;
     keiro.start("doubler", "fails", &()).await?;
     keiro.start("doubler", "cancelled", &()).await?;
     worker.drain().await?;
@@ -201,11 +193,7 @@ async fn unknown_instances_timeouts_and_wrong_types_give_typed_errors(p: Pushed)
         "{invalid:?}"
     );
 
-    let worker = keiro
-        .worker()
-        .options(p.h.fast_options())
-        .register("doubler", doubler)
-        .build()?;
+    let worker = keiro.worker().fast().register("doubler", doubler).build()?;
     keiro.start("doubler", "slow", &()).await?;
     worker.drain().await?;
     let timed_out = keiro
@@ -237,7 +225,7 @@ async fn without_push_a_waiter_polls_at_its_fallback(p: Pushed) -> TestResult {
     let worker =
         p.h.keiro
             .worker()
-            .options(p.h.fast_options())
+            .fast()
             .register("doubler", doubler)
             .build()?;
     p.h.keiro.start("doubler", "polled", &()).await?;
@@ -278,7 +266,8 @@ async fn two_hundred_waiters_share_one_listener_and_none_polls_faster_than_its_f
     let keiro = p.keiro(p.h.store.clone());
     let worker = keiro
         .worker()
-        .options(concurrent(p.h.fast_options()))
+        .fast()
+        .concurrency(8)
         .register("doubler", doubler)
         .build()?;
     for n in 0..WAITERS {
@@ -340,13 +329,6 @@ async fn two_hundred_waiters_share_one_listener_and_none_polls_faster_than_its_f
 }
 
 /// Drives the 200 runs a few at a time.
-fn concurrent(options: keiro::worker::ResumeOptions) -> keiro::worker::ResumeOptions {
-    keiro::worker::ResumeOptions {
-        max_concurrent_advances: 8,
-        ..options
-    }
-}
-
 /// The connections listening on the schema's wake channel: their last statement is the
 /// `LISTEN` (health checks come every 30 s, after this scenario is over).
 async fn listening_connections(

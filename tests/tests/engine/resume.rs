@@ -9,9 +9,11 @@ use std::time::Duration;
 use keiro::{
     operate::ResurrectOutcome, store::Append, store::AppendOutcome, store::ClaimOutcome,
     store::Event, store::LeaseStore, store::StepKind, worker::Registry, worker::ResumeSummary,
-    workflow::RunOutcome, workflow::WorkflowName, Ctx, Status, WorkflowError,
+    worker::Tuning, workflow::RunOutcome, workflow::WorkflowName, Ctx, Status, WorkflowError,
 };
-use keiro_tests::{key, on_both_stores, run_inline, FaultyStore, Harness, Ledger, TestResult};
+use keiro_tests::{
+    key, on_both_stores, run_inline, FastWorker, FaultyStore, Harness, Ledger, TestResult,
+};
 use serde_json::json;
 use time::OffsetDateTime;
 
@@ -752,12 +754,7 @@ async fn fixed_poll_loop_survives_poison_and_shuts_down_gracefully(h: Harness) -
     let registry = mixed_registry(ledger.clone())?;
     h.keiro.start("poison", "p-1", &()).await?;
     h.keiro.start("healthy", "h-1", &()).await?;
-    let worker = h
-        .keiro
-        .worker()
-        .registry(registry)
-        .options(h.fast_options())
-        .build()?;
+    let worker = h.keiro.worker().registry(registry).fast().build()?;
     let looping = keiro_tests::spawn_worker(worker);
     // Start another healthy one while the loop runs; it must be picked up too.
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -1034,11 +1031,10 @@ async fn the_next_claim_is_sent_while_the_last_ones_runs_still_run(h: Harness) -
         h.keiro.start("held", &format!("h-{i}"), &()).await?;
     }
     let counting = keiro_tests::counting::CountingStore::new(h.store.clone());
-    let mut options = h.fast_options();
-    options.max_concurrent_advances = 2;
     let worker = keiro::WorkerBuilder::new(Arc::new(counting.clone()))
         .registry(registry)
-        .options(options)
+        .fast()
+        .concurrency(2)
         .build()?;
     let looping = keiro_tests::spawn_worker(worker);
     let claims = {
@@ -1091,11 +1087,10 @@ async fn a_run_whose_body_returned_gives_its_slot_to_the_next(h: Harness) -> Tes
     }
     let faulty = FaultyStore::new(h.store.clone());
     faulty.hold_completions(true);
-    let mut options = h.fast_options();
-    options.max_concurrent_advances = 1;
     let worker = keiro::WorkerBuilder::new(Arc::new(faulty.clone()))
         .registry(registry)
-        .options(options)
+        .fast()
+        .concurrency(1)
         .build()?;
     let looping = keiro_tests::spawn_worker(worker);
     let started = {
@@ -1164,12 +1159,14 @@ async fn a_shutdown_waits_for_the_runs_passes_handed_over(h: Harness) -> TestRes
     for i in 0..3 {
         h.keiro.start("long", &format!("l-{i}"), &()).await?;
     }
-    let mut options = h.fast_options();
-    options.max_concurrent_advances = 4;
-    options.pass_limit = Some(1);
     let worker = keiro::WorkerBuilder::new(h.store.clone())
         .registry(gated.registry.clone())
-        .options(options)
+        .fast()
+        .concurrency(4)
+        .tuning(Tuning {
+            pass_limit: Some(1),
+            ..h.fast_tuning()
+        })
         .build()?;
     let looping = keiro_tests::spawn_worker(worker);
     keiro_tests::until("three runs in their step, one claimed per pass", || {
@@ -1198,11 +1195,10 @@ async fn a_shutdown_waits_for_the_runs_passes_handed_over(h: Harness) -> TestRes
 async fn a_worker_with_no_practical_concurrency_bound_runs(h: Harness) -> TestResult {
     let gated = Gated::new()?;
     h.keiro.start("quick", "q-1", &()).await?;
-    let mut options = h.fast_options();
-    options.max_concurrent_advances = usize::MAX;
     let worker = keiro::WorkerBuilder::new(h.store.clone())
         .registry(gated.registry.clone())
-        .options(options)
+        .fast()
+        .concurrency(usize::MAX)
         .build()?;
     let looping = keiro_tests::spawn_worker(worker);
     until_completed(&h, "quick", "q-1").await?;
@@ -1260,12 +1256,14 @@ impl Gated {
         pass_limit: Option<usize>,
     ) -> Result<keiro_tests::RunningWorker, Box<dyn std::error::Error + Send + Sync>> {
         h.keiro.start("long", "l-1", &()).await?;
-        let mut options = h.fast_options();
-        options.max_concurrent_advances = 4;
-        options.pass_limit = pass_limit;
         let worker = keiro::WorkerBuilder::new(h.store.clone())
             .registry(self.registry.clone())
-            .options(options)
+            .fast()
+            .concurrency(4)
+            .tuning(Tuning {
+                pass_limit,
+                ..h.fast_tuning()
+            })
             .build()?;
         let looping = keiro_tests::spawn_worker(worker);
         keiro_tests::until("the long run's step", || self.in_step() == 1).await;

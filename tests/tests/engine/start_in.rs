@@ -15,7 +15,7 @@ use keiro::{
     workflow::AwakeableOutcome, workflow::SignalSendOutcome, Ctx, Error, InstanceKey, Keiro,
     Status, WorkflowError,
 };
-use keiro_tests::{Harness, TestResult};
+use keiro_tests::{FastWorker, Harness, TestResult};
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
@@ -125,9 +125,12 @@ async fn a_committed_start_exists_and_a_worker_runs_it() -> TestResult {
     let keiro = Keiro::builder(db.store()).build();
     let mut registry = Registry::new();
     registry.register("order", |_ctx: Ctx, sku: u32| async move { Ok(sku * 2) })?;
-    let mut options = app.h.fast_options();
-    options.poll_interval = Duration::from_secs(30);
-    let worker = keiro.worker().registry(registry).options(options).build()?;
+    let worker = keiro
+        .worker()
+        .registry(registry)
+        .fast()
+        .poll_interval(Duration::from_secs(30))
+        .build()?;
     let running = keiro_tests::spawn_worker(worker);
     let mut wakes = wakes(&app).await?;
 

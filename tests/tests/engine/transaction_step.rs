@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use keiro::postgres::tokio_postgres::IsolationLevel;
 use keiro::postgres::{TransactionOptions, TransactionStep};
-use keiro::{Ctx, Status, WorkflowError};
-use keiro_tests::{crash, Harness, TestResult};
+use keiro::{worker::Tuning, Ctx, Status, WorkflowError};
+use keiro_tests::{crash, FastWorker, Harness, TestResult};
 
 /// The test's schema, quoted for SQL.
 fn schema(h: &Harness) -> String {
@@ -94,7 +94,7 @@ fn transfer_worker(
     let crashed_after = Arc::new(AtomicU32::new(0));
     h.keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .register("transfer", move |ctx: Ctx, (): ()| {
             let (s, runs, crashed_after) = (s.clone(), runs.clone(), crashed_after.clone());
             async move {
@@ -237,7 +237,7 @@ async fn a_process_dying_inside_the_transaction_leaves_no_trace() -> TestResult 
         let (s, debited) = (s.clone(), debited.clone());
         h.keiro
             .worker()
-            .options(h.fast_options())
+            .fast()
             .register("transfer", move |ctx: Ctx, (): ()| {
                 let (s, debited) = (s.clone(), debited.clone());
                 async move {
@@ -285,7 +285,7 @@ async fn on_a_store_without_transactions_the_step_is_refused_typed() -> TestResu
     let worker = h
         .keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .register("transfer", |ctx: Ctx, (): ()| async move {
             ctx.transaction("move-30", |_tx| Box::pin(async { Ok::<_, String>(30i64) }))
                 .await
@@ -310,7 +310,7 @@ fn retrying_transfer(
     let s = schema(h);
     h.keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .register("transfer", move |ctx: Ctx, (): ()| {
             let (s, runs) = (s.clone(), runs.clone());
             async move {
@@ -472,7 +472,7 @@ fn policy_transfer(
     let s = schema(h);
     h.keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .register("transfer", move |ctx: Ctx, (): ()| {
             let (s, runs, extra, policy) = (s.clone(), runs.clone(), extra.clone(), policy.clone());
             async move {
@@ -578,9 +578,10 @@ async fn an_aborted_plain_transaction_step_crashes_the_run_with_its_error_record
         let (s, runs) = (s.clone(), runs.clone());
         h.keiro
             .worker()
-            .options(keiro::worker::ResumeOptions {
+            .fast()
+            .tuning(Tuning {
                 max_attempts: 3,
-                ..h.fast_options()
+                ..h.fast_tuning()
             })
             .register("transfer", move |ctx: Ctx, (): ()| {
                 let (s, runs) = (s.clone(), runs.clone());
@@ -830,10 +831,8 @@ fn slow_transfer(
     let s = schema(h);
     h.keiro
         .worker()
-        .options(keiro::worker::ResumeOptions {
-            lease_ttl,
-            ..h.fast_options()
-        })
+        .fast()
+        .lease_ttl(lease_ttl)
         .register("transfer", move |ctx: Ctx, (): ()| {
             let (s, runs) = (s.clone(), runs.clone());
             async move {
@@ -946,7 +945,7 @@ async fn a_lease_lost_before_the_transaction_step_is_refused_before_the_closure_
         let (s, runs) = (s.clone(), runs.clone());
         h.keiro
             .worker()
-            .options(h.fast_options())
+            .fast()
             .register("transfer", move |ctx: Ctx, (): ()| {
                 let (s, runs, thief) = (s.clone(), runs.clone(), thief.clone());
                 async move {
@@ -1003,7 +1002,7 @@ async fn nobody_takes_a_run_over_while_its_transaction_step_runs() -> TestResult
         let (s, stolen) = (s.clone(), stolen.clone());
         h.keiro
             .worker()
-            .options(h.fast_options())
+            .fast()
             .register("transfer", move |ctx: Ctx, (): ()| {
                 let (s, stolen, thief) = (s.clone(), stolen.clone(), thief.clone());
                 async move {
@@ -1074,7 +1073,7 @@ async fn a_search_path_set_by_a_closure_does_not_leak_into_the_pool() -> TestRes
     let (keiro, _store) = keiro_with_pool(&h, 2).await?;
     let worker = keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .register("leaky", |ctx: Ctx, (): ()| async move {
             ctx.transaction("set-path", |tx| {
                 Box::pin(async move {
@@ -1135,7 +1134,7 @@ async fn a_transaction_step_leaves_no_session_state_on_its_connection() -> TestR
     let (keiro, store) = keiro_with_pool(&h, 1).await?;
     let worker = keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .register("leaky", move |ctx: Ctx, (): ()| {
             let s = s.clone();
             async move {
@@ -1228,7 +1227,7 @@ async fn a_write_skew_under_serializable_is_retried_in_place() -> TestResult {
         let (s, runs) = (s.clone(), runs.clone());
         h.keiro
             .worker()
-            .options(h.fast_options())
+            .fast()
             .register("transfer", move |ctx: Ctx, (): ()| {
                 let (s, runs, other) = (s.clone(), runs.clone(), other.clone());
                 async move {
@@ -1318,7 +1317,7 @@ async fn a_serialization_failure_inside_a_boxed_closure_error_is_retried_in_plac
         let runs = runs.clone();
         h.keiro
             .worker()
-            .options(h.fast_options())
+            .fast()
             .register("transfer", move |ctx: Ctx, (): ()| {
                 let (s, runs, conflict) = (s.clone(), runs.clone(), conflict.clone());
                 async move {

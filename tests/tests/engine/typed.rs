@@ -7,8 +7,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use keiro::{workflow::SignalSendOutcome, Ctx, ResultError, Status, WorkflowDef, WorkflowError};
-use keiro_tests::{on_both_stores, Harness, TestResult};
+use keiro::{
+    worker::Tuning, workflow::SignalSendOutcome, Ctx, ResultError, Status, WorkflowDef,
+    WorkflowError,
+};
+use keiro_tests::{on_both_stores, FastWorker, Harness, TestResult};
 use serde::{Deserialize, Serialize};
 
 on_both_stores!(
@@ -69,7 +72,7 @@ async fn a_typed_workflow_starts_runs_and_answers_through_its_handle(h: Harness)
     let worker = h
         .keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .register_workflow::<Checkout>()
         .build()?;
     let order = Order {
@@ -117,7 +120,7 @@ async fn a_handle_cancels_signals_and_reads_its_instance(h: Harness) -> TestResu
     let worker = h
         .keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .register_workflow::<Checkout>()
         .register_workflow::<Nudged>()
         .build()?;
@@ -167,7 +170,7 @@ async fn typed_and_stringly_calls_address_the_same_instances(h: Harness) -> Test
     let worker = h
         .keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .register_workflow::<Checkout>()
         .build()?;
     h.keiro
@@ -233,7 +236,7 @@ async fn a_definition_with_state_is_shared_by_its_runs(h: Harness) -> TestResult
     let worker = h
         .keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .register_workflow_with(Counted { runs: runs.clone() })
         .build()?;
     let first = h.keiro.start_workflow::<Counted>("k-1", &()).await?;
@@ -286,8 +289,11 @@ async fn bad_input_gets_typed_errors(h: Harness) -> TestResult {
     let worker = h
         .keiro
         .worker()
-        .options(h.fast_options())
-        .max_attempts(1)
+        .fast()
+        .tuning(Tuning {
+            max_attempts: 1,
+            ..h.fast_tuning()
+        })
         .register_workflow::<Checkout>()
         .build()?;
     h.keiro.start("checkout", "c-bad", &"not an order").await?;

@@ -13,7 +13,7 @@ use keiro::{
     remote::RemoteWorkerOptions, remote::TaskContext, remote::TaskError, Ctx, Status, Worker,
     WorkflowDef, WorkflowError,
 };
-use keiro_tests::{on_both_stores, Harness, TestResult};
+use keiro_tests::{on_both_stores, FastWorker, Harness, TestResult};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -116,7 +116,7 @@ async fn misnamed(ctx: Ctx, (): ()) -> Result<String, WorkflowError> {
 fn resume_worker(h: &Harness) -> Result<Worker, keiro::Error> {
     h.keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .register_workflow::<Ship>()
         .register("ship-stringly", ship_stringly)
         .register("misnamed", misnamed)

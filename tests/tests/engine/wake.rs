@@ -13,7 +13,7 @@ use keiro::{
     worker::Registry, worker::ResumeOptions, workflow::AwakeableOutcome, workflow::RunOutcome,
     workflow::SignalSendOutcome, Ctx, Keiro, Status, WorkflowError,
 };
-use keiro_tests::{key, on_both_stores, run_inline, Harness, Ledger, TestResult};
+use keiro_tests::{key, on_both_stores, run_inline, FastWorker, Harness, Ledger, TestResult};
 use serde_json::json;
 use time::OffsetDateTime;
 
@@ -669,9 +669,12 @@ async fn push_wakes_a_worker_without_waiting_for_its_poll(h: Harness) -> TestRes
         let v: u32 = ctx.await_step("open").await?;
         Ok(v)
     })?;
-    let mut opts = options(&h);
-    opts.poll_interval = Duration::from_secs(30);
-    let worker = keiro.worker().registry(registry).options(opts).build()?;
+    let worker = keiro
+        .worker()
+        .registry(registry)
+        .fast()
+        .poll_interval(Duration::from_secs(30))
+        .build()?;
     let running = keiro_tests::spawn_worker(worker);
     keiro.start("gate", "g-1", &()).await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

@@ -19,7 +19,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use keiro::{worker::ResumeLogEvent, worker::ResumeOptions, Ctx, Keiro, WorkflowError};
+use keiro::{
+    worker::ResumeLogEvent, worker::ResumeOptions, worker::Tuning, Ctx, Keiro, WorkflowError,
+};
 use serde::Serialize;
 
 use super::{start_all, BenchArgs, MetricsSink, Setup};
@@ -122,7 +124,10 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         .worker()
         .register(WORKFLOW, parked)
         .concurrency(concurrency)
-        .reconcile(reconcile)
+        .tuning(Tuning {
+            reconcile,
+            ..Tuning::default()
+        })
         .build()
         .context("building the parking worker")?;
     parker.drain().await.context("parking the runs")?;
@@ -157,7 +162,10 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         .build()
         .worker()
         .register(WORKFLOW, parked)
-        .reconcile(reconcile)
+        .tuning(Tuning {
+            reconcile,
+            ..Tuning::default()
+        })
         .log(log);
     if let Some(sink) = &sink {
         builder = builder.metrics(sink.metrics.clone());

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use clap::Args;
 use keiro::{
-    remote::RemoteWorkerOptions, remote::TaskContext, Backoff, DirectError, Keiro, ResultError,
+    remote::RemoteWorkerOptions, remote::TaskContext, worker::Tuning, Backoff, DirectError, Keiro,
+    ResultError,
 };
 
 use super::witness::Witness;
@@ -31,6 +32,15 @@ const MAX_ATTEMPTS: i32 = 1_000;
 /// The crash backoff of the chaos workers: short, so a run that crashed on a restart resumes
 /// soon after PostgreSQL is back.
 const BACKOFF: Backoff = Backoff::exponential(Duration::from_millis(100), Duration::from_secs(1));
+
+/// The chaos workers' tuning: [`MAX_ATTEMPTS`] and [`BACKOFF`], the rest default.
+fn tuning() -> Tuning {
+    Tuning {
+        max_attempts: MAX_ATTEMPTS,
+        backoff: BACKOFF,
+        ..Tuning::default()
+    }
+}
 
 /// Options of the hidden `keiro chaos-worker`, passed by `keiro chaos`.
 #[derive(Debug, Clone, Args)]
@@ -127,8 +137,7 @@ pub(crate) async fn direct(global: &Global, args: &DirectArgs) -> Result<Outcome
             workload::local(ctx, input, witness.clone())
         })
         .lease_ttl(Duration::from_millis(args.lease_ttl_ms))
-        .max_attempts(MAX_ATTEMPTS)
-        .backoff(BACKOFF)
+        .tuning(tuning())
         .owner(format!("direct-{}", std::process::id()))
         .build()
         .context("building the chaos direct callers")?;
@@ -199,8 +208,7 @@ pub(crate) async fn worker(global: &Global, args: &WorkerArgs) -> Result<Outcome
         .concurrency(args.concurrency)
         .lease_ttl(Duration::from_millis(args.lease_ttl_ms))
         .poll_interval(Duration::from_millis(args.poll_interval_ms))
-        .max_attempts(MAX_ATTEMPTS)
-        .backoff(BACKOFF)
+        .tuning(tuning())
         .owner(format!("worker-{}", std::process::id()))
         .build()
         .context("building the chaos worker")?;

@@ -58,7 +58,6 @@ pub struct TestEnvBuilder {
     keiro: Keiro,
     clock: TestClock,
     worker: WorkerBuilder,
-    options: ResumeOptions,
 }
 
 impl std::fmt::Debug for TestEnvBuilder {
@@ -71,22 +70,19 @@ impl std::fmt::Debug for TestEnvBuilder {
 
 impl TestEnvBuilder {
     fn new(keiro: Keiro, clock: TestClock) -> Self {
-        let worker = keiro.worker();
-        let options = ResumeOptions {
-            lease_ttl: Duration::from_secs(30),
+        let worker = keiro.worker().resume_options(|options| {
+            options.lease_ttl = Duration::from_secs(30);
             // Crashes retry at once: time in a test env moves only when told to.
-            backoff: keiro_journal::Backoff::exponential(
+            options.backoff = keiro_journal::Backoff::exponential(
                 Duration::from_millis(1),
                 Duration::from_millis(1),
             )
-            .without_jitter(),
-            ..ResumeOptions::default()
-        };
+            .without_jitter();
+        });
         Self {
             keiro,
             clock,
             worker,
-            options,
         }
     }
 
@@ -111,9 +107,9 @@ impl TestEnvBuilder {
     }
 
     /// Adjusts the worker's resume options, such as `max_attempts` or `reconcile`. The kit
-    /// starts from [`ResumeOptions::default`] with a 30 s lease and a 1 ms crash backoff
-    /// without jitter (a crashed run retries on the next drive), and installs its own crash
-    /// points as `faults` when it builds.
+    /// starts from the options of [`Keiro::worker`] (the defaults, with the handle's payload
+    /// limit) with a 30 s lease and a 1 ms crash backoff without jitter (a crashed run retries
+    /// on the next drive), and installs its own crash points as `faults` when it builds.
     ///
     /// ```
     /// use keiro::testing::TestEnv;
@@ -124,7 +120,7 @@ impl TestEnvBuilder {
     /// # Ok::<_, keiro::Error>(())
     /// ```
     pub fn resume_options(mut self, edit: impl FnOnce(&mut ResumeOptions)) -> Self {
-        edit(&mut self.options);
+        self.worker = self.worker.resume_options(edit);
         self
     }
 
@@ -169,11 +165,11 @@ impl TestEnvBuilder {
     /// [`Error::Registry`] for an invalid or duplicate registration.
     pub fn build(self) -> Result<TestEnv, Error> {
         let crashes = Arc::new(CrashPoints::default());
-        let options = ResumeOptions {
-            faults: Some(crashes.clone()),
-            ..self.options
-        };
-        let worker = self.worker.options(options).build()?;
+        let faults = crashes.clone();
+        let worker = self
+            .worker
+            .resume_options(|options| options.faults = Some(faults))
+            .build()?;
         Ok(TestEnv {
             keiro: self.keiro,
             clock: self.clock,

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::{Harness, TestResult};
+use crate::{FastWorker, Harness, TestResult};
 use keiro::{
     operate::FilterError, operate::ListOrder, operate::ListRequest, remote::RemoteOptions,
     remote::TaskContext, remote::TaskError, Ctx, Error, InstanceKey, Status, Worker,
@@ -14,7 +14,7 @@ use time::OffsetDateTime;
 fn worker(h: &Harness) -> Result<Worker, Error> {
     h.keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .register("order", |ctx: Ctx, (): ()| async move {
             ctx.step("reserve", || async { Ok::<_, std::io::Error>(1) })
                 .await?;

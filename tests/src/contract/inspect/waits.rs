@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::{Harness, TestResult};
+use crate::{FastWorker, Harness, TestResult};
 use keiro::{
     operate::AwakeableStatus, operate::FilterError, operate::TimerKind, operate::TimerState,
     operate::Waits, operate::WAITS_LIMIT_DEFAULT, Ctx, Error, Status, Worker,
@@ -14,7 +14,7 @@ use time::OffsetDateTime;
 fn worker(h: &Harness) -> Result<Worker, Error> {
     h.keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         // Arms a sleep, a signal wait with a timeout and an awakeable at once.
         .register("waiter", |ctx: Ctx, token: String| async move {
             let approval = ctx.awakeable::<String>("approval").await?;

@@ -5,8 +5,8 @@
 
 use std::convert::Infallible;
 
-use crate::{Harness, Ledger, TestResult};
-use keiro::{workflow::DeliveryRefusal, Ctx, Status, WorkflowError};
+use crate::{FastWorker, Harness, Ledger, TestResult};
+use keiro::{worker::Tuning, workflow::DeliveryRefusal, Ctx, Status, WorkflowError};
 
 /// A worker for `order`: it charges (each run of the action counted in `ledger`), then awaits
 /// an approval, and returns both.
@@ -14,7 +14,7 @@ fn charging_worker(h: &Harness, ledger: &Ledger) -> Result<keiro::Worker, keiro:
     let l = ledger.clone();
     h.keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .register("order", move |ctx: Ctx, (): ()| {
             let l = l.clone();
             async move {
@@ -116,7 +116,7 @@ pub async fn a_delivery_bound_to_a_left_generation_is_refused(h: Harness) -> Tes
     let worker = h
         .keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .register("billing", move |ctx: Ctx, round: u32| {
             let l = l.clone();
             async move {
@@ -228,8 +228,11 @@ fn gated_worker(
     let l = ledger.clone();
     h.keiro
         .worker()
-        .options(h.fast_options())
-        .journal_budget(budget)
+        .fast()
+        .tuning(Tuning {
+            journal_budget: budget,
+            ..h.fast_tuning()
+        })
         .register("gated", move |ctx: Ctx, (): ()| {
             let l = l.clone();
             async move {
@@ -377,7 +380,7 @@ pub async fn what_the_awaits_read_makes_room_and_a_parked_wait_is_always_answere
         });
     let worker = keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .register("items", |ctx: Ctx, (): ()| async move {
             let mut total = 0u32;
             for i in 0..4 {
@@ -464,7 +467,7 @@ pub async fn a_new_generation_starts_with_no_unread_delivery(h: Harness) -> Test
         });
     let worker = keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .register("rounds", |ctx: Ctx, round: u32| async move {
             let next: u32 = ctx.await_step("next").await?;
             if round == 0 {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::counting::CountingStore;
 use crate::workflows::Sum;
-use crate::{journal_steps, key, Harness, Ledger, TestResult};
+use crate::{journal_steps, key, FastWorker, Harness, Ledger, TestResult};
 use keiro::{
     store::Append, store::ClaimOutcome, store::Event, store::JournalStore, store::StepKind,
     workflow::workflow_fn, workflow::RunError, workflow::RunOptions, workflow::RunOutcome, Ctx,
@@ -53,7 +53,7 @@ pub async fn the_last_step_and_the_completion_are_one_store_call(h: Harness) -> 
     let counting = CountingStore::new(h.store.clone());
     let ledger = Ledger::default();
     let worker = keiro::WorkerBuilder::new(Arc::new(counting.clone()))
-        .options(h.fast_options())
+        .fast()
         .register_workflow_with(Sum {
             ledger: ledger.clone(),
         })

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::{Backend, Harness, TestResult};
+use crate::{Backend, FastWorker, Harness, TestResult};
 use keiro::{
     operate::GcRequest, remote::RemoteOptions, remote::TaskContext, remote::TaskError, Ctx, Error,
     Status, Worker, WorkflowError,
@@ -16,7 +16,7 @@ use time::OffsetDateTime;
 pub fn worker(h: &Harness) -> Result<Worker, Error> {
     h.keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .register("rich", |ctx: Ctx, (): ()| async move {
             ctx.step("a", || async { Ok::<_, std::io::Error>(1) })
                 .await?;
@@ -349,7 +349,7 @@ pub async fn a_worker_with_retention_collects(h: Harness) -> TestResult {
     let collecting = h
         .keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .retention(Some(Duration::from_millis(10)))
         .register("boom", |_ctx: Ctx, (): ()| async move {
             Err::<(), _>(WorkflowError::app("boom"))

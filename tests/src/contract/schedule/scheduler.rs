@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{Harness, TestResult};
+use crate::{FastWorker, Harness, TestResult};
 use keiro::{
     schedule::CatchUp, schedule::Overlap, schedule::ScheduleError, schedule::SchedulerOptions,
     store::ScheduleStore, Ctx, Error, Keiro, Status, Worker, WorkflowError,
@@ -41,7 +41,7 @@ pub fn options(owner: &str) -> SchedulerOptions {
 pub fn worker(h: &Harness, owner: &str) -> Result<Worker, Error> {
     h.keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .register("job", job)
         .scheduler(Some(options(owner)))
         .build()
@@ -501,7 +501,7 @@ pub async fn an_unregistered_workflow_starts_and_waits_for_a_worker_that_has_it(
     let ghost = h
         .keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .register("ghost", job)
         .scheduler(None)
         .build()?;
@@ -641,14 +641,14 @@ pub async fn a_fleet_of_two_services_starts_every_schedule_whoever_leads(h: Harn
     let shipping = h
         .keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .register("ship", job)
         .scheduler(Some(options("shipping")))
         .build()?;
     let billing_keiro = second_service(&h).await?;
     let billing = billing_keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .register("invoice", job)
         .scheduler(Some(options("billing")))
         .build()?;
@@ -705,7 +705,7 @@ pub async fn a_running_fleet_runs_each_services_schedules(h: Harness) -> TestRes
     let shipping = h
         .keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .register("ship", job)
         .scheduler(Some(scheduler("shipping")))
         .build()?;
@@ -713,7 +713,7 @@ pub async fn a_running_fleet_runs_each_services_schedules(h: Harness) -> TestRes
     let billing_keiro = second_service(&h).await?;
     let billing = billing_keiro
         .worker()
-        .options(h.fast_options())
+        .fast()
         .register("invoice", job)
         .scheduler(Some(scheduler("billing")))
         .build()?;

@@ -1,28 +1,49 @@
-//! `Worker`: the embeddable resume worker, built in a few lines, and what tunes or drives one
-//! by hand: [`ResumeOptions`] (every option the builder does not set), the wake sources, the
-//! log hook, and the one-pass functions ([`resume_once`], [`drain`]) the worker loops over.
+//! `WorkerBuilder`: how a store and a registry become a [`Worker`].
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use keiro_journal::Backoff;
-use keiro_journal::{Ctx, RetentionStore, StoreError, WorkflowError};
+use keiro_journal::{Ctx, RetentionStore, WorkflowError};
 use keiro_lease::LeaseStore;
+use keiro_resume::{
+    LogHook, Notifier, Registry, RegistryError, ResumeOptions, ScheduleStore, SchedulerOptions,
+    TimerOptions,
+};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::schedules::WorkerSchedules;
+use super::{Tuning, Worker};
 use crate::Error;
-
-pub use keiro_resume::{
-    drain, resume_once, resume_once_up_to, ClosedWait, ClosedWaiters, FixedPoll, LogHook, Notifier,
-    Registry, RegistryError, ResumeLogEvent, ResumeOptions, ResumeSummary, RetentionOptions,
-    TimerOptions, TimerSummary, WakeFilter, WakeReason, WakeSource,
-};
 
 /// Builds a [`Worker`]: register workflows, adjust options, then [`build`](Self::build).
 ///
-/// Every option defaults to the value documented on [`ResumeOptions`].
+/// Each option is set one way. What people change day to day has a method of its own:
+/// [`concurrency`](Self::concurrency), [`lease_ttl`](Self::lease_ttl),
+/// [`poll_interval`](Self::poll_interval), [`owner`](Self::owner), the telemetry
+/// ([`log`](Self::log), [`metrics`](Self::metrics), [`tracing`](Self::tracing)), the payload
+/// limit, retention, timers, push and the scheduler. The rest, rarely changed, is a
+/// [`Tuning`] set as a whole with [`tuning`](Self::tuning). No option is reached by two
+/// methods, so the calls can come in any order; a method called twice keeps its last value.
+/// Every option defaults to the value documented on its method or [`Tuning`] field.
+///
+/// ```
+/// # #[cfg(feature = "memory")]
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use keiro::worker::Tuning;
+/// let worker = keiro::Keiro::memory()
+///     .worker()
+///     .tuning(Tuning { max_attempts: 5, ..Tuning::default() })
+///     .concurrency(16)
+///     .lease_ttl(Duration::from_secs(30))
+///     .owner("billing-1")
+///     .build()?;
+/// assert_eq!((worker.options().max_attempts, worker.options().concurrency()), (5, 16));
+/// # Ok(()) }
+/// # #[cfg(not(feature = "memory"))] fn main() {}
+/// ```
 #[must_use]
 pub struct WorkerBuilder {
     store: Arc<dyn LeaseStore>,
@@ -32,8 +53,8 @@ pub struct WorkerBuilder {
     push: Option<Arc<dyn Notifier>>,
     errors: Vec<RegistryError>,
     retention: Option<Arc<dyn RetentionStore>>,
-    /// Where schedules live, and how this worker's scheduler runs (schedule.rs).
-    pub(crate) schedules: crate::schedule::WorkerSchedules,
+    /// Where schedules live, and how this worker's scheduler runs (`schedules`).
+    schedules: WorkerSchedules,
 }
 
 impl std::fmt::Debug for WorkerBuilder {
@@ -67,7 +88,7 @@ impl WorkerBuilder {
             push: None,
             errors: Vec::new(),
             retention: None,
-            schedules: crate::schedule::WorkerSchedules::default(),
+            schedules: WorkerSchedules::default(),
         }
     }
 
@@ -122,23 +143,6 @@ impl WorkerBuilder {
     /// ```
     pub fn payload_len_max(mut self, payload_len_max: usize) -> Self {
         self.options.payload_len_max = payload_len_max;
-        self
-    }
-
-    /// How long one generation's journal may grow before fresh steps fail with
-    /// `WorkflowError::JournalFull`. Defaults to [`JournalBudget::default`](crate::workflow::JournalBudget).
-    ///
-    /// ```
-    /// # #[cfg(feature = "memory")]
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let budget = keiro::workflow::JournalBudget::default();
-    /// let worker = keiro::Keiro::memory().worker().journal_budget(budget).build()?;
-    /// # let _ = worker;
-    /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
-    /// ```
-    pub fn journal_budget(mut self, budget: crate::workflow::JournalBudget) -> Self {
-        self.options.journal_budget = budget;
         self
     }
 
@@ -284,23 +288,8 @@ impl WorkerBuilder {
         self
     }
 
-    /// Replaces all options at once.
-    ///
-    /// ```
-    /// # #[cfg(feature = "memory")]
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let options = keiro::worker::ResumeOptions { max_attempts: 3, ..keiro::worker::ResumeOptions::default() };
-    /// let worker = keiro::Keiro::memory().worker().options(options).build()?;
-    /// assert_eq!(worker.options().max_attempts, 3);
-    /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
-    /// ```
-    pub fn options(mut self, options: ResumeOptions) -> Self {
-        self.options = options;
-        self
-    }
-
-    /// Gap between passes when idle.
+    /// Gap between passes when nothing advanced (with push, the fallback poll). Defaults to
+    /// [`POLL_INTERVAL_DEFAULT`](keiro_resume::POLL_INTERVAL_DEFAULT), 1 s.
     ///
     /// ```
     /// # #[cfg(feature = "memory")]
@@ -315,7 +304,8 @@ impl WorkerBuilder {
         self
     }
 
-    /// Lease time-to-live.
+    /// Lease time-to-live: a dead worker's runs resume within it plus one poll interval.
+    /// Defaults to [`LEASE_TTL_DEFAULT`](keiro_journal::LEASE_TTL_DEFAULT), 60 s.
     ///
     /// ```
     /// # #[cfg(feature = "memory")]
@@ -327,21 +317,6 @@ impl WorkerBuilder {
     /// ```
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
         self.options.lease_ttl = ttl;
-        self
-    }
-
-    /// Crash ceiling.
-    ///
-    /// ```
-    /// # #[cfg(feature = "memory")]
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let worker = keiro::Keiro::memory().worker().max_attempts(3).build()?;
-    /// assert_eq!(worker.options().max_attempts, 3);
-    /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
-    /// ```
-    pub fn max_attempts(mut self, attempts: i32) -> Self {
-        self.options.max_attempts = attempts;
         self
     }
 
@@ -364,39 +339,38 @@ impl WorkerBuilder {
         self
     }
 
-    /// Crash backoff: the wait after a run's `n`-th crash is `backoff`'s rung `n`. Defaults to
-    /// [`CRASH_BACKOFF_DEFAULT`](keiro_lease::CRASH_BACKOFF_DEFAULT).
+    /// The options that are rarely changed, all at once: crash ceiling and backoff, the
+    /// reconcile fallback, the pass limit and the journal budget (see [`Tuning`]). A second
+    /// call replaces the first. Defaults to [`Tuning::default`].
     ///
     /// ```
     /// # #[cfg(feature = "memory")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let backoff = keiro::store::CRASH_BACKOFF_DEFAULT;
-    /// let worker = keiro::Keiro::memory().worker().backoff(backoff).build()?;
-    /// # let _ = worker;
+    /// use keiro::worker::Tuning;
+    /// let tuning = Tuning {
+    ///     max_attempts: 3,
+    ///     backoff: keiro::store::CRASH_BACKOFF_DEFAULT,
+    ///     ..Tuning::default()
+    /// };
+    /// let worker = keiro::Keiro::memory().worker().tuning(tuning).build()?;
+    /// assert_eq!(worker.options().max_attempts, 3);
     /// # Ok(()) }
     /// # #[cfg(not(feature = "memory"))] fn main() {}
     /// ```
-    pub fn backoff(mut self, backoff: Backoff) -> Self {
-        self.options.backoff = backoff;
+    pub fn tuning(mut self, tuning: Tuning) -> Self {
+        tuning.apply(&mut self.options);
         self
     }
 
-    /// Reconcile fallback for runs parked with no deadline (`None` disables it).
-    ///
-    /// ```
-    /// # #[cfg(feature = "memory")]
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let worker = keiro::Keiro::memory().worker().reconcile(None).build()?;
-    /// # let _ = worker;
-    /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
-    /// ```
-    pub fn reconcile(mut self, reconcile: Option<Duration>) -> Self {
-        self.options.reconcile = reconcile;
+    /// Edits the resume options in place, for the test kit, which also installs its crash
+    /// points (`faults`) here; not public, so each option keeps one public way in.
+    #[cfg(feature = "testing")]
+    pub(crate) fn resume_options(mut self, edit: impl FnOnce(&mut ResumeOptions)) -> Self {
+        edit(&mut self.options);
         self
     }
 
-    /// The lease owner id (default: a fresh id per pass).
+    /// The lease owner id. Defaults to a fresh id per pass.
     ///
     /// ```
     /// # #[cfg(feature = "memory")]
@@ -411,7 +385,8 @@ impl WorkerBuilder {
         self
     }
 
-    /// Where notable events go (default: `tracing`).
+    /// Where notable events go. Defaults to
+    /// [`tracing_log_hook`](keiro_resume::tracing_log_hook), which logs them with `tracing`.
     ///
     /// ```
     /// # #[cfg(feature = "memory")]
@@ -428,7 +403,7 @@ impl WorkerBuilder {
         self
     }
 
-    /// Record OpenTelemetry metrics.
+    /// Records OpenTelemetry metrics. Defaults to none.
     ///
     /// ```
     /// # #[cfg(feature = "memory")]
@@ -444,7 +419,7 @@ impl WorkerBuilder {
     }
 
     /// Creates a `workflow <name>` OpenTelemetry span per drive, whose trace context the
-    /// remote steps it dispatches carry to their workers.
+    /// remote steps it dispatches carry to their workers. Defaults to none.
     ///
     /// ```
     /// # #[cfg(feature = "memory")]
@@ -456,6 +431,38 @@ impl WorkerBuilder {
     /// ```
     pub fn tracing(mut self, tracing: keiro_telemetry::Tracing) -> Self {
         self.options.tracing = Some(tracing);
+        self
+    }
+
+    /// Where schedules live; the worker runs a scheduler only with one. Defaults to the
+    /// facade's store when built through [`Keiro::worker`](crate::Keiro::worker), else `None`.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let worker = keiro::Keiro::memory().worker().schedule_store(None).build()?;
+    /// # let _ = worker;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// ```
+    pub fn schedule_store(mut self, store: Option<Arc<dyn ScheduleStore>>) -> Self {
+        self.schedules.store = store;
+        self
+    }
+
+    /// How this worker's scheduler runs; `None`: this worker never schedules (another one
+    /// does). Every scheduling worker on a schema competes for one leadership, and only the
+    /// leader starts runs, those of every schedule whatever this worker registers. Defaults to
+    /// `Some(SchedulerOptions::default())`.
+    ///
+    /// ```
+    /// # #[cfg(feature = "memory")] {
+    /// let worker = keiro::Keiro::memory().worker().scheduler(None).build()?;
+    /// # let _ = worker; }
+    /// # Ok::<(), keiro::Error>(())
+    /// ```
+    pub fn scheduler(mut self, options: Option<SchedulerOptions>) -> Self {
+        self.schedules.options = options;
         self
     }
 
@@ -507,290 +514,5 @@ impl WorkerBuilder {
             retention: self.retention,
             schedules: self.schedules,
         })
-    }
-}
-
-/// An embeddable resume worker: finds unfinished instances and drives them. It also runs
-/// workflows directly in its caller ([`run_workflow`](Self::run_workflow),
-/// [`run_named`](Self::run_named)), with the same registry, options and drive.
-#[derive(Clone)]
-pub struct Worker {
-    pub(crate) store: Arc<dyn LeaseStore>,
-    pub(crate) registry: Registry,
-    pub(crate) options: ResumeOptions,
-    timers: Option<TimerOptions>,
-    pub(crate) push: Option<Arc<dyn Notifier>>,
-    retention: Option<Arc<dyn RetentionStore>>,
-    pub(crate) schedules: crate::schedule::WorkerSchedules,
-}
-
-impl std::fmt::Debug for Worker {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Worker")
-            .field("registry", &self.registry)
-            .field("options", &self.options)
-            .field("timers", &self.timers)
-            .field("push", &self.push.is_some())
-            .finish()
-    }
-}
-
-impl Worker {
-    /// A builder on `store`.
-    ///
-    /// ```
-    /// # #[cfg(feature = "memory")] {
-    /// use keiro::{Ctx, Worker, WorkflowError};
-    /// async fn noop(_ctx: Ctx, _input: ()) -> Result<(), WorkflowError> { Ok(()) }
-    /// let worker = Worker::builder(keiro::memory::MemoryStore::new())
-    ///     .register("noop", noop)
-    ///     .build()
-    ///     .expect("valid registration");
-    /// # let _ = worker; }
-    /// ```
-    pub fn builder(store: impl LeaseStore) -> WorkerBuilder {
-        WorkerBuilder::new(Arc::new(store))
-    }
-
-    /// The registry.
-    ///
-    /// ```
-    /// # #[cfg(feature = "memory")]
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
-    /// #     Ok(format!("hello {name}"))
-    /// # }
-    /// let worker = keiro::Keiro::memory().worker().register("hello", hello).build()?;
-    /// assert!(worker.registry().get(&keiro::workflow::WorkflowName::new("hello")?).is_some());
-    /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
-    /// ```
-    pub fn registry(&self) -> &Registry {
-        &self.registry
-    }
-
-    /// The options.
-    ///
-    /// ```
-    /// # #[cfg(feature = "memory")]
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let worker = keiro::Keiro::memory().worker().build()?;
-    /// println!("polls every {:?} when idle", worker.options().poll_interval);
-    /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
-    /// ```
-    pub fn options(&self) -> &ResumeOptions {
-        &self.options
-    }
-
-    /// One pass over every runnable instance.
-    ///
-    /// ```
-    /// # #[cfg(feature = "memory")]
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
-    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
-    /// #     Ok(format!("hello {name}"))
-    /// # }
-    /// let worker = keiro.worker().register("hello", hello).build()?;
-    /// keiro.start("hello", "h-1", &"ada").await?;
-    /// let summary = worker.resume_once().await?;
-    /// println!("{summary:?}");
-    /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// The discovery query's store error.
-    pub async fn resume_once(&self) -> Result<ResumeSummary, StoreError> {
-        keiro_resume::resume_once(&self.store, &self.registry, &self.options).await
-    }
-
-    /// Passes until one advances nothing.
-    ///
-    /// ```
-    /// # #[cfg(feature = "memory")]
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
-    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
-    /// #     Ok(format!("hello {name}"))
-    /// # }
-    /// let worker = keiro.worker().register("hello", hello).build()?;
-    /// keiro.start("hello", "h-1", &"ada").await?;
-    /// worker.drain().await?;
-    /// let row = keiro.instance(("hello", "h-1")).await?.expect("started");
-    /// assert_eq!(row.status, keiro::Status::Completed);
-    /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// The first failing discovery query.
-    pub async fn drain(&self) -> Result<ResumeSummary, StoreError> {
-        keiro_resume::drain(&self.store, &self.registry, &self.options).await
-    }
-
-    /// Runs the resume loop (push-aware when the worker has a notifier, fixed-poll otherwise)
-    /// and the timer worker until `shutdown` resolves; in-flight runs finish first.
-    ///
-    /// ```
-    /// # #[cfg(feature = "memory")]
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
-    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
-    /// #     Ok(format!("hello {name}"))
-    /// # }
-    /// let worker = keiro.worker().register("hello", hello).build()?;
-    /// keiro.start("hello", "h-1", &"ada").await?;
-    /// let waiter = keiro.clone();
-    /// let done = async move {
-    ///     let _ = waiter.result::<String>(("hello", "h-1"), std::time::Duration::from_secs(10)).await;
-    /// };
-    /// worker.run_until(done).await;
-    /// let row = keiro.instance(("hello", "h-1")).await?.expect("started");
-    /// assert_eq!(row.status, keiro::Status::Completed);
-    /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
-    /// ```
-    pub async fn run_until(&self, shutdown: impl Future<Output = ()> + Send) -> ResumeSummary {
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-            // An error means the sender is gone, which only happens once we are done anyway.
-            let _ = rx.wait_for(|stop| *stop).await;
-        };
-        let timers = self.timers.clone().map(|mut options| {
-            let wake: Box<dyn WakeSource> = match &self.push {
-                Some(notifier) => notifier.subscribe(WakeFilter::Timers),
-                None => {
-                    // Without push a newly armed timer is only seen by polling, so the timer
-                    // loop must poll as often as the resume loop does.
-                    options.idle_fallback = options.idle_fallback.min(self.options.poll_interval);
-                    Box::new(FixedPoll)
-                }
-            };
-            tokio::spawn(keiro_resume::run_timer_loop(
-                self.store.clone(),
-                options,
-                wake,
-                stopped(stop_rx.clone()),
-            ))
-        });
-        let retention = self.retention_loop(stopped(stop_rx.clone()));
-        let scheduler = self.spawn_scheduler(stopped(stop_rx.clone()));
-        let wake: Box<dyn WakeSource> = match &self.push {
-            Some(notifier) => notifier.subscribe(WakeFilter::Instances),
-            None => Box::new(FixedPoll),
-        };
-        let resume = self.run_with(wake, stopped(stop_rx));
-        let signal = async {
-            shutdown.await;
-            let _ = stop_tx.send(true);
-        };
-        let (summary, ()) = tokio::join!(resume, signal);
-        if let Some(timers) = timers {
-            // The timer loop stops on the same signal; a panic inside it is not ours to rethrow.
-            let _ = timers.await;
-        }
-        if let Some(retention) = retention {
-            // As for the timer loop.
-            let _ = retention.await;
-        }
-        if let Some(scheduler) = scheduler {
-            // As the timer loop: it stops on the same signal.
-            let _ = scheduler.await;
-        }
-        summary
-    }
-
-    /// Spawns the retention loop when the options ask for one.
-    fn retention_loop(
-        &self,
-        shutdown: impl Future<Output = ()> + Send + 'static,
-    ) -> Option<tokio::task::JoinHandle<keiro_journal::GcBatch>> {
-        let older_than = self.options.retention?;
-        let store = self.retention.clone()?;
-        Some(tokio::spawn(keiro_resume::run_retention_loop(
-            store,
-            keiro_resume::RetentionOptions::new(older_than),
-            shutdown,
-        )))
-    }
-
-    /// Fires one batch of due timers (for tests and custom loops).
-    ///
-    /// ```
-    /// # #[cfg(feature = "memory")]
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
-    /// let worker = keiro.worker().build()?;
-    /// let fired = worker.fire_due_timers().await?;
-    /// println!("{fired:?}");
-    /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// The store's error.
-    pub async fn fire_due_timers(&self) -> Result<keiro_journal::TimerFiring, StoreError> {
-        keiro_resume::fire_due_once(&self.store, &self.timers.clone().unwrap_or_default()).await
-    }
-
-    /// Runs the resume loop alone with a custom wake source until `shutdown` resolves.
-    ///
-    /// ```
-    /// # #[cfg(feature = "memory")]
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
-    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
-    /// #     Ok(format!("hello {name}"))
-    /// # }
-    /// let worker = keiro.worker().register("hello", hello).build()?;
-    /// // A fixed poll instead of the store's push.
-    /// worker.run_with(keiro::worker::FixedPoll, async {}).await;
-    /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
-    /// ```
-    pub async fn run_with<W: WakeSource>(
-        &self,
-        wake: W,
-        shutdown: impl Future<Output = ()> + Send,
-    ) -> ResumeSummary {
-        keiro_resume::run_loop(
-            self.store.clone(),
-            self.registry.clone(),
-            self.options.clone(),
-            wake,
-            shutdown,
-        )
-        .await
-    }
-
-    /// Runs until Ctrl-C (SIGINT), then shuts down gracefully.
-    ///
-    /// ```no_run
-    /// # async fn demo(keiro: keiro::Keiro) -> Result<(), Box<dyn std::error::Error>> {
-    /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
-    /// #     Ok(format!("hello {name}"))
-    /// # }
-    /// let worker = keiro.worker().register("hello", hello).build()?;
-    /// worker.run().await; // until Ctrl-C
-    /// # Ok(()) }
-    /// ```
-    pub async fn run(&self) -> ResumeSummary {
-        self.run_until(async {
-            // If the signal handler cannot be installed, run until the process is killed.
-            if tokio::signal::ctrl_c().await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        })
-        .await
     }
 }
