@@ -98,6 +98,7 @@ mod error;
 mod instance;
 mod journal;
 mod lease;
+mod notify;
 mod open;
 mod remote;
 mod row;
@@ -108,8 +109,8 @@ mod timer;
 mod writer;
 
 pub use config::{
-    Config, Synchronous, BATCH_MAX_DEFAULT, BUSY_TIMEOUT_DEFAULT, READERS_DEFAULT,
-    VALUE_LEN_MAX_DEFAULT,
+    Config, Synchronous, BATCH_MAX_DEFAULT, BUSY_TIMEOUT_DEFAULT, NOTIFY_POLL_INTERVAL_DEFAULT,
+    READERS_DEFAULT, VALUE_LEN_MAX_DEFAULT,
 };
 pub use error::{Error, Result};
 pub use open::SCHEMA_VERSION;
