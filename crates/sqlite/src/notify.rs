@@ -189,7 +189,8 @@ pub(crate) struct Outlets {
 }
 
 impl Outlets {
-    fn new() -> Self {
+    /// Outlets nobody listens to yet.
+    pub(crate) fn new() -> Self {
         Self {
             sender: broadcast::channel(WAKE_BUFFER_LEN).0,
             closed: ClosedWaiters::default(),
@@ -197,21 +198,39 @@ impl Outlets {
         }
     }
 
+    /// Notes the rows a transaction of this store's writer wrote as its own, just before its
+    /// `COMMIT`, so the poller skips them however soon it reads them; the range noted, for
+    /// [`rolled_back`](Self::rolled_back).
+    pub(crate) fn committing(&self, written: Option<&[Note]>) -> Option<(i64, i64)> {
+        let range = match written? {
+            [first, .., last] => (first.seq, last.seq),
+            [only] => (only.seq, only.seq),
+            [] => return None,
+        };
+        let mut own = self.own.lock().unwrap_or_else(PoisonError::into_inner);
+        if own.len() == OWN_RANGES_MAX {
+            own.pop_front();
+        }
+        own.push_back(range);
+        Some(range)
+    }
+
+    /// Forgets a range noted by [`committing`](Self::committing) whose commit failed: its
+    /// numbers will be given again, to rows that are not this writer's.
+    pub(crate) fn rolled_back(&self, range: Option<(i64, i64)>) {
+        if let Some(range) = range {
+            let mut own = self.own.lock().unwrap_or_else(PoisonError::into_inner);
+            own.retain(|noted| *noted != range);
+        }
+    }
+
     /// Publishes what a transaction of this store's writer wrote, once its `COMMIT` returned;
     /// `None` (the rows could not be read) publishes [`Wake::Reconnected`].
     pub(crate) fn committed(&self, written: Option<Vec<Note>>) {
-        let Some(notes) = written else {
-            self.reconnected();
-            return;
-        };
-        if let (Some(first), Some(last)) = (notes.first(), notes.last()) {
-            let mut own = self.own.lock().unwrap_or_else(PoisonError::into_inner);
-            if own.len() == OWN_RANGES_MAX {
-                own.pop_front();
-            }
-            own.push_back((first.seq, last.seq));
+        match written {
+            Some(notes) => self.publish(notes.iter()),
+            None => self.reconnected(),
         }
-        self.publish(notes.iter());
     }
 
     /// Whether row `seq` was written (and published) by this store's writer. Called with
@@ -448,8 +467,12 @@ mod tests {
             name: None,
             id: None,
         };
-        outlets.committed(Some(vec![note(3), note(4)]));
-        outlets.committed(Some(vec![note(7)]));
+        assert_eq!(outlets.committing(Some(&[note(3), note(4)])), Some((3, 4)));
+        let failed = outlets.committing(Some(&[note(5)]));
+        outlets.rolled_back(failed);
+        assert_eq!(outlets.committing(Some(&[note(7)])), Some((7, 7)));
+        assert_eq!(outlets.committing(Some(&[])), None);
+        assert_eq!(outlets.committing(None), None);
         assert!(!outlets.is_own(2));
         assert!(outlets.is_own(3));
         assert!(outlets.is_own(4));

@@ -240,6 +240,8 @@ fn run_batch(
         return;
     }
     let written = notify::written(conn, mark);
+    // Noted as the writer's own before the commit, so the poller never reads them unnoted.
+    let own = outlets.committing(written.as_deref());
     match conn.execute_batch("COMMIT") {
         Ok(()) => {
             commits.fetch_add(1, Ordering::Relaxed);
@@ -251,6 +253,7 @@ fn run_batch(
         Err(e) => {
             let error = Arc::new(e);
             let _ = conn.execute_batch("ROLLBACK");
+            outlets.rolled_back(own);
             fail_all(done, &error);
         }
     }
@@ -264,7 +267,14 @@ mod tests {
         let conn = Connection::open_in_memory().expect("opens");
         conn.execute_batch("CREATE TABLE t (v INTEGER PRIMARY KEY)")
             .expect("creates");
-        Writer::start(conn, Clock::default(), 64, "test-writer".into()).expect("starts")
+        Writer::start(
+            conn,
+            Clock::default(),
+            64,
+            "test-writer".into(),
+            Outlets::new(),
+        )
+        .expect("starts")
     }
 
     fn insert(v: i64) -> impl FnOnce(&Connection, OffsetDateTime) -> StoreResult<usize> {

@@ -26,6 +26,19 @@ fn open(dir: &TempDir) -> SqliteStore {
     SqliteStore::open(dir.file("keiro.db"), Config::default()).expect("opens")
 }
 
+/// A poll interval no test waits out: a store so configured hears only its own writer.
+const NEVER: Duration = Duration::from_secs(3600);
+
+/// A store whose poller never polls during the test, so what wakes its subscriptions is its
+/// writer's publishing alone.
+fn open_unpolled(dir: &TempDir, config: Config) -> SqliteStore {
+    let config = Config {
+        notify_poll_interval: NEVER,
+        ..config
+    };
+    SqliteStore::open(dir.file("keiro.db"), config).expect("opens")
+}
+
 struct Subscriptions {
     instances: Box<dyn WakeSource>,
     timers: Box<dyn WakeSource>,
@@ -115,7 +128,7 @@ async fn complete(
 #[tokio::test]
 async fn each_operation_wakes_its_own_filter_in_the_same_store() {
     let dir = TempDir::new("notify-same");
-    let store = open(&dir);
+    let store = open_unpolled(&dir, Config::default());
     let mut subs = Subscriptions::of(&store);
 
     let k = start(&store, "a").await;
@@ -157,7 +170,7 @@ async fn each_operation_wakes_its_own_filter_in_the_same_store() {
 #[tokio::test]
 async fn a_terminal_transition_wakes_only_the_waiters_of_its_instance() {
     let dir = TempDir::new("notify-closed");
-    let store = open(&dir);
+    let store = open_unpolled(&dir, Config::default());
     let a = start(&store, "a").await;
     let b = start(&store, "b").await;
     let c = start(&store, "c").await;
@@ -208,8 +221,10 @@ async fn a_second_store_on_the_file_hears_the_first_within_the_poll_interval() {
 
     worker.timer_arm(&sleep_arm(&k, "sleep:nap")).await.unwrap();
     worker.remote_arm(&remote_arm(&k, "label")).await.unwrap();
-    // The worker's own rows reach its subscriptions once, from its writer.
+    // The worker's own rows reach its subscriptions once, from its writer: its poller skips
+    // them.
     subs.woken(false, true, true).await;
+    subs.woken(false, false, false).await;
 
     complete(&worker, &k, json!("done")).await.unwrap();
     assert_eq!(result.wait(SOON).await, WakeReason::Notified);
@@ -224,7 +239,7 @@ async fn a_rolled_back_operation_publishes_nothing() {
         value_len_max: 10_000,
         ..Config::default()
     };
-    let store = SqliteStore::open(dir.file("keiro.db"), config.clone()).unwrap();
+    let store = open_unpolled(&dir, config.clone());
     let other = SqliteStore::open(dir.file("keiro.db"), config).unwrap();
     let parent = start(&store, "p").await;
     let child = InstanceKey::parse("child", "c").unwrap();
