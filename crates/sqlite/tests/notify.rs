@@ -8,10 +8,9 @@ use std::time::Duration;
 
 use common::{key, start, step, TempDir};
 use keiro_journal::store::{
-    child_result_step, remote_step_id, Append, AppendOutcome, ChildSpawn, Park, RemoteArm,
-    RemoteArmOutcome, TimerArm, TimerDue,
+    remote_step_id, Append, AppendOutcome, Park, RemoteArm, RemoteArmOutcome, TimerArm, TimerDue,
 };
-use keiro_journal::{Backoff, Event, InstanceKey, StepKind, TimerKind, REDISPATCH_MAX_DEFAULT};
+use keiro_journal::{Backoff, Event, InstanceKey, TimerKind, REDISPATCH_MAX_DEFAULT};
 use keiro_resume::{Notifier, WakeFilter, WakeReason, WakeSource};
 use keiro_sqlite::{Config, SqliteStore};
 use serde_json::json;
@@ -233,59 +232,57 @@ async fn a_second_store_on_the_file_hears_the_first_within_the_poll_interval() {
 #[tokio::test]
 async fn a_rolled_back_operation_publishes_nothing() {
     let dir = TempDir::new("notify-rollback");
-    // Small enough that a child's result fits its own row but not the envelope its parent
-    // journals: the completion is refused while delivering, after the close was written.
+    // A value past the limit is refused by SQLite itself, while the operation runs.
     let config = Config {
         value_len_max: 10_000,
         ..Config::default()
     };
     let store = open_unpolled(&dir, config.clone());
     let other = SqliteStore::open(dir.file("keiro.db"), config).unwrap();
-    let parent = start(&store, "p").await;
-    let child = InstanceKey::parse("child", "c").unwrap();
-    let spawn = Append::external(
-        parent.clone(),
-        Event::StepRecorded {
-            step: format!("child:{}/{}", child.name, child.id),
-            kind: StepKind::Child,
-            result: json!({"name": "child", "id": "c"}),
-        },
-    );
-    let spawned = ChildSpawn {
-        child: child.clone(),
-        input: json!(null),
-        await_step: child_result_step(&child),
-    };
-    store.child_spawn(&spawn, &spawned).await.unwrap();
-    store
-        .instance_park(&park(&parent, &child_result_step(&child)))
-        .await
-        .unwrap();
-    // The other store's poller publishes the spawn's wake before anyone there subscribes.
+    let k = start(&store, "a").await;
+    // The other store's poller publishes the start before anyone there subscribes.
     tokio::time::sleep(QUIET).await;
 
     let mut here = Subscriptions::of(&store);
     let mut there = Subscriptions::of(&other);
-    let mut closed_here = store.subscribe_closed(&child);
-    let mut closed_there = other.subscribe_closed(&child);
+    let mut closed_here = store.subscribe_closed(&k);
+    let mut closed_there = other.subscribe_closed(&k);
 
-    let refused = complete(&store, &child, json!("x".repeat(9_995)))
+    // The first dispatch is written (its task, its `remote` notification), then the second's
+    // input is refused: the whole park rolls back, the first notification with it.
+    let too_big = RemoteArm {
+        input: json!("x".repeat(20_000)),
+        ..remote_arm(&k, "big")
+    };
+    let arms = [remote_arm(&k, "small"), too_big];
+    let refused = store
+        .instance_park_dispatch(&park(&k, "remote:small"), &arms)
         .await
         .unwrap_err();
     assert!(refused.is_value_refused(), "{refused}");
     here.woken(false, false, false).await;
     there.woken(false, false, false).await;
-    assert_eq!(closed_here.wait(QUIET).await, WakeReason::Timeout);
-    assert_eq!(closed_there.wait(QUIET).await, WakeReason::Timeout);
-    let row = store.instance_get(&child).await.unwrap().unwrap();
+    let row = store.instance_get(&k).await.unwrap().unwrap();
     assert_eq!(row.status, keiro_journal::Status::Running);
 
-    // The same completion that fits is published, here and there.
-    complete(&store, &child, json!("small")).await.unwrap();
+    // A close refused for its value (its journal row is past the limit) closes nothing.
+    let refused = complete(&store, &k, json!("x".repeat(20_000)))
+        .await
+        .unwrap_err();
+    assert!(refused.is_value_refused(), "{refused}");
+    assert_eq!(closed_here.wait(QUIET).await, WakeReason::Timeout);
+    assert_eq!(closed_there.wait(QUIET).await, WakeReason::Timeout);
+
+    // The same operations that fit are published, here and there.
+    store
+        .instance_park_dispatch(&park(&k, "remote:small"), &arms[..1])
+        .await
+        .unwrap();
+    here.woken(false, false, true).await;
+    there.woken(false, false, true).await;
+    complete(&store, &k, json!("small")).await.unwrap();
     assert_eq!(closed_here.wait(SOON).await, WakeReason::Notified);
     assert_eq!(closed_there.wait(SOON).await, WakeReason::Notified);
-    here.woken(true, false, false).await;
-    there.woken(true, false, false).await;
 }
 
 #[tokio::test]
