@@ -482,8 +482,62 @@ mod tests {
         assert!(outlets.own.lock().unwrap().is_empty());
     }
 
+    #[test]
+    fn a_poll_that_recovers_from_an_error_tells_everyone_to_poll() {
+        let outlets = Outlets::new();
+        let mut receiver = outlets.sender.subscribe();
+        let key = InstanceKey::parse("wf", "a").unwrap();
+        let mut waiter = outlets.closed.subscribe(&key);
+        // No notification table yet: every read fails.
+        let mut poller = Poller {
+            conn: Connection::open_in_memory().unwrap(),
+            outlets: outlets.clone(),
+            cursor: 0,
+            version: None,
+            failing: false,
+        };
+        poller.poll();
+        poller.poll();
+        assert!(poller.failing);
+        assert!(receiver.try_recv().is_err(), "nothing while failing");
+
+        poller
+            .conn
+            .execute_batch(
+                "CREATE TABLE keiro_notifications (seq INTEGER PRIMARY KEY, kind TEXT, \
+                 workflow_name TEXT, workflow_id TEXT); \
+                 INSERT INTO keiro_notifications VALUES (1, 'timer', NULL, NULL)",
+            )
+            .unwrap();
+        poller.poll();
+        assert!(!poller.failing);
+        assert_eq!(receiver.try_recv().unwrap(), Wake::Timer);
+        assert_eq!(receiver.try_recv().unwrap(), Wake::Reconnected);
+        assert!(receiver.try_recv().is_err());
+        let woken = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap()
+            .block_on(async {
+                use keiro_resume::WakeSource;
+                waiter.wait(Duration::from_secs(5)).await
+            });
+        assert_eq!(woken, WakeReason::Notified);
+
+        // Rows pruned before they were read: a gap, told as a reconnection.
+        poller
+            .conn
+            .execute_batch("INSERT INTO keiro_notifications VALUES (5, 'remote', NULL, NULL)")
+            .unwrap();
+        poller.version = None;
+        poller.poll();
+        assert_eq!(receiver.try_recv().unwrap(), Wake::Remote);
+        assert_eq!(receiver.try_recv().unwrap(), Wake::Reconnected);
+        assert_eq!(poller.cursor, 5);
+    }
+
     #[tokio::test]
-    async fn a_batch_is_coalesced_and_unknown_rows_read_as_missed() {
+    async fn a_batch_is_coalesced_and_unreadable_rows_read_as_missed() {
         let outlets = Outlets::new();
         let mut receiver = outlets.sender.subscribe();
         let wake = |seq, kind: &str| Note {

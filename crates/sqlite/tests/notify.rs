@@ -335,3 +335,14 @@ async fn dropping_the_store_stops_its_poller() {
     assert_eq!(wakes.wait(QUIET).await, WakeReason::Timeout);
     assert!(before.elapsed() >= QUIET);
 }
+
+#[test]
+fn a_zero_poll_interval_is_refused() {
+    let dir = TempDir::new("notify-config");
+    let config = Config {
+        notify_poll_interval: Duration::ZERO,
+        ..Config::default()
+    };
+    let err = SqliteStore::open(dir.file("keiro.db"), config).unwrap_err();
+    assert!(err.to_string().contains("notify_poll_interval"), "{err}");
+}
