@@ -26,7 +26,8 @@
 //!   Every [`Config::notify_poll_interval`](crate::Config::notify_poll_interval) it asks
 //!   `PRAGMA data_version`, which changes only when another connection committed, and reads
 //!   the new rows only then, so an idle file costs one cheap pragma per interval. Rows its own
-//!   writer already published are skipped.
+//!   writer wrote are skipped (the writer notes them as its own before its `COMMIT`), so
+//!   nothing is published twice.
 //!
 //! What is published is what the Postgres listener forwards: [`Wake::Instance`],
 //! [`Wake::Timer`], [`Wake::Remote`] on one `tokio::sync::broadcast` that every
