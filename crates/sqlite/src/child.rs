@@ -8,6 +8,7 @@ use time::OffsetDateTime;
 
 use crate::error::{malformed, store};
 use crate::journal::{journal_append_to, AppendCode, AppendTo};
+use crate::notify;
 use crate::row::{self, micros, Stored};
 
 const DELIVER: &str = "delivering a child's result";
@@ -104,9 +105,7 @@ pub(crate) struct Spawned<'a> {
 ///   under the awaited step too, and the outcome is already_present with the stored value.
 ///
 /// PostgreSQL loops when a concurrent deletion frees the key between its insert and its read;
-/// here nothing runs between the two.
-///
-/// Not yet: the wake notification of a created child (`keiro_notify_wake`).
+/// here nothing runs between the two. A created child notifies its wake.
 pub(crate) fn child_spawn(
     conn: &Connection,
     now: OffsetDateTime,
@@ -136,6 +135,7 @@ pub(crate) fn child_spawn(
         .map_err(|e| store(SPAWN, e))?
         == 1;
     if created {
+        notify::wake(conn, SPAWN, child.name, child.id)?;
         return Ok(outcome);
     }
     let existing = row::instance_row(conn, child.name, child.id, SPAWN)?

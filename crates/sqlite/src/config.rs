@@ -14,6 +14,9 @@ pub const BATCH_MAX_DEFAULT: usize = 256;
 /// The longest text or JSON value the store writes, in bytes: PostgreSQL's jsonb limit
 /// (268435455 bytes), so both stores refuse the same values as too big.
 pub const VALUE_LEN_MAX_DEFAULT: usize = 268_435_455;
+/// How often a store looks for notifications committed by other processes on its file: the
+/// wake latency across processes (a notification in the same process is published at once).
+pub const NOTIFY_POLL_INTERVAL_DEFAULT: Duration = Duration::from_millis(50);
 
 /// When a commit is durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -47,6 +50,10 @@ pub struct Config {
     /// The longest value written, in bytes (SQLite's length limit). Defaults to
     /// [`VALUE_LEN_MAX_DEFAULT`].
     pub value_len_max: usize,
+    /// How often the store checks for notifications other processes committed on the file
+    /// (one `PRAGMA data_version` when nothing changed; more than zero). Defaults to
+    /// [`NOTIFY_POLL_INTERVAL_DEFAULT`].
+    pub notify_poll_interval: Duration,
 }
 
 impl Default for Config {
@@ -57,6 +64,7 @@ impl Default for Config {
             readers: READERS_DEFAULT,
             batch_max: BATCH_MAX_DEFAULT,
             value_len_max: VALUE_LEN_MAX_DEFAULT,
+            notify_poll_interval: NOTIFY_POLL_INTERVAL_DEFAULT,
         }
     }
 }
@@ -79,6 +87,11 @@ impl Config {
                 "value_len_max must be between 1 and {}",
                 i32::MAX
             )));
+        }
+        if self.notify_poll_interval.is_zero() {
+            return Err(Error::Config(
+                "notify_poll_interval must be more than zero".into(),
+            ));
         }
         Ok(())
     }

@@ -16,6 +16,7 @@ use crate::error::{malformed, store};
 use crate::journal::{
     journal_append_to, journal_repeatable_name, step_logical, step_revision, AppendCode, AppendTo,
 };
+use crate::notify;
 use crate::row::{self, micros, Stored};
 
 const START: &str = "starting an instance";
@@ -33,9 +34,7 @@ const INSTANCE_INSERT: &str = "INSERT INTO workflows \
      ON CONFLICT (workflow_name, workflow_id) DO NOTHING";
 
 /// keiro_instance_start: creates the row `running`, or returns the existing one untouched.
-/// Returns whether it was created, and the row.
-///
-/// Not yet: the wake notification of a created row (`keiro_notify_wake`).
+/// Returns whether it was created, and the row. A created row notifies its wake.
 pub(crate) fn instance_start(
     conn: &Connection,
     now: OffsetDateTime,
@@ -60,6 +59,9 @@ pub(crate) fn instance_start(
         )
         .map_err(|e| store(START, e))?
         == 1;
+    if created {
+        notify::wake(conn, START, name, id)?;
+    }
     let row = row::instance_row(conn, name, id, START)?
         .ok_or_else(|| crate::error::malformed(START, "the started row is missing"))?;
     Ok((created, row))
@@ -141,9 +143,7 @@ const INSTANCE_PARK_SUSPEND: &str = "UPDATE workflows SET status = 'suspended', 
 /// crash history (it made progress). The awaited steps are checked inside the writer's
 /// transaction, which every append also runs in, so a wake that landed before the park keeps
 /// the row `running` instead of being masked by `suspended`. A park on the current generation
-/// records the deliveries it waits on (`parked_on`).
-///
-/// Not yet: the wake notification of a woken park (`keiro_notify_wake`).
+/// records the deliveries it waits on (`parked_on`). A woken park notifies its wake.
 #[allow(clippy::too_many_arguments)] // keiro_instance_park's parameters, in its order
 pub(crate) fn instance_park(
     conn: &Connection,
@@ -193,6 +193,7 @@ pub(crate) fn instance_park(
             params![name, id, generation, parked_on, at],
         )
         .map_err(|e| store(PARK, e))?;
+        notify::wake(conn, PARK, name, id)?;
         Ok(ParkCode::Woken)
     } else {
         conn.execute(
@@ -452,8 +453,7 @@ const INSTANCE_REQUEUED: &str = "UPDATE workflows SET status = 'running', \
 /// under the next revision once the row runs. A failure counts as handled when the body itself
 /// wrote a journal row after it and the run's last failure reason does not name it. The
 /// instance and its failed children to requeue next are added to `visited`, the cycle guard.
-///
-/// Not yet: the wake and remote notifications.
+/// Notifies the instance's wake, and `remote` when a remote task was reset (so claimable).
 pub(crate) fn instance_requeue_one(
     conn: &Connection,
     now: OffsetDateTime,
@@ -509,6 +509,7 @@ pub(crate) fn instance_requeue_one(
         .collect();
 
     let mut deliveries: Vec<(String, Value)> = Vec::new();
+    let mut notify_remote = false;
     for (step, kind) in records {
         let logical = step_logical(&step).to_owned();
         let next = format!("{logical}#{}", i64::from(step_revision(&step)) + 1);
@@ -531,11 +532,13 @@ pub(crate) fn instance_requeue_one(
         done.reset_steps += 1;
 
         if kind == "remote" {
-            conn.execute(
-                REMOTE_TASK_RESET,
-                params![name, id, generation, step, at, next],
-            )
-            .map_err(|e| store(REQUEUE, e))?;
+            notify_remote |= conn
+                .execute(
+                    REMOTE_TASK_RESET,
+                    params![name, id, generation, step, at, next],
+                )
+                .map_err(|e| store(REQUEUE, e))?
+                > 0;
             continue;
         }
 
@@ -604,6 +607,7 @@ pub(crate) fn instance_requeue_one(
     .map_err(|e| store(REQUEUE, e))?;
     conn.execute(INSTANCE_REQUEUED, params![name, id, at])
         .map_err(|e| store(REQUEUE, e))?;
+    notify::wake(conn, REQUEUE, name, id)?;
 
     // The buffered successes, through the append rules now that the row is running.
     for (step, value) in deliveries {
@@ -622,6 +626,9 @@ pub(crate) fn instance_requeue_one(
                 renew_ms: None,
             },
         )?;
+    }
+    if notify_remote {
+        notify::remote(conn, REQUEUE)?;
     }
     Ok(done)
 }
@@ -687,9 +694,8 @@ const RETRY_INSERT: &str = "INSERT INTO workflows \
 
 /// keiro_instance_retry_with_input: fix-and-replay. Creates `retry` `running` with `input`,
 /// the origin's priority and the origin's parent link, so its success also lands where a
-/// parent awaits the origin (and `child_deliver` delivers only that success).
-///
-/// Not yet: the wake notification of the created row.
+/// parent awaits the origin (and `child_deliver` delivers only that success). A created row
+/// notifies its wake.
 pub(crate) fn instance_retry_with_input(
     conn: &Connection,
     now: OffsetDateTime,
@@ -716,6 +722,9 @@ pub(crate) fn instance_retry_with_input(
             ],
         )
         .map_err(|e| store(RETRY, e))?;
+    if created == 1 {
+        notify::wake(conn, RETRY, retry.0, retry.1)?;
+    }
     Ok(if created == 1 {
         RetryCode::Started
     } else {

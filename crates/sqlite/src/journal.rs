@@ -20,6 +20,7 @@ use serde_json::Value;
 use time::OffsetDateTime;
 
 use crate::error::{malformed, store};
+use crate::notify;
 use crate::row::{self, micros, Stored};
 use crate::{child, remote};
 
@@ -196,8 +197,8 @@ pub(crate) fn json_text(value: &Value) -> Option<String> {
 /// unfenced, is the plpgsql one, renewal skip included: a running row's lease is rewritten
 /// only when less than three quarters of `renew_ms` are left.
 ///
-/// Not yet: the wake notification of a step landing on a suspended row
-/// (`keiro_notify_wake`); see the crate's Status.
+/// A step landing on a suspended row, and a `continued` marker, notify the instance's wake
+/// (`keiro_notify_wake`); a terminal marker notifies `closed` through migration 0002's trigger.
 pub(crate) fn journal_append_to(
     conn: &Connection,
     now: OffsetDateTime,
@@ -260,6 +261,10 @@ pub(crate) fn journal_append_to(
         if row.status == "suspended" || owner.is_none() || !fresh_enough {
             conn.execute(INSTANCE_STEP_TOUCH, params![name, id, renewed, at])
                 .map_err(|e| store(APPEND, e))?;
+        }
+        // A step landing on a parked instance is a wake.
+        if row.status == "suspended" {
+            notify::wake(conn, APPEND, name, id)?;
         }
         return Ok(AppendCode::Appended(generation));
     }
@@ -357,12 +362,16 @@ pub(crate) fn journal_append_to(
             )
             .map_err(|e| store(APPEND, e))?;
             remote::remote_tasks_cancel(conn, now, name, id, generation)?;
+            notify::wake(conn, APPEND, name, id)?;
         }
         _ => {
             // Not reached by a well-formed call (a step that passes the checks above takes
             // the fast path); kept so this path alone still implements every rule.
             conn.execute(INSTANCE_STEP_TOUCH, params![name, id, renewed, at])
                 .map_err(|e| store(APPEND, e))?;
+            if row.status == "suspended" {
+                notify::wake(conn, APPEND, name, id)?;
+            }
         }
     }
     Ok(AppendCode::Appended(generation))

@@ -13,6 +13,7 @@ use time::OffsetDateTime;
 use crate::child;
 use crate::error::store;
 use crate::journal::journal_repeatable_name;
+use crate::notify;
 use crate::row::{self, micros, Stored};
 
 const CLAIM: &str = "claiming an instance";
@@ -320,9 +321,7 @@ const INSTANCE_RESURRECT: &str = "UPDATE workflows SET status = 'running', \
      WHERE workflow_name = ?1 AND workflow_id = ?2";
 
 /// keiro_instance_resurrect: the operator returns a failed instance to `running`. The failure
-/// stays in history and a `resurrected` row is appended beside it.
-///
-/// Not yet: the wake notification (`keiro_notify_wake`).
+/// stays in history and a `resurrected` row is appended beside it. Notifies its wake.
 pub(crate) fn instance_resurrect(
     conn: &Connection,
     now: OffsetDateTime,
@@ -351,6 +350,7 @@ pub(crate) fn instance_resurrect(
     .map_err(|e| store(RESURRECT, e))?;
     conn.execute(INSTANCE_RESURRECT, params![name, id, at])
         .map_err(|e| store(RESURRECT, e))?;
+    notify::wake(conn, RESURRECT, name, id)?;
     Ok(ResurrectCode::Resurrected)
 }
 

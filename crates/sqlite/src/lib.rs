@@ -3,10 +3,10 @@
 //! **Status: the foundation of issue 35, not yet a store keiro can run on.** It opens, checks
 //! and migrates a file, writes through one writer thread with group commit, and implements the
 //! rules listed below as inherent methods of [`SqliteStore`], and through them the store traits
-//! `JournalStore`, `LeaseStore`, `Transport` and `RemoteAdmin` (every method of each). The
-//! other store traits (`InspectStore`, `RetentionStore`, `ScheduleStore`, `Notifier`) are
-//! deliberately **not** implemented until every method of each is: a trait answered half
-//! by fakes would pass tests it should fail.
+//! `JournalStore`, `LeaseStore`, `Transport` and `RemoteAdmin` (every method of each), and
+//! `Notifier` (push wake-ups, below). The other store traits (`InspectStore`,
+//! `RetentionStore`, `ScheduleStore`) are deliberately **not** implemented until every method
+//! of each is: a trait answered half by fakes would pass tests it should fail.
 //!
 //! Implemented and tested (each the twin of its plpgsql function, same name, same order):
 //! - instance.sql: `instance_start`, `instance_confirm`, `instance_park`,
@@ -39,13 +39,14 @@
 //!   `instance_park_dispatch` (arms and park in one transaction); and the Postgres store's
 //!   one-statement `remote_tasks` list (the batched `instances_park_dispatch` has no twin: the
 //!   writer already shares a transaction between parks);
-//! - reads: `instance_get`, `journal_load`, `journal_history`.
+//! - reads: `instance_get`, `journal_load`, `journal_history`;
+//! - notify.sql: `keiro_notify_wake`, `keiro_notify_timer`, `keiro_notify_remote` (a row of
+//!   migration 0002's notification table, where each rule above calls its twin) and the
+//!   trigger of terminal transitions, published through `keiro_resume::Notifier`.
 //!
-//! Left (issue 35): notifications (no wake is pushed yet, in process or across processes:
-//! `keiro_notify_wake`, `keiro_notify_timer`, `keiro_notify_remote` and the polled
-//! notification table); the inspect, retention and schedule queries; the other traits'
-//! impls; `Unsupported` answers for the PostgreSQL-only features; the conformance suite on
-//! this store; the CLI and facade entry points.
+//! Left (issue 35): the inspect, retention and schedule queries; the other traits' impls;
+//! `Unsupported` answers for the PostgreSQL-only features; the conformance suite on this
+//! store; the CLI and facade entry points.
 //!
 //! ```no_run
 //! use keiro_journal::{InstanceKey, store::StartRequest};
@@ -79,6 +80,15 @@
 //! - Several stores (processes) on one file take its write lock in turn; a lock held past the
 //!   busy timeout fails the operation as retryable (`Unavailable`), never corrupts or loses
 //!   one. One file on one host: SQLite's locking does not hold on network filesystems.
+//! - Push wake-ups (`keiro_resume::Notifier`): a subscription in the store that committed a
+//!   change is woken once the `COMMIT` returned, never before and never for an operation that
+//!   rolled back; a subscription in another store (process) on the same file, within about
+//!   [`Config::notify_poll_interval`] (each store polls a notification table, reading it only
+//!   when `PRAGMA data_version` says another connection committed). A poller that fails or
+//!   falls behind wakes every subscription with `Reconnected`, as a LISTEN reconnection does
+//!   on PostgreSQL. Only on one host's local filesystem, as the locking: SQLite's shared
+//!   memory, which the poller relies on, does not work across hosts. A wake-up only shortens
+//!   a wait; the loops' fallback polls still guarantee progress.
 //! - Values: the refusals of PostgreSQL (`ValueRefused` for a NUL in a text or a JSON string,
 //!   and for a value past [`Config::value_len_max`]).
 //! - Times come from the store's clock ([`SqliteStore::pin_clock`],
@@ -98,6 +108,7 @@ mod error;
 mod instance;
 mod journal;
 mod lease;
+mod notify;
 mod open;
 mod remote;
 mod row;
@@ -108,8 +119,8 @@ mod timer;
 mod writer;
 
 pub use config::{
-    Config, Synchronous, BATCH_MAX_DEFAULT, BUSY_TIMEOUT_DEFAULT, READERS_DEFAULT,
-    VALUE_LEN_MAX_DEFAULT,
+    Config, Synchronous, BATCH_MAX_DEFAULT, BUSY_TIMEOUT_DEFAULT, NOTIFY_POLL_INTERVAL_DEFAULT,
+    READERS_DEFAULT, VALUE_LEN_MAX_DEFAULT,
 };
 pub use error::{Error, Result};
 pub use open::SCHEMA_VERSION;

@@ -11,8 +11,14 @@ use crate::error::{Error, Result};
 
 /// The migrations, numbered from 1, in order. Never edited once released: a later file
 /// changes what an earlier one made (STYLE.md §6).
-pub(crate) const MIGRATIONS: &[(i64, &str, &str)] =
-    &[(1, "init", include_str!("../migrations/0001_init.sql"))];
+pub(crate) const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (1, "init", include_str!("../migrations/0001_init.sql")),
+    (
+        2,
+        "notifications",
+        include_str!("../migrations/0002_notifications.sql"),
+    ),
+];
 
 /// The newest schema version this build knows.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -2,7 +2,7 @@
 //! one-statement timer operations the Postgres store runs from Rust (crates/postgres/src/
 //! timer.rs: requeue stuck, count due).
 //!
-//! Not yet: the `timer` notification of a new timer (`keiro_notify_timer`).
+//! A new timer notifies `timer` (`keiro_notify_timer`), as in plpgsql.
 
 use keiro_journal::store::Result;
 use keiro_journal::Generation;
@@ -12,6 +12,7 @@ use time::OffsetDateTime;
 
 use crate::error::store;
 use crate::journal::{journal_append_to, AppendCode, AppendTo};
+use crate::notify;
 use crate::row::micros;
 
 const ARM: &str = "arming a timer";
@@ -78,6 +79,7 @@ pub(crate) fn timer_arm(
         .map_err(|e| store(ARM, e))?
         == 1;
     if armed {
+        notify::timer(conn, ARM)?;
         return Ok(ArmCode::Armed(fire_at));
     }
     let stored: Option<i64> = conn

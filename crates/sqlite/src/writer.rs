@@ -21,6 +21,10 @@
 //!
 //! Another process's writer on the same file takes the file's write lock in turn: `BEGIN
 //! IMMEDIATE` waits for it up to the busy timeout, then the batch fails as retryable.
+//!
+//! A committed batch publishes the notifications its operations wrote (the `notify` module),
+//! after the `COMMIT` returned and before anyone is answered; a rolled-back one publishes
+//! nothing.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,6 +36,7 @@ use rusqlite::Connection;
 use time::OffsetDateTime;
 
 use crate::clock::Clock;
+use crate::notify::{self, Outlets};
 
 /// A queued operation: runs once on the write connection, then is answered once the batch's
 /// commit is known.
@@ -83,19 +88,21 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
-    /// Starts the writer thread on `conn`.
+    /// Starts the writer thread on `conn`, publishing its commits' notifications to
+    /// `outlets`.
     pub(crate) fn start(
         conn: Connection,
         clock: Clock,
         batch_max: usize,
         name: String,
+        outlets: Outlets,
     ) -> std::io::Result<Self> {
         let (queue, jobs) = mpsc::channel::<Box<dyn Job>>();
         let commits = Arc::new(AtomicU64::new(0));
         let counted = Arc::clone(&commits);
         std::thread::Builder::new()
             .name(name)
-            .spawn(move || drain(&conn, &clock, &jobs, batch_max, &counted))?;
+            .spawn(move || drain(&conn, &clock, &jobs, batch_max, &counted, &outlets))?;
         Ok(Self { queue, commits })
     }
 
@@ -145,6 +152,7 @@ fn drain(
     jobs: &mpsc::Receiver<Box<dyn Job>>,
     batch_max: usize,
     commits: &AtomicU64,
+    outlets: &Outlets,
 ) {
     while let Ok(first) = jobs.recv() {
         let mut batch = vec![first];
@@ -154,7 +162,7 @@ fn drain(
                 Err(_) => break,
             }
         }
-        run_batch(conn, clock, batch, commits);
+        run_batch(conn, clock, batch, commits, outlets);
     }
 }
 
@@ -166,11 +174,19 @@ fn fail_all(jobs: Vec<Box<dyn Job>>, error: &Arc<rusqlite::Error>) {
 }
 
 /// Runs one batch: one transaction, a savepoint per job, then one commit, counted in `commits`
-/// before anyone is answered.
-fn run_batch(conn: &Connection, clock: &Clock, batch: Vec<Box<dyn Job>>, commits: &AtomicU64) {
+/// and published to `outlets` before anyone is answered.
+fn run_batch(
+    conn: &Connection,
+    clock: &Clock,
+    batch: Vec<Box<dyn Job>>,
+    commits: &AtomicU64,
+    outlets: &Outlets,
+) {
     // Jobs run in the open transaction, waiting for its commit.
     let mut done: Vec<Box<dyn Job>> = Vec::with_capacity(batch.len());
     let mut open = false;
+    // Where the open transaction's notifications start.
+    let mut mark = None;
     for mut job in batch {
         if !open {
             if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
@@ -180,6 +196,7 @@ fn run_batch(conn: &Connection, clock: &Clock, batch: Vec<Box<dyn Job>>, commits
                 continue;
             }
             open = true;
+            mark = notify::mark(conn);
         }
         if let Err(e) = conn.execute_batch("SAVEPOINT op") {
             job.answer(Some(&Arc::new(e)));
@@ -222,9 +239,13 @@ fn run_batch(conn: &Connection, clock: &Clock, batch: Vec<Box<dyn Job>>, commits
     if !open {
         return;
     }
+    let written = notify::written(conn, mark);
+    // Noted as the writer's own before the commit, so the poller never reads them unnoted.
+    let own = outlets.committing(written.as_deref());
     match conn.execute_batch("COMMIT") {
         Ok(()) => {
             commits.fetch_add(1, Ordering::Relaxed);
+            outlets.committed(written);
             for job in done {
                 job.answer(None);
             }
@@ -232,6 +253,7 @@ fn run_batch(conn: &Connection, clock: &Clock, batch: Vec<Box<dyn Job>>, commits
         Err(e) => {
             let error = Arc::new(e);
             let _ = conn.execute_batch("ROLLBACK");
+            outlets.rolled_back(own);
             fail_all(done, &error);
         }
     }
@@ -245,7 +267,14 @@ mod tests {
         let conn = Connection::open_in_memory().expect("opens");
         conn.execute_batch("CREATE TABLE t (v INTEGER PRIMARY KEY)")
             .expect("creates");
-        Writer::start(conn, Clock::default(), 64, "test-writer".into()).expect("starts")
+        Writer::start(
+            conn,
+            Clock::default(),
+            64,
+            "test-writer".into(),
+            Outlets::new(),
+        )
+        .expect("starts")
     }
 
     fn insert(v: i64) -> impl FnOnce(&Connection, OffsetDateTime) -> StoreResult<usize> {

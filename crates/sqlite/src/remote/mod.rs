@@ -25,6 +25,7 @@ use time::OffsetDateTime;
 use crate::error::store;
 use crate::instance::{self, ParkCode};
 use crate::journal::{journal_append_to, AppendCode, AppendTo};
+use crate::notify;
 use crate::row::{self, micros};
 
 mod worker;
@@ -227,9 +228,8 @@ fn after(at: i64, ms: Option<i64>) -> Option<i64> {
 /// deadline first counts an expired claim the task still holds (as the claimers' sweep does):
 /// at the task's limit the step fails as crashed. A cancelled task is left as it is. A stale
 /// fence or a missing owner writes nothing; an owner that is terminal or on another
-/// generation gets `waiting` with no deadline (the park that follows sees it).
-///
-/// Not yet: the `remote` notification of a task that became claimable.
+/// generation gets `waiting` with no deadline (the park that follows sees it). A dispatch and
+/// a redispatch notify `remote` (the task became claimable).
 pub(crate) fn remote_arm(conn: &Connection, now: OffsetDateTime, arm: Arm<'_>) -> Result<ArmCode> {
     let existing = task(conn, arm.step_id, ARM)?;
     let Some(owner) = row::instance_row(conn, arm.name, arm.id, ARM)? else {
@@ -271,6 +271,7 @@ pub(crate) fn remote_arm(conn: &Connection, now: OffsetDateTime, arm: Arm<'_>) -
             ],
         )
         .map_err(|e| store(ARM, e))?;
+        notify::remote(conn, ARM)?;
         return Ok(ArmCode::Dispatched(deadline));
     };
 
@@ -333,6 +334,7 @@ pub(crate) fn remote_arm(conn: &Connection, now: OffsetDateTime, arm: Arm<'_>) -
             let deadline = after(at, existing.redispatch_after_ms);
             conn.execute(TASK_REDISPATCH, params![arm.step_id, at, deadline])
                 .map_err(|e| store(ARM, e))?;
+            notify::remote(conn, ARM)?;
             return Ok(ArmCode::Redispatched(deadline));
         }
         let error = json!({
@@ -438,9 +440,7 @@ const TASKS_REDISPATCH: &str = "UPDATE remote_tasks SET \
 /// keiro_remote_redispatch_pending: dispatches every pending or claimed task of the
 /// instance's current generation again (claim dropped, available now, dispatches + 1),
 /// whatever its deadline and redispatch_max (an operator's decision); how many, or `None`
-/// for a missing instance.
-///
-/// Not yet: the `remote` notification.
+/// for a missing instance. Notifies `remote` when a task was redispatched.
 pub(crate) fn remote_redispatch_pending(
     conn: &Connection,
     now: OffsetDateTime,
@@ -457,6 +457,9 @@ pub(crate) fn remote_redispatch_pending(
     let redispatched = conn
         .execute(TASKS_REDISPATCH, params![name, id, generation, micros(now)])
         .map_err(|e| store(REDISPATCH, e))?;
+    if redispatched > 0 {
+        notify::remote(conn, REDISPATCH)?;
+    }
     Ok(Some(u64::try_from(redispatched).unwrap_or(u64::MAX)))
 }
 

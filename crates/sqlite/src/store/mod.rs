@@ -14,6 +14,7 @@ use time::OffsetDateTime;
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::error;
+use crate::notify::Hub;
 use crate::open;
 use crate::row;
 use crate::writer::Writer;
@@ -21,6 +22,7 @@ use crate::writer::Writer;
 mod admin;
 mod journal;
 mod lease;
+mod notify;
 mod remote;
 mod sources;
 mod timer;
@@ -36,8 +38,9 @@ pub(crate) fn span_ms(span: Duration) -> i64 {
     i64::try_from(span.as_millis()).map_or(SPAN_MS_MAX, |ms| ms.min(SPAN_MS_MAX))
 }
 
-/// keiro's store on one SQLite file. Cheap to clone: clones share the writer, the readers and
-/// the clock. The writer thread stops when the last clone is dropped.
+/// keiro's store on one SQLite file. Cheap to clone: clones share the writer, the readers, the
+/// clock and the notifications. The writer and notification poller threads stop when the last
+/// clone is dropped.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pub(crate) inner: Arc<Inner>,
@@ -51,6 +54,8 @@ pub(crate) struct Inner {
     pub(crate) writer: Writer,
     /// Idle read connections.
     readers: Mutex<Vec<Connection>>,
+    /// The notifications' broadcast and result waiters, and the poller's stop signal.
+    pub(crate) notify: Hub,
 }
 
 pub(crate) fn not_found(key: &InstanceKey) -> StoreError {
@@ -80,11 +85,13 @@ impl SqliteStore {
         let clock = Clock::default();
         let conn = open::writer(path, &config, row::micros(clock.now()))?;
         let reader = open::reader(path, &config)?;
+        let notify = Hub::start(path, &config)?;
         let writer = Writer::start(
             conn,
             clock.clone(),
             config.batch_max,
             "keiro-sqlite-writer".into(),
+            notify.outlets().clone(),
         )
         .map_err(|source| crate::Error::Thread {
             path: open::owned(path),
@@ -97,6 +104,7 @@ impl SqliteStore {
                 clock,
                 writer,
                 readers: Mutex::new(vec![reader]),
+                notify,
             }),
         })
     }
