@@ -14,6 +14,11 @@ pub const BATCH_MAX_DEFAULT: usize = 256;
 /// The longest text or JSON value the store writes, in bytes: PostgreSQL's jsonb limit
 /// (268435455 bytes), so both stores refuse the same values as too big.
 pub const VALUE_LEN_MAX_DEFAULT: usize = 268_435_455;
+/// The smallest [`Config::value_len_max`] accepted: SQLite applies the limit to every value a
+/// connection reads too, the schema's own statements among them, so a limit below the longest
+/// of those could not open the file. 16 KiB is several times the longest statement keiro-sqlite
+/// keeps (a test holds it so).
+pub const VALUE_LEN_MIN: usize = 16 * 1024;
 /// How often a store looks for notifications committed by other processes on its file: the
 /// wake latency across processes (a notification in the same process is published at once).
 pub const NOTIFY_POLL_INTERVAL_DEFAULT: Duration = Duration::from_millis(50);
@@ -47,8 +52,8 @@ pub struct Config {
     /// The most queued operations one write transaction takes (at least 1). Defaults to
     /// [`BATCH_MAX_DEFAULT`].
     pub batch_max: usize,
-    /// The longest value written, in bytes (SQLite's length limit). Defaults to
-    /// [`VALUE_LEN_MAX_DEFAULT`].
+    /// The longest value written, in bytes (SQLite's length limit), at least
+    /// [`VALUE_LEN_MIN`]. Defaults to [`VALUE_LEN_MAX_DEFAULT`].
     pub value_len_max: usize,
     /// How often the store checks for notifications other processes committed on the file
     /// (one `PRAGMA data_version` when nothing changed; more than zero). Defaults to
@@ -82,9 +87,9 @@ impl Config {
         if self.batch_max == 0 {
             return Err(Error::Config("batch_max must be at least 1".into()));
         }
-        if self.value_len_max == 0 || i32::try_from(self.value_len_max).is_err() {
+        if self.value_len_max < VALUE_LEN_MIN || i32::try_from(self.value_len_max).is_err() {
             return Err(Error::Config(format!(
-                "value_len_max must be between 1 and {}",
+                "value_len_max must be between {VALUE_LEN_MIN} and {}",
                 i32::MAX
             )));
         }

@@ -120,7 +120,7 @@ mod writer;
 
 pub use config::{
     Config, Synchronous, BATCH_MAX_DEFAULT, BUSY_TIMEOUT_DEFAULT, NOTIFY_POLL_INTERVAL_DEFAULT,
-    READERS_DEFAULT, VALUE_LEN_MAX_DEFAULT,
+    READERS_DEFAULT, VALUE_LEN_MAX_DEFAULT, VALUE_LEN_MIN,
 };
 pub use error::{Error, Result};
 pub use open::SCHEMA_VERSION;

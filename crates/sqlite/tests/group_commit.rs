@@ -38,7 +38,7 @@ async fn concurrent_appends_share_a_commit_and_each_gets_its_own_answer(
     let dir = TempDir::new("gc-share");
     let path = dir.file("keiro.db");
     let config = Config {
-        value_len_max: 10_000,
+        value_len_max: keiro_sqlite::VALUE_LEN_MIN,
         ..Config::default()
     };
     let store = SqliteStore::open(&path, config)?;
@@ -86,7 +86,12 @@ async fn concurrent_appends_share_a_commit_and_each_gets_its_own_answer(
     let absent = tokio::spawn(async move { s.journal_append(&missing).await });
     // A value SQLite refuses inside the transaction (past the length limit).
     let s = store.clone();
-    let huge = step(&k, "huge", json!("x".repeat(20_000)), None);
+    let huge = step(
+        &k,
+        "huge",
+        json!("x".repeat(2 * keiro_sqlite::VALUE_LEN_MIN)),
+        None,
+    );
     let refused = tokio::spawn(async move { s.journal_append(&huge).await });
     // Let every operation reach the writer's queue while the lock is held.
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -234,7 +234,7 @@ async fn a_rolled_back_operation_publishes_nothing() {
     let dir = TempDir::new("notify-rollback");
     // A value past the limit is refused by SQLite itself, while the operation runs.
     let config = Config {
-        value_len_max: 10_000,
+        value_len_max: keiro_sqlite::VALUE_LEN_MIN,
         ..Config::default()
     };
     let store = open_unpolled(&dir, config.clone());
@@ -251,7 +251,7 @@ async fn a_rolled_back_operation_publishes_nothing() {
     // The first dispatch is written (its task, its `remote` notification), then the second's
     // input is refused: the whole park rolls back, the first notification with it.
     let too_big = RemoteArm {
-        input: json!("x".repeat(20_000)),
+        input: json!("x".repeat(2 * keiro_sqlite::VALUE_LEN_MIN)),
         ..remote_arm(&k, "big")
     };
     let arms = [remote_arm(&k, "small"), too_big];
@@ -266,9 +266,13 @@ async fn a_rolled_back_operation_publishes_nothing() {
     assert_eq!(row.status, keiro_journal::Status::Running);
 
     // A close refused for its value (its journal row is past the limit) closes nothing.
-    let refused = complete(&store, &k, json!("x".repeat(20_000)))
-        .await
-        .unwrap_err();
+    let refused = complete(
+        &store,
+        &k,
+        json!("x".repeat(2 * keiro_sqlite::VALUE_LEN_MIN)),
+    )
+    .await
+    .unwrap_err();
     assert!(refused.is_value_refused(), "{refused}");
     assert_eq!(closed_here.wait(QUIET).await, WakeReason::Timeout);
     assert_eq!(closed_there.wait(QUIET).await, WakeReason::Timeout);

@@ -186,3 +186,51 @@ fn two_stores_open_one_file_concurrently() -> Result<(), Box<dyn std::error::Err
     assert_eq!(rows, SCHEMA_VERSION, "each migration applied once");
     Ok(())
 }
+
+/// The smallest value limit the config accepts opens a file (the schema's own statements are
+/// read under the same limit) and refuses a value past it; a smaller one is a config error.
+#[tokio::test]
+async fn the_smallest_value_limit_opens_and_refuses_longer_values(
+) -> Result<(), Box<dyn std::error::Error>> {
+    let dir = TempDir::new("open-small-limit");
+    let path = dir.file("small.db");
+    let config = Config {
+        value_len_max: keiro_sqlite::VALUE_LEN_MIN,
+        ..Config::default()
+    };
+    let store = SqliteStore::open(&path, config.clone())?;
+    // A second store opens the migrated file under the same limit, as another process would.
+    let again = SqliteStore::open(&path, config.clone())?;
+    let fits = "x".repeat(keiro_sqlite::VALUE_LEN_MIN / 2);
+    assert!(
+        again
+            .instance_start(&start_request("fits", json!(fits)))
+            .await?
+            .created
+    );
+    let long = "x".repeat(keiro_sqlite::VALUE_LEN_MIN + 1);
+    let refused = store
+        .instance_start(&start_request("long", json!(long)))
+        .await;
+    assert!(
+        matches!(refused, Err(keiro_journal::StoreError::ValueRefused { .. })),
+        "{refused:?}"
+    );
+    let below = Config {
+        value_len_max: keiro_sqlite::VALUE_LEN_MIN - 1,
+        ..Config::default()
+    };
+    let err = SqliteStore::open(dir.file("below.db"), below).unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    assert!(err.to_string().contains("value_len_max"), "{err}");
+    // The limit holds the schema: every statement keiro-sqlite keeps is shorter than it.
+    let raw = Connection::open(&path)?;
+    let longest: i64 = raw.query_row("SELECT max(length(sql)) FROM sqlite_master", [], |r| {
+        r.get(0)
+    })?;
+    assert!(
+        usize::try_from(longest)? < keiro_sqlite::VALUE_LEN_MIN / 2,
+        "{longest}"
+    );
+    Ok(())
+}
