@@ -178,15 +178,25 @@ fn parse(line: &str) -> io::Result<Execution> {
 mod tests {
     use super::*;
 
-    fn scratch(test: &str) -> PathBuf {
-        std::env::temp_dir().join(format!("keiro-step-ledger-{test}-{}", uuid::Uuid::new_v4()))
+    /// A directory of its own for one test, removed however the test ends.
+    struct Scratch(PathBuf);
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn scratch(test: &str) -> Scratch {
+        Scratch(
+            std::env::temp_dir().join(format!("keiro-step-ledger-{test}-{}", uuid::Uuid::new_v4())),
+        )
     }
 
     #[test]
-    fn an_execution_inside_another_of_its_instance_is_an_overlap_and_lines_survive(
-    ) -> io::Result<()> {
+    fn an_execution_inside_another_of_its_instance_is_recorded_as_an_overlap() -> io::Result<()> {
         let dir = scratch("overlap");
-        let ledger = StepLedger::open(&dir)?;
+        let ledger = StepLedger::open(&dir.0)?;
         let first = ledger.enter("j-1", "step-0")?;
         // Another instance is not an overlap; the same instance is, even from another open
         // file description of this process (flock locks one description, not a process).
@@ -204,7 +214,7 @@ mod tests {
         };
         // A second handle on the directory reads what the first appended.
         assert_eq!(
-            StepLedger::open(&dir)?.executions()?,
+            StepLedger::open(&dir.0)?.executions()?,
             [
                 line("j-1", "step-0", false),
                 line("j-2", "step-0", false),
@@ -212,13 +222,13 @@ mod tests {
                 line("j-1", "step-2", false),
             ]
         );
-        std::fs::remove_dir_all(&dir)
+        Ok(())
     }
 
     #[test]
     fn a_field_that_is_not_one_path_component_and_one_word_is_refused() -> io::Result<()> {
         let dir = scratch("fields");
-        let ledger = StepLedger::open(&dir)?;
+        let ledger = StepLedger::open(&dir.0)?;
         for (id, step) in [
             ("", "s"),
             ("a b", "s"),
@@ -230,21 +240,21 @@ mod tests {
             assert_eq!(refused, Err(io::ErrorKind::InvalidInput), "{id:?} {step:?}");
         }
         assert!(ledger.executions()?.is_empty());
-        std::fs::remove_dir_all(&dir)
+        Ok(())
     }
 
     #[test]
     fn a_line_the_ledger_did_not_write_is_refused() -> io::Result<()> {
         let dir = scratch("parse");
-        let ledger = StepLedger::open(&dir)?;
+        let ledger = StepLedger::open(&dir.0)?;
         std::fs::write(
-            dir.join("executions"),
+            dir.0.join("executions"),
             "j-1 step-0 12 false\nj-1 step-1 12\n",
         )?;
         assert_eq!(
             ledger.executions().map_err(|e| e.kind()),
             Err(io::ErrorKind::InvalidData)
         );
-        std::fs::remove_dir_all(&dir)
+        Ok(())
     }
 }
