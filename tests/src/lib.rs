@@ -11,6 +11,7 @@ pub mod harness;
 pub mod pg;
 pub mod remote_fixtures;
 pub mod status;
+pub mod step_ledger;
 pub mod worker;
 pub mod workflows;
 

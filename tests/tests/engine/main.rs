@@ -22,6 +22,7 @@ mod result;
 mod resume;
 mod retention;
 mod schedules;
+mod sqlite_processes;
 mod start_in;
 mod telemetry;
 mod testing_kit;
