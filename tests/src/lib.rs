@@ -16,7 +16,8 @@ pub mod workflows;
 
 pub use faulty::FaultyStore;
 pub use harness::{
-    crash, journal_steps, key, run_inline, run_with, Backend, Harness, Ledger, TestResult,
+    crash, journal_steps, key, run_inline, run_with, Backend, Harness, Ledger, SqliteDir,
+    TestResult,
 };
 pub use status::{status, until, until_status};
 pub use worker::{spawn_worker, RunningWorker};
