@@ -61,6 +61,10 @@ const FILTER_FAILED_REMOTE: &str = " AND EXISTS (SELECT 1 FROM remote_tasks t \
      AND t.status = 'failed')";
 const KEYSET_BEFORE: &str = " AND (w.created_at, w.workflow_name, w.workflow_id) < (?";
 const KEYSET_AFTER: &str = " AND (w.created_at, w.workflow_name, w.workflow_id) > (?";
+// The same keyset without the name, for a name-filtered page whose cursor has that name: what
+// workflows_list_name_idx (name, created_at, id) can seek to.
+const KEYSET_NAMED_BEFORE: &str = " AND (w.created_at, w.workflow_id) < (?";
+const KEYSET_NAMED_AFTER: &str = " AND (w.created_at, w.workflow_id) > (?";
 const ORDER_NEWEST: &str =
     " ORDER BY w.created_at DESC, w.workflow_name DESC, w.workflow_id DESC LIMIT ?";
 const ORDER_OLDEST: &str = " ORDER BY w.created_at, w.workflow_name, w.workflow_id LIMIT ?";
@@ -144,6 +148,18 @@ impl ListStatement {
             statement.push_more(text(cursor.key.name.as_str()));
             statement.push_more(text(cursor.key.id.as_str()));
             statement.sql.push(')');
+            if filter.name.as_ref() == Some(&cursor.key.name) {
+                statement.push(
+                    if newest {
+                        KEYSET_NAMED_BEFORE
+                    } else {
+                        KEYSET_NAMED_AFTER
+                    },
+                    at(cursor.created_at),
+                );
+                statement.push_more(text(cursor.key.id.as_str()));
+                statement.sql.push(')');
+            }
         }
         let order = match request.order {
             ListOrder::NewestFirst => ORDER_NEWEST,
@@ -412,4 +428,78 @@ pub(crate) fn instance_waits(conn: &Connection, name: &str, id: &str, limit: u32
             .collect::<Result<_>>()?,
         limit,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use keiro_journal::{Cursor, InstanceKey, ListFilter, Status, WorkflowName};
+
+    use super::*;
+
+    /// SQLite's plan of `request`'s statement, one detail per line.
+    fn plan(conn: &Connection, request: &ListRequest) -> String {
+        let statement = ListStatement::new(request);
+        let mut explain = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {}", statement.sql))
+            .expect("plans");
+        let details: Vec<String> = explain
+            .query_map(params_from_iter(statement.params.iter()), |r| r.get(3))
+            .expect("plans")
+            .collect::<rusqlite::Result<_>>()
+            .expect("plans");
+        details.join("\n")
+    }
+
+    /// The filters with an index of their own walk it in list order: no sort, no scan of the
+    /// table, however deep the page (the cursor's keyset is a range on the same index).
+    #[test]
+    fn indexed_filters_walk_their_index_in_list_order() {
+        let conn = Connection::open_in_memory().expect("opens");
+        conn.execute_batch(include_str!("../migrations/0001_init.sql"))
+            .expect("migrates");
+        let key = InstanceKey::parse("wf", "a-1").expect("valid");
+        let cursor = Cursor {
+            created_at: OffsetDateTime::UNIX_EPOCH,
+            key: key.clone(),
+        };
+        let cases = [
+            (ListFilter::default(), "workflows_list_created_idx"),
+            (
+                ListFilter {
+                    status: Some(Status::Failed),
+                    ..ListFilter::default()
+                },
+                "workflows_list_status_idx",
+            ),
+            (
+                ListFilter {
+                    name: Some(WorkflowName::new("wf").expect("valid")),
+                    ..ListFilter::default()
+                },
+                "workflows_list_name_idx",
+            ),
+            (
+                ListFilter {
+                    parent: Some(key.clone()),
+                    ..ListFilter::default()
+                },
+                "workflows_list_parent_idx",
+            ),
+        ];
+        for (filter, index) in cases {
+            for order in [ListOrder::NewestFirst, ListOrder::OldestFirst] {
+                for cursor in [None, Some(cursor.clone())] {
+                    let request = ListRequest {
+                        filter: filter.clone(),
+                        order,
+                        cursor,
+                        ..ListRequest::default()
+                    };
+                    let plan = plan(&conn, &request);
+                    assert!(plan.contains(index), "{request:?}:\n{plan}");
+                    assert!(!plan.contains("TEMP B-TREE"), "{request:?}:\n{plan}");
+                }
+            }
+        }
+    }
 }
