@@ -22,6 +22,8 @@ pub enum Backend {
     Memory,
     /// `keiro-postgres` on a fresh schema of the test database.
     Postgres,
+    /// `keiro-sqlite` on a fresh file in a temporary directory of its own.
+    Sqlite,
 }
 
 /// A store for one test, plus what keeps it alive.
@@ -38,6 +40,39 @@ pub struct Harness {
     pub keiro: Keiro,
     /// The Postgres schema, when `backend` is Postgres; dropped with the harness.
     pub db: Option<TestDb>,
+    /// The SQLite file's directory, when `backend` is Sqlite; removed with the harness.
+    pub sqlite_dir: Option<SqliteDir>,
+}
+
+/// A temporary directory holding one test's SQLite file, removed when dropped.
+#[derive(Debug)]
+pub struct SqliteDir(std::path::PathBuf);
+
+impl SqliteDir {
+    /// A fresh directory under the system's temporary directory.
+    fn new() -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "keiro-tests-sqlite-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            panic!("cannot create {}: {e}", dir.display());
+        }
+        Self(dir)
+    }
+
+    /// The database file's path.
+    pub fn file(&self) -> std::path::PathBuf {
+        self.0.join("keiro.db")
+    }
+}
+
+impl Drop for SqliteDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 impl std::fmt::Debug for Harness {
@@ -59,6 +94,27 @@ impl Harness {
             admin: store.clone(),
             store,
             db: None,
+            sqlite_dir: None,
+        }
+    }
+
+    /// A harness on a fresh SQLite file in a temporary directory of its own (removed with the
+    /// harness). Panics when the file cannot be opened.
+    pub fn sqlite() -> Self {
+        let dir = SqliteDir::new();
+        let store =
+            match keiro_sqlite::SqliteStore::open(dir.file(), keiro_sqlite::Config::default()) {
+                Ok(store) => Arc::new(store),
+                Err(e) => panic!("cannot open {}: {e}", dir.file().display()),
+            };
+        Self {
+            backend: Backend::Sqlite,
+            keiro: Keiro::builder((*store).clone()).without_push().build(),
+            transport: store.clone(),
+            admin: store.clone(),
+            store,
+            db: None,
+            sqlite_dir: Some(dir),
         }
     }
 
@@ -74,6 +130,7 @@ impl Harness {
             admin: store.clone(),
             store,
             db: Some(db),
+            sqlite_dir: None,
         }
     }
 
@@ -93,6 +150,7 @@ impl Harness {
             admin: store.clone(),
             store,
             db: Some(db),
+            sqlite_dir: None,
         }
     }
 

@@ -18,7 +18,7 @@ pub mod workflows;
 pub use faulty::FaultyStore;
 pub use harness::{
     crash, journal_steps, key, run_inline, run_with, Backend, FastWorker, Harness, Ledger,
-    TestResult,
+    SqliteDir, TestResult,
 };
 pub use status::{status, until, until_status};
 pub use worker::{spawn_worker, RunningWorker};

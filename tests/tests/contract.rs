@@ -3,3 +3,4 @@
 keiro_tests::contract_suite!(memory => keiro_tests::Harness::memory());
 keiro_tests::contract_suite!(postgres => keiro_tests::Harness::postgres().await);
 keiro_tests::contract_suite!(postgres_unbatched => keiro_tests::Harness::postgres_unbatched().await);
+keiro_tests::contract_suite!(sqlite => keiro_tests::Harness::sqlite());

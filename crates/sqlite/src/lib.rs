@@ -1,12 +1,11 @@
 //! keiro-sqlite: keiro's durable store on one SQLite file, with no server.
 //!
-//! **Status: the foundation of issue 35, not yet a store keiro can run on.** It opens, checks
-//! and migrates a file, writes through one writer thread with group commit, and implements the
-//! rules listed below as inherent methods of [`SqliteStore`], and through them the store traits
-//! `JournalStore`, `LeaseStore`, `Transport` and `RemoteAdmin` (every method of each), and
-//! `Notifier` (push wake-ups, below). The other store traits (`InspectStore`,
-//! `RetentionStore`, `ScheduleStore`) are deliberately **not** implemented until every method
-//! of each is: a trait answered half by fakes would pass tests it should fail.
+//! **Status: issue 35 in progress; keiro runs on it.** It opens, checks and migrates a file,
+//! writes through one writer thread with group commit, and implements the rules listed below
+//! as inherent methods of [`SqliteStore`], and through them every store trait:
+//! `JournalStore`, `LeaseStore`, `Transport`, `RemoteAdmin`, `InspectStore`, `RetentionStore`
+//! and `ScheduleStore` (every method of each), so `keiro::Keiro::builder` takes it and the
+//! conformance suite runs on it, and `Notifier` (push wake-ups, below).
 //!
 //! Implemented and tested (each the twin of its plpgsql function, same name, same order):
 //! - instance.sql: `instance_start`, `instance_confirm`, `instance_park`,
@@ -42,11 +41,18 @@
 //! - reads: `instance_get`, `journal_load`, `journal_history`;
 //! - notify.sql: `keiro_notify_wake`, `keiro_notify_timer`, `keiro_notify_remote` (a row of
 //!   migration 0002's notification table, where each rule above calls its twin) and the
-//!   trigger of terminal transitions, published through `keiro_resume::Notifier`.
+//!   trigger of terminal transitions, published through `keiro_resume::Notifier`;
+//! - crates/postgres/src/inspect.rs (plain SQL there too): `instances_list` (every filter, both
+//!   orders, keyset pages), `instances_counts`, `instance_waits`;
+//! - crates/postgres/src/retention.rs: `instances_gc` (one batch in rounds, leaves first, with
+//!   everything an instance owns; `locked_out` for a second batch of the same store, and
+//!   SQLite's write lock between stores), `instances_gc_eligible`;
+//! - crates/postgres/src/schedule.rs: every `ScheduleStore` operation, the scheduler's lease
+//!   and fencing epoch, `schedule_fire` (`Stale`, `NotLeader`, the starts with the row in one
+//!   transaction), `schedule_record_error`.
 //!
-//! Left (issue 35): the inspect, retention and schedule queries; the other traits' impls;
-//! `Unsupported` answers for the PostgreSQL-only features; the conformance suite on this
-//! store; the CLI and facade entry points.
+//! Left (issue 35): `Unsupported` answers for the PostgreSQL-only features; `keiro chaos` on
+//! this store; retiring the memory store.
 //!
 //! ```no_run
 //! use keiro_journal::{InstanceKey, store::StartRequest};
@@ -105,13 +111,16 @@ mod child;
 mod clock;
 mod config;
 mod error;
+mod inspect;
 mod instance;
 mod journal;
 mod lease;
 mod notify;
 mod open;
 mod remote;
+mod retention;
 mod row;
+mod schedule;
 mod signal;
 mod storable;
 mod store;

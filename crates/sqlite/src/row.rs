@@ -3,7 +3,9 @@
 //! does not read as keiro data is `Malformed`, never a panic.
 
 use keiro_journal::store::Result;
-use keiro_journal::{Event, Generation, Instance, InstanceKey, JournalEntry, Status};
+use keiro_journal::{
+    AwakeableStatus, Event, Generation, Instance, InstanceKey, JournalEntry, Status,
+};
 use rusqlite::Row;
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -141,6 +143,19 @@ impl Stored {
 /// Reads a stored status.
 pub(crate) fn status(text: &str, operation: &'static str) -> Result<Status> {
     Status::parse(text).ok_or_else(|| malformed(operation, format_args!("unknown status {text:?}")))
+}
+
+/// Reads a stored awakeable status.
+pub(crate) fn awakeable_status(text: &str, operation: &'static str) -> Result<AwakeableStatus> {
+    match text {
+        "pending" => Ok(AwakeableStatus::Pending),
+        "completed" => Ok(AwakeableStatus::Completed),
+        "cancelled" => Ok(AwakeableStatus::Cancelled),
+        other => Err(malformed(
+            operation,
+            format_args!("unknown awakeable status {other:?}"),
+        )),
+    }
 }
 
 /// Reads a stored key.

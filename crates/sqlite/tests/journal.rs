@@ -443,6 +443,48 @@ async fn closing_appends_the_completion_only_after_its_own_step() {
     );
 }
 
+/// Each append of a pair is as `journal_append` alone: a refused completion leaves the step it
+/// follows (the run's to keep), a refused step writes nothing.
+#[tokio::test]
+async fn a_refused_completion_keeps_its_step_and_a_refused_step_writes_nothing() {
+    let (dir, store) = pinned("j-closing-refused");
+    let key = start(&store, "a").await;
+    let fence = claim(&store, &key, "w").await;
+    let last = common::step(&key, "last", json!(1), Some(&fence));
+    let done = common::marker(
+        &key,
+        Event::WorkflowCompleted {
+            output: json!("\u{0}"),
+        },
+        Some(&fence),
+    );
+    let refused = store.journal_append_closing(&last, &done).await;
+    assert!(
+        matches!(&refused, Err(e) if e.is_value_refused()),
+        "{refused:?}"
+    );
+    assert_eq!(step_names(&dir.file("keiro.db"), &key), ["last"]);
+    assert_eq!(
+        store.instance_get(&key).await.unwrap().unwrap().status,
+        Status::Running
+    );
+
+    let other = start(&store, "b").await;
+    let fence = claim(&store, &other, "w").await;
+    let last = common::step(&other, "last", json!("\u{0}"), Some(&fence));
+    let done = common::marker(
+        &other,
+        Event::WorkflowCompleted { output: json!(1) },
+        Some(&fence),
+    );
+    let refused = store.journal_append_closing(&last, &done).await;
+    assert!(
+        matches!(&refused, Err(e) if e.is_value_refused()),
+        "{refused:?}"
+    );
+    assert!(step_names(&dir.file("keiro.db"), &other).is_empty());
+}
+
 #[tokio::test]
 async fn a_closing_marker_delivers_the_result_to_a_waiting_parent() {
     let (dir, store) = pinned("j-child");

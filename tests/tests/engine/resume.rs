@@ -284,6 +284,7 @@ async fn sequential_and_concurrent_passes_report_identically(h: Harness) -> Test
     let other = match h.backend {
         keiro_tests::Backend::Memory => Harness::memory(),
         keiro_tests::Backend::Postgres => Harness::postgres().await,
+        keiro_tests::Backend::Sqlite => Harness::sqlite(),
     };
     let sequential = mixed_pass(&h, 1).await?;
     let concurrent = mixed_pass(&other, 4).await?;

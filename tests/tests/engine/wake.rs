@@ -663,6 +663,9 @@ async fn push_wakes_a_worker_without_waiting_for_its_poll(h: Harness) -> TestRes
             let db = h.db.as_ref().expect("postgres harness");
             Keiro::builder(db.store()).build()
         }
+        keiro_tests::Backend::Sqlite => {
+            return Err("keiro-sqlite pushes no wake yet (issue 35): nothing to test".into())
+        }
     };
     let mut registry = Registry::new();
     registry.register("gate", |ctx: Ctx, (): ()| async move {

@@ -160,8 +160,10 @@ impl SqliteStore {
     ///
     /// # Errors
     ///
-    /// As [`journal_append`](Self::journal_append); an error of either append fails both
-    /// (the operation's savepoint is rolled back).
+    /// As [`journal_append`](Self::journal_append), each append as if alone: an error of the
+    /// step writes nothing; an error of the completion (its output refused, say) is answered
+    /// after the step is written, as two appends one after the other would leave it (the
+    /// completion runs in a savepoint of its own, so it leaves nothing).
     pub async fn journal_append_closing(
         &self,
         step: &Append,
@@ -170,25 +172,29 @@ impl SqliteStore {
         appendable(step)?;
         appendable(completion)?;
         storable::append(APPEND, step)?;
-        storable::append(APPEND, completion)?;
+        // Refused before the writer, as PostgreSQL refuses a parameter; answered after the step.
+        let completion_refused = storable::append(APPEND, completion).err();
         let (step, completion) = (step.clone(), completion.clone());
         self.inner
             .writer
             .write(APPEND, move |conn, now| {
                 let first = append_in(conn, now, &step)?;
                 if !step.recorded_by(&first) {
-                    return Ok(ClosingOutcome {
+                    return Ok(Ok(ClosingOutcome {
                         step: first,
                         completion: None,
-                    });
+                    }));
                 }
-                let closed = append_in(conn, now, &completion)?;
-                Ok(ClosingOutcome {
+                if let Some(refused) = completion_refused {
+                    return Ok(Err(refused));
+                }
+                let closed = in_savepoint(conn, || append_in(conn, now, &completion))?;
+                Ok(closed.map(|closed| ClosingOutcome {
                     step: first,
                     completion: Some(closed),
-                })
+                }))
             })
-            .await
+            .await?
     }
 
     /// Journals a delivery (an unfenced `await` record) by the append rules unless it would
@@ -462,6 +468,26 @@ fn appendable(append: &Append) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// Runs `body` inside a savepoint of its own: its error rolls back what it wrote and is
+/// returned inside `Ok`, so the operation around it keeps what it wrote before.
+fn in_savepoint<T>(conn: &Connection, body: impl FnOnce() -> Result<T>) -> Result<Result<T>> {
+    let sql = |text: &str| {
+        conn.execute_batch(text)
+            .map_err(|e| crate::error::store(APPEND, e))
+    };
+    sql("SAVEPOINT closing")?;
+    match body() {
+        Ok(value) => {
+            sql("RELEASE closing")?;
+            Ok(Ok(value))
+        }
+        Err(e) => {
+            sql("ROLLBACK TO closing; RELEASE closing")?;
+            Ok(Err(e))
+        }
+    }
 }
 
 /// `append` as the append rules' arguments, its event encoded as `encoded`.

@@ -1,8 +1,10 @@
 //! [`SqliteStore`]: the handle, its writer and readers, and its clock. Its operations, grouped
 //! as the store traits group them, are in `journal.rs` (instances, the journal, deliveries),
-//! `timer.rs` and `lease.rs`; each turns a rule's outcome code into the traits' outcome or error.
+//! `timer.rs`, `sources.rs`, `remote.rs`, `admin.rs`, `lease.rs`, `inspect.rs`, `retention.rs`
+//! and `schedule.rs`; each turns a rule's outcome into the traits' outcome or error.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -20,10 +22,13 @@ use crate::row;
 use crate::writer::Writer;
 
 mod admin;
+mod inspect;
 mod journal;
 mod lease;
 mod notify;
 mod remote;
+mod retention;
+mod schedule;
 mod sources;
 mod timer;
 mod traits;
@@ -56,6 +61,8 @@ pub(crate) struct Inner {
     readers: Mutex<Vec<Connection>>,
     /// The notifications' broadcast and result waiters, and the poller's stop signal.
     pub(crate) notify: Hub,
+    /// Set while a retention batch of this store is queued or running (`store/retention.rs`).
+    collecting: AtomicBool,
 }
 
 pub(crate) fn not_found(key: &InstanceKey) -> StoreError {
@@ -105,6 +112,7 @@ impl SqliteStore {
                 writer,
                 readers: Mutex::new(vec![reader]),
                 notify,
+                collecting: AtomicBool::new(false),
             }),
         })
     }

@@ -237,7 +237,7 @@ impl SqliteStore {
                     SettleCode::OwnerGone => Ok(AwakeableOutcome::OwnerGone),
                     SettleCode::NotFound => Ok(AwakeableOutcome::NotFound),
                     SettleCode::AlreadySettled(status) => Ok(AwakeableOutcome::AlreadySettled(
-                        awakeable_status(&status, operation)?,
+                        row::awakeable_status(&status, operation)?,
                     )),
                 },
             )
@@ -321,18 +321,5 @@ impl SqliteStore {
                 append_outcome(code, &append.key, append.fence.as_ref())
             })
             .await
-    }
-}
-
-/// Reads a stored awakeable status.
-fn awakeable_status(text: &str, operation: &'static str) -> Result<AwakeableStatus> {
-    match text {
-        "pending" => Ok(AwakeableStatus::Pending),
-        "completed" => Ok(AwakeableStatus::Completed),
-        "cancelled" => Ok(AwakeableStatus::Cancelled),
-        other => Err(malformed(
-            operation,
-            format_args!("unknown awakeable status {other:?}"),
-        )),
     }
 }

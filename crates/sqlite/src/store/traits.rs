@@ -1,7 +1,8 @@
 //! The store traits [`SqliteStore`] implements, each method its inherent operation of the same
-//! name (in `journal.rs`, `timer.rs`, `sources.rs`, `remote.rs` and `lease.rs`) run in the
-//! `keiro.store.<operation>` span every store opens. A trait is implemented here only once
-//! every one of its methods is (see the crate's Status).
+//! name (in `journal.rs`, `timer.rs`, `sources.rs`, `remote.rs`, `lease.rs`, `inspect.rs`,
+//! `retention.rs` and `schedule.rs`) run in the `keiro.store.<operation>` span every store
+//! opens. A trait is implemented here only once every one of its methods is (see the crate's
+//! Status).
 
 use std::time::Duration;
 
@@ -15,12 +16,18 @@ use keiro_journal::{
     Instance, InstanceKey, JournalEntry, JournalStore, SignalOptions, SignalSendOutcome, Started,
     Status, TimerFiring, WorkflowName,
 };
+use keiro_journal::{
+    Counts, GcBatch, GcRequest, InspectStore, ListRequest, Page, RetentionStore, Waits,
+};
 use keiro_lease::{
     Claim, ClaimOutcome, Crash, CrashOutcome, LeaseStore, ResurrectOutcome, StartClaim,
 };
 use keiro_remote::{
     ClaimRequest, ClaimedTask, HeartbeatOutcome, RemoteAdmin, RemoteTask, ReportOutcome,
     RequeueOutcome, RetryOutcome, TaskFailure, Transport,
+};
+use keiro_resume::{
+    FireOutcome, Schedule, ScheduleFire, ScheduleSpec, ScheduleStore, SchedulesDue,
 };
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -480,6 +487,167 @@ impl Transport for SqliteStore {
         traced(
             span,
             SqliteStore::task_fail(self, step_id, claim, failure, retry_delay),
+        )
+        .await
+    }
+}
+
+#[async_trait::async_trait]
+impl InspectStore for SqliteStore {
+    async fn instances_list(&self, request: &ListRequest) -> Result<Page> {
+        traced(
+            store_span!("instances_list"),
+            SqliteStore::instances_list(self, request),
+        )
+        .await
+    }
+
+    async fn instances_counts(&self, now: Option<OffsetDateTime>) -> Result<Counts> {
+        traced(
+            store_span!("instances_counts"),
+            SqliteStore::instances_counts(self, now),
+        )
+        .await
+    }
+
+    async fn instance_waits(&self, key: &InstanceKey, limit: u32) -> Result<Waits> {
+        traced(
+            store_span!("instance_waits", key = key),
+            SqliteStore::instance_waits(self, key, limit),
+        )
+        .await
+    }
+}
+
+#[async_trait::async_trait]
+impl RetentionStore for SqliteStore {
+    async fn instances_gc(&self, request: &GcRequest) -> Result<GcBatch> {
+        traced(
+            store_span!("instances_gc"),
+            SqliteStore::instances_gc(self, request),
+        )
+        .await
+    }
+
+    async fn instances_gc_eligible(&self, request: &GcRequest) -> Result<u64> {
+        traced(
+            store_span!("instances_gc_eligible"),
+            SqliteStore::instances_gc_eligible(self, request),
+        )
+        .await
+    }
+}
+
+#[async_trait::async_trait]
+impl ScheduleStore for SqliteStore {
+    async fn schedule_upsert(
+        &self,
+        spec: &ScheduleSpec,
+        now: Option<OffsetDateTime>,
+    ) -> Result<Schedule> {
+        traced(
+            store_span!("schedule_upsert", keiro.schedule.name = %spec.name),
+            SqliteStore::schedule_upsert(self, spec, now),
+        )
+        .await
+    }
+
+    async fn schedule_get(&self, name: &str) -> Result<Option<Schedule>> {
+        traced(
+            store_span!("schedule_get", keiro.schedule.name = %name),
+            SqliteStore::schedule_get(self, name),
+        )
+        .await
+    }
+
+    async fn schedules_list(&self) -> Result<Vec<Schedule>> {
+        traced(
+            store_span!("schedules_list"),
+            SqliteStore::schedules_list(self),
+        )
+        .await
+    }
+
+    async fn schedule_delete(&self, name: &str) -> Result<bool> {
+        traced(
+            store_span!("schedule_delete", keiro.schedule.name = %name),
+            SqliteStore::schedule_delete(self, name),
+        )
+        .await
+    }
+
+    async fn schedule_set_paused(
+        &self,
+        name: &str,
+        paused: bool,
+        now: Option<OffsetDateTime>,
+    ) -> Result<Option<Schedule>> {
+        traced(
+            store_span!("schedule_set_paused", keiro.schedule.name = %name),
+            SqliteStore::schedule_set_paused(self, name, paused, now),
+        )
+        .await
+    }
+
+    async fn schedule_trigger(
+        &self,
+        name: &str,
+        now: Option<OffsetDateTime>,
+    ) -> Result<Option<Started>> {
+        traced(
+            store_span!("schedule_trigger", keiro.schedule.name = %name),
+            SqliteStore::schedule_trigger(self, name, now),
+        )
+        .await
+    }
+
+    async fn scheduler_lease(
+        &self,
+        owner: &str,
+        ttl: Duration,
+        now: Option<OffsetDateTime>,
+    ) -> Result<Option<Fence>> {
+        traced(
+            store_span!("scheduler_lease"),
+            SqliteStore::scheduler_lease(self, owner, ttl, now),
+        )
+        .await
+    }
+
+    async fn scheduler_release(&self, owner: &str) -> Result<bool> {
+        traced(
+            store_span!("scheduler_release"),
+            SqliteStore::scheduler_release(self, owner),
+        )
+        .await
+    }
+
+    async fn schedules_due(&self, now: Option<OffsetDateTime>, limit: i64) -> Result<SchedulesDue> {
+        traced(
+            store_span!("schedules_due"),
+            SqliteStore::schedules_due(self, now, limit),
+        )
+        .await
+    }
+
+    async fn schedule_fire(&self, fire: &ScheduleFire) -> Result<FireOutcome> {
+        traced(
+            store_span!("schedule_fire", keiro.schedule.name = %fire.name),
+            SqliteStore::schedule_fire(self, fire),
+        )
+        .await
+    }
+
+    async fn schedule_record_error(
+        &self,
+        name: &str,
+        revision: i64,
+        error: &str,
+        retry_at: OffsetDateTime,
+    ) -> Result<bool> {
+        traced(
+            store_span!("schedule_record_error", keiro.schedule.name = %name),
+            SqliteStore::schedule_record_error(self, name, revision, error, retry_at),
         )
         .await
     }
