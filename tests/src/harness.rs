@@ -37,6 +37,9 @@ pub struct Harness {
     pub keiro: Keiro,
     /// The Postgres schema, when `backend` is Postgres; dropped with the harness.
     pub db: Option<TestDb>,
+    /// The memory store itself, when `backend` is Memory: what reads its notifications
+    /// ([`Harness::notifications`]).
+    pub memory: Option<keiro_memory::MemoryStore>,
 }
 
 impl std::fmt::Debug for Harness {
@@ -56,6 +59,7 @@ impl Harness {
             keiro: Keiro::builder((*store).clone()).without_push().build(),
             transport: store.clone(),
             admin: store.clone(),
+            memory: Some((*store).clone()),
             store,
             db: None,
         }
@@ -73,6 +77,7 @@ impl Harness {
             admin: store.clone(),
             store,
             db: Some(db),
+            memory: None,
         }
     }
 
@@ -92,6 +97,7 @@ impl Harness {
             admin: store.clone(),
             store,
             db: Some(db),
+            memory: None,
         }
     }
 

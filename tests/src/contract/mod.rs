@@ -27,12 +27,14 @@
 #![allow(missing_docs)]
 
 pub mod awakeable;
+pub mod child;
 pub mod inspect;
 pub mod instance;
 pub mod journal;
 pub mod lease;
 pub mod retention;
 pub mod schedule;
+pub mod signal;
 pub mod support;
 pub mod timer;
 
@@ -44,6 +46,13 @@ macro_rules! contract_suite {
     ($store:ident => $harness:expr) => {
         $crate::contract_suite!(@suite $store => $harness;
             journal {
+                append [
+                    steps_converge_on_the_first_record_and_kinds_conflict,
+                    terminal_rows_refuse_steps_and_other_markers,
+                    failures_repeat_after_resurrection_under_unique_names,
+                    continue_as_new_moves_the_generation_and_a_retry_converges,
+                    fenced_appends_need_the_current_lease_and_renew_it,
+                ],
                 replay [
                     journaled_steps_never_run_again,
                     repeated_step_name_reuses_the_first_result,
@@ -141,6 +150,11 @@ macro_rules! contract_suite {
                 ],
             },
             timer {
+                arm [
+                    the_first_arm_wins_and_alone_notifies,
+                    arming_needs_the_instance,
+                    racing_arms_agree_on_one_deadline,
+                ],
                 fire [
                     a_due_sleep_journals_its_step_wakes_the_owner_and_clears_its_deadline,
                     fires_oldest_first_up_to_the_limit_and_reports_the_next_due,
@@ -149,6 +163,35 @@ macro_rules! contract_suite {
                 fire_concurrent [
                     concurrent_callers_fire_each_timer_once,
                     many_workers_in_small_batches_fire_each_timer_once,
+                ],
+            },
+            signal {
+                send [
+                    buffered_signals_are_consumed_first_in_first_out,
+                    waiters_are_served_in_arrival_order_and_dead_ones_are_passed_over,
+                    consuming_a_buffered_signal_is_fenced,
+                    a_terminal_waiter_leaves_the_buffer_alone,
+                    a_pending_wait_times_out_and_a_satisfied_one_does_not,
+                    a_withdrawn_wait_is_passed_over_by_the_next_send,
+                ],
+                race [
+                    wait_then_send_races_deliver_exactly_once,
+                    send_then_wait_races_deliver_exactly_once,
+                    spawned_racers_on_separate_tasks_deliver_exactly_once,
+                    timeouts_and_sends_racing_on_one_token_lose_nothing,
+                ],
+            },
+            child {
+                delivery [
+                    a_spawn_creates_the_linked_child_once,
+                    completion_delivers_the_output,
+                    failure_delivers_the_reason,
+                    the_crash_ceiling_delivers_the_last_error,
+                    divergence_delivers_the_reason,
+                    cancellation_delivers_the_cancelled_envelope,
+                    continue_as_new_delivers_nothing_until_the_run_ends,
+                    a_parent_that_cannot_take_the_result_is_ignored,
+                    spawning_an_existing_instance_adopts_it_or_delivers_its_result,
                 ],
             },
             awakeable {

@@ -27,6 +27,7 @@ impl Pushed {
                 admin: store.clone(),
                 store: store.clone(),
                 db: None,
+                memory: Some((*store).clone()),
             },
             notifier: store,
         }
