@@ -371,6 +371,20 @@ impl State {
         Ok(row.status)
     }
 
+    /// Refuses a park whose fence is stale before anything is written for it: a
+    /// park-and-dispatch arms its tasks before it parks, and the memory store has no rollback,
+    /// so a refused park would otherwise leave its tasks behind. A terminal run is answered by
+    /// the park itself.
+    fn park_fence_check(&mut self, park: &Park) -> Result<()> {
+        let row = &self.entry_mut(&park.key)?.row;
+        match &park.fence {
+            Some(fence) if !row.status.is_terminal() && !holds(row, fence) => {
+                Err(lease_lost(&park.key, fence))
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn instance_park(&mut self, park: &Park) -> Result<ParkOutcome> {
         let now = self.clock.now();
         let entry = self.entry_mut(&park.key)?;

@@ -32,6 +32,7 @@ pub mod inspect;
 pub mod instance;
 pub mod journal;
 pub mod lease;
+pub mod remote;
 pub mod retention;
 pub mod schedule;
 pub mod signal;
@@ -192,6 +193,42 @@ macro_rules! contract_suite {
                     continue_as_new_delivers_nothing_until_the_run_ends,
                     a_parent_that_cannot_take_the_result_is_ignored,
                     spawning_an_existing_instance_adopts_it_or_delivers_its_result,
+                ],
+            },
+            remote {
+                arm [
+                    arming_is_idempotent_and_learns_the_result,
+                    concurrent_arms_of_one_step_write_one_task,
+                    a_passed_deadline_redispatches_until_the_step_is_lost,
+                    a_park_dispatch_writes_its_tasks_and_wakes_by_the_first_deadline,
+                    parks_sent_at_once_each_get_their_own_answer,
+                ],
+                claim [
+                    concurrent_claimers_never_take_the_same_task,
+                    claims_go_by_priority_then_age_across_groups,
+                    an_expired_claim_is_claimable_again_and_its_holder_is_stale,
+                    the_last_expired_claim_fails_the_step_as_crashed_and_wakes_the_owner,
+                    a_heartbeat_extends_only_the_current_claim,
+                ],
+                report [
+                    completion_is_idempotent_and_wakes_a_suspended_owner,
+                    a_completion_without_a_claim_wins_and_a_gone_owner_is_reported,
+                    retryable_failures_back_off_and_the_last_one_is_journaled,
+                    a_failure_that_is_not_retryable_fails_at_once,
+                    a_failure_of_a_pending_task_is_stale,
+                    a_batch_of_reports_answers_each_in_the_callers_order,
+                ],
+                cancel [
+                    a_cancel_cancels_the_live_tasks_of_the_run_and_refuses_their_reports,
+                    a_continue_as_new_cancels_the_tasks_of_the_generation_it_leaves,
+                ],
+                requeue [
+                    redispatch_pending_counts_the_open_tasks_of_the_current_generation,
+                    a_requeue_resets_a_failed_remote_step,
+                    a_requeue_cascades_to_a_failed_child_which_then_delivers_to_the_next_revision,
+                    a_requeue_guards_a_cycle_of_parent_links,
+                    a_fix_copies_the_parent_link_and_delivers_only_its_success,
+                    a_requeue_journals_a_fix_that_already_completed,
                 ],
             },
             awakeable {
