@@ -53,6 +53,12 @@ macro_rules! contract_suite {
                     failures_repeat_after_resurrection_under_unique_names,
                     continue_as_new_moves_the_generation_and_a_retry_converges,
                     fenced_appends_need_the_current_lease_and_renew_it,
+                    terminal_rows_refuse_with_their_own_marker_and_repeat_it_as_already_present,
+                    terminal_refusal_comes_before_the_fence_check,
+                    a_recorded_step_is_already_present_even_after_the_instance_closed,
+                    only_the_current_holder_may_append_and_its_append_renews,
+                    writers_on_an_old_generation_converge_or_conflict,
+                    resurrected_is_not_appendable_and_missing_instances_are_not_found,
                 ],
                 replay [
                     journaled_steps_never_run_again,
@@ -131,6 +137,9 @@ macro_rules! contract_suite {
                 ],
             },
             instance {
+                start [
+                    start_is_idempotent_and_notifies_only_on_create,
+                ],
                 cancel [
                     a_cascade_cancels_every_live_descendant,
                     without_cascade_only_the_instance_is_cancelled,
@@ -148,6 +157,10 @@ macro_rules! contract_suite {
                     discovery_orders_by_priority_then_age,
                     a_diverged_run_fails_without_a_journal_row,
                     racing_claims_grant_exactly_one_lease,
+                ],
+                park [
+                    a_park_never_masks_a_wake_that_landed_first,
+                    parks_and_divergence_respect_terminal_rows_and_fences,
                 ],
             },
             timer {

@@ -96,3 +96,55 @@ pub async fn recorded(
         })
         .collect())
 }
+
+/// The lease a helper's claims take, and the renewal a scenario asks for.
+pub const TTL: Duration = Duration::from_secs(60);
+
+/// How long a notification may take to arrive, and how long silence means none comes.
+pub const QUIET: Duration = Duration::from_millis(200);
+
+/// How far a store's clock (the database's, on Postgres) may be from the test's when a
+/// scenario compares a time the store wrote with its own.
+pub const SLACK: Duration = Duration::from_secs(1);
+
+/// Starts `wf/<id>` with no input and returns its key.
+pub async fn started(store: &dyn LeaseStore, id: &str) -> Result<InstanceKey> {
+    let k = key("wf", id);
+    store
+        .instance_start(&start(&k, serde_json::Value::Null))
+        .await?;
+    Ok(k)
+}
+
+/// Appends `event` to `k`, on `generation` (the current one when `None`), under `fence`.
+pub async fn append(
+    store: &dyn LeaseStore,
+    k: &InstanceKey,
+    generation: Option<keiro_journal::Generation>,
+    event: Event,
+    fence: Option<&Fence>,
+) -> Result<keiro_journal::AppendOutcome, keiro_journal::StoreError> {
+    let append = Append {
+        key: k.clone(),
+        generation,
+        event,
+        fence: fence.cloned(),
+        renew: None,
+    };
+    store.journal_append(&append).await
+}
+
+/// An event recording step `name` with `result`.
+pub fn step_event(name: &str, result: serde_json::Value) -> Event {
+    Event::StepRecorded {
+        step: name.to_owned(),
+        kind: StepKind::Step,
+        result,
+    }
+}
+
+/// The wake payload that says instance `k` became runnable
+/// ([`Notifications`](crate::notifications::Notifications)).
+pub fn payload(k: &InstanceKey) -> String {
+    format!("{}/{}", k.name, k.id)
+}

@@ -3,13 +3,16 @@
 
 use std::time::Duration;
 
-use crate::contract::support::{key, start, step, TestResult};
+use crate::contract::support::{
+    append, claim, key, payload, start, started, step, step_event, TestResult, QUIET, SLACK, TTL,
+};
 use crate::Harness;
 use keiro_journal::{
     Append, AppendOutcome, Event, InstanceKey, Marker, Status, StepKind, StoreError,
 };
 use keiro_lease::{ClaimOutcome, ResurrectOutcome};
-use serde_json::json;
+use serde_json::{json, Value};
+use time::OffsetDateTime;
 
 fn marker(k: &InstanceKey, event: Event) -> Append {
     Append {
@@ -284,5 +287,233 @@ pub async fn fenced_appends_need_the_current_lease_and_renew_it(h: Harness) -> T
     let row = store.instance_get(&k).await?.expect("exists");
     let renewed = row.lease_expires_at.expect("leased");
     assert!(renewed > new.instance.lease_expires_at.expect("leased") + time::Duration::minutes(30));
+    Ok(())
+}
+
+pub async fn terminal_rows_refuse_with_their_own_marker_and_repeat_it_as_already_present(
+    h: Harness,
+) -> TestResult {
+    let store = &*h.store;
+    let done = started(store, "done").await?;
+    let completed = Event::WorkflowCompleted {
+        output: json!({"ok": 1}),
+    };
+    assert_eq!(
+        append(store, &done, None, completed.clone(), None).await?,
+        AppendOutcome::Appended
+    );
+    let refused = AppendOutcome::RefusedTerminal(Marker::Completed);
+    assert_eq!(
+        append(store, &done, None, step_event("late", json!(1)), None).await?,
+        refused
+    );
+    assert_eq!(
+        append(store, &done, None, Event::WorkflowCancelled, None).await?,
+        refused
+    );
+    let other = Event::WorkflowCompleted {
+        output: json!("different"),
+    };
+    assert_eq!(
+        append(store, &done, None, other, None).await?,
+        AppendOutcome::AlreadyPresent(json!({"ok": 1}))
+    );
+
+    let failed = started(store, "failed").await?;
+    assert!(
+        store
+            .instance_fail_diverged(&failed, None, "diverged")
+            .await?
+    );
+    let fail = Event::WorkflowFailed { reason: "x".into() };
+    assert_eq!(
+        append(store, &failed, None, fail, None).await?,
+        AppendOutcome::AlreadyPresent(json!("diverged"))
+    );
+    assert_eq!(
+        append(store, &failed, None, completed, None).await?,
+        AppendOutcome::RefusedTerminal(Marker::Failed)
+    );
+
+    let cancelled = started(store, "cancelled").await?;
+    append(store, &cancelled, None, Event::WorkflowCancelled, None).await?;
+    assert_eq!(
+        append(store, &cancelled, None, Event::WorkflowCancelled, None).await?,
+        AppendOutcome::AlreadyPresent(Value::Null)
+    );
+    assert_eq!(store.journal_history(&cancelled).await?.len(), 1);
+    Ok(())
+}
+
+pub async fn terminal_refusal_comes_before_the_fence_check(h: Harness) -> TestResult {
+    let store = &*h.store;
+    let key = started(store, "a").await?;
+    let fence = claim(store, &key, "w").await?;
+    append(store, &key, None, Event::WorkflowCancelled, None).await?;
+    let outcome = append(
+        store,
+        &key,
+        Some(0),
+        step_event("s", json!(1)),
+        Some(&fence),
+    )
+    .await?;
+    assert_eq!(outcome, AppendOutcome::RefusedTerminal(Marker::Cancelled));
+    assert_eq!(
+        store.instance_confirm(&key, &fence, TTL).await?,
+        Status::Cancelled
+    );
+    Ok(())
+}
+
+pub async fn a_recorded_step_is_already_present_even_after_the_instance_closed(
+    h: Harness,
+) -> TestResult {
+    let store = &*h.store;
+    let key = started(store, "a").await?;
+    append(store, &key, None, step_event("s", json!("first")), None).await?;
+    append(store, &key, None, Event::WorkflowCancelled, None).await?;
+    assert_eq!(
+        append(store, &key, Some(0), step_event("s", json!("second")), None).await?,
+        AppendOutcome::AlreadyPresent(json!("first"))
+    );
+    let as_sleep = Event::StepRecorded {
+        step: "s".into(),
+        kind: StepKind::Sleep,
+        result: json!("second"),
+    };
+    assert_eq!(
+        append(store, &key, Some(0), as_sleep, None).await?,
+        AppendOutcome::Conflict
+    );
+    Ok(())
+}
+
+pub async fn only_the_current_holder_may_append_and_its_append_renews(h: Harness) -> TestResult {
+    let store = &*h.store;
+    let key = started(store, "a").await?;
+    let stale = claim(store, &key, "old").await?;
+    // Past the first lease's expiry (the claim takes its `now`), the lease is claimable.
+    let after_expiry = Some(OffsetDateTime::now_utc() + time::Duration::minutes(2));
+    let ClaimOutcome::Acquired(fresh) =
+        store.instance_claim(&key, "new", TTL, after_expiry).await?
+    else {
+        panic!("an expired lease is claimable");
+    };
+    assert_eq!(fresh.fence.epoch, stale.epoch + 1);
+    let err = append(
+        store,
+        &key,
+        Some(0),
+        step_event("s", json!(1)),
+        Some(&stale),
+    )
+    .await
+    .unwrap_err();
+    assert!(err.is_lease_lost());
+    assert!(store.journal_history(&key).await?.is_empty());
+
+    let renewing = Append {
+        key: key.clone(),
+        generation: Some(0),
+        event: step_event("s", json!(2)),
+        fence: Some(fresh.fence.clone()),
+        renew: Some(RENEW),
+    };
+    const RENEW: std::time::Duration = std::time::Duration::from_secs(3600);
+    let before = OffsetDateTime::now_utc();
+    assert_eq!(
+        store.journal_append(&renewing).await?,
+        AppendOutcome::Appended
+    );
+    let after = OffsetDateTime::now_utc();
+    // Renewed from the append's own time (past the lease's old end, so both stores move it).
+    let row = store.instance_get(&key).await?.ok_or("missing")?;
+    let expires = row.lease_expires_at.ok_or("leased")?;
+    assert!(
+        expires >= before + RENEW - SLACK && expires <= after + RENEW + SLACK,
+        "{expires} not {RENEW:?} after the append ({before} .. {after})"
+    );
+    assert!(
+        row.updated_at >= before - SLACK && row.updated_at <= after + SLACK,
+        "{}",
+        row.updated_at
+    );
+
+    assert!(store.instance_lease_force_release(&key).await?);
+    let err = store
+        .instance_confirm(&key, &fresh.fence, TTL)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::LeaseLost { ref owner, .. } if owner == "new"));
+    Ok(())
+}
+
+pub async fn writers_on_an_old_generation_converge_or_conflict(h: Harness) -> TestResult {
+    let store = &*h.store;
+    let key = started(store, "a").await?;
+    append(store, &key, None, step_event("s", json!(1)), None).await?;
+    let mut wakes = h.notifications().await?;
+    let rotate = Event::WorkflowContinuedAsNew {
+        next_generation: 1,
+        input: json!("next"),
+    };
+    assert_eq!(
+        append(store, &key, Some(0), rotate.clone(), None).await?,
+        AppendOutcome::Appended
+    );
+    assert_eq!(wakes.drain(QUIET).await, [payload(&key)]);
+    let row = store.instance_get(&key).await?.unwrap();
+    assert_eq!(
+        (row.generation, row.status, row.input),
+        (1, Status::Running, json!("next"))
+    );
+
+    let retried = append(store, &key, Some(0), rotate, None).await?;
+    assert_eq!(
+        retried,
+        AppendOutcome::AlreadyPresent(json!({"next_generation": 1, "input": "next"}))
+    );
+    assert_eq!(
+        append(store, &key, Some(0), step_event("s", json!(2)), None).await?,
+        AppendOutcome::AlreadyPresent(json!(1))
+    );
+    assert_eq!(
+        append(store, &key, Some(0), step_event("t", json!(2)), None).await?,
+        AppendOutcome::Conflict
+    );
+    assert_eq!(
+        append(store, &key, None, step_event("s", json!(3)), None).await?,
+        AppendOutcome::Appended
+    );
+    assert_eq!(store.journal_load(&key, 0).await?.len(), 2);
+    assert_eq!(store.journal_load(&key, 1).await?.len(), 1);
+    Ok(())
+}
+
+pub async fn resurrected_is_not_appendable_and_missing_instances_are_not_found(
+    h: Harness,
+) -> TestResult {
+    let store = &*h.store;
+    let key = started(store, "a").await?;
+    let err = append(store, &key, None, Event::Resurrected, None)
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        StoreError::Database {
+            retryable: false,
+            ..
+        }
+    ));
+    let missing = InstanceKey::parse("wf", "missing").unwrap();
+    assert!(
+        append(store, &missing, None, Event::WorkflowCancelled, None)
+            .await
+            .unwrap_err()
+            .is_not_found()
+    );
+    assert!(store.journal_load(&missing, 0).await?.is_empty());
+    assert!(store.instance_get(&missing).await?.is_none());
     Ok(())
 }

@@ -2,3 +2,4 @@
 //! accounting.
 
 pub mod claim;
+pub mod park;
