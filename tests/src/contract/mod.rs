@@ -158,6 +158,11 @@ macro_rules! contract_suite {
                     a_diverged_run_fails_without_a_journal_row,
                     racing_claims_grant_exactly_one_lease,
                 ],
+                lifecycle [
+                    refusals_are_classified_lease_first_and_claims_carry_the_current_generation,
+                    release_renew_and_force_release_are_fenced,
+                    resurrection_keeps_history_and_wakes_the_run_each_time,
+                ],
                 park [
                     a_park_never_masks_a_wake_that_landed_first,
                     parks_and_divergence_respect_terminal_rows_and_fences,
