@@ -146,6 +146,7 @@ macro_rules! contract_suite {
                     cancelling_a_subtree_notifies_its_parent,
                     a_finished_or_missing_instance_is_not_cancelled,
                     a_cycle_of_adoptions_does_not_loop,
+                    a_cascading_cancel_reaches_every_live_descendant_only,
                 ],
             },
             lease {
@@ -178,6 +179,8 @@ macro_rules! contract_suite {
                     a_due_sleep_journals_its_step_wakes_the_owner_and_clears_its_deadline,
                     fires_oldest_first_up_to_the_limit_and_reports_the_next_due,
                     a_fire_that_cannot_journal_is_marked_fired_undelivered,
+                    timers_arm_once_and_fire_by_the_callers_clock_in_due_order,
+                    a_fire_journals_nothing_for_a_terminal_owner_or_a_journaled_step,
                 ],
                 fire_concurrent [
                     concurrent_callers_fire_each_timer_once,
@@ -192,6 +195,9 @@ macro_rules! contract_suite {
                     a_terminal_waiter_leaves_the_buffer_alone,
                     a_pending_wait_times_out_and_a_satisfied_one_does_not,
                     a_withdrawn_wait_is_passed_over_by_the_next_send,
+                    buffered_signals_are_consumed_oldest_first_by_later_waits,
+                    a_send_goes_to_the_oldest_live_waiter_and_wakes_it,
+                    a_signal_timeout_fires_only_while_the_wait_is_pending,
                 ],
                 race [
                     wait_then_send_races_deliver_exactly_once,
@@ -211,6 +217,8 @@ macro_rules! contract_suite {
                     continue_as_new_delivers_nothing_until_the_run_ends,
                     a_parent_that_cannot_take_the_result_is_ignored,
                     spawning_an_existing_instance_adopts_it_or_delivers_its_result,
+                    every_terminal_path_of_a_child_journals_its_envelope_into_the_parent,
+                    a_spawn_adopts_an_existing_instance_and_a_closed_parent_refuses_quietly,
                 ],
             },
             remote {
@@ -256,6 +264,7 @@ macro_rules! contract_suite {
                     racing_completions_settle_once,
                     a_terminal_owner_gets_nothing_journaled,
                     creation_is_fenced_and_refused_on_a_terminal_owner,
+                    awakeables_settle_once_and_never_journal_into_a_terminal_owner,
                 ],
             },
             retention {

@@ -2,9 +2,8 @@
 //! generation under the awaited step and wakes the parent: on completion, failure, the crash
 //! ceiling, divergence and cancellation, but not on continue-as-new.
 
-use std::time::Duration;
-
-use crate::contract::support::{claim, key, recorded, start, start_parked, status, TestResult};
+#[allow(clippy::wildcard_imports)] // the shared tools, some of them per scenario
+use crate::contract::support::*;
 use crate::Harness;
 use keiro_journal::{
     store::child_result_step, store::ChildSpawn, Append, AppendOutcome, Event, InstanceKey, Status,
@@ -12,6 +11,7 @@ use keiro_journal::{
 };
 use keiro_lease::{Crash, CrashOutcome, LeaseStore};
 use serde_json::{json, Value};
+use std::time::Duration;
 
 /// The parent's spawn-step append for `child`.
 fn spawn_step(parent: &InstanceKey, child: &InstanceKey) -> Append {
@@ -338,6 +338,144 @@ pub async fn spawning_an_existing_instance_adopts_it_or_delivers_its_result(
     assert_eq!(
         delivered(store, &parent, &live).await?,
         vec![json!({"ok": "late"})]
+    );
+    Ok(())
+}
+
+pub async fn every_terminal_path_of_a_child_journals_its_envelope_into_the_parent(
+    h: Harness,
+) -> TestResult {
+    let store = &*h.store;
+    let parent = started(store, "parent").await?;
+    let mut notifications = h.notifications().await?;
+    let (done, done_step, outcome) = spawn_child(store, &parent, "done").await?;
+    assert_eq!(outcome, AppendOutcome::Appended);
+    assert_eq!(notifications.drain(QUIET).await, [payload(&done)]);
+    let row = store.instance_get(&done).await?.unwrap();
+    assert_eq!(
+        (
+            row.status,
+            row.generation,
+            row.input,
+            row.parent,
+            row.priority
+        ),
+        (
+            Status::Running,
+            0,
+            json!({"from": "parent"}),
+            Some(parent.clone()),
+            0
+        )
+    );
+    // A replayed spawn creates nothing and moves nothing.
+    assert!(matches!(
+        spawn_child(store, &parent, "done").await?.2,
+        AppendOutcome::AlreadyPresent(_)
+    ));
+    assert!(notifications.drain(QUIET).await.is_empty());
+
+    let (crashed, crashed_step, _) = spawn_child(store, &parent, "crashed").await?;
+    let (diverged, diverged_step, _) = spawn_child(store, &parent, "diverged").await?;
+    let (cancelled, cancelled_step, _) = spawn_child(store, &parent, "cancelled").await?;
+    let (rotated, _, _) = spawn_child(store, &parent, "rotated").await?;
+    park_on(store, &parent, &done_step).await?;
+
+    let completed = Event::WorkflowCompleted { output: json!(42) };
+    append(store, &done, None, completed, None).await?;
+    assert_eq!(status(store, &parent).await?, Status::Running);
+    let fence = claim(store, &crashed, "w").await?;
+    let crash = Crash {
+        error: "boom".into(),
+        retry_delay: TTL,
+        max_attempts: 1,
+    };
+    assert_eq!(
+        store
+            .instance_record_crash(&crashed, &fence, &crash)
+            .await?,
+        CrashOutcome::Failed { attempts: 1 }
+    );
+    store
+        .instance_fail_diverged(&diverged, None, "code changed")
+        .await?;
+    store.instance_cancel(&cancelled, false).await?;
+    let rotate = Event::WorkflowContinuedAsNew {
+        next_generation: 1,
+        input: json!(null),
+    };
+    append(store, &rotated, None, rotate, None).await?;
+
+    let results: Vec<_> = journal_rows(store, &parent)
+        .await?
+        .into_iter()
+        .filter(|(step, _)| step.ends_with(":result"))
+        .collect();
+    assert_eq!(
+        results,
+        [
+            (done_step, json!({"ok": 42})),
+            (crashed_step, json!({"failed": "boom"})),
+            (diverged_step, json!({"failed": "code changed"})),
+            (cancelled_step, json!({"cancelled": true})),
+        ]
+    );
+    let kinds = store.journal_history(&parent).await?;
+    assert!(kinds.iter().all(|entry| matches!(
+        entry.event,
+        Event::StepRecorded {
+            kind: StepKind::Child,
+            ..
+        }
+    )));
+    Ok(())
+}
+
+pub async fn a_spawn_adopts_an_existing_instance_and_a_closed_parent_refuses_quietly(
+    h: Harness,
+) -> TestResult {
+    let store = &*h.store;
+    let parent = started(store, "parent").await?;
+    let orphan = InstanceKey::parse("child", "orphan").unwrap();
+    let request = keiro_journal::store::StartRequest {
+        key: orphan.clone(),
+        input: json!("own input"),
+        parent: None,
+        priority: 3,
+    };
+    store.instance_start(&request).await?;
+    append(
+        store,
+        &orphan,
+        None,
+        Event::WorkflowCompleted {
+            output: json!("early"),
+        },
+        None,
+    )
+    .await?;
+    let (_, await_step, _) = spawn_child(store, &parent, "orphan").await?;
+    let row = store.instance_get(&orphan).await?.unwrap();
+    assert_eq!(
+        (row.input, row.priority, row.parent),
+        (json!("own input"), 3, Some(parent.clone()))
+    );
+    assert!(journal_rows(store, &parent)
+        .await?
+        .contains(&(await_step, json!({"ok": "early"}))));
+
+    let (late, _, _) = spawn_child(store, &parent, "late").await?;
+    store.instance_cancel(&parent, false).await?;
+    let before = journal_rows(store, &parent).await?;
+    let completed = Event::WorkflowCompleted { output: json!(1) };
+    assert_eq!(
+        append(store, &late, None, completed, None).await?,
+        AppendOutcome::Appended
+    );
+    assert_eq!(journal_rows(store, &parent).await?, before);
+    assert_eq!(
+        store.instance_cancel(&parent, true).await?,
+        AppendOutcome::AlreadyPresent(Value::Null)
     );
     Ok(())
 }

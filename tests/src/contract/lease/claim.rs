@@ -151,7 +151,12 @@ pub async fn crashes_back_off_then_fail_with_a_journaled_marker(h: Harness) -> T
     );
     let row = store.instance_get(&k).await?.expect("exists");
     assert_eq!(
-        (row.status, row.attempts, row.last_error.as_deref(), row.lease_owner),
+        (
+            row.status,
+            row.attempts,
+            row.last_error.as_deref(),
+            row.lease_owner
+        ),
         (Status::Failed, 2, Some("boom"), None)
     );
     let events: Vec<Event> = store

@@ -2,13 +2,17 @@
 //! served, waiters that cannot take a signal are passed over, the fence on consuming a
 //! buffered signal, and the timeout timer.
 
-use crate::contract::support::{claim, key, recorded, start, start_parked, status, TestResult};
+#[allow(clippy::wildcard_imports)] // the shared tools, some of them per scenario
+use crate::contract::support::*;
 use crate::Harness;
+use keiro_journal::store::TimerDue;
+use keiro_journal::StepKind;
 use keiro_journal::{
     store::SignalWait, store::SignalWaitOutcome, store::TimerArm, Append, Event, Fence,
     InstanceKey, SignalSendOutcome, Status, TimerKind,
 };
 use serde_json::json;
+use time::Duration as Span;
 use time::OffsetDateTime;
 
 fn wait(k: &InstanceKey, step: &str, token: &str) -> SignalWait {
@@ -244,6 +248,184 @@ pub async fn a_withdrawn_wait_is_passed_over_by_the_next_send(h: Harness) -> Tes
     assert_eq!(
         recorded(store, &y, "signal:tok:1").await?,
         vec![json!({"ok": "paid"})]
+    );
+    Ok(())
+}
+
+fn sleep_at(key: &InstanceKey, step: &str, minutes: i64) -> TimerArm {
+    TimerArm {
+        key: key.clone(),
+        generation: 0,
+        step: step.to_owned(),
+        due: TimerDue::At(T0 + Span::minutes(minutes)),
+        kind: TimerKind::Sleep,
+    }
+}
+
+fn wait_on(key: &InstanceKey, step: &str, token: &str) -> SignalWait {
+    SignalWait {
+        key: key.clone(),
+        generation: 0,
+        step: step.to_owned(),
+        token: token.to_owned(),
+        fence: None,
+    }
+}
+
+pub async fn buffered_signals_are_consumed_oldest_first_by_later_waits(h: Harness) -> TestResult {
+    let store = &*h.store;
+    let a = started(store, "a").await?;
+    let b = started(store, "b").await?;
+    let c = started(store, "c").await?;
+    for payload in ["one", "two"] {
+        assert_eq!(
+            store.signal_send("t", &json!(payload)).await?,
+            SignalSendOutcome::Buffered
+        );
+    }
+    assert_eq!(
+        store.signal_wait(&wait_on(&a, "signal:x", "t")).await?,
+        SignalWaitOutcome::Delivered(json!({"ok": "one"}))
+    );
+    // A repeated wait reads the journal; it consumes nothing more.
+    assert_eq!(
+        store.signal_wait(&wait_on(&a, "signal:x", "t")).await?,
+        SignalWaitOutcome::Delivered(json!({"ok": "one"}))
+    );
+    let entries = store.journal_history(&a).await?;
+    assert!(matches!(
+        &entries[0].event,
+        Event::StepRecorded {
+            kind: StepKind::Signal,
+            ..
+        }
+    ));
+
+    // A stale fence cannot consume the buffered signal.
+    let fence = claim(store, &b, "w").await?;
+    store.instance_lease_force_release(&b).await?;
+    let fenced = SignalWait {
+        fence: Some(fence),
+        ..wait_on(&b, "signal:x", "t")
+    };
+    assert!(store
+        .signal_wait(&fenced)
+        .await
+        .unwrap_err()
+        .is_lease_lost());
+    // Nor can a terminal waiter: the signal stays for someone who can take it.
+    store.instance_cancel(&c, false).await?;
+    assert_eq!(
+        store.signal_wait(&wait_on(&c, "signal:x", "t")).await?,
+        SignalWaitOutcome::Waiting
+    );
+    assert_eq!(
+        store.signal_wait(&wait_on(&b, "signal:x", "t")).await?,
+        SignalWaitOutcome::Delivered(json!({"ok": "two"}))
+    );
+    let d = started(store, "d").await?;
+    assert_eq!(
+        store.signal_wait(&wait_on(&d, "signal:x", "t")).await?,
+        SignalWaitOutcome::Waiting
+    );
+    assert_eq!(
+        store.signal_wait(&wait_on(&d, "signal:x", "t")).await?,
+        SignalWaitOutcome::Waiting
+    );
+    assert_eq!(
+        store.signal_send("t", &json!("three")).await?,
+        SignalSendOutcome::Delivered { to: d }
+    );
+    let missing = key("wf", "missing");
+    assert!(store
+        .signal_wait(&wait_on(&missing, "signal:x", "t"))
+        .await
+        .unwrap_err()
+        .is_not_found());
+    Ok(())
+}
+
+pub async fn a_send_goes_to_the_oldest_live_waiter_and_wakes_it(h: Harness) -> TestResult {
+    let store = &*h.store;
+    let gone = started(store, "gone").await?;
+    let live = started(store, "live").await?;
+    let last = started(store, "last").await?;
+    for key in [&gone, &live, &last] {
+        assert_eq!(
+            store.signal_wait(&wait(key, "signal:x", "t")).await?,
+            SignalWaitOutcome::Waiting
+        );
+    }
+    park_on(store, &live, "signal:x").await?;
+    store.instance_cancel(&gone, false).await?;
+    let mut notifications = h.notifications().await?;
+
+    assert_eq!(
+        store.signal_send("t", &json!(7)).await?,
+        SignalSendOutcome::Delivered { to: live.clone() }
+    );
+    assert_eq!(
+        journal_rows(store, &live).await?,
+        [("signal:x".into(), json!({"ok": 7}))]
+    );
+    assert_eq!(status(store, &live).await?, Status::Running);
+    assert_eq!(notifications.drain(QUIET).await, [payload(&live)]);
+    assert_eq!(journal_rows(store, &gone).await?.len(), 1);
+    // The refused waiter was dropped, not kept for the next signal.
+    assert_eq!(
+        store.signal_send("t", &json!(8)).await?,
+        SignalSendOutcome::Delivered { to: last }
+    );
+    assert_eq!(
+        store.signal_send("t", &json!(9)).await?,
+        SignalSendOutcome::Buffered
+    );
+    assert_eq!(
+        store.signal_send("other", &json!(9)).await?,
+        SignalSendOutcome::Buffered
+    );
+    Ok(())
+}
+
+pub async fn a_signal_timeout_fires_only_while_the_wait_is_pending(h: Harness) -> TestResult {
+    let store = &*h.store;
+    let timed_out = started(store, "timed-out").await?;
+    let answered = started(store, "answered").await?;
+    for key in [&timed_out, &answered] {
+        store.signal_wait(&wait(key, "signal:x", "t")).await?;
+        let timeout = TimerArm {
+            kind: TimerKind::SignalTimeout { token: "t".into() },
+            ..sleep_at(key, "signal:x", 1)
+        };
+        store.timer_arm(&timeout).await?;
+    }
+    // Both are due together and fire in key order, so `answered` times out while the
+    // older waiter, `timed_out`, is still there to take the next send.
+    let at = Some(T0 + Span::minutes(1));
+    let first = store.timers_fire_due(at, 1).await?;
+    assert_eq!(first.fired[0].key, answered);
+    assert!(first.fired[0].delivered);
+    assert_eq!(
+        journal_rows(store, &answered).await?,
+        [("signal:x".into(), json!({"timeout": true}))]
+    );
+    assert_eq!(
+        store.signal_send("t", &json!("late")).await?,
+        SignalSendOutcome::Delivered {
+            to: timed_out.clone()
+        }
+    );
+    let second = store.timers_fire_due(at, 1).await?;
+    assert_eq!(second.fired[0].key, timed_out);
+    assert!(!second.fired[0].delivered);
+    assert_eq!(
+        journal_rows(store, &timed_out).await?,
+        [("signal:x".into(), json!({"ok": "late"}))]
+    );
+    // With the waiter gone, the next signal is buffered rather than lost.
+    assert_eq!(
+        store.signal_send("t", &json!("next")).await?,
+        SignalSendOutcome::Buffered
     );
     Ok(())
 }
