@@ -40,6 +40,9 @@ pub struct Harness {
     pub keiro: Keiro,
     /// The Postgres schema, when `backend` is Postgres; dropped with the harness.
     pub db: Option<TestDb>,
+    /// The memory store itself, when `backend` is Memory: what reads its notifications
+    /// ([`Harness::notifications`]).
+    pub memory: Option<keiro_memory::MemoryStore>,
     /// The SQLite file's directory, when `backend` is Sqlite; removed with the harness.
     pub sqlite_dir: Option<SqliteDir>,
 }
@@ -92,6 +95,7 @@ impl Harness {
             keiro: Keiro::builder((*store).clone()).without_push().build(),
             transport: store.clone(),
             admin: store.clone(),
+            memory: Some((*store).clone()),
             store,
             db: None,
             sqlite_dir: None,
@@ -115,6 +119,7 @@ impl Harness {
             store,
             db: None,
             sqlite_dir: Some(dir),
+            memory: None,
         }
     }
 
@@ -131,6 +136,7 @@ impl Harness {
             store,
             db: Some(db),
             sqlite_dir: None,
+            memory: None,
         }
     }
 
@@ -151,6 +157,7 @@ impl Harness {
             store,
             db: Some(db),
             sqlite_dir: None,
+            memory: None,
         }
     }
 

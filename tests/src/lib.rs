@@ -8,6 +8,7 @@ pub mod contract;
 pub mod counting;
 pub mod faulty;
 pub mod harness;
+pub mod notifications;
 pub mod pg;
 pub mod remote_fixtures;
 pub mod status;

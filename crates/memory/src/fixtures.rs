@@ -3,9 +3,7 @@
 use std::time::Duration;
 
 use keiro_journal::store::{Append, AppendOutcome, Result};
-use keiro_journal::{
-    store::StartRequest, Event, Fence, Generation, InstanceKey, JournalStore, StepKind,
-};
+use keiro_journal::{store::StartRequest, Event, Fence, Generation, InstanceKey, JournalStore};
 use keiro_lease::{ClaimOutcome, LeaseStore};
 use serde_json::Value;
 use time::macros::datetime;
@@ -39,14 +37,6 @@ pub(crate) async fn claim(store: &MemoryStore, key: &InstanceKey, owner: &str) -
     match store.instance_claim(key, owner, TTL, None).await.unwrap() {
         ClaimOutcome::Acquired(claim) => claim.fence,
         refused => panic!("claim of {key} by {owner} refused: {refused:?}"),
-    }
-}
-
-pub(crate) fn step(name: &str, result: Value) -> Event {
-    Event::StepRecorded {
-        step: name.to_owned(),
-        kind: StepKind::Step,
-        result,
     }
 }
 

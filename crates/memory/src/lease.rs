@@ -447,140 +447,32 @@ impl LeaseStore for MemoryStore {
     }
 }
 
+/// How the state stores repeated markers. The lease rules are the store contract suite's
+/// (`keiro_tests::contract::lease`).
 #[cfg(test)]
 mod tests {
-    use keiro_journal::{store::Park, store::StartRequest, JournalStore, Marker};
-    use serde_json::json;
-    use time::Duration as Span;
+    use keiro_journal::store::marker_name;
 
     use super::*;
-    use crate::fixtures::{append, claim, start, step, store, T0, TTL};
-    use crate::Notification;
+    use crate::fixtures::{claim, start, store};
 
-    fn crash(max_attempts: i32) -> Crash {
-        Crash {
+    #[tokio::test]
+    async fn resurrection_numbers_repeated_markers_in_the_state() {
+        let store = store();
+        let key = start(&store, "a").await;
+        let crash = Crash {
             error: "boom".into(),
             retry_delay: Duration::from_secs(30),
-            max_attempts,
-        }
-    }
-
-    #[tokio::test]
-    async fn crashes_pace_the_next_claim_and_fail_the_run_at_the_ceiling() {
-        let store = store();
-        let key = start(&store, "a").await;
-        let fence = claim(&store, &key, "w").await;
-        let outcome = store
-            .instance_record_crash(&key, &fence, &crash(2))
-            .await
-            .unwrap();
-        let gate = T0 + Span::seconds(30);
-        assert_eq!(
-            outcome,
-            CrashOutcome::Retrying {
-                attempts: 1,
-                next_attempt_at: gate
-            }
-        );
-        assert!(store
-            .instance_record_crash(&key, &fence, &crash(2))
-            .await
-            .unwrap_err()
-            .is_lease_lost());
-        assert_eq!(
-            store.instance_claim(&key, "w", TTL, None).await.unwrap(),
-            ClaimOutcome::Paced
-        );
-        assert!(matches!(
-            store
-                .instance_claim(&key, "w", TTL, Some(gate))
-                .await
-                .unwrap(),
-            ClaimOutcome::Acquired(_)
-        ));
-
-        let fence = claim_at(&store, &key, gate).await;
-        assert_eq!(
-            store
-                .instance_record_crash(&key, &fence, &crash(2))
-                .await
-                .unwrap(),
-            CrashOutcome::Failed { attempts: 2 }
-        );
-        let row = store.instance_get(&key).await.unwrap().unwrap();
-        assert_eq!(
-            (row.status, row.attempts, row.lease_owner),
-            (Status::Failed, 2, None)
-        );
-        let events: Vec<_> = store
-            .journal_history(&key)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|e| e.event)
-            .collect();
-        assert_eq!(
-            events,
-            [Event::WorkflowFailed {
-                reason: "boom".into()
-            }]
-        );
-        assert_eq!(
-            store
-                .instance_record_crash(&key, &fence, &crash(2))
-                .await
-                .unwrap(),
-            CrashOutcome::AlreadyTerminal
-        );
-    }
-
-    /// Claims past the lease of an earlier claim the test left behind.
-    async fn claim_at(store: &MemoryStore, key: &InstanceKey, at: OffsetDateTime) -> Fence {
-        let later = Some(at + Span::hours(1));
-        match store.instance_claim(key, "w", TTL, later).await.unwrap() {
-            ClaimOutcome::Acquired(claim) => claim.fence,
-            refused => panic!("refused: {refused:?}"),
-        }
-    }
-
-    #[tokio::test]
-    async fn resurrection_keeps_history_and_numbers_repeated_markers() {
-        let store = store();
-        let key = start(&store, "a").await;
-        let missing = InstanceKey::parse("wf", "missing").unwrap();
-        assert_eq!(
-            store.instance_resurrect(&missing).await.unwrap(),
-            ResurrectOutcome::NotFound
-        );
-        assert_eq!(
-            store.instance_resurrect(&key).await.unwrap(),
-            ResurrectOutcome::NotFailed(Status::Running)
-        );
-        for round in 0..2 {
+            max_attempts: 1,
+        };
+        for _ in 0..2 {
             let fence = claim(&store, &key, "w").await;
-            assert_eq!(
-                store
-                    .instance_record_crash(&key, &fence, &crash(1))
-                    .await
-                    .unwrap(),
-                CrashOutcome::Failed { attempts: 1 }
-            );
-            let mut wakes = store.notifications();
-            assert_eq!(
-                store.instance_resurrect(&key).await.unwrap(),
-                ResurrectOutcome::Resurrected
-            );
-            assert_eq!(
-                wakes.try_recv().unwrap(),
-                Notification::Instance(key.clone()),
-                "round {round}"
-            );
+            store
+                .instance_record_crash(&key, &fence, &crash)
+                .await
+                .unwrap();
+            store.instance_resurrect(&key).await.unwrap();
         }
-        let row = store.instance_get(&key).await.unwrap().unwrap();
-        assert_eq!(
-            (row.status, row.attempts, row.last_error, row.completed_at),
-            (Status::Running, 0, None, None)
-        );
         let names = store.inspect(|state| {
             let entry = &state.instances[&key];
             let base = [marker_name::FAILED, marker_name::RESURRECTED];
@@ -593,197 +485,5 @@ mod tests {
             })
         });
         assert_eq!(names, [(true, true, false); 2]);
-        assert_eq!(store.journal_load(&key, 0).await.unwrap().len(), 4);
-    }
-
-    #[tokio::test]
-    async fn refusals_are_classified_lease_first_and_claims_carry_the_current_generation() {
-        let store = store();
-        let key = start(&store, "a").await;
-        append(&store, &key, None, step("old", json!(1)), None)
-            .await
-            .unwrap();
-        let rotate = Event::WorkflowContinuedAsNew {
-            next_generation: 1,
-            input: json!(2),
-        };
-        append(&store, &key, None, rotate, None).await.unwrap();
-        append(&store, &key, None, step("new", json!(2)), None)
-            .await
-            .unwrap();
-
-        let fence = claim(&store, &key, "w").await;
-        store
-            .instance_record_crash(&key, &fence, &crash(5))
-            .await
-            .unwrap();
-        store
-            .instance_claim(&key, "w", TTL, Some(T0 + Span::minutes(1)))
-            .await
-            .unwrap();
-        // Leased and paced at once: the live lease is what the caller hears about.
-        assert_eq!(
-            store
-                .instance_claim(&key, "v", TTL, Some(T0 + Span::seconds(20)))
-                .await
-                .unwrap(),
-            ClaimOutcome::LeaseHeld
-        );
-        let ClaimOutcome::Acquired(claim) = store
-            .instance_claim(&key, "v", TTL, Some(T0 + Span::hours(1)))
-            .await
-            .unwrap()
-        else {
-            panic!("an expired lease past the backoff gate is claimable");
-        };
-        assert_eq!(claim.fence.epoch, 3);
-        assert_eq!(claim.instance.lease_owner.as_deref(), Some("v"));
-        let steps: Vec<_> = claim
-            .journal
-            .iter()
-            .map(|e| (e.generation, e.event.step_name().into_owned()))
-            .collect();
-        assert_eq!(steps, [(1, "new".to_owned())]);
-
-        append(&store, &key, None, Event::WorkflowCancelled, None)
-            .await
-            .unwrap();
-        assert_eq!(
-            store.instance_claim(&key, "v", TTL, None).await.unwrap(),
-            ClaimOutcome::Unavailable
-        );
-        let missing = InstanceKey::parse("wf", "missing").unwrap();
-        assert_eq!(
-            store
-                .instance_claim(&missing, "v", TTL, None)
-                .await
-                .unwrap(),
-            ClaimOutcome::Unavailable
-        );
-    }
-
-    #[tokio::test]
-    async fn discovery_is_exact_and_ordered() {
-        let store = store();
-        let start_with = |id: &str, priority: i32| StartRequest {
-            key: InstanceKey::parse("wf", id).unwrap(),
-            input: json!(null),
-            parent: None,
-            priority,
-        };
-        for (id, priority) in [("c", 0), ("b", 0), ("urgent", 5)] {
-            store
-                .instance_start(&start_with(id, priority))
-                .await
-                .unwrap();
-        }
-        store.set_now(Some(T0 - Span::minutes(1)));
-        store.instance_start(&start_with("older", 0)).await.unwrap();
-        store.set_now(Some(T0));
-        let parked = start(&store, "parked").await;
-        let due = start(&store, "due").await;
-        let done = start(&store, "done").await;
-        for (key, wake_after) in [(&parked, None), (&due, Some(T0 + Span::minutes(1)))] {
-            let park = Park {
-                key: key.clone(),
-                generation: 0,
-                fence: None,
-                awaited: vec!["awk:x".into()],
-                wake_after,
-            };
-            store.instance_park(&park).await.unwrap();
-        }
-        append(&store, &done, None, Event::WorkflowCancelled, None)
-            .await
-            .unwrap();
-
-        let ids =
-            |keys: Vec<InstanceKey>| keys.iter().map(|k| k.id.to_string()).collect::<Vec<_>>();
-        assert_eq!(
-            ids(store.instances_runnable(None, None).await.unwrap()),
-            ["urgent", "older", "b", "c"]
-        );
-        let at_wake = Some(T0 + Span::minutes(1));
-        assert_eq!(
-            ids(store.instances_runnable(at_wake, None).await.unwrap()),
-            ["urgent", "older", "b", "c", "due"]
-        );
-        assert_eq!(
-            ids(store.instances_runnable(None, Some(2)).await.unwrap()),
-            ["urgent", "older"]
-        );
-        assert!(store
-            .instances_runnable(None, Some(-1))
-            .await
-            .unwrap()
-            .is_empty());
-    }
-
-    #[tokio::test]
-    async fn release_renew_and_force_release_are_fenced() {
-        let store = store();
-        let key = start(&store, "a").await;
-        let fence = claim(&store, &key, "w").await;
-        store
-            .instance_record_crash(&key, &fence, &crash(5))
-            .await
-            .unwrap();
-        let fence = claim_at(&store, &key, T0).await;
-
-        store.set_now(Some(T0 + Span::minutes(10)));
-        store.instance_lease_renew(&key, &fence, TTL).await.unwrap();
-        let row = store.instance_get(&key).await.unwrap().unwrap();
-        assert_eq!(row.lease_expires_at, Some(T0 + Span::minutes(11)));
-
-        let stale = Fence {
-            epoch: fence.epoch - 1,
-            ..fence.clone()
-        };
-        assert!(!store.instance_release(&key, &stale, true).await.unwrap());
-        assert!(store
-            .instance_lease_renew(&key, &stale, TTL)
-            .await
-            .unwrap_err()
-            .is_lease_lost());
-        assert!(store.instance_release(&key, &fence, true).await.unwrap());
-        let row = store.instance_get(&key).await.unwrap().unwrap();
-        assert_eq!(
-            (row.attempts, row.last_error, row.next_attempt_at),
-            (0, None, None)
-        );
-        assert!(!store.instance_release(&key, &fence, true).await.unwrap());
-        assert!(!store.instance_lease_force_release(&key).await.unwrap());
-
-        let fence = claim(&store, &key, "w").await;
-        append(
-            &store,
-            &key,
-            None,
-            Event::WorkflowCompleted { output: json!(1) },
-            Some(&fence),
-        )
-        .await
-        .unwrap();
-        assert!(store
-            .instance_lease_renew(&key, &fence, TTL)
-            .await
-            .unwrap_err()
-            .is_lease_lost());
-        assert_eq!(
-            append(&store, &key, None, Event::WorkflowCancelled, None)
-                .await
-                .unwrap(),
-            keiro_journal::AppendOutcome::RefusedTerminal(Marker::Completed)
-        );
-        let missing = InstanceKey::parse("wf", "missing").unwrap();
-        assert!(store
-            .instance_lease_renew(&missing, &fence, TTL)
-            .await
-            .unwrap_err()
-            .is_not_found());
-        assert!(!store
-            .instance_release(&missing, &fence, false)
-            .await
-            .unwrap());
     }
 }

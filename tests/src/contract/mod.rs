@@ -27,12 +27,15 @@
 #![allow(missing_docs)]
 
 pub mod awakeable;
+pub mod child;
 pub mod inspect;
 pub mod instance;
 pub mod journal;
 pub mod lease;
+pub mod remote;
 pub mod retention;
 pub mod schedule;
+pub mod signal;
 pub mod support;
 pub mod timer;
 
@@ -44,6 +47,19 @@ macro_rules! contract_suite {
     ($store:ident => $harness:expr) => {
         $crate::contract_suite!(@suite $store => $harness;
             journal {
+                append [
+                    steps_converge_on_the_first_record_and_kinds_conflict,
+                    terminal_rows_refuse_steps_and_other_markers,
+                    failures_repeat_after_resurrection_under_unique_names,
+                    continue_as_new_moves_the_generation_and_a_retry_converges,
+                    fenced_appends_need_the_current_lease_and_renew_it,
+                    terminal_rows_refuse_with_their_own_marker_and_repeat_it_as_already_present,
+                    terminal_refusal_comes_before_the_fence_check,
+                    a_recorded_step_is_already_present_even_after_the_instance_closed,
+                    only_the_current_holder_may_append_and_its_append_renews,
+                    writers_on_an_old_generation_converge_or_conflict,
+                    resurrected_is_not_appendable_and_missing_instances_are_not_found,
+                ],
                 replay [
                     journaled_steps_never_run_again,
                     repeated_step_name_reuses_the_first_result,
@@ -121,12 +137,16 @@ macro_rules! contract_suite {
                 ],
             },
             instance {
+                start [
+                    start_is_idempotent_and_notifies_only_on_create,
+                ],
                 cancel [
                     a_cascade_cancels_every_live_descendant,
                     without_cascade_only_the_instance_is_cancelled,
                     cancelling_a_subtree_notifies_its_parent,
                     a_finished_or_missing_instance_is_not_cancelled,
                     a_cycle_of_adoptions_does_not_loop,
+                    a_cascading_cancel_reaches_every_live_descendant_only,
                 ],
             },
             lease {
@@ -139,16 +159,102 @@ macro_rules! contract_suite {
                     a_diverged_run_fails_without_a_journal_row,
                     racing_claims_grant_exactly_one_lease,
                 ],
+                lifecycle [
+                    refusals_are_classified_lease_first_and_claims_carry_the_current_generation,
+                    release_renew_and_force_release_are_fenced,
+                    resurrection_keeps_history_and_wakes_the_run_each_time,
+                ],
+                park [
+                    a_park_never_masks_a_wake_that_landed_first,
+                    parks_and_divergence_respect_terminal_rows_and_fences,
+                ],
             },
             timer {
+                arm [
+                    the_first_arm_wins_and_alone_notifies,
+                    arming_needs_the_instance,
+                    racing_arms_agree_on_one_deadline,
+                ],
                 fire [
                     a_due_sleep_journals_its_step_wakes_the_owner_and_clears_its_deadline,
                     fires_oldest_first_up_to_the_limit_and_reports_the_next_due,
                     a_fire_that_cannot_journal_is_marked_fired_undelivered,
+                    timers_arm_once_and_fire_by_the_callers_clock_in_due_order,
+                    a_fire_journals_nothing_for_a_terminal_owner_or_a_journaled_step,
                 ],
                 fire_concurrent [
                     concurrent_callers_fire_each_timer_once,
                     many_workers_in_small_batches_fire_each_timer_once,
+                ],
+            },
+            signal {
+                send [
+                    buffered_signals_are_consumed_first_in_first_out,
+                    waiters_are_served_in_arrival_order_and_dead_ones_are_passed_over,
+                    consuming_a_buffered_signal_is_fenced,
+                    a_terminal_waiter_leaves_the_buffer_alone,
+                    a_pending_wait_times_out_and_a_satisfied_one_does_not,
+                    a_withdrawn_wait_is_passed_over_by_the_next_send,
+                    buffered_signals_are_consumed_oldest_first_by_later_waits,
+                    a_send_goes_to_the_oldest_live_waiter_and_wakes_it,
+                    a_signal_timeout_fires_only_while_the_wait_is_pending,
+                ],
+                race [
+                    wait_then_send_races_deliver_exactly_once,
+                    send_then_wait_races_deliver_exactly_once,
+                    spawned_racers_on_separate_tasks_deliver_exactly_once,
+                    timeouts_and_sends_racing_on_one_token_lose_nothing,
+                ],
+            },
+            child {
+                delivery [
+                    a_spawn_creates_the_linked_child_once,
+                    completion_delivers_the_output,
+                    failure_delivers_the_reason,
+                    the_crash_ceiling_delivers_the_last_error,
+                    divergence_delivers_the_reason,
+                    cancellation_delivers_the_cancelled_envelope,
+                    continue_as_new_delivers_nothing_until_the_run_ends,
+                    a_parent_that_cannot_take_the_result_is_ignored,
+                    spawning_an_existing_instance_adopts_it_or_delivers_its_result,
+                    every_terminal_path_of_a_child_journals_its_envelope_into_the_parent,
+                    a_spawn_adopts_an_existing_instance_and_a_closed_parent_refuses_quietly,
+                ],
+            },
+            remote {
+                arm [
+                    arming_is_idempotent_and_learns_the_result,
+                    concurrent_arms_of_one_step_write_one_task,
+                    a_passed_deadline_redispatches_until_the_step_is_lost,
+                    a_park_dispatch_writes_its_tasks_and_wakes_by_the_first_deadline,
+                    parks_sent_at_once_each_get_their_own_answer,
+                ],
+                claim [
+                    concurrent_claimers_never_take_the_same_task,
+                    claims_go_by_priority_then_age_across_groups,
+                    an_expired_claim_is_claimable_again_and_its_holder_is_stale,
+                    the_last_expired_claim_fails_the_step_as_crashed_and_wakes_the_owner,
+                    a_heartbeat_extends_only_the_current_claim,
+                ],
+                report [
+                    completion_is_idempotent_and_wakes_a_suspended_owner,
+                    a_completion_without_a_claim_wins_and_a_gone_owner_is_reported,
+                    retryable_failures_back_off_and_the_last_one_is_journaled,
+                    a_failure_that_is_not_retryable_fails_at_once,
+                    a_failure_of_a_pending_task_is_stale,
+                    a_batch_of_reports_answers_each_in_the_callers_order,
+                ],
+                cancel [
+                    a_cancel_cancels_the_live_tasks_of_the_run_and_refuses_their_reports,
+                    a_continue_as_new_cancels_the_tasks_of_the_generation_it_leaves,
+                ],
+                requeue [
+                    redispatch_pending_counts_the_open_tasks_of_the_current_generation,
+                    a_requeue_resets_a_failed_remote_step,
+                    a_requeue_cascades_to_a_failed_child_which_then_delivers_to_the_next_revision,
+                    a_requeue_guards_a_cycle_of_parent_links,
+                    a_fix_copies_the_parent_link_and_delivers_only_its_success,
+                    a_requeue_journals_a_fix_that_already_completed,
                 ],
             },
             awakeable {
@@ -158,6 +264,7 @@ macro_rules! contract_suite {
                     racing_completions_settle_once,
                     a_terminal_owner_gets_nothing_journaled,
                     creation_is_fenced_and_refused_on_a_terminal_owner,
+                    awakeables_settle_once_and_never_journal_into_a_terminal_owner,
                 ],
             },
             retention {

@@ -28,6 +28,7 @@ impl Pushed {
                 store: store.clone(),
                 db: None,
                 sqlite_dir: None,
+                memory: Some((*store).clone()),
             },
             notifier: store,
         }

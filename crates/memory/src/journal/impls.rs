@@ -398,6 +398,7 @@ impl JournalStore for MemoryStore {
                 storable::remote_arm(PARK_DISPATCH, arm)?;
             }
             self.transact(PARK_DISPATCH, |state| {
+                state.park_fence_check(park)?;
                 let mut park = park.clone();
                 let mut outcomes = Vec::with_capacity(arms.len());
                 for arm in arms {

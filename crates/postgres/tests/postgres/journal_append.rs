@@ -1,212 +1,40 @@
-//! Append outcomes, in the order store-semantics.md checks them, against the real functions.
-
-use std::time::Duration;
+//! How the journal stores repeated markers: each failure and resurrection after the first
+//! gets a numbered step name (`failed/2`), so the unique index on the step name holds one
+//! row per occurrence. What an append answers is the contract suite's
+//! (`keiro_tests::contract::journal::append`).
 
 use crate::common::{key, start, TestResult};
 use keiro_journal::store::marker_name;
-use keiro_journal::{
-    Append, AppendOutcome, Event, InstanceKey, JournalStore, Marker, Status, StepKind, StoreError,
-};
-use keiro_lease::{ClaimOutcome, LeaseStore, ResurrectOutcome};
+use keiro_journal::{Append, AppendOutcome, Event, JournalStore};
+use keiro_lease::{LeaseStore, ResurrectOutcome};
 use keiro_tests::pg::TestDb;
-use serde_json::{json, Value};
+use serde_json::json;
 
-fn step(k: &InstanceKey, name: &str, kind: StepKind, result: Value) -> Append {
-    Append::external(
-        k.clone(),
-        Event::StepRecorded {
-            step: name.into(),
-            kind,
-            result,
-        },
-    )
-}
-
-fn marker(k: &InstanceKey, event: Event) -> Append {
-    Append {
+#[tokio::test]
+async fn repeated_markers_are_stored_under_numbered_step_names() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let k = key("order", "o-1");
+    store.instance_start(&start(&k, json!(null))).await?;
+    let fail = |reason: &str| Append {
         generation: Some(0),
-        ..Append::external(k.clone(), event)
-    }
-}
-
-#[tokio::test]
-async fn steps_converge_on_the_first_record_and_kinds_conflict() -> TestResult {
-    let db = TestDb::new().await;
-    let store = db.store();
-    let k = key("order", "o-1");
-    store.instance_start(&start(&k, json!({"n": 1}))).await?;
-
-    assert_eq!(
-        store
-            .journal_append(&step(&k, "a", StepKind::Step, json!(1)))
-            .await?,
-        AppendOutcome::Appended
-    );
-    assert_eq!(
-        store
-            .journal_append(&step(&k, "a", StepKind::Step, json!(2)))
-            .await?,
-        AppendOutcome::AlreadyPresent(json!(1))
-    );
-    assert_eq!(
-        store
-            .journal_append(&step(&k, "a", StepKind::Sleep, json!(1)))
-            .await?,
-        AppendOutcome::Conflict
-    );
-    let other_generation = Append {
-        generation: Some(3),
-        ..step(&k, "b", StepKind::Step, json!(1))
-    };
-    assert_eq!(
-        store.journal_append(&other_generation).await?,
-        AppendOutcome::Conflict
-    );
-
-    let missing = step(&key("order", "nope"), "a", StepKind::Step, json!(1));
-    assert!(store
-        .journal_append(&missing)
-        .await
-        .unwrap_err()
-        .is_not_found());
-    let resurrect = Append::external(k.clone(), Event::Resurrected);
-    assert!(matches!(
-        store.journal_append(&resurrect).await,
-        Err(StoreError::Database {
-            retryable: false,
-            ..
-        })
-    ));
-
-    let journal = store.journal_load(&k, 0).await?;
-    assert_eq!(journal.len(), 1);
-    assert_eq!(
-        journal[0].event,
-        Event::StepRecorded {
-            step: "a".into(),
-            kind: StepKind::Step,
-            result: json!(1)
-        }
-    );
-    Ok(())
-}
-
-#[tokio::test]
-async fn terminal_rows_refuse_steps_and_other_markers() -> TestResult {
-    let db = TestDb::new().await;
-    let store = db.store();
-    let k = key("order", "o-1");
-    store.instance_start(&start(&k, json!(null))).await?;
-    store
-        .journal_append(&step(&k, "a", StepKind::Step, json!(1)))
-        .await?;
-    let done = marker(
-        &k,
-        Event::WorkflowCompleted {
-            output: json!("out"),
-        },
-    );
-    assert_eq!(store.journal_append(&done).await?, AppendOutcome::Appended);
-
-    // A recorded step is still idempotent; a new one is refused; markers converge or are refused.
-    assert_eq!(
-        store
-            .journal_append(&step(&k, "a", StepKind::Step, json!(9)))
-            .await?,
-        AppendOutcome::AlreadyPresent(json!(1))
-    );
-    assert_eq!(
-        store
-            .journal_append(&step(&k, "b", StepKind::Step, json!(9)))
-            .await?,
-        AppendOutcome::RefusedTerminal(Marker::Completed)
-    );
-    let again = marker(
-        &k,
-        Event::WorkflowCompleted {
-            output: json!("other"),
-        },
-    );
-    assert_eq!(
-        store.journal_append(&again).await?,
-        AppendOutcome::AlreadyPresent(json!("out"))
-    );
-    assert_eq!(
-        store
-            .journal_append(&marker(&k, Event::WorkflowCancelled))
-            .await?,
-        AppendOutcome::RefusedTerminal(Marker::Completed)
-    );
-
-    let row = store.instance_get(&k).await?.expect("exists");
-    assert_eq!(row.status, Status::Completed);
-    assert_eq!(row.output, Some(json!("out")));
-    assert!(row.completed_at.is_some() && row.lease_owner.is_none());
-    Ok(())
-}
-
-#[tokio::test]
-async fn failures_repeat_after_resurrection_under_unique_names() -> TestResult {
-    let db = TestDb::new().await;
-    let store = db.store();
-    let k = key("order", "o-1");
-    store.instance_start(&start(&k, json!(null))).await?;
-    let fail = |reason: &str| {
-        marker(
-            &k,
+        ..Append::external(
+            k.clone(),
             Event::WorkflowFailed {
                 reason: reason.into(),
             },
         )
     };
-    assert_eq!(
-        store.journal_append(&fail("first")).await?,
-        AppendOutcome::Appended
-    );
-    assert_eq!(
-        store.journal_append(&fail("again")).await?,
-        AppendOutcome::AlreadyPresent(json!("first"))
-    );
-    assert_eq!(
-        store.instance_resurrect(&k).await?,
-        ResurrectOutcome::Resurrected
-    );
-    assert_eq!(
-        store.journal_append(&fail("second")).await?,
-        AppendOutcome::Appended
-    );
-    assert_eq!(
-        store.instance_resurrect(&k).await?,
-        ResurrectOutcome::Resurrected
-    );
-    assert_eq!(
-        store.instance_resurrect(&k).await?,
-        ResurrectOutcome::NotFailed(Status::Running)
-    );
-    assert_eq!(
-        store.instance_resurrect(&key("order", "nope")).await?,
-        ResurrectOutcome::NotFound
-    );
-
-    let events: Vec<Event> = store
-        .journal_history(&k)
-        .await?
-        .into_iter()
-        .map(|e| e.event)
-        .collect();
-    assert_eq!(
-        events,
-        [
-            Event::WorkflowFailed {
-                reason: "first".into()
-            },
-            Event::Resurrected,
-            Event::WorkflowFailed {
-                reason: "second".into()
-            },
-            Event::Resurrected,
-        ]
-    );
+    for reason in ["first", "second"] {
+        assert_eq!(
+            store.journal_append(&fail(reason)).await?,
+            AppendOutcome::Appended
+        );
+        assert_eq!(
+            store.instance_resurrect(&k).await?,
+            ResurrectOutcome::Resurrected
+        );
+    }
     let client = store.pool().get().await?;
     let names: Vec<String> = client
         .query("SELECT step_name FROM journal ORDER BY seq", &[])
@@ -224,98 +52,5 @@ async fn failures_repeat_after_resurrection_under_unique_names() -> TestResult {
             format!("{resurrected}/2")
         ]
     );
-    let row = store.instance_get(&k).await?.expect("exists");
-    assert_eq!(
-        (row.status, row.last_error, row.completed_at),
-        (Status::Running, None, None)
-    );
-    Ok(())
-}
-
-#[tokio::test]
-async fn continue_as_new_moves_the_generation_and_a_retry_converges() -> TestResult {
-    let db = TestDb::new().await;
-    let store = db.store();
-    let k = key("order", "o-1");
-    store.instance_start(&start(&k, json!(0))).await?;
-    store
-        .journal_append(&step(&k, "a", StepKind::Step, json!(1)))
-        .await?;
-    let next = marker(
-        &k,
-        Event::WorkflowContinuedAsNew {
-            next_generation: 1,
-            input: json!([1, 2]),
-        },
-    );
-    assert_eq!(store.journal_append(&next).await?, AppendOutcome::Appended);
-    let recorded = json!({"next_generation": 1, "input": [1, 2]});
-    assert_eq!(
-        store.journal_append(&next).await?,
-        AppendOutcome::AlreadyPresent(recorded)
-    );
-
-    let row = store.instance_get(&k).await?.expect("exists");
-    assert_eq!(
-        (row.generation, row.status, row.input),
-        (1, Status::Running, json!([1, 2]))
-    );
-    assert!(store.journal_load(&k, 1).await?.is_empty());
-    // Wake sources append to the current generation.
-    assert_eq!(
-        store
-            .journal_append(&step(&k, "a", StepKind::Step, json!(5)))
-            .await?,
-        AppendOutcome::Appended
-    );
-    let history = store.journal_history(&k).await?;
-    let generations: Vec<i32> = history.iter().map(|e| e.generation).collect();
-    assert_eq!(generations, [0, 0, 1]);
-    assert!(history.windows(2).all(|w| w[0].seq < w[1].seq));
-    Ok(())
-}
-
-#[tokio::test]
-async fn fenced_appends_need_the_current_lease_and_renew_it() -> TestResult {
-    let db = TestDb::new().await;
-    let store = db.store();
-    let k = key("order", "o-1");
-    store.instance_start(&start(&k, json!(null))).await?;
-    let ttl = Duration::from_secs(60);
-    let ClaimOutcome::Acquired(old) = store.instance_claim(&k, "old", ttl, None).await? else {
-        panic!("claimable");
-    };
-    assert!(store.instance_lease_force_release(&k).await?);
-    let ClaimOutcome::Acquired(new) = store.instance_claim(&k, "new", ttl, None).await? else {
-        panic!("released");
-    };
-    assert_eq!(new.fence.epoch, old.fence.epoch + 1);
-
-    let fenced = |fence: &keiro_journal::Fence, name: &str| Append {
-        fence: Some(fence.clone()),
-        renew: Some(Duration::from_secs(3600)),
-        generation: Some(0),
-        ..step(&k, name, StepKind::Step, json!(name))
-    };
-    let err = store
-        .journal_append(&fenced(&old.fence, "a"))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(&err, StoreError::LeaseLost { owner, epoch: 1, .. } if owner == "old"),
-        "{err:?}"
-    );
-    assert_eq!(
-        store.journal_append(&fenced(&new.fence, "a")).await?,
-        AppendOutcome::Appended
-    );
-    // The stale holder learns the recorded value but cannot change it.
-    assert_eq!(
-        store.journal_append(&fenced(&old.fence, "a")).await?,
-        AppendOutcome::AlreadyPresent(json!("a"))
-    );
-    let row = store.instance_get(&k).await?.expect("exists");
-    let renewed = row.lease_expires_at.expect("leased");
-    assert!(renewed > new.instance.lease_expires_at.expect("leased") + time::Duration::minutes(30));
     Ok(())
 }

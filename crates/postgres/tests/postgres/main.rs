@@ -31,7 +31,6 @@ mod schema_not_migrated;
 mod search_path;
 mod signal_race;
 mod signals;
-mod timer_first_arm;
 mod timer_requeue_stuck;
 mod tls;
 mod unreachable;

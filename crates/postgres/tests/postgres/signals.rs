@@ -1,15 +1,13 @@
-//! Signal semantics: buffering first in first out, waiters first come first served, waiters
-//! that cannot take a signal are passed over, the fence on consuming a buffered signal, and
-//! the timeout timer.
+//! A signal left in the buffer beside a registered waiter, a state only a send whose snapshot
+//! predated the waiter leaves behind, written here with SQL. The signal rules every store
+//! keeps are the contract suite's (`keiro_tests::contract::signal`).
 
-use crate::common::{claim, key, recorded, sql, start, start_parked, status, TestResult};
+use crate::common::{key, recorded, sql, start_parked, TestResult};
 use keiro_journal::{
-    store::SignalWait, store::SignalWaitOutcome, store::TimerArm, Append, Event, Fence,
-    InstanceKey, JournalStore, SignalSendOutcome, Status, TimerKind,
+    store::SignalWait, store::SignalWaitOutcome, InstanceKey, JournalStore, SignalSendOutcome,
 };
 use keiro_tests::pg::TestDb;
 use serde_json::json;
-use time::OffsetDateTime;
 
 fn wait(k: &InstanceKey, step: &str, token: &str) -> SignalWait {
     SignalWait {
@@ -19,157 +17,6 @@ fn wait(k: &InstanceKey, step: &str, token: &str) -> SignalWait {
         token: token.into(),
         fence: None,
     }
-}
-
-#[tokio::test]
-async fn buffered_signals_are_consumed_first_in_first_out() -> TestResult {
-    let db = TestDb::new().await;
-    let store = db.store();
-    let k = key("waiter", "w-1");
-    start_parked(&store, &k).await?;
-    for n in 1..=2 {
-        assert_eq!(
-            store.signal_send("t", &json!(n)).await?,
-            SignalSendOutcome::Buffered
-        );
-    }
-    assert_eq!(
-        store.signal_wait(&wait(&k, "signal:a", "t")).await?,
-        SignalWaitOutcome::Delivered(json!({"ok": 1}))
-    );
-    assert_eq!(
-        store.signal_wait(&wait(&k, "signal:b", "t")).await?,
-        SignalWaitOutcome::Delivered(json!({"ok": 2}))
-    );
-    // Journaled, so a re-arm answers from the journal; the buffer is empty now.
-    assert_eq!(
-        store.signal_wait(&wait(&k, "signal:a", "t")).await?,
-        SignalWaitOutcome::Delivered(json!({"ok": 1}))
-    );
-    assert_eq!(
-        store.signal_wait(&wait(&k, "signal:c", "t")).await?,
-        SignalWaitOutcome::Waiting
-    );
-    assert_eq!(
-        store.signal_wait(&wait(&k, "signal:c", "t")).await?,
-        SignalWaitOutcome::Waiting,
-        "re-arming a registered wait registers nothing more"
-    );
-    assert_eq!(
-        store.signal_send("t", &json!(3)).await?,
-        SignalSendOutcome::Delivered { to: k.clone() }
-    );
-    assert_eq!(
-        store.signal_send("t", &json!(4)).await?,
-        SignalSendOutcome::Buffered,
-        "the one waiter was served once"
-    );
-    assert_eq!(
-        recorded(&store, &k, "signal:c").await?,
-        vec![json!({"ok": 3})]
-    );
-    assert!(store
-        .signal_wait(&wait(&key("waiter", "nope"), "signal:a", "t"))
-        .await
-        .unwrap_err()
-        .is_not_found());
-    Ok(())
-}
-
-#[tokio::test]
-async fn waiters_are_served_in_arrival_order_and_dead_ones_are_passed_over() -> TestResult {
-    let db = TestDb::new().await;
-    let store = db.store();
-    let keys: Vec<_> = (1..=3).map(|n| key("waiter", &format!("w-{n}"))).collect();
-    for k in &keys {
-        start_parked(&store, k).await?;
-        assert_eq!(
-            store.signal_wait(&wait(k, "signal:go", "t")).await?,
-            SignalWaitOutcome::Waiting
-        );
-    }
-    assert_eq!(status(&store, &keys[0]).await?, Status::Suspended);
-    assert_eq!(
-        store.signal_send("t", &json!("first")).await?,
-        SignalSendOutcome::Delivered {
-            to: keys[0].clone()
-        }
-    );
-    assert_eq!(status(&store, &keys[0]).await?, Status::Running, "woken");
-
-    // The second waiter finished meanwhile: the signal goes to the third.
-    store
-        .journal_append(&Append::external(keys[1].clone(), Event::WorkflowCancelled))
-        .await?;
-    assert_eq!(
-        store.signal_send("t", &json!("second")).await?,
-        SignalSendOutcome::Delivered {
-            to: keys[2].clone()
-        }
-    );
-    assert!(recorded(&store, &keys[1], "signal:go").await?.is_empty());
-    assert_eq!(
-        recorded(&store, &keys[2], "signal:go").await?,
-        vec![json!({"ok": "second"})]
-    );
-    // The dead waiter was dropped, not kept: the next signal is buffered.
-    assert_eq!(
-        store.signal_send("t", &json!("third")).await?,
-        SignalSendOutcome::Buffered
-    );
-    Ok(())
-}
-
-#[tokio::test]
-async fn consuming_a_buffered_signal_is_fenced() -> TestResult {
-    let db = TestDb::new().await;
-    let store = db.store();
-    let k = key("waiter", "w-1");
-    store.instance_start(&start(&k, json!(null))).await?;
-    let fence = claim(&store, &k, "w1").await?;
-    store.signal_send("t", &json!("hi")).await?;
-
-    let stale = SignalWait {
-        fence: Some(Fence {
-            owner: "w0".into(),
-            ..fence.clone()
-        }),
-        ..wait(&k, "signal:go", "t")
-    };
-    assert!(store.signal_wait(&stale).await.unwrap_err().is_lease_lost());
-    let current = SignalWait {
-        fence: Some(fence),
-        ..wait(&k, "signal:go", "t")
-    };
-    assert_eq!(
-        store.signal_wait(&current).await?,
-        SignalWaitOutcome::Delivered(json!({"ok": "hi"})),
-        "the refused wait left the signal buffered"
-    );
-    Ok(())
-}
-
-#[tokio::test]
-async fn a_terminal_waiter_leaves_the_buffer_alone() -> TestResult {
-    let db = TestDb::new().await;
-    let store = db.store();
-    let gone = key("waiter", "gone");
-    let alive = key("waiter", "alive");
-    store.instance_start(&start(&gone, json!(null))).await?;
-    start_parked(&store, &alive).await?;
-    store
-        .journal_append(&Append::external(gone.clone(), Event::WorkflowCancelled))
-        .await?;
-    store.signal_send("t", &json!(1)).await?;
-    assert_eq!(
-        store.signal_wait(&wait(&gone, "signal:go", "t")).await?,
-        SignalWaitOutcome::Waiting
-    );
-    assert_eq!(
-        store.signal_wait(&wait(&alive, "signal:go", "t")).await?,
-        SignalWaitOutcome::Delivered(json!({"ok": 1}))
-    );
-    Ok(())
 }
 
 /// A registered wait that meets a signal buffered beside it (what a send whose snapshot
@@ -215,63 +62,6 @@ async fn a_registered_wait_takes_a_signal_buffered_beside_it() -> TestResult {
     assert_eq!(
         store.signal_send("t", &json!(2)).await?,
         SignalSendOutcome::Buffered
-    );
-    Ok(())
-}
-
-#[tokio::test]
-async fn a_pending_wait_times_out_and_a_satisfied_one_does_not() -> TestResult {
-    let db = TestDb::new().await;
-    let store = db.store();
-    let now = OffsetDateTime::now_utc();
-    let timeout = |k: &InstanceKey, seconds_ago: i64| TimerArm {
-        key: k.clone(),
-        generation: 0,
-        step: "signal:go".into(),
-        due: keiro_journal::store::TimerDue::At(now - time::Duration::seconds(seconds_ago)),
-        kind: TimerKind::SignalTimeout { token: "t".into() },
-    };
-    let lonely = key("waiter", "lonely");
-    let answered = key("waiter", "answered");
-    for (k, seconds_ago) in [(&lonely, 2), (&answered, 1)] {
-        start_parked(&store, k).await?;
-        store.signal_wait(&wait(k, "signal:go", "t")).await?;
-        store.timer_arm(&timeout(k, seconds_ago)).await?;
-    }
-    // Only the older timeout fires: it drops its waiter and journals the timeout.
-    let firing = store.timers_fire_due(None, 1).await?;
-    assert_eq!(firing.fired.len(), 1);
-    assert_eq!(
-        (&firing.fired[0].key, firing.fired[0].delivered),
-        (&lonely, true)
-    );
-    assert_eq!(
-        recorded(&store, &lonely, "signal:go").await?,
-        vec![json!({"timeout": true})]
-    );
-    assert_eq!(
-        status(&store, &lonely).await?,
-        Status::Running,
-        "woken by the timeout"
-    );
-
-    // The timed-out waiter is gone, so the signal reaches the other one ...
-    assert_eq!(
-        store.signal_send("t", &json!("hi")).await?,
-        SignalSendOutcome::Delivered {
-            to: answered.clone()
-        }
-    );
-    // ... whose timeout then finds nothing to time out.
-    let firing = store.timers_fire_due(None, 10).await?;
-    assert_eq!(firing.fired.len(), 1);
-    assert_eq!(
-        (&firing.fired[0].key, firing.fired[0].delivered),
-        (&answered, false)
-    );
-    assert_eq!(
-        recorded(&store, &answered, "signal:go").await?,
-        vec![json!({"ok": "hi"})]
     );
     Ok(())
 }

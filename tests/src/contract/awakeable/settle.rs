@@ -1,13 +1,15 @@
 //! Awakeables: created with their allocation step, settled once, delivered into the owner's
 //! journal in the settling transaction, and nothing journaled for an owner that is gone.
 
-use crate::contract::support::{claim, key, recorded, start_parked, status, TestResult};
+#[allow(clippy::wildcard_imports)] // the shared tools, some of them per scenario
+use crate::contract::support::*;
 use crate::Harness;
 use keiro_journal::{
     store::awakeable_step, Append, AppendOutcome, AwakeableOutcome, AwakeableStatus, Event,
     InstanceKey, Marker, Status, StepKind,
 };
 use serde_json::json;
+use serde_json::Value;
 use uuid::Uuid;
 
 /// The allocation append of awakeable `name`, whose value is `id`.
@@ -205,6 +207,88 @@ pub async fn creation_is_fenced_and_refused_on_a_terminal_owner(h: Harness) -> T
     assert_eq!(
         store.awakeable_complete(late, &json!(1)).await?,
         AwakeableOutcome::NotFound
+    );
+    Ok(())
+}
+
+pub async fn awakeables_settle_once_and_never_journal_into_a_terminal_owner(
+    h: Harness,
+) -> TestResult {
+    let store = &*h.store;
+    let owner = started(store, "owner").await?;
+    let id = Uuid::from_u128(1);
+    let allocate = |step: &str, id: Uuid| {
+        Append::external(
+            owner.clone(),
+            Event::StepRecorded {
+                step: step.to_owned(),
+                kind: StepKind::Awakeable,
+                result: json!(id.to_string()),
+            },
+        )
+    };
+    assert_eq!(
+        store.awakeable_create(&allocate("awkid:a", id), id).await?,
+        AppendOutcome::Appended
+    );
+    let replayed = Uuid::from_u128(2);
+    assert_eq!(
+        store
+            .awakeable_create(&allocate("awkid:a", replayed), replayed)
+            .await?,
+        AppendOutcome::AlreadyPresent(json!(id.to_string()))
+    );
+    assert_eq!(
+        store.awakeable_complete(replayed, &json!(1)).await?,
+        AwakeableOutcome::NotFound
+    );
+    // An id registered twice is refused before the second allocation step is journaled.
+    assert!(store
+        .awakeable_create(&allocate("awkid:b", id), id)
+        .await
+        .is_err());
+    assert_eq!(store.awakeables_pending().await?, 1);
+
+    park_on(store, &owner, &awakeable_step(id)).await?;
+    assert_eq!(
+        store.awakeable_complete(id, &json!("paid")).await?,
+        AwakeableOutcome::Delivered
+    );
+    assert_eq!(status(store, &owner).await?, Status::Running);
+    assert_eq!(
+        store.awakeable_complete(id, &json!("again")).await?,
+        AwakeableOutcome::AlreadySettled(AwakeableStatus::Completed)
+    );
+    assert_eq!(
+        store.awakeable_cancel(id).await?,
+        AwakeableOutcome::AlreadySettled(AwakeableStatus::Completed)
+    );
+
+    let orphaned = Uuid::from_u128(3);
+    store
+        .awakeable_create(&allocate("awkid:c", orphaned), orphaned)
+        .await?;
+    store.instance_cancel(&owner, false).await?;
+    let before = journal_rows(store, &owner).await?;
+    // The cancel settled it: nothing will await it any more.
+    assert_eq!(
+        store.awakeable_cancel(orphaned).await?,
+        AwakeableOutcome::AlreadySettled(AwakeableStatus::Cancelled)
+    );
+    assert_eq!(journal_rows(store, &owner).await?, before);
+    assert_eq!(
+        store.awakeable_complete(orphaned, &json!(1)).await?,
+        AwakeableOutcome::AlreadySettled(AwakeableStatus::Cancelled)
+    );
+    assert_eq!(store.awakeables_pending().await?, 0);
+    assert_eq!(
+        before,
+        [
+            ("awkid:a".to_owned(), json!(id.to_string())),
+            (awakeable_step(id), json!({"ok": "paid"})),
+            ("awkid:c".to_owned(), json!(orphaned.to_string())),
+            (Marker::Cancelled.step_name().to_owned(), Value::Null),
+        ]
     );
     Ok(())
 }

@@ -1,7 +1,8 @@
 //! Cancellation: the marker on the instance itself and, with cascade, on every live
 //! descendant, in one transaction; each cancelled child's envelope reaches its parent.
 
-use crate::contract::support::{key, recorded, start, start_parked, status, TestResult};
+#[allow(clippy::wildcard_imports)] // the shared tools, some of them per scenario
+use crate::contract::support::*;
 use crate::Harness;
 use keiro_journal::{
     store::child_result_step, store::ChildSpawn, store::Park, Append, AppendOutcome, Event,
@@ -179,5 +180,57 @@ pub async fn a_cycle_of_adoptions_does_not_loop(h: Harness) -> TestResult {
         (status(store, &x).await?, status(store, &y).await?),
         (Status::Cancelled, Status::Cancelled)
     );
+    Ok(())
+}
+
+pub async fn a_cascading_cancel_reaches_every_live_descendant_only(h: Harness) -> TestResult {
+    let store = &*h.store;
+    let root = started(store, "root").await?;
+    let (child, child_step, _) = spawn_child(store, &root, "child").await?;
+    let (grandchild, _, _) = spawn_child(store, &child, "grandchild").await?;
+    let (finished, _, _) = spawn_child(store, &root, "finished").await?;
+    let (spared, _, _) = spawn_child(store, &root, "spared").await?;
+    let completed = Event::WorkflowCompleted { output: json!(1) };
+    append(store, &finished, None, completed, None).await?;
+
+    assert_eq!(
+        store.instance_cancel(&child, false).await?,
+        AppendOutcome::Appended
+    );
+    assert_eq!(status(store, &grandchild).await?, Status::Running);
+    assert!(journal_rows(store, &root)
+        .await?
+        .contains(&(child_step, json!({"cancelled": true}))));
+
+    let before = journal_rows(store, &root).await?;
+    assert_eq!(
+        store.instance_cancel(&root, true).await?,
+        AppendOutcome::Appended
+    );
+    assert_eq!(status(store, &spared).await?, Status::Cancelled);
+    assert_eq!(status(store, &finished).await?, Status::Completed);
+    // The child was already closed, so its own child was not reached through it.
+    assert_eq!(status(store, &grandchild).await?, Status::Running);
+    // The descendants' deliveries land on a cancelled parent and are refused.
+    let after = journal_rows(store, &root).await?;
+    assert_eq!(after.len(), before.len() + 1);
+    assert_eq!(
+        after.last().map(|(step, _)| step.as_str()),
+        Some(Marker::Cancelled.step_name())
+    );
+
+    let top = started(store, "top").await?;
+    let (middle, _, _) = spawn_child(store, &top, "middle").await?;
+    let (bottom, _, _) = spawn_child(store, &middle, "bottom").await?;
+    store.instance_cancel(&top, true).await?;
+    assert_eq!(status(store, &middle).await?, Status::Cancelled);
+    assert_eq!(status(store, &bottom).await?, Status::Cancelled);
+
+    let missing = key("wf", "missing");
+    assert!(store
+        .instance_cancel(&missing, true)
+        .await
+        .unwrap_err()
+        .is_not_found());
     Ok(())
 }

@@ -3,3 +3,4 @@
 //! its parent.
 
 pub mod cancel;
+pub mod start;

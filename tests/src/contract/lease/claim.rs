@@ -151,8 +151,13 @@ pub async fn crashes_back_off_then_fail_with_a_journaled_marker(h: Harness) -> T
     );
     let row = store.instance_get(&k).await?.expect("exists");
     assert_eq!(
-        (row.status, row.attempts, row.last_error.as_deref()),
-        (Status::Failed, 2, Some("boom"))
+        (
+            row.status,
+            row.attempts,
+            row.last_error.as_deref(),
+            row.lease_owner
+        ),
+        (Status::Failed, 2, Some("boom"), None)
     );
     let events: Vec<Event> = store
         .journal_load(&k, 0)
@@ -261,6 +266,10 @@ pub async fn discovery_orders_by_priority_then_age(h: Harness) -> TestResult {
         };
         store.instance_start(&request).await?;
     }
+    // A finished run is never runnable.
+    let done = key("order", "done");
+    store.instance_start(&start(&done, json!(null))).await?;
+    store.instance_cancel(&done, false).await?;
     let ids: Vec<String> = store
         .instances_runnable(None, None)
         .await?

@@ -2,3 +2,5 @@
 //! accounting.
 
 pub mod claim;
+pub mod lifecycle;
+pub mod park;

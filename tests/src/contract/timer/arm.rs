@@ -1,18 +1,19 @@
-//! A timer is armed once per (instance, generation, step): the first arm's deadline stands,
-//! and only a new timer notifies the timer loops.
+//! Arming a timer: one timer per (instance, generation, step), whose first deadline stands;
+//! only a new timer tells the timer loops.
 
 use std::time::Duration;
 
-use crate::common::{key, sql, start, Listener, TestResult};
-use keiro_journal::{store::TimerArm, JournalStore, TimerKind};
-use keiro_tests::pg::TestDb;
+use crate::contract::support::{key, start, TestResult};
+use crate::Harness;
+use keiro_journal::{store::TimerArm, InstanceKey, TimerKind};
 use serde_json::json;
 use time::macros::datetime;
 use time::OffsetDateTime;
 
+/// How long a notification may take to arrive, and how long silence means none comes.
 const QUIET: Duration = Duration::from_millis(150);
 
-fn sleep_arm(k: &keiro_journal::InstanceKey, step: &str, fire_at: OffsetDateTime) -> TimerArm {
+fn sleep_arm(k: &InstanceKey, step: &str, fire_at: OffsetDateTime) -> TimerArm {
     TimerArm {
         key: k.clone(),
         generation: 0,
@@ -22,14 +23,12 @@ fn sleep_arm(k: &keiro_journal::InstanceKey, step: &str, fire_at: OffsetDateTime
     }
 }
 
-#[tokio::test]
-async fn the_first_arm_wins_and_alone_notifies() -> TestResult {
-    let db = TestDb::new().await;
-    let store = db.store();
+pub async fn the_first_arm_wins_and_alone_notifies(h: Harness) -> TestResult {
+    let store = &*h.store;
     let k = key("sleeper", "s-1");
     store.instance_start(&start(&k, json!(null))).await?;
-    let mut listener = Listener::on(&store).await?;
-    listener.drain(QUIET).await;
+    let mut notifications = h.notifications().await?;
+    notifications.drain(QUIET).await;
 
     let first = datetime!(2030-01-01 0:00 UTC);
     let later = datetime!(2030-06-01 0:00 UTC);
@@ -38,8 +37,8 @@ async fn the_first_arm_wins_and_alone_notifies() -> TestResult {
         first
     );
     assert_eq!(
-        listener.drain(QUIET).await,
-        vec![(store.wake_channel().to_owned(), "timer".to_owned())],
+        notifications.drain(QUIET).await,
+        ["timer"],
         "a new timer tells the timer loops"
     );
 
@@ -54,7 +53,7 @@ async fn the_first_arm_wins_and_alone_notifies() -> TestResult {
     };
     assert_eq!(store.timer_arm(&earlier).await?, first);
     assert!(
-        listener.drain(QUIET).await.is_empty(),
+        notifications.drain(QUIET).await.is_empty(),
         "re-arms notify nobody"
     );
 
@@ -65,7 +64,8 @@ async fn the_first_arm_wins_and_alone_notifies() -> TestResult {
     };
     assert_eq!(store.timer_arm(&next_generation).await?, later);
 
-    // Even after it fired, the first timer still answers a re-arm.
+    // Even after it fired, the first timer still answers a re-arm, and writes no new timer:
+    // past both deadlines, only the other generation's fires.
     let fired = store
         .timers_fire_due(Some(datetime!(2030-01-02 0:00 UTC)), 10)
         .await?;
@@ -74,31 +74,31 @@ async fn the_first_arm_wins_and_alone_notifies() -> TestResult {
         store.timer_arm(&sleep_arm(&k, "sleep:nap", later)).await?,
         first
     );
-    let rows = sql(&store)
-        .await?
-        .query_one("SELECT count(*) FROM timers", &[])
+    let fired = store
+        .timers_fire_due(Some(datetime!(2031-01-01 0:00 UTC)), 10)
         .await?;
-    assert_eq!(rows.get::<_, i64>(0), 2);
+    assert_eq!(fired.fired.len(), 1, "{fired:?}");
+    assert_eq!(fired.fired[0].fire_at, later, "{fired:?}");
     Ok(())
 }
 
-#[tokio::test]
-async fn arming_needs_the_instance() -> TestResult {
-    let db = TestDb::new().await;
-    let store = db.store();
+pub async fn arming_needs_the_instance(h: Harness) -> TestResult {
     let missing = sleep_arm(
         &key("sleeper", "nope"),
         "sleep:nap",
         datetime!(2030-01-01 0:00 UTC),
     );
-    assert!(store.timer_arm(&missing).await.unwrap_err().is_not_found());
+    assert!(h
+        .store
+        .timer_arm(&missing)
+        .await
+        .unwrap_err()
+        .is_not_found());
     Ok(())
 }
 
-#[tokio::test]
-async fn racing_arms_agree_on_one_deadline() -> TestResult {
-    let db = TestDb::new().await;
-    let store = db.store();
+pub async fn racing_arms_agree_on_one_deadline(h: Harness) -> TestResult {
+    let store = &*h.store;
     let k = key("sleeper", "s-2");
     store.instance_start(&start(&k, json!(null))).await?;
     for n in 0..20 {
