@@ -17,8 +17,11 @@
 //!   with SIGKILL every 0.5 s and PostgreSQL restarted in immediate mode, then every invariant
 //!   checked from the journal and a table of witnesses; one JSON line.
 //!
-//! Every command reads `--database-url` (`DATABASE_URL`) and `--schema` (`KEIRO_SCHEMA`); the
-//! demo and the bench work in scratch schemas of their own, which they drop and recreate.
+//! Every command reads `--database-url` (`DATABASE_URL`): `postgres://…` for a PostgreSQL
+//! server (default: the local one), `sqlite:PATH` for a SQLite file, where the operator
+//! commands work alike through the same facade calls (`keiro bench` is PostgreSQL's alone).
+//! `--schema` (`KEIRO_SCHEMA`) is the PostgreSQL schema; the demo and the bench work in scratch
+//! schemas of their own, which they drop and recreate.
 //! Logs go to stderr, filtered by `RUST_LOG` (default `warn`).
 
 mod age;
@@ -125,6 +128,16 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         let global = cli.global;
         common::init_tls(&global)?;
+        if let Command::Bench(_) | Command::BenchRemoteWorker(_) = &cli.command {
+            common::postgres_only(
+                &global,
+                "keiro bench",
+                "it measures round trips, plans and pools of the PostgreSQL store",
+            )?;
+        }
+        if let Command::Demo(_) | Command::DemoWorker(_) | Command::Chaos(_) = &cli.command {
+            common::postgres_only(&global, "this command", "for now")?;
+        }
         match cli.command {
             Command::Migrate => migrate::run(&global).await,
             Command::Show(key) => ops::show(&global, &key).await,

@@ -21,7 +21,8 @@ const SQLITE_MEMORY: &str = ":memory:";
 /// [`Config`](keiro_postgres::Config).
 ///
 /// URLs:
-/// - `postgres://…` or `postgresql://…`: a PostgreSQL server, libpq's URL (schema `keiro`).
+/// - `postgres://…` or `postgresql://…`: a PostgreSQL server, libpq's URL (schema `keiro`); a
+///   libpq key/value string (`host=… dbname=…`) is one too.
 /// - `sqlite:PATH`: the SQLite file at `PATH`, relative to the working directory or absolute;
 ///   `sqlite://PATH` and `sqlite:///ABSOLUTE` are accepted too, as sqlx spells them.
 ///
@@ -65,6 +66,9 @@ impl Database {
     /// `sqlite::memory:` (the SQLite store's readers open the file by its path, so every
     /// connection must see one file) and for a SQLite URL without a path.
     pub fn parse(url: &str) -> Result<Self, Error> {
+        if is_conninfo(url) {
+            return postgres(url);
+        }
         let scheme = url.split_once(':').map_or("", |(scheme, _)| scheme);
         if POSTGRES_SCHEMES
             .iter()
@@ -80,6 +84,17 @@ impl Database {
             scheme: scheme.to_owned(),
         })
     }
+}
+
+/// Whether `url` is a libpq key/value string: it opens with `keyword =`.
+fn is_conninfo(url: &str) -> bool {
+    url.split_once('=').is_some_and(|(keyword, _)| {
+        let keyword = keyword.trim();
+        !keyword.is_empty()
+            && keyword
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_')
+    })
 }
 
 #[cfg(feature = "postgres")]
@@ -289,10 +304,24 @@ mod tests {
         }
     }
 
+    #[test]
+    fn key_value_strings_are_told_from_urls() {
+        assert!(is_conninfo("host=127.0.0.1 port=5432"));
+        assert!(is_conninfo(" dbname = app"));
+        assert!(!is_conninfo("sqlite:a=b.db"));
+        assert!(!is_conninfo("postgres://h/d?sslmode=require"));
+        assert!(!is_conninfo("=app"));
+    }
+
     #[cfg(feature = "postgres")]
     #[test]
     fn both_postgres_spellings_are_postgres() {
-        for url in ["postgres://a@h/d", "postgresql://a@h/d", "POSTGRES://a@h/d"] {
+        for url in [
+            "postgres://a@h/d",
+            "postgresql://a@h/d",
+            "POSTGRES://a@h/d",
+            "host=127.0.0.1 user=app password=x:y",
+        ] {
             assert!(
                 matches!(Database::parse(url), Ok(Database::Postgres(_))),
                 "{url}"

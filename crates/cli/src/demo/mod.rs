@@ -133,7 +133,7 @@ pub(crate) async fn run(global: &Global, args: &DemoArgs) -> Result<Outcome> {
     let schema = &args.demo_schema;
     let total_steps = args.workflows * STEPS.len() as u64;
     recreate_scratch_schema(global, schema).await?;
-    let store = connect_store(global.config(schema, 2)).await?;
+    let store = connect_store(global.config(schema, 2)?).await?;
     store
         .migrate()
         .await

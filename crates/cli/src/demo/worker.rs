@@ -52,7 +52,7 @@ pub(crate) struct WorkerReport {
 pub(crate) async fn run(global: &Global, args: &WorkerArgs) -> Result<Outcome> {
     // One connection per concurrent run, plus one each for the discovery query and the timer
     // loop beside them (the LISTEN connection is the store's own, outside the pool).
-    let store = connect_store(global.config(&args.demo_schema, args.concurrency + 2)).await?;
+    let store = connect_store(global.config(&args.demo_schema, args.concurrency + 2)?).await?;
     let ledger = Arc::new(Ledger::open(store.connection_config()).await?);
     let waits = Arc::new(WaitLog::open(store.connection_config()).await?);
     let counters = Arc::new(Counters::default());
