@@ -123,11 +123,73 @@ impl Global {
             ..Config::new(self.url())
         })
     }
+
+    /// The store of `keiro demo` and `keiro chaos` (`command`): the URL's when one was given,
+    /// else a SQLite file in a new temporary directory, announced with the line that runs the
+    /// same command on PostgreSQL. The directory is the caller's to remove.
+    pub(crate) fn scratch_store(&self, command: &str) -> Result<Scratch> {
+        if self.database_url.is_some() {
+            return Ok(Scratch {
+                store: self.store()?,
+                temporary: None,
+            });
+        }
+        let dir = std::env::temp_dir().join(format!(
+            "keiro-{command}-{}-{}",
+            std::process::id(),
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir(&dir).context(format!("creating {}", dir.display()))?;
+        let path = dir.join(format!("keiro-{command}.db"));
+        println!(
+            "{command}: on SQLite, the file {} in a temporary directory removed at the end (no \
+             DATABASE_URL or --database-url); on PostgreSQL: keiro {command} --database-url {}",
+            path.display(),
+            keiro::postgres::URL_DEFAULT
+        );
+        Ok(Scratch {
+            store: Store::Sqlite(path),
+            temporary: Some(dir),
+        })
+    }
+
+    /// These options with `store` as the database: what a child process is given.
+    pub(crate) fn with_store(&self, store: &Store) -> Self {
+        let database_url = match store {
+            Store::Postgres => self.database_url.clone(),
+            Store::Sqlite(path) => Some(sqlite_url(path)),
+        };
+        Self {
+            database_url,
+            schema: self.schema.clone(),
+        }
+    }
 }
 
 /// The `sqlite:` URL of `path`.
 pub(crate) fn sqlite_url(path: &Path) -> String {
     format!("sqlite:{}", path.display())
+}
+
+/// The store of a scratch run (`keiro demo`, `keiro chaos`), and the temporary directory it
+/// made for it, if any.
+#[derive(Debug)]
+pub(crate) struct Scratch {
+    /// The store chosen.
+    pub(crate) store: Store,
+    /// The temporary directory holding the SQLite file, when no URL was given.
+    pub(crate) temporary: Option<PathBuf>,
+}
+
+impl Scratch {
+    /// Removes the temporary directory (with the file), if one was made.
+    pub(crate) fn remove(&self) {
+        if let Some(dir) = &self.temporary {
+            if let Err(error) = std::fs::remove_dir_all(dir) {
+                tracing::warn!(error = %error, dir = %dir.display(), "removing the scratch directory");
+            }
+        }
+    }
 }
 
 /// The facade on the operator's store with a PostgreSQL pool of `pool_size`: the schema of
