@@ -154,3 +154,49 @@ fn an_unknown_scheme_is_refused_naming_the_schemes() -> Result<(), Box<dyn std::
     );
     Ok(())
 }
+
+/// Kills the dashboard process however the test ends.
+struct Serving(std::process::Child);
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn the_dashboard_serves_a_sqlite_file() -> Result<(), Box<dyn std::error::Error>> {
+    use std::io::BufRead;
+    let scratch = Scratch::new("ui");
+    let file = scratch.0.join("ui.db");
+    let handle = Keiro::connect(format!("sqlite:{}", file.display()).as_str()).await?;
+    handle.start("greet", "greet-ui", &"eve").await?;
+    drop(handle);
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_keiro"))
+        .env_remove("DATABASE_URL")
+        .env_remove("KEIRO_UI_TOKEN")
+        .arg("--database-url")
+        .arg(format!("sqlite:{}", file.display()))
+        .args(["ui", "--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let _serving = Serving(child);
+    let mut line = String::new();
+    std::io::BufReader::new(stdout).read_line(&mut line)?;
+    let address = line
+        .trim()
+        .strip_prefix("keiro ui listening on ")
+        .ok_or_else(|| format!("unexpected first line {line:?}"))?
+        .to_owned();
+    let instances: serde_json::Value = reqwest::get(format!("{address}/api/v1/instances"))
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    assert!(instances.to_string().contains("greet-ui"), "{instances}");
+    Ok(())
+}
