@@ -200,7 +200,7 @@ impl Keiro {
     ///   connects with `.migrate(false)`, after another role ran `keiro migrate`.
     /// - SQLite: opens the file, creating it if needed, and applies its pending migrations
     ///   (versioned as PostgreSQL's are; a file migrated by a newer keiro is refused), with the
-    ///   store's default [`Config`](keiro_sqlite::Config) (durable commits). For other settings
+    ///   store's default `keiro::store::sqlite::Config` (durable commits). For other settings
     ///   open a `SqliteStore` yourself and pass it to [`Keiro::builder`].
     ///
     /// ```no_run
@@ -217,7 +217,7 @@ impl Keiro {
     ///
     /// What [`Database::parse`] refuses; [`Error::Postgres`] when the server cannot be reached
     /// or migrated (a pending migration the role may not apply is
-    /// `keiro_postgres::Error::MigrationPrivilege`); [`Error::Sqlite`] when the file cannot be
+    /// `keiro_postgres::Error::MigrationPrivilege`); `Error::Sqlite` when the file cannot be
     /// opened, is no SQLite database, or was migrated by a newer keiro.
     pub async fn connect<D>(database: D) -> Result<Self, Error>
     where
