@@ -271,11 +271,11 @@ pub async fn env_postgres() -> TestEnvBuilder {
     }
 }
 
-/// Generates one `#[tokio::test]` per scenario and store: `memory::<name>` and
-/// `postgres::<name>`, each calling `<name>(harness)` from the enclosing module. Scenarios
-/// listed after `; env:` take a test kit environment instead
-/// (`keiro::testing::TestEnvBuilder`, on the same store kind) and are named the same way, so
-/// one file mixes both.
+/// Generates one `#[tokio::test]` per scenario and store: `memory::<name>`,
+/// `postgres::<name>` and `sqlite::<name>`, each calling `<name>(harness)` from the enclosing
+/// module. Scenarios listed after `; env:` take a test kit environment instead
+/// (`keiro::testing::TestEnvBuilder`, on the same store kind; memory and Postgres only until
+/// the test kit runs on SQLite) and are named the same way, so one file mixes both.
 #[macro_export]
 macro_rules! on_both_stores {
     ($($name:ident),* $(,)? $(; env: $($env:ident),* $(,)?)?) => {
@@ -306,6 +306,14 @@ macro_rules! on_both_stores {
                     super::$env($crate::harness::env_postgres().await).await
                 }
             )*)?
+        }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() -> $crate::TestResult {
+                    super::$name($crate::Harness::sqlite()).await
+                }
+            )*
         }
     };
 }

@@ -1,24 +1,30 @@
-//! What every command shares: the global options, connecting, scratch schemas, errors, logs.
+//! What every command shares: the global options, choosing and opening the store, scratch
+//! schemas, errors, logs.
+//!
+//! The store is chosen in one place, [`Global::store`], by the URL's scheme: `postgres://` or
+//! `postgresql://` is a PostgreSQL server, `sqlite:PATH` a SQLite file. Without a URL the
+//! operator commands use the local PostgreSQL server ([`keiro::postgres::URL_DEFAULT`]); `keiro
+//! demo` and `keiro chaos` use a SQLite file in a temporary directory instead
+//! ([`Global::scratch_store`]), so they run on a machine with no database server at all.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use clap::Args;
 use keiro::postgres::{Config, PgStore, TlsConnector};
+use keiro::store::Database;
+use keiro::Keiro;
 
 /// The global options, accepted before or after the subcommand.
 #[derive(Clone, Args)]
 pub(crate) struct Global {
-    /// The database to work in.
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = keiro::postgres::URL_DEFAULT,
-        global = true,
-        hide_env_values = true
-    )]
-    pub(crate) database_url: String,
-    /// The schema keiro's tables live in (operator commands and `migrate`).
+    /// The database to work in: `postgres://…` (a PostgreSQL server) or `sqlite:PATH` (a SQLite
+    /// file). Defaults to postgres://postgres@127.0.0.1:5432/postgres; `keiro demo` and `keiro
+    /// chaos` default to a SQLite file in a temporary directory.
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    pub(crate) database_url: Option<String>,
+    /// The schema keiro's tables live in (operator commands and `migrate`; PostgreSQL only).
     #[arg(
         long,
         env = "KEIRO_SCHEMA",
@@ -32,11 +38,25 @@ pub(crate) struct Global {
 /// The URL's password is never printed: `Debug` shows it as the store's config would.
 impl fmt::Debug for Global {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let database = match self.store() {
+            Ok(Store::Postgres) => Config::new(self.url()).url_redacted(),
+            Ok(Store::Sqlite(path)) => format!("sqlite:{}", path.display()),
+            Err(_) => "(unreadable)".to_owned(),
+        };
         f.debug_struct("Global")
-            .field("database_url", &self.config(&self.schema, 1).url_redacted())
+            .field("database_url", &database)
             .field("schema", &self.schema)
             .finish()
     }
+}
+
+/// The store a command works on, as [`Global::store`] chose it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Store {
+    /// The PostgreSQL server of [`Global::url`] (its settings: [`Global::config`]).
+    Postgres,
+    /// The SQLite file at this path.
+    Sqlite(PathBuf),
 }
 
 /// The TLS connector of `--database-url` (its `sslmode` and `sslrootcert`), for the dedicated
@@ -44,9 +64,13 @@ impl fmt::Debug for Global {
 /// every connection of the process is encrypted and verified as the store's are.
 static TLS: OnceLock<TlsConnector> = OnceLock::new();
 
-/// Reads `--database-url`'s TLS settings (and `sslrootcert`, or the platform's roots) once.
+/// Reads `--database-url`'s TLS settings (and `sslrootcert`, or the platform's roots) once; a
+/// SQLite file has none.
 pub(crate) fn init_tls(global: &Global) -> Result<()> {
-    let config = global.config(&global.schema, 1);
+    if global.store()? != Store::Postgres {
+        return Ok(());
+    }
+    let config = global.config(&global.schema, 1)?;
     let tls = config.tls_connector().context(format!(
         "reading the TLS settings of {}",
         config.url_redacted()
@@ -57,13 +81,154 @@ pub(crate) fn init_tls(global: &Global) -> Result<()> {
 }
 
 impl Global {
-    /// The store configuration for `schema` with a pool of `pool_size`.
-    pub(crate) fn config(&self, schema: &str, pool_size: usize) -> Config {
-        Config {
+    /// The URL given, or the local PostgreSQL server's.
+    pub(crate) fn url(&self) -> &str {
+        self.database_url
+            .as_deref()
+            .unwrap_or(keiro::postgres::URL_DEFAULT)
+    }
+
+    /// The store the URL names, by its scheme.
+    pub(crate) fn store(&self) -> Result<Store> {
+        match Database::parse(self.url()).context("reading --database-url (DATABASE_URL)")? {
+            Database::Postgres(_) => Ok(Store::Postgres),
+            Database::Sqlite(path) => Ok(Store::Sqlite(path)),
+            other => Err(failure(format!("keiro has no store for {other:?}"))),
+        }
+    }
+
+    /// Where the operator commands work, for messages: the schema or the file.
+    pub(crate) fn place(&self) -> String {
+        match self.store() {
+            Ok(Store::Sqlite(path)) => format!("sqlite file {}", path.display()),
+            _ => format!("schema {}", self.schema),
+        }
+    }
+
+    /// The PostgreSQL store configuration for `schema` with a pool of `pool_size`.
+    ///
+    /// # Errors
+    ///
+    /// When the URL names a SQLite file: what calls this works on PostgreSQL only.
+    pub(crate) fn config(&self, schema: &str, pool_size: usize) -> Result<Config> {
+        if let Store::Sqlite(path) = self.store()? {
+            return Err(failure(format!(
+                "this works on PostgreSQL only, and --database-url names the SQLite file {}",
+                path.display()
+            )));
+        }
+        Ok(Config {
             schema: schema.to_owned(),
             pool_size,
-            ..Config::new(self.database_url.clone())
+            ..Config::new(self.url())
+        })
+    }
+
+    /// The store of `keiro demo` and `keiro chaos` (`command`): the URL's when one was given,
+    /// else a SQLite file in a new temporary directory, announced with the line that runs the
+    /// same command on PostgreSQL. The directory is the caller's to remove.
+    pub(crate) fn scratch_store(&self, command: &str) -> Result<Scratch> {
+        if self.database_url.is_some() {
+            return Ok(Scratch {
+                store: self.store()?,
+                temporary: None,
+            });
         }
+        let dir = std::env::temp_dir().join(format!(
+            "keiro-{command}-{}-{}",
+            std::process::id(),
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir(&dir).context(format!("creating {}", dir.display()))?;
+        let path = dir.join(format!("keiro-{command}.db"));
+        println!(
+            "{command}: on SQLite, the file {} in a temporary directory removed at the end (no \
+             DATABASE_URL or --database-url); on PostgreSQL: keiro {command} --database-url {}",
+            path.display(),
+            keiro::postgres::URL_DEFAULT
+        );
+        Ok(Scratch {
+            store: Store::Sqlite(path),
+            temporary: Some(dir),
+        })
+    }
+
+    /// These options with `store` as the database: what a child process is given.
+    pub(crate) fn with_store(&self, store: &Store) -> Self {
+        let database_url = match store {
+            Store::Postgres => self.database_url.clone(),
+            Store::Sqlite(path) => Some(sqlite_url(path)),
+        };
+        Self {
+            database_url,
+            schema: self.schema.clone(),
+        }
+    }
+}
+
+/// The `sqlite:` URL of `path`.
+pub(crate) fn sqlite_url(path: &Path) -> String {
+    format!("sqlite:{}", path.display())
+}
+
+/// The store of a scratch run (`keiro demo`, `keiro chaos`), and the temporary directory it
+/// made for it, if any.
+#[derive(Debug)]
+pub(crate) struct Scratch {
+    /// The store chosen.
+    pub(crate) store: Store,
+    /// The temporary directory holding the SQLite file, when no URL was given.
+    pub(crate) temporary: Option<PathBuf>,
+}
+
+impl Scratch {
+    /// Removes the temporary directory (with the file), if one was made.
+    pub(crate) fn remove(&self) {
+        if let Some(dir) = &self.temporary {
+            if let Err(error) = std::fs::remove_dir_all(dir) {
+                tracing::warn!(error = %error, dir = %dir.display(), "removing the scratch directory");
+            }
+        }
+    }
+}
+
+/// The facade on the operator's store with a PostgreSQL pool of `pool_size`: the schema of
+/// `--schema`, not migrated (that is `keiro migrate`'s job), or the SQLite file, which must
+/// exist (opening a file migrates it; `keiro migrate` creates one).
+pub(crate) async fn keiro(global: &Global, pool_size: usize) -> Result<Keiro> {
+    match global.store()? {
+        Store::Postgres => Ok(Keiro::builder(
+            connect_store(global.config(&global.schema, pool_size)?).await?,
+        )
+        .build()),
+        Store::Sqlite(path) => {
+            if !path.exists() {
+                return Err(failure(format!(
+                    "no SQLite file at {}: `keiro migrate --database-url {}` creates one",
+                    path.display(),
+                    sqlite_url(&path)
+                )));
+            }
+            open_sqlite(&path).await
+        }
+    }
+}
+
+/// Opens (creating and migrating if needed) the SQLite file at `path`.
+pub(crate) async fn open_sqlite(path: &Path) -> Result<Keiro> {
+    Keiro::connect(Database::Sqlite(path.to_owned()))
+        .await
+        .context(format!("opening the SQLite file {}", path.display()))
+}
+
+/// Refuses a PostgreSQL-only command (`what`) on a SQLite file, saying why.
+pub(crate) fn postgres_only(global: &Global, what: &str, why: &str) -> Result<()> {
+    match global.store()? {
+        Store::Postgres => Ok(()),
+        Store::Sqlite(path) => Err(failure(format!(
+            "{what} works on PostgreSQL only ({why}); --database-url names the SQLite file {}",
+            path.display()
+        ))),
     }
 }
 
@@ -182,7 +347,7 @@ pub(crate) async fn recreate_scratch_schema(global: &Global, schema: &str) -> Re
     }
     // The schema is spliced into DDL (identifiers take no bind parameters), so it must first pass
     // the store's identifier check: a plain lowercase name that needs no quoting.
-    let config = global.config(schema, 1);
+    let config = global.config(schema, 1)?;
     config
         .validate()
         .context("checking the scratch schema name")?;

@@ -10,15 +10,19 @@
 //! - `keiro demo` proves the crash guarantees end to end: it runs 200 workflows through a
 //!   worker process, kills that process with SIGKILL mid-run, lets a second one finish the work,
 //!   and checks from the database that no recorded step ran again. Beside them, durable sleeps
-//!   and awakeables show runs resumed by push, within milliseconds of their wake.
+//!   and awakeables show runs resumed by push, within milliseconds of their wake. Without a
+//!   `--database-url` (or `DATABASE_URL`) it runs on a SQLite file in a temporary directory.
 //! - `keiro bench` measures throughput, round trips per step, latency and memory; wake latency
 //!   (push against polling); and the queries an idle worker makes over parked runs.
 //! - `keiro chaos` proves the guarantees under faults: worker and remote worker processes killed
 //!   with SIGKILL every 0.5 s and PostgreSQL restarted in immediate mode, then every invariant
 //!   checked from the journal and a table of witnesses; one JSON line.
 //!
-//! Every command reads `--database-url` (`DATABASE_URL`) and `--schema` (`KEIRO_SCHEMA`); the
-//! demo and the bench work in scratch schemas of their own, which they drop and recreate.
+//! Every command reads `--database-url` (`DATABASE_URL`): `postgres://…` for a PostgreSQL
+//! server (default: the local one), `sqlite:PATH` for a SQLite file, where the operator
+//! commands work alike through the same facade calls (`keiro bench` is PostgreSQL's alone).
+//! `--schema` (`KEIRO_SCHEMA`) is the PostgreSQL schema; the demo and the bench work in scratch
+//! schemas of their own, which they drop and recreate.
 //! Logs go to stderr, filtered by `RUST_LOG` (default `warn`).
 
 mod age;
@@ -125,6 +129,16 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         let global = cli.global;
         common::init_tls(&global)?;
+        if let Command::Bench(_) | Command::BenchRemoteWorker(_) = &cli.command {
+            common::postgres_only(
+                &global,
+                "keiro bench",
+                "it measures round trips, plans and pools of the PostgreSQL store",
+            )?;
+        }
+        if let Command::Chaos(_) | Command::ChaosWorker(_) = &cli.command {
+            common::postgres_only(&global, "keiro chaos", "its SQLite run is not written yet")?;
+        }
         match cli.command {
             Command::Migrate => migrate::run(&global).await,
             Command::Show(key) => ops::show(&global, &key).await,

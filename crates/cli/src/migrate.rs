@@ -1,15 +1,29 @@
 //! `keiro migrate`: create the schema if needed and apply pending migrations, then the function
-//! files of `crates/migrations/functions/` that are new or changed.
+//! files of `crates/migrations/functions/` that are new or changed. On a SQLite file: create the
+//! file if needed and apply its pending migrations (it has no function files: its rules are
+//! compiled into keiro).
 
 use keiro::postgres::FunctionFiles;
 
-use crate::common::{connect_store, Global, Outcome, Result, ResultExt};
+use crate::common::{connect_store, open_sqlite, Global, Outcome, Result, ResultExt, Store};
 
-/// Migrates `--schema` and prints what was applied: the migrations, then the function files
-/// (or why they were left alone).
+/// Migrates `--schema` (or the SQLite file) and prints what was applied: the migrations, then
+/// the function files (or why they were left alone).
 pub(crate) async fn run(global: &Global) -> Result<Outcome> {
+    if let Store::Sqlite(path) = global.store()? {
+        let existed = path.exists();
+        open_sqlite(&path).await?;
+        println!(
+            "sqlite file {} {}: schema version {} (function files are PostgreSQL's; the SQLite \
+             store's rules are compiled into keiro)",
+            path.display(),
+            if existed { "migrated" } else { "created" },
+            keiro::store::sqlite::SCHEMA_VERSION
+        );
+        return Ok(Outcome::Success);
+    }
     // One connection is all a migration uses.
-    let store = connect_store(global.config(&global.schema, 1)).await?;
+    let store = connect_store(global.config(&global.schema, 1)?).await?;
     let report = store
         .migrate_report()
         .await

@@ -12,7 +12,7 @@ use time::format_description::FormatItem;
 use time::macros::format_description;
 use time::{OffsetDateTime, UtcOffset};
 
-use crate::common::{connect_store, Global, Outcome, Result, ResultExt};
+use crate::common::{Global, Outcome, Result, ResultExt};
 
 /// Which instance: its workflow name and id.
 #[derive(Debug, Clone, Args)]
@@ -32,10 +32,10 @@ impl keiro::workflow::IntoInstanceKey for &KeyArgs {
     }
 }
 
-/// A facade on the operator schema. Two connections: `show` reads the row, the journal and the
-/// remote tasks.
+/// A facade on the operator's store. Two connections on PostgreSQL: `show` reads the row, the
+/// journal and the remote tasks.
 pub(crate) async fn keiro(global: &Global) -> Result<Keiro> {
-    Ok(Keiro::builder(connect_store(global.config(&global.schema, 2)).await?).build())
+    crate::common::keiro(global, 2).await
 }
 
 /// How many children `keiro show` prints (`keiro list --parent` has them all).
@@ -52,7 +52,7 @@ pub(crate) async fn show(global: &Global, key: &KeyArgs) -> Result<Outcome> {
         .await
         .context(format!("reading instance {what}"))?
     else {
-        println!("no instance {what} in schema {}", global.schema);
+        println!("no instance {what} in {}", global.place());
         return Ok(Outcome::Failed);
     };
     let journal = keiro
@@ -282,7 +282,7 @@ pub(crate) async fn resurrect(global: &Global, key: &KeyArgs) -> Result<Outcome>
             Outcome::Failed
         }
         ResurrectOutcome::NotFound => {
-            println!("no instance {what} in schema {}", global.schema);
+            println!("no instance {what} in {}", global.place());
             Outcome::Failed
         }
     })
@@ -329,7 +329,7 @@ pub(crate) async fn requeue(global: &Global, key: &KeyArgs) -> Result<Outcome> {
             Outcome::Failed
         }
         RequeueOutcome::NotFound => {
-            println!("no instance {what} in schema {}", global.schema);
+            println!("no instance {what} in {}", global.place());
             Outcome::Failed
         }
     })

@@ -2,12 +2,12 @@
 //! call of the facade's [`Schedules`](keiro::schedule::Schedules); none migrates.
 
 use clap::{Args, Subcommand};
-use keiro::{schedule::Cadence, schedule::CatchUp, schedule::Schedule, Keiro};
+use keiro::{schedule::Cadence, schedule::CatchUp, schedule::Schedule};
 use time::format_description::FormatItem;
 use time::macros::format_description;
 use time::{OffsetDateTime, UtcOffset};
 
-use crate::common::{connect_store, Global, Outcome, Result, ResultExt};
+use crate::common::{Global, Outcome, Result, ResultExt};
 
 /// The schedule subcommands.
 #[derive(Debug, Subcommand)]
@@ -31,13 +31,13 @@ pub(crate) struct NameArgs {
 
 /// Runs one schedule subcommand.
 pub(crate) async fn run(global: &Global, command: &ScheduleCommand) -> Result<Outcome> {
-    let keiro = Keiro::builder(connect_store(global.config(&global.schema, 1)).await?).build();
+    let keiro = crate::common::keiro(global, 1).await?;
     let schedules = keiro.schedules();
     match command {
         ScheduleCommand::List => {
             let all = schedules.list().await.context("listing schedules")?;
             if all.is_empty() {
-                println!("no schedules in schema {}", global.schema);
+                println!("no schedules in {}", global.place());
             }
             for schedule in &all {
                 print_schedule(schedule);

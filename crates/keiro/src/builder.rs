@@ -196,6 +196,10 @@ fn builtin_push(store: &dyn Any) -> Option<Arc<dyn Notifier>> {
     if let Some(memory) = store.downcast_ref::<keiro_memory::MemoryStore>() {
         return Some(Arc::new(memory.clone()));
     }
+    #[cfg(feature = "sqlite")]
+    if let Some(sqlite) = store.downcast_ref::<keiro_sqlite::SqliteStore>() {
+        return Some(Arc::new(sqlite.clone()));
+    }
     let _ = store;
     None
 }

@@ -47,39 +47,6 @@ impl Keiro {
         Self::builder(keiro_memory::MemoryStore::new()).build()
     }
 
-    /// Connects to Postgres and, unless the configuration turns it off, applies pending
-    /// migrations. Takes a URL (schema `keiro`) or a full
-    /// [`Config`](keiro_postgres::Config).
-    ///
-    /// Applying a migration needs the CREATE privilege; on an up-to-date schema nothing is
-    /// applied and a role without it connects all the same. A role that must never migrate
-    /// (one that only runs workflows: USAGE on the schema, SELECT, INSERT, UPDATE and DELETE on
-    /// its tables, EXECUTE on its functions) connects with `.migrate(false)`, after another
-    /// role ran `keiro migrate`.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), keiro::Error> {
-    /// use keiro::postgres::Config;
-    /// let keiro = keiro::Keiro::connect("postgres://app@db/app").await?;
-    /// let runner = keiro::Keiro::connect(Config::new("postgres://app_runner@db/app").migrate(false)).await?;
-    /// # let _ = (keiro, runner); Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Postgres`] when the database cannot be reached or migrated (a pending
-    /// migration the role may not apply is `keiro_postgres::Error::MigrationPrivilege`).
-    #[cfg(feature = "postgres")]
-    pub async fn connect(config: impl Into<keiro_postgres::Config>) -> Result<Self, Error> {
-        let config = config.into();
-        let migrate = config.migrate;
-        let store = keiro_postgres::PgStore::connect(config).await?;
-        if migrate {
-            store.migrate().await?;
-        }
-        Ok(Self::builder(store).build())
-    }
-
     /// The largest payload accepted by [`start`](Self::start), [`deliver`](Self::deliver),
     /// signals and awakeable completions, and the default limit of the step results and outputs
     /// of the workers built by [`worker`](Self::worker) and of the handler outputs of those built

@@ -65,6 +65,17 @@ pub enum Error {
         /// Its last error, if any.
         last_error: Option<String>,
     },
+    /// A database URL names no store keiro has (the scheme alone is kept: the rest of a URL
+    /// may hold a password).
+    #[error("unknown database url scheme {scheme:?}: expected postgres://, postgresql:// or sqlite:PATH")]
+    UnknownScheme {
+        /// The scheme found (empty when the URL has none).
+        scheme: String,
+    },
+    /// Opening or migrating the SQLite file failed.
+    #[cfg(feature = "sqlite")]
+    #[error("opening the sqlite database failed")]
+    Sqlite(#[from] keiro_sqlite::Error),
     /// Connecting to or migrating the Postgres database failed.
     #[cfg(feature = "postgres")]
     #[error("connecting to postgres failed")]

@@ -75,7 +75,9 @@
 //!
 //! # Features
 //!
-//! - `postgres` (default): [`Keiro::connect`] and the Postgres store.
+//! - `postgres` (default): the Postgres store, and `postgres://` URLs in [`Keiro::connect`].
+//! - `sqlite`: the SQLite store (one file, no server) at `keiro::store::sqlite`, and
+//!   `sqlite:PATH` URLs in [`Keiro::connect`].
 //! - `memory`: the in-memory store, for tests and embedding.
 //! - `testing`: `testing::TestEnv`, a test kit with time skipping, crash injection and
 //!   replay verification (implies `memory`).
@@ -91,6 +93,7 @@
 //! Facade operations return [`Error`]; workflow bodies see [`WorkflowError`].
 
 mod builder;
+mod connect;
 mod direct;
 mod engine;
 mod error;

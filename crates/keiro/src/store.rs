@@ -3,6 +3,7 @@
 //! the records it keeps (instances, journal entries, events), and the requests and outcomes of
 //! its operations. The contract every store keeps is `docs/store-contract.md`.
 
+pub use crate::connect::Database;
 pub use keiro_journal::store::*;
 pub use keiro_journal::{
     Append, AppendOutcome, Envelope, Event, Fence, Generation, InspectStore, Instance,
@@ -24,3 +25,9 @@ impl<T: LeaseStore + Transport + RemoteAdmin + InspectStore + RetentionStore + S
     for T
 {
 }
+
+/// The SQLite store: keiro on one file, no server (here rather than at the crate root, which
+/// holds what a workflow's author writes every day; [`Keiro::connect`](crate::Keiro::connect)
+/// with `sqlite:PATH` is the everyday way in).
+#[cfg(feature = "sqlite")]
+pub use keiro_sqlite as sqlite;

@@ -664,7 +664,12 @@ async fn push_wakes_a_worker_without_waiting_for_its_poll(h: Harness) -> TestRes
             Keiro::builder(db.store()).build()
         }
         keiro_tests::Backend::Sqlite => {
-            return Err("keiro-sqlite pushes no wake yet (issue 35): nothing to test".into())
+            let dir = h.sqlite_dir.as_ref().expect("sqlite harness");
+            Keiro::builder(keiro_sqlite::SqliteStore::open(
+                dir.file(),
+                keiro_sqlite::Config::default(),
+            )?)
+            .build()
         }
     };
     let mut registry = Registry::new();

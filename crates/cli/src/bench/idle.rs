@@ -146,7 +146,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     println!("bench: {n} runs parked ({pending} pending awakeables) after {park_s:.1} s");
 
     // The measured worker, on a store of its own.
-    let store = connect_store(global.config(&args.bench_schema, IDLE_POOL_SIZE)).await?;
+    let store = connect_store(global.config(&args.bench_schema, IDLE_POOL_SIZE)?).await?;
     let passes = Arc::new(AtomicU64::new(0));
     let log = {
         let (passes, default_log) = (passes.clone(), ResumeOptions::default().log);

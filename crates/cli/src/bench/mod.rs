@@ -175,14 +175,14 @@ impl BenchArgs {
 
     /// The bench store's settings: the scratch schema, `pool_size` connections, and the
     /// batching options.
-    fn store_config(&self, global: &Global, pool_size: usize) -> keiro::postgres::Config {
+    fn store_config(&self, global: &Global, pool_size: usize) -> Result<keiro::postgres::Config> {
         let mut config = global
-            .config(&self.bench_schema, pool_size)
+            .config(&self.bench_schema, pool_size)?
             .batching(self.batching);
         if let Some(in_flight) = self.batch_in_flight.and_then(|n| usize::try_from(n).ok()) {
             config.batch_in_flight = in_flight;
         }
-        config
+        Ok(config)
     }
 }
 
@@ -210,7 +210,7 @@ impl Setup {
     async fn new(global: &Global, args: &BenchArgs, pool_size: usize) -> Result<Self> {
         let schema = &args.bench_schema;
         recreate_scratch_schema(global, schema).await?;
-        let store = connect_store(args.store_config(global, pool_size)).await?;
+        let store = connect_store(args.store_config(global, pool_size)?).await?;
         store
             .migrate()
             .await

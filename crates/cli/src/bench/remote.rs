@@ -69,7 +69,7 @@ pub(crate) struct RemoteWorkerArgs {
 /// on stdin (the bench writes one when its measured phase begins).
 pub(crate) async fn worker(global: &Global, args: &RemoteWorkerArgs) -> Result<Outcome> {
     // Every running handler reports on a connection of its own; the claim needs one beside.
-    let store = connect_store(global.config(&args.bench_schema, args.concurrency + 2)).await?;
+    let store = connect_store(global.config(&args.bench_schema, args.concurrency + 2)?).await?;
     let counted = store.clone();
     let keiro = Keiro::builder(store).build();
     let options = RemoteWorkerOptions {
@@ -121,7 +121,7 @@ impl WorkerProcess {
     fn spawn(global: &Global, args: &BenchArgs, steps: u64) -> Result<Self> {
         let exe = std::env::current_exe().context("locating the keiro binary")?;
         let mut child = Command::new(exe)
-            .env("DATABASE_URL", &global.database_url)
+            .env("DATABASE_URL", global.url())
             .env("KEIRO_SCHEMA", &global.schema)
             .arg("bench-remote-worker")
             .arg("--bench-schema")

@@ -128,7 +128,7 @@ impl AfterError {
 /// the resume workers' to finish.
 pub(crate) async fn direct(global: &Global, args: &DirectArgs) -> Result<Outcome> {
     // One connection per caller, plus one for result waits.
-    let store = connect_store(global.config(&args.chaos_schema, args.concurrency + 2)).await?;
+    let store = connect_store(global.config(&args.chaos_schema, args.concurrency + 2)?).await?;
     let witness = Arc::new(Witness::open(store.connection_config()).await?);
     let worker = Keiro::builder(store)
         .build()
@@ -193,7 +193,7 @@ pub(crate) async fn direct(global: &Global, args: &DirectArgs) -> Result<Outcome
 /// Runs a chaos worker until stdin closes.
 pub(crate) async fn worker(global: &Global, args: &WorkerArgs) -> Result<Outcome> {
     // One connection per concurrent run, plus one each for discovery and the timer loop.
-    let store = connect_store(global.config(&args.chaos_schema, args.concurrency + 2)).await?;
+    let store = connect_store(global.config(&args.chaos_schema, args.concurrency + 2)?).await?;
     let witness = Arc::new(Witness::open(store.connection_config()).await?);
     let (local_witness, mixed_witness) = (witness.clone(), witness);
     let worker = Keiro::builder(store)
@@ -220,7 +220,7 @@ pub(crate) async fn worker(global: &Global, args: &WorkerArgs) -> Result<Outcome
 /// Runs a chaos remote worker until stdin closes.
 pub(crate) async fn remote_worker(global: &Global, args: &RemoteWorkerArgs) -> Result<Outcome> {
     // Every running handler reports on a connection of its own; the claim needs one beside.
-    let store = connect_store(global.config(&args.chaos_schema, args.concurrency + 2)).await?;
+    let store = connect_store(global.config(&args.chaos_schema, args.concurrency + 2)?).await?;
     let witness = Arc::new(Witness::open(store.connection_config()).await?);
     let worker_id: Arc<str> = Arc::from(format!("remote-{}", std::process::id()));
     let claim_ttl = Duration::from_millis(args.claim_ttl_ms);

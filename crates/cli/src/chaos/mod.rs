@@ -193,7 +193,7 @@ async fn drive(
 ) -> Result<Outcome> {
     let schema = &args.chaos_schema;
     recreate_scratch_schema(global, schema).await?;
-    let store = connect_store(global.config(schema, 4)).await?;
+    let store = connect_store(global.config(schema, 4)?).await?;
     store
         .migrate()
         .await
@@ -427,7 +427,7 @@ impl Chaos<'_> {
 
 /// Drops the scratch schema, trying again while the server is away.
 async fn drop_schema(global: &Global, schema: &str) -> Result<()> {
-    let config = global.config(schema, 1);
+    let config = global.config(schema, 1)?;
     // Spliced into DDL (identifiers take no bind parameters): it passed the store's identifier
     // check when the schema was created, and is checked again here.
     config

@@ -49,7 +49,7 @@ impl SpawnSpec {
     /// The children of `keiro chaos` with `args`.
     pub(crate) fn new(global: &Global, args: &ChaosArgs) -> Self {
         Self {
-            database_url: global.database_url.clone(),
+            database_url: global.url().to_owned(),
             schema: global.schema.clone(),
             worker_args: vec![
                 "chaos-worker".into(),

@@ -53,7 +53,7 @@ pub(crate) struct Output {
 
 /// Whether instance `n` is a mixed one: every fifth, so 20%.
 pub(crate) fn is_mixed(n: u64) -> bool {
-    n % 5 == 0
+    n.is_multiple_of(5)
 }
 
 /// Whether instance `n` is run by the direct callers (`Worker::run_named`) rather than started

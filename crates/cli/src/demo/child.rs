@@ -30,7 +30,7 @@ impl WorkerProcess {
         let mut child = Command::new(exe)
             // Through the environment rather than argv, so a password in the URL does not show
             // in the process list.
-            .env("DATABASE_URL", &global.database_url)
+            .env("DATABASE_URL", global.url())
             .env("KEIRO_SCHEMA", &global.schema)
             .arg("demo-worker")
             .arg("--demo-schema")

@@ -1,6 +1,10 @@
 //! `keiro demo`: the crash-recovery demonstration, verified from the database.
 //!
-//! 1. Recreates its scratch schema, migrates it, creates the side-effect ledger, and starts
+//! It runs on the store `--database-url` names (a scratch schema of the PostgreSQL server, or a
+//! SQLite file), and without one on a SQLite file in a temporary directory, so it needs no
+//! database server. The checks are the same on both (`db` asks them of either).
+//!
+//! 1. Recreates its scratch schema (or file), migrates it, creates the side-effect ledger, and starts
 //!    200 `demo-order` workflows of five steps each.
 //! 2. Spawns a worker process (this binary, `keiro demo-worker`) with a short lease.
 //! 3. Once about a third of the steps are journaled, kills it with SIGKILL: no shutdown, no
@@ -18,11 +22,13 @@
 //! sleeper woke no earlier than its deadline and within a small bound after it (plus the
 //! recovery slack for a sleep that ends while the crash workflows still run, since a woken run
 //! may wait for a worker's slot), and every waiter within a small bound of its completion: push
-//! through LISTEN/NOTIFY, well inside the workers' poll interval.
+//! (LISTEN/NOTIFY on PostgreSQL), well inside the workers' poll interval. On a store without
+//! push the bounds add the poll interval, and the report says the runs woke by polling.
 //!
 //! It prints a few lines and a one-line verdict, and exits 0 only if every check passed.
 
 mod child;
+mod db;
 mod verify;
 mod wake;
 mod wake_phase;
@@ -35,14 +41,15 @@ use clap::Args;
 use keiro::Keiro;
 
 use self::child::WorkerProcess;
+use self::db::Db;
 use self::verify::{AtKill, Findings};
-use self::wake::{NAPS, WAITS_CREATE};
+use self::wake::NAPS;
 use self::wake_phase::WakeFindings;
 pub(crate) use self::worker::WorkerArgs;
-use self::workflow::{instance_id, Order, LEDGER_CREATE, STEPS, WORKFLOW};
+use self::workflow::{instance_id, Order, STEPS, WORKFLOW};
 use crate::common::{
-    connect_store, failure, open_connection, recreate_scratch_schema, Global, Outcome, Result,
-    ResultExt,
+    connect_store, failure, open_sqlite, recreate_scratch_schema, Global, Outcome, Result,
+    ResultExt, Store,
 };
 
 /// How often progress is read while waiting for the kill point: often enough to kill close to
@@ -128,24 +135,59 @@ impl DemoArgs {
     }
 }
 
-/// Runs the demo.
+/// Runs the demo, on a temporary SQLite file when no URL was given (removed at the end).
 pub(crate) async fn run(global: &Global, args: &DemoArgs) -> Result<Outcome> {
-    let schema = &args.demo_schema;
+    let scratch = global.scratch_store("demo")?;
+    let outcome = run_on(&global.with_store(&scratch.store), &scratch.store, args).await;
+    scratch.remove();
+    outcome
+}
+
+/// Opens the demo's store fresh: the scratch schema recreated and migrated, or the SQLite file
+/// replaced (only one an earlier demo made) and created. Returns the handle, the demo's own
+/// connection, and where it runs, for the report.
+async fn open_fresh(
+    global: &Global,
+    store: &Store,
+    args: &DemoArgs,
+) -> Result<(Keiro, Db, String)> {
+    match store {
+        Store::Postgres => {
+            let schema = &args.demo_schema;
+            recreate_scratch_schema(global, schema).await?;
+            let store = connect_store(global.config(schema, 2)?).await?;
+            store
+                .migrate()
+                .await
+                .context(format!("migrating schema {schema}"))?;
+            let db = Db::postgres(store.connection_config()).await?;
+            Ok((
+                Keiro::builder(store).build(),
+                db,
+                format!("schema {schema}"),
+            ))
+        }
+        Store::Sqlite(path) => {
+            db::prepare_file(path)?;
+            let keiro = open_sqlite(path).await?;
+            let db = Db::sqlite(path).await?;
+            Ok((keiro, db, format!("sqlite file {}", path.display())))
+        }
+    }
+}
+
+async fn run_on(global: &Global, store: &Store, args: &DemoArgs) -> Result<Outcome> {
     let total_steps = args.workflows * STEPS.len() as u64;
-    recreate_scratch_schema(global, schema).await?;
-    let store = connect_store(global.config(schema, 2)).await?;
-    store
-        .migrate()
-        .await
-        .context(format!("migrating schema {schema}"))?;
-    let db = open_connection(store.connection_config()).await?;
-    db.batch_execute(LEDGER_CREATE)
-        .await
-        .context("creating the demo ledger")?;
-    db.batch_execute(WAITS_CREATE)
-        .await
-        .context("creating the demo's wait table")?;
-    let keiro = Keiro::builder(store).build();
+    let (keiro, db, place) = open_fresh(global, store, args).await?;
+    db.create_tables().await?;
+    // Without push a woken run waits for the workers' next poll: the bounds say so.
+    let push = keiro.notifier().is_some();
+    let mut bounded = args.clone();
+    if !push {
+        bounded.push_bound_ms += args.poll_interval_ms;
+        bounded.sleep_bound_ms += args.poll_interval_ms;
+    }
+    let args = &bounded;
     wake_phase::start(&keiro, args).await?;
     for order in 1..=args.workflows {
         keiro
@@ -154,13 +196,18 @@ pub(crate) async fn run(global: &Global, args: &DemoArgs) -> Result<Outcome> {
             .context(format!("starting {WORKFLOW} {}", instance_id(order)))?;
     }
     println!(
-        "demo: schema {schema}: started {} {WORKFLOW} workflows of {} steps; workers run {} at once, \
-         lease ttl {:.1} s, poll {} ms, push on",
+        "demo: {place}: started {} {WORKFLOW} workflows of {} steps; workers run {} at once, \
+         lease ttl {:.1} s, poll {} ms, push {}",
         args.workflows,
         STEPS.len(),
         args.concurrency,
         args.lease_ttl().as_secs_f64(),
-        args.poll_interval_ms
+        args.poll_interval_ms,
+        if push {
+            "on"
+        } else {
+            "off (this store has none yet: runs wake at the next poll)"
+        }
     );
     println!(
         "demo: also started {} sleepers ({NAPS} durable sleeps of {:.1} s between steps) and {} \
@@ -211,16 +258,12 @@ pub(crate) async fn run(global: &Global, args: &DemoArgs) -> Result<Outcome> {
         args.recovery_bound(),
     )
     .await?;
-    Ok(report(args, &at_kill, &finished, &findings, &wakes))
+    Ok(report(args, push, &at_kill, &finished, &findings, &wakes))
 }
 
 /// Waits until `target` steps are journaled, failing if the worker dies first or never gets
 /// there.
-async fn wait_for_kill_point(
-    db: &tokio_postgres::Client,
-    worker: &mut WorkerProcess,
-    target: u64,
-) -> Result<()> {
+async fn wait_for_kill_point(db: &Db, worker: &mut WorkerProcess, target: u64) -> Result<()> {
     let started = Instant::now();
     loop {
         if let Some(status) = worker.exited()? {
@@ -254,7 +297,7 @@ struct Finished {
 /// returns the time from the kill to then (database clock) and whether it was in time. The
 /// worker keeps running.
 async fn wait_for_completion(
-    db: &tokio_postgres::Client,
+    db: &Db,
     worker: &mut WorkerProcess,
     args: &DemoArgs,
     at_kill: &AtKill,
@@ -280,7 +323,7 @@ async fn wait_for_completion(
         }
         tokio::time::sleep(FINISH_POLL).await;
     };
-    let now = verify::clock(db).await?;
+    let now = db.clock().await?;
     let after_kill = Duration::try_from(now - at_kill.killed_at).unwrap_or(Duration::ZERO);
     Ok((after_kill, in_time))
 }
@@ -288,6 +331,7 @@ async fn wait_for_completion(
 /// Prints the human lines and the verdict; the outcome is `Success` only if nothing broke.
 fn report(
     args: &DemoArgs,
+    push: bool,
     at_kill: &AtKill,
     finished: &Finished,
     findings: &Findings,
@@ -386,7 +430,7 @@ fn report(
         "demo: {verdict} {}/{} completed, {} steps journaled once, {} in-flight steps re-run, {} recorded \
          steps re-executed, recovery {slowest:.1} s (lease ttl {:.1} s); {} sleeps woke {sleep_median:.0} ms \
          (max {sleep_max:.0} ms) after their deadlines, {} awakeables woke their runs in {push_median:.0} ms \
-         (max {push_max:.0} ms) by push (poll {} ms)",
+         (max {push_max:.0} ms) by {} (poll {} ms)",
         findings.completed_ok,
         findings.workflows,
         findings.steps_journaled_once,
@@ -395,6 +439,7 @@ fn report(
         args.lease_ttl().as_secs_f64(),
         wakes.sleep_lags_ms.len(),
         wakes.push_ms.len(),
+        if push { "push" } else { "polling" },
         args.poll_interval_ms
     );
     if problems.is_empty() {

@@ -1,70 +1,20 @@
 //! What the demo reads from the database: progress while it runs, a snapshot at the kill, and
-//! the final verification of every guarantee.
-//!
-//! All of it is SQL on the demo schema (the connection's `search_path`) over one dedicated
-//! connection: reading 200 instances and 1,000 journal rows in bulk is one query each, where
-//! the facade would take one call per instance.
+//! the final verification of every guarantee, the same on both stores (the reads are `db`'s).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use serde_json::Value;
 use time::OffsetDateTime;
-use tokio_postgres::Client;
 
+use super::db::{Db, Progress};
 use super::workflow::{expected_receipt, instance_id, Order, Receipt, STEPS, WORKFLOW};
-use crate::common::{Result, ResultExt};
+use crate::common::Result;
 use crate::proof;
 
-const PROGRESS: &str = "SELECT
-    (SELECT count(*) FROM journal WHERE workflow_name = $1 AND kind = 'step'),
-    (SELECT count(*) FROM workflows WHERE workflow_name = $1 AND status = 'completed'),
-    (SELECT count(*) FROM workflows WHERE workflow_name = $1 AND status IN ('failed', 'cancelled'))";
-
-/// Where the demo's workflows are.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Progress {
-    /// Step results journaled.
-    pub(crate) steps: u64,
-    /// Instances completed.
-    pub(crate) completed: u64,
-    /// Instances failed or cancelled (none should be).
-    pub(crate) broken: u64,
-}
-
 /// Reads the progress counters in one query.
-pub(crate) async fn progress(db: &Client) -> Result<Progress> {
-    let row = db
-        .query_one(PROGRESS, &[&WORKFLOW])
-        .await
-        .context("reading the demo's progress")?;
-    let count = |i: usize| u64::try_from(row.get::<_, i64>(i)).unwrap_or(0);
-    Ok(Progress {
-        steps: count(0),
-        completed: count(1),
-        broken: count(2),
-    })
+pub(crate) async fn progress(db: &Db) -> Result<Progress> {
+    db.progress(WORKFLOW).await
 }
-
-const CLOCK: &str = "SELECT clock_timestamp()";
-
-/// The database clock now, the one that stamps `recorded_at` and the ledger's `ran_at`.
-pub(crate) async fn clock(db: &Client) -> Result<OffsetDateTime> {
-    Ok(db
-        .query_one(CLOCK, &[])
-        .await
-        .context("reading the database clock")?
-        .get(0))
-}
-
-/// Runs the dead worker held leases on: still live at the kill, and nobody else was running.
-const KILL_IN_FLIGHT: &str = "SELECT workflow_id FROM workflows
-    WHERE workflow_name = $1 AND status IN ('running', 'suspended')
-      AND lease_owner IS NOT NULL AND lease_expires_at > $2
-    ORDER BY workflow_id";
-
-const KILL_IN_FLIGHT_STEPS: &str =
-    "SELECT count(*) FROM journal WHERE workflow_name = $1 AND workflow_id = ANY($2) AND kind = 'step'";
 
 /// The state of things right after the first worker died.
 #[derive(Debug, Clone)]
@@ -81,43 +31,19 @@ pub(crate) struct AtKill {
 
 /// Takes the snapshot; call it after the killed worker has been reaped and before another
 /// worker starts.
-pub(crate) async fn at_kill(db: &Client) -> Result<AtKill> {
-    let killed_at = clock(db).await?;
+pub(crate) async fn at_kill(db: &Db) -> Result<AtKill> {
+    let killed_at = db.clock().await?;
     let progress = progress(db).await?;
-    let in_flight: Vec<String> = db
-        .query(KILL_IN_FLIGHT, &[&WORKFLOW, &killed_at])
-        .await
-        .context("reading the runs in flight at the kill")?
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
-    let in_flight_steps: i64 = db
-        .query_one(KILL_IN_FLIGHT_STEPS, &[&WORKFLOW, &in_flight])
-        .await
-        .context("counting the steps of the runs in flight")?
-        .get(0);
+    // Runs the dead worker held leases on: still live at the kill, and nobody else was running.
+    let in_flight = db.leased_at(WORKFLOW, killed_at).await?;
+    let in_flight_steps = db.steps_of(WORKFLOW, &in_flight).await?;
     Ok(AtKill {
         killed_at,
         progress,
         in_flight,
-        in_flight_steps: u64::try_from(in_flight_steps).unwrap_or(0),
+        in_flight_steps,
     })
 }
-
-const VERIFY_INSTANCES: &str =
-    "SELECT workflow_id, status, input, output, last_error FROM workflows WHERE workflow_name = $1";
-
-const VERIFY_JOURNAL: &str =
-    "SELECT workflow_id, step_name, count(*), min(recorded_at) FROM journal
-    WHERE workflow_name = $1 AND kind = 'step'
-    GROUP BY workflow_id, step_name";
-
-const VERIFY_LEDGER: &str = "SELECT workflow_id, step, pid, ran_at FROM demo_ledger";
-
-/// The first journal entry (any kind) each interrupted run got after the kill.
-const VERIFY_RECOVERY: &str = "SELECT workflow_id, min(recorded_at) FROM journal
-    WHERE workflow_name = $1 AND workflow_id = ANY($2) AND recorded_at > $3
-    GROUP BY workflow_id";
 
 /// What the verification found: the figures, and every broken guarantee as a line.
 #[derive(Debug, Default)]
@@ -149,7 +75,7 @@ pub(crate) struct Findings {
 /// Checks every guarantee; `orders` is how many were started, `recovery_bound` how long after
 /// the kill an interrupted run may take to get its next journal entry.
 pub(crate) async fn verify(
-    db: &Client,
+    db: &Db,
     orders: u64,
     at_kill: &AtKill,
     killed_pid: u32,
@@ -168,18 +94,12 @@ pub(crate) async fn verify(
 }
 
 /// Every instance completed, with the output its input implies.
-async fn check_instances(db: &Client, orders: u64, findings: &mut Findings) -> Result<()> {
-    let rows = db
-        .query(VERIFY_INSTANCES, &[&WORKFLOW])
-        .await
-        .context("reading the demo's instances")?;
+async fn check_instances(db: &Db, orders: u64, findings: &mut Findings) -> Result<()> {
+    let rows = db.instances(&[WORKFLOW]).await?;
     let mut seen = BTreeSet::new();
-    for row in &rows {
-        let id: String = row.get(0);
-        let status: String = row.get(1);
-        let input: Value = row.get(2);
-        let output: Option<Value> = row.get(3);
-        let last_error: Option<String> = row.get(4);
+    for row in rows {
+        let (id, status, input, output, last_error) =
+            (row.id, row.status, row.input, row.output, row.last_error);
         seen.insert(id.clone());
         if status != "completed" {
             let reason = last_error.map(|e| format!(" ({e})")).unwrap_or_default();
@@ -217,25 +137,21 @@ async fn check_instances(db: &Client, orders: u64, findings: &mut Findings) -> R
 /// Every `(workflow, step)` journaled exactly once, and nothing else journaled. Returns when
 /// each step was recorded.
 async fn check_journal(
-    db: &Client,
+    db: &Db,
     orders: u64,
     findings: &mut Findings,
 ) -> Result<BTreeMap<(String, String), OffsetDateTime>> {
-    let rows = db
-        .query(VERIFY_JOURNAL, &[&WORKFLOW])
-        .await
-        .context("reading the demo's journal")?;
+    let rows = db.journal_steps(WORKFLOW).await?;
     let mut recorded = BTreeMap::new();
-    for row in &rows {
-        let (id, step): (String, String) = (row.get(0), row.get(1));
-        let count: i64 = row.get(2);
+    for row in rows {
+        let (id, step, count) = (row.id, row.step, row.count);
         if count != 1 {
             // The unique key makes this impossible; checking costs nothing.
             findings
                 .problems
                 .push(format!("{id} step {step} is journaled {count} times"));
         }
-        recorded.insert((id, step), row.get::<_, OffsetDateTime>(3));
+        recorded.insert((id, step), row.recorded_at);
     }
     let expected: Vec<(String, Vec<String>)> = (1..=orders)
         .map(|order| (instance_id(order), STEPS.map(str::to_owned).to_vec()))
@@ -250,27 +166,23 @@ async fn check_journal(
 /// No execution of a step after its record; every recorded step ran at least once; count the
 /// legitimate re-runs.
 ///
-/// The comparison is sound because an execution's ledger row commits before its action even
-/// returns, and so before the append that records the step begins; `recorded_at` is that
-/// append's transaction start on the same database clock. A ledger row stamped after
-/// `recorded_at` can only come from running the step again.
+/// The comparison is sound because an execution's ledger row is stamped and committed before
+/// its action even returns, and so before the append that records the step begins;
+/// `recorded_at` is that append's instant on the same clock (PostgreSQL's, or the host's for a
+/// SQLite file). A ledger row stamped after `recorded_at` can only come from running the step
+/// again.
 async fn check_ledger(
-    db: &Client,
+    db: &Db,
     recorded: &BTreeMap<(String, String), OffsetDateTime>,
     at_kill: &AtKill,
     killed_pid: u32,
     findings: &mut Findings,
 ) -> Result<()> {
-    let rows = db
-        .query(VERIFY_LEDGER, &[])
-        .await
-        .context("reading the demo's ledger")?;
+    let rows = db.executions().await?;
     // Per step: executions before its record, and whether the killed worker ran it before the kill.
     let mut runs: BTreeMap<(String, String), (u64, bool)> = BTreeMap::new();
-    for row in &rows {
-        let (id, step): (String, String) = (row.get(0), row.get(1));
-        let pid: i64 = row.get(2);
-        let ran_at: OffsetDateTime = row.get(3);
+    for row in rows {
+        let (id, step, pid, ran_at) = (row.id, row.step, row.pid, row.ran_at);
         findings.executions += 1;
         let key = (id, step);
         match recorded.get(&key) {
@@ -314,7 +226,7 @@ async fn check_ledger(
 
 /// Each run the kill interrupted got its next journal entry within the bound.
 async fn check_recovery(
-    db: &Client,
+    db: &Db,
     at_kill: &AtKill,
     bound: Duration,
     findings: &mut Findings,
@@ -325,15 +237,11 @@ async fn check_recovery(
             .push("the kill interrupted no run, so no recovery was exercised".to_owned());
         return Ok(());
     }
-    let rows = db
-        .query(
-            VERIFY_RECOVERY,
-            &[&WORKFLOW, &at_kill.in_flight, &at_kill.killed_at],
-        )
-        .await
-        .context("reading the recovery of the interrupted runs")?;
-    let next: BTreeMap<String, OffsetDateTime> =
-        rows.iter().map(|row| (row.get(0), row.get(1))).collect();
+    let next: BTreeMap<String, OffsetDateTime> = db
+        .first_entries_after(WORKFLOW, &at_kill.in_flight, at_kill.killed_at)
+        .await?
+        .into_iter()
+        .collect();
     for id in &at_kill.in_flight {
         let Some(at) = next.get(id) else {
             findings.problems.push(format!(

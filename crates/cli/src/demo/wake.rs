@@ -5,7 +5,7 @@
 //! first worker is killed, and are resumed by push afterwards: a fired timer or a completed
 //! awakeable flips the instance row and notifies in one transaction, and the worker's LISTEN
 //! connection turns that into a pass within milliseconds. The step after each wait stamps the
-//! database clock into `demo_waits`, so the demo measures how long after the deadline (or the
+//! store's clock into `demo_waits`, so the demo measures how long after the deadline (or the
 //! completion) each run woke, on the same clock that stamps `timers` and `awakeables`.
 
 use std::sync::Arc;
@@ -13,10 +13,8 @@ use std::time::Duration;
 
 use keiro::{Ctx, WorkflowError};
 use serde::{Deserialize, Serialize};
-use tokio_postgres::{Client, Statement};
-use uuid::Uuid;
 
-use crate::common::{open_connection, Result, ResultExt};
+use super::workflow::Ledger;
 
 /// The sleeper's registered name.
 pub(crate) const SLEEPER: &str = "demo-sleeper";
@@ -29,30 +27,6 @@ pub(crate) const NAPS: u32 = 2;
 
 /// The name of the waiter's awakeable, and of its row in `demo_waits`.
 pub(crate) const APPROVAL: &str = "approval";
-
-/// One row per wait: the awakeable a waiter announced, and when each run woke from each wait.
-/// Created in the demo schema (the connection's `search_path`).
-pub(crate) const WAITS_CREATE: &str = "CREATE TABLE demo_waits (
-    workflow_id  text        NOT NULL,
-    wait         text        NOT NULL,
-    awakeable_id uuid,
-    announced_at timestamptz,
-    woke_at      timestamptz,
-    PRIMARY KEY (workflow_id, wait)
-)";
-
-/// A waiter announces its awakeable. A re-run of the step (at-least-once across a crash)
-/// announces the same id, because the id is journaled before the step, so the first row stands.
-const WAIT_ANNOUNCE: &str = "INSERT INTO demo_waits (workflow_id, wait, awakeable_id, announced_at)
-    VALUES ($1, $2, $3, clock_timestamp())
-    ON CONFLICT (workflow_id, wait) DO NOTHING";
-
-/// A run woke from a wait. `clock_timestamp()`: the moment the step after the wait ran, on the
-/// clock that stamps the deadline and the completion. `coalesce` keeps the first wake, so a
-/// re-run of the step cannot make a wake look later than it was.
-const WAIT_WOKE: &str = "INSERT INTO demo_waits AS w (workflow_id, wait, woke_at)
-    VALUES ($1, $2, clock_timestamp())
-    ON CONFLICT (workflow_id, wait) DO UPDATE SET woke_at = coalesce(w.woke_at, excluded.woke_at)";
 
 /// The sleeper's input.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
@@ -89,63 +63,15 @@ pub(crate) fn nap_name(n: u32) -> String {
     format!("nap-{n}")
 }
 
-/// The worker's writer of `demo_waits`: a dedicated connection with both statements prepared.
-pub(crate) struct WaitLog {
-    client: Client,
-    announce: Statement,
-    woke: Statement,
-}
-
-impl WaitLog {
-    /// Opens the connection with the store's settings, so the demo schema is its `search_path`.
-    pub(crate) async fn open(config: &tokio_postgres::Config) -> Result<Self> {
-        let client = open_connection(config)
-            .await
-            .context("opening the wait log connection")?;
-        let announce = client
-            .prepare(WAIT_ANNOUNCE)
-            .await
-            .context("preparing the wait announcement")?;
-        let woke = client
-            .prepare(WAIT_WOKE)
-            .await
-            .context("preparing the wake record")?;
-        Ok(Self {
-            client,
-            announce,
-            woke,
-        })
-    }
-
-    /// Records that run `id` waits on `awakeable` under `wait`. The error is text: a step's
-    /// error only needs to display.
-    async fn announce(&self, id: &str, wait: &str, awakeable: Uuid) -> Result<(), String> {
-        self.client
-            .execute(&self.announce, &[&id, &wait, &awakeable])
-            .await
-            .map(drop)
-            .map_err(|e| format!("announcing {wait} of {id}: {e}"))
-    }
-
-    /// Records that run `id` woke from `wait`, now (database clock).
-    async fn woke(&self, id: &str, wait: &str) -> Result<(), String> {
-        self.client
-            .execute(&self.woke, &[&id, &wait])
-            .await
-            .map(drop)
-            .map_err(|e| format!("recording the wake of {id} from {wait}: {e}"))
-    }
-}
-
 /// The body of `demo-sleeper`: sleeps [`NAPS`] times, recording after each sleep when it woke.
 /// Returns how many naps it took.
-pub(crate) async fn sleeper(ctx: Ctx, input: Nap, log: Arc<WaitLog>) -> Result<u32, WorkflowError> {
+pub(crate) async fn sleeper(ctx: Ctx, input: Nap, log: Arc<Ledger>) -> Result<u32, WorkflowError> {
     let id = ctx.key().id.as_str().to_owned();
     for n in 1..=NAPS {
         let nap = nap_name(n);
         ctx.sleep(&nap, Duration::from_millis(input.sleep_ms))
             .await?;
-        ctx.step(&format!("{nap}-woke"), || log.woke(&id, &nap))
+        ctx.step(&format!("{nap}-woke"), || log.db().record_wake(&id, &nap))
             .await?;
     }
     Ok(NAPS)
@@ -154,18 +80,15 @@ pub(crate) async fn sleeper(ctx: Ctx, input: Nap, log: Arc<WaitLog>) -> Result<u
 /// The body of `demo-waiter`: creates an awakeable, announces its id from a step (so it is
 /// announced once), parks until the demo completes it, records when it woke, and returns the
 /// value it was completed with.
-pub(crate) async fn waiter(
-    ctx: Ctx,
-    _input: Wait,
-    log: Arc<WaitLog>,
-) -> Result<u64, WorkflowError> {
+pub(crate) async fn waiter(ctx: Ctx, _input: Wait, log: Arc<Ledger>) -> Result<u64, WorkflowError> {
     let id = ctx.key().id.as_str().to_owned();
     let approval = ctx.awakeable::<u64>(APPROVAL).await?;
     let awakeable = approval.id();
-    ctx.step("announce", || log.announce(&id, APPROVAL, awakeable))
+    ctx.step("announce", || log.db().announce(&id, APPROVAL, awakeable))
         .await?;
     let value = approval.value().await?;
-    ctx.step("approved", || log.woke(&id, APPROVAL)).await?;
+    ctx.step("approved", || log.db().record_wake(&id, APPROVAL))
+        .await?;
     Ok(value)
 }
 

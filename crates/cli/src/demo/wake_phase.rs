@@ -2,18 +2,19 @@
 //! sleepers, completes each waiter's awakeable from this process, and verifies from the
 //! database that every run woke by push, on time.
 //!
-//! Every figure is a difference of two database timestamps: a sleep's `timers.fire_at` (or an
+//! Every figure is a difference of two timestamps: a sleep's `timers.fire_at` (or an
 //! awakeable's `settled_at`, stamped by the completing transaction) against the `woke_at` the
-//! run's next step stamped. One clock, so no skew between this process and the worker's.
+//! run's next step stamped. One clock (PostgreSQL's, or the host's for a SQLite file), so no
+//! skew between this process and the worker's.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use keiro::{workflow::AwakeableOutcome, Keiro};
 use serde_json::Value;
-use tokio_postgres::{Client, Statement};
 use uuid::Uuid;
 
+use super::db::Db;
 use super::wake::{
     approval_value, sleeper_id, waiter_id, Nap, Wait, APPROVAL, NAPS, SLEEPER, WAITER,
 };
@@ -83,26 +84,14 @@ impl WakeFindings {
     }
 }
 
-const WAITERS_PARKED: &str = "SELECT w.workflow_id, d.awakeable_id
-    FROM workflows w JOIN demo_waits d ON d.workflow_id = w.workflow_id AND d.wait = $2
-    WHERE w.workflow_name = $1 AND w.status = 'suspended' AND d.awakeable_id IS NOT NULL";
-
-const UNFINISHED: &str =
-    "SELECT count(*) FROM workflows WHERE workflow_name = $1 AND status IN ('running', 'suspended')";
-
-const WOKE: &str =
-    "SELECT woke_at IS NOT NULL FROM demo_waits WHERE workflow_id = $1 AND wait = $2";
-
 /// Waits for the sleepers, completes the awakeables one at a time, waits for the waiters, and
 /// verifies. Needs a live worker on the demo schema throughout.
-pub(crate) async fn run(db: &Client, keiro: &Keiro, args: &DemoArgs) -> Result<WakeFindings> {
+pub(crate) async fn run(db: &Db, keiro: &Keiro, args: &DemoArgs) -> Result<WakeFindings> {
     let deadline = Instant::now() + Duration::from_millis(args.sleep_ms) * NAPS + WAKE_PHASE_SLACK;
     // The sleepers first: their wakes are timed by their deadlines, and completing awakeables
     // meanwhile would put two wakes in one pass.
     wait_finished(db, SLEEPER, deadline).await?;
     let parked = wait_parked(db, args.waiters, deadline).await?;
-    // Prepared once: it is read every few milliseconds while a run wakes.
-    let woke = db.prepare(WOKE).await.context("preparing the wake query")?;
     let mut problems = Vec::new();
     for n in 1..=args.waiters {
         let id = waiter_id(n);
@@ -121,7 +110,7 @@ pub(crate) async fn run(db: &Client, keiro: &Keiro, args: &DemoArgs) -> Result<W
             ));
             continue;
         }
-        if !wait_woke(db, &woke, &id).await? {
+        if !wait_woke(db, &id).await? {
             problems.push(format!(
                 "{id} did not wake within {WOKE_TIMEOUT:?} of its completion"
             ));
@@ -140,14 +129,9 @@ pub(crate) async fn run(db: &Client, keiro: &Keiro, args: &DemoArgs) -> Result<W
 
 /// Waits until no instance of `name` is running or suspended, or `deadline` passes (the
 /// verification then reports what is unfinished).
-async fn wait_finished(db: &Client, name: &str, deadline: Instant) -> Result<()> {
+async fn wait_finished(db: &Db, name: &str, deadline: Instant) -> Result<()> {
     while Instant::now() < deadline {
-        let unfinished: i64 = db
-            .query_one(UNFINISHED, &[&name])
-            .await
-            .context(format!("counting unfinished {name} runs"))?
-            .get(0);
-        if unfinished == 0 {
+        if db.unfinished(name).await? == 0 {
             break;
         }
         // Coarser than WAKE_POLL: nothing is timed by this wait.
@@ -158,18 +142,12 @@ async fn wait_finished(db: &Client, name: &str, deadline: Instant) -> Result<()>
 
 /// Waits until every waiter is parked with its awakeable announced (or `deadline` passes), and
 /// returns the awakeable ids by instance id.
-async fn wait_parked(
-    db: &Client,
-    waiters: u64,
-    deadline: Instant,
-) -> Result<BTreeMap<String, Uuid>> {
+async fn wait_parked(db: &Db, waiters: u64, deadline: Instant) -> Result<BTreeMap<String, Uuid>> {
     loop {
         let parked: BTreeMap<String, Uuid> = db
-            .query(WAITERS_PARKED, &[&WAITER, &APPROVAL])
-            .await
-            .context("reading the parked waiters")?
-            .iter()
-            .map(|row| (row.get(0), row.get(1)))
+            .parked_waiters(WAITER, APPROVAL)
+            .await?
+            .into_iter()
             .collect();
         if parked.len() as u64 >= waiters || Instant::now() >= deadline {
             return Ok(parked);
@@ -179,15 +157,10 @@ async fn wait_parked(
 }
 
 /// Waits until waiter `id` stamped its wake; `false` after [`WOKE_TIMEOUT`].
-async fn wait_woke(db: &Client, woke: &Statement, id: &str) -> Result<bool> {
+async fn wait_woke(db: &Db, id: &str) -> Result<bool> {
     let started = Instant::now();
     while started.elapsed() < WOKE_TIMEOUT {
-        let woke = db
-            .query_opt(woke, &[&id, &APPROVAL])
-            .await
-            .context(format!("reading the wake of {id}"))?
-            .is_some_and(|row| row.get::<_, bool>(0));
-        if woke {
+        if db.woke(id, APPROVAL).await? {
             return Ok(true);
         }
         tokio::time::sleep(WAKE_POLL).await;
@@ -195,25 +168,16 @@ async fn wait_woke(db: &Client, woke: &Statement, id: &str) -> Result<bool> {
     Ok(false)
 }
 
-const OUTPUTS: &str = "SELECT workflow_id, status, output, last_error FROM workflows
-    WHERE workflow_name = ANY($1)";
-
 /// Every sleeper and waiter completed, with the output its input implies.
-async fn check_outputs(db: &Client, args: &DemoArgs, findings: &mut WakeFindings) -> Result<()> {
+async fn check_outputs(db: &Db, args: &DemoArgs, findings: &mut WakeFindings) -> Result<()> {
     let expected: BTreeMap<String, Value> = (1..=args.sleepers)
         .map(|n| (sleeper_id(n), Value::from(NAPS)))
         .chain((1..=args.waiters).map(|n| (waiter_id(n), Value::from(approval_value(n)))))
         .collect();
-    let rows = db
-        .query(OUTPUTS, &[&vec![SLEEPER, WAITER]])
-        .await
-        .context("reading the sleepers and waiters")?;
+    let rows = db.instances(&[SLEEPER, WAITER]).await?;
     let mut seen = 0;
-    for row in &rows {
-        let id: String = row.get(0);
-        let status: String = row.get(1);
-        let output: Option<Value> = row.get(2);
-        let last_error: Option<String> = row.get(3);
+    for row in rows {
+        let (id, status, output, last_error) = (row.id, row.status, row.output, row.last_error);
         seen += 1;
         let want = expected.get(&id);
         if status != "completed" {
@@ -238,36 +202,23 @@ async fn check_outputs(db: &Client, args: &DemoArgs, findings: &mut WakeFindings
     Ok(())
 }
 
-/// Each nap's timer, joined with the wake its run stamped after it, and whether its deadline
-/// came before the last crash workflow completed (while a worker was busy with them).
-const SLEEPS: &str = "SELECT t.workflow_id, t.step,
-    extract(epoch FROM d.woke_at - t.fire_at)::float8 * 1000,
-    t.fire_at <= (SELECT max(completed_at) FROM workflows WHERE workflow_name = $2)
-  FROM timers t
-  LEFT JOIN demo_waits d ON d.workflow_id = t.workflow_id AND t.step = 'sleep:' || d.wait
-  WHERE t.workflow_name = $1";
-
 /// Every nap woke, no earlier than its deadline and within the bound after it.
 ///
 /// A nap that ends while the crash workflows are still running gets the recovery slack on top
 /// of the bound: a worker in the middle of a pass finishes it before the next discovery sees
 /// the woken run, and worker 2's first pass over the crash workflows can take a second on a
 /// loaded machine. Naps that end after them measure an idle worker, under the bound alone.
-async fn check_sleeps(db: &Client, args: &DemoArgs, findings: &mut WakeFindings) -> Result<()> {
-    let rows = db
-        .query(SLEEPS, &[&SLEEPER, &WORKFLOW])
-        .await
-        .context("reading the sleepers' timers")?;
+async fn check_sleeps(db: &Db, args: &DemoArgs, findings: &mut WakeFindings) -> Result<()> {
+    let rows = db.naps(SLEEPER, WORKFLOW).await?;
     for row in &rows {
-        let (id, step): (String, String) = (row.get(0), row.get(1));
-        let busy = row.get::<_, Option<bool>>(3).unwrap_or(false);
+        let (id, step, busy) = (&row.id, &row.step, row.busy);
         let bound = if busy {
             findings.sleeps_busy += 1;
             args.sleep_bound_busy_ms() as f64
         } else {
             args.sleep_bound_ms as f64
         };
-        let Some(lag) = row.get::<_, Option<f64>>(2) else {
+        let Some(lag) = row.lag_ms else {
             findings
                 .problems
                 .push(format!("{id} never recorded waking from {step}"));
@@ -299,22 +250,12 @@ async fn check_sleeps(db: &Client, args: &DemoArgs, findings: &mut WakeFindings)
     Ok(())
 }
 
-/// Each announced awakeable, joined with its settlement and the wake its run stamped.
-const PUSHES: &str = "SELECT d.workflow_id, a.status,
-    extract(epoch FROM d.woke_at - a.settled_at)::float8 * 1000
-  FROM demo_waits d LEFT JOIN awakeables a ON a.id = d.awakeable_id
-  WHERE d.wait = $1";
-
 /// Every awakeable was completed and its run woke within the bound of the completion.
-async fn check_pushes(db: &Client, args: &DemoArgs, findings: &mut WakeFindings) -> Result<()> {
-    let rows = db
-        .query(PUSHES, &[&APPROVAL])
-        .await
-        .context("reading the waiters' awakeables")?;
+async fn check_pushes(db: &Db, args: &DemoArgs, findings: &mut WakeFindings) -> Result<()> {
+    let rows = db.pushes(APPROVAL).await?;
     let bound = args.push_bound_ms as f64;
     for row in &rows {
-        let id: String = row.get(0);
-        let status: Option<String> = row.get(1);
+        let (id, status) = (&row.id, &row.status);
         if status.as_deref() != Some("completed") {
             findings.problems.push(format!(
                 "the awakeable of {id} is {}, not completed",
@@ -322,7 +263,7 @@ async fn check_pushes(db: &Client, args: &DemoArgs, findings: &mut WakeFindings)
             ));
             continue;
         }
-        let Some(latency) = row.get::<_, Option<f64>>(2) else {
+        let Some(latency) = row.latency_ms else {
             findings
                 .problems
                 .push(format!("{id} never recorded waking from its awakeable"));

@@ -1,6 +1,7 @@
 //! `keiro demo-worker`: the demo's worker process. `keiro demo` spawns it (twice) and kills the
-//! first one with SIGKILL; it is an ordinary push-aware keiro worker (resume loop and timer
-//! loop, woken by LISTEN/NOTIFY) with a short lease.
+//! first one with SIGKILL; it is an ordinary keiro worker (resume loop and timer loop, woken by
+//! push where the store has it: LISTEN/NOTIFY on PostgreSQL) with a short lease, on the store
+//! `DATABASE_URL` names.
 //!
 //! It runs until its stdin closes, then finishes its in-flight runs and prints one JSON line,
 //! its [`WorkerReport`]. Tying its life to the pipe means that even a parent killed without a
@@ -14,14 +15,15 @@ use clap::Args;
 use keiro::Keiro;
 use serde::{Deserialize, Serialize};
 
-use super::wake::{self, WaitLog};
+use super::db::Db;
+use super::wake;
 use super::workflow::{self, Counters, Ledger};
-use crate::common::{connect_store, Global, Outcome, Result, ResultExt};
+use crate::common::{connect_store, open_sqlite, Global, Outcome, Result, ResultExt, Store};
 
 /// The worker's options, passed by `keiro demo`.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct WorkerArgs {
-    /// The demo's schema.
+    /// The demo's schema (PostgreSQL).
     #[arg(long)]
     pub(crate) demo_schema: String,
     /// Lease time-to-live, in milliseconds.
@@ -50,18 +52,24 @@ pub(crate) struct WorkerReport {
 
 /// Runs the worker until stdin closes.
 pub(crate) async fn run(global: &Global, args: &WorkerArgs) -> Result<Outcome> {
-    // One connection per concurrent run, plus one each for the discovery query and the timer
-    // loop beside them (the LISTEN connection is the store's own, outside the pool).
-    let store = connect_store(global.config(&args.demo_schema, args.concurrency + 2)).await?;
-    let ledger = Arc::new(Ledger::open(store.connection_config()).await?);
-    let waits = Arc::new(WaitLog::open(store.connection_config()).await?);
+    let (keiro, db) = match global.store()? {
+        Store::Postgres => {
+            // One connection per concurrent run, plus one each for the discovery query and the
+            // timer loop beside them (the LISTEN connection is the store's own, outside the pool).
+            let store =
+                connect_store(global.config(&args.demo_schema, args.concurrency + 2)?).await?;
+            let db = Db::postgres(store.connection_config()).await?;
+            (Keiro::builder(store).build(), db)
+        }
+        Store::Sqlite(path) => (open_sqlite(&path).await?, Db::sqlite(&path).await?),
+    };
+    let ledger = Arc::new(Ledger::new(db));
     let counters = Arc::new(Counters::default());
     let body_counters = counters.clone();
-    let (sleeper_log, waiter_log) = (waits.clone(), waits);
-    // With push: fired timers and completed awakeables wake this worker through LISTEN/NOTIFY
-    // within milliseconds; `poll_interval` stays the fallback that finds expired leases.
-    let worker = Keiro::builder(store)
-        .build()
+    let (sleeper_log, waiter_log) = (ledger.clone(), ledger.clone());
+    // With push: fired timers and completed awakeables wake this worker within milliseconds;
+    // `poll_interval` stays the fallback that finds expired leases.
+    let worker = keiro
         .worker()
         .register(workflow::WORKFLOW, move |ctx, input| {
             workflow::order(ctx, input, ledger.clone(), body_counters.clone())

@@ -11,9 +11,8 @@ use std::time::Duration;
 
 use keiro::{Ctx, WorkflowError};
 use serde::{Deserialize, Serialize};
-use tokio_postgres::{Client, Statement};
 
-use crate::common::{open_connection, Result, ResultExt};
+use super::db::Db;
 use crate::proof;
 
 /// The registered workflow name.
@@ -21,19 +20,6 @@ pub(crate) const WORKFLOW: &str = "demo-order";
 
 /// The steps of one order, in order.
 pub(crate) const STEPS: [&str; 5] = ["reserve", "charge", "pack", "ship", "notify"];
-
-/// Creates the ledger in the demo schema (the connection's `search_path`).
-pub(crate) const LEDGER_CREATE: &str = "CREATE TABLE demo_ledger (
-    workflow_id text        NOT NULL,
-    step        text        NOT NULL,
-    pid         bigint      NOT NULL,
-    ran_at      timestamptz NOT NULL
-)";
-
-/// One execution of one step. `clock_timestamp()`, not `now()`: the time the row was written,
-/// on the database clock that also stamps the journal's `recorded_at`, so the two compare.
-const LEDGER_RECORD: &str =
-    "INSERT INTO demo_ledger (workflow_id, step, pid, ran_at) VALUES ($1, $2, $3, clock_timestamp())";
 
 /// The workflow's input.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
@@ -77,38 +63,31 @@ fn work(order: u64, index: u64) -> Duration {
     Duration::from_millis(5 + (order * 7 + index * 13) % 16)
 }
 
-/// The side-effect ledger: one dedicated connection per worker process, outside the store's
-/// pool, so its writes share no transaction with the journal.
+/// The side-effect ledger of one worker process: the demo's own connection (outside the
+/// store's pool or writer, so its writes share no transaction with the journal), and this
+/// process's id, written beside each execution.
 pub(crate) struct Ledger {
-    client: Client,
-    record: Statement,
+    db: Db,
     pid: i64,
 }
 
 impl Ledger {
-    /// Opens the ledger connection with the store's settings (so the demo schema is its
-    /// `search_path`) and prepares the insert once.
-    pub(crate) async fn open(config: &tokio_postgres::Config) -> Result<Self> {
-        let client = open_connection(config)
-            .await
-            .context("opening the ledger connection")?;
-        let record = client
-            .prepare(LEDGER_RECORD)
-            .await
-            .context("preparing the ledger insert")?;
-        Ok(Self {
-            client,
-            record,
+    /// The ledger on `db`, for this process.
+    pub(crate) fn new(db: Db) -> Self {
+        Self {
+            db,
             pid: i64::from(std::process::id()),
-        })
+        }
     }
 
     /// Records one execution of `step` of `workflow_id` by this process.
-    async fn record(&self, workflow_id: &str, step: &str) -> Result<(), tokio_postgres::Error> {
-        self.client
-            .execute(&self.record, &[&workflow_id, &step, &self.pid])
-            .await
-            .map(drop)
+    async fn record(&self, workflow_id: &str, step: &str) -> Result<(), String> {
+        self.db.record_execution(workflow_id, step, self.pid).await
+    }
+
+    /// The connection, for the wait log beside the ledger.
+    pub(crate) fn db(&self) -> &Db {
+        &self.db
     }
 }
 
@@ -144,7 +123,7 @@ pub(crate) async fn order(
                     // the at-least-once re-run the verification expects to find.
                     ledger.record(id, step).await?;
                     tokio::time::sleep(work(input.order, index)).await;
-                    Ok::<_, tokio_postgres::Error>(step_value(input.order, index))
+                    Ok::<_, String>(step_value(input.order, index))
                 }
             })
             .await?;

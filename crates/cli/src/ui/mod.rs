@@ -33,7 +33,7 @@ use axum::Router;
 use clap::Args;
 use keiro::Keiro;
 
-use crate::common::{connect_store, failure, Global, Outcome, Result, ResultExt};
+use crate::common::{failure, Global, Outcome, Result, ResultExt};
 
 /// The largest request body accepted (an action form, a retry's corrected input): a larger one
 /// is answered 413 and never kept.
@@ -86,7 +86,7 @@ pub(crate) async fn run(global: &Global, args: &UiArgs) -> Result<Outcome> {
             args.listen
         )));
     }
-    let keiro = Keiro::builder(connect_store(global.config(&global.schema, 4)).await?).build();
+    let keiro = crate::common::keiro(global, 4).await?;
     let state = AppState {
         keiro,
         auth: Arc::new(auth),
