@@ -102,13 +102,30 @@ fn prepare(conn: &Connection, path: &Path, config: &Config) -> Result<()> {
     Ok(())
 }
 
+/// Switches the file to WAL. Two stores opening a new file at once both read it (a shared lock)
+/// and then both want the exclusive lock the switch takes: SQLite answers one of them "busy" at
+/// once, without its busy handler, since waiting could deadlock. That one retries, until the
+/// busy timeout, once the other's switch is done (then a no-op: the file is already WAL).
+fn journal_mode_wal(conn: &Connection, path: &Path, config: &Config) -> Result<String> {
+    let started = std::time::Instant::now();
+    loop {
+        match conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0)) {
+            Err(e)
+                if e.sqlite_error_code() == Some(ErrorCode::DatabaseBusy)
+                    && started.elapsed() < config.busy_timeout =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            answer => return answer.map_err(sqlite("setting WAL mode on", path)),
+        }
+    }
+}
+
 /// Sets WAL, the synchronous level and foreign keys, and reads each back: a setting SQLite
 /// ignores (WAL on a filesystem without shared memory, an unknown level) is an error, never a
 /// weaker store than asked for.
 fn durability(conn: &Connection, path: &Path, config: &Config) -> Result<()> {
-    let journal_mode: String = conn
-        .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
-        .map_err(sqlite("setting WAL mode on", path))?;
+    let journal_mode = journal_mode_wal(conn, path, config)?;
     if !journal_mode.eq_ignore_ascii_case("wal") {
         return Err(Error::Durability {
             path: path.to_owned(),
