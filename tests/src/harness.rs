@@ -18,8 +18,6 @@ pub type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 /// Which store a scenario runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
-    /// `keiro-memory`.
-    Memory,
     /// `keiro-postgres` on a fresh schema of the test database.
     Postgres,
     /// `keiro-sqlite` on a fresh file in a temporary directory of its own.
@@ -40,11 +38,10 @@ pub struct Harness {
     pub keiro: Keiro,
     /// The Postgres schema, when `backend` is Postgres; dropped with the harness.
     pub db: Option<TestDb>,
-    /// The memory store itself, when `backend` is Memory: what reads its notifications
-    /// ([`Harness::notifications`]).
-    pub memory: Option<keiro_memory::MemoryStore>,
     /// The SQLite file's directory, when `backend` is Sqlite; removed with the harness.
     pub sqlite_dir: Option<SqliteDir>,
+    /// The SQLite store itself, when `backend` is Sqlite: its push and clock.
+    pub sqlite: Option<keiro_sqlite::SqliteStore>,
 }
 
 /// A temporary directory holding one test's SQLite file, removed when dropped.
@@ -87,21 +84,6 @@ impl std::fmt::Debug for Harness {
 }
 
 impl Harness {
-    /// A harness on a fresh in-memory store.
-    pub fn memory() -> Self {
-        let store = Arc::new(keiro_memory::MemoryStore::new());
-        Self {
-            backend: Backend::Memory,
-            keiro: Keiro::builder((*store).clone()).without_push().build(),
-            transport: store.clone(),
-            admin: store.clone(),
-            memory: Some((*store).clone()),
-            store,
-            db: None,
-            sqlite_dir: None,
-        }
-    }
-
     /// A harness on a fresh SQLite file in a temporary directory of its own (removed with the
     /// harness). Panics when the file cannot be opened.
     pub fn sqlite() -> Self {
@@ -116,10 +98,10 @@ impl Harness {
             keiro: Keiro::builder((*store).clone()).without_push().build(),
             transport: store.clone(),
             admin: store.clone(),
+            sqlite: Some((*store).clone()),
             store,
             db: None,
             sqlite_dir: Some(dir),
-            memory: None,
         }
     }
 
@@ -136,7 +118,7 @@ impl Harness {
             store,
             db: Some(db),
             sqlite_dir: None,
-            memory: None,
+            sqlite: None,
         }
     }
 
@@ -157,7 +139,7 @@ impl Harness {
             store,
             db: Some(db),
             sqlite_dir: None,
-            memory: None,
+            sqlite: None,
         }
     }
 
@@ -254,9 +236,13 @@ impl Ledger {
     }
 }
 
-/// A test kit environment on a fresh in-memory store, to register workflows on.
-pub fn env_memory() -> TestEnvBuilder {
-    TestEnv::memory()
+/// A test kit environment on a fresh temporary SQLite file, to register workflows on. Panics
+/// when the file cannot be made.
+pub fn env_sqlite() -> TestEnvBuilder {
+    match TestEnv::sqlite() {
+        Ok(env) => env,
+        Err(e) => panic!("cannot make a temporary SQLite store: {e}"),
+    }
 }
 
 /// A test kit environment on a throwaway schema of the test database. Panics, naming
@@ -271,28 +257,14 @@ pub async fn env_postgres() -> TestEnvBuilder {
     }
 }
 
-/// Generates one `#[tokio::test]` per scenario and store: `memory::<name>`,
-/// `postgres::<name>` and `sqlite::<name>`, each calling `<name>(harness)` from the enclosing
-/// module. Scenarios listed after `; env:` take a test kit environment instead
-/// (`keiro::testing::TestEnvBuilder`, on the same store kind; memory and Postgres only until
-/// the test kit runs on SQLite) and are named the same way, so one file mixes both.
+/// Generates one `#[tokio::test]` per scenario and store: `postgres::<name>` and
+/// `sqlite::<name>`, each calling `<name>(harness)` from the enclosing module. Scenarios
+/// listed after `; env:` take a test kit environment instead
+/// (`keiro::testing::TestEnvBuilder`, on the same store kind) and are named the same way, so
+/// one file mixes both.
 #[macro_export]
 macro_rules! on_both_stores {
     ($($name:ident),* $(,)? $(; env: $($env:ident),* $(,)?)?) => {
-        mod memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() -> $crate::TestResult {
-                    super::$name($crate::Harness::memory()).await
-                }
-            )*
-            $($(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $env() -> $crate::TestResult {
-                    super::$env($crate::harness::env_memory()).await
-                }
-            )*)?
-        }
         mod postgres {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -314,6 +286,12 @@ macro_rules! on_both_stores {
                     super::$name($crate::Harness::sqlite()).await
                 }
             )*
+            $($(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $env() -> $crate::TestResult {
+                    super::$env($crate::harness::env_sqlite()).await
+                }
+            )*)?
         }
     };
 }

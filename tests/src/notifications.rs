@@ -3,16 +3,14 @@
 //! timer, `remote` for claimable remote tasks), so a contract scenario can check who is told
 //! what.
 //!
-//! On Postgres it is a `LISTEN` connection of its own on the schema's wake channel; on the
-//! memory store a receiver of [`MemoryStore::notifications`](keiro_memory::MemoryStore::notifications),
-//! each notification written as the payload Postgres would send for it; on SQLite the rows of
+//! On Postgres it is a `LISTEN` connection of its own on the schema's wake channel; on SQLite
+//! the rows of
 //! the file's notification table (`keiro_notifications`, migration 0002), read with a
 //! connection of its own, as another process's store would.
 
 use std::time::Duration;
 
-use keiro_memory::Notification;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, NoTls};
 
 use crate::Harness;
@@ -26,7 +24,6 @@ pub struct Notifications {
 }
 
 enum Source {
-    Memory(broadcast::Receiver<Notification>),
     Postgres {
         _client: tokio_postgres::Client,
         received: mpsc::UnboundedReceiver<String>,
@@ -76,11 +73,6 @@ impl std::fmt::Debug for Notifications {
 impl Harness {
     /// Starts reading this store's notifications: every one sent after this returns.
     pub async fn notifications(&self) -> Result<Notifications> {
-        if let Some(store) = &self.memory {
-            return Ok(Notifications {
-                source: Source::Memory(store.notifications()),
-            });
-        }
         if let Some(dir) = &self.sqlite_dir {
             let connection = rusqlite::Connection::open_with_flags(
                 dir.file(),
@@ -135,13 +127,6 @@ impl Notifications {
         let mut got = Vec::new();
         loop {
             let next = match &mut self.source {
-                Source::Memory(receiver) => {
-                    match tokio::time::timeout(quiet, receiver.recv()).await {
-                        Ok(Ok(notification)) => vec![payload(&notification)],
-                        Ok(Err(broadcast::error::RecvError::Lagged(_))) => continue,
-                        Ok(Err(broadcast::error::RecvError::Closed)) | Err(_) => Vec::new(),
-                    }
-                }
                 Source::Postgres { received, .. } => tokio::time::timeout(quiet, received.recv())
                     .await
                     .ok()
@@ -169,15 +154,5 @@ impl Notifications {
             }
             got.extend(next);
         }
-    }
-}
-
-/// The Postgres payload for a memory notification.
-fn payload(notification: &Notification) -> String {
-    match notification {
-        Notification::Instance(key) => format!("{}/{}", key.name, key.id),
-        Notification::TimerArmed => "timer".to_owned(),
-        Notification::RemoteTasks => "remote".to_owned(),
-        other => format!("{other:?}"),
     }
 }

@@ -23,11 +23,11 @@ use tracing_subscriber::layer::{Context, Layer, SubscriberExt as _};
 use tracing_subscriber::registry::LookupSpan;
 
 #[tokio::test(flavor = "current_thread")]
-async fn memory_store_operations_open_their_spans() -> TestResult {
+async fn sqlite_store_operations_open_their_spans() -> TestResult {
     let spans = Spans::default();
     let _default =
         tracing::subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
-    a_workflow_opens_a_span_per_store_operation(Harness::memory(), &spans).await
+    a_workflow_opens_a_span_per_store_operation(Harness::sqlite(), &spans).await
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -150,7 +150,7 @@ async fn a_workflow_opens_a_span_per_store_operation(h: Harness, spans: &Spans) 
         .collect();
     match h.backend {
         // The SQLite writer batches without lanes, so without batch spans too.
-        Backend::Memory | Backend::Sqlite => assert!(batches.is_empty(), "no lanes"),
+        Backend::Sqlite => assert!(batches.is_empty(), "no lanes"),
         Backend::Postgres => {
             // The append of `charge` went through the append lane: its batch's span follows
             // from the append's span, which was current while the call ran.

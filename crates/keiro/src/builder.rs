@@ -14,14 +14,15 @@ use crate::store::Store;
 /// [`lease_only`](Self::lease_only) over a store with leases alone.
 ///
 /// ```
-/// # #[cfg(feature = "memory")] {
+/// # #[cfg(feature = "sqlite")] {
 /// use keiro::{Keiro, KeiroBuilder};
-/// let keiro: Keiro = Keiro::builder(keiro::memory::MemoryStore::new()).build();
-/// let bare: Keiro = KeiroBuilder::lease_only(std::sync::Arc::new(keiro::memory::MemoryStore::new()))
+/// let keiro: Keiro = Keiro::builder(keiro::store::sqlite::SqliteStore::temporary()?).build();
+/// let bare: Keiro = KeiroBuilder::lease_only(std::sync::Arc::new(keiro::store::sqlite::SqliteStore::temporary()?))
 ///     .without_push()
 ///     .build();
 /// assert!(keiro.notifier().is_some() && bare.notifier().is_none());
 /// # }
+/// # Ok::<_, Box<dyn std::error::Error>>(())
 /// ```
 #[must_use]
 pub struct KeiroBuilder {
@@ -67,15 +68,15 @@ impl KeiroBuilder {
     /// [`Keiro::builder`]; a wrapper passes its inner store's with [`push`](Self::push).
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::sync::Arc;
-    /// // A store of your own that has leases (here the memory store, standing in for one).
-    /// let store: Arc<dyn keiro::store::LeaseStore> = Arc::new(keiro::memory::MemoryStore::new());
+    /// // A store of your own that has leases (here the SQLite store, standing in for one).
+    /// let store: Arc<dyn keiro::store::LeaseStore> = Arc::new(keiro::store::sqlite::SqliteStore::temporary()?);
     /// let keiro = keiro::KeiroBuilder::lease_only(store).build();
     /// # let _ = keiro;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn lease_only(store: Arc<dyn LeaseStore>) -> Self {
         Self {
@@ -93,15 +94,15 @@ impl KeiroBuilder {
     /// cannot find by itself (a wrapper around a `PgStore`, say).
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::sync::Arc;
-    /// let store = keiro::memory::MemoryStore::new();
+    /// let store = keiro::store::sqlite::SqliteStore::temporary()?;
     /// let notifier: Arc<dyn keiro::worker::Notifier> = Arc::new(store.clone());
     /// let keiro = keiro::KeiroBuilder::lease_only(Arc::new(store)).push(notifier).build();
     /// assert!(keiro.notifier().is_some());
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn push(mut self, notifier: Arc<dyn Notifier>) -> Self {
         self.notifier = Some(notifier);
@@ -111,14 +112,14 @@ impl KeiroBuilder {
     /// No push: workers and result waiters poll (for tests of the poll fallback).
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::builder(keiro::memory::MemoryStore::new())
+    /// let keiro = keiro::Keiro::builder(keiro::store::sqlite::SqliteStore::temporary()?)
     ///     .without_push()
     ///     .build();
     /// assert!(keiro.notifier().is_none());
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn without_push(mut self) -> Self {
         self.notifier = None;
@@ -130,14 +131,14 @@ impl KeiroBuilder {
     /// [`PAYLOAD_LEN_MAX_DEFAULT`].
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::builder(keiro::memory::MemoryStore::new())
+    /// let keiro = keiro::Keiro::builder(keiro::store::sqlite::SqliteStore::temporary()?)
     ///     .payload_len_max(256 * 1024)
     ///     .build();
     /// # let _ = keiro;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn payload_len_max(mut self, payload_len_max: usize) -> Self {
         self.payload_len_max = payload_len_max;
@@ -148,14 +149,14 @@ impl KeiroBuilder {
     /// hold (see [`Keiro::with_delivery_backlog`]). Defaults to [`DeliveryBacklog::default`].
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::builder(keiro::memory::MemoryStore::new())
+    /// let keiro = keiro::Keiro::builder(keiro::store::sqlite::SqliteStore::temporary()?)
     ///     .delivery_backlog(keiro::workflow::DeliveryBacklog { deliveries: 100, bytes: 1 << 20 })
     ///     .build();
     /// # let _ = keiro;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn delivery_backlog(mut self, backlog: DeliveryBacklog) -> Self {
         self.delivery_backlog = backlog;
@@ -165,12 +166,12 @@ impl KeiroBuilder {
     /// The handle.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::builder(keiro::memory::MemoryStore::new()).build();
+    /// let keiro = keiro::Keiro::builder(keiro::store::sqlite::SqliteStore::temporary()?).build();
     /// # let _ = keiro;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn build(self) -> Keiro {
         Keiro {
@@ -185,16 +186,12 @@ impl KeiroBuilder {
     }
 }
 
-/// The push of a built-in store: `PgStore`'s LISTEN hub or `MemoryStore`'s channel. Both are
+/// The push of a built-in store: `PgStore`'s LISTEN hub or `SqliteStore`'s notification poller. Both are
 /// handles on shared state, so a clone of the handle notifies for the store itself.
 fn builtin_push(store: &dyn Any) -> Option<Arc<dyn Notifier>> {
     #[cfg(feature = "postgres")]
     if let Some(pg) = store.downcast_ref::<keiro_postgres::PgStore>() {
         return Some(Arc::new(pg.clone()));
-    }
-    #[cfg(feature = "memory")]
-    if let Some(memory) = store.downcast_ref::<keiro_memory::MemoryStore>() {
-        return Some(Arc::new(memory.clone()));
     }
     #[cfg(feature = "sqlite")]
     if let Some(sqlite) = store.downcast_ref::<keiro_sqlite::SqliteStore>() {

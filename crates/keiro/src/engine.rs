@@ -20,31 +20,40 @@ use crate::{Error, Keiro, KeiroBuilder, WorkerBuilder};
 
 impl Keiro {
     /// A builder over `store`: the one way to wrap a store you built yourself. Push wake-ups
-    /// come with a store that has them (`PgStore`'s LISTEN, `MemoryStore`'s channel), so
+    /// come with a store that has them (`PgStore`'s LISTEN, `SqliteStore`'s notification table), so
     /// workers and result waiters built from the handle wake within milliseconds.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")] {
-    /// let keiro = keiro::Keiro::builder(keiro::memory::MemoryStore::new())
+    /// # #[cfg(feature = "sqlite")] {
+    /// let keiro = keiro::Keiro::builder(keiro::store::sqlite::SqliteStore::temporary()?)
     ///     .payload_len_max(64 * 1024)
     ///     .build();
     /// assert!(keiro.notifier().is_some());
     /// # }
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
     /// ```
     pub fn builder<S: Store>(store: S) -> KeiroBuilder {
         KeiroBuilder::new(Arc::new(store))
     }
 
-    /// A handle on a fresh in-memory store, with push.
+    /// A handle, with push, on a fresh SQLite file in a new temporary directory, removed when
+    /// the last handle on it is dropped ([`SqliteStore::temporary`](crate::store::sqlite::SqliteStore::temporary)):
+    /// for tests, examples and scratch runs. Nothing outlives the process; for a file that
+    /// does, [`connect`](Self::connect) a `sqlite:PATH` URL.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")] {
-    /// let keiro = keiro::Keiro::memory();
+    /// # #[cfg(feature = "sqlite")] {
+    /// let keiro = keiro::Keiro::temporary()?;
     /// # let _ = keiro; }
+    /// # Ok::<_, keiro::Error>(())
     /// ```
-    #[cfg(feature = "memory")]
-    pub fn memory() -> Self {
-        Self::builder(keiro_memory::MemoryStore::new()).build()
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the directory or the file cannot be made.
+    #[cfg(feature = "sqlite")]
+    pub fn temporary() -> Result<Self, Error> {
+        Ok(Self::builder(keiro_sqlite::SqliteStore::temporary()?).build())
     }
 
     /// The largest payload accepted by [`start`](Self::start), [`deliver`](Self::deliver),
@@ -54,15 +63,15 @@ impl Keiro {
     /// Defaults to [`PAYLOAD_LEN_MAX_DEFAULT`](keiro_journal::PAYLOAD_LEN_MAX_DEFAULT).
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// let keiro = keiro.with_payload_len_max(8);
     /// let refused = keiro.start("order", "order-1", &"longer than eight bytes").await;
     /// assert!(matches!(refused, Err(keiro::Error::Payload(_))));
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     #[must_use]
     pub fn with_payload_len_max(mut self, payload_len_max: usize) -> Self {
@@ -77,10 +86,10 @@ impl Keiro {
     /// 16 MiB).
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory().with_delivery_backlog(keiro::workflow::DeliveryBacklog {
+    /// let keiro = keiro::Keiro::temporary()?.with_delivery_backlog(keiro::workflow::DeliveryBacklog {
     ///     deliveries: 1,
     ///     ..keiro::workflow::DeliveryBacklog::default()
     /// });
@@ -89,7 +98,7 @@ impl Keiro {
     /// let refused = keiro.deliver(("order", "order-1"), "coupon", &"X").await;
     /// assert!(matches!(refused, Err(keiro::Error::DeliveryRefused { .. })));
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     #[must_use]
     pub fn with_delivery_backlog(mut self, backlog: DeliveryBacklog) -> Self {
@@ -100,15 +109,15 @@ impl Keiro {
     /// The store.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// use keiro::store::JournalStore;
     /// let key = keiro::InstanceKey::parse("order", "order-1")?;
     /// assert!(keiro.store().instance_get(&key).await?.is_none());
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn store(&self) -> &Arc<dyn LeaseStore> {
         &self.store
@@ -129,10 +138,10 @@ impl Keiro {
     /// second start returns the existing instance (`created == false`).
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// let started = keiro.start("order", "order-1", &7).await?;
     /// assert!(started.created);
     /// // Idempotent by id: the first input stands.
@@ -140,7 +149,7 @@ impl Keiro {
     /// // The returned key names the instance in every other call.
     /// keiro.cancel(&started.instance.key).await?;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -159,7 +168,7 @@ impl Keiro {
 
     /// Starts several instances of workflow `name` at once, each with its own input: what
     /// [`start`](Self::start) does for each, in one transaction on the Postgres store (one
-    /// statement and one commit for the lot; the memory store starts them one by one). The
+    /// statement and one commit for the lot; the SQLite store shares one commit between them too). The
     /// answer has one outcome per item, in order: `created == false` for an id that was
     /// already started (or that appears earlier in the same call), an error for an invalid id
     /// or input (nothing of that item reaches the store) or a store error. One item's failure
@@ -236,16 +245,16 @@ impl Keiro {
     /// the run stops at its next boundary.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// keiro.start("order", "order-1", &7).await?;
     /// assert_eq!(keiro.cancel(("order", "order-1")).await?, keiro::operate::CancelOutcome::Recorded);
     /// let row = keiro.instance(("order", "order-1")).await?.expect("started");
     /// assert_eq!(row.status, keiro::Status::Cancelled);
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -260,15 +269,15 @@ impl Keiro {
     /// transaction.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// keiro.start("order", "order-1", &7).await?;
     /// let outcome = keiro.cancel_cascade(("order", "order-1")).await?;
     /// assert_eq!(outcome, keiro::operate::CancelOutcome::Recorded);
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -283,10 +292,10 @@ impl Keiro {
     /// wakes it, in one transaction. Idempotent: a second completion changes nothing.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// // The id a run got from `ctx.awakeable()` and handed out (in an approval link, say).
     /// let id = uuid::Uuid::new_v4();
     /// match keiro.complete_awakeable(id, &"approved").await? {
@@ -294,7 +303,7 @@ impl Keiro {
     ///     outcome => println!("{outcome:?}"),
     /// }
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -312,15 +321,15 @@ impl Keiro {
     /// Cancels awakeable `id`; the run awaiting it sees `WorkflowError::AwakeableCancelled`.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// let id = uuid::Uuid::new_v4();
     /// let outcome = keiro.cancel_awakeable(id).await?;
     /// assert_eq!(outcome, keiro::workflow::AwakeableOutcome::NotFound);
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -337,15 +346,15 @@ impl Keiro {
     /// buffered.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// // No run waits on the token yet: the signal is buffered for the first that will.
     /// let outcome = keiro.signal("order-42/paid", &7).await?;
     /// assert_eq!(outcome, keiro::workflow::SignalSendOutcome::Buffered);
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -409,15 +418,15 @@ impl Keiro {
     /// always taken.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// keiro.start("order", "order-1", &7).await?;
     /// let outcome = keiro.deliver(("order", "order-1"), "approval", &true).await?;
     /// assert_eq!(outcome, keiro::store::AppendOutcome::Appended);
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -450,15 +459,15 @@ impl Keiro {
     /// of the same name.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// let started = keiro.start("order", "order-1", &7).await?;
     /// let row = started.instance;
     /// keiro.deliver_to(&row.key, row.generation, "approval", &true).await?;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -487,16 +496,16 @@ impl Keiro {
     /// The instance row, if the instance exists.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// keiro.start("order", "order-1", &7).await?;
     /// let row = keiro.instance(("order", "order-1")).await?.expect("started");
     /// assert_eq!(row.status, keiro::Status::Running);
     /// assert!(keiro.instance(("order", "order-2")).await?.is_none());
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -510,10 +519,10 @@ impl Keiro {
     /// The instance's whole journal, every generation, in append order.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
     /// #     Ok(format!("hello {name}"))
     /// # }
@@ -524,7 +533,7 @@ impl Keiro {
     ///     println!("generation {} step {}", entry.generation, entry.event.step_name());
     /// }
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -538,10 +547,10 @@ impl Keiro {
     /// A builder for a worker on this store.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
     /// #     Ok(format!("hello {name}"))
     /// # }
@@ -551,7 +560,7 @@ impl Keiro {
     /// let greeting: String = keiro.result(("hello", "h-1"), std::time::Duration::from_secs(1)).await?;
     /// assert_eq!(greeting, "hello ada");
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn worker(&self) -> WorkerBuilder {
         WorkerBuilder::new(self.store.clone())
@@ -565,11 +574,11 @@ impl Keiro {
     /// The push notifier, when the store has one.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// assert!(keiro::Keiro::memory().notifier().is_some());
+    /// assert!(keiro::Keiro::temporary()?.notifier().is_some());
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn notifier(&self) -> Option<&Arc<dyn Notifier>> {
         self.notifier.as_ref()

@@ -45,14 +45,14 @@ impl Operate {
 /// Cheap to clone.
 ///
 /// ```
-/// # #[cfg(feature = "memory")]
+/// # #[cfg(feature = "sqlite")]
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), keiro::Error> {
-/// let keiro = keiro::Keiro::memory();
+/// let keiro = keiro::Keiro::temporary()?;
 /// let started = keiro.start("order", "order-1", &7).await?;
 /// assert!(started.created);
 /// # Ok(()) }
-/// # #[cfg(not(feature = "memory"))] fn main() {}
+/// # #[cfg(not(feature = "sqlite"))] fn main() {}
 /// ```
 #[derive(Clone)]
 pub struct Keiro {

@@ -34,7 +34,7 @@
 //!   tools that repair a run (requeue, resurrect, retry with a new input).
 //! - [`store`]: for people writing a store, or reading its records: the traits, the records
 //!   (instances, journal entries, events) and the requests and outcomes of its operations.
-//! - `postgres` and `memory`: the stores; `testing`: a test kit (see Features).
+//! - `postgres` and `store::sqlite`: the stores; `testing`: a test kit (see Features).
 //!
 //! ```no_run
 //! use keiro::{Ctx, Keiro, WorkflowError};
@@ -78,9 +78,10 @@
 //! - `postgres` (default): the Postgres store, and `postgres://` URLs in [`Keiro::connect`].
 //! - `sqlite`: the SQLite store (one file, no server) at `keiro::store::sqlite`, and
 //!   `sqlite:PATH` URLs in [`Keiro::connect`].
-//! - `memory`: the in-memory store, for tests and embedding.
+//!   [`Keiro::temporary`] opens one in a temporary directory, for tests and scratch runs.
 //! - `testing`: `testing::TestEnv`, a test kit with time skipping, crash injection and
-//!   replay verification (implies `memory`).
+//!   replay verification, on a temporary SQLite file or a throwaway Postgres schema (implies
+//!   `sqlite`).
 //!
 //! # Guarantees
 //!
@@ -126,7 +127,3 @@ pub use worker::{Worker, WorkerBuilder};
 /// The Postgres store.
 #[cfg(feature = "postgres")]
 pub use keiro_postgres as postgres;
-
-/// The in-memory store.
-#[cfg(feature = "memory")]
-pub use keiro_memory as memory;

@@ -33,11 +33,11 @@ impl Keiro {
     /// and cost the same however deep).
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), keiro::Error> {
     /// use keiro::{operate::ListRequest, Status};
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// keiro.start("order", "order-1", &1).await?;
     /// let mut request = ListRequest::from_pairs([("status", "running"), ("limit", "10")])?;
     /// loop {
@@ -51,7 +51,7 @@ impl Keiro {
     ///     }
     /// }
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -67,15 +67,15 @@ impl Keiro {
     /// and running remote tasks by group.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// keiro.start("order", "order-1", &7).await?;
     /// let counts = keiro.counts().await?;
     /// println!("{counts:?}");
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -92,15 +92,15 @@ impl Keiro {
     /// [`remote_tasks`](Self::remote_tasks). Empty for an unknown instance.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), keiro::Error> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// keiro.start("order", "order-1", &1).await?;
     /// let waits = keiro.waits(("order", "order-1"), keiro::operate::WAITS_LIMIT_DEFAULT).await?;
     /// assert!(waits.timers.is_empty() && !waits.truncated);
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -126,16 +126,16 @@ impl Keiro {
     /// parent is not expired too, nor a parent before its children.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// use std::time::Duration;
     /// let request = keiro::operate::GcRequest::new(Duration::from_secs(30 * 86_400));
     /// let batch = keiro.gc_batch(&request).await?;
     /// assert_eq!(batch.instances, 0);
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -149,16 +149,16 @@ impl Keiro {
     /// asked for or another collector holds the retention lock (then `locked_out` is set).
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), keiro::Error> {
     /// use std::time::Duration;
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// let request = keiro::operate::GcRequest::new(Duration::from_secs(30 * 86_400));
     /// let deleted = keiro.gc(&request, Duration::ZERO).await?;
     /// assert_eq!(deleted.instances, 0);
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -172,15 +172,15 @@ impl Keiro {
     /// How many instances [`gc`](Self::gc) with `request` would delete now (a dry run).
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// use std::time::Duration;
     /// let request = keiro::operate::GcRequest::new(Duration::from_secs(30 * 86_400));
     /// assert_eq!(keiro.gc_eligible(&request).await?, 0);
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -197,16 +197,16 @@ impl Keiro {
     /// Operator: returns a failed instance to running, keeping its failure history.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// keiro.start("order", "order-1", &7).await?;
     /// // Only a failed instance is resurrected.
     /// let outcome = keiro.resurrect(("order", "order-1")).await?;
     /// assert_eq!(outcome, keiro::operate::ResurrectOutcome::NotFailed(keiro::Status::Running));
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -220,15 +220,15 @@ impl Keiro {
     /// Operator: drops the instance's lease; its holder stops at its next boundary.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// keiro.start("order", "order-1", &7).await?;
     /// let dropped = keiro.force_release(("order", "order-1")).await?;
     /// assert!(!dropped, "no worker held it");
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -311,15 +311,15 @@ impl Keiro {
     /// The remote tasks of an instance, oldest first.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// keiro.start("order", "order-1", &7).await?;
     /// let tasks = keiro.remote_tasks(("order", "order-1")).await?;
     /// assert!(tasks.is_empty());
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors

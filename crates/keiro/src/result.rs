@@ -12,7 +12,7 @@
 //!
 //! The instance row is authoritative: a waiter decides only on what it reads there. The
 //! store's push (`done:<name>/<id>` on the Postgres wake channel, sent by migration 0016's
-//! trigger when the row closes; the memory store's operations) only says when reading again
+//! trigger when the row closes; the SQLite store's notification table) only says when reading again
 //! is worthwhile, so a lost notification costs latency, never a result. The subscription is
 //! made before the first read, so a close that lands between the two still wakes the waiter.
 //! Waiters share the store's one listener and are woken by key: one waiter's instance closing
@@ -128,14 +128,14 @@ impl ResultError {
     /// store error): waiting again gives the same answer until an operator acts.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let key = keiro::InstanceKey::parse("order", "order-1")?;
     /// assert!(keiro::ResultError::Cancelled { key: key.clone() }.is_final());
     /// let waited = std::time::Duration::from_secs(1);
     /// assert!(!keiro::ResultError::Timeout { key, waited }.is_final());
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn is_final(&self) -> bool {
         matches!(self, Self::Failed { .. } | Self::Cancelled { .. })
@@ -174,10 +174,10 @@ impl Keiro {
     /// [`result`](Self::result) with options: no timeout, or another fallback interval.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
     /// #     Ok(format!("hello {name}"))
     /// # }
@@ -188,7 +188,7 @@ impl Keiro {
     /// let greeting: String = keiro.result_with(("hello", "h-1"), &options).await?;
     /// assert_eq!(greeting, "hello ada");
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors

@@ -69,11 +69,11 @@ impl Keiro {
     /// custom schedulers.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// assert!(keiro::Keiro::memory().schedule_store().is_some());
+    /// assert!(keiro::Keiro::temporary()?.schedule_store().is_some());
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn schedule_store(&self) -> Option<&Arc<dyn ScheduleStore>> {
         self.schedules.as_ref()
@@ -82,13 +82,13 @@ impl Keiro {
     /// The schedules' operations: list, pause, resume, trigger, delete.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// assert!(keiro.schedules().list().await?.is_empty());
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn schedules(&self) -> Schedules {
         Schedules {
@@ -126,13 +126,13 @@ impl ScheduleBuilder {
     /// `L`, `W`, `#` and names; in [`time_zone`](Self::time_zone).
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// let spec = keiro.schedule("nightly", "report").cron("30 2 * * *").spec()?;
     /// # let _ = spec;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn cron(mut self, expression: &str) -> Self {
         self.cadence = Some(Cadence::cron(expression, ""));
@@ -143,14 +143,14 @@ impl ScheduleBuilder {
     /// epoch.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// let every = std::time::Duration::from_secs(15 * 60);
     /// let spec = keiro.schedule("sync", "pull").every(every).spec()?;
     /// # let _ = spec;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn every(mut self, interval: Duration) -> Self {
         self.cadence = Some(Cadence::Every(interval));
@@ -160,13 +160,13 @@ impl ScheduleBuilder {
     /// The IANA time zone a cron expression is read in. Defaults to [`TIME_ZONE_DEFAULT`].
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// let spec = keiro.schedule("nightly", "report").cron("0 6 * * *").time_zone("Asia/Tokyo").spec()?;
     /// # let _ = spec;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn time_zone(mut self, zone: &str) -> Self {
         zone.clone_into(&mut self.time_zone);
@@ -176,13 +176,13 @@ impl ScheduleBuilder {
     /// The input of every run. Defaults to JSON `null`.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// let spec = keiro.schedule("nightly", "report").cron("0 6 * * *").input(&"eu-west").spec()?;
     /// # let _ = spec;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn input<T: Serialize + ?Sized>(mut self, input: &T) -> Self {
         self.input = encode_payload("schedule input", input, self.payload_len_max);
@@ -192,16 +192,16 @@ impl ScheduleBuilder {
     /// What a tick does while the previous run is live. Defaults to [`Overlap::Skip`].
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// let spec = keiro.schedule("sync", "pull")
     ///     .every(std::time::Duration::from_secs(60))
     ///     .overlap(keiro::schedule::Overlap::Skip)
     ///     .spec()?;
     /// # let _ = spec;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn overlap(mut self, overlap: Overlap) -> Self {
         self.overlap = overlap;
@@ -211,16 +211,16 @@ impl ScheduleBuilder {
     /// What happens to missed ticks. Defaults to [`CatchUp::None`].
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// let spec = keiro.schedule("nightly", "report")
     ///     .cron("0 6 * * *")
     ///     .catch_up(keiro::schedule::CatchUp::Last)
     ///     .spec()?;
     /// # let _ = spec;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn catch_up(mut self, catch_up: CatchUp) -> Self {
         self.catch_up = catch_up;
@@ -230,13 +230,13 @@ impl ScheduleBuilder {
     /// The checked definition, without writing it.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// assert!(keiro.schedule("nightly", "report").cron("0 6 * * *").spec().is_ok());
     /// assert!(keiro.schedule("nightly", "report").cron("not cron").spec().is_err());
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -272,15 +272,15 @@ impl ScheduleBuilder {
     /// store's clock; its paused flag and history are kept).
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// let every = std::time::Duration::from_secs(60);
     /// let schedule = keiro.schedule("heartbeat", "ping").every(every).save().await?;
     /// println!("next tick {:?}", schedule.next_tick);
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -333,16 +333,16 @@ impl Schedules {
     /// One schedule.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// let every = std::time::Duration::from_secs(60);
     /// keiro.schedule("heartbeat", "ping").every(every).save().await?;
     /// assert!(keiro.schedules().get("heartbeat").await?.is_some());
     /// assert!(keiro.schedules().get("nothing").await?.is_none());
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -355,15 +355,15 @@ impl Schedules {
     /// Pauses a schedule: no tick starts anything until it is resumed.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// let every = std::time::Duration::from_secs(60);
     /// keiro.schedule("heartbeat", "ping").every(every).save().await?;
     /// keiro.schedules().pause("heartbeat").await?;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -377,16 +377,16 @@ impl Schedules {
     /// was paused are skipped, whatever its catch-up policy.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// let every = std::time::Duration::from_secs(60);
     /// keiro.schedule("heartbeat", "ping").every(every).save().await?;
     /// keiro.schedules().pause("heartbeat").await?;
     /// keiro.schedules().resume("heartbeat").await?;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -409,16 +409,16 @@ impl Schedules {
     /// paused, with the id `<name>@<now, to the millisecond>`.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// let every = std::time::Duration::from_secs(3600);
     /// keiro.schedule("heartbeat", "ping").every(every).save().await?;
     /// let started = keiro.schedules().trigger("heartbeat").await?;
     /// assert!(started.created);
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -436,16 +436,16 @@ impl Schedules {
     /// Deletes a schedule; the runs it started stay. `false` when there was none.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// let every = std::time::Duration::from_secs(60);
     /// keiro.schedule("heartbeat", "ping").every(every).save().await?;
     /// assert!(keiro.schedules().delete("heartbeat").await?);
     /// assert!(!keiro.schedules().delete("heartbeat").await?);
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors

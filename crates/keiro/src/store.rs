@@ -15,7 +15,7 @@ pub use keiro_resume::ScheduleStore;
 
 /// A store with every capability keiro uses: the journal and wake sources, leases, remote
 /// steps (their transport and the operator's tools), the operators' list, counts and
-/// retention, and schedules. `PgStore` and `MemoryStore` are ones.
+/// retention, and schedules. `PgStore` and `SqliteStore` are ones.
 pub trait Store:
     LeaseStore + Transport + RemoteAdmin + InspectStore + RetentionStore + ScheduleStore
 {

@@ -141,10 +141,10 @@ impl<W: WorkflowDef> Handle<W> {
     /// The instance: `W::NAME` and the id.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// # use keiro::{Ctx, WorkflowDef, WorkflowError};
     /// # #[derive(Default)]
     /// # struct Double;
@@ -161,7 +161,7 @@ impl<W: WorkflowDef> Handle<W> {
     /// let handle = keiro.start_workflow::<Double>("double-1", &21).await?;
     /// assert_eq!(handle.key().to_string(), "double/double-1");
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn key(&self) -> &InstanceKey {
         &self.key
@@ -170,10 +170,10 @@ impl<W: WorkflowDef> Handle<W> {
     /// The instance id.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// # use keiro::{Ctx, WorkflowDef, WorkflowError};
     /// # #[derive(Default)]
     /// # struct Double;
@@ -190,7 +190,7 @@ impl<W: WorkflowDef> Handle<W> {
     /// let handle = keiro.start_workflow::<Double>("double-1", &21).await?;
     /// assert_eq!(handle.id(), "double-1");
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn id(&self) -> &str {
         self.key.id.as_str()
@@ -201,10 +201,10 @@ impl<W: WorkflowDef> Handle<W> {
     /// [`Keiro::handle`].
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// # use keiro::{Ctx, WorkflowDef, WorkflowError};
     /// # #[derive(Default)]
     /// # struct Double;
@@ -223,7 +223,7 @@ impl<W: WorkflowDef> Handle<W> {
     /// let again = keiro.start_workflow::<Double>("double-1", &5).await?;
     /// assert!(!again.created()); // the first input, 21, stands
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn created(&self) -> bool {
         self.created
@@ -232,10 +232,10 @@ impl<W: WorkflowDef> Handle<W> {
     /// Waits, as long as it takes, until the instance is terminal, and returns its output.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// # use keiro::{Ctx, WorkflowDef, WorkflowError};
     /// # #[derive(Default)]
     /// # struct Double;
@@ -254,7 +254,7 @@ impl<W: WorkflowDef> Handle<W> {
     /// worker.drain().await?;
     /// assert_eq!(handle.result().await?, 42);
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -267,10 +267,10 @@ impl<W: WorkflowDef> Handle<W> {
     /// [`result`](Self::result), giving up after `timeout`.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// # use keiro::{Ctx, WorkflowDef, WorkflowError};
     /// # #[derive(Default)]
     /// # struct Double;
@@ -289,7 +289,7 @@ impl<W: WorkflowDef> Handle<W> {
     /// worker.drain().await?;
     /// assert_eq!(handle.result_within(std::time::Duration::from_secs(5)).await?, 42);
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -306,10 +306,10 @@ impl<W: WorkflowDef> Handle<W> {
     /// [`result`](Self::result) with options.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// # use keiro::{Ctx, WorkflowDef, WorkflowError};
     /// # #[derive(Default)]
     /// # struct Double;
@@ -329,7 +329,7 @@ impl<W: WorkflowDef> Handle<W> {
     /// let options = keiro::ResultOptions { timeout: None, ..keiro::ResultOptions::default() };
     /// assert_eq!(handle.result_with(&options).await?, 42);
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -342,10 +342,10 @@ impl<W: WorkflowDef> Handle<W> {
     /// Cancels the instance ([`Keiro::cancel`]).
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// # use keiro::{Ctx, WorkflowDef, WorkflowError};
     /// # #[derive(Default)]
     /// # struct Double;
@@ -363,7 +363,7 @@ impl<W: WorkflowDef> Handle<W> {
     /// assert_eq!(handle.cancel().await?, keiro::operate::CancelOutcome::Recorded);
     /// assert!(handle.result().await.unwrap_err().is_final());
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -376,10 +376,10 @@ impl<W: WorkflowDef> Handle<W> {
     /// Cancels the instance and its live descendants ([`Keiro::cancel_cascade`]).
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// # use keiro::{Ctx, WorkflowDef, WorkflowError};
     /// # #[derive(Default)]
     /// # struct Double;
@@ -396,7 +396,7 @@ impl<W: WorkflowDef> Handle<W> {
     /// let handle = keiro.start_workflow::<Double>("double-1", &21).await?;
     /// assert_eq!(handle.cancel_cascade().await?, keiro::operate::CancelOutcome::Recorded);
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -410,10 +410,10 @@ impl<W: WorkflowDef> Handle<W> {
     /// ([`Keiro::deliver`]).
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// # use keiro::{Ctx, WorkflowDef, WorkflowError};
     /// # #[derive(Default)]
     /// # struct Double;
@@ -430,7 +430,7 @@ impl<W: WorkflowDef> Handle<W> {
     /// let handle = keiro.start_workflow::<Double>("double-1", &21).await?;
     /// assert_eq!(handle.deliver("factor", &2).await?, keiro::store::AppendOutcome::Appended);
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -450,10 +450,10 @@ impl<W: WorkflowDef> Handle<W> {
     /// `<id>/approval`).
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// # use keiro::{Ctx, WorkflowDef, WorkflowError};
     /// # #[derive(Default)]
     /// # struct Double;
@@ -471,7 +471,7 @@ impl<W: WorkflowDef> Handle<W> {
     /// let outcome = handle.signal("double-1/nudge", &()).await?;
     /// assert_eq!(outcome, keiro::workflow::SignalSendOutcome::Buffered);
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -489,10 +489,10 @@ impl<W: WorkflowDef> Handle<W> {
     /// [`Keiro::handle`]) or has been deleted.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// # use keiro::{Ctx, WorkflowDef, WorkflowError};
     /// # #[derive(Default)]
     /// # struct Double;
@@ -510,7 +510,7 @@ impl<W: WorkflowDef> Handle<W> {
     /// let row = handle.instance().await?.expect("started");
     /// assert_eq!(row.status, keiro::Status::Running);
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -570,10 +570,10 @@ impl Keiro {
     /// A handle on instance `id` of `W`, started before or elsewhere; nothing is read.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// # use keiro::{Ctx, WorkflowDef, WorkflowError};
     /// # #[derive(Default)]
     /// # struct Double;
@@ -595,7 +595,7 @@ impl Keiro {
     /// assert_eq!(later.result().await?, 42);
     /// # let _ = handle;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors

@@ -11,7 +11,7 @@ use keiro::store::{LeaseStore, RetentionStore};
 use keiro::worker::{LogHook, ResumeLogEvent, ResumeOptions, Tuning};
 use keiro::workflow::JournalBudget;
 use keiro::{Backoff, Metrics, Tracing, WorkerBuilder};
-use keiro_memory::MemoryStore;
+use keiro_sqlite::SqliteStore;
 
 type Call = Box<dyn Fn(WorkerBuilder) -> WorkerBuilder>;
 
@@ -52,7 +52,7 @@ fn budget() -> JournalBudget {
 }
 
 fn built(calls: impl IntoIterator<Item = Call>) -> Result<ResumeOptions, keiro::Error> {
-    let store = Arc::new(MemoryStore::new());
+    let store = Arc::new(SqliteStore::temporary().expect("a temporary sqlite store"));
     let retention: Arc<dyn RetentionStore> = store.clone();
     let lease: Arc<dyn LeaseStore> = store;
     let builder = WorkerBuilder::new(lease).retention_store(Some(retention));

@@ -34,6 +34,11 @@ impl Clock {
         state.pinned = state.pinned.map(|at| at.checked_add(by).unwrap_or(LATEST));
     }
 
+    /// Sets how far the running clock is from the wall clock (negative: behind it).
+    pub(crate) fn set_offset(&self, offset: time::Duration) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).offset = offset;
+    }
+
     /// Now.
     pub(crate) fn now(&self) -> OffsetDateTime {
         let state = self.0.lock().unwrap_or_else(PoisonError::into_inner);

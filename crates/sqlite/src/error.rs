@@ -80,6 +80,16 @@ pub enum Error {
         #[source]
         source: rusqlite::Error,
     },
+    /// The directory of a [`SqliteStore::temporary`](crate::SqliteStore::temporary) store
+    /// could not be made.
+    #[error("making a temporary directory under {path}")]
+    TemporaryDirectory {
+        /// The system's temporary directory.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The writer thread could not be started.
     #[error("starting the writer thread of {path}")]
     Thread {

@@ -1,8 +1,8 @@
 //! keiro-sqlite: keiro's durable store on one SQLite file, with no server.
 //!
-//! **Status: issue 35 in progress; keiro runs on it.** It opens, checks and migrates a file,
-//! writes through one writer thread with group commit, and implements the rules listed below
-//! as inherent methods of [`SqliteStore`], and through them every store trait:
+//! It opens, checks and migrates a file, writes through one writer thread with group commit,
+//! and implements the rules listed below as inherent methods of [`SqliteStore`], and through
+//! them every store trait:
 //! `JournalStore`, `LeaseStore`, `Transport`, `RemoteAdmin`, `InspectStore`, `RetentionStore`
 //! and `ScheduleStore` (every method of each), so `keiro::Keiro::builder` takes it and the
 //! conformance suite runs on it, and `Notifier` (push wake-ups, below).
@@ -51,8 +51,11 @@
 //!   and fencing epoch, `schedule_fire` (`Stale`, `NotLeader`, the starts with the row in one
 //!   transaction), `schedule_record_error`.
 //!
-//! Left (issue 35): `Unsupported` answers for the PostgreSQL-only features; `keiro chaos` on
-//! this store; retiring the memory store.
+//! These are the one Rust implementation of keiro's rules: beside the plpgsql, nothing else
+//! implements them. [`SqliteStore::temporary`] (a file in a directory removed with the store)
+//! is what the test kit (`keiro::testing::TestEnv::sqlite`) and `keiro::Keiro::temporary` run
+//! on. The PostgreSQL-only features (a step in the application's own transaction, starting
+//! inside one) answer `Unsupported` from the facade on this store.
 //!
 //! ```no_run
 //! use keiro_journal::{InstanceKey, store::StartRequest};
@@ -124,6 +127,7 @@ mod schedule;
 mod signal;
 mod storable;
 mod store;
+mod temporary;
 mod timer;
 mod writer;
 

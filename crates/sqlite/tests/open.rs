@@ -190,8 +190,7 @@ fn two_stores_open_one_file_concurrently() -> Result<(), Box<dyn std::error::Err
             handle.join().expect("no panic")?;
         }
         let raw = Connection::open(&path)?;
-        let rows: i64 =
-            raw.query_row("SELECT count(*) FROM keiro_migrations", [], |r| r.get(0))?;
+        let rows: i64 = raw.query_row("SELECT count(*) FROM keiro_migrations", [], |r| r.get(0))?;
         assert_eq!(rows, SCHEMA_VERSION, "each migration applied once");
     }
     Ok(())

@@ -29,7 +29,7 @@ async fn trial(ctx: Ctx, user: String) -> Result<String, WorkflowError> {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let began = Instant::now();
-    let env = TestEnv::memory().register("trial", trial).build()?;
+    let env = TestEnv::sqlite()?.register("trial", trial).build()?;
     env.crash_after("remind"); // the process "dies" right after the reminder is journaled
     env.start("trial", "ada", &"ada").await?;
     env.run_until_idle().await?;

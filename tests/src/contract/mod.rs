@@ -21,7 +21,8 @@
 //!
 //! What is true of one store alone stays with that store: query plans, round trips, lock races
 //! held with a test transaction, search_path, TLS, LISTEN health, migrations and function files
-//! in `crates/postgres/tests`; the memory store's clock and state in its own unit tests.
+//! in `crates/postgres/tests`; the SQLite file's opening, locking and group commit in
+//! `crates/sqlite/tests`.
 
 // A scenario's name says what it checks; its opening comment says how.
 #![allow(missing_docs)]

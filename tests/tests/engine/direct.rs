@@ -653,8 +653,8 @@ mod pushed {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn memory_no_wake() -> TestResult {
-        let store = keiro_memory::MemoryStore::new();
+    async fn sqlite_no_wake() -> TestResult {
+        let store = keiro_sqlite::SqliteStore::temporary()?;
         let keiro = Keiro::builder(store.clone()).without_push().build();
         a_direct_start_wakes_no_worker(keiro, Arc::new(store)).await
     }
@@ -668,8 +668,8 @@ mod pushed {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn memory() -> TestResult {
-        let store = keiro_memory::MemoryStore::new();
+    async fn sqlite() -> TestResult {
+        let store = keiro_sqlite::SqliteStore::temporary()?;
         let keiro = Keiro::builder(store.clone()).without_push().build();
         let store = Arc::new(store);
         a_parked_direct_run_is_finished_by_a_worker_and_its_caller_woken_by_push(keiro, store).await

@@ -86,8 +86,8 @@ async fn every_form_names_the_instance(keiro: &Keiro) -> TestResult {
 }
 
 #[tokio::test]
-async fn memory_takes_every_key_form() -> TestResult {
-    let keiro = Keiro::memory();
+async fn sqlite_takes_every_key_form() -> TestResult {
+    let keiro = Keiro::temporary()?;
     bad_pairs_are_invalid_ids(&keiro).await?;
     every_form_names_the_instance(&keiro).await
 }

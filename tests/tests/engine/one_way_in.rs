@@ -69,8 +69,9 @@ async fn a_lease_only_builder_over_a_postgres_store_finds_its_push() -> TestResu
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_builder_over_a_memory_store_has_push() -> TestResult {
-    completes_by_push(&Keiro::builder(keiro::memory::MemoryStore::new()).build()).await
+async fn a_builder_over_a_sqlite_store_has_push() -> TestResult {
+    completes_by_push(&Keiro::builder(keiro::store::sqlite::SqliteStore::temporary()?).build())
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -78,10 +79,10 @@ async fn without_push_is_only_ever_asked_for() -> TestResult {
     let db = TestDb::new().await;
     let keiro = Keiro::builder(db.store()).without_push().build();
     assert!(keiro.notifier().is_none());
-    let memory = Keiro::builder(keiro::memory::MemoryStore::new())
+    let sqlite = Keiro::builder(keiro::store::sqlite::SqliteStore::temporary()?)
         .without_push()
         .build();
-    assert!(memory.notifier().is_none());
+    assert!(sqlite.notifier().is_none());
     Ok(())
 }
 

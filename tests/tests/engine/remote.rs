@@ -1,5 +1,5 @@
 //! Remote-step conformance: dispatch, durable retry, lost-dispatch redispatch, the operator's
-//! redispatch, requeue and fix-and-replay, against the memory and Postgres stores. The
+//! redispatch, requeue and fix-and-replay, against the SQLite and Postgres stores. The
 //! multi-process scenarios are in `remote_processes.rs`.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};

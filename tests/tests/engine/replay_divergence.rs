@@ -1,4 +1,4 @@
-//! Replay against changed code, on the memory and Postgres stores: a renamed or removed remote
+//! Replay against changed code, on the SQLite and Postgres stores: a renamed or removed remote
 //! step is a divergence like a local one, and a patch decides per position whether the old
 //! code already ran past it.
 

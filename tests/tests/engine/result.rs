@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use keiro::{worker::Notifier, Ctx, Keiro, ResultError, ResultOptions, WorkflowError};
 use keiro_tests::counting::CountingStore;
-use keiro_tests::{Backend, FastWorker, Harness, TestResult};
+use keiro_tests::{FastWorker, Harness, TestResult};
 
 /// A scenario's store with its push notifier, which the harness's facade does not use.
 struct Pushed {
@@ -17,20 +17,12 @@ struct Pushed {
 }
 
 impl Pushed {
-    fn memory() -> Self {
-        let store = Arc::new(keiro_memory::MemoryStore::new());
+    fn sqlite() -> Self {
+        let h = Harness::sqlite();
+        let store = h.sqlite.clone().expect("a sqlite harness has its store");
         Self {
-            h: Harness {
-                backend: Backend::Memory,
-                keiro: Keiro::builder((*store).clone()).without_push().build(),
-                transport: store.clone(),
-                admin: store.clone(),
-                store: store.clone(),
-                db: None,
-                sqlite_dir: None,
-                memory: Some((*store).clone()),
-            },
-            notifier: store,
+            h,
+            notifier: Arc::new(store),
         }
     }
 
@@ -56,11 +48,11 @@ impl Pushed {
 
 macro_rules! on_both_pushing_stores {
     ($($name:ident),* $(,)?) => {
-        mod memory {
+        mod sqlite {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() -> keiro_tests::TestResult {
-                    super::$name(super::Pushed::memory()).await
+                    super::$name(super::Pushed::sqlite()).await
                 }
             )*
         }

@@ -1,5 +1,5 @@
 //! Resume worker and lease conformance (the seed's `Keiro.Workflow.Resume` and lease renewal
-//! behaviours) against the memory and Postgres stores.
+//! behaviours) against the SQLite and Postgres stores.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -282,7 +282,6 @@ async fn mixed_pass(
 
 async fn sequential_and_concurrent_passes_report_identically(h: Harness) -> TestResult {
     let other = match h.backend {
-        keiro_tests::Backend::Memory => Harness::memory(),
         keiro_tests::Backend::Postgres => Harness::postgres().await,
         keiro_tests::Backend::Sqlite => Harness::sqlite(),
     };

@@ -40,15 +40,16 @@ async fn a_second_collector_is_locked_out() -> TestResult {
 
 /// A worker asked to collect on a store without retention is refused at build.
 #[test]
-fn retention_needs_a_retention_store() {
-    let store = std::sync::Arc::new(keiro::memory::MemoryStore::new());
+fn retention_needs_a_retention_store() -> TestResult {
+    let store = std::sync::Arc::new(keiro::store::sqlite::SqliteStore::temporary()?);
     let built = keiro::WorkerBuilder::new(store)
         .retention(Some(Duration::from_secs(60)))
         .build();
     assert!(matches!(built, Err(Error::Unsupported { .. })), "{built:?}");
-    let zero = keiro::Keiro::memory()
+    let zero = keiro::Keiro::temporary()?
         .worker()
         .retention(Some(Duration::ZERO))
         .build();
     assert!(matches!(zero, Err(Error::Options(_))), "{zero:?}");
+    Ok(())
 }

@@ -1,4 +1,4 @@
-//! Schedule rules that hold of one store alone: an unreadable Postgres row, and the memory
+//! Schedule rules that hold of one store alone: an unreadable Postgres row, and the SQLite
 //! store's pinned clock driving the scheduler. The rules of every store are in the contract
 //! suite (`keiro_tests::contract::schedule`).
 
@@ -74,13 +74,13 @@ async fn an_unreadable_schedule_row_never_holds_up_the_others() -> TestResult {
     Ok(())
 }
 
-/// The memory store's pinned clock drives the scheduler when no `now` is passed: a test moves
+/// The SQLite store's pinned clock drives the scheduler when no `now` is passed: a test moves
 /// it past a tick instead of sleeping.
 #[tokio::test]
-async fn the_memory_stores_pinned_clock_drives_the_scheduler() -> TestResult {
-    let memory = keiro::memory::MemoryStore::new();
-    memory.set_now(Some(datetime!(2026-01-01 10:00:30 UTC)));
-    let keiro = Keiro::builder(memory.clone()).without_push().build();
+async fn the_sqlite_stores_pinned_clock_drives_the_scheduler() -> TestResult {
+    let sqlite = keiro::store::sqlite::SqliteStore::temporary()?;
+    sqlite.pin_clock(Some(datetime!(2026-01-01 10:00:30 UTC)));
+    let keiro = Keiro::builder(sqlite.clone()).without_push().build();
     keiro.schedule("m", "job").every(MINUTE).save().await?;
     let w = keiro
         .worker()
@@ -88,7 +88,7 @@ async fn the_memory_stores_pinned_clock_drives_the_scheduler() -> TestResult {
         .scheduler(Some(options("m")))
         .build()?;
     assert_eq!(w.schedule_once(None).await?.started, 0);
-    memory.set_now(Some(datetime!(2026-01-01 10:01:00 UTC)));
+    sqlite.pin_clock(Some(datetime!(2026-01-01 10:01:00 UTC)));
     assert_eq!(w.schedule_once(None).await?.started, 1);
     let key = InstanceKey::parse("job", "m@20260101T100100Z")?;
     assert!(keiro.instance(&key).await?.is_some());
@@ -98,11 +98,11 @@ async fn the_memory_stores_pinned_clock_drives_the_scheduler() -> TestResult {
 /// The loop a worker runs: started by `run_until`, it starts a due tick on its own.
 #[tokio::test]
 async fn a_running_worker_schedules_on_its_own() -> TestResult {
-    let memory = keiro::memory::MemoryStore::new();
-    memory.set_now(Some(datetime!(2026-01-01 10:00:59 UTC)));
-    let keiro = Keiro::builder(memory.clone()).build();
+    let sqlite = keiro::store::sqlite::SqliteStore::temporary()?;
+    sqlite.pin_clock(Some(datetime!(2026-01-01 10:00:59 UTC)));
+    let keiro = Keiro::builder(sqlite.clone()).build();
     keiro.schedule("loop", "job").every(MINUTE).save().await?;
-    memory.set_now(Some(datetime!(2026-01-01 10:01:00 UTC)));
+    sqlite.pin_clock(Some(datetime!(2026-01-01 10:01:00 UTC)));
     let w = keiro
         .worker()
         .register("job", job)
@@ -136,7 +136,7 @@ async fn a_running_worker_schedules_on_its_own() -> TestResult {
     assert!(
         !keiro
             .schedule_store()
-            .expect("memory")
+            .expect("the sqlite store has schedules")
             .scheduler_release("loop")
             .await?
     );

@@ -1,6 +1,6 @@
 //! Start inside the caller's transaction (issue 16 item 3): `Keiro::start_in(&tx, ..)` and its
 //! siblings (deliver, signal, awakeable completion, cancel) commit with the caller's own rows or not
-//! at all. Postgres only; the memory store refuses them with a typed error.
+//! at all. Postgres only; the SQLite store refuses them with a typed error.
 //!
 //! The caller's connection is its own (not keiro's pool) with `search_path = app`, a schema
 //! that does not even exist, so every statement keiro sends must name keiro's schema itself.
@@ -392,8 +392,8 @@ async fn a_cancel_of_a_bad_or_unknown_key_gets_the_errors_of_the_pooled_path() -
         matches!(inside, Err(Error::Store(StoreError::NotFound { ref key })) if *key == InstanceKey::parse("gate", "nobody")?),
         "{inside:?}"
     );
-    let memory = Keiro::memory();
-    let refused = memory.cancel_in(&tx, ("gate", "g-1")).await;
+    let sqlite = Keiro::temporary()?;
+    let refused = sqlite.cancel_in(&tx, ("gate", "g-1")).await;
     assert!(
         matches!(refused, Err(Error::Unsupported { .. })),
         "{refused:?}"
@@ -555,10 +555,10 @@ async fn a_deliver_to_an_unknown_instance_is_not_found() -> TestResult {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_memory_store_refuses_with_a_typed_error() -> TestResult {
+async fn the_sqlite_store_refuses_with_a_typed_error() -> TestResult {
     let app = App::new().await?;
-    let memory = Keiro::memory();
-    let refused = memory.start_in(&app.client, "order", "o-1", &1).await;
+    let sqlite = Keiro::temporary()?;
+    let refused = sqlite.start_in(&app.client, "order", "o-1", &1).await;
     assert!(
         matches!(refused, Err(Error::Unsupported { .. })),
         "{refused:?}"

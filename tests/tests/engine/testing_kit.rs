@@ -206,7 +206,7 @@ async fn a_history_verifies_against_the_code_that_made_it(env: TestEnvBuilder) -
 /// Histories recorded by one version, checked against others, without running any action.
 #[tokio::test]
 async fn changed_code_is_caught_by_replay_verification() -> TestResult {
-    let env = TestEnv::memory()
+    let env = TestEnv::sqlite()?
         .register("order", |ctx: Ctx, n: u32| async move {
             let a: u32 = ctx
                 .step("a", || async move { Ok::<_, Infallible>(n + 1) })

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use keiro::{store::LeaseStore, worker::Registry, Ctx, Status};
-use keiro_memory::MemoryStore;
 use keiro_resume::{FixedPoll, TimerOptions};
+use keiro_sqlite::SqliteStore;
 use keiro_tests::counting::CountingStore;
 use keiro_tests::pg::TestDb;
 use keiro_tests::{key, TestResult};
@@ -109,8 +109,8 @@ async fn a_sleep_fires_on_the_stores_time(
 
 /// The worker's clock a minute behind the store's: `sleep` must not come due at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_a_worker_behind_the_store_sleeps_the_full_span() -> TestResult {
-    let store = MemoryStore::new();
+async fn sqlite_a_worker_behind_the_store_sleeps_the_full_span() -> TestResult {
+    let store = SqliteStore::temporary()?;
     store.set_clock_offset(time::Duration::minutes(1));
     let direct: Arc<dyn LeaseStore> = Arc::new(store);
     a_sleep_fires_on_the_stores_time(direct.clone(), CountingStore::new(direct)).await
@@ -119,8 +119,8 @@ async fn memory_a_worker_behind_the_store_sleeps_the_full_span() -> TestResult {
 /// The worker's clock two seconds ahead of the store's: `sleep` must not come due late, and
 /// the loop must not poll the store until the store's clock catches up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_a_worker_ahead_of_the_store_neither_waits_long_nor_spins() -> TestResult {
-    let store = MemoryStore::new();
+async fn sqlite_a_worker_ahead_of_the_store_neither_waits_long_nor_spins() -> TestResult {
+    let store = SqliteStore::temporary()?;
     store.set_clock_offset(time::Duration::seconds(-2));
     let direct: Arc<dyn LeaseStore> = Arc::new(store);
     a_sleep_fires_on_the_stores_time(direct.clone(), CountingStore::new(direct)).await

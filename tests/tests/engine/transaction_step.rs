@@ -281,7 +281,7 @@ async fn a_process_dying_inside_the_transaction_leaves_no_trace() -> TestResult 
 
 #[tokio::test]
 async fn on_a_store_without_transactions_the_step_is_refused_typed() -> TestResult {
-    let h = Harness::memory();
+    let h = Harness::sqlite();
     let worker = h
         .keiro
         .worker()

@@ -1,5 +1,5 @@
 //! Wake-source conformance: durable sleep, awakeables, signals, child workflows, cascade
-//! cancellation and push, against the memory and Postgres stores. The scenarios that wait for
+//! cancellation and push, against the SQLite and Postgres stores. The scenarios that wait for
 //! deadlines or drive to quiescence use the test kit (`TestEnv`): its clock moves instead of
 //! the test sleeping.
 
@@ -658,7 +658,6 @@ async fn open_ended_park_gets_the_reconcile_deadline(env: TestEnvBuilder) -> Tes
 async fn push_wakes_a_worker_without_waiting_for_its_poll(h: Harness) -> TestResult {
     // A fallback poll of 30 s: only a push can make this finish within the deadline below.
     let keiro = match h.backend {
-        keiro_tests::Backend::Memory => Keiro::memory(),
         keiro_tests::Backend::Postgres => {
             let db = h.db.as_ref().expect("postgres harness");
             Keiro::builder(db.store()).build()

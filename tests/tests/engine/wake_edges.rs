@@ -166,20 +166,20 @@ async fn an_expired_buffered_signal_is_never_delivered(h: Harness) -> TestResult
     Ok(())
 }
 
-/// The memory store's clock moves a week on: a signal sent with the default TTL expires then.
+/// The SQLite store's clock moves a week on: a signal sent with the default TTL expires then.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_a_buffered_signal_lives_seven_days_by_default() -> TestResult {
-    let memory = Arc::new(keiro_memory::MemoryStore::new());
-    let store: Arc<dyn LeaseStore> = memory.clone();
-    let keiro = Keiro::builder((*memory).clone()).without_push().build();
+async fn sqlite_a_buffered_signal_lives_seven_days_by_default() -> TestResult {
+    let sqlite = Arc::new(keiro_sqlite::SqliteStore::temporary()?);
+    let store: Arc<dyn LeaseStore> = sqlite.clone();
+    let keiro = Keiro::builder((*sqlite).clone()).without_push().build();
     let registry = listener()?;
-    let t0 = memory.now();
+    let t0 = sqlite.now();
     let week = time::Duration::days(7);
-    memory.set_now(Some(t0));
+    sqlite.pin_clock(Some(t0));
     keiro.signal("weekly", &1).await?;
-    memory.set_now(Some(t0 + week - time::Duration::seconds(1)));
+    sqlite.pin_clock(Some(t0 + week - time::Duration::seconds(1)));
     keiro.signal("weekly", &2).await?;
-    memory.set_now(Some(t0 + week));
+    sqlite.pin_clock(Some(t0 + week));
 
     keiro.start("listener", "l-week", &"weekly").await?;
     keiro::worker::drain(&store, &registry, &ResumeOptions::default()).await?;

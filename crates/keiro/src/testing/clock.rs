@@ -1,7 +1,6 @@
-//! Time skipping: the memory store's clock moves; on Postgres, whose clock is the server's, the
+//! Time skipping: the SQLite store's clock moves; on Postgres, whose clock is the server's, the
 //! schema's pending deadlines move earlier instead.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::Error;
@@ -9,11 +8,9 @@ use crate::Error;
 /// What moves when a test advances time, and what the environment owns on its store.
 #[derive(Debug)]
 pub(crate) enum TestClock {
-    /// The memory store's clock runs `offset` ahead of the wall clock.
-    Memory {
-        store: keiro_memory::MemoryStore,
-        offset: Mutex<time::Duration>,
-    },
+    /// The SQLite store's own clock, moved ahead of the wall clock; the store (a temporary
+    /// file) goes with the environment.
+    Sqlite { store: keiro_sqlite::SqliteStore },
     /// A throwaway schema, dropped with the environment.
     #[cfg(feature = "postgres")]
     Postgres {
@@ -34,11 +31,8 @@ const SHIFT_DEADLINES: &str = "
         lease_expires_at = lease_expires_at - $1::bigint * interval '1 millisecond';";
 
 impl TestClock {
-    pub(crate) fn memory(store: keiro_memory::MemoryStore) -> Self {
-        Self::Memory {
-            store,
-            offset: Mutex::new(time::Duration::ZERO),
-        }
+    pub(crate) fn sqlite(store: keiro_sqlite::SqliteStore) -> Self {
+        Self::Sqlite { store }
     }
 
     #[cfg(feature = "postgres")]
@@ -48,13 +42,8 @@ impl TestClock {
 
     pub(crate) async fn advance(&self, by: Duration) -> Result<(), Error> {
         match self {
-            Self::Memory { store, offset } => {
-                let by = time::Duration::try_from(by).unwrap_or(time::Duration::MAX);
-                let mut offset = offset
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                *offset = offset.saturating_add(by);
-                store.set_clock_offset(*offset);
+            Self::Sqlite { store } => {
+                store.advance_clock(by);
                 Ok(())
             }
             #[cfg(feature = "postgres")]
@@ -105,7 +94,7 @@ impl TestClock {
     fn schema(&self) -> &str {
         match self {
             Self::Postgres { config, .. } => &config.schema,
-            Self::Memory { .. } => "",
+            Self::Sqlite { .. } => "",
         }
     }
 }

@@ -1,7 +1,7 @@
 //! A test kit: drive workflows to quiescence, skip time, inject crashes, and check recorded
 //! histories against the current code (feature `testing`).
 //!
-//! A [`TestEnv`] holds a store (in memory, or a throwaway Postgres schema), a [`Keiro`] handle
+//! A [`TestEnv`] holds a store (a temporary SQLite file, or a throwaway Postgres schema), a [`Keiro`] handle
 //! on it and a worker for the workflows you register. Nothing runs in the background: each call
 //! that drives ([`run_until_idle`](TestEnv::run_until_idle), [`advance`](TestEnv::advance)) runs
 //! resume passes and fires due timers inline until nothing is left to do, so a week-long
@@ -20,7 +20,7 @@
 //! }
 //!
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
-//! let env = TestEnv::memory().register("trial", trial).build()?;
+//! let env = TestEnv::sqlite()?.register("trial", trial).build()?;
 //! env.start("trial", "ada", &"ada").await?;
 //! env.run_until_idle().await?;
 //! assert_eq!(env.status(("trial", "ada")).await?, Status::Suspended); // asleep
@@ -97,7 +97,7 @@ impl TestEnvBuilder {
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// let mut registry = keiro::worker::Registry::new();
     /// registry.register("hello", hello)?;
-    /// let env = TestEnv::memory().registry(registry).build()?;
+    /// let env = TestEnv::sqlite()?.registry(registry).build()?;
     /// # let _ = env;
     /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
     /// ```
@@ -113,7 +113,7 @@ impl TestEnvBuilder {
     ///
     /// ```
     /// use keiro::testing::TestEnv;
-    /// let env = TestEnv::memory()
+    /// let env = TestEnv::sqlite()?
     ///     .resume_options(|options| options.max_attempts = 2)
     ///     .build()?;
     /// assert_eq!(env.worker().options().max_attempts, 2);
@@ -132,7 +132,7 @@ impl TestEnvBuilder {
     /// #     Ok(format!("hello {name}"))
     /// # }
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let env = TestEnv::memory().register("hello", hello).build()?;
+    /// let env = TestEnv::sqlite()?.register("hello", hello).build()?;
     /// # let _ = env;
     /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
     /// ```
@@ -155,7 +155,7 @@ impl TestEnvBuilder {
     /// #     Ok(format!("hello {name}"))
     /// # }
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let twice = TestEnv::memory().register("hello", hello).register("hello", hello).build();
+    /// let twice = TestEnv::sqlite()?.register("hello", hello).register("hello", hello).build();
     /// assert!(matches!(twice, Err(keiro::Error::Registry(_))));
     /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
     /// ```
@@ -197,7 +197,9 @@ impl std::fmt::Debug for TestEnv {
 }
 
 impl TestEnv {
-    /// An environment on a fresh in-memory store.
+    /// An environment on a fresh SQLite file in a temporary directory, removed with the
+    /// environment ([`Keiro::temporary`]); its clock is the store's own, which
+    /// [`advance`](TestEnv::advance) moves.
     ///
     /// ```
     /// use keiro::testing::TestEnv;
@@ -205,16 +207,20 @@ impl TestEnv {
     /// #     Ok(format!("hello {name}"))
     /// # }
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let env = TestEnv::memory().register("hello", hello).build()?;
+    /// let env = TestEnv::sqlite()?.register("hello", hello).build()?;
     /// env.start("hello", "h-1", &"ada").await?;
     /// env.run_until_idle().await?;
     /// assert_eq!(env.output::<String>(("hello", "h-1")).await?, "hello ada");
     /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
     /// ```
-    pub fn memory() -> TestEnvBuilder {
-        let store = keiro_memory::MemoryStore::new();
-        let clock = TestClock::memory(store.clone());
-        TestEnvBuilder::new(Keiro::builder(store).build(), clock)
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlite`] when the directory or the file cannot be made.
+    pub fn sqlite() -> Result<TestEnvBuilder, Error> {
+        let store = keiro_sqlite::SqliteStore::temporary()?;
+        let clock = TestClock::sqlite(store.clone());
+        Ok(TestEnvBuilder::new(Keiro::builder(store).build(), clock))
     }
 
     /// An environment on a throwaway schema (`keiro_testenv_<random>`) of the PostgreSQL at
@@ -260,7 +266,7 @@ impl TestEnv {
     /// #     Ok(format!("hello {name}"))
     /// # }
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let env = TestEnv::memory().register("hello", hello).build()?;
+    /// let env = TestEnv::sqlite()?.register("hello", hello).build()?;
     /// let counts = env.keiro().counts().await?;
     /// # let _ = counts;
     /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
@@ -277,7 +283,7 @@ impl TestEnv {
     /// #     Ok(format!("hello {name}"))
     /// # }
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let env = TestEnv::memory().register("hello", hello).build()?;
+    /// let env = TestEnv::sqlite()?.register("hello", hello).build()?;
     /// env.start("hello", "h-1", &"ada").await?;
     /// env.worker().resume_once().await?; // one pass, where run_until_idle would loop
     /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
@@ -294,7 +300,7 @@ impl TestEnv {
     /// #     Ok(format!("hello {name}"))
     /// # }
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let env = TestEnv::memory().register("hello", hello).build()?;
+    /// let env = TestEnv::sqlite()?.register("hello", hello).build()?;
     /// assert!(env.start("hello", "h-1", &"ada").await?.created);
     /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
     /// ```
@@ -321,7 +327,7 @@ impl TestEnv {
     /// #     Ok(format!("hello {name}"))
     /// # }
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let env = TestEnv::memory().register("hello", hello).build()?;
+    /// let env = TestEnv::sqlite()?.register("hello", hello).build()?;
     /// env.start("hello", "h-1", &"ada").await?;
     /// env.run_until_idle().await?;
     /// assert_eq!(env.status(("hello", "h-1")).await?, keiro::Status::Completed);
@@ -353,7 +359,7 @@ impl TestEnv {
     }
 
     /// Moves the environment's clock `by` forward without waiting, then drives until idle:
-    /// every sleep, timeout and retry due by then fires. On the memory store the store's clock
+    /// every sleep, timeout and retry due by then fires. On SQLite the store's clock
     /// moves; on Postgres, whose clock is the server's, every pending deadline of the schema
     /// (timers, wake-ups, crash retries, leases) moves `by` earlier instead.
     ///
@@ -367,7 +373,7 @@ impl TestEnv {
     /// async fn nap(ctx: keiro::Ctx, _: ()) -> Result<(), keiro::WorkflowError> {
     ///     ctx.sleep("nap", Duration::from_secs(3600)).await
     /// }
-    /// let env = TestEnv::memory().register("nap", nap).build()?;
+    /// let env = TestEnv::sqlite()?.register("nap", nap).build()?;
     /// env.start("nap", "n-1", &()).await?;
     /// env.run_until_idle().await?; // asleep
     /// env.advance(Duration::from_secs(3600)).await?;
@@ -399,7 +405,7 @@ impl TestEnv {
     /// async fn nap(ctx: keiro::Ctx, _: ()) -> Result<(), keiro::WorkflowError> {
     ///     ctx.sleep("nap", Duration::from_secs(3600)).await
     /// }
-    /// let env = TestEnv::memory().register("nap", nap).build()?;
+    /// let env = TestEnv::sqlite()?.register("nap", nap).build()?;
     /// env.start("nap", "n-1", &()).await?;
     /// env.run_until_idle().await?;
     /// env.move_clock(Duration::from_secs(3600)).await?;
@@ -430,7 +436,7 @@ impl TestEnv {
     ///     ctx.step("one", || async { Ok::<_, std::io::Error>(()) }).await?;
     ///     ctx.step("two", || async { Ok::<_, std::io::Error>(()) }).await
     /// }
-    /// let env = TestEnv::memory().register("two", two).build()?;
+    /// let env = TestEnv::sqlite()?.register("two", two).build()?;
     /// env.crash_after("one");
     /// env.start("two", "t-1", &()).await?;
     /// env.run_until_idle().await?;
@@ -450,7 +456,7 @@ impl TestEnv {
     /// #     Ok(format!("hello {name}"))
     /// # }
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let env = TestEnv::memory().register("hello", hello).build()?;
+    /// let env = TestEnv::sqlite()?.register("hello", hello).build()?;
     /// env.crash_after("never-journaled");
     /// assert_eq!(env.crashes_pending(), 1);
     /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
@@ -470,7 +476,7 @@ impl TestEnv {
     /// async fn gate(ctx: keiro::Ctx, _: ()) -> Result<bool, keiro::WorkflowError> {
     ///     ctx.await_step("open").await
     /// }
-    /// let env = TestEnv::memory().register("gate", gate).build()?;
+    /// let env = TestEnv::sqlite()?.register("gate", gate).build()?;
     /// env.start("gate", "g-1", &()).await?;
     /// env.deliver(("gate", "g-1"), "open", &true).await?;
     /// env.run_until_idle().await?;
@@ -498,7 +504,7 @@ impl TestEnv {
     /// #     Ok(format!("hello {name}"))
     /// # }
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let env = TestEnv::memory().register("hello", hello).build()?;
+    /// let env = TestEnv::sqlite()?.register("hello", hello).build()?;
     /// let outcome = env.signal("h-1/nudge", &()).await?;
     /// assert_eq!(outcome, keiro::workflow::SignalSendOutcome::Buffered);
     /// # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
@@ -523,7 +529,7 @@ impl TestEnv {
     /// #     Ok(format!("hello {name}"))
     /// # }
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let env = TestEnv::memory().register("hello", hello).build()?;
+    /// let env = TestEnv::sqlite()?.register("hello", hello).build()?;
     /// env.start("hello", "h-1", &"ada").await?;
     /// let row = env.instance(("hello", "h-1")).await?;
     /// assert_eq!(row.status, keiro::Status::Running);
@@ -549,7 +555,7 @@ impl TestEnv {
     /// #     Ok(format!("hello {name}"))
     /// # }
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let env = TestEnv::memory().register("hello", hello).build()?;
+    /// let env = TestEnv::sqlite()?.register("hello", hello).build()?;
     /// env.start("hello", "h-1", &"ada").await?;
     /// env.run_until_idle().await?;
     /// assert_eq!(env.status(("hello", "h-1")).await?, keiro::Status::Completed);
@@ -571,7 +577,7 @@ impl TestEnv {
     /// #     Ok(format!("hello {name}"))
     /// # }
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let env = TestEnv::memory().register("hello", hello).build()?;
+    /// let env = TestEnv::sqlite()?.register("hello", hello).build()?;
     /// env.start("hello", "h-1", &"ada").await?;
     /// env.run_until_idle().await?;
     /// assert_eq!(env.output::<String>(("hello", "h-1")).await?, "hello ada");
@@ -606,7 +612,7 @@ impl TestEnv {
     /// #     Ok(format!("hello {name}"))
     /// # }
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let env = TestEnv::memory().register("hello", hello).build()?;
+    /// let env = TestEnv::sqlite()?.register("hello", hello).build()?;
     /// env.start("hello", "h-1", &"ada").await?;
     /// env.run_until_idle().await?;
     /// assert!(!env.journal(("hello", "h-1")).await?.is_empty());
@@ -633,7 +639,7 @@ impl TestEnv {
     ///     ctx.step("one", || async { Ok::<_, std::io::Error>(()) }).await?;
     ///     ctx.step("two", || async { Ok::<_, std::io::Error>(()) }).await
     /// }
-    /// let env = TestEnv::memory().register("two", two).build()?;
+    /// let env = TestEnv::sqlite()?.register("two", two).build()?;
     /// env.start("two", "t-1", &()).await?;
     /// env.run_until_idle().await?;
     /// assert_eq!(env.steps(("two", "t-1")).await?, ["one", "two"]);
@@ -665,7 +671,7 @@ impl TestEnv {
     /// #     Ok(format!("hello {name}"))
     /// # }
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let env = TestEnv::memory().register("hello", hello).build()?;
+    /// let env = TestEnv::sqlite()?.register("hello", hello).build()?;
     /// env.start("hello", "h-1", &"ada").await?;
     /// env.run_until_idle().await?;
     /// assert!(env.verify_replay(("hello", "h-1")).await?.is_ok());

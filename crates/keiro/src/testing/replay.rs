@@ -7,7 +7,7 @@ use keiro_journal::{
     store::StartRequest, Append, Event, InstanceKey, JournalEntry, JournalStore, Marker, RunError,
     RunOptions, RunOutcome, Workflow,
 };
-use keiro_memory::MemoryStore;
+use keiro_sqlite::SqliteStore;
 use serde_json::Value;
 
 /// Why a recorded history does not replay against the current code.
@@ -38,7 +38,7 @@ pub enum ReplayMismatch {
 
 /// Re-drives the last generation of `history` (an instance's journal, as
 /// [`Keiro::journal`](crate::Keiro::journal) returns it) with `input` against `workflow`, in a
-/// scratch in-memory store and in replay-only mode: no action runs, no await arms, so nothing
+/// scratch store (a temporary SQLite file) and in replay-only mode: no action runs, no await arms, so nothing
 /// outside the scratch store happens. Passes when the code consumes the recorded steps and
 /// ends as the history ended.
 ///
@@ -48,7 +48,7 @@ pub enum ReplayMismatch {
 /// #     Ok(format!("hello {name}"))
 /// # }
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// let env = TestEnv::memory().register("hello", hello).build()?;
+/// let env = TestEnv::sqlite()?.register("hello", hello).build()?;
 /// env.start("hello", "h-1", &"ada").await?;
 /// env.run_until_idle().await?;
 /// let row = env.instance(("hello", "h-1")).await?;
@@ -77,8 +77,8 @@ pub async fn verify_replay(
         .iter()
         .find_map(|e| e.event.marker().map(|m| (m, e.event.clone())))
         .map(|(marker, event)| ending_of_marker(marker, &event));
-    let store = MemoryStore::new();
     let unreplayable = |e: &dyn std::fmt::Display| ReplayMismatch::Unreplayable(e.to_string());
+    let store = SqliteStore::temporary().map_err(|e| unreplayable(&e))?;
     store
         .instance_start(&StartRequest {
             key: key.clone(),

@@ -29,11 +29,11 @@ use crate::Error;
 /// Every option defaults to the value documented on its method or [`Tuning`] field.
 ///
 /// ```
-/// # #[cfg(feature = "memory")]
+/// # #[cfg(feature = "sqlite")]
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
 /// use keiro::worker::Tuning;
-/// let worker = keiro::Keiro::memory()
+/// let worker = keiro::Keiro::temporary()?
 ///     .worker()
 ///     .tuning(Tuning { max_attempts: 5, ..Tuning::default() })
 ///     .concurrency(16)
@@ -42,7 +42,7 @@ use crate::Error;
 ///     .build()?;
 /// assert_eq!((worker.options().max_attempts, worker.options().concurrency()), (5, 16));
 /// # Ok(()) }
-/// # #[cfg(not(feature = "memory"))] fn main() {}
+/// # #[cfg(not(feature = "sqlite"))] fn main() {}
 /// ```
 #[must_use]
 pub struct WorkerBuilder {
@@ -70,14 +70,14 @@ impl WorkerBuilder {
     /// A builder on `store` with an empty registry and default options.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::sync::Arc;
-    /// let store: Arc<dyn keiro::store::LeaseStore> = Arc::new(keiro::memory::MemoryStore::new());
+    /// let store: Arc<dyn keiro::store::LeaseStore> = Arc::new(keiro::store::sqlite::SqliteStore::temporary()?);
     /// let worker = keiro::WorkerBuilder::new(store).build()?;
     /// # let _ = worker;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn new(store: Arc<dyn LeaseStore>) -> Self {
         Self {
@@ -97,14 +97,14 @@ impl WorkerBuilder {
     /// Defaults to the store's notifier when built through `Keiro::worker`.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// // Poll only, every 100 ms.
     /// let worker = keiro.worker().push(None).poll_interval(std::time::Duration::from_millis(100)).build()?;
     /// # let _ = worker;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn push(mut self, notifier: Option<Arc<dyn Notifier>>) -> Self {
         self.push = notifier;
@@ -115,13 +115,13 @@ impl WorkerBuilder {
     /// timers). Defaults to `Some(TimerOptions::default())`.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// // Timers fire in another process.
-    /// let worker = keiro::Keiro::memory().worker().timers(None).build()?;
+    /// let worker = keiro::Keiro::temporary()?.worker().timers(None).build()?;
     /// # let _ = worker;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn timers(mut self, timers: Option<TimerOptions>) -> Self {
         self.timers = timers;
@@ -134,12 +134,12 @@ impl WorkerBuilder {
     /// [`PAYLOAD_LEN_MAX_DEFAULT`](keiro_journal::PAYLOAD_LEN_MAX_DEFAULT).
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let worker = keiro::Keiro::memory().worker().payload_len_max(64 * 1024).build()?;
+    /// let worker = keiro::Keiro::temporary()?.worker().payload_len_max(64 * 1024).build()?;
     /// # let _ = worker;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn payload_len_max(mut self, payload_len_max: usize) -> Self {
         self.options.payload_len_max = payload_len_max;
@@ -150,17 +150,17 @@ impl WorkerBuilder {
     /// to the store's own when built through `Keiro::worker`, else `None`.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::sync::Arc;
-    /// let store = Arc::new(keiro::memory::MemoryStore::new());
+    /// let store = Arc::new(keiro::store::sqlite::SqliteStore::temporary()?);
     /// let worker = keiro::Worker::builder(store.as_ref().clone())
     ///     .retention_store(Some(store))
     ///     .retention(Some(std::time::Duration::from_secs(30 * 86_400)))
     ///     .build()?;
     /// # let _ = worker;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn retention_store(mut self, store: Option<Arc<dyn RetentionStore>>) -> Self {
         self.retention = store;
@@ -172,13 +172,13 @@ impl WorkerBuilder {
     /// loop; at most one worker collects at a time. Defaults to `None`.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let thirty_days = std::time::Duration::from_secs(30 * 86_400);
-    /// let worker = keiro::Keiro::memory().worker().retention(Some(thirty_days)).build()?;
+    /// let worker = keiro::Keiro::temporary()?.worker().retention(Some(thirty_days)).build()?;
     /// # let _ = worker;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn retention(mut self, older_than: Option<Duration>) -> Self {
         self.options.retention = older_than;
@@ -188,15 +188,15 @@ impl WorkerBuilder {
     /// Registers `body` under `name`; an invalid or duplicate name is reported by `build`.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
     /// #     Ok(format!("hello {name}"))
     /// # }
-    /// let worker = keiro::Keiro::memory().worker().register("hello", hello).build()?;
+    /// let worker = keiro::Keiro::temporary()?.worker().register("hello", hello).build()?;
     /// assert!(worker.registry().get(&keiro::workflow::WorkflowName::new("hello")?).is_some());
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn register<F, Fut, I, O>(mut self, name: &str, body: F) -> Self
     where
@@ -216,7 +216,7 @@ impl WorkerBuilder {
     /// or duplicate name is reported by `build`.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")] {
+    /// # #[cfg(feature = "sqlite")] {
     /// use keiro::{Ctx, WorkflowDef, WorkflowError};
     ///
     /// #[derive(Default)]
@@ -229,9 +229,10 @@ impl WorkerBuilder {
     ///     async fn run(&self, _ctx: Ctx, _input: ()) -> Result<(), WorkflowError> { Ok(()) }
     /// }
     ///
-    /// let worker = keiro::Keiro::memory().worker().register_workflow::<Noop>().build();
+    /// let worker = keiro::Keiro::temporary()?.worker().register_workflow::<Noop>().build();
     /// assert!(worker.is_ok());
     /// # }
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
     /// ```
     pub fn register_workflow<W: crate::WorkflowDef + Default>(self) -> Self {
         self.register_workflow_with(W::default())
@@ -241,7 +242,7 @@ impl WorkerBuilder {
     /// pool), under [`W::NAME`](crate::WorkflowDef::NAME); shared by every run of the worker.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # use keiro::{Ctx, WorkflowDef, WorkflowError};
     /// # #[derive(Default)]
@@ -255,10 +256,10 @@ impl WorkerBuilder {
     /// #         Ok(u64::from(n) * factor)
     /// #     }
     /// # }
-    /// let worker = keiro::Keiro::memory().worker().register_workflow_with(Double).build()?;
+    /// let worker = keiro::Keiro::temporary()?.worker().register_workflow_with(Double).build()?;
     /// # let _ = worker;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn register_workflow_with<W: crate::WorkflowDef>(self, definition: W) -> Self {
         let definition = Arc::new(definition);
@@ -271,17 +272,17 @@ impl WorkerBuilder {
     /// Uses a registry built elsewhere (replacing registrations made so far).
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
     /// #     Ok(format!("hello {name}"))
     /// # }
     /// let mut registry = keiro::worker::Registry::new();
     /// registry.register("hello", hello)?;
-    /// let worker = keiro::Keiro::memory().worker().registry(registry).build()?;
+    /// let worker = keiro::Keiro::temporary()?.worker().registry(registry).build()?;
     /// # let _ = worker;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn registry(mut self, registry: Registry) -> Self {
         self.registry = registry;
@@ -292,12 +293,12 @@ impl WorkerBuilder {
     /// [`POLL_INTERVAL_DEFAULT`](keiro_resume::POLL_INTERVAL_DEFAULT), 1 s.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let worker = keiro::Keiro::memory().worker().poll_interval(std::time::Duration::from_secs(5)).build()?;
+    /// let worker = keiro::Keiro::temporary()?.worker().poll_interval(std::time::Duration::from_secs(5)).build()?;
     /// # let _ = worker;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.options.poll_interval = interval;
@@ -308,12 +309,12 @@ impl WorkerBuilder {
     /// Defaults to [`LEASE_TTL_DEFAULT`](keiro_journal::LEASE_TTL_DEFAULT), 60 s.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let worker = keiro::Keiro::memory().worker().lease_ttl(std::time::Duration::from_secs(60)).build()?;
+    /// let worker = keiro::Keiro::temporary()?.worker().lease_ttl(std::time::Duration::from_secs(60)).build()?;
     /// # let _ = worker;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
         self.options.lease_ttl = ttl;
@@ -327,12 +328,12 @@ impl WorkerBuilder {
     /// without one.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let worker = keiro::Keiro::memory().worker().concurrency(32).build()?;
+    /// let worker = keiro::Keiro::temporary()?.worker().concurrency(32).build()?;
     /// # let _ = worker;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn concurrency(mut self, advances: usize) -> Self {
         self.options.max_concurrent_advances = advances;
@@ -344,7 +345,7 @@ impl WorkerBuilder {
     /// call replaces the first. Defaults to [`Tuning::default`].
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use keiro::worker::Tuning;
     /// let tuning = Tuning {
@@ -352,10 +353,10 @@ impl WorkerBuilder {
     ///     backoff: keiro::store::CRASH_BACKOFF_DEFAULT,
     ///     ..Tuning::default()
     /// };
-    /// let worker = keiro::Keiro::memory().worker().tuning(tuning).build()?;
+    /// let worker = keiro::Keiro::temporary()?.worker().tuning(tuning).build()?;
     /// assert_eq!(worker.options().max_attempts, 3);
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn tuning(mut self, tuning: Tuning) -> Self {
         tuning.apply(&mut self.options);
@@ -373,12 +374,12 @@ impl WorkerBuilder {
     /// The lease owner id. Defaults to a fresh id per pass.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let worker = keiro::Keiro::memory().worker().owner("billing-7f9c").build()?;
+    /// let worker = keiro::Keiro::temporary()?.worker().owner("billing-7f9c").build()?;
     /// # let _ = worker;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn owner(mut self, owner: impl Into<String>) -> Self {
         self.options.owner = Some(owner.into());
@@ -389,14 +390,14 @@ impl WorkerBuilder {
     /// [`tracing_log_hook`](keiro_resume::tracing_log_hook), which logs them with `tracing`.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::sync::Arc;
     /// let hook: keiro::worker::LogHook = Arc::new(|event: &keiro::worker::ResumeLogEvent| eprintln!("{event:?}"));
-    /// let worker = keiro::Keiro::memory().worker().log(hook).build()?;
+    /// let worker = keiro::Keiro::temporary()?.worker().log(hook).build()?;
     /// # let _ = worker;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn log(mut self, hook: LogHook) -> Self {
         self.options.log = hook;
@@ -406,12 +407,12 @@ impl WorkerBuilder {
     /// Records OpenTelemetry metrics. Defaults to none.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let worker = keiro::Keiro::memory().worker().metrics(keiro::Metrics::global()).build()?;
+    /// let worker = keiro::Keiro::temporary()?.worker().metrics(keiro::Metrics::global()).build()?;
     /// # let _ = worker;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn metrics(mut self, metrics: keiro_telemetry::Metrics) -> Self {
         self.options.metrics = Some(metrics);
@@ -422,12 +423,12 @@ impl WorkerBuilder {
     /// remote steps it dispatches carry to their workers. Defaults to none.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let worker = keiro::Keiro::memory().worker().tracing(keiro::Tracing::global()).build()?;
+    /// let worker = keiro::Keiro::temporary()?.worker().tracing(keiro::Tracing::global()).build()?;
     /// # let _ = worker;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn tracing(mut self, tracing: keiro_telemetry::Tracing) -> Self {
         self.options.tracing = Some(tracing);
@@ -438,12 +439,12 @@ impl WorkerBuilder {
     /// facade's store when built through [`Keiro::worker`](crate::Keiro::worker), else `None`.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let worker = keiro::Keiro::memory().worker().schedule_store(None).build()?;
+    /// let worker = keiro::Keiro::temporary()?.worker().schedule_store(None).build()?;
     /// # let _ = worker;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn schedule_store(mut self, store: Option<Arc<dyn ScheduleStore>>) -> Self {
         self.schedules.store = store;
@@ -456,8 +457,8 @@ impl WorkerBuilder {
     /// `Some(SchedulerOptions::default())`.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")] {
-    /// let worker = keiro::Keiro::memory().worker().scheduler(None).build()?;
+    /// # #[cfg(feature = "sqlite")] {
+    /// let worker = keiro::Keiro::temporary()?.worker().scheduler(None).build()?;
     /// # let _ = worker; }
     /// # Ok::<(), keiro::Error>(())
     /// ```
@@ -469,18 +470,18 @@ impl WorkerBuilder {
     /// Validates the registrations and options.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
     /// #     Ok(format!("hello {name}"))
     /// # }
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// assert!(keiro.worker().register("hello", hello).build().is_ok());
     /// // The same name twice is refused.
     /// let twice = keiro.worker().register("hello", hello).register("hello", hello).build();
     /// assert!(matches!(twice, Err(keiro::Error::Registry(_))));
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors

@@ -51,14 +51,15 @@ impl Worker {
     /// A builder on `store`.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")] {
+    /// # #[cfg(feature = "sqlite")] {
     /// use keiro::{Ctx, Worker, WorkflowError};
     /// async fn noop(_ctx: Ctx, _input: ()) -> Result<(), WorkflowError> { Ok(()) }
-    /// let worker = Worker::builder(keiro::memory::MemoryStore::new())
+    /// let worker = Worker::builder(keiro::store::sqlite::SqliteStore::temporary()?)
     ///     .register("noop", noop)
     ///     .build()
     ///     .expect("valid registration");
     /// # let _ = worker; }
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
     /// ```
     pub fn builder(store: impl LeaseStore) -> WorkerBuilder {
         WorkerBuilder::new(Arc::new(store))
@@ -67,15 +68,15 @@ impl Worker {
     /// The registry.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
     /// #     Ok(format!("hello {name}"))
     /// # }
-    /// let worker = keiro::Keiro::memory().worker().register("hello", hello).build()?;
+    /// let worker = keiro::Keiro::temporary()?.worker().register("hello", hello).build()?;
     /// assert!(worker.registry().get(&keiro::workflow::WorkflowName::new("hello")?).is_some());
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn registry(&self) -> &Registry {
         &self.registry
@@ -84,12 +85,12 @@ impl Worker {
     /// The options.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let worker = keiro::Keiro::memory().worker().build()?;
+    /// let worker = keiro::Keiro::temporary()?.worker().build()?;
     /// println!("polls every {:?} when idle", worker.options().poll_interval);
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn options(&self) -> &ResumeOptions {
         &self.options
@@ -98,10 +99,10 @@ impl Worker {
     /// One pass over every runnable instance.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
     /// #     Ok(format!("hello {name}"))
     /// # }
@@ -110,7 +111,7 @@ impl Worker {
     /// let summary = worker.resume_once().await?;
     /// println!("{summary:?}");
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -123,10 +124,10 @@ impl Worker {
     /// Passes until one advances nothing.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
     /// #     Ok(format!("hello {name}"))
     /// # }
@@ -136,7 +137,7 @@ impl Worker {
     /// let row = keiro.instance(("hello", "h-1")).await?.expect("started");
     /// assert_eq!(row.status, keiro::Status::Completed);
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -150,10 +151,10 @@ impl Worker {
     /// and the timer worker until `shutdown` resolves; in-flight runs finish first.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
     /// #     Ok(format!("hello {name}"))
     /// # }
@@ -167,7 +168,7 @@ impl Worker {
     /// let row = keiro.instance(("hello", "h-1")).await?.expect("started");
     /// assert_eq!(row.status, keiro::Status::Completed);
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub async fn run_until(&self, shutdown: impl Future<Output = ()> + Send) -> ResumeSummary {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -236,15 +237,15 @@ impl Worker {
     /// Fires one batch of due timers (for tests and custom loops).
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// let worker = keiro.worker().build()?;
     /// let fired = worker.fire_due_timers().await?;
     /// println!("{fired:?}");
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors
@@ -257,10 +258,10 @@ impl Worker {
     /// Runs the resume loop alone with a custom wake source until `shutdown` resolves.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// # async fn hello(_ctx: keiro::Ctx, name: String) -> Result<String, keiro::WorkflowError> {
     /// #     Ok(format!("hello {name}"))
     /// # }
@@ -268,7 +269,7 @@ impl Worker {
     /// // A fixed poll instead of the store's push.
     /// worker.run_with(keiro::worker::FixedPoll, async {}).await;
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub async fn run_with<W: WakeSource>(
         &self,

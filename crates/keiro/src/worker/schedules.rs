@@ -41,15 +41,15 @@ impl Worker {
     /// take or renew the leadership, then start the due runs of every schedule.
     ///
     /// ```
-    /// # #[cfg(feature = "memory")]
+    /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let keiro = keiro::Keiro::memory();
+    /// let keiro = keiro::Keiro::temporary()?;
     /// let worker = keiro.worker().build()?;
     /// let summary = worker.schedule_once(None).await?;
     /// assert_eq!(summary.started, 0);
     /// # Ok(()) }
-    /// # #[cfg(not(feature = "memory"))] fn main() {}
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     ///
     /// # Errors

@@ -15,14 +15,14 @@ use keiro_resume::{ResumeOptions, PASS_LIMIT_DEFAULT};
 /// owner, telemetry) has a method of its own on the builder instead.
 ///
 /// ```
-/// # #[cfg(feature = "memory")]
+/// # #[cfg(feature = "sqlite")]
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use keiro::worker::Tuning;
 /// let tuning = Tuning { max_attempts: 3, reconcile: None, ..Tuning::default() };
-/// let worker = keiro::Keiro::memory().worker().concurrency(8).tuning(tuning).build()?;
+/// let worker = keiro::Keiro::temporary()?.worker().concurrency(8).tuning(tuning).build()?;
 /// assert_eq!(worker.options().max_attempts, 3);
 /// # Ok(()) }
-/// # #[cfg(not(feature = "memory"))] fn main() {}
+/// # #[cfg(not(feature = "sqlite"))] fn main() {}
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tuning {

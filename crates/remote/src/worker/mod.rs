@@ -288,7 +288,7 @@ impl std::fmt::Debug for RemoteWorker {
 }
 
 impl RemoteWorker {
-    /// A builder over `transport` (a `PgStore` or a `MemoryStore`).
+    /// A builder over `transport` (a `PgStore` or a `SqliteStore`).
     pub fn builder(transport: Arc<dyn Transport>) -> RemoteWorkerBuilder {
         RemoteWorkerBuilder {
             inner: Inner {

@@ -14,11 +14,12 @@ use rusqlite::Connection;
 use time::OffsetDateTime;
 
 use crate::clock::Clock;
-use crate::config::Config;
+use crate::config::{Config, Synchronous};
 use crate::error;
 use crate::notify::Hub;
 use crate::open;
 use crate::row;
+use crate::temporary::TempDir;
 use crate::writer::Writer;
 
 mod admin;
@@ -63,6 +64,9 @@ pub(crate) struct Inner {
     pub(crate) notify: Hub,
     /// Set while a retention batch of this store is queued or running (`store/retention.rs`).
     collecting: AtomicBool,
+    /// The directory of a [`SqliteStore::temporary`] store, removed with it. Last, so the
+    /// connections above close first.
+    _temporary: Option<TempDir>,
 }
 
 pub(crate) fn not_found(key: &InstanceKey) -> StoreError {
@@ -87,8 +91,43 @@ impl SqliteStore {
     ///
     /// The [`Error`](crate::Error) naming what was refused.
     pub fn open(path: impl AsRef<Path>, config: Config) -> crate::Result<Self> {
+        Self::open_in(path.as_ref(), config, None)
+    }
+
+    /// A store on a new file in a new directory under the system's temporary directory, both
+    /// removed when the last clone of the store is dropped: for tests, examples and scratch
+    /// runs, where a real file (WAL, locks, several connections) behaves as in production but
+    /// nothing is kept. Commits are [`Synchronous::NormalLosesCommitsOnPowerLoss`], since a
+    /// power loss loses the directory's purpose anyway.
+    ///
+    /// ```
+    /// let store = keiro_sqlite::SqliteStore::temporary()?;
+    /// let dir = store.path().parent().map(std::path::Path::to_path_buf);
+    /// assert!(store.path().exists());
+    /// drop(store);
+    /// assert!(!dir.is_some_and(|dir| dir.exists()));
+    /// # Ok::<_, keiro_sqlite::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::TemporaryDirectory`](crate::Error::TemporaryDirectory) when the directory cannot be made; otherwise as
+    /// [`open`](Self::open).
+    pub fn temporary() -> crate::Result<Self> {
+        let dir = TempDir::new().map_err(|source| crate::Error::TemporaryDirectory {
+            path: std::env::temp_dir(),
+            source,
+        })?;
+        let config = Config {
+            synchronous: Synchronous::NormalLosesCommitsOnPowerLoss,
+            ..Config::default()
+        };
+        let path = dir.path().join("keiro.db");
+        Self::open_in(&path, config, Some(dir))
+    }
+
+    fn open_in(path: &Path, config: Config, temporary: Option<TempDir>) -> crate::Result<Self> {
         config.validate()?;
-        let path = path.as_ref();
         let clock = Clock::default();
         let conn = open::writer(path, &config, row::micros(clock.now()))?;
         let reader = open::reader(path, &config)?;
@@ -113,6 +152,7 @@ impl SqliteStore {
                 readers: Mutex::new(vec![reader]),
                 notify,
                 collecting: AtomicBool::new(false),
+                _temporary: temporary,
             }),
         })
     }
@@ -131,6 +171,13 @@ impl SqliteStore {
     /// Moves the store's clock `by` ahead (a pinned one too). For tests.
     pub fn advance_clock(&self, by: Duration) {
         self.inner.clock.advance(by);
+    }
+
+    /// Sets how far the store's running clock is from the wall clock (negative: behind it),
+    /// replacing what [`advance_clock`](Self::advance_clock) added. For tests: a worker whose
+    /// clock disagrees with its store's.
+    pub fn set_clock_offset(&self, offset: time::Duration) {
+        self.inner.clock.set_offset(offset);
     }
 
     /// How many write transactions this store's writer committed since it opened: with
