@@ -9,7 +9,7 @@ use serde_json::Value;
 use time::OffsetDateTime;
 
 use crate::error::store;
-use crate::journal::{journal_append_to, AppendCode, AppendTo};
+use crate::journal::{journal_append_step, AppendCode, AppendTo};
 use crate::row::{self, micros};
 
 const CREATE: &str = "creating an awakeable";
@@ -30,7 +30,7 @@ pub(crate) fn awakeable_create(
     append: AppendTo<'_>,
     awakeable: &str,
 ) -> Result<AppendCode> {
-    let outcome = journal_append_to(conn, now, append)?;
+    let outcome = journal_append_step(conn, now, append)?;
     if let AppendCode::Appended(generation) = outcome {
         conn.execute(
             AWAKEABLE_INSERT,
@@ -87,7 +87,7 @@ pub(crate) fn awakeable_settle(
         params![awakeable, status, payload.map(row::json), micros(now)],
     )
     .map_err(|e| store(SETTLE, e))?;
-    let outcome = journal_append_to(
+    let outcome = journal_append_step(
         conn,
         now,
         AppendTo {

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use time::OffsetDateTime;
 
 use crate::error::{malformed, store};
-use crate::journal::{journal_append_to, AppendCode, AppendTo};
+use crate::journal::{journal_append_step, AppendCode, AppendTo};
 use crate::notify;
 use crate::row::{self, micros, Stored};
 
@@ -52,7 +52,7 @@ pub(crate) fn child_deliver(
         return Ok(());
     }
     let envelope = child_envelope(&child)?;
-    journal_append_to(
+    journal_append_step(
         conn,
         now,
         AppendTo {
@@ -112,7 +112,7 @@ pub(crate) fn child_spawn(
     append: AppendTo<'_>,
     child: Spawned<'_>,
 ) -> Result<AppendCode> {
-    let outcome = journal_append_to(conn, now, append)?;
+    let outcome = journal_append_step(conn, now, append)?;
     let AppendCode::Appended(generation) = outcome else {
         return Ok(outcome);
     };
@@ -156,7 +156,7 @@ pub(crate) fn child_spawn(
         .map_err(|e| store(SPAWN, e))
     };
     let result = |payload: &Value| {
-        journal_append_to(
+        journal_append_step(
             conn,
             now,
             AppendTo {

@@ -14,7 +14,8 @@ use time::OffsetDateTime;
 use crate::child;
 use crate::error::{malformed, store};
 use crate::journal::{
-    journal_append_to, journal_repeatable_name, step_logical, step_revision, AppendCode, AppendTo,
+    journal_append_step, journal_append_to, journal_repeatable_name, step_logical, step_revision,
+    AppendCode, AppendTo,
 };
 use crate::notify;
 use crate::row::{self, micros, Stored};
@@ -293,9 +294,28 @@ const INSTANCE_LIVE_CHILDREN: &str = "SELECT workflow_name, workflow_id FROM wor
      WHERE parent_name = ?1 AND parent_id = ?2 AND status IN ('running', 'suspended') \
      ORDER BY workflow_name DESC, workflow_id DESC";
 
-/// The cancel marker of one instance, appended to its current generation, unfenced.
-fn cancel_one(conn: &Connection, now: OffsetDateTime, name: &str, id: &str) -> Result<AppendCode> {
-    journal_append_to(
+/// What cancelling an instance (and its tree) answers: the append's outcome for the instance
+/// itself, and each cancelled generation whose remote tasks are left for the caller to cancel
+/// (`remote_tasks_cancel`, in remote.rs, which parks through this module), in cancel order.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Cancelled {
+    /// The append's outcome for the instance the cancel was asked for.
+    pub(crate) code: AppendCode,
+    /// `(name, id, generation)` of every instance the cancel closed.
+    pub(crate) tasks: Vec<(String, String, Generation)>,
+}
+
+/// The cancel marker of one instance, appended to its current generation, unfenced, and the
+/// delivery to its parent the marker asks for ([`Closing`](crate::journal::Closing)); the generation whose remote
+/// tasks are left to cancel goes on `tasks`.
+fn cancel_one(
+    conn: &Connection,
+    now: OffsetDateTime,
+    name: &str,
+    id: &str,
+    tasks: &mut Vec<(String, String, Generation)>,
+) -> Result<AppendCode> {
+    let (code, closing) = journal_append_to(
         conn,
         now,
         AppendTo {
@@ -309,25 +329,38 @@ fn cancel_one(conn: &Connection, now: OffsetDateTime, name: &str, id: &str) -> R
             epoch: None,
             renew_ms: None,
         },
-    )
+    )?;
+    if let Some(generation) = closing.cancel_tasks {
+        tasks.push((name.to_owned(), id.to_owned(), generation));
+    }
+    if closing.deliver {
+        child::child_deliver(conn, now, name, id)?;
+    }
+    Ok(code)
 }
 
 /// keiro_instance_cancel_tree: cancels one instance and, when `cascade`, its live
 /// descendants, depth first with children in key order, from a worklist. Each cancel marker
-/// goes through the append rules, which cancel the instance's remote tasks; each cancelled
-/// child's own delivery to its (now cancelled) parent is refused and ignored. A cancelled
-/// instance is terminal, so a cycle of parent links ends where it comes back. Returns the
-/// append's outcome for the instance itself.
+/// goes through the append rules; each cancelled instance delivers to its parent at once (a
+/// cancelled child's delivery to its now cancelled parent is refused and ignored), and its
+/// generation's remote tasks are left to the caller ([`Cancelled`]): nothing here reads them,
+/// so cancelling them after the walk, in the same transaction, leaves what the plpgsql walk
+/// leaves. A cancelled instance is terminal, so a cycle of parent links ends where it comes
+/// back.
 pub(crate) fn instance_cancel_tree(
     conn: &Connection,
     now: OffsetDateTime,
     name: &str,
     id: &str,
     cascade: bool,
-) -> Result<AppendCode> {
-    let outcome = cancel_one(conn, now, name, id)?;
+) -> Result<Cancelled> {
+    let mut tasks = Vec::new();
+    let outcome = cancel_one(conn, now, name, id, &mut tasks)?;
     if !matches!(outcome, AppendCode::Appended(_)) || !cascade {
-        return Ok(outcome);
+        return Ok(Cancelled {
+            code: outcome,
+            tasks,
+        });
     }
     let mut todo: Vec<(String, String)> = Vec::new();
     let (mut name, mut id) = (name.to_owned(), id.to_owned());
@@ -344,10 +377,16 @@ pub(crate) fn instance_cancel_tree(
         todo.extend(children);
         loop {
             let Some((next_name, next_id)) = todo.pop() else {
-                return Ok(outcome);
+                return Ok(Cancelled {
+                    code: outcome,
+                    tasks,
+                });
             };
             (name, id) = (next_name, next_id);
-            if matches!(cancel_one(conn, now, &name, &id)?, AppendCode::Appended(_)) {
+            if matches!(
+                cancel_one(conn, now, &name, &id, &mut tasks)?,
+                AppendCode::Appended(_)
+            ) {
                 break;
             }
         }
@@ -355,15 +394,16 @@ pub(crate) fn instance_cancel_tree(
 }
 
 /// keiro_instance_cancel: appends the cancel marker to the instance's current generation and,
-/// when `cascade`, cancels every live descendant, all in this transaction. PostgreSQL locks the
-/// tree's tasks and rows first, deepest first; the writer holds the file's lock instead.
+/// when `cascade`, cancels every live descendant, all in this transaction; the caller cancels
+/// the remote tasks the answer lists ([`Cancelled`]). PostgreSQL locks the tree's tasks and
+/// rows first, deepest first; the writer holds the file's lock instead.
 pub(crate) fn instance_cancel(
     conn: &Connection,
     now: OffsetDateTime,
     name: &str,
     id: &str,
     cascade: bool,
-) -> Result<AppendCode> {
+) -> Result<Cancelled> {
     instance_cancel_tree(conn, now, name, id, cascade)
 }
 
@@ -611,7 +651,7 @@ pub(crate) fn instance_requeue_one(
 
     // The buffered successes, through the append rules now that the row is running.
     for (step, value) in deliveries {
-        journal_append_to(
+        journal_append_step(
             conn,
             now,
             AppendTo {

@@ -22,7 +22,6 @@ use time::OffsetDateTime;
 use crate::error::{malformed, store};
 use crate::notify;
 use crate::row::{self, micros, Stored};
-use crate::{child, remote};
 
 const APPEND: &str = "appending to the journal";
 const DELIVER: &str = "journaling a delivery";
@@ -59,6 +58,56 @@ pub(crate) struct AppendTo<'a> {
     pub(crate) owner: Option<&'a str>,
     pub(crate) epoch: Option<i64>,
     pub(crate) renew_ms: Option<i64>,
+}
+
+/// What a written closing marker leaves to the rules outside the journal, as plain data. The
+/// plpgsql append calls `keiro_remote_tasks_cancel` and `keiro_child_deliver` itself; here
+/// the caller carries them out in the same transaction, so this module depends on neither
+/// child.rs nor remote.rs (which journal through it): the store's append operation right
+/// after the append, tasks first as in plpgsql; the cancel tree (instance.rs) delivers at
+/// once and leaves the tasks to its own caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Closing {
+    /// Cancel the pending and claimed remote tasks of this generation
+    /// (`remote_tasks_cancel`): nothing will ever await them.
+    pub(crate) cancel_tasks: Option<Generation>,
+    /// Deliver the instance's result envelope to the parent awaiting it (`child_deliver`).
+    pub(crate) deliver: bool,
+}
+
+impl Closing {
+    /// Nothing left to do: every step, and every append that wrote nothing.
+    pub(crate) const NONE: Self = Self {
+        cancel_tasks: None,
+        deliver: false,
+    };
+
+    /// What writing an event of `kind` on `generation` leaves to do: a `completed` or
+    /// `failed` marker delivers to a parent; `cancelled` cancels the generation's remote
+    /// tasks and delivers; `continued` cancels them, and the run goes on, so a parent hears
+    /// nothing.
+    pub(crate) fn of(kind: &str, generation: Generation) -> Self {
+        match kind {
+            "completed" | "failed" => Self {
+                cancel_tasks: None,
+                deliver: true,
+            },
+            "cancelled" => Self {
+                cancel_tasks: Some(generation),
+                deliver: true,
+            },
+            "continued" => Self {
+                cancel_tasks: Some(generation),
+                deliver: false,
+            },
+            _ => Self::NONE,
+        }
+    }
+}
+
+/// Whether an event of `kind` is a lifecycle marker that closes the run or its generation.
+fn is_marker(kind: &str) -> bool {
+    matches!(kind, "completed" | "failed" | "cancelled" | "continued")
 }
 
 /// The revision suffix `#<digits>` at the end of a stored `remote:`/`child:` step name, as
@@ -189,9 +238,10 @@ pub(crate) fn json_text(value: &Value) -> Option<String> {
 /// journal_append (`keiro_journal_append_to`): appends one event to the instance and moves its
 /// row, checked in the plpgsql order: the generation, the recorded step (a retry adopts the
 /// first recorded value), the terminal status, the fence (a stale holder may learn a recorded
-/// value, but it may not write), then the write. A closing marker delivers the instance's
-/// result to a waiting parent; `cancelled` and `continued` also cancel the generation's remote
-/// tasks (and, by the trigger of migration 0001, its pending awakeables).
+/// value, but it may not write), then the write. A written closing marker returns what it
+/// leaves to do ([`Closing`]: deliver the instance's result to a waiting parent; for
+/// `cancelled` and `continued`, cancel the generation's remote tasks), which the caller
+/// carries out; its pending awakeables are cancelled here, by the trigger of migration 0001.
 ///
 /// The fast path, for a step on the current generation of a live row by its holder or
 /// unfenced, is the plpgsql one, renewal skip included: a running row's lease is rewritten
@@ -203,7 +253,7 @@ pub(crate) fn journal_append_to(
     conn: &Connection,
     now: OffsetDateTime,
     append: AppendTo<'_>,
-) -> Result<AppendCode> {
+) -> Result<(AppendCode, Closing)> {
     let AppendTo {
         name,
         id,
@@ -216,9 +266,9 @@ pub(crate) fn journal_append_to(
         renew_ms,
     } = append;
     let at = micros(now);
-    let is_marker = matches!(kind, "completed" | "failed" | "cancelled" | "continued");
+    let is_marker = is_marker(kind);
     let Some(row) = row::instance_row(conn, name, id, APPEND)? else {
-        return Ok(AppendCode::NotFound);
+        return Ok((AppendCode::NotFound, Closing::NONE));
     };
     let generation = generation.unwrap_or(row.generation);
     let holder = |row: &Stored| match (owner, epoch) {
@@ -247,12 +297,13 @@ pub(crate) fn journal_append_to(
             .map_err(|e| store(APPEND, e))?;
         if inserted == 0 {
             // Recorded before: every writer adopts the first recorded value.
-            return Ok(match recorded(conn, name, id, generation, step)? {
+            let code = match recorded(conn, name, id, generation, step)? {
                 Some((recorded_kind, value)) if recorded_kind == kind => {
                     AppendCode::AlreadyPresent(value)
                 }
                 _ => AppendCode::Conflict,
-            });
+            };
+            return Ok((code, Closing::NONE));
         }
         let fresh_enough = match (renew_ms, row.lease_expires_at) {
             (Some(ms), Some(expires)) => expires > at.saturating_add(ms.saturating_mul(750)),
@@ -266,28 +317,30 @@ pub(crate) fn journal_append_to(
         if row.status == "suspended" {
             notify::wake(conn, APPEND, name, id)?;
         }
-        return Ok(AppendCode::Appended(generation));
+        return Ok((AppendCode::Appended(generation), Closing::NONE));
     }
 
     // Everything else: the full sequence, in its order.
 
     // A writer on another generation only learns what is recorded there.
     if generation != row.generation {
-        return Ok(match recorded(conn, name, id, generation, step)? {
+        let code = match recorded(conn, name, id, generation, step)? {
             Some((_, value)) => AppendCode::AlreadyPresent(value),
             None => AppendCode::Conflict,
-        });
+        };
+        return Ok((code, Closing::NONE));
     }
 
     // A recorded step is checked before the terminal status, so retrying it stays idempotent
     // after the instance closed.
     if !is_marker {
         if let Some((recorded_kind, value)) = recorded(conn, name, id, generation, step)? {
-            return Ok(if recorded_kind == kind {
+            let code = if recorded_kind == kind {
                 AppendCode::AlreadyPresent(value)
             } else {
                 AppendCode::Conflict
-            });
+            };
+            return Ok((code, Closing::NONE));
         }
     }
 
@@ -306,16 +359,16 @@ pub(crate) fn journal_append_to(
                 "failed" => row.last_error.clone().map_or(Value::Null, Value::String),
                 _ => Value::Null,
             };
-            return Ok(AppendCode::AlreadyPresent(value));
+            return Ok((AppendCode::AlreadyPresent(value), Closing::NONE));
         }
         let marker = Marker::parse(&row.status)
             .ok_or_else(|| malformed(APPEND, format_args!("status {:?}", row.status)))?;
-        return Ok(AppendCode::RefusedTerminal(marker));
+        return Ok((AppendCode::RefusedTerminal(marker), Closing::NONE));
     }
 
     // The fence comes after the idempotency checks.
     if owner.is_some() && !holder(&row) {
-        return Ok(AppendCode::LeaseLost);
+        return Ok((AppendCode::LeaseLost, Closing::NONE));
     }
 
     let step = if kind == "failed" {
@@ -333,23 +386,17 @@ pub(crate) fn journal_append_to(
         "completed" => {
             conn.execute(INSTANCE_COMPLETE, params![name, id, payload_text, at])
                 .map_err(|e| store(APPEND, e))?;
-            child::child_deliver(conn, now, name, id)?;
         }
         "failed" => {
             conn.execute(INSTANCE_FAIL, params![name, id, json_text(payload), at])
                 .map_err(|e| store(APPEND, e))?;
-            child::child_deliver(conn, now, name, id)?;
         }
         "cancelled" => {
             conn.execute(INSTANCE_CANCEL, params![name, id, at])
                 .map_err(|e| store(APPEND, e))?;
-            // Nothing will ever await them: a cancelled row is never resumed.
-            remote::remote_tasks_cancel(conn, now, name, id, generation)?;
-            child::child_deliver(conn, now, name, id)?;
         }
         "continued" => {
-            // The next generation starts runnable, with its own input. The run goes on, so
-            // a parent hears nothing.
+            // The next generation starts runnable, with its own input.
             let next = payload
                 .get("next_generation")
                 .and_then(Value::as_i64)
@@ -361,7 +408,6 @@ pub(crate) fn journal_append_to(
                 params![name, id, next, row::json(&input), at],
             )
             .map_err(|e| store(APPEND, e))?;
-            remote::remote_tasks_cancel(conn, now, name, id, generation)?;
             notify::wake(conn, APPEND, name, id)?;
         }
         _ => {
@@ -374,7 +420,28 @@ pub(crate) fn journal_append_to(
             }
         }
     }
-    Ok(AppendCode::Appended(generation))
+    Ok((
+        AppendCode::Appended(generation),
+        Closing::of(kind, generation),
+    ))
+}
+
+/// [`journal_append_to`] for a step, which leaves nothing to do outside the journal: the
+/// append of every rule that journals a wake source's value, a spawn or a delivery. A closing
+/// marker is refused with nothing written (it goes through [`journal_append_to`], whose caller
+/// carries out its [`Closing`]).
+pub(crate) fn journal_append_step(
+    conn: &Connection,
+    now: OffsetDateTime,
+    append: AppendTo<'_>,
+) -> Result<AppendCode> {
+    if is_marker(append.kind) {
+        return Err(malformed(
+            APPEND,
+            format_args!("a {} marker appended as a step", append.kind),
+        ));
+    }
+    Ok(journal_append_to(conn, now, append)?.0)
 }
 
 /// `keiro_delivery_append`'s outcomes: the append's, or `backlog` (nothing written) with the
@@ -482,7 +549,7 @@ pub(crate) fn delivery_append(
     {
         return Ok(DeliveryCode::Backlog(unread, unread_bytes));
     }
-    let outcome = journal_append_to(
+    let outcome = journal_append_step(
         conn,
         now,
         AppendTo {
@@ -563,5 +630,33 @@ mod tests {
         assert_eq!(step_logical("remote:charge#2"), "remote:charge");
         assert_eq!(step_revision("remote:charge#2"), 2);
         assert_eq!(step_revision("step#2"), 0);
+    }
+
+    #[test]
+    fn closing_markers_leave_their_deliveries_and_cancellations_to_the_caller() {
+        let deliver = Closing {
+            cancel_tasks: None,
+            deliver: true,
+        };
+        assert_eq!(Closing::of("completed", 3), deliver);
+        assert_eq!(Closing::of("failed", 3), deliver);
+        assert_eq!(
+            Closing::of("cancelled", 3),
+            Closing {
+                cancel_tasks: Some(3),
+                deliver: true
+            }
+        );
+        assert_eq!(
+            Closing::of("continued", 3),
+            Closing {
+                cancel_tasks: Some(3),
+                deliver: false
+            }
+        );
+        for kind in ["step", "await", "child", "remote", "resurrected", "reset"] {
+            assert_eq!(Closing::of(kind, 3), Closing::NONE, "{kind}");
+            assert!(!is_marker(kind), "{kind}");
+        }
     }
 }

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use time::OffsetDateTime;
 
 use crate::error::store;
-use crate::journal::{journal_append_to, AppendCode, AppendTo};
+use crate::journal::{journal_append_step, AppendCode, AppendTo};
 use crate::row::{self, micros};
 
 const WAIT: &str = "waiting for a signal";
@@ -110,7 +110,7 @@ pub(crate) fn signal_wait(
         .map_err(|e| store(WAIT, e))?;
     if let Some((seq, payload)) = oldest {
         let envelope = json!({ "ok": row::value(&payload, WAIT)? });
-        let code = journal_append_to(
+        let code = journal_append_step(
             conn,
             now,
             AppendTo {
@@ -185,7 +185,7 @@ pub(crate) fn signal_offer(
         if removed == 0 {
             continue;
         }
-        let code = journal_append_to(
+        let code = journal_append_step(
             conn,
             now,
             AppendTo {
@@ -256,7 +256,7 @@ pub(crate) fn signal_return(
     signals: &[(String, Value)],
     ttl_ms: i64,
 ) -> Result<AppendCode> {
-    let outcome = journal_append_to(conn, now, decision)?;
+    let outcome = journal_append_step(conn, now, decision)?;
     if !matches!(outcome, AppendCode::Appended(_)) {
         return Ok(outcome);
     }

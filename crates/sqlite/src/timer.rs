@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use time::OffsetDateTime;
 
 use crate::error::store;
-use crate::journal::{journal_append_to, AppendCode, AppendTo};
+use crate::journal::{journal_append_step, AppendCode, AppendTo};
 use crate::notify;
 use crate::row::micros;
 
@@ -145,7 +145,7 @@ pub(crate) fn timers_fire_due(
     let mut fired = Vec::with_capacity(batch.len());
     for (name, id, generation, step, kind, fire_at) in batch {
         let append = |kind: &'static str, payload: &Value| -> Result<bool> {
-            let code = journal_append_to(
+            let code = journal_append_step(
                 conn,
                 now,
                 AppendTo {

@@ -10,8 +10,8 @@
 //! [`contract_suite!`](crate::contract_suite) expands the whole suite for one store:
 //!
 //! ```ignore
-//! keiro_tests::contract_suite!(memory => keiro_tests::Harness::memory());
 //! keiro_tests::contract_suite!(postgres => keiro_tests::Harness::postgres().await);
+//! keiro_tests::contract_suite!(sqlite => keiro_tests::Harness::sqlite());
 //! ```
 //!
 //! The test binary `tests/tests/contract.rs` invokes it once per store, so a test is named
@@ -227,6 +227,8 @@ macro_rules! contract_suite {
                     arming_is_idempotent_and_learns_the_result,
                     concurrent_arms_of_one_step_write_one_task,
                     a_passed_deadline_redispatches_until_the_step_is_lost,
+                    a_lost_step_wakes_its_owner,
+                    a_passed_deadline_counts_the_expired_claim_it_drops,
                     a_park_dispatch_writes_its_tasks_and_wakes_by_the_first_deadline,
                     parks_sent_at_once_each_get_their_own_answer,
                 ],
@@ -235,12 +237,14 @@ macro_rules! contract_suite {
                     claims_go_by_priority_then_age_across_groups,
                     an_expired_claim_is_claimable_again_and_its_holder_is_stale,
                     the_last_expired_claim_fails_the_step_as_crashed_and_wakes_the_owner,
+                    a_claim_leaves_the_expired_claims_of_other_groups_alone,
                     a_heartbeat_extends_only_the_current_claim,
                 ],
                 report [
                     completion_is_idempotent_and_wakes_a_suspended_owner,
                     a_completion_without_a_claim_wins_and_a_gone_owner_is_reported,
                     retryable_failures_back_off_and_the_last_one_is_journaled,
+                    a_retry_counts_the_redispatch_deadline_from_the_end_of_its_backoff,
                     a_failure_that_is_not_retryable_fails_at_once,
                     a_failure_of_a_pending_task_is_stale,
                     a_batch_of_reports_answers_each_in_the_callers_order,
@@ -256,6 +260,9 @@ macro_rules! contract_suite {
                     a_requeue_guards_a_cycle_of_parent_links,
                     a_fix_copies_the_parent_link_and_delivers_only_its_success,
                     a_requeue_journals_a_fix_that_already_completed,
+                    a_requeue_resets_failures_in_journal_order,
+                    a_requeue_cascades_down_the_tree_and_relinks_every_level,
+                    a_requeue_delivers_a_success_the_failed_parent_could_not_take,
                 ],
             },
             awakeable {

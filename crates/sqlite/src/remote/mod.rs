@@ -24,7 +24,7 @@ use time::OffsetDateTime;
 
 use crate::error::store;
 use crate::instance::{self, ParkCode};
-use crate::journal::{journal_append_to, AppendCode, AppendTo};
+use crate::journal::{journal_append_step, AppendCode, AppendTo};
 use crate::notify;
 use crate::row::{self, micros};
 
@@ -137,7 +137,7 @@ pub(crate) fn remote_deliver(
     task: &Task,
     envelope: &Value,
 ) -> Result<DeliverCode> {
-    let code = journal_append_to(
+    let code = journal_append_step(
         conn,
         now,
         AppendTo {

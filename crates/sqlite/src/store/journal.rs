@@ -16,9 +16,10 @@ use time::OffsetDateTime;
 
 use crate::error::{self, malformed};
 use crate::instance::{self, ConfirmCode, FailDivergedCode, ParkCode};
-use crate::journal::{self, AppendCode, AppendTo, DeliveryCode};
+use crate::journal::{self, AppendCode, AppendTo, Closing, DeliveryCode};
 use crate::row;
 use crate::storable;
+use crate::{child, remote};
 
 use super::{join_all, lease_lost, not_found, span_ms, SqliteStore};
 
@@ -427,14 +428,17 @@ impl SqliteStore {
         self.inner
             .writer
             .write(CANCEL, move |conn, now| {
-                let code = instance::instance_cancel(
+                let cancelled = instance::instance_cancel(
                     conn,
                     now,
                     key.name.as_str(),
                     key.id.as_str(),
                     cascade,
                 )?;
-                append_outcome(code, &key, None)
+                for (name, id, generation) in &cancelled.tasks {
+                    remote::remote_tasks_cancel(conn, now, name, id, *generation)?;
+                }
+                append_outcome(cancelled.code, &key, None)
             })
             .await
     }
@@ -518,11 +522,32 @@ pub(super) fn encoded_step(append: &Append, operation: &'static str) -> Result<E
     }
 }
 
-/// One append by the append rules, as its outcome or error.
+/// One append by the append rules, and what a closing marker leaves to do, as its outcome or
+/// error.
 fn append_in(conn: &Connection, now: OffsetDateTime, append: &Append) -> Result<AppendOutcome> {
     let encoded = append.event.encode();
-    let outcome = journal::journal_append_to(conn, now, append_to(append, &encoded))?;
+    let (outcome, closing) = journal::journal_append_to(conn, now, append_to(append, &encoded))?;
+    close(conn, now, &append.key, closing)?;
     append_outcome(outcome, &append.key, append.fence.as_ref())
+}
+
+/// Carries out what a closing marker just written to `key` leaves to do, in the plpgsql
+/// append's order: the generation's remote tasks are cancelled, then the result is delivered
+/// to a waiting parent.
+fn close(
+    conn: &Connection,
+    now: OffsetDateTime,
+    key: &InstanceKey,
+    closing: Closing,
+) -> Result<()> {
+    let (name, id) = (key.name.as_str(), key.id.as_str());
+    if let Some(generation) = closing.cancel_tasks {
+        remote::remote_tasks_cancel(conn, now, name, id, generation)?;
+    }
+    if closing.deliver {
+        child::child_deliver(conn, now, name, id)?;
+    }
+    Ok(())
 }
 
 /// An append's code as its outcome or error, for an append to `key` by the holder of `fence`.

@@ -9,6 +9,7 @@ use keiro_journal::{
     InstanceKey, Marker, Status, StepKind,
 };
 use keiro_lease::LeaseStore;
+use keiro_remote::TaskStatus;
 use serde_json::json;
 
 async fn spawn(
@@ -69,6 +70,12 @@ async fn tree(
 pub async fn a_cascade_cancels_every_live_descendant(h: Harness) -> TestResult {
     let store = &*h.store;
     let [root, a, a1, b, done] = tree(store).await?;
+    // A live remote task on each of three levels, and one on the finished child.
+    for k in [&root, &a, &a1, &done] {
+        store
+            .remote_arm(&crate::contract::remote::arm(k, "label", json!(1)))
+            .await?;
+    }
     assert_eq!(
         store.instance_cancel(&root, true).await?,
         AppendOutcome::Appended
@@ -76,6 +83,16 @@ pub async fn a_cascade_cancels_every_live_descendant(h: Harness) -> TestResult {
     for k in [&root, &a, &a1, &b] {
         assert_eq!(status(store, k).await?, Status::Cancelled, "{k}");
     }
+    // Each cancellation cancelled the tasks of the generation it closed.
+    for k in [&root, &a, &a1] {
+        let tasks = h.admin.remote_tasks(k).await?;
+        let statuses: Vec<_> = tasks.iter().map(|t| t.status).collect();
+        assert_eq!(statuses, [TaskStatus::Cancelled], "{k}");
+    }
+    assert!(
+        h.admin.remote_tasks(&done).await?.is_empty(),
+        "a finished run writes no task"
+    );
     assert_eq!(
         status(store, &done).await?,
         Status::Completed,
@@ -180,6 +197,14 @@ pub async fn a_cycle_of_adoptions_does_not_loop(h: Harness) -> TestResult {
         (status(store, &x).await?, status(store, &y).await?),
         (Status::Cancelled, Status::Cancelled)
     );
+    // x's envelope reached y, still live when x closed; y's reached a cancelled x.
+    assert_eq!(
+        recorded(store, &y, &child_result_step(&x)).await?,
+        [json!({"cancelled": true})]
+    );
+    assert!(recorded(store, &x, &child_result_step(&y))
+        .await?
+        .is_empty());
     Ok(())
 }
 

@@ -1,7 +1,7 @@
 //! Group commit conformance: appends and starts made together (`journal_append_batch`,
 //! `instances_start`, `Keiro::start_many`, and concurrent single calls) give each request the
-//! outcome it would have had alone, on the memory store and on Postgres with batching on and
-//! off.
+//! outcome it would have had alone, on SQLite (the writer's shared transaction) and on Postgres
+//! with batching on and off.
 
 use std::time::Duration;
 

@@ -91,6 +91,14 @@ pub async fn a_refused_step_result_is_not_journaled(h: Harness) -> TestResult {
         "a step's result",
     );
     assert_eq!(snapshot(&h, &k).await?, before);
+    let poisoned_name = step(NUL, StepKind::Step, json!("ok"));
+    assert_refused(
+        h.store
+            .journal_append(&Append::external(k.clone(), poisoned_name))
+            .await,
+        "a step's name",
+    );
+    assert_eq!(snapshot(&h, &k).await?, before);
     Ok(())
 }
 

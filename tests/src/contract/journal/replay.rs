@@ -1,4 +1,4 @@
-//! Journal and replay conformance: the same scenarios against the memory and Postgres stores.
+//! Journal and replay conformance: the same scenarios against every store.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};

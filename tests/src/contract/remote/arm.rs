@@ -4,13 +4,15 @@
 
 use std::time::Duration;
 
-use super::{arm, claim_one, claim_tasks, task};
-use crate::contract::support::{claim, key, recorded, start, status, TestResult};
+use super::{arm, claim_one, claim_request, claim_tasks, failure, task};
+use crate::contract::support::{
+    claim, key, payload, recorded, start, start_parked, status, TestResult, QUIET,
+};
 use crate::Harness;
 use keiro_journal::{
     store::remote_step_id, store::RemoteArm, store::RemoteArmOutcome, InstanceKey, Status,
 };
-use keiro_remote::{HeartbeatOutcome, ReportOutcome, TaskStatus};
+use keiro_remote::{HeartbeatOutcome, RemoteTask, ReportOutcome, TaskStatus};
 use serde_json::{json, Value};
 use time::OffsetDateTime;
 
@@ -19,19 +21,47 @@ pub async fn arming_is_idempotent_and_learns_the_result(h: Harness) -> TestResul
     let owner = key("owner", "o-1");
     store.instance_start(&start(&owner, Value::Null)).await?;
     let a = arm(&owner, "label", json!("first"));
+    let mut listener = h.notifications().await?;
     assert_eq!(
         store.remote_arm(&a).await?,
         RemoteArmOutcome::Dispatched { deadline: None }
     );
+    assert_eq!(listener.drain(QUIET).await, ["remote"]);
+    // The first arm wins: a re-arm changes nothing and notifies nobody.
     let rearm = RemoteArm {
         input: json!("second"),
         priority: 9,
         group: "elsewhere".into(),
+        max_attempts: 5,
+        traceparent: Some("00-other".into()),
         ..a.clone()
     };
     assert_eq!(
         store.remote_arm(&rearm).await?,
         RemoteArmOutcome::Waiting { deadline: None }
+    );
+    assert!(
+        listener.drain(QUIET).await.is_empty(),
+        "a re-arm notifies nobody"
+    );
+    assert_eq!(
+        h.admin.remote_tasks(&owner).await?,
+        [RemoteTask {
+            step_id: "owner/o-1/0/label".into(),
+            key: owner.clone(),
+            generation: 0,
+            step: "label".into(),
+            journal_step: "remote:label".into(),
+            group: "label".into(),
+            status: TaskStatus::Pending,
+            attempts: 0,
+            max_attempts: 1,
+            dispatches: 1,
+            claimed_by: None,
+            last_error: None,
+            output: None,
+            traceparent: None,
+        }]
     );
     let claimed = claim_one(&*h.transport, "label").await?;
     assert_eq!((claimed.input, claimed.priority), (json!("first"), 0));
@@ -62,12 +92,28 @@ pub async fn arming_is_idempotent_and_learns_the_result(h: Harness) -> TestResul
     assert!(store.remote_arm(&stale).await.unwrap_err().is_lease_lost());
     let live = RemoteArm {
         fence: Some(fence),
+        traceparent: Some("00-trace".into()),
         ..arm(&owner, "fenced", json!(1))
     };
     assert!(matches!(
         store.remote_arm(&live).await?,
         RemoteArmOutcome::Dispatched { .. }
     ));
+    // The run's trace context is stored with the task and handed to its claimant.
+    assert_eq!(
+        task(&*h.admin, &owner, &live.step_id)
+            .await?
+            .traceparent
+            .as_deref(),
+        Some("00-trace")
+    );
+    assert_eq!(
+        claim_one(&*h.transport, "fenced")
+            .await?
+            .traceparent
+            .as_deref(),
+        Some("00-trace")
+    );
     let ghost = key("owner", "ghost");
     assert!(store
         .remote_arm(&arm(&ghost, "label", json!(1)))
@@ -152,20 +198,37 @@ pub async fn a_passed_deadline_redispatches_until_the_step_is_lost(h: Harness) -
     else {
         return Err("expected a redispatch".into());
     };
-    assert!(second > first);
+    // The next deadline counts from the redispatch, which came after the first deadline.
+    assert!(
+        second >= first + Duration::from_millis(60),
+        "{second} vs {first}"
+    );
     let payloads = listener.drain(Duration::from_millis(200)).await;
     assert_eq!(payloads, ["remote"]);
     let stored = task(&*h.admin, &owner, &a.step_id).await?;
     assert_eq!((stored.status, stored.dispatches), (TaskStatus::Pending, 2));
-    assert_eq!(stored.claimed_by, None);
+    assert_eq!((stored.claimed_by, stored.attempts), (None, 0));
+    // The dropped claimant's reports no longer count.
     assert_eq!(
         h.transport
             .task_heartbeat(&a.step_id, claimed.claim, Duration::from_secs(60))
             .await?,
         HeartbeatOutcome::Lost
     );
+    assert_eq!(
+        h.transport
+            .task_fail(
+                &a.step_id,
+                claimed.claim,
+                &failure("jammed", None, true),
+                Duration::ZERO
+            )
+            .await?,
+        ReportOutcome::Stale
+    );
+    // Its claim was live: the redispatch counted no attempt.
     let again = claim_one(&*h.transport, "label").await?;
-    assert_eq!(again.dispatches, 2);
+    assert_eq!((again.dispatches, again.attempt), (2, 1));
 
     tokio::time::sleep(Duration::from_millis(100)).await;
     let lost = json!({"error": {
@@ -186,7 +249,10 @@ pub async fn a_passed_deadline_redispatches_until_the_step_is_lost(h: Harness) -
         std::slice::from_ref(&lost)
     );
     let stored = task(&*h.admin, &owner, &a.step_id).await?;
-    assert_eq!(stored.status, TaskStatus::Failed);
+    assert_eq!(
+        (stored.status, stored.claimed_by),
+        (TaskStatus::Failed, None)
+    );
     assert_eq!(
         stored.last_error,
         Some(
@@ -204,6 +270,88 @@ pub async fn a_passed_deadline_redispatches_until_the_step_is_lost(h: Harness) -
             value: lost,
             lost: false
         }
+    );
+    Ok(())
+}
+
+pub async fn a_lost_step_wakes_its_owner(h: Harness) -> TestResult {
+    let store = &*h.store;
+    let owner = key("owner", "o-1");
+    start_parked(store, &owner).await?;
+    let once = RemoteArm {
+        redispatch_after: Some(Duration::from_millis(50)),
+        redispatch_max: 1,
+        ..arm(&owner, "label", json!(1))
+    };
+    store.remote_arm(&once).await?;
+    assert_eq!(status(store, &owner).await?, Status::Suspended);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The loss is journaled like any result: the suspended owner is woken by it.
+    let mut listener = h.notifications().await?;
+    assert!(matches!(
+        store.remote_arm(&once).await?,
+        RemoteArmOutcome::Settled { lost: true, .. }
+    ));
+    assert_eq!(status(store, &owner).await?, Status::Running);
+    assert_eq!(listener.drain(QUIET).await, [payload(&owner)]);
+    Ok(())
+}
+
+pub async fn a_passed_deadline_counts_the_expired_claim_it_drops(h: Harness) -> TestResult {
+    let store = &*h.store;
+    let owner = key("owner", "o-1");
+    store.instance_start(&start(&owner, Value::Null)).await?;
+    let twice = RemoteArm {
+        max_attempts: 2,
+        redispatch_after: Some(Duration::from_millis(300)),
+        ..arm(&owner, "label", json!(1))
+    };
+    store.remote_arm(&twice).await?;
+    // Claims that expire long before the deadline, and no claim of the group in between to
+    // count them: the deadline meets the expired claim first.
+    let short = claim_request(&["label"], "w-dead", 1, Duration::from_millis(50));
+    let first = h.transport.tasks_claim(&short).await?;
+    assert_eq!(first.iter().map(|t| t.attempt).collect::<Vec<_>>(), [1]);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(matches!(
+        store.remote_arm(&twice).await?,
+        RemoteArmOutcome::Redispatched { deadline: Some(_) }
+    ));
+    let redispatched = task(&*h.admin, &owner, &twice.step_id).await?;
+    assert_eq!(
+        (
+            redispatched.status,
+            redispatched.attempts,
+            redispatched.dispatches
+        ),
+        (TaskStatus::Pending, 1, 2),
+        "the dropped claim is a failed attempt"
+    );
+    let second = h.transport.tasks_claim(&short).await?;
+    assert_eq!(second.iter().map(|t| t.attempt).collect::<Vec<_>>(), [2]);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // The last attempt's claim expired too: the step fails as crashed, not as lost.
+    let crashed = json!({"error": {
+        "message": "the claim of w-dead expired without a report (attempt 2 of 2)",
+        "code": "remote_step_crashed",
+        "retryable": true,
+        "attempts": 2,
+    }});
+    assert_eq!(
+        store.remote_arm(&twice).await?,
+        RemoteArmOutcome::Settled {
+            value: crashed.clone(),
+            lost: false
+        }
+    );
+    assert_eq!(
+        recorded(store, &owner, "remote:label").await?,
+        std::slice::from_ref(&crashed)
+    );
+    let failed = task(&*h.admin, &owner, &twice.step_id).await?;
+    assert_eq!(
+        (failed.status, failed.attempts, failed.dispatches),
+        (TaskStatus::Failed, 2, 2)
     );
     Ok(())
 }

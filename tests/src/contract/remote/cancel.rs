@@ -101,11 +101,12 @@ pub async fn a_cancel_cancels_the_live_tasks_of_the_run_and_refuses_their_report
     for step in ["remote:claimed", "remote:pending"] {
         assert!(recorded(store, &owner, step).await?.is_empty(), "{step}");
     }
-    // A re-arm (a stale run's) changes nothing.
+    // A re-arm (a stale run's) changes nothing, nor does an operator's redispatch.
     assert_eq!(
         store.remote_arm(&pending).await?,
         RemoteArmOutcome::Waiting { deadline: None }
     );
+    assert_eq!(h.admin.remote_redispatch_pending(&owner).await?, Some(0));
     assert_eq!(
         task(&*h.admin, &owner, &pending.step_id).await?.status,
         TaskStatus::Cancelled

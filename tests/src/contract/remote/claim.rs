@@ -5,11 +5,12 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use super::{arm, claim_request, claim_tasks, failure, task};
-use crate::contract::support::{key, recorded, start, start_parked, status, TestResult};
+use crate::contract::support::{key, recorded, start, start_parked, status, TestResult, SLACK};
 use crate::Harness;
 use keiro_journal::{store::RemoteArm, store::RemoteArmOutcome, Status, StoreError};
 use keiro_remote::{HeartbeatOutcome, ReportOutcome, TaskStatus};
 use serde_json::{json, Value};
+use time::OffsetDateTime;
 use uuid::Uuid;
 
 pub async fn concurrent_claimers_never_take_the_same_task(h: Harness) -> TestResult {
@@ -61,6 +62,7 @@ pub async fn claims_go_by_priority_then_age_across_groups(h: Harness) -> TestRes
     let store = &*h.store;
     let owner = key("owner", "o-1");
     store.instance_start(&start(&owner, Value::Null)).await?;
+    let before = OffsetDateTime::now_utc();
     for (step, group, priority) in [
         ("a", "g1", 0),
         ("b", "g2", 5),
@@ -96,6 +98,12 @@ pub async fn claims_go_by_priority_then_age_across_groups(h: Harness) -> TestRes
         (1, 1, 1)
     );
     assert_eq!(claimed.step_id, "owner/o-1/0/b");
+    // Available since it was armed.
+    assert!(
+        claimed.available_at >= before - SLACK && claimed.available_at <= before + SLACK,
+        "{} vs {before}",
+        claimed.available_at
+    );
     assert!(claim_tasks(&*h.transport, &["g1", "g2"], 10)
         .await?
         .is_empty());
@@ -172,14 +180,17 @@ pub async fn the_last_expired_claim_fails_the_step_as_crashed_and_wakes_the_owne
     };
     store.remote_arm(&a).await?;
     let short = claim_request(&["label"], "w-dead", 1, Duration::from_millis(50));
+    let mut last = None;
     for attempt in 1..=2 {
         let claimed = h.transport.tasks_claim(&short).await?;
         assert_eq!(
             claimed.iter().map(|t| t.attempt).collect::<Vec<_>>(),
             [attempt]
         );
+        last = claimed.into_iter().next();
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let last = last.ok_or("no last claim")?;
     assert_eq!(status(store, &owner).await?, Status::Suspended);
     let mut listener = h.notifications().await?;
     assert!(claim_tasks(&*h.transport, &["label"], 1).await?.is_empty());
@@ -201,6 +212,18 @@ pub async fn the_last_expired_claim_fails_the_step_as_crashed_and_wakes_the_owne
         (stored.status, stored.attempts, stored.claimed_by),
         (TaskStatus::Failed, 2, None)
     );
+    // The dead claimant's late words change nothing; a re-arm reads the failure.
+    assert_eq!(
+        h.transport
+            .task_fail(
+                &a.step_id,
+                last.claim,
+                &failure("late", None, true),
+                Duration::ZERO
+            )
+            .await?,
+        ReportOutcome::AlreadySettled
+    );
     assert_eq!(
         store.remote_arm(&a).await?,
         RemoteArmOutcome::Settled {
@@ -208,6 +231,31 @@ pub async fn the_last_expired_claim_fails_the_step_as_crashed_and_wakes_the_owne
             lost: false
         }
     );
+    Ok(())
+}
+
+pub async fn a_claim_leaves_the_expired_claims_of_other_groups_alone(h: Harness) -> TestResult {
+    let store = &*h.store;
+    let owner = key("owner", "o-1");
+    store.instance_start(&start(&owner, Value::Null)).await?;
+    let scan = RemoteArm {
+        max_attempts: 2,
+        ..arm(&owner, "scan", json!(1))
+    };
+    store.remote_arm(&scan).await?;
+    let short = claim_request(&["scan"], "w-dead", 1, Duration::from_millis(50));
+    assert_eq!(h.transport.tasks_claim(&short).await?.len(), 1);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A claimer of another group counts nothing: the expired claim is left to its own.
+    assert!(claim_tasks(&*h.transport, &["label"], 1).await?.is_empty());
+    let stored = task(&*h.admin, &owner, &scan.step_id).await?;
+    assert_eq!(
+        (stored.status, stored.attempts, stored.claimed_by.as_deref()),
+        (TaskStatus::Running, 0, Some("w-dead"))
+    );
+    assert_eq!(stored.last_error, None);
+    let next = claim_tasks(&*h.transport, &["scan"], 1).await?;
+    assert_eq!(next.iter().map(|t| t.attempt).collect::<Vec<_>>(), [2]);
     Ok(())
 }
 
@@ -251,6 +299,28 @@ pub async fn a_heartbeat_extends_only_the_current_claim(h: Harness) -> TestResul
             .await?,
         HeartbeatOutcome::Lost,
         "a settled task has no claim"
+    );
+
+    // A heartbeat sets the claim's expiry from now, even nearer than it was.
+    let b = RemoteArm {
+        max_attempts: 2,
+        ..arm(&owner, "short", json!(1))
+    };
+    store.remote_arm(&b).await?;
+    let long = claim_request(&["short"], "w-1", 1, Duration::from_secs(60));
+    let claimed = h.transport.tasks_claim(&long).await?.remove(0);
+    assert_eq!(
+        h.transport
+            .task_heartbeat(&b.step_id, claimed.claim, Duration::from_millis(50))
+            .await?,
+        HeartbeatOutcome::Extended
+    );
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let again = claim_tasks(&*h.transport, &["short"], 1).await?;
+    assert_eq!(
+        again.iter().map(|t| t.attempt).collect::<Vec<_>>(),
+        [2],
+        "the claim expired 50 ms after the heartbeat"
     );
     Ok(())
 }

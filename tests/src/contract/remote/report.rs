@@ -7,7 +7,9 @@ use std::time::Duration;
 use super::{arm, claim_one, claim_tasks, fail_instance, failure, task};
 use crate::contract::support::{key, recorded, start, start_parked, status, TestResult};
 use crate::Harness;
-use keiro_journal::{store::remote_step_id, store::RemoteArm, InstanceKey, Status};
+use keiro_journal::{
+    store::remote_step_id, store::RemoteArm, store::RemoteArmOutcome, InstanceKey, Status,
+};
 use keiro_remote::{ReportOutcome, TaskStatus};
 use serde_json::{json, Value};
 use time::OffsetDateTime;
@@ -140,7 +142,10 @@ pub async fn retryable_failures_back_off_and_the_last_one_is_journaled(h: Harnes
             "{at} vs {before}"
         );
         let stored = task(&*h.admin, &owner, &a.step_id).await?;
-        assert_eq!(stored.status, TaskStatus::Pending);
+        assert_eq!(
+            (stored.status, stored.claimed_by),
+            (TaskStatus::Pending, None)
+        );
         assert_eq!(stored.attempts, attempt);
         assert_eq!(
             stored.last_error,
@@ -188,6 +193,42 @@ pub async fn retryable_failures_back_off_and_the_last_one_is_journaled(h: Harnes
     );
     let stored = task(&*h.admin, &owner, &a.step_id).await?;
     assert_eq!((stored.status, stored.attempts), (TaskStatus::Failed, 3));
+    Ok(())
+}
+
+pub async fn a_retry_counts_the_redispatch_deadline_from_the_end_of_its_backoff(
+    h: Harness,
+) -> TestResult {
+    let store = &*h.store;
+    let owner = key("owner", "o-1");
+    store.instance_start(&start(&owner, Value::Null)).await?;
+    let redispatch_after = Duration::from_secs(600);
+    let a = RemoteArm {
+        max_attempts: 3,
+        redispatch_after: Some(redispatch_after),
+        ..arm(&owner, "label", json!(1))
+    };
+    store.remote_arm(&a).await?;
+    let claimed = claim_one(&*h.transport, "label").await?;
+    let outcome = h
+        .transport
+        .task_fail(
+            &a.step_id,
+            claimed.claim,
+            &failure("jammed", None, true),
+            Duration::from_secs(30),
+        )
+        .await?;
+    let ReportOutcome::Retrying { at } = outcome else {
+        return Err(format!("expected a retry, got {outcome:?}").into());
+    };
+    // Waiting out the backoff is not a lost dispatch.
+    assert_eq!(
+        store.remote_arm(&a).await?,
+        RemoteArmOutcome::Waiting {
+            deadline: Some(at + redispatch_after)
+        }
+    );
     Ok(())
 }
 

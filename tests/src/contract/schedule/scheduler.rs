@@ -616,14 +616,19 @@ async fn passes_at(
 }
 
 /// Another service on the same schema: a second pool on Postgres (another process would have
-/// its own), the same store in memory.
+/// its own), a second store on the same file on SQLite (as another process opens it).
 async fn second_service(h: &Harness) -> Result<Keiro, Box<dyn std::error::Error + Send + Sync>> {
-    Ok(match &h.db {
-        Some(db) => {
+    Ok(match (&h.db, &h.sqlite_dir) {
+        (Some(db), _) => {
             let store = keiro_postgres::PgStore::connect(db.config()).await?;
             Keiro::builder(store).without_push().build()
         }
-        None => h.keiro.clone(),
+        (None, Some(dir)) => {
+            let store =
+                keiro_sqlite::SqliteStore::open(dir.file(), keiro_sqlite::Config::default())?;
+            Keiro::builder(store).without_push().build()
+        }
+        (None, None) => h.keiro.clone(),
     })
 }
 
