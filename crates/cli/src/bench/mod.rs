@@ -170,6 +170,13 @@ pub(crate) struct BenchArgs {
     /// fleet's claims find these in front of the runs they may take.
     #[arg(long, default_value_t = 0)]
     pub(crate) in_progress: u64,
+    /// On SQLite: the store's read connections (`Config::readers`; its default when absent).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=256))]
+    pub(crate) sqlite_readers: Option<u64>,
+    /// On SQLite: the most operations one write transaction takes (`Config::batch_max`; its
+    /// default when absent).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    pub(crate) sqlite_batch_max: Option<u64>,
     /// `sqlite-baseline`: seconds each thread count runs.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=600))]
     pub(crate) baseline_s: u64,

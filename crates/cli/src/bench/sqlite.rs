@@ -60,13 +60,29 @@ struct SqliteReport {
     rss_peak_mb: f64,
 }
 
-/// Opens a fresh bench file at `path` (replacing an earlier bench's) with the store's defaults.
-async fn open_fresh(path: &Path) -> Result<SqliteStore> {
+/// The store's settings: its defaults (durable commits), but for the reader pool and the batch
+/// size the options name.
+fn config(args: &BenchArgs) -> Config {
+    let defaults = Config::default();
+    let size = |option: Option<u64>, default: usize| {
+        option
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(default)
+    };
+    Config {
+        readers: size(args.sqlite_readers, defaults.readers),
+        batch_max: size(args.sqlite_batch_max, defaults.batch_max),
+        ..defaults
+    }
+}
+
+/// Opens a fresh bench file at `path` (replacing an earlier bench's) with `config`.
+async fn open_fresh(path: &Path, config: Config) -> Result<SqliteStore> {
     replace_scratch_file(path, MARKER, "bench")?;
     let owned = path.to_owned();
     let store = tokio::task::spawn_blocking(move || -> Result<SqliteStore> {
-        let store = SqliteStore::open(&owned, Config::default())
-            .context(format!("opening {}", owned.display()))?;
+        let store =
+            SqliteStore::open(&owned, config).context(format!("opening {}", owned.display()))?;
         let conn = rusqlite::Connection::open(&owned).context("opening the bench connection")?;
         conn.execute_batch(&format!("CREATE TABLE {MARKER} (created INTEGER)"))
             .context("marking the bench file")?;
@@ -173,7 +189,9 @@ fn report(args: &BenchArgs, workflows: u64, phase: &Phase) -> Result<()> {
 pub(super) async fn throughput(args: &BenchArgs, path: &Path) -> Result<Outcome> {
     let workflows = args.workflows();
     let concurrency = usize::try_from(args.concurrency).context("--concurrency")?;
-    let store = open_fresh(path).await?;
+    let config = config(args);
+    let (readers, batch_max) = (config.readers, config.batch_max);
+    let store = open_fresh(path, config).await?;
     let keiro = Keiro::builder(store.clone()).without_push().build();
     let finish = Arc::new(FinishLine::new(workflows));
     let log = {
@@ -204,7 +222,7 @@ pub(super) async fn throughput(args: &BenchArgs, path: &Path) -> Result<Outcome>
     });
     println!(
         "bench: throughput: {workflows} workflows x {} steps, worker concurrency {}, {} producers, \
-         poll {} ms, sqlite file {}",
+         poll {} ms, sqlite file {} ({readers} readers, batches of at most {batch_max})",
         args.steps,
         args.concurrency,
         args.producers,
@@ -256,7 +274,9 @@ pub(super) async fn throughput(args: &BenchArgs, path: &Path) -> Result<Outcome>
 pub(super) async fn direct(args: &BenchArgs, path: &Path) -> Result<Outcome> {
     let workflows = args.workflows();
     let concurrency = usize::try_from(args.concurrency).context("--concurrency")?;
-    let store = open_fresh(path).await?;
+    let config = config(args);
+    let (readers, batch_max) = (config.readers, config.batch_max);
+    let store = open_fresh(path, config).await?;
     let keiro = Keiro::builder(store.clone()).build();
     let worker = keiro
         .worker()
@@ -279,7 +299,7 @@ pub(super) async fn direct(args: &BenchArgs, path: &Path) -> Result<Outcome> {
     let mode = args.path.mode();
     println!(
         "bench: {mode}: {workflows} workflows x {} steps, {} in flight, worker poll {} ms, sqlite \
-         file {}",
+         file {} ({readers} readers, batches of at most {batch_max})",
         args.steps,
         args.concurrency,
         args.poll_interval_ms,
