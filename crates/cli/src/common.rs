@@ -125,13 +125,15 @@ impl Global {
     }
 
     /// The store of `keiro demo` and `keiro chaos` (`command`): the URL's when one was given,
-    /// else a SQLite file in a new temporary directory, announced with the line that runs the
-    /// same command on PostgreSQL. The directory is the caller's to remove.
+    /// else a SQLite file in a new temporary directory, with the line that announces it and
+    /// the one that runs the same command on PostgreSQL ([`Scratch::announcement`], the
+    /// command's first line). The directory is the caller's to remove.
     pub(crate) fn scratch_store(&self, command: &str) -> Result<Scratch> {
         if self.database_url.is_some() {
             return Ok(Scratch {
                 store: self.store()?,
                 temporary: None,
+                announcement: None,
             });
         }
         let dir = std::env::temp_dir().join(format!(
@@ -141,7 +143,7 @@ impl Global {
         ));
         std::fs::create_dir(&dir).context(format!("creating {}", dir.display()))?;
         let path = dir.join(format!("keiro-{command}.db"));
-        println!(
+        let announcement = format!(
             "{command}: on SQLite, the file {} in a temporary directory removed at the end (no \
              DATABASE_URL or --database-url); on PostgreSQL: keiro {command} --database-url {}",
             path.display(),
@@ -150,6 +152,7 @@ impl Global {
         Ok(Scratch {
             store: Store::Sqlite(path),
             temporary: Some(dir),
+            announcement: Some(announcement),
         })
     }
 
@@ -179,6 +182,9 @@ pub(crate) struct Scratch {
     pub(crate) store: Store,
     /// The temporary directory holding the SQLite file, when no URL was given.
     pub(crate) temporary: Option<PathBuf>,
+    /// The line saying the run is on a temporary SQLite file, and how to run it on
+    /// PostgreSQL instead; `None` when a URL was given.
+    pub(crate) announcement: Option<String>,
 }
 
 impl Scratch {
@@ -190,6 +196,41 @@ impl Scratch {
             }
         }
     }
+}
+
+/// Makes way for a fresh scratch file at `path` for `keiro {command}`: removes the one an
+/// earlier run of it left there (with its WAL and shared-memory files), told by the table
+/// `marker` it creates, and refuses any other file, which may be data.
+pub(crate) fn replace_scratch_file(path: &Path, marker: &str, command: &str) -> Result<()> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let ours =
+        rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .and_then(|conn| {
+                conn.query_row(
+                    "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1",
+                    [marker],
+                    |row| row.get::<_, i64>(0),
+                )
+            })
+            .is_ok_and(|tables| tables == 1);
+    if !ours {
+        return Err(failure(format!(
+            "refusing to replace {}: it is not a file an earlier keiro {command} made; name a new \
+             file, or leave out --database-url for a temporary one",
+            path.display()
+        )));
+    }
+    for suffix in ["", "-wal", "-shm"] {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        let file = PathBuf::from(name);
+        if file.exists() {
+            std::fs::remove_file(&file).context(format!("removing {}", file.display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// The facade on the operator's store with a PostgreSQL pool of `pool_size`: the schema of

@@ -16,11 +16,14 @@
 //!   (push against polling); and the queries an idle worker makes over parked runs.
 //! - `keiro chaos` proves the guarantees under faults: worker and remote worker processes killed
 //!   with SIGKILL every 0.5 s and PostgreSQL restarted in immediate mode, then every invariant
-//!   checked from the journal and a table of witnesses; one JSON line.
+//!   checked from the journal and a table of witnesses; one JSON line. Without a
+//!   `--database-url` it runs on a SQLite file in a temporary directory (SIGKILLs only: there
+//!   is no server to restart).
 //!
 //! Every command reads `--database-url` (`DATABASE_URL`): `postgres://…` for a PostgreSQL
 //! server (default: the local one), `sqlite:PATH` for a SQLite file, where the operator
-//! commands work alike through the same facade calls (`keiro bench` is PostgreSQL's alone).
+//! commands work alike through the same facade calls (`keiro bench` is PostgreSQL's but for its
+//! `throughput`, `direct` and `sqlite-baseline` modes).
 //! `--schema` (`KEIRO_SCHEMA`) is the PostgreSQL schema; the demo and the bench work in scratch
 //! schemas of their own, which they drop and recreate.
 //! Logs go to stderr, filtered by `RUST_LOG` (default `warn`).
@@ -129,15 +132,12 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         let global = cli.global;
         common::init_tls(&global)?;
-        if let Command::Bench(_) | Command::BenchRemoteWorker(_) = &cli.command {
+        if let Command::BenchRemoteWorker(_) = &cli.command {
             common::postgres_only(
                 &global,
                 "keiro bench",
                 "it measures round trips, plans and pools of the PostgreSQL store",
             )?;
-        }
-        if let Command::Chaos(_) | Command::ChaosWorker(_) = &cli.command {
-            common::postgres_only(&global, "keiro chaos", "its SQLite run is not written yet")?;
         }
         match cli.command {
             Command::Migrate => migrate::run(&global).await,

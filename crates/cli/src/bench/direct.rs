@@ -15,40 +15,17 @@
 //! Latency is measured by each task around its call (start to output, as the caller sees it)
 //! and, as `throughput` does, from the instance rows (`created_at` to `completed_at`).
 
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::ValueEnum;
-use keiro::{Ctx, Keiro, ResultOptions, WorkflowError};
-use serde::{Deserialize, Serialize};
+use keiro::{Keiro, ResultOptions, Worker};
+use serde::Serialize;
 
+use super::throughput::{bench_workflow, BenchInput, WORKFLOW};
 use super::{instance_id, server, BenchArgs, Percentiles, Setup};
 use crate::common::{ms, resident_memory_mb, round, Global, Outcome, Result, ResultExt};
-
-/// The registered workflow name.
-const WORKFLOW: &str = "bench";
-
-/// The bench workflow's input: the same workflow as `throughput`'s.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-struct BenchInput {
-    steps: u64,
-}
-
-/// K trivial steps: the cost measured is keiro's, not the work's.
-async fn bench_workflow(ctx: Ctx, input: BenchInput) -> Result<u64, WorkflowError> {
-    let mut sum = 0;
-    for i in 0..input.steps {
-        sum += ctx
-            .step(
-                &format!("step-{i}"),
-                || async move { Ok::<_, Infallible>(i) },
-            )
-            .await?;
-    }
-    Ok(sum)
-}
 
 /// Which way the closed loop of `direct` runs its workflows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -69,6 +46,79 @@ impl Path {
             Self::Worker => true,
             Self::Alternate => i % 2 == 1,
         }
+    }
+
+    /// The report's name of a closed loop on this path.
+    pub(super) fn mode(self) -> &'static str {
+        match self {
+            Self::Direct => "direct",
+            Self::Worker => "direct-via-worker",
+            Self::Alternate => "direct-alternate",
+        }
+    }
+}
+
+/// Runs the closed loop: `concurrency` tasks each run one workflow after another on `path`
+/// until `workflows` are done. Returns each workflow's start-to-output latency and whether it
+/// went through the worker, or `None` if they were not all done within `timeout`.
+pub(super) async fn closed_loop(
+    worker: &Worker,
+    keiro: &Keiro,
+    path: Path,
+    workflows: u64,
+    concurrency: usize,
+    input: BenchInput,
+    timeout: Duration,
+) -> Result<Option<Vec<(Duration, bool)>>> {
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..concurrency {
+        let (worker, keiro, next) = (worker.clone(), keiro.clone(), next.clone());
+        tasks.spawn(async move {
+            // (latency, through the worker) per workflow.
+            let mut latencies = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= workflows {
+                    return Ok::<_, crate::common::Error>(latencies);
+                }
+                let id = instance_id("wf", i);
+                let via_worker = path.via_worker(i);
+                let called = Instant::now();
+                if via_worker {
+                    keiro
+                        .start(WORKFLOW, &id, &input)
+                        .await
+                        .context(format!("starting {id}"))?;
+                    let options = ResultOptions {
+                        timeout: Some(Duration::from_secs(600)),
+                        ..ResultOptions::default()
+                    };
+                    keiro
+                        .result_with::<u64>((WORKFLOW, &id), &options)
+                        .await
+                        .context(format!("awaiting {id}"))?;
+                } else {
+                    worker
+                        .run_named::<u64, _>(WORKFLOW, &id, &input)
+                        .await
+                        .context(format!("running {id}"))?;
+                }
+                latencies.push((called.elapsed(), via_worker));
+            }
+        });
+    }
+    let mut latencies = Vec::new();
+    let finished = tokio::time::timeout(timeout, async {
+        while let Some(joined) = tasks.join_next().await {
+            latencies.extend(joined.context("a bench task failed")??);
+        }
+        Ok::<_, crate::common::Error>(())
+    })
+    .await;
+    match finished {
+        Ok(finished) => finished.map(|()| Some(latencies)),
+        Err(_) => Ok(None),
     }
 }
 
@@ -147,67 +197,27 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         }
     });
     let path = args.path;
-    let mode = match path {
-        Path::Direct => "direct",
-        Path::Worker => "direct-via-worker",
-        Path::Alternate => "direct-alternate",
-    };
+    let mode = path.mode();
     println!(
         "bench: {mode}: {} workflows x {} steps, {} in flight, worker poll {} ms, schema {}",
         workflows, args.steps, args.concurrency, args.poll_interval_ms, args.bench_schema
     );
 
     let input = BenchInput { steps: args.steps };
-    let next = Arc::new(AtomicU64::new(0));
     let server_before = server::read_before(&setup.db, &setup.store).await?;
     let round_trips_before = setup.store.round_trips();
     let phase_cpu = server::PhaseCpu::start();
     let batches_before = setup.store.batch_stats();
     let started = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..concurrency {
-        let (worker, keiro, next) = (worker.clone(), keiro.clone(), next.clone());
-        tasks.spawn(async move {
-            // (latency, through the worker) per workflow.
-            let mut latencies = Vec::new();
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= workflows {
-                    return Ok::<_, crate::common::Error>(latencies);
-                }
-                let id = instance_id("wf", i);
-                let via_worker = path.via_worker(i);
-                let called = Instant::now();
-                if via_worker {
-                    keiro
-                        .start(WORKFLOW, &id, &input)
-                        .await
-                        .context(format!("starting {id}"))?;
-                    let options = ResultOptions {
-                        timeout: Some(Duration::from_secs(600)),
-                        ..ResultOptions::default()
-                    };
-                    keiro
-                        .result_with::<u64>((WORKFLOW, &id), &options)
-                        .await
-                        .context(format!("awaiting {id}"))?;
-                } else {
-                    worker
-                        .run_named::<u64, _>(WORKFLOW, &id, &input)
-                        .await
-                        .context(format!("running {id}"))?;
-                }
-                latencies.push((called.elapsed(), via_worker));
-            }
-        });
-    }
-    let mut latencies = Vec::new();
-    let deadline = tokio::time::timeout(Duration::from_secs(args.timeout_s), async {
-        while let Some(joined) = tasks.join_next().await {
-            latencies.extend(joined.context("a bench task failed")??);
-        }
-        Ok::<_, crate::common::Error>(())
-    })
+    let looped = closed_loop(
+        &worker,
+        &keiro,
+        path,
+        workflows,
+        concurrency,
+        input,
+        Duration::from_secs(args.timeout_s),
+    )
     .await;
     let elapsed = started.elapsed();
     let round_trips = setup.store.round_trips() - round_trips_before;
@@ -216,18 +226,13 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let _ = stop_tx.send(());
     let summary = worker_task.await.context("the bench worker task failed")?;
     let spent = server_before.spent_until(&server::read_after(&setup.db, &setup.store).await?);
-    match deadline {
-        Ok(finished) => finished?,
-        Err(_) => {
-            println!(
-                "bench: FAIL: only {}/{} workflows completed within {} s",
-                latencies.len(),
-                workflows,
-                args.timeout_s
-            );
-            return Ok(Outcome::Failed);
-        }
-    }
+    let Some(latencies) = looped? else {
+        println!(
+            "bench: FAIL: not every one of the {workflows} workflows completed within {} s",
+            args.timeout_s
+        );
+        return Ok(Outcome::Failed);
+    };
 
     let row = setup
         .db

@@ -1,4 +1,7 @@
-//! `keiro bench`: measures keiro on the local Postgres, in a scratch schema it recreates.
+//! `keiro bench`: measures keiro on the local Postgres, in a scratch schema it recreates; or,
+//! for `throughput` and `direct`, on a SQLite file (`--database-url sqlite:PATH`, see
+//! [`sqlite`]), beside `sqlite-baseline`, the same machine's one-row commit rate on SQLite (see
+//! [`baseline`]).
 //!
 //! A mode is one experiment; each prints human lines and then, as its last stdout line, exactly
 //! one JSON object with its figures, so scripts can `tail -n1`. A new mode is a variant of
@@ -18,13 +21,17 @@
 //!   (see [`direct`]); `--path worker` runs the same loop through start, worker and result.
 //! - `gc`: retention's deletion rate in rows per second, and a running workload's throughput
 //!   with and without a collecting worker, in interleaved rounds (see [`gc`]).
+//! - `sqlite-baseline`: durable one-row commits per second on a SQLite file at 1 and C
+//!   threads (see [`baseline`]).
 
+mod baseline;
 mod direct;
 mod drive_cost;
 mod gc;
 mod idle;
 pub(crate) mod remote;
 mod server;
+mod sqlite;
 mod throughput;
 mod wake;
 
@@ -38,7 +45,8 @@ use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMete
 use serde::Serialize;
 
 use crate::common::{
-    connect_store, open_connection, recreate_scratch_schema, Global, Outcome, Result, ResultExt,
+    connect_store, open_connection, postgres_only, recreate_scratch_schema, Global, Outcome,
+    Result, ResultExt, Store,
 };
 
 /// Which experiment to run.
@@ -58,6 +66,8 @@ pub(crate) enum Mode {
     Gc,
     /// Direct execution: C runs in flight, each started and driven by its caller.
     Direct,
+    /// Durable one-row commits per second on a SQLite file, at 1 and C threads.
+    SqliteBaseline,
 }
 
 impl Mode {
@@ -71,6 +81,7 @@ impl Mode {
             Self::DriveCost => 1,
             Self::Gc => 20_000,
             Self::Direct => 2000,
+            Self::SqliteBaseline => 0,
         }
     }
 }
@@ -159,6 +170,16 @@ pub(crate) struct BenchArgs {
     /// fleet's claims find these in front of the runs they may take.
     #[arg(long, default_value_t = 0)]
     pub(crate) in_progress: u64,
+    /// On SQLite: the store's read connections (`Config::readers`; its default when absent).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=256))]
+    pub(crate) sqlite_readers: Option<u64>,
+    /// On SQLite: the most operations one write transaction takes (`Config::batch_max`; its
+    /// default when absent).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    pub(crate) sqlite_batch_max: Option<u64>,
+    /// `sqlite-baseline`: seconds each thread count runs.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub(crate) baseline_s: u64,
     /// With batching, how many batches of one operation may be in flight at once, direct
     /// starts and appends counting as one (`Config::batch_in_flight`; the store's default when
     /// absent).
@@ -186,8 +207,22 @@ impl BenchArgs {
     }
 }
 
-/// Runs the chosen mode.
+/// Runs the chosen mode: on SQLite `throughput`, `direct` and `sqlite-baseline`, the others
+/// measure the PostgreSQL store alone.
 pub(crate) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
+    let store = global.store()?;
+    match (&store, args.mode) {
+        (_, Mode::SqliteBaseline) => return baseline::run(args, store).await,
+        (Store::Sqlite(path), Mode::Throughput) => return sqlite::throughput(args, path).await,
+        (Store::Sqlite(path), Mode::Direct) => return sqlite::direct(args, path).await,
+        (Store::Sqlite(_), _) => postgres_only(
+            global,
+            "this mode of keiro bench",
+            "it measures round trips, plans and pools of the PostgreSQL store; on SQLite: \
+             --mode throughput, direct or sqlite-baseline",
+        )?,
+        (Store::Postgres, _) => {}
+    }
     match args.mode {
         Mode::Throughput => throughput::run(global, args).await,
         Mode::WakeLatency => wake::run(global, args).await,
@@ -196,6 +231,7 @@ pub(crate) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         Mode::DriveCost => drive_cost::run(global, args).await,
         Mode::Gc => gc::run(global, args).await,
         Mode::Direct => direct::run(global, args).await,
+        Mode::SqliteBaseline => baseline::run(args, store).await,
     }
 }
 

@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use keiro::postgres::PgStore;
 use keiro::{worker::ResumeLogEvent, worker::ResumeOptions, Ctx, Keiro, WorkflowError};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
@@ -17,16 +16,17 @@ use super::{server, start_all, start_all_many, BenchArgs, MetricsSink, Setup};
 use crate::common::{ms, resident_memory_mb, round, Global, Outcome, Result, ResultExt};
 
 /// The registered workflow name.
-const WORKFLOW: &str = "bench";
+pub(super) const WORKFLOW: &str = "bench";
 
 /// The bench workflow's input.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-struct BenchInput {
-    steps: u64,
+pub(super) struct BenchInput {
+    /// Steps per workflow (K).
+    pub(super) steps: u64,
 }
 
 /// K trivial steps: the cost measured is keiro's, not the work's.
-async fn bench_workflow(ctx: Ctx, input: BenchInput) -> Result<u64, WorkflowError> {
+pub(super) async fn bench_workflow(ctx: Ctx, input: BenchInput) -> Result<u64, WorkflowError> {
     let mut sum = 0;
     for i in 0..input.steps {
         sum += ctx
@@ -39,28 +39,54 @@ async fn bench_workflow(ctx: Ctx, input: BenchInput) -> Result<u64, WorkflowErro
     Ok(sum)
 }
 
-/// Noticed through the worker's log hook: the moment completions reach the target, with the
-/// round-trip counter at that moment, so idle passes after the end are not counted.
-struct FinishLine {
+/// Noticed through the worker's log hook: the moment completions reach the target, with a
+/// store counter (round trips, commits) at that moment, so idle passes after the end are not
+/// counted.
+pub(super) struct FinishLine {
     target: u64,
-    completed: AtomicU64,
+    pub(super) completed: AtomicU64,
     /// Passes finished, for the report: each costs one discovery query.
-    passes: AtomicU64,
-    reached: OnceLock<(Instant, u64)>,
-    notify: Notify,
+    pub(super) passes: AtomicU64,
+    pub(super) reached: OnceLock<(Instant, u64)>,
+    pub(super) notify: Notify,
 }
 
 impl FinishLine {
-    fn on_pass(&self, completed: u64, store: &PgStore) {
+    /// A line at `target` completions.
+    pub(super) fn new(target: u64) -> Self {
+        Self {
+            target,
+            completed: AtomicU64::new(0),
+            passes: AtomicU64::new(0),
+            reached: OnceLock::new(),
+            notify: Notify::new(),
+        }
+    }
+
+    /// Counts a pass that completed `completed` runs; `counter` reads the store's counter.
+    pub(super) fn on_pass(&self, completed: u64, counter: impl FnOnce() -> u64) {
         if self.reached.get().is_none() {
             self.passes.fetch_add(1, Ordering::Relaxed);
         }
         let total = self.completed.fetch_add(completed, Ordering::Relaxed) + completed;
         if total >= self.target {
-            self.reached
-                .get_or_init(|| (Instant::now(), store.round_trips()));
+            self.reached.get_or_init(|| (Instant::now(), counter()));
             self.notify.notify_one();
         }
+    }
+
+    /// Waits until the line is reached, for up to `timeout`.
+    pub(super) async fn wait(&self, timeout: Duration) -> Option<(Instant, u64)> {
+        tokio::time::timeout(timeout, async {
+            loop {
+                if let Some(reached) = self.reached.get() {
+                    break *reached;
+                }
+                self.notify.notified().await;
+            }
+        })
+        .await
+        .ok()
     }
 }
 
@@ -152,13 +178,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let keiro = Keiro::builder(setup.store.clone()).without_push().build();
     let total_steps = workflows * args.steps;
 
-    let finish = Arc::new(FinishLine {
-        target: workflows,
-        completed: AtomicU64::new(0),
-        passes: AtomicU64::new(0),
-        reached: OnceLock::new(),
-        notify: Notify::new(),
-    });
+    let finish = Arc::new(FinishLine::new(workflows));
     let log = {
         let (finish, store, default_log) = (
             finish.clone(),
@@ -167,7 +187,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         );
         Arc::new(move |event: &ResumeLogEvent| {
             if let ResumeLogEvent::PassFinished { summary } = event {
-                finish.on_pass(summary.completed, &store);
+                finish.on_pass(summary.completed, || store.round_trips());
             }
             default_log(event);
         })
@@ -234,21 +254,13 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         .await?;
     }
     let starts_done = started.elapsed();
-    let reached = tokio::time::timeout(Duration::from_secs(args.timeout_s), async {
-        loop {
-            if let Some(reached) = finish.reached.get() {
-                break *reached;
-            }
-            finish.notify.notified().await;
-        }
-    })
-    .await;
+    let reached = finish.wait(Duration::from_secs(args.timeout_s)).await;
     let _ = stop_tx.send(());
     let summary = worker_task.await.context("the bench worker task failed")?;
     let batches = setup.store.batch_stats().since(&batches_before);
     let (own_cpu, host_idle) = phase_cpu.finish();
     let spent = server_before.spent_until(&server::read_after(&setup.db, &setup.store).await?);
-    let Ok((finished_at, round_trips_after)) = reached else {
+    let Some((finished_at, round_trips_after)) = reached else {
         println!(
             "bench: FAIL: only {}/{} workflows completed within {} s",
             finish.completed.load(Ordering::Relaxed),

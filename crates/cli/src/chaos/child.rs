@@ -3,7 +3,9 @@
 //! chaos-direct` (callers running the direct instances with `Worker::run_named`), all this same
 //! binary.
 //!
-//! Each prints `ready` on stdout once connected, and runs until its stdin closes: a parent
+//! Each opens the store the chaos command runs on (the chaos schema, or the SQLite file, which
+//! several processes share as they would share a server) and prints `ready` on stdout once
+//! connected, and runs until its stdin closes: a parent
 //! that dies without cleaning up (even by SIGKILL) leaves no stray child behind.
 
 use std::io::Write;
@@ -20,7 +22,9 @@ use super::witness::Witness;
 use super::workload::{
     self, direct_instances, instance_id, Input, Output, LOCAL, MIXED, REMOTE_STEPS,
 };
-use crate::common::{connect_store, failure, Global, Outcome, Result, ResultExt};
+use crate::common::{
+    connect_store, failure, open_sqlite, Global, Outcome, Result, ResultExt, Store,
+};
 
 /// The line a child prints once it is connected and about to serve.
 pub(crate) const READY: &str = "ready";
@@ -128,10 +132,9 @@ impl AfterError {
 /// the resume workers' to finish.
 pub(crate) async fn direct(global: &Global, args: &DirectArgs) -> Result<Outcome> {
     // One connection per caller, plus one for result waits.
-    let store = connect_store(global.config(&args.chaos_schema, args.concurrency + 2)?).await?;
-    let witness = Arc::new(Witness::open(store.connection_config()).await?);
-    let worker = Keiro::builder(store)
-        .build()
+    let (keiro, witness) = open(global, &args.chaos_schema, args.concurrency + 2).await?;
+    let witness = Arc::new(witness);
+    let worker = keiro
         .worker()
         .register(LOCAL, move |ctx, input: Input| {
             workload::local(ctx, input, witness.clone())
@@ -193,11 +196,10 @@ pub(crate) async fn direct(global: &Global, args: &DirectArgs) -> Result<Outcome
 /// Runs a chaos worker until stdin closes.
 pub(crate) async fn worker(global: &Global, args: &WorkerArgs) -> Result<Outcome> {
     // One connection per concurrent run, plus one each for discovery and the timer loop.
-    let store = connect_store(global.config(&args.chaos_schema, args.concurrency + 2)?).await?;
-    let witness = Arc::new(Witness::open(store.connection_config()).await?);
+    let (keiro, witness) = open(global, &args.chaos_schema, args.concurrency + 2).await?;
+    let witness = Arc::new(witness);
     let (local_witness, mixed_witness) = (witness.clone(), witness);
-    let worker = Keiro::builder(store)
-        .build()
+    let worker = keiro
         .worker()
         .register(LOCAL, move |ctx, input: Input| {
             workload::local(ctx, input, local_witness.clone())
@@ -220,8 +222,8 @@ pub(crate) async fn worker(global: &Global, args: &WorkerArgs) -> Result<Outcome
 /// Runs a chaos remote worker until stdin closes.
 pub(crate) async fn remote_worker(global: &Global, args: &RemoteWorkerArgs) -> Result<Outcome> {
     // Every running handler reports on a connection of its own; the claim needs one beside.
-    let store = connect_store(global.config(&args.chaos_schema, args.concurrency + 2)?).await?;
-    let witness = Arc::new(Witness::open(store.connection_config()).await?);
+    let (keiro, witness) = open(global, &args.chaos_schema, args.concurrency + 2).await?;
+    let witness = Arc::new(witness);
     let worker_id: Arc<str> = Arc::from(format!("remote-{}", std::process::id()));
     let claim_ttl = Duration::from_millis(args.claim_ttl_ms);
     let options = RemoteWorkerOptions {
@@ -234,8 +236,7 @@ pub(crate) async fn remote_worker(global: &Global, args: &RemoteWorkerArgs) -> R
         drain_timeout: Duration::from_secs(5),
         ..RemoteWorkerOptions::default()
     };
-    let mut builder = Keiro::builder(store)
-        .build()
+    let mut builder = keiro
         .remote_worker()
         .context("building the chaos remote worker")?
         .options(options);
@@ -249,6 +250,22 @@ pub(crate) async fn remote_worker(global: &Global, args: &RemoteWorkerArgs) -> R
     announce_ready()?;
     worker.run_until(stdin_closed()).await;
     Ok(Outcome::Success)
+}
+
+/// Opens the store the chaos command names (the chaos schema with a pool of `pool_size`, or
+/// the SQLite file) and this process's witness connection to the same database.
+async fn open(global: &Global, schema: &str, pool_size: usize) -> Result<(Keiro, Witness)> {
+    match global.store()? {
+        Store::Postgres => {
+            let store = connect_store(global.config(schema, pool_size)?).await?;
+            let witness = Witness::postgres(store.connection_config()).await?;
+            Ok((Keiro::builder(store).build(), witness))
+        }
+        Store::Sqlite(path) => {
+            let keiro = open_sqlite(&path).await?;
+            Ok((keiro, Witness::sqlite(&path).await?))
+        }
+    }
 }
 
 fn announce_ready() -> Result<()> {

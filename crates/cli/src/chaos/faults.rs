@@ -191,12 +191,14 @@ pub(crate) struct FaultPlan {
     pub(crate) restarts_requested: u64,
     /// Whether `--no-pg-restart` turned them off.
     pub(crate) restarts_skipped: bool,
+    /// Whether the store has no server to restart (a SQLite file).
+    pub(crate) no_server: bool,
 }
 
 impl FaultPlan {
     /// The restarts the run will make.
     pub(crate) fn restarts_planned(&self) -> u64 {
-        if self.restarts_skipped {
+        if self.restarts_skipped || self.no_server {
             0
         } else {
             self.restarts_requested
@@ -246,7 +248,11 @@ pub(crate) fn fault_verdict(plan: &FaultPlan, injected: &Injected) -> FaultVerdi
         }
     }
     let planned = plan.restarts_planned();
-    if plan.restarts_skipped && plan.restarts_requested > 0 {
+    if plan.no_server {
+        verdict
+            .injected
+            .push("no PostgreSQL restart (a SQLite file: no server to restart)".to_owned());
+    } else if plan.restarts_skipped && plan.restarts_requested > 0 {
         verdict
             .injected
             .push("no PostgreSQL restart (--no-pg-restart)".to_owned());
@@ -278,7 +284,27 @@ mod tests {
             kill_interval_ms,
             restarts_requested: restarts,
             restarts_skipped: skipped,
+            no_server: false,
         }
+    }
+
+    #[test]
+    fn a_sqlite_run_names_the_restart_it_could_not_make_and_still_needs_its_kills() {
+        let sqlite = FaultPlan {
+            no_server: true,
+            ..plan(500, 0, false)
+        };
+        assert_eq!(sqlite.restarts_planned(), 0);
+        let verdict = fault_verdict(&sqlite, &injected(9, 0));
+        assert!(verdict.problems.is_empty(), "{verdict:?}");
+        assert_eq!(
+            verdict.injected,
+            [
+                "9 SIGKILLs, one every 500 ms",
+                "no PostgreSQL restart (a SQLite file: no server to restart)"
+            ]
+        );
+        assert_eq!(fault_verdict(&sqlite, &injected(0, 0)).problems.len(), 1);
     }
 
     fn injected(kills: u64, restarts: u64) -> Injected {

@@ -1,5 +1,6 @@
 //! The invariants the chaos run must keep, checked from the database after it: the instance
-//! rows, the journal table read directly, and the witnesses.
+//! rows, the journal table read directly, and the witnesses. Each store's rows are read into
+//! the plain structs below ([`db`](super::db)), and these pure functions decide on both alike.
 //!
 //! 1. **Completed right**: every instance started is `completed`, with the output its input
 //!    implies.
@@ -11,7 +12,9 @@
 //!    witness `w` of a journaled step `j`:
 //!    - *late*: `w.written_at > j.recorded_at` is a violation. `recorded_at` is the start of the
 //!      transaction that journaled the step (the fenced append of a local step, the report of a
-//!      remote one), on the database clock that also stamps `written_at`. The holder that
+//!      remote one), on the database clock that also stamps `written_at`. (On SQLite both are
+//!      the host's wall clock read while the file's write lock is held: the journaling
+//!      transaction's operation, the witness's own transaction.) The holder that
 //!      journaled the step wrote its own witness before its action returned, so strictly before
 //!      that transaction began; a witness written after it is therefore another holder's (or
 //!      the same holder's, running a step again after recording it: the same guarantee broken
@@ -36,25 +39,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::Value;
 use time::OffsetDateTime;
 
-use super::db::Db;
 use super::workload::Output;
-use crate::common::{Result, ResultExt};
 use crate::proof;
 
 /// How many example lines each check keeps for the report.
 const EXAMPLES: usize = 5;
-
-/// How long loading the rows may keep trying while the server is away.
-const LOAD_WITHIN: std::time::Duration = std::time::Duration::from_secs(120);
-
-const INSTANCES: &str = "SELECT workflow_name, workflow_id, status, output, last_error
-    FROM workflows WHERE workflow_name = ANY($1)";
-
-const JOURNAL: &str = "SELECT workflow_name, workflow_id, generation, step_name, kind, recorded_at
-    FROM journal WHERE workflow_name = ANY($1)";
-
-const WITNESSES: &str = "SELECT workflow_name, workflow_id, generation, step, pid, holder, epoch,
-    written_at FROM chaos_witness";
 
 /// `(workflow name, instance id, generation, step)`: a step's identity in the journal and in
 /// the witnesses.
@@ -130,53 +119,6 @@ pub(crate) struct Rows {
     pub(crate) journal: Vec<JournalRow>,
     /// Every witness.
     pub(crate) witnesses: Vec<WitnessRow>,
-}
-
-/// Reads the rows the checks need, trying again while the server is away.
-pub(crate) async fn load(db: &mut Db, workflows: &[&str]) -> Result<Rows> {
-    let names: Vec<String> = workflows.iter().map(|name| (*name).to_owned()).collect();
-    let instances = db
-        .query(INSTANCES, &[&names], LOAD_WITHIN)
-        .await
-        .context("reading the instance rows")?
-        .iter()
-        .map(|row| InstanceRow {
-            name: row.get(0),
-            id: row.get(1),
-            status: row.get(2),
-            output: row.get(3),
-            last_error: row.get(4),
-        })
-        .collect();
-    let journal = db
-        .query(JOURNAL, &[&names], LOAD_WITHIN)
-        .await
-        .context("reading the journal")?
-        .iter()
-        .map(|row| JournalRow {
-            key: (row.get(0), row.get(1), row.get(2), row.get(3)),
-            kind: row.get(4),
-            recorded_at: row.get(5),
-        })
-        .collect();
-    let witnesses = db
-        .query(WITNESSES, &[], LOAD_WITHIN)
-        .await
-        .context("reading the witnesses")?
-        .iter()
-        .map(|row| WitnessRow {
-            key: (row.get(0), row.get(1), row.get(2), row.get(3)),
-            pid: row.get(4),
-            holder: row.get(5),
-            epoch: row.get(6),
-            written_at: row.get(7),
-        })
-        .collect();
-    Ok(Rows {
-        instances,
-        journal,
-        witnesses,
-    })
 }
 
 /// What one invariant check found.

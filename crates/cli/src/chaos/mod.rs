@@ -1,7 +1,15 @@
 //! `keiro chaos`: the engine's guarantees, under faults, checked from the database.
 //!
-//! 1. Recreates its scratch schema (`keiro_chaos`), migrates it, creates the witness table, and
-//!    starts N instances: 80% run five local steps, 20% a local step and two remote steps.
+//! It runs on the store `--database-url` names (a scratch schema of the PostgreSQL server, or a
+//! SQLite file), and without one on a SQLite file in a temporary directory, which its first line
+//! (on stderr) announces with the line that runs it on PostgreSQL instead. On SQLite the worker
+//! processes share the one file, as they would share a server; there is no server to restart,
+//! so the faults are the SIGKILLs (`--pg-restarts` is refused there, and the report says no
+//! restart was made and why). The invariants are the same on both: each store's rows are read
+//! into plain structs and one set of pure checks decides ([`invariants`]).
+//!
+//! 1. Recreates its scratch schema (`keiro_chaos`) or file, migrates it, creates the witness
+//!    table, and starts N instances: 80% run five local steps, 20% a local step and two remote steps.
 //!    Every tenth (a local one) is not started here: a direct caller process starts and drives
 //!    it with `Worker::run_named`. Every step writes a witness (a row on a connection of its
 //!    own, outside the journal).
@@ -9,16 +17,16 @@
 //!    process (this binary, through the hidden `chaos-worker`, `chaos-remote-worker` and
 //!    `chaos-direct`).
 //! 3. Until every instance is done: every 0.5 s one process chosen at random is killed with
-//!    SIGKILL and replaced; at evenly spaced points of the journal's progress PostgreSQL is
-//!    restarted in immediate mode (twice by default), and the time from the server accepting
-//!    connections again to the next journal row is measured.
+//!    SIGKILL and replaced; on PostgreSQL, at evenly spaced points of the journal's progress the
+//!    server is restarted in immediate mode (twice by default), and the time from the server
+//!    accepting connections again to the next journal row is measured.
 //! 4. Stops the fleet, reads the instance rows, the journal and the witnesses, and checks the
 //!    invariants ([`invariants`] defines them precisely).
 //! 5. Prints one JSON line, naming the faults injected (`faults_injected`: SIGKILLs per role,
 //!    PostgreSQL restarts), and exits 0 only if every invariant held and every fault asked for
 //!    happened (a SIGKILL interval with no kill, or fewer restarts than planned, fails the run:
-//!    [`faults::fault_verdict`]); drops its scratch schema and leaves no child behind however it
-//!    ends (an error, the deadline, Ctrl-C or SIGTERM).
+//!    [`faults::fault_verdict`]); drops its scratch schema (or removes its temporary file) and
+//!    leaves no child behind however it ends (an error, the deadline, Ctrl-C or SIGTERM).
 //!
 //! Progress goes to stderr; stdout carries only the JSON line. The children log (to stderr)
 //! only when `RUST_LOG` is set: under these faults their connection errors are expected.
@@ -39,19 +47,18 @@ use keiro::Keiro;
 use tokio::task::JoinHandle;
 
 pub(crate) use self::child::{DirectArgs, RemoteWorkerArgs, WorkerArgs};
-use self::db::Db;
+use self::db::{Db, Pg};
 use self::faults::{FaultPlan, Restart, Rng};
 use self::invariants::Expected;
 use self::processes::{Fleet, SpawnSpec};
 use self::report::{Report, Run};
-use self::witness::WITNESS_CREATE;
 use self::workload::{
     direct_instances, expected_output, instance_id, is_direct, journal_steps_of, steps_of,
     workflow_of, Input, LOCAL, MIXED,
 };
 use crate::common::{
-    connect_store, error_chain, failure, recreate_scratch_schema, Global, Outcome, Result,
-    ResultExt,
+    connect_store, error_chain, failure, open_sqlite, recreate_scratch_schema,
+    replace_scratch_file, Global, Outcome, Result, ResultExt, Store,
 };
 
 /// How often the chaos loop looks at its children and its schedule.
@@ -69,16 +76,17 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 /// How long dropping the scratch schema may keep trying while the server is away.
 const CLEANUP_WITHIN: Duration = Duration::from_secs(120);
 
-/// Steps journaled, and instances that reached a terminal status.
-const PROGRESS: &str = "SELECT
-    (SELECT count(*) FROM journal WHERE kind IN ('step', 'remote')),
-    (SELECT count(*) FROM workflows WHERE status IN ('completed', 'failed', 'cancelled'))";
+/// PostgreSQL restarts when `--pg-restarts` is not given, on PostgreSQL.
+const PG_RESTARTS_DEFAULT: u64 = 2;
+
+/// The table that tells a chaos file from someone's data (`--database-url sqlite:PATH`).
+const SQLITE_MARKER: &str = "chaos_witness";
 
 /// Options of `keiro chaos`.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct ChaosArgs {
     /// The scratch schema the run drops, recreates and drops again at the end (never the
-    /// `--schema` one).
+    /// `--schema` one); PostgreSQL only.
     #[arg(long, default_value = "keiro_chaos")]
     pub(crate) chaos_schema: String,
     /// Instances started: 80% run five local steps, 20% a local step and two remote steps.
@@ -102,9 +110,10 @@ pub(crate) struct ChaosArgs {
     /// milliseconds; 0 kills none.
     #[arg(long, default_value_t = 500)]
     pub(crate) kill_interval_ms: u64,
-    /// PostgreSQL restarts (immediate mode) during the run.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(0..=20))]
-    pub(crate) pg_restarts: u64,
+    /// PostgreSQL restarts (immediate mode) during the run: 2 by default on PostgreSQL. A
+    /// SQLite file has no server to restart, and refuses a number above 0.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=20))]
+    pub(crate) pg_restarts: Option<u64>,
     /// The command that restarts PostgreSQL, run through `sh -c`. Defaults to the local
     /// cluster's `pg_ctlcluster --skip-systemctl-redirect <version> main restart -m immediate`.
     #[arg(long)]
@@ -127,15 +136,46 @@ pub(crate) struct ChaosArgs {
     /// Seeds the choice of the processes killed (random by default; the report gives it).
     #[arg(long)]
     pub(crate) seed: Option<u64>,
-    /// Keep the scratch schema at the end, to inspect it.
+    /// Keep the scratch schema (or the temporary SQLite file) at the end, to inspect it.
     #[arg(long)]
     pub(crate) keep_schema: bool,
 }
 
 impl ChaosArgs {
+    /// The faults asked for on `store`: a SQLite file has no server, so any restart asked for
+    /// there is an error, not a fault quietly left out.
+    fn fault_plan(&self, store: &Store) -> Result<FaultPlan> {
+        let no_server = matches!(store, Store::Sqlite(_));
+        if let Store::Sqlite(path) = store {
+            let asked = match (self.pg_restarts, &self.pg_restart_cmd) {
+                (Some(n), _) if n > 0 => Some(format!("--pg-restarts {n}")),
+                (_, Some(_)) => Some("--pg-restart-cmd".to_owned()),
+                _ => None,
+            };
+            if let Some(asked) = asked {
+                return Err(failure(format!(
+                    "{asked}: the run is on the SQLite file {}, which has no server to restart; \
+                     its faults are the SIGKILLs (leave {asked} out, or run on PostgreSQL with \
+                     --database-url postgres://…)",
+                    path.display()
+                )));
+            }
+        }
+        Ok(FaultPlan {
+            kill_interval_ms: self.kill_interval_ms,
+            restarts_requested: self.pg_restarts.unwrap_or(if no_server {
+                0
+            } else {
+                PG_RESTARTS_DEFAULT
+            }),
+            restarts_skipped: self.no_pg_restart,
+            no_server,
+        })
+    }
+
     /// The restart command, or `None` when the run restarts nothing.
-    fn restart_command(&self) -> Result<Option<String>> {
-        if self.no_pg_restart || self.pg_restarts == 0 {
+    fn restart_command(&self, plan: &FaultPlan) -> Result<Option<String>> {
+        if plan.restarts_planned() == 0 {
             return Ok(None);
         }
         match &self.pg_restart_cmd {
@@ -145,16 +185,32 @@ impl ChaosArgs {
     }
 }
 
-/// Runs the chaos command.
+/// Runs the chaos command, on a temporary SQLite file when no URL was given (removed at the
+/// end unless `--keep-schema`).
 pub(crate) async fn run(global: &Global, args: &ChaosArgs) -> Result<Outcome> {
-    let restart = args.restart_command()?;
+    let scratch = global.scratch_store("chaos")?;
+    // stderr: stdout carries only the report.
+    if let Some(line) = &scratch.announcement {
+        eprintln!("{line}");
+    }
+    let outcome = run_on(&global.with_store(&scratch.store), &scratch.store, args).await;
+    match (&scratch.temporary, args.keep_schema) {
+        (Some(dir), true) => eprintln!("chaos: kept {} (--keep-schema)", dir.display()),
+        _ => scratch.remove(),
+    }
+    outcome
+}
+
+async fn run_on(global: &Global, store: &Store, args: &ChaosArgs) -> Result<Outcome> {
+    let plan = args.fault_plan(store)?;
+    let restart = args.restart_command(&plan)?;
     let seed = args.seed.unwrap_or_else(|| fastrand::u64(1..));
     // Dropping `drive` on a signal drops the fleet, which kills and reaps every child.
     let outcome = tokio::select! {
-        outcome = drive(global, args, restart.as_deref(), seed) => outcome,
+        outcome = drive(global, store, args, plan, restart.as_deref(), seed) => outcome,
         signal = interrupted() => Err(failure(format!("interrupted by {signal}"))),
     };
-    if !args.keep_schema {
+    if *store == Store::Postgres && !args.keep_schema {
         if let Err(error) = drop_schema(global, &args.chaos_schema).await {
             eprintln!(
                 "chaos: could not drop schema {}: {}",
@@ -184,45 +240,84 @@ async fn interrupted() -> &'static str {
     }
 }
 
-/// The whole run, from the fresh schema to the report.
+/// The store's fresh scratch (the schema recreated and migrated, or the SQLite file replaced
+/// and created): the facade that starts the instances, the chaos command's own connection,
+/// where it runs (for the report), and the PostgreSQL settings the restarts probe with.
+struct Fresh {
+    keiro: Keiro,
+    db: Db,
+    place: String,
+    connection: Option<tokio_postgres::Config>,
+}
+
+async fn open_fresh(global: &Global, store: &Store, args: &ChaosArgs) -> Result<Fresh> {
+    match store {
+        Store::Postgres => {
+            let schema = &args.chaos_schema;
+            recreate_scratch_schema(global, schema).await?;
+            let store = connect_store(global.config(schema, 4)?).await?;
+            store
+                .migrate()
+                .await
+                .context(format!("migrating schema {schema}"))?;
+            let connection = store.connection_config().clone();
+            Ok(Fresh {
+                keiro: Keiro::builder(store).build(),
+                db: Db::postgres(&connection),
+                place: format!("schema {schema}"),
+                connection: Some(connection),
+            })
+        }
+        Store::Sqlite(path) => {
+            replace_scratch_file(path, SQLITE_MARKER, "chaos")?;
+            let keiro = open_sqlite(path).await?;
+            Ok(Fresh {
+                keiro,
+                db: Db::sqlite(path).await?,
+                place: format!("sqlite file {}", path.display()),
+                connection: None,
+            })
+        }
+    }
+}
+
+/// The whole run, from the fresh schema (or file) to the report.
 async fn drive(
     global: &Global,
+    store: &Store,
     args: &ChaosArgs,
+    plan: FaultPlan,
     restart: Option<&str>,
     seed: u64,
 ) -> Result<Outcome> {
-    let schema = &args.chaos_schema;
-    recreate_scratch_schema(global, schema).await?;
-    let store = connect_store(global.config(schema, 4)?).await?;
-    store
-        .migrate()
-        .await
-        .context(format!("migrating schema {schema}"))?;
-    let connection = store.connection_config().clone();
-    let mut db = Db::new(&connection);
-    db.batch(WITNESS_CREATE)
-        .await
-        .context("creating the witness table")?;
-    let keiro = Keiro::builder(store).build();
+    let Fresh {
+        keiro,
+        mut db,
+        place,
+        connection,
+    } = open_fresh(global, store, args).await?;
+    db.create_witness_table().await?;
     let expected = start_instances(&keiro, args.instances).await?;
     let mixed = expected.iter().filter(|e| e.name == MIXED).count() as u64;
     let direct = direct_instances(args.instances).count() as u64;
-    let plan = FaultPlan {
-        kill_interval_ms: args.kill_interval_ms,
-        restarts_requested: args.pg_restarts,
-        restarts_skipped: args.no_pg_restart,
-    };
     let restarts_planned = plan.restarts_planned();
+    let restarts = if plan.no_server {
+        "no server to restart".to_owned()
+    } else {
+        format!(
+            "{restarts_planned} PostgreSQL restarts{}",
+            restart.map(|c| format!(" (`{c}`)")).unwrap_or_default()
+        )
+    };
     eprintln!(
-        "chaos: schema {schema}: {} instances ({mixed} with remote steps, {direct} run \
-         directly); {} workers, {} remote workers and {} direct callers; a SIGKILL every {} ms; \
-         {restarts_planned} PostgreSQL restarts{}; seed {seed}",
+        "chaos: {place}: {} instances ({mixed} with remote steps, {direct} run directly); {} \
+         workers, {} remote workers and {} direct callers; a SIGKILL every {} ms; {restarts}; \
+         seed {seed}",
         args.instances,
         args.workers,
         args.remote_workers,
         args.direct_callers,
         args.kill_interval_ms,
-        restart.map(|c| format!(" (`{c}`)")).unwrap_or_default()
     );
 
     let began = Instant::now();
@@ -235,10 +330,9 @@ async fn drive(
     let total_steps = (1..=args.instances).map(steps_of).sum();
     let chaos = Chaos {
         args,
-        restart,
+        restart: restart.zip(connection.as_ref()),
         restarts_planned,
         total_steps,
-        connection: &connection,
     };
     let inflicted = chaos.inflict(&mut db, fleet, Rng::new(seed)).await?;
     let elapsed = began.elapsed();
@@ -254,7 +348,7 @@ async fn drive(
         inflicted.restarts.len()
     );
 
-    let rows = invariants::load(&mut db, &[LOCAL, MIXED]).await?;
+    let rows = db.load(&[LOCAL, MIXED]).await?;
     let findings = invariants::check(&expected, &rows);
     let mut problems = inflicted.problems;
     if inflicted.timed_out {
@@ -264,6 +358,7 @@ async fn drive(
         );
     }
     let run = Run {
+        store: if plan.no_server { "sqlite" } else { "postgres" },
         instances: args.instances,
         mixed,
         direct,
@@ -316,10 +411,10 @@ async fn start_instances(keiro: &Keiro, count: u64) -> Result<Vec<Expected>> {
 /// The fault schedule of one run.
 struct Chaos<'a> {
     args: &'a ChaosArgs,
-    restart: Option<&'a str>,
+    /// The restart command, and the server's settings to probe it with (PostgreSQL only).
+    restart: Option<(&'a str, &'a tokio_postgres::Config)>,
     restarts_planned: u64,
     total_steps: u64,
-    connection: &'a tokio_postgres::Config,
 }
 
 /// What the faults phase did.
@@ -354,13 +449,10 @@ impl Chaos<'_> {
             }
             if now >= next_progress {
                 next_progress = now + PROGRESS_EVERY;
-                if let Ok(Ok(rows)) =
-                    tokio::time::timeout(PROGRESS_TIMEOUT, db.query_once(PROGRESS, &[])).await
+                if let Ok(Ok(progress)) =
+                    tokio::time::timeout(PROGRESS_TIMEOUT, db.progress()).await
                 {
-                    if let Some(row) = rows.first() {
-                        steps = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
-                        done = u64::try_from(row.get::<_, i64>(1)).unwrap_or(0);
-                    }
+                    (steps, done) = progress;
                 }
             }
             if restarting.as_ref().is_some_and(JoinHandle::is_finished) {
@@ -385,7 +477,7 @@ impl Chaos<'_> {
                     }
                 }
             }
-            if let Some(command) = self.restart {
+            if let Some((command, connection)) = self.restart {
                 let threshold =
                     self.total_steps * (restarts_begun + 1) / (self.restarts_planned + 1);
                 if restarting.is_none()
@@ -398,7 +490,7 @@ impl Chaos<'_> {
                         "chaos: restarting PostgreSQL ({restarts_begun}/{}) at {steps}/{} steps",
                         self.restarts_planned, self.total_steps
                     );
-                    let (command, connection) = (command.to_owned(), self.connection.clone());
+                    let (command, connection) = (command.to_owned(), connection.clone());
                     restarting = Some(tokio::spawn(async move {
                         faults::restart_postgres(&command, &connection).await
                     }));
@@ -443,7 +535,7 @@ async fn drop_schema(global: &Global, schema: &str) -> Result<()> {
     let connection = config
         .connection_config()
         .context("reading --database-url")?;
-    let mut db = Db::new(&connection);
+    let mut db = Pg::new(&connection);
     db.query(
         &format!("DROP SCHEMA IF EXISTS {schema} CASCADE"),
         &[],

@@ -17,6 +17,8 @@ const PROBLEMS: usize = 10;
 #[derive(Debug, Serialize)]
 pub(crate) struct Report {
     mode: &'static str,
+    /// `postgres` or `sqlite`.
+    store: &'static str,
     pass: bool,
     instances: u64,
     local_instances: u64,
@@ -55,6 +57,8 @@ pub(crate) struct Report {
 /// What the run did, beside the findings.
 #[derive(Debug)]
 pub(crate) struct Run {
+    /// The store the run was on: `postgres` or `sqlite`.
+    pub(crate) store: &'static str,
     /// Instances started, and how many of them were mixed.
     pub(crate) instances: u64,
     /// Of them, the mixed ones.
@@ -106,6 +110,7 @@ impl Report {
         problems.truncate(PROBLEMS);
         Self {
             mode: "chaos",
+            store: run.store,
             pass,
             instances: run.instances,
             local_instances: run.instances - run.mixed,
@@ -201,6 +206,7 @@ mod tests {
 
     fn run(kills: u64, plan: FaultPlan) -> Run {
         Run {
+            store: "postgres",
             instances: 1,
             mixed: 0,
             direct: 0,
@@ -223,6 +229,7 @@ mod tests {
             kill_interval_ms: 500,
             restarts_requested: 1,
             restarts_skipped: false,
+            no_server: false,
         };
         let findings = Findings::default();
         let report = Report::new(run(0, plan), &findings, &[]);

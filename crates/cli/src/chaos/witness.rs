@@ -4,17 +4,47 @@
 //! A witness is the outside world's view of a side effect (the payment, the e-mail): it is
 //! committed before the step's action returns, so before the append or report that journals the
 //! step's result begins. The invariants compare witnesses against the journal.
+//!
+//! On PostgreSQL the table is in the chaos schema, stamped by the database clock; on SQLite it
+//! is in the store's file, stamped by the host's wall clock inside the witness's own
+//! `BEGIN IMMEDIATE` transaction, so while it holds the file's write lock, as the store's writer
+//! stamps the journal: the two stamps order as the transactions do.
 
-use std::sync::Arc;
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use keiro::{store::Generation, Ctx, InstanceKey};
+use time::OffsetDateTime;
 use tokio_postgres::{Client, Statement};
 
-use crate::common::open_connection;
+use crate::common::{open_connection, Result, ResultExt};
+
+/// How long a SQLite witness waits for the file's write lock, which the workers' writers take
+/// in turn: long, since a witness that fails fails its step, which then runs again.
+const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Creates the witness table in the SQLite file.
+pub(crate) const WITNESS_CREATE_SQLITE: &str = "CREATE TABLE chaos_witness (
+    seq           INTEGER PRIMARY KEY AUTOINCREMENT,
+    workflow_name TEXT    NOT NULL,
+    workflow_id   TEXT    NOT NULL,
+    generation    INTEGER NOT NULL,
+    step          TEXT    NOT NULL,
+    pid           INTEGER NOT NULL,
+    holder        TEXT    NOT NULL,
+    epoch         INTEGER,
+    written_at    INTEGER NOT NULL
+)";
+
+/// The SQLite twin of the PostgreSQL record; `written_at` is bound, read inside the
+/// transaction.
+const WITNESS_RECORD_SQLITE: &str = "INSERT INTO chaos_witness
+    (workflow_name, workflow_id, generation, step, pid, holder, epoch, written_at)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
 
 /// Creates the witness table in the chaos schema (the connection's `search_path`).
-pub(crate) const WITNESS_CREATE: &str = "CREATE TABLE chaos_witness (
+pub(crate) const WITNESS_CREATE_PG: &str = "CREATE TABLE chaos_witness (
     seq           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     workflow_name text        NOT NULL,
     workflow_id   text        NOT NULL,
@@ -75,8 +105,118 @@ impl Holder {
     }
 }
 
+/// A process's witness connection, to the store's database.
+pub(crate) enum Witness {
+    /// A PostgreSQL connection, reopened when a restart dropped it (boxed: its configuration
+    /// is large).
+    Pg(Box<PgWitness>),
+    /// A connection to the SQLite file.
+    Sqlite(SqliteWitness),
+}
+
+impl Witness {
+    /// Opens the witness connection to PostgreSQL with the store's settings (so the chaos
+    /// schema is its `search_path`).
+    pub(crate) async fn postgres(config: &tokio_postgres::Config) -> Result<Self> {
+        Ok(Self::Pg(Box::new(PgWitness::open(config).await?)))
+    }
+
+    /// Opens the witness connection to the SQLite file at `path`.
+    pub(crate) async fn sqlite(path: &Path) -> Result<Self> {
+        let path = path.to_owned();
+        let conn = tokio::task::spawn_blocking(move || open_sqlite(&path))
+            .await
+            .context("opening the witness connection")??;
+        Ok(Self::Sqlite(SqliteWitness {
+            conn: Arc::new(Mutex::new(conn)),
+            pid: i64::from(std::process::id()),
+        }))
+    }
+
+    /// Records one execution of `step` of `key` by `holder`. One attempt: a failure fails the
+    /// step, which runs again later, like any side effect whose service was unreachable.
+    pub(crate) async fn record(
+        &self,
+        key: &InstanceKey,
+        generation: Generation,
+        step: &str,
+        holder: &Holder,
+    ) -> Result<()> {
+        match self {
+            Self::Pg(witness) => witness.record(key, generation, step, holder).await,
+            Self::Sqlite(witness) => witness.record(key, generation, step, holder).await,
+        }
+    }
+}
+
+/// Opens a connection of the chaos command's own to the SQLite file at `path`: the witnesses'
+/// busy timeout, and `synchronous = NORMAL` (in WAL mode a commit survives the process being
+/// killed, the one crash the run injects on SQLite; the store's own commits stay FULL).
+pub(crate) fn open_sqlite(path: &Path) -> Result<rusqlite::Connection> {
+    let conn = rusqlite::Connection::open(path).context(format!(
+        "opening {} for the chaos witnesses",
+        path.display()
+    ))?;
+    conn.busy_timeout(SQLITE_BUSY_TIMEOUT)
+        .context("setting the busy timeout")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")
+        .context("setting the synchronous level")?;
+    Ok(conn)
+}
+
+/// The witness connection of a process on SQLite.
+pub(crate) struct SqliteWitness {
+    conn: Arc<Mutex<rusqlite::Connection>>,
+    pid: i64,
+}
+
+impl SqliteWitness {
+    async fn record(
+        &self,
+        key: &InstanceKey,
+        generation: Generation,
+        step: &str,
+        holder: &Holder,
+    ) -> Result<()> {
+        let conn = Arc::clone(&self.conn);
+        let row = (
+            key.name.as_str().to_owned(),
+            key.id.as_str().to_owned(),
+            generation,
+            step.to_owned(),
+            self.pid,
+            holder.name.clone(),
+            holder.epoch,
+        );
+        tokio::task::spawn_blocking(move || -> rusqlite::Result<()> {
+            let conn = conn.lock().unwrap_or_else(PoisonError::into_inner);
+            conn.execute_batch("BEGIN IMMEDIATE")?;
+            // Read under the write lock: after every transaction committed before this one.
+            let written_at = OffsetDateTime::now_utc().unix_timestamp_nanos() / 1000;
+            let written_at = i64::try_from(written_at).unwrap_or(i64::MAX);
+            let inserted = conn
+                .prepare_cached(WITNESS_RECORD_SQLITE)
+                .and_then(|mut insert| {
+                    insert.execute(rusqlite::params![
+                        row.0, row.1, row.2, row.3, row.4, row.5, row.6, written_at
+                    ])
+                });
+            match inserted {
+                Ok(_) => conn.execute_batch("COMMIT"),
+                Err(error) => {
+                    let _ = conn.execute_batch("ROLLBACK");
+                    Err(error)
+                }
+            }
+        })
+        .await
+        .context("writing a witness")?
+        .context("writing a witness")
+    }
+}
+
 /// One witness connection per process, reopened when PostgreSQL dropped it.
-pub(crate) struct Witness {
+pub(crate) struct PgWitness {
     config: tokio_postgres::Config,
     pid: i64,
     connection: tokio::sync::Mutex<Option<Arc<Connection>>>,
@@ -95,10 +235,10 @@ impl Connection {
     }
 }
 
-impl Witness {
+impl PgWitness {
     /// Opens the witness connection with the store's settings (so the chaos schema is its
     /// `search_path`).
-    pub(crate) async fn open(config: &tokio_postgres::Config) -> crate::common::Result<Self> {
+    async fn open(config: &tokio_postgres::Config) -> Result<Self> {
         let mut config = config.clone();
         config.connect_timeout(RECONNECT_TIMEOUT);
         let connection = Connection::open(&config).await?;
@@ -109,10 +249,8 @@ impl Witness {
         })
     }
 
-    /// Records one execution of `step` of `key` by `holder`. One attempt (after reopening a
-    /// connection an earlier restart closed): a failure fails the step, which runs again later,
-    /// like any side effect whose service was unreachable.
-    pub(crate) async fn record(
+    /// Records one execution, after reopening a connection an earlier restart closed.
+    async fn record(
         &self,
         key: &InstanceKey,
         generation: Generation,

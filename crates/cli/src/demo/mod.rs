@@ -138,6 +138,9 @@ impl DemoArgs {
 /// Runs the demo, on a temporary SQLite file when no URL was given (removed at the end).
 pub(crate) async fn run(global: &Global, args: &DemoArgs) -> Result<Outcome> {
     let scratch = global.scratch_store("demo")?;
+    if let Some(line) = &scratch.announcement {
+        println!("{line}");
+    }
     let outcome = run_on(&global.with_store(&scratch.store), &scratch.store, args).await;
     scratch.remove();
     outcome

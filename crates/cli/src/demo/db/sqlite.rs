@@ -3,7 +3,7 @@
 //! Instants are microseconds since the Unix epoch on the host's wall clock, as the store keeps
 //! them; lists are bound as one JSON array (`json_each`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -13,7 +13,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::{count, Execution, InstanceRow, Nap, Progress, Push, StepRecord};
-use crate::common::{failure, Result, ResultExt};
+use crate::common::{replace_scratch_file, Result, ResultExt};
 
 /// How long a demo write waits for the store's write lock (its writer commits in batches).
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -33,35 +33,13 @@ CREATE TABLE demo_waits (
     PRIMARY KEY (workflow_id, wait)
 )";
 
-/// Whether a file holds the demo's ledger: what tells a demo file from someone's data.
-const IS_DEMO_FILE: &str =
-    "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'demo_ledger'";
+/// The table that tells a demo file from someone's data.
+const MARKER: &str = "demo_ledger";
 
-/// Makes way for a fresh demo file at `path`: removes the one an earlier demo left there
-/// (with its WAL and shared-memory files), and refuses any other file, which may be data.
+/// Makes way for a fresh demo file at `path`: removes the one an earlier demo left there, and
+/// refuses any other file, which may be data.
 pub(crate) fn prepare_file(path: &Path) -> Result<()> {
-    if !path.exists() {
-        return Ok(());
-    }
-    let demo = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .and_then(|conn| conn.query_row(IS_DEMO_FILE, [], |row| row.get::<_, i64>(0)))
-        .is_ok_and(|tables| tables == 1);
-    if !demo {
-        return Err(failure(format!(
-            "refusing to replace {}: it is not a file an earlier keiro demo made; name a new \
-             file, or leave out --database-url for a temporary one",
-            path.display()
-        )));
-    }
-    for suffix in ["", "-wal", "-shm"] {
-        let mut name = path.as_os_str().to_owned();
-        name.push(suffix);
-        let file = PathBuf::from(name);
-        if file.exists() {
-            std::fs::remove_file(&file).context(format!("removing {}", file.display()))?;
-        }
-    }
-    Ok(())
+    replace_scratch_file(path, MARKER, "demo")
 }
 
 /// The instant as the store keeps it.

@@ -1,12 +1,24 @@
-//! The chaos command's own connection, which outlives PostgreSQL restarts: a query that fails
-//! because the server went away reconnects and tries again.
+//! The chaos command's own connection to PostgreSQL, which outlives restarts: a query that
+//! fails because the server went away reconnects and tries again. It reads the rows the
+//! invariants need into their plain structs.
 
 use std::time::{Duration, Instant};
 
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row};
 
-use crate::common::{failure, open_connection, Result};
+use super::{InstanceRow, JournalRow, Rows, WitnessRow, LOAD_WITHIN, PROGRESS};
+use crate::chaos::witness::WITNESS_CREATE_PG;
+use crate::common::{failure, open_connection, Result, ResultExt};
+
+const INSTANCES: &str = "SELECT workflow_name, workflow_id, status, output, last_error
+    FROM workflows WHERE workflow_name = ANY($1)";
+
+const JOURNAL: &str = "SELECT workflow_name, workflow_id, generation, step_name, kind, recorded_at
+    FROM journal WHERE workflow_name = ANY($1)";
+
+const WITNESSES: &str = "SELECT workflow_name, workflow_id, generation, step, pid, holder, epoch,
+    written_at FROM chaos_witness";
 
 /// How long one connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -15,12 +27,12 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 /// A connection to the chaos schema that reconnects after a restart.
-pub(crate) struct Db {
+pub(crate) struct Pg {
     config: tokio_postgres::Config,
     client: Option<Client>,
 }
 
-impl Db {
+impl Pg {
     /// A connection with the store's settings (the chaos schema is its `search_path`); opened
     /// by the first query.
     pub(crate) fn new(config: &tokio_postgres::Config) -> Self {
@@ -77,8 +89,69 @@ impl Db {
         }
     }
 
+    /// Creates the witness table.
+    pub(crate) async fn create_witness_table(&mut self) -> Result<()> {
+        self.batch(WITNESS_CREATE_PG)
+            .await
+            .context("creating the witness table")
+    }
+
+    /// Steps journaled and instances done, one try.
+    pub(crate) async fn progress(&mut self) -> Result<(i64, i64)> {
+        let rows = self.query_once(PROGRESS, &[]).await?;
+        let row = rows.first().ok_or_else(|| failure("no progress row"))?;
+        Ok((row.get(0), row.get(1)))
+    }
+
+    /// Reads the rows the checks need, trying again while the server is away.
+    pub(crate) async fn load(&mut self, workflows: &[&str]) -> Result<Rows> {
+        let names: Vec<String> = workflows.iter().map(|name| (*name).to_owned()).collect();
+        let instances = self
+            .query(INSTANCES, &[&names], LOAD_WITHIN)
+            .await
+            .context("reading the instance rows")?
+            .iter()
+            .map(|row| InstanceRow {
+                name: row.get(0),
+                id: row.get(1),
+                status: row.get(2),
+                output: row.get(3),
+                last_error: row.get(4),
+            })
+            .collect();
+        let journal = self
+            .query(JOURNAL, &[&names], LOAD_WITHIN)
+            .await
+            .context("reading the journal")?
+            .iter()
+            .map(|row| JournalRow {
+                key: (row.get(0), row.get(1), row.get(2), row.get(3)),
+                kind: row.get(4),
+                recorded_at: row.get(5),
+            })
+            .collect();
+        let witnesses = self
+            .query(WITNESSES, &[], LOAD_WITHIN)
+            .await
+            .context("reading the witnesses")?
+            .iter()
+            .map(|row| WitnessRow {
+                key: (row.get(0), row.get(1), row.get(2), row.get(3)),
+                pid: row.get(4),
+                holder: row.get(5),
+                epoch: row.get(6),
+                written_at: row.get(7),
+            })
+            .collect();
+        Ok(Rows {
+            instances,
+            journal,
+            witnesses,
+        })
+    }
+
     /// Runs a batch of statements (DDL) once.
-    pub(crate) async fn batch(&mut self, sql: &str) -> Result<()> {
+    async fn batch(&mut self, sql: &str) -> Result<()> {
         if self.client.as_ref().is_none_or(Client::is_closed) {
             self.client = Some(open_connection(&self.config).await?);
         }
