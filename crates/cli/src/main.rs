@@ -35,6 +35,7 @@ mod common;
 mod demo;
 mod gc;
 mod list;
+mod lite;
 mod migrate;
 mod ops;
 mod proof;

@@ -24,7 +24,7 @@ use keiro::{Keiro, ResultOptions, Worker};
 use serde::Serialize;
 
 use super::throughput::{bench_workflow, BenchInput, WORKFLOW};
-use super::{instance_id, server, BenchArgs, Percentiles, Setup};
+use super::{instance_id, server, Background, BenchArgs, Percentiles, Setup};
 use crate::common::{ms, resident_memory_mb, round, Global, Outcome, Result, ResultExt};
 
 /// Which way the closed loop of `direct` runs its workflows.
@@ -185,17 +185,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         .poll_interval(Duration::from_millis(args.poll_interval_ms))
         .build()
         .context("building the bench worker")?;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let worker_task = tokio::spawn({
-        let worker = worker.clone();
-        async move {
-            worker
-                .run_until(async {
-                    let _ = stop_rx.await;
-                })
-                .await
-        }
-    });
+    let background = Background::run(worker.clone());
     let path = args.path;
     let mode = path.mode();
     println!(
@@ -223,8 +213,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let round_trips = setup.store.round_trips() - round_trips_before;
     let batches = setup.store.batch_stats().since(&batches_before);
     let (own_cpu, host_idle) = phase_cpu.finish();
-    let _ = stop_tx.send(());
-    let summary = worker_task.await.context("the bench worker task failed")?;
+    let summary = background.stop().await?;
     let spent = server_before.spent_until(&server::read_after(&setup.db, &setup.store).await?);
     let Some(latencies) = looped? else {
         println!(

@@ -449,6 +449,33 @@ impl MetricsSink {
     }
 }
 
+/// A bench worker running in a task of its own until [`stop`](Self::stop).
+pub(super) struct Background {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<keiro::worker::ResumeSummary>,
+}
+
+impl Background {
+    /// Runs `worker` (its resume loop, timers and push) in a spawned task.
+    pub(super) fn run(worker: keiro::Worker) -> Self {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            worker
+                .run_until(async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        Self { stop, task }
+    }
+
+    /// Stops the worker and waits for its loops to end: what they did in all.
+    pub(super) async fn stop(self) -> Result<keiro::worker::ResumeSummary> {
+        let _ = self.stop.send(());
+        self.task.await.context("the bench worker task failed")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

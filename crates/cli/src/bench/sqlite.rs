@@ -18,7 +18,7 @@ use serde::Serialize;
 use super::direct::closed_loop;
 use super::server::PhaseCpu;
 use super::throughput::{bench_workflow, BenchInput, FinishLine, WORKFLOW};
-use super::{start_all, BenchArgs, Percentiles};
+use super::{start_all, Background, BenchArgs, Percentiles};
 use crate::common::{
     ms, replace_scratch_file, resident_memory_mb, round, Outcome, Result, ResultExt,
 };
@@ -212,14 +212,7 @@ pub(super) async fn throughput(args: &BenchArgs, path: &Path) -> Result<Outcome>
         .log(log)
         .build()
         .context("building the bench worker")?;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let worker_task = tokio::spawn(async move {
-        worker
-            .run_until(async {
-                let _ = stop_rx.await;
-            })
-            .await
-    });
+    let background = Background::run(worker);
     println!(
         "bench: throughput: {workflows} workflows x {} steps, worker concurrency {}, {} producers, \
          poll {} ms, sqlite file {} ({readers} readers, batches of at most {batch_max})",
@@ -242,8 +235,7 @@ pub(super) async fn throughput(args: &BenchArgs, path: &Path) -> Result<Outcome>
     )
     .await?;
     let reached = finish.wait(Duration::from_secs(args.timeout_s)).await;
-    let _ = stop_tx.send(());
-    worker_task.await.context("the bench worker task failed")?;
+    background.stop().await?;
     let cpu = cpu.finish();
     let Some((finished_at, commits_after)) = reached else {
         println!(
@@ -285,17 +277,7 @@ pub(super) async fn direct(args: &BenchArgs, path: &Path) -> Result<Outcome> {
         .poll_interval(Duration::from_millis(args.poll_interval_ms))
         .build()
         .context("building the bench worker")?;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let worker_task = tokio::spawn({
-        let worker = worker.clone();
-        async move {
-            worker
-                .run_until(async {
-                    let _ = stop_rx.await;
-                })
-                .await
-        }
-    });
+    let background = Background::run(worker.clone());
     let mode = args.path.mode();
     println!(
         "bench: {mode}: {workflows} workflows x {} steps, {} in flight, worker poll {} ms, sqlite \
@@ -321,8 +303,7 @@ pub(super) async fn direct(args: &BenchArgs, path: &Path) -> Result<Outcome> {
     let elapsed = started.elapsed();
     let commits = store.commits() - commits_before;
     let cpu = cpu.finish();
-    let _ = stop_tx.send(());
-    worker_task.await.context("the bench worker task failed")?;
+    background.stop().await?;
     let Some(latencies) = looped? else {
         println!(
             "bench: FAIL: not every one of the {workflows} workflows completed within {} s",

@@ -12,7 +12,7 @@ use keiro::{worker::ResumeLogEvent, worker::ResumeOptions, Ctx, Keiro, WorkflowE
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
-use super::{server, start_all, start_all_many, BenchArgs, MetricsSink, Setup};
+use super::{server, start_all, start_all_many, Background, BenchArgs, MetricsSink, Setup};
 use crate::common::{ms, resident_memory_mb, round, Global, Outcome, Result, ResultExt};
 
 /// The registered workflow name.
@@ -203,14 +203,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         builder = builder.metrics(sink.metrics.clone());
     }
     let worker = builder.build().context("building the bench worker")?;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let worker_task = tokio::spawn(async move {
-        worker
-            .run_until(async {
-                let _ = stop_rx.await;
-            })
-            .await
-    });
+    let background = Background::run(worker);
 
     println!(
         "bench: throughput: {} workflows x {} steps, worker concurrency {}, {} producers, poll {} ms, \
@@ -255,8 +248,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     }
     let starts_done = started.elapsed();
     let reached = finish.wait(Duration::from_secs(args.timeout_s)).await;
-    let _ = stop_tx.send(());
-    let summary = worker_task.await.context("the bench worker task failed")?;
+    let summary = background.stop().await?;
     let batches = setup.store.batch_stats().since(&batches_before);
     let (own_cpu, host_idle) = phase_cpu.finish();
     let spent = server_before.spent_until(&server::read_after(&setup.db, &setup.store).await?);

@@ -1,6 +1,6 @@
 //! The invariants the chaos run must keep, checked from the database after it: the instance
 //! rows, the journal table read directly, and the witnesses. Each store's rows are read into
-//! the plain structs below ([`db`](super::db)), and these pure functions decide on both alike.
+//! the plain structs below (the `db` module), and these pure functions decide on both alike.
 //!
 //! 1. **Completed right**: every instance started is `completed`, with the output its input
 //!    implies.

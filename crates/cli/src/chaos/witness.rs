@@ -22,7 +22,7 @@ use crate::common::{open_connection, Result, ResultExt};
 
 /// How long a SQLite witness waits for the file's write lock, which the workers' writers take
 /// in turn: long, since a witness that fails fails its step, which then runs again.
-const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Creates the witness table in the SQLite file.
 pub(crate) const WITNESS_CREATE_SQLITE: &str = "CREATE TABLE chaos_witness (
@@ -153,16 +153,11 @@ impl Witness {
 /// busy timeout, and `synchronous = NORMAL` (in WAL mode a commit survives the process being
 /// killed, the one crash the run injects on SQLite; the store's own commits stay FULL).
 pub(crate) fn open_sqlite(path: &Path) -> Result<rusqlite::Connection> {
-    let conn = rusqlite::Connection::open(path).context(format!(
-        "opening {} for the chaos witnesses",
-        path.display()
-    ))?;
-    conn.busy_timeout(SQLITE_BUSY_TIMEOUT)
-        .context("setting the busy timeout")?;
-    conn.pragma_update(None, "synchronous", "NORMAL")
-        .context("setting the synchronous level")?;
-    Ok(conn)
+    crate::lite::open(path, WHO, SQLITE_BUSY_TIMEOUT)
 }
+
+/// Who opens the chaos run's connections, in their errors.
+pub(crate) const WHO: &str = "the chaos witnesses";
 
 /// The witness connection of a process on SQLite.
 pub(crate) struct SqliteWitness {

@@ -3,15 +3,11 @@
 //! the witnesses keep them; the workflow names are bound as one JSON array (`json_each`).
 
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
-
-use rusqlite::Connection;
-use serde_json::Value;
-use time::OffsetDateTime;
 
 use super::{InstanceRow, JournalRow, Rows, WitnessRow, PROGRESS};
 use crate::chaos::witness::{self, WITNESS_CREATE_SQLITE};
 use crate::common::{Result, ResultExt};
+use crate::lite::{self, instant, json};
 
 const INSTANCES: &str = "SELECT workflow_name, workflow_id, status, output, last_error
     FROM workflows WHERE workflow_name IN (SELECT value FROM json_each(?1))";
@@ -22,117 +18,91 @@ const JOURNAL: &str = "SELECT workflow_name, workflow_id, generation, step_name,
 const WITNESSES: &str = "SELECT workflow_name, workflow_id, generation, step, pid, holder, epoch,
     written_at FROM chaos_witness";
 
-fn instant(micros: i64) -> rusqlite::Result<OffsetDateTime> {
-    OffsetDateTime::from_unix_timestamp_nanos(i128::from(micros) * 1000)
-        .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
-}
-
-fn json(text: &str) -> rusqlite::Result<Value> {
-    serde_json::from_str(text).map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
-}
-
 /// The chaos command's connection to the file; its calls run off the async runtime, one at a
 /// time.
 pub(crate) struct Lite {
-    conn: Arc<Mutex<Connection>>,
+    conn: lite::Lite,
 }
 
 impl Lite {
     /// Opens the file the store made, with the witnesses' busy timeout (its one write, the
     /// table, may meet a worker's transaction).
     pub(crate) async fn open(path: &Path) -> Result<Self> {
-        let path = path.to_owned();
-        let conn = tokio::task::spawn_blocking(move || witness::open_sqlite(&path))
-            .await
-            .context("opening the chaos command's connection")??;
         Ok(Self {
-            conn: Arc::new(Mutex::new(conn)),
+            conn: lite::Lite::open(path, witness::WHO, witness::SQLITE_BUSY_TIMEOUT).await?,
         })
-    }
-
-    /// Runs `call` on the connection on a blocking thread.
-    async fn call<T, F>(&self, what: &'static str, call: F) -> Result<T>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
-    {
-        let conn = Arc::clone(&self.conn);
-        tokio::task::spawn_blocking(move || {
-            let conn = conn.lock().unwrap_or_else(PoisonError::into_inner);
-            call(&conn)
-        })
-        .await
-        .context(what)?
-        .context(what)
     }
 
     pub(crate) async fn create_witness_table(&self) -> Result<()> {
-        self.call("creating the witness table", |conn| {
-            conn.execute_batch(WITNESS_CREATE_SQLITE)
-        })
-        .await
+        self.conn
+            .call("creating the witness table", |conn| {
+                conn.execute_batch(WITNESS_CREATE_SQLITE)
+            })
+            .await
     }
 
     pub(crate) async fn progress(&self) -> Result<(i64, i64)> {
-        self.call("reading the progress", |conn| {
-            conn.prepare_cached(PROGRESS)?
-                .query_row([], |row| Ok((row.get(0)?, row.get(1)?)))
-        })
-        .await
+        self.conn
+            .call("reading the progress", |conn| {
+                conn.prepare_cached(PROGRESS)?
+                    .query_row([], |row| Ok((row.get(0)?, row.get(1)?)))
+            })
+            .await
     }
 
     /// The three reads in one read transaction: one snapshot, as the run has ended.
     pub(crate) async fn load(&self, workflows: &[&str]) -> Result<Rows> {
         let names = serde_json::to_string(workflows).context("encoding the workflow names")?;
-        self.call(
-            "reading the instance rows, the journal and the witnesses",
-            move |conn| {
-                let read = conn.unchecked_transaction()?;
-                let instances = read
-                    .prepare(INSTANCES)?
-                    .query_map([&names], |row| {
-                        Ok(InstanceRow {
-                            name: row.get(0)?,
-                            id: row.get(1)?,
-                            status: row.get(2)?,
-                            output: row
-                                .get::<_, Option<String>>(3)?
-                                .map(|text| json(&text))
-                                .transpose()?,
-                            last_error: row.get(4)?,
-                        })
-                    })?
-                    .collect::<rusqlite::Result<_>>()?;
-                let journal = read
-                    .prepare(JOURNAL)?
-                    .query_map([&names], |row| {
-                        Ok(JournalRow {
-                            key: (row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?),
-                            kind: row.get(4)?,
-                            recorded_at: instant(row.get(5)?)?,
-                        })
-                    })?
-                    .collect::<rusqlite::Result<_>>()?;
-                let witnesses = read
-                    .prepare(WITNESSES)?
-                    .query_map([], |row| {
-                        Ok(WitnessRow {
-                            key: (row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?),
-                            pid: row.get(4)?,
-                            holder: row.get(5)?,
-                            epoch: row.get(6)?,
-                            written_at: instant(row.get(7)?)?,
-                        })
-                    })?
-                    .collect::<rusqlite::Result<_>>()?;
-                read.finish()?;
-                Ok(Rows {
-                    instances,
-                    journal,
-                    witnesses,
-                })
-            },
-        )
-        .await
+        self.conn
+            .call(
+                "reading the instance rows, the journal and the witnesses",
+                move |conn| {
+                    let read = conn.unchecked_transaction()?;
+                    let instances = read
+                        .prepare(INSTANCES)?
+                        .query_map([&names], |row| {
+                            Ok(InstanceRow {
+                                name: row.get(0)?,
+                                id: row.get(1)?,
+                                status: row.get(2)?,
+                                output: row
+                                    .get::<_, Option<String>>(3)?
+                                    .map(|text| json(&text))
+                                    .transpose()?,
+                                last_error: row.get(4)?,
+                            })
+                        })?
+                        .collect::<rusqlite::Result<_>>()?;
+                    let journal = read
+                        .prepare(JOURNAL)?
+                        .query_map([&names], |row| {
+                            Ok(JournalRow {
+                                key: (row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?),
+                                kind: row.get(4)?,
+                                recorded_at: instant(row.get(5)?)?,
+                            })
+                        })?
+                        .collect::<rusqlite::Result<_>>()?;
+                    let witnesses = read
+                        .prepare(WITNESSES)?
+                        .query_map([], |row| {
+                            Ok(WitnessRow {
+                                key: (row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?),
+                                pid: row.get(4)?,
+                                holder: row.get(5)?,
+                                epoch: row.get(6)?,
+                                written_at: instant(row.get(7)?)?,
+                            })
+                        })?
+                        .collect::<rusqlite::Result<_>>()?;
+                    read.finish()?;
+                    Ok(Rows {
+                        instances,
+                        journal,
+                        witnesses,
+                    })
+                },
+            )
+            .await
     }
 }

@@ -4,16 +4,15 @@
 //! them; lists are bound as one JSON array (`json_each`).
 
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use rusqlite::{params, Connection, OptionalExtension};
-use serde_json::Value;
+use rusqlite::{params, OptionalExtension};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::{count, Execution, InstanceRow, Nap, Progress, Push, StepRecord};
 use crate::common::{replace_scratch_file, Result, ResultExt};
+use crate::lite::{self, instant, json};
 
 /// How long a demo write waits for the store's write lock (its writer commits in batches).
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -47,15 +46,6 @@ fn micros(at: OffsetDateTime) -> i64 {
     i64::try_from(at.unix_timestamp_nanos() / 1000).unwrap_or(i64::MAX)
 }
 
-fn instant(micros: i64) -> rusqlite::Result<OffsetDateTime> {
-    OffsetDateTime::from_unix_timestamp_nanos(i128::from(micros) * 1000)
-        .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
-}
-
-fn json(text: &str) -> rusqlite::Result<Value> {
-    serde_json::from_str(text).map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
-}
-
 /// The JSON array `json_each` reads a list from.
 fn list<T: serde::Serialize>(items: &[T]) -> String {
     serde_json::to_string(items).expect("a list of strings encodes as JSON")
@@ -63,44 +53,16 @@ fn list<T: serde::Serialize>(items: &[T]) -> String {
 
 /// The demo's connection to the file; its calls run off the async runtime, one at a time.
 pub(crate) struct Lite {
-    conn: Arc<Mutex<Connection>>,
+    conn: lite::Lite,
 }
 
 impl Lite {
     /// Opens the file the store made. `synchronous = NORMAL` for the demo's own rows: in WAL
     /// mode a commit survives the process being killed, which is all the ledger must survive.
     pub(crate) async fn open(path: &Path) -> Result<Self> {
-        let path = path.to_owned();
-        let conn = tokio::task::spawn_blocking(move || -> Result<Connection> {
-            let conn = Connection::open(&path)
-                .context(format!("opening {} for the demo", path.display()))?;
-            conn.busy_timeout(BUSY_TIMEOUT)
-                .context("setting the demo connection's busy timeout")?;
-            conn.pragma_update(None, "synchronous", "NORMAL")
-                .context("setting the demo connection's synchronous level")?;
-            Ok(conn)
-        })
-        .await
-        .context("opening the demo's connection")??;
         Ok(Self {
-            conn: Arc::new(Mutex::new(conn)),
+            conn: lite::Lite::open(path, "the demo", BUSY_TIMEOUT).await?,
         })
-    }
-
-    /// Runs `call` on the connection on a blocking thread.
-    async fn call<T, F>(&self, what: &str, call: F) -> Result<T>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
-    {
-        let conn = Arc::clone(&self.conn);
-        tokio::task::spawn_blocking(move || {
-            let conn = conn.lock().unwrap_or_else(PoisonError::into_inner);
-            call(&conn)
-        })
-        .await
-        .context(what.to_owned())?
-        .context(what.to_owned())
     }
 
     /// Collects the rows of `sql` with `params`, each read by `row`.
@@ -116,24 +78,27 @@ impl Lite {
         P: rusqlite::Params + Send + 'static,
         R: FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T> + Send + 'static,
     {
-        self.call(what, move |conn| {
-            conn.prepare_cached(sql)?
-                .query_map(params, row)?
-                .collect::<rusqlite::Result<Vec<T>>>()
-        })
-        .await
+        self.conn
+            .call(what, move |conn| {
+                conn.prepare_cached(sql)?
+                    .query_map(params, row)?
+                    .collect::<rusqlite::Result<Vec<T>>>()
+            })
+            .await
     }
 
     pub(crate) async fn create_tables(&self) -> Result<()> {
-        self.call("creating the demo's ledger and wait table", |conn| {
-            conn.execute_batch(TABLES_CREATE)
-        })
-        .await
+        self.conn
+            .call("creating the demo's ledger and wait table", |conn| {
+                conn.execute_batch(TABLES_CREATE)
+            })
+            .await
     }
 
     pub(crate) async fn progress(&self, workflow: &str) -> Result<Progress> {
         let workflow = workflow.to_owned();
         let (steps, completed, broken) = self
+            .conn
             .call("reading the demo's progress", move |conn| {
                 conn.prepare_cached(PROGRESS)?
                     .query_row(params![workflow], |row| {
@@ -170,6 +135,7 @@ impl Lite {
     pub(crate) async fn steps_of(&self, workflow: &str, ids: &[String]) -> Result<u64> {
         let params = (workflow.to_owned(), list(ids));
         let steps = self
+            .conn
             .call("counting the steps of the runs in flight", move |conn| {
                 conn.prepare_cached(STEPS_OF)?
                     .query_row(params, |row| row.get::<_, i64>(0))
@@ -244,6 +210,7 @@ impl Lite {
         let name = name.to_owned();
         let what = format!("counting unfinished {name} runs");
         let unfinished = self
+            .conn
             .call(&what, move |conn| {
                 conn.prepare_cached(UNFINISHED)?
                     .query_row(params![name], |row| row.get::<_, i64>(0))
@@ -279,6 +246,7 @@ impl Lite {
         let params = (id.to_owned(), wait.to_owned());
         let what = format!("reading the wake of {id}");
         let woke = self
+            .conn
             .call(&what, move |conn| {
                 conn.prepare_cached(WOKE)?
                     .query_row(params, |row| row.get::<_, bool>(0))
@@ -322,10 +290,11 @@ impl Lite {
     where
         P: rusqlite::Params + Send + 'static,
     {
-        self.call(what, move |conn| {
-            conn.prepare_cached(sql)?.execute(params).map(drop)
-        })
-        .await
+        self.conn
+            .call(what, move |conn| {
+                conn.prepare_cached(sql)?.execute(params).map(drop)
+            })
+            .await
     }
 
     /// The time is read before the write waits for the lock: the moment the step ran.
