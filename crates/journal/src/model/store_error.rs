@@ -1,6 +1,6 @@
 //! The error a store operation returns: the store contract's own error, kept with the journal's
 //! data so the error a body sees ([`WorkflowError::Store`](crate::WorkflowError::Store)) can
-//! carry it without depending on the contract. [`store`](crate::store) re-exports it as
+//! carry it without depending on the contract. The `store` module re-exports it as
 //! `store::Error`, the crate root as `StoreError`.
 
 use std::error::Error as StdError;
