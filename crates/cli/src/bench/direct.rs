@@ -23,7 +23,7 @@ use clap::ValueEnum;
 use keiro::{Keiro, ResultOptions, Worker};
 use serde::Serialize;
 
-use super::throughput::{bench_workflow, BenchInput, WORKFLOW};
+use super::throughput::{bench_worker, BenchInput, WORKFLOW};
 use super::{instance_id, server, Background, BenchArgs, Percentiles, Setup};
 use crate::common::{ms, resident_memory_mb, round, Global, Outcome, Result, ResultExt};
 
@@ -178,11 +178,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     // waiters' reads need theirs beside them.
     let setup = Setup::new(global, args, concurrency * 2 + 2).await?;
     let keiro = Keiro::builder(setup.store.clone()).build(); // with push
-    let worker = keiro
-        .worker()
-        .register(WORKFLOW, bench_workflow)
-        .concurrency(concurrency)
-        .poll_interval(Duration::from_millis(args.poll_interval_ms))
+    let worker = bench_worker(&keiro, args, concurrency)
         .build()
         .context("building the bench worker")?;
     let background = Background::run(worker.clone());

@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use super::direct::closed_loop;
 use super::server::PhaseCpu;
-use super::throughput::{bench_workflow, BenchInput, FinishLine, WORKFLOW};
+use super::throughput::{bench_worker, BenchInput, FinishLine, WORKFLOW};
 use super::{start_all, Background, BenchArgs, Percentiles};
 use crate::common::{
     ms, replace_scratch_file, resident_memory_mb, round, Outcome, Result, ResultExt,
@@ -204,11 +204,7 @@ pub(super) async fn throughput(args: &BenchArgs, path: &Path) -> Result<Outcome>
             default_log(event);
         })
     };
-    let worker = keiro
-        .worker()
-        .register(WORKFLOW, bench_workflow)
-        .concurrency(concurrency)
-        .poll_interval(Duration::from_millis(args.poll_interval_ms))
+    let worker = bench_worker(&keiro, args, concurrency)
         .log(log)
         .build()
         .context("building the bench worker")?;
@@ -270,11 +266,7 @@ pub(super) async fn direct(args: &BenchArgs, path: &Path) -> Result<Outcome> {
     let (readers, batch_max) = (config.readers, config.batch_max);
     let store = open_fresh(path, config).await?;
     let keiro = Keiro::builder(store.clone()).build();
-    let worker = keiro
-        .worker()
-        .register(WORKFLOW, bench_workflow)
-        .concurrency(concurrency)
-        .poll_interval(Duration::from_millis(args.poll_interval_ms))
+    let worker = bench_worker(&keiro, args, concurrency)
         .build()
         .context("building the bench worker")?;
     let background = Background::run(worker.clone());

@@ -25,6 +25,20 @@ pub(super) struct BenchInput {
     pub(super) steps: u64,
 }
 
+/// The worker every workflow bench runs: `bench_workflow` registered, `concurrency` runs at a
+/// time, the bench's poll interval; the caller adds its own options.
+pub(super) fn bench_worker(
+    keiro: &Keiro,
+    args: &BenchArgs,
+    concurrency: usize,
+) -> keiro::WorkerBuilder {
+    keiro
+        .worker()
+        .register(WORKFLOW, bench_workflow)
+        .concurrency(concurrency)
+        .poll_interval(Duration::from_millis(args.poll_interval_ms))
+}
+
 /// K trivial steps: the cost measured is keiro's, not the work's.
 pub(super) async fn bench_workflow(ctx: Ctx, input: BenchInput) -> Result<u64, WorkflowError> {
     let mut sum = 0;
@@ -193,12 +207,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         })
     };
     let sink = args.metrics.then(MetricsSink::new);
-    let mut builder = keiro
-        .worker()
-        .register(WORKFLOW, bench_workflow)
-        .concurrency(concurrency)
-        .poll_interval(Duration::from_millis(args.poll_interval_ms))
-        .log(log);
+    let mut builder = bench_worker(&keiro, args, concurrency).log(log);
     if let Some(sink) = &sink {
         builder = builder.metrics(sink.metrics.clone());
     }
