@@ -20,7 +20,7 @@ const TTL: Duration = Duration::from_secs(60);
 /// and releases it. The batch claim then takes the row, and must carry that step.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_claim_carries_what_was_journaled_while_it_scanned() -> TestResult {
-    const AHEAD: i64 = 150_000;
+    const AHEAD: i64 = 400_000;
     let db = TestDb::new().await;
     let store = db.store();
     sql(&store)
