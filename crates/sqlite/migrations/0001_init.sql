@@ -12,13 +12,19 @@
 -- CHECK constraints are PostgreSQL's, so a row one store refuses the other refuses too. The
 -- indexes are PostgreSQL's (partial ones too: SQLite has partial indexes); each names what it
 -- serves there.
+-- A constant list of more than two values (`status IN ('a', 'b', 'c')`) is never written in a
+-- CHECK, a partial index's WHERE or a trigger's WHEN: SQLite evaluates such a list through a
+-- temporary b-tree built afresh each time, and these run on every write of the row. They are
+-- spelled as `=` ... `OR`, or as the complement of two values (`status NOT IN ('running',
+-- 'suspended')` is terminal), and a query a partial index serves repeats the index's spelling.
 
 CREATE TABLE workflows (
     workflow_name         TEXT    NOT NULL,
     workflow_id           TEXT    NOT NULL,
     generation            INTEGER NOT NULL DEFAULT 0,
     status                TEXT    NOT NULL DEFAULT 'running'
-        CHECK (status IN ('running', 'suspended', 'completed', 'failed', 'cancelled')),
+        CHECK (status = 'running' OR status = 'suspended' OR status = 'completed'
+               OR status = 'failed' OR status = 'cancelled'),
     input                 TEXT    NOT NULL DEFAULT 'null',
     output                TEXT,
     attempts              INTEGER NOT NULL DEFAULT 0,
@@ -60,7 +66,7 @@ CREATE INDEX workflows_parent_link_idx
     ON workflows (parent_name, parent_id, parent_generation, parent_step)
     WHERE parent_step IS NOT NULL;
 CREATE INDEX workflows_terminal_idx ON workflows (completed_at)
-    WHERE status IN ('completed', 'failed', 'cancelled');
+    WHERE status NOT IN ('running', 'suspended');
 CREATE INDEX workflows_list_created_idx ON workflows (created_at, workflow_name, workflow_id);
 CREATE INDEX workflows_list_id_idx ON workflows (workflow_id);
 CREATE INDEX workflows_list_name_idx ON workflows (workflow_name, created_at, workflow_id);
@@ -99,7 +105,7 @@ CREATE TABLE timers (
     token         TEXT,
     fire_at       INTEGER NOT NULL,
     status        TEXT    NOT NULL DEFAULT 'scheduled'
-        CHECK (status IN ('scheduled', 'firing', 'fired')),
+        CHECK (status = 'scheduled' OR status = 'firing' OR status = 'fired'),
     attempts      INTEGER NOT NULL DEFAULT 0,
     created_at    INTEGER NOT NULL,
     updated_at    INTEGER NOT NULL,
@@ -118,7 +124,7 @@ CREATE TABLE awakeables (
     workflow_id   TEXT    NOT NULL,
     generation    INTEGER NOT NULL,
     status        TEXT    NOT NULL DEFAULT 'pending'
-        CHECK (status IN ('pending', 'completed', 'cancelled')),
+        CHECK (status = 'pending' OR status = 'completed' OR status = 'cancelled'),
     payload       TEXT,
     created_at    INTEGER NOT NULL,
     settled_at    INTEGER,
@@ -178,7 +184,8 @@ CREATE TABLE remote_tasks (
     priority            INTEGER NOT NULL DEFAULT 0,
     traceparent         TEXT,
     status              TEXT    NOT NULL DEFAULT 'pending'
-        CHECK (status IN ('pending', 'running', 'completed', 'failed', 'cancelled')),
+        CHECK (status = 'pending' OR status = 'running' OR status = 'completed'
+               OR status = 'failed' OR status = 'cancelled'),
     attempts            INTEGER NOT NULL DEFAULT 0,
     max_attempts        INTEGER NOT NULL CHECK (max_attempts >= 1),
     backoff_initial_ms  INTEGER NOT NULL,
@@ -217,8 +224,10 @@ CREATE TABLE schedules (
     interval_ms   INTEGER CHECK (interval_ms >= 1000),
     time_zone     TEXT    NOT NULL DEFAULT 'UTC',
     input         TEXT    NOT NULL DEFAULT 'null',
-    overlap       TEXT    NOT NULL CHECK (overlap IN ('skip', 'buffer_one', 'allow_all')),
-    catch_up      TEXT    NOT NULL CHECK (catch_up IN ('none', 'last', 'all')),
+    overlap       TEXT    NOT NULL CHECK (overlap = 'skip' OR overlap = 'buffer_one'
+                                         OR overlap = 'allow_all'),
+    catch_up      TEXT    NOT NULL CHECK (catch_up = 'none' OR catch_up = 'last'
+                                          OR catch_up = 'all'),
     catch_up_max  INTEGER NOT NULL DEFAULT 0 CHECK (catch_up_max >= 0),
     paused        INTEGER NOT NULL DEFAULT 0,
     next_tick     INTEGER,

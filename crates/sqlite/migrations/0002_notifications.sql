@@ -11,7 +11,8 @@
 -- gap knows rows were pruned before it read them.
 CREATE TABLE keiro_notifications (
     seq           INTEGER PRIMARY KEY AUTOINCREMENT,
-    kind          TEXT    NOT NULL CHECK (kind IN ('wake', 'timer', 'remote', 'closed')),
+    kind          TEXT    NOT NULL
+        CHECK (kind = 'wake' OR kind = 'timer' OR kind = 'remote' OR kind = 'closed'),
     workflow_name TEXT,
     workflow_id   TEXT,
     CHECK ((kind IN ('wake', 'closed'))
@@ -24,8 +25,8 @@ CREATE TABLE keiro_notifications (
 -- across the commit's WAL flush, so only awaited rows pay it; here a row in a transaction that
 -- commits anyway costs one insert, where marking the row awaited would cost a commit.
 CREATE TRIGGER workflows_notify_closed AFTER UPDATE OF status ON workflows
-    WHEN NEW.status IN ('completed', 'failed', 'cancelled')
-     AND OLD.status NOT IN ('completed', 'failed', 'cancelled')
+    WHEN NEW.status NOT IN ('running', 'suspended')
+     AND OLD.status IN ('running', 'suspended')
 BEGIN
     INSERT INTO keiro_notifications (kind, workflow_name, workflow_id)
     VALUES ('closed', NEW.workflow_name, NEW.workflow_id);

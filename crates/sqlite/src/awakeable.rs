@@ -3,6 +3,7 @@
 //! `journal_marker_settles_awakeables` in migration 0001. Then the Postgres store's
 //! one-statement count of pending awakeables (crates/postgres/src/awakeable.rs).
 
+use crate::cached::Cached;
 use keiro_journal::store::Result;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::Value;
@@ -32,7 +33,7 @@ pub(crate) fn awakeable_create(
 ) -> Result<AppendCode> {
     let outcome = journal_append_step(conn, now, append)?;
     if let AppendCode::Appended(generation) = outcome {
-        conn.execute(
+        conn.execute_cached(
             AWAKEABLE_INSERT,
             params![awakeable, append.name, append.id, generation, micros(now)],
         )
@@ -71,7 +72,7 @@ pub(crate) fn awakeable_settle(
     envelope: &Value,
 ) -> Result<SettleCode> {
     let found: Option<(String, String, i32, String)> = conn
-        .query_row(AWAKEABLE_ROW, params![awakeable], |r| {
+        .query_row_cached(AWAKEABLE_ROW, params![awakeable], |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
         })
         .optional()
@@ -82,7 +83,7 @@ pub(crate) fn awakeable_settle(
     if settled != "pending" {
         return Ok(SettleCode::AlreadySettled(settled));
     }
-    conn.execute(
+    conn.execute_cached(
         AWAKEABLE_SETTLE,
         params![awakeable, status, payload.map(row::json), micros(now)],
     )
@@ -113,7 +114,7 @@ const AWAKEABLES_PENDING: &str = "SELECT count(*) FROM awakeables WHERE status =
 /// awakeables_pending (crates/postgres/src/awakeable.rs): how many awakeables are pending.
 pub(crate) fn awakeables_pending(conn: &Connection) -> Result<u64> {
     let pending: i64 = conn
-        .query_row(AWAKEABLES_PENDING, [], |r| r.get(0))
+        .query_row_cached(AWAKEABLES_PENDING, [], |r| r.get(0))
         .map_err(|e| store(PENDING, e))?;
     Ok(u64::try_from(pending).unwrap_or(0))
 }

@@ -1,6 +1,7 @@
 //! Rules of crates/migrations/functions/child.sql: the spawn, and the delivery of a finished child's result
 //! into the generation of its parent that awaits it.
 
+use crate::cached::Cached;
 use keiro_journal::store::Result;
 use rusqlite::{params, Connection};
 use serde_json::{json, Value};
@@ -119,7 +120,7 @@ pub(crate) fn child_spawn(
     let (name, id) = (append.name, append.id);
     let at = micros(now);
     let created = conn
-        .execute(
+        .execute_cached(
             CHILD_INSERT,
             params![
                 child.name,
@@ -141,7 +142,7 @@ pub(crate) fn child_spawn(
     let existing = row::instance_row(conn, child.name, child.id, SPAWN)?
         .ok_or_else(|| malformed(SPAWN, "the conflicting child row is missing"))?;
     let link = || {
-        conn.execute(
+        conn.execute_cached(
             CHILD_LINK,
             params![
                 child.name,
@@ -198,7 +199,7 @@ pub(crate) fn child_spawn(
         }
         other => other.clone(),
     };
-    conn.execute(
+    conn.execute_cached(
         SPAWN_ROW_REWRITE,
         params![name, id, generation, append.step, row::json(&recorded)],
     )

@@ -41,9 +41,9 @@ const FILTER_UPDATED_SINCE: &str = " AND w.updated_at >= ?";
 const FILTER_UPDATED_UNTIL: &str = " AND w.updated_at < ?";
 // Served by workflows_terminal_idx: the status test makes its partial predicate apply.
 const FILTER_FINISHED_SINCE: &str =
-    " AND w.status IN ('completed', 'failed', 'cancelled') AND w.completed_at >= ?";
+    " AND w.status NOT IN ('running', 'suspended') AND w.completed_at >= ?";
 const FILTER_FINISHED_UNTIL: &str =
-    " AND w.status IN ('completed', 'failed', 'cancelled') AND w.completed_at < ?";
+    " AND w.status NOT IN ('running', 'suspended') AND w.completed_at < ?";
 // Served by workflows_list_parent_idx.
 const FILTER_PARENT_NAME: &str = " AND w.parent_name = ?";
 const FILTER_PARENT_ID: &str = " AND w.parent_id = ?";

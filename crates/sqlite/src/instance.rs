@@ -5,6 +5,7 @@
 //! operation in one shared transaction); `keiro_instance_hold` (transaction steps need
 //! PostgreSQL: `Unsupported` on SQLite).
 
+use crate::cached::Cached;
 use keiro_journal::store::Result;
 use keiro_journal::Generation;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -46,7 +47,7 @@ pub(crate) fn instance_start(
     priority: i32,
 ) -> Result<(bool, Stored)> {
     let created = conn
-        .execute(
+        .execute_cached(
             INSTANCE_INSERT,
             params![
                 name,
@@ -104,7 +105,7 @@ pub(crate) fn instance_confirm(
         return Ok(ConfirmCode::LeaseLost);
     }
     let at = micros(now);
-    conn.execute(
+    conn.execute_cached(
         INSTANCE_RENEW,
         params![name, id, at.saturating_add(ttl_ms.saturating_mul(1000)), at],
     )
@@ -181,7 +182,7 @@ pub(crate) fn instance_park(
     let awaited_json = Value::from(awaited.to_vec()).to_string();
     let landed = generation != row.generation
         || conn
-            .query_row(
+            .query_row_cached(
                 JOURNAL_HAS_ANY,
                 params![name, id, generation, awaited_json],
                 |r| r.get::<_, bool>(0),
@@ -189,7 +190,7 @@ pub(crate) fn instance_park(
             .map_err(|e| store(PARK, e))?;
     let at = micros(now);
     if landed {
-        conn.execute(
+        conn.execute_cached(
             INSTANCE_PARK_WOKEN,
             params![name, id, generation, parked_on, at],
         )
@@ -197,7 +198,7 @@ pub(crate) fn instance_park(
         notify::wake(conn, PARK, name, id)?;
         Ok(ParkCode::Woken)
     } else {
-        conn.execute(
+        conn.execute_cached(
             INSTANCE_PARK_SUSPEND,
             params![name, id, wake_after.map(micros), parked_on, at],
         )
@@ -242,7 +243,7 @@ pub(crate) fn instance_fail_diverged(
             return Ok(FailDivergedCode::LeaseLost);
         }
     }
-    conn.execute(
+    conn.execute_cached(
         INSTANCE_FAIL_DIVERGED,
         params![name, id, reason, micros(now)],
     )
@@ -275,17 +276,17 @@ pub(crate) fn instance_settle_leftovers(
     generation: Generation,
 ) -> Result<u64> {
     let completed: bool = conn
-        .query_row(INSTANCE_COMPLETED, params![name, id], |r| r.get(0))
+        .query_row_cached(INSTANCE_COMPLETED, params![name, id], |r| r.get(0))
         .map_err(|e| store(SETTLE, e))?;
     if !completed {
         return Ok(0);
     }
     let at = micros(now);
     let tasks = conn
-        .execute(REMOTE_TASKS_SETTLE, params![name, id, generation, at])
+        .execute_cached(REMOTE_TASKS_SETTLE, params![name, id, generation, at])
         .map_err(|e| store(SETTLE, e))?;
     let awakeables = conn
-        .execute(AWAKEABLES_SETTLE, params![name, id, generation, at])
+        .execute_cached(AWAKEABLES_SETTLE, params![name, id, generation, at])
         .map_err(|e| store(SETTLE, e))?;
     Ok(u64::try_from(tasks + awakeables).unwrap_or(u64::MAX))
 }
@@ -556,7 +557,7 @@ pub(crate) fn instance_requeue_one(
         // The instance is failed, so the append rules would refuse the row: it is written
         // directly.
         let reset = serde_json::json!({ "step": logical, "superseded": step });
-        conn.execute(
+        conn.execute_cached(
             JOURNAL_INSERT_DIRECT,
             params![
                 name,
@@ -573,7 +574,7 @@ pub(crate) fn instance_requeue_one(
 
         if kind == "remote" {
             notify_remote |= conn
-                .execute(
+                .execute_cached(
                     REMOTE_TASK_RESET,
                     params![name, id, generation, step, at, next],
                 )
@@ -591,14 +592,14 @@ pub(crate) fn instance_requeue_one(
 
         // A success is already there: the child itself completed, or a fix of it did.
         let mut output: Option<Option<String>> = conn
-            .query_row(CHILD_COMPLETED_OUTPUT, params![child_name, child_id], |r| {
+            .query_row_cached(CHILD_COMPLETED_OUTPUT, params![child_name, child_id], |r| {
                 r.get(0)
             })
             .optional()
             .map_err(|e| store(REQUEUE, e))?;
         if output.is_none() {
             output = conn
-                .query_row(
+                .query_row_cached(
                     FIX_COMPLETED_OUTPUT,
                     params![child_name, child_id, name, id, generation],
                     |r| r.get(0),
@@ -617,7 +618,7 @@ pub(crate) fn instance_requeue_one(
         }
 
         // No success yet: the child and its fixes now deliver to the next revision.
-        conn.execute(
+        conn.execute_cached(
             CHILDREN_RELINK,
             params![name, id, generation, step, next, at],
         )
@@ -640,12 +641,12 @@ pub(crate) fn instance_requeue_one(
         "resurrected",
         keiro_journal::store::marker_name::RESURRECTED,
     )?;
-    conn.execute(
+    conn.execute_cached(
         JOURNAL_INSERT_DIRECT,
         params![name, id, generation, resurrected, "resurrected", "null", at],
     )
     .map_err(|e| store(REQUEUE, e))?;
-    conn.execute(INSTANCE_REQUEUED, params![name, id, at])
+    conn.execute_cached(INSTANCE_REQUEUED, params![name, id, at])
         .map_err(|e| store(REQUEUE, e))?;
     notify::wake(conn, REQUEUE, name, id)?;
 
@@ -747,7 +748,7 @@ pub(crate) fn instance_retry_with_input(
         return Ok(RetryCode::OriginNotFound);
     };
     let created = conn
-        .execute(
+        .execute_cached(
             RETRY_INSERT,
             params![
                 retry.0,

@@ -13,6 +13,7 @@
 //! [`journal_append_to`], as the Postgres store does). `keiro_journal_delete_with_instances` is
 //! the `workflows_delete_journal` trigger of migration 0001.
 
+use crate::cached::Cached;
 use keiro_journal::store::Result;
 use keiro_journal::{Generation, Marker};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -151,7 +152,7 @@ pub(crate) fn journal_repeatable_name(
     base: &str,
 ) -> Result<String> {
     let count: i64 = conn
-        .query_row(
+        .query_row_cached(
             JOURNAL_REPEATABLE_COUNT,
             params![name, id, generation, kind],
             |r| r.get(0),
@@ -185,7 +186,7 @@ fn recorded(
     step: &str,
 ) -> Result<Option<(String, Value)>> {
     let found: Option<(String, String)> = conn
-        .query_row(JOURNAL_RECORDED, params![name, id, generation, step], |r| {
+        .query_row_cached(JOURNAL_RECORDED, params![name, id, generation, step], |r| {
             Ok((r.get(0)?, r.get(1)?))
         })
         .optional()
@@ -290,7 +291,7 @@ pub(crate) fn journal_append_to(
         && holder(&row)
     {
         let inserted = conn
-            .execute(
+            .execute_cached(
                 JOURNAL_INSERT_NEW,
                 params![name, id, generation, step, kind, payload_text, at],
             )
@@ -310,7 +311,7 @@ pub(crate) fn journal_append_to(
             _ => false,
         };
         if row.status == "suspended" || owner.is_none() || !fresh_enough {
-            conn.execute(INSTANCE_STEP_TOUCH, params![name, id, renewed, at])
+            conn.execute_cached(INSTANCE_STEP_TOUCH, params![name, id, renewed, at])
                 .map_err(|e| store(APPEND, e))?;
         }
         // A step landing on a parked instance is a wake.
@@ -376,7 +377,7 @@ pub(crate) fn journal_append_to(
     } else {
         step.to_owned()
     };
-    conn.execute(
+    conn.execute_cached(
         JOURNAL_INSERT,
         params![name, id, generation, step, kind, payload_text, at],
     )
@@ -384,15 +385,15 @@ pub(crate) fn journal_append_to(
 
     match kind {
         "completed" => {
-            conn.execute(INSTANCE_COMPLETE, params![name, id, payload_text, at])
+            conn.execute_cached(INSTANCE_COMPLETE, params![name, id, payload_text, at])
                 .map_err(|e| store(APPEND, e))?;
         }
         "failed" => {
-            conn.execute(INSTANCE_FAIL, params![name, id, json_text(payload), at])
+            conn.execute_cached(INSTANCE_FAIL, params![name, id, json_text(payload), at])
                 .map_err(|e| store(APPEND, e))?;
         }
         "cancelled" => {
-            conn.execute(INSTANCE_CANCEL, params![name, id, at])
+            conn.execute_cached(INSTANCE_CANCEL, params![name, id, at])
                 .map_err(|e| store(APPEND, e))?;
         }
         "continued" => {
@@ -403,7 +404,7 @@ pub(crate) fn journal_append_to(
                 .and_then(|g| Generation::try_from(g).ok())
                 .ok_or_else(|| malformed(APPEND, "next_generation must be a 32-bit integer"))?;
             let input = payload.get("input").cloned().unwrap_or(Value::Null);
-            conn.execute(
+            conn.execute_cached(
                 INSTANCE_CONTINUE,
                 params![name, id, next, row::json(&input), at],
             )
@@ -413,7 +414,7 @@ pub(crate) fn journal_append_to(
         _ => {
             // Not reached by a well-formed call (a step that passes the checks above takes
             // the fast path); kept so this path alone still implements every rule.
-            conn.execute(INSTANCE_STEP_TOUCH, params![name, id, renewed, at])
+            conn.execute_cached(INSTANCE_STEP_TOUCH, params![name, id, renewed, at])
                 .map_err(|e| store(APPEND, e))?;
             if row.status == "suspended" {
                 notify::wake(conn, APPEND, name, id)?;
@@ -497,7 +498,7 @@ pub(crate) fn delivery_append(
     unread_bytes_max: i64,
 ) -> Result<DeliveryCode> {
     let counters: Option<Counters> = conn
-        .query_row(DELIVERY_COUNTERS, params![name, id], |r| {
+        .query_row_cached(DELIVERY_COUNTERS, params![name, id], |r| {
             Ok((
                 r.get(0)?,
                 r.get(1)?,
@@ -565,7 +566,7 @@ pub(crate) fn delivery_append(
         },
     )?;
     if fresh && matches!(outcome, AppendCode::Appended(_)) {
-        conn.execute(DELIVERY_COUNT, params![name, id, current, counted, bytes])
+        conn.execute_cached(DELIVERY_COUNT, params![name, id, current, counted, bytes])
             .map_err(|e| store(DELIVER, e))?;
     }
     Ok(DeliveryCode::Append(outcome))
@@ -589,7 +590,7 @@ pub(crate) fn deliveries_read(
     read: i64,
     read_bytes: i64,
 ) -> Result<()> {
-    conn.execute(
+    conn.execute_cached(
         DELIVERIES_READ,
         params![name, id, generation, read, read_bytes],
     )

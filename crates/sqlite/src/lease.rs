@@ -5,6 +5,7 @@
 //! Not here: `keiro_instances_start_claimed` (the writer runs each direct start of a batch as
 //! its own operation in one shared transaction).
 
+use crate::cached::Cached;
 use keiro_journal::store::Result;
 use keiro_journal::JournalEntry;
 use rusqlite::{params, Connection};
@@ -59,7 +60,7 @@ pub(crate) fn instance_claim(
     let clock = p_now.unwrap_or(now);
     let judged = micros(clock);
     let granted = conn
-        .execute(
+        .execute_cached(
             INSTANCE_CLAIM,
             params![
                 name,
@@ -122,7 +123,7 @@ pub(crate) fn instance_start_claimed(
     let judged = micros(clock);
     let expires = judged.saturating_add(ttl_ms.saturating_mul(1000));
     let created = conn
-        .execute(
+        .execute_cached(
             INSTANCE_INSERT_CLAIMED,
             params![
                 name,
@@ -141,7 +142,7 @@ pub(crate) fn instance_start_claimed(
     // A fresh row has no journal.
     let granted = created
         || conn
-            .execute(
+            .execute_cached(
                 INSTANCE_CLAIM_DUE,
                 params![name, id, owner, expires, micros(now), judged],
             )
@@ -208,7 +209,7 @@ pub(crate) fn instances_claim_batch(
     let expires = judged.saturating_add(ttl_ms.saturating_mul(1000));
     let mut claimed = Vec::with_capacity(picked.len());
     for (name, id) in picked {
-        conn.execute(
+        conn.execute_cached(
             INSTANCE_CLAIM_PICKED,
             params![name, id, owner, expires, micros(now)],
         )
@@ -283,18 +284,18 @@ pub(crate) fn instance_record_crash(
             keiro_journal::store::marker_name::FAILED,
         )?;
         let payload = serde_json::Value::String(error.to_owned()).to_string();
-        conn.execute(
+        conn.execute_cached(
             JOURNAL_INSERT_MARKER,
             params![name, id, row.generation, step, "failed", payload, at],
         )
         .map_err(|e| store(RECORD_CRASH, e))?;
-        conn.execute(INSTANCE_CRASH_FAIL, params![name, id, attempts, error, at])
+        conn.execute_cached(INSTANCE_CRASH_FAIL, params![name, id, attempts, error, at])
             .map_err(|e| store(RECORD_CRASH, e))?;
         child::child_deliver(conn, now, name, id)?;
         Ok(CrashCode::Failed(attempts))
     } else {
         let retry_at = at.saturating_add(retry_delay_ms.saturating_mul(1000));
-        conn.execute(
+        conn.execute_cached(
             INSTANCE_CRASH_RETRY,
             params![name, id, attempts, error, retry_at, at],
         )
@@ -343,12 +344,12 @@ pub(crate) fn instance_resurrect(
         "resurrected",
         keiro_journal::store::marker_name::RESURRECTED,
     )?;
-    conn.execute(
+    conn.execute_cached(
         JOURNAL_INSERT_MARKER,
         params![name, id, row.generation, step, "resurrected", "null", at],
     )
     .map_err(|e| store(RESURRECT, e))?;
-    conn.execute(INSTANCE_RESURRECT, params![name, id, at])
+    conn.execute_cached(INSTANCE_RESURRECT, params![name, id, at])
         .map_err(|e| store(RESURRECT, e))?;
     notify::wake(conn, RESURRECT, name, id)?;
     Ok(ResurrectCode::Resurrected)
@@ -393,7 +394,7 @@ pub(crate) fn instance_lease_renew(
 ) -> Result<Option<bool>> {
     let at = micros(now);
     let renewed = conn
-        .execute(
+        .execute_cached(
             INSTANCE_LEASE_RENEW,
             params![
                 name,
@@ -430,7 +431,7 @@ pub(crate) fn instance_release(
     progressed: bool,
 ) -> Result<bool> {
     let changed = conn
-        .execute(
+        .execute_cached(
             INSTANCE_RELEASE,
             params![name, id, owner, epoch, progressed, micros(now)],
         )
@@ -450,7 +451,7 @@ pub(crate) fn instance_lease_force_release(
     id: &str,
 ) -> Result<bool> {
     let changed = conn
-        .execute(INSTANCE_LEASE_FORCE_RELEASE, params![name, id, micros(now)])
+        .execute_cached(INSTANCE_LEASE_FORCE_RELEASE, params![name, id, micros(now)])
         .map_err(|e| store(FORCE_RELEASE, e))?;
     Ok(changed > 0)
 }

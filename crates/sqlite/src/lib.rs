@@ -110,6 +110,7 @@
 //! answer `keiro_journal::StoreError` as the Postgres store does.
 
 mod awakeable;
+mod cached;
 mod child;
 mod clock;
 mod config;

@@ -54,6 +54,7 @@
 //! The poller and the writer stop when the last handle of the store is dropped; a
 //! subscription outliving its store then waits out its fallback, as a fixed poll does.
 
+use crate::cached::Cached;
 use std::collections::{HashSet, VecDeque};
 use std::path::Path;
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
@@ -171,7 +172,7 @@ fn since(conn: &Connection, after: i64, limit: i64) -> rusqlite::Result<Vec<Note
 /// row of the transaction will be. `None` when it cannot be read (then the commit publishes
 /// [`Wake::Reconnected`]).
 pub(crate) fn mark(conn: &Connection) -> Option<i64> {
-    conn.query_row(NOTIFY_MAX, [], |r| r.get(0)).ok()
+    conn.query_row_cached(NOTIFY_MAX, [], |r| r.get(0)).ok()
 }
 
 /// Read by the writer just before `COMMIT`: the rows its transaction wrote (it holds the write
@@ -311,10 +312,10 @@ impl Hub {
         // The version first: a commit between the two reads then shows as a change, and its
         // rows, after the cursor, are read at the first poll.
         let version: i64 = conn
-            .query_row("PRAGMA data_version", [], |r| r.get(0))
+            .query_row_cached("PRAGMA data_version", [], |r| r.get(0))
             .map_err(sqlite("reading the data version of"))?;
         let cursor: i64 = conn
-            .query_row(NOTIFY_SEQUENCE, [], |r| r.get(0))
+            .query_row_cached(NOTIFY_SEQUENCE, [], |r| r.get(0))
             .map_err(sqlite("reading the notifications of"))?;
         let outlets = Outlets::new();
         let (stop, stopped) = mpsc::channel();
@@ -403,7 +404,7 @@ impl Poller {
     fn read(&mut self) -> rusqlite::Result<bool> {
         let version: i64 = self
             .conn
-            .query_row("PRAGMA data_version", [], |r| r.get(0))?;
+            .query_row_cached("PRAGMA data_version", [], |r| r.get(0))?;
         if self.version == Some(version) {
             return Ok(false);
         }

@@ -1,8 +1,10 @@
 //! Opening a file: the checks that refuse what keiro cannot use, the durability settings (set,
 //! then read back), and the migrations.
 
+use crate::cached::Cached;
 use std::path::{Path, PathBuf};
 
+use rusqlite::config::DbConfig;
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 use sha2::{Digest, Sha256};
 
@@ -68,7 +70,7 @@ pub(crate) fn writer(path: &Path, config: &Config, now_micros: i64) -> Result<Co
     let conn = Connection::open_with_flags(path, flags).map_err(sqlite("opening", path))?;
     prepare(&conn, path, config)?;
     // The first read of the file: a file that is not a database fails here.
-    conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| {
+    conn.query_row_cached("SELECT count(*) FROM sqlite_master", [], |r| {
         r.get::<_, i64>(0)
     })
     .map_err(sqlite("reading the schema of", path))?;
@@ -79,6 +81,12 @@ pub(crate) fn writer(path: &Path, config: &Config, now_micros: i64) -> Result<Co
         });
     }
     durability(&conn, path, config)?;
+    // The savepoint of each operation in a batch journals the pages it changes first; an
+    // insert into `workflows` and its indexes changes more than SQLite keeps in memory before
+    // spilling that journal to a temporary file (64 KiB), which then costs a write a page.
+    // In memory it is bounded by one operation's pages and emptied at each release.
+    conn.pragma_update(None, "temp_store", "MEMORY")
+        .map_err(sqlite("keeping temporary data in memory on", path))?;
     migrate(&conn, path, now_micros)?;
     Ok(conn)
 }
@@ -91,10 +99,18 @@ pub(crate) fn reader(path: &Path, config: &Config) -> Result<Connection> {
     Ok(conn)
 }
 
-/// What every connection sets: the busy timeout and the length limit.
+/// What every connection sets: the busy timeout, the length limit, the statement cache and
+/// stable plans.
 fn prepare(conn: &Connection, path: &Path, config: &Config) -> Result<()> {
     conn.busy_timeout(config.busy_timeout)
         .map_err(sqlite("setting the busy timeout of", path))?;
+    conn.set_prepared_statement_cache_capacity(crate::cached::STATEMENT_CACHE);
+    // A plan that does not depend on the values bound to it. Without this, a statement whose
+    // parameter the planner compared with a partial index's constant (`status = ?` against
+    // `WHERE status = 'running'`) is compiled again every time a value is bound, which undoes
+    // the statement cache; the rules write the constants their partial indexes need inline.
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
+        .map_err(sqlite("fixing the query plans of", path))?;
     // Validated to fit an i32 (Config::validate).
     let limit = i32::try_from(config.value_len_max).unwrap_or(i32::MAX);
     conn.set_limit(rusqlite::limits::Limit::SQLITE_LIMIT_LENGTH, limit)
@@ -249,7 +265,7 @@ fn migrate(conn: &Connection, path: &Path, now_micros: i64) -> Result<()> {
             }
             conn.execute_batch(sql)
                 .map_err(sqlite("applying a migration to", path))?;
-            conn.execute(
+            conn.execute_cached(
                 MIGRATION_RECORD,
                 rusqlite::params![version, name, checksum(sql), now_micros],
             )

@@ -30,10 +30,10 @@ const GC_ELIGIBLE: &str = "counting expired instances";
 // is served by the primary key).
 macro_rules! expired_under_expired_parent {
     () => {
-        "w.status IN ('completed', 'failed', 'cancelled') AND w.completed_at < ?1 \
+        "w.status NOT IN ('running', 'suspended') AND w.completed_at < ?1 \
          AND NOT EXISTS (SELECT 1 FROM workflows p \
              WHERE p.workflow_name = w.parent_name AND p.workflow_id = w.parent_id \
-             AND NOT (p.status IN ('completed', 'failed', 'cancelled') \
+             AND NOT (p.status NOT IN ('running', 'suspended') \
                       AND coalesce(p.completed_at < ?1, 0)))"
     };
 }
@@ -60,7 +60,7 @@ const DELETE_SIGNAL_WAITERS: &str =
 const DELETE_REMOTE_TASKS: &str =
     "DELETE FROM remote_tasks WHERE workflow_name = ?1 AND workflow_id = ?2";
 const DELETE_INSTANCE: &str = "DELETE FROM workflows WHERE workflow_name = ?1 \
-     AND workflow_id = ?2 AND status IN ('completed', 'failed', 'cancelled')";
+     AND workflow_id = ?2 AND status NOT IN ('running', 'suspended')";
 
 /// Rows deleted by one statement, as a count.
 fn deleted(conn: &Connection, sql: &str, name: &str, id: &str) -> Result<u64> {
@@ -128,7 +128,7 @@ const INSTANCES_GC_ELIGIBLE: &str = concat!(
     "WITH RECURSIVE held (name, id) AS (\
          SELECT c.parent_name, c.parent_id FROM workflows c \
          WHERE c.parent_name IS NOT NULL \
-           AND NOT (c.status IN ('completed', 'failed', 'cancelled') \
+           AND NOT (c.status NOT IN ('running', 'suspended') \
                     AND coalesce(c.completed_at < ?1, 0)) \
          UNION \
          SELECT a.parent_name, a.parent_id FROM held h \

@@ -10,6 +10,7 @@
 //! Migration 0001 creates `schedule_leader` without its one row (PostgreSQL's 0017 inserts it):
 //! the lease inserts it when missing, in its own transaction; until then nobody leads.
 
+use crate::cached::Cached;
 use std::time::Duration;
 
 use keiro_journal::store::{Error as StoreError, Result};
@@ -264,7 +265,7 @@ const SCHEDULE_DELETE: &str = "DELETE FROM schedules WHERE name = ?1";
 /// schedule_delete: whether there was one to delete.
 pub(crate) fn schedule_delete(conn: &Connection, name: &str) -> Result<bool> {
     Ok(conn
-        .execute(SCHEDULE_DELETE, params![name])
+        .execute_cached(SCHEDULE_DELETE, params![name])
         .map_err(|e| store(DELETE, e))?
         > 0)
 }
@@ -325,7 +326,7 @@ pub(crate) fn schedule_trigger(
         reason: e.to_string(),
     })?;
     let started = start(conn, now, &row.spec.workflow, &id, &row.spec.input, TRIGGER)?;
-    conn.execute(SCHEDULE_TRIGGERED, params![name, id.as_str(), micros(now)])
+    conn.execute_cached(SCHEDULE_TRIGGERED, params![name, id.as_str(), micros(now)])
         .map_err(|e| store(TRIGGER, e))?;
     Ok(Some(started))
 }
@@ -364,11 +365,11 @@ pub(crate) fn scheduler_lease(
     owner: &str,
     ttl_ms: i64,
 ) -> Result<Option<Fence>> {
-    conn.execute(SCHEDULER_LEADER_ROW, [])
+    conn.execute_cached(SCHEDULER_LEADER_ROW, [])
         .map_err(|e| store(LEASE, e))?;
     let until = now.saturating_add(time::Duration::milliseconds(ttl_ms));
     let epoch: Option<i64> = conn
-        .query_row(
+        .query_row_cached(
             SCHEDULER_LEASE,
             params![owner, micros(now), micros(until)],
             |r| r.get(0),
@@ -387,7 +388,7 @@ const SCHEDULER_RELEASE: &str =
 /// scheduler_release: gives up the leadership if `owner` holds it.
 pub(crate) fn scheduler_release(conn: &Connection, owner: &str) -> Result<bool> {
     Ok(conn
-        .execute(SCHEDULER_RELEASE, params![owner])
+        .execute_cached(SCHEDULER_RELEASE, params![owner])
         .map_err(|e| store(RELEASE, e))?
         > 0)
 }
@@ -418,7 +419,7 @@ pub(crate) fn schedules_due(
     limit: i64,
 ) -> Result<SchedulesDue> {
     let next_due: Option<i64> = conn
-        .query_row(SCHEDULES_NEXT_DUE, [], |r| r.get(0))
+        .query_row_cached(SCHEDULES_NEXT_DUE, [], |r| r.get(0))
         .map_err(|e| store(DUE, e))?;
     let rows: Vec<(Stored, bool)> = conn
         .prepare_cached(SCHEDULES_DUE)
@@ -468,7 +469,7 @@ pub(crate) fn schedule_fire(
     fire: &ScheduleFire,
 ) -> Result<FireOutcome> {
     let leads: bool = conn
-        .query_row(
+        .query_row_cached(
             FIRE_LEADER,
             params![fire.leader.owner, fire.leader.epoch],
             |r| r.get(0),
@@ -479,7 +480,7 @@ pub(crate) fn schedule_fire(
     }
     let last_instance = fire.starts.last().map(|r| r.key.id.as_str());
     let moved = conn
-        .execute(
+        .execute_cached(
             FIRE_ROW,
             params![
                 fire.name,
@@ -527,7 +528,7 @@ pub(crate) fn schedule_record_error(
     retry_at: OffsetDateTime,
 ) -> Result<bool> {
     Ok(conn
-        .execute(
+        .execute_cached(
             SCHEDULE_RECORD_ERROR,
             params![name, revision, error, micros(retry_at), micros(now)],
         )

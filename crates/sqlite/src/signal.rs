@@ -7,6 +7,7 @@
 //! two-argument `keiro_signal_send` (kept for statements prepared by older builds) has none
 //! either: the store always passes the TTL.
 
+use crate::cached::Cached;
 use keiro_journal::store::Result;
 use keiro_journal::Generation;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -80,13 +81,13 @@ pub(crate) fn signal_wait(
     fence: Option<(&str, i64)>,
 ) -> Result<WaitCode> {
     let exists: bool = conn
-        .query_row(INSTANCE_EXISTS, params![name, id], |r| r.get(0))
+        .query_row_cached(INSTANCE_EXISTS, params![name, id], |r| r.get(0))
         .map_err(|e| store(WAIT, e))?;
     if !exists {
         return Ok(WaitCode::NotFound);
     }
     let recorded: Option<String> = conn
-        .query_row(JOURNAL_PAYLOAD, params![name, id, generation, step], |r| {
+        .query_row_cached(JOURNAL_PAYLOAD, params![name, id, generation, step], |r| {
             r.get(0)
         })
         .optional()
@@ -95,15 +96,15 @@ pub(crate) fn signal_wait(
         return Ok(WaitCode::Delivered(row::value(&recorded, WAIT)?));
     }
     let waiting: bool = conn
-        .query_row(WAITER_EXISTS, params![name, id, generation, step], |r| {
+        .query_row_cached(WAITER_EXISTS, params![name, id, generation, step], |r| {
             r.get(0)
         })
         .map_err(|e| store(WAIT, e))?;
 
-    conn.execute(BUFFER_EXPIRE, params![token, micros(now)])
+    conn.execute_cached(BUFFER_EXPIRE, params![token, micros(now)])
         .map_err(|e| store(WAIT, e))?;
     let oldest: Option<(i64, String)> = conn
-        .query_row(BUFFER_OLDEST, params![token], |r| {
+        .query_row_cached(BUFFER_OLDEST, params![token], |r| {
             Ok((r.get(0)?, r.get(1)?))
         })
         .optional()
@@ -127,10 +128,10 @@ pub(crate) fn signal_wait(
         )?;
         return Ok(match code {
             AppendCode::Appended(_) => {
-                conn.execute(BUFFER_DELETE, params![seq])
+                conn.execute_cached(BUFFER_DELETE, params![seq])
                     .map_err(|e| store(WAIT, e))?;
                 if waiting {
-                    conn.execute(WAITER_DELETE, params![name, id, generation, step])
+                    conn.execute_cached(WAITER_DELETE, params![name, id, generation, step])
                         .map_err(|e| store(WAIT, e))?;
                 }
                 WaitCode::Delivered(envelope)
@@ -146,7 +147,7 @@ pub(crate) fn signal_wait(
     }
 
     if !waiting {
-        conn.execute(
+        conn.execute_cached(
             WAITER_INSERT,
             params![token, name, id, generation, step, micros(now)],
         )
@@ -180,7 +181,7 @@ pub(crate) fn signal_offer(
         .map_err(|e| store(SEND, e))?;
     for (name, id, generation, step) in waiters {
         let removed = conn
-            .execute(WAITER_DELETE, params![name, id, generation, step])
+            .execute_cached(WAITER_DELETE, params![name, id, generation, step])
             .map_err(|e| store(SEND, e))?;
         if removed == 0 {
             continue;
@@ -222,17 +223,17 @@ pub(crate) fn signal_send(
     ttl_ms: i64,
 ) -> Result<Option<(String, String)>> {
     let at = micros(now);
-    conn.execute(BUFFER_EXPIRE, params![token, at])
+    conn.execute_cached(BUFFER_EXPIRE, params![token, at])
         .map_err(|e| store(SEND, e))?;
     let to = signal_offer(conn, now, token, payload)?;
     if to.is_none() {
-        conn.execute(
+        conn.execute_cached(
             BUFFER_INSERT,
             params![token, row::json(payload), at, expiry(now, ttl_ms)],
         )
         .map_err(|e| store(SEND, e))?;
     }
-    conn.execute(BUFFER_SWEEP, params![at])
+    conn.execute_cached(BUFFER_SWEEP, params![at])
         .map_err(|e| store(SEND, e))?;
     Ok(to)
 }
@@ -268,7 +269,7 @@ pub(crate) fn signal_return(
         }
     }
     for token in tokens {
-        conn.execute(BUFFER_EXPIRE, params![token, at])
+        conn.execute_cached(BUFFER_EXPIRE, params![token, at])
             .map_err(|e| store(RETURN, e))?;
         let mut untaken: Vec<&Value> = Vec::new();
         for (_, payload) in signals.iter().filter(|(t, _)| t == token) {
@@ -286,17 +287,17 @@ pub(crate) fn signal_return(
                     .collect()
             })
             .map_err(|e| store(RETURN, e))?;
-        conn.execute(BUFFER_CLEAR, params![token])
+        conn.execute_cached(BUFFER_CLEAR, params![token])
             .map_err(|e| store(RETURN, e))?;
         for payload in untaken {
-            conn.execute(
+            conn.execute_cached(
                 BUFFER_INSERT,
                 params![token, row::json(payload), at, expiry(now, ttl_ms)],
             )
             .map_err(|e| store(RETURN, e))?;
         }
         for (payload, created_at, expires_at) in old {
-            conn.execute(
+            conn.execute_cached(
                 BUFFER_INSERT,
                 params![token, payload, created_at, expires_at],
             )
@@ -317,7 +318,7 @@ pub(crate) fn signal_withdraw(
     step: &str,
 ) -> Result<bool> {
     let removed = conn
-        .execute(WAITER_DELETE, params![name, id, generation, step])
+        .execute_cached(WAITER_DELETE, params![name, id, generation, step])
         .map_err(|e| store(WITHDRAW, e))?;
     Ok(removed > 0)
 }

@@ -4,6 +4,7 @@
 //!
 //! A new timer notifies `timer` (`keiro_notify_timer`), as in plpgsql.
 
+use crate::cached::Cached;
 use keiro_journal::store::Result;
 use keiro_journal::Generation;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -56,14 +57,14 @@ pub(crate) fn timer_arm(
     fire_at: OffsetDateTime,
 ) -> Result<ArmCode> {
     let exists: bool = conn
-        .query_row(INSTANCE_EXISTS, params![name, id], |r| r.get(0))
+        .query_row_cached(INSTANCE_EXISTS, params![name, id], |r| r.get(0))
         .map_err(|e| store(ARM, e))?;
     if !exists {
         return Ok(ArmCode::NotFound);
     }
     let fire_at = micros(fire_at);
     let armed = conn
-        .execute(
+        .execute_cached(
             TIMER_INSERT,
             params![
                 name,
@@ -83,7 +84,7 @@ pub(crate) fn timer_arm(
         return Ok(ArmCode::Armed(fire_at));
     }
     let stored: Option<i64> = conn
-        .query_row(TIMER_FIRE_AT, params![name, id, generation, step], |r| {
+        .query_row_cached(TIMER_FIRE_AT, params![name, id, generation, step], |r| {
             r.get(0)
         })
         .optional()
@@ -165,18 +166,18 @@ pub(crate) fn timers_fire_due(
         let delivered = if kind == "sleep" {
             let delivered = append("sleep", &Value::Null)?;
             if delivered {
-                conn.execute(INSTANCE_WAKE_MET, params![name, id])
+                conn.execute_cached(INSTANCE_WAKE_MET, params![name, id])
                     .map_err(|e| store(FIRE_DUE, e))?;
             }
             delivered
         } else {
             let waited = conn
-                .execute(SIGNAL_WAITER_DELETE, params![name, id, generation, step])
+                .execute_cached(SIGNAL_WAITER_DELETE, params![name, id, generation, step])
                 .map_err(|e| store(FIRE_DUE, e))?
                 > 0;
             waited && append("signal", &json!({"timeout": true}))?
         };
-        conn.execute(
+        conn.execute_cached(
             TIMER_FIRED,
             params![name, id, generation, step, at, micros(now)],
         )
@@ -184,7 +185,7 @@ pub(crate) fn timers_fire_due(
         fired.push((name, id, step, fire_at, delivered));
     }
     let next_due: Option<i64> = conn
-        .query_row(TIMERS_NEXT_DUE, [], |r| r.get(0))
+        .query_row_cached(TIMERS_NEXT_DUE, [], |r| r.get(0))
         .map_err(|e| store(FIRE_DUE, e))?;
     Ok((clock, fired, next_due))
 }
@@ -201,7 +202,7 @@ pub(crate) fn timers_requeue_stuck(
 ) -> Result<u64> {
     let at = micros(now);
     let requeued = conn
-        .execute(
+        .execute_cached(
             TIMERS_REQUEUE_STUCK,
             params![at, at.saturating_sub(older_than_ms.saturating_mul(1000))],
         )
@@ -216,7 +217,7 @@ const TIMERS_DUE_COUNT: &str =
 /// `now`.
 pub(crate) fn timers_due_count(conn: &Connection, now: OffsetDateTime) -> Result<u64> {
     let due: i64 = conn
-        .query_row(TIMERS_DUE_COUNT, params![micros(now)], |r| r.get(0))
+        .query_row_cached(TIMERS_DUE_COUNT, params![micros(now)], |r| r.get(0))
         .map_err(|e| store(DUE_COUNT, e))?;
     Ok(u64::try_from(due).unwrap_or(0))
 }

@@ -35,6 +35,7 @@ use keiro_journal::store::{Error as StoreError, Result as StoreResult};
 use rusqlite::Connection;
 use time::OffsetDateTime;
 
+use crate::cached::Cached;
 use crate::clock::Clock;
 use crate::notify::{self, Outlets};
 
@@ -189,7 +190,7 @@ fn run_batch(
     let mut mark = None;
     for mut job in batch {
         if !open {
-            if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+            if let Err(e) = conn.execute_cached("BEGIN IMMEDIATE", []).map(drop) {
                 // Another process held the write lock past the busy timeout (or the file
                 // failed): this job fails with that error, unrun; the next one tries again.
                 job.answer(Some(&Arc::new(e)));
@@ -198,7 +199,7 @@ fn run_batch(
             open = true;
             mark = notify::mark(conn);
         }
-        if let Err(e) = conn.execute_batch("SAVEPOINT op") {
+        if let Err(e) = conn.execute_cached("SAVEPOINT op", []).map(drop) {
             job.answer(Some(&Arc::new(e)));
             continue;
         }
@@ -222,7 +223,7 @@ fn run_batch(
             continue;
         }
         let end = if ok {
-            conn.execute_batch("RELEASE op")
+            conn.execute_cached("RELEASE op", []).map(drop)
         } else {
             conn.execute_batch("ROLLBACK TO op; RELEASE op")
         };
@@ -242,7 +243,7 @@ fn run_batch(
     let written = notify::written(conn, mark);
     // Noted as the writer's own before the commit, so the poller never reads them unnoted.
     let own = outlets.committing(written.as_deref());
-    match conn.execute_batch("COMMIT") {
+    match conn.execute_cached("COMMIT", []).map(drop) {
         Ok(()) => {
             commits.fetch_add(1, Ordering::Relaxed);
             outlets.committed(written);
@@ -279,14 +280,14 @@ mod tests {
 
     fn insert(v: i64) -> impl FnOnce(&Connection, OffsetDateTime) -> StoreResult<usize> {
         move |conn, _| {
-            conn.execute("INSERT INTO t (v) VALUES (?1)", [v])
+            conn.execute_cached("INSERT INTO t (v) VALUES (?1)", [v])
                 .map_err(|e| crate::error::store("insert", e))
         }
     }
 
     fn count(writer: &Writer) -> impl std::future::Future<Output = StoreResult<i64>> + '_ {
         writer.write("count", |conn, _| {
-            conn.query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+            conn.query_row_cached("SELECT count(*) FROM t", [], |r| r.get(0))
                 .map_err(|e| crate::error::store("count", e))
         })
     }

@@ -243,3 +243,81 @@ async fn the_smallest_value_limit_opens_and_refuses_longer_values(
     );
     Ok(())
 }
+
+/// Every single-row write of every table (an insert of every column, an update of every column
+/// by primary key, a delete by primary key) compiles to a program that builds no temporary
+/// b-tree: their CHECKs, partial indexes' predicates and triggers' conditions run on each write,
+/// and a constant `IN` list of more than two values would build one afresh every time. The one
+/// exception is the instance delete's cascade, below.
+#[test]
+fn no_single_row_write_builds_a_temporary_btree() -> Result<(), Box<dyn std::error::Error>> {
+    let dir = TempDir::new("open-ephemeral");
+    let path = dir.file("ephemeral.db");
+    drop(SqliteStore::open(&path, Config::default())?);
+    let raw = Connection::open(&path)?;
+    let tables: Vec<String> = raw
+        .prepare(
+            "SELECT name FROM sqlite_master WHERE type = 'table' \
+             AND name NOT LIKE 'sqlite_%' ORDER BY name",
+        )?
+        .query_map([], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    assert!(tables.len() >= 8, "{tables:?}");
+    let mut offenders = Vec::new();
+    for table in &tables {
+        // (name, primary-key position) of each column.
+        let columns: Vec<(String, i64)> = raw
+            .prepare(&format!("PRAGMA table_info({table})"))?
+            .query_map([], |r| Ok((r.get(1)?, r.get(5)?)))?
+            .collect::<Result<_, _>>()?;
+        let mut key: Vec<&str> = columns
+            .iter()
+            .filter(|(_, pk)| *pk > 0)
+            .map(|(name, _)| name.as_str())
+            .collect();
+        if key.is_empty() {
+            key.push("rowid");
+        }
+        let by_key = key
+            .iter()
+            .map(|k| format!("{k} = ?"))
+            .collect::<Vec<_>>()
+            .join(" AND ");
+        let names: Vec<&str> = columns.iter().map(|(name, _)| name.as_str()).collect();
+        let statements = [
+            format!(
+                "INSERT INTO {table} ({}) VALUES ({})",
+                names.join(", "),
+                vec!["?"; names.len()].join(", ")
+            ),
+            format!(
+                "UPDATE {table} SET {} WHERE {by_key}",
+                names
+                    .iter()
+                    .map(|n| format!("{n} = {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            format!("DELETE FROM {table} WHERE {by_key}"),
+        ];
+        for sql in statements {
+            // Parameters left unbound (NULL): EXPLAIN only compiles the statement.
+            let mut explain = raw.prepare(&format!("EXPLAIN {sql}"))?;
+            let mut rows = explain.raw_query();
+            let mut opcodes: Vec<String> = Vec::new();
+            while let Some(row) = rows.next()? {
+                opcodes.push(row.get(1)?);
+            }
+            // Deleting an instance cascades to its rows in the other tables, and a cascade into
+            // a table with its own trigger collects the keys first: retention's one delete per
+            // instance, not a write a step makes.
+            let cascade = sql.starts_with("DELETE FROM workflows ");
+            let built = opcodes.iter().filter(|op| *op == "OpenEphemeral").count();
+            if built > usize::from(cascade) {
+                offenders.push(sql);
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "{offenders:#?}");
+    Ok(())
+}

@@ -16,6 +16,7 @@
 //! Where PostgreSQL locks tasks before their owner (`FOR UPDATE`, `FOR KEY SHARE`), SQLite
 //! needs nothing: the writer holds the file's write lock for the whole transaction.
 
+use crate::cached::Cached;
 use keiro_journal::store::Result;
 use keiro_journal::Generation;
 use rusqlite::{params, Connection, OptionalExtension, Row};
@@ -247,7 +248,7 @@ pub(crate) fn remote_arm(conn: &Connection, now: OffsetDateTime, arm: Arm<'_>) -
 
     let Some(existing) = existing else {
         let deadline = after(at, arm.redispatch_after_ms);
-        conn.execute(
+        conn.execute_cached(
             TASK_INSERT,
             params![
                 arm.step_id,
@@ -283,7 +284,7 @@ pub(crate) fn remote_arm(conn: &Connection, now: OffsetDateTime, arm: Arm<'_>) -
 
     if matches!(existing.status.as_str(), "completed" | "failed") {
         let settled: Option<String> = conn
-            .query_row(
+            .query_row_cached(
                 JOURNAL_PAYLOAD,
                 params![
                     existing.name,
@@ -332,7 +333,7 @@ pub(crate) fn remote_arm(conn: &Connection, now: OffsetDateTime, arm: Arm<'_>) -
         }
         if existing.dispatches < existing.redispatch_max {
             let deadline = after(at, existing.redispatch_after_ms);
-            conn.execute(TASK_REDISPATCH, params![arm.step_id, at, deadline])
+            conn.execute_cached(TASK_REDISPATCH, params![arm.step_id, at, deadline])
                 .map_err(|e| store(ARM, e))?;
             notify::remote(conn, ARM)?;
             return Ok(ArmCode::Redispatched(deadline));
@@ -342,7 +343,7 @@ pub(crate) fn remote_arm(conn: &Connection, now: OffsetDateTime, arm: Arm<'_>) -
             "code": "remote_step_lost",
             "retryable": true,
         });
-        conn.execute(TASK_LOST, params![arm.step_id, at, row::json(&error)])
+        conn.execute_cached(TASK_LOST, params![arm.step_id, at, row::json(&error)])
             .map_err(|e| store(ARM, e))?;
         let lost = task(conn, arm.step_id, ARM)?
             .ok_or_else(|| crate::error::malformed(ARM, "the lost task is missing"))?;
@@ -402,7 +403,7 @@ pub(crate) fn remote_claims_expire(
             "code": "remote_step_crashed",
             "retryable": true,
         });
-        conn.execute(TASK_EXPIRE, params![step_id, at, row::json(&error)])
+        conn.execute_cached(TASK_EXPIRE, params![step_id, at, row::json(&error)])
             .map_err(|e| store(EXPIRE, e))?;
         if let Some(task) = self::task(conn, step_id, EXPIRE)? {
             counted.push(task);
@@ -448,14 +449,14 @@ pub(crate) fn remote_redispatch_pending(
     id: &str,
 ) -> Result<Option<u64>> {
     let generation: Option<Generation> = conn
-        .query_row(INSTANCE_GENERATION, params![name, id], |r| r.get(0))
+        .query_row_cached(INSTANCE_GENERATION, params![name, id], |r| r.get(0))
         .optional()
         .map_err(|e| store(REDISPATCH, e))?;
     let Some(generation) = generation else {
         return Ok(None);
     };
     let redispatched = conn
-        .execute(TASKS_REDISPATCH, params![name, id, generation, micros(now)])
+        .execute_cached(TASKS_REDISPATCH, params![name, id, generation, micros(now)])
         .map_err(|e| store(REDISPATCH, e))?;
     if redispatched > 0 {
         notify::remote(conn, REDISPATCH)?;
@@ -479,7 +480,7 @@ pub(crate) fn remote_tasks_cancel(
     generation: i32,
 ) -> Result<u64> {
     let cancelled = conn
-        .execute(
+        .execute_cached(
             REMOTE_TASKS_CANCEL,
             params![name, id, generation, micros(now)],
         )

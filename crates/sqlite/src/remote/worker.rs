@@ -1,6 +1,7 @@
 //! Rules of crates/migrations/functions/remote.sql, the worker side: claim, heartbeat, reports (see the
 //! parent module for the rest of the file).
 
+use crate::cached::Cached;
 use keiro_journal::store::Result;
 use keiro_journal::Generation;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -87,10 +88,10 @@ pub(crate) fn remote_tasks_claim(
     let mut claimed = Vec::with_capacity(picked.len());
     for step_id in picked {
         let claim = uuid::Uuid::new_v4().hyphenated().to_string();
-        conn.execute(TASK_CLAIM, params![step_id, claim, worker, expires, at])
+        conn.execute_cached(TASK_CLAIM, params![step_id, claim, worker, expires, at])
             .map_err(|e| store(CLAIM, e))?;
         let row = conn
-            .query_row(TASK_CLAIMED, params![step_id], |r| {
+            .query_row_cached(TASK_CLAIMED, params![step_id], |r| {
                 Ok((
                     r.get(0)?,
                     r.get(1)?,
@@ -141,7 +142,7 @@ pub(crate) fn remote_task_heartbeat(
 ) -> Result<HeartbeatCode> {
     let at = micros(now);
     let extended = conn
-        .execute(
+        .execute_cached(
             TASK_HEARTBEAT,
             params![
                 step_id,
@@ -155,7 +156,7 @@ pub(crate) fn remote_task_heartbeat(
         return Ok(HeartbeatCode::Extended);
     }
     let status: Option<String> = conn
-        .query_row(TASK_STATUS, params![step_id], |r| r.get(0))
+        .query_row_cached(TASK_STATUS, params![step_id], |r| r.get(0))
         .optional()
         .map_err(|e| store(HEARTBEAT, e))?;
     Ok(if status.as_deref() == Some("cancelled") {
@@ -209,7 +210,7 @@ pub(crate) fn remote_task_complete(
         "completed" | "failed" => return Ok(ReportCode::AlreadySettled),
         _ => {}
     }
-    conn.execute(
+    conn.execute_cached(
         TASK_COMPLETE,
         params![step_id, row::json(output), micros(now)],
     )
@@ -240,7 +241,7 @@ pub(crate) fn remote_tasks_complete(
         if !matches!(task.status.as_str(), "pending" | "running") {
             continue;
         }
-        conn.execute(TASK_COMPLETE, params![step_id, row::json(output), at])
+        conn.execute_cached(TASK_COMPLETE, params![step_id, row::json(output), at])
             .map_err(|e| store(COMPLETE, e))?;
         if let Some(task) = self::task(conn, step_id, COMPLETE)? {
             settled.push(task);
@@ -268,7 +269,7 @@ pub(crate) fn remote_tasks_complete(
             Some(code) => code,
             None => {
                 let status: Option<String> = conn
-                    .query_row(TASK_STATUS, params![step_id], |r| r.get(0))
+                    .query_row_cached(TASK_STATUS, params![step_id], |r| r.get(0))
                     .optional()
                     .map_err(|e| store(COMPLETE, e))?;
                 match status.as_deref() {
@@ -327,14 +328,14 @@ pub(crate) fn remote_task_fail(
     let at = micros(now);
     if retryable && task.attempts.saturating_add(1) < task.max_attempts {
         let retry_at = at.saturating_add(retry_delay_ms.saturating_mul(1000));
-        conn.execute(
+        conn.execute_cached(
             TASK_RETRY,
             params![step_id, row::json(&error), retry_at, at],
         )
         .map_err(|e| store(FAIL, e))?;
         return Ok(ReportCode::Retrying(retry_at));
     }
-    conn.execute(TASK_FAIL, params![step_id, row::json(&error), at])
+    conn.execute_cached(TASK_FAIL, params![step_id, row::json(&error), at])
         .map_err(|e| store(FAIL, e))?;
     let task = self::task(conn, step_id, FAIL)?
         .ok_or_else(|| crate::error::malformed(FAIL, "the failed task is missing"))?;

@@ -14,6 +14,7 @@ use keiro_journal::{
 use rusqlite::Connection;
 use time::OffsetDateTime;
 
+use crate::cached::Cached;
 use crate::error::{self, malformed};
 use crate::instance::{self, ConfirmCode, FailDivergedCode, ParkCode};
 use crate::journal::{self, AppendCode, AppendTo, Closing, DeliveryCode};
@@ -478,7 +479,7 @@ fn appendable(append: &Append) -> Result<()> {
 /// returned inside `Ok`, so the operation around it keeps what it wrote before.
 fn in_savepoint<T>(conn: &Connection, body: impl FnOnce() -> Result<T>) -> Result<Result<T>> {
     let sql = |text: &str| {
-        conn.execute_batch(text)
+        conn.execute_cached(text, [])
             .map_err(|e| crate::error::store(APPEND, e))
     };
     sql("SAVEPOINT closing")?;
@@ -488,7 +489,8 @@ fn in_savepoint<T>(conn: &Connection, body: impl FnOnce() -> Result<T>) -> Resul
             Ok(Ok(value))
         }
         Err(e) => {
-            sql("ROLLBACK TO closing; RELEASE closing")?;
+            sql("ROLLBACK TO closing")?;
+            sql("RELEASE closing")?;
             Ok(Err(e))
         }
     }
