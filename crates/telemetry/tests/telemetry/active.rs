@@ -1,9 +1,7 @@
 //! `keiro.workflow.active` goes up when a run starts and back down when it finishes, however
 //! the run ends.
 
-mod common;
-
-use common::{attrs, Harness, Kind, TestResult, Value};
+use crate::common::{attrs, Harness, Kind, TestResult, Value};
 use keiro_telemetry::{names, Metrics, MetricsExt as _};
 
 #[test]

@@ -1,7 +1,5 @@
 //! What the dashboard's tests share: a seeded schema and a `keiro ui` process serving it.
 
-#![allow(dead_code, unreachable_pub)]
-
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,20 +10,20 @@ use keiro::{worker::Registry, Ctx, Status, WorkflowError};
 use keiro_tests::{Harness, TestResult};
 
 /// The operator token the tests start the dashboard with.
-pub const TOKEN: &str = "s3cret-operator-token";
+pub(crate) const TOKEN: &str = "s3cret-operator-token";
 
 /// A stored XSS payload: markup, an event handler and a script, in a workflow's output.
-pub const XSS: &str =
+pub(crate) const XSS: &str =
     "<script>window.keiroPwned=1</script><img src=x onerror=\"window.keiroPwned=2\">";
 
 /// A signal token that is markup: the instance page shows it in its signal waits and timers.
-pub const XSS_TOKEN: &str = "<script>window.keiroPwned=3</script>";
+pub(crate) const XSS_TOKEN: &str = "<script>window.keiroPwned=3</script>";
 
 /// The workflows the seed runs: `greet` completes with [`XSS`] in its output; `charge` fails
 /// for good while `broken` is set and completes once it is cleared (so a requeue succeeds);
 /// `waiter` parks on a sleep, a signal wait (with a timeout) on its input token and an
 /// awakeable at once; `family` runs one `greet` child to completion.
-pub fn registry(broken: Arc<AtomicBool>) -> Registry {
+pub(crate) fn registry(broken: Arc<AtomicBool>) -> Registry {
     let mut registry = Registry::new();
     registry
         .register("greet", |_ctx: Ctx, who: String| async move {
@@ -69,7 +67,7 @@ pub fn registry(broken: Arc<AtomicBool>) -> Registry {
 }
 
 /// Drives resume passes until `name/id` has `status` (10 s at most).
-pub async fn drive_until(
+pub(crate) async fn drive_until(
     h: &Harness,
     registry: &Registry,
     name: &str,
@@ -86,7 +84,7 @@ pub async fn drive_until(
 
 /// Seeds `greet/xss-1` (completed, XSS in its output) and `charge/c-1` (failed) plus a few
 /// running `greet` instances, on the harness's fresh schema.
-pub async fn seed(h: &Harness, registry: &Registry) -> TestResult {
+pub(crate) async fn seed(h: &Harness, registry: &Registry) -> TestResult {
     h.keiro.start("greet", "xss-1", &"<i>operator</i>").await?;
     h.keiro.start("charge", "c-1", &42).await?;
     drive_until(h, registry, "greet", "xss-1", Status::Completed).await?;
@@ -99,7 +97,7 @@ pub async fn seed(h: &Harness, registry: &Registry) -> TestResult {
 
 /// Seeds `waiter/w-1` (suspended on its timers, an awakeable and a signal wait on
 /// [`XSS_TOKEN`]) and `family/f-1` (completed, with its completed child `greet/kid-1`).
-pub async fn seed_waits(h: &Harness, registry: &Registry) -> TestResult {
+pub(crate) async fn seed_waits(h: &Harness, registry: &Registry) -> TestResult {
     h.keiro.start("waiter", "w-1", &XSS_TOKEN).await?;
     h.keiro.start("family", "f-1", &()).await?;
     drive_until(h, registry, "waiter", "w-1", Status::Suspended).await?;
@@ -108,14 +106,14 @@ pub async fn seed_waits(h: &Harness, registry: &Registry) -> TestResult {
 }
 
 /// A `keiro ui` process on the harness's schema; killed when dropped.
-pub struct Ui {
+pub(crate) struct Ui {
     child: Child,
     /// `http://127.0.0.1:<port>`.
     pub base: String,
 }
 
 /// `keiro ui` on the harness's schema with `token` if any and `args` after `ui`.
-pub fn ui_command(h: &Harness, token: Option<&str>, args: &[&str]) -> Command {
+pub(crate) fn ui_command(h: &Harness, token: Option<&str>, args: &[&str]) -> Command {
     let db = h.db.as_ref().expect("a Postgres harness");
     let mut command = Command::new(env!("CARGO_BIN_EXE_keiro"));
     command
@@ -134,13 +132,13 @@ pub fn ui_command(h: &Harness, token: Option<&str>, args: &[&str]) -> Command {
 impl Ui {
     /// Starts `keiro ui` on a free loopback port, with `token` if any, and waits for its
     /// address line.
-    pub fn start(h: &Harness, token: Option<&str>) -> Self {
+    pub(crate) fn start(h: &Harness, token: Option<&str>) -> Self {
         Self::start_with(h, token, &["--listen", "127.0.0.1:0"])
     }
 
     /// Starts `keiro ui` with `args` (which pick the address, `--listen`), and waits for its
     /// address line.
-    pub fn start_with(h: &Harness, token: Option<&str>, args: &[&str]) -> Self {
+    pub(crate) fn start_with(h: &Harness, token: Option<&str>, args: &[&str]) -> Self {
         let mut command = ui_command(h, token, args);
         command.stderr(Stdio::inherit());
         let mut child = command.spawn().expect("starting keiro ui");
@@ -166,6 +164,6 @@ impl Drop for Ui {
 }
 
 /// Whether the charge workflow should still fail.
-pub fn broken() -> Arc<AtomicBool> {
+pub(crate) fn broken() -> Arc<AtomicBool> {
     Arc::new(AtomicBool::new(true))
 }

@@ -11,19 +11,17 @@
 //! Skips, saying why, only when chromium or chromedriver is not installed and
 //! `KEIRO_REQUIRE_BROWSER` is unset; CI (`.ci/run`) installs both and sets it.
 
-mod ui_support;
-
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use crate::ui_support::{broken, registry, seed, seed_waits, Ui, TOKEN, XSS_TOKEN};
 use fantoccini::{ClientBuilder, Locator};
 use keiro::Status;
 use keiro_tests::{Harness, TestResult};
 use serde_json::json;
-use ui_support::{broken, registry, seed, seed_waits, Ui, TOKEN, XSS_TOKEN};
 
 /// The first of `names` found on `PATH`.
 fn which(names: &[&str]) -> Option<PathBuf> {
@@ -130,7 +128,7 @@ async fn an_operator_requeues_a_failed_run_in_the_browser() -> TestResult {
     let worker = {
         let (store, registry, options) = (
             h.store.clone(),
-            ui_support::registry(broken.clone()),
+            crate::ui_support::registry(broken.clone()),
             h.fast_options(),
         );
         tokio::spawn(async move {

@@ -1,10 +1,8 @@
 //! Histogram recorders convert to the documented unit and use keiro's bucket boundaries.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{attrs, Harness, Kind, TestResult, Value};
+use crate::common::{attrs, Harness, Kind, TestResult, Value};
 use keiro_telemetry::names;
 
 #[test]

@@ -2,15 +2,15 @@
 //! list and its typed 400s, an instance, the actions and their token checks, the body limit,
 //! and a stored XSS payload rendered inert.
 
-mod ui_support;
-
 use std::sync::atomic::Ordering;
 
+use crate::ui_support::{
+    broken, drive_until, registry, seed, seed_waits, Ui, TOKEN, XSS, XSS_TOKEN,
+};
 use keiro::Status;
 use keiro_tests::{Harness, TestResult};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use ui_support::{broken, drive_until, registry, seed, seed_waits, Ui, TOKEN, XSS, XSS_TOKEN};
 
 async fn get_json(
     client: &reqwest::Client,
@@ -648,7 +648,7 @@ async fn actions_from_another_origin_are_refused() -> TestResult {
 async fn bound_beyond_loopback_it_needs_a_token_for_reads_too() -> TestResult {
     let h = Harness::postgres().await;
     // Without a token it does not start, and says why.
-    let mut child = ui_support::ui_command(&h, None, &["--listen", "0.0.0.0:0"])
+    let mut child = crate::ui_support::ui_command(&h, None, &["--listen", "0.0.0.0:0"])
         .stderr(std::process::Stdio::piped())
         .spawn()?;
     let mut exited = None;

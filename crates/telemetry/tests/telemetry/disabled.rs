@@ -1,11 +1,9 @@
 //! Under `None` every recorder does nothing and cannot panic; under `Some` the same calls
 //! reach the instruments.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Harness, TestResult};
+use crate::common::{Harness, TestResult};
 use keiro_telemetry::{names, Metrics, MetricsExt};
 use opentelemetry::metrics::NoopMeterProvider;
 
@@ -66,8 +64,8 @@ fn method_syntax_works_on_every_handle_shape() -> TestResult {
     assert_eq!(
         h.points(names::WORKFLOW_FAILED)?,
         vec![(
-            common::attrs(&[(names::WORKFLOW_NAME, "checkout")]),
-            common::Value::U64(4),
+            crate::common::attrs(&[(names::WORKFLOW_NAME, "checkout")]),
+            crate::common::Value::U64(4),
         )]
     );
     Ok(())

@@ -1,8 +1,6 @@
 //! Gauge recorders report the last value set, without attributes.
 
-mod common;
-
-use common::{attrs, Harness, Kind, TestResult, Value};
+use crate::common::{attrs, Harness, Kind, TestResult, Value};
 use keiro_telemetry::names;
 
 #[test]

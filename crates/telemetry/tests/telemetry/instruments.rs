@@ -1,12 +1,10 @@
 //! Every instrument is exported under keiro's scope with the name, unit and description the
 //! `names` module documents.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::{Harness, TestResult};
+use crate::common::{Harness, TestResult};
 use keiro_telemetry::names;
 
 #[test]

@@ -1,9 +1,7 @@
 //! Each counter recorder adds to the right instrument, with the workflow name or kind as its
 //! only attributes.
 
-mod common;
-
-use common::{attrs, Harness, Kind, TestResult, Value};
+use crate::common::{attrs, Harness, Kind, TestResult, Value};
 use keiro_telemetry::names;
 
 #[test]

@@ -1,13 +1,13 @@
 //! The in-crate tests read metrics back through the same helper the `testing` feature exports.
 
-// Each test binary compiles this module and uses a different subset of it.
-#![allow(dead_code, unreachable_pub)]
-
 use std::error::Error;
 
 use keiro_telemetry::Metrics;
 
-#[path = "../../src/testing.rs"]
+// The crate's `testing` module compiled here: its items are public there, and the tests use a
+// subset of them.
+#[allow(dead_code, unreachable_pub)]
+#[path = "../../../src/testing.rs"]
 mod testing;
 
 pub(crate) use testing::*;

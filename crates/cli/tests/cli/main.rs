@@ -1,0 +1,12 @@
+//! The `keiro` binary's tests, one binary: each module runs the command line (or the dashboard it
+//! serves) as a user would, against a real PostgreSQL schema or a SQLite file.
+
+mod bench_sqlite;
+mod credentials;
+mod migrate;
+mod schedule_list;
+mod scratch_sqlite;
+mod sqlite_commands;
+mod ui_api;
+mod ui_browser;
+mod ui_support;
