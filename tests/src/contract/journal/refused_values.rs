@@ -99,6 +99,17 @@ pub async fn a_refused_step_result_is_not_journaled(h: Harness) -> TestResult {
         "a step's name",
     );
     assert_eq!(snapshot(&h, &k).await?, before);
+    // Refused before anything is decided: even for an instance that does not exist.
+    let missing = key("refused", "missing");
+    assert_refused(
+        h.store
+            .journal_append(&Append::external(
+                missing,
+                step("s", StepKind::Step, json!(NUL)),
+            ))
+            .await,
+        "a step of a missing instance",
+    );
     Ok(())
 }
 
