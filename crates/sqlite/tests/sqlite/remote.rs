@@ -1,5 +1,6 @@
 //! The SQLite store's own side of remote steps: a park with its dispatches is one commit of
-//! the writer, and the store answers through its traits as through its inherent methods (none
+//! the writer, tasks armed at one instant of a pinned clock are claimed in the order they were
+//! written, and the store answers through its traits as through its inherent methods (none
 //! recurses). What an arm and a park answer is the contract suite's
 //! (`keiro_tests::contract::remote`).
 
@@ -13,6 +14,7 @@ use keiro_journal::{
     JournalStore, Status, REDISPATCH_MAX_DEFAULT,
 };
 use keiro_lease::LeaseStore;
+use keiro_remote::{ClaimRequest, Transport};
 use keiro_sqlite::SqliteStore;
 use rusqlite::Connection;
 use serde_json::{json, Value};
@@ -183,4 +185,27 @@ async fn the_store_answers_through_its_traits_as_through_its_methods() {
         RemoteArmOutcome::Dispatched { .. }
     ));
     assert_eq!(journal_store.journal_history(&key).await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn tasks_armed_at_one_instant_are_claimed_in_the_order_they_were_written() {
+    let (_dir, store) = pinned("r-same-instant");
+    let key = start(&store, "a").await;
+    // One instant of the pinned clock, one group, one priority; the step ids sort the other way.
+    for step in ["b-first", "a-second"] {
+        let in_labels = RemoteArm {
+            group: "labels".into(),
+            ..arm(&key, step)
+        };
+        store.remote_arm(&in_labels).await.unwrap();
+    }
+    let request = ClaimRequest {
+        groups: vec!["labels".to_owned()],
+        worker: "w".into(),
+        limit: 2,
+        claim_ttl: Duration::from_secs(60),
+    };
+    let claimed = Transport::tasks_claim(&store, &request).await.unwrap();
+    let steps: Vec<&str> = claimed.iter().map(|t| t.step.as_str()).collect();
+    assert_eq!(steps, ["b-first", "a-second"]);
 }
