@@ -8,6 +8,7 @@ use std::time::Duration;
 use keiro::testing::{TestEnv, TestEnvBuilder};
 use keiro::worker::{ResumeOptions, Tuning};
 use keiro::{store::LeaseStore, InstanceKey, Keiro, WorkerBuilder};
+use keiro_journal::InspectStore;
 use keiro_remote::{RemoteAdmin, Transport};
 
 use crate::pg::TestDb;
@@ -34,6 +35,8 @@ pub struct Harness {
     pub transport: Arc<dyn Transport>,
     /// The same store's operator tools.
     pub admin: Arc<dyn RemoteAdmin>,
+    /// The same store's operator reads, with the instant they take (the facade's pass none).
+    pub inspect: Arc<dyn InspectStore>,
     /// The facade over the same store.
     pub keiro: Keiro,
     /// The Postgres schema, when `backend` is Postgres; dropped with the harness.
@@ -98,6 +101,7 @@ impl Harness {
             keiro: Keiro::builder((*store).clone()).without_push().build(),
             transport: store.clone(),
             admin: store.clone(),
+            inspect: store.clone(),
             sqlite: Some((*store).clone()),
             store,
             db: None,
@@ -115,6 +119,7 @@ impl Harness {
             keiro: Keiro::builder((*store).clone()).without_push().build(),
             transport: store.clone(),
             admin: store.clone(),
+            inspect: store.clone(),
             store,
             db: Some(db),
             sqlite_dir: None,
@@ -136,6 +141,7 @@ impl Harness {
             keiro: Keiro::builder((*store).clone()).without_push().build(),
             transport: store.clone(),
             admin: store.clone(),
+            inspect: store.clone(),
             store,
             db: Some(db),
             sqlite_dir: None,

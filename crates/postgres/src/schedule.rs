@@ -368,6 +368,8 @@ const DUE: &str = "reading due schedules";
 /// One round trip: the clock, the due rows (with the status of each one's last instance) and
 /// the earliest instant any schedule is due (`greatest` ignores a missing retry). A row backed
 /// off past the clock is left out. The lateral subquery keeps one row even when nothing is due.
+/// The outer `ORDER BY` gives the rows back next tick first: the subquery's order does not
+/// survive the joins around it (the contract suite saw them come back in reverse).
 const SCHEDULES_DUE: &str = concat!(
     "WITH c AS (SELECT coalesce($1::timestamptz, now()) AS clock) ",
     "SELECT c.clock, ",
@@ -380,7 +382,8 @@ const SCHEDULES_DUE: &str = concat!(
     "AND (d.retry_at IS NULL OR d.retry_at <= c.clock) ",
     "ORDER BY d.next_tick NULLS LAST LIMIT $2) s ON true ",
     "LEFT JOIN workflows w ON w.workflow_name = s.workflow_name ",
-    "AND w.workflow_id = s.last_instance"
+    "AND w.workflow_id = s.last_instance ",
+    "ORDER BY s.next_tick NULLS LAST, s.name"
 );
 
 const FIRE: &str = "firing a schedule";
@@ -551,6 +554,8 @@ impl ScheduleStore for PgStore {
 
     async fn schedules_due(&self, now: Option<OffsetDateTime>, limit: i64) -> Result<SchedulesDue> {
         traced(store_span!("schedules_due"), async {
+            // A negative limit asks for nothing, not for an SQL error.
+            let limit = limit.max(0);
             let rows = self.query(DUE, SCHEDULES_DUE, &[&now, &limit]).await?;
             let first = rows.first().ok_or_else(|| malformed(DUE, "no clock row"))?;
             let mut due = Vec::with_capacity(rows.len());

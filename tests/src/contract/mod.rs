@@ -21,8 +21,8 @@
 //!
 //! What is true of one store alone stays with that store: query plans, round trips, lock races
 //! held with a test transaction, search_path, TLS, LISTEN health, migrations and function files
-//! in `crates/postgres/tests`; the SQLite file's opening, locking and group commit in
-//! `crates/sqlite/tests`.
+//! in `crates/postgres/tests/postgres/`; the SQLite file's opening, locking, pragmas, group
+//! commit, notification polling and several stores on one file in `crates/sqlite/tests/sqlite/`.
 
 // A scenario's name says what it checks; its opening comment says how.
 #![allow(missing_docs)]
@@ -60,6 +60,8 @@ macro_rules! contract_suite {
                     only_the_current_holder_may_append_and_its_append_renews,
                     writers_on_an_old_generation_converge_or_conflict,
                     resurrected_is_not_appendable_and_missing_instances_are_not_found,
+                    a_fenced_step_renews_the_lease_only_once_it_is_no_longer_fresh,
+                    a_cancelled_marker_settles_the_generations_tasks_and_awakeables,
                 ],
                 replay [
                     journaled_steps_never_run_again,
@@ -135,11 +137,14 @@ macro_rules! contract_suite {
                     what_the_awaits_read_makes_room_and_a_parked_wait_is_always_answered,
                     the_unread_bytes_are_bounded_too,
                     a_new_generation_starts_with_no_unread_delivery,
+                    the_unread_bound_counts_only_what_the_awaits_reported_read,
+                    only_an_unfenced_await_record_is_a_delivery_and_a_closed_run_gets_no_backlog,
                 ],
             },
             instance {
                 start [
                     start_is_idempotent_and_notifies_only_on_create,
+                    many_starts_answer_in_order_and_a_started_child_names_its_parent,
                 ],
                 cancel [
                     a_cascade_cancels_every_live_descendant,
@@ -148,6 +153,9 @@ macro_rules! contract_suite {
                     a_finished_or_missing_instance_is_not_cancelled,
                     a_cycle_of_adoptions_does_not_loop,
                     a_cascading_cancel_reaches_every_live_descendant_only,
+                ],
+                settle [
+                    a_completed_runs_leftovers_are_settled_once_and_only_then,
                 ],
             },
             lease {
@@ -159,11 +167,15 @@ macro_rules! contract_suite {
                     discovery_orders_by_priority_then_age,
                     a_diverged_run_fails_without_a_journal_row,
                     racing_claims_grant_exactly_one_lease,
+                    claims_carry_the_journal_in_append_order,
+                    a_batch_claim_takes_discovery_order_for_the_names_asked_and_skips_held_rows,
+                    a_direct_start_is_leased_at_once_and_claims_only_what_a_worker_could,
                 ],
                 lifecycle [
                     refusals_are_classified_lease_first_and_claims_carry_the_current_generation,
                     release_renew_and_force_release_are_fenced,
                     resurrection_keeps_history_and_wakes_the_run_each_time,
+                    confirm_renews_the_lease_and_refuses_a_stale_fence_or_a_missing_instance,
                 ],
                 park [
                     a_park_never_masks_a_wake_that_landed_first,
@@ -175,6 +187,7 @@ macro_rules! contract_suite {
                     the_first_arm_wins_and_alone_notifies,
                     arming_needs_the_instance,
                     racing_arms_agree_on_one_deadline,
+                    a_span_is_due_from_the_stores_clock_and_cut_to_the_longest_span,
                 ],
                 fire [
                     a_due_sleep_journals_its_step_wakes_the_owner_and_clears_its_deadline,
@@ -199,12 +212,14 @@ macro_rules! contract_suite {
                     buffered_signals_are_consumed_oldest_first_by_later_waits,
                     a_send_goes_to_the_oldest_live_waiter_and_wakes_it,
                     a_signal_timeout_fires_only_while_the_wait_is_pending,
+                    a_wait_on_a_token_no_send_could_use_is_refused,
                 ],
                 race [
                     wait_then_send_races_deliver_exactly_once,
                     send_then_wait_races_deliver_exactly_once,
                     spawned_racers_on_separate_tasks_deliver_exactly_once,
                     timeouts_and_sends_racing_on_one_token_lose_nothing,
+                    many_waits_and_sends_on_one_token_deliver_each_signal_once,
                 ],
             },
             child {
@@ -231,6 +246,7 @@ macro_rules! contract_suite {
                     a_passed_deadline_counts_the_expired_claim_it_drops,
                     a_park_dispatch_writes_its_tasks_and_wakes_by_the_first_deadline,
                     parks_sent_at_once_each_get_their_own_answer,
+                    an_arm_journals_a_result_its_owner_could_not_take,
                 ],
                 claim [
                     concurrent_claimers_never_take_the_same_task,
@@ -263,6 +279,7 @@ macro_rules! contract_suite {
                     a_requeue_resets_failures_in_journal_order,
                     a_requeue_cascades_down_the_tree_and_relinks_every_level,
                     a_requeue_delivers_a_success_the_failed_parent_could_not_take,
+                    a_handled_child_failure_is_not_reset_unless_the_run_failed_on_it,
                 ],
             },
             awakeable {
@@ -282,6 +299,7 @@ macro_rules! contract_suite {
                     a_worker_with_retention_collects,
                     a_parent_that_finished_first_goes_after_its_child,
                     a_parent_stays_while_a_grandchild_lives,
+                    a_bounded_batch_takes_the_oldest_terminal_first,
                 ],
             },
             inspect {
@@ -289,6 +307,11 @@ macro_rules! contract_suite {
                     list_filters_and_pages_add_up,
                     bad_list_requests_are_typed_errors,
                     counts_show_statuses_timers_and_remote_backlog,
+                ],
+                reads [
+                    every_filter_selects_what_matches_row_selects_in_pages_of_both_orders,
+                    a_full_last_page_has_no_next_cursor_and_a_cursor_names_the_last_row_shown,
+                    counts_split_the_timer_backlog_at_the_given_instant_and_tasks_by_group,
                 ],
                 waits [
                     waits_follow_timers_awakeables_and_signal_waits,
@@ -315,6 +338,13 @@ macro_rules! contract_suite {
                     a_daily_0230_in_berlin_on_both_daylight_saving_days,
                     an_unregistered_workflow_starts_and_waits_for_a_worker_that_has_it,
                     bad_definitions_are_typed_errors,
+                ],
+                store [
+                    upsert_get_list_and_delete_keep_the_revision_rules,
+                    the_scheduler_lease_is_one_owners_and_its_epoch_moves_only_with_the_holder,
+                    a_fire_starts_its_runs_with_the_row_or_writes_nothing,
+                    due_schedules_come_earliest_first_without_the_paused_or_backed_off,
+                    pause_keeps_the_tick_resume_skips_and_trigger_starts_now,
                 ],
             },
 

@@ -161,6 +161,12 @@ pub async fn failures_repeat_after_resurrection_under_unique_names(h: Harness) -
         store.journal_append(&fail("second")).await?,
         AppendOutcome::Appended
     );
+    let row = store.instance_get(&k).await?.expect("exists");
+    assert_eq!(
+        (row.status, row.last_error.as_deref()),
+        (Status::Failed, Some("second")),
+        "the row carries this run's failure"
+    );
     // A repeat converges on this run's failure, not the first one.
     assert_eq!(
         store.journal_append(&fail("third")).await?,
@@ -515,5 +521,86 @@ pub async fn resurrected_is_not_appendable_and_missing_instances_are_not_found(
     );
     assert!(store.journal_load(&missing, 0).await?.is_empty());
     assert!(store.instance_get(&missing).await?.is_none());
+    Ok(())
+}
+
+pub async fn a_fenced_step_renews_the_lease_only_once_it_is_no_longer_fresh(
+    h: Harness,
+) -> TestResult {
+    // The contract lets a store skip the renewal while more than three quarters of it are
+    // left on the lease, so that back-to-back steps do not rewrite the instance row; both
+    // stores do (a store that did not would branch on its `Backend` here).
+    let store = &*h.store;
+    let k = started(store, "a").await?;
+    let ttl = Duration::from_secs(600);
+    let ClaimOutcome::Acquired(claimed) = store.instance_claim(&k, "w", ttl, None).await? else {
+        panic!("claimable");
+    };
+    let granted = store.instance_get(&k).await?.ok_or("missing")?;
+    let fenced = |name: &str, renew: Duration| Append {
+        generation: Some(0),
+        fence: Some(claimed.fence.clone()),
+        renew: Some(renew),
+        ..step(&k, name, StepKind::Step, json!(name))
+    };
+
+    // Just claimed: more than three quarters of the TTL left, so the row is not rewritten.
+    assert_eq!(
+        store.journal_append(&fenced("a", ttl)).await?,
+        AppendOutcome::Appended
+    );
+    let kept = store.instance_get(&k).await?.ok_or("missing")?;
+    assert_eq!(kept.lease_expires_at, granted.lease_expires_at, "kept");
+    assert_eq!(kept.updated_at, granted.updated_at, "not rewritten");
+
+    // A longer renewal finds the lease short of three quarters of it, and renews it.
+    let long = Duration::from_secs(3600);
+    let before = OffsetDateTime::now_utc();
+    assert_eq!(
+        store.journal_append(&fenced("b", long)).await?,
+        AppendOutcome::Appended
+    );
+    let after = OffsetDateTime::now_utc();
+    let renewed = store.instance_get(&k).await?.ok_or("missing")?;
+    let expires = renewed.lease_expires_at.ok_or("leased")?;
+    assert!(
+        expires >= before + long - SLACK && expires <= after + long + SLACK,
+        "{expires} not {long:?} after the append ({before} .. {after})"
+    );
+    assert_eq!(store.journal_load(&k, 0).await?.len(), 2);
+    Ok(())
+}
+
+pub async fn a_cancelled_marker_settles_the_generations_tasks_and_awakeables(
+    h: Harness,
+) -> TestResult {
+    let store = &*h.store;
+    let k = started(store, "a").await?;
+    let id = uuid::Uuid::from_u128(1);
+    let allocation = step(&k, "awkid:a", StepKind::Awakeable, json!(id.to_string()));
+    store.awakeable_create(&allocation, id).await?;
+    store
+        .remote_arm(&crate::contract::remote::arm(&k, "r", json!(null)))
+        .await?;
+    assert_eq!(store.awakeables_pending().await?, 1);
+
+    // The marker appended as any other (not through `instance_cancel`).
+    assert_eq!(
+        append(store, &k, None, Event::WorkflowCancelled, None).await?,
+        AppendOutcome::Appended
+    );
+    assert_eq!(store.awakeables_pending().await?, 0);
+    assert_eq!(
+        store.awakeable_complete(id, &json!(1)).await?,
+        keiro_journal::AwakeableOutcome::AlreadySettled(keiro_journal::AwakeableStatus::Cancelled)
+    );
+    let statuses: Vec<keiro_remote::TaskStatus> = h
+        .admin
+        .remote_tasks(&k)
+        .await?
+        .iter()
+        .map(|t| t.status)
+        .collect();
+    assert_eq!(statuses, [keiro_remote::TaskStatus::Cancelled]);
     Ok(())
 }

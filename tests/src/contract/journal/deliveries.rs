@@ -501,3 +501,137 @@ pub async fn a_new_generation_starts_with_no_unread_delivery(h: Harness) -> Test
     );
     Ok(())
 }
+
+/// A delivery of `value` to the await `name` of `k`, as `Keiro::deliver` makes it.
+fn delivery(k: &keiro::InstanceKey, name: &str, value: serde_json::Value) -> keiro::store::Append {
+    keiro::store::Append::external(
+        k.clone(),
+        keiro::store::Event::StepRecorded {
+            step: format!("await:{name}"),
+            kind: keiro::store::StepKind::Await,
+            result: value,
+        },
+    )
+}
+
+pub async fn the_unread_bound_counts_only_what_the_awaits_reported_read(h: Harness) -> TestResult {
+    // At the store: the bound, the counts a refusal reports, and `deliveries_read`, whose
+    // report for another generation or of a smaller total changes nothing.
+    use keiro_journal::store::{AppendOutcome, DeliveryOutcome};
+    use keiro_journal::{Deliveries, DeliveryBacklog};
+    use serde_json::json;
+    let store = &*h.store;
+    let k = crate::contract::support::started(store, "d").await?;
+    let backlog = DeliveryBacklog {
+        deliveries: 2,
+        ..DeliveryBacklog::default()
+    };
+    let appended = DeliveryOutcome::Append(AppendOutcome::Appended);
+    for (name, value) in [("x", 1), ("y", 2)] {
+        assert_eq!(
+            store
+                .delivery_append(&delivery(&k, name, json!(value)), &backlog)
+                .await?,
+            appended
+        );
+    }
+    let full = DeliveryOutcome::Backlog(Deliveries { count: 2, bytes: 2 });
+    assert_eq!(
+        store
+            .delivery_append(&delivery(&k, "z", json!(3)), &backlog)
+            .await?,
+        full
+    );
+    assert_eq!(
+        store.journal_load(&k, 0).await?.len(),
+        2,
+        "nothing journaled"
+    );
+    assert_eq!(
+        store
+            .delivery_append(&delivery(&k, "x", json!(9)), &backlog)
+            .await?,
+        DeliveryOutcome::Append(AppendOutcome::AlreadyPresent(json!(1))),
+        "a repeat is still idempotent"
+    );
+    // What the run read makes room.
+    store
+        .deliveries_read(&k, 0, Deliveries { count: 1, bytes: 1 })
+        .await?;
+    assert_eq!(
+        store
+            .delivery_append(&delivery(&k, "z", json!(3)), &backlog)
+            .await?,
+        appended
+    );
+    // A report for another generation, or of a smaller total, changes nothing.
+    store
+        .deliveries_read(&k, 0, Deliveries { count: 0, bytes: 0 })
+        .await?;
+    store
+        .deliveries_read(&k, 5, Deliveries { count: 9, bytes: 9 })
+        .await?;
+    assert_eq!(
+        store
+            .delivery_append(&delivery(&k, "w", json!(4)), &backlog)
+            .await?,
+        full
+    );
+    Ok(())
+}
+
+pub async fn only_an_unfenced_await_record_is_a_delivery_and_a_closed_run_gets_no_backlog(
+    h: Harness,
+) -> TestResult {
+    use keiro_journal::store::{AppendOutcome, DeliveryOutcome};
+    use keiro_journal::{DeliveryBacklog, Marker};
+    use serde_json::json;
+    let store = &*h.store;
+    let k = crate::contract::support::started(store, "d").await?;
+    // A plain step is no delivery: refused for good, and not as a value.
+    let plain = crate::contract::support::step(&k, "s", keiro::store::StepKind::Step, json!(1));
+    let err = store
+        .delivery_append(&plain, &DeliveryBacklog::default())
+        .await
+        .unwrap_err();
+    assert!(!err.is_retryable() && !err.is_value_refused(), "{err}");
+    let missing = crate::contract::support::key("wf", "missing");
+    assert!(store
+        .delivery_append(
+            &delivery(&missing, "x", json!(1)),
+            &DeliveryBacklog::default()
+        )
+        .await
+        .unwrap_err()
+        .is_not_found());
+
+    // A full backlog, then the run closes: the append rules' own answer, never a backlog.
+    let backlog = DeliveryBacklog {
+        deliveries: 1,
+        ..DeliveryBacklog::default()
+    };
+    store
+        .delivery_append(&delivery(&k, "junk", json!(0)), &backlog)
+        .await?;
+    assert!(matches!(
+        store
+            .delivery_append(&delivery(&k, "more", json!(0)), &backlog)
+            .await?,
+        DeliveryOutcome::Backlog(_)
+    ));
+    crate::contract::support::append(
+        store,
+        &k,
+        None,
+        keiro::store::Event::WorkflowCancelled,
+        None,
+    )
+    .await?;
+    assert_eq!(
+        store
+            .delivery_append(&delivery(&k, "late", json!(0)), &backlog)
+            .await?,
+        DeliveryOutcome::Append(AppendOutcome::RefusedTerminal(Marker::Cancelled))
+    );
+    Ok(())
+}

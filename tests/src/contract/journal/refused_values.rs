@@ -99,6 +99,17 @@ pub async fn a_refused_step_result_is_not_journaled(h: Harness) -> TestResult {
         "a step's name",
     );
     assert_eq!(snapshot(&h, &k).await?, before);
+    // Refused before anything is decided: even for an instance that does not exist.
+    let missing = key("refused", "missing");
+    assert_refused(
+        h.store
+            .journal_append(&Append::external(
+                missing,
+                step("s", StepKind::Step, json!(NUL)),
+            ))
+            .await,
+        "a step of a missing instance",
+    );
     Ok(())
 }
 
@@ -209,6 +220,13 @@ pub async fn a_refused_awakeable_payload_leaves_it_pending(h: Harness) -> TestRe
     );
     assert_eq!(snapshot(&h, &k).await?, before);
     assert_eq!(h.store.awakeables_pending().await?, 1);
+    // Refused before the id is looked up: even for an awakeable that does not exist.
+    assert_refused(
+        h.store
+            .awakeable_complete(Uuid::new_v4(), &json!(NUL))
+            .await,
+        "an unknown awakeable's payload",
+    );
     assert_eq!(
         h.store.awakeable_complete(id, &json!("fine")).await?,
         keiro::workflow::AwakeableOutcome::Delivered

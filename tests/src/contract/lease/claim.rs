@@ -334,3 +334,205 @@ pub async fn racing_claims_grant_exactly_one_lease(h: Harness) -> TestResult {
     assert_eq!(acquired, 1);
     Ok(())
 }
+
+/// The step names of a claim's journal, in its order.
+fn step_names(journal: &[keiro_journal::JournalEntry]) -> Vec<String> {
+    journal
+        .iter()
+        .map(|entry| entry.event.step_name().into_owned())
+        .collect()
+}
+
+pub async fn claims_carry_the_journal_in_append_order(h: Harness) -> TestResult {
+    let store = &*h.store;
+    let k = key("order", "o-1");
+    store.instance_start(&start(&k, json!(null))).await?;
+    // Appended in an order that is not the step names' order.
+    for name in ["zeta", "alpha", "mu"] {
+        let append = Append {
+            generation: Some(0),
+            ..crate::contract::support::step(&k, name, StepKind::Step, json!(name))
+        };
+        store.journal_append(&append).await?;
+    }
+    let single = claim(store, &k, "one").await?;
+    assert_eq!(step_names(&single.journal), ["zeta", "alpha", "mu"]);
+    assert!(single.journal.windows(2).all(|w| w[0].seq < w[1].seq));
+    assert!(store.instance_release(&k, &single.fence, false).await?);
+
+    let names = [keiro_journal::WorkflowName::new("order")?];
+    let batch = store
+        .instances_claim_batch(&names, "many", TTL, 10, None)
+        .await?;
+    assert_eq!(batch.len(), 1);
+    assert_eq!(step_names(&batch[0].journal), ["zeta", "alpha", "mu"]);
+    assert_eq!(batch[0].journal, store.journal_load(&k, 0).await?);
+    Ok(())
+}
+
+pub async fn a_batch_claim_takes_discovery_order_for_the_names_asked_and_skips_held_rows(
+    h: Harness,
+) -> TestResult {
+    let store = &*h.store;
+    // Started one after the other, so age and key order agree among equal priorities.
+    for (id, priority) in [("a-1", 0), ("a-2", 0), ("a-3", 0), ("z", 5)] {
+        let request = StartRequest {
+            priority,
+            ..start(&key("wf", id), json!(null))
+        };
+        store.instance_start(&request).await?;
+    }
+    let now = OffsetDateTime::now_utc();
+    let (parked, due, done) = (key("wf", "parked"), key("wf", "due"), key("wf", "done"));
+    for k in [&parked, &due, &done] {
+        store.instance_start(&start(k, json!(null))).await?;
+    }
+    for (k, wake_after) in [
+        (&parked, None),
+        (&due, Some(now + time::Duration::minutes(5))),
+    ] {
+        let park = Park {
+            key: k.clone(),
+            generation: 0,
+            fence: None,
+            awaited: vec!["awk:x".into()],
+            wake_after,
+        };
+        store.instance_park(&park).await?;
+    }
+    store.instance_cancel(&done, false).await?;
+
+    let ids = |keys: Vec<InstanceKey>| keys.iter().map(|k| k.id.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        ids(store.instances_runnable(None, None).await?),
+        ["z", "a-1", "a-2", "a-3"]
+    );
+    let at_wake = Some(now + time::Duration::minutes(10));
+    assert_eq!(
+        ids(store.instances_runnable(at_wake, None).await?),
+        ["z", "a-1", "a-2", "a-3", "due"]
+    );
+
+    // The batch claim takes the same order, only for the names asked, and skips held rows.
+    let hour = Duration::from_secs(3600);
+    let names = [keiro_journal::WorkflowName::new("wf")?];
+    let claimed = store
+        .instances_claim_batch(&names, "w", hour, 2, None)
+        .await?;
+    let claimed_ids: Vec<_> = claimed
+        .iter()
+        .map(|c| c.instance.key.id.to_string())
+        .collect();
+    assert_eq!(claimed_ids, ["z", "a-1"]);
+    assert!(claimed
+        .iter()
+        .all(|c| c.fence.owner == "w" && c.fence.epoch == 1));
+    let rest = store
+        .instances_claim_batch(&names, "v", hour, 10, at_wake)
+        .await?;
+    let rest_ids: Vec<_> = rest.iter().map(|c| c.instance.key.id.to_string()).collect();
+    assert_eq!(rest_ids, ["a-2", "a-3", "due"]);
+    let other = [keiro_journal::WorkflowName::new("other")?];
+    assert!(store
+        .instances_claim_batch(&other, "u", hour, 10, at_wake)
+        .await?
+        .is_empty());
+    Ok(())
+}
+
+pub async fn a_direct_start_is_leased_at_once_and_claims_only_what_a_worker_could(
+    h: Harness,
+) -> TestResult {
+    use crate::contract::support::{SLACK, T0};
+    let store = &*h.store;
+    let request = |id: &str, input| start(&key("wf", id), input);
+    let before = OffsetDateTime::now_utc();
+    let fresh = store
+        .instance_start_claimed(&request("new", json!(1)), "d", TTL, None)
+        .await?;
+    let after = OffsetDateTime::now_utc();
+    assert!(fresh.created);
+    let ClaimOutcome::Acquired(claim) = fresh.claim else {
+        panic!("a created instance is leased to its caller");
+    };
+    assert_eq!(
+        claim.fence,
+        keiro_journal::Fence {
+            owner: "d".into(),
+            epoch: 1
+        }
+    );
+    assert!(claim.journal.is_empty());
+    let expires = claim.instance.lease_expires_at.ok_or("leased")?;
+    assert!(
+        expires >= before + TTL - SLACK && expires <= after + TTL + SLACK,
+        "{expires}"
+    );
+    // Nobody else can take it while that lease lives.
+    let again = store
+        .instance_start_claimed(&request("new", json!(2)), "e", TTL, None)
+        .await?;
+    assert_eq!(
+        (again.created, again.claim),
+        (false, ClaimOutcome::LeaseHeld)
+    );
+
+    // An existing runnable row keeps its input and is claimed with its journal.
+    let old = key("wf", "old");
+    store.instance_start(&start(&old, json!(null))).await?;
+    store
+        .journal_append(&crate::contract::support::step(
+            &old,
+            "s",
+            StepKind::Step,
+            json!(1),
+        ))
+        .await?;
+    let existing = store
+        .instance_start_claimed(&request("old", json!("ignored")), "d", TTL, None)
+        .await?;
+    let ClaimOutcome::Acquired(claim) = existing.claim else {
+        panic!("a runnable row is claimed");
+    };
+    assert!(!existing.created);
+    assert_eq!(claim.instance.input, json!(null));
+    assert_eq!(claim.journal.len(), 1);
+
+    // A parked row whose wake has not come, and a closed one, are left alone.
+    let parked = key("wf", "parked");
+    store.instance_start(&start(&parked, json!(null))).await?;
+    let park = Park {
+        key: parked.clone(),
+        generation: 0,
+        fence: None,
+        awaited: vec!["awk:x".into()],
+        wake_after: Some(T0 + time::Duration::hours(1)),
+    };
+    store.instance_park(&park).await?;
+    let done = key("wf", "done");
+    store.instance_start(&start(&done, json!(null))).await?;
+    store.instance_cancel(&done, false).await?;
+    for id in ["parked", "done"] {
+        let left = store
+            .instance_start_claimed(&request(id, json!(null)), "d", TTL, None)
+            .await?;
+        assert_eq!(
+            (left.created, left.claim),
+            (false, ClaimOutcome::Unavailable),
+            "{id}"
+        );
+    }
+    let row = store.instance_get(&parked).await?.ok_or("missing")?;
+    assert_eq!((row.status, row.lease_owner), (Status::Suspended, None));
+    // Its wake due, the parked row is claimed.
+    let due = store
+        .instance_start_claimed(
+            &request("parked", json!(null)),
+            "d",
+            TTL,
+            Some(T0 + time::Duration::hours(1)),
+        )
+        .await?;
+    assert!(matches!(due.claim, ClaimOutcome::Acquired(_)));
+    Ok(())
+}

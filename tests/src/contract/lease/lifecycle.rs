@@ -196,3 +196,41 @@ pub async fn resurrection_keeps_history_and_wakes_the_run_each_time(h: Harness) 
     assert_eq!(store.journal_load(&key, 0).await?.len(), 4);
     Ok(())
 }
+
+pub async fn confirm_renews_the_lease_and_refuses_a_stale_fence_or_a_missing_instance(
+    h: Harness,
+) -> TestResult {
+    let store = &*h.store;
+    let key = started(store, "a").await?;
+    let fence = claim(store, &key, "w").await?;
+    // The confirmation runs the lease the TTL it is given from its own time.
+    const LONG: std::time::Duration = std::time::Duration::from_secs(3600);
+    let before = OffsetDateTime::now_utc();
+    assert_eq!(
+        store.instance_confirm(&key, &fence, LONG).await?,
+        Status::Running
+    );
+    let after = OffsetDateTime::now_utc();
+    let row = store.instance_get(&key).await?.ok_or("missing")?;
+    let expires = row.lease_expires_at.ok_or("leased")?;
+    assert!(
+        expires >= before + LONG - SLACK && expires <= after + LONG + SLACK,
+        "{expires} not {LONG:?} after the confirmation ({before} .. {after})"
+    );
+    let stale = Fence {
+        epoch: fence.epoch + 1,
+        ..fence.clone()
+    };
+    assert!(store
+        .instance_confirm(&key, &stale, TTL)
+        .await
+        .unwrap_err()
+        .is_lease_lost());
+    let missing = InstanceKey::parse("wf", "missing").unwrap();
+    assert!(store
+        .instance_confirm(&missing, &fence, TTL)
+        .await
+        .unwrap_err()
+        .is_not_found());
+    Ok(())
+}

@@ -106,5 +106,11 @@ pub async fn parks_and_divergence_respect_terminal_rows_and_fences(h: Harness) -
     assert_eq!(row.last_error.as_deref(), Some("r"));
     assert!(row.completed_at.is_some());
     assert!(store.journal_history(&key).await?.is_empty());
+    let missing = keiro_journal::InstanceKey::parse("wf", "missing")?;
+    assert!(store
+        .instance_fail_diverged(&missing, None, "r")
+        .await
+        .unwrap_err()
+        .is_not_found());
     Ok(())
 }

@@ -500,3 +500,40 @@ pub async fn parks_sent_at_once_each_get_their_own_answer(h: Harness) -> TestRes
     );
     Ok(())
 }
+
+pub async fn an_arm_journals_a_result_its_owner_could_not_take(h: Harness) -> TestResult {
+    let store = &*h.store;
+    let owner = key("owner", "o-1");
+    store.instance_start(&start(&owner, Value::Null)).await?;
+    let a = arm(&owner, "label", json!(1));
+    store.remote_arm(&a).await?;
+    // The owner failed before the result came: the task keeps it, the journal does not.
+    super::fail_instance(store, &owner, "broken").await?;
+    assert_eq!(
+        h.transport
+            .task_complete(&a.step_id, &json!("done"))
+            .await?,
+        ReportOutcome::OwnerGone
+    );
+    assert!(recorded(store, &owner, "remote:label").await?.is_empty());
+    assert_eq!(
+        store.instance_resurrect(&owner).await?,
+        keiro_lease::ResurrectOutcome::Resurrected
+    );
+
+    // The re-driven run's arm learns the result and journals it ...
+    let settled = RemoteArmOutcome::Settled {
+        value: json!({"ok": "done"}),
+        lost: false,
+    };
+    assert_eq!(store.remote_arm(&a).await?, settled);
+    assert_eq!(
+        recorded(store, &owner, "remote:label").await?,
+        [json!({"ok": "done"})]
+    );
+    // ... and from then on reads it from the journal.
+    assert_eq!(store.remote_arm(&a).await?, settled);
+    assert_eq!(recorded(store, &owner, "remote:label").await?.len(), 1);
+    assert_eq!(h.admin.remote_tasks(&owner).await?.len(), 1);
+    Ok(())
+}

@@ -593,3 +593,62 @@ pub async fn a_requeue_delivers_a_success_the_failed_parent_could_not_take(
     assert_eq!(status(store, &child).await?, Status::Completed);
     Ok(())
 }
+
+pub async fn a_handled_child_failure_is_not_reset_unless_the_run_failed_on_it(
+    h: Harness,
+) -> TestResult {
+    let store = &*h.store;
+    let gone = key("child", "gone");
+    let failed_child = |k: &keiro_journal::InstanceKey| {
+        Append::external(
+            k.clone(),
+            Event::StepRecorded {
+                step: child_result_step(&gone),
+                kind: StepKind::Child,
+                result: json!({"failed": "boom"}),
+            },
+        )
+    };
+    let fallback = |k: &keiro_journal::InstanceKey| {
+        Append::external(
+            k.clone(),
+            Event::StepRecorded {
+                step: "fallback".into(),
+                kind: StepKind::Step,
+                result: json!(1),
+            },
+        )
+    };
+    // The body went on past the child's failure (a fallback ran), and failed for another
+    // reason: the handled failure stays.
+    let handled = key("owner", "handled");
+    store.instance_start(&start(&handled, Value::Null)).await?;
+    store.journal_append(&failed_child(&handled)).await?;
+    store.journal_append(&fallback(&handled)).await?;
+    fail_instance(store, &handled, "something else").await?;
+    assert_eq!(
+        h.admin.instance_requeue(&handled).await?,
+        RequeueOutcome::Requeued {
+            reset_steps: 0,
+            children: vec![]
+        }
+    );
+    // The same, but the run failed on the child after all: it is reset.
+    let failed_on = key("owner", "failed-on");
+    store
+        .instance_start(&start(&failed_on, Value::Null))
+        .await?;
+    store.journal_append(&failed_child(&failed_on)).await?;
+    store.journal_append(&fallback(&failed_on)).await?;
+    fail_instance(store, &failed_on, "child workflow child/gone failed: boom").await?;
+    assert_eq!(
+        h.admin.instance_requeue(&failed_on).await?,
+        RequeueOutcome::Requeued {
+            reset_steps: 1,
+            children: vec![]
+        }
+    );
+    assert_eq!(resets(store, &failed_on).await?.len(), 1);
+    assert!(resets(store, &handled).await?.is_empty());
+    Ok(())
+}

@@ -364,3 +364,29 @@ pub async fn a_worker_with_retention_collects(h: Harness) -> TestResult {
     assert_eq!(status(&h, "order", "o-1").await?, Some(Status::Suspended));
     Ok(())
 }
+
+pub async fn a_bounded_batch_takes_the_oldest_terminal_first(h: Harness) -> TestResult {
+    // Started in one order, closed in the other: the batch goes by when they closed.
+    let ids: Vec<String> = (0..5).map(|n| format!("f-{n}")).collect();
+    for id in &ids {
+        h.keiro.start("boom", id, &()).await?;
+    }
+    for id in ids.iter().rev() {
+        h.keiro.cancel(("boom", id.as_str())).await?;
+    }
+    let request = GcRequest {
+        batch: 2,
+        ..later(2)
+    };
+    assert_eq!(h.keiro.gc_eligible(&request).await?, 5);
+    assert_eq!(h.keiro.gc_batch(&request).await?.instances, 2);
+    for (id, kept) in [("f-4", false), ("f-3", false), ("f-2", true)] {
+        assert_eq!(status(&h, "boom", id).await?.is_some(), kept, "{id}");
+    }
+    assert_eq!(h.keiro.gc_eligible(&request).await?, 3);
+    assert_eq!(h.keiro.gc_batch(&request).await?.instances, 2);
+    assert_eq!(status(&h, "boom", "f-0").await?, Some(Status::Cancelled));
+    assert_eq!(h.keiro.gc_batch(&request).await?.instances, 1);
+    assert_eq!(h.keiro.gc_batch(&request).await?.instances, 0);
+    Ok(())
+}

@@ -1,4 +1,5 @@
 //! Schedules: ticks, catch-up and overlap policies, racing schedulers, pause, trigger and bad
-//! definitions.
+//! definitions; and the schedule rows at the store.
 
 pub mod scheduler;
+pub mod store;

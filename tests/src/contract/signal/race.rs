@@ -202,3 +202,72 @@ pub async fn timeouts_and_sends_racing_on_one_token_lose_nothing(h: Harness) -> 
     assert_eq!(received.len(), delivered, "no signal delivered twice");
     Ok(())
 }
+
+pub async fn many_waits_and_sends_on_one_token_deliver_each_signal_once(h: Harness) -> TestResult {
+    const RACERS: usize = 16;
+    let store = &*h.store;
+    let mut keys = Vec::new();
+    for n in 0..RACERS {
+        let k = key("waiter", &format!("r-{n}"));
+        start_parked(store, &k).await?;
+        keys.push(k);
+    }
+    let waits: Vec<_> = keys
+        .iter()
+        .map(|k| {
+            let (store, w) = (h.store.clone(), wait(k, "shared"));
+            tokio::spawn(async move { store.signal_wait(&w).await })
+        })
+        .collect();
+    let sends: Vec<_> = (0..RACERS)
+        .map(|n| {
+            let store = h.store.clone();
+            tokio::spawn(async move { store.signal_send("shared", &json!(n)).await })
+        })
+        .collect();
+    for handle in waits {
+        handle.await??;
+    }
+    for handle in sends {
+        handle.await??;
+    }
+    // Every signal is journaled into one waiter or still buffered, never both, never twice.
+    let mut received = Vec::new();
+    let mut waiting = 0;
+    for k in &keys {
+        let answers = recorded(store, k, "signal:go").await?;
+        assert!(answers.len() <= 1, "{k}: {answers:?}");
+        match answers.first() {
+            Some(answer) => received.push(answer["ok"].as_u64().ok_or("a payload")?),
+            None => waiting += 1,
+        }
+    }
+    // What is buffered, later waits take, one signal each, until none is left.
+    let mut buffered = 0;
+    loop {
+        let probe = key("probe", &format!("p-{buffered}"));
+        start_parked(store, &probe).await?;
+        match store.signal_wait(&wait(&probe, "shared")).await? {
+            SignalWaitOutcome::Delivered(_) => buffered += 1,
+            SignalWaitOutcome::Waiting => break,
+        }
+    }
+    assert_eq!(received.len() + buffered, RACERS, "every signal once");
+    assert_eq!(
+        received.len() + waiting,
+        RACERS,
+        "every wait answered or registered"
+    );
+    assert!(
+        buffered == 0 || waiting == 0,
+        "no signal buffered beside a waiter"
+    );
+    received.sort_unstable();
+    received.dedup();
+    assert_eq!(
+        received.len() + waiting,
+        RACERS,
+        "no signal delivered twice"
+    );
+    Ok(())
+}

@@ -249,6 +249,9 @@ pub async fn a_withdrawn_wait_is_passed_over_by_the_next_send(h: Harness) -> Tes
         recorded(store, &y, "signal:tok:1").await?,
         vec![json!({"ok": "paid"})]
     );
+    // A delivered wait has no waiter left to withdraw; its signal stays journaled.
+    assert!(!store.signal_withdraw(&y, 0, "signal:tok:1").await?);
+    assert_eq!(recorded(store, &y, "signal:tok:1").await?.len(), 1);
     Ok(())
 }
 
@@ -409,6 +412,7 @@ pub async fn a_signal_timeout_fires_only_while_the_wait_is_pending(h: Harness) -
         journal_rows(store, &answered).await?,
         [("signal:x".into(), json!({"timeout": true}))]
     );
+    assert_eq!(status(store, &answered).await?, Status::Running, "woken");
     assert_eq!(
         store.signal_send("t", &json!("late")).await?,
         SignalSendOutcome::Delivered {
@@ -425,6 +429,27 @@ pub async fn a_signal_timeout_fires_only_while_the_wait_is_pending(h: Harness) -
     // With the waiter gone, the next signal is buffered rather than lost.
     assert_eq!(
         store.signal_send("t", &json!("next")).await?,
+        SignalSendOutcome::Buffered
+    );
+    Ok(())
+}
+
+pub async fn a_wait_on_a_token_no_send_could_use_is_refused(h: Harness) -> TestResult {
+    let store = &*h.store;
+    let k = key("waiter", "w-1");
+    start_parked(store, &k).await?;
+    for token in ["", "a\nb", "a\u{0}b"] {
+        let refused = store.signal_wait(&wait(&k, "signal:go", token)).await;
+        assert!(
+            matches!(&refused, Err(e) if e.is_value_refused()),
+            "{token:?}: {refused:?}"
+        );
+    }
+    assert!(store.journal_history(&k).await?.is_empty());
+    assert_eq!(status(store, &k).await?, Status::Suspended);
+    // Nothing was registered: a good token's first send is buffered for the next wait.
+    assert_eq!(
+        store.signal_send("go", &json!(1)).await?,
         SignalSendOutcome::Buffered
     );
     Ok(())

@@ -110,3 +110,42 @@ pub async fn racing_arms_agree_on_one_deadline(h: Harness) -> TestResult {
     }
     Ok(())
 }
+
+pub async fn a_span_is_due_from_the_stores_clock_and_cut_to_the_longest_span(
+    h: Harness,
+) -> TestResult {
+    use crate::contract::support::SLACK;
+    use keiro_journal::store::TimerDue;
+    let store = &*h.store;
+    let k = key("sleeper", "s-1");
+    store.instance_start(&start(&k, json!(null))).await?;
+    let span = Duration::from_secs(90);
+    let arm = TimerArm {
+        due: TimerDue::After(span),
+        ..sleep_arm(&k, "sleep:span", datetime!(2030-01-01 0:00 UTC))
+    };
+    let before = OffsetDateTime::now_utc();
+    let due = store.timer_arm(&arm).await?;
+    let after = OffsetDateTime::now_utc();
+    assert!(
+        due >= before + span - SLACK && due <= after + span + SLACK,
+        "{due} not {span:?} after the arm ({before} .. {after})"
+    );
+    // A re-arm answers the stored deadline, not a new span from now.
+    assert_eq!(store.timer_arm(&arm).await?, due);
+
+    let longest = time::Duration::try_from(TimerDue::AFTER_MAX)?;
+    let forever = TimerArm {
+        step: "sleep:forever".into(),
+        due: TimerDue::After(Duration::MAX),
+        ..arm
+    };
+    let before = OffsetDateTime::now_utc();
+    let due = store.timer_arm(&forever).await?;
+    let after = OffsetDateTime::now_utc();
+    assert!(
+        due >= before + longest - SLACK && due <= after + longest + SLACK,
+        "{due} not the longest span after the arm ({before} .. {after})"
+    );
+    Ok(())
+}

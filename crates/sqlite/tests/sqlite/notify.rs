@@ -2,11 +2,9 @@
 //! what a second store on the same file (a second process) hears through its poller, that a
 //! rolled-back operation publishes nothing, and that the poller stops with its store.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{key, start, step, TempDir};
+use crate::common::{key, start, step, TempDir};
 use keiro_journal::store::{
     remote_step_id, Append, AppendOutcome, Park, RemoteArm, RemoteArmOutcome, TimerArm, TimerDue,
 };

@@ -1,7 +1,7 @@
-//! Shared by the integration tests: a temporary directory per test, removed when dropped, and
-//! small builders.
+//! Shared by the test modules: a temporary directory per test, removed when dropped, and small
+//! builders.
 
-#![allow(dead_code, unreachable_pub)] // each test file uses a part
+#![allow(dead_code, unreachable_pub)] // each test module uses a part
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -76,19 +76,6 @@ pub fn step(key: &InstanceKey, name: &str, result: Value, fence: Option<&Fence>)
     }
 }
 
-/// A marker append to the current generation.
-pub fn marker(key: &InstanceKey, event: Event, fence: Option<&Fence>) -> Append {
-    Append {
-        key: key.clone(),
-        generation: None,
-        event,
-        fence: fence.cloned(),
-        renew: None,
-    }
-}
-
-// ----- The memory store's fixtures (crates/memory/src/fixtures.rs), for its tests ported here.
-
 pub const TTL: std::time::Duration = std::time::Duration::from_secs(60);
 pub const T0: time::OffsetDateTime = time::macros::datetime!(2030-01-01 0:00 UTC);
 
@@ -117,15 +104,6 @@ pub async fn claim(store: &SqliteStore, key: &InstanceKey, owner: &str) -> Fence
     {
         keiro_lease::ClaimOutcome::Acquired(claim) => claim.fence,
         refused => panic!("claim of {key} by {owner} refused: {refused:?}"),
-    }
-}
-
-/// A plain step event.
-pub fn event_step(name: &str, result: Value) -> Event {
-    Event::StepRecorded {
-        step: name.to_owned(),
-        kind: StepKind::Step,
-        result,
     }
 }
 

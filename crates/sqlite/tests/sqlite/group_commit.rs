@@ -2,11 +2,9 @@
 //! alone; a failing operation leaves nothing and does not affect the others; several stores on
 //! one file (as several processes) see each other's writes and lose nothing.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{key, start_request, step, TempDir};
+use crate::common::{key, start_request, step, TempDir};
 use keiro_journal::store::AppendOutcome;
 use keiro_journal::Fence;
 use keiro_sqlite::{Config, SqliteStore};
@@ -119,34 +117,6 @@ async fn concurrent_appends_share_a_commit_and_each_gets_its_own_answer(
         .collect();
     assert_eq!(names.len(), 33, "{names:?}");
     assert!(!names.iter().any(|n| n == "stale" || n == "huge"));
-    Ok(())
-}
-
-#[tokio::test]
-async fn a_batch_through_journal_append_batch_answers_in_order(
-) -> Result<(), Box<dyn std::error::Error>> {
-    let (_dir, store) = common::store("gc-batch");
-    let k = key("a");
-    store
-        .instance_start(&start_request("a", json!(null)))
-        .await?;
-    let appends = vec![
-        step(&k, "one", json!(1), None),
-        step(&k, "one", json!(2), None),
-        step(&key("nobody"), "one", json!(1), None),
-        step(&k, "nul", json!("a\u{0}b"), None),
-        step(&k, "two", json!(2), None),
-    ];
-    let answers = store.journal_append_batch(&appends).await;
-    assert_eq!(answers[0].as_ref().ok(), Some(&AppendOutcome::Appended));
-    assert_eq!(
-        answers[1].as_ref().ok(),
-        Some(&AppendOutcome::AlreadyPresent(json!(1)))
-    );
-    assert!(answers[2].as_ref().unwrap_err().is_not_found());
-    assert!(answers[3].as_ref().unwrap_err().is_value_refused());
-    assert_eq!(answers[4].as_ref().ok(), Some(&AppendOutcome::Appended));
-    assert_eq!(store.journal_load(&k, 0).await?.len(), 2);
     Ok(())
 }
 

@@ -1,8 +1,6 @@
 //! Opening a file: what is refused with which error, what is set and checked, migrations.
 
-mod common;
-
-use common::{start_request, TempDir};
+use crate::common::{start_request, TempDir};
 use keiro_sqlite::{Config, Error, SqliteStore, Synchronous, SCHEMA_VERSION};
 use rusqlite::Connection;
 use serde_json::json;
@@ -90,7 +88,10 @@ async fn a_read_only_file_is_refused_and_its_data_kept() -> Result<(), Box<dyn s
     permissions.set_readonly(false);
     std::fs::set_permissions(&path, permissions)?;
     let store = SqliteStore::open(&path, Config::default())?;
-    assert!(store.instance_get(&common::key("a")).await?.is_some());
+    assert!(store
+        .instance_get(&crate::common::key("a"))
+        .await?
+        .is_some());
     Ok(())
 }
 
