@@ -369,7 +369,7 @@ const DUE: &str = "reading due schedules";
 /// the earliest instant any schedule is due (`greatest` ignores a missing retry). A row backed
 /// off past the clock is left out. The lateral subquery keeps one row even when nothing is due.
 /// The outer `ORDER BY` gives the rows back next tick first: the subquery's order does not
-/// survive the joins around it (the contract suite saw them come back in reverse).
+/// survive the joins around it.
 const SCHEDULES_DUE: &str = concat!(
     "WITH c AS (SELECT coalesce($1::timestamptz, now()) AS clock) ",
     "SELECT c.clock, ",

@@ -187,6 +187,9 @@ async fn the_store_answers_through_its_traits_as_through_its_methods() {
     assert_eq!(journal_store.journal_history(&key).await.unwrap().len(), 1);
 }
 
+/// SQLite's own tie order, not a contract rule: the store contract promises no order among
+/// tasks equal in priority, availability and creation (PostgreSQL leaves it to the plan). This
+/// pins what this store does so a change to it is a decision, not an accident.
 #[tokio::test]
 async fn tasks_armed_at_one_instant_are_claimed_in_the_order_they_were_written() {
     let (_dir, store) = pinned("r-same-instant");
