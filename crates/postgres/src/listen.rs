@@ -431,7 +431,8 @@ impl Notifier for PgStore {
     /// Wakes when `key` closes (a `done:<name>/<id>` payload, sent by migration 0016's trigger
     /// when an awaited instance closes) or when the listener (re)connects. Every waiter of
     /// this store shares its one listener connection; a notification wakes only the waiters of
-    /// its instance. The first wait marks the instance awaited (one UPDATE of its row), so that
+    /// its instance. The first wait marks the instance awaited (one UPDATE of its row, sent with
+    /// the marks of the waiters that start at the same moment through the awaited lane), so that
     /// its close notifies; it returns [`WakeReason::Notified`] at once when the instance is
     /// already closed, and falls back to the plain fallback when the mark fails (it is tried
     /// again at the next wait).
@@ -463,7 +464,11 @@ impl WakeSource for ClosedSubscription {
         if let Some(store) = self.store.upgrade() {
             store.listener_start();
             if !self.marked {
-                match crate::ops::instance::instance_mark_awaited(store.db(), &self.key).await {
+                match store
+                    .lanes()
+                    .instance_mark_awaited(store.db(), &self.key)
+                    .await
+                {
                     Ok(true) => self.marked = true,
                     // Closed already (or gone): nothing will notify; read now.
                     Ok(false) => return WakeReason::Notified,

@@ -286,6 +286,15 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
             ("append", batches.appends)
         )
     );
+    if via_worker.is_some() {
+        println!(
+            "{}",
+            super::group_commit_line(
+                ("result read", batches.reads),
+                ("awaited mark", batches.awaited_marks)
+            )
+        );
+    }
     println!(
         "bench: start-to-output latency p50 {:.2} ms, p99 {:.2} ms (rows: p50 {:.2} ms, p99 {:.2} \
          ms); resident memory {rss_mb:.1} MiB (peak {rss_peak_mb:.1} MiB)",

@@ -35,7 +35,7 @@ impl JournalStore for PgStore {
     async fn instance_get(&self, key: &InstanceKey) -> Result<Option<Instance>> {
         traced(
             store_span!("instance_get", key = key),
-            op::instance::instance_get(self.db(), key),
+            self.lanes().instance_get(self.db(), key),
         )
         .await
     }

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use keiro_journal::store::{Append, AppendOutcome, ClosingOutcome, Park, ParkOutcome, Result};
 use keiro_journal::{
-    batch::BatchLimits, store::RemoteArm, store::RemoteArmOutcome, store::StartRequest, Started,
+    batch::BatchLimits, store::RemoteArm, store::RemoteArmOutcome, store::StartRequest, Instance,
+    InstanceKey, Started,
 };
 use keiro_lease::StartClaim;
 
@@ -15,8 +16,10 @@ use crate::db::Db;
 use crate::ops::lease::StartClaimed;
 
 mod append;
+mod awaited;
 mod lane;
 mod park;
+mod read;
 mod start;
 mod start_claimed;
 
@@ -34,6 +37,10 @@ pub struct BatchStats {
     pub direct_starts: LaneStats,
     /// Parks with their remote dispatches (`keiro_instances_park_dispatch`).
     pub parks: LaneStats,
+    /// Reads of instance rows (`instance_get`, result waiters above all).
+    pub reads: LaneStats,
+    /// Result waiters' marks of their instances as awaited.
+    pub awaited_marks: LaneStats,
 }
 
 impl BatchStats {
@@ -45,6 +52,8 @@ impl BatchStats {
             starts: self.starts.since(&earlier.starts),
             direct_starts: self.direct_starts.since(&earlier.direct_starts),
             parks: self.parks.since(&earlier.parks),
+            reads: self.reads.since(&earlier.reads),
+            awaited_marks: self.awaited_marks.since(&earlier.awaited_marks),
         }
     }
 }
@@ -59,6 +68,10 @@ pub(crate) struct Lanes {
     starts: Lane<StartRequest>,
     /// Direct starts, leased to their callers (`keiro_instances_start_claimed`).
     direct_starts: Lane<StartClaimed>,
+    /// Reads of instance rows.
+    reads: Lane<read::ReadRequest>,
+    /// Result waiters' awaited marks.
+    awaited_marks: Lane<awaited::MarkRequest>,
 }
 
 impl Lanes {
@@ -69,6 +82,8 @@ impl Lanes {
             appends: Lane::new(batching, limits),
             starts: Lane::new(batching, limits),
             direct_starts: Lane::new(batching, limits),
+            reads: Lane::new(batching, limits),
+            awaited_marks: Lane::new(batching, limits),
         }
     }
 
@@ -84,6 +99,8 @@ impl Lanes {
             starts: self.starts.stats(),
             direct_starts: self.direct_starts.stats(),
             parks: self.parks.stats(),
+            reads: self.reads.stats(),
+            awaited_marks: self.awaited_marks.stats(),
         }
     }
 
@@ -156,5 +173,26 @@ impl Lanes {
         arms: &[RemoteArm],
     ) -> Result<(ParkOutcome, Vec<RemoteArmOutcome>)> {
         park::instance_park_dispatch(&self.parks, db, park, arms).await
+    }
+
+    /// `instance_get` through the read lane.
+    pub(crate) async fn instance_get(
+        &self,
+        db: &Arc<Db>,
+        key: &InstanceKey,
+    ) -> Result<Option<Instance>> {
+        self.reads.call(db, read::ReadRequest(key.clone())).await
+    }
+
+    /// A result waiter's mark of `key` as awaited, through the awaited lane: `false` when the
+    /// instance is no longer live.
+    pub(crate) async fn instance_mark_awaited(
+        &self,
+        db: &Arc<Db>,
+        key: &InstanceKey,
+    ) -> Result<bool> {
+        self.awaited_marks
+            .call(db, awaited::MarkRequest(key.clone()))
+            .await
     }
 }

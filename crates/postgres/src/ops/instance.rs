@@ -26,7 +26,7 @@ const SETTLE_LEFTOVERS: &str = "settling a completed run's leftovers";
 pub(crate) const CANCEL: &str = "cancelling an instance";
 const REQUEUE: &str = "requeueing an instance";
 const RETRY: &str = "starting a fix-and-replay";
-const MARK_AWAITED: &str = "marking an instance awaited";
+pub(crate) const MARK_AWAITED: &str = "marking an instance awaited";
 
 pub(crate) const INSTANCE_START: &str = concat!(
     "SELECT s.created, ",
@@ -356,6 +356,37 @@ pub(crate) async fn instance_get(db: &Db, key: &InstanceKey) -> Result<Option<In
     rows.first().map(|row| row::instance(row, GET)).transpose()
 }
 
+const INSTANCES_GET: &str = concat!(
+    "SELECT r.n::int AS n, w.workflow_name IS NOT NULL AS found, ",
+    instance_columns!("w."),
+    " FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS r(name, id, n) ",
+    "LEFT JOIN workflows w ON w.workflow_name = r.name AND w.workflow_id = r.id"
+);
+
+/// The rows of several callers' instances in one statement: an answer per key, in the order
+/// given (`None` for an instance that does not exist).
+pub(crate) async fn instances_get(
+    db: &Db,
+    keys: &[&InstanceKey],
+) -> Result<Vec<Option<Result<Option<Instance>>>>> {
+    let (names, ids) = key_arrays(keys);
+    let rows = db.query(GET, INSTANCES_GET, &[&names, &ids]).await?;
+    Ok(in_batch_order(&rows, keys.len(), GET, "n", |row, _| {
+        Some(match column::<bool>(row, "found", GET) {
+            Ok(true) => row::instance(row, GET).map(Some),
+            Ok(false) => Ok(None),
+            Err(error) => Err(error),
+        })
+    }))
+}
+
+/// The names and the ids of `keys`, as the arrays a batch statement takes.
+fn key_arrays<'a>(keys: &[&'a InstanceKey]) -> (Vec<&'a str>, Vec<&'a str>) {
+    keys.iter()
+        .map(|key| (key.name.as_str(), key.id.as_str()))
+        .unzip()
+}
+
 // Marks an instance awaited, so it notifies when it closes: only marked instances notify, since
 // a NOTIFY on every completion serializes completions on the WAL flush. A result waiter marks
 // its instance once, when its first wait starts; the mark and a close serialize on the row
@@ -390,4 +421,61 @@ pub(crate) async fn instance_mark_awaited(db: &Db, key: &InstanceKey) -> Result<
         )
         .await?;
     Ok(row::count(&row, "marked", MARK_AWAITED)? > 0)
+}
+
+// Several waiters' marks in one statement, each as `INSTANCE_MARK_AWAITED` would make it. Rows
+// another transaction holds are skipped (so the batch never waits for a lock, and never
+// deadlocks, whatever order it meets rows in): such a request answers `held` and is sent alone
+// afterwards, where it waits for the lock as a lone mark does. `gone` is a row that is not
+// live (closed, or never started). The runnable rows marked are announced again, as a lone
+// mark announces its own.
+const INSTANCES_MARK_AWAITED: &str = "WITH r AS ( \
+         SELECT name, id, n::int AS n \
+         FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS r(name, id, n)), \
+     locked AS ( \
+         SELECT w.workflow_name, w.workflow_id FROM workflows w \
+         WHERE (w.workflow_name, w.workflow_id) IN (SELECT name, id FROM r) \
+           AND w.status IN ('running', 'suspended') \
+         FOR UPDATE SKIP LOCKED), \
+     marked AS ( \
+         UPDATE workflows w SET awaited = true FROM locked l \
+         WHERE w.workflow_name = l.workflow_name AND w.workflow_id = l.workflow_id \
+           AND w.status IN ('running', 'suspended') \
+         RETURNING w.workflow_name, w.workflow_id, w.status) \
+     SELECT r.n, \
+            CASE WHEN m.workflow_id IS NOT NULL THEN 'marked' \
+                 WHEN EXISTS (SELECT 1 FROM workflows w \
+                              WHERE w.workflow_name = r.name AND w.workflow_id = r.id \
+                                AND w.status IN ('running', 'suspended')) THEN 'held' \
+                 ELSE 'gone' END AS outcome, \
+            CASE WHEN m.status = 'running' \
+                 THEN keiro_notify_wake(m.workflow_name, m.workflow_id)::text END AS announced \
+     FROM r LEFT JOIN marked m ON m.workflow_name = r.name AND m.workflow_id = r.id";
+
+/// Marks several waiters' instances awaited in one statement: an answer per key, in the order
+/// given (`true` marked, `false` no longer live), `None` for a row another transaction held,
+/// which the caller sends alone.
+pub(crate) async fn instances_mark_awaited(
+    db: &Db,
+    keys: &[&InstanceKey],
+) -> Result<Vec<Option<Result<bool>>>> {
+    let (names, ids) = key_arrays(keys);
+    let rows = db
+        .query(MARK_AWAITED, INSTANCES_MARK_AWAITED, &[&names, &ids])
+        .await?;
+    Ok(in_batch_order(
+        &rows,
+        keys.len(),
+        MARK_AWAITED,
+        "n",
+        |row, _| match column::<String>(row, "outcome", MARK_AWAITED) {
+            Ok(outcome) => match outcome.as_str() {
+                "marked" => Some(Ok(true)),
+                "gone" => Some(Ok(false)),
+                "held" => None,
+                other => Some(Err(unknown_outcome(MARK_AWAITED, other))),
+            },
+            Err(error) => Some(Err(error)),
+        },
+    ))
 }

@@ -160,3 +160,127 @@ async fn marking_a_runnable_instance_awaited_announces_it_again() -> TestResult 
     );
     Ok(())
 }
+
+/// Result waiters that start at about the same moment share statements: the reads of their
+/// runs' rows and the marks that make those runs notify when they close (issue 36, start then
+/// await). A run already closed answers its waiter at once; a row another transaction holds is
+/// marked once that transaction ends, and the others are not kept waiting for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_result_waiters_share_their_reads_and_marks() -> TestResult {
+    const WAITERS: usize = 64;
+    let db = TestDb::new().await;
+    let store = db.store();
+    let keys = |prefix: &str| -> Vec<_> {
+        (0..WAITERS)
+            .map(|i| key("awaited", &format!("{prefix}{i:02}")))
+            .collect()
+    };
+    let (warm, measured) = (keys("w"), keys("m"));
+    let starts: Vec<_> = warm
+        .iter()
+        .chain(&measured)
+        .map(|k| start(k, json!(null)))
+        .collect();
+    for outcome in store.instances_start(&starts).await {
+        assert!(outcome?.created);
+    }
+    // The listener connects first, so its own statements are not counted below.
+    let mut first = store.subscribe_closed(&key("awaited", "nobody"));
+    first.wait(Duration::from_millis(10)).await;
+
+    // Every key read at once, by a task each; the first round prepares the statements.
+    for (round, keys) in [&warm, &measured].into_iter().enumerate() {
+        let before = store.round_trips();
+        let mut tasks = tokio::task::JoinSet::new();
+        for k in keys.clone() {
+            let store = store.clone();
+            tasks.spawn(async move { store.instance_get(&k).await });
+        }
+        while let Some(read) = tasks.join_next().await {
+            assert!(read??.is_some());
+        }
+        let sent = store.round_trips() - before;
+        if round == 1 {
+            assert!(
+                sent < u64::try_from(WAITERS / 2)?,
+                "{WAITERS} concurrent reads took {sent} round trips"
+            );
+        }
+    }
+
+    // Every key's waiter marks it at once; in the measured round one run is closed already
+    // and one row is held by another transaction.
+    let closed = measured[0].clone();
+    store
+        .journal_append(&Append::external(
+            closed.clone(),
+            Event::WorkflowCompleted { output: json!(0) },
+        ))
+        .await?;
+    let held = measured[1].clone();
+    let holder = crate::common::sql(&store).await?;
+    holder.batch_execute("BEGIN").await?;
+    holder
+        .execute(
+            "SELECT 1 FROM workflows WHERE workflow_name = $1 AND workflow_id = $2 FOR UPDATE",
+            &[&held.name.as_str(), &held.id.as_str()],
+        )
+        .await?;
+    for (round, keys) in [&warm, &measured].into_iter().enumerate() {
+        let before = store.round_trips();
+        let mut tasks = tokio::task::JoinSet::new();
+        for k in keys.iter().filter(|k| **k != held).cloned() {
+            let store = store.clone();
+            tasks.spawn(async move {
+                let mut wait = store.subscribe_closed(&k);
+                (k, wait.wait(Duration::from_millis(50)).await)
+            });
+        }
+        while let Some(joined) = tasks.join_next().await {
+            let (k, reason) = joined?;
+            if k == closed {
+                assert_eq!(reason, WakeReason::Notified, "a closed run answers at once");
+            }
+        }
+        let sent = store.round_trips() - before;
+        if round == 1 {
+            assert!(
+                sent < u64::try_from(WAITERS / 2)?,
+                "{WAITERS} concurrent marks took {sent} round trips"
+            );
+        }
+    }
+    let awaited = |k: &keiro_journal::InstanceKey| {
+        let (store, k) = (store.clone(), k.clone());
+        async move {
+            let client = crate::common::sql(&store).await?;
+            let row = client
+                .query_one(
+                    "SELECT awaited FROM workflows WHERE workflow_name = $1 AND workflow_id = $2",
+                    &[&k.name.as_str(), &k.id.as_str()],
+                )
+                .await?;
+            Ok::<bool, Box<dyn std::error::Error + Send + Sync>>(row.get(0))
+        }
+    };
+    for k in warm.iter().chain(&measured[2..]) {
+        assert!(awaited(k).await?, "{k} is marked");
+    }
+    assert!(!awaited(&closed).await?, "a closed run is not marked");
+
+    // The held row's waiter marks it once the holder lets go.
+    let waiter = {
+        let store = store.clone();
+        let held = held.clone();
+        tokio::spawn(async move {
+            let mut wait = store.subscribe_closed(&held);
+            wait.wait(Duration::from_millis(50)).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!awaited(&held).await?, "not marked while the row is held");
+    holder.batch_execute("COMMIT").await?;
+    waiter.await?;
+    assert!(awaited(&held).await?, "marked once the row is free");
+    Ok(())
+}
