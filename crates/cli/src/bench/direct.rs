@@ -281,18 +281,19 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     }
     println!(
         "{}",
-        super::group_commit_line(
+        super::group_commit_line(&[
             ("direct start", batches.direct_starts),
             ("append", batches.appends)
-        )
+        ])
     );
     if via_worker.is_some() {
         println!(
             "{}",
-            super::group_commit_line(
+            super::group_commit_line(&[
+                ("start", batches.starts),
                 ("result read", batches.reads),
                 ("awaited mark", batches.awaited_marks)
-            )
+            ])
         );
     }
     println!(
@@ -304,8 +305,13 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         db_p99.unwrap_or(0.0)
     );
     println!(
-        "bench: worker beside: {} resumed, {} completed, {} transient errors",
-        summary.resumed, summary.completed, summary.transient_errors
+        "bench: worker beside: {} discovered, {} resumed, {} completed, {} lease skips, {} \
+         transient errors",
+        summary.discovered,
+        summary.resumed,
+        summary.completed,
+        summary.lease_skipped,
+        summary.transient_errors
     );
     let outcome = if completed == workflows {
         Outcome::Success

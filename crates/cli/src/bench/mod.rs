@@ -333,20 +333,24 @@ fn mean_len(mean: Option<f64>) -> String {
     )
 }
 
-/// The report line of two group-commit lanes, each named: its batches, the calls they
-/// carried, and calls per batch.
-fn group_commit_line(first: (&str, LaneStats), second: (&str, LaneStats)) -> String {
-    let ((first_name, first), (second_name, second)) = (first, second);
-    format!(
-        "bench: group commit: {} {first_name} batches carried {} calls ({}), {} {second_name} \
-         batches {} ({})",
-        first.batches,
-        first.requests,
-        mean_len(first.mean_len()),
-        second.batches,
-        second.requests,
-        mean_len(second.mean_len())
-    )
+/// The report line of group-commit lanes, each named: its batches, the calls they carried,
+/// and calls per batch. The first lane's figures are spelled out; the others follow its shape.
+fn group_commit_line(lanes: &[(&str, LaneStats)]) -> String {
+    let parts: Vec<String> = lanes
+        .iter()
+        .enumerate()
+        .map(|(i, (name, lane))| {
+            let carried = if i == 0 { " carried" } else { "" };
+            let calls = if i == 0 { " calls" } else { "" };
+            format!(
+                "{} {name} batches{carried} {}{calls} ({})",
+                lane.batches,
+                lane.requests,
+                mean_len(lane.mean_len())
+            )
+        })
+        .collect();
+    format!("bench: group commit: {}", parts.join(", "))
 }
 
 /// The id of instance `i` of a bench: zero-padded, so ids sort like numbers.

@@ -325,7 +325,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     if args.batching {
         println!(
             "{}",
-            super::group_commit_line(("append", batches.appends), ("start", batches.starts))
+            super::group_commit_line(&[("append", batches.appends), ("start", batches.starts)])
         );
     }
     println!(
