@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
-use crate::common::{key, start, step, TempDir};
+use crate::common::{key, remote_arm, start, step, TempDir};
 use keiro_journal::store::{
-    remote_step_id, Append, AppendOutcome, Park, RemoteArm, RemoteArmOutcome, TimerArm, TimerDue,
+    Append, AppendOutcome, Park, RemoteArm, RemoteArmOutcome, TimerArm, TimerDue,
 };
-use keiro_journal::{Backoff, Event, InstanceKey, TimerKind, REDISPATCH_MAX_DEFAULT};
+use keiro_journal::{Event, InstanceKey, TimerKind};
 use keiro_resume::{Notifier, WakeFilter, WakeReason, WakeSource};
 use keiro_sqlite::{Config, SqliteStore};
 use serde_json::json;
@@ -77,25 +77,6 @@ fn sleep_arm(key: &InstanceKey, step: &str) -> TimerArm {
         step: step.to_owned(),
         due: TimerDue::At(time::OffsetDateTime::now_utc() + time::Duration::hours(1)),
         kind: TimerKind::Sleep,
-    }
-}
-
-fn remote_arm(key: &InstanceKey, step: &str) -> RemoteArm {
-    RemoteArm {
-        step_id: remote_step_id(key, 0, step),
-        key: key.clone(),
-        generation: 0,
-        step: step.to_owned(),
-        journal_step: format!("remote:{step}"),
-        group: step.to_owned(),
-        input: json!({ "step": step }),
-        priority: 0,
-        traceparent: None,
-        max_attempts: 1,
-        backoff: Backoff::default(),
-        redispatch_after: None,
-        redispatch_max: REDISPATCH_MAX_DEFAULT,
-        fence: None,
     }
 }
 

@@ -7,11 +7,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::{claim, pinned, start, T0};
+use crate::common::{claim, pinned, remote_arm, start, T0};
 use keiro_journal::store::{AppendOutcome, Park, ParkOutcome};
 use keiro_journal::{
-    store::remote_step_id, store::RemoteArm, store::RemoteArmOutcome, Backoff, Fence, InstanceKey,
-    JournalStore, Status, REDISPATCH_MAX_DEFAULT,
+    store::RemoteArm, store::RemoteArmOutcome, Fence, InstanceKey, JournalStore, Status,
 };
 use keiro_lease::LeaseStore;
 use keiro_remote::{ClaimRequest, Transport};
@@ -21,25 +20,6 @@ use serde_json::{json, Value};
 use time::Duration as Span;
 
 const TEN_MINUTES: Duration = Duration::from_secs(600);
-
-fn arm(key: &InstanceKey, step: &str) -> RemoteArm {
-    RemoteArm {
-        step_id: remote_step_id(key, 0, step),
-        key: key.clone(),
-        generation: 0,
-        step: step.to_owned(),
-        journal_step: format!("remote:{step}"),
-        group: step.to_owned(),
-        input: json!({ "step": step }),
-        priority: 0,
-        traceparent: None,
-        max_attempts: 1,
-        backoff: Backoff::default(),
-        redispatch_after: None,
-        redispatch_max: REDISPATCH_MAX_DEFAULT,
-        fence: None,
-    }
-}
 
 /// `(step, status, attempts, dispatches, claimed_by, last_error, traceparent, input, priority,
 /// max_attempts)` of `key`'s tasks, oldest first.
@@ -100,7 +80,7 @@ async fn park_dispatch_writes_the_tasks_and_the_park_in_one_transaction() {
         .map(|step| RemoteArm {
             fence: Some(fence.clone()),
             redispatch_after: Some(TEN_MINUTES),
-            ..arm(&key, step)
+            ..remote_arm(&key, step)
         })
         .collect();
     let park = Park {
@@ -138,7 +118,7 @@ async fn park_dispatch_writes_the_tasks_and_the_park_in_one_transaction() {
     };
     let stale_arms = [RemoteArm {
         fence: Some(stale.clone()),
-        ..arm(&other, "one")
+        ..remote_arm(&other, "one")
     }];
     let stale_park = Park {
         key: other.clone(),
@@ -181,7 +161,10 @@ async fn the_store_answers_through_its_traits_as_through_its_methods() {
         keiro_journal::SignalSendOutcome::Buffered
     );
     assert!(matches!(
-        journal_store.remote_arm(&arm(&key, "r")).await.unwrap(),
+        journal_store
+            .remote_arm(&remote_arm(&key, "r"))
+            .await
+            .unwrap(),
         RemoteArmOutcome::Dispatched { .. }
     ));
     assert_eq!(journal_store.journal_history(&key).await.unwrap().len(), 1);
@@ -198,7 +181,7 @@ async fn tasks_armed_at_one_instant_are_claimed_in_the_order_they_were_written()
     for step in ["b-first", "a-second"] {
         let in_labels = RemoteArm {
             group: "labels".into(),
-            ..arm(&key, step)
+            ..remote_arm(&key, step)
         };
         store.remote_arm(&in_labels).await.unwrap();
     }

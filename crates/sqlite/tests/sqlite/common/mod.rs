@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use keiro_journal::store::Append;
+use keiro_journal::store::{remote_step_id, Append, RemoteArm};
 use keiro_journal::{store::StartRequest, Event, Fence, InstanceKey, StepKind};
 use keiro_sqlite::{Config, SqliteStore};
 use serde_json::Value;
@@ -140,4 +140,24 @@ pub fn step_names(path: &Path, key: &InstanceKey) -> Vec<String> {
         .expect("reads")
         .collect::<Result<_, _>>()
         .expect("reads")
+}
+
+/// A remote step `step` of `key`'s generation 0, in group `step`, tried once, unfenced.
+pub fn remote_arm(key: &InstanceKey, step: &str) -> RemoteArm {
+    RemoteArm {
+        step_id: remote_step_id(key, 0, step),
+        key: key.clone(),
+        generation: 0,
+        step: step.to_owned(),
+        journal_step: format!("remote:{step}"),
+        group: step.to_owned(),
+        input: serde_json::json!({ "step": step }),
+        priority: 0,
+        traceparent: None,
+        max_attempts: 1,
+        backoff: keiro_journal::Backoff::default(),
+        redispatch_after: None,
+        redispatch_max: keiro_journal::REDISPATCH_MAX_DEFAULT,
+        fence: None,
+    }
 }
