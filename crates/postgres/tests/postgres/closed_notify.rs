@@ -217,7 +217,7 @@ async fn concurrent_result_waiters_share_their_reads_and_marks() -> TestResult {
             Event::WorkflowCompleted { output: json!(0) },
         ))
         .await?;
-    let held = measured[1].clone();
+    let held = measured[WAITERS / 2].clone();
     let holder = crate::common::sql(&store).await?;
     holder.batch_execute("BEGIN").await?;
     holder
@@ -226,22 +226,35 @@ async fn concurrent_result_waiters_share_their_reads_and_marks() -> TestResult {
             &[&held.name.as_str(), &held.id.as_str()],
         )
         .await?;
+    // The held row's waiter is among the others, in the middle of the list: its mark waits
+    // for the holder, theirs must not.
+    let mut held_waiter = None;
     for (round, keys) in [&warm, &measured].into_iter().enumerate() {
         let before = store.round_trips();
         let mut tasks = tokio::task::JoinSet::new();
-        for k in keys.iter().filter(|k| **k != held).cloned() {
-            let store = store.clone();
-            tasks.spawn(async move {
+        for k in keys.iter().cloned() {
+            let (store, is_held) = (store.clone(), k == held);
+            let waiting = async move {
                 let mut wait = store.subscribe_closed(&k);
                 (k, wait.wait(Duration::from_millis(50)).await)
-            });
-        }
-        while let Some(joined) = tasks.join_next().await {
-            let (k, reason) = joined?;
-            if k == closed {
-                assert_eq!(reason, WakeReason::Notified, "a closed run answers at once");
+            };
+            if is_held {
+                held_waiter = Some(tokio::spawn(waiting));
+            } else {
+                tasks.spawn(waiting);
             }
         }
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while let Some(joined) = tasks.join_next().await {
+                let (k, reason) = joined?;
+                if k == closed {
+                    assert_eq!(reason, WakeReason::Notified, "a closed run answers at once");
+                }
+            }
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+        })
+        .await
+        .map_err(|_| "the marks waited for a row another transaction holds")??;
         let sent = store.round_trips() - before;
         if round == 1 {
             assert!(
@@ -263,24 +276,17 @@ async fn concurrent_result_waiters_share_their_reads_and_marks() -> TestResult {
             Ok::<bool, Box<dyn std::error::Error + Send + Sync>>(row.get(0))
         }
     };
-    for k in warm.iter().chain(&measured[2..]) {
+    for k in warm.iter().chain(&measured[1..]).filter(|k| **k != held) {
         assert!(awaited(k).await?, "{k} is marked");
     }
     assert!(!awaited(&closed).await?, "a closed run is not marked");
 
     // The held row's waiter marks it once the holder lets go.
-    let waiter = {
-        let store = store.clone();
-        let held = held.clone();
-        tokio::spawn(async move {
-            let mut wait = store.subscribe_closed(&held);
-            wait.wait(Duration::from_millis(50)).await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let held_waiter = held_waiter.ok_or("the held row had a waiter")?;
+    assert!(!held_waiter.is_finished(), "its mark waits for the holder");
     assert!(!awaited(&held).await?, "not marked while the row is held");
     holder.batch_execute("COMMIT").await?;
-    waiter.await?;
+    held_waiter.await?;
     assert!(awaited(&held).await?, "marked once the row is free");
     Ok(())
 }
