@@ -57,6 +57,13 @@ mod retention;
 mod run;
 mod state;
 pub mod store;
+
+/// Queues: flow-control declarations and what a start on a queue asks (plain data).
+pub mod queue {
+    pub use crate::model::queue::{
+        DedupPolicy, Fairness, QueueError, QueueInfo, QueueRefusal, QueueSpec, QueueStart, Rate,
+    };
+}
 mod store_span;
 mod unwind;
 mod workflow;

@@ -201,6 +201,7 @@ impl Worker {
             input,
             parent: None,
             priority: 0,
+            queue: None,
         };
         let ttl = self.options.lease_ttl;
         // The lease is granted no earlier than this: the drive's first confirmation time.

@@ -211,6 +211,7 @@ impl Keiro {
                         input,
                         parent: None,
                         priority: 0,
+                        queue: None,
                     })
                 });
             match request {

@@ -85,6 +85,7 @@ impl Keiro {
             input,
             parent: None,
             priority: 0,
+            queue: None,
         };
         Ok(self
             .in_transaction(client)?

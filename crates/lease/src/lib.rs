@@ -46,9 +46,11 @@
 mod backoff;
 mod claim;
 mod crash;
+mod queue;
 mod store;
 
 pub use backoff::{crash_delay, CRASH_BACKOFF_DEFAULT, MAX_ATTEMPTS_DEFAULT};
 pub use claim::{classify_refusal, Claim, ClaimGate, ClaimOutcome, Refusal, StartClaim};
 pub use crash::{Crash, CrashOutcome, ResurrectOutcome};
+pub use queue::QueueStore;
 pub use store::LeaseStore;

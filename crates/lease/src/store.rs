@@ -51,6 +51,25 @@ pub trait LeaseStore: JournalStore {
         now: Option<OffsetDateTime>,
     ) -> Result<Vec<Claim>>;
 
+    /// Admits and claims up to `limit` waiting runs of the queues `queues` whose workflow
+    /// name is in `names`, for `owner` until `now + ttl`: the claim that enforces each queue's
+    /// limits (concurrency fleet-wide, per worker and per key; rate fleet-wide and per key),
+    /// its order (priority when on, then age) and its fairness across keys, in one
+    /// transaction. Paused queues admit nothing. Each claim carries its row and journal as in
+    /// [`instances_claim_batch`](Self::instances_claim_batch). A run keeps its slot until it
+    /// ends, parks (when its queue releases slots on park), crashes, or its lease expires;
+    /// meanwhile [`instances_claim_batch`](Self::instances_claim_batch) may claim it again,
+    /// and never claims a run without one.
+    async fn queue_admit(
+        &self,
+        queues: &[String],
+        names: &[WorkflowName],
+        owner: &str,
+        ttl: Duration,
+        limit: i64,
+        now: Option<OffsetDateTime>,
+    ) -> Result<Vec<Claim>>;
+
     /// Starts `request`'s instance already leased to `owner` until `now + ttl`, for a caller
     /// that drives the run itself at once (direct execution): no worker is notified, and no
     /// claim round trip follows. Idempotent by key like

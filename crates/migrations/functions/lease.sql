@@ -33,6 +33,8 @@ BEGIN
       AND w.status IN ('running', 'suspended')
       AND (w.lease_expires_at IS NULL OR w.lease_expires_at < clock)
       AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= clock)
+      -- A run on a queue is claimed here only while it holds its slot (queue.sql).
+      AND (w.queue IS NULL OR (w.queue_admitted AND w.lease_expires_at IS NULL))
     RETURNING w.* INTO instance;
     granted := FOUND;
     IF granted THEN
@@ -113,6 +115,8 @@ BEGIN
            OR (w.status = 'suspended' AND w.wake_after IS NOT NULL AND w.wake_after <= clock))
       AND (w.lease_expires_at IS NULL OR w.lease_expires_at < clock)
       AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= clock)
+      -- A run on a queue is claimed here only while it holds its slot (queue.sql).
+      AND (w.queue IS NULL OR (w.queue_admitted AND w.lease_expires_at IS NULL))
     RETURNING w.* INTO instance;
     granted := FOUND;
     IF granted THEN
@@ -247,6 +251,7 @@ BEGIN
           AND w.workflow_name = ANY (p_names)
           AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
           AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= v_now)
+          AND (w.queue IS NULL OR (w.queue_admitted AND w.lease_expires_at IS NULL))
         ORDER BY w.priority DESC, w.created_at, w.workflow_name, w.workflow_id
         LIMIT greatest(p_limit, 0)
         FOR UPDATE SKIP LOCKED
@@ -257,6 +262,7 @@ BEGIN
           AND w.workflow_name = ANY (p_names)
           AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
           AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= v_now)
+          AND (w.queue IS NULL OR (w.queue_admitted AND w.lease_expires_at IS NULL))
         ORDER BY w.priority DESC, w.created_at, w.workflow_name, w.workflow_id
         LIMIT greatest(p_limit, 0)
         FOR UPDATE SKIP LOCKED
@@ -351,6 +357,9 @@ BEGIN
             last_error = p_error,
             next_attempt_at = retry_at,
             lease_owner = NULL, lease_expires_at = NULL,
+            -- A crashed run on a queue gives its slot back; it is admitted again after its
+            -- backoff, like any waiting run.
+            queue_admitted = false,
             updated_at = now()
         WHERE w.workflow_name = p_name AND w.workflow_id = p_id;
         outcome := 'retrying';

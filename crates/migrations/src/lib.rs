@@ -157,6 +157,12 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../numbered/0019_delivery_backlog.sql"),
         shipped: None,
     },
+    Migration {
+        version: 20,
+        name: "queues",
+        sql: include_str!("../numbered/0020_queues.sql"),
+        shipped: None,
+    },
 ];
 
 /// One function file of `functions/`: the definitions of one group of functions (and the
@@ -213,6 +219,10 @@ pub const FUNCTION_FILES: &[FunctionFile] = &[
     FunctionFile {
         name: "remote",
         sql: include_str!("../functions/remote.sql"),
+    },
+    FunctionFile {
+        name: "queue",
+        sql: include_str!("../functions/queue.sql"),
     },
 ];
 

@@ -68,7 +68,7 @@ use crate::PgStore;
 /// let tx = client.transaction().await?;
 /// tx.execute("INSERT INTO orders (id) VALUES ($1)", &[&"order-42"]).await?;
 /// let key = InstanceKey::parse("order", "order-42")?;
-/// let request = StartRequest { key, input: serde_json::json!({ "sku": 7 }), parent: None, priority: 0 };
+/// let request = StartRequest { key, input: serde_json::json!({ "sku": 7 }), parent: None, priority: 0, queue: None };
 /// store.in_transaction(&tx).instance_start(&request).await?;
 /// tx.commit().await?; // the order row and the instance, or neither
 /// # Ok(()) }

@@ -33,6 +33,8 @@ macro_rules! instance_columns {
             $source, "parent_name, ",
             $source, "parent_id, ",
             $source, "priority, ",
+            $source, "queue, ",
+            $source, "queue_key, ",
             $source, "created_at, ",
             $source, "updated_at, ",
             $source, "completed_at"
@@ -107,6 +109,8 @@ pub(crate) fn instance(row: &Row, operation: &'static str) -> Result<Instance, S
         wake_after: column(row, "wake_after", operation)?,
         parent,
         priority: column(row, "priority", operation)?,
+        queue: column(row, "queue", operation)?,
+        queue_key: column(row, "queue_key", operation)?,
         created_at: column(row, "created_at", operation)?,
         updated_at: column(row, "updated_at", operation)?,
         completed_at: column(row, "completed_at", operation)?,

@@ -71,7 +71,7 @@
 //!         input: serde_json::json!("ada"),
 //!         parent: None,
 //!         priority: 0,
-//!     })
+//!, queue: None })
 //!     .await?;
 //! assert!(started.created);
 //! # Ok(()) }

@@ -26,6 +26,8 @@ pub fn start(key: &InstanceKey, input: serde_json::Value) -> StartRequest {
         input,
         parent: None,
         priority: 0,
+          queue: None,
+  queue: None,
     }
 }
 

@@ -83,6 +83,7 @@ async fn the_direct_start_leases_the_instance_from_its_first_moment(h: Harness) 
         input: serde_json::json!(1),
         parent: None,
         priority: 0,
+        queue: None,
     };
     let ttl = Duration::from_secs(30);
     let StartClaim { created, claim } = h
@@ -190,6 +191,7 @@ async fn an_existing_instance_is_driven_only_under_a_claim_a_worker_could_make(
         input: serde_json::json!(0),
         parent: None,
         priority: 0,
+        queue: None,
     };
     h.keiro.start("sum", "parked", &0).await?;
     let ClaimOutcome::Acquired(parker) = h

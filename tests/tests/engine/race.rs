@@ -377,6 +377,7 @@ async fn signal_return_gives_signals_back_only_with_the_decision(h: Harness) -> 
             input: serde_json::Value::Null,
             parent: None,
             priority: 0,
+            queue: None,
         };
         store.instance_start(&request).await?;
     }

@@ -918,6 +918,7 @@ async fn a_batch_claim_goes_by_priority_then_age_across_free_expired_and_due_run
                 input: json!(null),
                 parent: None,
                 priority,
+                queue: None,
             })
             .await?;
     }

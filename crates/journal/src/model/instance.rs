@@ -105,6 +105,10 @@ pub struct Instance {
     pub parent: Option<InstanceKey>,
     /// Higher runs first among instances discovered together.
     pub priority: i32,
+    /// The queue the run was started on, if any.
+    pub queue: Option<String>,
+    /// The run's key on its queue, if any.
+    pub queue_key: Option<String>,
     /// When it was started.
     pub created_at: OffsetDateTime,
     /// Last change to the row.
@@ -124,6 +128,9 @@ pub struct StartRequest {
     pub parent: Option<InstanceKey>,
     /// Discovery priority; higher first. Defaults to 0.
     pub priority: i32,
+    /// The queue to start the run on, with its key, dedup id and delay; `None` for a run
+    /// any worker may claim at once.
+    pub queue: Option<crate::queue::QueueStart>,
 }
 
 /// The result of `start`.

@@ -4,7 +4,7 @@
 //! what the store keeps for wake sources ([`wake`]) and remote steps ([`remote`]), the
 //! journal and delivery bounds ([`budget`], [`delivery`]), what a store can keep
 //! ([`storable`]) and how payloads are encoded ([`payload`]), a step's retry policy
-//! ([`retry`]), the observers a run reports to ([`observe`]), the error a body sees
+//! ([`retry`]), the flow-control vocabulary of queues ([`queue`]), the observers a run reports to ([`observe`]), the error a body sees
 //! ([`error`]) and the error a store operation returns ([`store_error`]). Nothing here depends
 //! on a run, a context or the store contract.
 
@@ -16,6 +16,7 @@ pub(crate) mod id;
 pub(crate) mod instance;
 pub(crate) mod observe;
 pub(crate) mod payload;
+pub(crate) mod queue;
 pub(crate) mod remote;
 pub(crate) mod retry;
 pub(crate) mod storable;

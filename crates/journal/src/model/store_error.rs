@@ -90,6 +90,16 @@ pub enum Error {
         /// (schedule_backoff)", or the server's own message.
         problem: String,
     },
+    /// A queue operation was refused: an unknown queue, an option the queue does not take, or
+    /// a duplicate dedup id. Deterministic: nothing was written, and the same call is refused
+    /// again until the queue or the holder changes.
+    #[error("queue {queue:?}: {refusal}")]
+    QueueRefused {
+        /// The queue named.
+        queue: String,
+        /// Why.
+        refusal: crate::queue::QueueRefusal,
+    },
     /// The database refused the operation.
     #[error("{operation} failed")]
     Database {
@@ -127,6 +137,14 @@ impl Error {
     /// COMMITTED transaction goes through.
     pub fn is_isolation_refused(&self) -> bool {
         matches!(self, Self::IsolationRefused { .. })
+    }
+
+    /// A queue refused the operation.
+    pub fn queue_refusal(&self) -> Option<&crate::queue::QueueRefusal> {
+        match self {
+            Self::QueueRefused { refusal, .. } => Some(refusal),
+            _ => None,
+        }
     }
 
     /// The instance is missing.

@@ -90,6 +90,7 @@ pub async fn start<I: Serialize + ?Sized>(
         input,
         parent: None,
         priority: 0,
+        queue: None,
     };
     Ok(store.instance_start(&request).await?)
 }

@@ -85,6 +85,7 @@ pub async fn verify_replay(
             input: input.clone(),
             parent: None,
             priority: 0,
+            queue: None,
         })
         .await
         .map_err(|e| unreplayable(&e))?;

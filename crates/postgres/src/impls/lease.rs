@@ -1,4 +1,4 @@
-//! [`LeaseStore`] for [`PgStore`]: each method routes to its operation (`ops::lease`), or,
+//! [`LeaseStore`] and [`QueueStore`] for [`PgStore`]: each method routes to its operation (`ops::lease`), or,
 //! for a direct start, to the direct start lane, inside the method's store span.
 
 use std::time::Duration;
@@ -6,12 +6,15 @@ use std::time::Duration;
 use keiro_journal::store::Result;
 use keiro_journal::{span::traced, store_span};
 use keiro_journal::{store::StartRequest, Fence, InstanceKey, WorkflowName};
+use keiro_journal::queue::{QueueInfo, QueueSpec};
 use keiro_lease::{
-    Claim, ClaimOutcome, Crash, CrashOutcome, LeaseStore, ResurrectOutcome, StartClaim,
+    Claim, ClaimOutcome, Crash, CrashOutcome, LeaseStore, QueueStore, ResurrectOutcome,
+    StartClaim,
 };
 use time::OffsetDateTime;
 
 use crate::ops::lease::{self as op, StartClaimed};
+use crate::ops::queue;
 use crate::PgStore;
 
 #[async_trait::async_trait]
@@ -48,6 +51,23 @@ impl LeaseStore for PgStore {
         traced(
             span,
             op::instances_claim_batch(self.db(), names, owner, ttl, limit, now),
+        )
+        .await
+    }
+
+    async fn queue_admit(
+        &self,
+        queues: &[String],
+        names: &[WorkflowName],
+        owner: &str,
+        ttl: Duration,
+        limit: i64,
+        now: Option<OffsetDateTime>,
+    ) -> Result<Vec<Claim>> {
+        let span = store_span!("queue_admit");
+        traced(
+            span,
+            crate::ops::queue::queue_admit(self.db(), queues, names, owner, ttl, limit, now),
         )
         .await
     }
@@ -121,5 +141,32 @@ impl LeaseStore for PgStore {
     async fn instance_resurrect(&self, key: &InstanceKey) -> Result<ResurrectOutcome> {
         let span = store_span!("instance_resurrect", key = key);
         traced(span, op::instance_resurrect(self.db(), key)).await
+    }
+}
+
+#[async_trait::async_trait]
+impl QueueStore for PgStore {
+    async fn queue_declare(&self, spec: &QueueSpec) -> Result<()> {
+        let span = store_span!("queue_declare");
+        traced(span, queue::queue_declare(self.db(), spec)).await
+    }
+
+    async fn queue_set_paused(&self, name: &str, paused: bool) -> Result<bool> {
+        let span = store_span!("queue_set_paused");
+        traced(span, queue::queue_set_paused(self.db(), name, paused)).await
+    }
+
+    async fn queue_key_weight(&self, name: &str, key: &str, weight: i32) -> Result<bool> {
+        let span = store_span!("queue_key_weight");
+        traced(span, queue::queue_key_weight(self.db(), name, key, weight)).await
+    }
+
+    async fn queues_list(
+        &self,
+        only: Option<&str>,
+        now: Option<OffsetDateTime>,
+    ) -> Result<Vec<QueueInfo>> {
+        let span = store_span!("queues_list");
+        traced(span, queue::queues_list(self.db(), only, now)).await
     }
 }

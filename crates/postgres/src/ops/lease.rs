@@ -301,7 +301,7 @@ fn gate(row: &Row) -> Result<Option<ClaimGate>> {
 }
 
 /// The journal a granted claim returned as parallel arrays, put in `seq` order.
-fn claimed_journal(row: &Row, instance: &Instance) -> Result<Vec<JournalEntry>> {
+pub(crate) fn claimed_journal(row: &Row, instance: &Instance) -> Result<Vec<JournalEntry>> {
     let seqs: Option<Vec<i64>> = column(row, "journal_seq", CLAIM)?;
     let steps: Option<Vec<String>> = column(row, "journal_step", CLAIM)?;
     let kinds: Option<Vec<String>> = column(row, "journal_kind", CLAIM)?;
@@ -416,8 +416,9 @@ pub(crate) async fn instance_resurrect(db: &Db, key: &InstanceKey) -> Result<Res
 ///
 /// Public only so the plan test can `EXPLAIN` the exact statement the store runs.
 pub const INSTANCES_RUNNABLE: &str = "SELECT workflow_name, workflow_id FROM workflows \
-     WHERE status = 'running' \
-        OR (status = 'suspended' AND wake_after IS NOT NULL AND wake_after <= coalesce($1, now())) \
+     WHERE (status = 'running' \
+        OR (status = 'suspended' AND wake_after IS NOT NULL AND wake_after <= coalesce($1, now()))) \
+       AND (queue IS NULL OR queue_admitted) \
      ORDER BY priority DESC, created_at, workflow_name, workflow_id \
      LIMIT $2";
 

@@ -311,6 +311,7 @@ async fn fire(
             input: spec.input.clone(),
             parent: None,
             priority: 0,
+            queue: None,
         });
     }
     let fire = ScheduleFire {

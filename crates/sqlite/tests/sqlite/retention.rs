@@ -24,6 +24,7 @@ async fn start(store: &SqliteStore, id: &str, parent: Option<&str>) -> InstanceK
             input: Value::Null,
             parent: parent.map(k),
             priority: 0,
+            queue: None,
         })
         .await
         .expect("starts");

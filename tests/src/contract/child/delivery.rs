@@ -442,6 +442,7 @@ pub async fn a_spawn_adopts_an_existing_instance_and_a_closed_parent_refuses_qui
         input: json!("own input"),
         parent: None,
         priority: 3,
+        queue: None,
     };
     store.instance_start(&request).await?;
     append(

@@ -16,6 +16,7 @@ pub async fn start_is_idempotent_and_notifies_only_on_create(h: Harness) -> Test
         input: json!("other"),
         parent: None,
         priority: 9,
+        queue: None,
     };
     let started = store.instance_start(&again).await?;
     assert!(!started.created);
@@ -46,6 +47,7 @@ pub async fn many_starts_answer_in_order_and_a_started_child_names_its_parent(
         input,
         parent: Some(parent.clone()),
         priority: 1,
+        queue: None,
     };
     // One call: a repeat of an id in it converges on the first, a refused input fails alone.
     let answers = store

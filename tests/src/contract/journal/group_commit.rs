@@ -43,6 +43,7 @@ async fn started(h: &Harness, name: &str, id: &str) -> Result<InstanceKey, Store
             input: json!(id),
             parent: None,
             priority: 0,
+            queue: None,
         })
         .await?;
     Ok(k)
@@ -571,6 +572,7 @@ pub async fn start_many_answers_each_item(h: Harness) -> TestResult {
             input,
             parent: None,
             priority: 0,
+            queue: None,
         })
         .collect();
     let outcomes = h.store.instances_start(&requests).await;
@@ -627,6 +629,7 @@ pub async fn concurrent_direct_starts_lease_each_instance_once(h: Harness) -> Te
                 input: json!(starter),
                 parent: None,
                 priority: 0,
+                queue: None,
             };
             let (store, owner) = (h.store.clone(), format!("starter-{starter}"));
             tasks.spawn(async move {

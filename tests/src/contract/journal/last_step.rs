@@ -34,6 +34,7 @@ async fn claimed(
             input: json!(null),
             parent: None,
             priority: 0,
+            queue: None,
         })
         .await?;
     match h.store.instance_claim(&k, owner, TTL, None).await? {

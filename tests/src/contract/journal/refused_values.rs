@@ -54,6 +54,7 @@ async fn started(h: &Harness, name: &str, id: &str) -> Result<InstanceKey, Store
             input: json!("in"),
             parent: None,
             priority: 0,
+            queue: None,
         })
         .await?;
     Ok(k)
@@ -74,6 +75,7 @@ pub async fn a_start_with_a_refused_input_creates_nothing(h: Harness) -> TestRes
         input: json!({"name": NUL}),
         parent: None,
         priority: 0,
+        queue: None,
     };
     assert_refused(h.store.instance_start(&request).await, "start");
     assert_eq!(snapshot(&h, &k).await?, (None, Vec::new()));

@@ -47,6 +47,8 @@ fn start(id: &str, input: Value) -> StartRequest {
         input,
         parent: None,
         priority: 0,
+          queue: None,
+  queue: None,
     }
 }
 

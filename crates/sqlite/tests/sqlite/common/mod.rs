@@ -58,6 +58,8 @@ pub fn start_request(id: &str, input: Value) -> StartRequest {
         input,
         parent: None,
         priority: 0,
+          queue: None,
+  queue: None,
     }
 }
 

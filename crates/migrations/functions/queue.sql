@@ -1,0 +1,456 @@
+-- Queues: declaration, start on a queue, admission (the claim that enforces the queue's
+-- limits), and the triggers that give a slot back.
+--
+-- A run holds a slot of its queue while `queue_admitted` is set, its row is not terminal and
+-- its lease has not expired. Admission counts slots, and first admissions inside the rate
+-- windows, under the queue row's lock (`FOR UPDATE`), so every admission of a limited queue
+-- sees the slots every earlier one took and no limit is exceeded by any number of workers.
+-- Completions, parks and crashes never take that lock: a slot freed meanwhile is seen by the
+-- next admission, which only errs on the side of the limit.
+
+-- queue_declare: records a queue's limits, or replaces them; a paused queue stays paused, and
+-- weighted fairness keeps its virtual time and the keys' passes and weights.
+-- Called by: keiro_postgres ops::queue::queue_declare; tested by contract::queue.
+CREATE OR REPLACE FUNCTION keiro_queue_declare(p_name text, p_concurrency integer,
+                                               p_worker_concurrency integer,
+                                               p_key_concurrency integer,
+                                               p_rate_limit integer, p_rate_period_ms bigint,
+                                               p_key_rate_limit integer,
+                                               p_key_rate_period_ms bigint,
+                                               p_priority boolean, p_fairness text,
+                                               p_dedup text, p_release_on_park boolean)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO keiro_queues AS q (name, concurrency, worker_concurrency, key_concurrency,
+                                   rate_limit, rate_period_ms, key_rate_limit,
+                                   key_rate_period_ms, priority, fairness, dedup,
+                                   release_on_park)
+    VALUES (p_name, p_concurrency, p_worker_concurrency, p_key_concurrency, p_rate_limit,
+            p_rate_period_ms, p_key_rate_limit, p_key_rate_period_ms, p_priority, p_fairness,
+            p_dedup, p_release_on_park)
+    ON CONFLICT (name) DO UPDATE SET
+        concurrency = EXCLUDED.concurrency,
+        worker_concurrency = EXCLUDED.worker_concurrency,
+        key_concurrency = EXCLUDED.key_concurrency,
+        rate_limit = EXCLUDED.rate_limit,
+        rate_period_ms = EXCLUDED.rate_period_ms,
+        key_rate_limit = EXCLUDED.key_rate_limit,
+        key_rate_period_ms = EXCLUDED.key_rate_period_ms,
+        priority = EXCLUDED.priority,
+        fairness = EXCLUDED.fairness,
+        dedup = EXCLUDED.dedup,
+        release_on_park = EXCLUDED.release_on_park,
+        updated_at = now()
+    WHERE (q.concurrency, q.worker_concurrency, q.key_concurrency, q.rate_limit,
+           q.rate_period_ms, q.key_rate_limit, q.key_rate_period_ms, q.priority, q.fairness,
+           q.dedup, q.release_on_park)
+          IS DISTINCT FROM
+          (EXCLUDED.concurrency, EXCLUDED.worker_concurrency, EXCLUDED.key_concurrency,
+           EXCLUDED.rate_limit, EXCLUDED.rate_period_ms, EXCLUDED.key_rate_limit,
+           EXCLUDED.key_rate_period_ms, EXCLUDED.priority, EXCLUDED.fairness, EXCLUDED.dedup,
+           EXCLUDED.release_on_park);
+END;
+$$;
+
+-- queue_set_paused: pauses or resumes admission (runs holding a slot go on). Returns whether
+-- the queue exists.
+-- Called by: keiro_postgres ops::queue::queue_set_paused; tested by contract::queue.
+CREATE OR REPLACE FUNCTION keiro_queue_set_paused(p_name text, p_paused boolean)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE keiro_queues q SET paused = p_paused, updated_at = now() WHERE q.name = p_name;
+    IF FOUND AND NOT p_paused THEN
+        -- Resumed: workers serving the queue look now rather than at their next poll.
+        PERFORM pg_notify(current_schema() || '.wake', 'queue/' || p_name);
+    END IF;
+    RETURN FOUND;
+END;
+$$;
+
+-- queue_key_weight: sets a key's weight under weighted fairness. Returns whether the queue
+-- exists.
+-- Called by: keiro_postgres ops::queue::queue_key_weight; tested by contract::queue.
+CREATE OR REPLACE FUNCTION keiro_queue_key_weight(p_queue text, p_key text, p_weight integer)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM keiro_queues q WHERE q.name = p_queue;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    INSERT INTO keiro_queue_keys AS k (queue, key, weight) VALUES (p_queue, p_key, p_weight)
+    ON CONFLICT (queue, key) DO UPDATE SET weight = EXCLUDED.weight;
+    RETURN true;
+END;
+$$;
+
+-- queue_start: starts a run on a queue. Outcomes: `started` (created says whether the row is
+-- new; an existing key keeps its row, as `keiro_instance_start`), `existing` (the dedup id is
+-- held and the queue returns the holder: `instance` is the holder), `duplicate` (held, and the
+-- queue refuses: `instance` is the holder), `unknown` (no such queue), `dedup_not_enabled`,
+-- `priority_not_enabled`. Nothing is written unless the outcome is `started` with `created`.
+--
+-- The insert's `ON CONFLICT DO NOTHING` has no target, so it yields to a row holding the key
+-- or a live run holding the dedup id, whichever a concurrent start committed; the statement
+-- after it takes a fresh snapshot and finds which.
+-- Called by: keiro_postgres ops::queue::queue_start; tested by contract::queue.
+CREATE OR REPLACE FUNCTION keiro_queue_start(p_name text, p_id text, p_input jsonb,
+                                             p_parent_name text, p_parent_id text,
+                                             p_priority integer, p_queue text, p_key text,
+                                             p_dedup_id text, p_not_before timestamptz,
+                                             OUT outcome text, OUT created boolean,
+                                             OUT instance workflows)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    q keiro_queues%ROWTYPE;
+BEGIN
+    created := false;
+    SELECT * INTO q FROM keiro_queues k WHERE k.name = p_queue;
+    IF NOT FOUND THEN
+        outcome := 'unknown';
+        RETURN;
+    END IF;
+    IF p_dedup_id IS NOT NULL AND q.dedup IS NULL THEN
+        outcome := 'dedup_not_enabled';
+        RETURN;
+    END IF;
+    IF p_priority <> 0 AND NOT q.priority THEN
+        outcome := 'priority_not_enabled';
+        RETURN;
+    END IF;
+    INSERT INTO workflows AS w (workflow_name, workflow_id, input, parent_name, parent_id,
+                                priority, queue, queue_key, dedup_id, next_attempt_at)
+    VALUES (p_name, p_id, p_input, p_parent_name, p_parent_id, p_priority, p_queue, p_key,
+            p_dedup_id, p_not_before)
+    ON CONFLICT DO NOTHING
+    RETURNING w.* INTO instance;
+    IF FOUND THEN
+        created := true;
+        outcome := 'started';
+        PERFORM keiro_notify_wake(p_name, p_id);
+        RETURN;
+    END IF;
+    SELECT w.* INTO instance FROM workflows w
+    WHERE w.workflow_name = p_name AND w.workflow_id = p_id;
+    IF FOUND THEN
+        outcome := 'started';
+        RETURN;
+    END IF;
+    SELECT w.* INTO instance FROM workflows w
+    WHERE w.queue = p_queue AND w.dedup_id = p_dedup_id AND w.status IN ('running', 'suspended');
+    IF FOUND THEN
+        outcome := CASE q.dedup WHEN 'refuse' THEN 'duplicate' ELSE 'existing' END;
+        RETURN;
+    END IF;
+    -- Neither is there any more (the holder ended between the two statements): start again.
+    SELECT s.outcome, s.created, s.instance INTO outcome, created, instance
+    FROM keiro_queue_start(p_name, p_id, p_input, p_parent_name, p_parent_id, p_priority,
+                           p_queue, p_key, p_dedup_id, p_not_before) s;
+END;
+$$;
+
+-- queue_admit: admits and claims up to `p_limit` waiting runs of the queues `p_queues` whose
+-- workflow name is in `p_names`, for `p_owner` until `now + ttl`, each with its current
+-- generation's journal (as `keiro_instances_claim_batch` returns them). Queues are served in
+-- name order, paused ones skipped. For each queue:
+--
+-- 1. A limited queue (any limit, or weighted fairness) is locked `FOR UPDATE`: admissions of
+--    one queue are serialized, and each counts what the previous ones committed.
+-- 2. Slots whose lease expired go back: the row waits again, and its epoch moves on, so the
+--    worker that lost it is fenced as after any takeover.
+-- 3. The room: the batch's remaining limit, less the slots held (fleet-wide, and this owner's),
+--    less the first admissions inside the rate window.
+-- 4. The waiting runs: running, not admitted, lease free, gate (`next_attempt_at`, which also
+--    holds a delayed start) open. With no per-key limit and no fairness, the oldest (highest
+--    priority first when the queue orders by priority) up to the room. Otherwise per key: each
+--    key with waiting runs (found by a skip scan of the per-key index) gets up to its own room
+--    (key concurrency and key rate), and the picks are ordered by priority, then, under
+--    weighted fairness, by each pick's virtual finish time (the key's pass, or the queue's
+--    virtual time if later, plus n / weight for its n-th pick), then by age.
+-- 5. The picks are leased and marked admitted (the first admission's time kept for the rate
+--    windows); under fairness the keys' passes and the queue's virtual time move on.
+--
+-- Runs are locked `FOR UPDATE SKIP LOCKED`: a row another claimer holds is left for the next
+-- pass. The journals are read after the claims, as in `keiro_instances_claim_batch` (why is
+-- explained there).
+-- Called by: keiro_postgres ops::queue::queue_admit; tested by contract::queue.
+CREATE OR REPLACE FUNCTION keiro_queue_admit(p_queues text[], p_names text[], p_owner text,
+                                             p_ttl_ms bigint, p_limit integer,
+                                             p_now timestamptz)
+RETURNS TABLE (instance workflows, journal_seq bigint[], journal_step text[],
+               journal_kind text[], journal_payload jsonb[],
+               journal_recorded_at timestamptz[])
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now     timestamptz := coalesce(p_now, now());
+    v_left    integer := greatest(p_limit, 0);
+    v_claimed workflows[] := '{}';
+    v_batch   workflows[];
+    v_name    text;
+    q         keiro_queues%ROWTYPE;
+    v_room    integer;
+    v_held    integer;
+    v_keyed   boolean;
+    v_keys    text[];
+    v_rooms   integer[];
+    v_passes  double precision[];
+    v_weights integer[];
+    v_start   double precision;
+BEGIN
+    FOR v_name IN SELECT k.name FROM keiro_queues k
+                  WHERE k.name = ANY (p_queues) AND NOT k.paused ORDER BY k.name LOOP
+        EXIT WHEN v_left <= 0;
+        SELECT * INTO q FROM keiro_queues k WHERE k.name = v_name;
+        IF q.concurrency IS NOT NULL OR q.worker_concurrency IS NOT NULL
+           OR q.key_concurrency IS NOT NULL OR q.rate_limit IS NOT NULL
+           OR q.key_rate_limit IS NOT NULL OR q.fairness = 'weighted' THEN
+            SELECT * INTO q FROM keiro_queues k WHERE k.name = v_name FOR UPDATE;
+            CONTINUE WHEN q.paused;
+        END IF;
+
+        UPDATE workflows w SET
+            queue_admitted = false,
+            lease_owner = NULL, lease_expires_at = NULL, lease_epoch = w.lease_epoch + 1,
+            updated_at = now()
+        WHERE w.queue = v_name AND w.queue_admitted AND w.status IN ('running', 'suspended')
+          AND w.lease_expires_at < v_now;
+
+        v_room := v_left;
+        IF q.concurrency IS NOT NULL THEN
+            SELECT count(*) INTO v_held FROM workflows w
+            WHERE w.queue = v_name AND w.queue_admitted AND w.status IN ('running', 'suspended');
+            v_room := least(v_room, q.concurrency - v_held);
+        END IF;
+        IF q.worker_concurrency IS NOT NULL THEN
+            SELECT count(*) INTO v_held FROM workflows w
+            WHERE w.queue = v_name AND w.queue_admitted AND w.status IN ('running', 'suspended')
+              AND w.lease_owner = p_owner;
+            v_room := least(v_room, q.worker_concurrency - v_held);
+        END IF;
+        IF q.rate_limit IS NOT NULL THEN
+            SELECT count(*) INTO v_held FROM workflows w
+            WHERE w.queue = v_name
+              AND w.queue_admitted_at > v_now - q.rate_period_ms * interval '1 millisecond';
+            v_room := least(v_room, q.rate_limit - v_held);
+        END IF;
+        CONTINUE WHEN v_room <= 0;
+
+        v_keyed := q.key_concurrency IS NOT NULL OR q.key_rate_limit IS NOT NULL
+                   OR q.fairness = 'weighted';
+        IF NOT v_keyed THEN
+            WITH picked AS (
+                SELECT w.workflow_name, w.workflow_id
+                FROM workflows w
+                WHERE w.queue = v_name AND w.status = 'running' AND NOT w.queue_admitted
+                  AND w.workflow_name = ANY (p_names)
+                  AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
+                  AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= v_now)
+                ORDER BY w.priority DESC, w.created_at, w.workflow_name, w.workflow_id
+                LIMIT v_room
+                FOR UPDATE SKIP LOCKED
+            ), claimed AS (
+                UPDATE workflows w SET
+                    lease_owner = p_owner,
+                    lease_epoch = w.lease_epoch + 1,
+                    lease_expires_at = v_now + p_ttl_ms * interval '1 millisecond',
+                    queue_admitted = true,
+                    queue_admitted_at = coalesce(w.queue_admitted_at, v_now),
+                    updated_at = now()
+                FROM picked p
+                WHERE w.workflow_name = p.workflow_name AND w.workflow_id = p.workflow_id
+                RETURNING w.*
+            )
+            SELECT coalesce(array_agg(ROW(c.*)::workflows
+                                      ORDER BY c.priority DESC, c.created_at, c.workflow_name,
+                                               c.workflow_id), '{}')
+            INTO v_batch
+            FROM claimed c;
+        ELSE
+            -- Every key with runs waiting (a NULL key is one key of its own), by a skip scan.
+            WITH RECURSIVE keys (key) AS (
+                (SELECT w.queue_key FROM workflows w
+                 WHERE w.queue = v_name AND w.status = 'running' AND NOT w.queue_admitted
+                   AND w.queue_key IS NOT NULL
+                 ORDER BY w.queue_key LIMIT 1)
+                UNION ALL
+                SELECT (SELECT w.queue_key FROM workflows w
+                        WHERE w.queue = v_name AND w.status = 'running' AND NOT w.queue_admitted
+                          AND w.queue_key > k.key
+                        ORDER BY w.queue_key LIMIT 1)
+                FROM keys k WHERE k.key IS NOT NULL
+            ), waiting AS (
+                SELECT k.key FROM keys k WHERE k.key IS NOT NULL
+                UNION ALL
+                SELECT NULL WHERE EXISTS (
+                    SELECT 1 FROM workflows w
+                    WHERE w.queue = v_name AND w.status = 'running' AND NOT w.queue_admitted
+                      AND w.queue_key IS NULL)
+            ), rooms AS (
+                SELECT k.key,
+                       least(v_room,
+                             CASE WHEN q.key_concurrency IS NULL THEN v_room ELSE
+                                 q.key_concurrency - (
+                                     SELECT count(*) FROM workflows w
+                                     WHERE w.queue = v_name AND w.queue_admitted
+                                       AND w.status IN ('running', 'suspended')
+                                       AND w.queue_key IS NOT DISTINCT FROM k.key)::integer
+                             END,
+                             CASE WHEN q.key_rate_limit IS NULL THEN v_room ELSE
+                                 q.key_rate_limit - (
+                                     SELECT count(*) FROM workflows w
+                                     WHERE w.queue = v_name
+                                       AND w.queue_key IS NOT DISTINCT FROM k.key
+                                       AND w.queue_admitted_at > v_now - q.key_rate_period_ms
+                                                                 * interval '1 millisecond')::integer
+                             END) AS room,
+                       greatest(coalesce(qk.pass, 0), q.vtime) AS pass,
+                       coalesce(qk.weight, 1) AS weight
+                FROM waiting k
+                LEFT JOIN keiro_queue_keys qk
+                  ON qk.queue = v_name AND qk.key = coalesce(k.key, '')
+            )
+            SELECT coalesce(array_agg(r.key), '{}'), coalesce(array_agg(r.room), '{}'),
+                   coalesce(array_agg(r.pass), '{}'), coalesce(array_agg(r.weight), '{}')
+            INTO v_keys, v_rooms, v_passes, v_weights
+            FROM rooms r WHERE r.room > 0;
+
+            WITH candidates AS (
+                SELECT c.*, k.pass, k.weight, k.key
+                FROM unnest(v_keys, v_rooms, v_passes, v_weights) AS k (key, room, pass, weight)
+                CROSS JOIN LATERAL (
+                    SELECT w.workflow_name, w.workflow_id, w.priority, w.created_at
+                    FROM workflows w
+                    WHERE w.queue = v_name AND w.status = 'running' AND NOT w.queue_admitted
+                      AND k.key IS NOT NULL AND w.queue_key = k.key
+                      AND w.workflow_name = ANY (p_names)
+                      AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
+                      AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= v_now)
+                    ORDER BY w.priority DESC, w.created_at, w.workflow_name, w.workflow_id
+                    LIMIT k.room
+                    FOR UPDATE OF w SKIP LOCKED
+                ) c
+                UNION ALL
+                SELECT c.*, k.pass, k.weight, k.key
+                FROM unnest(v_keys, v_rooms, v_passes, v_weights) AS k (key, room, pass, weight)
+                CROSS JOIN LATERAL (
+                    SELECT w.workflow_name, w.workflow_id, w.priority, w.created_at
+                    FROM workflows w
+                    WHERE w.queue = v_name AND w.status = 'running' AND NOT w.queue_admitted
+                      AND k.key IS NULL AND w.queue_key IS NULL
+                      AND w.workflow_name = ANY (p_names)
+                      AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
+                      AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= v_now)
+                    ORDER BY w.priority DESC, w.created_at, w.workflow_name, w.workflow_id
+                    LIMIT k.room
+                    FOR UPDATE OF w SKIP LOCKED
+                ) c
+            ), ranked AS (
+                SELECT c.*,
+                       c.pass + (row_number() OVER (
+                           PARTITION BY c.key
+                           ORDER BY c.priority DESC, c.created_at, c.workflow_name,
+                                    c.workflow_id))::double precision / c.weight AS finish
+                FROM candidates c
+            ), picked AS (
+                SELECT r.workflow_name, r.workflow_id, r.key, r.finish, r.weight
+                FROM ranked r
+                ORDER BY CASE WHEN q.priority THEN r.priority ELSE 0 END DESC,
+                         CASE WHEN q.fairness = 'weighted' THEN r.finish ELSE 0 END,
+                         r.created_at, r.workflow_name, r.workflow_id
+                LIMIT v_room
+            ), passes AS (
+                INSERT INTO keiro_queue_keys AS qk (queue, key, pass)
+                SELECT v_name, coalesce(p.key, ''), max(p.finish)
+                FROM picked p
+                WHERE q.fairness = 'weighted'
+                GROUP BY p.key
+                ON CONFLICT (queue, key) DO UPDATE SET pass = EXCLUDED.pass
+            ), claimed AS (
+                UPDATE workflows w SET
+                    lease_owner = p_owner,
+                    lease_epoch = w.lease_epoch + 1,
+                    lease_expires_at = v_now + p_ttl_ms * interval '1 millisecond',
+                    queue_admitted = true,
+                    queue_admitted_at = coalesce(w.queue_admitted_at, v_now),
+                    updated_at = now()
+                FROM picked p
+                WHERE w.workflow_name = p.workflow_name AND w.workflow_id = p.workflow_id
+                RETURNING w.*
+            )
+            SELECT coalesce(array_agg(ROW(c.*)::workflows
+                                      ORDER BY c.priority DESC, c.created_at, c.workflow_name,
+                                               c.workflow_id), '{}'),
+                   min(p.finish - 1.0 / p.weight)
+            INTO v_batch, v_start
+            FROM claimed c
+            JOIN picked p ON p.workflow_name = c.workflow_name AND p.workflow_id = c.workflow_id;
+
+            IF q.fairness = 'weighted' AND v_start > q.vtime THEN
+                -- The queue's virtual time: the earliest start among the picks, so a key that
+                -- starts waiting later joins level with the keys just served, not ahead.
+                UPDATE keiro_queues k SET vtime = v_start WHERE k.name = v_name;
+            END IF;
+        END IF;
+
+        v_claimed := v_claimed || v_batch;
+        v_left := v_left - cardinality(v_batch);
+    END LOOP;
+
+    RETURN QUERY
+    SELECT v_claimed[i], j.seqs, j.steps, j.kinds, j.payloads, j.recorded
+    FROM generate_subscripts(v_claimed, 1) AS i
+    LEFT JOIN LATERAL (
+        SELECT array_agg(jr.seq) AS seqs, array_agg(jr.step_name) AS steps,
+               array_agg(jr.kind) AS kinds, array_agg(jr.payload) AS payloads,
+               array_agg(jr.recorded_at) AS recorded
+        FROM journal jr
+        WHERE jr.workflow_name = (v_claimed[i]).workflow_name
+          AND jr.workflow_id = (v_claimed[i]).workflow_id
+          AND jr.generation = (v_claimed[i]).generation
+    ) j ON true
+    ORDER BY i;
+END;
+$$;
+
+-- A run that parks gives its slot back when its queue says so: it is admitted again once it
+-- is woken. A BEFORE trigger, so the park's own update carries the change; the WHEN clause
+-- costs a run on no queue one boolean test.
+-- Called by: trigger workflows_queue_park; tested by contract::queue.
+CREATE OR REPLACE FUNCTION keiro_queue_park() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF (SELECT q.release_on_park FROM keiro_queues q WHERE q.name = NEW.queue) THEN
+        NEW.queue_admitted := false;
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER workflows_queue_park BEFORE UPDATE OF status ON workflows
+    FOR EACH ROW
+    WHEN (NEW.queue_admitted AND NEW.status = 'suspended' AND OLD.status <> 'suspended')
+    EXECUTE FUNCTION keiro_queue_park();
+
+-- A slot freed by a run that ended or gave its slot back on park wakes the workers, so a run
+-- waiting for that slot is admitted now rather than at the next poll. The payload is the
+-- instance's, which every resume loop already hears.
+-- Called by: trigger workflows_queue_slot_freed; tested in crates/postgres/tests only (LISTEN).
+CREATE OR REPLACE FUNCTION keiro_queue_slot_freed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify(current_schema() || '.wake', 'queue/' || NEW.queue);
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER workflows_queue_slot_freed AFTER UPDATE OF status, queue_admitted
+    ON workflows
+    FOR EACH ROW
+    WHEN (OLD.queue_admitted
+          AND (NOT NEW.queue_admitted OR NEW.status IN ('completed', 'failed', 'cancelled'))
+          AND OLD.status IN ('running', 'suspended'))
+    EXECUTE FUNCTION keiro_queue_slot_freed();

@@ -1,0 +1,263 @@
+//! `crates/migrations/functions/queue.sql`: declaring a queue, pausing it, weighting a key,
+//! starting a run on a queue and admitting waiting runs (the claim that enforces the limits),
+//! with the plain statements that describe the queues beside them.
+
+use std::time::Duration;
+
+use keiro_journal::queue::{
+    DedupPolicy, Fairness, QueueInfo, QueueRefusal, QueueSpec, QueueStart, Rate,
+};
+use keiro_journal::store::{Result, StartRequest};
+use keiro_journal::{Fence, Started, StoreError, WorkflowName};
+use keiro_lease::Claim;
+use time::OffsetDateTime;
+
+use crate::db::Db;
+use crate::ops::lease::claimed_journal;
+use crate::ops::{span_ms, unknown_outcome};
+use crate::row::{self, column, instance_columns, malformed};
+
+const DECLARE: &str = "declaring a queue";
+const PAUSE: &str = "pausing or resuming a queue";
+const WEIGHT: &str = "weighting a queue key";
+pub(crate) const START: &str = "starting an instance on a queue";
+const ADMIT: &str = "admitting runs of a queue";
+const LIST: &str = "listing queues";
+
+const QUEUE_DECLARE: &str =
+    "SELECT keiro_queue_declare($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
+
+pub(crate) async fn queue_declare(db: &Db, spec: &QueueSpec) -> Result<()> {
+    let rate = |r: Option<Rate>| (r.map(|r| r.limit()), r.map(|r| r.period_ms()));
+    let (rate_limit, rate_period) = rate(spec.rate);
+    let (key_rate_limit, key_rate_period) = rate(spec.key_rate);
+    db.execute(
+        DECLARE,
+        QUEUE_DECLARE,
+        &[
+            &spec.name,
+            &spec.concurrency,
+            &spec.worker_concurrency,
+            &spec.key_concurrency,
+            &rate_limit,
+            &rate_period,
+            &key_rate_limit,
+            &key_rate_period,
+            &spec.priority,
+            &spec.fairness.as_str(),
+            &spec.dedup.map(DedupPolicy::as_str),
+            &spec.release_on_park,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+const QUEUE_SET_PAUSED: &str = "SELECT keiro_queue_set_paused($1, $2) AS found";
+
+pub(crate) async fn queue_set_paused(db: &Db, queue: &str, paused: bool) -> Result<bool> {
+    let row = db
+        .query_one(PAUSE, QUEUE_SET_PAUSED, &[&queue, &paused])
+        .await?;
+    column(&row, "found", PAUSE)
+}
+
+const QUEUE_KEY_WEIGHT: &str = "SELECT keiro_queue_key_weight($1, $2, $3) AS found";
+
+pub(crate) async fn queue_key_weight(db: &Db, queue: &str, key: &str, weight: i32) -> Result<bool> {
+    let row = db
+        .query_one(WEIGHT, QUEUE_KEY_WEIGHT, &[&queue, &key, &weight])
+        .await?;
+    column(&row, "found", WEIGHT)
+}
+
+const QUEUE_START: &str = concat!(
+    "SELECT s.outcome, s.created, ",
+    instance_columns!("(s.instance)."),
+    " FROM keiro_queue_start($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) s"
+);
+
+/// Starts `request` on its queue; `queue` is `request.queue`, passed apart so the caller has
+/// already checked it is there.
+pub(crate) async fn queue_start(
+    db: &Db,
+    request: &StartRequest,
+    queue: &QueueStart,
+) -> Result<Started> {
+    let parent_name = request.parent.as_ref().map(|p| p.name.as_str());
+    let parent_id = request.parent.as_ref().map(|p| p.id.as_str());
+    let row = db
+        .query_one(
+            START,
+            QUEUE_START,
+            &[
+                &request.key.name.as_str(),
+                &request.key.id.as_str(),
+                &request.input,
+                &parent_name,
+                &parent_id,
+                &request.priority,
+                &queue.queue,
+                &queue.key,
+                &queue.dedup_id,
+                &queue.not_before,
+            ],
+        )
+        .await?;
+    let outcome: String = column(&row, "outcome", START)?;
+    let refused = |refusal| StoreError::QueueRefused {
+        queue: queue.queue.clone(),
+        refusal,
+    };
+    match outcome.as_str() {
+        "started" => Ok(Started {
+            created: column(&row, "created", START)?,
+            instance: row::instance(&row, START)?,
+        }),
+        "existing" => Ok(Started {
+            created: false,
+            instance: row::instance(&row, START)?,
+        }),
+        "duplicate" => Err(refused(QueueRefusal::Duplicate {
+            holder: row::instance(&row, START)?.key,
+        })),
+        "unknown" => Err(refused(QueueRefusal::Unknown)),
+        "dedup_not_enabled" => Err(refused(QueueRefusal::DedupNotEnabled)),
+        "priority_not_enabled" => Err(refused(QueueRefusal::PriorityNotEnabled)),
+        other => Err(unknown_outcome(START, other)),
+    }
+}
+
+const QUEUE_ADMIT: &str = concat!(
+    "SELECT ",
+    instance_columns!("(c.instance)."),
+    ", c.journal_seq, c.journal_step, c.journal_kind, c.journal_payload, c.journal_recorded_at",
+    " FROM keiro_queue_admit($1, $2, $3, $4, $5, $6) c"
+);
+
+pub(crate) async fn queue_admit(
+    db: &Db,
+    queues: &[String],
+    names: &[WorkflowName],
+    owner: &str,
+    ttl: Duration,
+    limit: i64,
+    now: Option<OffsetDateTime>,
+) -> Result<Vec<Claim>> {
+    let names: Vec<&str> = names.iter().map(WorkflowName::as_str).collect();
+    let limit = i32::try_from(limit.max(0)).unwrap_or(i32::MAX);
+    let rows = db
+        .query(
+            ADMIT,
+            QUEUE_ADMIT,
+            &[&queues, &names, &owner, &span_ms(ttl), &limit, &now],
+        )
+        .await?;
+    let mut claims = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let instance = row::instance(row, ADMIT)?;
+        let journal = claimed_journal(row, &instance)?;
+        claims.push(Claim {
+            fence: Fence {
+                owner: owner.to_owned(),
+                epoch: instance.lease_epoch,
+            },
+            instance,
+            journal,
+        });
+    }
+    Ok(claims)
+}
+
+// Every queue with what it holds now: one statement, each figure from the index that serves it.
+const QUEUES_LIST: &str = "SELECT q.name, q.concurrency, q.worker_concurrency, q.key_concurrency, \
+         q.rate_limit, q.rate_period_ms, q.key_rate_limit, q.key_rate_period_ms, q.priority, \
+         q.fairness, q.dedup, q.release_on_park, q.paused, \
+         (SELECT count(*) FROM workflows w WHERE w.queue = q.name AND w.status = 'running' \
+             AND NOT w.queue_admitted) AS waiting, \
+         (SELECT count(*) FROM workflows w WHERE w.queue = q.name AND w.status = 'running' \
+             AND NOT w.queue_admitted AND w.next_attempt_at > coalesce($1, now())) AS delayed, \
+         (SELECT count(*) FROM workflows w WHERE w.queue = q.name AND w.queue_admitted \
+             AND w.status IN ('running', 'suspended')) AS running, \
+         (SELECT count(*) FROM workflows w WHERE w.queue = q.name AND w.queue_admitted_at > \
+             coalesce($1, now()) - coalesce(q.rate_period_ms, 60000) * interval '1 millisecond') \
+             AS admitted_recently, \
+         (SELECT min(w.created_at) FROM workflows w WHERE w.queue = q.name \
+             AND w.status = 'running' AND NOT w.queue_admitted) AS oldest_waiting, \
+         (SELECT coalesce(array_agg(t.key ORDER BY t.waiting DESC, t.key), '{}') FROM ( \
+             SELECT coalesce(w.queue_key, '') AS key, count(*) AS waiting FROM workflows w \
+             WHERE w.queue = q.name AND w.status = 'running' AND NOT w.queue_admitted \
+             GROUP BY w.queue_key ORDER BY count(*) DESC, w.queue_key LIMIT 10) t) AS top_keys, \
+         (SELECT coalesce(array_agg(t.waiting ORDER BY t.waiting DESC, t.key), '{}') FROM ( \
+             SELECT coalesce(w.queue_key, '') AS key, count(*) AS waiting FROM workflows w \
+             WHERE w.queue = q.name AND w.status = 'running' AND NOT w.queue_admitted \
+             GROUP BY w.queue_key ORDER BY count(*) DESC, w.queue_key LIMIT 10) t) AS top_waiting \
+     FROM keiro_queues q WHERE $2::text IS NULL OR q.name = $2 ORDER BY q.name";
+
+const KEY_SLOTS: &str = "SELECT count(*) AS n FROM workflows w \
+     WHERE w.queue = $1 AND coalesce(w.queue_key, '') = $2 AND w.queue_admitted \
+       AND w.status IN ('running', 'suspended')";
+
+/// Every declared queue (or the one named) with what it holds at `now`.
+pub(crate) async fn queues_list(
+    db: &Db,
+    only: Option<&str>,
+    now: Option<OffsetDateTime>,
+) -> Result<Vec<QueueInfo>> {
+    let rows = db.query(LIST, QUEUES_LIST, &[&now, &only]).await?;
+    let mut queues = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let name: String = column(row, "name", LIST)?;
+        let rate = |limit: &str, period: &str| -> Result<Option<Rate>> {
+            let limit: Option<i32> = column(row, limit, LIST)?;
+            let period: Option<i64> = column(row, period, LIST)?;
+            match (limit, period) {
+                (Some(limit), Some(ms)) => {
+                    let ms = u64::try_from(ms).map_err(|_| malformed(LIST, "a negative period"))?;
+                    Rate::new(limit, Duration::from_millis(ms))
+                        .map(Some)
+                        .map_err(|e| malformed(LIST, e))
+                }
+                _ => Ok(None),
+            }
+        };
+        let fairness: String = column(row, "fairness", LIST)?;
+        let dedup: Option<String> = column(row, "dedup", LIST)?;
+        let spec = QueueSpec {
+            name: name.clone(),
+            concurrency: column(row, "concurrency", LIST)?,
+            worker_concurrency: column(row, "worker_concurrency", LIST)?,
+            key_concurrency: column(row, "key_concurrency", LIST)?,
+            rate: rate("rate_limit", "rate_period_ms")?,
+            key_rate: rate("key_rate_limit", "key_rate_period_ms")?,
+            priority: column(row, "priority", LIST)?,
+            fairness: Fairness::parse(&fairness)
+                .ok_or_else(|| malformed(LIST, format_args!("fairness {fairness:?}")))?,
+            dedup: dedup
+                .map(|d| {
+                    DedupPolicy::parse(&d)
+                        .ok_or_else(|| malformed(LIST, format_args!("dedup policy {d:?}")))
+                })
+                .transpose()?,
+            release_on_park: column(row, "release_on_park", LIST)?,
+        };
+        let keys: Vec<String> = column(row, "top_keys", LIST)?;
+        let waiting: Vec<i64> = column(row, "top_waiting", LIST)?;
+        let mut top_keys = Vec::with_capacity(keys.len());
+        for (key, waiting) in keys.into_iter().zip(waiting) {
+            let held = db.query_one(LIST, KEY_SLOTS, &[&name, &key]).await?;
+            top_keys.push((key, waiting, column(&held, "n", LIST)?));
+        }
+        queues.push(QueueInfo {
+            spec,
+            paused: column(row, "paused", LIST)?,
+            waiting: column(row, "waiting", LIST)?,
+            delayed: column(row, "delayed", LIST)?,
+            running: column(row, "running", LIST)?,
+            admitted_recently: column(row, "admitted_recently", LIST)?,
+            oldest_waiting: column(row, "oldest_waiting", LIST)?,
+            top_keys,
+        });
+    }
+    Ok(queues)
+}
