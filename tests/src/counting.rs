@@ -349,6 +349,27 @@ impl LeaseStore for CountingStore {
             .instances_claim_batch(names, owner, ttl, limit, now.map(|at| self.inward(at)))
             .await
     }
+    async fn queue_admit(
+        &self,
+        queues: &[String],
+        names: &[keiro::workflow::WorkflowName],
+        owner: &str,
+        ttl: Duration,
+        limit: i64,
+        now: Option<OffsetDateTime>,
+    ) -> Result<Vec<keiro_lease::Claim>> {
+        self.count("queue_admit");
+        self.inner
+            .queue_admit(
+                queues,
+                names,
+                owner,
+                ttl,
+                limit,
+                now.map(|at| self.inward(at)),
+            )
+            .await
+    }
     async fn instance_lease_renew(
         &self,
         key: &InstanceKey,

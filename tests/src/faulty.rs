@@ -298,6 +298,20 @@ impl LeaseStore for FaultyStore {
             .instances_claim_batch(names, owner, ttl, limit, now)
             .await
     }
+    async fn queue_admit(
+        &self,
+        queues: &[String],
+        names: &[keiro::workflow::WorkflowName],
+        owner: &str,
+        ttl: Duration,
+        limit: i64,
+        now: Option<OffsetDateTime>,
+    ) -> Result<Vec<keiro_lease::Claim>> {
+        self.refuse_unloadable(None).await?;
+        self.inner
+            .queue_admit(queues, names, owner, ttl, limit, now)
+            .await
+    }
     async fn instance_lease_renew(
         &self,
         key: &InstanceKey,

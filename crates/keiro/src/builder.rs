@@ -30,6 +30,7 @@ pub struct KeiroBuilder {
     remote: Option<Remote>,
     operate: Option<Operate>,
     schedules: Option<Arc<dyn keiro_resume::ScheduleStore>>,
+    queues: Option<Arc<dyn keiro_lease::QueueStore>>,
     notifier: Option<Arc<dyn Notifier>>,
     payload_len_max: usize,
     delivery_backlog: DeliveryBacklog,
@@ -56,14 +57,15 @@ impl KeiroBuilder {
                 transport: store.clone(),
                 admin: store.clone(),
             }),
-            schedules: Some(store),
+            schedules: Some(store.clone()),
+            queues: Some(store),
             payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
             delivery_backlog: DeliveryBacklog::default(),
         }
     }
 
     /// A builder over a store that has leases but none of the rest (a test double or a
-    /// wrapper of your own): remote steps, the operators' list and retention, and schedules
+    /// wrapper of your own): remote steps, the operators' list and retention, schedules and queues
     /// then return [`Error::Unsupported`](crate::Error::Unsupported). Push is found as for
     /// [`Keiro::builder`]; a wrapper passes its inner store's with [`push`](Self::push).
     ///
@@ -85,6 +87,7 @@ impl KeiroBuilder {
             remote: None,
             operate: None,
             schedules: None,
+            queues: None,
             payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
             delivery_backlog: DeliveryBacklog::default(),
         }
@@ -182,6 +185,7 @@ impl KeiroBuilder {
             delivery_backlog: self.delivery_backlog,
             operate: self.operate,
             schedules: self.schedules,
+            queues: self.queues,
         }
     }
 }

@@ -39,6 +39,10 @@ pub enum Error {
     /// a bad interval, name or catch-up bound.
     #[error("schedule refused")]
     Schedule(#[from] keiro_resume::ScheduleError),
+    /// A queue declaration or a start's queue options were refused before reaching the store:
+    /// an invalid name, a limit below 1, a zero rate period, a key too long.
+    #[error("queue refused")]
+    Queue(#[from] keiro_journal::queue::QueueError),
     /// No schedule has this name.
     #[error("no schedule {name}")]
     NoSchedule {
@@ -80,6 +84,17 @@ pub enum Error {
     #[cfg(feature = "postgres")]
     #[error("connecting to postgres failed")]
     Postgres(#[from] keiro_postgres::Error),
+}
+
+impl Error {
+    /// Why a queue refused the call, when it did (an undeclared queue, a dedup id or priority
+    /// the queue does not take, a duplicate dedup id).
+    pub fn queue_refusal(&self) -> Option<&keiro_journal::queue::QueueRefusal> {
+        match self {
+            Self::Store(error) => error.queue_refusal(),
+            _ => None,
+        }
+    }
 }
 
 impl From<keiro_journal::Error> for Error {

@@ -65,6 +65,8 @@ pub struct Keiro {
     pub(crate) operate: Option<Operate>,
     /// Schedules (`None` for a store built with `KeiroBuilder::lease_only`).
     pub(crate) schedules: Option<Arc<dyn ScheduleStore>>,
+    /// Queues (`None` for a store built with `KeiroBuilder::lease_only`).
+    pub(crate) queues: Option<Arc<dyn keiro_lease::QueueStore>>,
 }
 
 impl std::fmt::Debug for Keiro {

@@ -100,6 +100,7 @@ mod engine;
 mod error;
 mod handle;
 pub mod operate;
+pub mod queue;
 pub mod remote;
 mod result;
 pub mod schedule;

@@ -9,20 +9,29 @@ pub use keiro_journal::{
     Append, AppendOutcome, Envelope, Event, Fence, Generation, InspectStore, Instance,
     JournalEntry, Marker, RetentionStore, Started, StepKind, StoreError, TimerFiring,
 };
-pub use keiro_lease::{ClaimOutcome, CrashOutcome, LeaseStore, StartClaim, CRASH_BACKOFF_DEFAULT};
+pub use keiro_lease::{
+    ClaimOutcome, CrashOutcome, LeaseStore, QueueStore, StartClaim, CRASH_BACKOFF_DEFAULT,
+};
 pub use keiro_remote::{RemoteAdmin, Transport};
 pub use keiro_resume::ScheduleStore;
 
 /// A store with every capability keiro uses: the journal and wake sources, leases, remote
 /// steps (their transport and the operator's tools), the operators' list, counts and
-/// retention, and schedules. `PgStore` and `SqliteStore` are ones.
+/// retention, schedules, and queues. `PgStore` and `SqliteStore` are ones.
 pub trait Store:
-    LeaseStore + Transport + RemoteAdmin + InspectStore + RetentionStore + ScheduleStore
+    LeaseStore + QueueStore + Transport + RemoteAdmin + InspectStore + RetentionStore + ScheduleStore
 {
 }
 
-impl<T: LeaseStore + Transport + RemoteAdmin + InspectStore + RetentionStore + ScheduleStore> Store
-    for T
+impl<
+        T: LeaseStore
+            + QueueStore
+            + Transport
+            + RemoteAdmin
+            + InspectStore
+            + RetentionStore
+            + ScheduleStore,
+    > Store for T
 {
 }
 

@@ -521,6 +521,18 @@ impl<W: WorkflowDef> Handle<W> {
     }
 }
 
+impl<W> Handle<W> {
+    /// The handle on a run `keiro` just started.
+    pub(crate) fn from_started(keiro: Keiro, started: crate::store::Started) -> Self {
+        Self {
+            keiro,
+            key: started.instance.key,
+            created: started.created,
+            _workflow: PhantomData,
+        }
+    }
+}
+
 /// A handle names its instance, so it can be passed to any [`Keiro`] call that takes a key.
 impl<W> IntoInstanceKey for &Handle<W> {
     fn into_instance_key(self) -> Result<InstanceKey, IdError> {
@@ -559,12 +571,7 @@ impl Keiro {
         input: &W::Input,
     ) -> Result<Handle<W>, Error> {
         let started = self.start(W::NAME, id, input).await?;
-        Ok(Handle {
-            keiro: self.clone(),
-            key: started.instance.key,
-            created: started.created,
-            _workflow: PhantomData,
-        })
+        Ok(Handle::from_started(self.clone(), started))
     }
 
     /// A handle on instance `id` of `W`, started before or elsewhere; nothing is read.

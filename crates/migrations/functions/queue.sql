@@ -121,34 +121,35 @@ BEGIN
         outcome := 'priority_not_enabled';
         RETURN;
     END IF;
-    INSERT INTO workflows AS w (workflow_name, workflow_id, input, parent_name, parent_id,
-                                priority, queue, queue_key, dedup_id, next_attempt_at)
-    VALUES (p_name, p_id, p_input, p_parent_name, p_parent_id, p_priority, p_queue, p_key,
-            p_dedup_id, p_not_before)
-    ON CONFLICT DO NOTHING
-    RETURNING w.* INTO instance;
-    IF FOUND THEN
-        created := true;
-        outcome := 'started';
-        PERFORM keiro_notify_wake(p_name, p_id);
-        RETURN;
-    END IF;
-    SELECT w.* INTO instance FROM workflows w
-    WHERE w.workflow_name = p_name AND w.workflow_id = p_id;
-    IF FOUND THEN
-        outcome := 'started';
-        RETURN;
-    END IF;
-    SELECT w.* INTO instance FROM workflows w
-    WHERE w.queue = p_queue AND w.dedup_id = p_dedup_id AND w.status IN ('running', 'suspended');
-    IF FOUND THEN
-        outcome := CASE q.dedup WHEN 'refuse' THEN 'duplicate' ELSE 'existing' END;
-        RETURN;
-    END IF;
-    -- Neither is there any more (the holder ended between the two statements): start again.
-    SELECT s.outcome, s.created, s.instance INTO outcome, created, instance
-    FROM keiro_queue_start(p_name, p_id, p_input, p_parent_name, p_parent_id, p_priority,
-                           p_queue, p_key, p_dedup_id, p_not_before) s;
+    -- Until one statement finds what the other's conflict was: the holder of the dedup id
+    -- may end between the insert and the read, and the start is then tried again.
+    LOOP
+        INSERT INTO workflows AS w (workflow_name, workflow_id, input, parent_name, parent_id,
+                                    priority, queue, queue_key, dedup_id, next_attempt_at)
+        VALUES (p_name, p_id, p_input, p_parent_name, p_parent_id, p_priority, p_queue, p_key,
+                p_dedup_id, p_not_before)
+        ON CONFLICT DO NOTHING
+        RETURNING w.* INTO instance;
+        IF FOUND THEN
+            created := true;
+            outcome := 'started';
+            PERFORM keiro_notify_wake(p_name, p_id);
+            RETURN;
+        END IF;
+        SELECT w.* INTO instance FROM workflows w
+        WHERE w.workflow_name = p_name AND w.workflow_id = p_id;
+        IF FOUND THEN
+            outcome := 'started';
+            RETURN;
+        END IF;
+        SELECT w.* INTO instance FROM workflows w
+        WHERE w.queue = p_queue AND w.dedup_id = p_dedup_id
+          AND w.status IN ('running', 'suspended');
+        IF FOUND THEN
+            outcome := CASE q.dedup WHEN 'refuse' THEN 'duplicate' ELSE 'existing' END;
+            RETURN;
+        END IF;
+    END LOOP;
 END;
 $$;
 
@@ -169,7 +170,8 @@ $$;
 --    key with waiting runs (found by a skip scan of the per-key index) gets up to its own room
 --    (key concurrency and key rate), and the picks are ordered by priority, then, under
 --    weighted fairness, by each pick's virtual finish time (the key's pass, or the queue's
---    virtual time if later, plus n / weight for its n-th pick), then by age.
+--    virtual time if later, plus n / weight for its n-th pick; the virtual time is the start
+--    of the last pick), then by age.
 -- 5. The picks are leased and marked admitted (the first admission's time kept for the rate
 --    windows); under fairness the keys' passes and the queue's virtual time move on.
 --
@@ -384,14 +386,15 @@ BEGIN
             SELECT coalesce(array_agg(ROW(c.*)::workflows
                                       ORDER BY c.priority DESC, c.created_at, c.workflow_name,
                                                c.workflow_id), '{}'),
-                   min(p.finish - 1.0 / p.weight)
+                   max(p.finish - 1.0 / p.weight)
             INTO v_batch, v_start
             FROM claimed c
             JOIN picked p ON p.workflow_name = c.workflow_name AND p.workflow_id = c.workflow_id;
 
             IF q.fairness = 'weighted' AND v_start > q.vtime THEN
-                -- The queue's virtual time: the earliest start among the picks, so a key that
-                -- starts waiting later joins level with the keys just served, not ahead.
+                -- The queue's virtual time: the start of the last pick (start-time fair
+                -- queuing), so a key that starts waiting later joins level with the keys just
+                -- served, not ahead of them with a run of admissions of its own.
                 UPDATE keiro_queues k SET vtime = v_start WHERE k.name = v_name;
             END IF;
         END IF;

@@ -113,6 +113,7 @@ pub(crate) async fn claim_pass(
         .clone()
         .unwrap_or_else(|| format!("keiro-{}", uuid::Uuid::new_v4()));
     let names: Arc<[WorkflowName]> = registry.names().into();
+    let queues: Arc<[String]> = options.queues.clone().into();
     let concurrency = held.concurrency;
     let refill = concurrency.saturating_mul(2);
     // Claim again once fewer than this many runs are queued or running: the queue then still
@@ -140,8 +141,9 @@ pub(crate) async fn claim_pass(
                 options.lease_ttl,
             );
             let asked = Instant::now();
+            let queues = queues.clone();
             claiming = Some(Box::pin(async move {
-                let batch = store
+                let mut batch = store
                     .instances_claim_batch(
                         &names,
                         &owner,
@@ -150,6 +152,23 @@ pub(crate) async fn claim_pass(
                         None,
                     )
                     .await;
+                // Runs that hold their queue slot come back through the claim above; room
+                // left goes to admitting waiting runs of the queues served.
+                if let Ok(claims) = &mut batch {
+                    if claims.len() < want && !queues.is_empty() {
+                        let room = i64::try_from(want - claims.len()).unwrap_or(i64::MAX);
+                        match store
+                            .queue_admit(&queues, &names, &owner, ttl, room, None)
+                            .await
+                        {
+                            Ok(admitted) => claims.extend(admitted),
+                            // With nothing claimed the error is the claim's; otherwise the
+                            // claims go ahead and the next claim tries the queues again.
+                            Err(error) if claims.is_empty() => batch = Err(error),
+                            Err(_) => {}
+                        }
+                    }
+                }
                 (batch, want, asked)
             }));
         }

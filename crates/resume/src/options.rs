@@ -82,6 +82,11 @@ pub struct ResumeOptions {
     /// (see [`RetentionOptions`](crate::RetentionOptions); at most one worker collects at a
     /// time). Needs a store with retention (`Keiro::worker` passes it). Defaults to `None`.
     pub retention: Option<Duration>,
+    /// The queues this worker admits runs from (`keiro_journal::queue`): a run started on a
+    /// queue is claimed only by a worker serving it, through the queue's admission. Serving
+    /// a queue needs a stable [`owner`](Self::owner) for per-worker limits; the worker
+    /// builder mints one when none is given. Defaults to none.
+    pub queues: Vec<String>,
 }
 
 impl std::fmt::Debug for ResumeOptions {
@@ -101,6 +106,7 @@ impl std::fmt::Debug for ResumeOptions {
             .field("tracing", &self.tracing.is_some())
             .field("faults", &self.faults)
             .field("retention", &self.retention)
+            .field("queues", &self.queues)
             .finish_non_exhaustive()
     }
 }
@@ -123,6 +129,7 @@ impl Default for ResumeOptions {
             tracing: None,
             faults: None,
             retention: None,
+            queues: Vec::new(),
         }
     }
 }

@@ -96,10 +96,87 @@ pub(crate) async fn pass(
             None => break,
         }
     }
+    if !options.queues.is_empty() {
+        let limit = limit.map(|l| u64::try_from(l).unwrap_or(0));
+        admit_and_drive(store, registry, &shared, limit, stop, &mut summary).await;
+    }
     (options.log)(&ResumeLogEvent::PassFinished {
         summary: summary.clone(),
     });
     Ok(summary)
+}
+
+/// The queue half of a pass: admits waiting runs of the queues served, a batch of up to the
+/// pass's concurrency at a time, drives each batch, and admits again until nothing more is
+/// admitted (every slot is taken or nothing waits) or the pass's limit is reached.
+async fn admit_and_drive(
+    store: &Arc<dyn LeaseStore>,
+    registry: &Registry,
+    shared: &Arc<(Registry, ResumeOptions, String)>,
+    limit: Option<u64>,
+    stop: &AtomicBool,
+    summary: &mut ResumeSummary,
+) {
+    let (_, options, owner) = &**shared;
+    let names = registry.names();
+    while !stop.load(Ordering::Relaxed) {
+        let room = limit.map_or(u64::MAX, |l| l.saturating_sub(summary.discovered));
+        let want = u64::try_from(options.concurrency())
+            .unwrap_or(u64::MAX)
+            .min(room);
+        if want == 0 {
+            return;
+        }
+        let asked = Instant::now();
+        let claims = match store
+            .queue_admit(
+                &options.queues,
+                &names,
+                owner,
+                options.lease_ttl,
+                i64::try_from(want).unwrap_or(i64::MAX),
+                None,
+            )
+            .await
+        {
+            Ok(claims) => claims,
+            Err(error) => {
+                summary.transient_errors += 1;
+                transient(options, None, &error);
+                return;
+            }
+        };
+        if claims.is_empty() {
+            return;
+        }
+        summary.discovered += u64::try_from(claims.len()).unwrap_or(u64::MAX);
+        let mut tasks = JoinSet::new();
+        for claim in claims {
+            let Some(workflow) = registry.get(&claim.instance.key.name).cloned() else {
+                // Only registered names are admitted; a registry cannot shrink mid-pass.
+                let _ = store
+                    .instance_release(&claim.instance.key, &claim.fence, false)
+                    .await;
+                continue;
+            };
+            let (store, shared) = (store.clone(), shared.clone());
+            tasks.spawn(async move {
+                drive_claimed(&store, workflow, &shared.1, claim, asked, || {}).await
+            });
+        }
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok(line) => *summary += line,
+                Err(join_error) => {
+                    summary.transient_errors += 1;
+                    (options.log)(&ResumeLogEvent::TransientError {
+                        key: None,
+                        error: format!("candidate task failed: {join_error}"),
+                    });
+                }
+            }
+        }
+    }
 }
 
 /// Records the pending awakeables when metrics are on and a sample is due: a count over a

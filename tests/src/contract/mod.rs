@@ -2,7 +2,7 @@
 //! take a [`Harness`](crate::Harness), run on every store by one macro.
 //!
 //! One module per file of `sql/functions/` (`journal`, `instance`, `lease`, `timer`, `signal`,
-//! `awakeable`, `child`, `remote`), plus `retention`, `inspect` and `schedule`; inside each,
+//! `awakeable`, `child`, `remote`, `queue`), plus `retention`, `inspect` and `schedule`; inside each,
 //! one file per behaviour. A scenario is `pub async fn name(h: Harness) -> TestResult`, uses
 //! only what every store offers (the store traits, the facade, the harness's tools) and
 //! branches on [`Backend`](crate::Backend) only where the stores are allowed to differ.
@@ -33,6 +33,7 @@ pub mod inspect;
 pub mod instance;
 pub mod journal;
 pub mod lease;
+pub mod queue;
 pub mod remote;
 pub mod retention;
 pub mod schedule;
@@ -345,6 +346,36 @@ macro_rules! contract_suite {
                     a_fire_starts_its_runs_with_the_row_or_writes_nothing,
                     due_schedules_come_earliest_first_without_the_paused_or_backed_off,
                     pause_keeps_the_tick_resume_skips_and_trigger_starts_now,
+                ],
+            },
+            queue {
+                start [
+                    a_run_on_a_queue_waits_for_admission_not_for_an_ordinary_claim,
+                    bad_queue_values_are_typed_errors_and_write_nothing,
+                    dedup_refuses_or_returns_the_holder_while_it_is_live,
+                    concurrent_starts_with_one_dedup_id_create_one_run,
+                ],
+                admit [
+                    concurrency_holds_across_owners_and_a_slot_comes_back_at_the_end,
+                    worker_concurrency_counts_each_owner_alone,
+                    key_concurrency_admits_other_keys_past_a_busy_one,
+                    rate_limits_first_admissions_over_a_sliding_window,
+                    key_rate_limits_each_key_alone,
+                    a_paused_queue_admits_nothing_until_resumed,
+                    a_delayed_start_waits_for_its_time_and_shows_as_delayed,
+                ],
+                order [
+                    priority_orders_admission_when_the_queue_takes_it,
+                    round_robin_serves_a_small_key_behind_a_large_backlog,
+                    weighted_fairness_shares_admissions_by_weight,
+                ],
+                slots [
+                    a_parked_run_gives_its_slot_back_or_keeps_it_as_its_queue_says,
+                    a_recorded_crash_gives_the_slot_back,
+                    an_expired_lease_gives_the_slot_back_and_fences_the_old_holder,
+                ],
+                fleet [
+                    a_fleet_of_workers_never_exceeds_the_queue_limits,
                 ],
             },
 

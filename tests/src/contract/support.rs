@@ -26,8 +26,7 @@ pub fn start(key: &InstanceKey, input: serde_json::Value) -> StartRequest {
         input,
         parent: None,
         priority: 0,
-          queue: None,
-  queue: None,
+        queue: None,
     }
 }
 

@@ -371,7 +371,8 @@ impl WorkerBuilder {
         self
     }
 
-    /// The lease owner id. Defaults to a fresh id per pass.
+    /// The lease owner id. Defaults to a fresh id per pass (one for the worker's life when it
+    /// serves a queue).
     ///
     /// ```
     /// # #[cfg(feature = "sqlite")]
@@ -383,6 +384,26 @@ impl WorkerBuilder {
     /// ```
     pub fn owner(mut self, owner: impl Into<String>) -> Self {
         self.options.owner = Some(owner.into());
+        self
+    }
+
+    /// Serves queue `name`: the worker admits runs started on it, within its limits
+    /// ([`Keiro::declare_queue`](crate::Keiro::declare_queue)). A run on a queue no worker
+    /// serves waits. Call once per queue.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let worker = keiro::Keiro::temporary()?.worker().queue("llm").build()?;
+    /// assert_eq!(worker.options().queues, ["llm"]);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
+    /// ```
+    pub fn queue(mut self, name: impl Into<String>) -> Self {
+        let name = name.into();
+        if !self.options.queues.contains(&name) {
+            self.options.queues.push(name);
+        }
         self
     }
 
@@ -493,6 +514,14 @@ impl WorkerBuilder {
             return Err(Error::Registry(self.errors.remove(0)));
         }
         self.options.validate()?;
+        for queue in &self.options.queues {
+            keiro_journal::queue::QueueStart::new(queue.clone()).validate()?;
+        }
+        if !self.options.queues.is_empty() && self.options.owner.is_none() {
+            // Per-worker queue limits count this worker's leases by owner, so the owner must
+            // outlive a pass.
+            self.options.owner = Some(format!("keiro-{}", uuid::Uuid::new_v4()));
+        }
         if self.options.retention.is_some() && self.retention.is_none() {
             return Err(Error::Unsupported {
                 what: "retention (the worker has no retention store)",

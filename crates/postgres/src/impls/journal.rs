@@ -98,9 +98,16 @@ impl JournalStore for PgStore {
         // Starts on a queue go one by one, each its own transaction, in order; the others
         // share one statement.
         traced(span, async {
-            let plain: Vec<StartRequest> =
-                requests.iter().filter(|r| r.queue.is_none()).cloned().collect();
-            let mut plain = self.lanes().instances_start(self.db(), &plain).await.into_iter();
+            let plain: Vec<StartRequest> = requests
+                .iter()
+                .filter(|r| r.queue.is_none())
+                .cloned()
+                .collect();
+            let mut plain = self
+                .lanes()
+                .instances_start(self.db(), &plain)
+                .await
+                .into_iter();
             let mut outcomes = Vec::with_capacity(requests.len());
             for request in requests {
                 outcomes.push(match &request.queue {

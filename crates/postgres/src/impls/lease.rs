@@ -3,13 +3,12 @@
 
 use std::time::Duration;
 
+use keiro_journal::queue::{QueueInfo, QueueSpec};
 use keiro_journal::store::Result;
 use keiro_journal::{span::traced, store_span};
 use keiro_journal::{store::StartRequest, Fence, InstanceKey, WorkflowName};
-use keiro_journal::queue::{QueueInfo, QueueSpec};
 use keiro_lease::{
-    Claim, ClaimOutcome, Crash, CrashOutcome, LeaseStore, QueueStore, ResurrectOutcome,
-    StartClaim,
+    Claim, ClaimOutcome, Crash, CrashOutcome, LeaseStore, QueueStore, ResurrectOutcome, StartClaim,
 };
 use time::OffsetDateTime;
 

@@ -47,8 +47,7 @@ fn start(id: &str, input: Value) -> StartRequest {
         input,
         parent: None,
         priority: 0,
-          queue: None,
-  queue: None,
+        queue: None,
     }
 }
 

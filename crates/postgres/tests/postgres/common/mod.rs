@@ -27,8 +27,7 @@ pub(crate) fn start(key: &InstanceKey, input: serde_json::Value) -> StartRequest
         input,
         parent: None,
         priority: 0,
-          queue: None,
-  queue: None,
+        queue: None,
     }
 }
 

@@ -1,0 +1,277 @@
+//! Queues: flow control enforced where runs are claimed.
+//!
+//! Declare a queue ([`Keiro::declare_queue`]) with the limits it keeps — concurrency fleet-wide,
+//! per worker and per key, a rate fleet-wide and per key, priority, fairness across keys,
+//! dedup — start runs on it ([`Keiro::start_with`], [`Keiro::start_workflow_with`]), and let
+//! workers serve it ([`WorkerBuilder::queue`](crate::worker::WorkerBuilder::queue)). Every
+//! limit is checked in the transaction that leases the run, against rows every worker shares,
+//! so it holds across any number of workers and processes.
+//!
+//! ```
+//! # #[cfg(feature = "sqlite")]
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use keiro::queue::{QueueSpec, StartOptions};
+//! let keiro = keiro::Keiro::temporary()?;
+//! keiro.declare_queue(&QueueSpec::new("llm")?.concurrency(2).key_concurrency(1)).await?;
+//! # async fn call(_ctx: keiro::Ctx, prompt: String) -> Result<usize, keiro::WorkflowError> {
+//! #     Ok(prompt.len())
+//! # }
+//! let worker = keiro.worker().register("call", call).queue("llm").build()?;
+//! for (id, customer) in [("c-1", "acme"), ("c-2", "acme"), ("c-3", "globex")] {
+//!     let options = StartOptions::on_queue("llm").key(customer);
+//!     keiro.start_with("call", id, &"hello", &options).await?;
+//! }
+//! worker.drain().await?;
+//! let row = keiro.instance(("call", "c-2")).await?.expect("started");
+//! assert_eq!(row.status, keiro::Status::Completed);
+//! # Ok(()) }
+//! # #[cfg(not(feature = "sqlite"))] fn main() {}
+//! ```
+
+use std::time::Duration;
+
+use serde::Serialize;
+use time::OffsetDateTime;
+
+pub use keiro_journal::queue::{
+    DedupPolicy, Fairness, QueueError, QueueInfo, QueueRefusal, QueueSpec, QueueStart, Rate,
+};
+
+use crate::store::Started;
+use crate::typed::Handle;
+use crate::{Error, Keiro, WorkflowDef};
+
+/// How to start a run beyond its name, id and input: its queue (with key, dedup id and delay)
+/// and its priority.
+///
+/// ```
+/// use std::time::Duration;
+/// use keiro::queue::StartOptions;
+/// let options = StartOptions::on_queue("payments")
+///     .key("merchant-42")
+///     .dedup_id("invoice-7")
+///     .delay(Duration::from_secs(30));
+/// assert_eq!(options.queue_start().map(|q| q.queue.as_str()), Some("payments"));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StartOptions {
+    queue: Option<QueueStart>,
+    priority: i32,
+    delay: Option<Duration>,
+}
+
+impl StartOptions {
+    /// A start on `queue`.
+    pub fn on_queue(queue: impl Into<String>) -> Self {
+        Self {
+            queue: Some(QueueStart::new(queue)),
+            ..Self::default()
+        }
+    }
+
+    /// The run's key on its queue (a tenant, an account): per-key limits and fairness count
+    /// it under this key.
+    pub fn key(mut self, key: impl Into<String>) -> Self {
+        if let Some(queue) = &mut self.queue {
+            queue.key = Some(key.into());
+        }
+        self
+    }
+
+    /// A dedup id: while a run with it on this queue is not terminal, the queue's
+    /// [`DedupPolicy`] decides what this start does.
+    pub fn dedup_id(mut self, id: impl Into<String>) -> Self {
+        if let Some(queue) = &mut self.queue {
+            queue.dedup_id = Some(id.into());
+        }
+        self
+    }
+
+    /// Admission order on a queue with priority on; higher first. 0 by default.
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// No admission before `delay` from the start (a queue's run waits as delayed).
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = Some(delay);
+        self
+    }
+
+    /// The queue part, if the start is on a queue.
+    pub fn queue_start(&self) -> Option<&QueueStart> {
+        self.queue.as_ref()
+    }
+
+    /// The store request's queue part, with the delay turned into an instant.
+    fn resolve(&self) -> Result<Option<QueueStart>, Error> {
+        let Some(queue) = &self.queue else {
+            if self.delay.is_some() || self.priority != 0 {
+                // Delay and priority are queue admission features.
+                return Err(Error::Unsupported {
+                    what: "a delay or priority on a start that names no queue",
+                });
+            }
+            return Ok(None);
+        };
+        queue.validate()?;
+        let mut queue = queue.clone();
+        if let Some(delay) = self.delay {
+            let delay = time::Duration::try_from(delay).unwrap_or(time::Duration::MAX);
+            queue.not_before = OffsetDateTime::now_utc().checked_add(delay);
+        }
+        Ok(Some(queue))
+    }
+}
+
+impl Keiro {
+    /// Records queue `spec` in the store (or replaces its limits); a paused queue stays paused.
+    /// Safe to call on every process start.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Queue`] for a value refused before the store ([`QueueSpec::validate`]),
+    /// [`Error::Store`].
+    pub async fn declare_queue(&self, spec: &QueueSpec) -> Result<(), Error> {
+        spec.validate()?;
+        Ok(self.queue_store()?.queue_declare(spec).await?)
+    }
+
+    /// Pauses admission on `queue`: runs already admitted go on, waiting ones wait.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Store`] with [`QueueRefusal::Unknown`] for an undeclared queue.
+    pub async fn pause_queue(&self, queue: &str) -> Result<(), Error> {
+        self.set_paused(queue, true).await
+    }
+
+    /// Resumes admission on `queue`.
+    ///
+    /// # Errors
+    ///
+    /// As [`pause_queue`](Self::pause_queue).
+    pub async fn resume_queue(&self, queue: &str) -> Result<(), Error> {
+        self.set_paused(queue, false).await
+    }
+
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<(), Error> {
+        if self.queue_store()?.queue_set_paused(queue, paused).await? {
+            Ok(())
+        } else {
+            Err(unknown(queue))
+        }
+    }
+
+    /// Sets `key`'s weight on `queue` under [`Fairness::Weighted`]: a key of weight 3 is
+    /// admitted three times as often as a key of weight 1 while both have runs waiting.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Queue`] for a weight below 1 or an invalid key, [`Error::Store`] with
+    /// [`QueueRefusal::Unknown`] for an undeclared queue.
+    pub async fn queue_key_weight(&self, queue: &str, key: &str, weight: i32) -> Result<(), Error> {
+        if weight < 1 {
+            return Err(QueueError::InvalidWeight { weight }.into());
+        }
+        let mut check = QueueStart::new(queue);
+        check.key = Some(key.to_owned());
+        check.validate()?;
+        if self
+            .queue_store()?
+            .queue_key_weight(queue, key, weight)
+            .await?
+        {
+            Ok(())
+        } else {
+            Err(unknown(queue))
+        }
+    }
+
+    /// Every declared queue with what it holds now: waiting, delayed and running runs, first
+    /// admissions in the last rate window, the oldest waiting run, the busiest keys.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Store`].
+    pub async fn queues(&self) -> Result<Vec<QueueInfo>, Error> {
+        Ok(self.queue_store()?.queues_list(None, None).await?)
+    }
+
+    /// One queue, as [`queues`](Self::queues) describes it; `None` when it was never declared.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Store`].
+    pub async fn queue(&self, name: &str) -> Result<Option<QueueInfo>, Error> {
+        Ok(self
+            .queue_store()?
+            .queues_list(Some(name), None)
+            .await?
+            .pop())
+    }
+
+    /// [`start`](Self::start) with `options`: on a queue, the run waits for a worker serving
+    /// the queue to admit it within the queue's limits.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start), and [`Error::Queue`] for invalid options; the store refuses
+    /// an undeclared queue, a dedup id or priority the queue does not take, and a duplicate
+    /// dedup id under [`DedupPolicy::Refuse`] with [`Error::Store`] carrying a
+    /// [`QueueRefusal`] ([`Error::queue_refusal`]).
+    pub async fn start_with<I: Serialize + ?Sized>(
+        &self,
+        name: &str,
+        id: &str,
+        input: &I,
+        options: &StartOptions,
+    ) -> Result<Started, Error> {
+        let key = keiro_journal::InstanceKey::parse(name, id)?;
+        let request = keiro_journal::store::StartRequest {
+            input: keiro_journal::store::encode_payload(
+                keiro_journal::store::INPUT_STEP,
+                input,
+                self.payload_len_max(),
+            )
+            .map_err(Error::Payload)?,
+            key,
+            parent: None,
+            priority: options.priority,
+            queue: options.resolve()?,
+        };
+        Ok(self.store().instance_start(&request).await?)
+    }
+
+    /// [`start_workflow`](Self::start_workflow) with `options`.
+    ///
+    /// # Errors
+    ///
+    /// As [`start_with`](Self::start_with).
+    pub async fn start_workflow_with<W: WorkflowDef>(
+        &self,
+        id: &str,
+        input: &W::Input,
+        options: &StartOptions,
+    ) -> Result<Handle<W>, Error> {
+        let started = self.start_with(W::NAME, id, input, options).await?;
+        Ok(Handle::from_started(self.clone(), started))
+    }
+}
+
+impl Keiro {
+    fn queue_store(&self) -> Result<&std::sync::Arc<dyn keiro_lease::QueueStore>, Error> {
+        self.queues.as_ref().ok_or(Error::Unsupported {
+            what: "queues (the store was built with `KeiroBuilder::lease_only`)",
+        })
+    }
+}
+
+fn unknown(queue: &str) -> Error {
+    Error::Store(keiro_journal::StoreError::QueueRefused {
+        queue: queue.to_owned(),
+        refusal: QueueRefusal::Unknown,
+    })
+}
