@@ -429,3 +429,13 @@ pub(crate) fn round(value: f64, places: i32) -> f64 {
     let scale = 10f64.powi(places);
     (value * scale).round() / scale
 }
+
+const TIMESTAMP: &[time::format_description::FormatItem<'static>] =
+    time::macros::format_description!("[year]-[month]-[day] [hour]:[minute]:[second]Z");
+
+/// An instant as operators read it: UTC, to the second.
+pub(crate) fn timestamp(at: time::OffsetDateTime) -> String {
+    at.to_offset(time::UtcOffset::UTC)
+        .format(TIMESTAMP)
+        .unwrap_or_else(|_| at.to_string())
+}

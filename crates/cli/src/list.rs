@@ -27,6 +27,12 @@ pub(crate) struct ListArgs {
     /// Only ids starting with this text.
     #[arg(long)]
     id_prefix: Option<String>,
+    /// Only runs started on this queue.
+    #[arg(long)]
+    queue: Option<String>,
+    /// Only runs with this key on their queue (with --queue).
+    #[arg(long)]
+    queue_key: Option<String>,
     /// Only instances with a remote task that failed for good.
     #[arg(long)]
     failed_remote: bool,
@@ -68,6 +74,8 @@ impl ListArgs {
             ("created_since", since.as_deref()),
             ("parent", self.parent.as_deref()),
             ("id_prefix", self.id_prefix.as_deref()),
+            ("queue", self.queue.as_deref()),
+            ("queue_key", self.queue_key.as_deref()),
             ("cursor", self.cursor.as_deref()),
         ];
         pairs.extend(
@@ -109,8 +117,9 @@ fn print_page(page: &Page) {
         "{:<20} {:<36} {:<9} {:>3} {:>3}  {:<27} {:<27} error",
         "name", "id", "status", "gen", "att", "created_at", "updated_at"
     );
+    let now = OffsetDateTime::now_utc();
     for row in &page.instances {
-        let error: String = row
+        let mut error: String = row
             .last_error
             .as_deref()
             .unwrap_or("")
@@ -118,6 +127,20 @@ fn print_page(page: &Page) {
             .map(|c| if c.is_control() { ' ' } else { c })
             .take(ERROR_COLUMN_LEN)
             .collect();
+        if let Some(queue) = &row.queue {
+            // A run on a queue says where it waits, and until when when it is delayed.
+            let key = row
+                .queue_key
+                .as_deref()
+                .map(|k| format!(" key {k}"))
+                .unwrap_or_default();
+            let delayed = row
+                .not_before
+                .filter(|at| *at > now && row.attempts == 0)
+                .map(|at| format!(" delayed until {}", timestamp(Some(at))))
+                .unwrap_or_default();
+            error = format!("[queue {queue}{key}{delayed}] {error}");
+        }
         println!(
             "{:<20} {:<36} {:<9} {:>3} {:>3}  {:<27} {:<27} {error}",
             row.key.name.as_str(),

@@ -39,6 +39,7 @@ mod lite;
 mod migrate;
 mod ops;
 mod proof;
+mod queue;
 mod schedule;
 mod timeline;
 mod ui;
@@ -91,6 +92,9 @@ enum Command {
     /// Operate schedules: list, pause, resume, trigger.
     #[command(subcommand)]
     Schedule(schedule::ScheduleCommand),
+    /// Operate queues: list, show, pause, resume.
+    #[command(subcommand)]
+    Queue(queue::QueueCommand),
     /// Serve the dashboard: counts, the instance list, instance pages and operator actions.
     Ui(ui::UiArgs),
     /// Crash-recovery demo: kill a worker mid-run and verify every guarantee from the database.
@@ -153,6 +157,7 @@ fn main() -> ExitCode {
             Command::Redispatch(key) => ops::redispatch(&global, &key).await,
             Command::RetryWithInput(args) => ops::retry_with_input(&global, &args).await,
             Command::Schedule(command) => schedule::run(&global, &command).await,
+            Command::Queue(command) => queue::run(&global, &command).await,
             Command::Ui(args) => ui::run(&global, &args).await,
             Command::Demo(args) => demo::run(&global, &args).await,
             Command::DemoWorker(args) => demo::worker::run(&global, &args).await,

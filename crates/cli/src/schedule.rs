@@ -3,9 +3,7 @@
 
 use clap::{Args, Subcommand};
 use keiro::{schedule::Cadence, schedule::CatchUp, schedule::Schedule};
-use time::format_description::FormatItem;
-use time::macros::format_description;
-use time::{OffsetDateTime, UtcOffset};
+use time::OffsetDateTime;
 
 use crate::common::{Global, Outcome, Result, ResultExt};
 
@@ -114,10 +112,6 @@ fn print_schedule(s: &Schedule) {
     }
 }
 
-const TIMESTAMP: &[FormatItem<'static>] =
-    format_description!("[year]-[month]-[day] [hour]:[minute]:[second]Z");
-
 fn timestamp(at: Option<OffsetDateTime>) -> String {
-    at.and_then(|at| at.to_offset(UtcOffset::UTC).format(TIMESTAMP).ok())
-        .unwrap_or_else(|| "-".to_owned())
+    at.map_or_else(|| "-".to_owned(), crate::common::timestamp)
 }

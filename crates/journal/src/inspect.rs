@@ -132,6 +132,10 @@ pub struct ListFilter {
     pub id_prefix: Option<String>,
     /// Only instances with at least one remote task that failed for good.
     pub failed_remote: bool,
+    /// Only runs started on this queue (index-served).
+    pub queue: Option<String>,
+    /// Only runs with this key on their queue; needs `queue`.
+    pub queue_key: Option<String>,
 }
 
 impl ListFilter {
@@ -156,6 +160,14 @@ impl ListFilter {
                 .id_prefix
                 .as_ref()
                 .is_none_or(|prefix| instance.key.id.as_str().starts_with(prefix.as_str()))
+            && self
+                .queue
+                .as_ref()
+                .is_none_or(|queue| instance.queue.as_ref() == Some(queue))
+            && self
+                .queue_key
+                .as_ref()
+                .is_none_or(|key| instance.queue_key.as_ref() == Some(key))
     }
 }
 
@@ -335,12 +347,33 @@ impl ListRequest {
                 ));
             }
         }
+        for (what, value) in [
+            ("queue", &self.filter.queue),
+            ("queue_key", &self.filter.queue_key),
+        ] {
+            if let Some(value) = value {
+                if value.is_empty() || value.len() > crate::ID_LEN_MAX {
+                    return Err(FilterError::invalid(
+                        what,
+                        value,
+                        format_args!("must be 1 to {} bytes", crate::ID_LEN_MAX),
+                    ));
+                }
+            }
+        }
+        if let (Some(key), None) = (&self.filter.queue_key, &self.filter.queue) {
+            return Err(FilterError::invalid(
+                "queue_key",
+                key,
+                "needs a queue filter too",
+            ));
+        }
         Ok(())
     }
 
     /// Builds a request from text parameters, as a URL query or command-line flags carry them:
     /// `name`, `status`, `created_since`, `created_until`, `updated_since`, `updated_until`,
-    /// `finished_since`, `finished_until` (RFC 3339), `parent` (`<name>/<id>`), `id_prefix`, `failed_remote` (`true`/`false`),
+    /// `finished_since`, `finished_until` (RFC 3339), `parent` (`<name>/<id>`), `id_prefix`, `queue`, `queue_key`, `failed_remote` (`true`/`false`),
     /// `order` (`newest_first`/`oldest_first`), `limit`, `cursor`. An empty value is ignored.
     ///
     /// ```
@@ -387,6 +420,8 @@ impl ListRequest {
                 }
                 "parent" => filter.parent = Some(parse_key("parent", value)?),
                 "id_prefix" => filter.id_prefix = Some(value.to_owned()),
+                "queue" => filter.queue = Some(value.to_owned()),
+                "queue_key" => filter.queue_key = Some(value.to_owned()),
                 "failed_remote" => {
                     filter.failed_remote = match value {
                         "true" | "1" => true,
@@ -487,6 +522,15 @@ pub struct InstanceSummary {
     /// When it went terminal.
     #[serde(with = "time::serde::rfc3339::option")]
     pub completed_at: Option<OffsetDateTime>,
+    /// The queue it was started on, if any.
+    #[serde(default)]
+    pub queue: Option<String>,
+    /// Its key on that queue.
+    #[serde(default)]
+    pub queue_key: Option<String>,
+    /// No claim or admission before this instant: a delayed start or a crash backoff.
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub not_before: Option<OffsetDateTime>,
 }
 
 impl From<&Instance> for InstanceSummary {
@@ -502,6 +546,9 @@ impl From<&Instance> for InstanceSummary {
             created_at: row.created_at,
             updated_at: row.updated_at,
             completed_at: row.completed_at,
+            queue: row.queue.clone(),
+            queue_key: row.queue_key.clone(),
+            not_before: row.next_attempt_at,
         }
     }
 }

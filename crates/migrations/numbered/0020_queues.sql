@@ -87,3 +87,8 @@ CREATE INDEX workflows_queue_key_admitted_idx ON workflows (queue, queue_key, qu
 -- One live run per dedup id and queue.
 CREATE UNIQUE INDEX workflows_queue_dedup_idx ON workflows (queue, dedup_id)
     WHERE dedup_id IS NOT NULL AND status IN ('running', 'suspended');
+
+-- The operators' list by queue and key (`keiro list --queue`), newest or oldest first.
+CREATE INDEX workflows_list_queue_idx
+    ON workflows (queue, queue_key, created_at, workflow_name, workflow_id)
+    WHERE queue IS NOT NULL;

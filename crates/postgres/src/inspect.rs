@@ -33,7 +33,8 @@ const WAITS: &str = "reading an instance's waits";
 
 const INSTANCES_LIST_SELECT: &str = "SELECT w.workflow_name, w.workflow_id, w.generation, \
      w.status, w.attempts, w.last_error, w.parent_name, w.parent_id, w.priority, \
-     w.created_at, w.updated_at, w.completed_at FROM workflows w WHERE true";
+     w.created_at, w.updated_at, w.completed_at, w.queue, w.queue_key, w.next_attempt_at \
+     FROM workflows w WHERE true";
 // Served by workflows_list_name_idx.
 const FILTER_NAME: &str = " AND w.workflow_name = $";
 // Served by workflows_list_status_idx.
@@ -54,6 +55,9 @@ const FILTER_PARENT_NAME: &str = " AND w.parent_name = $";
 const FILTER_PARENT_ID: &str = " AND w.parent_id = $";
 // Served by workflows_list_id_idx: with the C collation `^@` is a range on a btree.
 const FILTER_ID_PREFIX: &str = " AND w.workflow_id ^@ $";
+// Served by workflows_list_queue_idx (migration 0020).
+const FILTER_QUEUE: &str = " AND w.queue = $";
+const FILTER_QUEUE_KEY: &str = " AND w.queue_key = $";
 // Served by remote_tasks_failed_idx (the probe per row, or the scan of failed tasks joined).
 const FILTER_FAILED_REMOTE: &str = " AND EXISTS (SELECT 1 FROM remote_tasks t \
      WHERE t.workflow_name = w.workflow_name AND t.workflow_id = w.workflow_id \
@@ -143,6 +147,12 @@ impl ListStatement {
         if let Some(prefix) = &filter.id_prefix {
             statement.push(FILTER_ID_PREFIX, Box::new(prefix.clone()));
         }
+        if let Some(queue) = &filter.queue {
+            statement.push(FILTER_QUEUE, Box::new(queue.clone()));
+        }
+        if let Some(key) = &filter.queue_key {
+            statement.push(FILTER_QUEUE_KEY, Box::new(key.clone()));
+        }
         if filter.failed_remote {
             statement.sql.push_str(FILTER_FAILED_REMOTE);
         }
@@ -214,6 +224,9 @@ fn summary(row: &Row) -> Result<InstanceSummary> {
         created_at: column(row, "created_at", LIST)?,
         updated_at: column(row, "updated_at", LIST)?,
         completed_at: column(row, "completed_at", LIST)?,
+        queue: column(row, "queue", LIST)?,
+        queue_key: column(row, "queue_key", LIST)?,
+        not_before: column(row, "next_attempt_at", LIST)?,
     })
 }
 

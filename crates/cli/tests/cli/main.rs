@@ -4,6 +4,7 @@
 mod bench_sqlite;
 mod credentials;
 mod migrate;
+mod queue;
 mod schedule_list;
 mod scratch_sqlite;
 mod sqlite_commands;

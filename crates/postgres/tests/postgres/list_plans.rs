@@ -1,4 +1,4 @@
-//! Every list query shape the CLI offers is served by indexes (migration 0015): on 100,000
+//! Every list query shape the CLI offers is served by indexes (migrations 0015 and 0020): on 100,000
 //! instances and 20,000 remote tasks, analyzed, the planner's own choice for each combination
 //! of filters, with and without a cursor, in both orders, has no sequential scan. Retention's
 //! batch query is checked the same way.
@@ -13,14 +13,16 @@ use time::{Duration, OffsetDateTime};
 /// completed), one in ten a child of an earlier one; 20k remote tasks, 1% failed.
 const LOAD: &str = "\
 INSERT INTO workflows (workflow_name, workflow_id, status, created_at, updated_at, completed_at, \
-                       parent_name, parent_id) \
+                       parent_name, parent_id, queue, queue_key) \
 SELECT 'wf-' || (g % 10), 'id-' || g, \
        CASE WHEN g % 100 < 80 THEN 'completed' WHEN g % 100 < 90 THEN 'running' \
             WHEN g % 100 < 95 THEN 'suspended' WHEN g % 100 < 99 THEN 'failed' ELSE 'cancelled' END, \
        now() - (g * interval '26 seconds'), now() - (g * interval '25 seconds'), \
        CASE WHEN g % 100 < 80 OR g % 100 >= 95 THEN now() - (g * interval '25 seconds') END, \
        CASE WHEN g % 10 = 7 THEN 'wf-' || ((g / 10) % 10) END, \
-       CASE WHEN g % 10 = 7 THEN 'id-' || (g / 10) END \
+       CASE WHEN g % 10 = 7 THEN 'id-' || (g / 10) END, \
+       CASE WHEN g % 5 = 0 THEN 'q-' || (g % 3) END, \
+       CASE WHEN g % 5 = 0 THEN 'k-' || (g % 400) END \
 FROM generate_series(1, 100000) g; \
 INSERT INTO remote_tasks (step_id, workflow_name, workflow_id, generation, step, journal_step, \
                           grp, input, status, max_attempts, backoff_initial_ms, backoff_max_ms, \
@@ -68,6 +70,29 @@ fn requests(now: OffsetDateTime) -> Vec<ListRequest> {
             }
         }
     }
+    // The queue filters (0020), alone and with the filters an operator combines them with.
+    for mask in 0_u32..8 {
+        for with_cursor in [false, true] {
+            for order in [ListOrder::NewestFirst, ListOrder::OldestFirst] {
+                let mut request = ListRequest::default();
+                request.filter.queue = Some("q-1".to_owned());
+                if mask & 1 != 0 {
+                    request.filter.queue_key = Some("k-10".to_owned());
+                }
+                if mask & 2 != 0 {
+                    request.filter.status = Some(Status::Running);
+                }
+                if mask & 4 != 0 {
+                    request.filter.name = Some("wf-0".parse().expect("valid"));
+                }
+                request.order = order;
+                if with_cursor {
+                    request.cursor = Some(cursor.clone());
+                }
+                all.push(request);
+            }
+        }
+    }
     // The facade's other windows: a finished range, a created range with both ends. (The
     // updated window is unindexed on purpose: see `ListFilter::updated`.)
     let mut finished = ListRequest::default();
@@ -106,7 +131,7 @@ async fn no_list_query_shape_scans_a_table_sequentially() -> TestResult {
         );
         shapes += 1;
     }
-    assert_eq!(shapes, 64 * 4 + 2);
+    assert_eq!(shapes, 64 * 4 + 8 * 4 + 2);
 
     // Retention's batch walks the terminal instances oldest first through their partial index,
     // probing each one's parent (primary key) and children (the parent index).
