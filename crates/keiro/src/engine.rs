@@ -569,6 +569,7 @@ impl Keiro {
             .payload_len_max(self.payload_len_max)
             .retention_store(self.operate.as_ref().map(Operate::retention))
             .schedule_store(self.schedules.clone())
+            .queue_store(self.queues.clone())
     }
 
     /// This handle with `notifier` as its push notifier.

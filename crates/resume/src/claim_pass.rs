@@ -142,6 +142,7 @@ pub(crate) async fn claim_pass(
             );
             let asked = Instant::now();
             let queues = queues.clone();
+            let metrics = options.metrics.clone();
             claiming = Some(Box::pin(async move {
                 let mut batch = store
                     .instances_claim_batch(
@@ -161,7 +162,10 @@ pub(crate) async fn claim_pass(
                             .queue_admit(&queues, &names, &owner, ttl, room, None)
                             .await
                         {
-                            Ok(admitted) => claims.extend(admitted),
+                            Ok(admitted) => {
+                                crate::pass::record_admitted(metrics.as_ref(), &admitted);
+                                claims.extend(admitted);
+                            }
                             // With nothing claimed the error is the claim's; otherwise the
                             // claims go ahead and the next claim tries the queues again.
                             Err(error) if claims.is_empty() => batch = Err(error),

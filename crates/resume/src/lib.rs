@@ -43,6 +43,7 @@ mod closed;
 mod log;
 mod options;
 mod pass;
+mod queue_gauges;
 mod registry;
 mod retention;
 mod schedule;
@@ -58,6 +59,7 @@ pub use options::{
     PASS_LIMIT_DEFAULT, POLL_INTERVAL_DEFAULT, POLL_INTERVAL_MIN,
 };
 pub use pass::{drain, drive_claim, resume_once, resume_once_up_to, ClaimDriven};
+pub use queue_gauges::{run_queue_gauges, throttled};
 pub use registry::{Registry, RegistryError};
 pub use retention::{
     collect, run_retention_loop, RetentionOptions, RETENTION_BATCHES_PER_SWEEP_DEFAULT,

@@ -149,6 +149,7 @@ async fn admit_and_drive(
         if claims.is_empty() {
             return;
         }
+        record_admitted(options.metrics.as_ref(), &claims);
         summary.discovered += u64::try_from(claims.len()).unwrap_or(u64::MAX);
         let mut tasks = JoinSet::new();
         for claim in claims {
@@ -176,6 +177,28 @@ async fn admit_and_drive(
                 }
             }
         }
+    }
+}
+
+/// Counts runs just admitted to their queues and, for a first admission (a fresh run: no
+/// journal yet), how long each waited since its start.
+pub(crate) fn record_admitted(
+    metrics: Option<&keiro_telemetry::Metrics>,
+    claims: &[keiro_lease::Claim],
+) {
+    let Some(metrics) = metrics else {
+        return;
+    };
+    let now = OffsetDateTime::now_utc();
+    for claim in claims {
+        let Some(queue) = &claim.instance.queue else {
+            continue;
+        };
+        let first = claim.journal.is_empty() && claim.instance.generation == 0;
+        let waited = first.then(|| {
+            std::time::Duration::try_from(now - claim.instance.created_at).unwrap_or_default()
+        });
+        metrics.queue_admitted(queue, waited);
     }
 }
 

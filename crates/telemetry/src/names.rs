@@ -235,6 +235,66 @@ pub const STEP_DURATION_BOUNDARIES: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
 
+// ---------------------------------------------------------------------------------------------
+// Queue instruments
+// ---------------------------------------------------------------------------------------------
+
+/// Gauge: runs waiting for admission on a queue (delayed ones included), sampled by a worker
+/// serving the queue (every `Metrics::gauge_interval`).
+///
+/// Attributes: [`QUEUE_NAME`].
+pub const QUEUE_WAITING: &str = "keiro.queue.waiting";
+/// Unit of [`QUEUE_WAITING`].
+pub const QUEUE_WAITING_UNIT: &str = "{run}";
+/// Description of [`QUEUE_WAITING`].
+pub const QUEUE_WAITING_DESCRIPTION: &str = "Runs waiting for admission on a queue.";
+
+/// Gauge: runs holding a slot of a queue, sampled with [`QUEUE_WAITING`].
+///
+/// Attributes: [`QUEUE_NAME`].
+pub const QUEUE_RUNNING: &str = "keiro.queue.running";
+/// Unit of [`QUEUE_RUNNING`].
+pub const QUEUE_RUNNING_UNIT: &str = "{run}";
+/// Description of [`QUEUE_RUNNING`].
+pub const QUEUE_RUNNING_DESCRIPTION: &str = "Runs holding a slot of a queue.";
+
+/// Counter: admissions of a run to a queue by this process's workers.
+///
+/// Attributes: [`QUEUE_NAME`].
+pub const QUEUE_ADMITTED: &str = "keiro.queue.admitted";
+/// Unit of [`QUEUE_ADMITTED`].
+pub const QUEUE_ADMITTED_UNIT: &str = "{run}";
+/// Description of [`QUEUE_ADMITTED`].
+pub const QUEUE_ADMITTED_DESCRIPTION: &str = "Runs admitted to a queue.";
+
+/// Counter: gauge samples at which a queue was held at its concurrency or rate limit (or
+/// paused) while runs ready to be admitted waited. A steady rate says the limit, not the
+/// fleet, bounds the queue's throughput.
+///
+/// Attributes: [`QUEUE_NAME`].
+pub const QUEUE_THROTTLED: &str = "keiro.queue.throttled";
+/// Unit of [`QUEUE_THROTTLED`].
+pub const QUEUE_THROTTLED_UNIT: &str = "{sample}";
+/// Description of [`QUEUE_THROTTLED`].
+pub const QUEUE_THROTTLED_DESCRIPTION: &str =
+    "Samples of a queue held at a limit while runs ready to be admitted waited.";
+
+/// Histogram: how long a run waited from its start to its first admission, in seconds.
+///
+/// Attributes: [`QUEUE_NAME`].
+pub const QUEUE_ADMISSION_WAIT: &str = "keiro.queue.admission.wait";
+/// Unit of [`QUEUE_ADMISSION_WAIT`].
+pub const QUEUE_ADMISSION_WAIT_UNIT: &str = "s";
+/// Description of [`QUEUE_ADMISSION_WAIT`].
+pub const QUEUE_ADMISSION_WAIT_DESCRIPTION: &str =
+    "Time a run waited on its queue before its first admission.";
+/// Bucket boundaries of [`QUEUE_ADMISSION_WAIT`], in seconds: a free slot found at once (a few
+/// ms) to a backlog an hour deep.
+pub const QUEUE_ADMISSION_WAIT_BOUNDARIES: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
+    3_600.0,
+];
+
 /// Every instrument name above, in declaration order.
 ///
 /// Useful for checking an exporter's output or a dashboard against the full set.
@@ -254,6 +314,11 @@ pub const INSTRUMENTS: &[&str] = &[
     REMOTE_REDISPATCHED,
     REMOTE_LOST,
     STEP_DURATION,
+    QUEUE_WAITING,
+    QUEUE_RUNNING,
+    QUEUE_ADMITTED,
+    QUEUE_THROTTLED,
+    QUEUE_ADMISSION_WAIT,
 ];
 
 // ---------------------------------------------------------------------------------------------
@@ -286,6 +351,10 @@ pub const STEP_KIND: &str = "keiro.step.kind";
 /// Attribute key: the worker group a remote step was dispatched to, without its `@partition`
 /// (partitions are the application's, unbounded in number).
 pub const REMOTE_GROUP: &str = "keiro.remote.group";
+
+/// Attribute key: a queue's name (never a run's key on it: keys are the application's,
+/// unbounded in number).
+pub const QUEUE_NAME: &str = "keiro.queue.name";
 
 /// Attribute key: a remote step's name, on `remote <step>` spans.
 pub const REMOTE_STEP: &str = "keiro.remote.step";

@@ -20,6 +20,7 @@ on_both_stores!(
     lease_skip_failure_and_store_errors_are_counted,
     awakeables_and_timers_are_sampled,
     metrics_off_records_nothing_and_changes_nothing,
+    queue_admissions_waits_and_depth_are_recorded,
 );
 
 fn registry(fail: Arc<AtomicBool>) -> Result<Registry, keiro::worker::RegistryError> {
@@ -189,5 +190,58 @@ async fn metrics_off_records_nothing_and_changes_nothing(h: Harness) -> TestResu
         recorder.collect()?.is_empty(),
         "nothing reached the provider"
     );
+    Ok(())
+}
+
+async fn queue_admissions_waits_and_depth_are_recorded(h: Harness) -> TestResult {
+    use keiro::queue::{QueueSpec, StartOptions};
+    let recorder = Recorder::new();
+    h.keiro
+        .declare_queue(&QueueSpec::new("llm")?.concurrency(1))
+        .await?;
+    for n in 0..3 {
+        h.keiro
+            .start_with("m", &format!("q-{n}"), &(), &StartOptions::on_queue("llm"))
+            .await?;
+    }
+    let worker = h
+        .keiro
+        .worker()
+        .registry(registry(Arc::new(AtomicBool::new(false)))?)
+        .metrics(recorder.metrics.clone())
+        .queue("llm")
+        .build()?;
+    // The gauge loop samples while the worker runs, before the runs are admitted one by one.
+    let keiro = h.keiro.clone();
+    worker
+        .run_until(async move {
+            for _ in 0..500 {
+                let done = keiro
+                    .queue("llm")
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|q| q.waiting == 0 && q.running == 0);
+                if done {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+    assert_eq!(recorder.total(names::QUEUE_ADMITTED)?, 3.0);
+    let waits = recorder.points(names::QUEUE_ADMISSION_WAIT)?;
+    assert_eq!(waits.len(), 1, "one series, by queue name");
+    assert_eq!(
+        waits[0].0.get(names::QUEUE_NAME).map(String::as_str),
+        Some("llm")
+    );
+    assert_eq!(
+        recorder.total(names::QUEUE_ADMISSION_WAIT)?,
+        3.0,
+        "a wait per first admission"
+    );
+    let waiting = recorder.points(names::QUEUE_WAITING)?;
+    assert_eq!(waiting.len(), 1, "sampled once at least, one series");
     Ok(())
 }

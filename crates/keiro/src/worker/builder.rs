@@ -53,6 +53,7 @@ pub struct WorkerBuilder {
     push: Option<Arc<dyn Notifier>>,
     errors: Vec<RegistryError>,
     retention: Option<Arc<dyn RetentionStore>>,
+    queue_store: Option<Arc<dyn keiro_lease::QueueStore>>,
     /// Where schedules live, and how this worker's scheduler runs (`schedules`).
     schedules: WorkerSchedules,
 }
@@ -88,6 +89,7 @@ impl WorkerBuilder {
             push: None,
             errors: Vec::new(),
             retention: None,
+            queue_store: None,
             schedules: WorkerSchedules::default(),
         }
     }
@@ -164,6 +166,29 @@ impl WorkerBuilder {
     /// ```
     pub fn retention_store(mut self, store: Option<Arc<dyn RetentionStore>>) -> Self {
         self.retention = store;
+        self
+    }
+
+    /// The store the queue gauges are read from (`keiro.queue.waiting`, `keiro.queue.running`,
+    /// `keiro.queue.throttled`, sampled while the worker runs when it has
+    /// [`metrics`](Self::metrics) and serves a [`queue`](Self::queue)). Set to the store's own
+    /// when built through `Keiro::worker`, else `None` (no queue gauges).
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::Arc;
+    /// let store = Arc::new(keiro::store::sqlite::SqliteStore::temporary()?);
+    /// let worker = keiro::Worker::builder(store.as_ref().clone())
+    ///     .queue_store(Some(store))
+    ///     .queue("llm")
+    ///     .build()?;
+    /// # let _ = worker;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
+    /// ```
+    pub fn queue_store(mut self, store: Option<Arc<dyn keiro_lease::QueueStore>>) -> Self {
+        self.queue_store = store;
         self
     }
 
@@ -542,6 +567,7 @@ impl WorkerBuilder {
             timers,
             push: self.push,
             retention: self.retention,
+            queue_store: self.queue_store,
             schedules: self.schedules,
         })
     }

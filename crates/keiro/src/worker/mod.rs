@@ -33,6 +33,7 @@ pub struct Worker {
     timers: Option<TimerOptions>,
     pub(crate) push: Option<Arc<dyn Notifier>>,
     retention: Option<Arc<dyn RetentionStore>>,
+    pub(crate) queue_store: Option<Arc<dyn keiro_lease::QueueStore>>,
     schedules: schedules::WorkerSchedules,
 }
 
@@ -194,6 +195,7 @@ impl Worker {
             ))
         });
         let retention = self.retention_loop(stopped(stop_rx.clone()));
+        let gauges = self.queue_gauges(stopped(stop_rx.clone()));
         let scheduler = self.spawn_scheduler(stopped(stop_rx.clone()));
         let wake: Box<dyn WakeSource> = match &self.push {
             Some(notifier) => notifier.subscribe(WakeFilter::Instances),
@@ -217,7 +219,30 @@ impl Worker {
             // As the timer loop: it stops on the same signal.
             let _ = scheduler.await;
         }
+        if let Some(gauges) = gauges {
+            // As the timer loop.
+            let _ = gauges.await;
+        }
         summary
+    }
+
+    /// Spawns the queue gauge loop when the worker has metrics, serves a queue and has the
+    /// store to read queues from.
+    fn queue_gauges(
+        &self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        let metrics = self.options.metrics.clone()?;
+        let store = self.queue_store.clone()?;
+        if self.options.queues.is_empty() {
+            return None;
+        }
+        Some(tokio::spawn(keiro_resume::run_queue_gauges(
+            store,
+            self.options.queues.clone(),
+            metrics,
+            shutdown,
+        )))
     }
 
     /// Spawns the retention loop when the options ask for one.

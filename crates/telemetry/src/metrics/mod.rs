@@ -48,15 +48,19 @@ pub enum SampledGauge {
     AwakeablesPending,
     /// [`names::TIMER_BACKLOG`], counted by the timer worker.
     TimerBacklog,
+    /// [`names::QUEUE_WAITING`] and [`names::QUEUE_RUNNING`], counted by a worker serving
+    /// queues.
+    QueueDepth,
 }
 
 impl SampledGauge {
-    const COUNT: usize = 2;
+    const COUNT: usize = 3;
 
     fn slot(self) -> usize {
         match self {
             Self::AwakeablesPending => 0,
             Self::TimerBacklog => 1,
+            Self::QueueDepth => 2,
         }
     }
 }
@@ -79,6 +83,11 @@ struct Instruments {
     remote_redispatched: Counter<u64>,
     remote_lost: Counter<u64>,
     step_duration: Histogram<f64>,
+    queue_waiting: Gauge<u64>,
+    queue_running: Gauge<u64>,
+    queue_admitted: Counter<u64>,
+    queue_throttled: Counter<u64>,
+    queue_admission_wait: Histogram<f64>,
     /// When each [`SampledGauge`] was last claimed, shared by every clone so that the workers
     /// of one process sample a gauge once between them, not once each.
     sampled: Mutex<[Option<Instant>; SampledGauge::COUNT]>,
@@ -186,6 +195,32 @@ impl Metrics {
                 .with_unit(names::STEP_DURATION_UNIT)
                 .with_description(names::STEP_DURATION_DESCRIPTION)
                 .with_boundaries(names::STEP_DURATION_BOUNDARIES.to_vec())
+                .build(),
+            queue_waiting: meter
+                .u64_gauge(names::QUEUE_WAITING)
+                .with_unit(names::QUEUE_WAITING_UNIT)
+                .with_description(names::QUEUE_WAITING_DESCRIPTION)
+                .build(),
+            queue_running: meter
+                .u64_gauge(names::QUEUE_RUNNING)
+                .with_unit(names::QUEUE_RUNNING_UNIT)
+                .with_description(names::QUEUE_RUNNING_DESCRIPTION)
+                .build(),
+            queue_admitted: counter(
+                names::QUEUE_ADMITTED,
+                names::QUEUE_ADMITTED_UNIT,
+                names::QUEUE_ADMITTED_DESCRIPTION,
+            ),
+            queue_throttled: counter(
+                names::QUEUE_THROTTLED,
+                names::QUEUE_THROTTLED_UNIT,
+                names::QUEUE_THROTTLED_DESCRIPTION,
+            ),
+            queue_admission_wait: meter
+                .f64_histogram(names::QUEUE_ADMISSION_WAIT)
+                .with_unit(names::QUEUE_ADMISSION_WAIT_UNIT)
+                .with_description(names::QUEUE_ADMISSION_WAIT_DESCRIPTION)
+                .with_boundaries(names::QUEUE_ADMISSION_WAIT_BOUNDARIES.to_vec())
                 .build(),
             sampled: Mutex::new([None; SampledGauge::COUNT]),
         };
@@ -489,6 +524,56 @@ impl Metrics {
         self.instruments
             .timer_fire_lag
             .record(lag.as_secs_f64() * 1_000.0, &[]);
+    }
+
+    /// Records what queue `queue` holds: runs waiting for admission and runs holding a slot.
+    ///
+    /// Sets [`names::QUEUE_WAITING`] and [`names::QUEUE_RUNNING`].
+    ///
+    /// ```
+    /// # let metrics = keiro_telemetry::Metrics::global();
+    /// metrics.queue_depth("llm", 120, 10);
+    /// ```
+    pub fn queue_depth(&self, queue: &str, waiting: u64, running: u64) {
+        let attributes = [KeyValue::new(names::QUEUE_NAME, queue.to_owned())];
+        self.instruments.queue_waiting.record(waiting, &attributes);
+        self.instruments.queue_running.record(running, &attributes);
+    }
+
+    /// Counts one run admitted to `queue`, and, for a first admission, how long it waited.
+    ///
+    /// Records 1 on [`names::QUEUE_ADMITTED`] and `waited` in seconds on
+    /// [`names::QUEUE_ADMISSION_WAIT`].
+    ///
+    /// ```
+    /// # let metrics = keiro_telemetry::Metrics::global();
+    /// use std::time::Duration;
+    ///
+    /// metrics.queue_admitted("llm", Some(Duration::from_millis(40)));
+    /// ```
+    pub fn queue_admitted(&self, queue: &str, waited: Option<Duration>) {
+        let attributes = [KeyValue::new(names::QUEUE_NAME, queue.to_owned())];
+        self.instruments.queue_admitted.add(1, &attributes);
+        if let Some(waited) = waited {
+            self.instruments
+                .queue_admission_wait
+                .record(waited.as_secs_f64(), &attributes);
+        }
+    }
+
+    /// Counts one sample of `queue` held at a limit (or paused) while runs ready to be
+    /// admitted waited.
+    ///
+    /// Records 1 on [`names::QUEUE_THROTTLED`].
+    ///
+    /// ```
+    /// # let metrics = keiro_telemetry::Metrics::global();
+    /// metrics.queue_throttled("llm");
+    /// ```
+    pub fn queue_throttled(&self, queue: &str) {
+        self.instruments
+            .queue_throttled
+            .add(1, &[KeyValue::new(names::QUEUE_NAME, queue.to_owned())]);
     }
 
     /// Counts one remote step task dispatched to worker `group` for the first time.
