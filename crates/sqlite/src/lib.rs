@@ -71,7 +71,8 @@
 //!         input: serde_json::json!("ada"),
 //!         parent: None,
 //!         priority: 0,
-//!, queue: None })
+//!         queue: None,
+//!     })
 //!     .await?;
 //! assert!(started.created);
 //! # Ok(()) }

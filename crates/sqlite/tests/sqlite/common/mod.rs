@@ -58,8 +58,7 @@ pub fn start_request(id: &str, input: Value) -> StartRequest {
         input,
         parent: None,
         priority: 0,
-          queue: None,
-  queue: None,
+        queue: None,
     }
 }
 
