@@ -19,6 +19,7 @@ use crate::journal::{
     AppendCode, AppendTo,
 };
 use crate::notify;
+use crate::queue;
 use crate::row::{self, micros, Stored};
 
 const START: &str = "starting an instance";
@@ -135,17 +136,21 @@ const INSTANCE_PARK_WOKEN: &str = "UPDATE workflows SET status = 'running', \
          updated_at = ?5 \
      WHERE workflow_name = ?1 AND workflow_id = ?2";
 
+/// `?6`: the park gives the run's queue slot back (queue.sql's park trigger, `queue_park`).
 const INSTANCE_PARK_SUSPEND: &str = "UPDATE workflows SET status = 'suspended', wake_after = ?3, \
          lease_owner = NULL, lease_expires_at = NULL, \
          attempts = 0, last_error = NULL, next_attempt_at = NULL, \
-         parked_on = ?4, updated_at = ?5 \
+         parked_on = ?4, updated_at = ?5, \
+         queue_admitted = CASE WHEN ?6 THEN 0 ELSE queue_admitted END \
      WHERE workflow_name = ?1 AND workflow_id = ?2";
 
 /// keiro_instance_park: parks a run waiting on `awaited`, releasing its lease and clearing its
 /// crash history (it made progress). The awaited steps are checked inside the writer's
 /// transaction, which every append also runs in, so a wake that landed before the park keeps
 /// the row `running` instead of being masked by `suspended`. A park on the current generation
-/// records the deliveries it waits on (`parked_on`). A woken park notifies its wake.
+/// records the deliveries it waits on (`parked_on`). A woken park notifies its wake. A run
+/// that suspends while holding a slot of a queue that releases slots on park gives it back
+/// ([`queue::queue_park`]).
 #[allow(clippy::too_many_arguments)] // keiro_instance_park's parameters, in its order
 pub(crate) fn instance_park(
     conn: &Connection,
@@ -198,9 +203,11 @@ pub(crate) fn instance_park(
         notify::wake(conn, PARK, name, id)?;
         Ok(ParkCode::Woken)
     } else {
+        // queue.sql's BEFORE trigger on this update, asked first: SQLite's cannot change it.
+        let release = queue::queue_park(conn, &row)?;
         conn.execute_cached(
             INSTANCE_PARK_SUSPEND,
-            params![name, id, wake_after.map(micros), parked_on, at],
+            params![name, id, wake_after.map(micros), parked_on, at, release],
         )
         .map_err(|e| store(PARK, e))?;
         Ok(ParkCode::Suspended)

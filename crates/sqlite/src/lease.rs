@@ -42,10 +42,12 @@ const INSTANCE_CLAIM: &str = "UPDATE workflows SET \
      WHERE workflow_name = ?1 AND workflow_id = ?2 \
        AND status IN ('running', 'suspended') \
        AND (lease_expires_at IS NULL OR lease_expires_at < ?6) \
-       AND (next_attempt_at IS NULL OR next_attempt_at <= ?6)";
+       AND (next_attempt_at IS NULL OR next_attempt_at <= ?6) \
+       AND (queue IS NULL OR (queue_admitted AND lease_expires_at IS NULL))";
 
 /// keiro_instance_claim: one conditional UPDATE takes the lease (runnable, lease free or
-/// expired, backoff gate passed, judged at `p_now` or the store's clock); a granted claim also
+/// expired, backoff gate passed, judged at `p_now` or the store's clock; a run on a queue only
+/// while it holds its slot, queue.sql's `queue_admit` being its claim otherwise); a granted claim also
 /// returns the row and the current generation's journal. A refused claim returns the row as it
 /// is, for the caller to classify at `clock`.
 pub(crate) fn instance_claim(
@@ -98,12 +100,14 @@ const INSTANCE_CLAIM_DUE: &str = "UPDATE workflows SET \
        AND (status = 'running' \
             OR (status = 'suspended' AND wake_after IS NOT NULL AND wake_after <= ?6)) \
        AND (lease_expires_at IS NULL OR lease_expires_at < ?6) \
-       AND (next_attempt_at IS NULL OR next_attempt_at <= ?6)";
+       AND (next_attempt_at IS NULL OR next_attempt_at <= ?6) \
+       AND (queue IS NULL OR (queue_admitted AND lease_expires_at IS NULL))";
 
 /// keiro_instance_start_claimed: direct execution starts an instance already leased to its
 /// caller. A new row is inserted with the caller's lease on it (epoch 1); an existing row keeps
 /// its input and is claimed only when a worker could claim it now (the discovery predicate:
-/// running, or suspended with a due `wake_after`; lease free or expired; gate open). Returns
+/// running, or suspended with a due `wake_after`; lease free or expired; gate open; a run on a
+/// queue only while it holds its slot). Returns
 /// whether the row was created, with the claim's answer as [`instance_claim`]'s. No
 /// notification, as in plpgsql.
 #[allow(clippy::too_many_arguments)] // keiro_instance_start_claimed's parameters, in its order
@@ -167,7 +171,8 @@ pub(crate) fn instance_start_claimed(
 }
 
 /// The candidates of a batch claim: running rows, and suspended ones with a due `wake_after`,
-/// of the given names, lease free or expired, gate open; highest priority first, then oldest.
+/// of the given names, lease free or expired, gate open, and on a queue only while holding a
+/// slot; highest priority first, then oldest.
 /// Served by `workflows_running_claim_idx` and `workflows_active_idx`. No `SKIP LOCKED`:
 /// the writer is alone in its transaction, so no row is held by another claimer.
 const INSTANCES_CLAIMABLE: &str = "SELECT workflow_name, workflow_id FROM workflows \
@@ -176,6 +181,7 @@ const INSTANCES_CLAIMABLE: &str = "SELECT workflow_name, workflow_id FROM workfl
             OR (status = 'suspended' AND wake_after IS NOT NULL AND wake_after <= ?2)) \
        AND (lease_expires_at IS NULL OR lease_expires_at < ?2) \
        AND (next_attempt_at IS NULL OR next_attempt_at <= ?2) \
+       AND (queue IS NULL OR (queue_admitted AND lease_expires_at IS NULL)) \
      ORDER BY priority DESC, created_at, workflow_name, workflow_id \
      LIMIT max(?3, 0)";
 
@@ -243,14 +249,16 @@ const INSTANCE_CRASH_FAIL: &str = "UPDATE workflows SET \
          lease_owner = NULL, lease_expires_at = NULL, updated_at = ?5 \
      WHERE workflow_name = ?1 AND workflow_id = ?2";
 
+/// A crashed run on a queue gives its slot back; it is admitted again after its backoff, like
+/// any waiting run.
 const INSTANCE_CRASH_RETRY: &str = "UPDATE workflows SET \
          attempts = ?3, last_error = ?4, next_attempt_at = ?5, \
-         lease_owner = NULL, lease_expires_at = NULL, updated_at = ?6 \
+         lease_owner = NULL, lease_expires_at = NULL, queue_admitted = 0, updated_at = ?6 \
      WHERE workflow_name = ?1 AND workflow_id = ?2";
 
 /// keiro_instance_record_crash: counts a crash of the fenced run and releases its lease; at
 /// the ceiling it fails the run, journaling the failure in the same transaction, and delivers
-/// the failure to a waiting parent.
+/// the failure to a waiting parent. A retried run gives its queue slot back.
 #[allow(clippy::too_many_arguments)] // keiro_instance_record_crash's parameters, in its order
 pub(crate) fn instance_record_crash(
     conn: &Connection,
@@ -355,9 +363,11 @@ pub(crate) fn instance_resurrect(
     Ok(ResurrectCode::Resurrected)
 }
 
+/// A run waiting for admission to its queue is not runnable: `queue_admit` is its claim.
 const INSTANCES_RUNNABLE: &str = "SELECT workflow_name, workflow_id FROM workflows \
-     WHERE status = 'running' \
-        OR (status = 'suspended' AND wake_after IS NOT NULL AND wake_after <= ?1) \
+     WHERE (status = 'running' \
+        OR (status = 'suspended' AND wake_after IS NOT NULL AND wake_after <= ?1)) \
+       AND (queue IS NULL OR queue_admitted) \
      ORDER BY priority DESC, created_at, workflow_name, workflow_id \
      LIMIT ?2";
 

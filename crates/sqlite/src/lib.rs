@@ -3,9 +3,9 @@
 //! It opens, checks and migrates a file, writes through one writer thread with group commit,
 //! and implements the rules listed below as inherent methods of [`SqliteStore`], and through
 //! them every store trait:
-//! `JournalStore`, `LeaseStore`, `Transport`, `RemoteAdmin`, `InspectStore`, `RetentionStore`
-//! and `ScheduleStore` (every method of each), so `keiro::Keiro::builder` takes it and the
-//! conformance suite runs on it, and `Notifier` (push wake-ups, below).
+//! `JournalStore`, `LeaseStore`, `QueueStore`, `Transport`, `RemoteAdmin`, `InspectStore`,
+//! `RetentionStore` and `ScheduleStore` (every method of each), so `keiro::Keiro::builder`
+//! takes it and the conformance suite runs on it, and `Notifier` (push wake-ups, below).
 //!
 //! Implemented and tested (each the twin of its plpgsql function, same name, same order):
 //! - instance.sql: `instance_start`, `instance_confirm`, `instance_park`,
@@ -21,6 +21,12 @@
 //!   `instance_record_crash`, `instance_resurrect`; and the Postgres store's one-statement
 //!   `instances_runnable`, `instance_lease_renew`, `instance_release`,
 //!   `instance_lease_force_release`;
+//! - queue.sql: `queue_declare`, `queue_set_paused`, `queue_key_weight`, `queue_start` (which
+//!   `instance_start` routes a start on a queue to), `queue_admit` (concurrency fleet-wide, per
+//!   worker and per key, rates, priority, weighted fairness), `queue_park` (the park trigger's
+//!   rule, asked by `instance_park`), the slot-freed trigger (in migration 0003); and the
+//!   Postgres store's plain-statement `queues_list`; lease.sql's claims skip a run waiting for
+//!   admission, and a crash gives its slot back;
 //! - timer.sql: `timer_arm`, `timers_fire_due`; and the Postgres store's one-statement
 //!   `timers_requeue_stuck`, `timers_due_count`;
 //! - signal.sql: `signal_wait`, `signal_offer`, `signal_send` (with its TTL and the sweep of
@@ -71,7 +77,8 @@
 //!         input: serde_json::json!("ada"),
 //!         parent: None,
 //!         priority: 0,
-//!, queue: None })
+//!         queue: None,
+//!     })
 //!     .await?;
 //! assert!(started.created);
 //! # Ok(()) }
@@ -121,6 +128,7 @@ mod journal;
 mod lease;
 mod notify;
 mod open;
+mod queue;
 mod remote;
 mod retention;
 mod row;

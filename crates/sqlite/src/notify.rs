@@ -98,6 +98,14 @@ pub(crate) fn wake(conn: &Connection, operation: &'static str, name: &str, id: &
     insert(conn, operation, "wake", Some((name, id)))
 }
 
+/// queue.sql's `queue/<queue>` wake: a run of `queue` may be admitted now (the queue was
+/// resumed; migration 0003's trigger writes the same row when a slot is freed). Postgres
+/// listeners read that payload as an instance's wake, so this is a `wake` row, named
+/// `queue`/`<queue>`.
+pub(crate) fn queue(conn: &Connection, operation: &'static str, queue: &str) -> Result<()> {
+    insert(conn, operation, "wake", Some(("queue", queue)))
+}
+
 /// keiro_notify_timer: a timer was armed, so the earliest due time may have moved closer.
 pub(crate) fn timer(conn: &Connection, operation: &'static str) -> Result<()> {
     insert(conn, operation, "timer", None)

@@ -20,6 +20,7 @@ pub(crate) const MIGRATIONS: &[(i64, &str, &str)] = &[
         "notifications",
         include_str!("../migrations/0002_notifications.sql"),
     ),
+    (3, "queues", include_str!("../migrations/0003_queues.sql")),
 ];
 
 /// The newest schema version this build knows.

@@ -62,6 +62,10 @@ pub(crate) struct Stored {
     pub(crate) parent_name: Option<String>,
     pub(crate) parent_id: Option<String>,
     pub(crate) priority: i32,
+    pub(crate) queue: Option<String>,
+    pub(crate) queue_key: Option<String>,
+    /// Whether the run holds (or, its lease expired, held) a slot of its queue.
+    pub(crate) queue_admitted: bool,
     pub(crate) created_at: i64,
     pub(crate) updated_at: i64,
     pub(crate) completed_at: Option<i64>,
@@ -89,11 +93,14 @@ impl Stored {
             parent_name: row.get(13)?,
             parent_id: row.get(14)?,
             priority: row.get(15)?,
-            created_at: row.get(16)?,
-            updated_at: row.get(17)?,
-            completed_at: row.get(18)?,
-            parent_generation: row.get(19)?,
-            parent_step: row.get(20)?,
+            queue: row.get(16)?,
+            queue_key: row.get(17)?,
+            queue_admitted: row.get(18)?,
+            created_at: row.get(19)?,
+            updated_at: row.get(20)?,
+            completed_at: row.get(21)?,
+            parent_generation: row.get(22)?,
+            parent_step: row.get(23)?,
         })
     }
 
@@ -133,6 +140,8 @@ impl Stored {
             wake_after: instant_opt(self.wake_after, operation)?,
             parent,
             priority: self.priority,
+            queue: self.queue.clone(),
+            queue_key: self.queue_key.clone(),
             created_at: instant(self.created_at, operation)?,
             updated_at: instant(self.updated_at, operation)?,
             completed_at: instant_opt(self.completed_at, operation)?,
@@ -195,7 +204,8 @@ pub(crate) fn entry(stored: StoredEntry, operation: &'static str) -> Result<Jour
 const INSTANCE_ROW: &str = concat!(
     "SELECT workflow_name, workflow_id, generation, status, ",
     "input, output, attempts, last_error, next_attempt_at, lease_owner, lease_epoch, ",
-    "lease_expires_at, wake_after, parent_name, parent_id, priority, created_at, updated_at, ",
+    "lease_expires_at, wake_after, parent_name, parent_id, priority, queue, queue_key, ",
+    "queue_admitted, created_at, updated_at, ",
     "completed_at, parent_generation, parent_step ",
     "FROM workflows WHERE workflow_name = ?1 AND workflow_id = ?2"
 );

@@ -39,13 +39,18 @@ const CANCEL: &str = "cancelling an instance";
 
 impl SqliteStore {
     /// Creates the instance row `running` with its input, idempotently by key
-    /// (`JournalStore::instance_start`).
+    /// (`JournalStore::instance_start`). A request with a queue is started on it (the queue's
+    /// checks first; the run then waits for admission).
     ///
     /// # Errors
     ///
-    /// `ValueRefused` for an input PostgreSQL would refuse; `Unavailable` when the file is
-    /// locked past the busy timeout or the commit failed.
+    /// `ValueRefused` for an input PostgreSQL would refuse; `QueueRefused` for a start its
+    /// queue refuses; `Unavailable` when the file is locked past the busy timeout or the commit
+    /// failed.
     pub async fn instance_start(&self, request: &StartRequest) -> Result<Started> {
+        if let Some(queue) = &request.queue {
+            return self.queue_start(request, queue).await;
+        }
         storable::value(START, &request.input)?;
         let request = request.clone();
         self.inner
@@ -73,10 +78,20 @@ impl SqliteStore {
     }
 
     /// Starts several instances, each its own operation of the writer's shared transaction
-    /// (`JournalStore::instances_start`): one refused input never fails the others.
+    /// (`JournalStore::instances_start`): one refused input never fails the others. In the
+    /// Postgres store's order: the starts on no queue first (one statement there), then those
+    /// on a queue one by one in the requests' order, so each sees the ones before it (a second
+    /// start of one dedup id finds the first). Answered in the requests' order.
     pub async fn instances_start(&self, requests: &[StartRequest]) -> Vec<Result<Started>> {
-        let starts = requests.iter().map(|r| self.instance_start(r));
-        join_all(starts).await
+        let (plain, queued): (Vec<usize>, Vec<usize>) =
+            (0..requests.len()).partition(|&i| requests[i].queue.is_none());
+        let order: Vec<usize> = plain.into_iter().chain(queued).collect();
+        let answers = join_all(order.iter().map(|&i| self.instance_start(&requests[i]))).await;
+        let mut placed: Vec<Option<Result<Started>>> = requests.iter().map(|_| None).collect();
+        for (i, answer) in order.into_iter().zip(answers) {
+            placed[i] = Some(answer);
+        }
+        placed.into_iter().flatten().collect()
     }
 
     /// Reads the instance row (`JournalStore::instance_get`).

@@ -311,7 +311,11 @@ fn claim_outcome(claimed: lease::Claimed, operation: &'static str) -> Result<Cla
 }
 
 /// A granted claim: the fence, the row after it, the journal.
-fn claim(row: &Stored, journal: Vec<JournalEntry>, operation: &'static str) -> Result<Claim> {
+pub(super) fn claim(
+    row: &Stored,
+    journal: Vec<JournalEntry>,
+    operation: &'static str,
+) -> Result<Claim> {
     let instance = row.instance(operation)?;
     let owner = instance
         .lease_owner

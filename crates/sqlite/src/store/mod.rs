@@ -1,7 +1,8 @@
 //! [`SqliteStore`]: the handle, its writer and readers, and its clock. Its operations, grouped
 //! as the store traits group them, are in `journal.rs` (instances, the journal, deliveries),
-//! `timer.rs`, `sources.rs`, `remote.rs`, `admin.rs`, `lease.rs`, `inspect.rs`, `retention.rs`
-//! and `schedule.rs`; each turns a rule's outcome into the traits' outcome or error.
+//! `timer.rs`, `sources.rs`, `remote.rs`, `admin.rs`, `lease.rs`, `queue.rs`, `inspect.rs`,
+//! `retention.rs` and `schedule.rs`; each turns a rule's outcome into the traits' outcome or
+//! error.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -27,6 +28,7 @@ mod inspect;
 mod journal;
 mod lease;
 mod notify;
+mod queue;
 mod remote;
 mod retention;
 mod schedule;

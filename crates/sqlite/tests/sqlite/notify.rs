@@ -1,14 +1,16 @@
-//! Push wake-ups (`Notifier`): what each operation publishes in its own store once committed,
-//! what a second store on the same file (a second process) hears through its poller, that a
-//! rolled-back operation publishes nothing, and that the poller stops with its store.
+//! Push wake-ups (`Notifier`): what each operation publishes in its own store once committed
+//! (queues' wakes among them), what a second store on the same file (a second process) hears
+//! through its poller, that a rolled-back operation publishes nothing, and that the poller
+//! stops with its store.
 
 use std::time::Duration;
 
-use crate::common::{key, remote_arm, start, step, TempDir};
+use crate::common::{key, remote_arm, start, start_request, step, TempDir, TTL};
+use keiro_journal::queue::{QueueSpec, QueueStart};
 use keiro_journal::store::{
-    Append, AppendOutcome, Park, RemoteArm, RemoteArmOutcome, TimerArm, TimerDue,
+    Append, AppendOutcome, Park, RemoteArm, RemoteArmOutcome, StartRequest, TimerArm, TimerDue,
 };
-use keiro_journal::{Event, InstanceKey, TimerKind};
+use keiro_journal::{Event, InstanceKey, TimerKind, WorkflowName};
 use keiro_resume::{Notifier, WakeFilter, WakeReason, WakeSource};
 use keiro_sqlite::{Config, SqliteStore};
 use serde_json::json;
@@ -143,6 +145,74 @@ async fn each_operation_wakes_its_own_filter_in_the_same_store() {
         .await
         .unwrap();
     subs.woken(false, false, false).await;
+}
+
+/// The twin of queue.sql's `workflows_queue_slot_freed` (migration 0003's trigger) and of
+/// `keiro_queue_set_paused`'s wake: a slot given back on park, a slot freed by a run's end and
+/// a resumed queue each wake the instance filter, where PostgreSQL sends `queue/<queue>`.
+/// Admission, a pause, and a park that keeps its slot announce nothing.
+#[tokio::test]
+async fn a_freed_queue_slot_and_a_resumed_queue_wake_the_workers() {
+    let dir = TempDir::new("notify-queue");
+    let store = open_unpolled(&dir, Config::default());
+    let mut subs = Subscriptions::of(&store);
+    let names = [WorkflowName::new("wf").unwrap()];
+    let admit = |queue: &str| {
+        let queues = [queue.to_owned()];
+        let store = store.clone();
+        let names = names.clone();
+        async move {
+            store
+                .queue_admit(&queues, &names, "w", TTL, 10, None)
+                .await
+                .unwrap()
+                .len()
+        }
+    };
+    for spec in [
+        QueueSpec::new("q").unwrap().concurrency(1),
+        QueueSpec::new("kept").unwrap().release_on_park(false),
+    ] {
+        store.queue_declare(&spec).await.unwrap();
+    }
+    subs.woken(false, false, false).await;
+    let on_queue = |id: &str, queue: &str| StartRequest {
+        queue: Some(QueueStart::new(queue)),
+        ..start_request(id, json!(null))
+    };
+    store.instance_start(&on_queue("a", "q")).await.unwrap();
+    store.instance_start(&on_queue("b", "kept")).await.unwrap();
+    subs.woken(true, false, false).await;
+    assert_eq!((admit("q").await, admit("kept").await), (1, 1));
+    subs.woken(false, false, false).await;
+
+    // Given back on park.
+    store
+        .instance_park(&park(&key("a"), "await:signal"))
+        .await
+        .unwrap();
+    subs.woken(true, false, false).await;
+    // Kept on park.
+    store
+        .instance_park(&park(&key("b"), "await:signal"))
+        .await
+        .unwrap();
+    subs.woken(false, false, false).await;
+
+    assert!(store.queue_set_paused("q", true).await.unwrap());
+    subs.woken(false, false, false).await;
+    assert!(store.queue_set_paused("q", false).await.unwrap());
+    subs.woken(true, false, false).await;
+
+    // Woken (the step's own wake), admitted again, then ended: its slot is freed.
+    store
+        .journal_append(&step(&key("a"), "await:signal", json!(1), None))
+        .await
+        .unwrap();
+    assert_eq!(admit("q").await, 1);
+    subs.woken(true, false, false).await;
+    complete(&store, &key("a"), json!("done")).await.unwrap();
+    subs.woken(true, false, false).await;
 }
 
 #[tokio::test]

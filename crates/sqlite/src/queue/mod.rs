@@ -1,0 +1,712 @@
+//! Rules of crates/migrations/functions/queue.sql, in its order: declaring a queue, pausing
+//! it, weighting a key, starting a run on a queue, admitting waiting runs (the claim that
+//! enforces the limits), and the park trigger's rule (a parked run gives its slot back). The
+//! list of queues the Postgres store reads with plain statements is in `list.rs`.
+//!
+//! queue.sql's other trigger, `workflows_queue_slot_freed` (a freed slot wakes the workers), is
+//! a trigger here too, in migration 0003. The park rule cannot be one: PostgreSQL's is a BEFORE
+//! trigger that changes the row being written, which a SQLite trigger cannot do, so
+//! [`queue_park`] is asked by `instance_park` (the one statement that suspends a run, which
+//! every park goes through, with or without dispatches) and the park's own update carries the
+//! change.
+//!
+//! Where PostgreSQL locks the queue row (`FOR UPDATE`) and skips locked runs (`SKIP LOCKED`),
+//! SQLite needs nothing: the writer holds the file's write lock for the whole transaction, so
+//! every admission counts what every earlier one wrote. Each count and each pick is otherwise
+//! queue.sql's, in its order.
+
+use std::collections::BTreeMap;
+
+use keiro_journal::queue::{DedupPolicy, Fairness, QueueSpec, Rate};
+use keiro_journal::store::Result;
+use keiro_journal::JournalEntry;
+use rusqlite::{params, Connection, OptionalExtension};
+use serde_json::Value;
+use time::OffsetDateTime;
+
+use crate::cached::Cached;
+use crate::error::{malformed, store};
+use crate::notify;
+use crate::row::{self, micros, Stored};
+
+mod list;
+
+pub(crate) use list::{queues_list, LIST};
+
+const DECLARE: &str = "declaring a queue";
+const PAUSE: &str = "pausing or resuming a queue";
+const WEIGHT: &str = "weighting a queue key";
+const START: &str = "starting an instance on a queue";
+const ADMIT: &str = "admitting runs of a queue";
+const PARK: &str = "parking an instance";
+
+const QUEUE_DECLARE: &str = "INSERT INTO keiro_queues \
+         (name, concurrency, worker_concurrency, key_concurrency, rate_limit, rate_period_ms, \
+          key_rate_limit, key_rate_period_ms, priority, fairness, dedup, release_on_park, \
+          created_at, updated_at) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13) \
+     ON CONFLICT (name) DO UPDATE SET \
+         concurrency = excluded.concurrency, \
+         worker_concurrency = excluded.worker_concurrency, \
+         key_concurrency = excluded.key_concurrency, \
+         rate_limit = excluded.rate_limit, \
+         rate_period_ms = excluded.rate_period_ms, \
+         key_rate_limit = excluded.key_rate_limit, \
+         key_rate_period_ms = excluded.key_rate_period_ms, \
+         priority = excluded.priority, \
+         fairness = excluded.fairness, \
+         dedup = excluded.dedup, \
+         release_on_park = excluded.release_on_park, \
+         updated_at = excluded.updated_at \
+     WHERE keiro_queues.concurrency IS NOT excluded.concurrency \
+        OR keiro_queues.worker_concurrency IS NOT excluded.worker_concurrency \
+        OR keiro_queues.key_concurrency IS NOT excluded.key_concurrency \
+        OR keiro_queues.rate_limit IS NOT excluded.rate_limit \
+        OR keiro_queues.rate_period_ms IS NOT excluded.rate_period_ms \
+        OR keiro_queues.key_rate_limit IS NOT excluded.key_rate_limit \
+        OR keiro_queues.key_rate_period_ms IS NOT excluded.key_rate_period_ms \
+        OR keiro_queues.priority IS NOT excluded.priority \
+        OR keiro_queues.fairness IS NOT excluded.fairness \
+        OR keiro_queues.dedup IS NOT excluded.dedup \
+        OR keiro_queues.release_on_park IS NOT excluded.release_on_park";
+
+/// keiro_queue_declare: records a queue's limits, or replaces them; a paused queue stays
+/// paused, and weighted fairness keeps its virtual time and the keys' passes and weights. The
+/// row is left untouched (its `updated_at` too) when nothing changed. `spec` carries the
+/// function's parameters, in its order.
+pub(crate) fn queue_declare(
+    conn: &Connection,
+    now: OffsetDateTime,
+    spec: &QueueSpec,
+) -> Result<()> {
+    let rate = |r: Option<Rate>| (r.map(|r| r.limit()), r.map(|r| r.period_ms()));
+    let (rate_limit, rate_period) = rate(spec.rate);
+    let (key_rate_limit, key_rate_period) = rate(spec.key_rate);
+    conn.execute_cached(
+        QUEUE_DECLARE,
+        params![
+            spec.name,
+            spec.concurrency,
+            spec.worker_concurrency,
+            spec.key_concurrency,
+            rate_limit,
+            rate_period,
+            key_rate_limit,
+            key_rate_period,
+            spec.priority,
+            spec.fairness.as_str(),
+            spec.dedup.map(DedupPolicy::as_str),
+            spec.release_on_park,
+            micros(now)
+        ],
+    )
+    .map_err(|e| store(DECLARE, e))?;
+    Ok(())
+}
+
+const QUEUE_SET_PAUSED: &str =
+    "UPDATE keiro_queues SET paused = ?2, updated_at = ?3 WHERE name = ?1";
+
+/// keiro_queue_set_paused: pauses or resumes admission (runs holding a slot go on). Returns
+/// whether the queue exists. A resumed queue wakes the workers serving it.
+pub(crate) fn queue_set_paused(
+    conn: &Connection,
+    now: OffsetDateTime,
+    name: &str,
+    paused: bool,
+) -> Result<bool> {
+    let found = conn
+        .execute_cached(QUEUE_SET_PAUSED, params![name, paused, micros(now)])
+        .map_err(|e| store(PAUSE, e))?
+        == 1;
+    if found && !paused {
+        // Resumed: workers serving the queue look now rather than at their next poll.
+        notify::queue(conn, PAUSE, name)?;
+    }
+    Ok(found)
+}
+
+const QUEUE_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM keiro_queues WHERE name = ?1)";
+
+const QUEUE_KEY_WEIGHT: &str = "INSERT INTO keiro_queue_keys (queue, key, weight) \
+     VALUES (?1, ?2, ?3) \
+     ON CONFLICT (queue, key) DO UPDATE SET weight = excluded.weight";
+
+/// keiro_queue_key_weight: sets a key's weight under weighted fairness. Returns whether the
+/// queue exists.
+pub(crate) fn queue_key_weight(
+    conn: &Connection,
+    queue: &str,
+    key: &str,
+    weight: i32,
+) -> Result<bool> {
+    let exists: bool = conn
+        .query_row_cached(QUEUE_EXISTS, [queue], |r| r.get(0))
+        .map_err(|e| store(WEIGHT, e))?;
+    if !exists {
+        return Ok(false);
+    }
+    conn.execute_cached(QUEUE_KEY_WEIGHT, params![queue, key, weight])
+        .map_err(|e| store(WEIGHT, e))?;
+    Ok(true)
+}
+
+/// keiro_queue_start's outcomes. Nothing is written unless the outcome is `Started` with
+/// `created`.
+#[derive(Debug, Clone)]
+pub(crate) enum QueueStartCode {
+    /// Started: whether the row is new (an existing key keeps its row), and the row.
+    Started(bool, Stored),
+    /// The dedup id is held and the queue returns the holder.
+    Existing(Stored),
+    /// The dedup id is held and the queue refuses: the holder.
+    Duplicate(Stored),
+    /// No such queue.
+    Unknown,
+    DedupNotEnabled,
+    PriorityNotEnabled,
+}
+
+const QUEUE_START_OPTIONS: &str = "SELECT dedup, priority FROM keiro_queues WHERE name = ?1";
+
+/// `ON CONFLICT DO NOTHING` with no target, as in plpgsql: it yields to a row holding the key
+/// or to a live run holding the dedup id (`workflows_queue_dedup_idx`).
+const QUEUE_INSERT: &str = "INSERT INTO workflows \
+         (workflow_name, workflow_id, input, parent_name, parent_id, priority, queue, queue_key, \
+          dedup_id, next_attempt_at, created_at, updated_at) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?11) \
+     ON CONFLICT DO NOTHING";
+
+/// The live run holding a dedup id, served by `workflows_queue_dedup_idx`.
+const DEDUP_HOLDER: &str = "SELECT workflow_name, workflow_id FROM workflows \
+     WHERE queue = ?1 AND dedup_id = ?2 AND dedup_id IS NOT NULL \
+       AND status IN ('running', 'suspended')";
+
+/// keiro_queue_start: starts a run on a queue, as `keiro_instance_start` does (idempotent by
+/// key; a created row notifies its wake), after the queue's checks: it must exist, take dedup
+/// ids if one is given and order by priority if one is given. A live run holding the dedup id
+/// answers by the queue's policy. plpgsql starts again when neither the key nor the dedup id
+/// explains a refused insert (a concurrent holder ended between its statements); nothing runs
+/// between these, so that cannot happen here and is answered as `Malformed`.
+#[allow(clippy::too_many_arguments)] // keiro_queue_start's parameters, in its order
+pub(crate) fn queue_start(
+    conn: &Connection,
+    now: OffsetDateTime,
+    name: &str,
+    id: &str,
+    input: &Value,
+    parent: Option<(&str, &str)>,
+    priority: i32,
+    queue: &str,
+    key: Option<&str>,
+    dedup_id: Option<&str>,
+    not_before: Option<OffsetDateTime>,
+) -> Result<QueueStartCode> {
+    let options: Option<(Option<String>, bool)> = conn
+        .query_row_cached(QUEUE_START_OPTIONS, [queue], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()
+        .map_err(|e| store(START, e))?;
+    let Some((dedup, ordered)) = options else {
+        return Ok(QueueStartCode::Unknown);
+    };
+    if dedup_id.is_some() && dedup.is_none() {
+        return Ok(QueueStartCode::DedupNotEnabled);
+    }
+    if priority != 0 && !ordered {
+        return Ok(QueueStartCode::PriorityNotEnabled);
+    }
+    let created = conn
+        .execute_cached(
+            QUEUE_INSERT,
+            params![
+                name,
+                id,
+                row::json(input),
+                parent.map(|p| p.0),
+                parent.map(|p| p.1),
+                priority,
+                queue,
+                key,
+                dedup_id,
+                not_before.map(micros),
+                micros(now)
+            ],
+        )
+        .map_err(|e| store(START, e))?
+        == 1;
+    if created {
+        notify::wake(conn, START, name, id)?;
+    }
+    if let Some(row) = row::instance_row(conn, name, id, START)? {
+        return Ok(QueueStartCode::Started(created, row));
+    }
+    let holder: Option<(String, String)> = conn
+        .query_row_cached(DEDUP_HOLDER, params![queue, dedup_id], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .optional()
+        .map_err(|e| store(START, e))?;
+    let holder = match holder {
+        Some((name, id)) => row::instance_row(conn, &name, &id, START)?,
+        None => None,
+    };
+    let Some(holder) = holder else {
+        return Err(malformed(
+            START,
+            "the start was refused by neither its key nor its dedup id",
+        ));
+    };
+    Ok(
+        match DedupPolicy::parse(dedup.as_deref().unwrap_or_default()) {
+            Some(DedupPolicy::Refuse) => QueueStartCode::Duplicate(holder),
+            _ => QueueStartCode::Existing(holder),
+        },
+    )
+}
+
+/// What admission reads of a queue row.
+#[derive(Debug, Clone)]
+struct Limits {
+    concurrency: Option<i64>,
+    worker_concurrency: Option<i64>,
+    key_concurrency: Option<i64>,
+    rate_limit: Option<i64>,
+    rate_period_ms: Option<i64>,
+    key_rate_limit: Option<i64>,
+    key_rate_period_ms: Option<i64>,
+    priority: bool,
+    weighted: bool,
+    paused: bool,
+    vtime: f64,
+}
+
+const QUEUES_SERVED: &str = "SELECT name FROM keiro_queues \
+     WHERE name IN (SELECT value FROM json_each(?1)) AND NOT paused ORDER BY name";
+
+const QUEUE_LIMITS: &str = "SELECT concurrency, worker_concurrency, key_concurrency, rate_limit, \
+         rate_period_ms, key_rate_limit, key_rate_period_ms, priority, fairness, paused, vtime \
+     FROM keiro_queues WHERE name = ?1";
+
+/// Slots whose lease expired go back: the row waits again, its epoch moved on.
+const QUEUE_UNADMIT_EXPIRED: &str = "UPDATE workflows SET queue_admitted = 0, \
+         lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1, \
+         updated_at = ?3 \
+     WHERE queue = ?1 AND queue_admitted AND status IN ('running', 'suspended') \
+       AND lease_expires_at < ?2";
+
+/// Slots held, served by `workflows_queue_slots_idx`.
+const QUEUE_HELD: &str = "SELECT count(*) FROM workflows \
+     WHERE queue = ?1 AND queue_admitted AND status IN ('running', 'suspended')";
+
+const QUEUE_HELD_BY: &str = "SELECT count(*) FROM workflows \
+     WHERE queue = ?1 AND queue_admitted AND status IN ('running', 'suspended') \
+       AND lease_owner = ?2";
+
+/// First admissions after an instant, served by `workflows_queue_admitted_idx`.
+const QUEUE_ADMITTED_SINCE: &str = "SELECT count(*) FROM workflows \
+     WHERE queue = ?1 AND queue_admitted_at > ?2 AND queue_admitted_at IS NOT NULL";
+
+/// The waiting runs of a queue with no per-key rule, in admission order, served by
+/// `workflows_queue_waiting_idx`.
+const QUEUE_WAITING: &str = "SELECT workflow_name, workflow_id, priority, created_at \
+     FROM workflows \
+     WHERE queue = ?1 AND status = 'running' AND queue IS NOT NULL AND NOT queue_admitted \
+       AND workflow_name IN (SELECT value FROM json_each(?2)) \
+       AND (lease_expires_at IS NULL OR lease_expires_at < ?3) \
+       AND (next_attempt_at IS NULL OR next_attempt_at <= ?3) \
+     ORDER BY priority DESC, created_at, workflow_name, workflow_id \
+     LIMIT ?4";
+
+/// The skip scan of the keys with runs waiting (`workflows_queue_key_waiting_idx`): the first
+/// key, then the next after one.
+const KEY_FIRST: &str = "SELECT queue_key FROM workflows \
+     WHERE queue = ?1 AND status = 'running' AND queue IS NOT NULL AND NOT queue_admitted \
+       AND queue_key IS NOT NULL \
+     ORDER BY queue_key LIMIT 1";
+
+const KEY_NEXT: &str = "SELECT queue_key FROM workflows \
+     WHERE queue = ?1 AND status = 'running' AND queue IS NOT NULL AND NOT queue_admitted \
+       AND queue_key > ?2 \
+     ORDER BY queue_key LIMIT 1";
+
+const KEY_NONE_WAITING: &str = "SELECT EXISTS (SELECT 1 FROM workflows \
+     WHERE queue = ?1 AND status = 'running' AND queue IS NOT NULL AND NOT queue_admitted \
+       AND queue_key IS NULL)";
+
+/// Slots held by one key (`IS`: a NULL key is a key of its own).
+const KEY_HELD: &str = "SELECT count(*) FROM workflows \
+     WHERE queue = ?1 AND queue_admitted AND status IN ('running', 'suspended') \
+       AND queue_key IS ?2";
+
+const KEY_ADMITTED_SINCE: &str = "SELECT count(*) FROM workflows \
+     WHERE queue = ?1 AND queue_key IS ?2 AND queue_admitted_at > ?3 \
+       AND queue_admitted_at IS NOT NULL";
+
+const KEY_STATE: &str = "SELECT pass, weight FROM keiro_queue_keys WHERE queue = ?1 AND key = ?2";
+
+/// One key's waiting runs, in admission order.
+const KEY_WAITING: &str = "SELECT workflow_name, workflow_id, priority, created_at \
+     FROM workflows \
+     WHERE queue = ?1 AND status = 'running' AND queue IS NOT NULL AND NOT queue_admitted \
+       AND queue_key IS ?2 \
+       AND workflow_name IN (SELECT value FROM json_each(?3)) \
+       AND (lease_expires_at IS NULL OR lease_expires_at < ?4) \
+       AND (next_attempt_at IS NULL OR next_attempt_at <= ?4) \
+     ORDER BY priority DESC, created_at, workflow_name, workflow_id \
+     LIMIT ?5";
+
+const KEY_PASS: &str = "INSERT INTO keiro_queue_keys (queue, key, pass) VALUES (?1, ?2, ?3) \
+     ON CONFLICT (queue, key) DO UPDATE SET pass = excluded.pass";
+
+const QUEUE_VTIME: &str = "UPDATE keiro_queues SET vtime = ?2 WHERE name = ?1";
+
+const QUEUE_ADMIT_PICKED: &str = "UPDATE workflows SET \
+         lease_owner = ?3, lease_epoch = lease_epoch + 1, lease_expires_at = ?4, \
+         queue_admitted = 1, queue_admitted_at = coalesce(queue_admitted_at, ?5), \
+         updated_at = ?6 \
+     WHERE workflow_name = ?1 AND workflow_id = ?2";
+
+/// A waiting run a queue may admit, with what orders it.
+#[derive(Debug, Clone)]
+struct Candidate {
+    name: String,
+    id: String,
+    priority: i32,
+    created_at: i64,
+    /// Its key (`None`: the run has none), and under fairness its virtual finish time and its
+    /// key's weight.
+    key: Option<String>,
+    finish: f64,
+    weight: i64,
+}
+
+/// The waiting runs `sql` selects with `params`, in its order.
+fn waiting(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+    key: Option<&str>,
+) -> Result<Vec<Candidate>> {
+    conn.prepare_cached(sql)
+        .and_then(|mut s| {
+            s.query_map(params, |r| {
+                Ok(Candidate {
+                    name: r.get(0)?,
+                    id: r.get(1)?,
+                    priority: r.get(2)?,
+                    created_at: r.get(3)?,
+                    key: key.map(str::to_owned),
+                    finish: 0.0,
+                    weight: 1,
+                })
+            })?
+            .collect()
+        })
+        .map_err(|e| store(ADMIT, e))
+}
+
+/// A count of one of the statements above.
+fn count(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> Result<i64> {
+    conn.query_row_cached(sql, params, |r| r.get(0))
+        .map_err(|e| store(ADMIT, e))
+}
+
+/// Every key with runs waiting on `queue`, ascending, then `None` (runs with no key) when
+/// there are such runs.
+fn waiting_keys(conn: &Connection, queue: &str) -> Result<Vec<Option<String>>> {
+    let next = |sql: &str, after: Option<&str>| -> Result<Option<String>> {
+        let answer = match after {
+            None => conn.query_row_cached(sql, [queue], |r| r.get(0)),
+            Some(after) => conn.query_row_cached(sql, [queue, after], |r| r.get(0)),
+        };
+        answer.optional().map_err(|e| store(ADMIT, e))
+    };
+    let mut keys = Vec::new();
+    let mut key = next(KEY_FIRST, None)?;
+    while let Some(found) = key {
+        key = next(KEY_NEXT, Some(&found))?;
+        keys.push(Some(found));
+    }
+    let none: bool = conn
+        .query_row_cached(KEY_NONE_WAITING, [queue], |r| r.get(0))
+        .map_err(|e| store(ADMIT, e))?;
+    if none {
+        keys.push(None);
+    }
+    Ok(keys)
+}
+
+/// The per-key path of admission: each key with runs waiting gets up to its own room (key
+/// concurrency and key rate), its candidates ranked by virtual finish time (its pass, or the
+/// queue's virtual time if later, plus n / weight for its n-th pick); the picks are ordered by
+/// priority when the queue orders by it, then by finish time under weighted fairness, then by
+/// age, up to `room`. Under weighted fairness the picked keys' passes become their latest
+/// finish time, and the queue's virtual time the earliest start among the picks if later.
+fn keyed_picks(
+    conn: &Connection,
+    queue: &str,
+    q: &Limits,
+    names: &str,
+    now: i64,
+    room: i64,
+) -> Result<Vec<Candidate>> {
+    let mut candidates = Vec::new();
+    for key in waiting_keys(conn, queue)? {
+        let key = key.as_deref();
+        let mut key_room = room;
+        if let Some(limit) = q.key_concurrency {
+            key_room = key_room.min(limit - count(conn, KEY_HELD, params![queue, key])?);
+        }
+        if let (Some(limit), Some(period)) = (q.key_rate_limit, q.key_rate_period_ms) {
+            let since = now.saturating_sub(period.saturating_mul(1000));
+            key_room =
+                key_room.min(limit - count(conn, KEY_ADMITTED_SINCE, params![queue, key, since])?);
+        }
+        if key_room <= 0 {
+            continue;
+        }
+        let state: Option<(f64, i64)> = conn
+            .query_row_cached(KEY_STATE, [queue, key.unwrap_or_default()], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()
+            .map_err(|e| store(ADMIT, e))?;
+        let (pass, weight) = state.unwrap_or((0.0, 1));
+        let pass = pass.max(q.vtime);
+        let mut picks = waiting(
+            conn,
+            KEY_WAITING,
+            params![queue, key, names, now, key_room],
+            key,
+        )?;
+        for (n, pick) in picks.iter_mut().enumerate() {
+            // row_number() over the key's candidates in their order, from 1.
+            pick.finish = pass + (n as f64 + 1.0) / weight as f64;
+            pick.weight = weight;
+        }
+        candidates.append(&mut picks);
+    }
+    let weighted = q.weighted;
+    let ordered = q.priority;
+    candidates.sort_by(|a, b| {
+        let priority = |c: &Candidate| if ordered { c.priority } else { 0 };
+        let finish = |c: &Candidate| if weighted { c.finish } else { 0.0 };
+        priority(b)
+            .cmp(&priority(a))
+            .then(finish(a).total_cmp(&finish(b)))
+            .then(a.created_at.cmp(&b.created_at))
+            .then_with(|| a.name.cmp(&b.name))
+            .then_with(|| a.id.cmp(&b.id))
+    });
+    candidates.truncate(usize::try_from(room).unwrap_or(usize::MAX));
+    if weighted {
+        let mut passes: BTreeMap<Option<&str>, f64> = BTreeMap::new();
+        for pick in &candidates {
+            let pass = passes.entry(pick.key.as_deref()).or_insert(pick.finish);
+            *pass = pass.max(pick.finish);
+        }
+        for (key, pass) in passes {
+            conn.execute_cached(KEY_PASS, params![queue, key.unwrap_or_default(), pass])
+                .map_err(|e| store(ADMIT, e))?;
+        }
+        // The queue's virtual time: the earliest start among the picks, so a key that starts
+        // waiting later joins level with the keys just served, not ahead.
+        let start = candidates
+            .iter()
+            .map(|p| p.finish - 1.0 / p.weight as f64)
+            .reduce(f64::min);
+        if let Some(start) = start.filter(|start| *start > q.vtime) {
+            conn.execute_cached(QUEUE_VTIME, params![queue, start])
+                .map_err(|e| store(ADMIT, e))?;
+        }
+    }
+    Ok(candidates)
+}
+
+/// keiro_queue_admit: admits and claims up to `limit` waiting runs of the queues `queues` whose
+/// workflow name is in `names`, for `owner` until `now + ttl` (`p_now`, or the store's clock),
+/// each with its row after the claim and its current generation's journal (as
+/// `instances_claim_batch` returns them). Queues are served in name order, paused ones
+/// skipped. For each queue: slots whose lease expired go back (the row waits again, its epoch
+/// moved on); the room is the batch's remaining limit less the slots held (fleet-wide, and this
+/// owner's) and the first admissions inside the rate window; the waiting runs (running, not
+/// admitted, lease free, gate open) are picked up to the room, oldest first (highest priority
+/// first), or by key ([`keyed_picks`]) when the queue has a per-key limit or weighted fairness;
+/// the picks are leased and marked admitted (the first admission's time kept), and come back in
+/// claim order (priority, age) within their queue.
+#[allow(clippy::too_many_arguments)] // keiro_queue_admit's parameters, in its order
+pub(crate) fn queue_admit(
+    conn: &Connection,
+    now: OffsetDateTime,
+    queues: &[String],
+    names: &[&str],
+    owner: &str,
+    ttl_ms: i64,
+    limit: i64,
+    p_now: Option<OffsetDateTime>,
+) -> Result<Vec<(Stored, Vec<JournalEntry>)>> {
+    let v_now = micros(p_now.unwrap_or(now));
+    let at = micros(now);
+    let expires = v_now.saturating_add(ttl_ms.saturating_mul(1000));
+    let mut left = limit.max(0);
+    let served: Vec<String> = conn
+        .prepare_cached(QUEUES_SERVED)
+        .and_then(|mut s| {
+            s.query_map([Value::from(queues.to_vec()).to_string()], |r| r.get(0))?
+                .collect()
+        })
+        .map_err(|e| store(ADMIT, e))?;
+    let names = Value::from(names.to_vec()).to_string();
+    let mut claimed: Vec<(String, String)> = Vec::new();
+    for queue in served {
+        if left <= 0 {
+            break;
+        }
+        let q = conn
+            .query_row_cached(QUEUE_LIMITS, [&queue], |r| {
+                Ok(Limits {
+                    concurrency: r.get(0)?,
+                    worker_concurrency: r.get(1)?,
+                    key_concurrency: r.get(2)?,
+                    rate_limit: r.get(3)?,
+                    rate_period_ms: r.get(4)?,
+                    key_rate_limit: r.get(5)?,
+                    key_rate_period_ms: r.get(6)?,
+                    priority: r.get(7)?,
+                    weighted: r.get::<_, String>(8)? == Fairness::Weighted.as_str(),
+                    paused: r.get(9)?,
+                    vtime: r.get(10)?,
+                })
+            })
+            .map_err(|e| store(ADMIT, e))?;
+        if q.paused {
+            continue;
+        }
+
+        conn.execute_cached(QUEUE_UNADMIT_EXPIRED, params![queue, v_now, at])
+            .map_err(|e| store(ADMIT, e))?;
+
+        let mut room = left;
+        if let Some(concurrency) = q.concurrency {
+            room = room.min(concurrency - count(conn, QUEUE_HELD, [&queue])?);
+        }
+        if let Some(concurrency) = q.worker_concurrency {
+            room = room.min(concurrency - count(conn, QUEUE_HELD_BY, [&queue, owner])?);
+        }
+        if let (Some(limit), Some(period)) = (q.rate_limit, q.rate_period_ms) {
+            let since = v_now.saturating_sub(period.saturating_mul(1000));
+            room = room.min(limit - count(conn, QUEUE_ADMITTED_SINCE, params![queue, since])?);
+        }
+        if room <= 0 {
+            continue;
+        }
+
+        let keyed = q.key_concurrency.is_some() || q.key_rate_limit.is_some() || q.weighted;
+        let mut picks = if keyed {
+            keyed_picks(conn, &queue, &q, &names, v_now, room)?
+        } else {
+            waiting(
+                conn,
+                QUEUE_WAITING,
+                params![queue, names, v_now, room],
+                None,
+            )?
+        };
+        for pick in &picks {
+            conn.execute_cached(
+                QUEUE_ADMIT_PICKED,
+                params![pick.name, pick.id, owner, expires, v_now, at],
+            )
+            .map_err(|e| store(ADMIT, e))?;
+        }
+        // The queue's batch in claim order.
+        picks.sort_by(|a, b| {
+            b.priority
+                .cmp(&a.priority)
+                .then(a.created_at.cmp(&b.created_at))
+                .then_with(|| a.name.cmp(&b.name))
+                .then_with(|| a.id.cmp(&b.id))
+        });
+        left -= i64::try_from(picks.len()).unwrap_or(i64::MAX);
+        claimed.extend(picks.into_iter().map(|p| (p.name, p.id)));
+    }
+
+    // The rows after the claims, and their journals.
+    let mut answer = Vec::with_capacity(claimed.len());
+    for (name, id) in claimed {
+        let row = row::instance_row(conn, &name, &id, ADMIT)?
+            .ok_or_else(|| malformed(ADMIT, "an admitted row is missing"))?;
+        let journal = row::journal_generation(conn, &name, &id, row.generation, ADMIT)?;
+        answer.push((row, journal));
+    }
+    Ok(answer)
+}
+
+const QUEUE_RELEASE_ON_PARK: &str = "SELECT release_on_park FROM keiro_queues WHERE name = ?1";
+
+/// keiro_queue_park (the trigger `workflows_queue_park`): whether the park of `row` gives its
+/// slot back, which the park's own update then carries (`queue_admitted = 0`). It does when the
+/// run holds a slot, is going from `running` to `suspended` and its queue releases slots on
+/// park; it is admitted again once it is woken. A run on no queue costs one test.
+pub(crate) fn queue_park(conn: &Connection, row: &Stored) -> Result<bool> {
+    let Some(queue) = row.queue.as_deref() else {
+        return Ok(false);
+    };
+    if !row.queue_admitted || row.status == "suspended" {
+        return Ok(false);
+    }
+    let release: Option<bool> = conn
+        .query_row_cached(QUEUE_RELEASE_ON_PARK, [queue], |r| r.get(0))
+        .optional()
+        .map_err(|e| store(PARK, e))?;
+    Ok(release.unwrap_or(false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SQLite's plan of `sql`, one detail per line (the parameters left unbound).
+    fn plan(conn: &Connection, sql: &str) -> String {
+        let mut explain = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .expect("plans");
+        let mut rows = explain.raw_query();
+        let mut details = Vec::new();
+        while let Some(row) = rows.next().expect("plans") {
+            details.push(row.get::<_, String>(3).expect("a detail"));
+        }
+        details.join("\n")
+    }
+
+    /// Each statement of admission (and of a start's dedup check) walks the index 0003 made
+    /// for it: no scan of the table, and no sort where the index gives the order. The partial
+    /// indexes apply only when a statement repeats their predicate, which these do.
+    #[test]
+    fn admission_walks_the_queue_indexes() {
+        let conn = Connection::open_in_memory().expect("opens");
+        for (_, _, sql) in crate::open::MIGRATIONS {
+            conn.execute_batch(sql).expect("migrates");
+        }
+        let cases = [
+            (QUEUE_UNADMIT_EXPIRED, "workflows_queue_slots_idx"),
+            (QUEUE_HELD, "workflows_queue_slots_idx"),
+            (QUEUE_HELD_BY, "workflows_queue_slots_idx"),
+            (QUEUE_ADMITTED_SINCE, "workflows_queue_admitted_idx"),
+            (QUEUE_WAITING, "workflows_queue_waiting_idx"),
+            (KEY_FIRST, "workflows_queue_key_waiting_idx"),
+            (KEY_NEXT, "workflows_queue_key_waiting_idx"),
+            (KEY_NONE_WAITING, "workflows_queue_key_waiting_idx"),
+            (KEY_HELD, "workflows_queue_slots_idx"),
+            (KEY_ADMITTED_SINCE, "workflows_queue_key_admitted_idx"),
+            (KEY_WAITING, "workflows_queue_key_waiting_idx"),
+            (DEDUP_HOLDER, "workflows_queue_dedup_idx"),
+        ];
+        for (sql, index) in cases {
+            let plan = plan(&conn, sql);
+            assert!(plan.contains(index), "{sql}:\n{plan}");
+            assert!(!plan.contains("SCAN workflows"), "{sql}:\n{plan}");
+            assert!(!plan.contains("TEMP B-TREE"), "{sql}:\n{plan}");
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! [`SqliteStore`]'s queue operations (`QueueStore`'s methods, `LeaseStore::queue_admit`, and
+//! the start on a queue that `instance_start` routes to), each turning a rule's outcome of the
+//! `queue` module into the traits' answer as crates/postgres/src/ops/queue.rs does.
+
+use std::time::Duration;
+
+use keiro_journal::queue::{QueueInfo, QueueRefusal, QueueSpec, QueueStart};
+use keiro_journal::store::{Error as StoreError, Result, StartRequest};
+use keiro_journal::{Started, WorkflowName};
+use keiro_lease::Claim;
+use time::OffsetDateTime;
+
+use crate::queue::{self, QueueStartCode};
+use crate::storable;
+
+use super::lease::claim;
+use super::{span_ms, SqliteStore};
+
+const DECLARE: &str = "declaring a queue";
+const PAUSE: &str = "pausing or resuming a queue";
+const WEIGHT: &str = "weighting a queue key";
+const START: &str = "starting an instance on a queue";
+const ADMIT: &str = "admitting runs of a queue";
+
+impl SqliteStore {
+    /// Records `spec`, or replaces the limits of the queue of that name; pause state, key
+    /// weights and fairness progress stay (`QueueStore::queue_declare`).
+    ///
+    /// # Errors
+    ///
+    /// `ValueRefused` for a name holding a NUL; a non-retryable `Database` error for a value
+    /// the table's checks refuse (a limit below 1).
+    pub async fn queue_declare(&self, spec: &QueueSpec) -> Result<()> {
+        storable::text(DECLARE, "queue name", &spec.name)?;
+        let spec = spec.clone();
+        self.inner
+            .writer
+            .write(DECLARE, move |conn, now| {
+                queue::queue_declare(conn, now, &spec)
+            })
+            .await
+    }
+
+    /// Pauses (`true`) or resumes admission to `queue`; whether it exists
+    /// (`QueueStore::queue_set_paused`). A resumed queue wakes the workers serving it.
+    ///
+    /// # Errors
+    ///
+    /// `ValueRefused` for a name holding a NUL; `Unavailable` when the file stayed locked or
+    /// the commit failed.
+    pub async fn queue_set_paused(&self, queue: &str, paused: bool) -> Result<bool> {
+        storable::text(PAUSE, "queue name", queue)?;
+        let queue = queue.to_owned();
+        self.inner
+            .writer
+            .write(PAUSE, move |conn, now| {
+                queue::queue_set_paused(conn, now, &queue, paused)
+            })
+            .await
+    }
+
+    /// Sets `key`'s weight under weighted fairness; whether the queue exists
+    /// (`QueueStore::queue_key_weight`).
+    ///
+    /// # Errors
+    ///
+    /// `ValueRefused` for a name or key holding a NUL; a non-retryable `Database` error for a
+    /// weight below 1.
+    pub async fn queue_key_weight(&self, queue: &str, key: &str, weight: i32) -> Result<bool> {
+        storable::text(WEIGHT, "queue name", queue)?;
+        storable::text(WEIGHT, "queue key", key)?;
+        let (queue, key) = (queue.to_owned(), key.to_owned());
+        self.inner
+            .writer
+            .write(WEIGHT, move |conn, _| {
+                queue::queue_key_weight(conn, &queue, &key, weight)
+            })
+            .await
+    }
+
+    /// Starts `request` on its queue (`queue` is `request.queue`): what
+    /// `JournalStore::instance_start` does for a request with a queue.
+    ///
+    /// # Errors
+    ///
+    /// `QueueRefused` for an unknown queue, a dedup id or priority the queue does not take, or
+    /// a dedup id a live run holds on a queue that refuses duplicates; `ValueRefused` for an
+    /// input, queue name, key or dedup id PostgreSQL would refuse.
+    pub(crate) async fn queue_start(
+        &self,
+        request: &StartRequest,
+        queue: &QueueStart,
+    ) -> Result<Started> {
+        storable::value(START, &request.input)?;
+        storable::text(START, "queue name", &queue.queue)?;
+        for (what, text) in [("queue key", &queue.key), ("dedup id", &queue.dedup_id)] {
+            if let Some(text) = text {
+                storable::text(START, what, text)?;
+            }
+        }
+        let (request, queue) = (request.clone(), queue.clone());
+        self.inner
+            .writer
+            .write(START, move |conn, now| {
+                let parent = request
+                    .parent
+                    .as_ref()
+                    .map(|p| (p.name.as_str(), p.id.as_str()));
+                let code = queue::queue_start(
+                    conn,
+                    now,
+                    request.key.name.as_str(),
+                    request.key.id.as_str(),
+                    &request.input,
+                    parent,
+                    request.priority,
+                    &queue.queue,
+                    queue.key.as_deref(),
+                    queue.dedup_id.as_deref(),
+                    queue.not_before,
+                )?;
+                let refused = |refusal| StoreError::QueueRefused {
+                    queue: queue.queue.clone(),
+                    refusal,
+                };
+                match code {
+                    QueueStartCode::Started(created, row) => Ok(Started {
+                        created,
+                        instance: row.instance(START)?,
+                    }),
+                    QueueStartCode::Existing(row) => Ok(Started {
+                        created: false,
+                        instance: row.instance(START)?,
+                    }),
+                    QueueStartCode::Duplicate(row) => Err(refused(QueueRefusal::Duplicate {
+                        holder: row.instance(START)?.key,
+                    })),
+                    QueueStartCode::Unknown => Err(refused(QueueRefusal::Unknown)),
+                    QueueStartCode::DedupNotEnabled => Err(refused(QueueRefusal::DedupNotEnabled)),
+                    QueueStartCode::PriorityNotEnabled => {
+                        Err(refused(QueueRefusal::PriorityNotEnabled))
+                    }
+                }
+            })
+            .await
+    }
+
+    /// Admits and claims up to `limit` waiting runs of `queues` whose workflow name is in
+    /// `names`, for `owner` until `now + ttl`, under each queue's limits
+    /// (`LeaseStore::queue_admit`).
+    ///
+    /// # Errors
+    ///
+    /// `ValueRefused` for a queue name holding a NUL; `Malformed` for a row keiro cannot read.
+    pub async fn queue_admit(
+        &self,
+        queues: &[String],
+        names: &[WorkflowName],
+        owner: &str,
+        ttl: Duration,
+        limit: i64,
+        now: Option<OffsetDateTime>,
+    ) -> Result<Vec<Claim>> {
+        for queue in queues {
+            storable::text(ADMIT, "queue name", queue)?;
+        }
+        let queues = queues.to_vec();
+        let names: Vec<String> = names.iter().map(|n| n.as_str().to_owned()).collect();
+        let owner = owner.to_owned();
+        // The Postgres store passes the limit as an integer.
+        let limit = limit.clamp(0, i64::from(i32::MAX));
+        self.inner
+            .writer
+            .write(ADMIT, move |conn, clock| {
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                queue::queue_admit(
+                    conn,
+                    clock,
+                    &queues,
+                    &names,
+                    &owner,
+                    span_ms(ttl),
+                    limit,
+                    now,
+                )?
+                .into_iter()
+                .map(|(row, journal)| claim(&row, journal, ADMIT))
+                .collect()
+            })
+            .await
+    }
+
+    /// Every declared queue, or only `only`, in name order, with what it holds at `now`
+    /// (`None`: the store's clock) (`QueueStore::queues_list`).
+    ///
+    /// # Errors
+    ///
+    /// `ValueRefused` for a name holding a NUL; `Malformed` for a stored queue keiro cannot
+    /// read.
+    pub async fn queues_list(
+        &self,
+        only: Option<&str>,
+        now: Option<OffsetDateTime>,
+    ) -> Result<Vec<QueueInfo>> {
+        if let Some(only) = only {
+            storable::text(queue::LIST, "queue name", only)?;
+        }
+        let only = only.map(str::to_owned);
+        self.read(queue::LIST, move |conn, clock| {
+            queue::queues_list(conn, now.unwrap_or(clock), only.as_deref())
+        })
+        .await
+    }
+}
