@@ -37,6 +37,7 @@ fn calls(log: &LogHook) -> Vec<Call> {
         Box::new(|b| b.tracing(Tracing::global())),
         Box::new(|b| b.payload_len_max(4096)),
         Box::new(|b| b.retention(Some(Duration::from_secs(3600)))),
+        Box::new(|b| b.queue("llm")),
     ]
 }
 
@@ -82,6 +83,7 @@ fn the_order_of_the_calls_does_not_matter() -> Result<(), keiro::Error> {
         // Only the test kit sets it (`keiro::testing`).
         faults: None,
         retention: Some(Duration::from_secs(3600)),
+        queues: vec!["llm".to_owned()],
     };
     let forward = built(calls(&log))?;
     let backward = built(calls(&log).into_iter().rev())?;

@@ -1,5 +1,5 @@
 -- Queues: declaration, start on a queue, admission (the claim that enforces the queue's
--- limits), and the triggers that give a slot back.
+-- limits), and the triggers that give a slot back (and a dedup id, when a run ends).
 --
 -- A run holds a slot of its queue while `queue_admitted` is set, its row is not terminal and
 -- its lease has not expired. Admission counts slots, and first admissions inside the rate
@@ -360,7 +360,7 @@ BEGIN
             ), picked AS (
                 SELECT r.workflow_name, r.workflow_id, r.key, r.finish, r.weight
                 FROM ranked r
-                ORDER BY CASE WHEN q.priority THEN r.priority ELSE 0 END DESC,
+                ORDER BY r.priority DESC,
                          CASE WHEN q.fairness = 'weighted' THEN r.finish ELSE 0 END,
                          r.created_at, r.workflow_name, r.workflow_id
                 LIMIT v_room
@@ -386,7 +386,7 @@ BEGIN
             SELECT coalesce(array_agg(ROW(c.*)::workflows
                                       ORDER BY c.priority DESC, c.created_at, c.workflow_name,
                                                c.workflow_id), '{}'),
-                   max(p.finish - 1.0 / p.weight)
+                   max(p.finish - 1.0::double precision / p.weight)
             INTO v_batch, v_start
             FROM claimed c
             JOIN picked p ON p.workflow_name = c.workflow_name AND p.workflow_id = c.workflow_id;
@@ -419,24 +419,30 @@ BEGIN
 END;
 $$;
 
--- A run that parks gives its slot back when its queue says so: it is admitted again once it
--- is woken. A BEFORE trigger, so the park's own update carries the change; the WHEN clause
--- costs a run on no queue one boolean test.
--- Called by: trigger workflows_queue_park; tested by contract::queue.
-CREATE OR REPLACE FUNCTION keiro_queue_park() RETURNS trigger
+-- A run on a queue that changes status: parking, it gives its slot back when its queue says so
+-- (it is admitted again once woken); ending, it gives its slot and its dedup id back, so a
+-- resurrected or requeued run is admitted again like any waiting run and a live run may hold
+-- the id meanwhile. A BEFORE trigger, so the status update itself carries the change; the WHEN
+-- clause costs a run on no queue one test.
+-- Called by: trigger workflows_queue_status; tested by contract::queue.
+CREATE OR REPLACE FUNCTION keiro_queue_status() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF (SELECT q.release_on_park FROM keiro_queues q WHERE q.name = NEW.queue) THEN
+    IF NEW.status IN ('completed', 'failed', 'cancelled') THEN
+        NEW.queue_admitted := false;
+        NEW.dedup_id := NULL;
+    ELSIF NEW.status = 'suspended' AND NEW.queue_admitted
+          AND (SELECT q.release_on_park FROM keiro_queues q WHERE q.name = NEW.queue) THEN
         NEW.queue_admitted := false;
     END IF;
     RETURN NEW;
 END;
 $$;
 
-CREATE OR REPLACE TRIGGER workflows_queue_park BEFORE UPDATE OF status ON workflows
+CREATE OR REPLACE TRIGGER workflows_queue_status BEFORE UPDATE OF status ON workflows
     FOR EACH ROW
-    WHEN (NEW.queue_admitted AND NEW.status = 'suspended' AND OLD.status <> 'suspended')
-    EXECUTE FUNCTION keiro_queue_park();
+    WHEN (NEW.queue IS NOT NULL AND NEW.status IS DISTINCT FROM OLD.status)
+    EXECUTE FUNCTION keiro_queue_status();
 
 -- A slot freed by a run that ended or gave its slot back on park wakes the workers, so a run
 -- waiting for that slot is admitted now rather than at the next poll. The payload is the

@@ -95,9 +95,10 @@ CREATE UNIQUE INDEX workflows_queue_dedup_idx ON workflows (queue, dedup_id)
 -- back (on park, on a crash, or when admission took back an expired one) wakes the workers, so
 -- a run waiting for that slot is admitted now rather than at the next poll. PostgreSQL's
 -- payload is `queue/<queue>`, which every listener reads as an instance's wake; here it is the
--- same `wake` row, named `queue`/`<queue>`. (queue.sql's other trigger, `workflows_queue_park`,
+-- same `wake` row, named `queue`/`<queue>`. (queue.sql's other trigger, `workflows_queue_status`,
 -- is a BEFORE trigger that changes the row being written, which SQLite's triggers cannot do: the
--- park's own update carries that change, in the store's `instance_park`.)
+-- park's own update carries its park half, in the store's `instance_park`, and the trigger
+-- `workflows_queue_ended` below its terminal half.)
 CREATE TRIGGER workflows_queue_slot_freed AFTER UPDATE OF status, queue_admitted ON workflows
     WHEN OLD.queue_admitted
      AND (NOT NEW.queue_admitted OR NEW.status NOT IN ('running', 'suspended'))
@@ -106,3 +107,22 @@ BEGIN
     INSERT INTO keiro_notifications (kind, workflow_name, workflow_id)
     VALUES ('wake', 'queue', NEW.queue);
 END;
+
+-- queue.sql's `workflows_queue_status`, terminal half: a run on a queue that ends gives its
+-- slot and its dedup id back, so a resurrected or requeued run is admitted again like any
+-- waiting run, and a live run may hold the id meanwhile. An AFTER trigger (SQLite's cannot
+-- change the row being written): one more write of the ended row, only for runs on a queue.
+-- Runs after `workflows_queue_slot_freed` has seen the slot go.
+CREATE TRIGGER workflows_queue_ended AFTER UPDATE OF status ON workflows
+    WHEN NEW.queue IS NOT NULL
+     AND OLD.status IN ('running', 'suspended')
+     AND NEW.status NOT IN ('running', 'suspended')
+BEGIN
+    UPDATE workflows SET queue_admitted = 0, dedup_id = NULL
+    WHERE workflow_name = NEW.workflow_name AND workflow_id = NEW.workflow_id;
+END;
+
+-- The operators' list by queue and key (`keiro list --queue`).
+CREATE INDEX workflows_list_queue_idx
+    ON workflows (queue, queue_key, created_at, workflow_name, workflow_id)
+    WHERE queue IS NOT NULL;

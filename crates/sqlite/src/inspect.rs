@@ -28,7 +28,8 @@ const WAITS: &str = "reading an instance's waits";
 
 const INSTANCES_LIST_SELECT: &str = "SELECT w.workflow_name, w.workflow_id, w.generation, \
      w.status, w.attempts, w.last_error, w.parent_name, w.parent_id, w.priority, \
-     w.created_at, w.updated_at, w.completed_at FROM workflows w WHERE 1";
+     w.created_at, w.updated_at, w.completed_at, w.queue, w.queue_key, w.next_attempt_at \
+     FROM workflows w WHERE 1";
 // Served by workflows_list_name_idx.
 const FILTER_NAME: &str = " AND w.workflow_name = ?";
 // Served by workflows_list_status_idx.
@@ -55,6 +56,9 @@ const FILTER_ID_PREFIX_BYTES: [&str; 3] = [
     " AS BLOB))) = CAST(?",
     " AS BLOB)",
 ];
+// Served by workflows_list_queue_idx (migration 0003).
+const FILTER_QUEUE: &str = " AND w.queue = ?";
+const FILTER_QUEUE_KEY: &str = " AND w.queue_key = ?";
 // Served by remote_tasks_failed_idx.
 const FILTER_FAILED_REMOTE: &str = " AND EXISTS (SELECT 1 FROM remote_tasks t \
      WHERE t.workflow_name = w.workflow_name AND t.workflow_id = w.workflow_id \
@@ -136,6 +140,12 @@ impl ListStatement {
             let n = statement.params.len().to_string();
             statement.sql.push_str(&FILTER_ID_PREFIX_BYTES.join(&n));
         }
+        if let Some(queue) = &filter.queue {
+            statement.push(FILTER_QUEUE, text(queue));
+        }
+        if let Some(key) = &filter.queue_key {
+            statement.push(FILTER_QUEUE_KEY, text(key));
+        }
         if filter.failed_remote {
             statement.sql.push_str(FILTER_FAILED_REMOTE);
         }
@@ -184,6 +194,9 @@ type StoredSummary = (
     i64,
     i64,
     Option<i64>,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
 );
 
 fn stored_summary(r: &Row<'_>) -> rusqlite::Result<StoredSummary> {
@@ -200,6 +213,9 @@ fn stored_summary(r: &Row<'_>) -> rusqlite::Result<StoredSummary> {
         r.get(9)?,
         r.get(10)?,
         r.get(11)?,
+        r.get(12)?,
+        r.get(13)?,
+        r.get(14)?,
     ))
 }
 
@@ -223,6 +239,9 @@ fn summary(stored: StoredSummary) -> Result<InstanceSummary> {
         created_at: row::instant(stored.9, LIST)?,
         updated_at: row::instant(stored.10, LIST)?,
         completed_at: row::instant_opt(stored.11, LIST)?,
+        queue: stored.12,
+        queue_key: stored.13,
+        not_before: row::instant_opt(stored.14, LIST)?,
     })
 }
 

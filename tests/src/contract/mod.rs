@@ -373,6 +373,7 @@ macro_rules! contract_suite {
                     a_parked_run_gives_its_slot_back_or_keeps_it_as_its_queue_says,
                     a_recorded_crash_gives_the_slot_back,
                     an_expired_lease_gives_the_slot_back_and_fences_the_old_holder,
+                    an_ended_run_frees_its_slot_and_dedup_id_and_a_resurrected_one_waits_again,
                 ],
                 fleet [
                     a_fleet_of_workers_never_exceeds_the_queue_limits,

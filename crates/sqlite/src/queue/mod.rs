@@ -274,7 +274,6 @@ struct Limits {
     rate_period_ms: Option<i64>,
     key_rate_limit: Option<i64>,
     key_rate_period_ms: Option<i64>,
-    priority: bool,
     weighted: bool,
     paused: bool,
     vtime: f64,
@@ -284,7 +283,7 @@ const QUEUES_SERVED: &str = "SELECT name FROM keiro_queues \
      WHERE name IN (SELECT value FROM json_each(?1)) AND NOT paused ORDER BY name";
 
 const QUEUE_LIMITS: &str = "SELECT concurrency, worker_concurrency, key_concurrency, rate_limit, \
-         rate_period_ms, key_rate_limit, key_rate_period_ms, priority, fairness, paused, vtime \
+         rate_period_ms, key_rate_limit, key_rate_period_ms, fairness, paused, vtime \
      FROM keiro_queues WHERE name = ?1";
 
 /// Slots whose lease expired go back: the row waits again, its epoch moved on.
@@ -439,9 +438,9 @@ fn waiting_keys(conn: &Connection, queue: &str) -> Result<Vec<Option<String>>> {
 /// The per-key path of admission: each key with runs waiting gets up to its own room (key
 /// concurrency and key rate), its candidates ranked by virtual finish time (its pass, or the
 /// queue's virtual time if later, plus n / weight for its n-th pick); the picks are ordered by
-/// priority when the queue orders by it, then by finish time under weighted fairness, then by
-/// age, up to `room`. Under weighted fairness the picked keys' passes become their latest
-/// finish time, and the queue's virtual time the earliest start among the picks if later.
+/// priority, then by finish time under weighted fairness, then by age, up to `room`. Under
+/// weighted fairness the picked keys' passes become their latest finish time, and the queue's
+/// virtual time the start of the last pick if later.
 fn keyed_picks(
     conn: &Connection,
     queue: &str,
@@ -487,12 +486,10 @@ fn keyed_picks(
         candidates.append(&mut picks);
     }
     let weighted = q.weighted;
-    let ordered = q.priority;
     candidates.sort_by(|a, b| {
-        let priority = |c: &Candidate| if ordered { c.priority } else { 0 };
         let finish = |c: &Candidate| if weighted { c.finish } else { 0.0 };
-        priority(b)
-            .cmp(&priority(a))
+        b.priority
+            .cmp(&a.priority)
             .then(finish(a).total_cmp(&finish(b)))
             .then(a.created_at.cmp(&b.created_at))
             .then_with(|| a.name.cmp(&b.name))
@@ -509,12 +506,13 @@ fn keyed_picks(
             conn.execute_cached(KEY_PASS, params![queue, key.unwrap_or_default(), pass])
                 .map_err(|e| store(ADMIT, e))?;
         }
-        // The queue's virtual time: the earliest start among the picks, so a key that starts
-        // waiting later joins level with the keys just served, not ahead.
+        // The queue's virtual time: the start of the last pick (start-time fair queuing), so a
+        // key that starts waiting later joins level with the keys just served, not ahead of
+        // them with a run of admissions of its own.
         let start = candidates
             .iter()
             .map(|p| p.finish - 1.0 / p.weight as f64)
-            .reduce(f64::min);
+            .reduce(f64::max);
         if let Some(start) = start.filter(|start| *start > q.vtime) {
             conn.execute_cached(QUEUE_VTIME, params![queue, start])
                 .map_err(|e| store(ADMIT, e))?;
@@ -572,10 +570,9 @@ pub(crate) fn queue_admit(
                     rate_period_ms: r.get(4)?,
                     key_rate_limit: r.get(5)?,
                     key_rate_period_ms: r.get(6)?,
-                    priority: r.get(7)?,
-                    weighted: r.get::<_, String>(8)? == Fairness::Weighted.as_str(),
-                    paused: r.get(9)?,
-                    vtime: r.get(10)?,
+                    weighted: r.get::<_, String>(7)? == Fairness::Weighted.as_str(),
+                    paused: r.get(8)?,
+                    vtime: r.get(9)?,
                 })
             })
             .map_err(|e| store(ADMIT, e))?;
@@ -644,7 +641,8 @@ pub(crate) fn queue_admit(
 
 const QUEUE_RELEASE_ON_PARK: &str = "SELECT release_on_park FROM keiro_queues WHERE name = ?1";
 
-/// keiro_queue_park (the trigger `workflows_queue_park`): whether the park of `row` gives its
+/// keiro_queue_status's park half (the trigger `workflows_queue_status`; its terminal half is
+/// the trigger `workflows_queue_ended` of migration 0003): whether the park of `row` gives its
 /// slot back, which the park's own update then carries (`queue_admitted = 0`). It does when the
 /// run holds a slot, is going from `running` to `suspended` and its queue releases slots on
 /// park; it is admitted again once it is woken. A run on no queue costs one test.

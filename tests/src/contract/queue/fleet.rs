@@ -60,11 +60,11 @@ pub async fn a_fleet_of_workers_never_exceeds_the_queue_limits(h: Harness) -> Te
             }
         }
     };
-    let runs = 30;
+    let runs: usize = 30;
     for n in 0..runs {
         let job = Job {
             key: format!("k{}", n % 5),
-            ms: 5 + (n * 7 % 11) as u64 * 3,
+            ms: 5 + u64::try_from(n * 7 % 11)? * 3,
         };
         let options = StartOptions::on_queue("q").key(job.key.clone());
         h.keiro
@@ -109,12 +109,14 @@ pub async fn a_fleet_of_workers_never_exceeds_the_queue_limits(h: Harness) -> Te
     }
     stop_tx.send(true)?;
     while fleet.join_next().await.is_some() {}
-    let r = running.lock().expect("lock");
-    assert_eq!(r.ran, runs as usize, "every run's step ran once");
-    assert!(r.most <= 3, "{} ran at once", r.most);
-    assert!(r.most >= 2, "the fleet ran runs side by side ({})", r.most);
-    for (key, (_, most)) in &r.per_key {
-        assert_eq!(*most, 1, "key {key} ran {most} at once");
+    {
+        let r = running.lock().expect("lock");
+        assert_eq!(r.ran, runs, "every run's step ran once");
+        assert!(r.most <= 3, "{} ran at once", r.most);
+        assert!(r.most >= 2, "the fleet ran runs side by side ({})", r.most);
+        for (key, (_, most)) in &r.per_key {
+            assert_eq!(*most, 1, "key {key} ran {most} at once");
+        }
     }
     for n in 0..runs {
         let row = h

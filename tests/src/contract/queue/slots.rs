@@ -134,3 +134,53 @@ pub async fn an_expired_lease_gives_the_slot_back_and_fences_the_old_holder(
     assert!(matches!(&stale, Err(e) if e.is_lease_lost()), "{stale:?}");
     Ok(())
 }
+
+pub async fn an_ended_run_frees_its_slot_and_dedup_id_and_a_resurrected_one_waits_again(
+    h: Harness,
+) -> TestResult {
+    use keiro::queue::{DedupPolicy, StartOptions};
+    declare(
+        &h,
+        QueueSpec::new("q")?
+            .concurrency(1)
+            .dedup(DedupPolicy::Refuse),
+    )
+    .await?;
+    let with_id = StartOptions::on_queue("q").dedup_id("invoice-7");
+    h.keiro
+        .start_with("wf", "r-1", &serde_json::json!(1), &with_id)
+        .await?;
+    let first = admit(&*h.store, "q", "w", 10, None).await?;
+    let crash = Crash {
+        error: "no".to_owned(),
+        retry_delay: std::time::Duration::from_secs(1),
+        max_attempts: 1,
+    };
+    h.store
+        .instance_record_crash(&first[0].instance.key, &first[0].fence, &crash)
+        .await?;
+    assert_eq!(
+        crate::contract::support::status(&*h.store, &wf("r-1")).await?,
+        keiro::Status::Failed
+    );
+    // The failed run holds neither its slot nor its dedup id.
+    let second = h
+        .keiro
+        .start_with("wf", "r-2", &serde_json::json!(2), &with_id)
+        .await?;
+    assert!(second.created);
+    let admitted = admit(&*h.store, "q", "w", 10, None).await?;
+    assert_eq!(ids(&admitted), ["r-2"]);
+    // Resurrected, the failed run waits for a slot like any other.
+    h.store.instance_resurrect(&wf("r-1")).await?;
+    let names = [keiro_journal::WorkflowName::new("wf")?];
+    let ordinary = h
+        .store
+        .instances_claim_batch(&names, "w", super::TTL, 10, None)
+        .await?;
+    assert!(ordinary.is_empty(), "{:?}", ids(&ordinary));
+    assert!(admit(&*h.store, "q", "w", 10, None).await?.is_empty());
+    complete(&*h.store, &admitted[0]).await?;
+    assert_eq!(ids(&admit(&*h.store, "q", "w", 10, None).await?), ["r-1"]);
+    Ok(())
+}
