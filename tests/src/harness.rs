@@ -37,6 +37,8 @@ pub struct Harness {
     pub admin: Arc<dyn RemoteAdmin>,
     /// The same store's operator reads, with the instant they take (the facade's pass none).
     pub inspect: Arc<dyn InspectStore>,
+    /// The same store's queue operations, with the instant they take (the facade's pass none).
+    pub queues: Arc<dyn keiro_lease::QueueStore>,
     /// The facade over the same store.
     pub keiro: Keiro,
     /// The Postgres schema, when `backend` is Postgres; dropped with the harness.
@@ -102,6 +104,7 @@ impl Harness {
             transport: store.clone(),
             admin: store.clone(),
             inspect: store.clone(),
+            queues: store.clone(),
             sqlite: Some((*store).clone()),
             store,
             db: None,
@@ -120,6 +123,7 @@ impl Harness {
             transport: store.clone(),
             admin: store.clone(),
             inspect: store.clone(),
+            queues: store.clone(),
             store,
             db: Some(db),
             sqlite_dir: None,
@@ -142,6 +146,7 @@ impl Harness {
             transport: store.clone(),
             admin: store.clone(),
             inspect: store.clone(),
+            queues: store.clone(),
             store,
             db: Some(db),
             sqlite_dir: None,

@@ -61,7 +61,8 @@ pub mod store;
 /// Queues: flow-control declarations and what a start on a queue asks (plain data).
 pub mod queue {
     pub use crate::model::queue::{
-        DedupPolicy, Fairness, QueueError, QueueInfo, QueueRefusal, QueueSpec, QueueStart, Rate,
+        DebounceRequest, DedupPolicy, Fairness, QueueError, QueueInfo, QueueRefusal, QueueSpec,
+        QueueStart, Rate,
     };
 }
 mod store_span;

@@ -5,7 +5,8 @@
 //! dedup — start runs on it ([`Keiro::start_with`], [`Keiro::start_workflow_with`]), and let
 //! workers serve it ([`WorkerBuilder::queue`](crate::worker::WorkerBuilder::queue)). Every
 //! limit is checked in the transaction that leases the run, against rows every worker shares,
-//! so it holds across any number of workers and processes.
+//! so it holds across any number of workers and processes. [`Keiro::debounce`] starts one run
+//! per burst of calls with a key, after the burst goes quiet.
 //!
 //! ```
 //! # #[cfg(feature = "sqlite")]
@@ -35,7 +36,8 @@ use serde::Serialize;
 use time::OffsetDateTime;
 
 pub use keiro_journal::queue::{
-    DedupPolicy, Fairness, QueueError, QueueInfo, QueueRefusal, QueueSpec, QueueStart, Rate,
+    DebounceRequest, DedupPolicy, Fairness, QueueError, QueueInfo, QueueRefusal, QueueSpec,
+    QueueStart, Rate,
 };
 
 use crate::store::Started;
@@ -126,7 +128,109 @@ impl StartOptions {
     }
 }
 
+/// How a debounced start waits: `delay` of quiet after the last call, and at most `max_wait`
+/// after the first (10 × `delay` unless set).
+///
+/// ```
+/// use std::time::Duration;
+/// let debounce = keiro::queue::Debounce::new(Duration::from_secs(2)).max_wait(Duration::from_secs(30));
+/// assert_eq!(debounce.delay(), Duration::from_secs(2));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Debounce {
+    delay: Duration,
+    max_wait: Duration,
+}
+
+impl Debounce {
+    /// Starts after `delay` with no further call; at most 10 × `delay` after the first call.
+    pub fn new(delay: Duration) -> Self {
+        Self {
+            delay,
+            max_wait: delay.saturating_mul(10),
+        }
+    }
+
+    /// Starts at most `max_wait` after a burst's first call, however often it is pushed back.
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait = max_wait;
+        self
+    }
+
+    /// The quiet time.
+    pub fn delay(&self) -> Duration {
+        self.delay
+    }
+}
+
 impl Keiro {
+    /// Starts one run of workflow `name` per burst of calls with `key`: the run starts once
+    /// `debounce.delay()` passed with no further call for `key` (or `max_wait` after the
+    /// burst's first call), with the last call's input. Every call of a burst returns the same
+    /// run (`created` only for the first); a call after the run started begins a new burst.
+    /// The run's id is `<key>~<random hex>`.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// let keiro = keiro::Keiro::temporary()?;
+    /// let debounce = keiro::queue::Debounce::new(Duration::from_secs(5));
+    /// let first = keiro.debounce("reindex", "doc-7", &1, &debounce).await?;
+    /// let second = keiro.debounce("reindex", "doc-7", &2, &debounce).await?;
+    /// assert_eq!(first.instance.key, second.instance.key);
+    /// assert!(first.created && !second.created);
+    /// assert_eq!(second.instance.input, serde_json::json!(2)); // the last input wins
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidId`] for an invalid name or key, [`Error::Payload`], [`Error::Store`].
+    pub async fn debounce<I: Serialize + ?Sized>(
+        &self,
+        name: &str,
+        key: &str,
+        input: &I,
+        debounce: &Debounce,
+    ) -> Result<Started, Error> {
+        keiro_journal::WorkflowId::new(key)?;
+        let id = format!("{key}~{}", uuid::Uuid::new_v4().simple());
+        let request = DebounceRequest {
+            name: keiro_journal::WorkflowName::new(name)?,
+            // A key under the id limit can still make an id over it.
+            id: keiro_journal::WorkflowId::new(&id)?,
+            key: key.to_owned(),
+            input: keiro_journal::store::encode_payload(
+                keiro_journal::store::INPUT_STEP,
+                input,
+                self.payload_len_max(),
+            )
+            .map_err(Error::Payload)?,
+            delay: debounce.delay,
+            max_wait: debounce.max_wait,
+            now: None,
+        };
+        Ok(self.queue_store()?.queue_debounce(&request).await?)
+    }
+
+    /// [`debounce`](Self::debounce) for the typed workflow `W`.
+    ///
+    /// # Errors
+    ///
+    /// As [`debounce`](Self::debounce).
+    pub async fn debounce_workflow<W: WorkflowDef>(
+        &self,
+        key: &str,
+        input: &W::Input,
+        debounce: &Debounce,
+    ) -> Result<Handle<W>, Error> {
+        let started = self.debounce(W::NAME, key, input, debounce).await?;
+        Ok(Handle::from_started(self.clone(), started))
+    }
+
     /// Records queue `spec` in the store (or replaces its limits); a paused queue stays paused.
     /// Safe to call on every process start.
     ///

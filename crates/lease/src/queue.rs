@@ -1,8 +1,9 @@
 //! The storage contract of queues: declaring them, pausing them, weighting their keys and
 //! describing them. Admission itself is a claim ([`LeaseStore::queue_admit`]).
 
-use keiro_journal::queue::{QueueInfo, QueueSpec};
+use keiro_journal::queue::{DebounceRequest, QueueInfo, QueueSpec};
 use keiro_journal::store::Result;
+use keiro_journal::Started;
 use time::OffsetDateTime;
 
 use crate::LeaseStore;
@@ -22,6 +23,12 @@ pub trait QueueStore: LeaseStore {
     /// Sets `key`'s weight under weighted fairness (1 when never set). Returns whether the
     /// queue exists.
     async fn queue_key_weight(&self, queue: &str, key: &str, weight: i32) -> Result<bool>;
+
+    /// Debounces `request`: while the key's pending run was never claimed, replaces its input
+    /// and moves its start to `now + delay` (never past its first call + `max_wait`); else
+    /// starts run `request.id`, gated at `now + min(delay, max_wait)`. Returns the pending run
+    /// (`created` when this call made it). Concurrent calls of one key converge on one run.
+    async fn queue_debounce(&self, request: &DebounceRequest) -> Result<Started>;
 
     /// Every declared queue, or only `only`, in name order, with what it holds at `now`
     /// (`None`: the store's clock).

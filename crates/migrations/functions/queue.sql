@@ -1,5 +1,5 @@
--- Queues: declaration, start on a queue, admission (the claim that enforces the queue's
--- limits), and the triggers that give a slot back (and a dedup id, when a run ends).
+-- Queues: declaration, start on a queue, debounce, admission (the claim that enforces the
+-- queue's limits), and the triggers that give a slot back (and a dedup id, when a run ends).
 --
 -- A run holds a slot of its queue while `queue_admitted` is set, its row is not terminal and
 -- its lease has not expired. Admission counts slots, and first admissions inside the rate
@@ -147,6 +147,59 @@ BEGIN
           AND w.status IN ('running', 'suspended');
         IF FOUND THEN
             outcome := CASE q.dedup WHEN 'refuse' THEN 'duplicate' ELSE 'existing' END;
+            RETURN;
+        END IF;
+    END LOOP;
+END;
+$$;
+
+-- queue_debounce: one run per burst of calls with the same key. While the key's pending run
+-- was never claimed (`lease_epoch = 0`, status running), a call replaces its input and moves its
+-- start gate (`next_attempt_at`) to `now + delay`, but never past its first call + `max_wait`;
+-- otherwise a call starts a new run `p_id` gated at `now + delay` (first call at `now`, kept in
+-- created_at) and notifies its wake. Returns the pending run (`created` when this call made it).
+-- Concurrent calls of one key converge on one run through `workflows_debounce_idx`: the loser
+-- of the insert finds the winner's row with the next statement's fresh snapshot.
+-- Called by: keiro_postgres ops::queue::queue_debounce; tested by contract::queue.
+CREATE OR REPLACE FUNCTION keiro_queue_debounce(p_name text, p_key text, p_id text, p_input jsonb,
+                                                p_delay_ms bigint, p_max_wait_ms bigint,
+                                                p_now timestamptz,
+                                                OUT created boolean, OUT instance workflows)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := coalesce(p_now, now());
+BEGIN
+    LOOP
+        UPDATE workflows w SET
+            input = p_input,
+            next_attempt_at = least(v_now + p_delay_ms * interval '1 millisecond',
+                                    w.created_at + p_max_wait_ms * interval '1 millisecond'),
+            updated_at = now()
+        WHERE w.workflow_name = p_name AND w.debounce_key = p_key
+          AND w.lease_epoch = 0 AND w.status = 'running'
+        RETURNING w.* INTO instance;
+        IF FOUND THEN
+            created := false;
+            RETURN;
+        END IF;
+        INSERT INTO workflows AS w (workflow_name, workflow_id, input, debounce_key,
+                                    next_attempt_at, created_at, updated_at)
+        VALUES (p_name, p_id, p_input, p_key,
+                v_now + least(p_delay_ms, p_max_wait_ms) * interval '1 millisecond', v_now,
+                now())
+        ON CONFLICT DO NOTHING
+        RETURNING w.* INTO instance;
+        IF FOUND THEN
+            created := true;
+            PERFORM keiro_notify_wake(p_name, p_id);
+            RETURN;
+        END IF;
+        -- The id itself was taken (by a start of the same id): that run is the answer.
+        SELECT w.* INTO instance FROM workflows w
+        WHERE w.workflow_name = p_name AND w.workflow_id = p_id;
+        IF FOUND THEN
+            created := false;
             RETURN;
         END IF;
     END LOOP;

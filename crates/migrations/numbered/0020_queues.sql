@@ -13,8 +13,10 @@
 -- so two workers never both take the last slot. The rate window counts first admissions
 -- (`queue_admitted_at`, set once).
 --
--- The functions this version added or changed live in sql/functions/ (queue.sql, lease.sql,
--- notify.sql).
+-- A debounced run (`keiro_queue_debounce`) waits the same way, behind its start gate, until its
+-- key's calls stop for the delay or its maximum wait is up.
+--
+-- The functions this version added or changed live in sql/functions/ (queue.sql, lease.sql).
 
 CREATE TABLE keiro_queues (
     name               text COLLATE "C" PRIMARY KEY,
@@ -55,6 +57,9 @@ ALTER TABLE workflows
     ADD COLUMN dedup_id          text COLLATE "C",
     ADD COLUMN queue_admitted    boolean NOT NULL DEFAULT false,
     ADD COLUMN queue_admitted_at timestamptz,
+    -- A debounced run's key: while the run was never claimed (`lease_epoch = 0`) every
+    -- debounce call of its key moves its start and replaces its input.
+    ADD COLUMN debounce_key      text COLLATE "C",
     ADD CONSTRAINT workflows_queue_fields
         CHECK (queue IS NOT NULL OR (queue_key IS NULL AND dedup_id IS NULL
                                      AND NOT queue_admitted));
@@ -92,3 +97,7 @@ CREATE UNIQUE INDEX workflows_queue_dedup_idx ON workflows (queue, dedup_id)
 CREATE INDEX workflows_list_queue_idx
     ON workflows (queue, queue_key, created_at, workflow_name, workflow_id)
     WHERE queue IS NOT NULL;
+
+-- One pending debounced run per workflow name and key: the run its key's calls push back.
+CREATE UNIQUE INDEX workflows_debounce_idx ON workflows (workflow_name, debounce_key)
+    WHERE debounce_key IS NOT NULL AND lease_epoch = 0 AND status = 'running';

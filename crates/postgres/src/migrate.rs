@@ -54,7 +54,7 @@ use crate::function_set::{
 /// The revision of [`FUNCTION_FILES`], raised by one with every change to a function file of
 /// `keiro-migrations` (or to that list), so that of two builds migrating one schema only the one
 /// with the newer files applies them.
-const FUNCTIONS_REVISION: i32 = 12;
+const FUNCTIONS_REVISION: i32 = 13;
 
 /// The combined checksum (hex) of [`FUNCTION_FILES`] at [`FUNCTIONS_REVISION`], as
 /// [`FunctionSet::checksum`] computes it: the unit test
@@ -63,7 +63,7 @@ const FUNCTIONS_REVISION: i32 = 12;
 /// computes, so a build whose files differ from this one's refuses this one's revision.
 #[cfg(test)]
 const FUNCTIONS_REVISION_CHECKSUM: &str =
-    "92488c85d23e4ed6d4dea8bc091fddc3292f055240a54aaa318fb6aa408b44f3";
+    "1418b81f045e855554c735d9cc4623ca62609b9959a3420f1418fe5a2ad7b41f";
 
 /// This build's function files.
 const FUNCTIONS: FunctionSet<'static> = FunctionSet {

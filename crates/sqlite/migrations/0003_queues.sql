@@ -61,6 +61,8 @@ ALTER TABLE workflows ADD COLUMN queue_admitted INTEGER NOT NULL DEFAULT 0
         CHECK (queue IS NOT NULL OR (queue_key IS NULL AND dedup_id IS NULL
                                      AND NOT queue_admitted));
 ALTER TABLE workflows ADD COLUMN queue_admitted_at INTEGER;
+-- A debounced run's key (queue.sql's `keiro_queue_debounce`).
+ALTER TABLE workflows ADD COLUMN debounce_key TEXT;
 
 -- The ordinary claim never takes a run waiting for admission: its index leaves them out, so a
 -- backlog held back by a limit costs the claim nothing.
@@ -126,3 +128,7 @@ END;
 CREATE INDEX workflows_list_queue_idx
     ON workflows (queue, queue_key, created_at, workflow_name, workflow_id)
     WHERE queue IS NOT NULL;
+
+-- One pending debounced run per workflow name and key (queue.sql's `keiro_queue_debounce`).
+CREATE UNIQUE INDEX workflows_debounce_idx ON workflows (workflow_name, debounce_key)
+    WHERE debounce_key IS NOT NULL AND lease_epoch = 0 AND status = 'running';

@@ -474,8 +474,9 @@ mod tests {
     #[test]
     fn indexed_filters_walk_their_index_in_list_order() {
         let conn = Connection::open_in_memory().expect("opens");
-        conn.execute_batch(include_str!("../migrations/0001_init.sql"))
-            .expect("migrates");
+        for (_, _, sql) in crate::open::MIGRATIONS {
+            conn.execute_batch(sql).expect("migrates");
+        }
         let key = InstanceKey::parse("wf", "a-1").expect("valid");
         let cursor = Cursor {
             created_at: OffsetDateTime::UNIX_EPOCH,

@@ -378,6 +378,11 @@ macro_rules! contract_suite {
                 fleet [
                     a_fleet_of_workers_never_exceeds_the_queue_limits,
                 ],
+                debounce [
+                    calls_in_a_burst_share_one_run_that_starts_quiet_with_the_last_input,
+                    the_maximum_wait_starts_a_burst_however_often_it_is_pushed,
+                    concurrent_calls_of_one_key_make_one_run,
+                ],
             },
 
         );

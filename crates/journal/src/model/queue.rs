@@ -390,6 +390,27 @@ impl std::fmt::Display for QueueRefusal {
     }
 }
 
+/// What a debounce call asks: start one run of `name` per burst of calls with `key`, after
+/// `delay` of quiet, with the last call's input, and no later than `max_wait` after the burst's
+/// first call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DebounceRequest {
+    /// The workflow.
+    pub name: crate::WorkflowName,
+    /// The burst's key (validated like a workflow id).
+    pub key: String,
+    /// The id a new run gets; a call that joins a pending run answers that run's id instead.
+    pub id: crate::WorkflowId,
+    /// The input as JSON; the last call's wins.
+    pub input: serde_json::Value,
+    /// Quiet time after the last call before the run may start.
+    pub delay: Duration,
+    /// The longest a burst's run waits after its first call, however often it is pushed back.
+    pub max_wait: Duration,
+    /// Pins the clock (tests); `None` uses the store's.
+    pub now: Option<OffsetDateTime>,
+}
+
 /// A declared queue as the store keeps it, with what it holds now.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QueueInfo {

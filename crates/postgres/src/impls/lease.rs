@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use keiro_journal::queue::{QueueInfo, QueueSpec};
+use keiro_journal::queue::{DebounceRequest, QueueInfo, QueueSpec};
 use keiro_journal::store::Result;
 use keiro_journal::{span::traced, store_span};
 use keiro_journal::{store::StartRequest, Fence, InstanceKey, WorkflowName};
@@ -158,6 +158,11 @@ impl QueueStore for PgStore {
     async fn queue_key_weight(&self, name: &str, key: &str, weight: i32) -> Result<bool> {
         let span = store_span!("queue_key_weight");
         traced(span, queue::queue_key_weight(self.db(), name, key, weight)).await
+    }
+
+    async fn queue_debounce(&self, request: &DebounceRequest) -> Result<keiro_journal::Started> {
+        let span = store_span!("queue_debounce");
+        traced(span, queue::queue_debounce(self.db(), request)).await
     }
 
     async fn queues_list(

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use keiro_journal::queue::{
-    DedupPolicy, Fairness, QueueInfo, QueueRefusal, QueueSpec, QueueStart, Rate,
+    DebounceRequest, DedupPolicy, Fairness, QueueInfo, QueueRefusal, QueueSpec, QueueStart, Rate,
 };
 use keiro_journal::store::{Result, StartRequest};
 use keiro_journal::{Fence, Started, StoreError, WorkflowName};
@@ -22,6 +22,7 @@ const PAUSE: &str = "pausing or resuming a queue";
 const WEIGHT: &str = "weighting a queue key";
 pub(crate) const START: &str = "starting an instance on a queue";
 const ADMIT: &str = "admitting runs of a queue";
+const DEBOUNCE: &str = "debouncing a start";
 const LIST: &str = "listing queues";
 
 const QUEUE_DECLARE: &str =
@@ -126,6 +127,34 @@ pub(crate) async fn queue_start(
         "priority_not_enabled" => Err(refused(QueueRefusal::PriorityNotEnabled)),
         other => Err(unknown_outcome(START, other)),
     }
+}
+
+const QUEUE_DEBOUNCE: &str = concat!(
+    "SELECT d.created, ",
+    instance_columns!("(d.instance)."),
+    " FROM keiro_queue_debounce($1, $2, $3, $4, $5, $6, $7) d"
+);
+
+pub(crate) async fn queue_debounce(db: &Db, request: &DebounceRequest) -> Result<Started> {
+    let row = db
+        .query_one(
+            DEBOUNCE,
+            QUEUE_DEBOUNCE,
+            &[
+                &request.name.as_str(),
+                &request.key,
+                &request.id.as_str(),
+                &request.input,
+                &span_ms(request.delay),
+                &span_ms(request.max_wait),
+                &request.now,
+            ],
+        )
+        .await?;
+    Ok(Started {
+        created: column(&row, "created", DEBOUNCE)?,
+        instance: row::instance(&row, DEBOUNCE)?,
+    })
 }
 
 const QUEUE_ADMIT: &str = concat!(

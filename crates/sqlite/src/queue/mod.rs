@@ -178,7 +178,8 @@ const QUEUE_INSERT: &str = "INSERT INTO workflows \
      ON CONFLICT DO NOTHING";
 
 /// The live run holding a dedup id, served by `workflows_queue_dedup_idx`.
-const DEDUP_HOLDER: &str = "SELECT workflow_name, workflow_id FROM workflows \
+const DEDUP_HOLDER: &str =
+    "SELECT workflow_name, workflow_id FROM workflows INDEXED BY workflows_queue_dedup_idx \
      WHERE queue = ?1 AND dedup_id = ?2 AND dedup_id IS NOT NULL \
        AND status IN ('running', 'suspended')";
 
@@ -264,6 +265,79 @@ pub(crate) fn queue_start(
     )
 }
 
+const DEBOUNCE: &str = "debouncing a start";
+
+/// The pending run of a debounce key pushed back, served by `workflows_debounce_idx`.
+const DEBOUNCE_PUSH: &str = "UPDATE workflows INDEXED BY workflows_debounce_idx SET \
+         input = ?3, next_attempt_at = min(?4, created_at + ?5), updated_at = ?6 \
+     WHERE workflow_name = ?1 AND debounce_key = ?2 AND debounce_key IS NOT NULL \
+       AND lease_epoch = 0 AND status = 'running' \
+     RETURNING workflow_id";
+
+const DEBOUNCE_INSERT: &str = "INSERT INTO workflows \
+         (workflow_name, workflow_id, input, debounce_key, next_attempt_at, created_at, \
+          updated_at) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+     ON CONFLICT DO NOTHING";
+
+/// keiro_queue_debounce: one run per burst of calls with the same key. While the key's pending
+/// run was never claimed (`lease_epoch = 0`, running), a call replaces its input and moves its
+/// start gate to `now + delay`, never past its first call + `max_wait`; otherwise it starts run
+/// `id` gated at `now + min(delay, max_wait)` (first call at `now`, kept in created_at) and
+/// notifies its wake. Returns whether this call created the run, and the run. The writer runs
+/// one call at a time, so the plpgsql loop's second turn (a concurrent insert) cannot happen;
+/// the id taken by another start answers that run, as there.
+#[allow(clippy::too_many_arguments)] // keiro_queue_debounce's parameters, in its order
+pub(crate) fn queue_debounce(
+    conn: &Connection,
+    now: OffsetDateTime,
+    name: &str,
+    key: &str,
+    id: &str,
+    input: &Value,
+    delay_ms: i64,
+    max_wait_ms: i64,
+    p_now: Option<OffsetDateTime>,
+) -> Result<(bool, Stored)> {
+    let v_now = micros(p_now.unwrap_or(now));
+    let input = row::json(input);
+    let pushed: Option<String> = conn
+        .query_row_cached(
+            DEBOUNCE_PUSH,
+            params![
+                name,
+                key,
+                input,
+                v_now.saturating_add(delay_ms.saturating_mul(1000)),
+                max_wait_ms.saturating_mul(1000),
+                micros(now)
+            ],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(|e| store(DEBOUNCE, e))?;
+    let (created, id) = match pushed {
+        Some(pending) => (false, pending),
+        None => {
+            let gate = v_now.saturating_add(delay_ms.min(max_wait_ms).saturating_mul(1000));
+            let created = conn
+                .execute_cached(
+                    DEBOUNCE_INSERT,
+                    params![name, id, input, key, gate, v_now, micros(now)],
+                )
+                .map_err(|e| store(DEBOUNCE, e))?
+                == 1;
+            if created {
+                notify::wake(conn, DEBOUNCE, name, id)?;
+            }
+            (created, id.to_owned())
+        }
+    };
+    let row = row::instance_row(conn, name, &id, DEBOUNCE)?
+        .ok_or_else(|| malformed(DEBOUNCE, "the debounced run is missing"))?;
+    Ok((created, row))
+}
+
 /// What admission reads of a queue row.
 #[derive(Debug, Clone)]
 struct Limits {
@@ -287,28 +361,30 @@ const QUEUE_LIMITS: &str = "SELECT concurrency, worker_concurrency, key_concurre
      FROM keiro_queues WHERE name = ?1";
 
 /// Slots whose lease expired go back: the row waits again, its epoch moved on.
-const QUEUE_UNADMIT_EXPIRED: &str = "UPDATE workflows SET queue_admitted = 0, \
+const QUEUE_UNADMIT_EXPIRED: &str =
+    "UPDATE workflows INDEXED BY workflows_queue_slots_idx SET queue_admitted = 0, \
          lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1, \
          updated_at = ?3 \
      WHERE queue = ?1 AND queue_admitted AND status IN ('running', 'suspended') \
        AND lease_expires_at < ?2";
 
 /// Slots held, served by `workflows_queue_slots_idx`.
-const QUEUE_HELD: &str = "SELECT count(*) FROM workflows \
+const QUEUE_HELD: &str = "SELECT count(*) FROM workflows INDEXED BY workflows_queue_slots_idx \
      WHERE queue = ?1 AND queue_admitted AND status IN ('running', 'suspended')";
 
-const QUEUE_HELD_BY: &str = "SELECT count(*) FROM workflows \
+const QUEUE_HELD_BY: &str = "SELECT count(*) FROM workflows INDEXED BY workflows_queue_slots_idx \
      WHERE queue = ?1 AND queue_admitted AND status IN ('running', 'suspended') \
        AND lease_owner = ?2";
 
 /// First admissions after an instant, served by `workflows_queue_admitted_idx`.
-const QUEUE_ADMITTED_SINCE: &str = "SELECT count(*) FROM workflows \
+const QUEUE_ADMITTED_SINCE: &str =
+    "SELECT count(*) FROM workflows INDEXED BY workflows_queue_admitted_idx \
      WHERE queue = ?1 AND queue_admitted_at > ?2 AND queue_admitted_at IS NOT NULL";
 
 /// The waiting runs of a queue with no per-key rule, in admission order, served by
 /// `workflows_queue_waiting_idx`.
 const QUEUE_WAITING: &str = "SELECT workflow_name, workflow_id, priority, created_at \
-     FROM workflows \
+     FROM workflows INDEXED BY workflows_queue_waiting_idx \
      WHERE queue = ?1 AND status = 'running' AND queue IS NOT NULL AND NOT queue_admitted \
        AND workflow_name IN (SELECT value FROM json_each(?2)) \
        AND (lease_expires_at IS NULL OR lease_expires_at < ?3) \
@@ -318,26 +394,30 @@ const QUEUE_WAITING: &str = "SELECT workflow_name, workflow_id, priority, create
 
 /// The skip scan of the keys with runs waiting (`workflows_queue_key_waiting_idx`): the first
 /// key, then the next after one.
-const KEY_FIRST: &str = "SELECT queue_key FROM workflows \
+const KEY_FIRST: &str =
+    "SELECT queue_key FROM workflows INDEXED BY workflows_queue_key_waiting_idx \
      WHERE queue = ?1 AND status = 'running' AND queue IS NOT NULL AND NOT queue_admitted \
        AND queue_key IS NOT NULL \
      ORDER BY queue_key LIMIT 1";
 
-const KEY_NEXT: &str = "SELECT queue_key FROM workflows \
+const KEY_NEXT: &str =
+    "SELECT queue_key FROM workflows INDEXED BY workflows_queue_key_waiting_idx \
      WHERE queue = ?1 AND status = 'running' AND queue IS NOT NULL AND NOT queue_admitted \
        AND queue_key > ?2 \
      ORDER BY queue_key LIMIT 1";
 
-const KEY_NONE_WAITING: &str = "SELECT EXISTS (SELECT 1 FROM workflows \
+const KEY_NONE_WAITING: &str =
+    "SELECT EXISTS (SELECT 1 FROM workflows INDEXED BY workflows_queue_key_waiting_idx \
      WHERE queue = ?1 AND status = 'running' AND queue IS NOT NULL AND NOT queue_admitted \
        AND queue_key IS NULL)";
 
 /// Slots held by one key (`IS`: a NULL key is a key of its own).
-const KEY_HELD: &str = "SELECT count(*) FROM workflows \
+const KEY_HELD: &str = "SELECT count(*) FROM workflows INDEXED BY workflows_queue_slots_idx \
      WHERE queue = ?1 AND queue_admitted AND status IN ('running', 'suspended') \
        AND queue_key IS ?2";
 
-const KEY_ADMITTED_SINCE: &str = "SELECT count(*) FROM workflows \
+const KEY_ADMITTED_SINCE: &str =
+    "SELECT count(*) FROM workflows INDEXED BY workflows_queue_key_admitted_idx \
      WHERE queue = ?1 AND queue_key IS ?2 AND queue_admitted_at > ?3 \
        AND queue_admitted_at IS NOT NULL";
 
@@ -345,7 +425,7 @@ const KEY_STATE: &str = "SELECT pass, weight FROM keiro_queue_keys WHERE queue =
 
 /// One key's waiting runs, in admission order.
 const KEY_WAITING: &str = "SELECT workflow_name, workflow_id, priority, created_at \
-     FROM workflows \
+     FROM workflows INDEXED BY workflows_queue_key_waiting_idx \
      WHERE queue = ?1 AND status = 'running' AND queue IS NOT NULL AND NOT queue_admitted \
        AND queue_key IS ?2 \
        AND workflow_name IN (SELECT value FROM json_each(?3)) \
@@ -678,7 +758,9 @@ mod tests {
     }
 
     /// Each statement of admission (and of a start's dedup check) walks the index 0003 made
-    /// for it: no scan of the table, and no sort where the index gives the order. The partial
+    /// for it (named with `INDEXED BY`: with the list's queue index beside them the planner
+    /// may pick either, and only these stop at the rows the statement counts): no scan of the
+    /// table, and no sort where the index gives the order. The partial
     /// indexes apply only when a statement repeats their predicate, which these do.
     #[test]
     fn admission_walks_the_queue_indexes() {

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use keiro_journal::queue::{QueueInfo, QueueRefusal, QueueSpec, QueueStart};
+use keiro_journal::queue::{DebounceRequest, QueueInfo, QueueRefusal, QueueSpec, QueueStart};
 use keiro_journal::store::{Error as StoreError, Result, StartRequest};
 use keiro_journal::{Started, WorkflowName};
 use keiro_lease::Claim;
@@ -21,6 +21,7 @@ const PAUSE: &str = "pausing or resuming a queue";
 const WEIGHT: &str = "weighting a queue key";
 const START: &str = "starting an instance on a queue";
 const ADMIT: &str = "admitting runs of a queue";
+const DEBOUNCE: &str = "debouncing a start";
 
 impl SqliteStore {
     /// Records `spec`, or replaces the limits of the queue of that name; pause state, key
@@ -186,6 +187,39 @@ impl SqliteStore {
                 .into_iter()
                 .map(|(row, journal)| claim(&row, journal, ADMIT))
                 .collect()
+            })
+            .await
+    }
+
+    /// One run per burst of calls with `request.key`: the pending run pushed back with the
+    /// last input, or a new one (`QueueStore::queue_debounce`).
+    ///
+    /// # Errors
+    ///
+    /// `ValueRefused` for a key holding a NUL or an input the store cannot keep;
+    /// `Unavailable` when the file stayed locked or the commit failed.
+    pub async fn queue_debounce(&self, request: &DebounceRequest) -> Result<Started> {
+        storable::text(DEBOUNCE, "debounce key", &request.key)?;
+        let request = request.clone();
+        let (delay, max_wait) = (span_ms(request.delay), span_ms(request.max_wait));
+        self.inner
+            .writer
+            .write(DEBOUNCE, move |conn, now| {
+                let (created, row) = queue::queue_debounce(
+                    conn,
+                    now,
+                    request.name.as_str(),
+                    &request.key,
+                    request.id.as_str(),
+                    &request.input,
+                    delay,
+                    max_wait,
+                    request.now,
+                )?;
+                Ok(Started {
+                    created,
+                    instance: row.instance(DEBOUNCE)?,
+                })
             })
             .await
     }

@@ -459,6 +459,17 @@ impl QueueStore for SqliteStore {
         .await
     }
 
+    async fn queue_debounce(
+        &self,
+        request: &keiro_journal::queue::DebounceRequest,
+    ) -> Result<Started> {
+        traced(
+            store_span!("queue_debounce"),
+            SqliteStore::queue_debounce(self, request),
+        )
+        .await
+    }
+
     async fn queues_list(
         &self,
         only: Option<&str>,

@@ -270,6 +270,48 @@ pub trait MetricsExt {
         }
     }
 
+    /// [`Metrics::queue_depth`] when enabled.
+    ///
+    /// ```
+    /// # use keiro_telemetry::{Metrics, MetricsExt as _};
+    /// let metrics: Option<Metrics> = None;
+    /// metrics.queue_depth("llm", 12, 4);
+    /// ```
+    #[inline]
+    fn queue_depth(&self, queue: &str, waiting: u64, running: u64) {
+        if let Some(metrics) = self.as_metrics() {
+            metrics.queue_depth(queue, waiting, running);
+        }
+    }
+
+    /// [`Metrics::queue_admitted`] when enabled.
+    ///
+    /// ```
+    /// # use keiro_telemetry::{Metrics, MetricsExt as _};
+    /// let metrics: Option<Metrics> = None;
+    /// metrics.queue_admitted("llm", None);
+    /// ```
+    #[inline]
+    fn queue_admitted(&self, queue: &str, waited: Option<Duration>) {
+        if let Some(metrics) = self.as_metrics() {
+            metrics.queue_admitted(queue, waited);
+        }
+    }
+
+    /// [`Metrics::queue_throttled`] when enabled.
+    ///
+    /// ```
+    /// # use keiro_telemetry::{Metrics, MetricsExt as _};
+    /// let metrics: Option<Metrics> = None;
+    /// metrics.queue_throttled("llm");
+    /// ```
+    #[inline]
+    fn queue_throttled(&self, queue: &str) {
+        if let Some(metrics) = self.as_metrics() {
+            metrics.queue_throttled(queue);
+        }
+    }
+
     /// [`Metrics::step_duration`] when enabled.
     ///
     /// ```

@@ -26,6 +26,9 @@ fn record_everything(metrics: &impl MetricsExt) {
     metrics.remote_redispatched("print-label");
     metrics.remote_lost("print-label");
     metrics.step_duration("checkout", "local", Duration::from_millis(10));
+    metrics.queue_depth("llm", 3, 1);
+    metrics.queue_admitted("llm", Some(Duration::from_millis(10)));
+    metrics.queue_throttled("llm");
 }
 
 #[test]

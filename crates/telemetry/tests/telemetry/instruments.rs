@@ -35,6 +35,9 @@ fn every_instrument_carries_its_unit_description_and_scope() -> TestResult {
     m.remote_redispatched("print-label");
     m.remote_lost("print-label");
     m.step_duration("checkout", "local", Duration::from_millis(1));
+    m.queue_depth("llm", 3, 1);
+    m.queue_admitted("llm", Some(Duration::from_millis(1)));
+    m.queue_throttled("llm");
 
     let expected = [
         (
@@ -111,6 +114,31 @@ fn every_instrument_carries_its_unit_description_and_scope() -> TestResult {
             names::STEP_DURATION,
             names::STEP_DURATION_UNIT,
             names::STEP_DURATION_DESCRIPTION,
+        ),
+        (
+            names::QUEUE_WAITING,
+            names::QUEUE_WAITING_UNIT,
+            names::QUEUE_WAITING_DESCRIPTION,
+        ),
+        (
+            names::QUEUE_RUNNING,
+            names::QUEUE_RUNNING_UNIT,
+            names::QUEUE_RUNNING_DESCRIPTION,
+        ),
+        (
+            names::QUEUE_ADMITTED,
+            names::QUEUE_ADMITTED_UNIT,
+            names::QUEUE_ADMITTED_DESCRIPTION,
+        ),
+        (
+            names::QUEUE_THROTTLED,
+            names::QUEUE_THROTTLED_UNIT,
+            names::QUEUE_THROTTLED_DESCRIPTION,
+        ),
+        (
+            names::QUEUE_ADMISSION_WAIT,
+            names::QUEUE_ADMISSION_WAIT_UNIT,
+            names::QUEUE_ADMISSION_WAIT_DESCRIPTION,
         ),
     ];
     assert_eq!(expected.len(), names::INSTRUMENTS.len());

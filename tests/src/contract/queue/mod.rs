@@ -2,6 +2,7 @@
 //! fairness, and when a slot comes back.
 
 pub mod admit;
+pub mod debounce;
 pub mod fleet;
 pub mod order;
 pub mod slots;
