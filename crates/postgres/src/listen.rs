@@ -211,6 +211,27 @@ impl PgStore {
     }
 }
 
+impl PgStore {
+    /// Wakes this process's result waiters of `append`'s instance when the append (committed)
+    /// closed it: a run driven by a worker of this process wakes its waiters here at once,
+    /// without the round trip through the database's NOTIFY, and without its waiters having
+    /// marked it awaited (see [`ClosedSubscription`]). Waiters in other processes still learn
+    /// of it from the trigger's `done:` payload once marked.
+    pub(crate) fn closed_here(&self, append: &keiro_journal::Append) {
+        let terminal = matches!(
+            append.event.marker(),
+            Some(
+                keiro_journal::Marker::Completed
+                    | keiro_journal::Marker::Failed
+                    | keiro_journal::Marker::Cancelled
+            )
+        );
+        if terminal {
+            self.wakes().closed.closed(&append.key);
+        }
+    }
+}
+
 /// Where the listener sends what it hears: the loops' broadcast, and the result waiters.
 struct Outlets {
     sender: broadcast::Sender<Wake>,
@@ -428,14 +449,18 @@ impl Notifier for PgStore {
         }))
     }
 
-    /// Wakes when `key` closes (a `done:<name>/<id>` payload, sent by migration 0016's trigger
-    /// when an awaited instance closes) or when the listener (re)connects. Every waiter of
-    /// this store shares its one listener connection; a notification wakes only the waiters of
-    /// its instance. The first wait marks the instance awaited (one UPDATE of its row, sent with
-    /// the marks of the waiters that start at the same moment through the awaited lane), so that
-    /// its close notifies; it returns [`WakeReason::Notified`] at once when the instance is
-    /// already closed, and falls back to the plain fallback when the mark fails (it is tried
-    /// again at the next wait).
+    /// Wakes when `key` closes (in this process: a worker of this store completed it; or a
+    /// `done:<name>/<id>` payload, sent by migration 0016's trigger when an awaited instance
+    /// closes) or when the listener (re)connects. Every waiter of this store shares its one
+    /// listener connection; a notification wakes only the waiters of its instance.
+    ///
+    /// The mark that makes a close notify (one UPDATE of the row, batched with the marks of
+    /// the waiters that start at the same moment through the awaited lane) is lazy: the first
+    /// waits give the run [`MARK_AFTER`] from the first wait to close in this process, which
+    /// wakes the waiter with no write at all (a service that starts a run and awaits it, served by its own worker);
+    /// only then is the instance marked. The mark returns [`WakeReason::Notified`] at once when
+    /// the instance is already closed, and a failed mark falls back to the plain fallback (it is
+    /// tried again at the next wait).
     fn subscribe_closed(&self, key: &InstanceKey) -> Box<dyn WakeSource> {
         // Registered before the listener starts, so its first `Reconnected` reaches this one.
         let wait = self.wakes().closed.subscribe(key);
@@ -443,26 +468,53 @@ impl Notifier for PgStore {
         Box::new(ClosedSubscription {
             key: key.clone(),
             marked: false,
+            unmarked_until: None,
             wait,
             store: self.downgrade(),
         })
     }
 }
 
+/// How long a result waiter waits for its run to close in this process before it marks the
+/// instance awaited (so that a close elsewhere notifies it). A run served by a worker of this
+/// process closes within it most of the time, and its waiter is woken here at no cost; a run
+/// closed elsewhere within it is read at its end (the mark finds it closed).
+pub(crate) const MARK_AFTER: Duration = Duration::from_millis(50);
+
 /// A result waiter: its registration, whether its instance is marked awaited yet, and the
 /// store, to mark it and to start the listener if subscribing could not (no runtime then).
 struct ClosedSubscription {
     key: InstanceKey,
     marked: bool,
+    /// Until when the waits go unmarked: [`MARK_AFTER`] after the first wait.
+    unmarked_until: Option<tokio::time::Instant>,
     wait: keiro_resume::ClosedWait,
     store: WeakStore,
 }
 
 #[async_trait::async_trait]
 impl WakeSource for ClosedSubscription {
-    async fn wait(&mut self, fallback: Duration) -> WakeReason {
+    async fn wait(&mut self, mut fallback: Duration) -> WakeReason {
         if let Some(store) = self.store.upgrade() {
             store.listener_start();
+            let unmarked_until = *self
+                .unmarked_until
+                .get_or_insert_with(|| tokio::time::Instant::now() + MARK_AFTER);
+            let unmarked = unmarked_until.saturating_duration_since(tokio::time::Instant::now());
+            if !self.marked && !unmarked.is_zero() {
+                // Not held while waiting, as it is not while marking.
+                drop(store);
+                let first = fallback.min(unmarked);
+                match self.wait.wait(first).await {
+                    WakeReason::Timeout => fallback = fallback.saturating_sub(first),
+                    woken => return woken,
+                }
+                if fallback.is_zero() {
+                    return WakeReason::Timeout;
+                }
+            }
+        }
+        if let Some(store) = self.store.upgrade() {
             if !self.marked {
                 match store
                     .lanes()

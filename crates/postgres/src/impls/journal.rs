@@ -64,7 +64,11 @@ impl JournalStore for PgStore {
             key = append.key,
             keiro.workflow.step = %append.event.step_name()
         );
-        traced(span, self.lanes().journal_append(self.db(), append)).await
+        let outcome = traced(span, self.lanes().journal_append(self.db(), append)).await;
+        if matches!(outcome, Ok(AppendOutcome::Appended)) {
+            self.closed_here(append);
+        }
+        outcome
     }
 
     async fn journal_append_batch(&self, appends: &[Append]) -> Vec<Result<AppendOutcome>> {
@@ -82,12 +86,20 @@ impl JournalStore for PgStore {
             key = step.key,
             keiro.workflow.step = %step.event.step_name()
         );
-        traced(
+        let outcome = traced(
             span,
             self.lanes()
                 .journal_append_closing(self.db(), step, completion),
         )
-        .await
+        .await;
+        if let Ok(ClosingOutcome {
+            completion: Some(AppendOutcome::Appended),
+            ..
+        }) = &outcome
+        {
+            self.closed_here(completion);
+        }
+        outcome
     }
 
     async fn instances_start(&self, requests: &[StartRequest]) -> Vec<Result<Started>> {

@@ -12,6 +12,15 @@ use serde_json::json;
 
 const QUIET: Duration = Duration::from_millis(150);
 
+/// Waits until the instance is marked: the waits of the first `MARK_AFTER` (50 ms) give the run
+/// time to close in this process and write nothing; the first wait after it marks the instance
+/// awaited before it waits.
+async fn wait_marked(wait: &mut Box<dyn keiro_resume::WakeSource>) -> WakeReason {
+    wait.wait(Duration::from_millis(10)).await;
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    wait.wait(Duration::from_millis(10)).await
+}
+
 #[tokio::test]
 async fn only_awaited_instances_notify_when_they_close() -> TestResult {
     let db = TestDb::new().await;
@@ -24,12 +33,11 @@ async fn only_awaited_instances_notify_when_they_close() -> TestResult {
             .instance_start(&start(&key("order", id), json!(null)))
             .await?;
     }
-    // Every instance but `quiet` is awaited: a first wait marks it before it waits (and ends
-    // on the listener's first `Reconnected` or the short fallback, either way).
+    // Every instance but `quiet` is awaited: a second wait marks it before it waits.
     let mut waits = Vec::new();
     for id in &ids[1..] {
         let mut wait = store.subscribe_closed(&key("order", id));
-        wait.wait(Duration::from_millis(10)).await;
+        wait_marked(&mut wait).await;
         waits.push(wait);
     }
     let mut listener = Listener::on(&store).await?;
@@ -105,6 +113,57 @@ async fn a_waiter_on_an_instance_already_closed_reads_at_once() -> TestResult {
     Ok(())
 }
 
+/// A run closed by this process's store wakes its waiters here, before any of them marked it:
+/// a service that starts a run and awaits it, served by its own worker, writes no mark at all.
+#[tokio::test]
+async fn a_run_closed_in_this_process_wakes_its_waiter_without_a_mark() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    let k = key("order", "local");
+    store.instance_start(&start(&k, json!(null))).await?;
+    let mut wait = store.subscribe_closed(&k);
+    let closer = {
+        let (store, k) = (store.clone(), k.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            store
+                .journal_append(&Append::external(
+                    k,
+                    Event::WorkflowCompleted { output: json!(1) },
+                ))
+                .await
+        })
+    };
+    let woken = tokio::time::timeout(
+        Duration::from_secs(10),
+        wait.wait(Duration::from_secs(3600)),
+    )
+    .await?;
+    closer.await??;
+    // The listener's first connect may end the wait first: then the close wakes the next one
+    // (still within the unmarked 50 ms).
+    let woken = if woken == WakeReason::Reconnected {
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            wait.wait(Duration::from_secs(3600)),
+        )
+        .await?
+    } else {
+        woken
+    };
+    assert_eq!(woken, WakeReason::Notified);
+    let awaited: bool = crate::common::sql(&store)
+        .await?
+        .query_one(
+            "SELECT awaited FROM workflows WHERE workflow_name = $1 AND workflow_id = $2",
+            &[&k.name.as_str(), &k.id.as_str()],
+        )
+        .await?
+        .get(0);
+    assert!(!awaited, "no mark was written");
+    Ok(())
+}
+
 /// A result waiter's mark holds the row lock until it commits; a worker claiming at that moment
 /// skips the row (`SKIP LOCKED`), so the mark announces a runnable instance again, and only a
 /// runnable one (a parked run is woken by its own sources).
@@ -122,7 +181,7 @@ async fn marking_a_runnable_instance_awaited_announces_it_again() -> TestResult 
         "the start announces it"
     );
     let mut wait = store.subscribe_closed(&runnable);
-    wait.wait(Duration::from_millis(10)).await;
+    wait_marked(&mut wait).await;
     assert_eq!(
         listener.drain(QUIET).await,
         vec![(channel.clone(), "order/runnable".to_owned())],
@@ -153,7 +212,7 @@ async fn marking_a_runnable_instance_awaited_announces_it_again() -> TestResult 
         .await?;
     listener.drain(QUIET).await;
     let mut wait = store.subscribe_closed(&parked);
-    wait.wait(Duration::from_millis(10)).await;
+    wait_marked(&mut wait).await;
     assert!(
         listener.drain(QUIET).await.is_empty(),
         "a parked run is not announced"
@@ -236,6 +295,7 @@ async fn concurrent_result_waiters_share_their_reads_and_marks() -> TestResult {
             let (store, is_held) = (store.clone(), k == held);
             let waiting = async move {
                 let mut wait = store.subscribe_closed(&k);
+                wait.wait(Duration::from_millis(60)).await;
                 (k, wait.wait(Duration::from_millis(50)).await)
             };
             if is_held {
