@@ -333,8 +333,20 @@ impl Keiro {
         input: &I,
         options: &StartOptions,
     ) -> Result<Started, Error> {
+        let request = self.start_request(name, id, input, options)?;
+        Ok(self.store().instance_start(&request).await?)
+    }
+
+    /// The store request of a start with `options`, checked as every start checks it.
+    pub(crate) fn start_request<I: Serialize + ?Sized>(
+        &self,
+        name: &str,
+        id: &str,
+        input: &I,
+        options: &StartOptions,
+    ) -> Result<keiro_journal::store::StartRequest, Error> {
         let key = keiro_journal::InstanceKey::parse(name, id)?;
-        let request = keiro_journal::store::StartRequest {
+        Ok(keiro_journal::store::StartRequest {
             input: keiro_journal::store::encode_payload(
                 keiro_journal::store::INPUT_STEP,
                 input,
@@ -345,8 +357,50 @@ impl Keiro {
             parent: None,
             priority: options.priority,
             queue: options.resolve()?,
-        };
-        Ok(self.store().instance_start(&request).await?)
+        })
+    }
+
+    /// [`start_many`](Self::start_many) with options per item: each item is what
+    /// [`start_with`](Self::start_with) would start, one outcome per item in order; one item's
+    /// refusal never fails the others. Plain items share one statement and commit.
+    ///
+    /// # Errors
+    ///
+    /// Per item, as [`start_with`](Self::start_with).
+    pub async fn start_many_with<'a, I: Serialize + ?Sized + 'a>(
+        &self,
+        name: &str,
+        starts: impl IntoIterator<Item = (&'a str, &'a I, StartOptions)>,
+    ) -> Vec<Result<Started, Error>> {
+        let mut outcomes: Vec<Option<Result<Started, Error>>> = Vec::new();
+        let (mut requests, mut sent) = (Vec::new(), Vec::new());
+        for (id, input, options) in starts {
+            match self.start_request(name, id, input, &options) {
+                Ok(request) => {
+                    sent.push(outcomes.len());
+                    outcomes.push(None);
+                    requests.push(request);
+                }
+                Err(error) => outcomes.push(Some(Err(error))),
+            }
+        }
+        if !requests.is_empty() {
+            let answers = self.store().instances_start(&requests).await;
+            for (at, answer) in sent.into_iter().zip(answers) {
+                outcomes[at] = Some(answer.map_err(Error::from));
+            }
+        }
+        outcomes
+            .into_iter()
+            .map(|o| {
+                o.unwrap_or_else(|| {
+                    Err(Error::Store(keiro_journal::StoreError::Malformed {
+                        operation: "starting instances",
+                        detail: "the store answered fewer starts than it was asked".into(),
+                    }))
+                })
+            })
+            .collect()
     }
 
     /// [`start_workflow`](Self::start_workflow) with `options`.

@@ -93,6 +93,32 @@ impl Keiro {
             .await?)
     }
 
+    /// [`start_with`](Self::start_with) inside the caller's transaction `client`: on a queue,
+    /// the run waits for admission once the caller commits (the queue's checks and dedup
+    /// apply in the transaction, as for [`start_in`](Self::start_in)).
+    ///
+    /// # Errors
+    ///
+    /// As [`start_with`](Self::start_with) and [`start_in`](Self::start_in).
+    pub async fn start_in_with<C, I>(
+        &self,
+        client: &C,
+        name: &str,
+        id: &str,
+        input: &I,
+        options: &crate::queue::StartOptions,
+    ) -> Result<Started, Error>
+    where
+        C: GenericClient + Sync + ?Sized,
+        I: Serialize + ?Sized,
+    {
+        let request = self.start_request(name, id, input, options)?;
+        Ok(self
+            .in_transaction(client)?
+            .instance_start(&request)
+            .await?)
+    }
+
     /// [`deliver`](Self::deliver) inside the caller's transaction `client`: the value is
     /// journaled, and the waiting run woken, when the caller commits.
     ///

@@ -161,6 +161,9 @@ where
     ///
     /// As the pooled operation.
     pub async fn instance_start(&self, request: &StartRequest) -> Result<Started> {
+        if let Some(queue) = &request.queue {
+            return self.queue_start(request, queue).await;
+        }
         let sql = format!(
             "SELECT s.created, {} FROM {}.keiro_instance_start($1, $2, $3, $4, $5, $6) s",
             instance_columns!("(s.instance)."),
@@ -186,6 +189,43 @@ where
             created: column(&row, "created", START)?,
             instance: row::instance(&row, START)?,
         })
+    }
+
+    /// A start on a queue in the caller's transaction (`keiro_queue_start`): the queue's checks
+    /// and dedup, as the pooled start does; the run waits for admission once the caller
+    /// commits.
+    async fn queue_start(
+        &self,
+        request: &StartRequest,
+        queue: &keiro_journal::queue::QueueStart,
+    ) -> Result<Started> {
+        let sql = format!(
+            "SELECT s.outcome, s.created, {} FROM {}.keiro_queue_start($1, $2, $3, $4, $5, $6, \
+             $7, $8, $9, $10) s",
+            instance_columns!("(s.instance)."),
+            self.schema
+        );
+        let parent_name = request.parent.as_ref().map(|p| p.name.as_str());
+        let parent_id = request.parent.as_ref().map(|p| p.id.as_str());
+        let row = self
+            .query_one(
+                crate::ops::queue::START,
+                &sql,
+                &[
+                    &request.key.name.as_str(),
+                    &request.key.id.as_str(),
+                    &request.input,
+                    &parent_name,
+                    &parent_id,
+                    &request.priority,
+                    &queue.queue,
+                    &queue.key,
+                    &queue.dedup_id,
+                    &queue.not_before,
+                ],
+            )
+            .await?;
+        crate::ops::queue::queue_started(&row, &queue.queue)
     }
 
     /// [`JournalStore::instance_get`](keiro_journal::JournalStore::instance_get) as the

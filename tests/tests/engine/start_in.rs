@@ -790,3 +790,60 @@ async fn starts_deliveries_and_awakeables_work_in_snapshot_transactions() -> Tes
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_on_a_queue_in_a_transaction_waits_for_admission_once_committed() -> TestResult {
+    use keiro::queue::{DedupPolicy, QueueRefusal, QueueSpec, StartOptions};
+    let mut app = App::new().await?;
+    app.keiro
+        .declare_queue(&QueueSpec::new("q")?.dedup(DedupPolicy::Refuse))
+        .await?;
+    let options = StartOptions::on_queue("q")
+        .key("acme")
+        .dedup_id("invoice-7");
+
+    let tx = app.client.transaction().await?;
+    let started = app
+        .keiro
+        .start_in_with(&tx, "order", "o-1", &1, &options)
+        .await?;
+    assert!(started.created);
+    assert_eq!(started.instance.queue.as_deref(), Some("q"));
+    // The dedup id is held within the transaction already.
+    let twice = app
+        .keiro
+        .start_in_with(&tx, "order", "o-2", &2, &options)
+        .await
+        .expect_err("a duplicate");
+    assert_eq!(
+        twice.queue_refusal(),
+        Some(&QueueRefusal::Duplicate {
+            holder: InstanceKey::parse("order", "o-1")?
+        })
+    );
+    tx.rollback().await?;
+    assert!(app.keiro.instance(("order", "o-1")).await?.is_none());
+
+    let tx = app.client.transaction().await?;
+    app.keiro
+        .start_in_with(&tx, "order", "o-1", &1, &options)
+        .await?;
+    let unknown = app
+        .keiro
+        .start_in_with(&tx, "order", "o-3", &3, &StartOptions::on_queue("nope"))
+        .await
+        .expect_err("unknown queue");
+    assert_eq!(unknown.queue_refusal(), Some(&QueueRefusal::Unknown));
+    tx.commit().await?;
+    let row = app
+        .keiro
+        .instance(("order", "o-1"))
+        .await?
+        .expect("committed");
+    assert_eq!(row.queue_key.as_deref(), Some("acme"));
+    // Not claimable the ordinary way: it waits for a worker serving the queue.
+    assert!(app.h.store.instances_runnable(None, None).await?.is_empty());
+    let info = app.keiro.queue("q").await?.expect("declared");
+    assert_eq!(info.waiting, 1);
+    Ok(())
+}

@@ -170,6 +170,21 @@ pub(crate) struct BenchArgs {
     /// fleet's claims find these in front of the runs they may take.
     #[arg(long, default_value_t = 0)]
     pub(crate) in_progress: u64,
+    /// `throughput`: start every workflow on the queue `bench`, keyed `k0` .. `k<n-1>` in turn
+    /// (0: no queue). With no queue limit this measures what admission costs against a plain
+    /// start and claim.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) queue_keys: u64,
+    /// `throughput` with `--queue-keys`: the queue's fleet-wide concurrency limit; the report
+    /// then gives the admission latency at the limit (a freed slot to the next admission).
+    #[arg(long, value_parser = clap::value_parser!(i32).range(1..))]
+    pub(crate) queue_concurrency: Option<i32>,
+    /// `throughput` with `--queue-keys`: the queue's per-key concurrency limit.
+    #[arg(long, value_parser = clap::value_parser!(i32).range(1..))]
+    pub(crate) queue_key_concurrency: Option<i32>,
+    /// `throughput` with `--queue-keys`: weighted (round-robin) fairness across the keys.
+    #[arg(long)]
+    pub(crate) queue_fair: bool,
     /// On SQLite: the store's read connections (`Config::readers`; its default when absent).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=256))]
     pub(crate) sqlite_readers: Option<u64>,
@@ -286,6 +301,66 @@ async fn start_all<I: Serialize + Clone + Send + Sync + 'static>(
         joined.context("a producer task failed")??;
     }
     Ok(())
+}
+
+/// [`start_all`] on the queue `bench`: the i-th workflow keyed `k<i mod keys>`.
+async fn start_all_on_queue<I: Serialize + Clone + Send + Sync + 'static>(
+    keiro: &Keiro,
+    name: &'static str,
+    prefix: &str,
+    n: u64,
+    producers: u64,
+    keys: u64,
+    input: I,
+) -> Result<()> {
+    let mut producing = tokio::task::JoinSet::new();
+    for producer in 0..producers {
+        let (keiro, prefix, input) = (keiro.clone(), prefix.to_owned(), input.clone());
+        producing.spawn(async move {
+            let mut i = producer;
+            while i < n {
+                let id = instance_id(&prefix, i);
+                let options =
+                    keiro::queue::StartOptions::on_queue(BENCH_QUEUE).key(format!("k{}", i % keys));
+                keiro
+                    .start_with(name, &id, &input, &options)
+                    .await
+                    .context(format!("starting {name} {id} on the queue"))?;
+                i += producers;
+            }
+            Ok::<_, crate::common::Error>(())
+        });
+    }
+    while let Some(joined) = producing.join_next().await {
+        joined.context("a producer task failed")??;
+    }
+    Ok(())
+}
+
+/// The queue `--queue-keys` starts the workflows on.
+const BENCH_QUEUE: &str = "bench";
+
+/// With `--queue-keys`: declares the bench queue with the `--queue-*` limits, and has the
+/// bench worker serve it. Without: the worker as it is.
+async fn with_bench_queue(
+    keiro: &Keiro,
+    args: &BenchArgs,
+    worker: keiro::WorkerBuilder,
+) -> Result<keiro::WorkerBuilder> {
+    if args.queue_keys == 0 {
+        return Ok(worker);
+    }
+    let mut spec = keiro::queue::QueueSpec::new(BENCH_QUEUE).context("the queue")?;
+    spec.concurrency = args.queue_concurrency;
+    spec.key_concurrency = args.queue_key_concurrency;
+    if args.queue_fair {
+        spec = spec.fairness(keiro::queue::Fairness::Weighted);
+    }
+    keiro
+        .declare_queue(&spec)
+        .await
+        .context("declaring the bench queue")?;
+    Ok(worker.queue(BENCH_QUEUE))
 }
 
 /// [`start_all`] with `Keiro::start_many`: each producer starts its ids `batch` at a time, in

@@ -204,32 +204,51 @@ pub(super) async fn throughput(args: &BenchArgs, path: &Path) -> Result<Outcome>
             default_log(event);
         })
     };
-    let worker = bench_worker(&keiro, args, concurrency)
-        .log(log)
-        .build()
-        .context("building the bench worker")?;
+    let worker = super::with_bench_queue(
+        &keiro,
+        args,
+        bench_worker(&keiro, args, concurrency).log(log),
+    )
+    .await?
+    .build()
+    .context("building the bench worker")?;
     let background = Background::run(worker);
     println!(
         "bench: throughput: {workflows} workflows x {} steps, worker concurrency {}, {} producers, \
-         poll {} ms, sqlite file {} ({readers} readers, batches of at most {batch_max})",
+         poll {} ms, sqlite file {} ({readers} readers, batches of at most {batch_max}), \
+         queue keys {}",
         args.steps,
         args.concurrency,
         args.producers,
         args.poll_interval_ms,
-        path.display()
+        path.display(),
+        args.queue_keys
     );
     let cpu = PhaseCpu::start();
     let commits_before = store.commits();
     let started = Instant::now();
-    start_all(
-        &keiro,
-        WORKFLOW,
-        "wf",
-        workflows,
-        args.producers,
-        BenchInput { steps: args.steps },
-    )
-    .await?;
+    if args.queue_keys > 0 {
+        super::start_all_on_queue(
+            &keiro,
+            WORKFLOW,
+            "wf",
+            workflows,
+            args.producers,
+            args.queue_keys,
+            BenchInput { steps: args.steps },
+        )
+        .await?;
+    } else {
+        start_all(
+            &keiro,
+            WORKFLOW,
+            "wf",
+            workflows,
+            args.producers,
+            BenchInput { steps: args.steps },
+        )
+        .await?;
+    }
     let reached = finish.wait(Duration::from_secs(args.timeout_s)).await;
     background.stop().await?;
     let cpu = cpu.finish();

@@ -53,6 +53,57 @@ pub(super) async fn bench_workflow(ctx: Ctx, input: BenchInput) -> Result<u64, W
     Ok(sum)
 }
 
+// Each run's first admission and its completion, on the database clock, in order.
+const ADMISSIONS: &str = "SELECT extract(epoch FROM queue_admitted_at)::float8 \
+     FROM workflows WHERE queue = 'bench' AND queue_admitted_at IS NOT NULL \
+     ORDER BY queue_admitted_at";
+const COMPLETIONS: &str = "SELECT extract(epoch FROM completed_at)::float8 \
+     FROM workflows WHERE queue = 'bench' AND completed_at IS NOT NULL ORDER BY completed_at";
+
+/// Admission latency at a concurrency limit of `limit`: the (i + limit)-th admission took the
+/// slot the i-th completion freed, so their gap (in ms) is how long a waiting run took to be
+/// admitted once a slot was free. p50 and p99; `None` without a limit.
+async fn admission_latency(
+    db: &tokio_postgres::Client,
+    limit: Option<i32>,
+) -> Result<Option<(f64, f64)>> {
+    let Some(limit) = limit.and_then(|l| usize::try_from(l).ok()) else {
+        return Ok(None);
+    };
+    let read =
+        |rows: Vec<tokio_postgres::Row>| -> Vec<f64> { rows.iter().map(|r| r.get(0)).collect() };
+    let admitted = read(
+        db.query(ADMISSIONS, &[])
+            .await
+            .context("reading admissions")?,
+    );
+    let completed = read(
+        db.query(COMPLETIONS, &[])
+            .await
+            .context("reading completions")?,
+    );
+    let mut gaps: Vec<f64> = admitted
+        .iter()
+        .skip(limit)
+        .zip(&completed)
+        .map(|(admitted, freed)| ((admitted - freed) * 1000.0).max(0.0))
+        .collect();
+    if gaps.is_empty() {
+        return Ok(None);
+    }
+    gaps.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss
+        )]
+        let i = ((gaps.len() - 1) as f64 * q).round() as usize;
+        gaps[i]
+    };
+    Ok(Some((at(0.5), at(0.99))))
+}
+
 /// Noticed through the worker's log hook: the moment completions reach the target, with a
 /// store counter (round trips, commits) at that moment, so idle passes after the end are not
 /// counted.
@@ -144,6 +195,11 @@ struct ThroughputReport {
     start_batch: u64,
     /// Runs in progress on another owner, seeded in front (`--in-progress`).
     in_progress: u64,
+    /// Keys of the queue the workflows were started on (`--queue-keys`; 0: no queue).
+    queue_keys: u64,
+    /// Admission at the queue's concurrency limit, p50 and p99 in ms (`--queue-concurrency`).
+    admission_p50_ms: Option<f64>,
+    admission_p99_ms: Option<f64>,
 }
 
 /// Start-to-completion latency from the instance rows, and the same span the wall clock saw
@@ -207,7 +263,12 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         })
     };
     let sink = args.metrics.then(MetricsSink::new);
-    let mut builder = bench_worker(&keiro, args, concurrency).log(log);
+    let mut builder = super::with_bench_queue(
+        &keiro,
+        args,
+        bench_worker(&keiro, args, concurrency).log(log),
+    )
+    .await?;
     if let Some(sink) = &sink {
         builder = builder.metrics(sink.metrics.clone());
     }
@@ -233,7 +294,18 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let round_trips_before = setup.store.round_trips();
     let batches_before = setup.store.batch_stats();
     let started = Instant::now();
-    if args.start_batch > 1 {
+    if args.queue_keys > 0 {
+        super::start_all_on_queue(
+            &keiro,
+            WORKFLOW,
+            "wf",
+            workflows,
+            args.producers,
+            args.queue_keys,
+            BenchInput { steps: args.steps },
+        )
+        .await?;
+    } else if args.start_batch > 1 {
         start_all_many(
             &keiro,
             WORKFLOW,
@@ -349,6 +421,28 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         }
         sink.shutdown();
     }
+    let admission = if args.queue_keys > 0 {
+        admission_latency(&setup.db, args.queue_concurrency).await?
+    } else {
+        None
+    };
+    if args.queue_keys > 0 {
+        println!(
+            "bench: queue `{}`: {} keys, concurrency {}, key concurrency {}, fairness {}; \
+             admission at the limit (a freed slot to the next admission): {}",
+            super::BENCH_QUEUE,
+            args.queue_keys,
+            args.queue_concurrency
+                .map_or_else(|| "none".to_owned(), |n| n.to_string()),
+            args.queue_key_concurrency
+                .map_or_else(|| "none".to_owned(), |n| n.to_string()),
+            if args.queue_fair { "weighted" } else { "fifo" },
+            admission.map_or_else(
+                || "n/a (no concurrency limit)".to_owned(),
+                |(p50, p99)| format!("p50 {p50:.1} ms, p99 {p99:.1} ms")
+            )
+        );
+    }
     let untouched = setup
         .db
         .query_one(IN_PROGRESS_UNTOUCHED, &[&WORKFLOW])
@@ -395,6 +489,9 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         batching: args.batching,
         start_batch: args.start_batch,
         in_progress: args.in_progress,
+        queue_keys: args.queue_keys,
+        admission_p50_ms: admission.map(|(p50, _)| round(p50, 2)),
+        admission_p99_ms: admission.map(|(_, p99)| round(p99, 2)),
     };
     println!(
         "{}",

@@ -105,22 +105,28 @@ pub(crate) async fn queue_start(
             ],
         )
         .await?;
-    let outcome: String = column(&row, "outcome", START)?;
+    queue_started(&row, &queue.queue)
+}
+
+/// The answer of a `keiro_queue_start` row (`outcome`, `created`, the instance's columns): the
+/// start, the holder under `existing`, or the refusal.
+pub(crate) fn queue_started(row: &tokio_postgres::Row, queue: &str) -> Result<Started> {
+    let outcome: String = column(row, "outcome", START)?;
     let refused = |refusal| StoreError::QueueRefused {
-        queue: queue.queue.clone(),
+        queue: queue.to_owned(),
         refusal,
     };
     match outcome.as_str() {
         "started" => Ok(Started {
-            created: column(&row, "created", START)?,
-            instance: row::instance(&row, START)?,
+            created: column(row, "created", START)?,
+            instance: row::instance(row, START)?,
         }),
         "existing" => Ok(Started {
             created: false,
-            instance: row::instance(&row, START)?,
+            instance: row::instance(row, START)?,
         }),
         "duplicate" => Err(refused(QueueRefusal::Duplicate {
-            holder: row::instance(&row, START)?.key,
+            holder: row::instance(row, START)?.key,
         })),
         "unknown" => Err(refused(QueueRefusal::Unknown)),
         "dedup_not_enabled" => Err(refused(QueueRefusal::DedupNotEnabled)),

@@ -239,3 +239,48 @@ pub async fn concurrent_starts_with_one_dedup_id_create_one_run(h: Harness) -> T
     assert_eq!(live, 1);
     Ok(())
 }
+
+pub async fn start_many_with_starts_each_item_on_its_queue_and_refuses_alone(
+    h: Harness,
+) -> TestResult {
+    declare(&h, QueueSpec::new("q")?).await?;
+    let outcomes = h
+        .keiro
+        .start_many_with(
+            "wf",
+            [
+                ("a", &json!(1), StartOptions::on_queue("q").key("acme")),
+                ("b", &json!(2), StartOptions::on_queue("nope")),
+                ("c", &json!(3), StartOptions::default()),
+                (
+                    "d",
+                    &json!(4),
+                    StartOptions::on_queue("q").key("x".repeat(300)),
+                ),
+                ("a", &json!(5), StartOptions::on_queue("q")),
+            ],
+        )
+        .await;
+    assert_eq!(outcomes.len(), 5);
+    let a = outcomes[0].as_ref().expect("started");
+    assert!(a.created);
+    assert_eq!(a.instance.queue_key.as_deref(), Some("acme"));
+    let refusal = outcomes[1]
+        .as_ref()
+        .expect_err("unknown queue")
+        .queue_refusal();
+    assert_eq!(refusal, Some(&QueueRefusal::Unknown));
+    let plain = outcomes[2].as_ref().expect("started");
+    assert!(plain.created && plain.instance.queue.is_none());
+    assert!(matches!(
+        outcomes[3],
+        Err(Error::Queue(QueueError::InvalidKey { .. }))
+    ));
+    assert!(!outcomes[4].as_ref().expect("the same key").created);
+    assert!(h.store.instance_get(&wf("b")).await?.is_none());
+    assert_eq!(
+        super::ids(&admit(&*h.store, "q", "w", 10, None).await?),
+        ["a"]
+    );
+    Ok(())
+}
