@@ -2,7 +2,9 @@
 //! counts, through the facade's `Keiro::list` and `Keiro::counts` (the dashboard's calls too).
 
 use clap::Args;
-use keiro::{operate::Counts, operate::ListRequest, operate::Page, Status};
+use keiro::{
+    operate::Counts, operate::InstanceSummary, operate::ListRequest, operate::Page, Status,
+};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
@@ -112,6 +114,13 @@ pub(crate) async fn list(global: &Global, args: &ListArgs) -> Result<Outcome> {
 /// The longest error text a table row shows; `keiro show` has the whole of it.
 const ERROR_COLUMN_LEN: usize = 60;
 
+/// When a run started with a delay may first be admitted, while that is still ahead of `now`:
+/// `None` once it passed, and for a run whose `not_before` is a crash's backoff (attempts
+/// counted). `keiro list` and the dashboard's list say "delayed until" it.
+pub(crate) fn delayed_until(row: &InstanceSummary, now: OffsetDateTime) -> Option<OffsetDateTime> {
+    row.not_before.filter(|at| *at > now && row.attempts == 0)
+}
+
 fn print_page(page: &Page) {
     println!(
         "{:<20} {:<36} {:<9} {:>3} {:>3}  {:<27} {:<27} error",
@@ -134,9 +143,7 @@ fn print_page(page: &Page) {
                 .as_deref()
                 .map(|k| format!(" key {k}"))
                 .unwrap_or_default();
-            let delayed = row
-                .not_before
-                .filter(|at| *at > now && row.attempts == 0)
+            let delayed = delayed_until(row, now)
                 .map(|at| format!(" delayed until {}", timestamp(Some(at))))
                 .unwrap_or_default();
             error = format!("[queue {queue}{key}{delayed}] {error}");

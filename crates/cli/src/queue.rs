@@ -2,7 +2,7 @@
 //! the facade's queue calls (`Keiro::queues`, `pause_queue`, `resume_queue`); none migrates.
 
 use clap::{Args, Subcommand};
-use keiro::queue::{Fairness, QueueInfo, Rate};
+use keiro::queue::{Fairness, QueueInfo, QueueSpec, Rate};
 
 use crate::common::{Global, Outcome, Result, ResultExt};
 
@@ -87,8 +87,22 @@ pub(crate) async fn run(global: &Global, command: &QueueCommand) -> Result<Outco
 }
 
 fn print_summary(q: &QueueInfo) {
+    let limits = limits(&q.spec);
+    println!(
+        "{}{}  {limits}  waiting {} (delayed {})  running {}",
+        q.spec.name,
+        if q.paused { " [paused]" } else { "" },
+        q.waiting,
+        q.delayed,
+        q.running,
+    );
+}
+
+/// A queue's limits and options as operators read them (`concurrency 10, key rate 100/60s,
+/// weighted fairness`), in declaration order; `no limits` for a queue with none. The CLI and
+/// the dashboard print the same words.
+pub(crate) fn limits(spec: &QueueSpec) -> String {
     let mut limits = Vec::new();
-    let spec = &q.spec;
     for (what, limit) in [
         ("concurrency", spec.concurrency),
         ("per worker", spec.worker_concurrency),
@@ -116,22 +130,15 @@ fn print_summary(q: &QueueInfo) {
     if !spec.release_on_park {
         limits.push("keeps slots while parked".to_owned());
     }
-    let limits = if limits.is_empty() {
+    if limits.is_empty() {
         "no limits".to_owned()
     } else {
         limits.join(", ")
-    };
-    println!(
-        "{}{}  {limits}  waiting {} (delayed {})  running {}",
-        spec.name,
-        if q.paused { " [paused]" } else { "" },
-        q.waiting,
-        q.delayed,
-        q.running,
-    );
+    }
 }
 
-fn period(rate: &Rate) -> String {
+/// A rate's period in whole seconds when it is one (`60s`), else in milliseconds (`250ms`).
+pub(crate) fn period(rate: &Rate) -> String {
     let ms = rate.period_ms();
     if ms % 1000 == 0 {
         format!("{}s", ms / 1000)

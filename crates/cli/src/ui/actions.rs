@@ -1,6 +1,8 @@
-//! The operator actions, one facade call each, as the CLI's commands make them: cancel,
-//! cancel cascade, requeue, resurrect, force release, redispatch and retry with input. Each
-//! appends history (the facade's own journal events); none rewrites it.
+//! The operator actions, one facade call each, as the CLI's commands make them: on an
+//! instance, cancel, cancel cascade, requeue, resurrect, force release, redispatch and retry
+//! with input, each appending history (the facade's own journal events), none rewriting it; on
+//! a queue, pause and resume (`keiro queue pause|resume`), which set the queue's paused flag
+//! and touch no run. Both kinds are authorized alike (see [`auth`](super::auth)).
 
 use axum::http::StatusCode;
 use keiro::{operate::CancelOutcome, operate::RequeueOutcome, operate::ResurrectOutcome, Keiro};
@@ -19,6 +21,9 @@ pub(crate) const ACTIONS: [(&str, &str); 7] = [
     ("redispatch", "Redispatch"),
     ("retry-with-input", "Retry with input"),
 ];
+
+/// A queue action's name as it appears in URLs, and its confirmation text.
+pub(crate) const QUEUE_ACTIONS: [(&str, &str); 2] = [("pause", "Pause"), ("resume", "Resume")];
 
 /// What an action did.
 #[derive(Debug, Serialize)]
@@ -120,5 +125,28 @@ pub(crate) async fn run(
         action: action.to_owned(),
         message,
         started,
+    })
+}
+
+/// Runs queue action `action` (`pause`, `resume`) on `queue`. Idempotent: pausing a paused
+/// queue leaves it paused. An unknown queue or action is 404.
+pub(crate) async fn run_queue(keiro: &Keiro, action: &str, queue: &str) -> Result<Done, ApiError> {
+    let message = match action {
+        "pause" => {
+            keiro.pause_queue(queue).await?;
+            format!("{queue}: paused; admitted runs go on, waiting ones wait until it is resumed")
+        }
+        "resume" => {
+            keiro.resume_queue(queue).await?;
+            format!("{queue}: resumed; waiting runs are admitted within its limits")
+        }
+        other => {
+            return Err(ApiError::not_found(format!("no queue action {other:?}")));
+        }
+    };
+    Ok(Done {
+        action: action.to_owned(),
+        message,
+        started: None,
     })
 }

@@ -7,6 +7,11 @@
 //!   (`Keiro::waits`; `waits_truncated` when a kind was cut), remote tasks and children.
 //! - `POST /instances/{name}/{id}/{action}` with `Authorization: Bearer <token>` (and, for
 //!   `retry-with-input`, a body `{"input": ...}`).
+//! - `GET /queues`: every declared queue (`Keiro::queues`) with its figures, its limits, which
+//!   of them it is at now and its admissions per second (`QueueView::to_json`).
+//! - `GET /queues/{name}`: one queue, the same way; 404 (`not_found`) for an undeclared one.
+//! - `POST /queues/{name}/{action}` (`pause`, `resume`) with `Authorization: Bearer <token>`,
+//!   as the instance actions.
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, RawQuery, State};
@@ -17,7 +22,7 @@ use serde_json::Value;
 
 use super::actions::{self, Done};
 use super::error::ApiError;
-use super::view::InstanceView;
+use super::view::{InstanceView, QueueView};
 use super::AppState;
 
 /// `GET /api/v1/counts`.
@@ -115,6 +120,48 @@ pub(crate) async fn action(
     };
     Ok(Json(
         actions::run(&state.keiro, &action, &name, &id, input).await?,
+    ))
+}
+
+/// `GET /api/v1/queues`.
+pub(crate) async fn queues(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let now = time::OffsetDateTime::now_utc();
+    let queues = state.keiro.queues().await?;
+    Ok(Json(Value::Array(
+        queues
+            .into_iter()
+            .map(|info| QueueView { info }.to_json(now))
+            .collect(),
+    )))
+}
+
+/// Reads queue `name`; 404 when it was never declared.
+pub(crate) async fn read_queue(state: &AppState, name: &str) -> Result<QueueView, ApiError> {
+    match state.keiro.queue(name).await? {
+        Some(info) => Ok(QueueView { info }),
+        None => Err(ApiError::not_found(format!("no queue {name}"))),
+    }
+}
+
+/// `GET /api/v1/queues/{name}`.
+pub(crate) async fn queue(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let view = read_queue(&state, &name).await?;
+    Ok(Json(view.to_json(time::OffsetDateTime::now_utc())))
+}
+
+/// `POST /api/v1/queues/{name}/{action}`: the bearer token first, as for an instance; the
+/// body, if any, is not read.
+pub(crate) async fn queue_action(
+    State(state): State<AppState>,
+    Path((name, action)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Json<Done>, ApiError> {
+    state.auth.check_bearer(&headers)?;
+    Ok(Json(
+        actions::run_queue(&state.keiro, &action, &name).await?,
     ))
 }
 

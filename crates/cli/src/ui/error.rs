@@ -67,6 +67,15 @@ impl From<keiro::Error> for ApiError {
             keiro::Error::Admin(
                 keiro::operate::AdminError::Payload(_) | keiro::operate::AdminError::InvalidId(_),
             ) => Self::bad_request("invalid", error_chain(&error)),
+            keiro::Error::Store(keiro::store::Error::QueueRefused { queue, refusal }) => {
+                match refusal {
+                    keiro::queue::QueueRefusal::Unknown => {
+                        Self::not_found(format!("no queue {queue}"))
+                    }
+                    _ => Self::new(StatusCode::CONFLICT, "refused", error_chain(&error)),
+                }
+            }
+            keiro::Error::Queue(_) => Self::bad_request("invalid", error_chain(&error)),
             keiro::Error::Store(keiro::store::Error::SchemaNotMigrated {
                 schema, problem, ..
             }) => Self {

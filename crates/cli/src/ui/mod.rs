@@ -1,6 +1,7 @@
 //! `keiro ui`: the operators' dashboard. A JSON API under `/api/v1` and HTML pages over the
 //! same facade calls the CLI makes (`Keiro::counts`, `list`, `instance`, `journal`,
-//! `remote_tasks` and the operator actions), served by axum on 127.0.0.1 by default.
+//! `remote_tasks`, `queues` and the operator actions, queue pause and resume among them),
+//! served by axum on 127.0.0.1 by default.
 //!
 //! Security: every request must name the dashboard in its `Host` (a loopback name, the bound
 //! address or a `--public-host`), so a page whose DNS name was rebound to 127.0.0.1 reads
@@ -137,12 +138,18 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/counts", get(api::counts))
         .route("/instances", get(api::list))
         .route("/instances/{name}/{id}", get(api::instance))
-        .route("/instances/{name}/{id}/{action}", post(api::action));
+        .route("/instances/{name}/{id}/{action}", post(api::action))
+        .route("/queues", get(api::queues))
+        .route("/queues/{name}", get(api::queue))
+        .route("/queues/{name}/{action}", post(api::queue_action));
     Router::new()
         .route("/", get(pages::overview))
         .route("/instances", get(pages::list))
         .route("/instances/{name}/{id}", get(pages::instance))
         .route("/instances/{name}/{id}/{action}", post(pages::action))
+        .route("/queues", get(pages::queues))
+        .route("/queues/{name}", get(pages::queue))
+        .route("/queues/{name}/{action}", post(pages::queue_action))
         .route("/assets/app.js", get(assets::script))
         .route("/assets/app.css", get(assets::style))
         .nest("/api/v1", api)

@@ -1,6 +1,8 @@
 //! The HTML pages: the overview (counts, refreshed live by the embedded script), the instance
-//! list with the filters of `Keiro::list`, and the instance page (timeline, what it waits on,
-//! remote tasks, children) with its action forms.
+//! list with the filters of `Keiro::list` (queue and queue key among them), the instance page
+//! (timeline, what it waits on, remote tasks, children) with its action forms, the queues
+//! (limits, backlog, the limits each is at) and a queue's page (its busiest keys, pause and
+//! resume).
 //! Rendered with maud, which escapes every interpolated value.
 
 use axum::extract::{Path, RawQuery, State};
@@ -10,11 +12,12 @@ use axum::Form;
 use maud::{html, Markup, DOCTYPE};
 use serde::Deserialize;
 
-use super::actions::{self, ACTIONS};
-use super::api::{list_request, parse_query};
+use super::actions::{self, ACTIONS, QUEUE_ACTIONS};
+use super::api::{list_request, parse_query, read_queue};
 use super::error::ApiError;
-use super::view::{timer_kind, InstanceView};
+use super::view::{span, timer_kind, InstanceView, QueueView};
 use super::AppState;
+use crate::list::delayed_until;
 use crate::ops::timestamp;
 
 const STATUSES: [&str; 5] = ["running", "suspended", "completed", "failed", "cancelled"];
@@ -35,6 +38,7 @@ fn layout(title: &str, body: Markup) -> Markup {
                     a href="/" { "keiro" }
                     a href="/instances" { "Instances" }
                     a href="/instances?status=failed" { "Failed" }
+                    a href="/queues" { "Queues" }
                 }
                 main { (body) }
             }
@@ -104,6 +108,7 @@ pub(crate) async fn overview(State(state): State<AppState>) -> Response {
                 }
             }
             p #timers { "Timers: " (counts.timers_due) " due, " (counts.timers_future) " scheduled later" }
+            p #queues-link { a href="/queues" { "Queues" } ": their limits, what waits on them, pause and resume." }
             h2 { "Remote tasks" }
             table #remote {
                 thead { tr { th { "group" } th { "pending" } th { "running" } } }
@@ -146,6 +151,7 @@ pub(crate) async fn list(State(state): State<AppState>, RawQuery(query): RawQuer
         format!("/instances?{}", kept.join("&"))
     });
     let status = value("status");
+    let now = time::OffsetDateTime::now_utc();
     let body = html! {
         h1 { "Instances" }
         form #filters method="get" action="/instances" {
@@ -159,11 +165,13 @@ pub(crate) async fn list(State(state): State<AppState>, RawQuery(query): RawQuer
             label { "Id prefix " input name="id_prefix" value=(value("id_prefix")); }
             label { "Parent " input name="parent" placeholder="name/id" value=(value("parent")); }
             label { "Created since " input name="created_since" placeholder="RFC 3339" value=(value("created_since")); }
+            label { "Queue " input name="queue" value=(value("queue")); }
+            label { "Queue key " input name="queue_key" value=(value("queue_key")); }
             label { "Failed remote tasks " input type="checkbox" name="failed_remote" value="true" checked[value("failed_remote") == "true"]; }
             button #apply type="submit" { "Filter" }
         }
         table #instances {
-            thead { tr { th { "workflow" } th { "id" } th { "status" } th { "gen" } th { "attempts" } th { "created" } th { "updated" } th { "last error" } } }
+            thead { tr { th { "workflow" } th { "id" } th { "status" } th { "gen" } th { "attempts" } th { "created" } th { "updated" } th { "queue" } th { "last error" } } }
             tbody {
                 @for row in &page.instances {
                     tr {
@@ -174,6 +182,17 @@ pub(crate) async fn list(State(state): State<AppState>, RawQuery(query): RawQuer
                         td { (row.attempts) }
                         td { (timestamp(Some(row.created_at))) }
                         td { (timestamp(Some(row.updated_at))) }
+                        td.queue {
+                            @if let Some(queue) = &row.queue {
+                                a href=(queue_href(queue)) { (queue) }
+                                @if let Some(key) = &row.queue_key {
+                                    " · " a.key href=(queue_list_href(queue, Some(key))) { (key) }
+                                }
+                                @if let Some(at) = delayed_until(row, now) {
+                                    br; span.delayed { "delayed until " (timestamp(Some(at))) }
+                                }
+                            }
+                        }
                         td.error { (row.last_error.as_deref().unwrap_or("")) }
                     }
                 }
@@ -188,6 +207,21 @@ pub(crate) async fn list(State(state): State<AppState>, RawQuery(query): RawQuer
 
 fn instance_href(name: &str, id: &str) -> String {
     format!("/instances/{}/{}", urlencode(name), urlencode(id))
+}
+
+fn queue_href(name: &str) -> String {
+    format!("/queues/{}", urlencode(name))
+}
+
+/// The instance list filtered on `queue`, and on `key` when given (the runs with no key cannot
+/// be told apart by the filter: `None` lists the whole queue).
+fn queue_list_href(queue: &str, key: Option<&str>) -> String {
+    let mut href = format!("/instances?queue={}", urlencode(queue));
+    if let Some(key) = key {
+        href.push_str("&queue_key=");
+        href.push_str(&urlencode(key));
+    }
+    href
 }
 
 /// Percent-encodes everything but unreserved characters, for links built from stored names.
@@ -427,6 +461,187 @@ pub(crate) async fn action(
             "{}?notice={}",
             instance_href(&name, &id),
             urlencode(&error.message)
+        ))
+        .into_response(),
+        Err(error) => error_page(error),
+    }
+}
+
+/// The limits the queue is at, as badges.
+fn at_limit_badges(view: &QueueView) -> Markup {
+    html! {
+        @for limit in view.at_limits() {
+            span class={ "badge at-limit " (limit) } { "at " (limit.replace('_', " ")) }
+        }
+    }
+}
+
+/// Paused or admitting, as a badge.
+fn paused_badge(view: &QueueView) -> Markup {
+    html! {
+        @if view.info.paused {
+            span.badge.paused { "paused" }
+        } @else {
+            span.badge.admitting { "admitting" }
+        }
+    }
+}
+
+/// When the oldest waiting run was started, and how long ago.
+fn oldest_waiting(view: &QueueView, now: time::OffsetDateTime) -> Markup {
+    html! {
+        @match (view.info.oldest_waiting, view.oldest_wait(now)) {
+            (Some(at), Some(wait)) => { (timestamp(Some(at))) " (" (span(wait)) " ago)" }
+            _ => "-",
+        }
+    }
+}
+
+/// `GET /queues`: every declared queue with its limits, backlog and the limits it is at.
+pub(crate) async fn queues(State(state): State<AppState>) -> Response {
+    let queues = match state.keiro.queues().await {
+        Ok(queues) => queues,
+        Err(error) => return error_page(error.into()),
+    };
+    let now = time::OffsetDateTime::now_utc();
+    let views: Vec<QueueView> = queues.into_iter().map(|info| QueueView { info }).collect();
+    let body = html! {
+        h1 { "Queues" }
+        @if views.is_empty() {
+            p #queues.none { "No queue is declared (" code { "Keiro::declare_queue" } ")." }
+        } @else {
+            table #queues {
+                thead { tr {
+                    th { "queue" } th { "state" } th { "limits" } th { "waiting" } th { "delayed" }
+                    th { "running" } th { "admitted/s" } th { "at limit" } th { "oldest waiting" }
+                } }
+                tbody {
+                    @for view in &views {
+                        tr data-queue=(view.name()) {
+                            td { a.queue href=(queue_href(view.name())) { (view.name()) } }
+                            td { (paused_badge(view)) }
+                            td { (crate::queue::limits(&view.info.spec)) }
+                            td.waiting { (view.info.waiting) }
+                            td.delayed { (view.info.delayed) }
+                            td.running { (view.info.running) }
+                            td { (format!("{:.2}", view.admitted_per_second())) }
+                            td { (at_limit_badges(view)) }
+                            td { (oldest_waiting(view, now)) }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    Html(layout("Queues", body).into_string()).into_response()
+}
+
+/// `GET /queues/{name}`: one queue, its busiest keys (each a link to its runs), and the pause
+/// and resume form.
+pub(crate) async fn queue(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    axum::extract::Query(notice): axum::extract::Query<Notice>,
+) -> Response {
+    let view = match read_queue(&state, &name).await {
+        Ok(view) => view,
+        Err(error) => return error_page(error),
+    };
+    let now = time::OffsetDateTime::now_utc();
+    let info = &view.info;
+    let href = queue_href(view.name());
+    let window = span(view.window());
+    let body = html! {
+        h1 { "Queue " span #queue-name { (view.name()) } }
+        @if let Some(notice) = &notice.notice { p #notice.notice { (notice) } }
+        dl.fields {
+            dt { "state" } dd #queue-state { (paused_badge(&view)) }
+            dt { "limits" } dd #limits { (crate::queue::limits(&view.info.spec)) }
+            dt { "at limit" } dd #at-limit { (at_limit_badges(&view)) }
+            dt { "waiting" } dd #waiting { (info.waiting) " (" (info.delayed) " delayed, " (view.ready()) " ready)" }
+            dt { "running" } dd #running { (info.running) }
+            dt { "admitted" } dd #admitted {
+                (info.admitted_recently) " in the last " (window) " ("
+                (format!("{:.2}", view.admitted_per_second())) "/s)"
+            }
+            dt { "oldest waiting" } dd #oldest-waiting { (oldest_waiting(&view, now)) }
+        }
+        p { a #queue-runs href=(queue_list_href(view.name(), None)) { "Every run on this queue" } }
+        h2 { "Busiest keys" }
+        @let keys = view.keys();
+        @if keys.is_empty() {
+            p #keys.none { "No run is waiting." }
+        } @else {
+            table #keys {
+                thead { tr { th { "key" } th { "waiting" } th { "running" } th { "at per-key limit" } } }
+                tbody {
+                    @for key in &keys {
+                        tr {
+                            td {
+                                a.key href=(queue_list_href(view.name(), key.key)) {
+                                    (key.key.unwrap_or("(no key)"))
+                                }
+                            }
+                            td { (key.waiting) } td { (key.running) }
+                            td {
+                                @match key.at_key_concurrency {
+                                    Some(true) => span.badge.at-limit { "yes" },
+                                    Some(false) => "no",
+                                    None => "-",
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        h2 { "Actions" }
+        @if state.auth.read_only() {
+            p { "Read-only: start " code { "keiro ui" } " with " code { "--token" } " or " code { "KEIRO_UI_TOKEN" } " to act." }
+        } @else {
+            // The one that applies: pause while admitting, resume while paused.
+            @let (action, label) = if info.paused { QUEUE_ACTIONS[1] } else { QUEUE_ACTIONS[0] };
+            form #actions method="post" action={ (href) "/" (action) } {
+                input type="hidden" name="csrf" value=(state.auth.csrf());
+                label { "Operator token " input #token type="password" name="token" autocomplete="off" required; }
+                div.buttons {
+                    button id={ "action-" (action) } type="submit"
+                        data-confirm={ (label) " queue " (view.name()) "?" } { (label) }
+                }
+            }
+        }
+    };
+    Html(layout(&format!("Queue {}", view.name()), body).into_string()).into_response()
+}
+
+/// `POST /queues/{name}/{action}`: pauses or resumes, then back to the queue's page with what
+/// it did (post/redirect/get), checked as an instance action's form is.
+pub(crate) async fn queue_action(
+    State(state): State<AppState>,
+    Path((name, action)): Path<(String, String)>,
+    form: Result<Form<ActionForm>, axum::extract::rejection::FormRejection>,
+) -> Response {
+    let form = match form {
+        Ok(Form(form)) => form,
+        Err(rejection) => {
+            return error_page(ApiError::new(
+                rejection.status(),
+                "body",
+                rejection.body_text(),
+            ))
+        }
+    };
+    if let Err(error) = state
+        .auth
+        .check_form(form.token.as_deref(), form.csrf.as_deref())
+    {
+        return error_page(error);
+    }
+    match actions::run_queue(&state.keiro, &action, &name).await {
+        Ok(done) => Redirect::to(&format!(
+            "{}?notice={}",
+            queue_href(&name),
+            urlencode(&done.message)
         ))
         .into_response(),
         Err(error) => error_page(error),

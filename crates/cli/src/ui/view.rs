@@ -1,13 +1,17 @@
-//! One instance as the dashboard shows it: the row, the journal as a timeline, what it waits
-//! on (timers, awakeables, signal waits), the remote tasks and the children, read with the
-//! facade calls `keiro show` makes.
+//! What the dashboard shows, as plain data: one instance (the row, the journal as a timeline,
+//! what it waits on, the remote tasks and the children, read with the facade calls `keiro show`
+//! makes) and one queue (the store's figures and what follows from them: the limits it is at,
+//! its admissions per second).
 
+use keiro::queue::{QueueInfo, Rate};
 use keiro::{
     operate::InstanceSummary, operate::ListRequest, operate::TimerInfo, operate::TimerKind,
     operate::Waits, operate::WAITS_LIMIT_DEFAULT, remote::RemoteTask, store::Instance,
     store::JournalEntry, Keiro,
 };
 use serde_json::{json, Value};
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
 
 use super::error::ApiError;
 use crate::ops::timestamp;
@@ -168,5 +172,303 @@ pub(crate) fn timer_kind(timer: &TimerInfo) -> (&'static str, &str) {
     match &timer.kind {
         TimerKind::SignalTimeout { token } => ("signal timeout", token.as_str()),
         _ => ("sleep", ""),
+    }
+}
+
+/// The window a queue's `admitted_recently` counts over when it has no rate: a minute, as the
+/// stores count it.
+const ADMITTED_WINDOW_DEFAULT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// One queue as the dashboard shows it: the store's figures (`Keiro::queues`), and what follows
+/// from them alone: which limits it is at, its admissions per second, the oldest run's wait.
+/// Pure: the clock is an argument wherever it matters.
+pub(crate) struct QueueView {
+    pub(crate) info: QueueInfo,
+}
+
+/// One of the queue's busiest keys: the runs it has waiting and the slots it holds.
+pub(crate) struct KeyView<'a> {
+    /// The key; `None` for the runs started with no key (per-key limits count them as one).
+    pub(crate) key: Option<&'a str>,
+    pub(crate) waiting: i64,
+    pub(crate) running: i64,
+    /// Whether it holds as many slots as the per-key concurrency allows (its waiting runs wait
+    /// for one of its own to end); `None` when the queue has no per-key concurrency.
+    pub(crate) at_key_concurrency: Option<bool>,
+}
+
+impl QueueView {
+    /// The queue's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.info.spec.name
+    }
+
+    /// The window `admitted_recently` counts over: the queue's rate period, else a minute.
+    pub(crate) fn window(&self) -> std::time::Duration {
+        self.info
+            .spec
+            .rate
+            .as_ref()
+            .map_or(ADMITTED_WINDOW_DEFAULT, Rate::period)
+    }
+
+    /// First admissions per second, averaged over [`window`](Self::window).
+    pub(crate) fn admitted_per_second(&self) -> f64 {
+        #[allow(clippy::cast_precision_loss)] // counts far below 2^52 convert exactly
+        let admitted = self.info.admitted_recently as f64;
+        admitted / self.window().as_secs_f64()
+    }
+
+    /// Waiting runs whose delay has passed: the ones admission would take next.
+    pub(crate) fn ready(&self) -> i64 {
+        self.info.waiting - self.info.delayed
+    }
+
+    /// Every declared limit, by its name in the API (`concurrency`, `worker_concurrency`,
+    /// `key_concurrency`, `rate`, `key_rate`), with whether the queue is at it now: running
+    /// at least the concurrency, first admissions in the window at least the rate's limit, a
+    /// busiest key holding its per-key concurrency. `None` where the store's figures cannot
+    /// tell (the per-worker concurrency and the per-key rate are counted per worker and per
+    /// key, which the figures do not carry).
+    pub(crate) fn limits_at(&self) -> Vec<(&'static str, Option<bool>)> {
+        let spec = &self.info.spec;
+        let mut limits = Vec::new();
+        if let Some(limit) = spec.concurrency {
+            limits.push(("concurrency", Some(self.info.running >= i64::from(limit))));
+        }
+        if spec.worker_concurrency.is_some() {
+            limits.push(("worker_concurrency", None));
+        }
+        if spec.key_concurrency.is_some() {
+            let at = self
+                .keys()
+                .iter()
+                .any(|key| key.at_key_concurrency == Some(true));
+            limits.push(("key_concurrency", Some(at)));
+        }
+        if let Some(rate) = &spec.rate {
+            limits.push((
+                "rate",
+                Some(self.info.admitted_recently >= i64::from(rate.limit())),
+            ));
+        }
+        if spec.key_rate.is_some() {
+            limits.push(("key_rate", None));
+        }
+        limits
+    }
+
+    /// The names of the limits the queue is at now (the page's badges).
+    pub(crate) fn at_limits(&self) -> Vec<&'static str> {
+        self.limits_at()
+            .into_iter()
+            .filter_map(|(name, at)| (at == Some(true)).then_some(name))
+            .collect()
+    }
+
+    /// The busiest keys, most waiting first, as the store listed them.
+    pub(crate) fn keys(&self) -> Vec<KeyView<'_>> {
+        let limit = self.info.spec.key_concurrency.map(i64::from);
+        self.info
+            .top_keys
+            .iter()
+            .map(|(key, waiting, running)| KeyView {
+                // The stores list the runs with no key under ''; a key is never empty.
+                key: (!key.is_empty()).then_some(key.as_str()),
+                waiting: *waiting,
+                running: *running,
+                at_key_concurrency: limit.map(|limit| *running >= limit),
+            })
+            .collect()
+    }
+
+    /// How long the oldest waiting run has waited at `now` (since it was started).
+    pub(crate) fn oldest_wait(&self, now: OffsetDateTime) -> Option<std::time::Duration> {
+        self.info
+            .oldest_waiting
+            .map(|at| std::time::Duration::try_from(now - at).unwrap_or_default())
+    }
+
+    /// The API's JSON at `now`: the figures, the limits as declared, which of them the queue is
+    /// at (`at_limit`, see [`limits_at`](Self::limits_at)), admissions per second, the busiest
+    /// keys. Instants are RFC 3339, as the list's are.
+    pub(crate) fn to_json(&self, now: OffsetDateTime) -> Value {
+        let info = &self.info;
+        let spec = &info.spec;
+        let rate = |rate: &Option<Rate>| {
+            rate.map(|r| json!({"limit": r.limit(), "period_ms": r.period_ms()}))
+        };
+        let at_limit: serde_json::Map<String, Value> = self
+            .limits_at()
+            .into_iter()
+            .map(|(name, at)| (name.to_owned(), json!(at)))
+            .collect();
+        json!({
+            "name": spec.name,
+            "paused": info.paused,
+            "limits": {
+                "concurrency": spec.concurrency,
+                "worker_concurrency": spec.worker_concurrency,
+                "key_concurrency": spec.key_concurrency,
+                "rate": rate(&spec.rate),
+                "key_rate": rate(&spec.key_rate),
+                "priority": spec.priority,
+                "fairness": spec.fairness.as_str(),
+                "dedup": spec.dedup.map(|d| d.as_str()),
+                "release_on_park": spec.release_on_park,
+            },
+            "at_limit": at_limit,
+            "waiting": info.waiting,
+            "delayed": info.delayed,
+            "ready": self.ready(),
+            "running": info.running,
+            "admitted_recently": info.admitted_recently,
+            "admitted_window_ms": i64::try_from(self.window().as_millis()).unwrap_or(i64::MAX),
+            "admitted_per_second": self.admitted_per_second(),
+            "oldest_waiting": info.oldest_waiting.and_then(|at| at.format(&Rfc3339).ok()),
+            "oldest_waiting_ms": self
+                .oldest_wait(now)
+                .map(|wait| i64::try_from(wait.as_millis()).unwrap_or(i64::MAX)),
+            "top_keys": self.keys().iter().map(|key| json!({
+                "key": key.key,
+                "waiting": key.waiting,
+                "running": key.running,
+                "at_key_concurrency": key.at_key_concurrency,
+            })).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// A span as a page shows it, in its largest two units, a zero second one left out: `45s`,
+/// `3m 12s`, `1m`, `2h 5m`, `3d 4h`.
+pub(crate) fn span(span: std::time::Duration) -> String {
+    let secs = span.as_secs();
+    let (major, major_unit, minor, minor_unit) = match secs {
+        0..60 => return format!("{secs}s"),
+        60..3600 => (secs / 60, "m", secs % 60, "s"),
+        3600..86_400 => (secs / 3600, "h", secs % 3600 / 60, "m"),
+        _ => (secs / 86_400, "d", secs % 86_400 / 3600, "h"),
+    };
+    if minor == 0 {
+        format!("{major}{major_unit}")
+    } else {
+        format!("{major}{major_unit} {minor}{minor_unit}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use keiro::queue::{QueueSpec, Rate};
+    use time::macros::datetime;
+
+    use super::*;
+
+    fn queue(spec: QueueSpec) -> QueueView {
+        QueueView {
+            info: QueueInfo {
+                spec,
+                paused: false,
+                waiting: 7,
+                delayed: 2,
+                running: 3,
+                admitted_recently: 30,
+                oldest_waiting: Some(datetime!(2025-01-01 12:00:00 UTC)),
+                top_keys: vec![
+                    ("acme".into(), 4, 2),
+                    (String::new(), 2, 0),
+                    ("globex".into(), 1, 1),
+                ],
+            },
+        }
+    }
+
+    #[test]
+    fn a_queue_is_at_the_limits_its_figures_reach() -> Result<(), Box<dyn std::error::Error>> {
+        let spec = QueueSpec::new("llm")?
+            .concurrency(3)
+            .worker_concurrency(2)
+            .key_concurrency(2)
+            .rate(Rate::new(30, Duration::from_secs(10))?)
+            .key_rate(Rate::new(5, Duration::from_secs(1))?);
+        let view = queue(spec);
+        assert_eq!(
+            view.limits_at(),
+            [
+                ("concurrency", Some(true)),
+                ("worker_concurrency", None),
+                ("key_concurrency", Some(true)),
+                ("rate", Some(true)),
+                ("key_rate", None),
+            ]
+        );
+        assert_eq!(view.at_limits(), ["concurrency", "key_concurrency", "rate"]);
+        assert!((view.admitted_per_second() - 3.0).abs() < 1e-9);
+        let keys = view.keys();
+        assert_eq!(
+            keys.iter()
+                .map(|k| (k.key, k.at_key_concurrency))
+                .collect::<Vec<_>>(),
+            [
+                (Some("acme"), Some(true)),
+                (None, Some(false)),
+                (Some("globex"), Some(false))
+            ]
+        );
+
+        // Below every limit; no rate: a minute's window.
+        let mut view = queue(QueueSpec::new("llm")?.concurrency(4).key_concurrency(3));
+        view.info.running = 3;
+        assert_eq!(
+            view.limits_at(),
+            [
+                ("concurrency", Some(false)),
+                ("key_concurrency", Some(false))
+            ]
+        );
+        assert!(view.at_limits().is_empty());
+        assert!((view.admitted_per_second() - 0.5).abs() < 1e-9);
+        Ok(())
+    }
+
+    #[test]
+    fn the_json_carries_figures_limits_and_keys() -> Result<(), Box<dyn std::error::Error>> {
+        let view = queue(QueueSpec::new("llm")?.rate(Rate::new(100, Duration::from_secs(60))?));
+        let json = view.to_json(datetime!(2025-01-01 12:03:00 UTC));
+        assert_eq!(json["name"], "llm");
+        assert_eq!(
+            (
+                &json["waiting"],
+                &json["delayed"],
+                &json["ready"],
+                &json["running"]
+            ),
+            (&json!(7), &json!(2), &json!(5), &json!(3))
+        );
+        assert_eq!(
+            json["limits"]["rate"],
+            json!({"limit": 100, "period_ms": 60_000})
+        );
+        assert_eq!(json["limits"]["concurrency"], Value::Null);
+        assert_eq!(json["at_limit"], json!({"rate": false}));
+        assert_eq!(json["admitted_window_ms"], 60_000);
+        assert_eq!(json["admitted_per_second"], 0.5);
+        assert_eq!(json["oldest_waiting"], "2025-01-01T12:00:00Z");
+        assert_eq!(json["oldest_waiting_ms"], 180_000);
+        assert_eq!(
+            json["top_keys"][1],
+            json!({"key": null, "waiting": 2, "running": 0, "at_key_concurrency": null})
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn spans_read_in_two_units() {
+        assert_eq!(span(Duration::from_secs(45)), "45s");
+        assert_eq!(span(Duration::from_secs(192)), "3m 12s");
+        assert_eq!(span(Duration::from_secs(60)), "1m");
+        assert_eq!(span(Duration::from_secs(7500)), "2h 5m");
+        assert_eq!(span(Duration::from_secs(3 * 86_400 + 4 * 3600)), "3d 4h");
     }
 }

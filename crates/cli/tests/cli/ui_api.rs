@@ -1,11 +1,13 @@
 //! `keiro ui`'s JSON API and pages, driven over HTTP against a seeded schema: counts, the
 //! list and its typed 400s, an instance, the actions and their token checks, the body limit,
-//! and a stored XSS payload rendered inert.
+//! a stored XSS payload rendered inert, and the queues (figures, limits reached, busiest keys,
+//! pause and resume under the instance actions' rules).
 
 use std::sync::atomic::Ordering;
 
 use crate::ui_support::{
-    broken, drive_until, registry, seed, seed_waits, Ui, TOKEN, XSS, XSS_TOKEN,
+    broken, drive_until, registry, seed, seed_queue, seed_waits, Ui, MARKUP_KEY, QUEUE, TOKEN, XSS,
+    XSS_TOKEN,
 };
 use keiro::Status;
 use keiro_tests::{Harness, TestResult};
@@ -550,6 +552,10 @@ async fn a_request_for_another_host_is_refused_on_every_route() -> TestResult {
         "/api/v1/counts",
         "/api/v1/instances",
         "/api/v1/instances/charge/c-1",
+        "/queues",
+        "/queues/llm",
+        "/api/v1/queues",
+        "/api/v1/queues/llm",
         "/no/such/route",
     ];
     // A page whose DNS name was rebound to 127.0.0.1 still says its own name.
@@ -717,7 +723,13 @@ async fn a_database_without_keiros_schema_says_how_to_migrate() -> TestResult {
         .await?;
     let ui = Ui::start(&h, None);
     let client = reqwest::Client::new();
-    for path in ["/", "/instances", "/instances/charge/c-1"] {
+    for path in [
+        "/",
+        "/instances",
+        "/instances/charge/c-1",
+        "/queues",
+        "/queues/llm",
+    ] {
         let response = client.get(format!("{}{path}", ui.base)).send().await?;
         let status = response.status();
         let page = response.text().await?;
@@ -730,5 +742,353 @@ async fn a_database_without_keiros_schema_says_how_to_migrate() -> TestResult {
     let (status, body) = get_json(&client, &format!("{}/api/v1/counts", ui.base)).await?;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert_eq!(body["error"], "schema_not_migrated", "{body}");
+    Ok(())
+}
+
+/// The CSRF value a page's action form carries.
+fn csrf_of(page: &str) -> String {
+    page.split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("a csrf field")
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_api_shows_figures_limits_reached_and_busiest_keys() -> TestResult {
+    let h = Harness::postgres().await;
+    seed_queue(&h).await?;
+    let ui = Ui::start(&h, Some(TOKEN));
+    let client = reqwest::Client::new();
+    let api = format!("{}/api/v1", ui.base);
+
+    let (status, all) = get_json(&client, &format!("{api}/queues")).await?;
+    assert_eq!(status, StatusCode::OK);
+    let all = all.as_array().expect("an array of queues");
+    assert_eq!(all.len(), 1, "{all:?}");
+    let (status, llm) = get_json(&client, &format!("{api}/queues/{QUEUE}")).await?;
+    assert_eq!(status, StatusCode::OK);
+    for queue in [&all[0], &llm] {
+        assert_eq!(queue["name"], QUEUE);
+        assert_eq!(queue["paused"], false);
+        // Two admitted and parked holding their slots (one per key), three waiting.
+        assert_eq!(
+            (
+                &queue["waiting"],
+                &queue["delayed"],
+                &queue["ready"],
+                &queue["running"]
+            ),
+            (&json!(3), &json!(1), &json!(2), &json!(2)),
+            "{queue}"
+        );
+        assert_eq!(
+            queue["limits"],
+            json!({
+                "concurrency": 2, "worker_concurrency": null, "key_concurrency": 1,
+                "rate": {"limit": 100, "period_ms": 60_000}, "key_rate": null,
+                "priority": false, "fairness": "fifo", "dedup": null, "release_on_park": false,
+            })
+        );
+        // At its concurrency and, for both keys with runs waiting, at the per-key limit; 2
+        // of 100 starts a minute is not the rate.
+        assert_eq!(
+            queue["at_limit"],
+            json!({"concurrency": true, "key_concurrency": true, "rate": false}),
+            "{queue}"
+        );
+        assert_eq!(queue["admitted_recently"], 2);
+        assert_eq!(queue["admitted_window_ms"], 60_000);
+        let per_second = queue["admitted_per_second"].as_f64().expect("a number");
+        assert!((per_second - 2.0 / 60.0).abs() < 1e-9, "{per_second}");
+        assert!(queue["oldest_waiting"].is_string(), "{queue}");
+        assert!(queue["oldest_waiting_ms"]
+            .as_i64()
+            .is_some_and(|ms| ms >= 0));
+        // Each key: one waiting, one holding a slot (at its limit); the delayed run has none.
+        let mut keys = queue["top_keys"].as_array().expect("top keys").clone();
+        keys.sort_by_key(|k| k["key"].as_str().map(str::to_owned));
+        assert_eq!(
+            keys,
+            [
+                json!({"key": null, "waiting": 1, "running": 0, "at_key_concurrency": false}),
+                json!({"key": MARKUP_KEY, "waiting": 1, "running": 1, "at_key_concurrency": true}),
+                json!({"key": "acme", "waiting": 1, "running": 1, "at_key_concurrency": true}),
+            ]
+        );
+    }
+
+    // An undeclared queue: 404 with a typed body, read or acted on.
+    let (status, body) = get_json(&client, &format!("{api}/queues/nope")).await?;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_found"))
+    );
+    assert!(body["message"].as_str().unwrap_or("").contains("nope"));
+    let response = client
+        .post(format!("{api}/queues/nope/pause"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    let body: Value = response.json().await?;
+    assert_eq!(body["error"], "not_found");
+
+    // The list by queue and key.
+    let (status, page) = get_json(
+        &client,
+        &format!("{api}/instances?queue={QUEUE}&queue_key=acme"),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::OK);
+    let mut ids: Vec<&str> = page["instances"]
+        .as_array()
+        .expect("instances")
+        .iter()
+        .filter_map(|row| row["id"].as_str())
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["q-0", "q-1"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_pause_and_resume_are_refused_and_allowed_as_instance_actions_are() -> TestResult {
+    let h = Harness::postgres().await;
+    seed_queue(&h).await?;
+    let paused =
+        || async { Ok::<_, keiro::Error>(h.keiro.queue(QUEUE).await?.expect("declared").paused) };
+    let ui = Ui::start(&h, Some(TOKEN));
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()?;
+    let pause = format!("{}/api/v1/queues/{QUEUE}/pause", ui.base);
+
+    // No token 401, a wrong one 403, Basic credentials are no bearer token, another origin
+    // 403 even with the token; nothing paused.
+    assert_eq!(
+        client.post(&pause).send().await?.status(),
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        client
+            .post(&pause)
+            .bearer_auth("guess")
+            .send()
+            .await?
+            .status(),
+        StatusCode::FORBIDDEN
+    );
+    let response = client
+        .post(&pause)
+        .header("authorization", format!("Basic {TOKEN}"))
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    for origin in ["http://attacker.example", "null"] {
+        let response = client
+            .post(&pause)
+            .header(reqwest::header::ORIGIN, origin)
+            .bearer_auth(TOKEN)
+            .send()
+            .await?;
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{origin}");
+    }
+    // The token is checked before the action is looked at.
+    let response = client
+        .post(format!("{}/api/v1/queues/{QUEUE}/explode", ui.base))
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert!(!paused().await?, "nothing was paused without the token");
+
+    // The page's form: the CSRF value and the token, each required.
+    let page = client
+        .get(format!("{}/queues/{QUEUE}", ui.base))
+        .send()
+        .await?
+        .text()
+        .await?;
+    assert!(!page.contains(TOKEN));
+    let csrf = csrf_of(&page);
+    let form_pause = format!("{}/queues/{QUEUE}/pause", ui.base);
+    let refused = [
+        (vec![("token", TOKEN)], StatusCode::FORBIDDEN),
+        (
+            vec![("token", TOKEN), ("csrf", "forged")],
+            StatusCode::FORBIDDEN,
+        ),
+        (vec![("csrf", csrf.as_str())], StatusCode::UNAUTHORIZED),
+        (
+            vec![("token", "guess"), ("csrf", csrf.as_str())],
+            StatusCode::FORBIDDEN,
+        ),
+    ];
+    for (form, status) in refused {
+        let response = client.post(&form_pause).form(&form).send().await?;
+        assert_eq!(response.status(), status, "{form:?}");
+    }
+    let response = client
+        .post(&form_pause)
+        .header(reqwest::header::ORIGIN, "http://attacker.example")
+        .form(&[("token", TOKEN), ("csrf", csrf.as_str())])
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    assert!(!paused().await?, "nothing was paused by a refused form");
+
+    // With the token: paused, then resumed (idempotent both ways).
+    for _ in 0..2 {
+        let response = client.post(&pause).bearer_auth(TOKEN).send().await?;
+        assert_eq!(response.status(), StatusCode::OK);
+        let done: Value = response.json().await?;
+        assert_eq!(done["action"], "pause");
+        assert!(paused().await?);
+    }
+    let (_, llm) = get_json(&client, &format!("{}/api/v1/queues/{QUEUE}", ui.base)).await?;
+    assert_eq!(llm["paused"], true);
+    let response = client
+        .post(format!("{}/api/v1/queues/{QUEUE}/resume", ui.base))
+        .header(reqwest::header::ORIGIN, ui.base.as_str())
+        .bearer_auth(TOKEN)
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(!paused().await?);
+    let response = client
+        .post(format!("{}/api/v1/queues/{QUEUE}/explode", ui.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+
+    // Through the form: a redirect back to the queue's page, which says so.
+    let response = client
+        .post(&form_pause)
+        .form(&[("token", TOKEN), ("csrf", csrf.as_str())])
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    let location = response
+        .headers()
+        .get(reqwest::header::LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    assert!(
+        location.starts_with(&format!("/queues/{QUEUE}?notice=")),
+        "{location}"
+    );
+    assert!(paused().await?);
+    let page = client
+        .get(format!("{}{location}", ui.base))
+        .send()
+        .await?
+        .text()
+        .await?;
+    assert!(
+        page.contains("id=\"notice\"") && page.contains("paused"),
+        "{page}"
+    );
+    assert!(page.contains("id=\"action-resume\"") && !page.contains("id=\"action-pause\""));
+    let response = client
+        .post(format!("{}/queues/nope/resume", ui.base))
+        .form(&[("token", TOKEN), ("csrf", csrf.as_str())])
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+
+    // Without a token the dashboard is read-only: refused whatever is sent, no form shown.
+    let read_only = Ui::start(&h, None);
+    for token in [None, Some(TOKEN)] {
+        let mut request = client.post(format!("{}/api/v1/queues/{QUEUE}/resume", read_only.base));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await?;
+        assert_eq!(response.status(), StatusCode::FORBIDDEN);
+        let body: Value = response.json().await?;
+        assert_eq!(body["error"], "read_only");
+    }
+    let response = client
+        .post(format!("{}/queues/{QUEUE}/resume", read_only.base))
+        .form(&[("token", TOKEN), ("csrf", "x")])
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    let page = client
+        .get(format!("{}/queues/{QUEUE}", read_only.base))
+        .send()
+        .await?
+        .text()
+        .await?;
+    assert!(page.contains("Read-only") && !page.contains("action-resume"));
+    assert!(paused().await?, "still paused");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_pages_show_limits_keys_and_runs_by_queue_and_key() -> TestResult {
+    let h = Harness::postgres().await;
+    seed_queue(&h).await?;
+    let ui = Ui::start(&h, Some(TOKEN));
+    let client = reqwest::Client::new();
+    let get = |path: String| {
+        let client = client.clone();
+        async move { client.get(path).send().await?.text().await }
+    };
+
+    // The overview and every page's menu lead to the queues.
+    let overview = get(format!("{}/", ui.base)).await?;
+    assert!(overview.contains("href=\"/queues\""), "{overview}");
+
+    let queues = get(format!("{}/queues", ui.base)).await?;
+    assert!(
+        queues.contains(&format!("href=\"/queues/{QUEUE}\"")),
+        "{queues}"
+    );
+    assert!(queues.contains("concurrency 2, per key 1, rate 100/60s, keeps slots while parked"));
+    assert!(queues.contains("at concurrency") && queues.contains("at key concurrency"));
+    assert!(!queues.contains("at rate") && queues.contains("admitting"));
+    assert!(queues.contains("<td class=\"waiting\">3</td>"), "{queues}");
+    assert!(queues.contains("<td class=\"running\">2</td>"), "{queues}");
+
+    let queue = get(format!("{}/queues/{QUEUE}", ui.base)).await?;
+    assert!(queue.contains("3 (1 delayed, 2 ready)"), "{queue}");
+    assert!(queue.contains("2 in the last 1m (0.03/s)"), "{queue}");
+    // Each key links to its runs; the markup key is text, and encoded in its link.
+    assert!(queue.contains(&format!(
+        "href=\"/instances?queue={QUEUE}&amp;queue_key=acme\""
+    )));
+    assert!(queue.contains("href=\"/instances?queue=llm&amp;queue_key=%3Ci%3Eglobex%3C%2Fi%3E\""));
+    assert!(queue.contains("&lt;i&gt;globex&lt;/i&gt;") && !queue.contains(MARKUP_KEY));
+    assert!(queue.contains("(no key)") && queue.contains("id=\"action-pause\""));
+    assert!(
+        queue.contains("data-confirm=\"Pause queue llm?\""),
+        "{queue}"
+    );
+
+    // The list by queue and key, through the form's fields, shows the queue and key.
+    let list = get(format!(
+        "{}/instances?queue={QUEUE}&queue_key=acme",
+        ui.base
+    ))
+    .await?;
+    assert!(list.contains("name=\"queue\" value=\"llm\""), "{list}");
+    assert!(list.contains("name=\"queue_key\" value=\"acme\""), "{list}");
+    assert!(list.contains(">q-0<") && list.contains(">q-1<") && !list.contains(">q-2<"));
+    assert!(list.contains(&format!("href=\"/queues/{QUEUE}\"")));
+    let list = get(format!("{}/instances?queue={QUEUE}", ui.base)).await?;
+    assert_eq!(
+        list.matches("delayed until ").count(),
+        1,
+        "only q-4: {list}"
+    );
+
+    let missing = client
+        .get(format!("{}/queues/nope", ui.base))
+        .send()
+        .await?;
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
     Ok(())
 }

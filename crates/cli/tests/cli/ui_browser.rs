@@ -3,7 +3,9 @@
 //! dashboard on a database without keiro's schema says how to migrate it. It opens the list, filters on failed, opens the failed instance, requeues it
 //! with the token (accepting the confirmation), sees it complete, checks that a request
 //! without the token is refused, opens a parked instance's page and finds its timers,
-//! awakeable and signal wait listed (a token that is markup stays text), and saves a
+//! awakeable and signal wait listed (a token that is markup stays text), goes to the queues
+//! from the menu, opens a queue, follows a key to its runs, pauses the queue with the token
+//! (accepting the confirmation) and sees it paused, and saves a
 //! screenshot of the instance page: to the test's
 //! scratch directory, or to docs/ui-instance.png (shown in the README) when
 //! `KEIRO_UI_SCREENSHOT=docs` asks for the README's copy to be refreshed.
@@ -17,7 +19,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::ui_support::{broken, registry, seed, seed_waits, Ui, TOKEN, XSS_TOKEN};
+use crate::ui_support::{
+    broken, registry, seed, seed_queue, seed_waits, Ui, QUEUE, TOKEN, XSS_TOKEN,
+};
 use fantoccini::{ClientBuilder, Locator};
 use keiro::Status;
 use keiro_tests::{Harness, TestResult};
@@ -122,6 +126,7 @@ async fn an_operator_requeues_a_failed_run_in_the_browser() -> TestResult {
     let registry = registry(broken.clone());
     seed(&h, &registry).await?;
     seed_waits(&h, &registry).await?;
+    seed_queue(&h).await?;
     let ui = Ui::start(&h, Some(TOKEN));
 
     // A worker for the requeued run: resume passes until the test ends.
@@ -140,7 +145,10 @@ async fn an_operator_requeues_a_failed_run_in_the_browser() -> TestResult {
     };
 
     let (_driver, client) = open_browser(&tools, &[]).await?;
-    let result = drive(&client, &ui.base, &h, &broken).await;
+    let mut result = drive_queue(&client, &ui.base, &h).await;
+    if result.is_ok() {
+        result = drive(&client, &ui.base, &h, &broken).await;
+    }
     let _ = client.close().await;
     worker.abort();
     result
@@ -262,6 +270,75 @@ async fn drive(
     };
     std::fs::write(&path, &png)?;
     println!("saved {} ({} bytes)", path.display(), png.len());
+    Ok(())
+}
+
+/// The queues from the menu, a queue's page, a key's runs, and a pause through the form.
+async fn drive_queue(client: &fantoccini::Client, base: &str, h: &Harness) -> TestResult {
+    client.goto(&format!("{base}/")).await?;
+    client
+        .find(Locator::LinkText("Queues"))
+        .await?
+        .click()
+        .await?;
+    wait_for_url(client, "/queues").await?;
+    let rows = client.find_all(Locator::Css("#queues tbody tr")).await?;
+    assert_eq!(rows.len(), 1, "the seeded queue");
+    let row = client
+        .find(Locator::Css(&format!("#queues tr[data-queue={QUEUE}]")))
+        .await?
+        .text()
+        .await?;
+    assert!(
+        row.contains("admitting") && row.contains("at concurrency"),
+        "{row}"
+    );
+
+    // The queue's page: its keys, each a link to its runs.
+    client.find(Locator::LinkText(QUEUE)).await?.click().await?;
+    wait_for_url(client, &format!("/queues/{QUEUE}")).await?;
+    let keys = client.find_all(Locator::Css("#keys tbody tr")).await?;
+    assert_eq!(keys.len(), 3, "acme, the markup key and no key");
+    client
+        .find(Locator::LinkText("acme"))
+        .await?
+        .click()
+        .await?;
+    wait_for_url(client, "queue_key=acme").await?;
+    let runs = client.find_all(Locator::Css("#instances tbody tr")).await?;
+    assert_eq!(runs.len(), 2, "q-0 and q-1");
+    client.back().await?;
+    wait_for_url(client, &format!("/queues/{QUEUE}")).await?;
+
+    // Pause with the token, through the confirmation dialog.
+    client
+        .find(Locator::Id("token"))
+        .await?
+        .send_keys(TOKEN)
+        .await?;
+    client
+        .find(Locator::Id("action-pause"))
+        .await?
+        .click()
+        .await?;
+    let confirm = client.get_alert_text().await?;
+    assert_eq!(confirm, format!("Pause queue {QUEUE}?"));
+    client.accept_alert().await?;
+    let notice = client.wait().for_element(Locator::Id("notice")).await?;
+    assert!(notice.text().await?.contains("paused"));
+    assert_eq!(
+        client
+            .find(Locator::Id("queue-state"))
+            .await?
+            .text()
+            .await?,
+        "paused"
+    );
+    assert!(client.find(Locator::Id("action-resume")).await.is_ok());
+    assert!(h.keiro.queue(QUEUE).await?.expect("declared").paused);
+    // For a look at the page; the README shows the instance page only.
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui-queue.png");
+    std::fs::write(&path, client.screenshot().await?)?;
     Ok(())
 }
 

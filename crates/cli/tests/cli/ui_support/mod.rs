@@ -105,6 +105,66 @@ pub(crate) async fn seed_waits(h: &Harness, registry: &Registry) -> TestResult {
     Ok(())
 }
 
+/// The queue [`seed_queue`] declares: 2 runs at once, 1 per key, 100 starts a minute; a
+/// parked run keeps its slot.
+pub(crate) const QUEUE: &str = "llm";
+
+/// A key that is markup: the queue page and the list show it as text, and link to it encoded.
+pub(crate) const MARKUP_KEY: &str = "<i>globex</i>";
+
+/// Declares [`QUEUE`] and starts five `call` runs on it: `q-0` and `q-1` under key `acme`,
+/// `q-2` and `q-3` under [`MARKUP_KEY`], and `q-4` with no key, delayed by an hour. A worker
+/// serving the queue admits one run per key (the per-key limit), which parks on an hour's
+/// sleep holding its slot: the queue is at its concurrency (2 running), with 3 waiting, 1 of
+/// them delayed, and both keys at their per-key limit.
+pub(crate) async fn seed_queue(h: &Harness) -> TestResult {
+    use keiro::queue::{QueueSpec, Rate, StartOptions};
+    let spec = QueueSpec::new(QUEUE)?
+        .concurrency(2)
+        .key_concurrency(1)
+        .rate(Rate::new(100, Duration::from_secs(60))?)
+        .release_on_park(false);
+    h.keiro.declare_queue(&spec).await?;
+    let keys = [
+        Some("acme"),
+        Some("acme"),
+        Some(MARKUP_KEY),
+        Some(MARKUP_KEY),
+    ];
+    for (n, key) in keys.into_iter().enumerate() {
+        let mut options = StartOptions::on_queue(QUEUE);
+        if let Some(key) = key {
+            options = options.key(key);
+        }
+        h.keiro
+            .start_with("call", &format!("q-{n}"), &n, &options)
+            .await?;
+    }
+    let later = StartOptions::on_queue(QUEUE).delay(Duration::from_secs(3600));
+    h.keiro.start_with("call", "q-4", &4, &later).await?;
+
+    let mut registry = Registry::new();
+    registry
+        .register("call", |ctx: Ctx, n: usize| async move {
+            ctx.sleep("hold", Duration::from_secs(3600)).await?;
+            Ok::<_, WorkflowError>(n)
+        })
+        .expect("registering call");
+    let options = keiro::worker::ResumeOptions {
+        queues: vec![QUEUE.to_owned()],
+        owner: Some("ui-test-worker".to_owned()),
+        ..h.fast_options()
+    };
+    for id in ["q-0", "q-2"] {
+        keiro_tests::until_status(&h.keiro, "call", id, Status::Suspended, || async {
+            keiro::worker::resume_once(&h.store, &registry, &options).await?;
+            Ok(())
+        })
+        .await?;
+    }
+    Ok(())
+}
+
 /// A `keiro ui` process on the harness's schema; killed when dropped.
 pub(crate) struct Ui {
     child: Child,
