@@ -428,6 +428,7 @@ pub struct QueueInfo {
     pub admitted_recently: i64,
     /// When the oldest waiting run was started.
     pub oldest_waiting: Option<OffsetDateTime>,
-    /// The keys with the most waiting runs, most first: key, waiting, holding a slot.
+    /// The ten keys with the most runs waiting, then the most holding a slot: key (`""` for
+    /// runs with no key), waiting, holding a slot.
     pub top_keys: Vec<(String, i64, i64)>,
 }

@@ -204,7 +204,8 @@ pub(crate) async fn queue_admit(
     Ok(claims)
 }
 
-// Every queue with what it holds now: one statement, each figure from the index that serves it.
+// Every queue with what it holds now: one statement (one snapshot), each figure from the index
+// that serves it; the top keys are those with the most runs waiting, then holding slots.
 const QUEUES_LIST: &str = "SELECT q.name, q.concurrency, q.worker_concurrency, q.key_concurrency, \
          q.rate_limit, q.rate_period_ms, q.key_rate_limit, q.key_rate_period_ms, q.priority, \
          q.fairness, q.dedup, q.release_on_park, q.paused, \
@@ -219,19 +220,23 @@ const QUEUES_LIST: &str = "SELECT q.name, q.concurrency, q.worker_concurrency, q
              AS admitted_recently, \
          (SELECT min(w.created_at) FROM workflows w WHERE w.queue = q.name \
              AND w.status = 'running' AND NOT w.queue_admitted) AS oldest_waiting, \
-         (SELECT coalesce(array_agg(t.key ORDER BY t.waiting DESC, t.key), '{}') FROM ( \
-             SELECT coalesce(w.queue_key, '') AS key, count(*) AS waiting FROM workflows w \
-             WHERE w.queue = q.name AND w.status = 'running' AND NOT w.queue_admitted \
-             GROUP BY w.queue_key ORDER BY count(*) DESC, w.queue_key LIMIT 10) t) AS top_keys, \
-         (SELECT coalesce(array_agg(t.waiting ORDER BY t.waiting DESC, t.key), '{}') FROM ( \
-             SELECT coalesce(w.queue_key, '') AS key, count(*) AS waiting FROM workflows w \
-             WHERE w.queue = q.name AND w.status = 'running' AND NOT w.queue_admitted \
-             GROUP BY w.queue_key ORDER BY count(*) DESC, w.queue_key LIMIT 10) t) AS top_waiting \
-     FROM keiro_queues q WHERE $2::text IS NULL OR q.name = $2 ORDER BY q.name";
-
-const KEY_SLOTS: &str = "SELECT count(*) AS n FROM workflows w \
-     WHERE w.queue = $1 AND coalesce(w.queue_key, '') = $2 AND w.queue_admitted \
-       AND w.status IN ('running', 'suspended')";
+         k.keys AS top_keys, k.waiting AS top_waiting, k.running AS top_running \
+     FROM keiro_queues q \
+     CROSS JOIN LATERAL ( \
+         SELECT coalesce(array_agg(t.key ORDER BY t.waiting DESC, t.running DESC, t.key), '{}') \
+                    AS keys, \
+                coalesce(array_agg(t.waiting ORDER BY t.waiting DESC, t.running DESC, t.key), \
+                         '{}') AS waiting, \
+                coalesce(array_agg(t.running ORDER BY t.waiting DESC, t.running DESC, t.key), \
+                         '{}') AS running \
+         FROM (SELECT coalesce(w.queue_key, '') AS key, \
+                      count(*) FILTER (WHERE NOT w.queue_admitted) AS waiting, \
+                      count(*) FILTER (WHERE w.queue_admitted) AS running \
+               FROM workflows w \
+               WHERE w.queue = q.name AND w.status IN ('running', 'suspended') \
+                 AND (w.queue_admitted OR w.status = 'running') \
+               GROUP BY 1 ORDER BY 2 DESC, 3 DESC, 1 LIMIT 10) t) k \
+     WHERE $2::text IS NULL OR q.name = $2 ORDER BY q.name";
 
 /// Every declared queue (or the one named) with what it holds at `now`.
 pub(crate) async fn queues_list(
@@ -278,11 +283,13 @@ pub(crate) async fn queues_list(
         };
         let keys: Vec<String> = column(row, "top_keys", LIST)?;
         let waiting: Vec<i64> = column(row, "top_waiting", LIST)?;
-        let mut top_keys = Vec::with_capacity(keys.len());
-        for (key, waiting) in keys.into_iter().zip(waiting) {
-            let held = db.query_one(LIST, KEY_SLOTS, &[&name, &key]).await?;
-            top_keys.push((key, waiting, column(&held, "n", LIST)?));
-        }
+        let running: Vec<i64> = column(row, "top_running", LIST)?;
+        let top_keys = keys
+            .into_iter()
+            .zip(waiting)
+            .zip(running)
+            .map(|((key, waiting), running)| (key, waiting, running))
+            .collect();
         queues.push(QueueInfo {
             spec,
             paused: column(row, "paused", LIST)?,

@@ -1,5 +1,5 @@
 //! The list of queues with what each holds: the plain statements the Postgres store runs from
-//! Rust (crates/postgres/src/ops/queue.rs, `QUEUES_LIST` and `KEY_SLOTS`), each figure counted
+//! Rust (crates/postgres/src/ops/queue.rs, `QUEUES_LIST`), each figure counted
 //! as there.
 
 use std::time::Duration;
@@ -9,14 +9,14 @@ use keiro_journal::store::Result;
 use rusqlite::{params, Connection, Row};
 use time::OffsetDateTime;
 
-use crate::cached::Cached;
 use crate::error::{malformed, store};
 use crate::row::{self, micros};
 
 pub(crate) const LIST: &str = "listing queues";
 
 /// Every queue (or the one named `?2`) with what it holds at `?1`, each figure from the index
-/// that serves it; the top keys are read per queue ([`QUEUE_TOP_KEYS`]).
+/// that serves it; the top keys are read per queue ([`QUEUE_TOP_KEYS`]), in the same read
+/// transaction.
 const QUEUES_LIST: &str = "SELECT q.name, q.concurrency, q.worker_concurrency, \
          q.key_concurrency, q.rate_limit, q.rate_period_ms, q.key_rate_limit, \
          q.key_rate_period_ms, q.priority, q.fairness, q.dedup, q.release_on_park, q.paused, \
@@ -35,17 +35,14 @@ const QUEUES_LIST: &str = "SELECT q.name, q.concurrency, q.worker_concurrency, \
              AS oldest_waiting \
      FROM keiro_queues q WHERE ?2 IS NULL OR q.name = ?2 ORDER BY q.name";
 
-/// The ten keys of queue `?1` with the most runs waiting (`''` for runs with no key), as
-/// PostgreSQL picks them: most first, then by key, no key last (its NULLS LAST).
-const QUEUE_TOP_KEYS: &str = "SELECT coalesce(queue_key, '') AS key, count(*) AS waiting \
+/// The ten keys of queue `?1` with the most runs waiting, then the most holding slots (`''`
+/// for runs with no key), as PostgreSQL orders them: most first, then by key.
+const QUEUE_TOP_KEYS: &str = "SELECT coalesce(queue_key, '') AS key, \
+         sum(NOT queue_admitted) AS waiting, sum(queue_admitted) AS running \
      FROM workflows \
-     WHERE queue = ?1 AND status = 'running' AND queue IS NOT NULL AND NOT queue_admitted \
-     GROUP BY queue_key ORDER BY count(*) DESC, queue_key IS NULL, queue_key LIMIT 10";
-
-/// The slots one key (`''`: no key) holds.
-const KEY_SLOTS: &str = "SELECT count(*) FROM workflows \
-     WHERE queue = ?1 AND coalesce(queue_key, '') = ?2 AND queue_admitted \
-       AND status IN ('running', 'suspended')";
+     WHERE queue = ?1 AND (status = 'running' OR status = 'suspended') \
+       AND (queue_admitted OR status = 'running') \
+     GROUP BY 1 ORDER BY 2 DESC, 3 DESC, 1 LIMIT 10";
 
 /// One row of [`QUEUES_LIST`], as stored.
 #[derive(Debug)]
@@ -142,22 +139,13 @@ pub(crate) fn queues_list(
         .map_err(|e| store(LIST, e))?;
     let mut queues = Vec::with_capacity(stored.len());
     for queue in stored {
-        let mut top: Vec<(String, i64)> = conn
+        let top_keys: Vec<(String, i64, i64)> = conn
             .prepare_cached(QUEUE_TOP_KEYS)
             .and_then(|mut s| {
-                s.query_map([&queue.name], |r| Ok((r.get(0)?, r.get(1)?)))?
+                s.query_map([&queue.name], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
                     .collect()
             })
             .map_err(|e| store(LIST, e))?;
-        // PostgreSQL aggregates the ten in this order: most first, then by key ('' first).
-        top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        let mut top_keys = Vec::with_capacity(top.len());
-        for (key, waiting) in top {
-            let held: i64 = conn
-                .query_row_cached(KEY_SLOTS, [&queue.name, &key], |r| r.get(0))
-                .map_err(|e| store(LIST, e))?;
-            top_keys.push((key, waiting, held));
-        }
         queues.push(QueueInfo {
             spec: queue.spec()?,
             paused: queue.paused,

@@ -55,6 +55,17 @@ pub async fn key_concurrency_admits_other_keys_past_a_busy_one(h: Harness) -> Te
     // One per key, and the runs with no key count as one key of their own.
     assert_eq!(got, ["a-1", "b-1", "n-1"]);
     assert!(admit(&*h.store, "q", "w", 10, None).await?.is_empty());
+    // Every key with runs waiting or running, most waiting first: a key whose only run holds
+    // its slot shows too.
+    let info = h.keiro.queue("q").await?.expect("declared");
+    assert_eq!(
+        info.top_keys,
+        [
+            ("acme".to_owned(), 2, 1),
+            (String::new(), 1, 1),
+            ("globex".to_owned(), 0, 1)
+        ]
+    );
     let acme = admitted
         .iter()
         .find(|c| c.instance.key.id.as_str() == "a-1")
