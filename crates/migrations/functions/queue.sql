@@ -153,6 +153,41 @@ BEGIN
 END;
 $$;
 
+-- queues_start: the start lane's batch when it holds starts on a queue: each request as
+-- `keiro_queue_start` (a start on a queue) or `keiro_instance_start` (a plain one) answers it,
+-- one row each (its position `n`, the outcome, created, the row), in key order (the lock order),
+-- in one transaction. A plain start's outcome is `started`.
+-- Called by: keiro_postgres ops::queue::queues_start; tested by contract::queue.
+CREATE OR REPLACE FUNCTION keiro_queues_start(
+    p_names text[], p_ids text[], p_inputs jsonb[], p_parent_names text[], p_parent_ids text[],
+    p_priorities integer[], p_queues text[], p_keys text[], p_dedup_ids text[],
+    p_not_befores timestamptz[])
+RETURNS TABLE (n integer, outcome text, created boolean, instance workflows)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    i integer;
+BEGIN
+    FOR i IN
+        SELECT r.n FROM unnest(p_names, p_ids) WITH ORDINALITY AS r (name, id, n)
+        ORDER BY r.name COLLATE "C", r.id COLLATE "C", r.n
+    LOOP
+        IF p_queues[i] IS NULL THEN
+            RETURN QUERY
+            SELECT i, 'started'::text, s.created, s.instance
+            FROM keiro_instance_start(p_names[i], p_ids[i], p_inputs[i], p_parent_names[i],
+                                      p_parent_ids[i], p_priorities[i]) s;
+        ELSE
+            RETURN QUERY
+            SELECT i, s.outcome, s.created, s.instance
+            FROM keiro_queue_start(p_names[i], p_ids[i], p_inputs[i], p_parent_names[i],
+                                   p_parent_ids[i], p_priorities[i], p_queues[i], p_keys[i],
+                                   p_dedup_ids[i], p_not_befores[i]) s;
+        END IF;
+    END LOOP;
+END;
+$$;
+
 -- queue_debounce: one run per burst of calls with the same key. While the key's pending run
 -- was never claimed (`lease_epoch = 0`, status running), a call replaces its input and moves its
 -- start gate (`next_attempt_at`) to `now + delay`, but never past its first call + `max_wait`;

@@ -29,11 +29,8 @@ impl JournalStore for PgStore {
 
     async fn instance_start(&self, request: &StartRequest) -> Result<Started> {
         let span = store_span!("instance_start", key = request.key);
-        match &request.queue {
-            // A start on a queue checks the queue first; it is not batched.
-            Some(queue) => traced(span, op::queue::queue_start(self.db(), request, queue)).await,
-            None => traced(span, self.lanes().instance_start(self.db(), request)).await,
-        }
+        // A start on a queue shares the start lane's batches too (`keiro_queues_start`).
+        traced(span, self.lanes().instance_start(self.db(), request)).await
     }
 
     async fn instance_get(&self, key: &InstanceKey) -> Result<Option<Instance>> {
@@ -104,37 +101,7 @@ impl JournalStore for PgStore {
 
     async fn instances_start(&self, requests: &[StartRequest]) -> Vec<Result<Started>> {
         let span = store_span!("instances_start", keiro.store.len = requests.len());
-        if requests.iter().all(|r| r.queue.is_none()) {
-            return traced(span, self.lanes().instances_start(self.db(), requests)).await;
-        }
-        // Starts on a queue go one by one, each its own transaction, in order; the others
-        // share one statement.
-        traced(span, async {
-            let plain: Vec<StartRequest> = requests
-                .iter()
-                .filter(|r| r.queue.is_none())
-                .cloned()
-                .collect();
-            let mut plain = self
-                .lanes()
-                .instances_start(self.db(), &plain)
-                .await
-                .into_iter();
-            let mut outcomes = Vec::with_capacity(requests.len());
-            for request in requests {
-                outcomes.push(match &request.queue {
-                    Some(queue) => op::queue::queue_start(self.db(), request, queue).await,
-                    None => plain.next().unwrap_or_else(|| {
-                        Err(crate::row::malformed(
-                            op::queue::START,
-                            "the store answered fewer starts than it was asked",
-                        ))
-                    }),
-                });
-            }
-            outcomes
-        })
-        .await
+        traced(span, self.lanes().instances_start(self.db(), requests))        .await
     }
 
     async fn delivery_append(

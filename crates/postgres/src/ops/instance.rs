@@ -36,6 +36,9 @@ pub(crate) const INSTANCE_START: &str = concat!(
 
 /// One start: `keiro_instance_start`.
 pub(crate) async fn instance_start(db: &Db, request: &StartRequest) -> Result<Started> {
+    if let Some(queue) = &request.queue {
+        return crate::ops::queue::queue_start(db, request, queue).await;
+    }
     let parent_name = request.parent.as_ref().map(|p| p.name.as_str());
     let parent_id = request.parent.as_ref().map(|p| p.id.as_str());
     let row = db
@@ -64,12 +67,15 @@ const INSTANCES_START: &str = concat!(
     " FROM keiro_instances_start($1, $2, $3, $4, $5, $6) s"
 );
 
-/// Starts of several callers in one statement (`keiro_instances_start`): an outcome per
-/// request, in the order given.
+/// Starts of several callers in one statement (`keiro_instances_start`, or
+/// `keiro_queues_start` when some are on a queue): an outcome per request, in the order given.
 pub(crate) async fn instances_start(
     db: &Db,
     requests: &[StartRequest],
 ) -> Result<Vec<Option<Result<Started>>>> {
+    if requests.iter().any(|r| r.queue.is_some()) {
+        return crate::ops::queue::queues_start(db, requests).await;
+    }
     let names: Vec<&str> = requests.iter().map(|r| r.key.name.as_str()).collect();
     let ids: Vec<&str> = requests.iter().map(|r| r.key.id.as_str()).collect();
     let inputs: Vec<&Value> = requests.iter().map(|r| &r.input).collect();

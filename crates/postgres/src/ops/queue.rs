@@ -108,6 +108,71 @@ pub(crate) async fn queue_start(
     queue_started(&row, &queue.queue)
 }
 
+const QUEUES_START: &str = concat!(
+    "SELECT s.n, s.outcome, s.created, ",
+    instance_columns!("(s.instance)."),
+    " FROM keiro_queues_start($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) s"
+);
+
+/// A batch of starts some of which are on a queue (`keiro_queues_start`): an outcome per
+/// request, in the order given.
+pub(crate) async fn queues_start(
+    db: &Db,
+    requests: &[StartRequest],
+) -> Result<Vec<Option<Result<Started>>>> {
+    let names: Vec<&str> = requests.iter().map(|r| r.key.name.as_str()).collect();
+    let ids: Vec<&str> = requests.iter().map(|r| r.key.id.as_str()).collect();
+    let inputs: Vec<&serde_json::Value> = requests.iter().map(|r| &r.input).collect();
+    fn parent(r: &StartRequest) -> Option<(&str, &str)> {
+        r.parent.as_ref().map(|p| (p.name.as_str(), p.id.as_str()))
+    }
+    fn queue(r: &StartRequest) -> Option<&QueueStart> {
+        r.queue.as_ref()
+    }
+    let parent_names: Vec<Option<&str>> =
+        requests.iter().map(|r| parent(r).map(|p| p.0)).collect();
+    let parent_ids: Vec<Option<&str>> = requests.iter().map(|r| parent(r).map(|p| p.1)).collect();
+    let priorities: Vec<i32> = requests.iter().map(|r| r.priority).collect();
+    let queues: Vec<Option<&str>> = requests
+        .iter()
+        .map(|r| queue(r).map(|q| q.queue.as_str()))
+        .collect();
+    let keys: Vec<Option<&str>> = requests
+        .iter()
+        .map(|r| queue(r).and_then(|q| q.key.as_deref()))
+        .collect();
+    let dedup_ids: Vec<Option<&str>> = requests
+        .iter()
+        .map(|r| queue(r).and_then(|q| q.dedup_id.as_deref()))
+        .collect();
+    let not_befores: Vec<Option<OffsetDateTime>> = requests
+        .iter()
+        .map(|r| queue(r).and_then(|q| q.not_before))
+        .collect();
+    let rows = db
+        .query(
+            START,
+            QUEUES_START,
+            &[
+                &names,
+                &ids,
+                &inputs,
+                &parent_names,
+                &parent_ids,
+                &priorities,
+                &queues,
+                &keys,
+                &dedup_ids,
+                &not_befores,
+            ],
+        )
+        .await?;
+    Ok(row::in_batch_order(&rows, requests.len(), START, "n", |row, i| {
+        let queue = requests[i].queue.as_ref().map_or("", |q| q.queue.as_str());
+        Some(queue_started(row, queue))
+    }))
+}
+
 /// The answer of a `keiro_queue_start` row (`outcome`, `created`, the instance's columns): the
 /// start, the holder under `existing`, or the refusal.
 pub(crate) fn queue_started(row: &tokio_postgres::Row, queue: &str) -> Result<Started> {
