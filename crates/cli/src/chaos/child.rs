@@ -6,7 +6,9 @@
 //! Each opens the store the chaos command runs on (the chaos schema, or the SQLite file, which
 //! several processes share as they would share a server) and prints `ready` on stdout once
 //! connected, and runs until its stdin closes: a parent
-//! that dies without cleaning up (even by SIGKILL) leaves no stray child behind.
+//! that dies without cleaning up (even by SIGKILL) leaves no stray child behind. Under `--profile
+//! queue` the workers also serve the queue (`--queue`) and, with the direct callers, stamp
+//! their local steps' ends (`--witness-ends`: the workers' `--queue` implies it).
 
 use std::io::Write;
 use std::sync::Arc;
@@ -61,6 +63,10 @@ pub(crate) struct WorkerArgs {
     /// Runs driven at once.
     #[arg(long)]
     pub(crate) concurrency: usize,
+    /// The queue this worker serves (`--profile queue`); its local steps then stamp their
+    /// witnesses' ends.
+    #[arg(long)]
+    pub(crate) queue: Option<String>,
 }
 
 /// Options of the hidden `keiro chaos-remote-worker`, passed by `keiro chaos`.
@@ -92,6 +98,9 @@ pub(crate) struct DirectArgs {
     /// Callers running at once.
     #[arg(long)]
     pub(crate) concurrency: usize,
+    /// Local steps stamp their witnesses' ends (`--profile queue`).
+    #[arg(long)]
+    pub(crate) witness_ends: bool,
 }
 
 /// How long a direct caller waits before it calls again after an error another call can mend
@@ -132,7 +141,13 @@ impl AfterError {
 /// the resume workers' to finish.
 pub(crate) async fn direct(global: &Global, args: &DirectArgs) -> Result<Outcome> {
     // One connection per caller, plus one for result waits.
-    let (keiro, witness) = open(global, &args.chaos_schema, args.concurrency + 2).await?;
+    let (keiro, witness) = open(
+        global,
+        &args.chaos_schema,
+        args.concurrency + 2,
+        args.witness_ends,
+    )
+    .await?;
     let witness = Arc::new(witness);
     let worker = keiro
         .worker()
@@ -196,10 +211,16 @@ pub(crate) async fn direct(global: &Global, args: &DirectArgs) -> Result<Outcome
 /// Runs a chaos worker until stdin closes.
 pub(crate) async fn worker(global: &Global, args: &WorkerArgs) -> Result<Outcome> {
     // One connection per concurrent run, plus one each for discovery and the timer loop.
-    let (keiro, witness) = open(global, &args.chaos_schema, args.concurrency + 2).await?;
+    let (keiro, witness) = open(
+        global,
+        &args.chaos_schema,
+        args.concurrency + 2,
+        args.queue.is_some(),
+    )
+    .await?;
     let witness = Arc::new(witness);
     let (local_witness, mixed_witness) = (witness.clone(), witness);
-    let worker = keiro
+    let mut builder = keiro
         .worker()
         .register(LOCAL, move |ctx, input: Input| {
             workload::local(ctx, input, local_witness.clone())
@@ -211,9 +232,11 @@ pub(crate) async fn worker(global: &Global, args: &WorkerArgs) -> Result<Outcome
         .lease_ttl(Duration::from_millis(args.lease_ttl_ms))
         .poll_interval(Duration::from_millis(args.poll_interval_ms))
         .tuning(tuning())
-        .owner(format!("worker-{}", std::process::id()))
-        .build()
-        .context("building the chaos worker")?;
+        .owner(format!("worker-{}", std::process::id()));
+    if let Some(queue) = &args.queue {
+        builder = builder.queue(queue.clone());
+    }
+    let worker = builder.build().context("building the chaos worker")?;
     announce_ready()?;
     worker.run_until(stdin_closed()).await;
     Ok(Outcome::Success)
@@ -222,7 +245,7 @@ pub(crate) async fn worker(global: &Global, args: &WorkerArgs) -> Result<Outcome
 /// Runs a chaos remote worker until stdin closes.
 pub(crate) async fn remote_worker(global: &Global, args: &RemoteWorkerArgs) -> Result<Outcome> {
     // Every running handler reports on a connection of its own; the claim needs one beside.
-    let (keiro, witness) = open(global, &args.chaos_schema, args.concurrency + 2).await?;
+    let (keiro, witness) = open(global, &args.chaos_schema, args.concurrency + 2, false).await?;
     let witness = Arc::new(witness);
     let worker_id: Arc<str> = Arc::from(format!("remote-{}", std::process::id()));
     let claim_ttl = Duration::from_millis(args.claim_ttl_ms);
@@ -253,17 +276,23 @@ pub(crate) async fn remote_worker(global: &Global, args: &RemoteWorkerArgs) -> R
 }
 
 /// Opens the store the chaos command names (the chaos schema with a pool of `pool_size`, or
-/// the SQLite file) and this process's witness connection to the same database.
-async fn open(global: &Global, schema: &str, pool_size: usize) -> Result<(Keiro, Witness)> {
+/// the SQLite file) and this process's witness connection to the same database (whose local
+/// steps stamp their ends when `ends`).
+async fn open(
+    global: &Global,
+    schema: &str,
+    pool_size: usize,
+    ends: bool,
+) -> Result<(Keiro, Witness)> {
     match global.store()? {
         Store::Postgres => {
             let store = connect_store(global.config(schema, pool_size)?).await?;
-            let witness = Witness::postgres(store.connection_config()).await?;
+            let witness = Witness::postgres(store.connection_config(), ends).await?;
             Ok((Keiro::builder(store).build(), witness))
         }
         Store::Sqlite(path) => {
             let keiro = open_sqlite(&path).await?;
-            Ok((keiro, Witness::sqlite(&path).await?))
+            Ok((keiro, Witness::sqlite(&path, ends).await?))
         }
     }
 }

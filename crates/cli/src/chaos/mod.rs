@@ -30,6 +30,44 @@
 //!
 //! Progress goes to stderr; stdout carries only the JSON line. The children log (to stderr)
 //! only when `RUST_LOG` is set: under these faults their connection errors are expected.
+//!
+//! # `--profile queue`
+//!
+//! The same run, faults and invariants, with every instance started on the queue `chaos-q`,
+//! declared with `concurrency(C)` (`--queue-concurrency`, 4 by default) and
+//! `key_concurrency(1)`, under one of K keys (`--queue-keys`, 8 by default: instance `n` gets
+//! key `key-{n % K}`); the worker processes serve it (`.queue("chaos-q")`). Admission holds the
+//! limits in the claim transaction; the run checks from the database alone, after the fact,
+//! that they were never exceeded, with nothing read from the processes it kills:
+//!
+//! - Every local step's witness also stamps its end (`ended_at`), and records, read in the
+//!   statement that writes it, the expiry its run's lease had as the step began. A step that
+//!   never got its end (its worker was killed in it) counts until that expiry: its slot was
+//!   held at least that long, and may have been given to another run right after. Not the
+//!   witness's instant plus the lease TTL: the lease was last renewed before the step began, so
+//!   that would overrun the slot by the gap, and a run admitted into the freed slot inside it
+//!   would count as an overlap (runs here showed one, 47 ms after an expiry). A step whose end
+//!   cannot be written keeps trying until that expiry has passed, since failing sooner would
+//!   crash its run, which gives its slot back early.
+//! - [`invariants::check_queue`] sweeps those spans and finds the most runs in a local step at
+//!   once, fleet-wide and per key, against C and 1; it also checks that every run records an
+//!   admission under its key, that none that ended still holds its slot, and that none ran a
+//!   step before its first admission. The report's `queue` object gives the limits, the maxima
+//!   seen and how many steps ended unwritten; its `invariants` three more counts.
+//!
+//! The other roles stay, each for what it tests about a queue:
+//!
+//! - **Remote steps** stay as in the default workload (a fifth of the runs). Their runs park
+//!   while a remote worker runs the step, and a parked run gives its slot back (the queue's
+//!   `release_on_park`, on by default), so remote handlers run outside the limit by design and
+//!   are not counted; what they add is the path of a run admitted again each time it wakes
+//!   (three admissions per such run), under SIGKILLs of both kinds of worker.
+//! - **Direct callers** do not go through admission (`Worker::run_named` starts and leases a
+//!   run in one statement, with no queue), so here they start nothing: every instance, the
+//!   direct ones too, is started on the queue first, and the direct callers then call
+//!   `run_named` on the same tenth as in the default profile. A run waiting for admission is not theirs to claim (they may
+//!   only take one that holds its slot with no lease, as any claim may), so they await it: a
+//!   direct call that bypassed the queue would show as one run too many in a step at once.
 
 pub(crate) mod child;
 mod db;
@@ -43,18 +81,19 @@ mod workload;
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use keiro::queue::{QueueSpec, StartOptions};
 use keiro::Keiro;
 use tokio::task::JoinHandle;
 
 pub(crate) use self::child::{DirectArgs, RemoteWorkerArgs, WorkerArgs};
 use self::db::{Db, Pg};
 use self::faults::{FaultPlan, Restart, Rng};
-use self::invariants::Expected;
+use self::invariants::{Expected, QueueLimits};
 use self::processes::{Fleet, SpawnSpec};
-use self::report::{Report, Run};
+use self::report::{QueueReport, Report, Run};
 use self::workload::{
-    direct_instances, expected_output, instance_id, is_direct, journal_steps_of, steps_of,
-    workflow_of, Input, LOCAL, MIXED,
+    direct_instances, expected_output, instance_id, is_direct, journal_steps_of, queue_key,
+    steps_of, workflow_of, Input, LOCAL, MIXED,
 };
 use crate::common::{
     connect_store, error_chain, failure, open_sqlite, recreate_scratch_schema,
@@ -82,6 +121,55 @@ const PG_RESTARTS_DEFAULT: u64 = 2;
 /// The table that tells a chaos file from someone's data (`--database-url sqlite:PATH`).
 const SQLITE_MARKER: &str = "chaos_witness";
 
+/// The queue of `--profile queue`.
+pub(crate) const QUEUE: &str = "chaos-q";
+
+/// The queue's concurrency when `--queue-concurrency` is not given.
+const QUEUE_CONCURRENCY_DEFAULT: u64 = 4;
+
+/// The keys the queue's runs are spread over when `--queue-keys` is not given.
+const QUEUE_KEYS_DEFAULT: u64 = 8;
+
+/// What the run puts under faults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Profile {
+    /// Every instance started for the workers as they come; the journal's guarantees checked.
+    Default,
+    /// Every instance started on the queue `chaos-q` (a concurrency and a per-key limit of 1),
+    /// served by the workers; the limits checked beside every other invariant.
+    Queue,
+}
+
+/// The queue of `--profile queue`: its limits and the keys its runs are spread over.
+#[derive(Debug, Clone, Copy)]
+struct QueuePlan {
+    concurrency: u64,
+    keys: u64,
+}
+
+impl QueuePlan {
+    /// The queue's declaration: `concurrency` fleet-wide, one run at a time per key.
+    fn spec(&self) -> Result<QueueSpec> {
+        let concurrency = i32::try_from(self.concurrency).context("--queue-concurrency")?;
+        Ok(QueueSpec::new(QUEUE)
+            .context("naming the chaos queue")?
+            .concurrency(concurrency)
+            .key_concurrency(1))
+    }
+
+    /// The limits the checks hold the run to, with the workers' lease TTL.
+    fn limits(&self, lease_ttl_ms: u64) -> QueueLimits {
+        QueueLimits {
+            name: QUEUE.to_owned(),
+            concurrency: self.concurrency,
+            key_concurrency: 1,
+            lease_ttl: time::Duration::milliseconds(
+                i64::try_from(lease_ttl_ms).unwrap_or(i64::MAX),
+            ),
+        }
+    }
+}
+
 /// Options of `keiro chaos`.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct ChaosArgs {
@@ -89,6 +177,17 @@ pub(crate) struct ChaosArgs {
     /// `--schema` one); PostgreSQL only.
     #[arg(long, default_value = "keiro_chaos")]
     pub(crate) chaos_schema: String,
+    /// `default`, or `queue`: every instance started on a queue with a concurrency limit and a
+    /// per-key limit of 1, which the checks hold the run to (the module's documentation).
+    #[arg(long, value_enum, default_value_t = Profile::Default)]
+    pub(crate) profile: Profile,
+    /// `--profile queue`: how many runs the queue admits at once, fleet-wide (4 by default).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000))]
+    pub(crate) queue_concurrency: Option<u64>,
+    /// `--profile queue`: how many keys the runs are spread over, round robin, each admitted
+    /// one run at a time (8 by default).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub(crate) queue_keys: Option<u64>,
     /// Instances started: 80% run five local steps, 20% a local step and two remote steps.
     #[arg(short = 'n', long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub(crate) instances: u64,
@@ -142,6 +241,26 @@ pub(crate) struct ChaosArgs {
 }
 
 impl ChaosArgs {
+    /// The queue of `--profile queue`, or `None`; the queue's options without it are refused
+    /// rather than ignored.
+    fn queue_plan(&self) -> Result<Option<QueuePlan>> {
+        match self.profile {
+            Profile::Queue => Ok(Some(QueuePlan {
+                concurrency: self.queue_concurrency.unwrap_or(QUEUE_CONCURRENCY_DEFAULT),
+                keys: self.queue_keys.unwrap_or(QUEUE_KEYS_DEFAULT),
+            })),
+            Profile::Default => {
+                if self.queue_concurrency.is_some() || self.queue_keys.is_some() {
+                    return Err(failure(
+                        "--queue-concurrency and --queue-keys shape the queue of --profile \
+                         queue; the default profile starts no run on a queue",
+                    ));
+                }
+                Ok(None)
+            }
+        }
+    }
+
     /// The faults asked for on `store`: a SQLite file has no server, so any restart asked for
     /// there is an error, not a fault quietly left out.
     fn fault_plan(&self, store: &Store) -> Result<FaultPlan> {
@@ -203,11 +322,12 @@ pub(crate) async fn run(global: &Global, args: &ChaosArgs) -> Result<Outcome> {
 
 async fn run_on(global: &Global, store: &Store, args: &ChaosArgs) -> Result<Outcome> {
     let plan = args.fault_plan(store)?;
+    let queue = args.queue_plan()?;
     let restart = args.restart_command(&plan)?;
     let seed = args.seed.unwrap_or_else(|| fastrand::u64(1..));
     // Dropping `drive` on a signal drops the fleet, which kills and reaps every child.
     let outcome = tokio::select! {
-        outcome = drive(global, store, args, plan, restart.as_deref(), seed) => outcome,
+        outcome = drive(global, store, args, plan, queue, restart.as_deref(), seed) => outcome,
         signal = interrupted() => Err(failure(format!("interrupted by {signal}"))),
     };
     if *store == Store::Postgres && !args.keep_schema {
@@ -287,6 +407,7 @@ async fn drive(
     store: &Store,
     args: &ChaosArgs,
     plan: FaultPlan,
+    queue: Option<QueuePlan>,
     restart: Option<&str>,
     seed: u64,
 ) -> Result<Outcome> {
@@ -297,7 +418,7 @@ async fn drive(
         connection,
     } = open_fresh(global, store, args).await?;
     db.create_witness_table().await?;
-    let expected = start_instances(&keiro, args.instances).await?;
+    let expected = start_instances(&keiro, args.instances, queue.as_ref()).await?;
     let mixed = expected.iter().filter(|e| e.name == MIXED).count() as u64;
     let direct = direct_instances(args.instances).count() as u64;
     let restarts_planned = plan.restarts_planned();
@@ -309,10 +430,18 @@ async fn drive(
             restart.map(|c| format!(" (`{c}`)")).unwrap_or_default()
         )
     };
+    let on_queue = queue
+        .map(|q| {
+            format!(
+                " on queue {QUEUE} (concurrency {}, 1 per key, {} keys)",
+                q.concurrency, q.keys
+            )
+        })
+        .unwrap_or_default();
     eprintln!(
-        "chaos: {place}: {} instances ({mixed} with remote steps, {direct} run directly); {} \
-         workers, {} remote workers and {} direct callers; a SIGKILL every {} ms; {restarts}; \
-         seed {seed}",
+        "chaos: {place}: {} instances{on_queue} ({mixed} with remote steps, {direct} run \
+         directly); {} workers, {} remote workers and {} direct callers; a SIGKILL every {} ms; \
+         {restarts}; seed {seed}",
         args.instances,
         args.workers,
         args.remote_workers,
@@ -350,6 +479,11 @@ async fn drive(
 
     let rows = db.load(&[LOCAL, MIXED]).await?;
     let findings = invariants::check(&expected, &rows);
+    let queue = queue.map(|plan| {
+        let limits = plan.limits(args.lease_ttl_ms);
+        let found = invariants::check_queue(&expected, &rows, &limits);
+        QueueReport::new(&limits, plan.keys, args.lease_ttl_ms, found)
+    });
     let mut problems = inflicted.problems;
     if inflicted.timed_out {
         problems.insert(
@@ -359,6 +493,7 @@ async fn drive(
     }
     let run = Run {
         store: if plan.no_server { "sqlite" } else { "postgres" },
+        queue,
         instances: args.instances,
         mixed,
         direct,
@@ -387,12 +522,31 @@ async fn drive(
 }
 
 /// Starts instances `1..=count`, but the direct ones (the direct callers start those), and
-/// returns what each must end with.
-async fn start_instances(keiro: &Keiro, count: u64) -> Result<Vec<Expected>> {
+/// returns what each must end with. With a queue, declares it and starts every instance on it
+/// under its key, the direct ones too: a direct caller's `run_named` then finds its run
+/// started and waiting for admission, which it must not bypass.
+async fn start_instances(
+    keiro: &Keiro,
+    count: u64,
+    queue: Option<&QueuePlan>,
+) -> Result<Vec<Expected>> {
+    if let Some(queue) = queue {
+        keiro
+            .declare_queue(&queue.spec()?)
+            .await
+            .context(format!("declaring queue {QUEUE}"))?;
+    }
     let mut expected = Vec::new();
     for n in 1..=count {
         let (name, id) = (workflow_of(n), instance_id(n));
-        if !is_direct(n) {
+        let key = queue.map(|queue| queue_key(n, queue.keys));
+        if let Some(key) = &key {
+            let options = StartOptions::on_queue(QUEUE).key(key.clone());
+            keiro
+                .start_with(name, &id, &Input { n }, &options)
+                .await
+                .context(format!("starting {name} {id} on queue {QUEUE}"))?;
+        } else if !is_direct(n) {
             keiro
                 .start(name, &id, &Input { n })
                 .await
@@ -403,6 +557,7 @@ async fn start_instances(keiro: &Keiro, count: u64) -> Result<Vec<Expected>> {
             id,
             output: expected_output(n),
             steps: journal_steps_of(n),
+            queue_key: key,
         });
     }
     Ok(expected)

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use super::child::READY;
 use super::faults::Rng;
-use super::ChaosArgs;
+use super::{ChaosArgs, Profile, QUEUE};
 use crate::common::{Global, Result, ResultExt};
 
 /// How long a child that exited before it was ready (PostgreSQL down while it connected) waits
@@ -46,9 +46,10 @@ pub(crate) struct SpawnSpec {
 }
 
 impl SpawnSpec {
-    /// The children of `keiro chaos` with `args`.
+    /// The children of `keiro chaos` with `args`: under `--profile queue` the workers serve
+    /// the queue, and the workers and direct callers stamp their local steps' ends.
     pub(crate) fn new(global: &Global, args: &ChaosArgs) -> Self {
-        Self {
+        let mut spec = Self {
             database_url: global.url().to_owned(),
             schema: global.schema.clone(),
             worker_args: vec![
@@ -82,7 +83,13 @@ impl SpawnSpec {
                 "--concurrency".into(),
                 args.concurrency.to_string(),
             ],
+        };
+        if args.profile == Profile::Queue {
+            spec.worker_args
+                .extend(["--queue".to_owned(), QUEUE.to_owned()]);
+            spec.direct_args.push("--witness-ends".into());
         }
+        spec
     }
 
     fn spawn(&self, role: Role) -> Result<Process> {

@@ -1,12 +1,13 @@
 //! The chaos command's one JSON line: the verdict, each invariant's violations, the faults
-//! injected and the figures they cost.
+//! injected and the figures they cost; under `--profile queue` also the queue's limits and the
+//! most runs seen in a step at once (`queue`).
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
 use super::faults::{fault_verdict, FaultPlan, Injected, Restart};
-use super::invariants::{Findings, JournalRow};
+use super::invariants::{Check, Findings, JournalRow, QueueFindings, QueueLimits};
 use super::processes::FleetStats;
 use crate::common::{ms, round};
 
@@ -17,13 +18,16 @@ const PROBLEMS: usize = 10;
 #[derive(Debug, Serialize)]
 pub(crate) struct Report {
     mode: &'static str,
+    /// `default` or `queue`.
+    profile: &'static str,
     /// `postgres` or `sqlite`.
     store: &'static str,
     pass: bool,
     instances: u64,
     local_instances: u64,
     mixed_instances: u64,
-    /// Of the local ones, those started and driven by the direct callers.
+    /// Of the local ones, those started and driven by the direct callers (under `--profile
+    /// queue` started on the queue, and run with `run_named` by the direct callers).
     direct_instances: u64,
     completed_ok: u64,
     /// Violations per invariant (0: it held).
@@ -51,7 +55,68 @@ pub(crate) struct Report {
     elapsed_s: f64,
     timed_out: bool,
     seed: u64,
+    /// `--profile queue`: the limits and what was seen of them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queue: Option<QueueFigures>,
     problems: Vec<String>,
+}
+
+/// The queue part of the report: the limits, and the most runs seen in a local step at once.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct QueueFigures {
+    name: String,
+    concurrency_limit: u64,
+    key_concurrency_limit: u64,
+    keys: u64,
+    /// The most runs in a local step at once, fleet-wide.
+    max_running: u64,
+    /// The most runs of one key in a local step at once.
+    max_running_per_key: u64,
+    /// Runs whose row records an admission.
+    admitted_runs: u64,
+    /// Local step executions counted.
+    local_steps: u64,
+    /// Of them, those whose worker died before their end: counted until their lease expired.
+    unended_steps: u64,
+    /// Of them, those that ended after their lease expired: counted until it did.
+    steps_cut_at_lease: u64,
+    /// The workers' lease TTL.
+    lease_ttl_ms: u64,
+}
+
+/// The queue profile's findings and figures, for [`Report::new`].
+#[derive(Debug, Clone)]
+pub(crate) struct QueueReport {
+    figures: QueueFigures,
+    findings: QueueFindings,
+}
+
+impl QueueReport {
+    /// What the queue checks found under `limits`, with `keys` keys and the workers'
+    /// `lease_ttl_ms`.
+    pub(crate) fn new(
+        limits: &QueueLimits,
+        keys: u64,
+        lease_ttl_ms: u64,
+        findings: QueueFindings,
+    ) -> Self {
+        Self {
+            figures: QueueFigures {
+                name: limits.name.clone(),
+                concurrency_limit: limits.concurrency,
+                key_concurrency_limit: limits.key_concurrency,
+                keys,
+                max_running: findings.max_running,
+                max_running_per_key: findings.max_running_per_key,
+                admitted_runs: findings.admitted_runs,
+                local_steps: findings.steps,
+                unended_steps: findings.unended,
+                steps_cut_at_lease: findings.cut_at_lease,
+                lease_ttl_ms,
+            },
+            findings,
+        }
+    }
 }
 
 /// What the run did, beside the findings.
@@ -59,6 +124,8 @@ pub(crate) struct Report {
 pub(crate) struct Run {
     /// The store the run was on: `postgres` or `sqlite`.
     pub(crate) store: &'static str,
+    /// `--profile queue`: what its checks found.
+    pub(crate) queue: Option<QueueReport>,
     /// Instances started, and how many of them were mixed.
     pub(crate) instances: u64,
     /// Of them, the mixed ones.
@@ -95,7 +162,7 @@ impl Report {
             },
         );
         problems.extend(faults.problems);
-        let checks = [
+        let mut checks: Vec<(&'static str, &Check)> = vec![
             ("completed_right", &findings.completed),
             ("journaled_once", &findings.journaled_once),
             ("witnessed", &findings.witnessed),
@@ -103,13 +170,26 @@ impl Report {
             ("no_stale_epoch", &findings.stale_epoch),
             ("every_step_journaled", &findings.all_journaled),
         ];
-        for (name, check) in checks {
+        if let Some(queue) = &run.queue {
+            checks.extend([
+                ("queue_admitted", &queue.findings.admitted),
+                ("queue_concurrency", &queue.findings.concurrency),
+                ("queue_key_concurrency", &queue.findings.key_concurrency),
+            ]);
+        }
+        for (name, check) in &checks {
             problems.extend(check.examples.iter().map(|line| format!("{name}: {line}")));
         }
-        let pass = findings.held() && problems.is_empty();
+        let queue_held = run.queue.as_ref().is_none_or(|q| q.findings.held());
+        let pass = findings.held() && queue_held && problems.is_empty();
         problems.truncate(PROBLEMS);
         Self {
             mode: "chaos",
+            profile: if run.queue.is_some() {
+                "queue"
+            } else {
+                "default"
+            },
             store: run.store,
             pass,
             instances: run.instances,
@@ -145,6 +225,7 @@ impl Report {
             elapsed_s: round(run.elapsed.as_secs_f64(), 2),
             timed_out: run.timed_out,
             seed: run.seed,
+            queue: run.queue.map(|queue| queue.figures),
             problems,
         }
     }
@@ -207,6 +288,7 @@ mod tests {
     fn run(kills: u64, plan: FaultPlan) -> Run {
         Run {
             store: "postgres",
+            queue: None,
             instances: 1,
             mixed: 0,
             direct: 0,

@@ -81,6 +81,12 @@ pub(crate) fn instance_id(n: u64) -> String {
     format!("chaos-{n:05}")
 }
 
+/// The key of instance `n` on the queue of `--profile queue`, over `keys` keys: round robin,
+/// so every key has runs waiting all along and a key's runs are started one after another.
+pub(crate) fn queue_key(n: u64, keys: u64) -> String {
+    format!("key-{}", n % keys.max(1))
+}
+
 /// How many steps instance `n` journals (local and remote).
 pub(crate) fn steps_of(n: u64) -> u64 {
     if is_mixed(n) {
@@ -138,7 +144,8 @@ fn work(n: u64, index: u64) -> Duration {
     Duration::from_millis(5 + (n * 7 + index * 13) % 16)
 }
 
-/// A local step's action: the witness first, then the work.
+/// A local step's action: the witness first, then the work, then (`--profile queue`) the
+/// witness's end.
 async fn witnessed(
     ctx: &Ctx,
     witness: &Witness,
@@ -146,10 +153,13 @@ async fn witnessed(
     work: Duration,
     value: u64,
 ) -> crate::common::Result<u64> {
-    witness
+    let begun = witness
         .record(ctx.key(), ctx.generation(), step, &Holder::of_run(ctx))
         .await?;
     tokio::time::sleep(work).await;
+    if witness.records_ends() {
+        witness.end(&begun).await?;
+    }
     Ok(value)
 }
 
@@ -263,6 +273,12 @@ mod tests {
             journal_steps_of(5),
             ["prepare", "remote:enrich", "remote:stamp"]
         );
+    }
+
+    #[test]
+    fn queue_keys_go_round_robin() {
+        let keys: Vec<String> = (1..=4).map(|n| queue_key(n, 3)).collect();
+        assert_eq!(keys, ["key-1", "key-2", "key-0", "key-1"]);
     }
 
     #[test]

@@ -139,6 +139,71 @@ fn chaos_runs_and_passes_on_a_temporary_sqlite_file_by_default() -> TestResult {
     Ok(())
 }
 
+/// The queue profile on a temporary file: every run started on a queue (2 at once, one per
+/// key over 3 keys) served by worker processes that are SIGKILLed, and the limits checked from
+/// the witnesses' spans besides every other invariant.
+#[test]
+fn chaos_queue_profile_holds_the_queue_limits_on_a_temporary_sqlite_file() -> TestResult {
+    let output = without_database(&[
+        "chaos",
+        "--profile",
+        "queue",
+        "--queue-concurrency",
+        "2",
+        "--queue-keys",
+        "3",
+        "-n",
+        "60",
+        "--kill-interval-ms",
+        "150",
+        "--deadline-s",
+        "240",
+        "--seed",
+        "7",
+    ])?;
+    let stdout = String::from_utf8(output.stdout)?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}{stderr}");
+    announced_and_removed("chaos", stderr.lines().next().unwrap_or_default());
+    let report: Value = serde_json::from_str(stdout.trim())?;
+    assert_eq!(report["pass"], true, "{report}");
+    assert_eq!(report["profile"], "queue", "{report}");
+    assert_eq!(report["completed_ok"], 60, "{report}");
+    for name in [
+        "queue_admitted",
+        "queue_concurrency",
+        "queue_key_concurrency",
+    ] {
+        assert_eq!(report["invariants"][name], 0, "{name}: {report}");
+    }
+    for (name, violations) in report["invariants"].as_object().expect("invariants") {
+        assert_eq!(violations, 0, "{name}: {report}");
+    }
+    let queue = &report["queue"];
+    assert_eq!(queue["concurrency_limit"], 2, "{report}");
+    assert_eq!(queue["key_concurrency_limit"], 1, "{report}");
+    assert_eq!(queue["admitted_runs"], 60, "{report}");
+    let max = queue["max_running"].as_u64().unwrap_or(0);
+    assert!((1..=2).contains(&max), "{report}");
+    assert_eq!(queue["max_running_per_key"], 1, "{report}");
+    // 48 runs of five local steps and 12 of one, each at least once.
+    assert!(
+        queue["local_steps"].as_u64().unwrap_or(0) >= 252,
+        "{report}"
+    );
+    assert!(report["kills"].as_u64().unwrap_or(0) > 0, "{report}");
+    Ok(())
+}
+
+#[test]
+fn the_queue_options_without_the_queue_profile_are_refused() -> TestResult {
+    let output = without_database(&["chaos", "--queue-concurrency", "2"])?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--profile queue"), "{stderr}");
+    Ok(())
+}
+
 #[test]
 fn a_restart_asked_for_on_a_sqlite_file_is_refused() -> TestResult {
     let scratch = Scratch::new("chaos-restart")?;

@@ -11,14 +11,15 @@ use super::{InstanceRow, JournalRow, Rows, WitnessRow, LOAD_WITHIN, PROGRESS};
 use crate::chaos::witness::WITNESS_CREATE_PG;
 use crate::common::{failure, open_connection, Result, ResultExt};
 
-const INSTANCES: &str = "SELECT workflow_name, workflow_id, status, output, last_error
+const INSTANCES: &str = "SELECT workflow_name, workflow_id, status, output, last_error, queue,
+    queue_key, queue_admitted, queue_admitted_at
     FROM workflows WHERE workflow_name = ANY($1)";
 
 const JOURNAL: &str = "SELECT workflow_name, workflow_id, generation, step_name, kind, recorded_at
     FROM journal WHERE workflow_name = ANY($1)";
 
 const WITNESSES: &str = "SELECT workflow_name, workflow_id, generation, step, pid, holder, epoch,
-    written_at FROM chaos_witness";
+    written_at, lease_expires_at, ended_at FROM chaos_witness";
 
 /// How long one connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -117,6 +118,10 @@ impl Pg {
                 status: row.get(2),
                 output: row.get(3),
                 last_error: row.get(4),
+                queue: row.get(5),
+                queue_key: row.get(6),
+                queue_admitted: row.get(7),
+                queue_admitted_at: row.get(8),
             })
             .collect();
         let journal = self
@@ -141,6 +146,8 @@ impl Pg {
                 holder: row.get(5),
                 epoch: row.get(6),
                 written_at: row.get(7),
+                lease_expires_at: row.get(8),
+                ended_at: row.get(9),
             })
             .collect();
         Ok(Rows {

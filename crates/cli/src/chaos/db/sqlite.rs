@@ -9,14 +9,15 @@ use crate::chaos::witness::{self, WITNESS_CREATE_SQLITE};
 use crate::common::{Result, ResultExt};
 use crate::lite::{self, instant, json};
 
-const INSTANCES: &str = "SELECT workflow_name, workflow_id, status, output, last_error
+const INSTANCES: &str = "SELECT workflow_name, workflow_id, status, output, last_error, queue,
+    queue_key, queue_admitted, queue_admitted_at
     FROM workflows WHERE workflow_name IN (SELECT value FROM json_each(?1))";
 
 const JOURNAL: &str = "SELECT workflow_name, workflow_id, generation, step_name, kind, recorded_at
     FROM journal WHERE workflow_name IN (SELECT value FROM json_each(?1))";
 
 const WITNESSES: &str = "SELECT workflow_name, workflow_id, generation, step, pid, holder, epoch,
-    written_at FROM chaos_witness";
+    written_at, lease_expires_at, ended_at FROM chaos_witness";
 
 /// The chaos command's connection to the file; its calls run off the async runtime, one at a
 /// time.
@@ -70,6 +71,13 @@ impl Lite {
                                     .map(|text| json(&text))
                                     .transpose()?,
                                 last_error: row.get(4)?,
+                                queue: row.get(5)?,
+                                queue_key: row.get(6)?,
+                                queue_admitted: row.get(7)?,
+                                queue_admitted_at: row
+                                    .get::<_, Option<i64>>(8)?
+                                    .map(instant)
+                                    .transpose()?,
                             })
                         })?
                         .collect::<rusqlite::Result<_>>()?;
@@ -92,6 +100,11 @@ impl Lite {
                                 holder: row.get(5)?,
                                 epoch: row.get(6)?,
                                 written_at: instant(row.get(7)?)?,
+                                lease_expires_at: row
+                                    .get::<_, Option<i64>>(8)?
+                                    .map(instant)
+                                    .transpose()?,
+                                ended_at: row.get::<_, Option<i64>>(9)?.map(instant).transpose()?,
                             })
                         })?
                         .collect::<rusqlite::Result<_>>()?;
