@@ -90,7 +90,8 @@ $$;
 -- new; an existing key keeps its row, as `keiro_instance_start`), `existing` (the dedup id is
 -- held and the queue returns the holder: `instance` is the holder), `duplicate` (held, and the
 -- queue refuses: `instance` is the holder), `unknown` (no such queue), `dedup_not_enabled`,
--- `priority_not_enabled`. Nothing is written unless the outcome is `started` with `created`.
+-- `priority_not_enabled`. Nothing is written unless the outcome is `started` with `created`. A
+-- created run notifies its wake when `p_notify` (a batch notifies once for all its starts).
 --
 -- The insert's `ON CONFLICT DO NOTHING` has no target, so it yields to a row holding the key
 -- or a live run holding the dedup id, whichever a concurrent start committed; the statement
@@ -100,6 +101,7 @@ CREATE OR REPLACE FUNCTION keiro_queue_start(p_name text, p_id text, p_input jso
                                              p_parent_name text, p_parent_id text,
                                              p_priority integer, p_queue text, p_key text,
                                              p_dedup_id text, p_not_before timestamptz,
+                                             p_notify boolean,
                                              OUT outcome text, OUT created boolean,
                                              OUT instance workflows)
 LANGUAGE plpgsql AS $$
@@ -133,7 +135,9 @@ BEGIN
         IF FOUND THEN
             created := true;
             outcome := 'started';
-            PERFORM keiro_notify_wake(p_name, p_id);
+            IF p_notify THEN
+                PERFORM keiro_notify_wake(p_name, p_id);
+            END IF;
             RETURN;
         END IF;
         SELECT w.* INTO instance FROM workflows w
@@ -166,7 +170,9 @@ RETURNS TABLE (n integer, outcome text, created boolean, instance workflows)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    i integer;
+    i        integer;
+    v_start  record;
+    v_notify boolean := false;
 BEGIN
     FOR i IN
         SELECT r.n FROM unnest(p_names, p_ids) WITH ORDINALITY AS r (name, id, n)
@@ -178,13 +184,23 @@ BEGIN
             FROM keiro_instance_start(p_names[i], p_ids[i], p_inputs[i], p_parent_names[i],
                                       p_parent_ids[i], p_priorities[i]) s;
         ELSE
-            RETURN QUERY
-            SELECT i, s.outcome, s.created, s.instance
+            SELECT s.* INTO v_start
             FROM keiro_queue_start(p_names[i], p_ids[i], p_inputs[i], p_parent_names[i],
                                    p_parent_ids[i], p_priorities[i], p_queues[i], p_keys[i],
-                                   p_dedup_ids[i], p_not_befores[i]) s;
+                                   p_dedup_ids[i], p_not_befores[i], false) s;
+            v_notify := v_notify OR v_start.created;
+            n := i;
+            outcome := v_start.outcome;
+            created := v_start.created;
+            instance := v_start.instance;
+            RETURN NEXT;
         END IF;
     END LOOP;
+    -- One wake for the batch's runs on queues (a listener only learns that some run became
+    -- runnable), as `keiro_instances_start` sends one for its own.
+    IF v_notify THEN
+        PERFORM keiro_notify_wake(p_names[1], p_ids[1]);
+    END IF;
 END;
 $$;
 
@@ -533,13 +549,22 @@ CREATE OR REPLACE TRIGGER workflows_queue_status BEFORE UPDATE OF status ON work
     EXECUTE FUNCTION keiro_queue_status();
 
 -- A slot freed by a run that ended or gave its slot back on park wakes the workers, so a run
--- waiting for that slot is admitted now rather than at the next poll. The payload is the
--- instance's, which every resume loop already hears.
+-- waiting for that slot is admitted now rather than at the next poll. The payload looks like an
+-- instance's, which every resume loop already hears; one transaction closing many runs of a
+-- queue sends it once (PostgreSQL folds equal payloads). Only a queue whose slots are counted
+-- (a concurrency limit of any kind) notifies: on any other queue a waiting run is admitted as
+-- soon as a worker has room, which its start's notification already told the workers, and a
+-- notifying commit holds the notify queue's lock across its flush.
 -- Called by: trigger workflows_queue_slot_freed; tested in crates/postgres/tests only (LISTEN).
 CREATE OR REPLACE FUNCTION keiro_queue_slot_freed() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify(current_schema() || '.wake', 'queue/' || NEW.queue);
+    IF EXISTS (SELECT 1 FROM keiro_queues q
+               WHERE q.name = NEW.queue
+                 AND (q.concurrency IS NOT NULL OR q.worker_concurrency IS NOT NULL
+                      OR q.key_concurrency IS NOT NULL)) THEN
+        PERFORM pg_notify(current_schema() || '.wake', 'queue/' || NEW.queue);
+    END IF;
     RETURN NULL;
 END;
 $$;

@@ -201,7 +201,7 @@ where
     ) -> Result<Started> {
         let sql = format!(
             "SELECT s.outcome, s.created, {} FROM {}.keiro_queue_start($1, $2, $3, $4, $5, $6, \
-             $7, $8, $9, $10) s",
+             $7, $8, $9, $10, true) s",
             instance_columns!("(s.instance)."),
             self.schema
         );

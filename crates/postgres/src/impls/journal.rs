@@ -101,7 +101,7 @@ impl JournalStore for PgStore {
 
     async fn instances_start(&self, requests: &[StartRequest]) -> Vec<Result<Started>> {
         let span = store_span!("instances_start", keiro.store.len = requests.len());
-        traced(span, self.lanes().instances_start(self.db(), requests))        .await
+        traced(span, self.lanes().instances_start(self.db(), requests)).await
     }
 
     async fn delivery_append(

@@ -75,7 +75,7 @@ pub(crate) async fn queue_key_weight(db: &Db, queue: &str, key: &str, weight: i3
 const QUEUE_START: &str = concat!(
     "SELECT s.outcome, s.created, ",
     instance_columns!("(s.instance)."),
-    " FROM keiro_queue_start($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) s"
+    " FROM keiro_queue_start($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, true) s"
 );
 
 /// Starts `request` on its queue; `queue` is `request.queue`, passed apart so the caller has
@@ -129,8 +129,7 @@ pub(crate) async fn queues_start(
     fn queue(r: &StartRequest) -> Option<&QueueStart> {
         r.queue.as_ref()
     }
-    let parent_names: Vec<Option<&str>> =
-        requests.iter().map(|r| parent(r).map(|p| p.0)).collect();
+    let parent_names: Vec<Option<&str>> = requests.iter().map(|r| parent(r).map(|p| p.0)).collect();
     let parent_ids: Vec<Option<&str>> = requests.iter().map(|r| parent(r).map(|p| p.1)).collect();
     let priorities: Vec<i32> = requests.iter().map(|r| r.priority).collect();
     let queues: Vec<Option<&str>> = requests
@@ -167,10 +166,16 @@ pub(crate) async fn queues_start(
             ],
         )
         .await?;
-    Ok(row::in_batch_order(&rows, requests.len(), START, "n", |row, i| {
-        let queue = requests[i].queue.as_ref().map_or("", |q| q.queue.as_str());
-        Some(queue_started(row, queue))
-    }))
+    Ok(row::in_batch_order(
+        &rows,
+        requests.len(),
+        START,
+        "n",
+        |row, i| {
+            let queue = requests[i].queue.as_ref().map_or("", |q| q.queue.as_str());
+            Some(queue_started(row, queue))
+        },
+    ))
 }
 
 /// The answer of a `keiro_queue_start` row (`outcome`, `created`, the instance's columns): the
