@@ -100,7 +100,10 @@ fn revision_at(git: &history::Git, commit: &str) -> Result<i32, String> {
 
 /// The newest commit whose revision is below `ours`: `HEAD` when this checkout raised the
 /// revision without committing it, else the first parent of the commit (on the first-parent
-/// line) that raised it to `ours` or beyond.
+/// line) that raised it to `ours` or beyond. A build that was still being written (commits
+/// that added this build's migrations before the commit that raised the revision) is not the
+/// previous build: from there the line is walked back, within that revision, to the newest
+/// commit whose migrations are all unchanged in this build.
 fn previous_commit(git: &history::Git, ours: i32) -> Result<String, String> {
     let head = git.run(&["rev-parse", "HEAD"])?.trim().to_owned();
     if revision_at(git, &head)? < ours {
@@ -111,10 +114,46 @@ fn previous_commit(git: &history::Git, ours: i32) -> Result<String, String> {
         let parent = git.run(&["rev-parse", &format!("{commit}^1")])?;
         let parent = parent.trim();
         if revision_at(git, commit)? >= ours && revision_at(git, parent).is_ok_and(|r| r < ours) {
-            return Ok(parent.to_owned());
+            return settled(git, parent);
         }
     }
     Err(format!("no commit before revision {ours}"))
+}
+
+/// `commit`, or the newest commit before it on the first-parent line, at the same revision,
+/// whose migrations all read as this build's (the previous build as it shipped, not a state
+/// in the middle of writing this one).
+fn settled(git: &history::Git, commit: &str) -> Result<String, String> {
+    let revision = revision_at(git, commit)?;
+    let mut candidate = commit.to_owned();
+    loop {
+        if migrations_unchanged(git, &candidate)? {
+            return Ok(candidate);
+        }
+        let parent = git.run(&["rev-parse", &format!("{candidate}^1")])?;
+        let parent = parent.trim().to_owned();
+        if revision_at(git, &parent)? != revision {
+            return Err(format!(
+                "no commit at revision {revision} before {commit} has this build's migrations"
+            ));
+        }
+        candidate = parent;
+    }
+}
+
+/// Whether every migration file at `commit` is byte for byte this build's.
+fn migrations_unchanged(git: &history::Git, commit: &str) -> Result<bool, String> {
+    let layout = layout_at(git, commit);
+    for path in git.files(commit, layout.numbered)? {
+        let Some(file) = path.strip_prefix(layout.numbered) else {
+            continue;
+        };
+        let ours = this_build(&format!("{}{file}", MIGRATIONS_CRATE.numbered))?;
+        if git.show(commit, &path)? != ours {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// A string the test keeps for its whole run (the runner takes `&'static` files).
@@ -708,13 +747,28 @@ pub(crate) mod rust_sql {
                         .consts
                         .get(name)
                         .ok_or_else(|| format!("{name} is not a &str constant of the sources"))?;
-                    let (_, value) = candidates
+                    let chosen = candidates
                         .iter()
                         .find(|(f, _)| *f == file)
-                        .or_else(|| (candidates.len() == 1).then(|| &candidates[0]))
-                        .ok_or_else(|| format!("{name} names several constants"))?;
-                    let mut inner = 0;
-                    self.eval(file, value, &mut inner, None, depth + 1)
+                        .or_else(|| (candidates.len() == 1).then(|| &candidates[0]));
+                    if let Some((_, value)) = chosen {
+                        let mut inner = 0;
+                        return self.eval(file, value, &mut inner, None, depth + 1);
+                    }
+                    // Several files define it and this one does not (the reader does not follow
+                    // `use`): it does not matter which when they agree, or when none of them is
+                    // SQL (operation labels such as `GET`, which no statement is built from).
+                    let mut values = Vec::new();
+                    for (other, value) in candidates {
+                        let mut inner = 0;
+                        values.push(self.eval(other, value, &mut inner, None, depth + 1)?);
+                    }
+                    let agree = values.windows(2).all(|pair| pair[0] == pair[1]);
+                    if agree || !values.iter().any(|value| is_statement(value)) {
+                        Ok(values.swap_remove(0))
+                    } else {
+                        Err(format!("{name} names several constants"))
+                    }
                 }
                 other => Err(format!("unexpected {other:?}")),
             }
