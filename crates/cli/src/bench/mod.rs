@@ -281,36 +281,18 @@ async fn start_all<I: Serialize + Clone + Send + Sync + 'static>(
     producers: u64,
     input: I,
 ) -> Result<()> {
-    let mut producing = tokio::task::JoinSet::new();
-    for producer in 0..producers {
-        let (keiro, prefix, input) = (keiro.clone(), prefix.to_owned(), input.clone());
-        producing.spawn(async move {
-            let mut i = producer;
-            while i < n {
-                let id = instance_id(&prefix, i);
-                keiro
-                    .start(name, &id, &input)
-                    .await
-                    .context(format!("starting {name} {id}"))?;
-                i += producers;
-            }
-            Ok::<_, crate::common::Error>(())
-        });
-    }
-    while let Some(joined) = producing.join_next().await {
-        joined.context("a producer task failed")??;
-    }
-    Ok(())
+    start_all_keyed(keiro, name, prefix, n, producers, 0, input).await
 }
 
-/// [`start_all`] on the queue `bench`: the i-th workflow keyed `k<i mod keys>`.
-async fn start_all_on_queue<I: Serialize + Clone + Send + Sync + 'static>(
+/// [`start_all`], and with `queue_keys` > 0 on the queue `bench`, the i-th workflow keyed
+/// `k<i mod queue_keys>`.
+async fn start_all_keyed<I: Serialize + Clone + Send + Sync + 'static>(
     keiro: &Keiro,
     name: &'static str,
     prefix: &str,
     n: u64,
     producers: u64,
-    keys: u64,
+    queue_keys: u64,
     input: I,
 ) -> Result<()> {
     let mut producing = tokio::task::JoinSet::new();
@@ -320,12 +302,16 @@ async fn start_all_on_queue<I: Serialize + Clone + Send + Sync + 'static>(
             let mut i = producer;
             while i < n {
                 let id = instance_id(&prefix, i);
-                let options =
-                    keiro::queue::StartOptions::on_queue(BENCH_QUEUE).key(format!("k{}", i % keys));
+                let options = if queue_keys > 0 {
+                    keiro::queue::StartOptions::on_queue(BENCH_QUEUE)
+                        .key(format!("k{}", i % queue_keys))
+                } else {
+                    keiro::queue::StartOptions::default()
+                };
                 keiro
                     .start_with(name, &id, &input, &options)
                     .await
-                    .context(format!("starting {name} {id} on the queue"))?;
+                    .context(format!("starting {name} {id}"))?;
                 i += producers;
             }
             Ok::<_, crate::common::Error>(())

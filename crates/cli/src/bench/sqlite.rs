@@ -18,7 +18,7 @@ use serde::Serialize;
 use super::direct::closed_loop;
 use super::server::PhaseCpu;
 use super::throughput::{bench_worker, BenchInput, FinishLine, WORKFLOW};
-use super::{start_all, Background, BenchArgs, Percentiles};
+use super::{Background, BenchArgs, Percentiles};
 use crate::common::{
     ms, replace_scratch_file, resident_memory_mb, round, Outcome, Result, ResultExt,
 };
@@ -227,28 +227,16 @@ pub(super) async fn throughput(args: &BenchArgs, path: &Path) -> Result<Outcome>
     let cpu = PhaseCpu::start();
     let commits_before = store.commits();
     let started = Instant::now();
-    if args.queue_keys > 0 {
-        super::start_all_on_queue(
-            &keiro,
-            WORKFLOW,
-            "wf",
-            workflows,
-            args.producers,
-            args.queue_keys,
-            BenchInput { steps: args.steps },
-        )
-        .await?;
-    } else {
-        start_all(
-            &keiro,
-            WORKFLOW,
-            "wf",
-            workflows,
-            args.producers,
-            BenchInput { steps: args.steps },
-        )
-        .await?;
-    }
+    super::start_all_keyed(
+        &keiro,
+        WORKFLOW,
+        "wf",
+        workflows,
+        args.producers,
+        args.queue_keys,
+        BenchInput { steps: args.steps },
+    )
+    .await?;
     let reached = finish.wait(Duration::from_secs(args.timeout_s)).await;
     background.stop().await?;
     let cpu = cpu.finish();

@@ -12,7 +12,7 @@ use keiro::{worker::ResumeLogEvent, worker::ResumeOptions, Ctx, Keiro, WorkflowE
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
-use super::{server, start_all, start_all_many, Background, BenchArgs, MetricsSink, Setup};
+use super::{server, start_all_many, Background, BenchArgs, MetricsSink, Setup};
 use crate::common::{ms, resident_memory_mb, round, Global, Outcome, Result, ResultExt};
 
 /// The registered workflow name.
@@ -294,18 +294,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let round_trips_before = setup.store.round_trips();
     let batches_before = setup.store.batch_stats();
     let started = Instant::now();
-    if args.queue_keys > 0 {
-        super::start_all_on_queue(
-            &keiro,
-            WORKFLOW,
-            "wf",
-            workflows,
-            args.producers,
-            args.queue_keys,
-            BenchInput { steps: args.steps },
-        )
-        .await?;
-    } else if args.start_batch > 1 {
+    if args.start_batch > 1 && args.queue_keys == 0 {
         start_all_many(
             &keiro,
             WORKFLOW,
@@ -317,12 +306,13 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         )
         .await?;
     } else {
-        start_all(
+        super::start_all_keyed(
             &keiro,
             WORKFLOW,
             "wf",
             workflows,
             args.producers,
+            args.queue_keys,
             BenchInput { steps: args.steps },
         )
         .await?;
