@@ -10,6 +10,9 @@
 //!                                      or the fallback (jittered, never shorter) elapsed
 //! ```
 //!
+//! A close this process committed (its worker ran the last step) wakes the waiter with the
+//! outcome itself, which then answers without reading the row again.
+//!
 //! The instance row is authoritative: a waiter decides only on what it reads there. The
 //! store's push (`done:<name>/<id>` on the Postgres wake channel, sent by migration 0016's
 //! trigger when the row closes; the SQLite store's notification table) only says when reading again
@@ -253,7 +256,28 @@ pub(crate) async fn await_result<T: DeserializeOwned>(
             }
             wait = wait.min(left);
         }
-        wake.wait(wait).await;
+        if wake.wait(wait).await == keiro_resume::WakeReason::Notified {
+            // Closed by this process: its outcome came with the wake, no read needed.
+            if let Some(closed) = wake.closed_outcome() {
+                return closed_outcome(key, closed);
+            }
+        }
+    }
+}
+
+/// The answer an outcome handed over in the process gives: what reading the terminal row
+/// would ([`outcome`]).
+fn closed_outcome<T: DeserializeOwned>(
+    key: &InstanceKey,
+    closed: keiro_resume::ClosedOutcome,
+) -> Result<T, ResultError> {
+    let key = key.clone();
+    match closed {
+        keiro_resume::ClosedOutcome::Completed(output) => {
+            serde_json::from_value(output).map_err(|source| ResultError::Decode { key, source })
+        }
+        keiro_resume::ClosedOutcome::Failed(reason) => Err(ResultError::Failed { key, reason }),
+        keiro_resume::ClosedOutcome::Cancelled => Err(ResultError::Cancelled { key }),
     }
 }
 

@@ -45,7 +45,8 @@ use futures_util::{Stream, StreamExt};
 use keiro_journal::Backoff;
 use keiro_journal::InstanceKey;
 use keiro_resume::{
-    BroadcastWake, ClosedWaiters, Notifier, WakeFilter, WakeMessage, WakeReason, WakeSource,
+    BroadcastWake, ClosedOutcome, ClosedWaiters, Notifier, WakeFilter, WakeMessage, WakeReason,
+    WakeSource,
 };
 use tokio::sync::{broadcast, oneshot};
 use tokio_postgres::AsyncMessage;
@@ -218,17 +219,15 @@ impl PgStore {
     /// marked it awaited (see [`ClosedSubscription`]). Waiters in other processes still learn
     /// of it from the trigger's `done:` payload once marked.
     pub(crate) fn closed_here(&self, append: &keiro_journal::Append) {
-        let terminal = matches!(
-            append.event.marker(),
-            Some(
-                keiro_journal::Marker::Completed
-                    | keiro_journal::Marker::Failed
-                    | keiro_journal::Marker::Cancelled
-            )
-        );
-        if terminal {
-            self.wakes().closed.closed(&append.key);
-        }
+        use keiro_journal::Event;
+        // The marker's append is what set the row's status and output, in the same commit.
+        let outcome = match &append.event {
+            Event::WorkflowCompleted { output } => ClosedOutcome::Completed(output.clone()),
+            Event::WorkflowFailed { reason } => ClosedOutcome::Failed(reason.clone()),
+            Event::WorkflowCancelled => ClosedOutcome::Cancelled,
+            _ => return,
+        };
+        self.wakes().closed.closed_with(&append.key, &outcome);
     }
 }
 
@@ -494,6 +493,10 @@ struct ClosedSubscription {
 
 #[async_trait::async_trait]
 impl WakeSource for ClosedSubscription {
+    fn closed_outcome(&self) -> Option<ClosedOutcome> {
+        self.wait.outcome()
+    }
+
     async fn wait(&mut self, mut fallback: Duration) -> WakeReason {
         if let Some(store) = self.store.upgrade() {
             store.listener_start();

@@ -45,7 +45,27 @@ pub struct ClosedWaiters {
 #[derive(Debug, Default)]
 struct Registry {
     next_id: u64,
-    by_key: HashMap<InstanceKey, Vec<(u64, Arc<Notify>)>>,
+    by_key: HashMap<InstanceKey, Vec<(u64, Arc<Waiter>)>>,
+}
+
+/// What a waiter is woken with: the permit, and the outcome when the close was seen in this
+/// process ([`ClosedWaiters::closed_with`]).
+#[derive(Debug, Default)]
+struct Waiter {
+    notify: Notify,
+    outcome: Mutex<Option<ClosedOutcome>>,
+}
+
+/// How an instance closed, as the process that closed it knows it: what a result waiter would
+/// otherwise read from the row.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClosedOutcome {
+    /// Completed with this output.
+    Completed(serde_json::Value),
+    /// Failed for this reason.
+    Failed(String),
+    /// Cancelled.
+    Cancelled,
 }
 
 impl ClosedWaiters {
@@ -54,7 +74,7 @@ impl ClosedWaiters {
     /// [`reconnected`](Self::reconnected) is called) after this call, even when that happens
     /// before the wait starts. Dropping the returned source unregisters it.
     pub fn subscribe(&self, key: &InstanceKey) -> ClosedWait {
-        let notify = Arc::new(Notify::new());
+        let waiter = Arc::new(Waiter::default());
         let mut registry = self.lock();
         registry.next_id += 1;
         let id = registry.next_id;
@@ -62,21 +82,35 @@ impl ClosedWaiters {
             .by_key
             .entry(key.clone())
             .or_default()
-            .push((id, notify.clone()));
+            .push((id, waiter.clone()));
         ClosedWait {
             waiters: self.clone(),
             key: key.clone(),
             id,
-            notify,
+            waiter,
         }
     }
 
     /// Wakes the waiters of `key`: the instance reached a terminal status.
     pub fn closed(&self, key: &InstanceKey) {
         if let Some(waiters) = self.lock().by_key.get(key) {
-            for (_, notify) in waiters {
+            for (_, waiter) in waiters {
                 // Stores a permit when the waiter is between waits, so nothing is missed.
-                notify.notify_one();
+                waiter.notify.notify_one();
+            }
+        }
+    }
+
+    /// Wakes the waiters of `key` with how it closed, which this process committed: each
+    /// waiter's [`ClosedWait::outcome`] answers it, so the waiter need not read the row.
+    pub fn closed_with(&self, key: &InstanceKey, outcome: &ClosedOutcome) {
+        if let Some(waiters) = self.lock().by_key.get(key) {
+            for (_, waiter) in waiters {
+                *waiter
+                    .outcome
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(outcome.clone());
+                waiter.notify.notify_one();
             }
         }
     }
@@ -84,8 +118,8 @@ impl ClosedWaiters {
     /// Wakes every waiter: notifications may have been missed (the listener reconnected).
     pub fn reconnected(&self) {
         for waiters in self.lock().by_key.values() {
-            for (_, notify) in waiters {
-                notify.notify_one();
+            for (_, waiter) in waiters {
+                waiter.notify.notify_one();
             }
         }
     }
@@ -123,7 +157,18 @@ pub struct ClosedWait {
     waiters: ClosedWaiters,
     key: InstanceKey,
     id: u64,
-    notify: Arc<Notify>,
+    waiter: Arc<Waiter>,
+}
+
+impl ClosedWait {
+    /// How the instance closed, when this process closed it after this waiter subscribed.
+    pub fn outcome(&self) -> Option<ClosedOutcome> {
+        self.waiter
+            .outcome
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
 }
 
 impl Drop for ClosedWait {
@@ -134,10 +179,14 @@ impl Drop for ClosedWait {
 
 #[async_trait::async_trait]
 impl WakeSource for ClosedWait {
+    fn closed_outcome(&self) -> Option<ClosedOutcome> {
+        self.outcome()
+    }
+
     async fn wait(&mut self, fallback: Duration) -> WakeReason {
         tokio::select! {
             biased;
-            () = self.notify.notified() => WakeReason::Notified,
+            () = self.waiter.notify.notified() => WakeReason::Notified,
             () = tokio::time::sleep(fallback) => WakeReason::Timeout,
         }
     }
@@ -180,5 +229,18 @@ mod tests {
         assert!(waiters.is_empty());
         // Closing a key nobody waits on is a no-op.
         waiters.closed(&key("a"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_close_seen_in_process_hands_its_outcome_to_the_waiters() {
+        let waiters = ClosedWaiters::default();
+        let mut a = waiters.subscribe(&key("a"));
+        let b = waiters.subscribe(&key("b"));
+        assert_eq!(a.outcome(), None);
+        let done = ClosedOutcome::Completed(serde_json::json!({"total": 42}));
+        waiters.closed_with(&key("a"), &done);
+        assert_eq!(a.wait(Duration::from_secs(30)).await, WakeReason::Notified);
+        assert_eq!(a.closed_outcome(), Some(done));
+        assert_eq!(b.outcome(), None);
     }
 }

@@ -52,7 +52,7 @@ mod timer;
 mod wake;
 mod worker;
 
-pub use closed::{ClosedWait, ClosedWaiters};
+pub use closed::{ClosedOutcome, ClosedWait, ClosedWaiters};
 pub use log::{tracing_log_hook, LogHook, ResumeLogEvent};
 pub use options::{
     InvalidOptions, ResumeOptions, LEASE_TTL_MIN, MAX_CONCURRENT_ADVANCES_DEFAULT,

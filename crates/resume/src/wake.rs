@@ -20,6 +20,12 @@ pub enum WakeReason {
 pub trait WakeSource: Send {
     /// Waits until something may be runnable, or at most `fallback`.
     async fn wait(&mut self, fallback: Duration) -> WakeReason;
+
+    /// For a result waiter's source: how its instance closed, when the close was committed
+    /// by this process (so the waiter need not read the row). `None` by default: read it.
+    fn closed_outcome(&self) -> Option<crate::ClosedOutcome> {
+        None
+    }
 }
 
 /// Never notified: every wait lasts the full fallback (the fixed-poll loop).

@@ -152,6 +152,11 @@ async fn a_run_closed_in_this_process_wakes_its_waiter_without_a_mark() -> TestR
         woken
     };
     assert_eq!(woken, WakeReason::Notified);
+    // The outcome comes with the wake: the waiter answers without reading the row again.
+    assert_eq!(
+        wait.closed_outcome(),
+        Some(keiro_resume::ClosedOutcome::Completed(json!(1)))
+    );
     let awaited: bool = crate::common::sql(&store)
         .await?
         .query_one(
