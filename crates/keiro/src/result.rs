@@ -259,25 +259,19 @@ pub(crate) async fn await_result<T: DeserializeOwned>(
         if wake.wait(wait).await == keiro_resume::WakeReason::Notified {
             // Closed by this process: its outcome came with the wake, no read needed.
             if let Some(closed) = wake.closed_outcome() {
-                return closed_outcome(key, closed);
+                let key = key.clone();
+                return match closed {
+                    keiro_resume::ClosedOutcome::Completed(output) => {
+                        serde_json::from_value(output)
+                            .map_err(|source| ResultError::Decode { key, source })
+                    }
+                    keiro_resume::ClosedOutcome::Failed(reason) => {
+                        Err(ResultError::Failed { key, reason })
+                    }
+                    keiro_resume::ClosedOutcome::Cancelled => Err(ResultError::Cancelled { key }),
+                };
             }
         }
-    }
-}
-
-/// The answer an outcome handed over in the process gives: what reading the terminal row
-/// would ([`outcome`]).
-fn closed_outcome<T: DeserializeOwned>(
-    key: &InstanceKey,
-    closed: keiro_resume::ClosedOutcome,
-) -> Result<T, ResultError> {
-    let key = key.clone();
-    match closed {
-        keiro_resume::ClosedOutcome::Completed(output) => {
-            serde_json::from_value(output).map_err(|source| ResultError::Decode { key, source })
-        }
-        keiro_resume::ClosedOutcome::Failed(reason) => Err(ResultError::Failed { key, reason }),
-        keiro_resume::ClosedOutcome::Cancelled => Err(ResultError::Cancelled { key }),
     }
 }
 
