@@ -455,7 +455,7 @@ impl Notifier for PgStore {
     ///
     /// The mark that makes a close notify (one UPDATE of the row, batched with the marks of
     /// the waiters that start at the same moment through the awaited lane) is lazy: the first
-    /// waits give the run [`MARK_AFTER`] from the first wait to close in this process, which
+    /// waits give the run 50 ms from the first wait to close in this process, which
     /// wakes the waiter with no write at all (a service that starts a run and awaits it, served by its own worker);
     /// only then is the instance marked. The mark returns [`WakeReason::Notified`] at once when
     /// the instance is already closed, and a failed mark falls back to the plain fallback (it is

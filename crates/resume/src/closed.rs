@@ -20,7 +20,7 @@ use std::time::Duration;
 use keiro_journal::InstanceKey;
 use tokio::sync::Notify;
 
-use crate::{WakeReason, WakeSource};
+use crate::{ClosedOutcome, WakeReason, WakeSource};
 
 /// The waiters of a store, by the instance they wait on. Cheap to clone (clones share it).
 ///
@@ -54,18 +54,6 @@ struct Registry {
 struct Waiter {
     notify: Notify,
     outcome: Mutex<Option<ClosedOutcome>>,
-}
-
-/// How an instance closed, as the process that closed it knows it: what a result waiter would
-/// otherwise read from the row.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ClosedOutcome {
-    /// Completed with this output.
-    Completed(serde_json::Value),
-    /// Failed for this reason.
-    Failed(String),
-    /// Cancelled.
-    Cancelled,
 }
 
 impl ClosedWaiters {

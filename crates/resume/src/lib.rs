@@ -52,7 +52,7 @@ mod timer;
 mod wake;
 mod worker;
 
-pub use closed::{ClosedOutcome, ClosedWait, ClosedWaiters};
+pub use closed::{ClosedWait, ClosedWaiters};
 pub use log::{tracing_log_hook, LogHook, ResumeLogEvent};
 pub use options::{
     InvalidOptions, ResumeOptions, LEASE_TTL_MIN, MAX_CONCURRENT_ADVANCES_DEFAULT,
@@ -85,6 +85,7 @@ pub use timer::{
     TIMER_IDLE_FALLBACK_DEFAULT, TIMER_MIN_WAIT_DEFAULT, TIMER_REQUEUE_STUCK_AFTER_DEFAULT,
 };
 pub use wake::{
-    BroadcastWake, FixedPoll, Notifier, WakeFilter, WakeMessage, WakeReason, WakeSource,
+    BroadcastWake, ClosedOutcome, FixedPoll, Notifier, WakeFilter, WakeMessage, WakeReason,
+    WakeSource,
 };
 pub use worker::run_loop;

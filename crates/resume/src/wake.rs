@@ -23,9 +23,21 @@ pub trait WakeSource: Send {
 
     /// For a result waiter's source: how its instance closed, when the close was committed
     /// by this process (so the waiter need not read the row). `None` by default: read it.
-    fn closed_outcome(&self) -> Option<crate::ClosedOutcome> {
+    fn closed_outcome(&self) -> Option<ClosedOutcome> {
         None
     }
+}
+
+/// How an instance closed, as the process that closed it knows it: what a result waiter would
+/// otherwise read from the row.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClosedOutcome {
+    /// Completed with this output.
+    Completed(serde_json::Value),
+    /// Failed for this reason.
+    Failed(String),
+    /// Cancelled.
+    Cancelled,
 }
 
 /// Never notified: every wait lasts the full fallback (the fixed-poll loop).
