@@ -369,6 +369,7 @@ macro_rules! contract_suite {
                     priority_orders_admission_when_the_queue_takes_it,
                     round_robin_serves_a_small_key_behind_a_large_backlog,
                     weighted_fairness_shares_admissions_by_weight,
+                    a_small_key_is_served_by_its_share_behind_ten_thousand_runs_of_another,
                 ],
                 slots [
                     a_parked_run_gives_its_slot_back_or_keeps_it_as_its_queue_says,

@@ -82,3 +82,40 @@ pub async fn weighted_fairness_shares_admissions_by_weight(h: Harness) -> TestRe
     }
     Ok(())
 }
+
+pub async fn a_small_key_is_served_by_its_share_behind_ten_thousand_runs_of_another(
+    h: Harness,
+) -> TestResult {
+    declare(&h, QueueSpec::new("q")?.fairness(Fairness::Weighted)).await?;
+    let big: Vec<String> = (0..10_000).map(|n| format!("a-{n:05}")).collect();
+    for chunk in big.chunks(500) {
+        let outcomes = h
+            .keiro
+            .start_many_with(
+                "wf",
+                chunk.iter().map(|id| {
+                    (
+                        id.as_str(),
+                        &json!(null),
+                        StartOptions::on_queue("q").key("big"),
+                    )
+                }),
+            )
+            .await;
+        for outcome in outcomes {
+            outcome?;
+        }
+    }
+    for n in 0..10 {
+        start_on(&h, "q", &format!("b-{n}"), "small").await?;
+    }
+    // Equal weights: each batch of 8 is shared half and half while both keys wait, however deep
+    // the other key's backlog (which was there first), so the small key's ten are in within
+    // three batches (FIFO would admit the 10,000 first). A batch comes back in claim order, so
+    // its shares are counted per batch.
+    let keys = admitted_keys(&h, 8, 24).await?;
+    let small = |batch: &[String]| batch.iter().filter(|k| *k == "small").count();
+    let per_batch: Vec<usize> = keys.chunks(8).map(small).collect();
+    assert_eq!(per_batch, [4, 4, 2], "{keys:?}");
+    Ok(())
+}
