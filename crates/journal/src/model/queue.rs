@@ -426,7 +426,7 @@ pub struct QueueInfo {
     pub running: i64,
     /// First admissions in the last rate window (the last minute when the queue has no rate).
     pub admitted_recently: i64,
-    /// When the oldest waiting run was started.
+    /// When the oldest run ready to be admitted (waiting, not delayed) was started.
     pub oldest_waiting: Option<OffsetDateTime>,
     /// The ten keys with the most runs waiting, then the most holding a slot: key (`""` for
     /// runs with no key), waiting, holding a slot.

@@ -289,7 +289,9 @@ const QUEUES_LIST: &str = "SELECT q.name, q.concurrency, q.worker_concurrency, q
              coalesce($1, now()) - coalesce(q.rate_period_ms, 60000) * interval '1 millisecond') \
              AS admitted_recently, \
          (SELECT min(w.created_at) FROM workflows w WHERE w.queue = q.name \
-             AND w.status = 'running' AND NOT w.queue_admitted) AS oldest_waiting, \
+             AND w.status = 'running' AND NOT w.queue_admitted \
+             AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= coalesce($1, now()))) \
+             AS oldest_waiting, \
          k.keys AS top_keys, k.waiting AS top_waiting, k.running AS top_running \
      FROM keiro_queues q \
      CROSS JOIN LATERAL ( \

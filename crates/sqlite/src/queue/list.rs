@@ -31,7 +31,8 @@ const QUEUES_LIST: &str = "SELECT q.name, q.concurrency, q.worker_concurrency, \
              AND w.queue_admitted_at > ?1 - coalesce(q.rate_period_ms, 60000) * 1000 \
              AND w.queue_admitted_at IS NOT NULL) AS admitted_recently, \
          (SELECT min(w.created_at) FROM workflows w WHERE w.queue = q.name \
-             AND w.status = 'running' AND w.queue IS NOT NULL AND NOT w.queue_admitted) \
+             AND w.status = 'running' AND w.queue IS NOT NULL AND NOT w.queue_admitted \
+             AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= ?1)) \
              AS oldest_waiting \
      FROM keiro_queues q WHERE ?2 IS NULL OR q.name = ?2 ORDER BY q.name";
 

@@ -150,9 +150,17 @@ pub async fn a_delayed_start_waits_for_its_time_and_shows_as_delayed(h: Harness)
         .instance
         .next_attempt_at
         .expect("a delayed start has a gate");
+    let info = h.keiro.queue("q").await?.expect("declared");
+    assert_eq!(info.oldest_waiting, None, "a delayed run is not ready");
     start_on(&h, "q", "now", "").await?;
     let info = h.keiro.queue("q").await?.expect("declared");
     assert_eq!((info.waiting, info.delayed), (2, 1));
+    let now_row = h
+        .store
+        .instance_get(&super::wf("now"))
+        .await?
+        .expect("started");
+    assert_eq!(info.oldest_waiting, Some(now_row.created_at));
     let now = admit(&*h.store, "q", "w", 10, None).await?;
     assert_eq!(ids(&now), ["now"]);
     complete(&*h.store, &now[0]).await?;
