@@ -54,11 +54,13 @@ use crate::{Error, Keiro, WorkflowDef};
 ///     .key("merchant-42")
 ///     .dedup_id("invoice-7")
 ///     .delay(Duration::from_secs(30));
-/// assert_eq!(options.queue_start().map(|q| q.queue.as_str()), Some("payments"));
+/// assert_eq!(options.queue_name(), Some("payments"));
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StartOptions {
-    queue: Option<QueueStart>,
+    queue: Option<String>,
+    key: Option<String>,
+    dedup_id: Option<String>,
     priority: i32,
     delay: Option<Duration>,
 }
@@ -67,7 +69,7 @@ impl StartOptions {
     /// A start on `queue`.
     pub fn on_queue(queue: impl Into<String>) -> Self {
         Self {
-            queue: Some(QueueStart::new(queue)),
+            queue: Some(queue.into()),
             ..Self::default()
         }
     }
@@ -75,18 +77,14 @@ impl StartOptions {
     /// The run's key on its queue (a tenant, an account): per-key limits and fairness count
     /// it under this key.
     pub fn key(mut self, key: impl Into<String>) -> Self {
-        if let Some(queue) = &mut self.queue {
-            queue.key = Some(key.into());
-        }
+        self.key = Some(key.into());
         self
     }
 
     /// A dedup id: while a run with it on this queue is not terminal, the queue's
     /// [`DedupPolicy`] decides what this start does.
     pub fn dedup_id(mut self, id: impl Into<String>) -> Self {
-        if let Some(queue) = &mut self.queue {
-            queue.dedup_id = Some(id.into());
-        }
+        self.dedup_id = Some(id.into());
         self
     }
 
@@ -102,27 +100,41 @@ impl StartOptions {
         self
     }
 
-    /// The queue part, if the start is on a queue.
-    pub fn queue_start(&self) -> Option<&QueueStart> {
-        self.queue.as_ref()
+    /// The queue named, if the start is on a queue.
+    pub fn queue_name(&self) -> Option<&str> {
+        self.queue.as_deref()
     }
 
     /// The store request's queue part, with the delay turned into an instant.
-    fn resolve(&self) -> Result<Option<QueueStart>, Error> {
-        let Some(queue) = &self.queue else {
-            if self.delay.is_some() || self.priority != 0 {
-                // Delay and priority are queue admission features.
-                return Err(Error::Unsupported {
-                    what: "a delay or priority on a start that names no queue",
-                });
-            }
-            return Ok(None);
+    ///
+    /// # Errors
+    ///
+    /// [`QueueError::NoQueue`] for a queue option without a queue (it would be lost),
+    /// [`QueueError::InvalidDelay`], and what [`QueueStart::validate`] refuses.
+    fn resolve(&self) -> Result<Option<QueueStart>, QueueError> {
+        let Some(name) = &self.queue else {
+            let given = [
+                ("key", self.key.is_some()),
+                ("dedup id", self.dedup_id.is_some()),
+                ("priority", self.priority != 0),
+                ("delay", self.delay.is_some()),
+            ];
+            return match given.into_iter().find(|(_, set)| *set) {
+                Some((option, _)) => Err(QueueError::NoQueue { option }),
+                None => Ok(None),
+            };
         };
+        let mut queue = QueueStart::new(name.clone());
+        queue.key.clone_from(&self.key);
+        queue.dedup_id.clone_from(&self.dedup_id);
         queue.validate()?;
-        let mut queue = queue.clone();
         if let Some(delay) = self.delay {
-            let delay = time::Duration::try_from(delay).unwrap_or(time::Duration::MAX);
-            queue.not_before = OffsetDateTime::now_utc().checked_add(delay);
+            queue.not_before = time::Duration::try_from(delay)
+                .ok()
+                .and_then(|d| OffsetDateTime::now_utc().checked_add(d))
+                .filter(|at| at.year() < 9999)
+                .map(Some)
+                .ok_or(QueueError::InvalidDelay { delay })?;
         }
         Ok(Some(queue))
     }
@@ -322,7 +334,8 @@ impl Keiro {
     ///
     /// # Errors
     ///
-    /// As [`start`](Self::start), and [`Error::Queue`] for invalid options; the store refuses
+    /// As [`start`](Self::start), and [`Error::Queue`] for invalid options (a key, dedup id,
+    /// priority or delay with no queue, a delay too far, a key too long); the store refuses
     /// an undeclared queue, a dedup id or priority the queue does not take, and a duplicate
     /// dedup id under [`DedupPolicy::Refuse`] with [`Error::Store`] carrying a
     /// [`QueueRefusal`] ([`Error::queue_refusal`]).

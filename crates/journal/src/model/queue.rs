@@ -354,6 +354,18 @@ pub enum QueueError {
         /// Its length.
         len: usize,
     },
+    /// A queue option (key, dedup id, priority, delay) on a start that names no queue.
+    #[error("a start with a {option} must name a queue")]
+    NoQueue {
+        /// Which option.
+        option: &'static str,
+    },
+    /// A delay that puts the start past the latest instant keiro can store.
+    #[error("a delay of {delay:?} is past the latest instant a start can wait for")]
+    InvalidDelay {
+        /// The delay given.
+        delay: Duration,
+    },
     /// A key weight below 1.
     #[error("a key weight must be at least 1, got {weight}")]
     InvalidWeight {

@@ -98,6 +98,36 @@ pub async fn bad_queue_values_are_typed_errors_and_write_nothing(h: Harness) -> 
         matches!(too_long, Err(Error::Queue(QueueError::InvalidKey { .. }))),
         "{too_long:?}"
     );
+    // A queue option on a start that names no queue is refused, not dropped.
+    for (option, options) in [
+        ("key", StartOptions::default().key("acme")),
+        ("dedup id", StartOptions::default().dedup_id("d")),
+        ("priority", StartOptions::default().priority(2)),
+        (
+            "delay",
+            StartOptions::default().delay(Duration::from_secs(1)),
+        ),
+    ] {
+        let refused = h
+            .keiro
+            .start_with("wf", "r-0", &json!(null), &options)
+            .await;
+        assert!(
+            matches!(&refused, Err(Error::Queue(QueueError::NoQueue { option: o })) if *o == option),
+            "{option}: {refused:?}"
+        );
+    }
+    // A delay past what a timestamp holds is refused, not taken as no delay.
+    let forever = StartOptions::on_queue("q").delay(Duration::MAX);
+    let refused = h
+        .keiro
+        .start_with("wf", "r-0", &json!(null), &forever)
+        .await;
+    assert!(
+        matches!(refused, Err(Error::Queue(QueueError::InvalidDelay { .. }))),
+        "{refused:?}"
+    );
+    assert!(h.store.instance_get(&wf("r-0")).await?.is_none());
     let weight = h.keiro.queue_key_weight("q", "acme", 0).await;
     assert!(matches!(
         weight,
