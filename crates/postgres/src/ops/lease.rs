@@ -260,10 +260,22 @@ pub(crate) async fn instances_claim_batch(
             &[&names, &owner, &span_ms(ttl), &limit, &now],
         )
         .await?;
+    claims_of_rows(db, &rows, owner, CLAIM_BATCH).await
+}
+
+/// The claims of a batch's rows (each the row after the claim and its journal's arrays), for
+/// `owner`. As for a single claim, a row whose journal cannot be read goes back unleased and
+/// the others are kept; the error is returned only when no claim is left.
+pub(crate) async fn claims_of_rows(
+    db: &Db,
+    rows: &[Row],
+    owner: &str,
+    operation: &'static str,
+) -> Result<Vec<Claim>> {
     let mut claims = Vec::with_capacity(rows.len());
     let mut malformed = None;
-    for row in &rows {
-        let instance = row::instance(row, CLAIM_BATCH)?;
+    for row in rows {
+        let instance = row::instance(row, operation)?;
         let fence = Fence {
             owner: owner.to_owned(),
             epoch: instance.lease_epoch,
@@ -275,7 +287,6 @@ pub(crate) async fn instances_claim_batch(
                 journal,
             }),
             Err(error) => {
-                // As for a single claim: a journal nobody can drive goes back unleased.
                 let _ = instance_release(db, &instance.key, &fence, false).await;
                 malformed.get_or_insert(error);
             }
@@ -301,7 +312,7 @@ fn gate(row: &Row) -> Result<Option<ClaimGate>> {
 }
 
 /// The journal a granted claim returned as parallel arrays, put in `seq` order.
-pub(crate) fn claimed_journal(row: &Row, instance: &Instance) -> Result<Vec<JournalEntry>> {
+fn claimed_journal(row: &Row, instance: &Instance) -> Result<Vec<JournalEntry>> {
     let seqs: Option<Vec<i64>> = column(row, "journal_seq", CLAIM)?;
     let steps: Option<Vec<String>> = column(row, "journal_step", CLAIM)?;
     let kinds: Option<Vec<String>> = column(row, "journal_kind", CLAIM)?;

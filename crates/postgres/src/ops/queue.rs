@@ -8,12 +8,11 @@ use keiro_journal::queue::{
     DebounceRequest, DedupPolicy, Fairness, QueueInfo, QueueRefusal, QueueSpec, QueueStart, Rate,
 };
 use keiro_journal::store::{Result, StartRequest};
-use keiro_journal::{Fence, Started, StoreError, WorkflowName};
+use keiro_journal::{Started, StoreError, WorkflowName};
 use keiro_lease::Claim;
 use time::OffsetDateTime;
 
 use crate::db::Db;
-use crate::ops::lease::claimed_journal;
 use crate::ops::{span_ms, unknown_outcome};
 use crate::row::{self, column, instance_columns, malformed};
 
@@ -258,20 +257,7 @@ pub(crate) async fn queue_admit(
             &[&queues, &names, &owner, &span_ms(ttl), &limit, &now],
         )
         .await?;
-    let mut claims = Vec::with_capacity(rows.len());
-    for row in &rows {
-        let instance = row::instance(row, ADMIT)?;
-        let journal = claimed_journal(row, &instance)?;
-        claims.push(Claim {
-            fence: Fence {
-                owner: owner.to_owned(),
-                epoch: instance.lease_epoch,
-            },
-            instance,
-            journal,
-        });
-    }
-    Ok(claims)
+    crate::ops::lease::claims_of_rows(db, &rows, owner, ADMIT).await
 }
 
 // Every queue with what it holds now: one statement (one snapshot), each figure from the index

@@ -66,3 +66,46 @@ async fn undecodable_rows_are_malformed_and_a_claim_gives_its_lease_back() -> Te
     ));
     Ok(())
 }
+
+/// An admission that meets a run whose journal does not read as keiro data gives that run's
+/// lease back and hands over the others it admitted, as a batch claim does: one bad row never
+/// stops its queue.
+#[tokio::test]
+async fn an_admission_gives_back_an_unreadable_run_and_keeps_the_others() -> TestResult {
+    use keiro_journal::queue::{QueueSpec, QueueStart};
+    use keiro_lease::QueueStore;
+    let db = TestDb::new().await;
+    let store = db.store();
+    store.queue_declare(&QueueSpec::new("q")?).await?;
+    for id in ["bad", "good"] {
+        let mut request = start(&key("order", id), json!(null));
+        request.queue = Some(QueueStart::new("q"));
+        store.instance_start(&request).await?;
+    }
+    let client = store.pool().get().await?;
+    client
+        .batch_execute(
+            "INSERT INTO journal (workflow_name, workflow_id, generation, step_name, kind, payload) \
+             VALUES ('order', 'bad', 0, 'x', 'no-such-kind', 'null')",
+        )
+        .await?;
+    let names = [keiro_journal::WorkflowName::new("order")?];
+    let claims = store
+        .queue_admit(
+            &["q".to_owned()],
+            &names,
+            "w",
+            Duration::from_secs(60),
+            10,
+            None,
+        )
+        .await?;
+    let ids: Vec<&str> = claims.iter().map(|c| c.instance.key.id.as_str()).collect();
+    assert_eq!(ids, ["good"]);
+    let bad = store
+        .instance_get(&key("order", "bad"))
+        .await?
+        .expect("exists");
+    assert_eq!(bad.lease_owner, None, "the lease went back");
+    Ok(())
+}
