@@ -286,17 +286,33 @@ BEGIN
     INTO v_claimed
     FROM claimed c;
 
+    RETURN QUERY SELECT * FROM keiro_claims_with_journals(v_claimed);
+END;
+$$;
+
+-- claims_with_journals: each row of `p_claimed` (claims just made, in claim order) with its
+-- current generation's journal as parallel arrays, aggregated in one pass (the store sorts the
+-- entries by `seq`). A statement of its own, run after the claims took their locks: its
+-- snapshot sees every append to those rows that committed before (why that matters:
+-- `keiro_instances_claim_batch`).
+-- Called by: SQL only (keiro_instances_claim_batch, keiro_queue_admit); tested by contract::lease.
+CREATE OR REPLACE FUNCTION keiro_claims_with_journals(p_claimed workflows[])
+RETURNS TABLE (instance workflows, journal_seq bigint[], journal_step text[],
+               journal_kind text[], journal_payload jsonb[],
+               journal_recorded_at timestamptz[])
+LANGUAGE plpgsql AS $$
+BEGIN
     RETURN QUERY
-    SELECT v_claimed[i], j.seqs, j.steps, j.kinds, j.payloads, j.recorded
-    FROM generate_subscripts(v_claimed, 1) AS i
+    SELECT p_claimed[i], j.seqs, j.steps, j.kinds, j.payloads, j.recorded
+    FROM generate_subscripts(p_claimed, 1) AS i
     LEFT JOIN LATERAL (
         SELECT array_agg(jr.seq) AS seqs, array_agg(jr.step_name) AS steps,
                array_agg(jr.kind) AS kinds, array_agg(jr.payload) AS payloads,
                array_agg(jr.recorded_at) AS recorded
         FROM journal jr
-        WHERE jr.workflow_name = (v_claimed[i]).workflow_name
-          AND jr.workflow_id = (v_claimed[i]).workflow_id
-          AND jr.generation = (v_claimed[i]).generation
+        WHERE jr.workflow_name = (p_claimed[i]).workflow_name
+          AND jr.workflow_id = (p_claimed[i]).workflow_id
+          AND jr.generation = (p_claimed[i]).generation
     ) j ON true
     ORDER BY i;
 END;

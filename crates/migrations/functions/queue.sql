@@ -507,19 +507,7 @@ BEGIN
         v_left := v_left - cardinality(v_batch);
     END LOOP;
 
-    RETURN QUERY
-    SELECT v_claimed[i], j.seqs, j.steps, j.kinds, j.payloads, j.recorded
-    FROM generate_subscripts(v_claimed, 1) AS i
-    LEFT JOIN LATERAL (
-        SELECT array_agg(jr.seq) AS seqs, array_agg(jr.step_name) AS steps,
-               array_agg(jr.kind) AS kinds, array_agg(jr.payload) AS payloads,
-               array_agg(jr.recorded_at) AS recorded
-        FROM journal jr
-        WHERE jr.workflow_name = (v_claimed[i]).workflow_name
-          AND jr.workflow_id = (v_claimed[i]).workflow_id
-          AND jr.generation = (v_claimed[i]).generation
-    ) j ON true
-    ORDER BY i;
+    RETURN QUERY SELECT * FROM keiro_claims_with_journals(v_claimed);
 END;
 $$;
 
