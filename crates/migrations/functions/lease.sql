@@ -27,6 +27,8 @@ BEGIN
     UPDATE workflows w SET
         lease_owner = p_owner,
         lease_epoch = w.lease_epoch + 1,
+        -- A debounced run takes no more pushes once claimed (0021).
+        debounce_key = NULL,
         lease_expires_at = clock + p_ttl_ms * interval '1 millisecond',
         updated_at = now()
     WHERE w.workflow_name = p_name AND w.workflow_id = p_id
@@ -108,6 +110,8 @@ BEGIN
     UPDATE workflows w SET
         lease_owner = p_owner,
         lease_epoch = w.lease_epoch + 1,
+        -- A debounced run takes no more pushes once claimed (0021).
+        debounce_key = NULL,
         lease_expires_at = clock + p_ttl_ms * interval '1 millisecond',
         updated_at = now()
     WHERE w.workflow_name = p_name AND w.workflow_id = p_id
@@ -275,6 +279,8 @@ BEGIN
         UPDATE workflows w SET
             lease_owner = p_owner,
             lease_epoch = w.lease_epoch + 1,
+            -- A debounced run takes no more pushes once claimed (0021).
+            debounce_key = NULL,
             lease_expires_at = v_now + p_ttl_ms * interval '1 millisecond',
             updated_at = now()
         FROM picked p

@@ -8,8 +8,21 @@
 -- Completions, parks and crashes never take that lock: a slot freed meanwhile is seen by the
 -- next admission, which only errs on the side of the limit.
 
+-- queue_counts_nothing: whether `q` has no limit of any kind and serves first in first out.
+-- Such a queue keeps no admission state: its runs are leased as an ordinary claim leases a run,
+-- never marked admitted, so their admission rewrites no index entry (0021).
+-- Called by: SQL only (keiro_queue_declare, keiro_queue_admit); tested by contract::queue.
+CREATE OR REPLACE FUNCTION keiro_queue_counts_nothing(q keiro_queues) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT q.concurrency IS NULL AND q.worker_concurrency IS NULL AND q.key_concurrency IS NULL
+       AND q.rate_limit IS NULL AND q.key_rate_limit IS NULL AND q.fairness = 'fifo'
+$$;
+
 -- queue_declare: records a queue's limits, or replaces them; a paused queue stays paused, and
--- weighted fairness keeps its virtual time and the keys' passes and weights.
+-- weighted fairness keeps its virtual time and the keys' passes and weights. A queue that
+-- counted nothing and now counts something marks the runs it leased as holding slots, so the
+-- new limits count them; the queue row's lock, which every admission holds, orders this
+-- after any admission in flight.
 -- Called by: keiro_postgres ops::queue::queue_declare; tested by contract::queue.
 CREATE OR REPLACE FUNCTION keiro_queue_declare(p_name text, p_concurrency integer,
                                                p_worker_concurrency integer,
@@ -21,7 +34,11 @@ CREATE OR REPLACE FUNCTION keiro_queue_declare(p_name text, p_concurrency intege
                                                p_dedup text, p_release_on_park boolean)
 RETURNS void
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_old keiro_queues%ROWTYPE;
+    v_new keiro_queues%ROWTYPE;
 BEGIN
+    SELECT * INTO v_old FROM keiro_queues q WHERE q.name = p_name FOR UPDATE;
     INSERT INTO keiro_queues AS q (name, concurrency, worker_concurrency, key_concurrency,
                                    rate_limit, rate_period_ms, key_rate_limit,
                                    key_rate_period_ms, priority, fairness, dedup,
@@ -50,6 +67,16 @@ BEGIN
            EXCLUDED.rate_limit, EXCLUDED.rate_period_ms, EXCLUDED.key_rate_limit,
            EXCLUDED.key_rate_period_ms, EXCLUDED.priority, EXCLUDED.fairness, EXCLUDED.dedup,
            EXCLUDED.release_on_park);
+    SELECT * INTO v_new FROM keiro_queues q WHERE q.name = p_name;
+    IF v_old.name IS NOT NULL AND keiro_queue_counts_nothing(v_old)
+       AND NOT keiro_queue_counts_nothing(v_new) THEN
+        UPDATE workflows w SET
+            queue_admitted = true,
+            queue_admitted_at = coalesce(w.queue_admitted_at, now()),
+            updated_at = now()
+        WHERE w.queue = p_name AND w.status = 'running' AND NOT w.queue_admitted
+          AND w.lease_expires_at >= now();
+    END IF;
 END;
 $$;
 
@@ -263,7 +290,8 @@ $$;
 -- name order, paused ones skipped. For each queue:
 --
 -- 1. A limited queue (any limit, or weighted fairness) is locked `FOR UPDATE`: admissions of
---    one queue are serialized, and each counts what the previous ones committed.
+--    one queue are serialized, and each counts what the previous ones committed. A queue that
+--    counts nothing is locked `FOR SHARE`, which only a declaration waits for.
 -- 2. Slots whose lease expired go back: the row waits again, and its epoch moves on, so the
 --    worker that lost it is fenced as after any takeover.
 -- 3. The room: the batch's remaining limit, less the slots held (fleet-wide, and this owner's),
@@ -276,8 +304,11 @@ $$;
 --    weighted fairness, by each pick's virtual finish time (the key's pass, or the queue's
 --    virtual time if later, plus n / weight for its n-th pick; the virtual time is the start
 --    of the last pick), then by age.
--- 5. The picks are leased and marked admitted (the first admission's time kept for the rate
---    windows); under fairness the keys' passes and the queue's virtual time move on.
+-- 5. The picks are leased and, on a queue that counts something, marked admitted (the first
+--    admission's time kept for the rate windows); under fairness the keys' passes and the
+--    queue's virtual time move on. On a queue that counts nothing the lease is all: the run
+--    stays unmarked, so it waits again (for admission, not for an ordinary claim) once its
+--    lease is gone.
 --
 -- Runs are locked `FOR UPDATE SKIP LOCKED`: a row another claimer holds is left for the next
 -- pass. The journals are read after the claims, as in `keiro_instances_claim_batch` (why is
@@ -306,14 +337,19 @@ DECLARE
     v_passes  double precision[];
     v_weights integer[];
     v_start   double precision;
+    v_light   boolean;
 BEGIN
     FOR v_name IN SELECT k.name FROM keiro_queues k
                   WHERE k.name = ANY (p_queues) AND NOT k.paused ORDER BY k.name LOOP
         EXIT WHEN v_left <= 0;
         SELECT * INTO q FROM keiro_queues k WHERE k.name = v_name;
-        IF q.concurrency IS NOT NULL OR q.worker_concurrency IS NOT NULL
-           OR q.key_concurrency IS NOT NULL OR q.rate_limit IS NOT NULL
-           OR q.key_rate_limit IS NOT NULL OR q.fairness = 'weighted' THEN
+        v_light := keiro_queue_counts_nothing(q);
+        IF v_light THEN
+            -- Shared: light admissions run side by side, and a declaration that gives the
+            -- queue limits waits for them (and they for it).
+            SELECT * INTO q FROM keiro_queues k WHERE k.name = v_name FOR SHARE;
+            CONTINUE WHEN q.paused OR NOT keiro_queue_counts_nothing(q);
+        ELSE
             SELECT * INTO q FROM keiro_queues k WHERE k.name = v_name FOR UPDATE;
             CONTINUE WHEN q.paused;
         END IF;
@@ -363,8 +399,11 @@ BEGIN
                     lease_owner = p_owner,
                     lease_epoch = w.lease_epoch + 1,
                     lease_expires_at = v_now + p_ttl_ms * interval '1 millisecond',
-                    queue_admitted = true,
-                    queue_admitted_at = coalesce(w.queue_admitted_at, v_now),
+                    -- A queue that counts nothing marks nothing: the lease is the whole
+                    -- change, a HOT update.
+                    queue_admitted = NOT v_light OR w.queue_admitted,
+                    queue_admitted_at = CASE WHEN v_light THEN w.queue_admitted_at
+                                             ELSE coalesce(w.queue_admitted_at, v_now) END,
                     updated_at = now()
                 FROM picked p
                 WHERE w.workflow_name = p.workflow_name AND w.workflow_id = p.workflow_id

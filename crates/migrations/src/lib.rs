@@ -163,6 +163,12 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../numbered/0020_queues.sql"),
         shipped: None,
     },
+    Migration {
+        version: 21,
+        name: "hot_claims",
+        sql: include_str!("../numbered/0021_hot_claims.sql"),
+        shipped: None,
+    },
 ];
 
 /// One function file of `functions/`: the definitions of one group of functions (and the

@@ -380,6 +380,10 @@ macro_rules! contract_suite {
                 fleet [
                     a_fleet_of_workers_never_exceeds_the_queue_limits,
                 ],
+                light [
+                    a_queue_that_counts_nothing_leases_its_runs_and_shows_them_running,
+                    a_limit_declared_later_counts_the_runs_the_queue_leased,
+                ],
                 debounce [
                     calls_in_a_burst_share_one_run_that_starts_quiet_with_the_last_input,
                     the_maximum_wait_starts_a_burst_however_often_it_is_pushed,

@@ -434,9 +434,12 @@ pub struct QueueInfo {
     pub waiting: i64,
     /// Runs waiting whose `not_before` has not come.
     pub delayed: i64,
-    /// Runs holding a slot now.
+    /// Runs holding a slot now; on a queue that counts nothing (no limit of any kind, first in
+    /// first out), which marks no run admitted, the runs leased now.
     pub running: i64,
     /// First admissions in the last rate window (the last minute when the queue has no rate).
+    /// Always 0 on a queue that counts nothing: it records no admission, so that leasing one
+    /// of its runs costs what an ordinary claim costs.
     pub admitted_recently: i64,
     /// When the oldest run ready to be admitted (waiting, not delayed) was started.
     pub oldest_waiting: Option<OffsetDateTime>,

@@ -261,21 +261,27 @@ pub(crate) async fn queue_admit(
 }
 
 // Every queue with what it holds now: one statement (one snapshot), each figure from the index
-// that serves it; the top keys are those with the most runs waiting, then holding slots.
+// that serves it; the top keys are those with the most runs waiting, then holding slots. A run
+// waits while it is unmarked and unleased, and runs while it holds a slot or, on a queue that
+// counts nothing (which marks no run), while it is leased.
 const QUEUES_LIST: &str = "SELECT q.name, q.concurrency, q.worker_concurrency, q.key_concurrency, \
          q.rate_limit, q.rate_period_ms, q.key_rate_limit, q.key_rate_period_ms, q.priority, \
          q.fairness, q.dedup, q.release_on_park, q.paused, \
          (SELECT count(*) FROM workflows w WHERE w.queue = q.name AND w.status = 'running' \
-             AND NOT w.queue_admitted) AS waiting, \
+             AND NOT w.queue_admitted AND NOT coalesce(w.lease_expires_at >= coalesce($1, now()), \
+             false)) AS waiting, \
          (SELECT count(*) FROM workflows w WHERE w.queue = q.name AND w.status = 'running' \
              AND NOT w.queue_admitted AND w.next_attempt_at > coalesce($1, now())) AS delayed, \
          (SELECT count(*) FROM workflows w WHERE w.queue = q.name AND w.queue_admitted \
-             AND w.status IN ('running', 'suspended')) AS running, \
+             AND w.status IN ('running', 'suspended')) \
+         + (SELECT count(*) FROM workflows w WHERE w.queue = q.name AND w.status = 'running' \
+             AND NOT w.queue_admitted AND w.lease_expires_at >= coalesce($1, now())) AS running, \
          (SELECT count(*) FROM workflows w WHERE w.queue = q.name AND w.queue_admitted_at > \
              coalesce($1, now()) - coalesce(q.rate_period_ms, 60000) * interval '1 millisecond') \
              AS admitted_recently, \
          (SELECT min(w.created_at) FROM workflows w WHERE w.queue = q.name \
              AND w.status = 'running' AND NOT w.queue_admitted \
+             AND NOT coalesce(w.lease_expires_at >= coalesce($1, now()), false) \
              AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= coalesce($1, now()))) \
              AS oldest_waiting, \
          k.keys AS top_keys, k.waiting AS top_waiting, k.running AS top_running \
@@ -288,8 +294,10 @@ const QUEUES_LIST: &str = "SELECT q.name, q.concurrency, q.worker_concurrency, q
                 coalesce(array_agg(t.running ORDER BY t.waiting DESC, t.running DESC, t.key), \
                          '{}') AS running \
          FROM (SELECT coalesce(w.queue_key, '') AS key, \
-                      count(*) FILTER (WHERE NOT w.queue_admitted) AS waiting, \
-                      count(*) FILTER (WHERE w.queue_admitted) AS running \
+                      count(*) FILTER (WHERE NOT w.queue_admitted AND NOT coalesce( \
+                          w.lease_expires_at >= coalesce($1, now()), false)) AS waiting, \
+                      count(*) FILTER (WHERE w.queue_admitted OR \
+                          w.lease_expires_at >= coalesce($1, now())) AS running \
                FROM workflows w \
                WHERE w.queue = q.name AND w.status IN ('running', 'suspended') \
                  AND (w.queue_admitted OR w.status = 'running') \

@@ -14,6 +14,7 @@ mod discovery_plan;
 mod drop_schema;
 mod function_files;
 mod group_commit;
+mod hot_claims;
 mod hot_path;
 mod isolation;
 mod journal_append;

@@ -16,30 +16,37 @@ pub(crate) const LIST: &str = "listing queues";
 
 /// Every queue (or the one named `?2`) with what it holds at `?1`, each figure from the index
 /// that serves it; the top keys are read per queue ([`QUEUE_TOP_KEYS`]), in the same read
-/// transaction.
+/// transaction. A run waits while it is unmarked and unleased, and runs while it holds a slot
+/// or, on a queue that counts nothing (which marks no run), while it is leased.
 const QUEUES_LIST: &str = "SELECT q.name, q.concurrency, q.worker_concurrency, \
          q.key_concurrency, q.rate_limit, q.rate_period_ms, q.key_rate_limit, \
          q.key_rate_period_ms, q.priority, q.fairness, q.dedup, q.release_on_park, q.paused, \
          (SELECT count(*) FROM workflows w WHERE w.queue = q.name AND w.status = 'running' \
-             AND w.queue IS NOT NULL AND NOT w.queue_admitted) AS waiting, \
+             AND w.queue IS NOT NULL AND NOT w.queue_admitted \
+             AND NOT coalesce(w.lease_expires_at >= ?1, 0)) AS waiting, \
          (SELECT count(*) FROM workflows w WHERE w.queue = q.name AND w.status = 'running' \
              AND w.queue IS NOT NULL AND NOT w.queue_admitted AND w.next_attempt_at > ?1) \
              AS delayed, \
          (SELECT count(*) FROM workflows w WHERE w.queue = q.name AND w.queue_admitted \
-             AND w.status IN ('running', 'suspended')) AS running, \
+             AND w.status IN ('running', 'suspended')) \
+         + (SELECT count(*) FROM workflows w WHERE w.queue = q.name AND w.status = 'running' \
+             AND w.queue IS NOT NULL AND NOT w.queue_admitted AND w.lease_expires_at >= ?1) \
+             AS running, \
          (SELECT count(*) FROM workflows w WHERE w.queue = q.name \
              AND w.queue_admitted_at > ?1 - coalesce(q.rate_period_ms, 60000) * 1000 \
              AND w.queue_admitted_at IS NOT NULL) AS admitted_recently, \
          (SELECT min(w.created_at) FROM workflows w WHERE w.queue = q.name \
              AND w.status = 'running' AND w.queue IS NOT NULL AND NOT w.queue_admitted \
+             AND NOT coalesce(w.lease_expires_at >= ?1, 0) \
              AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= ?1)) \
              AS oldest_waiting \
      FROM keiro_queues q WHERE ?2 IS NULL OR q.name = ?2 ORDER BY q.name";
 
 /// The ten keys of queue `?1` with the most runs waiting, then the most holding slots (`''`
-/// for runs with no key), as PostgreSQL orders them: most first, then by key.
+/// for runs with no key), at `?2`, as PostgreSQL orders them: most first, then by key.
 const QUEUE_TOP_KEYS: &str = "SELECT coalesce(queue_key, '') AS key, \
-         sum(NOT queue_admitted) AS waiting, sum(queue_admitted) AS running \
+         sum(NOT queue_admitted AND NOT coalesce(lease_expires_at >= ?2, 0)) AS waiting, \
+         sum(queue_admitted OR coalesce(lease_expires_at >= ?2, 0)) AS running \
      FROM workflows \
      WHERE queue = ?1 AND (status = 'running' OR status = 'suspended') \
        AND (queue_admitted OR status = 'running') \
@@ -143,8 +150,10 @@ pub(crate) fn queues_list(
         let top_keys: Vec<(String, i64, i64)> = conn
             .prepare_cached(QUEUE_TOP_KEYS)
             .and_then(|mut s| {
-                s.query_map([&queue.name], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
-                    .collect()
+                s.query_map(params![queue.name, micros(now)], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })?
+                .collect()
             })
             .map_err(|e| store(LIST, e))?;
         queues.push(QueueInfo {

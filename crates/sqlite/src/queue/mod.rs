@@ -72,13 +72,15 @@ const QUEUE_DECLARE: &str = "INSERT INTO keiro_queues \
 
 /// keiro_queue_declare: records a queue's limits, or replaces them; a paused queue stays
 /// paused, and weighted fairness keeps its virtual time and the keys' passes and weights. The
-/// row is left untouched (its `updated_at` too) when nothing changed. `spec` carries the
-/// function's parameters, in its order.
+/// row is left untouched (its `updated_at` too) when nothing changed. A queue that counted
+/// nothing and now counts something marks the runs it leased as holding slots, so the new
+/// limits count them. `spec` carries the function's parameters, in its order.
 pub(crate) fn queue_declare(
     conn: &Connection,
     now: OffsetDateTime,
     spec: &QueueSpec,
 ) -> Result<()> {
+    let before = limits(conn, &spec.name, DECLARE)?;
     let rate = |r: Option<Rate>| (r.map(|r| r.limit()), r.map(|r| r.period_ms()));
     let (rate_limit, rate_period) = rate(spec.rate);
     let (key_rate_limit, key_rate_period) = rate(spec.key_rate);
@@ -101,8 +103,20 @@ pub(crate) fn queue_declare(
         ],
     )
     .map_err(|e| store(DECLARE, e))?;
+    let after = limits(conn, &spec.name, DECLARE)?;
+    if before.is_some_and(|b| b.counts_nothing()) && after.is_some_and(|a| !a.counts_nothing()) {
+        conn.execute_cached(QUEUE_MARK_LEASED, params![spec.name, micros(now)])
+            .map_err(|e| store(DECLARE, e))?;
+    }
     Ok(())
 }
+
+/// The runs a queue that counted nothing leased without marking them: they hold slots once
+/// it counts something.
+const QUEUE_MARK_LEASED: &str = "UPDATE workflows SET queue_admitted = 1, \
+         queue_admitted_at = coalesce(queue_admitted_at, ?2), updated_at = ?2 \
+     WHERE queue = ?1 AND status = 'running' AND NOT queue_admitted \
+       AND lease_expires_at >= ?2";
 
 const QUEUE_SET_PAUSED: &str =
     "UPDATE keiro_queues SET paused = ?2, updated_at = ?3 WHERE name = ?1";
@@ -353,6 +367,40 @@ struct Limits {
     vtime: f64,
 }
 
+impl Limits {
+    /// keiro_queue_counts_nothing: no limit of any kind, first in first out. Such a queue keeps
+    /// no admission state: its runs are leased as an ordinary claim leases a run, never marked
+    /// admitted.
+    fn counts_nothing(&self) -> bool {
+        self.concurrency.is_none()
+            && self.worker_concurrency.is_none()
+            && self.key_concurrency.is_none()
+            && self.rate_limit.is_none()
+            && self.key_rate_limit.is_none()
+            && !self.weighted
+    }
+}
+
+/// The queue `name`'s limits as stored, if it is declared.
+fn limits(conn: &Connection, name: &str, doing: &'static str) -> Result<Option<Limits>> {
+    conn.query_row_cached(QUEUE_LIMITS, [name], |r| {
+        Ok(Limits {
+            concurrency: r.get(0)?,
+            worker_concurrency: r.get(1)?,
+            key_concurrency: r.get(2)?,
+            rate_limit: r.get(3)?,
+            rate_period_ms: r.get(4)?,
+            key_rate_limit: r.get(5)?,
+            key_rate_period_ms: r.get(6)?,
+            weighted: r.get::<_, String>(7)? == Fairness::Weighted.as_str(),
+            paused: r.get(8)?,
+            vtime: r.get(9)?,
+        })
+    })
+    .optional()
+    .map_err(|e| store(doing, e))
+}
+
 const QUEUES_SERVED: &str = "SELECT name FROM keiro_queues \
      WHERE name IN (SELECT value FROM json_each(?1)) AND NOT paused ORDER BY name";
 
@@ -439,9 +487,12 @@ const KEY_PASS: &str = "INSERT INTO keiro_queue_keys (queue, key, pass) VALUES (
 
 const QUEUE_VTIME: &str = "UPDATE keiro_queues SET vtime = ?2 WHERE name = ?1";
 
+/// Leases a pick and, unless its queue counts nothing (`?7`), marks it admitted.
 const QUEUE_ADMIT_PICKED: &str = "UPDATE workflows SET \
          lease_owner = ?3, lease_epoch = lease_epoch + 1, lease_expires_at = ?4, \
-         queue_admitted = 1, queue_admitted_at = coalesce(queue_admitted_at, ?5), \
+         queue_admitted = CASE WHEN ?7 THEN queue_admitted ELSE 1 END, \
+         queue_admitted_at = CASE WHEN ?7 THEN queue_admitted_at \
+                                  ELSE coalesce(queue_admitted_at, ?5) END, \
          updated_at = ?6 \
      WHERE workflow_name = ?1 AND workflow_id = ?2";
 
@@ -610,8 +661,8 @@ fn keyed_picks(
 /// owner's) and the first admissions inside the rate window; the waiting runs (running, not
 /// admitted, lease free, gate open) are picked up to the room, oldest first (highest priority
 /// first), or by key ([`keyed_picks`]) when the queue has a per-key limit or weighted fairness;
-/// the picks are leased and marked admitted (the first admission's time kept), and come back in
-/// claim order (priority, age) within their queue.
+/// the picks are leased and, unless the queue counts nothing, marked admitted (the first
+/// admission's time kept), and come back in claim order (priority, age) within their queue.
 #[allow(clippy::too_many_arguments)] // keiro_queue_admit's parameters, in its order
 pub(crate) fn queue_admit(
     conn: &Connection,
@@ -640,25 +691,13 @@ pub(crate) fn queue_admit(
         if left <= 0 {
             break;
         }
-        let q = conn
-            .query_row_cached(QUEUE_LIMITS, [&queue], |r| {
-                Ok(Limits {
-                    concurrency: r.get(0)?,
-                    worker_concurrency: r.get(1)?,
-                    key_concurrency: r.get(2)?,
-                    rate_limit: r.get(3)?,
-                    rate_period_ms: r.get(4)?,
-                    key_rate_limit: r.get(5)?,
-                    key_rate_period_ms: r.get(6)?,
-                    weighted: r.get::<_, String>(7)? == Fairness::Weighted.as_str(),
-                    paused: r.get(8)?,
-                    vtime: r.get(9)?,
-                })
-            })
-            .map_err(|e| store(ADMIT, e))?;
+        let Some(q) = limits(conn, &queue, ADMIT)? else {
+            continue;
+        };
         if q.paused {
             continue;
         }
+        let light = q.counts_nothing();
 
         conn.execute_cached(QUEUE_UNADMIT_EXPIRED, params![queue, v_now, at])
             .map_err(|e| store(ADMIT, e))?;
@@ -692,7 +731,7 @@ pub(crate) fn queue_admit(
         for pick in &picks {
             conn.execute_cached(
                 QUEUE_ADMIT_PICKED,
-                params![pick.name, pick.id, owner, expires, v_now, at],
+                params![pick.name, pick.id, owner, expires, v_now, at, light],
             )
             .map_err(|e| store(ADMIT, e))?;
         }

@@ -4,6 +4,7 @@
 pub mod admit;
 pub mod debounce;
 pub mod fleet;
+pub mod light;
 pub mod order;
 pub mod slots;
 pub mod start;
