@@ -163,6 +163,12 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../numbered/0020_queues.sql"),
         shipped: None,
     },
+    Migration {
+        version: 21,
+        name: "remote_queues",
+        sql: include_str!("../numbered/0021_remote_queues.sql"),
+        shipped: None,
+    },
 ];
 
 /// One function file of `functions/`: the definitions of one group of functions (and the
