@@ -1086,6 +1086,9 @@ CREATE OR REPLACE FUNCTION keiro_instances_park_dispatch(
     p_redispatch_after_ms bigint[], p_redispatch_max integer[])
 RETURNS TABLE (park integer, outcome text, row_status text, arm_outcomes text[],
                arm_deadlines timestamptz[], arm_settled jsonb[])
+-- As the function it calls (see the header of this file).
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
 LANGUAGE plpgsql AS $$
 BEGIN
     RETURN QUERY
