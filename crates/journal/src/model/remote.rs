@@ -445,7 +445,7 @@ mod tests {
             long.queue_start(),
             Err(QueueError::InvalidKey { .. })
         ));
-        let bad_name = RemoteOptions::default().queue("pay ments");
+        let bad_name = RemoteOptions::default().queue("pay/ments");
         assert!(matches!(
             bad_name.queue_start(),
             Err(QueueError::InvalidName { .. })
