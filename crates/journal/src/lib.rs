@@ -61,8 +61,8 @@ pub mod store;
 /// Queues: flow-control declarations and what a start on a queue asks (plain data).
 pub mod queue {
     pub use crate::model::queue::{
-        DebounceRequest, DedupPolicy, Fairness, QueueError, QueueInfo, QueueRefusal, QueueSpec,
-        QueueStart, Rate,
+        checked_queue, DebounceRequest, DedupPolicy, Fairness, QueueError, QueueInfo, QueueRefusal,
+        QueueSpec, QueueStart, Rate,
     };
 }
 mod store_span;

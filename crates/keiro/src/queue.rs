@@ -112,22 +112,20 @@ impl StartOptions {
     /// [`QueueError::NoQueue`] for a queue option without a queue (it would be lost),
     /// [`QueueError::InvalidDelay`], and what [`QueueStart::validate`] refuses.
     fn resolve(&self) -> Result<Option<QueueStart>, QueueError> {
-        let Some(name) = &self.queue else {
-            let given = [
-                ("key", self.key.is_some()),
-                ("dedup id", self.dedup_id.is_some()),
-                ("priority", self.priority != 0),
-                ("delay", self.delay.is_some()),
-            ];
-            return match given.into_iter().find(|(_, set)| *set) {
-                Some((option, _)) => Err(QueueError::NoQueue { option }),
-                None => Ok(None),
-            };
+        let queue = self.queue.as_ref().map(|name| QueueStart {
+            key: self.key.clone(),
+            dedup_id: self.dedup_id.clone(),
+            ..QueueStart::new(name.clone())
+        });
+        let given = [
+            ("key", self.key.is_some()),
+            ("dedup id", self.dedup_id.is_some()),
+            ("priority", self.priority != 0),
+            ("delay", self.delay.is_some()),
+        ];
+        let Some(mut queue) = keiro_journal::queue::checked_queue(queue, &given)? else {
+            return Ok(None);
         };
-        let mut queue = QueueStart::new(name.clone());
-        queue.key.clone_from(&self.key);
-        queue.dedup_id.clone_from(&self.dedup_id);
-        queue.validate()?;
         if let Some(delay) = self.delay {
             queue.not_before = time::Duration::try_from(delay)
                 .ok()

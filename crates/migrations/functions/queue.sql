@@ -284,6 +284,63 @@ BEGIN
 END;
 $$;
 
+-- queue_held: the slots of queue `p_queue` held at `p_now`, by runs and remote tasks alike:
+-- admitted runs that are not terminal (admission takes an expired lease's slot back before it
+-- asks) and claimed tasks whose claim has not expired. Only `p_owner`'s when given (a run's
+-- lease owner, a task's claimer); only key `p_key`'s when `p_by_key` (a NULL key: the runs and
+-- tasks with none). The one count behind every concurrency limit, so a queue that runs and
+-- remote steps share keeps one limit.
+-- Called by: SQL only (keiro_queue_admit, keiro_remote_tasks_claim_queued); tested by contract::queue and contract::remote.
+CREATE OR REPLACE FUNCTION keiro_queue_held(p_queue text, p_now timestamptz, p_owner text,
+                                            p_by_key boolean, p_key text)
+RETURNS integer
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- Served by workflows_queue_slots_idx and remote_tasks_queue_slots_idx.
+    IF p_by_key THEN
+        RETURN (SELECT count(*) FROM workflows w
+                WHERE w.queue = p_queue AND w.queue_admitted
+                  AND w.status IN ('running', 'suspended')
+                  AND w.queue_key IS NOT DISTINCT FROM p_key)
+             + (SELECT count(*) FROM remote_tasks t
+                WHERE t.queue = p_queue AND t.status = 'running'
+                  AND t.queue_key IS NOT DISTINCT FROM p_key AND t.claim_expires_at > p_now);
+    END IF;
+    RETURN (SELECT count(*) FROM workflows w
+            WHERE w.queue = p_queue AND w.queue_admitted
+              AND w.status IN ('running', 'suspended')
+              AND (p_owner IS NULL OR w.lease_owner = p_owner))
+         + (SELECT count(*) FROM remote_tasks t
+            WHERE t.queue = p_queue AND t.status = 'running' AND t.claim_expires_at > p_now
+              AND (p_owner IS NULL OR t.claimed_by = p_owner));
+END;
+$$;
+
+-- queue_admitted_since: the first admissions of runs and first claims of remote tasks of
+-- queue `p_queue` after `p_since` (of key `p_key` only, when `p_by_key`): the one count behind
+-- every rate limit.
+-- Called by: SQL only (keiro_queue_admit, keiro_remote_tasks_claim_queued); tested by contract::queue and contract::remote.
+CREATE OR REPLACE FUNCTION keiro_queue_admitted_since(p_queue text, p_since timestamptz,
+                                                      p_by_key boolean, p_key text)
+RETURNS integer
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- Served by the `*_queue_key_admitted_idx` and `*_queue_admitted_idx` indexes.
+    IF p_by_key THEN
+        RETURN (SELECT count(*) FROM workflows w
+                WHERE w.queue = p_queue AND w.queue_key IS NOT DISTINCT FROM p_key
+                  AND w.queue_admitted_at > p_since)
+             + (SELECT count(*) FROM remote_tasks t
+                WHERE t.queue = p_queue AND t.queue_key IS NOT DISTINCT FROM p_key
+                  AND t.queue_admitted_at > p_since);
+    END IF;
+    RETURN (SELECT count(*) FROM workflows w
+            WHERE w.queue = p_queue AND w.queue_admitted_at > p_since)
+         + (SELECT count(*) FROM remote_tasks t
+            WHERE t.queue = p_queue AND t.queue_admitted_at > p_since);
+END;
+$$;
+
 -- queue_admit: admits and claims up to `p_limit` waiting runs of the queues `p_queues` whose
 -- workflow name is in `p_names`, for `p_owner` until `now + ttl`, each with its current
 -- generation's journal (as `keiro_instances_claim_batch` returns them). Queues are served in
@@ -295,7 +352,8 @@ $$;
 -- 2. Slots whose lease expired go back: the row waits again, and its epoch moves on, so the
 --    worker that lost it is fenced as after any takeover.
 -- 3. The room: the batch's remaining limit, less the slots held (fleet-wide, and this owner's),
---    less the first admissions inside the rate window.
+--    less the first admissions inside the rate window; slots and first admissions of runs and
+--    of the queue's remote tasks alike (`keiro_queue_held`, `keiro_queue_admitted_since`).
 -- 4. The waiting runs: running, not admitted, lease free, gate (`next_attempt_at`, which also
 --    holds a delayed start) open. With no per-key limit and no fairness, the oldest (highest
 --    priority first when the queue orders by priority) up to the room. Otherwise per key: each
@@ -363,20 +421,16 @@ BEGIN
 
         v_room := v_left;
         IF q.concurrency IS NOT NULL THEN
-            SELECT count(*) INTO v_held FROM workflows w
-            WHERE w.queue = v_name AND w.queue_admitted AND w.status IN ('running', 'suspended');
+            v_held := keiro_queue_held(v_name, v_now, NULL, false, NULL);
             v_room := least(v_room, q.concurrency - v_held);
         END IF;
         IF q.worker_concurrency IS NOT NULL THEN
-            SELECT count(*) INTO v_held FROM workflows w
-            WHERE w.queue = v_name AND w.queue_admitted AND w.status IN ('running', 'suspended')
-              AND w.lease_owner = p_owner;
+            v_held := keiro_queue_held(v_name, v_now, p_owner, false, NULL);
             v_room := least(v_room, q.worker_concurrency - v_held);
         END IF;
         IF q.rate_limit IS NOT NULL THEN
-            SELECT count(*) INTO v_held FROM workflows w
-            WHERE w.queue = v_name
-              AND w.queue_admitted_at > v_now - q.rate_period_ms * interval '1 millisecond';
+            v_held := keiro_queue_admitted_since(
+                v_name, v_now - q.rate_period_ms * interval '1 millisecond', false, NULL);
             v_room := least(v_room, q.rate_limit - v_held);
         END IF;
         CONTINUE WHEN v_room <= 0;
@@ -438,19 +492,14 @@ BEGIN
                 SELECT k.key,
                        least(v_room,
                              CASE WHEN q.key_concurrency IS NULL THEN v_room ELSE
-                                 q.key_concurrency - (
-                                     SELECT count(*) FROM workflows w
-                                     WHERE w.queue = v_name AND w.queue_admitted
-                                       AND w.status IN ('running', 'suspended')
-                                       AND w.queue_key IS NOT DISTINCT FROM k.key)::integer
+                                 q.key_concurrency
+                                 - keiro_queue_held(v_name, v_now, NULL, true, k.key)
                              END,
                              CASE WHEN q.key_rate_limit IS NULL THEN v_room ELSE
-                                 q.key_rate_limit - (
-                                     SELECT count(*) FROM workflows w
-                                     WHERE w.queue = v_name
-                                       AND w.queue_key IS NOT DISTINCT FROM k.key
-                                       AND w.queue_admitted_at > v_now - q.key_rate_period_ms
-                                                                 * interval '1 millisecond')::integer
+                                 q.key_rate_limit - keiro_queue_admitted_since(
+                                     v_name,
+                                     v_now - q.key_rate_period_ms * interval '1 millisecond',
+                                     true, k.key)
                              END) AS room,
                        greatest(coalesce(qk.pass, 0), q.vtime) AS pass,
                        coalesce(qk.weight, 1) AS weight
@@ -591,6 +640,11 @@ BEGIN
                  AND (q.concurrency IS NOT NULL OR q.worker_concurrency IS NOT NULL
                       OR q.key_concurrency IS NOT NULL)) THEN
         PERFORM pg_notify(current_schema() || '.wake', 'queue/' || NEW.queue);
+        -- Remote steps of the queue may wait for the slot too (remote_tasks_queue_waiting_idx).
+        IF EXISTS (SELECT 1 FROM remote_tasks t
+                   WHERE t.queue = NEW.queue AND t.status = 'pending') THEN
+            PERFORM keiro_notify_remote();
+        END IF;
     END IF;
     RETURN NULL;
 END;
@@ -603,3 +657,35 @@ CREATE OR REPLACE TRIGGER workflows_queue_slot_freed AFTER UPDATE OF status, que
           AND (NOT NEW.queue_admitted OR NEW.status IN ('completed', 'failed', 'cancelled'))
           AND OLD.status IN ('running', 'suspended'))
     EXECUTE FUNCTION keiro_queue_slot_freed();
+
+-- A slot freed by a remote task of a queue (it left `running`: completed, failed, retried,
+-- cancelled, redispatched, or its expired claim counted) wakes the remote workers when tasks of
+-- the queue wait, and the workflow workers when runs of the queue wait, as a run's freed slot
+-- does; only for a queue whose slots are counted. A claim that merely expires frees its slot
+-- with no write: the next claim or admission counts it free, at the latest at the next poll.
+-- Called by: trigger remote_tasks_queue_slot_freed; tested in crates/postgres/tests only (LISTEN).
+CREATE OR REPLACE FUNCTION keiro_remote_task_slot_freed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM keiro_queues q
+               WHERE q.name = NEW.queue
+                 AND (q.concurrency IS NOT NULL OR q.worker_concurrency IS NOT NULL
+                      OR q.key_concurrency IS NOT NULL)) THEN
+        IF EXISTS (SELECT 1 FROM remote_tasks t
+                   WHERE t.queue = NEW.queue AND t.status = 'pending') THEN
+            PERFORM keiro_notify_remote();
+        END IF;
+        IF EXISTS (SELECT 1 FROM workflows w
+                   WHERE w.queue = NEW.queue AND w.status = 'running'
+                     AND NOT w.queue_admitted) THEN
+            PERFORM pg_notify(current_schema() || '.wake', 'queue/' || NEW.queue);
+        END IF;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER remote_tasks_queue_slot_freed AFTER UPDATE OF status ON remote_tasks
+    FOR EACH ROW
+    WHEN (NEW.queue IS NOT NULL AND OLD.status = 'running' AND NEW.status <> 'running')
+    EXECUTE FUNCTION keiro_remote_task_slot_freed();

@@ -169,6 +169,12 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../numbered/0021_hot_claims.sql"),
         shipped: None,
     },
+    Migration {
+        version: 22,
+        name: "remote_queues",
+        sql: include_str!("../numbered/0022_remote_queues.sql"),
+        shipped: None,
+    },
 ];
 
 /// One function file of `functions/`: the definitions of one group of functions (and the

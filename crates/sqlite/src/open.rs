@@ -21,6 +21,11 @@ pub(crate) const MIGRATIONS: &[(i64, &str, &str)] = &[
         include_str!("../migrations/0002_notifications.sql"),
     ),
     (3, "queues", include_str!("../migrations/0003_queues.sql")),
+    (
+        4,
+        "remote_queues",
+        include_str!("../migrations/0004_remote_queues.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.

@@ -282,6 +282,17 @@ macro_rules! contract_suite {
                     a_requeue_delivers_a_success_the_failed_parent_could_not_take,
                     a_handled_child_failure_is_not_reset_unless_the_run_failed_on_it,
                 ],
+                queue [
+                    concurrency_holds_across_groups_and_workers,
+                    worker_concurrency_counts_each_remote_worker_alone,
+                    key_concurrency_admits_other_keys_past_a_busy_one,
+                    weighted_fairness_interleaves_the_keys,
+                    a_rate_limit_counts_first_claims_over_a_window,
+                    a_slot_comes_back_on_completion_failure_and_claim_expiry,
+                    a_paused_queue_gives_no_task_until_resumed,
+                    runs_and_steps_share_one_queues_limits,
+                    an_undeclared_queue_is_refused_and_nothing_is_written,
+                ],
             },
             awakeable {
                 settle [

@@ -15,6 +15,7 @@ mod one_way_in;
 mod race;
 mod remote;
 mod remote_processes;
+mod remote_queue;
 mod remote_telemetry;
 mod replay_divergence;
 mod requeue_handled;

@@ -40,7 +40,10 @@ impl Ctx {
     ///
     /// [`WorkflowError::Suspended`] until the result arrives (propagate it),
     /// [`WorkflowError::Remote`] when the step failed for good (handle it, or propagate it to
-    /// fail the run), [`WorkflowError::InvalidStep`] for a bad name or partition.
+    /// fail the run), [`WorkflowError::InvalidStep`] for a bad name or partition,
+    /// [`WorkflowError::InvalidQueue`] for a bad queue name or key, or a key without a queue;
+    /// an undeclared queue is the store's [`QueueRefused`](crate::store::Error::QueueRefused)
+    /// (as [`WorkflowError::Store`]), and nothing is written.
     pub async fn remote<I, O>(
         &self,
         name: &str,
@@ -58,6 +61,7 @@ impl Ctx {
         if let Some(partition) = &options.partition {
             validate_partition(partition)?;
         }
+        let queue = options.queue_start()?;
         let handler = options.handler.as_deref().unwrap_or(name);
         let journal_step = format!("remote:{name}");
         let arm = RemoteArm {
@@ -74,6 +78,8 @@ impl Ctx {
             backoff: options.backoff,
             redispatch_after: options.redispatch_after,
             redispatch_max: options.redispatch_max.max(1),
+            queue_key: queue.as_ref().and_then(|q| q.key.clone()),
+            queue: queue.map(|q| q.queue),
             fence: self.options().fence.clone(),
         };
         let value = self

@@ -125,6 +125,10 @@ pub enum WorkflowError {
     /// The step name is not valid.
     #[error("invalid step name")]
     InvalidStep(#[from] IdError),
+    /// A remote step's queue options are not valid: a bad queue name or key, or a key with no
+    /// queue. Deterministic: the run fails at once.
+    #[error("invalid queue option")]
+    InvalidQueue(#[from] crate::queue::QueueError),
     /// A step's action returned an error. The run crashes; the resume worker retries it with
     /// backoff and fails it at the attempt ceiling.
     #[error("step {step:?} failed: {message}")]
@@ -212,6 +216,7 @@ impl WorkflowError {
                     | Self::PayloadTooLarge { .. }
                     | Self::PayloadRefused { .. }
                     | Self::JournalFull { .. }
+                    | Self::InvalidQueue(_)
                     | Self::Unsupported { .. }
             )
     }

@@ -311,6 +311,37 @@ impl QueueStart {
     }
 }
 
+/// Checks the queue part of a start or a remote step, one rule for both: with no queue, the
+/// first of `options` (each its name and whether it was given) that was given is refused with
+/// [`QueueError::NoQueue`], since it would be silently lost; with one, what
+/// [`QueueStart::validate`] checks. Returns the queue part, if any.
+///
+/// ```
+/// use keiro_journal::queue::{checked_queue, QueueError, QueueStart};
+/// let refused = checked_queue(None, &[("key", true)]);
+/// assert_eq!(refused, Err(QueueError::NoQueue { option: "key" }));
+/// let plain = checked_queue(None, &[("key", false)]);
+/// assert_eq!(plain, Ok(None));
+/// assert!(checked_queue(Some(QueueStart::new("payments")), &[]).is_ok());
+/// ```
+///
+/// # Errors
+///
+/// [`QueueError::NoQueue`], and what [`QueueStart::validate`] refuses.
+pub fn checked_queue(
+    queue: Option<QueueStart>,
+    options: &[(&'static str, bool)],
+) -> Result<Option<QueueStart>, QueueError> {
+    let Some(queue) = queue else {
+        return match options.iter().find(|(_, given)| *given) {
+            Some((option, _)) => Err(QueueError::NoQueue { option }),
+            None => Ok(None),
+        };
+    };
+    queue.validate()?;
+    Ok(Some(queue))
+}
+
 fn validate_name(name: &str) -> Result<(), QueueError> {
     crate::WorkflowName::new(name)
         .map(drop)
@@ -354,7 +385,8 @@ pub enum QueueError {
         /// Its length.
         len: usize,
     },
-    /// A queue option (key, dedup id, priority, delay) on a start that names no queue.
+    /// A queue option (key, dedup id, priority, delay) on a start, or a key on a remote step,
+    /// that names no queue.
     #[error("a start with a {option} must name a queue")]
     NoQueue {
         /// Which option.

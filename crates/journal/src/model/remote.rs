@@ -11,6 +11,7 @@ use serde_json::Value;
 use time::OffsetDateTime;
 
 use crate::model::id;
+use crate::model::queue::{checked_queue, QueueError, QueueStart};
 use crate::{Backoff, Fence, Generation, IdError, InstanceKey};
 
 /// The default number of times a lost dispatch is re-dispatched before the step fails with
@@ -45,6 +46,16 @@ pub struct RemoteOptions {
     /// How many dispatches in all before the step fails with [`RemoteStepError::LOST`].
     /// Defaults to [`REDISPATCH_MAX_DEFAULT`].
     pub redispatch_max: u32,
+    /// The declared queue whose limits the task is claimed under (concurrency, per worker,
+    /// per key, rates, pause, fairness), across every worker group and remote worker process,
+    /// and together with the runs started on the same queue. A task holds a slot while it is
+    /// claimed (until it completes, fails or its claim expires); its first claim counts in the
+    /// rate windows. An undeclared queue is refused when the task is armed. Defaults to `None`
+    /// (claimed as soon as a worker has room).
+    pub queue: Option<String>,
+    /// The key the queue's per-key limits and fairness count the task under (a merchant, a
+    /// tenant). Only with a queue. Defaults to `None`.
+    pub key: Option<String>,
 }
 
 impl Default for RemoteOptions {
@@ -57,6 +68,8 @@ impl Default for RemoteOptions {
             backoff: Backoff::default(),
             redispatch_after: None,
             redispatch_max: REDISPATCH_MAX_DEFAULT,
+            queue: None,
+            key: None,
         }
     }
 }
@@ -102,6 +115,42 @@ impl RemoteOptions {
         self.redispatch_after = Some(after);
         self.redispatch_max = max.max(1);
         self
+    }
+
+    /// Claims the task under the limits of the declared queue `queue`, shared by every worker
+    /// group, every remote worker and the runs started on that queue.
+    ///
+    /// ```no_run
+    /// # async fn body(ctx: keiro_journal::Ctx) -> Result<(), keiro_journal::WorkflowError> {
+    /// use keiro_journal::RemoteOptions;
+    /// // At most as many calls at once per merchant as the queue "payments" allows.
+    /// let charge = RemoteOptions::default().queue("payments").key("merchant-42");
+    /// let receipt: String = ctx.remote("charge", &1999, &charge).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = Some(queue.into());
+        self
+    }
+
+    /// Counts the task under `key` for its queue's per-key limits and fairness.
+    pub fn key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// The task's queue part, checked as a start's is ([`checked_queue`]).
+    ///
+    /// # Errors
+    ///
+    /// [`QueueError::NoQueue`] for a key without a queue, [`QueueError::InvalidName`] and
+    /// [`QueueError::InvalidKey`].
+    pub(crate) fn queue_start(&self) -> Result<Option<QueueStart>, QueueError> {
+        let queue = self.queue.as_ref().map(|name| QueueStart {
+            key: self.key.clone(),
+            ..QueueStart::new(name.clone())
+        });
+        checked_queue(queue, &[("key", self.key.is_some())])
     }
 }
 
@@ -175,6 +224,11 @@ pub struct RemoteArm {
     pub redispatch_after: Option<Duration>,
     /// See [`RemoteOptions::redispatch_max`].
     pub redispatch_max: u32,
+    /// The queue the task is claimed under ([`RemoteOptions::queue`]); the store refuses an
+    /// undeclared one.
+    pub queue: Option<String>,
+    /// Its key on the queue ([`RemoteOptions::key`]); only with a queue.
+    pub queue_key: Option<String>,
     /// The run's lease; a stale holder dispatches nothing.
     pub fence: Option<Fence>,
 }
@@ -365,5 +419,36 @@ mod tests {
         assert!(e.is_lost());
         assert_eq!(e.attempts, 3);
         assert!(e.retryable);
+    }
+
+    #[test]
+    fn queue_options_are_checked_as_a_starts() {
+        let plain = RemoteOptions::default();
+        assert_eq!(plain.queue_start(), Ok(None));
+        let keyed = RemoteOptions::default().key("merchant-42");
+        assert_eq!(
+            keyed.queue_start(),
+            Err(QueueError::NoQueue { option: "key" })
+        );
+        let queued = RemoteOptions::default()
+            .queue("payments")
+            .key("merchant-42");
+        let queue = queued.queue_start().unwrap().unwrap();
+        assert_eq!(
+            (queue.queue.as_str(), queue.key.as_deref()),
+            ("payments", Some("merchant-42"))
+        );
+        let long = RemoteOptions::default()
+            .queue("payments")
+            .key("k".repeat(crate::model::id::ID_LEN_MAX + 1));
+        assert!(matches!(
+            long.queue_start(),
+            Err(QueueError::InvalidKey { .. })
+        ));
+        let bad_name = RemoteOptions::default().queue("pay/ments");
+        assert!(matches!(
+            bad_name.queue_start(),
+            Err(QueueError::InvalidName { .. })
+        ));
     }
 }

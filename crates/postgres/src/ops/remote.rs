@@ -8,7 +8,7 @@
 //!
 //! A remote task is a row of `remote_tasks` keyed by its stable step id. Every operation is
 //! one call of a `keiro_*` function, so one round trip and one transaction (the parks of
-//! several runs that dispatch at the same moment share one: `keiro_instances_park_dispatch`):
+//! several runs that dispatch at the same moment share one: `keiro_instances_park_arms`):
 //!
 //! - arming locks the task row (when it exists), then the owner's row `FOR KEY SHARE` (so a
 //!   cancellation committing meanwhile cannot miss the task), and writes the task once; a
@@ -16,7 +16,9 @@
 //! - a claim counts each expired claim of its groups as a failed attempt (the task is
 //!   `pending` again, or failed as `remote_step_crashed` at its limit, journaled into the
 //!   owner), then takes available pending tasks `FOR UPDATE SKIP LOCKED` in priority-then-age
-//!   order, so concurrent workers split the backlog and never wait for each other;
+//!   order, so concurrent workers split the backlog and never wait for each other; a task on a
+//!   queue is taken only within its queue's limits, counted under the queue row's lock with
+//!   the runs of that queue (`keiro_remote_tasks_claim_queued`);
 //! - a report locks the task row, settles it and journals the result into the owner through
 //!   the shared append rules (task row before instance row), which flip a parked owner to
 //!   `running` and notify it;
@@ -31,10 +33,11 @@
 
 use std::time::Duration;
 
+use keiro_journal::queue::QueueRefusal;
 use keiro_journal::store::Result;
 use keiro_journal::{
     store::Park, store::ParkOutcome, store::RemoteArm, store::RemoteArmOutcome, Backoff,
-    InstanceKey,
+    InstanceKey, StoreError,
 };
 use keiro_remote::{
     ClaimRequest, ClaimedTask, HeartbeatOutcome, RemoteTask, ReportOutcome, TaskFailure, TaskStatus,
@@ -87,8 +90,8 @@ fn owner(row: &Row, operation: &'static str) -> Result<InstanceKey> {
     row::key(&name, &id, operation)
 }
 
-const REMOTE_ARM: &str = "SELECT outcome, deadline, settled FROM keiro_remote_arm(\
-     $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)";
+const REMOTE_TASK_ARM: &str = "SELECT outcome, deadline, settled FROM keiro_remote_task_arm(\
+     $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)";
 
 /// [`JournalStore::remote_arm`](keiro_journal::JournalStore::remote_arm).
 pub(crate) async fn remote_arm(db: &Db, arm: &RemoteArm) -> Result<RemoteArmOutcome> {
@@ -97,7 +100,7 @@ pub(crate) async fn remote_arm(db: &Db, arm: &RemoteArm) -> Result<RemoteArmOutc
     let row = db
         .query_one(
             ARM,
-            REMOTE_ARM,
+            REMOTE_TASK_ARM,
             &[
                 &arm.step_id,
                 &arm.key.name.as_str(),
@@ -117,6 +120,8 @@ pub(crate) async fn remote_arm(db: &Db, arm: &RemoteArm) -> Result<RemoteArmOutc
                 &int(arm.redispatch_max),
                 &owner,
                 &epoch,
+                &arm.queue,
+                &arm.queue_key,
             ],
         )
         .await?;
@@ -148,7 +153,19 @@ fn arm_outcome(
             Some(fence) => Err(lease_lost(&arm.key, fence)),
             None => Err(unknown_outcome(ARM, "lease_lost without a fence")),
         },
+        "unknown_queue" => Err(unknown_queue(arm)),
         other => Err(unknown_outcome(ARM, other)),
+    }
+}
+
+/// The refusal of an arm on an undeclared queue.
+fn unknown_queue(arm: &RemoteArm) -> StoreError {
+    match &arm.queue {
+        Some(queue) => StoreError::QueueRefused {
+            queue: queue.clone(),
+            refusal: QueueRefusal::Unknown,
+        },
+        None => unknown_outcome(ARM, "unknown_queue without a queue"),
     }
 }
 
@@ -330,10 +347,10 @@ pub(crate) async fn remote_redispatch_pending(db: &Db, key: &InstanceKey) -> Res
 
 // Statement parameters are spelled out like the other operations'; the arrays carry one
 // element per deferred arm.
-const INSTANCE_PARK_DISPATCH: &str = "SELECT p.outcome, p.row_status, p.arm_outcomes, \
+const INSTANCE_PARK_ARMS: &str = "SELECT p.outcome, p.row_status, p.arm_outcomes, \
      p.arm_deadlines, p.arm_settled \
-     FROM keiro_instance_park_dispatch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
-     $14, $15, $16, $17, $18, $19, $20) p";
+     FROM keiro_instance_park_arms($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
+     $14, $15, $16, $17, $18, $19, $20, $21, $22) p";
 
 /// The task columns of a list of arms, one array per column, as the park statements take them.
 #[derive(Default)]
@@ -351,6 +368,8 @@ pub(crate) struct ArmColumns<'a> {
     backoff_jitter: Vec<bool>,
     redispatch_after: Vec<Option<i64>>,
     redispatch_max: Vec<i32>,
+    queues: Vec<Option<&'a str>>,
+    queue_keys: Vec<Option<&'a str>>,
 }
 
 impl<'a> ArmColumns<'a> {
@@ -369,10 +388,12 @@ impl<'a> ArmColumns<'a> {
         self.redispatch_after
             .push(arm.redispatch_after.map(span_ms));
         self.redispatch_max.push(int(arm.redispatch_max));
+        self.queues.push(arm.queue.as_deref());
+        self.queue_keys.push(arm.queue_key.as_deref());
     }
 
     /// The arrays, in the order both park statements take them.
-    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 13] {
+    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 15] {
         [
             &self.step_ids,
             &self.steps,
@@ -387,6 +408,8 @@ impl<'a> ArmColumns<'a> {
             &self.backoff_jitter,
             &self.redispatch_after,
             &self.redispatch_max,
+            &self.queues,
+            &self.queue_keys,
         ]
     }
 }
@@ -415,7 +438,7 @@ pub(crate) async fn instance_park_dispatch(
     ];
     params.extend(columns.params());
     let row = db
-        .query_one(PARK_DISPATCH, INSTANCE_PARK_DISPATCH, &params)
+        .query_one(PARK_DISPATCH, INSTANCE_PARK_ARMS, &params)
         .await?;
     park_dispatch_outcome(&row, park, arms)
 }
@@ -426,8 +449,17 @@ pub(crate) fn park_dispatch_outcome(
     park: &Park,
     arms: &[RemoteArm],
 ) -> Result<(ParkOutcome, Vec<RemoteArmOutcome>)> {
-    let park_outcome = park_outcome(row, park, PARK_DISPATCH)?;
     let codes: Vec<String> = column(row, "arm_outcomes", PARK_DISPATCH)?;
+    let outcome: String = column(row, "outcome", PARK_DISPATCH)?;
+    if outcome == "unknown_queue" {
+        // Nothing was armed; `arm_outcomes` marks the arms on an undeclared queue.
+        let refused = codes.iter().position(|code| code == "unknown_queue");
+        return Err(match refused.and_then(|i| arms.get(i)) {
+            Some(arm) => unknown_queue(arm),
+            None => malformed(PARK_DISPATCH, "unknown_queue names no arm"),
+        });
+    }
+    let park_outcome = park_outcome(row, park, PARK_DISPATCH)?;
     let deadlines: Vec<Option<OffsetDateTime>> = column(row, "arm_deadlines", PARK_DISPATCH)?;
     let settled: Vec<Option<Value>> = column(row, "arm_settled", PARK_DISPATCH)?;
     if codes.len() != arms.len() || deadlines.len() != arms.len() || settled.len() != arms.len() {
@@ -441,13 +473,13 @@ pub(crate) fn park_dispatch_outcome(
     Ok((park_outcome, outcomes))
 }
 
-const INSTANCES_PARK_DISPATCH: &str = "SELECT p.park, p.outcome, p.row_status, \
+const INSTANCES_PARK_ARMS: &str = "SELECT p.park, p.outcome, p.row_status, \
      p.arm_outcomes, p.arm_deadlines, p.arm_settled \
-     FROM keiro_instances_park_dispatch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
-     $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24) p";
+     FROM keiro_instances_park_arms($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
+     $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26) p";
 
 /// Parks with their remote dispatches of several runs in one statement
-/// (`keiro_instances_park_dispatch`): an outcome per park, in the order given. An error here
+/// (`keiro_instances_park_arms`): an outcome per park, in the order given. An error here
 /// means the statement failed, so nothing of it was written; a refusal of one park (not found,
 /// lease lost) is that park's outcome.
 pub(crate) async fn instances_park_dispatch(
@@ -493,9 +525,7 @@ pub(crate) async fn instances_park_dispatch(
         &arms_to,
     ];
     params.extend(arms.params());
-    let rows = db
-        .query(PARK_BATCH, INSTANCES_PARK_DISPATCH, &params)
-        .await?;
+    let rows = db.query(PARK_BATCH, INSTANCES_PARK_ARMS, &params).await?;
     // From here on the batch has committed: a row that cannot be read is that park's error,
     // never a reason to park again.
     Ok(in_batch_order(

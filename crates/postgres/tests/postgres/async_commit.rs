@@ -43,6 +43,8 @@ async fn a_settled_arm_returns_only_once_its_report_is_flushed() -> TestResult {
             backoff: Backoff::default(),
             redispatch_after: None,
             redispatch_max: 10,
+            queue: None,
+            queue_key: None,
             fence: None,
         };
         assert!(matches!(

@@ -408,7 +408,9 @@ async fn the_hot_remote_functions_keep_generic_index_driven_plans() -> TestResul
     let store = db.store();
     for function in [
         "keiro_remote_tasks_claim",
+        "keiro_remote_tasks_claim_queued",
         "keiro_remote_tasks_complete",
+        "keiro_instances_park_arms",
         "keiro_instances_park_dispatch",
     ] {
         let settings: Vec<String> = sql(&store)

@@ -90,3 +90,56 @@ async fn notifications_go_out_exactly_at_the_wake_points() -> TestResult {
     assert_eq!(listener.drain(QUIET).await, one_wake, "resurrect");
     Ok(())
 }
+
+/// A remote task of a limited queue that leaves `running` wakes the remote workers while tasks
+/// of its queue wait (queue.sql's `remote_tasks_queue_slot_freed`), and only then.
+#[tokio::test]
+async fn a_queued_tasks_freed_slot_wakes_the_remote_workers() -> TestResult {
+    use keiro_lease::QueueStore;
+    use keiro_remote::{ClaimRequest, Transport};
+
+    let db = TestDb::new().await;
+    let store = db.store();
+    let spec = keiro_journal::queue::QueueSpec::new("q")?.concurrency(1);
+    store.queue_declare(&spec).await?;
+    let k = key("owner", "o-1");
+    store.instance_start(&start(&k, json!(null))).await?;
+    for step in ["s1", "s2"] {
+        let arm = keiro_journal::store::RemoteArm {
+            group: "g".into(),
+            queue: Some("q".into()),
+            ..crate::common::remote_arm(&k, step, json!(step))
+        };
+        store.remote_arm(&arm).await?;
+    }
+    let request = ClaimRequest {
+        groups: vec!["g".into()],
+        worker: "w".into(),
+        limit: 10,
+        claim_ttl: Duration::from_secs(60),
+    };
+    let mut listener = Listener::on(&store).await?;
+    let remote = (store.wake_channel().to_owned(), "remote".to_owned());
+
+    let first = store.tasks_claim(&request).await?;
+    assert_eq!(first.len(), 1, "one slot");
+    assert!(
+        listener.drain(QUIET).await.is_empty(),
+        "a claim wakes nobody"
+    );
+    store.task_complete(&first[0].step_id, &json!(1)).await?;
+    assert!(
+        listener.drain(QUIET).await.contains(&remote),
+        "the freed slot wakes the remote workers: s2 waits for it"
+    );
+
+    let second = store.tasks_claim(&request).await?;
+    assert_eq!(second.len(), 1);
+    listener.drain(QUIET).await;
+    store.task_complete(&second[0].step_id, &json!(2)).await?;
+    assert!(
+        !listener.drain(QUIET).await.contains(&remote),
+        "no task of the queue waits"
+    );
+    Ok(())
+}

@@ -29,8 +29,10 @@ use crate::error::{malformed, store};
 use crate::notify;
 use crate::row::{self, micros, Stored};
 
+mod held;
 mod list;
 
+pub(crate) use held::{queue_admitted_since, queue_held, Whose};
 pub(crate) use list::{queues_list, LIST};
 
 const DECLARE: &str = "declaring a queue";
@@ -352,26 +354,31 @@ pub(crate) fn queue_debounce(
     Ok((created, row))
 }
 
-/// What admission reads of a queue row.
+/// What admission (and a remote task claim) reads of a queue row.
 #[derive(Debug, Clone)]
-struct Limits {
-    concurrency: Option<i64>,
-    worker_concurrency: Option<i64>,
-    key_concurrency: Option<i64>,
-    rate_limit: Option<i64>,
-    rate_period_ms: Option<i64>,
-    key_rate_limit: Option<i64>,
-    key_rate_period_ms: Option<i64>,
-    weighted: bool,
-    paused: bool,
-    vtime: f64,
+pub(crate) struct Limits {
+    pub(crate) concurrency: Option<i64>,
+    pub(crate) worker_concurrency: Option<i64>,
+    pub(crate) key_concurrency: Option<i64>,
+    pub(crate) rate_limit: Option<i64>,
+    pub(crate) rate_period_ms: Option<i64>,
+    pub(crate) key_rate_limit: Option<i64>,
+    pub(crate) key_rate_period_ms: Option<i64>,
+    pub(crate) weighted: bool,
+    pub(crate) paused: bool,
+    pub(crate) vtime: f64,
 }
 
 impl Limits {
+    /// Whether a per-key rule (key concurrency, key rate, weighted fairness) applies.
+    pub(crate) fn keyed(&self) -> bool {
+        self.key_concurrency.is_some() || self.key_rate_limit.is_some() || self.weighted
+    }
+
     /// keiro_queue_counts_nothing: no limit of any kind, first in first out. Such a queue keeps
     /// no admission state: its runs are leased as an ordinary claim leases a run, never marked
     /// admitted.
-    fn counts_nothing(&self) -> bool {
+    pub(crate) fn counts_nothing(&self) -> bool {
         self.concurrency.is_none()
             && self.worker_concurrency.is_none()
             && self.key_concurrency.is_none()
@@ -381,8 +388,18 @@ impl Limits {
     }
 }
 
-/// The queue `name`'s limits as stored, if it is declared.
-fn limits(conn: &Connection, name: &str, doing: &'static str) -> Result<Option<Limits>> {
+/// The limits of queue `name`, which the caller read as declared in this transaction.
+pub(crate) fn queue_limits(
+    conn: &Connection,
+    name: &str,
+    operation: &'static str,
+) -> Result<Limits> {
+    limits(conn, name, operation)?
+        .ok_or_else(|| malformed(operation, format_args!("the queue {name:?} is missing")))
+}
+
+/// The limits of queue `name`, if it is declared.
+fn limits(conn: &Connection, name: &str, operation: &'static str) -> Result<Option<Limits>> {
     conn.query_row_cached(QUEUE_LIMITS, [name], |r| {
         Ok(Limits {
             concurrency: r.get(0)?,
@@ -398,7 +415,108 @@ fn limits(conn: &Connection, name: &str, doing: &'static str) -> Result<Option<L
         })
     })
     .optional()
-    .map_err(|e| store(doing, e))
+    .map_err(|e| store(operation, e))
+}
+
+/// The room on `queue` at `now` (stored microseconds) within `left`: less the slots held
+/// fleet-wide and by `owner` (a run's lease owner, a task's claimer), and the first admissions
+/// inside the rate window; runs and remote tasks alike.
+pub(crate) fn queue_room(
+    conn: &Connection,
+    queue: &str,
+    q: &Limits,
+    owner: &str,
+    now: i64,
+    left: i64,
+    operation: &'static str,
+) -> Result<i64> {
+    let mut room = left;
+    if let Some(concurrency) = q.concurrency {
+        room = room.min(concurrency - queue_held(conn, operation, queue, now, Whose::All)?);
+    }
+    if let Some(concurrency) = q.worker_concurrency {
+        let held = queue_held(conn, operation, queue, now, Whose::Owner(owner))?;
+        room = room.min(concurrency - held);
+    }
+    if let (Some(limit), Some(period)) = (q.rate_limit, q.rate_period_ms) {
+        let since = now.saturating_sub(period.saturating_mul(1000));
+        room = room.min(limit - queue_admitted_since(conn, operation, queue, since, Whose::All)?);
+    }
+    Ok(room)
+}
+
+/// The room of `key` on `queue` at `now` (stored microseconds) within `room`: less its slots
+/// held under key concurrency, and its first admissions inside the key rate's window.
+pub(crate) fn key_room(
+    conn: &Connection,
+    queue: &str,
+    q: &Limits,
+    key: Option<&str>,
+    now: i64,
+    room: i64,
+    operation: &'static str,
+) -> Result<i64> {
+    let mut key_room = room;
+    if let Some(limit) = q.key_concurrency {
+        key_room = key_room.min(limit - queue_held(conn, operation, queue, now, Whose::Key(key))?);
+    }
+    if let (Some(limit), Some(period)) = (q.key_rate_limit, q.key_rate_period_ms) {
+        let since = now.saturating_sub(period.saturating_mul(1000));
+        let admitted = queue_admitted_since(conn, operation, queue, since, Whose::Key(key))?;
+        key_room = key_room.min(limit - admitted);
+    }
+    Ok(key_room)
+}
+
+/// A key's pass under weighted fairness (or the queue's virtual time if later) and its weight.
+pub(crate) fn key_state(
+    conn: &Connection,
+    queue: &str,
+    q: &Limits,
+    key: Option<&str>,
+    operation: &'static str,
+) -> Result<(f64, i64)> {
+    let state: Option<(f64, i64)> = conn
+        .query_row_cached(KEY_STATE, [queue, key.unwrap_or_default()], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .optional()
+        .map_err(|e| store(operation, e))?;
+    let (pass, weight) = state.unwrap_or((0.0, 1));
+    Ok((pass.max(q.vtime), weight))
+}
+
+/// Under weighted fairness, moves the picked keys' passes to their latest finish time and the
+/// queue's virtual time to the start of the last pick if later: `picks` are each pick's key,
+/// virtual finish time and key weight.
+pub(crate) fn passes_advance(
+    conn: &Connection,
+    queue: &str,
+    q: &Limits,
+    picks: &[(Option<&str>, f64, i64)],
+    operation: &'static str,
+) -> Result<()> {
+    let mut passes: BTreeMap<Option<&str>, f64> = BTreeMap::new();
+    for (key, finish, _) in picks {
+        let pass = passes.entry(*key).or_insert(*finish);
+        *pass = pass.max(*finish);
+    }
+    for (key, pass) in passes {
+        conn.execute_cached(KEY_PASS, params![queue, key.unwrap_or_default(), pass])
+            .map_err(|e| store(operation, e))?;
+    }
+    // The queue's virtual time: the start of the last pick (start-time fair queuing), so a
+    // key that starts waiting later joins level with the keys just served, not ahead of
+    // them with a run of admissions of its own.
+    let start = picks
+        .iter()
+        .map(|(_, finish, weight)| finish - 1.0 / *weight as f64)
+        .reduce(f64::max);
+    if let Some(start) = start.filter(|start| *start > q.vtime) {
+        conn.execute_cached(QUEUE_VTIME, params![queue, start])
+            .map_err(|e| store(operation, e))?;
+    }
+    Ok(())
 }
 
 const QUEUES_SERVED: &str = "SELECT name FROM keiro_queues \
@@ -415,19 +533,6 @@ const QUEUE_UNADMIT_EXPIRED: &str =
          updated_at = ?3 \
      WHERE queue = ?1 AND queue_admitted AND status IN ('running', 'suspended') \
        AND lease_expires_at < ?2";
-
-/// Slots held, served by `workflows_queue_slots_idx`.
-const QUEUE_HELD: &str = "SELECT count(*) FROM workflows INDEXED BY workflows_queue_slots_idx \
-     WHERE queue = ?1 AND queue_admitted AND status IN ('running', 'suspended')";
-
-const QUEUE_HELD_BY: &str = "SELECT count(*) FROM workflows INDEXED BY workflows_queue_slots_idx \
-     WHERE queue = ?1 AND queue_admitted AND status IN ('running', 'suspended') \
-       AND lease_owner = ?2";
-
-/// First admissions after an instant, served by `workflows_queue_admitted_idx`.
-const QUEUE_ADMITTED_SINCE: &str =
-    "SELECT count(*) FROM workflows INDEXED BY workflows_queue_admitted_idx \
-     WHERE queue = ?1 AND queue_admitted_at > ?2 AND queue_admitted_at IS NOT NULL";
 
 /// The waiting runs of a queue with no per-key rule, in admission order, served by
 /// `workflows_queue_waiting_idx`.
@@ -458,16 +563,6 @@ const KEY_NONE_WAITING: &str =
     "SELECT EXISTS (SELECT 1 FROM workflows INDEXED BY workflows_queue_key_waiting_idx \
      WHERE queue = ?1 AND status = 'running' AND queue IS NOT NULL AND NOT queue_admitted \
        AND queue_key IS NULL)";
-
-/// Slots held by one key (`IS`: a NULL key is a key of its own).
-const KEY_HELD: &str = "SELECT count(*) FROM workflows INDEXED BY workflows_queue_slots_idx \
-     WHERE queue = ?1 AND queue_admitted AND status IN ('running', 'suspended') \
-       AND queue_key IS ?2";
-
-const KEY_ADMITTED_SINCE: &str =
-    "SELECT count(*) FROM workflows INDEXED BY workflows_queue_key_admitted_idx \
-     WHERE queue = ?1 AND queue_key IS ?2 AND queue_admitted_at > ?3 \
-       AND queue_admitted_at IS NOT NULL";
 
 const KEY_STATE: &str = "SELECT pass, weight FROM keiro_queue_keys WHERE queue = ?1 AND key = ?2";
 
@@ -535,12 +630,6 @@ fn waiting(
         .map_err(|e| store(ADMIT, e))
 }
 
-/// A count of one of the statements above.
-fn count(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> Result<i64> {
-    conn.query_row_cached(sql, params, |r| r.get(0))
-        .map_err(|e| store(ADMIT, e))
-}
-
 /// Every key with runs waiting on `queue`, ascending, then `None` (runs with no key) when
 /// there are such runs.
 fn waiting_keys(conn: &Connection, queue: &str) -> Result<Vec<Option<String>>> {
@@ -583,26 +672,11 @@ fn keyed_picks(
     let mut candidates = Vec::new();
     for key in waiting_keys(conn, queue)? {
         let key = key.as_deref();
-        let mut key_room = room;
-        if let Some(limit) = q.key_concurrency {
-            key_room = key_room.min(limit - count(conn, KEY_HELD, params![queue, key])?);
-        }
-        if let (Some(limit), Some(period)) = (q.key_rate_limit, q.key_rate_period_ms) {
-            let since = now.saturating_sub(period.saturating_mul(1000));
-            key_room =
-                key_room.min(limit - count(conn, KEY_ADMITTED_SINCE, params![queue, key, since])?);
-        }
+        let key_room = key_room(conn, queue, q, key, now, room, ADMIT)?;
         if key_room <= 0 {
             continue;
         }
-        let state: Option<(f64, i64)> = conn
-            .query_row_cached(KEY_STATE, [queue, key.unwrap_or_default()], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
-            .optional()
-            .map_err(|e| store(ADMIT, e))?;
-        let (pass, weight) = state.unwrap_or((0.0, 1));
-        let pass = pass.max(q.vtime);
+        let (pass, weight) = key_state(conn, queue, q, key, ADMIT)?;
         let mut picks = waiting(
             conn,
             KEY_WAITING,
@@ -628,26 +702,11 @@ fn keyed_picks(
     });
     candidates.truncate(usize::try_from(room).unwrap_or(usize::MAX));
     if weighted {
-        let mut passes: BTreeMap<Option<&str>, f64> = BTreeMap::new();
-        for pick in &candidates {
-            let pass = passes.entry(pick.key.as_deref()).or_insert(pick.finish);
-            *pass = pass.max(pick.finish);
-        }
-        for (key, pass) in passes {
-            conn.execute_cached(KEY_PASS, params![queue, key.unwrap_or_default(), pass])
-                .map_err(|e| store(ADMIT, e))?;
-        }
-        // The queue's virtual time: the start of the last pick (start-time fair queuing), so a
-        // key that starts waiting later joins level with the keys just served, not ahead of
-        // them with a run of admissions of its own.
-        let start = candidates
+        let picks: Vec<_> = candidates
             .iter()
-            .map(|p| p.finish - 1.0 / p.weight as f64)
-            .reduce(f64::max);
-        if let Some(start) = start.filter(|start| *start > q.vtime) {
-            conn.execute_cached(QUEUE_VTIME, params![queue, start])
-                .map_err(|e| store(ADMIT, e))?;
-        }
+            .map(|c| (c.key.as_deref(), c.finish, c.weight))
+            .collect();
+        passes_advance(conn, queue, q, &picks, ADMIT)?;
     }
     Ok(candidates)
 }
@@ -691,9 +750,7 @@ pub(crate) fn queue_admit(
         if left <= 0 {
             break;
         }
-        let Some(q) = limits(conn, &queue, ADMIT)? else {
-            continue;
-        };
+        let q = queue_limits(conn, &queue, ADMIT)?;
         if q.paused {
             continue;
         }
@@ -702,23 +759,12 @@ pub(crate) fn queue_admit(
         conn.execute_cached(QUEUE_UNADMIT_EXPIRED, params![queue, v_now, at])
             .map_err(|e| store(ADMIT, e))?;
 
-        let mut room = left;
-        if let Some(concurrency) = q.concurrency {
-            room = room.min(concurrency - count(conn, QUEUE_HELD, [&queue])?);
-        }
-        if let Some(concurrency) = q.worker_concurrency {
-            room = room.min(concurrency - count(conn, QUEUE_HELD_BY, [&queue, owner])?);
-        }
-        if let (Some(limit), Some(period)) = (q.rate_limit, q.rate_period_ms) {
-            let since = v_now.saturating_sub(period.saturating_mul(1000));
-            room = room.min(limit - count(conn, QUEUE_ADMITTED_SINCE, params![queue, since])?);
-        }
+        let room = queue_room(conn, &queue, &q, owner, v_now, left, ADMIT)?;
         if room <= 0 {
             continue;
         }
 
-        let keyed = q.key_concurrency.is_some() || q.key_rate_limit.is_some() || q.weighted;
-        let mut picks = if keyed {
+        let mut picks = if q.keyed() {
             keyed_picks(conn, &queue, &q, &names, v_now, room)?
         } else {
             waiting(
@@ -809,15 +855,10 @@ mod tests {
         }
         let cases = [
             (QUEUE_UNADMIT_EXPIRED, "workflows_queue_slots_idx"),
-            (QUEUE_HELD, "workflows_queue_slots_idx"),
-            (QUEUE_HELD_BY, "workflows_queue_slots_idx"),
-            (QUEUE_ADMITTED_SINCE, "workflows_queue_admitted_idx"),
             (QUEUE_WAITING, "workflows_queue_waiting_idx"),
             (KEY_FIRST, "workflows_queue_key_waiting_idx"),
             (KEY_NEXT, "workflows_queue_key_waiting_idx"),
             (KEY_NONE_WAITING, "workflows_queue_key_waiting_idx"),
-            (KEY_HELD, "workflows_queue_slots_idx"),
-            (KEY_ADMITTED_SINCE, "workflows_queue_key_admitted_idx"),
             (KEY_WAITING, "workflows_queue_key_waiting_idx"),
             (DEDUP_HOLDER, "workflows_queue_dedup_idx"),
         ];

@@ -5,9 +5,10 @@
 //! cancellation of a closed generation's live tasks, which the `cancelled` and `continued`
 //! markers need.
 //!
-//! The worker side (`keiro_remote_tasks_claim`, `keiro_remote_task_heartbeat`,
-//! `keiro_remote_task_complete`, `keiro_remote_tasks_complete`, `keiro_remote_task_fail`, in
-//! the file's order) is in `worker.rs`, so neither file passes 800 lines.
+//! The worker side is in `claim.rs` (`keiro_remote_tasks_claim`, with its part for tasks on a
+//! queue) and `worker.rs` (`keiro_remote_task_heartbeat`, `keiro_remote_task_complete`,
+//! `keiro_remote_tasks_complete`, `keiro_remote_task_fail`, in the file's order), so no file
+//! passes 800 lines.
 //!
 //! Not here: the batched `keiro_instances_park_dispatch`
 //! (the writer runs each park of a batch as its own operation in one shared transaction). No
@@ -29,11 +30,13 @@ use crate::journal::{journal_append_step, AppendCode, AppendTo};
 use crate::notify;
 use crate::row::{self, micros};
 
+mod claim;
 mod worker;
 
+pub(crate) use claim::{remote_tasks_claim, Claimed};
 pub(crate) use worker::{
-    remote_task_complete, remote_task_fail, remote_task_heartbeat, remote_tasks_claim,
-    remote_tasks_complete, Claimed, HeartbeatCode, ReportCode,
+    remote_task_complete, remote_task_fail, remote_task_heartbeat, remote_tasks_complete,
+    HeartbeatCode, ReportCode,
 };
 
 const ARM: &str = "arming a remote step";
@@ -181,6 +184,8 @@ pub(crate) struct Arm<'a> {
     pub(crate) redispatch_max: i32,
     pub(crate) owner: Option<&'a str>,
     pub(crate) epoch: Option<i64>,
+    pub(crate) queue: Option<&'a str>,
+    pub(crate) queue_key: Option<&'a str>,
 }
 
 /// `keiro_remote_arm`'s outcomes; deadlines in stored microseconds.
@@ -195,15 +200,19 @@ pub(crate) enum ArmCode {
     Lost(Value),
     NotFound,
     LeaseLost,
+    /// The arm names an undeclared queue: nothing is written.
+    UnknownQueue(String),
 }
 
 const TASK_INSERT: &str = "INSERT INTO remote_tasks \
          (step_id, workflow_name, workflow_id, generation, step, journal_step, grp, input, \
           priority, traceparent, max_attempts, backoff_initial_ms, backoff_max_ms, \
           backoff_jitter, redispatch_after_ms, redispatch_max, deadline_at, available_at, \
-          created_at, updated_at) \
+          created_at, updated_at, queue, queue_key) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, max(?11, 1), ?12, ?13, ?14, ?15, \
-             max(?16, 1), ?17, ?18, ?18, ?18)";
+             max(?16, 1), ?17, ?18, ?18, ?18, ?19, ?20)";
+
+const QUEUE_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM keiro_queues WHERE name = ?1)";
 
 const TASK_REDISPATCH: &str = "UPDATE remote_tasks SET \
          status = 'pending', claim = NULL, claimed_by = NULL, claim_expires_at = NULL, \
@@ -230,8 +239,17 @@ fn after(at: i64, ms: Option<i64>) -> Option<i64> {
 /// at the task's limit the step fails as crashed. A cancelled task is left as it is. A stale
 /// fence or a missing owner writes nothing; an owner that is terminal or on another
 /// generation gets `waiting` with no deadline (the park that follows sees it). A dispatch and
-/// a redispatch notify `remote` (the task became claimable).
+/// a redispatch notify `remote` (the task became claimable). A task on a queue records it and
+/// its key; an undeclared queue writes nothing, whatever the task's state.
 pub(crate) fn remote_arm(conn: &Connection, now: OffsetDateTime, arm: Arm<'_>) -> Result<ArmCode> {
+    if let Some(queue) = arm.queue {
+        let declared: bool = conn
+            .query_row_cached(QUEUE_EXISTS, [queue], |r| r.get(0))
+            .map_err(|e| store(ARM, e))?;
+        if !declared {
+            return Ok(ArmCode::UnknownQueue(queue.to_owned()));
+        }
+    }
     let existing = task(conn, arm.step_id, ARM)?;
     let Some(owner) = row::instance_row(conn, arm.name, arm.id, ARM)? else {
         return Ok(ArmCode::NotFound);
@@ -268,7 +286,9 @@ pub(crate) fn remote_arm(conn: &Connection, now: OffsetDateTime, arm: Arm<'_>) -
                 arm.redispatch_after_ms,
                 arm.redispatch_max,
                 deadline,
-                at
+                at,
+                arm.queue,
+                arm.queue_key
             ],
         )
         .map_err(|e| store(ARM, e))?;
@@ -537,7 +557,10 @@ pub(crate) fn instance_park_dispatch_locked(
     for arm in arms {
         let code = remote_arm(conn, now, *arm)?;
         let deadline = match &code {
-            ArmCode::NotFound | ArmCode::LeaseLost => return Ok(ParkDispatchCode::Refused(code)),
+            // A refusal fails the operation, whose savepoint undoes the arms before it.
+            ArmCode::NotFound | ArmCode::LeaseLost | ArmCode::UnknownQueue(_) => {
+                return Ok(ParkDispatchCode::Refused(code))
+            }
             ArmCode::Dispatched(d) | ArmCode::Waiting(d) | ArmCode::Redispatched(d) => *d,
             ArmCode::Settled(_) | ArmCode::Lost(_) => None,
         };

@@ -1,122 +1,19 @@
-//! Rules of crates/migrations/functions/remote.sql, the worker side: claim, heartbeat, reports (see the
-//! parent module for the rest of the file).
+//! Rules of crates/migrations/functions/remote.sql, the worker side: heartbeat, reports (the
+//! claim is in `claim.rs`; see the parent module for the rest of the file).
 
 use crate::cached::Cached;
 use keiro_journal::store::Result;
-use keiro_journal::Generation;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::{json, Value};
 use time::OffsetDateTime;
 
-use super::{remote_claims_expire, remote_deliver, remote_error_envelope, task, DeliverCode, Task};
+use super::{remote_deliver, remote_error_envelope, task, DeliverCode, Task};
 use crate::error::store;
 use crate::row::{self, micros};
 
-const CLAIM: &str = "claiming remote tasks";
 const HEARTBEAT: &str = "extending a remote task's claim";
 const COMPLETE: &str = "completing a remote task";
 const FAIL: &str = "failing a remote task";
-
-/// A claimed task's columns, as `TASKS_CLAIMED` reads them.
-pub(crate) type Claimed = (
-    String,
-    String,
-    String,
-    String,
-    Generation,
-    String,
-    String,
-    String,
-    i32,
-    Option<String>,
-    i64,
-    i64,
-    i64,
-    i64,
-    bool,
-    i64,
-    i64,
-);
-
-const TASKS_EXPIRED: &str = "SELECT step_id FROM remote_tasks \
-     WHERE status = 'running' AND claim_expires_at <= ?1 \
-       AND grp IN (SELECT value FROM json_each(?2)) ORDER BY step_id";
-
-const TASKS_CLAIMABLE: &str = "SELECT step_id FROM remote_tasks \
-     WHERE grp IN (SELECT value FROM json_each(?1)) AND status = 'pending' \
-       AND available_at <= ?2 \
-     ORDER BY priority DESC, available_at, created_at, rowid LIMIT max(?3, 0)";
-
-const TASK_CLAIM: &str = "UPDATE remote_tasks SET status = 'running', claim = ?2, \
-         claimed_by = ?3, claim_expires_at = ?4, updated_at = ?5 \
-     WHERE step_id = ?1";
-
-const TASK_CLAIMED: &str = "SELECT step_id, claim, workflow_name, workflow_id, generation, \
-     step, grp, input, priority, traceparent, attempts, max_attempts, backoff_initial_ms, \
-     backoff_max_ms, backoff_jitter, dispatches, available_at \
-     FROM remote_tasks WHERE step_id = ?1";
-
-/// keiro_remote_tasks_claim: counts the groups' expired claims as failed attempts
-/// ([`remote_claims_expire`]), then claims up to `limit` available pending tasks of the
-/// groups, highest priority first, then oldest, each with a new claim id. The claimed rows in
-/// claim order. No `SKIP LOCKED`: the writer is alone.
-pub(crate) fn remote_tasks_claim(
-    conn: &Connection,
-    now: OffsetDateTime,
-    groups: &[String],
-    worker: &str,
-    limit: i64,
-    ttl_ms: i64,
-) -> Result<Vec<Claimed>> {
-    let at = micros(now);
-    let groups = Value::from(groups.to_vec()).to_string();
-    let expired: Vec<String> = conn
-        .prepare_cached(TASKS_EXPIRED)
-        .and_then(|mut s| s.query_map(params![at, groups], |r| r.get(0))?.collect())
-        .map_err(|e| store(CLAIM, e))?;
-    if !expired.is_empty() {
-        remote_claims_expire(conn, now, &expired)?;
-    }
-    let picked: Vec<String> = conn
-        .prepare_cached(TASKS_CLAIMABLE)
-        .and_then(|mut s| {
-            s.query_map(params![groups, at, limit], |r| r.get(0))?
-                .collect()
-        })
-        .map_err(|e| store(CLAIM, e))?;
-    let expires = at.saturating_add(ttl_ms.saturating_mul(1000));
-    let mut claimed = Vec::with_capacity(picked.len());
-    for step_id in picked {
-        let claim = uuid::Uuid::new_v4().hyphenated().to_string();
-        conn.execute_cached(TASK_CLAIM, params![step_id, claim, worker, expires, at])
-            .map_err(|e| store(CLAIM, e))?;
-        let row = conn
-            .query_row_cached(TASK_CLAIMED, params![step_id], |r| {
-                Ok((
-                    r.get(0)?,
-                    r.get(1)?,
-                    r.get(2)?,
-                    r.get(3)?,
-                    r.get(4)?,
-                    r.get(5)?,
-                    r.get(6)?,
-                    r.get(7)?,
-                    r.get(8)?,
-                    r.get(9)?,
-                    r.get(10)?,
-                    r.get(11)?,
-                    r.get(12)?,
-                    r.get(13)?,
-                    r.get(14)?,
-                    r.get(15)?,
-                    r.get(16)?,
-                ))
-            })
-            .map_err(|e| store(CLAIM, e))?;
-        claimed.push(row);
-    }
-    Ok(claimed)
-}
 
 /// keiro_remote_task_heartbeat's outcomes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

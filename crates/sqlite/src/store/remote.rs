@@ -1,8 +1,9 @@
 //! [`SqliteStore`]'s remote-step operations of `JournalStore`: arming a remote step, and the
 //! park that goes with a run's dispatches.
 
+use keiro_journal::queue::QueueRefusal;
 use keiro_journal::store::{Park, ParkOutcome, Result};
-use keiro_journal::{store::RemoteArm, store::RemoteArmOutcome};
+use keiro_journal::{store::RemoteArm, store::RemoteArmOutcome, StoreError};
 use serde_json::Value;
 
 use crate::error::malformed;
@@ -30,6 +31,12 @@ fn storable_arm(operation: &'static str, arm: &RemoteArm) -> Result<()> {
     if let Some(traceparent) = &arm.traceparent {
         storable::text(operation, "traceparent", traceparent)?;
     }
+    if let Some(queue) = &arm.queue {
+        storable::text(operation, "queue", queue)?;
+    }
+    if let Some(key) = &arm.queue_key {
+        storable::text(operation, "queue key", key)?;
+    }
     storable::value(operation, &arm.input)
 }
 
@@ -54,6 +61,8 @@ fn arm_args(arm: &RemoteArm) -> Arm<'_> {
         redispatch_max: int(arm.redispatch_max),
         owner: arm.fence.as_ref().map(|f| f.owner.as_str()),
         epoch: arm.fence.as_ref().map(|f| f.epoch),
+        queue: arm.queue.as_deref(),
+        queue_key: arm.queue_key.as_deref(),
     }
 }
 
@@ -82,6 +91,10 @@ fn arm_outcome(
             Some(fence) => Err(lease_lost(&arm.key, &fence.owner, fence.epoch)),
             None => Err(malformed(operation, "lease_lost without a fence")),
         },
+        ArmCode::UnknownQueue(queue) => Err(StoreError::QueueRefused {
+            queue,
+            refusal: QueueRefusal::Unknown,
+        }),
     }
 }
 
@@ -110,7 +123,8 @@ impl SqliteStore {
     ///
     /// # Errors
     ///
-    /// The first arm's `NotFound` or `LeaseLost` (nothing written); the park's errors;
+    /// The first arm's `NotFound` or `LeaseLost`, `QueueRefused` for an undeclared queue
+    /// (nothing written); the park's errors;
     /// `ValueRefused` for a text or an input holding a NUL.
     pub async fn instance_park_dispatch(
         &self,

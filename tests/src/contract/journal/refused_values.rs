@@ -274,6 +274,8 @@ fn arm(k: &InstanceKey, step: &str, input: Value) -> RemoteArm {
         backoff: Backoff::default(),
         redispatch_after: None,
         redispatch_max: REDISPATCH_MAX_DEFAULT,
+        queue: None,
+        queue_key: None,
         fence: None,
     }
 }

@@ -1,14 +1,15 @@
 //! `sql/functions/remote.sql`: remote steps through the task table. Arming a task (once per
 //! step, dispatch and redispatch by deadline, park-and-dispatch), claims (priority then age,
 //! expiry, heartbeats), reports (first result wins, retries with backoff, batches), what a
-//! cancellation or a continue-as-new does to live tasks, and the operator's redispatch,
-//! requeue and fix-and-replay.
+//! cancellation or a continue-as-new does to live tasks, the operator's redispatch,
+//! requeue and fix-and-replay, and tasks claimed under a queue's limits.
 //!
 //! The scenarios share the small tools below; each file depends on them, none on another.
 
 pub mod arm;
 pub mod cancel;
 pub mod claim;
+pub mod queue;
 pub mod report;
 pub mod requeue;
 
@@ -40,6 +41,8 @@ pub fn arm(k: &InstanceKey, step: &str, input: Value) -> RemoteArm {
         backoff: keiro_journal::Backoff::default(),
         redispatch_after: None,
         redispatch_max: 10,
+        queue: None,
+        queue_key: None,
         fence: None,
     }
 }

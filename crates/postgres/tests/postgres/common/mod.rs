@@ -225,6 +225,8 @@ pub(crate) fn remote_arm(
         backoff: keiro_journal::Backoff::default(),
         redispatch_after: None,
         redispatch_max: 10,
+        queue: None,
+        queue_key: None,
         fence: None,
     }
 }

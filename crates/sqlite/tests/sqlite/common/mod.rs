@@ -159,6 +159,8 @@ pub fn remote_arm(key: &InstanceKey, step: &str) -> RemoteArm {
         backoff: keiro_journal::Backoff::default(),
         redispatch_after: None,
         redispatch_max: keiro_journal::REDISPATCH_MAX_DEFAULT,
+        queue: None,
+        queue_key: None,
         fence: None,
     }
 }
