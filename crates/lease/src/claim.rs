@@ -14,6 +14,16 @@ pub struct Claim {
     pub journal: Vec<JournalEntry>,
 }
 
+/// What a worker's claim took ([`LeaseStore::claim_and_admit`](crate::LeaseStore::claim_and_admit)):
+/// runs claimed the ordinary way, and runs just admitted from the queues it serves.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClaimBatch {
+    /// Claimed as [`instances_claim_batch`](crate::LeaseStore::instances_claim_batch) claims.
+    pub claimed: Vec<Claim>,
+    /// Admitted as [`queue_admit`](crate::LeaseStore::queue_admit) admits.
+    pub admitted: Vec<Claim>,
+}
+
 /// What a claim did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ClaimOutcome {

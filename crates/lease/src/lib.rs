@@ -50,7 +50,9 @@ mod queue;
 mod store;
 
 pub use backoff::{crash_delay, CRASH_BACKOFF_DEFAULT, MAX_ATTEMPTS_DEFAULT};
-pub use claim::{classify_refusal, Claim, ClaimGate, ClaimOutcome, Refusal, StartClaim};
+pub use claim::{
+    classify_refusal, Claim, ClaimBatch, ClaimGate, ClaimOutcome, Refusal, StartClaim,
+};
 pub use crash::{Crash, CrashOutcome, ResurrectOutcome};
 pub use queue::QueueStore;
 pub use store::LeaseStore;

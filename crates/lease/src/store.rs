@@ -6,7 +6,7 @@ use keiro_journal::store::Result;
 use keiro_journal::{store::StartRequest, Fence, InstanceKey, JournalStore, Status, WorkflowName};
 use time::OffsetDateTime;
 
-use crate::{classify_refusal, Claim, ClaimGate, ClaimOutcome, Crash, CrashOutcome};
+use crate::{classify_refusal, Claim, ClaimBatch, ClaimGate, ClaimOutcome, Crash, CrashOutcome};
 use crate::{ResurrectOutcome, StartClaim};
 
 /// Lease, discovery and crash operations, each one transaction.
@@ -69,6 +69,38 @@ pub trait LeaseStore: JournalStore {
         limit: i64,
         now: Option<OffsetDateTime>,
     ) -> Result<Vec<Claim>>;
+
+    /// A worker's claim: up to `limit` runs as
+    /// [`instances_claim_batch`](Self::instances_claim_batch) claims them, then, with the room
+    /// left and when `queues` names any, waiting runs of those queues as
+    /// [`queue_admit`](Self::queue_admit) admits them. A store may do both in one transaction
+    /// (PostgreSQL does: one round trip and one commit). Here, the two calls: an admission
+    /// that fails after runs were claimed leaves them claimed and admits nothing (the next
+    /// claim tries the queues again); with nothing claimed its error is the answer.
+    async fn claim_and_admit(
+        &self,
+        names: &[WorkflowName],
+        queues: &[String],
+        owner: &str,
+        ttl: Duration,
+        limit: i64,
+        now: Option<OffsetDateTime>,
+    ) -> Result<ClaimBatch> {
+        let claimed = self
+            .instances_claim_batch(names, owner, ttl, limit, now)
+            .await?;
+        let room = limit.saturating_sub(i64::try_from(claimed.len()).unwrap_or(i64::MAX));
+        let admitted = if room > 0 && !queues.is_empty() {
+            match self.queue_admit(queues, names, owner, ttl, room, now).await {
+                Ok(admitted) => admitted,
+                Err(error) if claimed.is_empty() => return Err(error),
+                Err(_) => Vec::new(),
+            }
+        } else {
+            Vec::new()
+        };
+        Ok(ClaimBatch { claimed, admitted })
+    }
 
     /// Starts `request`'s instance already leased to `owner` until `now + ttl`, for a caller
     /// that drives the run itself at once (direct execution): no worker is notified, and no

@@ -184,25 +184,72 @@ BEGIN
 END;
 $$;
 
--- queues_start: the start lane's batch when it holds starts on a queue: each request as
--- `keiro_queue_start` (a start on a queue) or `keiro_instance_start` (a plain one) answers it,
--- one row each (its position `n`, the outcome, created, the row), in key order (the lock order),
--- in one transaction. A plain start's outcome is `started`.
+-- queues_start: the start lane's batch when it holds starts on a queue: what
+-- `keiro_queue_start` (a start on a queue) or `keiro_instance_start` (a plain one) does for each
+-- request, one row each (its position `n`, the outcome, created, the row), in one transaction.
+-- A plain start's outcome is `started`.
+--
+-- As `keiro_instances_start` does, one INSERT creates every new key of the batch, in key order
+-- (the lock order), each key by its first request: the requests whose queue takes them
+-- (declared, and allowing their dedup id and priority) and the plain ones. Every other request
+-- (refused by its queue, a key met twice or already there, a dedup id a live run holds) is
+-- then answered one by one, in key order, by the single start, which writes nothing for it or
+-- finds the row it met. One wake notification serves the batch.
 -- Called by: keiro_postgres ops::queue::queues_start; tested by contract::queue.
 CREATE OR REPLACE FUNCTION keiro_queues_start(
     p_names text[], p_ids text[], p_inputs jsonb[], p_parent_names text[], p_parent_ids text[],
     p_priorities integer[], p_queues text[], p_keys text[], p_dedup_ids text[],
     p_not_befores timestamptz[])
 RETURNS TABLE (n integer, outcome text, created boolean, instance workflows)
+-- Index-driven generic plans, as keiro_instances_start's.
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    i        integer;
-    v_start  record;
-    v_notify boolean := false;
+    i         integer;
+    v_created integer[];
+    v_start   record;
+    v_notify  boolean := false;
 BEGIN
+    WITH requests AS (
+        SELECT DISTINCT ON (r.name COLLATE "C", r.id COLLATE "C") r.*
+        FROM unnest(p_names, p_ids, p_inputs, p_parent_names, p_parent_ids, p_priorities,
+                    p_queues, p_keys, p_dedup_ids, p_not_befores)
+             WITH ORDINALITY AS r (name, id, input, parent_name, parent_id, priority, queue,
+                                   key, dedup_id, not_before, n)
+        ORDER BY r.name COLLATE "C", r.id COLLATE "C", r.n
+    ), taken AS (
+        SELECT r.* FROM requests r
+        LEFT JOIN keiro_queues q ON q.name = r.queue
+        WHERE r.queue IS NULL
+           OR (q.name IS NOT NULL AND (r.dedup_id IS NULL OR q.dedup IS NOT NULL)
+               AND (r.priority = 0 OR q.priority))
+    ), inserted AS (
+        INSERT INTO workflows AS w (workflow_name, workflow_id, input, parent_name, parent_id,
+                                    priority, queue, queue_key, dedup_id, next_attempt_at)
+        SELECT t.name, t.id, t.input, t.parent_name, t.parent_id, t.priority, t.queue,
+               CASE WHEN t.queue IS NOT NULL THEN t.key END,
+               CASE WHEN t.queue IS NOT NULL THEN t.dedup_id END,
+               CASE WHEN t.queue IS NOT NULL THEN t.not_before END
+        FROM taken t
+        ORDER BY t.name COLLATE "C", t.id COLLATE "C"
+        ON CONFLICT DO NOTHING
+        RETURNING w.workflow_name, w.workflow_id
+    )
+    SELECT coalesce(array_agg(t.n), '{}') INTO v_created
+    FROM taken t
+    JOIN inserted x ON x.workflow_name = t.name AND x.workflow_id = t.id;
+
+    RETURN QUERY
+    SELECT r.n::integer, 'started'::text, true,
+           (SELECT w FROM workflows w WHERE w.workflow_name = r.name AND w.workflow_id = r.id)
+    FROM unnest(p_names, p_ids) WITH ORDINALITY AS r (name, id, n)
+    WHERE r.n = ANY (v_created);
+
     FOR i IN
         SELECT r.n FROM unnest(p_names, p_ids) WITH ORDINALITY AS r (name, id, n)
+        WHERE NOT r.n = ANY (v_created)
         ORDER BY r.name COLLATE "C", r.id COLLATE "C", r.n
     LOOP
         IF p_queues[i] IS NULL THEN
@@ -223,9 +270,9 @@ BEGIN
             RETURN NEXT;
         END IF;
     END LOOP;
-    -- One wake for the batch's runs on queues (a listener only learns that some run became
+    -- One wake for the batch's new runs (a listener only learns that some run became
     -- runnable), as `keiro_instances_start` sends one for its own.
-    IF v_notify THEN
+    IF v_notify OR v_created <> '{}' THEN
         PERFORM keiro_notify_wake(p_names[1], p_ids[1]);
     END IF;
 END;
@@ -596,6 +643,34 @@ BEGIN
     END LOOP;
 
     RETURN QUERY SELECT * FROM keiro_claims_with_journals(v_claimed);
+END;
+$$;
+
+-- instances_claim_and_admit: a worker's claim in one transaction: up to `p_limit` runs as
+-- `keiro_instances_claim_batch` claims them (`admitted` false), then, with the room left and
+-- when `p_queues` names any, waiting runs of those queues as `keiro_queue_admit` admits them
+-- (`admitted` true). One round trip and one commit where the two calls took two of each.
+-- Called by: keiro_postgres ops::queue::claim_and_admit; tested by contract::queue.
+CREATE OR REPLACE FUNCTION keiro_instances_claim_and_admit(p_names text[], p_queues text[],
+                                                           p_owner text, p_ttl_ms bigint,
+                                                           p_limit integer, p_now timestamptz)
+RETURNS TABLE (admitted boolean, instance workflows, journal_seq bigint[], journal_step text[],
+               journal_kind text[], journal_payload jsonb[],
+               journal_recorded_at timestamptz[])
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_claimed integer;
+BEGIN
+    RETURN QUERY
+    SELECT false, c.* FROM keiro_instances_claim_batch(p_names, p_owner, p_ttl_ms, p_limit,
+                                                       p_now) c;
+    GET DIAGNOSTICS v_claimed = ROW_COUNT;
+    IF v_claimed < p_limit AND cardinality(p_queues) > 0 THEN
+        RETURN QUERY
+        SELECT true, a.* FROM keiro_queue_admit(p_queues, p_names, p_owner, p_ttl_ms,
+                                                p_limit - v_claimed, p_now) a;
+    END IF;
 END;
 $$;
 

@@ -144,35 +144,24 @@ pub(crate) async fn claim_pass(
             let queues = queues.clone();
             let metrics = options.metrics.clone();
             claiming = Some(Box::pin(async move {
-                let mut batch = store
-                    .instances_claim_batch(
+                // Runs that hold their queue slot come back through the ordinary claim;
+                // room left goes to admitting waiting runs of the queues served.
+                let batch = store
+                    .claim_and_admit(
                         &names,
+                        &queues,
                         &owner,
                         ttl,
                         i64::try_from(want).unwrap_or(i64::MAX),
                         None,
                     )
-                    .await;
-                // Runs that hold their queue slot come back through the claim above; room
-                // left goes to admitting waiting runs of the queues served.
-                if let Ok(claims) = &mut batch {
-                    if claims.len() < want && !queues.is_empty() {
-                        let room = i64::try_from(want - claims.len()).unwrap_or(i64::MAX);
-                        match store
-                            .queue_admit(&queues, &names, &owner, ttl, room, None)
-                            .await
-                        {
-                            Ok(admitted) => {
-                                crate::pass::record_admitted(metrics.as_ref(), &admitted);
-                                claims.extend(admitted);
-                            }
-                            // With nothing claimed the error is the claim's; otherwise the
-                            // claims go ahead and the next claim tries the queues again.
-                            Err(error) if claims.is_empty() => batch = Err(error),
-                            Err(_) => {}
-                        }
-                    }
-                }
+                    .await
+                    .map(|batch| {
+                        crate::pass::record_admitted(metrics.as_ref(), &batch.admitted);
+                        let mut claims = batch.claimed;
+                        claims.extend(batch.admitted);
+                        claims
+                    });
                 (batch, want, asked)
             }));
         }

@@ -375,6 +375,7 @@ macro_rules! contract_suite {
                     key_rate_limits_each_key_alone,
                     a_paused_queue_admits_nothing_until_resumed,
                     a_delayed_start_waits_for_its_time_and_shows_as_delayed,
+                    a_workers_claim_takes_ordinary_runs_first_and_admits_with_the_room_left,
                 ],
                 order [
                     priority_orders_admission_when_the_queue_takes_it,

@@ -8,7 +8,8 @@ use keiro_journal::store::Result;
 use keiro_journal::{span::traced, store_span};
 use keiro_journal::{store::StartRequest, Fence, InstanceKey, WorkflowName};
 use keiro_lease::{
-    Claim, ClaimOutcome, Crash, CrashOutcome, LeaseStore, QueueStore, ResurrectOutcome, StartClaim,
+    Claim, ClaimBatch, ClaimOutcome, Crash, CrashOutcome, LeaseStore, QueueStore, ResurrectOutcome,
+    StartClaim,
 };
 use time::OffsetDateTime;
 
@@ -50,6 +51,23 @@ impl LeaseStore for PgStore {
         traced(
             span,
             op::instances_claim_batch(self.db(), names, owner, ttl, limit, now),
+        )
+        .await
+    }
+
+    async fn claim_and_admit(
+        &self,
+        names: &[WorkflowName],
+        queues: &[String],
+        owner: &str,
+        ttl: Duration,
+        limit: i64,
+        now: Option<OffsetDateTime>,
+    ) -> Result<ClaimBatch> {
+        let span = store_span!("claim_and_admit");
+        traced(
+            span,
+            crate::ops::queue::claim_and_admit(self.db(), names, queues, owner, ttl, limit, now),
         )
         .await
     }

@@ -9,7 +9,7 @@ use keiro_journal::queue::{
 };
 use keiro_journal::store::{Result, StartRequest};
 use keiro_journal::{Started, StoreError, WorkflowName};
-use keiro_lease::Claim;
+use keiro_lease::{Claim, ClaimBatch};
 use time::OffsetDateTime;
 
 use crate::db::Db;
@@ -258,6 +258,48 @@ pub(crate) async fn queue_admit(
         )
         .await?;
     crate::ops::lease::claims_of_rows(db, &rows, owner, ADMIT).await
+}
+
+const CLAIM_AND_ADMIT: &str = concat!(
+    "SELECT c.admitted, ",
+    instance_columns!("(c.instance)."),
+    ", c.journal_seq, c.journal_step, c.journal_kind, c.journal_payload, c.journal_recorded_at",
+    " FROM keiro_instances_claim_and_admit($1, $2, $3, $4, $5, $6) c"
+);
+
+/// keiro_instances_claim_and_admit: a worker's claim and its queues' admissions, one round
+/// trip and one transaction.
+pub(crate) async fn claim_and_admit(
+    db: &Db,
+    names: &[WorkflowName],
+    queues: &[String],
+    owner: &str,
+    ttl: Duration,
+    limit: i64,
+    now: Option<OffsetDateTime>,
+) -> Result<ClaimBatch> {
+    let names: Vec<&str> = names.iter().map(WorkflowName::as_str).collect();
+    let limit = i32::try_from(limit.max(0)).unwrap_or(i32::MAX);
+    let rows = db
+        .query(
+            ADMIT,
+            CLAIM_AND_ADMIT,
+            &[&names, &queues, &owner, &span_ms(ttl), &limit, &now],
+        )
+        .await?;
+    let mut claimed = Vec::with_capacity(rows.len());
+    let mut admitted = Vec::new();
+    for row in rows {
+        if column::<bool>(&row, "admitted", ADMIT)? {
+            admitted.push(row);
+        } else {
+            claimed.push(row);
+        }
+    }
+    Ok(ClaimBatch {
+        claimed: crate::ops::lease::claims_of_rows(db, &claimed, owner, ADMIT).await?,
+        admitted: crate::ops::lease::claims_of_rows(db, &admitted, owner, ADMIT).await?,
+    })
 }
 
 // Every queue with what it holds now: one statement (one snapshot), each figure from the index

@@ -169,3 +169,44 @@ pub async fn a_delayed_start_waits_for_its_time_and_shows_as_delayed(h: Harness)
     assert_eq!(ids(&due), ["later"]);
     Ok(())
 }
+
+pub async fn a_workers_claim_takes_ordinary_runs_first_and_admits_with_the_room_left(
+    h: Harness,
+) -> TestResult {
+    declare(&h, QueueSpec::new("q")?.concurrency(2)).await?;
+    for n in 1..=3 {
+        start_on(&h, "q", &format!("r-{n}"), "").await?;
+    }
+    for n in 1..=2 {
+        h.keiro
+            .start_with(
+                "wf",
+                &format!("p-{n}"),
+                &json!(null),
+                &StartOptions::default(),
+            )
+            .await?;
+    }
+    let names = [keiro_journal::WorkflowName::new("wf")?];
+    let queues = ["q".to_owned()];
+    let batch = h
+        .store
+        .claim_and_admit(&names, &queues, "w", super::TTL, 3, None)
+        .await?;
+    assert_eq!(ids(&batch.claimed), ["p-1", "p-2"]);
+    assert_eq!(ids(&batch.admitted), ["r-1"], "one place left of three");
+    let batch = h
+        .store
+        .claim_and_admit(&names, &queues, "w", super::TTL, 10, None)
+        .await?;
+    assert!(batch.claimed.is_empty());
+    assert_eq!(ids(&batch.admitted), ["r-2"], "the queue's second slot");
+    // No queue named: the ordinary claim alone.
+    assert_eq!(
+        h.store
+            .claim_and_admit(&names, &[], "w", super::TTL, 10, None)
+            .await?,
+        keiro_lease::ClaimBatch::default()
+    );
+    Ok(())
+}
