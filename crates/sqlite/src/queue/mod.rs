@@ -29,10 +29,14 @@ use crate::error::{malformed, store};
 use crate::notify;
 use crate::row::{self, micros, Stored};
 
+mod debounce;
 mod held;
+mod keys;
 mod list;
 
+pub(crate) use debounce::queue_debounce;
 pub(crate) use held::{queue_admitted_since, queue_held, Whose};
+pub(crate) use keys::{waiting_keys, KeyScan};
 pub(crate) use list::{queues_list, LIST};
 
 const DECLARE: &str = "declaring a queue";
@@ -281,79 +285,6 @@ pub(crate) fn queue_start(
     )
 }
 
-const DEBOUNCE: &str = "debouncing a start";
-
-/// The pending run of a debounce key pushed back, served by `workflows_debounce_idx`.
-const DEBOUNCE_PUSH: &str = "UPDATE workflows INDEXED BY workflows_debounce_idx SET \
-         input = ?3, next_attempt_at = min(?4, created_at + ?5), updated_at = ?6 \
-     WHERE workflow_name = ?1 AND debounce_key = ?2 AND debounce_key IS NOT NULL \
-       AND lease_epoch = 0 AND status = 'running' \
-     RETURNING workflow_id";
-
-const DEBOUNCE_INSERT: &str = "INSERT INTO workflows \
-         (workflow_name, workflow_id, input, debounce_key, next_attempt_at, created_at, \
-          updated_at) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
-     ON CONFLICT DO NOTHING";
-
-/// keiro_queue_debounce: one run per burst of calls with the same key. While the key's pending
-/// run was never claimed (`lease_epoch = 0`, running), a call replaces its input and moves its
-/// start gate to `now + delay`, never past its first call + `max_wait`; otherwise it starts run
-/// `id` gated at `now + min(delay, max_wait)` (first call at `now`, kept in created_at) and
-/// notifies its wake. Returns whether this call created the run, and the run. The writer runs
-/// one call at a time, so the plpgsql loop's second turn (a concurrent insert) cannot happen;
-/// the id taken by another start answers that run, as there.
-#[allow(clippy::too_many_arguments)] // keiro_queue_debounce's parameters, in its order
-pub(crate) fn queue_debounce(
-    conn: &Connection,
-    now: OffsetDateTime,
-    name: &str,
-    key: &str,
-    id: &str,
-    input: &Value,
-    delay_ms: i64,
-    max_wait_ms: i64,
-    p_now: Option<OffsetDateTime>,
-) -> Result<(bool, Stored)> {
-    let v_now = micros(p_now.unwrap_or(now));
-    let input = row::json(input);
-    let pushed: Option<String> = conn
-        .query_row_cached(
-            DEBOUNCE_PUSH,
-            params![
-                name,
-                key,
-                input,
-                v_now.saturating_add(delay_ms.saturating_mul(1000)),
-                max_wait_ms.saturating_mul(1000),
-                micros(now)
-            ],
-            |r| r.get(0),
-        )
-        .optional()
-        .map_err(|e| store(DEBOUNCE, e))?;
-    let (created, id) = match pushed {
-        Some(pending) => (false, pending),
-        None => {
-            let gate = v_now.saturating_add(delay_ms.min(max_wait_ms).saturating_mul(1000));
-            let created = conn
-                .execute_cached(
-                    DEBOUNCE_INSERT,
-                    params![name, id, input, key, gate, v_now, micros(now)],
-                )
-                .map_err(|e| store(DEBOUNCE, e))?
-                == 1;
-            if created {
-                notify::wake(conn, DEBOUNCE, name, id)?;
-            }
-            (created, id.to_owned())
-        }
-    };
-    let row = row::instance_row(conn, name, &id, DEBOUNCE)?
-        .ok_or_else(|| malformed(DEBOUNCE, "the debounced run is missing"))?;
-    Ok((created, row))
-}
-
 /// What admission (and a remote task claim) reads of a queue row.
 #[derive(Debug, Clone)]
 pub(crate) struct Limits {
@@ -564,6 +495,13 @@ const KEY_NONE_WAITING: &str =
      WHERE queue = ?1 AND status = 'running' AND queue IS NOT NULL AND NOT queue_admitted \
        AND queue_key IS NULL)";
 
+/// The skip scan of the keys with runs waiting.
+const KEY_SCAN: KeyScan = KeyScan {
+    first: KEY_FIRST,
+    next: KEY_NEXT,
+    none_waiting: KEY_NONE_WAITING,
+};
+
 const KEY_STATE: &str = "SELECT pass, weight FROM keiro_queue_keys WHERE queue = ?1 AND key = ?2";
 
 /// One key's waiting runs, in admission order.
@@ -630,31 +568,6 @@ fn waiting(
         .map_err(|e| store(ADMIT, e))
 }
 
-/// Every key with runs waiting on `queue`, ascending, then `None` (runs with no key) when
-/// there are such runs.
-fn waiting_keys(conn: &Connection, queue: &str) -> Result<Vec<Option<String>>> {
-    let next = |sql: &str, after: Option<&str>| -> Result<Option<String>> {
-        let answer = match after {
-            None => conn.query_row_cached(sql, [queue], |r| r.get(0)),
-            Some(after) => conn.query_row_cached(sql, [queue, after], |r| r.get(0)),
-        };
-        answer.optional().map_err(|e| store(ADMIT, e))
-    };
-    let mut keys = Vec::new();
-    let mut key = next(KEY_FIRST, None)?;
-    while let Some(found) = key {
-        key = next(KEY_NEXT, Some(&found))?;
-        keys.push(Some(found));
-    }
-    let none: bool = conn
-        .query_row_cached(KEY_NONE_WAITING, [queue], |r| r.get(0))
-        .map_err(|e| store(ADMIT, e))?;
-    if none {
-        keys.push(None);
-    }
-    Ok(keys)
-}
-
 /// The per-key path of admission: each key with runs waiting gets up to its own room (key
 /// concurrency and key rate), its candidates ranked by virtual finish time (its pass, or the
 /// queue's virtual time if later, plus n / weight for its n-th pick); the picks are ordered by
@@ -670,7 +583,7 @@ fn keyed_picks(
     room: i64,
 ) -> Result<Vec<Candidate>> {
     let mut candidates = Vec::new();
-    for key in waiting_keys(conn, queue)? {
+    for key in waiting_keys(conn, queue, KEY_SCAN, ADMIT)? {
         let key = key.as_deref();
         let key_room = key_room(conn, queue, q, key, now, room, ADMIT)?;
         if key_room <= 0 {

@@ -6,7 +6,7 @@
 
 use keiro_journal::store::Result;
 use keiro_journal::Generation;
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection};
 use serde_json::Value;
 use time::OffsetDateTime;
 
@@ -14,6 +14,7 @@ use super::remote_claims_expire;
 use crate::cached::Cached;
 use crate::error::store;
 use crate::queue::{key_room, key_state, passes_advance, queue_limits, queue_room};
+use crate::queue::{waiting_keys, KeyScan};
 use crate::row::micros;
 
 const CLAIM: &str = "claiming remote tasks";
@@ -158,6 +159,13 @@ const KEY_NONE_WAITING: &str =
     "SELECT EXISTS (SELECT 1 FROM remote_tasks INDEXED BY remote_tasks_queue_key_waiting_idx \
      WHERE queue = ?1 AND status = 'pending' AND queue IS NOT NULL AND queue_key IS NULL)";
 
+/// The skip scan of the keys with tasks waiting.
+const KEY_SCAN: KeyScan = KeyScan {
+    first: KEY_FIRST,
+    next: KEY_NEXT,
+    none_waiting: KEY_NONE_WAITING,
+};
+
 /// One key's and group's waiting tasks, in claim order (`IS`: a NULL key is a key of its own).
 const KEY_WAITING: &str = "SELECT step_id, priority, available_at, created_at \
      FROM remote_tasks INDEXED BY remote_tasks_queue_key_waiting_idx \
@@ -216,30 +224,6 @@ fn waiting(
         .map_err(|e| store(CLAIM, e))
 }
 
-/// Every key with tasks waiting on `queue`, ascending, then `None` when tasks with no key wait.
-fn waiting_keys(conn: &Connection, queue: &str) -> Result<Vec<Option<String>>> {
-    let next = |sql: &str, after: Option<&str>| -> Result<Option<String>> {
-        let answer = match after {
-            None => conn.query_row_cached(sql, [queue], |r| r.get(0)),
-            Some(after) => conn.query_row_cached(sql, [queue, after], |r| r.get(0)),
-        };
-        answer.optional().map_err(|e| store(CLAIM, e))
-    };
-    let mut keys = Vec::new();
-    let mut key = next(KEY_FIRST, None)?;
-    while let Some(found) = key {
-        key = next(KEY_NEXT, Some(&found))?;
-        keys.push(Some(found));
-    }
-    let none: bool = conn
-        .query_row_cached(KEY_NONE_WAITING, [queue], |r| r.get(0))
-        .map_err(|e| store(CLAIM, e))?;
-    if none {
-        keys.push(None);
-    }
-    Ok(keys)
-}
-
 /// keiro_remote_tasks_claim_queued: up to `limit` waiting tasks of the groups (`groups`, a JSON
 /// array) admitted within their queues' limits at `at`, to be claimed by `worker`: queues with
 /// tasks of the groups waiting in name order, paused ones skipped; per queue the room (the
@@ -283,7 +267,7 @@ fn remote_tasks_claim_queued(
         }
         let mut candidates = Vec::new();
         if q.keyed() {
-            for key in waiting_keys(conn, &queue)? {
+            for key in waiting_keys(conn, &queue, KEY_SCAN, CLAIM)? {
                 let key = key.as_deref();
                 let key_room = key_room(conn, &queue, &q, key, at, room, CLAIM)?;
                 if key_room <= 0 {
