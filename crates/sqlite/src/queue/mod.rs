@@ -717,6 +717,37 @@ pub(crate) fn queue_admit(
     Ok(answer)
 }
 
+/// The claimed and the admitted of [`instances_claim_and_admit`], each with its journal.
+pub(crate) type ClaimedAndAdmitted = (
+    Vec<(Stored, Vec<JournalEntry>)>,
+    Vec<(Stored, Vec<JournalEntry>)>,
+);
+
+/// keiro_instances_claim_and_admit: a worker's claim in one transaction: up to `limit` runs as
+/// `instances_claim_batch` claims them, then, with the room left and when `queues` names any,
+/// waiting runs of those queues as [`queue_admit`] admits them.
+#[allow(clippy::too_many_arguments)] // keiro_instances_claim_and_admit's parameters, in its order
+pub(crate) fn instances_claim_and_admit(
+    conn: &Connection,
+    now: OffsetDateTime,
+    names: &[&str],
+    queues: &[String],
+    owner: &str,
+    ttl_ms: i64,
+    limit: i64,
+    p_now: Option<OffsetDateTime>,
+) -> Result<ClaimedAndAdmitted> {
+    let claimed =
+        crate::lease::instances_claim_batch(conn, now, names, owner, ttl_ms, limit, p_now)?;
+    let room = limit.saturating_sub(i64::try_from(claimed.len()).unwrap_or(i64::MAX));
+    let admitted = if room > 0 && !queues.is_empty() {
+        queue_admit(conn, now, queues, names, owner, ttl_ms, room, p_now)?
+    } else {
+        Vec::new()
+    };
+    Ok((claimed, admitted))
+}
+
 const QUEUE_RELEASE_ON_PARK: &str = "SELECT release_on_park FROM keiro_queues WHERE name = ?1";
 
 /// keiro_queue_status's park half (the trigger `workflows_queue_status`; its terminal half is

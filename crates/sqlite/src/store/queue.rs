@@ -7,7 +7,7 @@ use std::time::Duration;
 use keiro_journal::queue::{DebounceRequest, QueueInfo, QueueRefusal, QueueSpec, QueueStart};
 use keiro_journal::store::{Error as StoreError, Result, StartRequest};
 use keiro_journal::{Started, WorkflowName};
-use keiro_lease::Claim;
+use keiro_lease::{Claim, ClaimBatch};
 use time::OffsetDateTime;
 
 use crate::queue::{self, QueueStartCode};
@@ -187,6 +187,56 @@ impl SqliteStore {
                 .into_iter()
                 .map(|(row, journal)| claim(&row, journal, ADMIT))
                 .collect()
+            })
+            .await
+    }
+
+    /// A worker's claim and its queues' admission in one write transaction
+    /// (`LeaseStore::claim_and_admit`).
+    ///
+    /// # Errors
+    ///
+    /// As [`instances_claim_batch`](Self::instances_claim_batch) and
+    /// [`queue_admit`](Self::queue_admit); nothing is claimed when either fails.
+    pub async fn claim_and_admit(
+        &self,
+        names: &[WorkflowName],
+        queues: &[String],
+        owner: &str,
+        ttl: Duration,
+        limit: i64,
+        now: Option<OffsetDateTime>,
+    ) -> Result<ClaimBatch> {
+        for queue in queues {
+            storable::text(ADMIT, "queue name", queue)?;
+        }
+        let queues = queues.to_vec();
+        let names: Vec<String> = names.iter().map(|n| n.as_str().to_owned()).collect();
+        let owner = owner.to_owned();
+        let limit = limit.clamp(0, i64::from(i32::MAX));
+        self.inner
+            .writer
+            .write(ADMIT, move |conn, clock| {
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                let (claimed, admitted) = queue::instances_claim_and_admit(
+                    conn,
+                    clock,
+                    &names,
+                    &queues,
+                    &owner,
+                    span_ms(ttl),
+                    limit,
+                    now,
+                )?;
+                let claims = |rows: Vec<(_, _)>| -> Result<Vec<Claim>> {
+                    rows.into_iter()
+                        .map(|(row, journal)| claim(&row, journal, ADMIT))
+                        .collect()
+                };
+                Ok(ClaimBatch {
+                    claimed: claims(claimed)?,
+                    admitted: claims(admitted)?,
+                })
             })
             .await
     }

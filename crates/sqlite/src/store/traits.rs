@@ -21,7 +21,8 @@ use keiro_journal::{
     Counts, GcBatch, GcRequest, InspectStore, ListRequest, Page, RetentionStore, Waits,
 };
 use keiro_lease::{
-    Claim, ClaimOutcome, Crash, CrashOutcome, LeaseStore, QueueStore, ResurrectOutcome, StartClaim,
+    Claim, ClaimBatch, ClaimOutcome, Crash, CrashOutcome, LeaseStore, QueueStore, ResurrectOutcome,
+    StartClaim,
 };
 use keiro_remote::{
     ClaimRequest, ClaimedTask, HeartbeatOutcome, RemoteAdmin, RemoteTask, ReportOutcome,
@@ -343,6 +344,22 @@ impl LeaseStore for SqliteStore {
         traced(
             store_span!("instances_claim_batch"),
             SqliteStore::instances_claim_batch(self, names, owner, ttl, limit, now),
+        )
+        .await
+    }
+
+    async fn claim_and_admit(
+        &self,
+        names: &[WorkflowName],
+        queues: &[String],
+        owner: &str,
+        ttl: Duration,
+        limit: i64,
+        now: Option<OffsetDateTime>,
+    ) -> Result<ClaimBatch> {
+        traced(
+            store_span!("claim_and_admit"),
+            SqliteStore::claim_and_admit(self, names, queues, owner, ttl, limit, now),
         )
         .await
     }
