@@ -31,6 +31,11 @@ use serde::de::DeserializeOwned;
 
 use crate::{Error, Keiro};
 
+/// What [`Keiro::read_stream`] returns: a boxed `futures_util` stream of `(offset, value)`
+/// (`Unpin`, so `next()` works on it as it is), which ends after the stream's last item or
+/// after its first error.
+pub type StreamReader<T> = BoxStream<'static, Result<(u64, T), Error>>;
+
 /// How many items [`Keiro::read_stream`] reads at a time: 256.
 pub(crate) const STREAM_PAGE_DEFAULT: u32 = 256;
 
@@ -143,7 +148,7 @@ impl Keiro {
         key: impl IntoInstanceKey,
         stream: &str,
         from: u64,
-    ) -> Result<BoxStream<'static, Result<(u64, T), Error>>, Error> {
+    ) -> Result<StreamReader<T>, Error> {
         let key = key.into_instance_key()?;
         validate_message_key(stream)?;
         let follow = Follow {

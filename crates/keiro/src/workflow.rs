@@ -12,4 +12,5 @@ pub use keiro_journal::{
     STREAM_ITEMS_MAX_DEFAULT,
 };
 
+pub use crate::messages::StreamReader;
 pub use crate::result::{RESULT_POLL_INTERVAL_DEFAULT, RESULT_POLL_INTERVAL_MIN};
