@@ -4,8 +4,11 @@
 -- `stream:<key>#end`) applied by `keiro_journal_append_to`, which locks the instance row and
 -- checks the fence, and only when it was appended the row a reader reads, in the same
 -- transaction. So a replayed write (already_present) writes nothing, a stale holder
--- (lease_lost) writes nothing, and readers see exactly what the journal holds. Each write
--- notifies `msg:<name>/<id>` at commit, which wakes the readers of that instance only.
+-- (lease_lost) writes nothing, and readers see exactly what the journal holds. A write to a
+-- `watched` instance (migration 0023: a reader elsewhere follows it) notifies
+-- `msg:<name>/<id>` at commit, which wakes the readers of that instance only; an unwatched
+-- one notifies nothing, since a NOTIFY serializes commits (notify.sql's terminal trigger says
+-- why), and its readers, all in the writing process, are woken there.
 
 -- event_set: journals an event's write and makes its value the event's current one (its
 -- version one more). Outcomes: those of `keiro_journal_append_to`.
@@ -28,7 +31,10 @@ BEGIN
         VALUES (p_name, p_id, p_key, p_payload)
         ON CONFLICT (workflow_name, workflow_id, key) DO UPDATE
             SET value = excluded.value, version = e.version + 1, updated_at = now();
-        PERFORM keiro_notify_message(p_name, p_id);
+        IF EXISTS (SELECT 1 FROM workflows w
+                   WHERE w.workflow_name = p_name AND w.workflow_id = p_id AND w.watched) THEN
+            PERFORM keiro_notify_message(p_name, p_id);
+        END IF;
     END IF;
 END;
 $$;
@@ -42,8 +48,6 @@ $$;
 -- The head row is written after the append locked the instance row, so appends to one stream
 -- are numbered in commit order without gaps; the bounds are exact for one writer at a time
 -- (a run's concurrent branches writing one stream may pass them by the items in flight).
--- A stream's first item marks the instance awaited, so that its close notifies `done:` and
--- the readers following it end at once (notify.sql's trigger).
 -- Outcomes: those of `keiro_journal_append_to`, stream_closed, stream_full.
 -- Called by: keiro_postgres ops::message::stream_write; tested by contract::message.
 CREATE OR REPLACE FUNCTION keiro_stream_write(p_name text, p_id text, p_generation integer,
@@ -89,11 +93,10 @@ BEGIN
         RETURNING h.next_offset, h.bytes INTO stream_items, stream_bytes;
         INSERT INTO workflow_streams (workflow_name, workflow_id, key, stream_offset, value)
         VALUES (p_name, p_id, p_key, stream_items - 1, p_payload);
-        IF stream_items = 1 THEN
-            UPDATE workflows w SET awaited = true
-            WHERE w.workflow_name = p_name AND w.workflow_id = p_id AND NOT w.awaited;
+        IF EXISTS (SELECT 1 FROM workflows w
+                   WHERE w.workflow_name = p_name AND w.workflow_id = p_id AND w.watched) THEN
+            PERFORM keiro_notify_message(p_name, p_id);
         END IF;
-        PERFORM keiro_notify_message(p_name, p_id);
     END IF;
 END;
 $$;
@@ -119,7 +122,10 @@ BEGIN
         VALUES (p_name, p_id, p_key, true)
         ON CONFLICT (workflow_name, workflow_id, key) DO UPDATE
             SET closed = true, updated_at = now();
-        PERFORM keiro_notify_message(p_name, p_id);
+        IF EXISTS (SELECT 1 FROM workflows w
+                   WHERE w.workflow_name = p_name AND w.workflow_id = p_id AND w.watched) THEN
+            PERFORM keiro_notify_message(p_name, p_id);
+        END IF;
     END IF;
 END;
 $$;
@@ -236,11 +242,10 @@ BEGIN
     INSERT INTO workflow_streams (workflow_name, workflow_id, key, stream_offset, value)
     VALUES (p_name, p_id, p_key, stream_items - 1, p_payload);
     stream_offset := stream_items - 1;
-    IF stream_items = 1 THEN
-        UPDATE workflows w SET awaited = true
-        WHERE w.workflow_name = p_name AND w.workflow_id = p_id AND NOT w.awaited;
+    IF EXISTS (SELECT 1 FROM workflows w
+               WHERE w.workflow_name = p_name AND w.workflow_id = p_id AND w.watched) THEN
+        PERFORM keiro_notify_message(p_name, p_id);
     END IF;
-    PERFORM keiro_notify_message(p_name, p_id);
     outcome := 'appended';
 END;
 $$;

@@ -479,12 +479,23 @@ impl Notifier for PgStore {
     /// Wakes when `key` sets an event, writes to or closes a stream, or closes (in this
     /// process at the commit; elsewhere by the `msg:` and `done:` payloads), or when the
     /// listener (re)connects. Every reader shares the store's one listener connection.
+    ///
+    /// Only a watched instance notifies its writes (migration 0023): a reader not woken in its
+    /// own process within 50 ms of a wait marks its instance watched (and awaited, so its
+    /// close notifies too), then answers [`WakeReason::Notified`] so its caller reads again:
+    /// a write committed before the mark notified nobody. A reader in the writing process,
+    /// woken by each commit there, never marks, and its run's writes send no NOTIFY.
     fn subscribe_messages(&self, key: &InstanceKey) -> Box<dyn WakeSource> {
         // Registered before the listener starts, so its first `Reconnected` reaches this one.
         let wait = self.wakes().messages.subscribe(key);
         self.listener_start();
         let store = self.downgrade();
-        Box::new(MessageSubscription { wait, store })
+        Box::new(MessageSubscription {
+            key: key.clone(),
+            watched: false,
+            wait,
+            store,
+        })
     }
 
     /// Wakes when `key` closes (in this process: a worker of this store completed it; or a
@@ -516,15 +527,44 @@ impl Notifier for PgStore {
 /// A reader of an instance's events and streams: its registration, and the store, to start the
 /// listener if subscribing could not (no runtime then).
 struct MessageSubscription {
+    key: InstanceKey,
+    /// Whether this reader marked its instance watched.
+    watched: bool,
     wait: keiro_resume::ClosedWait,
     store: WeakStore,
 }
 
 #[async_trait::async_trait]
 impl WakeSource for MessageSubscription {
-    async fn wait(&mut self, fallback: Duration) -> WakeReason {
+    async fn wait(&mut self, mut fallback: Duration) -> WakeReason {
         if let Some(store) = self.store.upgrade() {
             store.listener_start();
+        }
+        if !self.watched {
+            let first = fallback.min(MARK_AFTER);
+            match self.wait.wait(first).await {
+                WakeReason::Timeout => fallback = fallback.saturating_sub(first),
+                woken => return woken,
+            }
+            if let Some(store) = self.store.upgrade() {
+                match crate::ops::message::instance_watch(store.db(), &self.key).await {
+                    Ok(live) => {
+                        // Not live: nothing will notify; either way, read now (a write before
+                        // the mark notified nobody).
+                        self.watched = live;
+                        return WakeReason::Notified;
+                    }
+                    // Only push is lost: the fallback still reads, and the next wait marks.
+                    Err(error) => tracing::warn!(
+                        key = %self.key,
+                        error = %error,
+                        "cannot mark an instance watched; its reader polls"
+                    ),
+                }
+            }
+            if fallback.is_zero() {
+                return WakeReason::Timeout;
+            }
         }
         self.wait.wait(fallback).await
     }

@@ -25,6 +25,7 @@ const STREAM_CLOSE: &str = "closing a stream";
 const EVENT_GET: &str = "reading an event";
 const STREAM_READ: &str = "reading a stream";
 const MESSAGES: &str = "listing an instance's events and streams";
+const WATCH: &str = "marking an instance watched";
 
 const KEIRO_EVENT_SET: &str = "SELECT outcome, recorded, marker \
      FROM keiro_event_set($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
@@ -200,4 +201,30 @@ pub(crate) async fn instance_messages(db: &Db, key: &InstanceKey, limit: u32) ->
         }
     }
     Ok(messages)
+}
+
+// Marks an instance watched (its writes notify `msg:`) and awaited (its close notifies
+// `done:`), for a reader that was not woken in its own process. Neither column is indexed, so
+// the new row version can be HOT.
+const INSTANCE_WATCH: &str = "WITH marked AS ( \
+         UPDATE workflows SET watched = true, awaited = true \
+         WHERE workflow_name = $1 AND workflow_id = $2 \
+           AND status IN ('running', 'suspended') AND NOT (watched AND awaited) \
+         RETURNING 1) \
+     SELECT (SELECT count(*) FROM marked) > 0 \
+         OR EXISTS (SELECT 1 FROM workflows \
+                    WHERE workflow_name = $1 AND workflow_id = $2 \
+                      AND status IN ('running', 'suspended')) AS live";
+
+/// Marks `key` watched and awaited; `false` when it is not live (closed, or not started):
+/// nothing it does will notify then.
+pub(crate) async fn instance_watch(db: &Db, key: &InstanceKey) -> Result<bool> {
+    let row = db
+        .query_one(
+            WATCH,
+            INSTANCE_WATCH,
+            &[&key.name.as_str(), &key.id.as_str()],
+        )
+        .await?;
+    column(&row, "live", WATCH)
 }

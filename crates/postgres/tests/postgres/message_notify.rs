@@ -1,6 +1,7 @@
-//! Events and streams notify `msg:<name>/<id>` at commit (message.sql), which another store's
-//! listener routes to the readers of that instance only; a stream's first item marks its
-//! instance awaited, so the run's close notifies `done:` and its readers end at once.
+//! Events and streams of a watched instance notify `msg:<name>/<id>` at commit (message.sql),
+//! which another store's listener routes to the readers of that instance only. An instance is
+//! watched once a reader elsewhere marked it (migration 0023), which also makes its close
+//! notify `done:`; an unwatched run's writes send no NOTIFY.
 
 use std::time::Duration;
 
@@ -26,23 +27,43 @@ fn write(id: &str, step: &str, kind: StepKind, value: serde_json::Value) -> Appe
 }
 
 #[tokio::test]
-async fn writes_notify_their_instances_readers_in_another_process() -> TestResult {
+async fn writes_notify_only_instances_a_reader_elsewhere_watches() -> TestResult {
     let db = TestDb::new().await;
     let store = db.store();
-    // Another process's store on the same schema, with a reader of `order/o-1`.
-    let other = PgStore::connect(db.config()).await?;
-    let mut reader = other.subscribe_messages(&key("order", "o-1"));
-    // Its listener's first connection wakes it once; drained before anything is written.
-    while reader.wait(QUIET).await != WakeReason::Timeout {}
-    let mut listener = Listener::on(&store).await?;
     for id in ["o-1", "o-2"] {
         store
             .instance_start(&start(&key("order", id), json!(null)))
             .await?;
     }
-    listener.drain(QUIET).await;
+    let mut listener = Listener::on(&store).await?;
     let channel = store.wake_channel().to_owned();
 
+    // Nobody elsewhere reads o-2: its writes send no NOTIFY, nor does its close.
+    let bounds = StreamWrite {
+        key: "log".into(),
+        items_max: 10,
+        bytes_max: 1 << 20,
+    };
+    let item = write("o-2", "stream:log#1", StepKind::Stream, json!(1));
+    assert_eq!(
+        store.stream_write(&item, &bounds).await?,
+        StreamOutcome::Append(AppendOutcome::Appended)
+    );
+    let close = Append::external(
+        key("order", "o-2"),
+        Event::WorkflowCompleted { output: json!(1) },
+    );
+    store.journal_append(&close).await?;
+    assert!(
+        listener.drain(QUIET).await.is_empty(),
+        "an unwatched run writes silently"
+    );
+
+    // Another process's store reads o-1: not woken in its own process, the reader marks it
+    // watched and reads again.
+    let other = PgStore::connect(db.config()).await?;
+    let mut reader = other.subscribe_messages(&key("order", "o-1"));
+    while reader.wait(QUIET).await != WakeReason::Timeout {}
     let set = write("o-1", "event:stage#1", StepKind::Event, json!("paid"));
     assert_eq!(
         store.event_set(&set, "stage").await?,
@@ -56,40 +77,25 @@ async fn writes_notify_their_instances_readers_in_another_process() -> TestResul
         reader.wait(Duration::from_secs(30)).await,
         WakeReason::Notified
     );
-
-    // Another instance's write does not wake this reader.
-    let item = write("o-2", "stream:log#1", StepKind::Stream, json!(1));
-    let bounds = StreamWrite {
-        key: "log".into(),
-        items_max: 10,
-        bytes_max: 1 << 20,
-    };
-    assert_eq!(
-        store.stream_write(&item, &bounds).await?,
-        StreamOutcome::Append(AppendOutcome::Appended)
-    );
-    assert_eq!(
-        listener.drain(QUIET).await,
-        vec![(channel.clone(), "msg:order/o-2".to_owned())]
-    );
-    assert_eq!(reader.wait(QUIET).await, WakeReason::Timeout);
-
-    // The stream's first item marked o-2 awaited: its close notifies `done:`, with no waiter.
-    let close = Append::external(
-        key("order", "o-2"),
-        Event::WorkflowCompleted { output: json!(1) },
-    );
-    store.journal_append(&close).await?;
-    assert_eq!(
-        listener.drain(QUIET).await,
-        vec![(channel.clone(), "done:order/o-2".to_owned())]
-    );
-    // A refused write notifies nothing.
+    // A refused write notifies nothing; the close of a watched run notifies `done:`.
     let late = write("o-2", "stream:log#2", StepKind::Stream, json!(2));
     assert!(matches!(
         store.stream_write(&late, &bounds).await?,
         StreamOutcome::Append(AppendOutcome::RefusedTerminal(_))
     ));
     assert!(listener.drain(QUIET).await.is_empty());
+    let close = Append::external(
+        key("order", "o-1"),
+        Event::WorkflowCompleted { output: json!(1) },
+    );
+    store.journal_append(&close).await?;
+    assert_eq!(
+        listener.drain(QUIET).await,
+        vec![(channel.clone(), "done:order/o-1".to_owned())]
+    );
+    assert_eq!(
+        reader.wait(Duration::from_secs(30)).await,
+        WakeReason::Notified
+    );
     Ok(())
 }
