@@ -49,8 +49,8 @@ CREATE TABLE workflow_streams (
 );
 
 -- Whether a reader in some process follows the instance's events or streams (set by the
--- Postgres store's `subscribe_messages` when its reader was not woken in its own process
--- within 50 ms). Only watched instances notify `msg:<name>/<id>` when they write: a NOTIFY
+-- Postgres store's `subscribe_messages` when its reader was not woken in its own process for
+-- a second). Only watched instances notify `msg:<name>/<id>` when they write: a NOTIFY
 -- takes a lock held across the commit's flush, which would serialize every run's appends.
 -- Not indexed, so the mark and the writes stay HOT updates.
 ALTER TABLE workflows ADD COLUMN watched boolean NOT NULL DEFAULT false;

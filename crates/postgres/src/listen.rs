@@ -480,11 +480,12 @@ impl Notifier for PgStore {
     /// process at the commit; elsewhere by the `msg:` and `done:` payloads), or when the
     /// listener (re)connects. Every reader shares the store's one listener connection.
     ///
-    /// Only a watched instance notifies its writes (migration 0023): a reader not woken in its
-    /// own process within 50 ms of a wait marks its instance watched (and awaited, so its
-    /// close notifies too), then answers [`WakeReason::Notified`] so its caller reads again:
-    /// a write committed before the mark notified nobody. A reader in the writing process,
-    /// woken by each commit there, never marks, and its run's writes send no NOTIFY.
+    /// Only a watched instance notifies its writes (migration 0023): a reader its own process
+    /// has not woken for [`WATCH_AFTER`] (1 s, the reader's fallback poll) marks its instance
+    /// watched (and awaited, so its close notifies too), then answers
+    /// [`WakeReason::Notified`] so its caller reads again: a write committed before the mark
+    /// notified nobody. A reader in the writing process, woken by each commit there, does not
+    /// mark while the run writes, and the run's writes send no NOTIFY.
     fn subscribe_messages(&self, key: &InstanceKey) -> Box<dyn WakeSource> {
         // Registered before the listener starts, so its first `Reconnected` reaches this one.
         let wait = self.wakes().messages.subscribe(key);
@@ -493,6 +494,7 @@ impl Notifier for PgStore {
         Box::new(MessageSubscription {
             key: key.clone(),
             watched: false,
+            unwatched_until: None,
             wait,
             store,
         })
@@ -530,9 +532,18 @@ struct MessageSubscription {
     key: InstanceKey,
     /// Whether this reader marked its instance watched.
     watched: bool,
+    /// Until when it waits unmarked: [`WATCH_AFTER`] after the first wait, or after the last
+    /// wake-up.
+    unwatched_until: Option<tokio::time::Instant>,
     wait: keiro_resume::ClosedWait,
     store: WeakStore,
 }
+
+/// How long a reader of events and streams goes without a wake-up from its own process before
+/// it marks its instance watched, so that the instance's writes notify (message.sql): its
+/// fallback poll. A reader in the process that runs the instance is woken by each write there
+/// and does not mark while the run writes; one elsewhere reads by its poll until its mark.
+pub(crate) const WATCH_AFTER: Duration = Duration::from_secs(1);
 
 #[async_trait::async_trait]
 impl WakeSource for MessageSubscription {
@@ -541,10 +552,22 @@ impl WakeSource for MessageSubscription {
             store.listener_start();
         }
         if !self.watched {
-            let first = fallback.min(MARK_AFTER);
-            match self.wait.wait(first).await {
-                WakeReason::Timeout => fallback = fallback.saturating_sub(first),
-                woken => return woken,
+            let until = *self
+                .unwatched_until
+                .get_or_insert_with(|| tokio::time::Instant::now() + WATCH_AFTER);
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            if !left.is_zero() {
+                let first = fallback.min(left);
+                match self.wait.wait(first).await {
+                    WakeReason::Timeout => fallback = fallback.saturating_sub(first),
+                    woken => {
+                        self.unwatched_until = None;
+                        return woken;
+                    }
+                }
+                if fallback.is_zero() {
+                    return WakeReason::Timeout;
+                }
             }
             if let Some(store) = self.store.upgrade() {
                 match crate::ops::message::instance_watch(store.db(), &self.key).await {
@@ -561,9 +584,6 @@ impl WakeSource for MessageSubscription {
                         "cannot mark an instance watched; its reader polls"
                     ),
                 }
-            }
-            if fallback.is_zero() {
-                return WakeReason::Timeout;
             }
         }
         self.wait.wait(fallback).await

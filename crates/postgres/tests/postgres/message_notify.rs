@@ -59,11 +59,13 @@ async fn writes_notify_only_instances_a_reader_elsewhere_watches() -> TestResult
         "an unwatched run writes silently"
     );
 
-    // Another process's store reads o-1: not woken in its own process, the reader marks it
-    // watched and reads again.
+    // Another process's store reads o-1: not woken in its own process for a second, the
+    // reader marks it watched and reads again.
     let other = PgStore::connect(db.config()).await?;
     let mut reader = other.subscribe_messages(&key("order", "o-1"));
     while reader.wait(QUIET).await != WakeReason::Timeout {}
+    // Unwoken for `WATCH_AFTER` (1 s), it marks the instance and answers at once.
+    assert_eq!(reader.wait(Duration::from_secs(30)).await, WakeReason::Notified);
     let set = write("o-1", "event:stage#1", StepKind::Event, json!("paid"));
     assert_eq!(
         store.event_set(&set, "stage").await?,
