@@ -481,7 +481,7 @@ impl Notifier for PgStore {
     /// listener (re)connects. Every reader shares the store's one listener connection.
     ///
     /// Only a watched instance notifies its writes (migration 0023): a reader its own process
-    /// has not woken for [`WATCH_AFTER`] (1 s, the reader's fallback poll) marks its instance
+    /// has not woken for `WATCH_AFTER` (1 s, the reader's fallback poll) marks its instance
     /// watched (and awaited, so its close notifies too), then answers
     /// [`WakeReason::Notified`] so its caller reads again: a write committed before the mark
     /// notified nobody. A reader in the writing process, woken by each commit there, does not

@@ -65,7 +65,10 @@ async fn writes_notify_only_instances_a_reader_elsewhere_watches() -> TestResult
     let mut reader = other.subscribe_messages(&key("order", "o-1"));
     while reader.wait(QUIET).await != WakeReason::Timeout {}
     // Unwoken for `WATCH_AFTER` (1 s), it marks the instance and answers at once.
-    assert_eq!(reader.wait(Duration::from_secs(30)).await, WakeReason::Notified);
+    assert_eq!(
+        reader.wait(Duration::from_secs(30)).await,
+        WakeReason::Notified
+    );
     let set = write("o-1", "event:stage#1", StepKind::Event, json!("paid"));
     assert_eq!(
         store.event_set(&set, "stage").await?,
