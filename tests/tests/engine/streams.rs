@@ -12,7 +12,49 @@ use keiro_tests::{on_both_stores, spawn_worker, FastWorker, Harness, TestResult}
 on_both_stores!(
     two_readers_get_every_offset_once_in_order_across_a_worker_killed_mid_stream,
     a_caller_waiting_on_an_event_is_woken_when_the_run_sets_it,
+    a_typed_handle_reads_its_instances_events_and_streams,
 );
+
+/// Counts down from its input on stream `ticks`, then sets event `done`.
+#[derive(Default)]
+struct Countdown;
+
+impl keiro::WorkflowDef for Countdown {
+    const NAME: &'static str = "countdown";
+    type Input = u32;
+    type Output = ();
+
+    async fn run(&self, ctx: Ctx, from: u32) -> Result<(), WorkflowError> {
+        for n in (0..=from).rev() {
+            ctx.write_stream("ticks", &n).await?;
+        }
+        ctx.set_event("done", &true).await
+    }
+}
+
+async fn a_typed_handle_reads_its_instances_events_and_streams(h: Harness) -> TestResult {
+    let worker = h
+        .keiro
+        .worker()
+        .fast()
+        .register_workflow::<Countdown>()
+        .build()?;
+    let handle = h.keiro.start_workflow::<Countdown>("c-1", &3).await?;
+    worker.drain().await?;
+    let ticks: Vec<(u64, u32)> = handle
+        .read_stream::<u32>("ticks", 1)?
+        .map(|item| item.expect("an item"))
+        .collect()
+        .await;
+    assert_eq!(
+        ticks,
+        [(1, 2), (2, 1), (3, 0)],
+        "from offset 1, to the run's end"
+    );
+    let done: Option<bool> = handle.get_event("done", Duration::ZERO).await?;
+    assert_eq!(done, Some(true));
+    Ok(())
+}
 
 const ITEMS: u64 = 10_000;
 
