@@ -230,6 +230,22 @@ impl JournalStore for CountingStore {
             .timers_due_count(now.map(|at| self.inward(at)))
             .await
     }
+    async fn event_set(&self, append: &Append, key: &str) -> Result<AppendOutcome> {
+        self.count("event_set");
+        self.inner.event_set(append, key).await
+    }
+    async fn stream_write(
+        &self,
+        append: &Append,
+        write: &keiro_journal::store::StreamWrite,
+    ) -> Result<keiro_journal::store::StreamOutcome> {
+        self.count("stream_write");
+        self.inner.stream_write(append, write).await
+    }
+    async fn stream_close(&self, append: &Append, key: &str) -> Result<AppendOutcome> {
+        self.count("stream_close");
+        self.inner.stream_close(append, key).await
+    }
     async fn awakeable_create(&self, append: &Append, id: Uuid) -> Result<AppendOutcome> {
         self.count("awakeable_create");
         self.inner.awakeable_create(append, id).await

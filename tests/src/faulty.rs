@@ -201,6 +201,28 @@ impl JournalStore for FaultyStore {
     async fn timers_due_count(&self, now: Option<OffsetDateTime>) -> Result<u64> {
         self.inner.timers_due_count(now).await
     }
+    async fn event_set(&self, append: &Append, key: &str) -> Result<AppendOutcome> {
+        if self.fail_appends.load(Ordering::SeqCst) {
+            return Err(unavailable("setting an event"));
+        }
+        self.inner.event_set(append, key).await
+    }
+    async fn stream_write(
+        &self,
+        append: &Append,
+        write: &keiro_journal::store::StreamWrite,
+    ) -> Result<keiro_journal::store::StreamOutcome> {
+        if self.fail_appends.load(Ordering::SeqCst) {
+            return Err(unavailable("writing to a stream"));
+        }
+        self.inner.stream_write(append, write).await
+    }
+    async fn stream_close(&self, append: &Append, key: &str) -> Result<AppendOutcome> {
+        if self.fail_appends.load(Ordering::SeqCst) {
+            return Err(unavailable("closing a stream"));
+        }
+        self.inner.stream_close(append, key).await
+    }
     async fn awakeable_create(&self, append: &Append, id: Uuid) -> Result<AppendOutcome> {
         if self.fail_appends.load(Ordering::SeqCst) {
             return Err(unavailable("creating an awakeable"));

@@ -31,6 +31,12 @@ pub fn spawn_worker(worker: Worker) -> RunningWorker {
 }
 
 impl RunningWorker {
+    /// Kills the loop as a crash would: its task is aborted, with whatever runs it was driving
+    /// (their leases stay held until they expire or an operator releases them).
+    pub fn kill(self) {
+        self.task.abort();
+    }
+
     /// Shuts the loop down gracefully (runs in flight finish) and returns the sum of its passes.
     ///
     /// # Errors

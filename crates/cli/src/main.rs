@@ -5,6 +5,8 @@
 //! - `keiro list` and `keiro stats` list instances by filter (keyset pages) and count them;
 //!   `keiro gc` deletes instances terminal for longer than a window (retention).
 //! - `keiro schedule list|pause|resume|trigger` operate on schedules.
+//! - `keiro stream NAME ID KEY [--from N] [--follow]` prints a workflow's stream, one JSON
+//!   line per item, following it live with `--follow`.
 //! - `keiro ui` serves the dashboard (a JSON API under `/api/v1` and HTML pages) on
 //!   127.0.0.1:8080; actions need `--token` (`KEIRO_UI_TOKEN`), without it it is read-only.
 //! - `keiro demo` proves the crash guarantees end to end: it runs 200 workflows through a
@@ -41,6 +43,7 @@ mod ops;
 mod proof;
 mod queue;
 mod schedule;
+mod stream;
 mod timeline;
 mod ui;
 
@@ -89,6 +92,8 @@ enum Command {
     Redispatch(ops::KeyArgs),
     /// Start `<id>~retry~<hex>` of a failed instance with a corrected input (JSON).
     RetryWithInput(ops::RetryArgs),
+    /// Print a workflow's stream, one JSON line per item; `--follow` follows it live.
+    Stream(stream::StreamArgs),
     /// Operate schedules: list, pause, resume, trigger.
     #[command(subcommand)]
     Schedule(schedule::ScheduleCommand),
@@ -156,6 +161,7 @@ fn main() -> ExitCode {
             Command::Requeue(key) => ops::requeue(&global, &key).await,
             Command::Redispatch(key) => ops::redispatch(&global, &key).await,
             Command::RetryWithInput(args) => ops::retry_with_input(&global, &args).await,
+            Command::Stream(args) => stream::run(&global, &args).await,
             Command::Schedule(command) => schedule::run(&global, &command).await,
             Command::Queue(command) => queue::run(&global, &command).await,
             Command::Ui(args) => ui::run(&global, &args).await,

@@ -4,7 +4,7 @@
 
 use clap::Args;
 use keiro::{
-    operate::CancelOutcome, operate::InstanceSummary, operate::ListRequest,
+    operate::CancelOutcome, operate::InstanceSummary, operate::ListRequest, operate::Messages,
     operate::RequeueOutcome, operate::ResurrectOutcome, operate::TimerKind, operate::Waits,
     operate::WAITS_LIMIT_DEFAULT, store::Instance, store::JournalEntry, Keiro,
 };
@@ -43,7 +43,7 @@ const CHILDREN_SHOWN: u32 = 100;
 
 /// `keiro show`: the instance row, every journal event in append order, the journal as a
 /// timeline (each step's duration and the time spent parked), then what it waits on (timers,
-/// awakeables, signal waits), its remote tasks and its children.
+/// awakeables, signal waits), its events and streams, its remote tasks and its children.
 pub(crate) async fn show(global: &Global, key: &KeyArgs) -> Result<Outcome> {
     let keiro = keiro(global).await?;
     let what = format!("{}/{}", key.name, key.id);
@@ -65,6 +65,10 @@ pub(crate) async fn show(global: &Global, key: &KeyArgs) -> Result<Outcome> {
         .context(format!(
             "reading the timers, awakeables and signal waits of {what}"
         ))?;
+    let messages = keiro
+        .messages(key)
+        .await
+        .context(format!("reading the events and streams of {what}"))?;
     let tasks = keiro
         .remote_tasks(key)
         .await
@@ -84,9 +88,40 @@ pub(crate) async fn show(global: &Global, key: &KeyArgs) -> Result<Outcome> {
     print_journal(&journal);
     crate::timeline::print(&instance, &journal);
     print_waits(&waits);
+    print_messages(&messages);
     print_tasks(&tasks);
     print_children(&children.instances, children.next_cursor.is_some());
     Ok(Outcome::Success)
+}
+
+/// The events the run set (each with its latest value) and the streams it wrote (`keiro
+/// stream` prints their items).
+fn print_messages(messages: &Messages) {
+    if !messages.events.is_empty() {
+        println!("events {}", messages.events.len());
+    }
+    for event in &messages.events {
+        println!(
+            "  {:<32} v{:<4} set {}  {}",
+            event.key,
+            event.version,
+            timestamp(Some(event.updated_at)),
+            event.value
+        );
+    }
+    if !messages.streams.is_empty() {
+        println!("streams {}", messages.streams.len());
+    }
+    for stream in &messages.streams {
+        println!(
+            "  {:<32} {:>8} items {:>10} bytes  {}  written {}",
+            stream.key,
+            stream.items,
+            stream.bytes,
+            if stream.closed { "closed" } else { "open  " },
+            timestamp(Some(stream.updated_at)),
+        );
+    }
 }
 
 fn print_waits(waits: &Waits) {

@@ -90,6 +90,11 @@ pub use model::id::{
     RESERVED_STEP_PREFIXES,
 };
 pub use model::instance::{Fence, Instance, Started, Status};
+pub use model::message::{
+    EventRead, EventRecord, Messages, StreamBudget, StreamHead, StreamItem, StreamPage,
+    STREAM_BYTES_MAX_DEFAULT, STREAM_GENERATION_BYTES_MAX_DEFAULT,
+    STREAM_GENERATION_ITEMS_MAX_DEFAULT, STREAM_ITEMS_MAX_DEFAULT,
+};
 pub use model::observe::{StepObserver, TraceContext};
 pub use model::remote::{RemoteHandlerDef, RemoteOptions, RemoteStepError, REDISPATCH_MAX_DEFAULT};
 pub use model::retry::{StepOptions, STEP_ATTEMPTS_DEFAULT};

@@ -49,6 +49,17 @@ pub enum Error {
         /// The name asked for.
         name: String,
     },
+    /// An event's value or a stream's item does not decode into the type asked for.
+    #[error("{what} of {key} does not decode into the requested type")]
+    Decode {
+        /// The instance.
+        key: keiro_journal::InstanceKey,
+        /// What did not decode: `event "<key>"`, or `stream "<key>" offset <n>`.
+        what: String,
+        /// The decoder's error.
+        #[source]
+        source: serde_json::Error,
+    },
     /// The store does not offer this capability.
     #[error("the store does not support {what}")]
     Unsupported {

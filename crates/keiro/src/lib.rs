@@ -13,7 +13,8 @@
 //! # Where to start
 //!
 //! Read [`Ctx`] first: a workflow is an `async fn(Ctx, Input) -> Result<Output, WorkflowError>`,
-//! and `Ctx`'s methods are its steps, sleeps, signals, awakeables and children. Then
+//! and `Ctx`'s methods are its steps, sleeps, signals, awakeables, children, events and
+//! streams. Then
 //! [`Keiro`], the handle you start and operate instances with, and [`WorkerBuilder`], where
 //! you register workflows and build the [`Worker`] that runs them. [`WorkflowDef`] and
 //! [`Handle`] give a workflow a typed input and output; [`StepOptions`] retries a step;
@@ -99,6 +100,7 @@ mod direct;
 mod engine;
 mod error;
 mod handle;
+mod messages;
 pub mod operate;
 pub mod queue;
 pub mod remote;

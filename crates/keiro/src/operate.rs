@@ -18,6 +18,7 @@ pub use keiro_journal::{
     StatusCount, TimeRange, TimerInfo, TimerKind, TimerState, Waits, GC_BATCH_DEFAULT,
     GC_BATCH_MAX, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, WAITS_LIMIT_DEFAULT,
 };
+pub use keiro_journal::{EventRecord, Messages, StreamHead, StreamItem, StreamPage};
 pub use keiro_lease::ResurrectOutcome;
 pub use keiro_remote::{AdminError, RequeueOutcome};
 
@@ -118,6 +119,63 @@ impl Keiro {
             .into());
         }
         Ok(self.operate()?.inspect.instance_waits(&key, limit).await?)
+    }
+
+    /// The events an instance set (with their current values) and the streams it wrote (with
+    /// their lengths and whether they are closed), by key; empty for an unknown instance.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::temporary()?;
+    /// let messages = keiro.messages(("order", "order-1")).await?;
+    /// assert!(messages.events.is_empty() && messages.streams.is_empty());
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidId`], [`Error::Store`], [`Error::Unsupported`] for a store wrapped with
+    /// `KeiroBuilder::lease_only`.
+    pub async fn messages(&self, key: impl IntoInstanceKey) -> Result<Messages, Error> {
+        let key = key.into_instance_key()?;
+        Ok(self.operate()?.inspect.instance_messages(&key).await?)
+    }
+
+    /// One page of a stream from offset `from` (at most 256 items), with whether it is closed
+    /// and the instance's status, as it is now; `None` for an unknown instance. To follow a
+    /// stream live, use [`read_stream`](Keiro::read_stream).
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::temporary()?;
+    /// assert!(keiro.stream_page(("order", "order-1"), "progress", 0).await?.is_none());
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidId`] for a bad key, [`Error::Store`], [`Error::Unsupported`] for a
+    /// store wrapped with `KeiroBuilder::lease_only`.
+    pub async fn stream_page(
+        &self,
+        key: impl IntoInstanceKey,
+        stream: &str,
+        from: u64,
+    ) -> Result<Option<StreamPage>, Error> {
+        let key = key.into_instance_key()?;
+        keiro_journal::store::validate_message_key(stream)?;
+        let limit = crate::messages::STREAM_PAGE_DEFAULT;
+        Ok(self
+            .operate()?
+            .inspect
+            .stream_read(&key, stream, from, limit)
+            .await?)
     }
 
     /// Retention, one batch: deletes up to `request.batch` instances that have been terminal

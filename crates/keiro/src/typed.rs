@@ -339,6 +339,33 @@ impl<W: WorkflowDef> Handle<W> {
         self.keiro.result_of(&self.key, options).await
     }
 
+    /// The current value of the instance's event `event`, waiting up to `timeout` for the
+    /// first one ([`Keiro::get_event`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Keiro::get_event`].
+    pub async fn get_event<T: DeserializeOwned>(
+        &self,
+        event: &str,
+        timeout: Duration,
+    ) -> Result<Option<T>, Error> {
+        self.keiro.get_event(&self.key, event, timeout).await
+    }
+
+    /// Follows the instance's stream `stream` from offset `from` ([`Keiro::read_stream`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Keiro::read_stream`].
+    pub fn read_stream<T: DeserializeOwned + Send + 'static>(
+        &self,
+        stream: &str,
+        from: u64,
+    ) -> Result<crate::workflow::StreamReader<T>, Error> {
+        self.keiro.read_stream(&self.key, stream, from)
+    }
+
     /// Cancels the instance ([`Keiro::cancel`]).
     ///
     /// ```

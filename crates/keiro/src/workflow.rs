@@ -6,8 +6,11 @@
 pub use keiro_journal::{
     error_chain, panic_message, workflow_fn, Awakeable, AwakeableOutcome, BoxFuture, Deliveries,
     DeliveryBacklog, DeliveryRefusal, Driven, IdError, IntoInstanceKey, JournalBudget, RunError,
-    RunOptions, RunOutcome, RunStats, SignalSendOutcome, Workflow, WorkflowId, WorkflowName,
-    SIGNAL_TTL_DEFAULT,
+    RunOptions, RunOutcome, RunStats, SignalSendOutcome, StreamBudget, Workflow, WorkflowId,
+    WorkflowName, SIGNAL_TTL_DEFAULT, STREAM_BYTES_MAX_DEFAULT,
+    STREAM_GENERATION_BYTES_MAX_DEFAULT, STREAM_GENERATION_ITEMS_MAX_DEFAULT,
+    STREAM_ITEMS_MAX_DEFAULT,
 };
 
+pub use crate::messages::StreamReader;
 pub use crate::result::{RESULT_POLL_INTERVAL_DEFAULT, RESULT_POLL_INTERVAL_MIN};

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use keiro::store::{LeaseStore, RetentionStore};
 use keiro::worker::{LogHook, ResumeLogEvent, ResumeOptions, Tuning};
-use keiro::workflow::JournalBudget;
+use keiro::workflow::{JournalBudget, StreamBudget};
 use keiro::{Backoff, Metrics, Tracing, WorkerBuilder};
 use keiro_sqlite::SqliteStore;
 
@@ -26,6 +26,7 @@ fn calls(log: &LogHook) -> Vec<Call> {
                 reconcile: None,
                 pass_limit: Some(17),
                 journal_budget: budget(),
+                stream_budget: stream_budget(),
             })
         }),
         Box::new(|b| b.poll_interval(Duration::from_millis(250))),
@@ -49,6 +50,15 @@ fn budget() -> JournalBudget {
     JournalBudget {
         steps: 900,
         bytes: 1 << 20,
+    }
+}
+
+fn stream_budget() -> StreamBudget {
+    StreamBudget {
+        items: 100,
+        bytes: 1 << 16,
+        generation_items: 50,
+        generation_bytes: 1 << 15,
     }
 }
 
@@ -76,6 +86,7 @@ fn the_order_of_the_calls_does_not_matter() -> Result<(), keiro::Error> {
         pass_limit: Some(17),
         payload_len_max: 4096,
         journal_budget: budget(),
+        stream_budget: stream_budget(),
         owner: Some("billing-1".to_owned()),
         log: log.clone(),
         metrics: Some(Metrics::global()),

@@ -2,9 +2,10 @@
 --
 -- Everything goes to the channel `<schema>.wake`, sent inside the transaction that caused it,
 -- so a listener hears only of committed changes. Payloads: `<name>/<id>` (the instance may be
--- runnable; neither part may contain `/`), `timer`, `remote`, and `done:<name>/<id>` (an
--- awaited instance finished). Only instance payloads contain a `/` without a `:` before it,
--- so no two kinds can be confused.
+-- runnable; neither part may contain `/`), `timer`, `remote`, `done:<name>/<id>` (an
+-- awaited instance finished) and `msg:<name>/<id>` (the instance set an event or wrote to a
+-- stream). Only instance payloads contain a `/` without a `:` before it, so no two kinds can
+-- be confused.
 
 -- The three senders are plpgsql, not `LANGUAGE sql`: a SQL function that cannot be inlined
 -- (these return void) is parsed and planned again by every statement that calls it, where
@@ -16,6 +17,16 @@ CREATE OR REPLACE FUNCTION keiro_notify_wake(p_name text, p_id text) RETURNS voi
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_notify(current_schema() || '.wake', p_name || '/' || p_id);
+END;
+$$;
+
+-- Tells the readers of an instance's events and streams that it set one or wrote to one.
+-- Listeners wake only the readers of that instance with it, never the worker loops.
+-- Called by: SQL only (message.sql); tested in crates/postgres/tests only (LISTEN).
+CREATE OR REPLACE FUNCTION keiro_notify_message(p_name text, p_id text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify(current_schema() || '.wake', 'msg:' || p_name || '/' || p_id);
 END;
 $$;
 

@@ -175,6 +175,12 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../numbered/0022_remote_queues.sql"),
         shipped: None,
     },
+    Migration {
+        version: 23,
+        name: "events_streams",
+        sql: include_str!("../numbered/0023_events_streams.sql"),
+        shipped: None,
+    },
 ];
 
 /// One function file of `functions/`: the definitions of one group of functions (and the
@@ -235,6 +241,10 @@ pub const FUNCTION_FILES: &[FunctionFile] = &[
     FunctionFile {
         name: "queue",
         sql: include_str!("../functions/queue.sql"),
+    },
+    FunctionFile {
+        name: "message",
+        sql: include_str!("../functions/message.sql"),
     },
 ];
 

@@ -416,4 +416,40 @@ impl InspectStore for PgStore {
         let span = store_span!("instance_waits", key = key);
         traced(span, self.waits(key, limit)).await
     }
+
+    async fn event_get(
+        &self,
+        key: &InstanceKey,
+        event: &str,
+    ) -> Result<Option<keiro_journal::EventRead>> {
+        let span = store_span!("event_get", key = key);
+        traced(span, crate::ops::message::event_get(self.db(), key, event)).await
+    }
+
+    async fn stream_read(
+        &self,
+        key: &InstanceKey,
+        stream: &str,
+        from: u64,
+        limit: u32,
+    ) -> Result<Option<keiro_journal::StreamPage>> {
+        let span = store_span!("stream_read", key = key);
+        traced(
+            span,
+            crate::ops::message::stream_read(self.db(), key, stream, from, limit),
+        )
+        .await
+    }
+
+    async fn instance_messages(&self, key: &InstanceKey) -> Result<keiro_journal::Messages> {
+        let span = store_span!("instance_messages", key = key);
+        traced(
+            span,
+            crate::ops::message::instance_messages(self.db(), key, MESSAGES_LIMIT),
+        )
+        .await
+    }
 }
+
+/// The most events, and the most streams, [`InspectStore::instance_messages`] lists.
+const MESSAGES_LIMIT: u32 = 1000;

@@ -84,6 +84,7 @@ mod schedule;
 mod scratch;
 mod session;
 mod store;
+mod stream_in;
 mod tls;
 mod transaction_step;
 
@@ -100,6 +101,7 @@ pub use lanes::{BatchStats, LaneStats};
 pub use migrate::Migrated;
 pub use scratch::DROP_SCHEMA_LOCK_TIMEOUT;
 pub use store::PgStore;
+pub use stream_in::{write_stream_in, StreamInError};
 pub use tls::{SslMode, TlsConnector, UnknownSslMode};
 pub use transaction_step::{
     TransactionFailure, TransactionOptions, TransactionStage, TransactionStep,

@@ -17,7 +17,9 @@
 //! time it (re)establishes `LISTEN` it broadcasts `Reconnected`, and the loops poll at once.
 //! A `done:<name>/<id>` payload (an instance closed, migration 0016) is not broadcast: it wakes
 //! only the result waiters of that instance ([`ClosedWaiters`]), so callers awaiting results
-//! share this one connection without waking each other or the loops.
+//! share this one connection without waking each other or the loops. A `msg:<name>/<id>`
+//! payload (the instance set an event or wrote to a stream, message.sql) wakes only the
+//! readers of that instance, in a second registry; a `done:` wakes them too.
 //! That includes the first connection: a subscription exists before the `LISTEN` takes
 //! effect, and what was sent in between is missed.
 //!
@@ -67,6 +69,10 @@ const REMOTE_PAYLOAD: &str = "remote";
 /// The prefix of the payload `keiro_notify_terminal` (migration 0016) sends when an instance
 /// closes: `done:<name>/<id>`. Names cannot contain `:`, so no instance payload starts so.
 const CLOSED_PREFIX: &str = "done:";
+
+/// The prefix of the payload `keiro_notify_message` (message.sql) sends when an instance sets
+/// an event or writes to a stream: `msg:<name>/<id>`. Like `done:`, never an instance payload.
+const MESSAGE_PREFIX: &str = "msg:";
 
 /// The listener's reconnect delays: 100 ms after a lost connection, doubling with each failed
 /// attempt up to 5 s, jittered so a fleet does not reconnect in lockstep after a database
@@ -155,6 +161,9 @@ pub(crate) struct Hub {
     sender: broadcast::Sender<Wake>,
     /// Result waiters by instance: a `done:` payload wakes only those of its instance.
     closed: ClosedWaiters,
+    /// Readers of events and streams by instance: a `msg:` payload (and a `done:`, since a
+    /// run that ends ends its streams) wakes only those of its instance.
+    messages: ClosedWaiters,
     /// `Some` once a listener was spawned. Dropping it (with the store) stops the task; it
     /// reads as closed when the task is gone (its runtime shut down), so a later subscription
     /// starts a new one.
@@ -172,6 +181,7 @@ impl Hub {
         Self {
             sender: broadcast::channel(WAKE_BUFFER_LEN).0,
             closed: ClosedWaiters::default(),
+            messages: ClosedWaiters::default(),
             stop: Mutex::new(None),
             settings: Settings::new(config, connection, tls),
         }
@@ -198,6 +208,7 @@ impl PgStore {
             Outlets {
                 sender: hub.sender.clone(),
                 closed: hub.closed.clone(),
+                messages: hub.messages.clone(),
             },
         );
         runtime.spawn(async move {
@@ -228,13 +239,22 @@ impl PgStore {
             _ => return,
         };
         self.wakes().closed.closed_with(&append.key, &outcome);
+        self.wakes().messages.closed(&append.key);
+    }
+
+    /// Wakes this process's readers of `key`'s events and streams: a write of this store
+    /// committed (readers elsewhere hear the `msg:` payload).
+    pub(crate) fn messages_here(&self, key: &InstanceKey) {
+        self.wakes().messages.closed(key);
     }
 }
 
-/// Where the listener sends what it hears: the loops' broadcast, and the result waiters.
+/// Where the listener sends what it hears: the loops' broadcast, the result waiters, and the
+/// readers of events and streams.
 struct Outlets {
     sender: broadcast::Sender<Wake>,
     closed: ClosedWaiters,
+    messages: ClosedWaiters,
 }
 
 impl Outlets {
@@ -243,6 +263,7 @@ impl Outlets {
     fn reconnected(&self) {
         let _ = self.sender.send(Wake::Reconnected);
         self.closed.reconnected();
+        self.messages.reconnected();
     }
 }
 
@@ -391,6 +412,13 @@ fn forward(sender: &Outlets, message: &AsyncMessage) {
         if let Some(closed) = payload.strip_prefix(CLOSED_PREFIX) {
             if let Some(key) = closed_key(closed) {
                 sender.closed.closed(&key);
+                sender.messages.closed(&key);
+            }
+            return;
+        }
+        if let Some(written) = payload.strip_prefix(MESSAGE_PREFIX) {
+            if let Some(key) = closed_key(written) {
+                sender.messages.closed(&key);
             }
             return;
         }
@@ -448,6 +476,30 @@ impl Notifier for PgStore {
         }))
     }
 
+    /// Wakes when `key` sets an event, writes to or closes a stream, or closes (in this
+    /// process at the commit; elsewhere by the `msg:` and `done:` payloads), or when the
+    /// listener (re)connects. Every reader shares the store's one listener connection.
+    ///
+    /// Only a watched instance notifies its writes (migration 0023): a reader its own process
+    /// has not woken for `WATCH_AFTER` (1 s, the reader's fallback poll) marks its instance
+    /// watched (and awaited, so its close notifies too), then answers
+    /// [`WakeReason::Notified`] so its caller reads again: a write committed before the mark
+    /// notified nobody. A reader in the writing process, woken by each commit there, does not
+    /// mark while the run writes, and the run's writes send no NOTIFY.
+    fn subscribe_messages(&self, key: &InstanceKey) -> Box<dyn WakeSource> {
+        // Registered before the listener starts, so its first `Reconnected` reaches this one.
+        let wait = self.wakes().messages.subscribe(key);
+        self.listener_start();
+        let store = self.downgrade();
+        Box::new(MessageSubscription {
+            key: key.clone(),
+            watched: false,
+            unwatched_until: None,
+            wait,
+            store,
+        })
+    }
+
     /// Wakes when `key` closes (in this process: a worker of this store completed it; or a
     /// `done:<name>/<id>` payload, sent by migration 0016's trigger when an awaited instance
     /// closes) or when the listener (re)connects. Every waiter of this store shares its one
@@ -471,6 +523,70 @@ impl Notifier for PgStore {
             wait,
             store: self.downgrade(),
         })
+    }
+}
+
+/// A reader of an instance's events and streams: its registration, and the store, to start the
+/// listener if subscribing could not (no runtime then).
+struct MessageSubscription {
+    key: InstanceKey,
+    /// Whether this reader marked its instance watched.
+    watched: bool,
+    /// Until when it waits unmarked: [`WATCH_AFTER`] after the first wait, or after the last
+    /// wake-up.
+    unwatched_until: Option<tokio::time::Instant>,
+    wait: keiro_resume::ClosedWait,
+    store: WeakStore,
+}
+
+/// How long a reader of events and streams goes without a wake-up from its own process before
+/// it marks its instance watched, so that the instance's writes notify (message.sql): its
+/// fallback poll. A reader in the process that runs the instance is woken by each write there
+/// and does not mark while the run writes; one elsewhere reads by its poll until its mark.
+pub(crate) const WATCH_AFTER: Duration = Duration::from_secs(1);
+
+#[async_trait::async_trait]
+impl WakeSource for MessageSubscription {
+    async fn wait(&mut self, mut fallback: Duration) -> WakeReason {
+        if let Some(store) = self.store.upgrade() {
+            store.listener_start();
+        }
+        if !self.watched {
+            let until = *self
+                .unwatched_until
+                .get_or_insert_with(|| tokio::time::Instant::now() + WATCH_AFTER);
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            if !left.is_zero() {
+                let first = fallback.min(left);
+                match self.wait.wait(first).await {
+                    WakeReason::Timeout => fallback = fallback.saturating_sub(first),
+                    woken => {
+                        self.unwatched_until = None;
+                        return woken;
+                    }
+                }
+                if fallback.is_zero() {
+                    return WakeReason::Timeout;
+                }
+            }
+            if let Some(store) = self.store.upgrade() {
+                match crate::ops::message::instance_watch(store.db(), &self.key).await {
+                    Ok(live) => {
+                        // Not live: nothing will notify; either way, read now (a write before
+                        // the mark notified nobody).
+                        self.watched = live;
+                        return WakeReason::Notified;
+                    }
+                    // Only push is lost: the fallback still reads, and the next wait marks.
+                    Err(error) => tracing::warn!(
+                        key = %self.key,
+                        error = %error,
+                        "cannot mark an instance watched; its reader polls"
+                    ),
+                }
+            }
+        }
+        self.wait.wait(fallback).await
     }
 }
 

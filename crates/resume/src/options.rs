@@ -65,6 +65,10 @@ pub struct ResumeOptions {
     /// `WorkflowError::JournalFull` (continue as new to go on). Defaults to
     /// [`JournalBudget::default`](keiro_journal::JournalBudget::default): 50,000 entries, 50 MiB.
     pub journal_budget: keiro_journal::JournalBudget,
+    /// How much a run may write to its streams before a write fails with
+    /// `WorkflowError::StreamFull`. Defaults to
+    /// [`StreamBudget::default`](keiro_journal::StreamBudget::default).
+    pub stream_budget: keiro_journal::StreamBudget,
     /// The lease owner id. `None` mints a fresh id per pass, as the seed does.
     /// Defaults to `None`.
     pub owner: Option<String>,
@@ -101,6 +105,7 @@ impl std::fmt::Debug for ResumeOptions {
             .field("pass_limit", &self.pass_limit)
             .field("payload_len_max", &self.payload_len_max)
             .field("journal_budget", &self.journal_budget)
+            .field("stream_budget", &self.stream_budget)
             .field("owner", &self.owner)
             .field("metrics", &self.metrics.is_some())
             .field("tracing", &self.tracing.is_some())
@@ -123,6 +128,7 @@ impl Default for ResumeOptions {
             pass_limit: Some(PASS_LIMIT_DEFAULT),
             payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
             journal_budget: keiro_journal::JournalBudget::default(),
+            stream_budget: keiro_journal::StreamBudget::default(),
             owner: None,
             log: tracing_log_hook(),
             metrics: None,
@@ -191,6 +197,7 @@ impl ResumeOptions {
         let mut run = RunOptions::new(self.lease_ttl);
         run.payload_len_max = self.payload_len_max;
         run.journal_budget = self.journal_budget;
+        run.stream_budget = self.stream_budget;
         run.reconcile = self.reconcile;
         run.faults = self.faults.clone();
         run.observer = self

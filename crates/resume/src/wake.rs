@@ -78,6 +78,15 @@ pub trait Notifier: Send + Sync {
         let _ = key;
         Box::new(FixedPoll)
     }
+
+    /// A subscription that wakes when instance `key` sets an event, writes to or closes a
+    /// stream, or reaches a terminal status after this call, or when notifications may have
+    /// been missed; for readers of its events and streams. The default never wakes early (a
+    /// fixed poll); the built-in stores override it.
+    fn subscribe_messages(&self, key: &keiro_journal::InstanceKey) -> Box<dyn WakeSource> {
+        let _ = key;
+        Box::new(FixedPoll)
+    }
 }
 
 #[async_trait::async_trait]

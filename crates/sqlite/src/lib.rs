@@ -44,8 +44,12 @@
 //!   `instance_park_dispatch` (arms and park in one transaction); and the Postgres store's
 //!   one-statement `remote_tasks` list (the batched `instances_park_dispatch` has no twin: the
 //!   writer already shares a transaction between parks);
+//! - message.sql: `event_set`, `stream_write` (closed and full streams refused),
+//!   `stream_close`, and the reads `event_get`, `stream_read`, `instance_messages` (a
+//!   transaction step's `stream_append_in` is the Postgres store's alone);
 //! - reads: `instance_get`, `journal_load`, `journal_history`;
-//! - notify.sql: `keiro_notify_wake`, `keiro_notify_timer`, `keiro_notify_remote` (a row of
+//! - notify.sql: `keiro_notify_wake`, `keiro_notify_timer`, `keiro_notify_remote`,
+//!   `keiro_notify_message` (a row of
 //!   migration 0002's notification table, where each rule above calls its twin) and the
 //!   trigger of terminal transitions, published through `keiro_resume::Notifier`;
 //! - crates/postgres/src/inspect.rs (plain SQL there too): `instances_list` (every filter, both
@@ -126,6 +130,7 @@ mod inspect;
 mod instance;
 mod journal;
 mod lease;
+mod message;
 mod notify;
 mod open;
 mod queue;

@@ -106,6 +106,23 @@ pub(crate) fn queue(conn: &Connection, operation: &'static str, queue: &str) -> 
     insert(conn, operation, "wake", Some(("queue", queue)))
 }
 
+/// The prefix of the name of a `wake` row that announces an event or a stream write of an
+/// instance (`keiro_notify_message`'s `msg:<name>/<id>`): no workflow name holds a `:`.
+const MESSAGE_PREFIX: &str = "msg:";
+
+/// keiro_notify_message: instance `name`/`id` set an event or wrote to a stream. A `wake` row
+/// named `msg:<name>` (migration 0002's CHECK allows no other kind with an instance), which
+/// is routed to the readers of that instance only.
+pub(crate) fn message(
+    conn: &Connection,
+    operation: &'static str,
+    name: &str,
+    id: &str,
+) -> Result<()> {
+    let name = format!("{MESSAGE_PREFIX}{name}");
+    insert(conn, operation, "wake", Some((name.as_str(), id)))
+}
+
 /// keiro_notify_timer: a timer was armed, so the earliest due time may have moved closer.
 pub(crate) fn timer(conn: &Connection, operation: &'static str) -> Result<()> {
     insert(conn, operation, "timer", None)
@@ -195,6 +212,8 @@ pub(crate) fn written(conn: &Connection, mark: Option<i64>) -> Option<Vec<Note>>
 pub(crate) struct Outlets {
     sender: broadcast::Sender<Wake>,
     closed: ClosedWaiters,
+    /// Readers of events and streams: a message row (and a close) wakes those of its instance.
+    messages: ClosedWaiters,
     own: Arc<Mutex<VecDeque<(i64, i64)>>>,
 }
 
@@ -204,6 +223,7 @@ impl Outlets {
         Self {
             sender: broadcast::channel(WAKE_BUFFER_LEN).0,
             closed: ClosedWaiters::default(),
+            messages: ClosedWaiters::default(),
             own: Arc::default(),
         }
     }
@@ -258,9 +278,23 @@ impl Outlets {
     fn publish<'a>(&self, notes: impl Iterator<Item = &'a Note>) {
         let (mut instance, mut timer, mut remote) = (false, false, false);
         let mut closed = HashSet::new();
+        let mut written = HashSet::new();
         for note in notes {
             match note.kind.as_str() {
-                "wake" => instance = true,
+                "wake" => {
+                    let message = note
+                        .name
+                        .as_deref()
+                        .and_then(|n| n.strip_prefix(MESSAGE_PREFIX));
+                    match (message, &note.id) {
+                        (Some(name), Some(id)) => {
+                            if let Ok(key) = InstanceKey::parse(name, id) {
+                                written.insert(key);
+                            }
+                        }
+                        _ => instance = true,
+                    }
+                }
                 "timer" => timer = true,
                 "remote" => remote = true,
                 "closed" => {
@@ -285,6 +319,10 @@ impl Outlets {
         }
         for key in &closed {
             self.closed.closed(key);
+            self.messages.closed(key);
+        }
+        for key in &written {
+            self.messages.closed(key);
         }
     }
 
@@ -293,6 +331,7 @@ impl Outlets {
     fn reconnected(&self) {
         let _ = self.sender.send(Wake::Reconnected);
         self.closed.reconnected();
+        self.messages.reconnected();
     }
 }
 
@@ -361,6 +400,11 @@ impl Hub {
     /// A new result waiter on `key`.
     pub(crate) fn closed(&self, key: &InstanceKey) -> ClosedWait {
         self.outlets.closed.subscribe(key)
+    }
+
+    /// A new reader of `key`'s events and streams.
+    pub(crate) fn messages(&self, key: &InstanceKey) -> ClosedWait {
+        self.outlets.messages.subscribe(key)
     }
 }
 

@@ -26,6 +26,11 @@ pub(crate) const MIGRATIONS: &[(i64, &str, &str)] = &[
         "remote_queues",
         include_str!("../migrations/0004_remote_queues.sql"),
     ),
+    (
+        5,
+        "events_streams",
+        include_str!("../migrations/0005_events_streams.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.

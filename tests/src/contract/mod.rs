@@ -2,7 +2,7 @@
 //! take a [`Harness`](crate::Harness), run on every store by one macro.
 //!
 //! One module per file of `sql/functions/` (`journal`, `instance`, `lease`, `timer`, `signal`,
-//! `awakeable`, `child`, `remote`, `queue`), plus `retention`, `inspect` and `schedule`; inside each,
+//! `awakeable`, `child`, `remote`, `queue`, `message`), plus `retention`, `inspect` and `schedule`; inside each,
 //! one file per behaviour. A scenario is `pub async fn name(h: Harness) -> TestResult`, uses
 //! only what every store offers (the store traits, the facade, the harness's tools) and
 //! branches on [`Backend`](crate::Backend) only where the stores are allowed to differ.
@@ -33,6 +33,7 @@ pub mod inspect;
 pub mod instance;
 pub mod journal;
 pub mod lease;
+pub mod message;
 pub mod queue;
 pub mod remote;
 pub mod retention;
@@ -302,6 +303,26 @@ macro_rules! contract_suite {
                     a_terminal_owner_gets_nothing_journaled,
                     creation_is_fenced_and_refused_on_a_terminal_owner,
                     awakeables_settle_once_and_never_journal_into_a_terminal_owner,
+                ],
+            },
+            message {
+                event [
+                    a_set_event_is_read_at_once_and_the_latest_value_wins,
+                    a_stale_holder_sets_nothing,
+                    a_reader_waiting_for_the_first_value_is_woken_by_push,
+                    a_terminal_run_without_the_event_answers_none_at_once,
+                    bad_event_requests_are_typed_errors,
+                    a_body_sets_events_once_whatever_replays_it,
+                ],
+                stream [
+                    appends_are_numbered_without_gaps_and_read_from_any_offset,
+                    a_close_ends_readers_and_refuses_later_appends,
+                    a_run_that_ends_ends_its_streams,
+                    budgets_refuse_with_typed_outcomes_and_write_nothing,
+                    a_stale_holder_appends_nothing,
+                    retention_deletes_events_and_streams_with_their_instance,
+                    bad_stream_requests_are_typed_errors,
+                    a_body_appends_each_item_once_whatever_replays_it,
                 ],
             },
             retention {

@@ -25,6 +25,7 @@ mod retention;
 mod schedules;
 mod sqlite_processes;
 mod start_in;
+mod streams;
 mod telemetry;
 mod testing_kit;
 mod timer_clock;

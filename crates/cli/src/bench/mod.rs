@@ -32,6 +32,7 @@ mod idle;
 pub(crate) mod remote;
 mod server;
 mod sqlite;
+mod stream;
 mod throughput;
 mod wake;
 
@@ -68,6 +69,8 @@ pub(crate) enum Mode {
     Direct,
     /// Durable one-row commits per second on a SQLite file, at 1 and C threads.
     SqliteBaseline,
+    /// Stream appends per second by C runs, and the latency from an append to its reader.
+    Stream,
 }
 
 impl Mode {
@@ -82,6 +85,7 @@ impl Mode {
             Self::Gc => 20_000,
             Self::Direct => 2000,
             Self::SqliteBaseline => 0,
+            Self::Stream => 20_000,
         }
     }
 }
@@ -96,8 +100,8 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value = "keiro_bench")]
     pub(crate) bench_schema: String,
     /// Workflows started (N). Defaults to 2000 for `throughput`, 200 for `wake-latency` (the
-    /// push samples), 10000 for `idle` (the parked runs) and 20000 for `gc` (the expired
-    /// backlog seeded each round).
+    /// push samples), 10000 for `idle` (the parked runs), 20000 for `gc` (the expired
+    /// backlog seeded each round) and 20000 for `stream` (the items, over C runs).
     #[arg(short = 'n', long, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) workflows: Option<u64>,
     /// Steps per workflow (K), `throughput` and `direct`.
@@ -247,6 +251,7 @@ pub(crate) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         Mode::Gc => gc::run(global, args).await,
         Mode::Direct => direct::run(global, args).await,
         Mode::SqliteBaseline => baseline::run(args, store).await,
+        Mode::Stream => stream::run(global, args).await,
     }
 }
 

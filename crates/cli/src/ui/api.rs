@@ -4,7 +4,8 @@
 //! - `GET /instances?name=&status=&created_since=&...&cursor=`: `Keiro::list`, the query
 //!   pairs read by `ListRequest::from_pairs` (an unknown filter or a malformed cursor is 400).
 //! - `GET /instances/{name}/{id}`: the row, the timeline, timers, awakeables, signal waits
-//!   (`Keiro::waits`; `waits_truncated` when a kind was cut), remote tasks and children.
+//!   (`Keiro::waits`; `waits_truncated` when a kind was cut), events and streams
+//!   (`Keiro::messages`), remote tasks and children.
 //! - `POST /instances/{name}/{id}/{action}` with `Authorization: Bearer <token>` (and, for
 //!   `retry-with-input`, a body `{"input": ...}`).
 //! - `GET /queues`: every declared queue (`Keiro::queues`) with its figures, its limits, which

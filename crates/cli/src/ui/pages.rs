@@ -347,6 +347,40 @@ pub(crate) async fn instance(
         @if view.waits.truncated {
             p #waits-truncated { "Only the newest " (keiro::operate::WAITS_LIMIT_DEFAULT) " of each kind are shown." }
         }
+        h2 { "Events" }
+        @if view.messages.events.is_empty() {
+            p #events.none { "None." }
+        } @else {
+            table #events {
+                thead { tr { th { "key" } th { "version" } th { "set" } th { "value" } } }
+                tbody {
+                    @for event in &view.messages.events {
+                        tr {
+                            td { code { (event.key) } } td { (event.version) }
+                            td { (timestamp(Some(event.updated_at))) }
+                            td { code { (event.value.to_string()) } }
+                        }
+                    }
+                }
+            }
+        }
+        h2 { "Streams" }
+        @if view.messages.streams.is_empty() {
+            p #streams.none { "None." }
+        } @else {
+            table #streams {
+                thead { tr { th { "key" } th { "items" } th { "bytes" } th { "state" } th { "written" } } }
+                tbody {
+                    @for stream in &view.messages.streams {
+                        tr {
+                            td { code { (stream.key) } } td { (stream.items) } td { (stream.bytes) }
+                            td { (if stream.closed { "closed" } else { "open" }) }
+                            td { (timestamp(Some(stream.updated_at))) }
+                        }
+                    }
+                }
+            }
+        }
         h2 { "Remote tasks" }
         @if view.tasks.is_empty() {
             p #remote-tasks.none { "None." }

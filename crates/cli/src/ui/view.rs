@@ -1,13 +1,13 @@
 //! What the dashboard shows, as plain data: one instance (the row, the journal as a timeline,
-//! what it waits on, the remote tasks and the children, read with the facade calls `keiro show`
+//! what it waits on, its events and streams, the remote tasks and the children, read with the facade calls `keiro show`
 //! makes) and one queue (the store's figures and what follows from them: the limits it is at,
 //! its admissions per second).
 
 use keiro::queue::{QueueInfo, Rate};
 use keiro::{
-    operate::InstanceSummary, operate::ListRequest, operate::TimerInfo, operate::TimerKind,
-    operate::Waits, operate::WAITS_LIMIT_DEFAULT, remote::RemoteTask, store::Instance,
-    store::JournalEntry, Keiro,
+    operate::InstanceSummary, operate::ListRequest, operate::Messages, operate::TimerInfo,
+    operate::TimerKind, operate::Waits, operate::WAITS_LIMIT_DEFAULT, remote::RemoteTask,
+    store::Instance, store::JournalEntry, Keiro,
 };
 use serde_json::{json, Value};
 use time::format_description::well_known::Rfc3339;
@@ -26,6 +26,7 @@ pub(crate) struct InstanceView {
     pub(crate) instance: Instance,
     pub(crate) journal: Vec<JournalEntry>,
     pub(crate) waits: Waits,
+    pub(crate) messages: Messages,
     pub(crate) tasks: Vec<RemoteTask>,
     pub(crate) children: Vec<InstanceSummary>,
 }
@@ -38,6 +39,7 @@ impl InstanceView {
         };
         let journal = keiro.journal((name, id)).await?;
         let waits = keiro.waits((name, id), WAITS_LIMIT_DEFAULT).await?;
+        let messages = keiro.messages((name, id)).await?;
         let tasks = keiro.remote_tasks((name, id)).await?;
         let parent = instance.key.to_string();
         let children = keiro
@@ -51,6 +53,7 @@ impl InstanceView {
             instance,
             journal,
             waits,
+            messages,
             tasks,
             children,
         })
@@ -111,6 +114,8 @@ impl InstanceView {
             "awakeables": self.waits.awakeables,
             "signal_waits": self.waits.signal_waits,
             "waits_truncated": self.waits.truncated,
+            "events": self.messages.events,
+            "streams": self.messages.streams,
             "remote_tasks": self.tasks.iter().map(task_json).collect::<Vec<_>>(),
             "children": self.children,
         })

@@ -11,7 +11,7 @@
 //! steps with a retry policy (`retry`), steps journaled in their own transaction
 //! (`transaction`), awaits of deliveries (`awaits`), patches and continue-as-new (`patch`),
 //! durable sleeps (`timers`), signals, awakeables, child workflows, remote steps and races
-//! (`race`).
+//! (`race`), events and streams (`messages`).
 //!
 //! A fresh step costs one store round trip in steady state: its append also renews the lease
 //! (a store may skip the rewrite while more than 3/4 of the lease is left, so a confirmation
@@ -23,6 +23,7 @@
 pub(crate) mod awaits;
 pub(crate) mod awakeables;
 pub(crate) mod children;
+pub(crate) mod messages;
 pub(crate) mod patch;
 pub(crate) mod race;
 pub(crate) mod remote;
@@ -91,6 +92,12 @@ pub(crate) enum RecordVia {
     Child(crate::ChildSpawn),
     /// A race's decision that also gives back the signals its losing waits took.
     Race(Vec<crate::ReturnedSignal>),
+    /// An event's write, under this key.
+    Event(String),
+    /// A stream's append.
+    Stream(store::StreamWrite),
+    /// A stream's close, under this key.
+    StreamClose(String),
 }
 
 /// The handle a workflow body uses. Cheap to clone; clones share one run.
@@ -516,6 +523,27 @@ impl Ctx {
             RecordVia::Awakeable(id) => store.awakeable_create(&append, *id).await,
             RecordVia::Child(spawn) => store.child_spawn(&append, spawn).await,
             RecordVia::Race(signals) => store.signal_return(&append, signals).await,
+            RecordVia::Event(key) => store.event_set(&append, key).await,
+            RecordVia::StreamClose(key) => store.stream_close(&append, key).await,
+            RecordVia::Stream(write) => match store.stream_write(&append, write).await {
+                Ok(store::StreamOutcome::Append(outcome)) => Ok(outcome),
+                Ok(store::StreamOutcome::Closed) => {
+                    return Err(WorkflowError::StreamClosed {
+                        key: write.key.clone(),
+                    })
+                }
+                Ok(store::StreamOutcome::Full { items, bytes }) => {
+                    return Err(WorkflowError::StreamFull {
+                        key: write.key.clone(),
+                        scope: "stream",
+                        items: items + 1,
+                        bytes: bytes.saturating_add(u64::try_from(len).unwrap_or(u64::MAX)),
+                        budget_items: write.items_max,
+                        budget_bytes: write.bytes_max,
+                    })
+                }
+                Err(e) => Err(e),
+            },
         }
         .map_err(|e| self.inner.store_failed(step, e))?;
         self.inner.adopt(step, kind, json, len, outcome, started)

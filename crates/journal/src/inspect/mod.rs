@@ -20,6 +20,7 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use crate::model::message::{EventRead, Messages, StreamPage};
 use crate::store::contract::Result;
 use crate::{
     AwakeableStatus, Generation, IdError, Instance, InstanceKey, Status, TimerKind, WorkflowName,
@@ -668,6 +669,24 @@ pub trait InspectStore: Send + Sync + fmt::Debug + 'static {
     /// (1 to [`LIST_LIMIT_MAX`], checked by the caller), newest first; empty for an unknown
     /// instance. Postgres reads each kind through an index on its owner.
     async fn instance_waits(&self, key: &InstanceKey, limit: u32) -> Result<Waits>;
+
+    /// Event `event` of `key` with the instance's status, in one snapshot; `None` for an
+    /// unknown instance.
+    async fn event_get(&self, key: &InstanceKey, event: &str) -> Result<Option<EventRead>>;
+
+    /// Up to `limit` items of stream `stream` of `key` from offset `from`, in order, with the
+    /// stream's and the instance's state, in one snapshot; `None` for an unknown instance. An
+    /// unknown stream reads as empty and open.
+    async fn stream_read(
+        &self,
+        key: &InstanceKey,
+        stream: &str,
+        from: u64,
+        limit: u32,
+    ) -> Result<Option<StreamPage>>;
+
+    /// The events and streams of `key`, by key; empty for an unknown instance.
+    async fn instance_messages(&self, key: &InstanceKey) -> Result<Messages>;
 }
 
 /// Serde for a status as its column text.

@@ -122,6 +122,32 @@ pub enum WorkflowError {
         /// The bytes budget.
         budget_bytes: usize,
     },
+    /// A stream write went past its [`StreamBudget`](crate::StreamBudget): the stream's own
+    /// bounds, or what one generation may append to its streams. Nothing was written.
+    #[error(
+        "stream {key:?}: the {scope} budget is spent ({items} items, {bytes} bytes; the budget \
+         is {budget_items} items, {budget_bytes} bytes)"
+    )]
+    StreamFull {
+        /// The stream.
+        key: String,
+        /// `"stream"` or `"generation"`: which bound refused it.
+        scope: &'static str,
+        /// The items the write would take it to.
+        items: u64,
+        /// The bytes the write would take it to.
+        bytes: u64,
+        /// The items budget.
+        budget_items: u64,
+        /// The bytes budget.
+        budget_bytes: u64,
+    },
+    /// A write to a stream the run closed. Nothing was written.
+    #[error("stream {key:?} is closed")]
+    StreamClosed {
+        /// The stream.
+        key: String,
+    },
     /// The step name is not valid.
     #[error("invalid step name")]
     InvalidStep(#[from] IdError),
@@ -216,6 +242,8 @@ impl WorkflowError {
                     | Self::PayloadTooLarge { .. }
                     | Self::PayloadRefused { .. }
                     | Self::JournalFull { .. }
+                    | Self::StreamFull { .. }
+                    | Self::StreamClosed { .. }
                     | Self::InvalidQueue(_)
                     | Self::Unsupported { .. }
             )

@@ -91,6 +91,11 @@ pub enum StepKind {
     Attempt,
     /// The winner of a [`Ctx::select`](crate::Ctx::select) race.
     Race,
+    /// An event set by [`Ctx::set_event`](crate::Ctx::set_event).
+    Event,
+    /// A stream's append or close ([`Ctx::write_stream`](crate::Ctx::write_stream),
+    /// [`Ctx::close_stream`](crate::Ctx::close_stream)).
+    Stream,
 }
 
 impl StepKind {
@@ -107,6 +112,8 @@ impl StepKind {
             Self::Patch => "patch",
             Self::Attempt => "attempt",
             Self::Race => "race",
+            Self::Event => "event",
+            Self::Stream => "stream",
         }
     }
 
@@ -122,6 +129,8 @@ impl StepKind {
             "patch" => Self::Patch,
             "attempt" => Self::Attempt,
             "race" => Self::Race,
+            "event" => Self::Event,
+            "stream" => Self::Stream,
             _ => return None,
         })
     }

@@ -186,7 +186,7 @@ identity!(
 );
 
 /// Step-name prefixes keiro reserves for its own wake sources and markers.
-pub const RESERVED_STEP_PREFIXES: [&str; 11] = [
+pub const RESERVED_STEP_PREFIXES: [&str; 13] = [
     "await:",
     "attempt:",
     "race:",
@@ -197,6 +197,8 @@ pub const RESERVED_STEP_PREFIXES: [&str; 11] = [
     "child:",
     "remote:",
     "patch:",
+    "event:",
+    "stream:",
     "__workflow_",
 ];
 

@@ -14,6 +14,7 @@ pub(crate) mod error;
 pub(crate) mod event;
 pub(crate) mod id;
 pub(crate) mod instance;
+pub(crate) mod message;
 pub(crate) mod observe;
 pub(crate) mod payload;
 pub(crate) mod queue;

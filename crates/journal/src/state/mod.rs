@@ -109,6 +109,12 @@ pub(crate) struct State {
     pub(crate) stats: RunStats,
     /// How many signal waits on each token this run has made, for their step names.
     pub(crate) signal_ordinals: std::collections::HashMap<String, u32>,
+    /// How many writes of each event and stream key (`event:<key>`, `stream:<key>`) this run
+    /// has made, for their step names.
+    pub(crate) message_ordinals: std::collections::HashMap<String, u32>,
+    /// The stream items and their encoded bytes this generation wrote so far (replayed and
+    /// fresh), for the per-generation stream budget.
+    pub(crate) stream_written: (u64, u64),
     /// The park at the end of the run, if it parked.
     pub(crate) parked: Option<Parked>,
     /// Remote steps armed but not yet written: they go with the park, or before the body's
@@ -154,6 +160,8 @@ impl State {
             last_confirmed,
             stats: RunStats::default(),
             signal_ordinals: std::collections::HashMap::new(),
+            message_ordinals: std::collections::HashMap::new(),
+            stream_written: (0, 0),
             parked: None,
             deferred: Vec::new(),
             actions_running: 0,

@@ -125,6 +125,36 @@ pub enum AppendOutcome {
     Conflict,
 }
 
+/// A stream append's bounds, as [`JournalStore::stream_write`] checks them against the
+/// stream's whole length (every generation's appends).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamWrite {
+    /// The stream's key ([`validate_message_key`](super::validate_message_key)).
+    pub key: String,
+    /// The most items the stream may hold.
+    pub items_max: u64,
+    /// The most encoded bytes the stream may hold.
+    pub bytes_max: u64,
+}
+
+/// What [`JournalStore::stream_write`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamOutcome {
+    /// It went through the append rules, with this outcome; when appended, the item is the
+    /// stream's next offset.
+    Append(AppendOutcome),
+    /// Refused, nothing written: the run closed the stream.
+    Closed,
+    /// Refused, nothing written: the stream holds `items` items of `bytes` encoded bytes, and
+    /// this one would take it past [`StreamWrite::items_max`] or [`StreamWrite::bytes_max`].
+    Full {
+        /// The items it holds.
+        items: u64,
+        /// Their encoded bytes.
+        bytes: u64,
+    },
+}
+
 /// What a delivery did ([`JournalStore::delivery_append`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum DeliveryOutcome {
@@ -447,6 +477,32 @@ pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
     /// Appends the cancel marker to `key` and, when `cascade`, to every live descendant, in one
     /// transaction. Returns the outcome for `key` itself.
     async fn instance_cancel(&self, key: &InstanceKey, cascade: bool) -> Result<AppendOutcome>;
+
+    // ----- Events and streams --------------------------------------------------------------
+    //
+    // Written by the run only, each write a fenced step-like append in the same transaction
+    // as the row readers read, so replay writes nothing twice and readers see exactly what the
+    // journal holds. Each notifies the instance's readers at commit.
+
+    /// Journals the event step `append` (kind [`StepKind::Event`](crate::StepKind::Event), its
+    /// value the event's value) and, only when it is appended, makes that value the current
+    /// value of event `key` of the instance (its version one more), in one transaction. A
+    /// replayed write (`AlreadyPresent`) writes nothing. Outcomes and errors as
+    /// [`journal_append`](Self::journal_append).
+    async fn event_set(&self, append: &Append, key: &str) -> Result<AppendOutcome>;
+
+    /// Journals the stream step `append` (kind [`StepKind::Stream`](crate::StepKind::Stream),
+    /// its value the item) and, only when it is appended, adds the item to stream
+    /// `write.key` at its next offset (0, 1, ... without gaps), in one transaction. A step
+    /// already journaled answers `AlreadyPresent` and writes nothing. Otherwise a closed stream
+    /// answers [`StreamOutcome::Closed`] and a full one [`StreamOutcome::Full`], with nothing
+    /// written. Errors as [`journal_append`](Self::journal_append).
+    async fn stream_write(&self, append: &Append, write: &StreamWrite) -> Result<StreamOutcome>;
+
+    /// Journals the close step `append` of stream `key` and, only when it is appended, marks
+    /// the stream closed (creating it empty if it was never written), in one transaction.
+    /// Outcomes and errors as [`journal_append`](Self::journal_append).
+    async fn stream_close(&self, append: &Append, key: &str) -> Result<AppendOutcome>;
 
     /// Arms a remote step, in one transaction (see [`RemoteArm`]):
     ///

@@ -25,6 +25,7 @@ pub use crate::model::event::{
     logical_step, marker_name, revised_step, step_revision, EncodedEvent, MalformedEvent,
 };
 pub use crate::model::instance::StartRequest;
+pub use crate::model::message::{validate_message_key, EVENT_STEP_PREFIX, STREAM_STEP_PREFIX};
 pub use crate::model::payload::encode_payload;
 pub use crate::model::remote::{remote_group, remote_step_id, RemoteArm, RemoteArmOutcome};
 pub use crate::model::storable::{check_value, storable_text};

@@ -4,13 +4,13 @@
 
 use std::time::Duration;
 
-use keiro_journal::{Backoff, JournalBudget, RECONCILE_DEFAULT};
+use keiro_journal::{Backoff, JournalBudget, StreamBudget, RECONCILE_DEFAULT};
 use keiro_lease::{CRASH_BACKOFF_DEFAULT, MAX_ATTEMPTS_DEFAULT};
 use keiro_resume::{ResumeOptions, PASS_LIMIT_DEFAULT};
 
 /// The worker options that are rarely changed: the crash ceiling and backoff, the reconcile
-/// fallback, the size of a pass and the journal budget. Set them all at once with
-/// [`WorkerBuilder::tuning`](super::WorkerBuilder::tuning), starting from
+/// fallback, the size of a pass, the journal budget and the stream budget. Set them all at
+/// once with [`WorkerBuilder::tuning`](super::WorkerBuilder::tuning), starting from
 /// [`Tuning::default`]; what people change day to day (concurrency, lease, poll interval,
 /// owner, telemetry) has a method of its own on the builder instead.
 ///
@@ -41,6 +41,9 @@ pub struct Tuning {
     /// How long one generation's journal may grow before fresh steps fail with
     /// `WorkflowError::JournalFull`. Defaults to [`JournalBudget::default`].
     pub journal_budget: JournalBudget,
+    /// How much a run may write to its streams before a write fails with
+    /// `WorkflowError::StreamFull`. Defaults to [`StreamBudget::default`].
+    pub stream_budget: StreamBudget,
 }
 
 impl Default for Tuning {
@@ -51,6 +54,7 @@ impl Default for Tuning {
             reconcile: Some(RECONCILE_DEFAULT),
             pass_limit: Some(PASS_LIMIT_DEFAULT),
             journal_budget: JournalBudget::default(),
+            stream_budget: StreamBudget::default(),
         }
     }
 }
@@ -65,12 +69,14 @@ impl Tuning {
             reconcile,
             pass_limit,
             journal_budget,
+            stream_budget,
         } = self;
         options.max_attempts = max_attempts;
         options.backoff = backoff;
         options.reconcile = reconcile;
         options.pass_limit = pass_limit;
         options.journal_budget = journal_budget;
+        options.stream_budget = stream_budget;
     }
 }
 
@@ -87,6 +93,7 @@ mod tests {
             reconcile: defaults.reconcile,
             pass_limit: defaults.pass_limit,
             journal_budget: defaults.journal_budget,
+            stream_budget: defaults.stream_budget,
         };
         assert_eq!(Tuning::default(), expected);
     }

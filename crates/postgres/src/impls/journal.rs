@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use keiro_journal::store::{
-    Append, AppendOutcome, ClosingOutcome, DeliveryOutcome, JournalStore, Park, ParkOutcome, Result,
+    Append, AppendOutcome, ClosingOutcome, DeliveryOutcome, JournalStore, Park, ParkOutcome,
+    Result, StreamOutcome, StreamWrite,
 };
 use keiro_journal::{span::traced, store_span};
 use keiro_journal::{
@@ -301,6 +302,33 @@ impl JournalStore for PgStore {
     async fn instance_cancel(&self, key: &InstanceKey, cascade: bool) -> Result<AppendOutcome> {
         let span = store_span!("instance_cancel", key = key);
         traced(span, op::instance::instance_cancel(self.db(), key, cascade)).await
+    }
+
+    async fn event_set(&self, append: &Append, key: &str) -> Result<AppendOutcome> {
+        let span = store_span!("event_set", key = append.key, keiro.workflow.step = %append.event.step_name());
+        let outcome = traced(span, op::message::event_set(self.db(), append, key)).await?;
+        if outcome == AppendOutcome::Appended {
+            self.messages_here(&append.key);
+        }
+        Ok(outcome)
+    }
+
+    async fn stream_write(&self, append: &Append, write: &StreamWrite) -> Result<StreamOutcome> {
+        let span = store_span!("stream_write", key = append.key, keiro.workflow.step = %append.event.step_name());
+        let outcome = traced(span, op::message::stream_write(self.db(), append, write)).await?;
+        if outcome == StreamOutcome::Append(AppendOutcome::Appended) {
+            self.messages_here(&append.key);
+        }
+        Ok(outcome)
+    }
+
+    async fn stream_close(&self, append: &Append, key: &str) -> Result<AppendOutcome> {
+        let span = store_span!("stream_close", key = append.key, keiro.workflow.step = %append.event.step_name());
+        let outcome = traced(span, op::message::stream_close(self.db(), append, key)).await?;
+        if outcome == AppendOutcome::Appended {
+            self.messages_here(&append.key);
+        }
+        Ok(outcome)
     }
 
     async fn remote_arm(&self, arm: &RemoteArm) -> Result<RemoteArmOutcome> {

@@ -16,6 +16,7 @@ pub(crate) mod child;
 pub(crate) mod instance;
 pub(crate) mod journal;
 pub(crate) mod lease;
+pub(crate) mod message;
 pub(crate) mod queue;
 pub(crate) mod remote;
 pub(crate) mod signal;

@@ -27,6 +27,7 @@ mod admin;
 mod inspect;
 mod journal;
 mod lease;
+mod message;
 mod notify;
 mod queue;
 mod remote;

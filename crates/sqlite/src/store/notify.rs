@@ -52,4 +52,11 @@ impl Notifier for SqliteStore {
     fn subscribe_closed(&self, key: &InstanceKey) -> Box<dyn WakeSource> {
         Box::new(self.inner.notify.closed(key))
     }
+
+    /// Wakes when `key` sets an event, writes to or closes a stream, or reaches a terminal
+    /// status after this call, in this store or another on the same file, or when the poller
+    /// failed or fell behind. Only the readers of that instance are woken.
+    fn subscribe_messages(&self, key: &InstanceKey) -> Box<dyn WakeSource> {
+        Box::new(self.inner.notify.messages(key))
+    }
 }

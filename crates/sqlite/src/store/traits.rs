@@ -9,6 +9,7 @@ use std::time::Duration;
 use keiro_journal::queue::{QueueInfo, QueueSpec};
 use keiro_journal::store::{
     Append, AppendOutcome, ClosingOutcome, DeliveryOutcome, Park, ParkOutcome, Result,
+    StreamOutcome, StreamWrite,
 };
 use keiro_journal::{
     span::traced, store::ChildSpawn, store::RemoteArm, store::RemoteArmOutcome,
@@ -208,6 +209,21 @@ impl JournalStore for SqliteStore {
             SqliteStore::timers_due_count(self, now),
         )
         .await
+    }
+
+    async fn event_set(&self, append: &Append, key: &str) -> Result<AppendOutcome> {
+        let span = store_span!("event_set", key = append.key);
+        traced(span, SqliteStore::event_set(self, append, key)).await
+    }
+
+    async fn stream_write(&self, append: &Append, write: &StreamWrite) -> Result<StreamOutcome> {
+        let span = store_span!("stream_write", key = append.key);
+        traced(span, SqliteStore::stream_write(self, append, write)).await
+    }
+
+    async fn stream_close(&self, append: &Append, key: &str) -> Result<AppendOutcome> {
+        let span = store_span!("stream_close", key = append.key);
+        traced(span, SqliteStore::stream_close(self, append, key)).await
     }
 
     async fn awakeable_create(&self, append: &Append, id: Uuid) -> Result<AppendOutcome> {
@@ -600,6 +616,35 @@ impl InspectStore for SqliteStore {
             SqliteStore::instance_waits(self, key, limit),
         )
         .await
+    }
+
+    async fn event_get(
+        &self,
+        key: &InstanceKey,
+        event: &str,
+    ) -> Result<Option<keiro_journal::EventRead>> {
+        let span = store_span!("event_get", key = key);
+        traced(span, SqliteStore::event_get(self, key, event)).await
+    }
+
+    async fn stream_read(
+        &self,
+        key: &InstanceKey,
+        stream: &str,
+        from: u64,
+        limit: u32,
+    ) -> Result<Option<keiro_journal::StreamPage>> {
+        let span = store_span!("stream_read", key = key);
+        traced(
+            span,
+            SqliteStore::stream_read(self, key, stream, from, limit),
+        )
+        .await
+    }
+
+    async fn instance_messages(&self, key: &InstanceKey) -> Result<keiro_journal::Messages> {
+        let span = store_span!("instance_messages", key = key);
+        traced(span, SqliteStore::instance_messages(self, key)).await
     }
 }
 

@@ -1,0 +1,106 @@
+//! Events and streams of a watched instance notify `msg:<name>/<id>` at commit (message.sql),
+//! which another store's listener routes to the readers of that instance only. An instance is
+//! watched once a reader elsewhere marked it (migration 0023), which also makes its close
+//! notify `done:`; an unwatched run's writes send no NOTIFY.
+
+use std::time::Duration;
+
+use crate::common::{key, start, Listener, TestResult};
+use keiro_journal::store::{StreamOutcome, StreamWrite};
+use keiro_journal::{Append, AppendOutcome, Event, JournalStore, StepKind};
+use keiro_postgres::PgStore;
+use keiro_resume::{Notifier, WakeReason};
+use keiro_tests::pg::TestDb;
+use serde_json::json;
+
+const QUIET: Duration = Duration::from_millis(150);
+
+fn write(id: &str, step: &str, kind: StepKind, value: serde_json::Value) -> Append {
+    Append::external(
+        key("order", id),
+        Event::StepRecorded {
+            step: step.into(),
+            kind,
+            result: value,
+        },
+    )
+}
+
+#[tokio::test]
+async fn writes_notify_only_instances_a_reader_elsewhere_watches() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    for id in ["o-1", "o-2"] {
+        store
+            .instance_start(&start(&key("order", id), json!(null)))
+            .await?;
+    }
+    let mut listener = Listener::on(&store).await?;
+    let channel = store.wake_channel().to_owned();
+
+    // Nobody elsewhere reads o-2: its writes send no NOTIFY, nor does its close.
+    let bounds = StreamWrite {
+        key: "log".into(),
+        items_max: 10,
+        bytes_max: 1 << 20,
+    };
+    let item = write("o-2", "stream:log#1", StepKind::Stream, json!(1));
+    assert_eq!(
+        store.stream_write(&item, &bounds).await?,
+        StreamOutcome::Append(AppendOutcome::Appended)
+    );
+    let close = Append::external(
+        key("order", "o-2"),
+        Event::WorkflowCompleted { output: json!(1) },
+    );
+    store.journal_append(&close).await?;
+    assert!(
+        listener.drain(QUIET).await.is_empty(),
+        "an unwatched run writes silently"
+    );
+
+    // Another process's store reads o-1: not woken in its own process for a second, the
+    // reader marks it watched and reads again.
+    let other = PgStore::connect(db.config()).await?;
+    let mut reader = other.subscribe_messages(&key("order", "o-1"));
+    while reader.wait(QUIET).await != WakeReason::Timeout {}
+    // Unwoken for `WATCH_AFTER` (1 s), it marks the instance and answers at once.
+    assert_eq!(
+        reader.wait(Duration::from_secs(30)).await,
+        WakeReason::Notified
+    );
+    let set = write("o-1", "event:stage#1", StepKind::Event, json!("paid"));
+    assert_eq!(
+        store.event_set(&set, "stage").await?,
+        AppendOutcome::Appended
+    );
+    assert_eq!(
+        listener.drain(QUIET).await,
+        vec![(channel.clone(), "msg:order/o-1".to_owned())]
+    );
+    assert_eq!(
+        reader.wait(Duration::from_secs(30)).await,
+        WakeReason::Notified
+    );
+    // A refused write notifies nothing; the close of a watched run notifies `done:`.
+    let late = write("o-2", "stream:log#2", StepKind::Stream, json!(2));
+    assert!(matches!(
+        store.stream_write(&late, &bounds).await?,
+        StreamOutcome::Append(AppendOutcome::RefusedTerminal(_))
+    ));
+    assert!(listener.drain(QUIET).await.is_empty());
+    let close = Append::external(
+        key("order", "o-1"),
+        Event::WorkflowCompleted { output: json!(1) },
+    );
+    store.journal_append(&close).await?;
+    assert_eq!(
+        listener.drain(QUIET).await,
+        vec![(channel.clone(), "done:order/o-1".to_owned())]
+    );
+    assert_eq!(
+        reader.wait(Duration::from_secs(30)).await,
+        WakeReason::Notified
+    );
+    Ok(())
+}
