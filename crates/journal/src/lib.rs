@@ -65,6 +65,15 @@ pub mod queue {
         QueueSpec, QueueStart, Rate,
     };
 }
+/// Events and streams: what a running workflow tells its callers (plain data), and their
+/// bounds.
+pub mod message {
+    pub use crate::model::message::{
+        EventRead, EventRecord, Messages, StreamBudget, StreamHead, StreamItem, StreamPage,
+        STREAM_BYTES_MAX_DEFAULT, STREAM_GENERATION_BYTES_MAX_DEFAULT,
+        STREAM_GENERATION_ITEMS_MAX_DEFAULT, STREAM_ITEMS_MAX_DEFAULT,
+    };
+}
 mod store_span;
 mod unwind;
 mod workflow;
@@ -90,11 +99,6 @@ pub use model::id::{
     RESERVED_STEP_PREFIXES,
 };
 pub use model::instance::{Fence, Instance, Started, Status};
-pub use model::message::{
-    EventRead, EventRecord, Messages, StreamBudget, StreamHead, StreamItem, StreamPage,
-    STREAM_BYTES_MAX_DEFAULT, STREAM_GENERATION_BYTES_MAX_DEFAULT,
-    STREAM_GENERATION_ITEMS_MAX_DEFAULT, STREAM_ITEMS_MAX_DEFAULT,
-};
 pub use model::observe::{StepObserver, TraceContext};
 pub use model::remote::{RemoteHandlerDef, RemoteOptions, RemoteStepError, REDISPATCH_MAX_DEFAULT};
 pub use model::retry::{StepOptions, STEP_ATTEMPTS_DEFAULT};

@@ -24,8 +24,9 @@ use std::time::Duration;
 
 use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
+use keiro_journal::message::StreamItem;
 use keiro_journal::store::validate_message_key;
-use keiro_journal::{InspectStore, InstanceKey, IntoInstanceKey, StoreError, StreamItem};
+use keiro_journal::{InspectStore, InstanceKey, IntoInstanceKey, StoreError};
 use keiro_resume::{FixedPoll, WakeSource};
 use serde::de::DeserializeOwned;
 

@@ -12,13 +12,13 @@ use serde::Serialize;
 use crate::handle::Operate;
 use crate::{Error, InstanceKey, Keiro};
 
+pub use keiro_journal::message::{EventRecord, Messages, StreamHead, StreamItem, StreamPage};
 pub use keiro_journal::{
     AwakeableInfo, AwakeableStatus, CancelOutcome, Counts, Cursor, FilterError, GcBatch, GcRequest,
     GroupCount, InstanceSummary, ListFilter, ListOrder, ListRequest, Page, SignalWaitInfo,
     StatusCount, TimeRange, TimerInfo, TimerKind, TimerState, Waits, GC_BATCH_DEFAULT,
     GC_BATCH_MAX, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, WAITS_LIMIT_DEFAULT,
 };
-pub use keiro_journal::{EventRecord, Messages, StreamHead, StreamItem, StreamPage};
 pub use keiro_lease::ResurrectOutcome;
 pub use keiro_remote::{AdminError, RequeueOutcome};
 

@@ -3,13 +3,15 @@
 //! identities an [`InstanceKey`](crate::InstanceKey) is made of, and the helpers that describe
 //! an error.
 
+pub use keiro_journal::message::{
+    StreamBudget, STREAM_BYTES_MAX_DEFAULT, STREAM_GENERATION_BYTES_MAX_DEFAULT,
+    STREAM_GENERATION_ITEMS_MAX_DEFAULT, STREAM_ITEMS_MAX_DEFAULT,
+};
 pub use keiro_journal::{
     error_chain, panic_message, workflow_fn, Awakeable, AwakeableOutcome, BoxFuture, Deliveries,
     DeliveryBacklog, DeliveryRefusal, Driven, IdError, IntoInstanceKey, JournalBudget, RunError,
-    RunOptions, RunOutcome, RunStats, SignalSendOutcome, StreamBudget, Workflow, WorkflowId,
-    WorkflowName, SIGNAL_TTL_DEFAULT, STREAM_BYTES_MAX_DEFAULT,
-    STREAM_GENERATION_BYTES_MAX_DEFAULT, STREAM_GENERATION_ITEMS_MAX_DEFAULT,
-    STREAM_ITEMS_MAX_DEFAULT,
+    RunOptions, RunOutcome, RunStats, SignalSendOutcome, Workflow, WorkflowId, WorkflowName,
+    SIGNAL_TTL_DEFAULT,
 };
 
 pub use crate::messages::StreamReader;

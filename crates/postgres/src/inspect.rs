@@ -421,7 +421,7 @@ impl InspectStore for PgStore {
         &self,
         key: &InstanceKey,
         event: &str,
-    ) -> Result<Option<keiro_journal::EventRead>> {
+    ) -> Result<Option<keiro_journal::message::EventRead>> {
         let span = store_span!("event_get", key = key);
         traced(span, crate::ops::message::event_get(self.db(), key, event)).await
     }
@@ -432,7 +432,7 @@ impl InspectStore for PgStore {
         stream: &str,
         from: u64,
         limit: u32,
-    ) -> Result<Option<keiro_journal::StreamPage>> {
+    ) -> Result<Option<keiro_journal::message::StreamPage>> {
         let span = store_span!("stream_read", key = key);
         traced(
             span,
@@ -441,7 +441,10 @@ impl InspectStore for PgStore {
         .await
     }
 
-    async fn instance_messages(&self, key: &InstanceKey) -> Result<keiro_journal::Messages> {
+    async fn instance_messages(
+        &self,
+        key: &InstanceKey,
+    ) -> Result<keiro_journal::message::Messages> {
         let span = store_span!("instance_messages", key = key);
         traced(
             span,

@@ -48,7 +48,7 @@ pub enum StreamInError {
 /// Appends `value` to stream `key` of the run of `ctx`, inside `tx`, the transaction of a
 /// `ctx.transaction` step's closure: it commits with the step or not at all (see the module
 /// docs). Returns the item's offset. The stream's own bounds of the run's
-/// [`StreamBudget`](keiro_journal::StreamBudget) apply; the per-generation ones count
+/// [`StreamBudget`](keiro_journal::message::StreamBudget) apply; the per-generation ones count
 /// `ctx.write_stream`'s items only.
 ///
 /// ```no_run

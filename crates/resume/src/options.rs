@@ -67,8 +67,8 @@ pub struct ResumeOptions {
     pub journal_budget: keiro_journal::JournalBudget,
     /// How much a run may write to its streams before a write fails with
     /// `WorkflowError::StreamFull`. Defaults to
-    /// [`StreamBudget::default`](keiro_journal::StreamBudget::default).
-    pub stream_budget: keiro_journal::StreamBudget,
+    /// [`StreamBudget::default`](keiro_journal::message::StreamBudget::default).
+    pub stream_budget: keiro_journal::message::StreamBudget,
     /// The lease owner id. `None` mints a fresh id per pass, as the seed does.
     /// Defaults to `None`.
     pub owner: Option<String>,
@@ -128,7 +128,7 @@ impl Default for ResumeOptions {
             pass_limit: Some(PASS_LIMIT_DEFAULT),
             payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
             journal_budget: keiro_journal::JournalBudget::default(),
-            stream_budget: keiro_journal::StreamBudget::default(),
+            stream_budget: keiro_journal::message::StreamBudget::default(),
             owner: None,
             log: tracing_log_hook(),
             metrics: None,

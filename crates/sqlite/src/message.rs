@@ -10,8 +10,10 @@
 //! are single statements, so each reads one snapshot.
 
 use crate::cached::Cached;
+use keiro_journal::message::{
+    EventRead, EventRecord, Messages, StreamHead, StreamItem, StreamPage,
+};
 use keiro_journal::store::Result;
-use keiro_journal::{EventRead, EventRecord, Messages, StreamHead, StreamItem, StreamPage};
 use rusqlite::{params, Connection, OptionalExtension};
 use time::OffsetDateTime;
 

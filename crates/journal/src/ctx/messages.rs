@@ -80,7 +80,7 @@ impl Ctx {
     /// # Errors
     ///
     /// As [`set_event`](Self::set_event), and [`WorkflowError::StreamFull`] past the run's
-    /// [`StreamBudget`](crate::StreamBudget), [`WorkflowError::StreamClosed`] after
+    /// [`StreamBudget`](crate::message::StreamBudget), [`WorkflowError::StreamClosed`] after
     /// [`close_stream`](Self::close_stream): nothing is written then, and the body may go on.
     pub async fn write_stream<T: Serialize + ?Sized>(
         &self,

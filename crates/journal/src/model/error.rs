@@ -122,7 +122,7 @@ pub enum WorkflowError {
         /// The bytes budget.
         budget_bytes: usize,
     },
-    /// A stream write went past its [`StreamBudget`](crate::StreamBudget): the stream's own
+    /// A stream write went past its [`StreamBudget`](crate::message::StreamBudget): the stream's own
     /// bounds, or what one generation may append to its streams. Nothing was written.
     #[error(
         "stream {key:?}: the {scope} budget is spent ({items} items, {bytes} bytes; the budget \

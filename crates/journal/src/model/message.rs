@@ -45,9 +45,9 @@ pub const STREAM_GENERATION_BYTES_MAX_DEFAULT: u64 = 32 * 1024 * 1024;
 /// append is also a journal entry, so the [`JournalBudget`](crate::JournalBudget) applies too.
 ///
 /// ```
-/// let budget = keiro_journal::StreamBudget { items: 10, ..Default::default() };
+/// let budget = keiro_journal::message::StreamBudget { items: 10, ..Default::default() };
 /// assert_eq!(budget.items, 10);
-/// assert_eq!(budget.generation_items, keiro_journal::STREAM_GENERATION_ITEMS_MAX_DEFAULT);
+/// assert_eq!(budget.generation_items, keiro_journal::message::STREAM_GENERATION_ITEMS_MAX_DEFAULT);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StreamBudget {

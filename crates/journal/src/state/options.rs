@@ -51,8 +51,8 @@ pub struct RunOptions {
     pub journal_budget: crate::JournalBudget,
     /// How much the run may write to its streams before a write fails with
     /// [`WorkflowError::StreamFull`](crate::WorkflowError::StreamFull). Defaults to
-    /// [`StreamBudget::default`](crate::StreamBudget::default).
-    pub stream_budget: crate::StreamBudget,
+    /// [`StreamBudget::default`](crate::message::StreamBudget::default).
+    pub stream_budget: crate::message::StreamBudget,
     /// Where runs crash on purpose, for tests. Defaults to `None`.
     pub faults: Option<Arc<dyn crate::Faults>>,
     /// Replay only: any fresh work (a step's action, an await's arm) is a divergence instead of
@@ -92,7 +92,7 @@ impl RunOptions {
             confirmed_at: None,
             claimed_at: None,
             journal_budget: crate::JournalBudget::default(),
-            stream_budget: crate::StreamBudget::default(),
+            stream_budget: crate::message::StreamBudget::default(),
             faults: None,
             replay_only: false,
         }

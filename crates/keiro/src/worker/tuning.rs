@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use keiro_journal::{Backoff, JournalBudget, StreamBudget, RECONCILE_DEFAULT};
+use keiro_journal::message::StreamBudget;
+use keiro_journal::{Backoff, JournalBudget, RECONCILE_DEFAULT};
 use keiro_lease::{CRASH_BACKOFF_DEFAULT, MAX_ATTEMPTS_DEFAULT};
 use keiro_resume::{ResumeOptions, PASS_LIMIT_DEFAULT};
 

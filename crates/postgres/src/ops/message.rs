@@ -6,12 +6,13 @@
 //! transaction that notifies the instance's readers at commit. The reads
 //! (`keiro_event_get`, `keiro_stream_read`, `keiro_instance_messages`) each read one snapshot.
 
+use keiro_journal::message::{
+    EventRead, EventRecord, Messages, StreamHead, StreamItem, StreamPage,
+};
 use keiro_journal::store::{
     encoded_len, Append, AppendOutcome, Result, StreamOutcome, StreamWrite,
 };
-use keiro_journal::{
-    EventRead, EventRecord, InstanceKey, Messages, StreamHead, StreamItem, StreamPage,
-};
+use keiro_journal::InstanceKey;
 use serde_json::Value;
 use time::OffsetDateTime;
 

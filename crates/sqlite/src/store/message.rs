@@ -2,10 +2,11 @@
 //! `stream_close` and `InspectStore::event_get`, `stream_read`, `instance_messages`), over the
 //! rules of the crate's `message` module.
 
+use keiro_journal::message::{EventRead, Messages, StreamPage};
 use keiro_journal::store::{
     encoded_len, Append, AppendOutcome, Result, StreamOutcome, StreamWrite,
 };
-use keiro_journal::{EventRead, InstanceKey, Messages, StreamPage};
+use keiro_journal::InstanceKey;
 
 use crate::message::{self, Bounds, StreamCode};
 use crate::storable;

@@ -622,7 +622,7 @@ impl InspectStore for SqliteStore {
         &self,
         key: &InstanceKey,
         event: &str,
-    ) -> Result<Option<keiro_journal::EventRead>> {
+    ) -> Result<Option<keiro_journal::message::EventRead>> {
         let span = store_span!("event_get", key = key);
         traced(span, SqliteStore::event_get(self, key, event)).await
     }
@@ -633,7 +633,7 @@ impl InspectStore for SqliteStore {
         stream: &str,
         from: u64,
         limit: u32,
-    ) -> Result<Option<keiro_journal::StreamPage>> {
+    ) -> Result<Option<keiro_journal::message::StreamPage>> {
         let span = store_span!("stream_read", key = key);
         traced(
             span,
@@ -642,7 +642,10 @@ impl InspectStore for SqliteStore {
         .await
     }
 
-    async fn instance_messages(&self, key: &InstanceKey) -> Result<keiro_journal::Messages> {
+    async fn instance_messages(
+        &self,
+        key: &InstanceKey,
+    ) -> Result<keiro_journal::message::Messages> {
         let span = store_span!("instance_messages", key = key);
         traced(span, SqliteStore::instance_messages(self, key)).await
     }
