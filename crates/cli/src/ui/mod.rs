@@ -22,6 +22,7 @@ mod assets;
 mod auth;
 mod error;
 mod pages;
+mod timeline;
 mod view;
 
 use std::net::SocketAddr;

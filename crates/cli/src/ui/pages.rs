@@ -15,6 +15,7 @@ use serde::Deserialize;
 use super::actions::{self, ACTIONS, QUEUE_ACTIONS};
 use super::api::{list_request, parse_query, read_queue};
 use super::error::ApiError;
+use super::timeline;
 use super::view::{span, timer_kind, InstanceView, QueueView};
 use super::AppState;
 use crate::list::delayed_until;
@@ -280,11 +281,16 @@ pub(crate) async fn instance(
         h2 { "Input" } pre #input { (pretty(&row.input)) }
         h2 { "Output" } pre #output { (row.output.as_ref().map_or_else(|| "-".to_owned(), pretty)) }
         h2 { "Timeline" }
+        (timeline::svg(&timeline::chart(row, &view.journal, &view.waits, time::OffsetDateTime::now_utc())))
+        p.legend {
+            span.key.ran { "ran" } span.key.parked { "parked (sleep, await, signal, awakeable, child, remote)" }
+            span.key.attempt { "failed attempt" } span.key.failed { "failed" } span.key.open { "waiting now" }
+        }
         table #timeline {
             thead { tr { th { "#" } th { "gen" } th { "offset ms" } th { "gap ms" } th { "spent" } th { "event" } th { "step" } th { "payload" } } }
             tbody {
                 @for t in view.timeline() {
-                    tr {
+                    tr class=[t.is_step.then_some("step")] {
                         td { (t.seq) } td { (t.generation) } td { (t.offset_ms) } td { (t.gap_ms) }
                         td { (t.spent) } td { (t.kind) } td { (t.step) }
                         td { code { (t.payload.to_string()) } }

@@ -241,8 +241,36 @@ async fn drive(
         .await?;
     assert_eq!(refused, json!(401));
 
+    // The timeline: one bar per step row of the table, each with its tooltip.
+    let steps = client
+        .find_all(Locator::Css("#timeline tbody tr.step"))
+        .await?;
+    let bars = client
+        .find_all(Locator::Css("#timeline-chart rect.bar"))
+        .await?;
+    assert!(!steps.is_empty());
+    assert_eq!(bars.len(), steps.len(), "a bar per step");
+    let authorize = client
+        .find(Locator::Css(
+            "#timeline-chart g.lane[data-step=authorize] rect.bar title",
+        ))
+        .await?
+        .prop("textContent")
+        .await?
+        .unwrap_or_default();
+    assert!(authorize.starts_with("authorize: ran"), "{authorize}");
+
     // A parked instance lists what it waits on; its markup token ran nowhere.
     client.goto(&format!("{base}/instances/waiter/w-1")).await?;
+    // Its sleep, signal wait and awakeable are drawn open until now.
+    let open = client
+        .find_all(Locator::Css("#timeline-chart rect.open"))
+        .await?;
+    assert_eq!(
+        open.len(),
+        3,
+        "the sleep, the signal wait and the awakeable"
+    );
     let timers = client.find_all(Locator::Css("#timers tbody tr")).await?;
     assert_eq!(timers.len(), 2, "the sleep and the signal wait's timeout");
     let awakeables = client
