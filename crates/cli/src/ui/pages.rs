@@ -17,9 +17,12 @@ use super::api::{list_request, parse_query, read_queue};
 use super::error::ApiError;
 use super::timeline;
 use super::view::{span, timer_kind, InstanceView, QueueView};
+use super::when::{took, when};
 use super::AppState;
 use crate::list::delayed_until;
-use crate::ops::timestamp;
+
+/// The most streams the instance page follows live (each is polled while it is open).
+const STREAMS_FOLLOWED: usize = 8;
 
 const STATUSES: [&str; 5] = ["running", "suspended", "completed", "failed", "cancelled"];
 
@@ -88,6 +91,21 @@ pub(crate) async fn overview(State(state): State<AppState>) -> Response {
         "Overview",
         html! {
             h1 { "Overview" }
+            div #charts {
+                figure {
+                    figcaption { "Instances by status" }
+                    svg #status-chart xmlns="http://www.w3.org/2000/svg" role="img" viewBox="0 0 440 140" width="440" height="140" {
+                        title { "Instances by status" }
+                    }
+                }
+                figure {
+                    figcaption { "Ended per minute, the last hour " span.legend { span.key.completed { "completed" } span.key.failed { "failed" } span.key.cancelled { "cancelled" } } }
+                    svg #throughput-chart xmlns="http://www.w3.org/2000/svg" role="img" viewBox="0 0 640 140" width="640" height="140"
+                        data-live="/api/v1/throughput?bucket=60&buckets=60" {
+                        title { "Instances ended per minute over the last hour" }
+                    }
+                }
+            }
             table #counts data-live="/api/v1/counts" {
                 thead { tr { th { "workflow" } @for status in STATUSES { th { (status) } } } }
                 tbody {
@@ -172,7 +190,7 @@ pub(crate) async fn list(State(state): State<AppState>, RawQuery(query): RawQuer
             button #apply type="submit" { "Filter" }
         }
         table #instances {
-            thead { tr { th { "workflow" } th { "id" } th { "status" } th { "gen" } th { "attempts" } th { "created" } th { "updated" } th { "queue" } th { "last error" } } }
+            thead { tr { th { "workflow" } th { "id" } th { "status" } th { "gen" } th { "attempts" } th { "created" } th { "updated" } th { "took" } th { "queue" } th { "last error" } } }
             tbody {
                 @for row in &page.instances {
                     tr {
@@ -181,8 +199,14 @@ pub(crate) async fn list(State(state): State<AppState>, RawQuery(query): RawQuer
                         td { span class={ "status " (row.status.as_str()) } { (row.status.as_str()) } }
                         td { (row.generation) }
                         td { (row.attempts) }
-                        td { (timestamp(Some(row.created_at))) }
-                        td { (timestamp(Some(row.updated_at))) }
+                        td { (when(Some(row.created_at), now)) }
+                        td { (when(Some(row.updated_at), now)) }
+                        td.took {
+                            @match row.completed_at {
+                                Some(done) => (took(row.created_at, done)),
+                                None => span.live title="still live: since it was started" { (took(row.created_at, now)) " so far" },
+                            }
+                        }
                         td.queue {
                             @if let Some(queue) = &row.queue {
                                 a href=(queue_href(queue)) { (queue) }
@@ -190,7 +214,7 @@ pub(crate) async fn list(State(state): State<AppState>, RawQuery(query): RawQuer
                                     " · " a.key href=(queue_list_href(queue, Some(key))) { (key) }
                                 }
                                 @if let Some(at) = delayed_until(row, now) {
-                                    br; span.delayed { "delayed until " (timestamp(Some(at))) }
+                                    br; span.delayed { "delayed until " (when(Some(at), now)) }
                                 }
                             }
                         }
@@ -259,6 +283,7 @@ pub(crate) async fn instance(
         serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
     };
     let href = instance_href(&name, &id);
+    let now = time::OffsetDateTime::now_utc();
     let body = html! {
         h1 { (row.key.name.as_str()) " / " span #instance-id { (row.key.id.as_str()) } }
         @if let Some(notice) = &notice.notice { p #notice.notice { (notice) } }
@@ -273,15 +298,15 @@ pub(crate) async fn instance(
                     a href=(instance_href(parent.name.as_str(), parent.id.as_str())) { (parent.to_string()) }
                 } @else { "-" }
             }
-            dt { "created" } dd { (timestamp(Some(row.created_at))) }
-            dt { "updated" } dd { (timestamp(Some(row.updated_at))) }
-            dt { "completed" } dd { (timestamp(row.completed_at)) }
-            dt { "wake after" } dd { (timestamp(row.wake_after)) }
+            dt { "created" } dd { (when(Some(row.created_at), now)) }
+            dt { "updated" } dd { (when(Some(row.updated_at), now)) }
+            dt { "completed" } dd { (when(row.completed_at, now)) }
+            dt { "wake after" } dd { (when(row.wake_after, now)) }
         }
         h2 { "Input" } pre #input { (pretty(&row.input)) }
         h2 { "Output" } pre #output { (row.output.as_ref().map_or_else(|| "-".to_owned(), pretty)) }
         h2 { "Timeline" }
-        (timeline::svg(&timeline::chart(row, &view.journal, &view.waits, time::OffsetDateTime::now_utc())))
+        (timeline::svg(&timeline::chart(row, &view.journal, &view.waits, now)))
         p.legend {
             span.key.ran { "ran" } span.key.parked { "parked (sleep, await, signal, awakeable, child, remote)" }
             span.key.attempt { "failed attempt" } span.key.failed { "failed" } span.key.open { "waiting now" }
@@ -310,7 +335,7 @@ pub(crate) async fn instance(
                         tr {
                             td { (timer.step) } td { (timer.generation) } td { (kind) } td { (token) }
                             td { span class={ "state " (timer.state.as_str()) } { (timer.state.as_str()) } }
-                            td { (timestamp(Some(timer.fire_at))) } td { (timestamp(timer.fired_at)) }
+                            td { (when(Some(timer.fire_at), now)) } td { (when(timer.fired_at, now)) }
                             td { (timer.attempts) }
                         }
                     }
@@ -328,7 +353,7 @@ pub(crate) async fn instance(
                         tr {
                             td { code { (awakeable.id) } } td { (awakeable.generation) }
                             td { span class={ "state " (awakeable.status.as_str()) } { (awakeable.status.as_str()) } }
-                            td { (timestamp(Some(awakeable.created_at))) } td { (timestamp(awakeable.settled_at)) }
+                            td { (when(Some(awakeable.created_at), now)) } td { (when(awakeable.settled_at, now)) }
                         }
                     }
                 }
@@ -344,7 +369,7 @@ pub(crate) async fn instance(
                     @for wait in &view.waits.signal_waits {
                         tr {
                             td { code { (wait.token) } } td { (wait.step) } td { (wait.generation) }
-                            td { (timestamp(Some(wait.since))) } td { (timestamp(wait.timeout_at)) }
+                            td { (when(Some(wait.since), now)) } td { (when(wait.timeout_at, now)) }
                         }
                     }
                 }
@@ -363,7 +388,7 @@ pub(crate) async fn instance(
                     @for event in &view.messages.events {
                         tr {
                             td { code { (event.key) } } td { (event.version) }
-                            td { (timestamp(Some(event.updated_at))) }
+                            td { (when(Some(event.updated_at), now)) }
                             td { code { (event.value.to_string()) } }
                         }
                     }
@@ -381,9 +406,15 @@ pub(crate) async fn instance(
                         tr {
                             td { code { (stream.key) } } td { (stream.items) } td { (stream.bytes) }
                             td { (if stream.closed { "closed" } else { "open" }) }
-                            td { (timestamp(Some(stream.updated_at))) }
+                            td { (when(Some(stream.updated_at), now)) }
                         }
                     }
+                }
+            }
+            @for stream in view.messages.streams.iter().take(STREAMS_FOLLOWED) {
+                div.stream data-follow=(format!("/api/v1{href}/streams/{}", urlencode(&stream.key))) {
+                    h3 { "Stream " code { (stream.key) } " " span.stream-state { (if stream.closed { "closed" } else { "open" }) } }
+                    ol.stream-items {}
                 }
             }
         }
@@ -416,7 +447,7 @@ pub(crate) async fn instance(
                             td { a href=(instance_href(child.key.name.as_str(), child.key.id.as_str())) { (child.key.to_string()) } }
                             td { span class={ "status " (child.status.as_str()) } { (child.status.as_str()) } }
                             td { (child.generation) } td { (child.attempts) }
-                            td { (timestamp(Some(child.created_at))) }
+                            td { (when(Some(child.created_at), now)) }
                             td.error { (child.last_error.as_deref().unwrap_or("")) }
                         }
                     }
@@ -531,7 +562,7 @@ fn paused_badge(view: &QueueView) -> Markup {
 fn oldest_waiting(view: &QueueView, now: time::OffsetDateTime) -> Markup {
     html! {
         @match (view.info.oldest_waiting, view.oldest_wait(now)) {
-            (Some(at), Some(wait)) => { (timestamp(Some(at))) " (" (span(wait)) " ago)" }
+            (Some(at), Some(wait)) => { (when(Some(at), now)) " (waiting " (span(wait)) ")" }
             _ => "-",
         }
     }
