@@ -26,7 +26,7 @@ pub(crate) const STREAM_MARKUP: &str = "one <img src=x onerror=\"window.keiroPwn
 /// for good while `broken` is set and completes once it is cleared (so a requeue succeeds);
 /// `waiter` parks on a sleep, a signal wait (with a timeout) on its input token and an
 /// awakeable at once; `family` runs one `greet` child to completion; `streamer` sets its
-/// `phase` event, writes [`STREAM_MARKUP`] to its `progress` stream and waits for the value
+/// `phase` event, runs a step that fails its first attempt, writes [`STREAM_MARKUP`] to its `progress` stream and waits for the value
 /// delivered to its `go` step, which it writes next before closing the stream.
 pub(crate) fn registry(broken: Arc<AtomicBool>) -> Registry {
     let mut registry = Registry::new();
@@ -66,6 +66,21 @@ pub(crate) fn registry(broken: Arc<AtomicBool>) -> Registry {
     registry
         .register("streamer", |ctx: Ctx, (): ()| async move {
             ctx.set_event("phase", &"started").await?;
+            // Fails its first attempt: the timeline ticks it on the step's lane.
+            let retry = keiro::StepOptions::new(3).initial_interval(Duration::from_millis(100));
+            let mut tries = 0;
+            ctx.step_with("fetch", &retry, || {
+                tries += 1;
+                let attempt = tries;
+                async move {
+                    if attempt == 1 {
+                        Err("upstream timed out".to_owned())
+                    } else {
+                        Ok(attempt)
+                    }
+                }
+            })
+            .await?;
             ctx.write_stream("progress", &STREAM_MARKUP).await?;
             let more: String = ctx.await_step("go").await?;
             ctx.write_stream("progress", &more).await?;
