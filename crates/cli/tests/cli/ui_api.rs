@@ -1205,6 +1205,47 @@ async fn throughput_and_streams_read_as_json_and_pages_show_charts_times_and_dur
         "{page}"
     );
     assert!(page.contains("id=\"timeline-chart\""));
+    assert!(page.contains("href=\"/instances/streamer/s-1/streams/progress\""));
+    // The stream's own page follows it too; an unknown instance's is a 404.
+    let response = client
+        .get(format!(
+            "{}/instances/streamer/s-1/streams/progress",
+            ui.base
+        ))
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::OK);
+    let stream_page = response.text().await?;
+    assert!(stream_page.contains("data-follow=\"/api/v1/instances/streamer/s-1/streams/progress\""));
+    let missing = client
+        .get(format!(
+            "{}/instances/streamer/nobody/streams/progress",
+            ui.base
+        ))
+        .send()
+        .await?;
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+
+    // Every filter stays in the URL: the form keeps the order, the page size and the filters
+    // it has no field for, and the next page's link keeps them all.
+    let since = "2020-01-01T00:00:00Z";
+    let kept = text(format!(
+        "{}/instances?status=completed&order=oldest_first&limit=1&finished_since={since}",
+        ui.base
+    ))
+    .await?;
+    assert!(
+        kept.contains("<option value=\"oldest_first\" selected>"),
+        "{kept}"
+    );
+    assert!(kept.contains("name=\"limit\" size=\"4\" placeholder=\"50\" value=\"1\""));
+    assert!(kept.contains(&format!(
+        "<input type=\"hidden\" name=\"finished_since\" value=\"{since}\">"
+    )));
+    assert!(
+        kept.contains("finished_since=2020-01-01T00%3A00%3A00Z&amp;cursor="),
+        "{kept}"
+    );
     assert!(
         !page.contains(STREAM_MARKUP) && page.contains("&quot;done&quot;"),
         "{page}"

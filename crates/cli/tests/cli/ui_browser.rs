@@ -358,13 +358,13 @@ async fn drive_live(client: &fantoccini::Client, base: &str, h: &Harness) -> Tes
     client
         .goto(&format!("{base}/instances/streamer/s-1"))
         .await?;
-    let items = wait_for_all(client, ".stream .stream-items li", 1).await?;
+    let items = wait_for_all(client, ".stream .stream-items li .value", 1).await?;
     assert_eq!(
         items[0].prop("textContent").await?,
         Some(serde_json::to_string(STREAM_MARKUP)?)
     );
     h.keiro.deliver(("streamer", "s-1"), "go", &"two").await?;
-    let items = wait_for_all(client, ".stream .stream-items li", 2).await?;
+    let items = wait_for_all(client, ".stream .stream-items li .value", 2).await?;
     assert_eq!(items[1].text().await?, "\"two\"");
     wait_for_all(client, ".stream[data-ended=true]", 1).await?;
     assert_eq!(

@@ -180,7 +180,14 @@ function follow(box) {
         page.items.forEach(function (item) {
           var li = document.createElement("li");
           li.setAttribute("data-offset", String(item.offset));
-          li.textContent = JSON.stringify(item.value);
+          var offset = document.createElement("span");
+          offset.className = "offset";
+          offset.textContent = String(item.offset);
+          var value = document.createElement("span");
+          value.className = "value";
+          value.textContent = JSON.stringify(item.value);
+          li.appendChild(offset);
+          li.appendChild(value);
           list.appendChild(li);
           while (list.children.length > STREAM_ITEMS_SHOWN) list.removeChild(list.firstChild);
         });
