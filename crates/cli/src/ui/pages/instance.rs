@@ -55,7 +55,11 @@ pub(crate) async fn instance(
         h2 { "Input" } pre #input { (pretty(&row.input)) }
         h2 { "Output" } pre #output { (row.output.as_ref().map_or_else(|| "-".to_owned(), pretty)) }
         h2 { "Timeline" }
-        (timeline::svg(&timeline::chart(row, &view.journal, &view.waits, now)))
+        @let chart = timeline::chart(row, &view.journal, &view.waits, now);
+        (timeline::svg(&chart))
+        @if chart.truncated {
+            p #timeline-truncated { "The first " (timeline::LANES_MAX) " lanes are drawn; the table lists every row." }
+        }
         p.legend {
             span.key.ran { "ran" } span.key.parked { "parked (sleep, await, signal, awakeable, child, remote)" }
             span.key.attempt { "failed attempt" } span.key.failed { "failed" } span.key.open { "waiting now" }
