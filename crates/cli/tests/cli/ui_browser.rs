@@ -352,6 +352,62 @@ async fn drive_live(client: &fantoccini::Client, base: &str, h: &Harness) -> Tes
         Some("failed: 0"),
         "c-1 was requeued and completed"
     );
+    // Refreshed live: a run that completes after the page loaded is counted without a reload.
+    let completed = |client: fantoccini::Client| async move {
+        let title = client
+            .find(Locator::Css(
+                "#status-chart rect.status-bar.completed title",
+            ))
+            .await?
+            .prop("textContent")
+            .await?
+            .unwrap_or_default();
+        let n: u64 = title.trim_start_matches("completed: ").parse()?;
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(n)
+    };
+    let before = completed(client.clone()).await?;
+    h.keiro.start("greet", "live-1", &"live").await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while completed(client.clone()).await? != before + 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still {before} completed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ended_now = || async {
+        let last = client
+            .find(Locator::Css(
+                "#throughput-chart rect.bucket:last-of-type title",
+            ))
+            .await?
+            .prop("textContent")
+            .await?
+            .unwrap_or_default();
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(last)
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let sum: u64 = client
+            .execute(
+                "return Array.from(document.querySelectorAll('#throughput-chart rect.bucket title'))
+                   .map(t => parseInt(t.textContent.split(': ')[1], 10)).reduce((a, b) => a + b, 0);",
+                vec![],
+            )
+            .await?
+            .as_u64()
+            .unwrap_or(0);
+        if sum == before + 1 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the chart counts {sum} completed, not {}: {}",
+            before + 1,
+            ended_now().await?
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     screenshot(client, "ui-overview.png").await?;
 
     // The stream: its first item, as text; a second one written after the page loaded.
@@ -363,6 +419,12 @@ async fn drive_live(client: &fantoccini::Client, base: &str, h: &Harness) -> Tes
         items[0].prop("textContent").await?,
         Some(serde_json::to_string(STREAM_MARKUP)?)
     );
+    let phase = client
+        .find(Locator::Css("#events-box #events tbody tr td:last-child"))
+        .await?
+        .text()
+        .await?;
+    assert_eq!(phase, "\"started\"");
     h.keiro.deliver(("streamer", "s-1"), "go", &"two").await?;
     let items = wait_for_all(client, ".stream .stream-items li .value", 2).await?;
     assert_eq!(items[1].text().await?, "\"two\"");
@@ -379,6 +441,14 @@ async fn drive_live(client: &fantoccini::Client, base: &str, h: &Harness) -> Tes
         .execute("return window.keiroPwned === undefined;", vec![])
         .await?;
     assert_eq!(pwned, json!(true));
+    // Its event's latest value, refreshed without a reload; then the refresh stops.
+    wait_for_all(client, "#events-box[data-terminal=true]", 1).await?;
+    let phase = client
+        .find(Locator::Css("#events-box #events tbody tr td:last-child"))
+        .await?
+        .text()
+        .await?;
+    assert_eq!(phase, "\"done\"");
 
     // Completed: its timeline draws a bar per step; the README shows this page.
     client

@@ -205,7 +205,63 @@ function follow(box) {
   poll();
 }
 
+// The instance page's events, refreshed every 2 seconds while the run is live.
+var TERMINAL = ["completed", "failed", "cancelled"];
+function drawEvents(box, events) {
+  var fresh;
+  if (events.length === 0) {
+    fresh = document.createElement("p");
+    fresh.id = "events";
+    fresh.className = "none";
+    fresh.textContent = "None.";
+  } else {
+    fresh = document.createElement("table");
+    fresh.id = "events";
+    var head = fresh.createTHead().insertRow();
+    ["key", "version", "set", "value"].forEach(function (name) {
+      var th = document.createElement("th");
+      th.textContent = name;
+      head.appendChild(th);
+    });
+    var body = fresh.createTBody();
+    events.forEach(function (event) {
+      var row = body.insertRow();
+      var key = document.createElement("code");
+      key.textContent = event.key;
+      row.insertCell().appendChild(key);
+      row.insertCell().textContent = String(event.version);
+      var time = document.createElement("time");
+      time.setAttribute("datetime", event.updated_at);
+      time.title = event.updated_at;
+      time.textContent = relative(Date.parse(event.updated_at), Date.now());
+      row.insertCell().appendChild(time);
+      var value = document.createElement("code");
+      value.textContent = JSON.stringify(event.value);
+      row.insertCell().appendChild(value);
+    });
+  }
+  while (box.firstChild) box.removeChild(box.firstChild);
+  box.appendChild(fresh);
+}
+function watchEvents(box) {
+  if (box.getAttribute("data-terminal") === "true") return;
+  var timer = setInterval(function () {
+    getJson(box.getAttribute("data-live"))
+      .then(function (instance) {
+        if (!instance) return;
+        drawEvents(box, instance.events);
+        if (TERMINAL.indexOf(instance.status) >= 0) {
+          box.setAttribute("data-terminal", "true");
+          clearInterval(timer);
+        }
+      })
+      .catch(function () {});
+  }, 2000);
+}
+
 document.addEventListener("DOMContentLoaded", function () {
+  var events = document.getElementById("events-box");
+  if (events) watchEvents(events);
   var table = document.querySelector("table#counts[data-live]");
   if (table) {
     refresh(table);

@@ -132,17 +132,20 @@ pub(crate) async fn instance(
             p #waits-truncated { "Only the newest " (keiro::operate::WAITS_LIMIT_DEFAULT) " of each kind are shown." }
         }
         h2 { "Events" }
-        @if view.messages.events.is_empty() {
-            p #events.none { "None." }
-        } @else {
-            table #events {
-                thead { tr { th { "key" } th { "version" } th { "set" } th { "value" } } }
-                tbody {
-                    @for event in &view.messages.events {
-                        tr {
-                            td { code { (event.key) } } td { (event.version) }
-                            td { (when(Some(event.updated_at), now)) }
-                            td { code { (event.value.to_string()) } }
+        // Refreshed by the script while the run is live: each event's latest value.
+        div #events-box data-live=(format!("/api/v1{href}")) data-terminal=(row.status.is_terminal()) {
+            @if view.messages.events.is_empty() {
+                p #events.none { "None." }
+            } @else {
+                table #events {
+                    thead { tr { th { "key" } th { "version" } th { "set" } th { "value" } } }
+                    tbody {
+                        @for event in &view.messages.events {
+                            tr {
+                                td { code { (event.key) } } td { (event.version) }
+                                td { (when(Some(event.updated_at), now)) }
+                                td { code { (event.value.to_string()) } }
+                            }
                         }
                     }
                 }
