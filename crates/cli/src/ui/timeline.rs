@@ -1,7 +1,8 @@
 //! The instance page's timeline drawing: the journal as one lane per step across the run's
 //! time, then as inline SVG. A journal row is written when its step ends, so a row's bar runs
 //! from the previous row to it: the time the run spent executing the step, or parked waiting
-//! for its result (a sleep, an await, a signal, an awakeable, a child, a remote step). Failed
+//! for its result (a sleep, an await, a signal, an awakeable, a child, a remote step); a sleep
+//! whose timer is listed starts when its timer was armed. Failed
 //! attempts of a retried step share its lane, each marked with a tick; a final failure is red.
 //! What the run waits on now (scheduled sleeps, pending signal waits and awakeables) is drawn
 //! as open bars from when the wait began to now.
@@ -150,10 +151,20 @@ pub(crate) fn chart(
             Event::StepReset { step, .. } => (step.clone(), BarKind::Mark("reset")),
             _ => ("run".to_owned(), BarKind::Mark("other")),
         };
+        // A sleep began when its timer was armed, which may be before the previous row (a
+        // sleep raced against other work); else the gap since the previous row is the wait.
+        let armed = match kind {
+            BarKind::Parked("sleep") => waits
+                .timers
+                .iter()
+                .find(|timer| timer.step == label && timer.generation == entry.generation)
+                .map(|timer| at(timer.created_at)),
+            _ => None,
+        };
         let start_ms = match kind {
             BarKind::Mark(_) => t,
             BarKind::Failed if label == "run" => t,
-            _ => previous.min(t),
+            _ => armed.unwrap_or(previous).min(t),
         };
         let what = match kind {
             BarKind::Ran => "ran".to_owned(),
@@ -420,6 +431,38 @@ mod tests {
         assert_eq!(svg.matches("class=\"bar ").count(), 4, "{svg}");
         assert_eq!(svg.matches("class=\"tick\"").count(), 1);
         assert_eq!(svg.matches("class=\"mark failed\"").count(), 1);
+    }
+
+    #[test]
+    fn a_sleep_starts_when_its_timer_was_armed() {
+        let instance = instance(("napper", "n-1"), Status::Completed);
+        let start = instance.created_at;
+        let journal = [
+            entry(1, 100, step("other", StepKind::Step)),
+            entry(2, 900, step("sleep:nap", StepKind::Sleep)),
+        ];
+        let waits = Waits {
+            timers: vec![keiro::operate::TimerInfo {
+                generation: 1,
+                step: "sleep:nap".into(),
+                kind: TimerKind::Sleep,
+                state: TimerState::Fired,
+                fire_at: start + Duration::milliseconds(850),
+                fired_at: Some(start + Duration::milliseconds(890)),
+                attempts: 1,
+                created_at: start + Duration::milliseconds(50),
+            }],
+            ..Waits::default()
+        };
+        let chart = chart(&instance, &journal, &waits, start);
+        assert_eq!(
+            (
+                chart.lanes[1].bars[0].start_ms,
+                chart.lanes[1].bars[0].end_ms
+            ),
+            (50, 900),
+            "armed at 50 ms, beside the step that ended at 100 ms"
+        );
     }
 
     #[test]

@@ -556,6 +556,9 @@ async fn a_request_for_another_host_is_refused_on_every_route() -> TestResult {
         "/queues/llm",
         "/api/v1/queues",
         "/api/v1/queues/llm",
+        "/api/v1/throughput",
+        "/api/v1/instances/charge/c-1/streams/progress",
+        "/instances/charge/c-1/streams/progress",
         "/no/such/route",
     ];
     // A page whose DNS name was rebound to 127.0.0.1 still says its own name.
