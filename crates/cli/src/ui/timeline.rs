@@ -81,6 +81,31 @@ pub(crate) struct Chart {
     pub(crate) truncated: bool,
 }
 
+/// The lanes in their order of first appearance, found by label; at most [`LANES_MAX`], a bar
+/// of any further lane is left out (and said so).
+#[derive(Default)]
+struct Lanes {
+    lanes: Vec<Lane>,
+    index: std::collections::HashMap<String, usize>,
+    truncated: bool,
+}
+
+impl Lanes {
+    fn push(&mut self, label: String, bar: Bar) {
+        if let Some(&i) = self.index.get(&label) {
+            self.lanes[i].bars.push(bar);
+        } else if self.lanes.len() < LANES_MAX {
+            self.index.insert(label.clone(), self.lanes.len());
+            self.lanes.push(Lane {
+                label,
+                bars: vec![bar],
+            });
+        } else {
+            self.truncated = true;
+        }
+    }
+}
+
 fn millis(span: time::Duration) -> i64 {
     i64::try_from(span.whole_milliseconds()).unwrap_or(i64::MAX)
 }
@@ -129,14 +154,8 @@ pub(crate) fn chart(
 ) -> Chart {
     let start = instance.created_at;
     let at = |t: OffsetDateTime| millis(t - start).max(0);
-    let mut lanes: Vec<Lane> = Vec::new();
-    let mut lane = |label: String, bar: Bar| match lanes.iter_mut().find(|l| l.label == label) {
-        Some(lane) => lane.bars.push(bar),
-        None => lanes.push(Lane {
-            label,
-            bars: vec![bar],
-        }),
-    };
+    let mut lanes = Lanes::default();
+    let mut lane = |label: String, bar: Bar| lanes.push(label, bar);
     let mut previous = 0;
     let mut end = 0;
     for entry in journal {
@@ -247,8 +266,9 @@ pub(crate) fn chart(
     if let Some(done) = instance.completed_at {
         end = end.max(at(done));
     }
-    let truncated = lanes.len() > LANES_MAX;
-    lanes.truncate(LANES_MAX);
+    let Lanes {
+        lanes, truncated, ..
+    } = lanes;
     Chart {
         lanes,
         span_ms: end.max(1),
@@ -492,6 +512,28 @@ mod tests {
         let svg = svg(&chart).into_string();
         assert!(svg.contains("signal:&lt;b&gt;poke&lt;/b&gt;"), "{svg}");
         assert!(!svg.contains("class=\"bar "));
+    }
+
+    #[test]
+    fn lanes_stop_at_their_bound_and_say_so() {
+        let instance = instance(("long", "l-1"), Status::Running);
+        let journal: Vec<JournalEntry> = (0..5_000)
+            .map(|n| entry(n, n, step(&format!("step-{n}"), StepKind::Step)))
+            .collect();
+        let chart = chart(&instance, &journal, &Waits::default(), instance.created_at);
+        assert_eq!(chart.lanes.len(), LANES_MAX);
+        assert!(chart.truncated);
+        assert_eq!(
+            chart.lanes[LANES_MAX - 1].label,
+            format!("step-{}", LANES_MAX - 1)
+        );
+        let short = chart_of(&journal[..3]);
+        assert!(!short.truncated && short.lanes.len() == 3);
+    }
+
+    fn chart_of(journal: &[JournalEntry]) -> Chart {
+        let instance = instance(("long", "l-1"), Status::Running);
+        chart(&instance, journal, &Waits::default(), instance.created_at)
     }
 
     #[test]
