@@ -100,8 +100,14 @@ function drawThroughput(svg, data) {
       shape(svg, "rect", { x: x + 1, y: base, width: Math.max(step - 2, 1), height: h, "class": "ended " + part[0] }, tooltip);
     });
   });
-  var minutes = Math.round(n * data.bucket_secs / 60);
-  label(svg, left, top + height + 16, "-" + minutes + " min");
+  // The time axis: the window's start, its quarters, now.
+  var minutes = n * data.bucket_secs / 60;
+  label(svg, left, top + height + 16, "-" + Math.round(minutes) + " min");
+  [1, 2, 3].forEach(function (q) {
+    var x = left + width * q / 4;
+    shape(svg, "line", { x1: x, x2: x, y1: top + height, y2: top + height + 4, "class": "baseline" });
+    label(svg, x, top + height + 16, "-" + Math.round(minutes * (4 - q) / 4) + " min", "middle");
+  });
   label(svg, left + width, top + height + 16, "now", "end");
 }
 
