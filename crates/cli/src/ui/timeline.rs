@@ -4,14 +4,14 @@
 //! for its result (a sleep, an await, a signal, an awakeable, a child, a remote step); a sleep
 //! whose timer is listed starts when its timer was armed. Failed
 //! attempts of a retried step share its lane, each marked with a tick; a final failure is red.
-//! What the run waits on now (scheduled sleeps, pending signal waits and awakeables) is drawn
-//! as open bars from when the wait began to now.
+//! What the run waits on now (scheduled sleeps, pending signal waits and awakeables, children
+//! still live) is drawn as open bars from when the wait began to now.
 //!
 //! [`chart`] decides everything over plain data; [`svg`] only draws it. Every label is
 //! interpolated by maud, which escapes it; colours come from the stylesheet (the page's CSP
 //! allows no inline style).
 
-use keiro::operate::{AwakeableStatus, TimerKind, TimerState, Waits};
+use keiro::operate::{AwakeableStatus, InstanceSummary, TimerKind, TimerState, Waits};
 use keiro::store::{Event, Instance, JournalEntry, StepKind};
 use maud::{html, Markup};
 use time::OffsetDateTime;
@@ -145,11 +145,13 @@ fn classify(step: &str, kind: StepKind, event: &Event) -> (String, BarKind) {
     (step.to_owned(), bar)
 }
 
-/// The lanes of `instance`'s run from its journal and what it waits on, at `now`.
+/// The lanes of `instance`'s run from its journal and what it waits on (its waits, its
+/// children still live), at `now`.
 pub(crate) fn chart(
     instance: &Instance,
     journal: &[JournalEntry],
     waits: &Waits,
+    children: &[InstanceSummary],
     now: OffsetDateTime,
 ) -> Chart {
     let start = instance.created_at;
@@ -261,6 +263,14 @@ pub(crate) fn chart(
                     String::new(),
                 );
             }
+        }
+        for child in children.iter().filter(|child| !child.status.is_terminal()) {
+            open(
+                format!("child {}", child.key),
+                child.created_at,
+                "child",
+                format!(", {}", child.status.as_str()),
+            );
         }
     }
     if let Some(done) = instance.completed_at {
@@ -418,7 +428,13 @@ mod tests {
                 },
             ),
         ];
-        let chart = chart(&instance, &journal, &Waits::default(), instance.created_at);
+        let chart = chart(
+            &instance,
+            &journal,
+            &Waits::default(),
+            &[],
+            instance.created_at,
+        );
         let labels: Vec<&str> = chart.lanes.iter().map(|l| l.label.as_str()).collect();
         assert_eq!(labels, ["authorize", "sleep:nap", "capture", "run"]);
         assert_eq!(chart.span_ms, 1_600);
@@ -474,7 +490,7 @@ mod tests {
             }],
             ..Waits::default()
         };
-        let chart = chart(&instance, &journal, &waits, start);
+        let chart = chart(&instance, &journal, &waits, &[], start);
         assert_eq!(
             (
                 chart.lanes[1].bars[0].start_ms,
@@ -499,8 +515,41 @@ mod tests {
             }],
             ..Waits::default()
         };
-        let chart = chart(&instance, &[], &waits, start + Duration::seconds(5));
+        let child = InstanceSummary {
+            key: keiro::InstanceKey::parse("greet", "kid-1").expect("a key"),
+            generation: 0,
+            status: Status::Running,
+            attempts: 0,
+            last_error: None,
+            parent: Some(instance.key.clone()),
+            priority: 0,
+            created_at: start + Duration::seconds(1),
+            updated_at: start + Duration::seconds(1),
+            completed_at: None,
+            queue: None,
+            queue_key: None,
+            not_before: None,
+        };
+        let done = InstanceSummary {
+            status: Status::Completed,
+            key: keiro::InstanceKey::parse("greet", "kid-0").expect("a key"),
+            ..child.clone()
+        };
+        let children = [child, done];
+        let chart = chart(
+            &instance,
+            &[],
+            &waits,
+            &children,
+            start + Duration::seconds(5),
+        );
         assert_eq!(chart.span_ms, 5_000);
+        assert_eq!(chart.lanes.len(), 2, "the signal wait and the live child");
+        assert_eq!(chart.lanes[1].label, "child greet/kid-1");
+        assert_eq!(
+            (chart.lanes[1].bars[0].start_ms, chart.lanes[1].bars[0].kind),
+            (1_000, BarKind::Open("child"))
+        );
         assert_eq!(chart.lanes[0].bars[0].kind, BarKind::Open("signal"));
         assert_eq!(
             (
@@ -520,7 +569,13 @@ mod tests {
         let journal: Vec<JournalEntry> = (0..5_000)
             .map(|n| entry(n, n, step(&format!("step-{n}"), StepKind::Step)))
             .collect();
-        let chart = chart(&instance, &journal, &Waits::default(), instance.created_at);
+        let chart = chart(
+            &instance,
+            &journal,
+            &Waits::default(),
+            &[],
+            instance.created_at,
+        );
         assert_eq!(chart.lanes.len(), LANES_MAX);
         assert!(chart.truncated);
         assert_eq!(
@@ -533,7 +588,13 @@ mod tests {
 
     fn chart_of(journal: &[JournalEntry]) -> Chart {
         let instance = instance(("long", "l-1"), Status::Running);
-        chart(&instance, journal, &Waits::default(), instance.created_at)
+        chart(
+            &instance,
+            journal,
+            &Waits::default(),
+            &[],
+            instance.created_at,
+        )
     }
 
     #[test]

@@ -55,7 +55,7 @@ pub(crate) async fn instance(
         h2 { "Input" } pre #input { (pretty(&row.input)) }
         h2 { "Output" } pre #output { (row.output.as_ref().map_or_else(|| "-".to_owned(), pretty)) }
         h2 { "Timeline" }
-        @let chart = timeline::chart(row, &view.journal, &view.waits, now);
+        @let chart = timeline::chart(row, &view.journal, &view.waits, &view.children, now);
         (timeline::svg(&chart))
         @if chart.truncated {
             p #timeline-truncated { "The first " (timeline::LANES_MAX) " lanes are drawn; the table lists every row." }
