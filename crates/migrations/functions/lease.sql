@@ -10,6 +10,7 @@
 -- Called by: keiro_postgres ops::lease::instance_claim; tested by contract::lease.
 CREATE OR REPLACE FUNCTION keiro_instance_claim(p_name text, p_id text, p_owner text,
                                                 p_ttl_ms bigint, p_now timestamptz,
+                                                p_versions text[],
                                                 OUT granted boolean, OUT clock timestamptz,
                                                 OUT instance workflows,
                                                 OUT journal_seq bigint[],
@@ -37,6 +38,8 @@ BEGIN
       AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= clock)
       -- A run on a queue is claimed here only while it holds its slot (queue.sql).
       AND (w.queue IS NULL OR (w.queue_admitted AND w.lease_expires_at IS NULL))
+      -- Only a run of a version the claimer serves (NULL: any; '' stands for an unversioned run).
+      AND (p_versions IS NULL OR coalesce(w.app_version, '') = ANY (p_versions))
     RETURNING w.* INTO instance;
     granted := FOUND;
     IF granted THEN
@@ -51,6 +54,22 @@ BEGIN
         WHERE w.workflow_name = p_name AND w.workflow_id = p_id;
     END IF;
 END;
+$$;
+
+-- instance_claim without versions: any version's run, as before versions existed (the
+-- signature the builds before them call).
+-- Called by: SQL only (builds before versions); tested by contract::lease.
+CREATE OR REPLACE FUNCTION keiro_instance_claim(p_name text, p_id text, p_owner text,
+                                                p_ttl_ms bigint, p_now timestamptz,
+                                                OUT granted boolean, OUT clock timestamptz,
+                                                OUT instance workflows,
+                                                OUT journal_seq bigint[],
+                                                OUT journal_step text[],
+                                                OUT journal_kind text[],
+                                                OUT journal_payload jsonb[],
+                                                OUT journal_recorded_at timestamptz[])
+LANGUAGE sql AS $$
+    SELECT * FROM keiro_instance_claim(p_name, p_id, p_owner, p_ttl_ms, p_now, NULL::text[]);
 $$;
 
 -- instance_start_claimed: direct execution (`Worker::run_workflow`) starts an instance already
@@ -238,7 +257,7 @@ $$;
 -- Called by: keiro_postgres ops::lease::instances_claim_batch; tested by contract::lease.
 CREATE OR REPLACE FUNCTION keiro_instances_claim_batch(p_names text[], p_owner text,
                                                        p_ttl_ms bigint, p_limit integer,
-                                                       p_now timestamptz)
+                                                       p_now timestamptz, p_versions text[])
 RETURNS TABLE (instance workflows, journal_seq bigint[], journal_step text[],
                journal_kind text[], journal_payload jsonb[],
                journal_recorded_at timestamptz[])
@@ -256,6 +275,7 @@ BEGIN
           AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
           AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= v_now)
           AND (w.queue IS NULL OR (w.queue_admitted AND w.lease_expires_at IS NULL))
+          AND (p_versions IS NULL OR coalesce(w.app_version, '') = ANY (p_versions))
         ORDER BY w.priority DESC, w.created_at, w.workflow_name, w.workflow_id
         LIMIT greatest(p_limit, 0)
         FOR UPDATE SKIP LOCKED
@@ -267,6 +287,7 @@ BEGIN
           AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
           AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= v_now)
           AND (w.queue IS NULL OR (w.queue_admitted AND w.lease_expires_at IS NULL))
+          AND (p_versions IS NULL OR coalesce(w.app_version, '') = ANY (p_versions))
         ORDER BY w.priority DESC, w.created_at, w.workflow_name, w.workflow_id
         LIMIT greatest(p_limit, 0)
         FOR UPDATE SKIP LOCKED
@@ -294,6 +315,20 @@ BEGIN
 
     RETURN QUERY SELECT * FROM keiro_claims_with_journals(v_claimed);
 END;
+$$;
+
+-- instances_claim_batch without versions: any version's runs (the signature the builds before
+-- versions call).
+-- Called by: SQL only (builds before versions); tested by contract::lease.
+CREATE OR REPLACE FUNCTION keiro_instances_claim_batch(p_names text[], p_owner text,
+                                                       p_ttl_ms bigint, p_limit integer,
+                                                       p_now timestamptz)
+RETURNS TABLE (instance workflows, journal_seq bigint[], journal_step text[],
+               journal_kind text[], journal_payload jsonb[],
+               journal_recorded_at timestamptz[])
+LANGUAGE sql AS $$
+    SELECT * FROM keiro_instances_claim_batch(p_names, p_owner, p_ttl_ms, p_limit, p_now,
+                                              NULL::text[]);
 $$;
 
 -- claims_with_journals: each row of `p_claimed` (claims just made, in claim order) with its
