@@ -267,51 +267,100 @@ DECLARE
     v_now     timestamptz := coalesce(p_now, now());
     v_claimed workflows[];
 BEGIN
-    WITH running AS (
-        SELECT w.workflow_name, w.workflow_id, w.priority, w.created_at
-        FROM workflows w
-        WHERE w.status = 'running'
-          AND w.workflow_name = ANY (p_names)
-          AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
-          AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= v_now)
-          AND (w.queue IS NULL OR (w.queue_admitted AND w.lease_expires_at IS NULL))
-          AND (p_versions IS NULL OR coalesce(w.app_version, '') = ANY (p_versions))
-        ORDER BY w.priority DESC, w.created_at, w.workflow_name, w.workflow_id
-        LIMIT greatest(p_limit, 0)
-        FOR UPDATE SKIP LOCKED
-    ), due AS (
-        SELECT w.workflow_name, w.workflow_id, w.priority, w.created_at
-        FROM workflows w
-        WHERE w.status = 'suspended' AND w.wake_after IS NOT NULL AND w.wake_after <= v_now
-          AND w.workflow_name = ANY (p_names)
-          AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
-          AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= v_now)
-          AND (w.queue IS NULL OR (w.queue_admitted AND w.lease_expires_at IS NULL))
-          AND (p_versions IS NULL OR coalesce(w.app_version, '') = ANY (p_versions))
-        ORDER BY w.priority DESC, w.created_at, w.workflow_name, w.workflow_id
-        LIMIT greatest(p_limit, 0)
-        FOR UPDATE SKIP LOCKED
-    ), picked AS (
-        SELECT a.workflow_name, a.workflow_id
-        FROM (SELECT * FROM running UNION ALL SELECT * FROM due) a
-        ORDER BY a.priority DESC, a.created_at, a.workflow_name, a.workflow_id
-        LIMIT greatest(p_limit, 0)
-    ), claimed AS (
-        UPDATE workflows w SET
-            lease_owner = p_owner,
-            lease_epoch = w.lease_epoch + 1,
-            -- A debounced run takes no more pushes once claimed (0021).
-            debounce_key = NULL,
-            lease_expires_at = v_now + p_ttl_ms * interval '1 millisecond',
-            updated_at = now()
-        FROM picked p
-        WHERE w.workflow_name = p.workflow_name AND w.workflow_id = p.workflow_id
-        RETURNING w.*
-    )
-    SELECT array_agg(ROW(c.*)::workflows
-                     ORDER BY c.priority DESC, c.created_at, c.workflow_name, c.workflow_id)
-    INTO v_claimed
-    FROM claimed c;
+    -- Two statements, so each keeps a cached plan of its own: the claim of any version is the
+    -- statement as it was before versions, and a filter on a parameter that may be NULL would
+    -- make the generic plan of both guess at its selectivity.
+    IF p_versions IS NULL THEN
+        WITH running AS (
+            SELECT w.workflow_name, w.workflow_id, w.priority, w.created_at
+            FROM workflows w
+            WHERE w.status = 'running'
+              AND w.workflow_name = ANY (p_names)
+              AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
+              AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= v_now)
+              AND (w.queue IS NULL OR (w.queue_admitted AND w.lease_expires_at IS NULL))
+            ORDER BY w.priority DESC, w.created_at, w.workflow_name, w.workflow_id
+            LIMIT greatest(p_limit, 0)
+            FOR UPDATE SKIP LOCKED
+        ), due AS (
+            SELECT w.workflow_name, w.workflow_id, w.priority, w.created_at
+            FROM workflows w
+            WHERE w.status = 'suspended' AND w.wake_after IS NOT NULL AND w.wake_after <= v_now
+              AND w.workflow_name = ANY (p_names)
+              AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
+              AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= v_now)
+              AND (w.queue IS NULL OR (w.queue_admitted AND w.lease_expires_at IS NULL))
+            ORDER BY w.priority DESC, w.created_at, w.workflow_name, w.workflow_id
+            LIMIT greatest(p_limit, 0)
+            FOR UPDATE SKIP LOCKED
+        ), picked AS (
+            SELECT a.workflow_name, a.workflow_id
+            FROM (SELECT * FROM running UNION ALL SELECT * FROM due) a
+            ORDER BY a.priority DESC, a.created_at, a.workflow_name, a.workflow_id
+            LIMIT greatest(p_limit, 0)
+        ), claimed AS (
+            UPDATE workflows w SET
+                lease_owner = p_owner,
+                lease_epoch = w.lease_epoch + 1,
+                -- A debounced run takes no more pushes once claimed (0021).
+                debounce_key = NULL,
+                lease_expires_at = v_now + p_ttl_ms * interval '1 millisecond',
+                updated_at = now()
+            FROM picked p
+            WHERE w.workflow_name = p.workflow_name AND w.workflow_id = p.workflow_id
+            RETURNING w.*
+        )
+        SELECT array_agg(ROW(c.*)::workflows
+                         ORDER BY c.priority DESC, c.created_at, c.workflow_name, c.workflow_id)
+        INTO v_claimed
+        FROM claimed c;
+    ELSE
+        WITH running AS (
+            SELECT w.workflow_name, w.workflow_id, w.priority, w.created_at
+            FROM workflows w
+            WHERE w.status = 'running'
+              AND w.workflow_name = ANY (p_names)
+              AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
+              AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= v_now)
+              AND (w.queue IS NULL OR (w.queue_admitted AND w.lease_expires_at IS NULL))
+              AND coalesce(w.app_version, '') = ANY (p_versions)
+            ORDER BY w.priority DESC, w.created_at, w.workflow_name, w.workflow_id
+            LIMIT greatest(p_limit, 0)
+            FOR UPDATE SKIP LOCKED
+        ), due AS (
+            SELECT w.workflow_name, w.workflow_id, w.priority, w.created_at
+            FROM workflows w
+            WHERE w.status = 'suspended' AND w.wake_after IS NOT NULL AND w.wake_after <= v_now
+              AND w.workflow_name = ANY (p_names)
+              AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
+              AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= v_now)
+              AND (w.queue IS NULL OR (w.queue_admitted AND w.lease_expires_at IS NULL))
+              AND coalesce(w.app_version, '') = ANY (p_versions)
+            ORDER BY w.priority DESC, w.created_at, w.workflow_name, w.workflow_id
+            LIMIT greatest(p_limit, 0)
+            FOR UPDATE SKIP LOCKED
+        ), picked AS (
+            SELECT a.workflow_name, a.workflow_id
+            FROM (SELECT * FROM running UNION ALL SELECT * FROM due) a
+            ORDER BY a.priority DESC, a.created_at, a.workflow_name, a.workflow_id
+            LIMIT greatest(p_limit, 0)
+        ), claimed AS (
+            UPDATE workflows w SET
+                lease_owner = p_owner,
+                lease_epoch = w.lease_epoch + 1,
+                -- A debounced run takes no more pushes once claimed (0021).
+                debounce_key = NULL,
+                lease_expires_at = v_now + p_ttl_ms * interval '1 millisecond',
+                updated_at = now()
+            FROM picked p
+            WHERE w.workflow_name = p.workflow_name AND w.workflow_id = p.workflow_id
+            RETURNING w.*
+        )
+        SELECT array_agg(ROW(c.*)::workflows
+                         ORDER BY c.priority DESC, c.created_at, c.workflow_name, c.workflow_id)
+        INTO v_claimed
+        FROM claimed c;
+    END IF;
 
     RETURN QUERY SELECT * FROM keiro_claims_with_journals(v_claimed);
 END;
