@@ -10,6 +10,7 @@ use keiro_tests::{on_both_stores, spawn_worker, until_status, FastWorker, Harnes
 on_both_stores!(
     runs_stay_on_their_version_until_moved,
     a_running_worker_beats_what_it_serves_and_leaves_when_stopped,
+    a_direct_run_of_another_versions_run_waits_for_its_version,
 );
 
 /// A body that returns the version of the worker that ran its step.
@@ -123,5 +124,40 @@ async fn a_running_worker_beats_what_it_serves_and_leaves_when_stopped(h: Harnes
         h.keiro.workers().await?.is_empty(),
         "a stopped worker leaves"
     );
+    Ok(())
+}
+
+async fn a_direct_run_of_another_versions_run_waits_for_its_version(h: Harness) -> TestResult {
+    let (v1, v2) = (h.versioned("v1").await, h.versioned("v2").await);
+    let w1 = v1
+        .keiro
+        .worker()
+        .fast()
+        .register("wf", tagged("v1"))
+        .build()?;
+    let w2 = v2
+        .keiro
+        .worker()
+        .fast()
+        .register("wf", tagged("v2"))
+        .build()?;
+    v1.keiro.start("wf", "a", &()).await?;
+    // v2 runs it directly: the run is v1's, so v2 waits for v1's worker to finish it.
+    let direct = tokio::spawn(async move { w2.run_named::<String, _>("wf", "a", &()).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        h.keiro.journal(("wf", "a")).await?.is_empty(),
+        "v2 ran no step"
+    );
+    w1.drain().await?;
+    assert_eq!(direct.await??, "v1");
+    // A run v2 starts directly is v2's, and v2 runs it.
+    let w2 = v2
+        .keiro
+        .worker()
+        .fast()
+        .register("wf", tagged("v2"))
+        .build()?;
+    assert_eq!(w2.run_named::<String, _>("wf", "b", &()).await?, "v2");
     Ok(())
 }
