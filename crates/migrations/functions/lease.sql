@@ -6,8 +6,9 @@
 -- round trip. The journal is aggregated in one pass: all five arrays come from the same rows
 -- in the same order, so they stay parallel, and the store sorts the entries by `seq` (one
 -- ORDER BY per array would be five sorts per claim). A refused claim returns the row as it is,
--- for the caller to classify at `clock`, the instant the claim was judged at.
--- Called by: keiro_postgres ops::lease::instance_claim; tested by contract::lease.
+-- for the caller to classify at `clock`, the instant the claim was judged at. Only a run of a
+-- version in `p_versions` is claimed (NULL: any; '' stands for the unversioned runs; 0025).
+-- Called by: keiro_postgres ops::lease::instance_claim; tested by contract::lease and contract::versions.
 CREATE OR REPLACE FUNCTION keiro_instance_claim(p_name text, p_id text, p_owner text,
                                                 p_ttl_ms bigint, p_now timestamptz,
                                                 p_versions text[],
@@ -254,7 +255,10 @@ $$;
 -- again, and a journal read in the claim's own statement would be that old snapshot's, without
 -- the step, which the run would then run again. The second statement's snapshot is taken after the locks:
 -- every append to these rows committed before it, and none can commit before this transaction.
--- Called by: keiro_postgres ops::lease::instances_claim_batch; tested by contract::lease.
+--
+-- Only runs of the versions in `p_versions` are claimed (NULL: any; '' stands for the
+-- unversioned runs; 0025): the claim order's walk passes over the others as over leased rows.
+-- Called by: keiro_postgres ops::lease::instances_claim_batch; tested by contract::lease and contract::versions.
 CREATE OR REPLACE FUNCTION keiro_instances_claim_batch(p_names text[], p_owner text,
                                                        p_ttl_ms bigint, p_limit integer,
                                                        p_now timestamptz, p_versions text[])

@@ -418,7 +418,9 @@ $$;
 -- Runs are locked `FOR UPDATE SKIP LOCKED`: a row another claimer holds is left for the next
 -- pass. The journals are read after the claims, as in `keiro_instances_claim_batch` (why is
 -- explained there).
--- Called by: keiro_postgres ops::queue::queue_admit; tested by contract::queue.
+-- Only runs of the versions in `p_versions` are admitted (NULL: any; '' stands for the
+-- unversioned runs; 0025); the others wait on.
+-- Called by: keiro_postgres ops::queue::queue_admit; tested by contract::queue and contract::versions.
 CREATE OR REPLACE FUNCTION keiro_queue_admit(p_queues text[], p_names text[], p_owner text,
                                              p_ttl_ms bigint, p_limit integer,
                                              p_now timestamptz, p_versions text[])
@@ -667,7 +669,8 @@ $$;
 -- `keiro_instances_claim_batch` claims them (`admitted` false), then, with the room left and
 -- when `p_queues` names any, waiting runs of those queues as `keiro_queue_admit` admits them
 -- (`admitted` true). One round trip and one commit where the two calls took two of each.
--- Called by: keiro_postgres ops::queue::claim_and_admit; tested by contract::queue.
+-- Both halves serve only the versions in `p_versions` (NULL: any; 0025).
+-- Called by: keiro_postgres ops::queue::claim_and_admit; tested by contract::queue and contract::versions.
 CREATE OR REPLACE FUNCTION keiro_instances_claim_and_admit(p_names text[], p_queues text[],
                                                            p_owner text, p_ttl_ms bigint,
                                                            p_limit integer, p_now timestamptz,
