@@ -11,6 +11,7 @@ on_both_stores!(
     runs_stay_on_their_version_until_moved,
     a_running_worker_beats_what_it_serves_and_leaves_when_stopped,
     a_direct_run_of_another_versions_run_waits_for_its_version,
+    the_check_before_a_move_finds_runs_the_new_code_diverges_from,
 );
 
 /// A body that returns the version of the worker that ran its step.
@@ -159,5 +160,53 @@ async fn a_direct_run_of_another_versions_run_waits_for_its_version(h: Harness) 
         .register("wf", tagged("v2"))
         .build()?;
     assert_eq!(w2.run_named::<String, _>("wf", "b", &()).await?, "v2");
+    Ok(())
+}
+
+/// Ships under `step`, then waits an hour: a live run with one recorded step.
+fn parked(
+    step: &'static str,
+) -> impl Fn(
+    Ctx,
+    (),
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), WorkflowError>> + Send>>
+       + Clone
+       + Send
+       + Sync
+       + 'static {
+    move |ctx: Ctx, (): ()| {
+        Box::pin(async move {
+            ctx.step(step, || async { Ok::<_, std::convert::Infallible>(1) })
+                .await?;
+            ctx.sleep("wait", Duration::from_secs(3600)).await
+        })
+    }
+}
+
+async fn the_check_before_a_move_finds_runs_the_new_code_diverges_from(h: Harness) -> TestResult {
+    let v1 = h.versioned("v1").await;
+    let old = v1
+        .keiro
+        .worker()
+        .fast()
+        .register("wf", parked("ship"))
+        .build()?;
+    v1.keiro.start("wf", "a", &()).await?;
+    old.drain().await?;
+    assert_eq!(output(&h, "a").await?.0, Status::Suspended);
+
+    let same = h.keiro.worker().register("wf", parked("ship")).build()?;
+    let refused = keiro::testing::verify_version(&h.keiro, same.registry(), "v1", 100).await?;
+    assert!(refused.is_empty(), "{refused:?}");
+    let renamed = h.keiro.worker().register("wf", parked("send")).build()?;
+    let refused = keiro::testing::verify_version(&h.keiro, renamed.registry(), "v1", 100).await?;
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert!(
+        matches!(
+            refused[0].1,
+            keiro::testing::ReplayMismatch::NonDeterminism { .. }
+        ),
+        "{refused:?}"
+    );
     Ok(())
 }
