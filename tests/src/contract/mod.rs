@@ -333,6 +333,7 @@ macro_rules! contract_suite {
                     a_claim_of_one_run_of_another_version_is_refused_and_changes_nothing,
                     queue_admission_takes_only_the_runs_of_the_versions_it_serves,
                     continue_as_new_records_the_version_that_continued_the_run,
+                    a_child_records_the_version_of_the_worker_that_spawned_it,
                 ],
                 moves [
                     a_move_hands_the_live_runs_of_a_version_to_another,

@@ -145,3 +145,32 @@ pub async fn continue_as_new_records_the_version_that_continued_the_run(h: Harne
     );
     Ok(())
 }
+
+pub async fn a_child_records_the_version_of_the_worker_that_spawned_it(h: Harness) -> TestResult {
+    use keiro_journal::store::{child_result_step, ChildSpawn};
+    use keiro_journal::StepKind;
+    let (v1, v2) = (h.versioned("v1").await, h.versioned("v2").await);
+    let (parent, child) = (key("wf", "parent"), key("wf", "child"));
+    v1.store
+        .instance_start(&start(&parent, json!(null)))
+        .await?;
+    // The parent was moved to v2, whose worker spawns the child.
+    v2.versions.versions_move("v1", "v2").await?;
+    let spawn = Append::external(
+        parent.clone(),
+        Event::StepRecorded {
+            step: format!("child:{}/{}", child.name, child.id),
+            kind: StepKind::Child,
+            result: json!({"name": "wf", "id": "child"}),
+        },
+    );
+    let request = ChildSpawn {
+        child: child.clone(),
+        input: json!(1),
+        await_step: child_result_step(&child),
+    };
+    v2.store.child_spawn(&spawn, &request).await?;
+    let row = h.store.instance_get(&child).await?.expect("spawned");
+    assert_eq!(row.app_version.as_deref(), Some("v2"));
+    Ok(())
+}
