@@ -101,26 +101,29 @@ async fn show(keiro: &Keiro, window: Duration) -> Result<Outcome> {
         let workers = alive.iter().filter(|w| w.app_version == version).count();
         println!(" {workers:>6}");
     }
-    for worker in &workers {
-        print_worker(worker, now, window);
+    for worker in &alive {
+        print_worker(worker, now);
+    }
+    let gone = workers.len() - alive.len();
+    if gone > 0 {
+        // Workers killed without stopping leave their row; it is kept, not shown.
+        println!(
+            "{gone} worker row(s) not seen for {}s or more",
+            window.as_secs()
+        );
     }
     print_unserved(&counts, &alive);
     Ok(Outcome::Success)
 }
 
-fn print_worker(worker: &WorkerRow, now: OffsetDateTime, window: Duration) {
+fn print_worker(worker: &WorkerRow, now: OffsetDateTime) {
     let serves = match worker.serves.as_filter() {
         None => "any version".to_owned(),
         Some(list) => list.iter().map(|v| label(v)).collect::<Vec<_>>().join(", "),
     };
     let age = (now - worker.last_seen).whole_seconds();
-    let state = if now - worker.last_seen < window {
-        "live"
-    } else {
-        "gone"
-    };
     println!(
-        "worker {} ({state}) runs {} serves {serves}; last seen {age}s ago",
+        "worker {} (live) runs {} serves {serves}; last seen {age}s ago",
         worker.worker_id,
         label(&worker.app_version)
     );
