@@ -38,7 +38,8 @@ pub trait LeaseStore: JournalStore {
     }
 
     /// [`instance_claim`](Self::instance_claim), granted only when the run's version is one
-    /// `versions` serves: a run of another version is refused as unavailable, unchanged.
+    /// `versions` serves: a run of another version is refused, unchanged (`Unavailable`, or
+    /// `LeaseHeld` / `Paced` when that is also true of it).
     async fn instance_claim_serving(
         &self,
         key: &InstanceKey,
