@@ -328,16 +328,17 @@ impl LeaseStore for CountingStore {
             .instances_runnable(now.map(|at| self.inward(at)), limit)
             .await
     }
-    async fn instance_claim(
+    async fn instance_claim_serving(
         &self,
         key: &InstanceKey,
+        versions: &keiro_lease::Versions,
         owner: &str,
         ttl: Duration,
         now: Option<OffsetDateTime>,
     ) -> Result<ClaimOutcome> {
         self.count("instance_claim");
         self.inner
-            .instance_claim(key, owner, ttl, now.map(|at| self.inward(at)))
+            .instance_claim_serving(key, versions, owner, ttl, now.map(|at| self.inward(at)))
             .await
     }
     async fn instance_start_claimed(
@@ -352,9 +353,10 @@ impl LeaseStore for CountingStore {
             .instance_start_claimed(request, owner, ttl, now.map(|at| self.inward(at)))
             .await
     }
-    async fn instances_claim_batch(
+    async fn instances_claim_batch_serving(
         &self,
         names: &[keiro::workflow::WorkflowName],
+        versions: &keiro_lease::Versions,
         owner: &str,
         ttl: Duration,
         limit: i64,
@@ -362,13 +364,21 @@ impl LeaseStore for CountingStore {
     ) -> Result<Vec<keiro_lease::Claim>> {
         self.count("instances_claim_batch");
         self.inner
-            .instances_claim_batch(names, owner, ttl, limit, now.map(|at| self.inward(at)))
+            .instances_claim_batch_serving(
+                names,
+                versions,
+                owner,
+                ttl,
+                limit,
+                now.map(|at| self.inward(at)),
+            )
             .await
     }
-    async fn queue_admit(
+    async fn queue_admit_serving(
         &self,
         queues: &[String],
         names: &[keiro::workflow::WorkflowName],
+        versions: &keiro_lease::Versions,
         owner: &str,
         ttl: Duration,
         limit: i64,
@@ -376,9 +386,10 @@ impl LeaseStore for CountingStore {
     ) -> Result<Vec<keiro_lease::Claim>> {
         self.count("queue_admit");
         self.inner
-            .queue_admit(
+            .queue_admit_serving(
                 queues,
                 names,
+                versions,
                 owner,
                 ttl,
                 limit,

@@ -285,15 +285,18 @@ impl LeaseStore for FaultyStore {
     ) -> Result<Vec<InstanceKey>> {
         self.inner.instances_runnable(now, limit).await
     }
-    async fn instance_claim(
+    async fn instance_claim_serving(
         &self,
         key: &InstanceKey,
+        versions: &keiro_lease::Versions,
         owner: &str,
         ttl: Duration,
         now: Option<OffsetDateTime>,
     ) -> Result<ClaimOutcome> {
         self.refuse_unloadable(Some(key)).await?;
-        self.inner.instance_claim(key, owner, ttl, now).await
+        self.inner
+            .instance_claim_serving(key, versions, owner, ttl, now)
+            .await
     }
     async fn instance_start_claimed(
         &self,
@@ -307,9 +310,10 @@ impl LeaseStore for FaultyStore {
             .instance_start_claimed(request, owner, ttl, now)
             .await
     }
-    async fn instances_claim_batch(
+    async fn instances_claim_batch_serving(
         &self,
         names: &[keiro::workflow::WorkflowName],
+        versions: &keiro_lease::Versions,
         owner: &str,
         ttl: Duration,
         limit: i64,
@@ -317,13 +321,14 @@ impl LeaseStore for FaultyStore {
     ) -> Result<Vec<keiro_lease::Claim>> {
         self.refuse_unloadable(None).await?;
         self.inner
-            .instances_claim_batch(names, owner, ttl, limit, now)
+            .instances_claim_batch_serving(names, versions, owner, ttl, limit, now)
             .await
     }
-    async fn queue_admit(
+    async fn queue_admit_serving(
         &self,
         queues: &[String],
         names: &[keiro::workflow::WorkflowName],
+        versions: &keiro_lease::Versions,
         owner: &str,
         ttl: Duration,
         limit: i64,
@@ -331,7 +336,7 @@ impl LeaseStore for FaultyStore {
     ) -> Result<Vec<keiro_lease::Claim>> {
         self.refuse_unloadable(None).await?;
         self.inner
-            .queue_admit(queues, names, owner, ttl, limit, now)
+            .queue_admit_serving(queues, names, versions, owner, ttl, limit, now)
             .await
     }
     async fn instance_lease_renew(

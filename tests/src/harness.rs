@@ -39,6 +39,8 @@ pub struct Harness {
     pub inspect: Arc<dyn InspectStore>,
     /// The same store's queue operations, with the instant they take (the facade's pass none).
     pub queues: Arc<dyn keiro_lease::QueueStore>,
+    /// The same store's application versions (unversioned).
+    pub versions: Arc<dyn keiro_lease::VersionStore>,
     /// The facade over the same store.
     pub keiro: Keiro,
     /// The Postgres schema, when `backend` is Postgres; dropped with the harness.
@@ -47,6 +49,28 @@ pub struct Harness {
     pub sqlite_dir: Option<SqliteDir>,
     /// The SQLite store itself, when `backend` is Sqlite: its push and clock.
     pub sqlite: Option<keiro_sqlite::SqliteStore>,
+}
+
+/// A second store on a harness's schema or file, with an application version of its own
+/// ([`Harness::versioned`]).
+pub struct Versioned {
+    /// The store.
+    pub store: Arc<dyn LeaseStore>,
+    /// The same store's application versions.
+    pub versions: Arc<dyn keiro_lease::VersionStore>,
+    /// The facade over the same store, without push.
+    pub keiro: Keiro,
+}
+
+impl Versioned {
+    fn of<S: keiro::store::Store + Clone>(store: S) -> Self {
+        let store = Arc::new(store);
+        Self {
+            keiro: Keiro::builder((*store).clone()).without_push().build(),
+            versions: store.clone(),
+            store,
+        }
+    }
 }
 
 /// A temporary directory holding one test's SQLite file, removed when dropped.
@@ -105,6 +129,7 @@ impl Harness {
             admin: store.clone(),
             inspect: store.clone(),
             queues: store.clone(),
+            versions: store.clone(),
             sqlite: Some((*store).clone()),
             store,
             db: None,
@@ -124,6 +149,7 @@ impl Harness {
             admin: store.clone(),
             inspect: store.clone(),
             queues: store.clone(),
+            versions: store.clone(),
             store,
             db: Some(db),
             sqlite_dir: None,
@@ -147,10 +173,43 @@ impl Harness {
             admin: store.clone(),
             inspect: store.clone(),
             queues: store.clone(),
+            versions: store.clone(),
             store,
             db: Some(db),
             sqlite_dir: None,
             sqlite: None,
+        }
+    }
+
+    /// Another store on this harness's schema or file whose runs record `version`: what a
+    /// process of another build sees. Panics when it cannot be opened.
+    pub async fn versioned(&self, version: &str) -> Versioned {
+        match (&self.db, &self.sqlite_dir) {
+            (Some(db), _) => {
+                let config = keiro_postgres::Config {
+                    app_version: version.to_owned(),
+                    ..db.config()
+                };
+                let store = match keiro_postgres::PgStore::connect(config).await {
+                    Ok(store) => store,
+                    Err(e) => panic!(
+                        "cannot connect a store of {version} to {}: {e}",
+                        db.schema()
+                    ),
+                };
+                Versioned::of(store)
+            }
+            (None, Some(dir)) => {
+                let config = keiro_sqlite::Config {
+                    app_version: version.to_owned(),
+                    ..keiro_sqlite::Config::default()
+                };
+                match keiro_sqlite::SqliteStore::open(dir.file(), config) {
+                    Ok(store) => Versioned::of(store),
+                    Err(e) => panic!("cannot open {} for {version}: {e}", dir.file().display()),
+                }
+            }
+            (None, None) => unreachable!("a harness has a schema or a file"),
         }
     }
 

@@ -19,7 +19,7 @@ pub mod workflows;
 pub use faulty::FaultyStore;
 pub use harness::{
     crash, journal_steps, key, run_inline, run_with, Backend, FastWorker, Harness, Ledger,
-    SqliteDir, TestResult,
+    SqliteDir, TestResult, Versioned,
 };
 pub use status::{status, until, until_status};
 pub use worker::{spawn_worker, RunningWorker};

@@ -105,11 +105,14 @@ impl Global {
         }
     }
 
-    /// The PostgreSQL store configuration for `schema` with a pool of `pool_size`.
+    /// The PostgreSQL store configuration for `schema` with a pool of `pool_size`, with the
+    /// application version of `KEIRO_APP_VERSION` as `Keiro::connect` reads it (the runs the
+    /// demo, the bench and chaos start record it, and their workers serve it).
     ///
     /// # Errors
     ///
-    /// When the URL names a SQLite file: what calls this works on PostgreSQL only.
+    /// When the URL names a SQLite file: what calls this works on PostgreSQL only; a
+    /// `KEIRO_APP_VERSION` that is no valid version.
     pub(crate) fn config(&self, schema: &str, pool_size: usize) -> Result<Config> {
         if let Store::Sqlite(path) = self.store()? {
             return Err(failure(format!(
@@ -120,6 +123,7 @@ impl Global {
         Ok(Config {
             schema: schema.to_owned(),
             pool_size,
+            app_version: keiro::versions::app_version_from_env()?,
             ..Config::new(self.url())
         })
     }

@@ -178,15 +178,38 @@ pub(crate) struct StatsArgs {
 
 /// `keiro stats`.
 pub(crate) async fn stats(global: &Global, args: &StatsArgs) -> Result<Outcome> {
-    let counts = keiro(global)
-        .await?
-        .counts()
+    let keiro = keiro(global).await?;
+    let counts = keiro.counts().await.context("counting instances")?;
+    // The live runs whose version no live worker serves (`keiro versions`).
+    let versions = keiro
+        .versions_count()
         .await
-        .context("counting instances")?;
+        .context("counting runs per version")?;
+    let workers = keiro.workers().await.context("listing workers")?;
+    let alive = keiro::versions::live(
+        &workers,
+        OffsetDateTime::now_utc(),
+        keiro::versions::LIVE_WINDOW_DEFAULT,
+    );
     if args.json {
-        println!("{}", serde_json::to_string(&counts)?);
+        let mut value = serde_json::to_value(&counts)?;
+        let unserved: Vec<serde_json::Value> = keiro::versions::unserved(&versions, &alive)
+            .iter()
+            .map(|c| {
+                serde_json::json!({
+                    "app_version": c.app_version,
+                    "status": c.status.as_str(),
+                    "runs": c.runs,
+                })
+            })
+            .collect();
+        if let Some(object) = value.as_object_mut() {
+            object.insert("unserved".into(), unserved.into());
+        }
+        println!("{value}");
     } else {
         print_counts(&counts);
+        crate::versions::print_unserved(&versions, &alive);
     }
     Ok(Outcome::Success)
 }

@@ -5,6 +5,8 @@
 //! - `keiro list` and `keiro stats` list instances by filter (keyset pages) and count them;
 //!   `keiro gc` deletes instances terminal for longer than a window (retention).
 //! - `keiro schedule list|pause|resume|trigger` operate on schedules.
+//! - `keiro versions` counts runs per application version and status and shows which versions
+//!   have live workers; `keiro versions move FROM TO` hands one version's live runs to another.
 //! - `keiro stream NAME ID KEY [--from N] [--follow]` prints a workflow's stream, one JSON
 //!   line per item, following it live with `--follow`.
 //! - `keiro ui` serves the dashboard (a JSON API under `/api/v1` and HTML pages) on
@@ -46,6 +48,7 @@ mod schedule;
 mod stream;
 mod timeline;
 mod ui;
+mod versions;
 
 use std::process::ExitCode;
 
@@ -100,6 +103,9 @@ enum Command {
     /// Operate queues: list, show, pause, resume.
     #[command(subcommand)]
     Queue(queue::QueueCommand),
+    /// Runs per application version and status, live workers per version; `move FROM TO`
+    /// hands the live runs of one version to another.
+    Versions(versions::VersionsArgs),
     /// Serve the dashboard: counts and charts, the instance list, instance pages with their
     /// timeline and live streams, queues, and operator actions.
     Ui(ui::UiArgs),
@@ -165,6 +171,7 @@ fn main() -> ExitCode {
             Command::Stream(args) => stream::run(&global, &args).await,
             Command::Schedule(command) => schedule::run(&global, &command).await,
             Command::Queue(command) => queue::run(&global, &command).await,
+            Command::Versions(args) => versions::run(&global, &args).await,
             Command::Ui(args) => ui::run(&global, &args).await,
             Command::Demo(args) => demo::run(&global, &args).await,
             Command::DemoWorker(args) => demo::worker::run(&global, &args).await,

@@ -31,6 +31,7 @@ pub struct KeiroBuilder {
     operate: Option<Operate>,
     schedules: Option<Arc<dyn keiro_resume::ScheduleStore>>,
     queues: Option<Arc<dyn keiro_lease::QueueStore>>,
+    versions: Option<Arc<dyn keiro_lease::VersionStore>>,
     notifier: Option<Arc<dyn Notifier>>,
     payload_len_max: usize,
     delivery_backlog: DeliveryBacklog,
@@ -58,7 +59,8 @@ impl KeiroBuilder {
                 admin: store.clone(),
             }),
             schedules: Some(store.clone()),
-            queues: Some(store),
+            queues: Some(store.clone()),
+            versions: Some(store),
             payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
             delivery_backlog: DeliveryBacklog::default(),
         }
@@ -88,6 +90,7 @@ impl KeiroBuilder {
             operate: None,
             schedules: None,
             queues: None,
+            versions: None,
             payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
             delivery_backlog: DeliveryBacklog::default(),
         }
@@ -186,6 +189,7 @@ impl KeiroBuilder {
             operate: self.operate,
             schedules: self.schedules,
             queues: self.queues,
+            versions: self.versions,
         }
     }
 }

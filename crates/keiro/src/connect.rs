@@ -203,6 +203,11 @@ impl Keiro {
     ///   store's default `keiro::store::sqlite::Config` (durable commits). For other settings
     ///   open a `SqliteStore` yourself and pass it to [`Keiro::builder`].
     ///
+    /// Either way the store's application version (`keiro::versions`), which the runs it
+    /// starts record and its workers serve, is `KEIRO_APP_VERSION` from the environment,
+    /// unless a PostgreSQL [`Config`](keiro_postgres::Config) sets one; unset, it is
+    /// unversioned.
+    ///
     /// ```no_run
     /// # async fn demo() -> Result<(), keiro::Error> {
     /// let keiro = keiro::Keiro::connect("sqlite:app.db").await?; // or "postgres://app@db/app"
@@ -226,7 +231,10 @@ impl Keiro {
     {
         match database.try_into()? {
             #[cfg(feature = "postgres")]
-            Database::Postgres(config) => {
+            Database::Postgres(mut config) => {
+                if config.app_version.is_empty() {
+                    config.app_version = crate::versions::app_version_from_env()?;
+                }
                 let migrate = config.migrate;
                 let store = keiro_postgres::PgStore::connect(config).await?;
                 if migrate {
@@ -236,10 +244,14 @@ impl Keiro {
             }
             #[cfg(feature = "sqlite")]
             Database::Sqlite(path) => {
+                let config = keiro_sqlite::Config {
+                    app_version: crate::versions::app_version_from_env()?,
+                    ..keiro_sqlite::Config::default()
+                };
                 // Opening migrates, on the caller's thread: file I/O that must not hold a
                 // runtime worker.
                 let opened = tokio::task::spawn_blocking(move || {
-                    keiro_sqlite::SqliteStore::open(path, keiro_sqlite::Config::default())
+                    keiro_sqlite::SqliteStore::open(path, config)
                 })
                 .await;
                 let store = match opened {

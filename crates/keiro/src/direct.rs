@@ -216,6 +216,25 @@ impl Worker {
             })?
             .claim;
         let key = request.key;
+        if let ClaimOutcome::Acquired(granted) = &claim {
+            // An existing run of a version this worker does not serve is left to the workers
+            // that do (`keiro::versions`): the claim goes back untouched (nothing ran under
+            // it), and the caller waits for the result like any other.
+            let version = granted.instance.app_version.as_deref().unwrap_or_default();
+            if !self.options.versions.serves(version) {
+                let released = self
+                    .store
+                    .instance_release(&key, &granted.fence, false)
+                    .await;
+                if let Err(error) = released {
+                    (self.options.log)(&ResumeLogEvent::TransientError {
+                        key: Some(key.clone()),
+                        error: error.to_string(),
+                    });
+                }
+                claim = ClaimOutcome::Unavailable;
+            }
+        }
         while let ClaimOutcome::Acquired(granted) = claim {
             let driven = keiro_resume::drive_claim(
                 &self.store,
@@ -234,7 +253,11 @@ impl Worker {
                 // a worker's next pass would, unless a worker was quicker.
                 Some(RunOutcome::ContinuedAsNew { .. }) => {
                     asked = Instant::now();
-                    claim = match self.store.instance_claim(&key, &owner, ttl, None).await {
+                    claim = match self
+                        .store
+                        .instance_claim_serving(&key, &self.options.versions, &owner, ttl, None)
+                        .await
+                    {
                         Ok(claim) => claim,
                         Err(error) => {
                             (self.options.log)(&ResumeLogEvent::TransientError {

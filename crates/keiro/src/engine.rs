@@ -570,6 +570,7 @@ impl Keiro {
             .retention_store(self.operate.as_ref().map(Operate::retention))
             .schedule_store(self.schedules.clone())
             .queue_store(self.queues.clone())
+            .version_store(self.versions.clone())
     }
 
     /// This handle with `notifier` as its push notifier.

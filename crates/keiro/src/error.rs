@@ -19,6 +19,9 @@ pub enum Error {
     /// The worker options are out of bounds.
     #[error("invalid worker options")]
     Options(#[from] keiro_resume::InvalidOptions),
+    /// An application version was refused (`keiro::versions`).
+    #[error("invalid application version")]
+    Version(#[from] keiro_lease::versions::InvalidVersion),
     /// An operator tool failed (unknown instance, bad input, store failure).
     #[error("operator action failed")]
     Admin(#[from] keiro_remote::AdminError),

@@ -67,6 +67,9 @@ pub struct Keiro {
     pub(crate) schedules: Option<Arc<dyn ScheduleStore>>,
     /// Queues (`None` for a store built with `KeiroBuilder::lease_only`).
     pub(crate) queues: Option<Arc<dyn keiro_lease::QueueStore>>,
+    /// Application versions: the store's own, heartbeats, moves (`None` for a store built
+    /// with `KeiroBuilder::lease_only`).
+    pub(crate) versions: Option<Arc<dyn keiro_lease::VersionStore>>,
 }
 
 impl std::fmt::Debug for Keiro {

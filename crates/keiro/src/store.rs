@@ -10,7 +10,8 @@ pub use keiro_journal::{
     JournalEntry, Marker, RetentionStore, Started, StepKind, StoreError, TimerFiring,
 };
 pub use keiro_lease::{
-    ClaimOutcome, CrashOutcome, LeaseStore, QueueStore, StartClaim, CRASH_BACKOFF_DEFAULT,
+    ClaimOutcome, CrashOutcome, LeaseStore, QueueStore, StartClaim, VersionStore,
+    CRASH_BACKOFF_DEFAULT,
 };
 pub use keiro_remote::{RemoteAdmin, Transport};
 pub use keiro_resume::ScheduleStore;
@@ -19,13 +20,21 @@ pub use keiro_resume::ScheduleStore;
 /// steps (their transport and the operator's tools), the operators' list, counts and
 /// retention, schedules, and queues. `PgStore` and `SqliteStore` are ones.
 pub trait Store:
-    LeaseStore + QueueStore + Transport + RemoteAdmin + InspectStore + RetentionStore + ScheduleStore
+    LeaseStore
+    + QueueStore
+    + VersionStore
+    + Transport
+    + RemoteAdmin
+    + InspectStore
+    + RetentionStore
+    + ScheduleStore
 {
 }
 
 impl<
         T: LeaseStore
             + QueueStore
+            + VersionStore
             + Transport
             + RemoteAdmin
             + InspectStore

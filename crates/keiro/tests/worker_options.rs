@@ -39,6 +39,7 @@ fn calls(log: &LogHook) -> Vec<Call> {
         Box::new(|b| b.payload_len_max(4096)),
         Box::new(|b| b.retention(Some(Duration::from_secs(3600)))),
         Box::new(|b| b.queue("llm")),
+        Box::new(|b| b.serve(keiro::versions::Versions::only(["v1", "v2"]))),
     ]
 }
 
@@ -95,6 +96,7 @@ fn the_order_of_the_calls_does_not_matter() -> Result<(), keiro::Error> {
         faults: None,
         retention: Some(Duration::from_secs(3600)),
         queues: vec!["llm".to_owned()],
+        versions: keiro::versions::Versions::only(["v1", "v2"]),
     };
     let forward = built(calls(&log))?;
     let backward = built(calls(&log).into_iter().rev())?;

@@ -48,6 +48,7 @@ mod claim;
 mod crash;
 mod queue;
 mod store;
+pub mod versions;
 
 pub use backoff::{crash_delay, CRASH_BACKOFF_DEFAULT, MAX_ATTEMPTS_DEFAULT};
 pub use claim::{
@@ -56,3 +57,4 @@ pub use claim::{
 pub use crash::{Crash, CrashOutcome, ResurrectOutcome};
 pub use queue::QueueStore;
 pub use store::LeaseStore;
+pub use versions::{VersionStore, Versions};

@@ -7,7 +7,7 @@ use keiro_journal::{store::StartRequest, Fence, InstanceKey, JournalStore, Statu
 use time::OffsetDateTime;
 
 use crate::{classify_refusal, Claim, ClaimBatch, ClaimGate, ClaimOutcome, Crash, CrashOutcome};
-use crate::{ResurrectOutcome, StartClaim};
+use crate::{ResurrectOutcome, StartClaim, Versions};
 
 /// Lease, discovery and crash operations, each one transaction.
 ///
@@ -32,6 +32,21 @@ pub trait LeaseStore: JournalStore {
         owner: &str,
         ttl: Duration,
         now: Option<OffsetDateTime>,
+    ) -> Result<ClaimOutcome> {
+        self.instance_claim_serving(key, &Versions::Any, owner, ttl, now)
+            .await
+    }
+
+    /// [`instance_claim`](Self::instance_claim), granted only when the run's version is one
+    /// `versions` serves: a run of another version is refused, unchanged (`Unavailable`, or
+    /// `LeaseHeld` / `Paced` when that is also true of it).
+    async fn instance_claim_serving(
+        &self,
+        key: &InstanceKey,
+        versions: &Versions,
+        owner: &str,
+        ttl: Duration,
+        now: Option<OffsetDateTime>,
     ) -> Result<ClaimOutcome>;
 
     /// Claims up to `limit` runnable instances whose workflow name is in `names` for `owner`
@@ -45,6 +60,21 @@ pub trait LeaseStore: JournalStore {
     async fn instances_claim_batch(
         &self,
         names: &[WorkflowName],
+        owner: &str,
+        ttl: Duration,
+        limit: i64,
+        now: Option<OffsetDateTime>,
+    ) -> Result<Vec<Claim>> {
+        self.instances_claim_batch_serving(names, &Versions::Any, owner, ttl, limit, now)
+            .await
+    }
+
+    /// [`instances_claim_batch`](Self::instances_claim_batch) of the runs whose version is
+    /// one `versions` serves; the others are passed over, as leased ones are.
+    async fn instances_claim_batch_serving(
+        &self,
+        names: &[WorkflowName],
+        versions: &Versions,
         owner: &str,
         ttl: Duration,
         limit: i64,
@@ -68,6 +98,23 @@ pub trait LeaseStore: JournalStore {
         ttl: Duration,
         limit: i64,
         now: Option<OffsetDateTime>,
+    ) -> Result<Vec<Claim>> {
+        self.queue_admit_serving(queues, names, &Versions::Any, owner, ttl, limit, now)
+            .await
+    }
+
+    /// [`queue_admit`](Self::queue_admit) of the runs whose version is one `versions`
+    /// serves; the others wait on.
+    #[allow(clippy::too_many_arguments)] // queue_admit's, and the versions
+    async fn queue_admit_serving(
+        &self,
+        queues: &[String],
+        names: &[WorkflowName],
+        versions: &Versions,
+        owner: &str,
+        ttl: Duration,
+        limit: i64,
+        now: Option<OffsetDateTime>,
     ) -> Result<Vec<Claim>>;
 
     /// A worker's claim: up to `limit` runs as
@@ -86,12 +133,32 @@ pub trait LeaseStore: JournalStore {
         limit: i64,
         now: Option<OffsetDateTime>,
     ) -> Result<ClaimBatch> {
+        self.claim_and_admit_serving(names, queues, &Versions::Any, owner, ttl, limit, now)
+            .await
+    }
+
+    /// [`claim_and_admit`](Self::claim_and_admit) of the runs whose version is one
+    /// `versions` serves: the worker's claim.
+    #[allow(clippy::too_many_arguments)] // claim_and_admit's, and the versions
+    async fn claim_and_admit_serving(
+        &self,
+        names: &[WorkflowName],
+        queues: &[String],
+        versions: &Versions,
+        owner: &str,
+        ttl: Duration,
+        limit: i64,
+        now: Option<OffsetDateTime>,
+    ) -> Result<ClaimBatch> {
         let claimed = self
-            .instances_claim_batch(names, owner, ttl, limit, now)
+            .instances_claim_batch_serving(names, versions, owner, ttl, limit, now)
             .await?;
         let room = limit.saturating_sub(i64::try_from(claimed.len()).unwrap_or(i64::MAX));
         let admitted = if room > 0 && !queues.is_empty() {
-            match self.queue_admit(queues, names, owner, ttl, room, now).await {
+            match self
+                .queue_admit_serving(queues, names, versions, owner, ttl, room, now)
+                .await
+            {
                 Ok(admitted) => admitted,
                 Err(error) if claimed.is_empty() => return Err(error),
                 Err(_) => Vec::new(),

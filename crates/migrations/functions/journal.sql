@@ -290,6 +290,8 @@ BEGIN
             lease_owner = NULL, lease_expires_at = NULL,
             attempts = 0, last_error = NULL, next_attempt_at = NULL, wake_after = NULL,
             parked_on = NULL,
+            -- The next generation runs on the version of the process that continued it.
+            app_version = nullif(current_setting('keiro.app_version', true), ''),
             updated_at = now()
         WHERE w.workflow_name = p_name AND w.workflow_id = p_id;
         -- The generation left behind is never driven again, so nothing awaits its tasks.

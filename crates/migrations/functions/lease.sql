@@ -6,10 +6,12 @@
 -- round trip. The journal is aggregated in one pass: all five arrays come from the same rows
 -- in the same order, so they stay parallel, and the store sorts the entries by `seq` (one
 -- ORDER BY per array would be five sorts per claim). A refused claim returns the row as it is,
--- for the caller to classify at `clock`, the instant the claim was judged at.
--- Called by: keiro_postgres ops::lease::instance_claim; tested by contract::lease.
+-- for the caller to classify at `clock`, the instant the claim was judged at. Only a run of a
+-- version in `p_versions` is claimed (NULL: any; '' stands for the unversioned runs; 0025).
+-- Called by: keiro_postgres ops::lease::instance_claim; tested by contract::lease and contract::versions.
 CREATE OR REPLACE FUNCTION keiro_instance_claim(p_name text, p_id text, p_owner text,
                                                 p_ttl_ms bigint, p_now timestamptz,
+                                                p_versions text[],
                                                 OUT granted boolean, OUT clock timestamptz,
                                                 OUT instance workflows,
                                                 OUT journal_seq bigint[],
@@ -37,6 +39,8 @@ BEGIN
       AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= clock)
       -- A run on a queue is claimed here only while it holds its slot (queue.sql).
       AND (w.queue IS NULL OR (w.queue_admitted AND w.lease_expires_at IS NULL))
+      -- Only a run of a version the claimer serves (NULL: any; '' stands for an unversioned run).
+      AND (p_versions IS NULL OR coalesce(w.app_version, '') = ANY (p_versions))
     RETURNING w.* INTO instance;
     granted := FOUND;
     IF granted THEN
@@ -51,6 +55,22 @@ BEGIN
         WHERE w.workflow_name = p_name AND w.workflow_id = p_id;
     END IF;
 END;
+$$;
+
+-- instance_claim without versions: any version's run, as before versions existed (the
+-- signature the builds before them call).
+-- Called by: SQL only (builds before versions); tested by contract::lease.
+CREATE OR REPLACE FUNCTION keiro_instance_claim(p_name text, p_id text, p_owner text,
+                                                p_ttl_ms bigint, p_now timestamptz,
+                                                OUT granted boolean, OUT clock timestamptz,
+                                                OUT instance workflows,
+                                                OUT journal_seq bigint[],
+                                                OUT journal_step text[],
+                                                OUT journal_kind text[],
+                                                OUT journal_payload jsonb[],
+                                                OUT journal_recorded_at timestamptz[])
+LANGUAGE sql AS $$
+    SELECT * FROM keiro_instance_claim(p_name, p_id, p_owner, p_ttl_ms, p_now, NULL::text[]);
 $$;
 
 -- instance_start_claimed: direct execution (`Worker::run_workflow`) starts an instance already
@@ -235,10 +255,13 @@ $$;
 -- again, and a journal read in the claim's own statement would be that old snapshot's, without
 -- the step, which the run would then run again. The second statement's snapshot is taken after the locks:
 -- every append to these rows committed before it, and none can commit before this transaction.
--- Called by: keiro_postgres ops::lease::instances_claim_batch; tested by contract::lease.
+--
+-- Only runs of the versions in `p_versions` are claimed (NULL: any; '' stands for the
+-- unversioned runs; 0025): the claim order's walk passes over the others as over leased rows.
+-- Called by: keiro_postgres ops::lease::instances_claim_batch; tested by contract::lease and contract::versions.
 CREATE OR REPLACE FUNCTION keiro_instances_claim_batch(p_names text[], p_owner text,
                                                        p_ttl_ms bigint, p_limit integer,
-                                                       p_now timestamptz)
+                                                       p_now timestamptz, p_versions text[])
 RETURNS TABLE (instance workflows, journal_seq bigint[], journal_step text[],
                journal_kind text[], journal_payload jsonb[],
                journal_recorded_at timestamptz[])
@@ -248,52 +271,117 @@ DECLARE
     v_now     timestamptz := coalesce(p_now, now());
     v_claimed workflows[];
 BEGIN
-    WITH running AS (
-        SELECT w.workflow_name, w.workflow_id, w.priority, w.created_at
-        FROM workflows w
-        WHERE w.status = 'running'
-          AND w.workflow_name = ANY (p_names)
-          AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
-          AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= v_now)
-          AND (w.queue IS NULL OR (w.queue_admitted AND w.lease_expires_at IS NULL))
-        ORDER BY w.priority DESC, w.created_at, w.workflow_name, w.workflow_id
-        LIMIT greatest(p_limit, 0)
-        FOR UPDATE SKIP LOCKED
-    ), due AS (
-        SELECT w.workflow_name, w.workflow_id, w.priority, w.created_at
-        FROM workflows w
-        WHERE w.status = 'suspended' AND w.wake_after IS NOT NULL AND w.wake_after <= v_now
-          AND w.workflow_name = ANY (p_names)
-          AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
-          AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= v_now)
-          AND (w.queue IS NULL OR (w.queue_admitted AND w.lease_expires_at IS NULL))
-        ORDER BY w.priority DESC, w.created_at, w.workflow_name, w.workflow_id
-        LIMIT greatest(p_limit, 0)
-        FOR UPDATE SKIP LOCKED
-    ), picked AS (
-        SELECT a.workflow_name, a.workflow_id
-        FROM (SELECT * FROM running UNION ALL SELECT * FROM due) a
-        ORDER BY a.priority DESC, a.created_at, a.workflow_name, a.workflow_id
-        LIMIT greatest(p_limit, 0)
-    ), claimed AS (
-        UPDATE workflows w SET
-            lease_owner = p_owner,
-            lease_epoch = w.lease_epoch + 1,
-            -- A debounced run takes no more pushes once claimed (0021).
-            debounce_key = NULL,
-            lease_expires_at = v_now + p_ttl_ms * interval '1 millisecond',
-            updated_at = now()
-        FROM picked p
-        WHERE w.workflow_name = p.workflow_name AND w.workflow_id = p.workflow_id
-        RETURNING w.*
-    )
-    SELECT array_agg(ROW(c.*)::workflows
-                     ORDER BY c.priority DESC, c.created_at, c.workflow_name, c.workflow_id)
-    INTO v_claimed
-    FROM claimed c;
+    -- Two statements, so each keeps a cached plan of its own: the claim of any version is the
+    -- statement as it was before versions, and a filter on a parameter that may be NULL would
+    -- make the generic plan of both guess at its selectivity.
+    IF p_versions IS NULL THEN
+        WITH running AS (
+            SELECT w.workflow_name, w.workflow_id, w.priority, w.created_at
+            FROM workflows w
+            WHERE w.status = 'running'
+              AND w.workflow_name = ANY (p_names)
+              AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
+              AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= v_now)
+              AND (w.queue IS NULL OR (w.queue_admitted AND w.lease_expires_at IS NULL))
+            ORDER BY w.priority DESC, w.created_at, w.workflow_name, w.workflow_id
+            LIMIT greatest(p_limit, 0)
+            FOR UPDATE SKIP LOCKED
+        ), due AS (
+            SELECT w.workflow_name, w.workflow_id, w.priority, w.created_at
+            FROM workflows w
+            WHERE w.status = 'suspended' AND w.wake_after IS NOT NULL AND w.wake_after <= v_now
+              AND w.workflow_name = ANY (p_names)
+              AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
+              AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= v_now)
+              AND (w.queue IS NULL OR (w.queue_admitted AND w.lease_expires_at IS NULL))
+            ORDER BY w.priority DESC, w.created_at, w.workflow_name, w.workflow_id
+            LIMIT greatest(p_limit, 0)
+            FOR UPDATE SKIP LOCKED
+        ), picked AS (
+            SELECT a.workflow_name, a.workflow_id
+            FROM (SELECT * FROM running UNION ALL SELECT * FROM due) a
+            ORDER BY a.priority DESC, a.created_at, a.workflow_name, a.workflow_id
+            LIMIT greatest(p_limit, 0)
+        ), claimed AS (
+            UPDATE workflows w SET
+                lease_owner = p_owner,
+                lease_epoch = w.lease_epoch + 1,
+                -- A debounced run takes no more pushes once claimed (0021).
+                debounce_key = NULL,
+                lease_expires_at = v_now + p_ttl_ms * interval '1 millisecond',
+                updated_at = now()
+            FROM picked p
+            WHERE w.workflow_name = p.workflow_name AND w.workflow_id = p.workflow_id
+            RETURNING w.*
+        )
+        SELECT array_agg(ROW(c.*)::workflows
+                         ORDER BY c.priority DESC, c.created_at, c.workflow_name, c.workflow_id)
+        INTO v_claimed
+        FROM claimed c;
+    ELSE
+        WITH running AS (
+            SELECT w.workflow_name, w.workflow_id, w.priority, w.created_at
+            FROM workflows w
+            WHERE w.status = 'running'
+              AND w.workflow_name = ANY (p_names)
+              AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
+              AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= v_now)
+              AND (w.queue IS NULL OR (w.queue_admitted AND w.lease_expires_at IS NULL))
+              AND coalesce(w.app_version, '') = ANY (p_versions)
+            ORDER BY w.priority DESC, w.created_at, w.workflow_name, w.workflow_id
+            LIMIT greatest(p_limit, 0)
+            FOR UPDATE SKIP LOCKED
+        ), due AS (
+            SELECT w.workflow_name, w.workflow_id, w.priority, w.created_at
+            FROM workflows w
+            WHERE w.status = 'suspended' AND w.wake_after IS NOT NULL AND w.wake_after <= v_now
+              AND w.workflow_name = ANY (p_names)
+              AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
+              AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= v_now)
+              AND (w.queue IS NULL OR (w.queue_admitted AND w.lease_expires_at IS NULL))
+              AND coalesce(w.app_version, '') = ANY (p_versions)
+            ORDER BY w.priority DESC, w.created_at, w.workflow_name, w.workflow_id
+            LIMIT greatest(p_limit, 0)
+            FOR UPDATE SKIP LOCKED
+        ), picked AS (
+            SELECT a.workflow_name, a.workflow_id
+            FROM (SELECT * FROM running UNION ALL SELECT * FROM due) a
+            ORDER BY a.priority DESC, a.created_at, a.workflow_name, a.workflow_id
+            LIMIT greatest(p_limit, 0)
+        ), claimed AS (
+            UPDATE workflows w SET
+                lease_owner = p_owner,
+                lease_epoch = w.lease_epoch + 1,
+                -- A debounced run takes no more pushes once claimed (0021).
+                debounce_key = NULL,
+                lease_expires_at = v_now + p_ttl_ms * interval '1 millisecond',
+                updated_at = now()
+            FROM picked p
+            WHERE w.workflow_name = p.workflow_name AND w.workflow_id = p.workflow_id
+            RETURNING w.*
+        )
+        SELECT array_agg(ROW(c.*)::workflows
+                         ORDER BY c.priority DESC, c.created_at, c.workflow_name, c.workflow_id)
+        INTO v_claimed
+        FROM claimed c;
+    END IF;
 
     RETURN QUERY SELECT * FROM keiro_claims_with_journals(v_claimed);
 END;
+$$;
+
+-- instances_claim_batch without versions: any version's runs (the signature the builds before
+-- versions call).
+-- Called by: SQL only (builds before versions); tested by contract::lease.
+CREATE OR REPLACE FUNCTION keiro_instances_claim_batch(p_names text[], p_owner text,
+                                                       p_ttl_ms bigint, p_limit integer,
+                                                       p_now timestamptz)
+RETURNS TABLE (instance workflows, journal_seq bigint[], journal_step text[],
+               journal_kind text[], journal_payload jsonb[],
+               journal_recorded_at timestamptz[])
+LANGUAGE sql AS $$
+    SELECT * FROM keiro_instances_claim_batch(p_names, p_owner, p_ttl_ms, p_limit, p_now,
+                                              NULL::text[]);
 $$;
 
 -- claims_with_journals: each row of `p_claimed` (claims just made, in claim order) with its

@@ -418,10 +418,12 @@ $$;
 -- Runs are locked `FOR UPDATE SKIP LOCKED`: a row another claimer holds is left for the next
 -- pass. The journals are read after the claims, as in `keiro_instances_claim_batch` (why is
 -- explained there).
--- Called by: keiro_postgres ops::queue::queue_admit; tested by contract::queue.
+-- Only runs of the versions in `p_versions` are admitted (NULL: any; '' stands for the
+-- unversioned runs; 0025); the others wait on.
+-- Called by: keiro_postgres ops::queue::queue_admit; tested by contract::queue and contract::versions.
 CREATE OR REPLACE FUNCTION keiro_queue_admit(p_queues text[], p_names text[], p_owner text,
                                              p_ttl_ms bigint, p_limit integer,
-                                             p_now timestamptz)
+                                             p_now timestamptz, p_versions text[])
 RETURNS TABLE (instance workflows, journal_seq bigint[], journal_step text[],
                journal_kind text[], journal_payload jsonb[],
                journal_recorded_at timestamptz[])
@@ -490,6 +492,7 @@ BEGIN
                 FROM workflows w
                 WHERE w.queue = v_name AND w.status = 'running' AND NOT w.queue_admitted
                   AND w.workflow_name = ANY (p_names)
+                  AND (p_versions IS NULL OR coalesce(w.app_version, '') = ANY (p_versions))
                   AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
                   AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= v_now)
                 ORDER BY w.priority DESC, w.created_at, w.workflow_name, w.workflow_id
@@ -568,6 +571,7 @@ BEGIN
                     WHERE w.queue = v_name AND w.status = 'running' AND NOT w.queue_admitted
                       AND k.key IS NOT NULL AND w.queue_key = k.key
                       AND w.workflow_name = ANY (p_names)
+                      AND (p_versions IS NULL OR coalesce(w.app_version, '') = ANY (p_versions))
                       AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
                       AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= v_now)
                     ORDER BY w.priority DESC, w.created_at, w.workflow_name, w.workflow_id
@@ -583,6 +587,7 @@ BEGIN
                     WHERE w.queue = v_name AND w.status = 'running' AND NOT w.queue_admitted
                       AND k.key IS NULL AND w.queue_key IS NULL
                       AND w.workflow_name = ANY (p_names)
+                      AND (p_versions IS NULL OR coalesce(w.app_version, '') = ANY (p_versions))
                       AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
                       AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= v_now)
                     ORDER BY w.priority DESC, w.created_at, w.workflow_name, w.workflow_id
@@ -646,14 +651,30 @@ BEGIN
 END;
 $$;
 
+-- queue_admit without versions: any version's runs (the signature the builds before versions
+-- call).
+-- Called by: SQL only (builds before versions); tested by contract::queue.
+CREATE OR REPLACE FUNCTION keiro_queue_admit(p_queues text[], p_names text[], p_owner text,
+                                             p_ttl_ms bigint, p_limit integer,
+                                             p_now timestamptz)
+RETURNS TABLE (instance workflows, journal_seq bigint[], journal_step text[],
+               journal_kind text[], journal_payload jsonb[],
+               journal_recorded_at timestamptz[])
+LANGUAGE sql AS $$
+    SELECT * FROM keiro_queue_admit(p_queues, p_names, p_owner, p_ttl_ms, p_limit, p_now,
+                                    NULL::text[]);
+$$;
+
 -- instances_claim_and_admit: a worker's claim in one transaction: up to `p_limit` runs as
 -- `keiro_instances_claim_batch` claims them (`admitted` false), then, with the room left and
 -- when `p_queues` names any, waiting runs of those queues as `keiro_queue_admit` admits them
 -- (`admitted` true). One round trip and one commit where the two calls took two of each.
--- Called by: keiro_postgres ops::queue::claim_and_admit; tested by contract::queue.
+-- Both halves serve only the versions in `p_versions` (NULL: any; 0025).
+-- Called by: keiro_postgres ops::queue::claim_and_admit; tested by contract::queue and contract::versions.
 CREATE OR REPLACE FUNCTION keiro_instances_claim_and_admit(p_names text[], p_queues text[],
                                                            p_owner text, p_ttl_ms bigint,
-                                                           p_limit integer, p_now timestamptz)
+                                                           p_limit integer, p_now timestamptz,
+                                                           p_versions text[])
 RETURNS TABLE (admitted boolean, instance workflows, journal_seq bigint[], journal_step text[],
                journal_kind text[], journal_payload jsonb[],
                journal_recorded_at timestamptz[])
@@ -664,14 +685,28 @@ DECLARE
 BEGIN
     RETURN QUERY
     SELECT false, c.* FROM keiro_instances_claim_batch(p_names, p_owner, p_ttl_ms, p_limit,
-                                                       p_now) c;
+                                                       p_now, p_versions) c;
     GET DIAGNOSTICS v_claimed = ROW_COUNT;
     IF v_claimed < p_limit AND cardinality(p_queues) > 0 THEN
         RETURN QUERY
         SELECT true, a.* FROM keiro_queue_admit(p_queues, p_names, p_owner, p_ttl_ms,
-                                                p_limit - v_claimed, p_now) a;
+                                                p_limit - v_claimed, p_now, p_versions) a;
     END IF;
 END;
+$$;
+
+-- instances_claim_and_admit without versions: any version's runs (the signature the builds
+-- before versions call).
+-- Called by: SQL only (builds before versions); tested by contract::queue.
+CREATE OR REPLACE FUNCTION keiro_instances_claim_and_admit(p_names text[], p_queues text[],
+                                                           p_owner text, p_ttl_ms bigint,
+                                                           p_limit integer, p_now timestamptz)
+RETURNS TABLE (admitted boolean, instance workflows, journal_seq bigint[], journal_step text[],
+               journal_kind text[], journal_payload jsonb[],
+               journal_recorded_at timestamptz[])
+LANGUAGE sql AS $$
+    SELECT * FROM keiro_instances_claim_and_admit(p_names, p_queues, p_owner, p_ttl_ms,
+                                                  p_limit, p_now, NULL::text[]);
 $$;
 
 -- A run on a queue that changes status: parking, it gives its slot back when its queue says so

@@ -181,6 +181,12 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../numbered/0023_events_streams.sql"),
         shipped: None,
     },
+    Migration {
+        version: 25,
+        name: "versions",
+        sql: include_str!("../numbered/0025_versions.sql"),
+        shipped: None,
+    },
 ];
 
 /// One function file of `functions/`: the definitions of one group of functions (and the

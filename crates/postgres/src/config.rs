@@ -145,6 +145,13 @@ pub struct Config {
     /// With [`batching`](#structfield.batching), the most calls one batch carries. At least 1.
     /// Defaults to [`BATCH_LEN_MAX_DEFAULT`].
     pub batch_len_max: usize,
+    /// The application version this store records on the runs it starts, and on the runs it
+    /// continues as new (`keiro_lease::versions`): pinned on every connection as the session
+    /// setting `keiro.app_version`, which the `workflows.app_version` column takes as its
+    /// default. At most 64 bytes of ASCII letters, digits and `. _ + -`; empty is
+    /// unversioned. Defaults to empty (the facade's `keiro::Keiro::connect` sets it from
+    /// `KEIRO_APP_VERSION`).
+    pub app_version: String,
 }
 
 impl Default for Config {
@@ -197,6 +204,7 @@ impl Config {
             batching: true,
             batch_in_flight: BATCHES_IN_FLIGHT_DEFAULT,
             batch_len_max: BATCH_LEN_MAX_DEFAULT,
+            app_version: String::new(),
         }
     }
 
@@ -260,6 +268,8 @@ impl Config {
     /// [`validate`](Self::validate) but for the URL, which the caller reads next anyway.
     pub(crate) fn validate_fields(&self) -> Result<()> {
         validate_schema(&self.schema)?;
+        keiro_lease::versions::validate_version(&self.app_version)
+            .map_err(|e| invalid("app_version", e.reason.into()))?;
         if !self.allow_shared_schema && is_shared_schema(&self.schema) {
             return Err(invalid(
                 "schema",
@@ -322,7 +332,8 @@ impl Config {
     }
 
     /// Every session setting keiro pins on its connections, as (name, value) pairs: the schema
-    /// as `search_path`, and [`TRANSACTION_ISOLATION`] as `default_transaction_isolation`. The
+    /// as `search_path`, [`TRANSACTION_ISOLATION`] as `default_transaction_isolation`, and a
+    /// non-empty [`app_version`](#structfield.app_version) as `keiro.app_version`. The
     /// one list both the startup options ([`connection_config`](Self::connection_config)) and
     /// [`PgStore::restore_session`](crate::PgStore::restore_session) apply.
     ///
@@ -334,8 +345,8 @@ impl Config {
     ///      ("default_transaction_isolation", "read committed".to_owned())]
     /// );
     /// ```
-    pub fn session_settings(&self) -> [(&'static str, String); 2] {
-        session_settings(&self.schema)
+    pub fn session_settings(&self) -> Vec<(&'static str, String)> {
+        session_settings(&self.schema, &self.app_version)
     }
 
     /// The driver's settings: the URL plus keiro's session settings
@@ -449,19 +460,24 @@ impl fmt::Debug for Config {
             .field("batching", &self.batching)
             .field("batch_in_flight", &self.batch_in_flight)
             .field("batch_len_max", &self.batch_len_max)
+            .field("app_version", &self.app_version)
             .finish()
     }
 }
 
 /// keiro's session settings for a store on `schema` (see [`Config::session_settings`]).
-pub(crate) fn session_settings(schema: &str) -> [(&'static str, String); 2] {
-    [
+pub(crate) fn session_settings(schema: &str, app_version: &str) -> Vec<(&'static str, String)> {
+    let mut settings = vec![
         ("search_path", schema.to_owned()),
         (
             "default_transaction_isolation",
             TRANSACTION_ISOLATION.to_owned(),
         ),
-    ]
+    ];
+    if !app_version.is_empty() {
+        settings.push(("keiro.app_version", app_version.to_owned()));
+    }
+    settings
 }
 
 /// `value` as one word of the startup `options`, which the server splits at spaces unless a

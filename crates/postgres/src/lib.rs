@@ -87,6 +87,7 @@ mod store;
 mod stream_in;
 mod tls;
 mod transaction_step;
+mod versions;
 
 pub use config::{
     Config, ACQUIRE_TIMEOUT_DEFAULT, APPLICATION_NAME_DEFAULT, BATCHES_IN_FLIGHT_DEFAULT,

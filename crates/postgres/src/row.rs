@@ -35,6 +35,7 @@ macro_rules! instance_columns {
             $source, "priority, ",
             $source, "queue, ",
             $source, "queue_key, ",
+            $source, "app_version, ",
             $source, "created_at, ",
             $source, "updated_at, ",
             $source, "completed_at"
@@ -111,6 +112,7 @@ pub(crate) fn instance(row: &Row, operation: &'static str) -> Result<Instance, S
         priority: column(row, "priority", operation)?,
         queue: column(row, "queue", operation)?,
         queue_key: column(row, "queue_key", operation)?,
+        app_version: column(row, "app_version", operation)?,
         created_at: column(row, "created_at", operation)?,
         updated_at: column(row, "updated_at", operation)?,
         completed_at: column(row, "completed_at", operation)?,

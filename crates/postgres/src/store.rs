@@ -55,6 +55,8 @@ struct Inner {
     lanes: Lanes,
     /// What resets a connection a transaction step lent to the user's closure (`session`).
     session_reset: String,
+    /// The application version pinned on every connection ([`Config::app_version`]).
+    app_version: String,
 }
 
 /// A handle that does not keep the store (nor its listener) alive: what a subscription holds.
@@ -176,6 +178,7 @@ impl PgStore {
                     },
                 ),
                 session_reset,
+                app_version: config.app_version,
             }),
         })
     }
@@ -190,6 +193,12 @@ impl PgStore {
     /// The schema this store works in.
     pub fn schema(&self) -> &str {
         self.inner.db.schema()
+    }
+
+    /// The application version this store records on the runs it starts
+    /// ([`Config::app_version`]); empty when unversioned.
+    pub fn app_version(&self) -> &str {
+        &self.inner.app_version
     }
 
     /// The channel wake notifications are sent on: `<schema>.wake`, with the payload
@@ -231,7 +240,7 @@ impl PgStore {
         // into the statement.
         const SESSION_RESTORE: &str = "SELECT set_config(s.name, s.value, false) \
              FROM unnest($1::text[], $2::text[]) AS s(name, value)";
-        let settings = crate::config::session_settings(self.schema());
+        let settings = crate::config::session_settings(self.schema(), self.app_version());
         let names: Vec<&str> = settings.iter().map(|(name, _)| *name).collect();
         let values: Vec<&str> = settings.iter().map(|(_, value)| value.as_str()).collect();
         client

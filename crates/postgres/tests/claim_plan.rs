@@ -22,8 +22,20 @@ const CLAIM: &str =
 const ROWS_READ: &str = "SELECT (coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0))::bigint \
      FROM pg_stat_xact_user_tables WHERE relid = 'workflows'::regclass";
 
+/// The claim of a worker serving one version (`p_versions`), as a versioned worker sends it.
+const CLAIM_SERVING: &str = "SELECT count(*) FROM keiro_instances_claim_batch(\
+     ARRAY['order'], 'worker-a', 30000, 32, NULL, ARRAY['v1'])";
+
+/// Also for a worker serving one version, over a backlog of that version: the version filter
+/// keeps the walk of the claim index. One test, the two one after the other: side by side in
+/// one process they read the whole backlog, as the header says of this test beside others.
 #[tokio::test]
 async fn a_batch_claim_reads_about_what_it_claims_after_the_backlog_grew() -> TestResult {
+    claim_reads_what_it_claims(CLAIM, "NULL").await?;
+    claim_reads_what_it_claims(CLAIM_SERVING, "'v1'").await
+}
+
+async fn claim_reads_what_it_claims(claim: &str, version: &str) -> TestResult {
     let db = TestDb::new().await;
     let mut client = db.store().pool().get().await?;
     // No statistics but what the test makes: autovacuum's ANALYZE would re-plan the claim.
@@ -34,21 +46,21 @@ async fn a_batch_claim_reads_about_what_it_claims_after_the_backlog_grew() -> Te
     // (plpgsql makes a generic plan after five custom ones).
     for _ in 0..8 {
         let tx = client.transaction().await?;
-        let claimed: i64 = tx.query_one(CLAIM, &[]).await?.get(0);
+        let claimed: i64 = tx.query_one(claim, &[]).await?.get(0);
         assert_eq!(claimed, 0);
         tx.rollback().await?;
     }
     // Then the backlog arrives. Each claim is rolled back, so every claim sees all of it.
     client
-        .batch_execute(
-            "INSERT INTO workflows (workflow_name, workflow_id) \
-                 SELECT 'order', 'late-' || g FROM generate_series(1, 5000) g",
-        )
+        .batch_execute(&format!(
+            "INSERT INTO workflows (workflow_name, workflow_id, app_version) \
+                 SELECT 'order', 'late-' || g, {version} FROM generate_series(1, 5000) g"
+        ))
         .await?;
     for _ in 0..3 {
         let tx = client.transaction().await?;
         let before: i64 = tx.query_one(ROWS_READ, &[]).await?.get(0);
-        let claimed: i64 = tx.query_one(CLAIM, &[]).await?.get(0);
+        let claimed: i64 = tx.query_one(claim, &[]).await?.get(0);
         let read = tx.query_one(ROWS_READ, &[]).await?.get::<_, i64>(0) - before;
         tx.rollback().await?;
         assert_eq!(claimed, 32);

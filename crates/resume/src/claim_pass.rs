@@ -142,14 +142,16 @@ pub(crate) async fn claim_pass(
             );
             let asked = Instant::now();
             let queues = queues.clone();
+            let versions = options.versions.clone();
             let metrics = options.metrics.clone();
             claiming = Some(Box::pin(async move {
                 // Runs that hold their queue slot come back through the ordinary claim;
                 // room left goes to admitting waiting runs of the queues served.
                 let batch = store
-                    .claim_and_admit(
+                    .claim_and_admit_serving(
                         &names,
                         &queues,
+                        &versions,
                         &owner,
                         ttl,
                         i64::try_from(want).unwrap_or(i64::MAX),

@@ -40,6 +40,7 @@
 
 mod claim_pass;
 mod closed;
+mod heartbeat;
 mod log;
 mod options;
 mod pass;
@@ -53,6 +54,7 @@ mod wake;
 mod worker;
 
 pub use closed::{ClosedWait, ClosedWaiters};
+pub use heartbeat::run_heartbeat;
 pub use log::{tracing_log_hook, LogHook, ResumeLogEvent};
 pub use options::{
     InvalidOptions, ResumeOptions, LEASE_TTL_MIN, MAX_CONCURRENT_ADVANCES_DEFAULT,

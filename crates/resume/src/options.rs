@@ -91,6 +91,11 @@ pub struct ResumeOptions {
     /// a queue needs a stable [`owner`](Self::owner) for per-worker limits; the worker
     /// builder mints one when none is given. Defaults to none.
     pub queues: Vec<String>,
+    /// The application versions whose runs this worker claims (`keiro_lease::versions`): every
+    /// claim path (the batch claim, queue admission, a pass's claim of each candidate) passes
+    /// over runs of other versions. The facade's worker builder sets its store's version
+    /// unless told otherwise. Defaults to [`Versions::Any`](keiro_lease::Versions::Any).
+    pub versions: keiro_lease::Versions,
 }
 
 impl std::fmt::Debug for ResumeOptions {
@@ -98,6 +103,7 @@ impl std::fmt::Debug for ResumeOptions {
         f.debug_struct("ResumeOptions")
             .field("poll_interval", &self.poll_interval)
             .field("max_attempts", &self.max_attempts)
+            .field("versions", &self.versions)
             .field("lease_ttl", &self.lease_ttl)
             .field("max_concurrent_advances", &self.max_concurrent_advances)
             .field("reconcile", &self.reconcile)
@@ -136,6 +142,7 @@ impl Default for ResumeOptions {
             faults: None,
             retention: None,
             queues: Vec::new(),
+            versions: keiro_lease::Versions::Any,
         }
     }
 }

@@ -129,9 +129,10 @@ async fn admit_and_drive(
         }
         let asked = Instant::now();
         let claims = match store
-            .queue_admit(
+            .queue_admit_serving(
                 &options.queues,
                 &names,
+                &options.versions,
                 owner,
                 options.lease_ttl,
                 i64::try_from(want).unwrap_or(i64::MAX),
@@ -260,7 +261,7 @@ async fn advance(
     };
     let asked = Instant::now();
     let claim = match store
-        .instance_claim(&key, owner, options.lease_ttl, None)
+        .instance_claim_serving(&key, &options.versions, owner, options.lease_ttl, None)
         .await
     {
         Ok(ClaimOutcome::Acquired(claim)) => claim,

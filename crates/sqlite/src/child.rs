@@ -73,8 +73,8 @@ pub(crate) fn child_deliver(
 
 const CHILD_INSERT: &str = "INSERT INTO workflows \
          (workflow_name, workflow_id, input, parent_name, parent_id, parent_generation, \
-          parent_step, priority, created_at, updated_at) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 0, ?8, ?8) \
+          parent_step, priority, created_at, updated_at, app_version) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 0, ?8, ?8, keiro_app_version()) \
      ON CONFLICT (workflow_name, workflow_id) DO NOTHING";
 
 const CHILD_LINK: &str = "UPDATE workflows SET \

@@ -61,6 +61,12 @@ pub struct Config {
     /// (one `PRAGMA data_version` when nothing changed; more than zero). Defaults to
     /// [`NOTIFY_POLL_INTERVAL_DEFAULT`].
     pub notify_poll_interval: Duration,
+    /// The application version this store records on the runs it starts, and on the runs it
+    /// continues as new (`keiro_lease::versions`): each connection answers it as the SQL
+    /// function `keiro_app_version()`. At most 64 bytes of ASCII letters, digits and
+    /// `. _ + -`; empty is unversioned. Defaults to empty (the facade's `keiro::Keiro::connect`
+    /// sets it from `KEIRO_APP_VERSION`).
+    pub app_version: String,
 }
 
 impl Default for Config {
@@ -72,6 +78,7 @@ impl Default for Config {
             batch_max: BATCH_MAX_DEFAULT,
             value_len_max: VALUE_LEN_MAX_DEFAULT,
             notify_poll_interval: NOTIFY_POLL_INTERVAL_DEFAULT,
+            app_version: String::new(),
         }
     }
 }
@@ -100,6 +107,8 @@ impl Config {
                 "notify_poll_interval must be more than zero".into(),
             ));
         }
+        keiro_lease::versions::validate_version(&self.app_version)
+            .map_err(|e| Error::Config(e.to_string()))?;
         Ok(())
     }
 }

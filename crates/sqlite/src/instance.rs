@@ -32,8 +32,9 @@ const REQUEUE: &str = "requeueing an instance";
 const RETRY: &str = "starting a fix of an instance";
 
 const INSTANCE_INSERT: &str = "INSERT INTO workflows \
-         (workflow_name, workflow_id, input, parent_name, parent_id, priority, created_at, updated_at) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7) \
+         (workflow_name, workflow_id, input, parent_name, parent_id, priority, created_at, updated_at, \
+          app_version) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, keiro_app_version()) \
      ON CONFLICT (workflow_name, workflow_id) DO NOTHING";
 
 /// keiro_instance_start: creates the row `running`, or returns the existing one untouched.
@@ -736,8 +737,8 @@ pub(crate) enum RetryCode {
 
 const RETRY_INSERT: &str = "INSERT INTO workflows \
          (workflow_name, workflow_id, input, parent_name, parent_id, parent_generation, \
-          parent_step, priority, created_at, updated_at) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9) \
+          parent_step, priority, created_at, updated_at, app_version) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, keiro_app_version()) \
      ON CONFLICT (workflow_name, workflow_id) DO NOTHING";
 
 /// keiro_instance_retry_with_input: fix-and-replay. Creates `retry` `running` with `input`,

@@ -224,7 +224,7 @@ const INSTANCE_CONTINUE: &str = "UPDATE workflows SET \
          generation = ?3, input = ?4, status = 'running', output = NULL, \
          lease_owner = NULL, lease_expires_at = NULL, \
          attempts = 0, last_error = NULL, next_attempt_at = NULL, wake_after = NULL, \
-         parked_on = NULL, updated_at = ?5 \
+         parked_on = NULL, app_version = keiro_app_version(), updated_at = ?5 \
      WHERE workflow_name = ?1 AND workflow_id = ?2";
 
 /// `p_payload #>> '{}'`: a JSON string's text, any other value's JSON, NULL for `null`.

@@ -43,13 +43,22 @@ const INSTANCE_CLAIM: &str = "UPDATE workflows SET \
        AND status IN ('running', 'suspended') \
        AND (lease_expires_at IS NULL OR lease_expires_at < ?6) \
        AND (next_attempt_at IS NULL OR next_attempt_at <= ?6) \
-       AND (queue IS NULL OR (queue_admitted AND lease_expires_at IS NULL))";
+       AND (queue IS NULL OR (queue_admitted AND lease_expires_at IS NULL)) \
+       AND (?7 IS NULL OR coalesce(app_version, '') IN (SELECT value FROM json_each(?7)))";
+
+/// The claim's version filter (`p_versions`) as the rules bind it: `None` for any version,
+/// else a JSON array of the versions served (`""` for unversioned runs).
+pub(crate) fn versions_filter(versions: Option<&[String]>) -> Option<String> {
+    versions.map(|list| serde_json::Value::from(list.to_vec()).to_string())
+}
 
 /// keiro_instance_claim: one conditional UPDATE takes the lease (runnable, lease free or
 /// expired, backoff gate passed, judged at `p_now` or the store's clock; a run on a queue only
 /// while it holds its slot, queue.sql's `queue_admit` being its claim otherwise); a granted claim also
 /// returns the row and the current generation's journal. A refused claim returns the row as it
-/// is, for the caller to classify at `clock`.
+/// is, for the caller to classify at `clock`. Only a run of a version in `versions` (`None`:
+/// any) is claimed.
+#[allow(clippy::too_many_arguments)] // keiro_instance_claim's parameters, in its order
 pub(crate) fn instance_claim(
     conn: &Connection,
     now: OffsetDateTime,
@@ -58,6 +67,7 @@ pub(crate) fn instance_claim(
     owner: &str,
     ttl_ms: i64,
     p_now: Option<OffsetDateTime>,
+    versions: Option<&[String]>,
 ) -> Result<Claimed> {
     let clock = p_now.unwrap_or(now);
     let judged = micros(clock);
@@ -70,7 +80,8 @@ pub(crate) fn instance_claim(
                 owner,
                 judged.saturating_add(ttl_ms.saturating_mul(1000)),
                 micros(now),
-                judged
+                judged,
+                versions_filter(versions)
             ],
         )
         .map_err(|e| store(CLAIM, e))?
@@ -90,8 +101,8 @@ pub(crate) fn instance_claim(
 
 const INSTANCE_INSERT_CLAIMED: &str = "INSERT INTO workflows \
          (workflow_name, workflow_id, input, parent_name, parent_id, priority, \
-          lease_owner, lease_epoch, lease_expires_at, created_at, updated_at) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 1, ?8, ?9, ?9) \
+          lease_owner, lease_epoch, lease_expires_at, created_at, updated_at, app_version) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 1, ?8, ?9, ?9, keiro_app_version()) \
      ON CONFLICT (workflow_name, workflow_id) DO NOTHING";
 
 const INSTANCE_CLAIM_DUE: &str = "UPDATE workflows SET \
@@ -182,6 +193,7 @@ const INSTANCES_CLAIMABLE: &str = "SELECT workflow_name, workflow_id FROM workfl
        AND (lease_expires_at IS NULL OR lease_expires_at < ?2) \
        AND (next_attempt_at IS NULL OR next_attempt_at <= ?2) \
        AND (queue IS NULL OR (queue_admitted AND lease_expires_at IS NULL)) \
+       AND (?4 IS NULL OR coalesce(app_version, '') IN (SELECT value FROM json_each(?4))) \
      ORDER BY priority DESC, created_at, workflow_name, workflow_id \
      LIMIT max(?3, 0)";
 
@@ -191,7 +203,8 @@ const INSTANCE_CLAIM_PICKED: &str = "UPDATE workflows SET \
 
 /// keiro_instances_claim_batch: claims up to `limit` runnable instances of `names` for
 /// `owner`, each with its row after the claim and its current generation's journal, in claim
-/// order.
+/// order. Only runs of a version in `versions` (`None`: any) are claimed.
+#[allow(clippy::too_many_arguments)] // keiro_instances_claim_batch's parameters, in its order
 pub(crate) fn instances_claim_batch(
     conn: &Connection,
     now: OffsetDateTime,
@@ -200,15 +213,17 @@ pub(crate) fn instances_claim_batch(
     ttl_ms: i64,
     limit: i64,
     p_now: Option<OffsetDateTime>,
+    versions: Option<&[String]>,
 ) -> Result<Vec<(Stored, Vec<JournalEntry>)>> {
     let judged = micros(p_now.unwrap_or(now));
     let names = serde_json::Value::from(names.to_vec()).to_string();
     let picked: Vec<(String, String)> = conn
         .prepare_cached(INSTANCES_CLAIMABLE)
         .and_then(|mut s| {
-            s.query_map(params![names, judged, limit], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })?
+            s.query_map(
+                params![names, judged, limit, versions_filter(versions)],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?
             .collect()
         })
         .map_err(|e| store(CLAIM_BATCH, e))?;

@@ -143,6 +143,7 @@ mod storable;
 mod store;
 mod temporary;
 mod timer;
+mod versions;
 mod writer;
 
 pub use config::{

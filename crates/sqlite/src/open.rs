@@ -31,10 +31,15 @@ pub(crate) const MIGRATIONS: &[(i64, &str, &str)] = &[
         "events_streams",
         include_str!("../migrations/0005_events_streams.sql"),
     ),
+    (
+        7,
+        "versions",
+        include_str!("../migrations/0007_versions.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+pub const SCHEMA_VERSION: i64 = MIGRATIONS[MIGRATIONS.len() - 1].0;
 
 /// The error for a SQLite failure while opening, with the two failures that have their own
 /// variant recognised by code.
@@ -126,6 +131,16 @@ fn prepare(conn: &Connection, path: &Path, config: &Config) -> Result<()> {
     let limit = i32::try_from(config.value_len_max).unwrap_or(i32::MAX);
     conn.set_limit(rusqlite::limits::Limit::SQLITE_LIMIT_LENGTH, limit)
         .map_err(sqlite("setting the length limit of", path))?;
+    // The store's version, which every insert of a run records: PostgreSQL's
+    // `keiro.app_version` session setting, NULL when unversioned.
+    let version = Some(config.app_version.clone()).filter(|v| !v.is_empty());
+    conn.create_scalar_function(
+        "keiro_app_version",
+        0,
+        rusqlite::functions::FunctionFlags::SQLITE_UTF8,
+        move |_| Ok(version.clone()),
+    )
+    .map_err(sqlite("defining keiro_app_version on", path))?;
     Ok(())
 }
 

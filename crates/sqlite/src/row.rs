@@ -71,6 +71,8 @@ pub(crate) struct Stored {
     pub(crate) completed_at: Option<i64>,
     pub(crate) parent_generation: Option<Generation>,
     pub(crate) parent_step: Option<String>,
+    /// The version that started (or continued) the run; `None`: unversioned.
+    pub(crate) app_version: Option<String>,
 }
 
 impl Stored {
@@ -101,6 +103,7 @@ impl Stored {
             completed_at: row.get(21)?,
             parent_generation: row.get(22)?,
             parent_step: row.get(23)?,
+            app_version: row.get(24)?,
         })
     }
 
@@ -142,6 +145,7 @@ impl Stored {
             priority: self.priority,
             queue: self.queue.clone(),
             queue_key: self.queue_key.clone(),
+            app_version: self.app_version.clone(),
             created_at: instant(self.created_at, operation)?,
             updated_at: instant(self.updated_at, operation)?,
             completed_at: instant_opt(self.completed_at, operation)?,
@@ -206,7 +210,7 @@ const INSTANCE_ROW: &str = concat!(
     "input, output, attempts, last_error, next_attempt_at, lease_owner, lease_epoch, ",
     "lease_expires_at, wake_after, parent_name, parent_id, priority, queue, queue_key, ",
     "queue_admitted, created_at, updated_at, ",
-    "completed_at, parent_generation, parent_step ",
+    "completed_at, parent_generation, parent_step, app_version ",
     "FROM workflows WHERE workflow_name = ?1 AND workflow_id = ?2"
 );
 

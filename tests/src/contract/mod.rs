@@ -41,6 +41,7 @@ pub mod schedule;
 pub mod signal;
 pub mod support;
 pub mod timer;
+pub mod versions;
 
 /// Generates one `#[tokio::test]` per contract scenario for one store, inside `mod $store`:
 /// `$store::<module>::<file>::<scenario>`, each calling the scenario with the harness that
@@ -323,6 +324,23 @@ macro_rules! contract_suite {
                     retention_deletes_events_and_streams_with_their_instance,
                     bad_stream_requests_are_typed_errors,
                     a_body_appends_each_item_once_whatever_replays_it,
+                ],
+            },
+            versions {
+                claims [
+                    runs_record_the_version_of_the_store_that_started_them,
+                    a_claim_takes_only_the_runs_of_the_versions_it_serves,
+                    a_claim_of_one_run_of_another_version_is_refused_and_changes_nothing,
+                    queue_admission_takes_only_the_runs_of_the_versions_it_serves,
+                    continue_as_new_records_the_version_that_continued_the_run,
+                    a_child_records_the_version_of_the_worker_that_spawned_it,
+                ],
+                moves [
+                    a_move_hands_the_live_runs_of_a_version_to_another,
+                ],
+                workers [
+                    heartbeats_are_written_refreshed_listed_and_removed,
+                    runs_of_a_version_no_live_worker_serves_are_found,
                 ],
             },
             retention {

@@ -398,6 +398,7 @@ mod tests {
             priority: 0,
             queue: None,
             queue_key: None,
+            app_version: None,
             created_at: start,
             updated_at: start,
             completed_at: None,

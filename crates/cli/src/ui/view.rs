@@ -7,7 +7,7 @@ use keiro::queue::{QueueInfo, Rate};
 use keiro::{
     operate::InstanceSummary, operate::ListRequest, operate::Messages, operate::TimerInfo,
     operate::TimerKind, operate::Waits, operate::WAITS_LIMIT_DEFAULT, remote::RemoteTask,
-    store::Instance, store::JournalEntry, Keiro,
+    store::Instance, store::JournalEntry, Keiro, Status,
 };
 use serde_json::{json, Value};
 use time::format_description::well_known::Rfc3339;
@@ -29,6 +29,9 @@ pub(crate) struct InstanceView {
     pub(crate) messages: Messages,
     pub(crate) tasks: Vec<RemoteTask>,
     pub(crate) children: Vec<InstanceSummary>,
+    /// For a live run: whether a live worker serves its version (`keiro versions`); a run no
+    /// live worker serves waits until one does.
+    pub(crate) version_served: bool,
 }
 
 impl InstanceView {
@@ -49,7 +52,21 @@ impl InstanceView {
             )
             .await?
             .instances;
+        let version_served = if matches!(instance.status, Status::Running | Status::Suspended) {
+            let workers = keiro.workers().await?;
+            let version = instance.app_version.as_deref().unwrap_or_default();
+            keiro::versions::live(
+                &workers,
+                OffsetDateTime::now_utc(),
+                keiro::versions::LIVE_WINDOW_DEFAULT,
+            )
+            .iter()
+            .any(|worker| worker.serves.serves(version))
+        } else {
+            true
+        };
         Ok(Self {
+            version_served,
             instance,
             journal,
             waits,
@@ -104,6 +121,8 @@ impl InstanceView {
             "lease_epoch": row.lease_epoch,
             "parent": row.parent.as_ref().map(ToString::to_string),
             "priority": row.priority,
+            "app_version": row.app_version,
+            "version_served": self.version_served,
             "created_at": timestamp(Some(row.created_at)),
             "updated_at": timestamp(Some(row.updated_at)),
             "completed_at": row.completed_at.map(|at| timestamp(Some(at))),

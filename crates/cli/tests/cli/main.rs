@@ -11,3 +11,4 @@ mod sqlite_commands;
 mod ui_api;
 mod ui_browser;
 mod ui_support;
+mod versions;

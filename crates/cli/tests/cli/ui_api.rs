@@ -1255,3 +1255,42 @@ async fn throughput_and_streams_read_as_json_and_pages_show_charts_times_and_dur
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_shows_its_version_and_warns_when_no_live_worker_serves_it() -> TestResult {
+    use keiro::versions::{Versions, WorkerBeat};
+    let h = Harness::postgres().await;
+    let v1 = h.versioned("v1").await;
+    v1.keiro.start("wf", "r-1", &1).await?;
+    let ui = Ui::start(&h, None);
+    let client = reqwest::Client::new();
+    let url = format!("{}/api/v1/instances/wf/r-1", ui.base);
+    let (status, body) = get_json(&client, &url).await?;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (&body["app_version"], &body["version_served"]),
+        (&json!("v1"), &json!(false))
+    );
+    let page_url = format!("{}/instances/wf/r-1", ui.base);
+    let page = client.get(&page_url).send().await?.text().await?;
+    assert!(
+        page.contains(r#"id="app-version""#) && page.contains(">v1<"),
+        "{page}"
+    );
+    assert!(page.contains("No live worker serves version v1"), "{page}");
+
+    // A live worker serving v1: no warning.
+    v1.versions
+        .worker_beat(&WorkerBeat {
+            worker_id: "w-1".into(),
+            app_version: "v1".into(),
+            serves: Versions::only(["v1"]),
+            queues: Vec::new(),
+        })
+        .await?;
+    let (_, body) = get_json(&client, &url).await?;
+    assert_eq!(body["version_served"], json!(true));
+    let page = client.get(&page_url).send().await?.text().await?;
+    assert!(!page.contains("No live worker serves"), "{page}");
+    Ok(())
+}

@@ -109,6 +109,10 @@ pub struct Instance {
     pub queue: Option<String>,
     /// The run's key on its queue, if any.
     pub queue_key: Option<String>,
+    /// The application version of the process that started the run (or continued it into its
+    /// current generation); `None` when unversioned. Workers claim only runs of the versions
+    /// they serve.
+    pub app_version: Option<String>,
     /// When it was started.
     pub created_at: OffsetDateTime,
     /// Last change to the row.

@@ -15,7 +15,7 @@ pub(crate) enum TestClock {
     #[cfg(feature = "postgres")]
     Postgres {
         store: keiro_postgres::PgStore,
-        config: keiro_postgres::Config,
+        config: Box<keiro_postgres::Config>,
     },
 }
 
@@ -37,7 +37,10 @@ impl TestClock {
 
     #[cfg(feature = "postgres")]
     pub(crate) fn postgres(store: keiro_postgres::PgStore, config: keiro_postgres::Config) -> Self {
-        Self::Postgres { store, config }
+        Self::Postgres {
+            store,
+            config: Box::new(config),
+        }
     }
 
     pub(crate) async fn advance(&self, by: Duration) -> Result<(), Error> {

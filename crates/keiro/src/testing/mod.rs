@@ -42,7 +42,7 @@ use keiro_resume::{ResumeOptions, ResumeSummary};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-pub use replay::{verify_replay, ReplayMismatch};
+pub use replay::{verify_replay, verify_version, ReplayMismatch};
 
 use crate::{Ctx, Error, Keiro, Worker, WorkerBuilder, WorkflowError};
 use clock::TestClock;

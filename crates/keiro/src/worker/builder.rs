@@ -54,6 +54,10 @@ pub struct WorkerBuilder {
     errors: Vec<RegistryError>,
     retention: Option<Arc<dyn RetentionStore>>,
     queue_store: Option<Arc<dyn keiro_lease::QueueStore>>,
+    /// The store's versions (its own version, heartbeats), and the versions served when set
+    /// explicitly.
+    version_store: Option<Arc<dyn keiro_lease::VersionStore>>,
+    serve: Option<keiro_lease::Versions>,
     /// Where schedules live, and how this worker's scheduler runs (`schedules`).
     schedules: WorkerSchedules,
 }
@@ -90,8 +94,46 @@ impl WorkerBuilder {
             errors: Vec::new(),
             retention: None,
             queue_store: None,
+            version_store: None,
+            serve: None,
             schedules: WorkerSchedules::default(),
         }
+    }
+
+    /// The store's application versions: the version this worker runs (and serves by
+    /// default), and where its heartbeat row goes. `None`: no heartbeat, and every version is
+    /// served unless [`serve`](Self::serve) says otherwise. Defaults to the store's when built
+    /// through `Keiro::worker`.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let worker = keiro::Keiro::temporary()?.worker().version_store(None).build()?;
+    /// assert_eq!(worker.options().versions, keiro::versions::Versions::Any);
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
+    /// ```
+    pub fn version_store(mut self, store: Option<Arc<dyn keiro_lease::VersionStore>>) -> Self {
+        self.version_store = store;
+        self
+    }
+
+    /// Claims only runs of `versions` (`keiro::versions`): a list, or
+    /// [`Versions::Any`](keiro_lease::Versions::Any). Defaults to the store's own version
+    /// (the one its starts record), or any version when the store is unversioned.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use keiro::versions::Versions;
+    /// let worker = keiro::Keiro::temporary()?.worker().serve(Versions::only(["v1", "v2"])).build()?;
+    /// assert!(worker.options().versions.serves("v1"));
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
+    /// ```
+    pub fn serve(mut self, versions: keiro_lease::Versions) -> Self {
+        self.serve = Some(versions);
+        self
     }
 
     /// Wakes the worker by push notifications from `notifier` (passes run within milliseconds
@@ -553,6 +595,16 @@ impl WorkerBuilder {
             });
         }
         self.schedules.validate()?;
+        self.options.versions = match self.serve {
+            Some(versions) => versions,
+            None => self
+                .version_store
+                .as_ref()
+                .map_or(keiro_lease::Versions::Any, |store| {
+                    keiro_lease::Versions::own(store.app_version())
+                }),
+        };
+        self.options.versions.validate()?;
         let mut timers = self.timers;
         if let Some(timers) = &mut timers {
             timers.metrics = timers
@@ -568,6 +620,7 @@ impl WorkerBuilder {
             push: self.push,
             retention: self.retention,
             queue_store: self.queue_store,
+            version_store: self.version_store,
             schedules: self.schedules,
         })
     }

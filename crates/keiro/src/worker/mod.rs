@@ -34,6 +34,7 @@ pub struct Worker {
     pub(crate) push: Option<Arc<dyn Notifier>>,
     retention: Option<Arc<dyn RetentionStore>>,
     pub(crate) queue_store: Option<Arc<dyn keiro_lease::QueueStore>>,
+    version_store: Option<Arc<dyn keiro_lease::VersionStore>>,
     schedules: schedules::WorkerSchedules,
 }
 
@@ -195,6 +196,7 @@ impl Worker {
             ))
         });
         let retention = self.retention_loop(stopped(stop_rx.clone()));
+        let heartbeat = self.heartbeat(stopped(stop_rx.clone()));
         let gauges = self.queue_gauges(stopped(stop_rx.clone()));
         let scheduler = self.spawn_scheduler(stopped(stop_rx.clone()));
         let wake: Box<dyn WakeSource> = match &self.push {
@@ -223,6 +225,10 @@ impl Worker {
             // As the timer loop.
             let _ = gauges.await;
         }
+        if let Some(heartbeat) = heartbeat {
+            // As the timer loop; it deletes its row as it stops.
+            let _ = heartbeat.await;
+        }
         summary
     }
 
@@ -241,6 +247,31 @@ impl Worker {
             store,
             self.options.queues.clone(),
             metrics,
+            shutdown,
+        )))
+    }
+
+    /// Spawns the heartbeat (`keiro::versions`) when the worker has the store's versions: its
+    /// row says which version it runs and serves, for `keiro versions`.
+    fn heartbeat(
+        &self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        let store = self.version_store.clone()?;
+        let beat = keiro_lease::versions::WorkerBeat {
+            worker_id: self
+                .options
+                .owner
+                .clone()
+                .unwrap_or_else(|| format!("keiro-{}", uuid::Uuid::new_v4())),
+            app_version: store.app_version().to_owned(),
+            serves: self.options.versions.clone(),
+            queues: self.options.queues.clone(),
+        };
+        Some(tokio::spawn(keiro_resume::run_heartbeat(
+            store,
+            beat,
+            keiro_lease::versions::HEARTBEAT_INTERVAL_DEFAULT,
             shutdown,
         )))
     }

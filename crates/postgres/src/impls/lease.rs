@@ -9,7 +9,7 @@ use keiro_journal::{span::traced, store_span};
 use keiro_journal::{store::StartRequest, Fence, InstanceKey, WorkflowName};
 use keiro_lease::{
     Claim, ClaimBatch, ClaimOutcome, Crash, CrashOutcome, LeaseStore, QueueStore, ResurrectOutcome,
-    StartClaim,
+    StartClaim, Versions,
 };
 use time::OffsetDateTime;
 
@@ -28,20 +28,26 @@ impl LeaseStore for PgStore {
         traced(span, op::instances_runnable(self.db(), now, limit)).await
     }
 
-    async fn instance_claim(
+    async fn instance_claim_serving(
         &self,
         key: &InstanceKey,
+        versions: &Versions,
         owner: &str,
         ttl: Duration,
         now: Option<OffsetDateTime>,
     ) -> Result<ClaimOutcome> {
         let span = store_span!("instance_claim", key = key);
-        traced(span, op::instance_claim(self.db(), key, owner, ttl, now)).await
+        traced(
+            span,
+            op::instance_claim(self.db(), key, versions, owner, ttl, now),
+        )
+        .await
     }
 
-    async fn instances_claim_batch(
+    async fn instances_claim_batch_serving(
         &self,
         names: &[WorkflowName],
+        versions: &Versions,
         owner: &str,
         ttl: Duration,
         limit: i64,
@@ -50,15 +56,16 @@ impl LeaseStore for PgStore {
         let span = store_span!("instances_claim_batch");
         traced(
             span,
-            op::instances_claim_batch(self.db(), names, owner, ttl, limit, now),
+            op::instances_claim_batch(self.db(), names, versions, owner, ttl, limit, now),
         )
         .await
     }
 
-    async fn claim_and_admit(
+    async fn claim_and_admit_serving(
         &self,
         names: &[WorkflowName],
         queues: &[String],
+        versions: &Versions,
         owner: &str,
         ttl: Duration,
         limit: i64,
@@ -67,15 +74,16 @@ impl LeaseStore for PgStore {
         let span = store_span!("claim_and_admit");
         traced(
             span,
-            crate::ops::queue::claim_and_admit(self.db(), names, queues, owner, ttl, limit, now),
+            queue::claim_and_admit(self.db(), names, queues, versions, owner, ttl, limit, now),
         )
         .await
     }
 
-    async fn queue_admit(
+    async fn queue_admit_serving(
         &self,
         queues: &[String],
         names: &[WorkflowName],
+        versions: &Versions,
         owner: &str,
         ttl: Duration,
         limit: i64,
@@ -84,7 +92,7 @@ impl LeaseStore for PgStore {
         let span = store_span!("queue_admit");
         traced(
             span,
-            crate::ops::queue::queue_admit(self.db(), queues, names, owner, ttl, limit, now),
+            queue::queue_admit(self.db(), queues, names, versions, owner, ttl, limit, now),
         )
         .await
     }

@@ -20,7 +20,7 @@ use keiro_journal::{
 };
 use keiro_lease::{
     classify_refusal, Claim, ClaimGate, ClaimOutcome, Crash, CrashOutcome, ResurrectOutcome,
-    StartClaim,
+    StartClaim, Versions,
 };
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -44,12 +44,13 @@ const INSTANCE_CLAIM: &str = concat!(
     "SELECT c.granted, c.clock, ",
     instance_columns!("(c.instance)."),
     ", c.journal_seq, c.journal_step, c.journal_kind, c.journal_payload, c.journal_recorded_at",
-    " FROM keiro_instance_claim($1, $2, $3, $4, $5) c"
+    " FROM keiro_instance_claim($1, $2, $3, $4, $5, $6) c"
 );
 
 pub(crate) async fn instance_claim(
     db: &Db,
     key: &InstanceKey,
+    versions: &Versions,
     owner: &str,
     ttl: Duration,
     now: Option<OffsetDateTime>,
@@ -64,6 +65,7 @@ pub(crate) async fn instance_claim(
                 &owner,
                 &span_ms(ttl),
                 &now,
+                &versions.as_filter(),
             ],
         )
         .await?;
@@ -240,12 +242,13 @@ const INSTANCES_CLAIM_BATCH: &str = concat!(
     "SELECT ",
     instance_columns!("(c.instance)."),
     ", c.journal_seq, c.journal_step, c.journal_kind, c.journal_payload, c.journal_recorded_at",
-    " FROM keiro_instances_claim_batch($1, $2, $3, $4, $5) c"
+    " FROM keiro_instances_claim_batch($1, $2, $3, $4, $5, $6) c"
 );
 
 pub(crate) async fn instances_claim_batch(
     db: &Db,
     names: &[WorkflowName],
+    versions: &Versions,
     owner: &str,
     ttl: Duration,
     limit: i64,
@@ -257,7 +260,14 @@ pub(crate) async fn instances_claim_batch(
         .query(
             CLAIM_BATCH,
             INSTANCES_CLAIM_BATCH,
-            &[&names, &owner, &span_ms(ttl), &limit, &now],
+            &[
+                &names,
+                &owner,
+                &span_ms(ttl),
+                &limit,
+                &now,
+                &versions.as_filter(),
+            ],
         )
         .await?;
     claims_of_rows(db, &rows, owner, CLAIM_BATCH).await

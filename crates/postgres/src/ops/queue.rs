@@ -9,7 +9,7 @@ use keiro_journal::queue::{
 };
 use keiro_journal::store::{Result, StartRequest};
 use keiro_journal::{Started, StoreError, WorkflowName};
-use keiro_lease::{Claim, ClaimBatch};
+use keiro_lease::{Claim, ClaimBatch, Versions};
 use time::OffsetDateTime;
 
 use crate::db::Db;
@@ -236,13 +236,15 @@ const QUEUE_ADMIT: &str = concat!(
     "SELECT ",
     instance_columns!("(c.instance)."),
     ", c.journal_seq, c.journal_step, c.journal_kind, c.journal_payload, c.journal_recorded_at",
-    " FROM keiro_queue_admit($1, $2, $3, $4, $5, $6) c"
+    " FROM keiro_queue_admit($1, $2, $3, $4, $5, $6, $7) c"
 );
 
+#[allow(clippy::too_many_arguments)] // keiro_queue_admit's parameters, in its order
 pub(crate) async fn queue_admit(
     db: &Db,
     queues: &[String],
     names: &[WorkflowName],
+    versions: &Versions,
     owner: &str,
     ttl: Duration,
     limit: i64,
@@ -254,7 +256,15 @@ pub(crate) async fn queue_admit(
         .query(
             ADMIT,
             QUEUE_ADMIT,
-            &[&queues, &names, &owner, &span_ms(ttl), &limit, &now],
+            &[
+                &queues,
+                &names,
+                &owner,
+                &span_ms(ttl),
+                &limit,
+                &now,
+                &versions.as_filter(),
+            ],
         )
         .await?;
     crate::ops::lease::claims_of_rows(db, &rows, owner, ADMIT).await
@@ -264,15 +274,17 @@ const CLAIM_AND_ADMIT: &str = concat!(
     "SELECT c.admitted, ",
     instance_columns!("(c.instance)."),
     ", c.journal_seq, c.journal_step, c.journal_kind, c.journal_payload, c.journal_recorded_at",
-    " FROM keiro_instances_claim_and_admit($1, $2, $3, $4, $5, $6) c"
+    " FROM keiro_instances_claim_and_admit($1, $2, $3, $4, $5, $6, $7) c"
 );
 
 /// keiro_instances_claim_and_admit: a worker's claim and its queues' admissions, one round
 /// trip and one transaction.
+#[allow(clippy::too_many_arguments)] // keiro_instances_claim_and_admit's parameters, in its order
 pub(crate) async fn claim_and_admit(
     db: &Db,
     names: &[WorkflowName],
     queues: &[String],
+    versions: &Versions,
     owner: &str,
     ttl: Duration,
     limit: i64,
@@ -284,7 +296,15 @@ pub(crate) async fn claim_and_admit(
         .query(
             ADMIT,
             CLAIM_AND_ADMIT,
-            &[&names, &queues, &owner, &span_ms(ttl), &limit, &now],
+            &[
+                &names,
+                &queues,
+                &owner,
+                &span_ms(ttl),
+                &limit,
+                &now,
+                &versions.as_filter(),
+            ],
         )
         .await?;
     let mut claimed = Vec::with_capacity(rows.len());

@@ -233,11 +233,11 @@ async fn restore_session_puts_back_every_setting_keiro_pins() -> TestResult {
         .get(0);
     let pinned = db.config().session_settings();
     assert_eq!(
+        pinned,
         [
             ("search_path", path),
             ("default_transaction_isolation", default)
         ],
-        pinned
     );
     // And keiro's statements work on it again (its tables are found through the path).
     drop(client);

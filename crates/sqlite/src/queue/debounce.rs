@@ -21,8 +21,8 @@ const DEBOUNCE_PUSH: &str = "UPDATE workflows INDEXED BY workflows_debounce_idx 
 
 const DEBOUNCE_INSERT: &str = "INSERT INTO workflows \
          (workflow_name, workflow_id, input, debounce_key, next_attempt_at, created_at, \
-          updated_at) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+          updated_at, app_version) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, keiro_app_version()) \
      ON CONFLICT DO NOTHING";
 
 /// keiro_queue_debounce: one run per burst of calls with the same key. While the key's pending

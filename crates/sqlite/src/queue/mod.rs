@@ -193,8 +193,8 @@ const QUEUE_START_OPTIONS: &str = "SELECT dedup, priority FROM keiro_queues WHER
 /// or to a live run holding the dedup id (`workflows_queue_dedup_idx`).
 const QUEUE_INSERT: &str = "INSERT INTO workflows \
          (workflow_name, workflow_id, input, parent_name, parent_id, priority, queue, queue_key, \
-          dedup_id, next_attempt_at, created_at, updated_at) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?11) \
+          dedup_id, next_attempt_at, created_at, updated_at, app_version) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?11, keiro_app_version()) \
      ON CONFLICT DO NOTHING";
 
 /// The live run holding a dedup id, served by `workflows_queue_dedup_idx`.
@@ -473,6 +473,7 @@ const QUEUE_WAITING: &str = "SELECT workflow_name, workflow_id, priority, create
        AND workflow_name IN (SELECT value FROM json_each(?2)) \
        AND (lease_expires_at IS NULL OR lease_expires_at < ?3) \
        AND (next_attempt_at IS NULL OR next_attempt_at <= ?3) \
+       AND (?5 IS NULL OR coalesce(app_version, '') IN (SELECT value FROM json_each(?5))) \
      ORDER BY priority DESC, created_at, workflow_name, workflow_id \
      LIMIT ?4";
 
@@ -512,6 +513,7 @@ const KEY_WAITING: &str = "SELECT workflow_name, workflow_id, priority, created_
        AND workflow_name IN (SELECT value FROM json_each(?3)) \
        AND (lease_expires_at IS NULL OR lease_expires_at < ?4) \
        AND (next_attempt_at IS NULL OR next_attempt_at <= ?4) \
+       AND (?6 IS NULL OR coalesce(app_version, '') IN (SELECT value FROM json_each(?6))) \
      ORDER BY priority DESC, created_at, workflow_name, workflow_id \
      LIMIT ?5";
 
@@ -579,6 +581,7 @@ fn keyed_picks(
     queue: &str,
     q: &Limits,
     names: &str,
+    versions: Option<&str>,
     now: i64,
     room: i64,
 ) -> Result<Vec<Candidate>> {
@@ -593,7 +596,7 @@ fn keyed_picks(
         let mut picks = waiting(
             conn,
             KEY_WAITING,
-            params![queue, key, names, now, key_room],
+            params![queue, key, names, now, key_room, versions],
             key,
         )?;
         for (n, pick) in picks.iter_mut().enumerate() {
@@ -635,6 +638,7 @@ fn keyed_picks(
 /// first), or by key ([`keyed_picks`]) when the queue has a per-key limit or weighted fairness;
 /// the picks are leased and, unless the queue counts nothing, marked admitted (the first
 /// admission's time kept), and come back in claim order (priority, age) within their queue.
+/// Only runs of a version in `versions` (`None`: any) are admitted.
 #[allow(clippy::too_many_arguments)] // keiro_queue_admit's parameters, in its order
 pub(crate) fn queue_admit(
     conn: &Connection,
@@ -645,7 +649,9 @@ pub(crate) fn queue_admit(
     ttl_ms: i64,
     limit: i64,
     p_now: Option<OffsetDateTime>,
+    versions: Option<&[String]>,
 ) -> Result<Vec<(Stored, Vec<JournalEntry>)>> {
+    let versions = crate::lease::versions_filter(versions);
     let v_now = micros(p_now.unwrap_or(now));
     let at = micros(now);
     let expires = v_now.saturating_add(ttl_ms.saturating_mul(1000));
@@ -678,12 +684,12 @@ pub(crate) fn queue_admit(
         }
 
         let mut picks = if q.keyed() {
-            keyed_picks(conn, &queue, &q, &names, v_now, room)?
+            keyed_picks(conn, &queue, &q, &names, versions.as_deref(), v_now, room)?
         } else {
             waiting(
                 conn,
                 QUEUE_WAITING,
-                params![queue, names, v_now, room],
+                params![queue, names, v_now, room, versions],
                 None,
             )?
         };
@@ -736,12 +742,16 @@ pub(crate) fn instances_claim_and_admit(
     ttl_ms: i64,
     limit: i64,
     p_now: Option<OffsetDateTime>,
+    versions: Option<&[String]>,
 ) -> Result<ClaimedAndAdmitted> {
-    let claimed =
-        crate::lease::instances_claim_batch(conn, now, names, owner, ttl_ms, limit, p_now)?;
+    let claimed = crate::lease::instances_claim_batch(
+        conn, now, names, owner, ttl_ms, limit, p_now, versions,
+    )?;
     let room = limit.saturating_sub(i64::try_from(claimed.len()).unwrap_or(i64::MAX));
     let admitted = if room > 0 && !queues.is_empty() {
-        queue_admit(conn, now, queues, names, owner, ttl_ms, room, p_now)?
+        queue_admit(
+            conn, now, queues, names, owner, ttl_ms, room, p_now, versions,
+        )?
     } else {
         Vec::new()
     };

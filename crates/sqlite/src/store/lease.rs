@@ -5,7 +5,7 @@ use std::time::Duration;
 use keiro_journal::store::Result;
 use keiro_journal::{store::StartRequest, Fence, InstanceKey, JournalEntry, WorkflowName};
 use keiro_lease::{
-    Claim, ClaimGate, ClaimOutcome, Crash, CrashOutcome, ResurrectOutcome, StartClaim,
+    Claim, ClaimGate, ClaimOutcome, Crash, CrashOutcome, ResurrectOutcome, StartClaim, Versions,
 };
 use time::OffsetDateTime;
 
@@ -57,7 +57,26 @@ impl SqliteStore {
         ttl: Duration,
         now: Option<OffsetDateTime>,
     ) -> Result<ClaimOutcome> {
+        self.instance_claim_serving(key, &Versions::Any, owner, ttl, now)
+            .await
+    }
+
+    /// Claims `key` for `owner` until `now + ttl` when its version is one `versions` serves
+    /// (`LeaseStore::instance_claim_serving`).
+    ///
+    /// # Errors
+    ///
+    /// `Malformed` for a row keiro cannot read.
+    pub async fn instance_claim_serving(
+        &self,
+        key: &InstanceKey,
+        versions: &Versions,
+        owner: &str,
+        ttl: Duration,
+        now: Option<OffsetDateTime>,
+    ) -> Result<ClaimOutcome> {
         let (key, owner) = (key.clone(), owner.to_owned());
+        let versions = versions.as_filter().map(<[String]>::to_vec);
         self.inner
             .writer
             .write(CLAIM, move |conn, clock| {
@@ -69,6 +88,7 @@ impl SqliteStore {
                     &owner,
                     span_ms(ttl),
                     now,
+                    versions.as_deref(),
                 )?;
                 claim_outcome(claimed, CLAIM)
             })
@@ -131,16 +151,45 @@ impl SqliteStore {
         limit: i64,
         now: Option<OffsetDateTime>,
     ) -> Result<Vec<Claim>> {
+        self.instances_claim_batch_serving(names, &Versions::Any, owner, ttl, limit, now)
+            .await
+    }
+
+    /// Claims up to `limit` runnable instances of `names` whose version is one `versions`
+    /// serves (`LeaseStore::instances_claim_batch_serving`).
+    ///
+    /// # Errors
+    ///
+    /// `Malformed` for a row keiro cannot read.
+    pub async fn instances_claim_batch_serving(
+        &self,
+        names: &[WorkflowName],
+        versions: &Versions,
+        owner: &str,
+        ttl: Duration,
+        limit: i64,
+        now: Option<OffsetDateTime>,
+    ) -> Result<Vec<Claim>> {
         let names: Vec<String> = names.iter().map(|n| n.as_str().to_owned()).collect();
         let owner = owner.to_owned();
+        let versions = versions.as_filter().map(<[String]>::to_vec);
         self.inner
             .writer
             .write(CLAIM_BATCH, move |conn, clock| {
                 let names: Vec<&str> = names.iter().map(String::as_str).collect();
-                lease::instances_claim_batch(conn, clock, &names, &owner, span_ms(ttl), limit, now)?
-                    .into_iter()
-                    .map(|(row, journal)| claim(&row, journal, CLAIM_BATCH))
-                    .collect()
+                lease::instances_claim_batch(
+                    conn,
+                    clock,
+                    &names,
+                    &owner,
+                    span_ms(ttl),
+                    limit,
+                    now,
+                    versions.as_deref(),
+                )?
+                .into_iter()
+                .map(|(row, journal)| claim(&row, journal, CLAIM_BATCH))
+                .collect()
             })
             .await
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use keiro_journal::queue::{DebounceRequest, QueueInfo, QueueRefusal, QueueSpec, QueueStart};
 use keiro_journal::store::{Error as StoreError, Result, StartRequest};
 use keiro_journal::{Started, WorkflowName};
-use keiro_lease::{Claim, ClaimBatch};
+use keiro_lease::{Claim, ClaimBatch, Versions};
 use time::OffsetDateTime;
 
 use crate::queue::{self, QueueStartCode};
@@ -162,6 +162,28 @@ impl SqliteStore {
         limit: i64,
         now: Option<OffsetDateTime>,
     ) -> Result<Vec<Claim>> {
+        self.queue_admit_serving(queues, names, &Versions::Any, owner, ttl, limit, now)
+            .await
+    }
+
+    /// [`queue_admit`](Self::queue_admit) of the runs whose version is one `versions` serves
+    /// (`LeaseStore::queue_admit_serving`).
+    ///
+    /// # Errors
+    ///
+    /// As [`queue_admit`](Self::queue_admit).
+    #[allow(clippy::too_many_arguments)] // queue_admit's, and the versions
+    pub async fn queue_admit_serving(
+        &self,
+        queues: &[String],
+        names: &[WorkflowName],
+        versions: &Versions,
+        owner: &str,
+        ttl: Duration,
+        limit: i64,
+        now: Option<OffsetDateTime>,
+    ) -> Result<Vec<Claim>> {
+        let versions = versions.as_filter().map(<[String]>::to_vec);
         for queue in queues {
             storable::text(ADMIT, "queue name", queue)?;
         }
@@ -183,6 +205,7 @@ impl SqliteStore {
                     span_ms(ttl),
                     limit,
                     now,
+                    versions.as_deref(),
                 )?
                 .into_iter()
                 .map(|(row, journal)| claim(&row, journal, ADMIT))
@@ -207,6 +230,28 @@ impl SqliteStore {
         limit: i64,
         now: Option<OffsetDateTime>,
     ) -> Result<ClaimBatch> {
+        self.claim_and_admit_serving(names, queues, &Versions::Any, owner, ttl, limit, now)
+            .await
+    }
+
+    /// [`claim_and_admit`](Self::claim_and_admit) of the runs whose version is one
+    /// `versions` serves (`LeaseStore::claim_and_admit_serving`).
+    ///
+    /// # Errors
+    ///
+    /// As [`claim_and_admit`](Self::claim_and_admit).
+    #[allow(clippy::too_many_arguments)] // claim_and_admit's, and the versions
+    pub async fn claim_and_admit_serving(
+        &self,
+        names: &[WorkflowName],
+        queues: &[String],
+        versions: &Versions,
+        owner: &str,
+        ttl: Duration,
+        limit: i64,
+        now: Option<OffsetDateTime>,
+    ) -> Result<ClaimBatch> {
+        let versions = versions.as_filter().map(<[String]>::to_vec);
         for queue in queues {
             storable::text(ADMIT, "queue name", queue)?;
         }
@@ -227,6 +272,7 @@ impl SqliteStore {
                     span_ms(ttl),
                     limit,
                     now,
+                    versions.as_deref(),
                 )?;
                 let claims = |rows: Vec<(_, _)>| -> Result<Vec<Claim>> {
                     rows.into_iter()

@@ -23,7 +23,7 @@ use keiro_journal::{
 };
 use keiro_lease::{
     Claim, ClaimBatch, ClaimOutcome, Crash, CrashOutcome, LeaseStore, QueueStore, ResurrectOutcome,
-    StartClaim,
+    StartClaim, Versions,
 };
 use keiro_remote::{
     ClaimRequest, ClaimedTask, HeartbeatOutcome, RemoteAdmin, RemoteTask, ReportOutcome,
@@ -335,23 +335,25 @@ impl LeaseStore for SqliteStore {
         .await
     }
 
-    async fn instance_claim(
+    async fn instance_claim_serving(
         &self,
         key: &InstanceKey,
+        versions: &Versions,
         owner: &str,
         ttl: Duration,
         now: Option<OffsetDateTime>,
     ) -> Result<ClaimOutcome> {
         traced(
             store_span!("instance_claim", key = key),
-            SqliteStore::instance_claim(self, key, owner, ttl, now),
+            SqliteStore::instance_claim_serving(self, key, versions, owner, ttl, now),
         )
         .await
     }
 
-    async fn instances_claim_batch(
+    async fn instances_claim_batch_serving(
         &self,
         names: &[WorkflowName],
+        versions: &Versions,
         owner: &str,
         ttl: Duration,
         limit: i64,
@@ -359,15 +361,18 @@ impl LeaseStore for SqliteStore {
     ) -> Result<Vec<Claim>> {
         traced(
             store_span!("instances_claim_batch"),
-            SqliteStore::instances_claim_batch(self, names, owner, ttl, limit, now),
+            SqliteStore::instances_claim_batch_serving(
+                self, names, versions, owner, ttl, limit, now,
+            ),
         )
         .await
     }
 
-    async fn claim_and_admit(
+    async fn claim_and_admit_serving(
         &self,
         names: &[WorkflowName],
         queues: &[String],
+        versions: &Versions,
         owner: &str,
         ttl: Duration,
         limit: i64,
@@ -375,15 +380,18 @@ impl LeaseStore for SqliteStore {
     ) -> Result<ClaimBatch> {
         traced(
             store_span!("claim_and_admit"),
-            SqliteStore::claim_and_admit(self, names, queues, owner, ttl, limit, now),
+            SqliteStore::claim_and_admit_serving(
+                self, names, queues, versions, owner, ttl, limit, now,
+            ),
         )
         .await
     }
 
-    async fn queue_admit(
+    async fn queue_admit_serving(
         &self,
         queues: &[String],
         names: &[WorkflowName],
+        versions: &Versions,
         owner: &str,
         ttl: Duration,
         limit: i64,
@@ -391,7 +399,7 @@ impl LeaseStore for SqliteStore {
     ) -> Result<Vec<Claim>> {
         traced(
             store_span!("queue_admit"),
-            SqliteStore::queue_admit(self, queues, names, owner, ttl, limit, now),
+            SqliteStore::queue_admit_serving(self, queues, names, versions, owner, ttl, limit, now),
         )
         .await
     }

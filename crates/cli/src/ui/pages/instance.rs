@@ -36,9 +36,16 @@ pub(crate) async fn instance(
     let body = html! {
         h1 { (row.key.name.as_str()) " / " span #instance-id { (row.key.id.as_str()) } }
         @if let Some(notice) = &notice.notice { p #notice.notice { (notice) } }
+        @if !view.version_served {
+            p #version-warning.notice.error {
+                "No live worker serves version " (row.app_version.as_deref().unwrap_or("(unversioned)"))
+                ": this run waits until one does (deploy a worker of that version, or hand its runs to another with keiro versions move)."
+            }
+        }
         dl.fields {
             dt { "status" } dd { span #status class={ "status " (row.status.as_str()) } { (row.status.as_str()) } }
             dt { "generation" } dd { (row.generation) }
+            dt { "version" } dd #app-version { (row.app_version.as_deref().unwrap_or("(unversioned)")) }
             dt { "attempts" } dd { (row.attempts) }
             dt { "last error" } dd.error { (row.last_error.as_deref().unwrap_or("-")) }
             dt { "lease" } dd { (row.lease_owner.as_deref().unwrap_or("free")) " (epoch " (row.lease_epoch) ")" }
