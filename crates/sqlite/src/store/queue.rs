@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use keiro_journal::queue::{DebounceRequest, QueueInfo, QueueRefusal, QueueSpec, QueueStart};
 use keiro_journal::store::{Error as StoreError, Result, StartRequest};
-use keiro_journal::{Started, WorkflowName};
-use keiro_lease::{Claim, ClaimBatch, Versions};
+use keiro_journal::{span::traced, store_span, Started, WorkflowName};
+use keiro_lease::{Claim, ClaimBatch, QueueStore, Versions};
 use time::OffsetDateTime;
 
 use crate::queue::{self, QueueStartCode};
@@ -339,6 +339,53 @@ impl SqliteStore {
         self.read(queue::LIST, move |conn, clock| {
             queue::queues_list(conn, now.unwrap_or(clock), only.as_deref())
         })
+        .await
+    }
+}
+
+#[async_trait::async_trait]
+impl QueueStore for SqliteStore {
+    async fn queue_declare(&self, spec: &QueueSpec) -> Result<()> {
+        traced(
+            store_span!("queue_declare"),
+            SqliteStore::queue_declare(self, spec),
+        )
+        .await
+    }
+
+    async fn queue_set_paused(&self, queue: &str, paused: bool) -> Result<bool> {
+        traced(
+            store_span!("queue_set_paused"),
+            SqliteStore::queue_set_paused(self, queue, paused),
+        )
+        .await
+    }
+
+    async fn queue_key_weight(&self, queue: &str, key: &str, weight: i32) -> Result<bool> {
+        traced(
+            store_span!("queue_key_weight"),
+            SqliteStore::queue_key_weight(self, queue, key, weight),
+        )
+        .await
+    }
+
+    async fn queue_debounce(&self, request: &DebounceRequest) -> Result<Started> {
+        traced(
+            store_span!("queue_debounce"),
+            SqliteStore::queue_debounce(self, request),
+        )
+        .await
+    }
+
+    async fn queues_list(
+        &self,
+        only: Option<&str>,
+        now: Option<OffsetDateTime>,
+    ) -> Result<Vec<QueueInfo>> {
+        traced(
+            store_span!("queues_list"),
+            SqliteStore::queues_list(self, only, now),
+        )
         .await
     }
 }

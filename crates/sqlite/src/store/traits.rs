@@ -1,4 +1,5 @@
-//! The store traits [`SqliteStore`] implements, each method its inherent operation of the same
+//! The store traits [`SqliteStore`] implements (but `QueueStore`, in `queue.rs`, and
+//! `VersionStore`, in `versions.rs`), each method its inherent operation of the same
 //! name (in `journal.rs`, `timer.rs`, `sources.rs`, `remote.rs`, `lease.rs`, `queue.rs`,
 //! `inspect.rs`, `retention.rs` and `schedule.rs`) run in the `keiro.store.<operation>` span every store
 //! opens. A trait is implemented here only once every one of its methods is (see the crate's
@@ -6,7 +7,6 @@
 
 use std::time::Duration;
 
-use keiro_journal::queue::{QueueInfo, QueueSpec};
 use keiro_journal::store::{
     Append, AppendOutcome, ClosingOutcome, DeliveryOutcome, Park, ParkOutcome, Result,
     StreamOutcome, StreamWrite,
@@ -22,8 +22,8 @@ use keiro_journal::{
     Counts, GcBatch, GcRequest, InspectStore, ListRequest, Page, RetentionStore, Waits,
 };
 use keiro_lease::{
-    Claim, ClaimBatch, ClaimOutcome, Crash, CrashOutcome, LeaseStore, QueueStore, ResurrectOutcome,
-    StartClaim, Versions,
+    Claim, ClaimBatch, ClaimOutcome, Crash, CrashOutcome, LeaseStore, ResurrectOutcome, StartClaim,
+    Versions,
 };
 use keiro_remote::{
     ClaimRequest, ClaimedTask, HeartbeatOutcome, RemoteAdmin, RemoteTask, ReportOutcome,
@@ -469,56 +469,6 @@ impl LeaseStore for SqliteStore {
         traced(
             store_span!("instance_resurrect", key = key),
             SqliteStore::instance_resurrect(self, key),
-        )
-        .await
-    }
-}
-
-#[async_trait::async_trait]
-impl QueueStore for SqliteStore {
-    async fn queue_declare(&self, spec: &QueueSpec) -> Result<()> {
-        traced(
-            store_span!("queue_declare"),
-            SqliteStore::queue_declare(self, spec),
-        )
-        .await
-    }
-
-    async fn queue_set_paused(&self, queue: &str, paused: bool) -> Result<bool> {
-        traced(
-            store_span!("queue_set_paused"),
-            SqliteStore::queue_set_paused(self, queue, paused),
-        )
-        .await
-    }
-
-    async fn queue_key_weight(&self, queue: &str, key: &str, weight: i32) -> Result<bool> {
-        traced(
-            store_span!("queue_key_weight"),
-            SqliteStore::queue_key_weight(self, queue, key, weight),
-        )
-        .await
-    }
-
-    async fn queue_debounce(
-        &self,
-        request: &keiro_journal::queue::DebounceRequest,
-    ) -> Result<Started> {
-        traced(
-            store_span!("queue_debounce"),
-            SqliteStore::queue_debounce(self, request),
-        )
-        .await
-    }
-
-    async fn queues_list(
-        &self,
-        only: Option<&str>,
-        now: Option<OffsetDateTime>,
-    ) -> Result<Vec<QueueInfo>> {
-        traced(
-            store_span!("queues_list"),
-            SqliteStore::queues_list(self, only, now),
         )
         .await
     }

@@ -204,10 +204,7 @@ pub async fn a_passed_deadline_redispatches_until_the_step_is_lost(h: Harness) -
         return Err("expected a redispatch".into());
     };
     // The next deadline counts from the redispatch, which came after the first deadline.
-    assert!(
-        second >= first + REDISPATCH_AFTER,
-        "{second} vs {first}"
-    );
+    assert!(second >= first + REDISPATCH_AFTER, "{second} vs {first}");
     let payloads = listener.drain(Duration::from_millis(200)).await;
     assert_eq!(payloads, ["remote"]);
     let stored = task(&*h.admin, &owner, &a.step_id).await?;
