@@ -171,7 +171,7 @@ impl Keiro {
         )
     }
 
-    fn messages_store(&self) -> Result<Arc<dyn InspectStore>, Error> {
+    pub(crate) fn messages_store(&self) -> Result<Arc<dyn InspectStore>, Error> {
         self.operate
             .as_ref()
             .map(|operate| operate.inspect.clone())
@@ -180,7 +180,7 @@ impl Keiro {
             })
     }
 
-    fn message_wake(&self, key: &InstanceKey) -> Box<dyn WakeSource> {
+    pub(crate) fn message_wake(&self, key: &InstanceKey) -> Box<dyn WakeSource> {
         match self.notifier() {
             Some(notifier) => notifier.subscribe_messages(key),
             None => Box::new(FixedPoll),

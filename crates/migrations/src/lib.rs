@@ -181,6 +181,12 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../numbered/0023_events_streams.sql"),
         shipped: None,
     },
+    Migration {
+        version: 24,
+        name: "updates",
+        sql: include_str!("../numbered/0024_updates.sql"),
+        shipped: None,
+    },
 ];
 
 /// One function file of `functions/`: the definitions of one group of functions (and the
@@ -245,6 +251,10 @@ pub const FUNCTION_FILES: &[FunctionFile] = &[
     FunctionFile {
         name: "message",
         sql: include_str!("../functions/message.sql"),
+    },
+    FunctionFile {
+        name: "update",
+        sql: include_str!("../functions/update.sql"),
     },
 ];
 

@@ -417,6 +417,19 @@ impl InspectStore for PgStore {
         traced(span, self.waits(key, limit)).await
     }
 
+    async fn update_get(
+        &self,
+        key: &InstanceKey,
+        update_id: &str,
+    ) -> Result<Option<keiro_journal::update::UpdateRead>> {
+        let span = store_span!("update_get", key = key);
+        traced(
+            span,
+            crate::ops::update::update_get(self.db(), key, update_id),
+        )
+        .await
+    }
+
     async fn event_get(
         &self,
         key: &InstanceKey,

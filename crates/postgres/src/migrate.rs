@@ -54,7 +54,7 @@ use crate::function_set::{
 /// The revision of [`FUNCTION_FILES`], raised by one with every change to a function file of
 /// `keiro-migrations` (or to that list), so that of two builds migrating one schema only the one
 /// with the newer files applies them.
-const FUNCTIONS_REVISION: i32 = 14;
+const FUNCTIONS_REVISION: i32 = 15;
 
 /// The combined checksum (hex) of [`FUNCTION_FILES`] at [`FUNCTIONS_REVISION`], as
 /// [`FunctionSet::checksum`] computes it: the unit test
@@ -63,7 +63,7 @@ const FUNCTIONS_REVISION: i32 = 14;
 /// computes, so a build whose files differ from this one's refuses this one's revision.
 #[cfg(test)]
 const FUNCTIONS_REVISION_CHECKSUM: &str =
-    "fe3aa7f7deda69a53fbc3a47f070aa72d5ea9fb8f0b5b866004ca4df00f7e645";
+    "980548467b4bdf5b1f9f68035edcbd0023d0af86b4cfcd0e9c4be82ac6248e75";
 
 /// This build's function files.
 const FUNCTIONS: FunctionSet<'static> = FunctionSet {

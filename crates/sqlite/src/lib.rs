@@ -143,6 +143,7 @@ mod storable;
 mod store;
 mod temporary;
 mod timer;
+mod update;
 mod writer;
 
 pub use config::{

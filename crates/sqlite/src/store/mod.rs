@@ -37,6 +37,7 @@ mod sources;
 mod timer;
 mod traits;
 mod transport;
+mod update;
 
 /// The longest span the store adds to an instant, in milliseconds: the Postgres store's bound
 /// (100 years), so both stores cut the same `Duration::MAX`.
