@@ -33,5 +33,6 @@ mod transaction_step;
 mod two_workers;
 mod typed;
 mod typed_remote;
+mod updates;
 mod wake;
 mod wake_edges;
