@@ -14,8 +14,10 @@ CREATE TABLE workflow_updates (
     update_id     TEXT    NOT NULL,
     update_name   TEXT    NOT NULL,
     request       TEXT    NOT NULL,
+    -- Equalities, not IN: an IN list compiles to a temporary b-tree on every write.
     state         TEXT    NOT NULL DEFAULT 'requested'
-        CHECK (state IN ('requested', 'replied', 'rejected', 'unanswered')),
+        CHECK (state = 'requested' OR state = 'replied' OR state = 'rejected'
+               OR state = 'unanswered'),
     reply         TEXT,
     requested_at  INTEGER NOT NULL,
     settled_at    INTEGER,
@@ -24,15 +26,18 @@ CREATE TABLE workflow_updates (
     CHECK ((state = 'requested') = (reply IS NULL))
 );
 
-CREATE INDEX workflow_updates_requested_idx ON workflow_updates (workflow_name, workflow_id)
-    WHERE state = 'requested';
+-- No partial index of the `requested` rows as PostgreSQL has: the settle below would then
+-- collect the rows it changes into a temporary b-tree at every terminal transition (a column of
+-- the index's condition changes); the primary key's prefix finds an instance's updates, which
+-- are few.
 
 -- update.sql's `workflows_settle_updates`: a run's terminal transition settles its updates
 -- still `requested` as `unanswered`, in the transaction that ends it (its callers are woken by
--- the `closed` notification of 0002's trigger).
+-- the `closed` notification of 0002's trigger). Its condition names the two live statuses, as
+-- 0002's does: a list of three would compile to a temporary b-tree on every status write.
 CREATE TRIGGER workflows_settle_updates AFTER UPDATE OF status ON workflows
-    WHEN NEW.status IN ('completed', 'failed', 'cancelled')
-     AND OLD.status NOT IN ('completed', 'failed', 'cancelled')
+    WHEN NEW.status NOT IN ('running', 'suspended')
+     AND OLD.status IN ('running', 'suspended')
 BEGIN
     UPDATE workflow_updates
     SET state = 'unanswered', reply = json_object('status', NEW.status),

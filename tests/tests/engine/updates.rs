@@ -16,6 +16,7 @@ on_both_stores!(
     a_caller_gets_one_reply_across_a_worker_killed_between_the_request_and_the_reply,
     an_update_races_a_sleep_and_a_second_answer_is_a_typed_error,
     update_with_start_and_signal_with_start_start_the_run_and_deliver,
+    an_update_a_losing_branch_took_goes_back_to_its_queue,
 );
 
 /// Approves amounts up to 100 (doubling them), rejects the rest, and completes after two
@@ -320,6 +321,68 @@ async fn update_with_start_and_signal_with_start_start_the_run_and_deliver(
         .result::<String>(("cart", "cart-1"), Duration::from_secs(60))
         .await?;
     assert_eq!(cart, "apple+pear");
+    worker.stop().await?;
+    Ok(())
+}
+
+async fn an_update_a_losing_branch_took_goes_back_to_its_queue(h: Harness) -> TestResult {
+    // Both updates are waiting when the run first races a take of each: both branches take
+    // theirs, the first wins, and the loser's update goes back, so the next take of its name
+    // gets it and both callers are answered.
+    let body = |ctx: Ctx, (): ()| async move {
+        let take = |name: &'static str| {
+            let ctx = ctx.clone();
+            Box::pin(async move { ctx.next_update::<u32>(name).await })
+                as keiro::workflow::BoxFuture<'static, _>
+        };
+        let first = ctx.select("first", vec![take("a"), take("b")]).await?;
+        ctx.reply(&first, &format!("{} first", first.name)).await?;
+        let other = if first.name == "a" { "b" } else { "a" };
+        let second = ctx.next_update::<u32>(other).await?;
+        ctx.reply(&second, &format!("{} second", second.name))
+            .await?;
+        Ok::<_, WorkflowError>(())
+    };
+    let key = ("pair", "p-1");
+    h.keiro.start("pair", "p-1", &()).await?;
+    for name in ["a", "b"] {
+        // A zero timeout sends and returns at once: the update waits for the run.
+        let sent = h
+            .keiro
+            .update_with::<_, String>(
+                key,
+                UpdateCall::new(name, &1).id(name).timeout(Duration::ZERO),
+            )
+            .await;
+        assert!(
+            matches!(&sent, Err(Error::UpdateTimeout { .. })),
+            "{sent:?}"
+        );
+    }
+    let worker = spawn_worker(h.keiro.worker().fast().register("pair", body).build()?);
+    let mut answers = Vec::new();
+    for name in ["a", "b"] {
+        let answer: String = h
+            .keiro
+            .update_with(
+                key,
+                UpdateCall::new(name, &1)
+                    .id(name)
+                    .timeout(Duration::from_secs(60)),
+            )
+            .await?;
+        answers.push(answer);
+    }
+    answers.sort();
+    assert_eq!(answers, ["a first", "b second"]);
+    let done = h.keiro.instance(key).await?.expect("the row");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut status = done.status;
+    while status != Status::Completed {
+        assert!(tokio::time::Instant::now() < deadline, "{status:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        status = h.keiro.instance(key).await?.expect("the row").status;
+    }
     worker.stop().await?;
     Ok(())
 }
