@@ -78,9 +78,10 @@ pub mod message {
 pub mod update {
     pub use crate::model::update::{
         update_state, update_token, validate_update_id, validate_update_name, SignalStarted,
-        Update, UpdateAnswer, UpdateAnswerOutcome, UpdateRead, UpdateSend, UpdateSendOutcome,
-        UpdateState, UPDATE_STEP_PREFIX,
+        Update, UpdateAnswer, UpdateRead, UpdateSend, UpdateSendOutcome, UpdateState,
+        UPDATE_STEP_PREFIX,
     };
+    pub use crate::store::contract::UpdateAnswerOutcome;
 }
 mod store_span;
 mod unwind;

@@ -167,18 +167,6 @@ pub struct UpdateAnswer {
     pub rejected: bool,
 }
 
-/// What [`JournalStore::update_answer`](crate::JournalStore::update_answer) did.
-#[derive(Debug, Clone, PartialEq)]
-pub enum UpdateAnswerOutcome {
-    /// It went through the append rules, with this outcome; when appended, the update is
-    /// answered.
-    Append(crate::AppendOutcome),
-    /// Refused, nothing written: the instance has no update of that name under that id.
-    Unknown,
-    /// Refused, nothing written: the update was answered already (or settled unanswered).
-    Answered,
-}
-
 /// What [`InspectStore::update_get`](crate::InspectStore::update_get) read, in one snapshot.
 #[derive(Debug, Clone, PartialEq)]
 pub struct UpdateRead {

@@ -11,9 +11,7 @@ use uuid::Uuid;
 
 use crate::model::instance::StartRequest;
 use crate::model::remote::{RemoteArm, RemoteArmOutcome};
-use crate::model::update::{
-    SignalStarted, UpdateAnswer, UpdateAnswerOutcome, UpdateSend, UpdateSendOutcome,
-};
+use crate::model::update::{SignalStarted, UpdateAnswer, UpdateSend, UpdateSendOutcome};
 use crate::model::wake::{
     AwakeableOutcome, ChildSpawn, ReturnedSignal, SignalOptions, SignalSendOutcome, SignalWait,
     SignalWaitOutcome, TimerArm, TimerFiring,
@@ -138,6 +136,18 @@ pub struct StreamWrite {
     pub items_max: u64,
     /// The most encoded bytes the stream may hold.
     pub bytes_max: u64,
+}
+
+/// What [`JournalStore::update_answer`](crate::JournalStore::update_answer) did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum UpdateAnswerOutcome {
+    /// It went through the append rules, with this outcome; when appended, the update is
+    /// answered.
+    Append(AppendOutcome),
+    /// Refused, nothing written: the instance has no update of that name under that id.
+    Unknown,
+    /// Refused, nothing written: the update was answered already (or settled unanswered).
+    Answered,
 }
 
 /// What [`JournalStore::stream_write`] did.
