@@ -144,11 +144,23 @@ $$;
 
 -- updates_settle_closed: a run's terminal transition settles its updates still `requested`
 -- as `unanswered` ({"status": <status>}), in the transaction that ends it (served by
--- workflow_updates_requested_idx), and wakes their callers when the instance is watched.
+-- workflow_updates_requested_idx), and wakes their callers when the instance is watched. The
+-- updates still buffered on the instance's tokens (sent, never taken) are deleted first: no run
+-- will take them, and they would otherwise wait out their TTL (keiro_journal's
+-- `update_token`: U+001F, then `update/<name>/<id>/<update name>`; served by
+-- signal_buffer_token_idx). The instance row is this transaction's already; a wait that holds
+-- the token's lock waits for it and finds the run terminal.
 -- Called by: trigger workflows_settle_updates; tested by contract::message.
 CREATE OR REPLACE FUNCTION keiro_updates_settle_closed() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
+    DELETE FROM signal_buffer b
+    WHERE b.token IN (
+        SELECT DISTINCT chr(31) || 'update/' || NEW.workflow_name || '/' || NEW.workflow_id
+               || '/' || u.update_name
+        FROM workflow_updates u
+        WHERE u.workflow_name = NEW.workflow_name AND u.workflow_id = NEW.workflow_id
+          AND u.state = 'requested');
     UPDATE workflow_updates u
     SET state = 'unanswered', reply = jsonb_build_object('status', NEW.status),
         settled_at = now()

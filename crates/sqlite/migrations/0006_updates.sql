@@ -31,14 +31,22 @@ CREATE TABLE workflow_updates (
 -- the index's condition changes); the primary key's prefix finds an instance's updates, which
 -- are few.
 
--- update.sql's `workflows_settle_updates`: a run's terminal transition settles its updates
--- still `requested` as `unanswered`, in the transaction that ends it (its callers are woken by
--- the `closed` notification of 0002's trigger). Its condition names the two live statuses, as
--- 0002's does: a list of three would compile to a temporary b-tree on every status write.
+-- update.sql's `workflows_settle_updates`: a run's terminal transition deletes the updates
+-- still buffered on its tokens (no run will take them) and settles its updates still
+-- `requested` as `unanswered`, in the transaction that ends it (its callers are woken by the
+-- `closed` notification of 0002's trigger). The instance's tokens are found as a range of
+-- signal_buffer_token_idx: every token that starts with `U+001F update/<name>/<id>/` sorts,
+-- bytewise, from that prefix up to the same with `0` in place of the last `/` (the next
+-- character; names and ids hold no `/`). The condition names the two live statuses, as 0002's
+-- does. Both for one reason: a list of three statuses, or of the updates' tokens, would
+-- compile to a temporary b-tree on every status write.
 CREATE TRIGGER workflows_settle_updates AFTER UPDATE OF status ON workflows
     WHEN NEW.status NOT IN ('running', 'suspended')
      AND OLD.status IN ('running', 'suspended')
 BEGIN
+    DELETE FROM signal_buffer
+    WHERE token >= char(31) || 'update/' || NEW.workflow_name || '/' || NEW.workflow_id || '/'
+      AND token < char(31) || 'update/' || NEW.workflow_name || '/' || NEW.workflow_id || '0';
     UPDATE workflow_updates
     SET state = 'unanswered', reply = json_object('status', NEW.status),
         settled_at = NEW.updated_at

@@ -246,6 +246,19 @@ pub async fn an_update_to_an_unknown_or_finished_run_is_refused_and_a_run_that_e
             "update {id}"
         );
     }
+    // Update b, never taken, left the buffer with the run: a wait on its token (as no other
+    // instance's could be, but a store would serve one) finds nothing.
+    let stray = key("approval", "u-3-other");
+    start_parked(store, &stray).await?;
+    let on_token = SignalWait {
+        key: stray.clone(),
+        ..take(&k, "approve", 1, None)
+    };
+    assert_eq!(
+        store.signal_wait(&on_token).await?,
+        SignalWaitOutcome::Waiting,
+        "nothing buffered for a finished run"
+    );
     assert_eq!(
         store
             .update_send(&send(&k, "approve", "c", json!(3)))
