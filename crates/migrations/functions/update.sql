@@ -16,7 +16,8 @@
 -- or waits for the send (and its trigger settles the new row); then answers the update already
 -- under p_update_id (`exists`, with its state and answer, or `conflict` when its name or
 -- request differ), refuses an unknown (`not_found`) or terminal (`terminal`, with the status)
--- instance, or writes the update `requested` and sends it on the token
+-- instance, or writes the update `requested` (marking the instance `has_updates`, the terminal
+-- trigger's condition) and sends it on the token
 -- (`keiro_signal_send`: to the waiting run, else buffered for p_ttl_ms). Outcomes: sent,
 -- exists, conflict, not_found, terminal; `started` says whether this call started the
 -- instance.
@@ -64,6 +65,8 @@ BEGIN
     END IF;
     INSERT INTO workflow_updates (workflow_name, workflow_id, update_id, update_name, request)
     VALUES (p_name, p_id, p_update_id, p_update_name, p_request);
+    UPDATE workflows w SET has_updates = true
+    WHERE w.workflow_name = p_name AND w.workflow_id = p_id AND NOT w.has_updates;
     PERFORM keiro_signal_send(p_token,
                               jsonb_build_object('id', p_update_id, 'name', p_update_name,
                                                  'request', p_request),
@@ -175,6 +178,7 @@ $$;
 
 CREATE OR REPLACE TRIGGER workflows_settle_updates AFTER UPDATE OF status ON workflows
     FOR EACH ROW
-    WHEN (NEW.status IN ('completed', 'failed', 'cancelled')
+    WHEN (NEW.has_updates
+          AND NEW.status IN ('completed', 'failed', 'cancelled')
           AND OLD.status NOT IN ('completed', 'failed', 'cancelled'))
     EXECUTE FUNCTION keiro_updates_settle_closed();

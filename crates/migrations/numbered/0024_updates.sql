@@ -31,3 +31,9 @@ CREATE TABLE workflow_updates (
 -- unanswered updates only: this keeps that probe to the rows it changes.
 CREATE INDEX workflow_updates_requested_idx ON workflow_updates (workflow_name, workflow_id)
     WHERE state = 'requested';
+
+-- Whether the instance was ever sent an update: set by the first send (which holds the row's
+-- lock), read by the terminal trigger's condition, so a run that never got one does not call
+-- the settle at all (it cost a completion about 56,000 instructions: `scripts/sql-cost
+-- complete`). Not indexed, so the change is a HOT update.
+ALTER TABLE workflows ADD COLUMN has_updates boolean NOT NULL DEFAULT false;

@@ -8,6 +8,10 @@
 -- rides on the signal tables. Every row goes with its instance: the foreign key cascades when
 -- retention deletes the instance row (a rowid table, as 0005 says why).
 
+-- As PostgreSQL's 0024: set by an instance's first update, so the trigger below costs a run
+-- that never got one nothing.
+ALTER TABLE workflows ADD COLUMN has_updates INTEGER NOT NULL DEFAULT 0;
+
 CREATE TABLE workflow_updates (
     workflow_name TEXT    NOT NULL,
     workflow_id   TEXT    NOT NULL,
@@ -41,7 +45,8 @@ CREATE TABLE workflow_updates (
 -- does. Both for one reason: a list of three statuses, or of the updates' tokens, would
 -- compile to a temporary b-tree on every status write.
 CREATE TRIGGER workflows_settle_updates AFTER UPDATE OF status ON workflows
-    WHEN NEW.status NOT IN ('running', 'suspended')
+    WHEN NEW.has_updates
+     AND NEW.status NOT IN ('running', 'suspended')
      AND OLD.status IN ('running', 'suspended')
 BEGIN
     DELETE FROM signal_buffer

@@ -60,6 +60,9 @@ const UPDATE_INSERT: &str = "INSERT INTO workflow_updates \
          (workflow_name, workflow_id, update_id, update_name, request, requested_at) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
 
+const INSTANCE_MARK: &str = "UPDATE workflows SET has_updates = 1 \
+     WHERE workflow_name = ?1 AND workflow_id = ?2 AND NOT has_updates";
+
 /// One update's stored columns: name, request, state, reply.
 type StoredUpdate = (String, String, String, Option<String>);
 
@@ -85,8 +88,9 @@ fn state_of(state: &str, reply: Option<&str>, operation: &'static str) -> Result
 
 /// keiro_update_send: starts the instance when `send.start` asks and it does not exist; then
 /// answers the update already under the id (the same name and request: its state; else a
-/// conflict), refuses an unknown or terminal instance, or writes the update `requested` and
-/// sends it on its token. Returns the outcome and whether this call started the instance.
+/// conflict), refuses an unknown or terminal instance, or writes the update `requested`
+/// (marking the instance `has_updates`, the terminal trigger's condition) and sends it on its
+/// token. Returns the outcome and whether this call started the instance.
 pub(crate) fn update_send(
     conn: &Connection,
     now: OffsetDateTime,
@@ -128,6 +132,8 @@ pub(crate) fn update_send(
         ],
     )
     .map_err(|e| store(SEND, e))?;
+    conn.execute_cached(INSTANCE_MARK, params![send.name, send.id])
+        .map_err(|e| store(SEND, e))?;
     let offered = json!({
         "id": send.update_id,
         "name": send.update_name,
