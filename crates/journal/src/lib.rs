@@ -78,7 +78,7 @@ pub mod message {
 pub mod update {
     pub use crate::model::update::{
         update_state, update_token, validate_update_id, validate_update_name, SignalStarted,
-        Update, UpdateAnswer, UpdateRead, UpdateSend, UpdateSendOutcome, UpdateState,
+        Update, UpdateAnswer, UpdateRead, UpdateRecord, UpdateSend, UpdateSendOutcome, UpdateState,
         UPDATE_STEP_PREFIX,
     };
     pub use crate::store::contract::UpdateAnswerOutcome;

@@ -11,7 +11,7 @@
 
 use crate::cached::Cached;
 use keiro_journal::store::Result;
-use keiro_journal::update::{update_state, UpdateRead, UpdateState};
+use keiro_journal::update::{update_state, UpdateRead, UpdateRecord, UpdateState};
 use keiro_journal::Status;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::{json, Value};
@@ -242,4 +242,61 @@ pub(crate) fn update_get(
         status: row::status(&status, GET)?,
         update,
     }))
+}
+
+const UPDATES: &str = "listing an instance's updates";
+
+const INSTANCE_UPDATES: &str = "SELECT update_id, update_name, request, state, reply, \
+         requested_at, settled_at \
+     FROM workflow_updates WHERE workflow_name = ?1 AND workflow_id = ?2 \
+     ORDER BY requested_at, update_id LIMIT ?3";
+
+/// The Postgres store's plain statement of the same name: the updates of instance
+/// `name`/`id`, oldest first, at most `limit`.
+pub(crate) fn instance_updates(
+    conn: &Connection,
+    name: &str,
+    id: &str,
+    limit: i64,
+) -> Result<Vec<UpdateRecord>> {
+    type Found = (
+        String,
+        String,
+        String,
+        String,
+        Option<String>,
+        i64,
+        Option<i64>,
+    );
+    let mut statement = conn
+        .prepare_cached(INSTANCE_UPDATES)
+        .map_err(|e| store(UPDATES, e))?;
+    let rows: Vec<Found> = statement
+        .query_map(params![name, id, limit], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+                r.get(6)?,
+            ))
+        })
+        .and_then(Iterator::collect)
+        .map_err(|e| store(UPDATES, e))?;
+    rows.into_iter()
+        .map(
+            |(id, name, request, state, reply, requested_at, settled_at)| {
+                Ok(UpdateRecord {
+                    id,
+                    name,
+                    request: row::value(&request, UPDATES)?,
+                    state: state_of(&state, reply.as_deref(), UPDATES)?,
+                    requested_at: row::instant(requested_at, UPDATES)?,
+                    settled_at: row::instant_opt(settled_at, UPDATES)?,
+                })
+            },
+        )
+        .collect()
 }

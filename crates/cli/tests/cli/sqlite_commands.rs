@@ -258,6 +258,13 @@ async fn an_update_is_sent_and_answered_through_the_cli() -> Result<(), Box<dyn 
     let (again, text) = cli(args).await??;
     assert!(again.status.success(), "{text}");
     assert_eq!(String::from_utf8_lossy(&again.stdout).trim(), "42");
+    let (show, text) = cli(&["show", "approve", "a-1"]).await??;
+    assert!(show.status.success(), "{text}");
+    assert!(
+        text.contains("updates 2") && text.contains("u-1") && text.contains("replied 42"),
+        "{text}"
+    );
+    assert!(text.contains("rejected: over the limit"), "{text}");
     let (finished, text) = cli(&["update", "approve", "a-1", "approve", "1"]).await??;
     assert_eq!(finished.status.code(), Some(1), "{text}");
     let (bad, text) = cli(&["update", "approve", "a-1", "approve", "{not json"]).await??;

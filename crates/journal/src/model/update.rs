@@ -197,6 +197,24 @@ pub fn validate_store_token(token: &str) -> Result<(), IdError> {
     }
 }
 
+/// One update of an instance, as `keiro show` lists it
+/// ([`InspectStore::instance_updates`](crate::InspectStore::instance_updates)).
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpdateRecord {
+    /// Its id.
+    pub id: String,
+    /// Its name.
+    pub name: String,
+    /// Its request.
+    pub request: Value,
+    /// Where it stands.
+    pub state: UpdateState,
+    /// When it was sent (the store's clock).
+    pub requested_at: time::OffsetDateTime,
+    /// When it was answered or settled.
+    pub settled_at: Option<time::OffsetDateTime>,
+}
+
 /// The state of an update from its stored columns: `state` and `reply` (the answer's journaled
 /// value for `replied` and `rejected`, `{"status": ..}` for `unanswered`). `None` for columns
 /// no store writes.

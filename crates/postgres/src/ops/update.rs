@@ -8,8 +8,8 @@
 
 use keiro_journal::store::{Append, Result, StartRequest};
 use keiro_journal::update::{
-    update_state, update_token, UpdateAnswer, UpdateAnswerOutcome, UpdateRead, UpdateSend,
-    UpdateSendOutcome, UpdateState,
+    update_state, update_token, UpdateAnswer, UpdateAnswerOutcome, UpdateRead, UpdateRecord,
+    UpdateSend, UpdateSendOutcome, UpdateState,
 };
 use keiro_journal::{InstanceKey, StoreError, SIGNAL_TTL_MAX};
 use serde_json::Value;
@@ -163,4 +163,42 @@ pub(crate) async fn update_get(
         status: row::status(&status, GET)?,
         update,
     }))
+}
+
+const UPDATES: &str = "listing an instance's updates";
+
+// A plain statement (an operator's read, as `InspectStore`'s others), served by the primary key.
+const INSTANCE_UPDATES: &str = "SELECT update_id, update_name, request, state, reply, \
+         requested_at, settled_at \
+     FROM workflow_updates WHERE workflow_name = $1 AND workflow_id = $2 \
+     ORDER BY requested_at, update_id LIMIT $3";
+
+/// The updates of `key`, oldest first, at most `limit`.
+pub(crate) async fn instance_updates(
+    db: &Db,
+    key: &InstanceKey,
+    limit: u32,
+) -> Result<Vec<UpdateRecord>> {
+    let limit = i64::from(limit);
+    let rows = db
+        .query(
+            UPDATES,
+            INSTANCE_UPDATES,
+            &[&key.name.as_str(), &key.id.as_str(), &limit],
+        )
+        .await?;
+    let mut updates = Vec::with_capacity(rows.len());
+    for found in &rows {
+        let state: String = column(found, "state", UPDATES)?;
+        let reply: Option<Value> = column(found, "reply", UPDATES)?;
+        updates.push(UpdateRecord {
+            id: column(found, "update_id", UPDATES)?,
+            name: column(found, "update_name", UPDATES)?,
+            request: column(found, "request", UPDATES)?,
+            state: stored_state(&state, reply, UPDATES)?,
+            requested_at: column(found, "requested_at", UPDATES)?,
+            settled_at: column(found, "settled_at", UPDATES)?,
+        });
+    }
+    Ok(updates)
 }

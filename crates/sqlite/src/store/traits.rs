@@ -13,7 +13,8 @@ use keiro_journal::store::{
     StreamOutcome, StreamWrite,
 };
 use keiro_journal::update::{
-    SignalStarted, UpdateAnswer, UpdateAnswerOutcome, UpdateRead, UpdateSend, UpdateSendOutcome,
+    SignalStarted, UpdateAnswer, UpdateAnswerOutcome, UpdateRead, UpdateRecord, UpdateSend,
+    UpdateSendOutcome,
 };
 use keiro_journal::{
     span::traced, store::ChildSpawn, store::RemoteArm, store::RemoteArmOutcome,
@@ -670,6 +671,11 @@ impl InspectStore for SqliteStore {
             SqliteStore::stream_read(self, key, stream, from, limit),
         )
         .await
+    }
+
+    async fn instance_updates(&self, key: &InstanceKey, limit: u32) -> Result<Vec<UpdateRecord>> {
+        let span = store_span!("instance_updates", key = key);
+        traced(span, SqliteStore::instance_updates(self, key, limit)).await
     }
 
     async fn update_get(&self, key: &InstanceKey, update_id: &str) -> Result<Option<UpdateRead>> {

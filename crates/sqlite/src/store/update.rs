@@ -4,8 +4,8 @@
 
 use keiro_journal::store::{Append, Error as StoreError, Result, StartRequest};
 use keiro_journal::update::{
-    update_token, SignalStarted, UpdateAnswer, UpdateAnswerOutcome, UpdateRead, UpdateSend,
-    UpdateSendOutcome, UpdateState,
+    update_token, SignalStarted, UpdateAnswer, UpdateAnswerOutcome, UpdateRead, UpdateRecord,
+    UpdateSend, UpdateSendOutcome, UpdateState,
 };
 use keiro_journal::{InstanceKey, SignalOptions, SignalSendOutcome, SIGNAL_TTL_MAX};
 use serde_json::Value;
@@ -20,6 +20,7 @@ const SEND: &str = "sending an update";
 const ANSWER: &str = "answering an update";
 const GET: &str = "reading an update";
 const WITH_START: &str = "sending a signal with a start";
+const UPDATES: &str = "listing an instance's updates";
 
 /// How long an update waits in its token's buffer for the run to take it: as long as a
 /// buffered signal may wait at most.
@@ -175,6 +176,23 @@ impl SqliteStore {
                 Ok(SignalStarted { started, signal })
             })
             .await
+    }
+
+    /// The updates of `key`, oldest first, at most `limit` (`InspectStore::instance_updates`).
+    ///
+    /// # Errors
+    ///
+    /// `Malformed` for a row keiro cannot read.
+    pub async fn instance_updates(
+        &self,
+        key: &InstanceKey,
+        limit: u32,
+    ) -> Result<Vec<UpdateRecord>> {
+        let key = key.clone();
+        self.read(UPDATES, move |conn, _| {
+            update::instance_updates(conn, key.name.as_str(), key.id.as_str(), i64::from(limit))
+        })
+        .await
     }
 
     /// Update `update_id` of `key` with the instance's status; `None` for an unknown instance

@@ -160,6 +160,35 @@ pub async fn an_update_is_taken_in_order_answered_once_and_a_resend_gets_the_ans
         SignalWaitOutcome::Waiting,
         "a resend offers nothing"
     );
+    // The instance's updates, oldest first, as an operator reads them.
+    let listed = h.inspect.instance_updates(&k, 10).await?;
+    let listed: Vec<(&str, &str, &Value, &UpdateState)> = listed
+        .iter()
+        .map(|u| (u.id.as_str(), u.name.as_str(), &u.request, &u.state))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            (
+                "a",
+                "approve",
+                &json!(1),
+                &UpdateState::Replied(json!("yes"))
+            ),
+            (
+                "b",
+                "approve",
+                &json!(2),
+                &UpdateState::Rejected("too big".into())
+            ),
+        ]
+    );
+    assert_eq!(h.inspect.instance_updates(&k, 1).await?.len(), 1, "bounded");
+    assert!(h
+        .inspect
+        .instance_updates(&key("wf", "nobody"), 10)
+        .await?
+        .is_empty());
     // Another request, or another name, under a taken id is a conflict.
     assert_eq!(
         store
