@@ -17,6 +17,7 @@ on_both_stores!(
     an_update_races_a_sleep_and_a_second_answer_is_a_typed_error,
     update_with_start_and_signal_with_start_start_the_run_and_deliver,
     an_update_a_losing_branch_took_goes_back_to_its_queue,
+    updates_wait_across_continue_as_new,
 );
 
 /// Approves amounts up to 100 (doubling them), rejects the rest, and completes after two
@@ -383,6 +384,57 @@ async fn an_update_a_losing_branch_took_goes_back_to_its_queue(h: Harness) -> Te
         tokio::time::sleep(Duration::from_millis(20)).await;
         status = h.keiro.instance(key).await?.expect("the row").status;
     }
+    worker.stop().await?;
+    Ok(())
+}
+
+async fn updates_wait_across_continue_as_new(h: Harness) -> TestResult {
+    // Each generation answers one update, then continues as new, three times; the updates were
+    // all sent before the first generation ran, so two of them wait across generations.
+    let body = |ctx: Ctx, generation: u32| async move {
+        let update = ctx.next_update::<u32>("add").await?;
+        ctx.reply(&update, &(update.request + generation)).await?;
+        if generation < 2 {
+            return Err(ctx.continue_as_new(&(generation + 1)));
+        }
+        Ok::<_, WorkflowError>(generation)
+    };
+    let key = ("chain", "c-1");
+    h.keiro.start("chain", "c-1", &0u32).await?;
+    for id in ["u-0", "u-1", "u-2"] {
+        let sent = h
+            .keiro
+            .update_with::<_, u32>(
+                key,
+                UpdateCall::new("add", &10).id(id).timeout(Duration::ZERO),
+            )
+            .await;
+        assert!(
+            matches!(&sent, Err(Error::UpdateTimeout { .. })),
+            "{sent:?}"
+        );
+    }
+    let worker = spawn_worker(h.keiro.worker().fast().register("chain", body).build()?);
+    let mut answers = Vec::new();
+    for id in ["u-0", "u-1", "u-2"] {
+        let answer: u32 = h
+            .keiro
+            .update_with(
+                key,
+                UpdateCall::new("add", &10)
+                    .id(id)
+                    .timeout(Duration::from_secs(60)),
+            )
+            .await?;
+        answers.push(answer);
+    }
+    assert_eq!(
+        answers,
+        [10, 11, 12],
+        "first in first out, one per generation"
+    );
+    let last: u32 = h.keiro.result(key, Duration::from_secs(60)).await?;
+    assert_eq!(last, 2);
     worker.stop().await?;
     Ok(())
 }
