@@ -56,8 +56,12 @@ impl Ctx {
     ///
     /// [`WorkflowError::Suspended`] until an update arrives; [`WorkflowError::InvalidStep`] for
     /// a name [`validate_update_name`](crate::update::validate_update_name) refuses;
-    /// [`WorkflowError::Decode`] when the request does not decode into `T` (reject it: the
-    /// caller waits for an answer).
+    /// [`WorkflowError::Decode`] when the request does not decode into `T` (the update is
+    /// taken, and its caller gets no answer until the run ends: take
+    /// `next_update::<serde_json::Value>` to check a request yourself and reject it).
+    ///
+    /// An update taken and not answered when the run continues as new stays unanswered until
+    /// the run ends (its caller then gets `unanswered`): answer before `continue_as_new`.
     pub async fn next_update<T: DeserializeOwned>(
         &self,
         name: &str,
