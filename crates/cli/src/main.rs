@@ -103,7 +103,8 @@ enum Command {
     /// Operate queues: list, show, pause, resume.
     #[command(subcommand)]
     Queue(queue::QueueCommand),
-    /// Serve the dashboard: counts, the instance list, instance pages and operator actions.
+    /// Serve the dashboard: counts and charts, the instance list, instance pages with their
+    /// timeline and live streams, queues, and operator actions.
     Ui(ui::UiArgs),
     /// Crash-recovery demo: kill a worker mid-run and verify every guarantee from the database.
     Demo(demo::DemoArgs),

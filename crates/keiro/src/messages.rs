@@ -84,7 +84,10 @@ impl Keiro {
         let key = key.into_instance_key()?;
         validate_message_key(event)?;
         let inspect = self.messages_store()?;
-        let mut wake = self.message_wake(&key);
+        let mut wake = match self.notifier() {
+            Some(notifier) => notifier.subscribe_event(&key),
+            None => Box::new(FixedPoll),
+        };
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let read = inspect
@@ -180,7 +183,7 @@ impl Keiro {
             })
     }
 
-    pub(crate) fn message_wake(&self, key: &InstanceKey) -> Box<dyn WakeSource> {
+    fn message_wake(&self, key: &InstanceKey) -> Box<dyn WakeSource> {
         match self.notifier() {
             Some(notifier) => notifier.subscribe_messages(key),
             None => Box::new(FixedPoll),

@@ -13,6 +13,9 @@ use crate::handle::Operate;
 use crate::{Error, InstanceKey, Keiro};
 
 pub use keiro_journal::message::{EventRecord, Messages, StreamHead, StreamItem, StreamPage};
+pub use keiro_journal::store::{
+    TerminalCount, Throughput, ThroughputRequest, THROUGHPUT_BUCKETS_MAX, THROUGHPUT_BUCKET_MAX,
+};
 pub use keiro_journal::{
     AwakeableInfo, AwakeableStatus, CancelOutcome, Counts, Cursor, FilterError, GcBatch, GcRequest,
     GroupCount, InstanceSummary, ListFilter, ListOrder, ListRequest, Page, SignalWaitInfo,
@@ -87,6 +90,38 @@ impl Keiro {
     /// [`Error::Store`], [`Error::Unsupported`] for a store built with `KeiroBuilder::lease_only`.
     pub async fn counts(&self) -> Result<Counts, Error> {
         Ok(self.operate()?.inspect.instances_counts(None).await?)
+    }
+
+    /// How many instances completed, failed and were cancelled in each time bucket of
+    /// `request` (by when they went terminal), oldest bucket first, empty ones included: the
+    /// dashboard's throughput chart. Buckets are aligned on the epoch and the last one holds
+    /// `request.until` (now when `None`), so it is partly elapsed.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), keiro::Error> {
+    /// use keiro::operate::ThroughputRequest;
+    /// let keiro = keiro::Keiro::temporary()?;
+    /// let hour = keiro.throughput(&ThroughputRequest::last_hour()).await?;
+    /// assert_eq!(hour.buckets.len(), 60);
+    /// assert!(hour.buckets.iter().all(|b| b.completed + b.failed + b.cancelled == 0));
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Filter`] for a bucket that is not whole seconds from 1 s to a day or a count
+    /// of buckets out of `1..=`[`THROUGHPUT_BUCKETS_MAX`], [`Error::Store`],
+    /// [`Error::Unsupported`] for a store built with `KeiroBuilder::lease_only`.
+    pub async fn throughput(&self, request: &ThroughputRequest) -> Result<Throughput, Error> {
+        request.validate()?;
+        Ok(self
+            .operate()?
+            .inspect
+            .instances_throughput(request)
+            .await?)
     }
 
     /// What one instance waits on, or waited on: its timers (state, due time, attempts), its

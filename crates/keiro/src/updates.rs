@@ -269,8 +269,12 @@ impl Keiro {
             start,
         };
         let inspect = self.messages_store()?;
-        // Subscribed before the send, so an answer between the two still wakes the wait.
-        let mut wake = self.message_wake(&key);
+        // Subscribed before the send, so an answer between the two still wakes the wait; a
+        // one-shot wait, like an event's (a store may start paying for pushes sooner for it).
+        let mut wake = match self.notifier() {
+            Some(notifier) => notifier.subscribe_event(&key),
+            None => Box::new(keiro_resume::FixedPoll),
+        };
         let deadline = tokio::time::Instant::now() + call.timeout;
         let mut state = match self.store().update_send(&send).await? {
             UpdateSendOutcome::Sent { state, .. } => state,

@@ -130,6 +130,76 @@ BEGIN
 END;
 $$;
 
+-- messages_write: several writes of events and streams (`keiro_event_set`, `keiro_stream_write`,
+-- `keiro_stream_close`, by p_ops[i] = 'event', 'stream' or 'close'), from concurrent runs, in
+-- one transaction: the group commit of the message lane (keiro_postgres lanes::message). Each
+-- request runs exactly as its own function would, in the order of the instances' keys (then
+-- of the requests), so two batches lock instance rows in one order. A request whose instance
+-- row another transaction holds is not run: it answers `busy` (SKIP LOCKED), and the store
+-- sends it alone, where it waits as a single write would; the batch never waits for a row. A
+-- row already locked by an earlier request of this batch (two writes of one run) is its own.
+-- The p_keys are the event or stream keys; p_lens, p_items_max and p_bytes_max are read for
+-- stream writes only. Answers one row per request: n (its 1-based position), and the outcome
+-- columns of its function (stream_items and stream_bytes NULL but for stream writes).
+-- Called by: keiro_postgres ops::message::messages_write; tested by
+-- crates/postgres/tests/postgres/message_batch.rs and, through the store, contract::message.
+CREATE OR REPLACE FUNCTION keiro_messages_write(
+    p_ops text[], p_names text[], p_ids text[], p_generations integer[], p_steps text[],
+    p_kinds text[], p_payloads jsonb[], p_owners text[], p_epochs bigint[],
+    p_renew_ms bigint[], p_keys text[], p_lens bigint[], p_items_max bigint[],
+    p_bytes_max bigint[])
+RETURNS TABLE (n integer, outcome text, recorded jsonb, marker text, stream_items bigint,
+               stream_bytes bigint)
+-- Generic plans, index-driven, as the append batch in journal.sql.
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+SET lock_timeout = '100ms'
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT u.i
+        FROM unnest(p_names, p_ids) WITH ORDINALITY AS u (name, id, i)
+        ORDER BY u.name COLLATE "C", u.id COLLATE "C", u.i
+    LOOP
+        n := r.i;
+        stream_items := NULL;
+        stream_bytes := NULL;
+        PERFORM 1 FROM workflows w
+        WHERE w.workflow_name = p_names[r.i] AND w.workflow_id = p_ids[r.i]
+        FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            -- Held elsewhere (or no such instance: alone, its own function says which).
+            outcome := 'busy';
+            recorded := NULL;
+            marker := NULL;
+        ELSIF p_ops[r.i] = 'event' THEN
+            SELECT e.outcome, e.recorded, e.marker INTO outcome, recorded, marker
+            FROM keiro_event_set(p_names[r.i], p_ids[r.i], p_generations[r.i], p_steps[r.i],
+                                 p_kinds[r.i], p_payloads[r.i], p_owners[r.i], p_epochs[r.i],
+                                 p_renew_ms[r.i], p_keys[r.i]) e;
+        ELSIF p_ops[r.i] = 'stream' THEN
+            SELECT s.outcome, s.recorded, s.marker, s.stream_items, s.stream_bytes
+            INTO outcome, recorded, marker, stream_items, stream_bytes
+            FROM keiro_stream_write(p_names[r.i], p_ids[r.i], p_generations[r.i], p_steps[r.i],
+                                    p_kinds[r.i], p_payloads[r.i], p_owners[r.i],
+                                    p_epochs[r.i], p_renew_ms[r.i], p_keys[r.i], p_lens[r.i],
+                                    p_items_max[r.i], p_bytes_max[r.i]) s;
+        ELSIF p_ops[r.i] = 'close' THEN
+            SELECT c.outcome, c.recorded, c.marker INTO outcome, recorded, marker
+            FROM keiro_stream_close(p_names[r.i], p_ids[r.i], p_generations[r.i], p_steps[r.i],
+                                    p_kinds[r.i], p_payloads[r.i], p_owners[r.i],
+                                    p_epochs[r.i], p_renew_ms[r.i], p_keys[r.i]) c;
+        ELSE
+            RAISE EXCEPTION 'keiro_messages_write: unknown operation %', p_ops[r.i];
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
+
 -- event_get: the instance's status and event p_key, in one snapshot (the function is STABLE,
 -- so it reads with its statement's); no row for an unknown instance.
 -- Called by: keiro_postgres ops::message::event_get; tested by contract::message.

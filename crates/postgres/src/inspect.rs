@@ -1,4 +1,5 @@
-//! Operators' reads on Postgres: one page of instances by filter, and the overview counts.
+//! Operators' reads on Postgres: one page of instances by filter, the overview counts and the
+//! terminal instances per time bucket (the overview's throughput).
 //!
 //! A list query is assembled from the constant fragments below, one per filter that is set,
 //! every value a parameter. It runs as an unnamed statement, so Postgres plans it with the
@@ -12,6 +13,7 @@
 //! they come from one snapshot in one round trip: a signal delivered meanwhile cannot show both
 //! as a pending wait and as a fired timeout.
 
+use keiro_journal::store::{Throughput, ThroughputRequest};
 use keiro_journal::{span::traced, store_span};
 use keiro_journal::{
     AwakeableInfo, Counts, GroupCount, InspectStore, InstanceKey, InstanceSummary, ListOrder,
@@ -29,6 +31,7 @@ type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 const LIST: &str = "listing instances";
 const COUNTS: &str = "counting instances";
+const THROUGHPUT: &str = "counting terminal instances by time";
 const WAITS: &str = "reading an instance's waits";
 
 const INSTANCES_LIST_SELECT: &str = "SELECT w.workflow_name, w.workflow_id, w.generation, \
@@ -243,6 +246,21 @@ const REMOTE_BACKLOG: &str = "SELECT grp, \
      count(*) FILTER (WHERE status = 'running') AS running \
      FROM remote_tasks WHERE status IN ('pending', 'running') GROUP BY grp ORDER BY grp";
 
+// The terminal instances per bucket of $2 seconds, the last bucket holding $1 (the database's
+// clock when null), $3 buckets in all: the window is one range of workflows_terminal_idx (its
+// predicate repeated so the planner may use it). The last bucket's number comes back even when
+// the window is empty (the left join's one row with nulls).
+/// The overview's throughput: terminal instances per bucket of `$2` seconds, `$3` buckets, the
+/// last holding `$1` (now when null). Public for the plan tests.
+pub const INSTANCES_THROUGHPUT: &str = "WITH w AS (SELECT \
+     floor(extract(epoch FROM coalesce($1::timestamptz, now())) / $2::bigint)::bigint AS last) \
+     SELECT w.last, t.n, t.status, count(t.status) AS c FROM w LEFT JOIN LATERAL ( \
+     SELECT floor(extract(epoch FROM f.completed_at) / $2::bigint)::bigint AS n, f.status \
+     FROM workflows f WHERE f.status IN ('completed', 'failed', 'cancelled') \
+     AND f.completed_at >= to_timestamp((w.last - $3::bigint + 1) * $2::bigint) \
+     AND f.completed_at < to_timestamp((w.last + 1) * $2::bigint)) t ON true \
+     GROUP BY w.last, t.n, t.status";
+
 // One row per timer, awakeable and registered signal wait of one instance, each kind cut to
 // $3 rows newest first (`ord` numbers them in that order, so the outer sort restores it). Each
 // branch reads one owner's rows through an index on the owner: the timers' and the waiters'
@@ -400,6 +418,30 @@ impl PgStore {
             remote,
         })
     }
+
+    async fn throughput(&self, request: &ThroughputRequest) -> Result<Throughput> {
+        let secs = request.bucket_secs();
+        let buckets = i64::from(request.buckets);
+        let rows = self
+            .query(
+                THROUGHPUT,
+                INSTANCES_THROUGHPUT,
+                &[&request.until, &secs, &buckets],
+            )
+            .await?;
+        let mut last = None;
+        let mut counts = Vec::with_capacity(rows.len());
+        for row in &rows {
+            last = Some(column::<i64>(row, "last", THROUGHPUT)?);
+            let n: Option<i64> = column(row, "n", THROUGHPUT)?;
+            let text: Option<String> = column(row, "status", THROUGHPUT)?;
+            if let (Some(n), Some(text)) = (n, text) {
+                counts.push((n, status(&text, THROUGHPUT)?, count(row, "c", THROUGHPUT)?));
+            }
+        }
+        let last = last.ok_or_else(|| malformed(THROUGHPUT, "no row for the window"))?;
+        Ok(Throughput::from_counts(request, last, counts))
+    }
 }
 
 #[async_trait::async_trait]
@@ -410,6 +452,14 @@ impl InspectStore for PgStore {
 
     async fn instances_counts(&self, now: Option<OffsetDateTime>) -> Result<Counts> {
         traced(store_span!("instances_counts"), self.counts(now)).await
+    }
+
+    async fn instances_throughput(&self, request: &ThroughputRequest) -> Result<Throughput> {
+        traced(
+            store_span!("instances_throughput"),
+            self.throughput(request),
+        )
+        .await
     }
 
     async fn instance_waits(&self, key: &InstanceKey, limit: u32) -> Result<Waits> {

@@ -123,7 +123,7 @@ pub use tokio_postgres;
 /// # let _ = plan; Ok(()) }
 /// ```
 pub mod plans {
-    pub use crate::inspect::{ListStatement, INSTANCE_WAITS};
+    pub use crate::inspect::{ListStatement, INSTANCES_THROUGHPUT, INSTANCE_WAITS};
     pub use crate::ops::lease::INSTANCES_RUNNABLE;
     pub use crate::retention::INSTANCES_GC_CANDIDATES;
 }

@@ -247,6 +247,27 @@ impl PgStore {
     pub(crate) fn messages_here(&self, key: &InstanceKey) {
         self.wakes().messages.closed(key);
     }
+
+    /// A reader of `key`'s events and streams that marks the instance watched after
+    /// `watch_after` without a wake from this process.
+    fn message_subscription(
+        &self,
+        key: &InstanceKey,
+        watch_after: Duration,
+    ) -> Box<dyn WakeSource> {
+        // Registered before the listener starts, so its first `Reconnected` reaches this one.
+        let wait = self.wakes().messages.subscribe(key);
+        self.listener_start();
+        let store = self.downgrade();
+        Box::new(MessageSubscription {
+            key: key.clone(),
+            watched: false,
+            watch_after,
+            unwatched_until: None,
+            wait,
+            store,
+        })
+    }
 }
 
 /// Where the listener sends what it hears: the loops' broadcast, the result waiters, and the
@@ -487,17 +508,16 @@ impl Notifier for PgStore {
     /// notified nobody. A reader in the writing process, woken by each commit there, does not
     /// mark while the run writes, and the run's writes send no NOTIFY.
     fn subscribe_messages(&self, key: &InstanceKey) -> Box<dyn WakeSource> {
-        // Registered before the listener starts, so its first `Reconnected` reaches this one.
-        let wait = self.wakes().messages.subscribe(key);
-        self.listener_start();
-        let store = self.downgrade();
-        Box::new(MessageSubscription {
-            key: key.clone(),
-            watched: false,
-            unwatched_until: None,
-            wait,
-            store,
-        })
+        self.message_subscription(key, WATCH_AFTER)
+    }
+
+    /// As [`subscribe_messages`](Self::subscribe_messages), but the reader marks its instance
+    /// watched after `MARK_AFTER` (50 ms) without a wake from its own process, as a result
+    /// waiter marks its instance awaited: a caller waiting for one event's value makes at most
+    /// the run's later writes notify, where a stream's reader would make every item of a
+    /// stream written in its own process pay a NOTIFY.
+    fn subscribe_event(&self, key: &InstanceKey) -> Box<dyn WakeSource> {
+        self.message_subscription(key, MARK_AFTER)
     }
 
     /// Wakes when `key` closes (in this process: a worker of this store completed it; or a
@@ -532,7 +552,10 @@ struct MessageSubscription {
     key: InstanceKey,
     /// Whether this reader marked its instance watched.
     watched: bool,
-    /// Until when it waits unmarked: [`WATCH_AFTER`] after the first wait, or after the last
+    /// How long it waits unmarked: [`WATCH_AFTER`] for a stream's reader, [`MARK_AFTER`] for
+    /// a caller waiting for an event.
+    watch_after: Duration,
+    /// Until when it waits unmarked: `watch_after` after the first wait, or after the last
     /// wake-up.
     unwatched_until: Option<tokio::time::Instant>,
     wait: keiro_resume::ClosedWait,
@@ -554,7 +577,7 @@ impl WakeSource for MessageSubscription {
         if !self.watched {
             let until = *self
                 .unwatched_until
-                .get_or_insert_with(|| tokio::time::Instant::now() + WATCH_AFTER);
+                .get_or_insert_with(|| tokio::time::Instant::now() + self.watch_after);
             let left = until.saturating_duration_since(tokio::time::Instant::now());
             if !left.is_zero() {
                 let first = fallback.min(left);

@@ -54,7 +54,7 @@ use crate::function_set::{
 /// The revision of [`FUNCTION_FILES`], raised by one with every change to a function file of
 /// `keiro-migrations` (or to that list), so that of two builds migrating one schema only the one
 /// with the newer files applies them.
-const FUNCTIONS_REVISION: i32 = 15;
+const FUNCTIONS_REVISION: i32 = 16;
 
 /// The combined checksum (hex) of [`FUNCTION_FILES`] at [`FUNCTIONS_REVISION`], as
 /// [`FunctionSet::checksum`] computes it: the unit test
@@ -63,7 +63,7 @@ const FUNCTIONS_REVISION: i32 = 15;
 /// computes, so a build whose files differ from this one's refuses this one's revision.
 #[cfg(test)]
 const FUNCTIONS_REVISION_CHECKSUM: &str =
-    "abdf1dae91aa8a00b9f7a6819d6d5922c4d25c54ca6b9bac00aad0949cb31efc";
+    "45f8aa423577208d54c0b1f9ac3e02735dcf75e5cb4773a14993f535127ebe9b";
 
 /// This build's function files.
 const FUNCTIONS: FunctionSet<'static> = FunctionSet {

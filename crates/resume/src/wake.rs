@@ -87,6 +87,14 @@ pub trait Notifier: Send + Sync {
         let _ = key;
         Box::new(FixedPoll)
     }
+
+    /// [`subscribe_messages`](Self::subscribe_messages) for a caller waiting for one event's
+    /// value (`Keiro::get_event`), a one-shot wait like a result's: a store that pays to be
+    /// told of writes made elsewhere may start paying sooner for it than for a stream's
+    /// reader. The default is `subscribe_messages`.
+    fn subscribe_event(&self, key: &keiro_journal::InstanceKey) -> Box<dyn WakeSource> {
+        self.subscribe_messages(key)
+    }
 }
 
 #[async_trait::async_trait]

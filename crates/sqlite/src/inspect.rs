@@ -1,6 +1,6 @@
 //! The operators' reads of crates/postgres/src/inspect.rs (no plpgsql: plain SQL there too), in
 //! the order of its `InspectStore` impl: one page of instances by filter, the overview counts,
-//! and one instance's waits. Each runs on a read connection inside one read transaction, so
+//! the terminal instances per time bucket, and one instance's waits. Each runs on a read connection inside one read transaction, so
 //! it answers from one snapshot.
 //!
 //! The list is assembled from constant fragments, one per filter that is set, every value a
@@ -9,7 +9,7 @@
 //! An id prefix is compared byte-wise (`substr` of the id's bytes), the `^@` of the C
 //! collation; the `>=` beside it lets SQLite start the walk of `workflows_list_id_idx` there.
 
-use keiro_journal::store::Result;
+use keiro_journal::store::{Result, Throughput, ThroughputRequest};
 use keiro_journal::{
     AwakeableInfo, Counts, GroupCount, InstanceSummary, ListOrder, ListRequest, Page,
     SignalWaitInfo, StatusCount, TimerInfo, TimerKind, TimerState, Waits, WorkflowName,
@@ -24,6 +24,7 @@ use crate::row::{self, micros};
 
 const LIST: &str = "listing instances";
 const COUNTS: &str = "counting instances";
+const THROUGHPUT: &str = "counting terminal instances by time";
 const WAITS: &str = "reading an instance's waits";
 
 const INSTANCES_LIST_SELECT: &str = "SELECT w.workflow_name, w.workflow_id, w.generation, \
@@ -322,6 +323,45 @@ pub(crate) fn instances_counts(conn: &Connection, now: OffsetDateTime) -> Result
             })
             .collect(),
     })
+}
+
+// The terminal instances per bucket of ?1 microseconds in [?2, ?3): one range of
+// workflows_terminal_idx (its predicate repeated so SQLite may use it; completed_at is
+// microseconds since the epoch, so the integer division is the bucket's number).
+const INSTANCES_THROUGHPUT: &str = "SELECT completed_at / ?1 AS n, status, count(*) \
+     FROM workflows WHERE status NOT IN ('running', 'suspended') \
+     AND completed_at >= ?2 AND completed_at < ?3 GROUP BY n, status";
+
+/// instances_throughput: the terminal instances in each bucket of `request`, the last bucket
+/// holding `until`.
+pub(crate) fn instances_throughput(
+    conn: &Connection,
+    request: &ThroughputRequest,
+    until: OffsetDateTime,
+) -> Result<Throughput> {
+    let secs = request.bucket_secs().max(1);
+    let last = until.unix_timestamp().div_euclid(secs);
+    let first = last - i64::from(request.buckets) + 1;
+    let bucket = secs.saturating_mul(1_000_000);
+    let rows: Vec<(i64, String, i64)> = conn
+        .prepare_cached(INSTANCES_THROUGHPUT)
+        .and_then(|mut s| {
+            s.query_map(
+                params![
+                    bucket,
+                    first.saturating_mul(bucket),
+                    (last + 1).saturating_mul(bucket)
+                ],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )?
+            .collect()
+        })
+        .map_err(|e| store(THROUGHPUT, e))?;
+    let counts = rows
+        .into_iter()
+        .map(|(n, status, c)| Ok((n, row::status(&status, THROUGHPUT)?, count(c))))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Throughput::from_counts(request, last, counts))
 }
 
 // Each kind newest first, cut to ?3 rows, read through an index on its owner: the timers' and

@@ -353,6 +353,10 @@ macro_rules! contract_suite {
                     a_full_last_page_has_no_next_cursor_and_a_cursor_names_the_last_row_shown,
                     counts_split_the_timer_backlog_at_the_given_instant_and_tasks_by_group,
                 ],
+                throughput [
+                    throughput_counts_terminal_instances_per_bucket_of_the_window,
+                    bad_throughput_requests_are_typed_errors,
+                ],
                 waits [
                     waits_follow_timers_awakeables_and_signal_waits,
                     a_cancelled_run_shows_its_awakeables_cancelled,

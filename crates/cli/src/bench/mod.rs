@@ -27,6 +27,7 @@
 mod baseline;
 mod direct;
 mod drive_cost;
+mod event;
 mod gc;
 mod idle;
 pub(crate) mod remote;
@@ -71,6 +72,8 @@ pub(crate) enum Mode {
     SqliteBaseline,
     /// Stream appends per second by C runs, and the latency from an append to its reader.
     Stream,
+    /// The latency from a run's event write to a caller waiting for it, here and elsewhere.
+    Event,
 }
 
 impl Mode {
@@ -86,6 +89,7 @@ impl Mode {
             Self::Direct => 2000,
             Self::SqliteBaseline => 0,
             Self::Stream => 20_000,
+            Self::Event => 200,
         }
     }
 }
@@ -226,7 +230,7 @@ impl BenchArgs {
     }
 }
 
-/// Runs the chosen mode: on SQLite `throughput`, `direct` and `sqlite-baseline`, the others
+/// Runs the chosen mode: on SQLite `throughput`, `direct`, `event` and `sqlite-baseline`, the others
 /// measure the PostgreSQL store alone.
 pub(crate) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let store = global.store()?;
@@ -234,11 +238,12 @@ pub(crate) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         (_, Mode::SqliteBaseline) => return baseline::run(args, store).await,
         (Store::Sqlite(path), Mode::Throughput) => return sqlite::throughput(args, path).await,
         (Store::Sqlite(path), Mode::Direct) => return sqlite::direct(args, path).await,
+        (Store::Sqlite(path), Mode::Event) => return event::run_sqlite(args, path).await,
         (Store::Sqlite(_), _) => postgres_only(
             global,
             "this mode of keiro bench",
             "it measures round trips, plans and pools of the PostgreSQL store; on SQLite: \
-             --mode throughput, direct or sqlite-baseline",
+             --mode throughput, direct, event or sqlite-baseline",
         )?,
         (Store::Postgres, _) => {}
     }
@@ -252,6 +257,7 @@ pub(crate) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         Mode::Direct => direct::run(global, args).await,
         Mode::SqliteBaseline => baseline::run(args, store).await,
         Mode::Stream => stream::run(global, args).await,
+        Mode::Event => event::run_postgres(global, args).await,
     }
 }
 

@@ -62,7 +62,7 @@ struct SqliteReport {
 
 /// The store's settings: its defaults (durable commits), but for the reader pool and the batch
 /// size the options name.
-fn config(args: &BenchArgs) -> Config {
+pub(super) fn config(args: &BenchArgs) -> Config {
     let defaults = Config::default();
     let size = |option: Option<u64>, default: usize| {
         option
@@ -77,7 +77,7 @@ fn config(args: &BenchArgs) -> Config {
 }
 
 /// Opens a fresh bench file at `path` (replacing an earlier bench's) with `config`.
-async fn open_fresh(path: &Path, config: Config) -> Result<SqliteStore> {
+pub(super) async fn open_fresh(path: &Path, config: Config) -> Result<SqliteStore> {
     replace_scratch_file(path, MARKER, "bench")?;
     let owned = path.to_owned();
     let store = tokio::task::spawn_blocking(move || -> Result<SqliteStore> {

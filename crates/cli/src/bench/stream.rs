@@ -2,8 +2,8 @@
 //!
 //! C runs (`-c`) each write N / C items (`-n`, 20,000 by default) to a stream, each item the
 //! wall-clock instant of its write, while one reader per run follows it (`Keiro::read_stream`,
-//! woken by the store's push). Each append is one journaled step in its own transaction (no
-//! group commit). The report gives appends per second over the whole run, and the reader's
+//! woken by the store's push). Each append is one journaled step; on PostgreSQL the appends of
+//! concurrent runs share transactions (the message lane's group commit). The report gives appends per second over the whole run, and the reader's
 //! latency percentiles: the reader's clock when it got an item minus the item's.
 
 use std::time::{Duration, Instant};
@@ -37,6 +37,8 @@ struct StreamReport {
     reader_p50_ms: f64,
     reader_p99_ms: f64,
     reader_max_ms: f64,
+    /// Writes a transaction of the message lane carried on average (its group commit).
+    message_batch_mean: Option<f64>,
 }
 
 pub(crate) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
@@ -82,6 +84,7 @@ pub(crate) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
             Ok::<_, keiro::Error>(latencies)
         });
     }
+    let batches_before = setup.store.batch_stats();
     let started = Instant::now();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(async move {
@@ -100,6 +103,7 @@ pub(crate) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         latencies.extend(joined.context("a reader task failed")?.context("reading")?);
     }
     let seconds = started.elapsed().as_secs_f64();
+    let batches = setup.store.batch_stats().since(&batches_before);
     let _ = stop.send(());
     running.await.context("the worker task failed")?;
     let items = runs * per_run;
@@ -121,6 +125,7 @@ pub(crate) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         reader_p50_ms: round(p.p50_ms, 2),
         reader_p99_ms: round(p.p99_ms, 2),
         reader_max_ms: round(p.max_ms, 2),
+        message_batch_mean: batches.messages.mean_len().map(|len| round(len, 2)),
     };
     println!(
         "bench: {items} stream items by {runs} runs in {seconds:.2} s: {appends_per_s:.0} appends/s; \

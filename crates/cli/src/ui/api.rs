@@ -8,6 +8,14 @@
 //!   (`Keiro::messages`), remote tasks and children.
 //! - `POST /instances/{name}/{id}/{action}` with `Authorization: Bearer <token>` (and, for
 //!   `retry-with-input`, a body `{"input": ...}`).
+//! - `GET /instances/{name}/{id}/streams/{key}?from=N`: one page of a stream from offset `N`
+//!   (`Keiro::stream_page`): its items with their offsets, `next` (the offset to ask for next),
+//!   `closed`, the instance's `status` and `ends` (nothing more will come); 404 for an unknown
+//!   instance, 400 (`invalid`) for a bad key or offset. The instance page follows a stream live
+//!   by polling it.
+//! - `GET /throughput?bucket=S&buckets=N`: `Keiro::throughput`, the instances that went
+//!   terminal per bucket of `S` seconds (60 unless given), `N` buckets (60 unless given) up to
+//!   now; 400 (`filter`) for an unknown parameter or a value out of bounds.
 //! - `GET /queues`: every declared queue (`Keiro::queues`) with its figures, its limits, which
 //!   of them it is at now and its admissions per second (`QueueView::to_json`).
 //! - `GET /queues/{name}`: one queue, the same way; 404 (`not_found`) for an undeclared one.
@@ -18,8 +26,8 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::HeaderMap;
 use axum::Json;
-use keiro::{operate::Counts, operate::ListRequest, operate::Page};
-use serde_json::Value;
+use keiro::{operate::Counts, operate::ListRequest, operate::Page, operate::Throughput};
+use serde_json::{json, Value};
 
 use super::actions::{self, Done};
 use super::error::ApiError;
@@ -122,6 +130,82 @@ pub(crate) async fn action(
     Ok(Json(
         actions::run(&state.keiro, &action, &name, &id, input).await?,
     ))
+}
+
+/// `GET /api/v1/instances/{name}/{id}/streams/{key}?from=N`.
+pub(crate) async fn stream(
+    State(state): State<AppState>,
+    Path((name, id, key)): Path<(String, String, String)>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let mut from = 0_u64;
+    for (field, value) in parse_query(query.as_deref().unwrap_or("")) {
+        match field.as_str() {
+            "from" => {
+                from = value.parse().map_err(|_| {
+                    ApiError::bad_request("invalid", format!("from {value:?} is no offset"))
+                })?;
+            }
+            _ => {
+                return Err(ApiError::bad_request(
+                    "invalid",
+                    format!("unknown parameter {field:?}"),
+                ))
+            }
+        }
+    }
+    let Some(page) = state.keiro.stream_page((&*name, &*id), &key, from).await? else {
+        return Err(ApiError::not_found(format!("no instance {name}/{id}")));
+    };
+    let next = page.items.last().map_or(from, |item| item.offset + 1);
+    Ok(Json(json!({
+        "key": key,
+        "from": from,
+        "items": page.items.iter().map(|item| json!({"offset": item.offset, "value": item.value})).collect::<Vec<_>>(),
+        "next": next,
+        "closed": page.closed,
+        "status": page.status.as_str(),
+        "ends": page.ends(STREAM_PAGE_ITEMS),
+    })))
+}
+
+/// The most items [`Keiro::stream_page`](keiro::Keiro::stream_page) returns at once: a page
+/// with fewer ends the stream when it is closed.
+const STREAM_PAGE_ITEMS: usize = 256;
+
+/// `GET /api/v1/throughput?bucket=S&buckets=N`.
+pub(crate) async fn throughput(
+    State(state): State<AppState>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Throughput>, ApiError> {
+    let request = throughput_request(query.as_deref())?;
+    Ok(Json(state.keiro.throughput(&request).await?))
+}
+
+/// Reads `bucket` (seconds) and `buckets` from a query string, the last hour by minute unless
+/// told; anything else is a typed 400.
+pub(crate) fn throughput_request(
+    query: Option<&str>,
+) -> Result<keiro::operate::ThroughputRequest, ApiError> {
+    let mut request = keiro::operate::ThroughputRequest::last_hour();
+    for (field, value) in parse_query(query.unwrap_or("")) {
+        let number = || {
+            value.parse::<u32>().map_err(|_| {
+                ApiError::bad_request("filter", format!("{field} {value:?} is no count"))
+            })
+        };
+        match field.as_str() {
+            "bucket" => request.bucket = std::time::Duration::from_secs(number()?.into()),
+            "buckets" => request.buckets = number()?,
+            _ => {
+                return Err(ApiError::bad_request(
+                    "filter",
+                    format!("unknown parameter {field:?}"),
+                ))
+            }
+        }
+    }
+    Ok(request)
 }
 
 /// `GET /api/v1/queues`.

@@ -1,6 +1,6 @@
 //! `keiro ui`: the operators' dashboard. A JSON API under `/api/v1` and HTML pages over the
 //! same facade calls the CLI makes (`Keiro::counts`, `list`, `instance`, `journal`,
-//! `remote_tasks`, `queues` and the operator actions, queue pause and resume among them),
+//! `remote_tasks`, `messages`, `stream_page`, `throughput`, `queues` and the operator actions, queue pause and resume among them),
 //! served by axum on 127.0.0.1 by default.
 //!
 //! Security: every request must name the dashboard in its `Host` (a loopback name, the bound
@@ -22,7 +22,9 @@ mod assets;
 mod auth;
 mod error;
 mod pages;
+mod timeline;
 mod view;
+mod when;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -139,6 +141,8 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/instances", get(api::list))
         .route("/instances/{name}/{id}", get(api::instance))
         .route("/instances/{name}/{id}/{action}", post(api::action))
+        .route("/instances/{name}/{id}/streams/{key}", get(api::stream))
+        .route("/throughput", get(api::throughput))
         .route("/queues", get(api::queues))
         .route("/queues/{name}", get(api::queue))
         .route("/queues/{name}/{action}", post(api::queue_action));
@@ -147,6 +151,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/instances", get(pages::list))
         .route("/instances/{name}/{id}", get(pages::instance))
         .route("/instances/{name}/{id}/{action}", post(pages::action))
+        .route("/instances/{name}/{id}/streams/{key}", get(pages::stream))
         .route("/queues", get(pages::queues))
         .route("/queues/{name}", get(pages::queue))
         .route("/queues/{name}/{action}", post(pages::queue_action))

@@ -71,6 +71,7 @@ impl InstanceView {
                 let span = (entry.recorded_at - previous).max(time::Duration::ZERO);
                 previous = entry.recorded_at;
                 TimelineRow {
+                    is_step: matches!(entry.event, keiro::store::Event::StepRecorded { .. }),
                     seq: entry.seq,
                     generation: i64::from(entry.generation),
                     recorded_at: timestamp(Some(entry.recorded_at)),
@@ -124,6 +125,8 @@ impl InstanceView {
 
 /// One journal row on the timeline.
 pub(crate) struct TimelineRow {
+    /// A step's row (not a marker of the run's life): one bar of the drawing.
+    pub(crate) is_step: bool,
     pub(crate) seq: i64,
     pub(crate) generation: i64,
     pub(crate) recorded_at: String,

@@ -6,8 +6,8 @@
 use std::sync::atomic::Ordering;
 
 use crate::ui_support::{
-    broken, drive_until, registry, seed, seed_queue, seed_waits, Ui, MARKUP_KEY, QUEUE, TOKEN, XSS,
-    XSS_TOKEN,
+    broken, drive_until, registry, seed, seed_queue, seed_stream, seed_waits, Ui, MARKUP_KEY,
+    QUEUE, STREAM_MARKUP, TOKEN, XSS, XSS_TOKEN,
 };
 use keiro::Status;
 use keiro_tests::{Harness, TestResult};
@@ -556,6 +556,9 @@ async fn a_request_for_another_host_is_refused_on_every_route() -> TestResult {
         "/queues/llm",
         "/api/v1/queues",
         "/api/v1/queues/llm",
+        "/api/v1/throughput",
+        "/api/v1/instances/charge/c-1/streams/progress",
+        "/instances/charge/c-1/streams/progress",
         "/no/such/route",
     ];
     // A page whose DNS name was rebound to 127.0.0.1 still says its own name.
@@ -1090,5 +1093,165 @@ async fn the_queue_pages_show_limits_keys_and_runs_by_queue_and_key() -> TestRes
         .send()
         .await?;
     assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throughput_and_streams_read_as_json_and_pages_show_charts_times_and_durations(
+) -> TestResult {
+    let h = Harness::postgres().await;
+    let registry = registry(broken());
+    seed(&h, &registry).await?;
+    seed_stream(&h, &registry).await?;
+    let ui = Ui::start(&h, Some(TOKEN));
+    let client = reqwest::Client::new();
+    let api = format!("{}/api/v1", ui.base);
+
+    // The last hour by minute: greet/xss-1 completed and charge/c-1 failed in it.
+    let (status, hour) = get_json(&client, &format!("{api}/throughput")).await?;
+    assert_eq!(status, StatusCode::OK, "{hour}");
+    let buckets = hour["buckets"].as_array().expect("buckets");
+    assert_eq!((buckets.len(), &hour["bucket_secs"]), (60, &json!(60)));
+    let sum = |field: &str| -> u64 { buckets.iter().filter_map(|b| b[field].as_u64()).sum() };
+    // Every run that ended did so in this last hour: the counts' terminal totals.
+    let counts = h.keiro.counts().await?;
+    let total = |status: Status| -> u64 {
+        counts
+            .instances
+            .iter()
+            .filter(|c| c.status == status)
+            .map(|c| c.count)
+            .sum()
+    };
+    assert!(total(Status::Completed) >= 1);
+    assert_eq!(
+        (sum("completed"), sum("failed")),
+        (total(Status::Completed), 1),
+        "{hour}"
+    );
+    let (_, seconds) = get_json(&client, &format!("{api}/throughput?bucket=1&buckets=600")).await?;
+    assert_eq!(seconds["buckets"].as_array().map(Vec::len), Some(600));
+    for bad in [
+        "buckets=0",
+        "bucket=0",
+        "bucket=x",
+        "colour=red",
+        "buckets=1441",
+    ] {
+        let (status, body) = get_json(&client, &format!("{api}/throughput?{bad}")).await?;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
+        assert_eq!(body["error"], "filter", "{bad}: {body}");
+    }
+
+    // The stream, page by page from an offset; the instance's status says it may go on.
+    let stream = format!("{api}/instances/streamer/s-1/streams/progress");
+    let (status, page) = get_json(&client, &stream).await?;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert_eq!(
+        page["items"],
+        json!([{"offset": 0, "value": STREAM_MARKUP}])
+    );
+    assert_eq!(
+        (
+            &page["next"],
+            &page["closed"],
+            &page["ends"],
+            &page["status"]
+        ),
+        (&json!(1), &json!(false), &json!(false), &json!("suspended"))
+    );
+    let (_, empty) = get_json(&client, &format!("{stream}?from=1")).await?;
+    assert_eq!((&empty["items"], &empty["next"]), (&json!([]), &json!(1)));
+    h.keiro.deliver(("streamer", "s-1"), "go", &"two").await?;
+    drive_until(&h, &registry, "streamer", "s-1", Status::Completed).await?;
+    let (_, rest) = get_json(&client, &format!("{stream}?from=1")).await?;
+    assert_eq!(rest["items"], json!([{"offset": 1, "value": "two"}]));
+    assert_eq!(
+        (&rest["next"], &rest["closed"], &rest["ends"]),
+        (&json!(2), &json!(true), &json!(true))
+    );
+    let (status, _) = get_json(
+        &client,
+        &format!("{api}/instances/streamer/nobody/streams/progress"),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    for bad in ["?from=-1", "?from=x", "?colour=red"] {
+        let (status, body) = get_json(&client, &format!("{stream}{bad}")).await?;
+        assert_eq!(
+            (status, &body["error"]),
+            (StatusCode::BAD_REQUEST, &json!("invalid")),
+            "{bad}"
+        );
+    }
+
+    // The pages: the overview's charts (drawn by the script), instants relative with the
+    // absolute time on hover, a duration per row, the stream to follow, and the timeline.
+    let text = |path: String| {
+        let client = client.clone();
+        async move { client.get(path).send().await?.text().await }
+    };
+    let overview = text(format!("{}/", ui.base)).await?;
+    assert!(overview.contains("id=\"status-chart\""), "{overview}");
+    assert!(overview.contains("data-live=\"/api/v1/throughput?bucket=60&amp;buckets=60\""));
+    let list = text(format!("{}/instances?status=failed", ui.base)).await?;
+    assert!(list.contains("<th>took</th>"), "{list}");
+    assert!(list.contains("<td class=\"took\">"), "{list}");
+    assert!(
+        list.contains("<time datetime=\"")
+            && (list.contains(">just now</time>") || list.contains(" s ago</time>")),
+        "created moments ago, the absolute time its title: {list}"
+    );
+    let page = text(format!("{}/instances/streamer/s-1", ui.base)).await?;
+    assert!(
+        page.contains("data-follow=\"/api/v1/instances/streamer/s-1/streams/progress\""),
+        "{page}"
+    );
+    assert!(page.contains("id=\"timeline-chart\""));
+    assert!(page.contains("href=\"/instances/streamer/s-1/streams/progress\""));
+    // The stream's own page follows it too; an unknown instance's is a 404.
+    let response = client
+        .get(format!(
+            "{}/instances/streamer/s-1/streams/progress",
+            ui.base
+        ))
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::OK);
+    let stream_page = response.text().await?;
+    assert!(stream_page.contains("data-follow=\"/api/v1/instances/streamer/s-1/streams/progress\""));
+    let missing = client
+        .get(format!(
+            "{}/instances/streamer/nobody/streams/progress",
+            ui.base
+        ))
+        .send()
+        .await?;
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+
+    // Every filter stays in the URL: the form keeps the order, the page size and the filters
+    // it has no field for, and the next page's link keeps them all.
+    let since = "2020-01-01T00:00:00Z";
+    let kept = text(format!(
+        "{}/instances?status=completed&order=oldest_first&limit=1&finished_since={since}",
+        ui.base
+    ))
+    .await?;
+    assert!(
+        kept.contains("<option value=\"oldest_first\" selected>"),
+        "{kept}"
+    );
+    assert!(kept.contains("name=\"limit\" size=\"4\" placeholder=\"50\" value=\"1\""));
+    assert!(kept.contains(&format!(
+        "<input type=\"hidden\" name=\"finished_since\" value=\"{since}\">"
+    )));
+    assert!(
+        kept.contains("finished_since=2020-01-01T00%3A00%3A00Z&amp;cursor="),
+        "{kept}"
+    );
+    assert!(
+        !page.contains(STREAM_MARKUP) && page.contains("&quot;done&quot;"),
+        "{page}"
+    );
     Ok(())
 }

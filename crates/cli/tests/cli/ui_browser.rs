@@ -5,10 +5,13 @@
 //! without the token is refused, opens a parked instance's page and finds its timers,
 //! awakeable and signal wait listed (a token that is markup stays text), goes to the queues
 //! from the menu, opens a queue, follows a key to its runs, pauses the queue with the token
-//! (accepting the confirmation) and sees it paused, and saves a
-//! screenshot of the instance page: to the test's
-//! scratch directory, or to docs/ui-instance.png (shown in the README) when
-//! `KEIRO_UI_SCREENSHOT=docs` asks for the README's copy to be refreshed.
+//! (accepting the confirmation) and sees it paused; it finds the timeline drawn (a bar per
+//! step, a parked run's waits open until now), the overview's charts drawn from the API (a
+//! column per minute, a bar per status), and a stream followed live (an item written after the
+//! page loaded appears, then the stream shows closed), and saves screenshots of the overview and
+//! of an instance page: to the test's scratch directory, or to docs/ui-overview.png and
+//! docs/ui-instance.png (shown in the README) when `KEIRO_UI_SCREENSHOT=docs` asks for the
+//! README's copies to be refreshed.
 //!
 //! Skips, saying why, only when chromium or chromedriver is not installed and
 //! `KEIRO_REQUIRE_BROWSER` is unset; CI (`.ci/run`) installs both and sets it.
@@ -20,7 +23,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::ui_support::{
-    broken, registry, seed, seed_queue, seed_waits, Ui, QUEUE, TOKEN, XSS_TOKEN,
+    broken, registry, seed, seed_queue, seed_stream, seed_waits, Ui, QUEUE, STREAM_MARKUP, TOKEN,
+    XSS_TOKEN,
 };
 use fantoccini::{ClientBuilder, Locator};
 use keiro::Status;
@@ -126,6 +130,7 @@ async fn an_operator_requeues_a_failed_run_in_the_browser() -> TestResult {
     let registry = registry(broken.clone());
     seed(&h, &registry).await?;
     seed_waits(&h, &registry).await?;
+    seed_stream(&h, &registry).await?;
     seed_queue(&h).await?;
     let ui = Ui::start(&h, Some(TOKEN));
 
@@ -148,6 +153,9 @@ async fn an_operator_requeues_a_failed_run_in_the_browser() -> TestResult {
     let mut result = drive_queue(&client, &ui.base, &h).await;
     if result.is_ok() {
         result = drive(&client, &ui.base, &h, &broken).await;
+    }
+    if result.is_ok() {
+        result = drive_live(&client, &ui.base, &h).await;
     }
     let _ = client.close().await;
     worker.abort();
@@ -241,8 +249,36 @@ async fn drive(
         .await?;
     assert_eq!(refused, json!(401));
 
+    // The timeline: one bar per step row of the table, each with its tooltip.
+    let steps = client
+        .find_all(Locator::Css("#timeline tbody tr.step"))
+        .await?;
+    let bars = client
+        .find_all(Locator::Css("#timeline-chart rect.bar"))
+        .await?;
+    assert!(!steps.is_empty());
+    assert_eq!(bars.len(), steps.len(), "a bar per step");
+    let authorize = client
+        .find(Locator::Css(
+            "#timeline-chart g.lane[data-step=authorize] rect.bar title",
+        ))
+        .await?
+        .prop("textContent")
+        .await?
+        .unwrap_or_default();
+    assert!(authorize.starts_with("authorize: ran"), "{authorize}");
+
     // A parked instance lists what it waits on; its markup token ran nowhere.
     client.goto(&format!("{base}/instances/waiter/w-1")).await?;
+    // Its sleep, signal wait and awakeable are drawn open until now.
+    let open = client
+        .find_all(Locator::Css("#timeline-chart rect.open"))
+        .await?;
+    assert_eq!(
+        open.len(),
+        3,
+        "the sleep, the signal wait and the awakeable"
+    );
     let timers = client.find_all(Locator::Css("#timers tbody tr")).await?;
     assert_eq!(timers.len(), 2, "the sleep and the signal wait's timeout");
     let awakeables = client
@@ -258,18 +294,177 @@ async fn drive(
         .execute("return window.keiroPwned === undefined;", vec![])
         .await?;
     assert_eq!(pwned, json!(true));
-    client.goto(&format!("{base}/instances/charge/c-1")).await?;
+    Ok(())
+}
 
-    // The screenshot the README shows.
+/// Waits (5 s at most) until `css` matches at least `n` elements, and returns them.
+async fn wait_for_all(
+    client: &fantoccini::Client,
+    css: &str,
+    n: usize,
+) -> Result<Vec<fantoccini::elements::Element>, Box<dyn std::error::Error + Send + Sync>> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let found = client.find_all(Locator::Css(css)).await?;
+        if found.len() >= n {
+            return Ok(found);
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(format!("{} of {n} {css} after 5 s", found.len()).into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Saves a screenshot: to the test's scratch directory, or to docs/ (shown in the README)
+/// when `KEIRO_UI_SCREENSHOT=docs` asks for the README's copies to be refreshed.
+async fn screenshot(client: &fantoccini::Client, name: &str) -> TestResult {
     let png = client.screenshot().await?;
-    // A test run leaves the committed picture alone unless asked to refresh it.
     let path = if std::env::var("KEIRO_UI_SCREENSHOT").as_deref() == Ok("docs") {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/ui-instance.png")
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../docs/{name}"))
     } else {
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui-instance.png")
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(name)
     };
     std::fs::write(&path, &png)?;
     println!("saved {} ({} bytes)", path.display(), png.len());
+    Ok(())
+}
+
+/// The overview's charts drawn from the API, and a stream followed live: an item written
+/// after the page loaded appears, then the stream shows closed.
+async fn drive_live(client: &fantoccini::Client, base: &str, h: &Harness) -> TestResult {
+    client.goto(&format!("{base}/")).await?;
+    let buckets = wait_for_all(client, "#throughput-chart rect.bucket", 60).await?;
+    assert_eq!(buckets.len(), 60, "a column per minute of the last hour");
+    let ended = client
+        .find_all(Locator::Css("#throughput-chart rect.ended.completed"))
+        .await?;
+    assert!(!ended.is_empty(), "runs completed in the last hour");
+    let bars = wait_for_all(client, "#status-chart rect.status-bar", 5).await?;
+    assert_eq!(bars.len(), 5, "a bar per status");
+    let failed = client
+        .find(Locator::Css("#status-chart rect.status-bar.failed title"))
+        .await?
+        .prop("textContent")
+        .await?;
+    assert_eq!(
+        failed.as_deref(),
+        Some("failed: 0"),
+        "c-1 was requeued and completed"
+    );
+    // Refreshed live: a run that completes after the page loaded is counted without a reload.
+    let completed = |client: fantoccini::Client| async move {
+        let title = client
+            .find(Locator::Css(
+                "#status-chart rect.status-bar.completed title",
+            ))
+            .await?
+            .prop("textContent")
+            .await?
+            .unwrap_or_default();
+        let n: u64 = title.trim_start_matches("completed: ").parse()?;
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(n)
+    };
+    let before = completed(client.clone()).await?;
+    h.keiro.start("greet", "live-1", &"live").await?;
+    // The status chart (every 2 s) and the per-minute chart (every 5 s) both come to count it:
+    // every completion of this test is within the last hour.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let now = completed(client.clone()).await?;
+        let per_minute = client
+            .execute(
+                "return Array.from(document.querySelectorAll('#throughput-chart rect.bucket title'))
+                   .map(t => parseInt(t.textContent.split(': ')[1], 10)).reduce((a, b) => a + b, 0);",
+                vec![],
+            )
+            .await?
+            .as_u64()
+            .unwrap_or(0);
+        if now > before && per_minute == now {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{before} completed at load, {now} now, {per_minute} in the last hour's chart"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    screenshot(client, "ui-overview.png").await?;
+
+    // The stream: its first item, as text; a second one written after the page loaded.
+    client
+        .goto(&format!("{base}/instances/streamer/s-1"))
+        .await?;
+    let items = wait_for_all(client, ".stream .stream-items li .value", 1).await?;
+    assert_eq!(
+        items[0].prop("textContent").await?,
+        Some(serde_json::to_string(STREAM_MARKUP)?)
+    );
+    let phase = client
+        .find(Locator::Css("#events-box #events tbody tr td:last-child"))
+        .await?
+        .text()
+        .await?;
+    assert_eq!(phase, "\"started\"");
+    h.keiro.deliver(("streamer", "s-1"), "go", &"two").await?;
+    let items = wait_for_all(client, ".stream .stream-items li .value", 2).await?;
+    assert_eq!(items[1].text().await?, "\"two\"");
+    wait_for_all(client, ".stream[data-ended=true]", 1).await?;
+    assert_eq!(
+        client
+            .find(Locator::Css(".stream .stream-state"))
+            .await?
+            .text()
+            .await?,
+        "closed"
+    );
+    let pwned = client
+        .execute("return window.keiroPwned === undefined;", vec![])
+        .await?;
+    assert_eq!(pwned, json!(true));
+    // Its event's latest value, refreshed without a reload; then the refresh stops.
+    wait_for_all(client, "#events-box[data-terminal=true]", 1).await?;
+    let phase = client
+        .find(Locator::Css("#events-box #events tbody tr td:last-child"))
+        .await?
+        .text()
+        .await?;
+    assert_eq!(phase, "\"done\"");
+
+    // Completed: its timeline draws a bar per step; the README shows this page.
+    client
+        .goto(&format!("{base}/instances/streamer/s-1"))
+        .await?;
+    wait_for_all(client, ".stream[data-ended=true]", 1).await?;
+    let steps = client
+        .find_all(Locator::Css("#timeline tbody tr.step"))
+        .await?;
+    let bars = client
+        .find_all(Locator::Css("#timeline-chart rect.bar"))
+        .await?;
+    assert_eq!(bars.len(), steps.len());
+    assert!(!client
+        .find_all(Locator::Css("#timeline-chart rect.parked.await"))
+        .await?
+        .is_empty());
+    // The failed first attempt of its retried step: a bar and a tick on the step's lane.
+    let fetch = client
+        .find_all(Locator::Css(
+            "#timeline-chart g.lane[data-step=fetch] rect.bar",
+        ))
+        .await?;
+    assert_eq!(fetch.len(), 2, "the failed attempt and the success");
+    assert_eq!(
+        client
+            .find_all(Locator::Css(
+                "#timeline-chart g.lane[data-step=fetch] line.tick"
+            ))
+            .await?
+            .len(),
+        1
+    );
+    screenshot(client, "ui-instance.png").await?;
     Ok(())
 }
 

@@ -28,8 +28,12 @@ use crate::{
 };
 
 mod cursor;
+mod throughput;
 
 pub use cursor::Cursor;
+pub use throughput::{
+    TerminalCount, Throughput, ThroughputRequest, THROUGHPUT_BUCKETS_MAX, THROUGHPUT_BUCKET_MAX,
+};
 
 /// Rows a page holds when the request does not say. Defaults to 50.
 pub const LIST_LIMIT_DEFAULT: u32 = 50;
@@ -665,6 +669,10 @@ pub trait InspectStore: Send + Sync + fmt::Debug + 'static {
 
     /// The counts, with timers due at `now` (`None`: the store's clock).
     async fn instances_counts(&self, now: Option<OffsetDateTime>) -> Result<Counts>;
+
+    /// The instances that went terminal in each bucket of `request` (already validated by the
+    /// caller), by `completed_at`, read over the terminal index (`workflows_terminal_idx`).
+    async fn instances_throughput(&self, request: &ThroughputRequest) -> Result<Throughput>;
 
     /// The timers, awakeables and pending signal waits of `key`, up to `limit` of each kind
     /// (1 to [`LIST_LIMIT_MAX`], checked by the caller), newest first; empty for an unknown

@@ -20,6 +20,9 @@ pub use crate::backoff::{stretched, unit_random};
 pub use crate::ctx::run_store;
 pub use crate::ctx::transaction::{LeaseHeld, SelfJournalError, SelfJournaled, StepJournal};
 pub use crate::faults::Faults;
+pub use crate::inspect::{
+    TerminalCount, Throughput, ThroughputRequest, THROUGHPUT_BUCKETS_MAX, THROUGHPUT_BUCKET_MAX,
+};
 pub use crate::model::budget::encoded_len;
 pub use crate::model::event::{
     logical_step, marker_name, revised_step, step_revision, EncodedEvent, MalformedEvent,

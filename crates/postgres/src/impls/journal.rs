@@ -20,6 +20,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::ops as op;
+use crate::ops::message::MessageWrite;
 use crate::PgStore;
 
 #[async_trait::async_trait]
@@ -306,29 +307,22 @@ impl JournalStore for PgStore {
 
     async fn event_set(&self, append: &Append, key: &str) -> Result<AppendOutcome> {
         let span = store_span!("event_set", key = append.key, keiro.workflow.step = %append.event.step_name());
-        let outcome = traced(span, op::message::event_set(self.db(), append, key)).await?;
-        if outcome == AppendOutcome::Appended {
-            self.messages_here(&append.key);
-        }
-        Ok(outcome)
+        let write = MessageWrite::Event(key.to_owned());
+        let outcome = traced(span, self.message_write(append, write)).await?;
+        append_of_message(outcome, append)
     }
 
     async fn stream_write(&self, append: &Append, write: &StreamWrite) -> Result<StreamOutcome> {
         let span = store_span!("stream_write", key = append.key, keiro.workflow.step = %append.event.step_name());
-        let outcome = traced(span, op::message::stream_write(self.db(), append, write)).await?;
-        if outcome == StreamOutcome::Append(AppendOutcome::Appended) {
-            self.messages_here(&append.key);
-        }
-        Ok(outcome)
+        let write = MessageWrite::Stream(write.clone());
+        traced(span, self.message_write(append, write)).await
     }
 
     async fn stream_close(&self, append: &Append, key: &str) -> Result<AppendOutcome> {
         let span = store_span!("stream_close", key = append.key, keiro.workflow.step = %append.event.step_name());
-        let outcome = traced(span, op::message::stream_close(self.db(), append, key)).await?;
-        if outcome == AppendOutcome::Appended {
-            self.messages_here(&append.key);
-        }
-        Ok(outcome)
+        let write = MessageWrite::Close(key.to_owned());
+        let outcome = traced(span, self.message_write(append, write)).await?;
+        append_of_message(outcome, append)
     }
 
     async fn update_send(
@@ -397,5 +391,34 @@ impl JournalStore for PgStore {
             self.lanes().instance_park_dispatch(self.db(), park, arms),
         )
         .await
+    }
+}
+
+impl PgStore {
+    /// An event or stream write through the message lane; once it is appended, this process's
+    /// readers of the instance are woken (readers elsewhere hear the `msg:` payload, when the
+    /// instance is watched).
+    async fn message_write(&self, append: &Append, write: MessageWrite) -> Result<StreamOutcome> {
+        let outcome = self.lanes().message_write(self.db(), append, write).await?;
+        if outcome == StreamOutcome::Append(AppendOutcome::Appended) {
+            self.messages_here(&append.key);
+        }
+        Ok(outcome)
+    }
+}
+
+/// The append outcome of an event's or a close's write, which has no stream refusal.
+fn append_of_message(outcome: StreamOutcome, append: &Append) -> Result<AppendOutcome> {
+    match outcome {
+        StreamOutcome::Append(outcome) => Ok(outcome),
+        other => Err(keiro_journal::StoreError::Database {
+            operation: op::message::MESSAGES_WRITE,
+            retryable: false,
+            source: format!(
+                "{}: a stream refusal ({other:?}) answered a write that is not a stream item",
+                append.key
+            )
+            .into(),
+        }),
     }
 }

@@ -5,7 +5,9 @@
 
 use std::sync::Arc;
 
-use keiro_journal::store::{Append, AppendOutcome, ClosingOutcome, Park, ParkOutcome, Result};
+use keiro_journal::store::{
+    Append, AppendOutcome, ClosingOutcome, Park, ParkOutcome, Result, StreamOutcome,
+};
 use keiro_journal::{
     batch::BatchLimits, store::RemoteArm, store::RemoteArmOutcome, store::StartRequest, Instance,
     InstanceKey, Started,
@@ -14,10 +16,12 @@ use keiro_lease::StartClaim;
 
 use crate::db::Db;
 use crate::ops::lease::StartClaimed;
+use crate::ops::message::MessageWrite;
 
 mod append;
 mod awaited;
 mod lane;
+mod message;
 mod park;
 mod read;
 mod start;
@@ -41,6 +45,8 @@ pub struct BatchStats {
     pub reads: LaneStats,
     /// Result waiters' marks of their instances as awaited.
     pub awaited_marks: LaneStats,
+    /// Event and stream writes (`keiro_messages_write`).
+    pub messages: LaneStats,
 }
 
 impl BatchStats {
@@ -54,6 +60,7 @@ impl BatchStats {
             parks: self.parks.since(&earlier.parks),
             reads: self.reads.since(&earlier.reads),
             awaited_marks: self.awaited_marks.since(&earlier.awaited_marks),
+            messages: self.messages.since(&earlier.messages),
         }
     }
 }
@@ -72,6 +79,8 @@ pub(crate) struct Lanes {
     reads: Lane<read::ReadRequest>,
     /// Result waiters' awaited marks.
     awaited_marks: Lane<awaited::MarkRequest>,
+    /// Event and stream writes (`keiro_messages_write`).
+    messages: Lane<message::MessageRequest>,
 }
 
 impl Lanes {
@@ -84,6 +93,7 @@ impl Lanes {
             direct_starts: Lane::new(batching, limits),
             reads: Lane::new(batching, limits),
             awaited_marks: Lane::new(batching, limits),
+            messages: Lane::new(batching, limits),
         }
     }
 
@@ -101,6 +111,7 @@ impl Lanes {
             parks: self.parks.stats(),
             reads: self.reads.stats(),
             awaited_marks: self.awaited_marks.stats(),
+            messages: self.messages.stats(),
         }
     }
 
@@ -194,5 +205,16 @@ impl Lanes {
         self.awaited_marks
             .call(db, awaited::MarkRequest(key.clone()))
             .await
+    }
+
+    /// An event or stream write through the message lane. An event's or a close's outcome is
+    /// a [`StreamOutcome::Append`].
+    pub(crate) async fn message_write(
+        &self,
+        db: &Arc<Db>,
+        append: &Append,
+        write: MessageWrite,
+    ) -> Result<StreamOutcome> {
+        message::message_write(&self.messages, db, append, write).await
     }
 }

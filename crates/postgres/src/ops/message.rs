@@ -16,9 +16,12 @@ use keiro_journal::InstanceKey;
 use serde_json::Value;
 use time::OffsetDateTime;
 
+use tokio_postgres::Row;
+
 use crate::db::Db;
 use crate::ops::journal::{append_outcome, encoded_step, AppendArgs};
-use crate::row::{self, column, count, malformed};
+use crate::ops::span_ms;
+use crate::row::{self, column, count, in_batch_order, malformed};
 
 const EVENT_SET: &str = "setting an event";
 const STREAM_WRITE: &str = "writing to a stream";
@@ -62,16 +65,167 @@ pub(crate) async fn stream_write(
     let row = db
         .query_one(STREAM_WRITE, KEIRO_STREAM_WRITE, &params)
         .await?;
-    let outcome: String = column(&row, "outcome", STREAM_WRITE)?;
+    stream_outcome(&row, STREAM_WRITE, append)
+}
+
+/// Reads a stream write's `outcome, recorded, marker, stream_items, stream_bytes`.
+fn stream_outcome(row: &Row, operation: &'static str, append: &Append) -> Result<StreamOutcome> {
+    let outcome: String = column(row, "outcome", operation)?;
     match outcome.as_str() {
         "stream_closed" => Ok(StreamOutcome::Closed),
         "stream_full" => Ok(StreamOutcome::Full {
-            items: count(&row, "stream_items", STREAM_WRITE)?,
-            bytes: count(&row, "stream_bytes", STREAM_WRITE)?,
+            items: count(row, "stream_items", operation)?,
+            bytes: count(row, "stream_bytes", operation)?,
         }),
-        _ => append_outcome(&row, STREAM_WRITE, &append.key, append.fence.as_ref())
+        _ => append_outcome(row, operation, &append.key, append.fence.as_ref())
             .map(StreamOutcome::Append),
     }
+}
+
+/// A write of an event or a stream, as the message lane carries it: which of
+/// `keiro_event_set`, `keiro_stream_write` and `keiro_stream_close` runs it, with its own
+/// arguments after the append's.
+#[derive(Debug, Clone)]
+pub(crate) enum MessageWrite {
+    /// `keiro_event_set` of this event key.
+    Event(String),
+    /// `keiro_stream_write` with these bounds.
+    Stream(StreamWrite),
+    /// `keiro_stream_close` of this stream key.
+    Close(String),
+}
+
+impl MessageWrite {
+    /// The event's or the stream's key.
+    fn key(&self) -> &str {
+        match self {
+            Self::Event(key) | Self::Close(key) => key,
+            Self::Stream(write) => &write.key,
+        }
+    }
+
+    /// The `p_ops` value of `keiro_messages_write`.
+    fn op(&self) -> &'static str {
+        match self {
+            Self::Event(_) => "event",
+            Self::Stream(_) => "stream",
+            Self::Close(_) => "close",
+        }
+    }
+
+    /// The operation, for errors.
+    pub(crate) fn operation(&self) -> &'static str {
+        match self {
+            Self::Event(_) => EVENT_SET,
+            Self::Stream(_) => STREAM_WRITE,
+            Self::Close(_) => STREAM_CLOSE,
+        }
+    }
+}
+
+/// One write alone: its own function. An event's or a close's outcome is an
+/// [`StreamOutcome::Append`].
+pub(crate) async fn message_write(
+    db: &Db,
+    append: &Append,
+    write: &MessageWrite,
+) -> Result<StreamOutcome> {
+    match write {
+        MessageWrite::Event(key) => event_set(db, append, key).await.map(StreamOutcome::Append),
+        MessageWrite::Stream(write) => stream_write(db, append, write).await,
+        MessageWrite::Close(key) => stream_close(db, append, key)
+            .await
+            .map(StreamOutcome::Append),
+    }
+}
+
+/// The operation of a batch of message writes, for errors.
+pub(crate) const MESSAGES_WRITE: &str = "writing events and streams";
+
+const KEIRO_MESSAGES_WRITE: &str =
+    "SELECT n, outcome, recorded, marker, stream_items, stream_bytes \
+     FROM keiro_messages_write($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
+
+/// Writes of several runs in one statement and one transaction: `keiro_messages_write`,
+/// answered request by request in the order given; `None` for a request whose instance row
+/// another transaction held (sent alone by the caller).
+pub(crate) async fn messages_write(
+    db: &Db,
+    writes: &[(&Append, &MessageWrite)],
+) -> Result<Vec<Option<Result<StreamOutcome>>>> {
+    let mut encoded = Vec::with_capacity(writes.len());
+    for (append, write) in writes {
+        encoded.push(encoded_step(append, write.operation())?);
+    }
+    let ops: Vec<&str> = writes.iter().map(|(_, w)| w.op()).collect();
+    let names: Vec<&str> = writes.iter().map(|(a, _)| a.key.name.as_str()).collect();
+    let ids: Vec<&str> = writes.iter().map(|(a, _)| a.key.id.as_str()).collect();
+    let generations: Vec<Option<i32>> = writes.iter().map(|(a, _)| a.generation).collect();
+    let steps: Vec<&str> = encoded.iter().map(|e| e.step_name.as_str()).collect();
+    let kinds: Vec<&str> = encoded.iter().map(|e| e.kind).collect();
+    let payloads: Vec<&Value> = encoded.iter().map(|e| &e.payload).collect();
+    let owners: Vec<Option<&str>> = writes
+        .iter()
+        .map(|(a, _)| a.fence.as_ref().map(|f| f.owner.as_str()))
+        .collect();
+    let epochs: Vec<Option<i64>> = writes
+        .iter()
+        .map(|(a, _)| a.fence.as_ref().map(|f| f.epoch))
+        .collect();
+    let renew_ms: Vec<Option<i64>> = writes.iter().map(|(a, _)| a.renew.map(span_ms)).collect();
+    let keys: Vec<&str> = writes.iter().map(|(_, w)| w.key()).collect();
+    let bound = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    let stream = |f: fn(&StreamWrite) -> u64| -> Vec<Option<i64>> {
+        writes
+            .iter()
+            .map(|(_, w)| match w {
+                MessageWrite::Stream(s) => Some(bound(f(s))),
+                _ => None,
+            })
+            .collect()
+    };
+    let items_max = stream(|s| s.items_max);
+    let bytes_max = stream(|s| s.bytes_max);
+    let lens: Vec<Option<i64>> = writes
+        .iter()
+        .zip(&encoded)
+        .map(|((_, w), e)| {
+            matches!(w, MessageWrite::Stream(_))
+                .then(|| i64::try_from(encoded_len(&e.payload)).unwrap_or(i64::MAX))
+        })
+        .collect();
+    let rows = db
+        .query(
+            MESSAGES_WRITE,
+            KEIRO_MESSAGES_WRITE,
+            &[
+                &ops,
+                &names,
+                &ids,
+                &generations,
+                &steps,
+                &kinds,
+                &payloads,
+                &owners,
+                &epochs,
+                &renew_ms,
+                &keys,
+                &lens,
+                &items_max,
+                &bytes_max,
+            ],
+        )
+        .await?;
+    Ok(in_batch_order(
+        &rows,
+        writes.len(),
+        MESSAGES_WRITE,
+        "n",
+        |row, i| match column::<String>(row, "outcome", MESSAGES_WRITE) {
+            Ok(outcome) if outcome == "busy" => None,
+            _ => Some(stream_outcome(row, writes[i].1.operation(), writes[i].0)),
+        },
+    ))
 }
 
 const KEIRO_STREAM_CLOSE: &str = "SELECT outcome, recorded, marker \

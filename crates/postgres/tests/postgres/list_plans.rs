@@ -1,11 +1,13 @@
 //! Every list query shape the CLI offers is served by indexes (migrations 0015 and 0020): on 100,000
 //! instances and 20,000 remote tasks, analyzed, the planner's own choice for each combination
 //! of filters, with and without a cursor, in both orders, has no sequential scan. Retention's
-//! batch query is checked the same way.
+//! batch query and the overview's throughput are checked the same way.
 
 use crate::common::TestResult;
 use keiro_journal::{Cursor, InstanceKey, ListOrder, ListRequest, Status};
-use keiro_postgres::{plans::ListStatement, plans::INSTANCES_GC_CANDIDATES};
+use keiro_postgres::{
+    plans::ListStatement, plans::INSTANCES_GC_CANDIDATES, plans::INSTANCES_THROUGHPUT,
+};
 use keiro_tests::pg::TestDb;
 use time::{Duration, OffsetDateTime};
 
@@ -147,6 +149,28 @@ async fn no_list_query_shape_scans_a_table_sequentially() -> TestResult {
         assert!(!plan.contains("Seq Scan"), "{plan}");
         assert!(plan.contains("workflows_terminal_idx"), "{plan}");
     }
+
+    // The overview's throughput reads one range of the same partial index: the last hour by
+    // minute, and a day by hour.
+    for (secs, buckets) in [(60_i64, 60_i64), (3600, 24)] {
+        let rows = client
+            .query(
+                &format!("EXPLAIN (FORMAT JSON) {INSTANCES_THROUGHPUT}"),
+                &[&None::<OffsetDateTime>, &secs, &buckets],
+            )
+            .await?;
+        let plan: serde_json::Value = rows[0].get(0);
+        let plan = plan.to_string();
+        assert!(!plan.contains("Seq Scan"), "{plan}");
+        assert!(plan.contains("workflows_terminal_idx"), "{plan}");
+    }
+    // One instance ends every 25 seconds, 85% of them terminal (the statuses above): a day by
+    // hour counts about 122 an hour.
+    let rows = client
+        .query(INSTANCES_THROUGHPUT, &[&Some(now), &3600_i64, &24_i64])
+        .await?;
+    let total: i64 = rows.iter().map(|row| row.get::<_, i64>("c")).sum();
+    assert!(total > 24 * 100 && total <= 24 * 145, "{total}");
 
     // Sanity: the queries return what they say on this data.
     let mut request = ListRequest::default();

@@ -21,6 +21,7 @@ mod journal_append;
 mod list_plans;
 mod listen_health;
 mod malformed_rows;
+mod message_batch;
 mod message_notify;
 mod migrations_checksum;
 mod migrations_idempotent;

@@ -164,3 +164,52 @@ async fn an_update_answer_notifies_a_watched_instance() -> TestResult {
     );
     Ok(())
 }
+
+/// A caller waiting for an event's value elsewhere (`Keiro::get_event`) marks the instance
+/// watched after 50 ms without a wake from its own process, not after the second a stream's
+/// reader gives its run: its first wait of 150 ms ends with the mark, where a stream reader's
+/// times out; the run's next write then notifies it.
+#[tokio::test]
+async fn an_event_waiter_elsewhere_marks_its_instance_within_its_first_wait() -> TestResult {
+    let db = TestDb::new().await;
+    let store = db.store();
+    for id in ["o-1", "o-2"] {
+        store
+            .instance_start(&start(&key("order", id), json!(null)))
+            .await?;
+    }
+    let mut listener = Listener::on(&store).await?;
+    let channel = store.wake_channel().to_owned();
+    let other = PgStore::connect(db.config()).await?;
+
+    // A stream's reader first, to have the other store's listener connected (its first wake
+    // is the connection's) before the event waiter subscribes.
+    let mut stream_reader = other.subscribe_messages(&key("order", "o-2"));
+    while stream_reader.wait(QUIET).await != WakeReason::Timeout {}
+
+    let mut waiter = other.subscribe_event(&key("order", "o-1"));
+    assert_eq!(waiter.wait(QUIET).await, WakeReason::Notified);
+    let watched: bool = crate::common::sql(&store)
+        .await?
+        .query_one(
+            "SELECT watched FROM workflows WHERE workflow_name = 'order' AND workflow_id = 'o-1'",
+            &[],
+        )
+        .await?
+        .get(0);
+    assert!(watched, "the waiter's first wait marked its instance");
+    let set = write("o-1", "event:stage#1", StepKind::Event, json!("paid"));
+    assert_eq!(
+        store.event_set(&set, "stage").await?,
+        AppendOutcome::Appended
+    );
+    assert_eq!(
+        listener.drain(QUIET).await,
+        vec![(channel.clone(), "msg:order/o-1".to_owned())]
+    );
+    assert_eq!(
+        waiter.wait(Duration::from_secs(30)).await,
+        WakeReason::Notified
+    );
+    Ok(())
+}

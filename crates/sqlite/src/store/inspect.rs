@@ -1,7 +1,8 @@
-//! [`SqliteStore`]'s operators' reads (`InspectStore`): a page of instances, the counts and one
-//! instance's waits, each from one snapshot of a read connection.
+//! [`SqliteStore`]'s operators' reads (`InspectStore`): a page of instances, the counts, the
+//! terminal instances per time bucket and one instance's waits, each from one snapshot of a
+//! read connection.
 
-use keiro_journal::store::Result;
+use keiro_journal::store::{Result, Throughput, ThroughputRequest};
 use keiro_journal::{Counts, InstanceKey, ListRequest, Page, Waits};
 use time::OffsetDateTime;
 
@@ -11,6 +12,7 @@ use super::SqliteStore;
 
 const LIST: &str = "listing instances";
 const COUNTS: &str = "counting instances";
+const THROUGHPUT: &str = "counting terminal instances by time";
 const WAITS: &str = "reading an instance's waits";
 
 impl SqliteStore {
@@ -36,6 +38,20 @@ impl SqliteStore {
     pub async fn instances_counts(&self, now: Option<OffsetDateTime>) -> Result<Counts> {
         self.read(COUNTS, move |conn, clock| {
             inspect::instances_counts(conn, now.unwrap_or(clock))
+        })
+        .await
+    }
+
+    /// The instances that went terminal in each bucket of `request`, the last bucket holding
+    /// its `until` (the store's clock when `None`) (`InspectStore::instances_throughput`).
+    ///
+    /// # Errors
+    ///
+    /// `Malformed` for a status keiro cannot read.
+    pub async fn instances_throughput(&self, request: &ThroughputRequest) -> Result<Throughput> {
+        let request = *request;
+        self.read(THROUGHPUT, move |conn, clock| {
+            inspect::instances_throughput(conn, &request, request.until.unwrap_or(clock))
         })
         .await
     }

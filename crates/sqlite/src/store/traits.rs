@@ -641,6 +641,17 @@ impl InspectStore for SqliteStore {
         .await
     }
 
+    async fn instances_throughput(
+        &self,
+        request: &keiro_journal::store::ThroughputRequest,
+    ) -> Result<keiro_journal::store::Throughput> {
+        traced(
+            store_span!("instances_throughput"),
+            SqliteStore::instances_throughput(self, request),
+        )
+        .await
+    }
+
     async fn instance_waits(&self, key: &InstanceKey, limit: u32) -> Result<Waits> {
         traced(
             store_span!("instance_waits", key = key),

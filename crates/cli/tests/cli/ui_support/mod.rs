@@ -19,10 +19,15 @@ pub(crate) const XSS: &str =
 /// A signal token that is markup: the instance page shows it in its signal waits and timers.
 pub(crate) const XSS_TOKEN: &str = "<script>window.keiroPwned=3</script>";
 
+/// The first item `streamer` writes: markup, which the page shows as text.
+pub(crate) const STREAM_MARKUP: &str = "one <img src=x onerror=\"window.keiroPwned=4\">";
+
 /// The workflows the seed runs: `greet` completes with [`XSS`] in its output; `charge` fails
 /// for good while `broken` is set and completes once it is cleared (so a requeue succeeds);
 /// `waiter` parks on a sleep, a signal wait (with a timeout) on its input token and an
-/// awakeable at once; `family` runs one `greet` child to completion.
+/// awakeable at once; `family` runs one `greet` child to completion; `streamer` sets its
+/// `phase` event, runs a step that fails its first attempt, writes [`STREAM_MARKUP`] to its `progress` stream and waits for the value
+/// delivered to its `go` step, which it writes next before closing the stream.
 pub(crate) fn registry(broken: Arc<AtomicBool>) -> Registry {
     let mut registry = Registry::new();
     registry
@@ -58,6 +63,32 @@ pub(crate) fn registry(broken: Arc<AtomicBool>) -> Registry {
             Ok::<_, WorkflowError>(format!("{} {}", poke?, approved?))
         })
         .expect("registering waiter");
+    registry
+        .register("streamer", |ctx: Ctx, (): ()| async move {
+            ctx.set_event("phase", &"started").await?;
+            // Fails its first attempt: the timeline ticks it on the step's lane.
+            let retry = keiro::StepOptions::new(3).initial_interval(Duration::from_millis(100));
+            let mut tries = 0;
+            ctx.step_with("fetch", &retry, || {
+                tries += 1;
+                let attempt = tries;
+                async move {
+                    if attempt == 1 {
+                        Err("upstream timed out".to_owned())
+                    } else {
+                        Ok(attempt)
+                    }
+                }
+            })
+            .await?;
+            ctx.write_stream("progress", &STREAM_MARKUP).await?;
+            let more: String = ctx.await_step("go").await?;
+            ctx.write_stream("progress", &more).await?;
+            ctx.close_stream("progress").await?;
+            ctx.set_event("phase", &"done").await?;
+            Ok::<_, WorkflowError>(2)
+        })
+        .expect("registering streamer");
     registry
         .register("family", |ctx: Ctx, (): ()| async move {
             ctx.child::<_, String>("greet", "kid-1", &"kid").await
@@ -103,6 +134,12 @@ pub(crate) async fn seed_waits(h: &Harness, registry: &Registry) -> TestResult {
     drive_until(h, registry, "waiter", "w-1", Status::Suspended).await?;
     drive_until(h, registry, "family", "f-1", Status::Completed).await?;
     Ok(())
+}
+
+/// Seeds `streamer/s-1`, suspended on its `go` step with one item in its open stream.
+pub(crate) async fn seed_stream(h: &Harness, registry: &Registry) -> TestResult {
+    h.keiro.start("streamer", "s-1", &()).await?;
+    drive_until(h, registry, "streamer", "s-1", Status::Suspended).await
 }
 
 /// The queue [`seed_queue`] declares: 2 runs at once, 1 per key, 100 starts a minute; a
