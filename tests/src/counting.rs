@@ -246,6 +246,33 @@ impl JournalStore for CountingStore {
         self.count("stream_close");
         self.inner.stream_close(append, key).await
     }
+    async fn update_send(
+        &self,
+        send: &keiro_journal::update::UpdateSend,
+    ) -> Result<keiro_journal::update::UpdateSendOutcome> {
+        self.count("update_send");
+        self.inner.update_send(send).await
+    }
+    async fn update_answer(
+        &self,
+        append: &Append,
+        answer: &keiro_journal::update::UpdateAnswer,
+    ) -> Result<keiro_journal::update::UpdateAnswerOutcome> {
+        self.count("update_answer");
+        self.inner.update_answer(append, answer).await
+    }
+    async fn signal_with_start(
+        &self,
+        start: &keiro_journal::store::StartRequest,
+        token: &str,
+        payload: &serde_json::Value,
+        options: &keiro_journal::SignalOptions,
+    ) -> Result<keiro_journal::update::SignalStarted> {
+        self.count("signal_with_start");
+        self.inner
+            .signal_with_start(start, token, payload, options)
+            .await
+    }
     async fn awakeable_create(&self, append: &Append, id: Uuid) -> Result<AppendOutcome> {
         self.count("awakeable_create");
         self.inner.awakeable_create(append, id).await

@@ -48,6 +48,7 @@ mod schedule;
 mod stream;
 mod timeline;
 mod ui;
+mod update;
 mod versions;
 
 use std::process::ExitCode;
@@ -97,6 +98,8 @@ enum Command {
     RetryWithInput(ops::RetryArgs),
     /// Print a workflow's stream, one JSON line per item; `--follow` follows it live.
     Stream(stream::StreamArgs),
+    /// Send an update to a running workflow and print its answer (JSON).
+    Update(update::UpdateArgs),
     /// Operate schedules: list, pause, resume, trigger.
     #[command(subcommand)]
     Schedule(schedule::ScheduleCommand),
@@ -169,6 +172,7 @@ fn main() -> ExitCode {
             Command::Redispatch(key) => ops::redispatch(&global, &key).await,
             Command::RetryWithInput(args) => ops::retry_with_input(&global, &args).await,
             Command::Stream(args) => stream::run(&global, &args).await,
+            Command::Update(args) => update::run(&global, &args).await,
             Command::Schedule(command) => schedule::run(&global, &command).await,
             Command::Queue(command) => queue::run(&global, &command).await,
             Command::Versions(args) => versions::run(&global, &args).await,

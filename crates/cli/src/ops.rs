@@ -69,6 +69,10 @@ pub(crate) async fn show(global: &Global, key: &KeyArgs) -> Result<Outcome> {
         .messages(key)
         .await
         .context(format!("reading the events and streams of {what}"))?;
+    let updates = keiro
+        .updates(key)
+        .await
+        .context(format!("reading the updates of {what}"))?;
     let tasks = keiro
         .remote_tasks(key)
         .await
@@ -89,6 +93,7 @@ pub(crate) async fn show(global: &Global, key: &KeyArgs) -> Result<Outcome> {
     crate::timeline::print(&instance, &journal);
     print_waits(&waits);
     print_messages(&messages);
+    print_updates(&updates);
     print_tasks(&tasks);
     print_children(&children.instances, children.next_cursor.is_some());
     Ok(Outcome::Success)
@@ -120,6 +125,29 @@ fn print_messages(messages: &Messages) {
             stream.bytes,
             if stream.closed { "closed" } else { "open  " },
             timestamp(Some(stream.updated_at)),
+        );
+    }
+}
+
+/// The updates sent to the run, with their state and answer.
+fn print_updates(updates: &[keiro::workflow::UpdateRecord]) {
+    use keiro::workflow::UpdateState;
+    if !updates.is_empty() {
+        println!("updates {}", updates.len());
+    }
+    for update in updates {
+        let state = match &update.state {
+            UpdateState::Requested => "requested".to_owned(),
+            UpdateState::Replied(reply) => format!("replied {reply}"),
+            UpdateState::Rejected(message) => format!("rejected: {message}"),
+            UpdateState::Unanswered(status) => format!("unanswered (run {status})"),
+        };
+        println!(
+            "  {:<24} {:<16} sent {}  {}  {state}",
+            update.id,
+            update.name,
+            timestamp(Some(update.requested_at)),
+            update.request,
         );
     }
 }

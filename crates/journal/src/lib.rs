@@ -74,6 +74,15 @@ pub mod message {
         STREAM_GENERATION_ITEMS_MAX_DEFAULT, STREAM_ITEMS_MAX_DEFAULT,
     };
 }
+/// Updates: a caller's request into a running run, answered once (plain data).
+pub mod update {
+    pub use crate::model::update::{
+        update_state, update_token, validate_update_id, validate_update_name, SignalStarted,
+        Update, UpdateAnswer, UpdateRead, UpdateRecord, UpdateSend, UpdateSendOutcome, UpdateState,
+        UPDATE_STEP_PREFIX,
+    };
+    pub use crate::store::contract::UpdateAnswerOutcome;
+}
 mod store_span;
 mod unwind;
 mod workflow;

@@ -63,6 +63,58 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
+    /// An update was refused, nothing sent: the run has ended, with this status.
+    #[error("{key} has ended ({status}): it takes no update")]
+    RunFinished {
+        /// The instance.
+        key: keiro_journal::InstanceKey,
+        /// How it ended.
+        status: keiro_journal::Status,
+    },
+    /// An update was refused, nothing sent: its id is taken by another update of the instance
+    /// (another name or request).
+    #[error("update id {id:?} of {key} is taken by another update")]
+    UpdateConflict {
+        /// The instance.
+        key: keiro_journal::InstanceKey,
+        /// The update id.
+        id: String,
+    },
+    /// The body rejected the update (`ctx.reject`), with this message.
+    #[error("update {update:?} ({id}) of {key} was rejected: {message}")]
+    UpdateRejected {
+        /// The instance.
+        key: keiro_journal::InstanceKey,
+        /// The update's name.
+        update: String,
+        /// Its id.
+        id: String,
+        /// The body's message.
+        message: String,
+    },
+    /// The run ended (with this status) without answering the update.
+    #[error("update {update:?} ({id}) of {key} was not answered: the run is {status}")]
+    UpdateUnanswered {
+        /// The instance.
+        key: keiro_journal::InstanceKey,
+        /// The update's name.
+        update: String,
+        /// Its id.
+        id: String,
+        /// How the run ended.
+        status: keiro_journal::Status,
+    },
+    /// No answer came within the caller's timeout. The update stays: the run may still answer
+    /// it, and a call with the same update id gets that answer.
+    #[error("update {update:?} ({id}) of {key} was not answered in time")]
+    UpdateTimeout {
+        /// The instance.
+        key: keiro_journal::InstanceKey,
+        /// The update's name.
+        update: String,
+        /// Its id, for a retry.
+        id: String,
+    },
     /// The store does not offer this capability.
     #[error("the store does not support {what}")]
     Unsupported {

@@ -112,6 +112,7 @@ pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod typed;
+mod updates;
 pub mod versions;
 pub mod worker;
 pub mod workflow;

@@ -174,7 +174,7 @@ impl Keiro {
         )
     }
 
-    fn messages_store(&self) -> Result<Arc<dyn InspectStore>, Error> {
+    pub(crate) fn messages_store(&self) -> Result<Arc<dyn InspectStore>, Error> {
         self.operate
             .as_ref()
             .map(|operate| operate.inspect.clone())

@@ -25,6 +25,9 @@ pub use keiro_journal::{
 pub use keiro_lease::ResurrectOutcome;
 pub use keiro_remote::{AdminError, RequeueOutcome};
 
+/// How many updates [`Keiro::updates`] lists at most: 1,000.
+pub const UPDATES_LISTED: u32 = 1000;
+
 impl Keiro {
     fn operate(&self) -> Result<&Operate, Error> {
         self.operate.as_ref().ok_or(Error::Unsupported {
@@ -177,6 +180,36 @@ impl Keiro {
     pub async fn messages(&self, key: impl IntoInstanceKey) -> Result<Messages, Error> {
         let key = key.into_instance_key()?;
         Ok(self.operate()?.inspect.instance_messages(&key).await?)
+    }
+
+    /// The updates sent to an instance, oldest first, at most [`UPDATES_LISTED`]: each one's
+    /// id, name, request, state (requested, replied, rejected, unanswered) and times; empty
+    /// for an unknown instance.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::temporary()?;
+    /// assert!(keiro.updates(("order", "order-1")).await?.is_empty());
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidId`], [`Error::Store`], [`Error::Unsupported`] for a store wrapped with
+    /// `KeiroBuilder::lease_only`.
+    pub async fn updates(
+        &self,
+        key: impl IntoInstanceKey,
+    ) -> Result<Vec<keiro_journal::update::UpdateRecord>, Error> {
+        let key = key.into_instance_key()?;
+        Ok(self
+            .operate()?
+            .inspect
+            .instance_updates(&key, UPDATES_LISTED)
+            .await?)
     }
 
     /// One page of a stream from offset `from` (at most 256 items), with whether it is closed

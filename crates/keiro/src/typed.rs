@@ -353,6 +353,33 @@ impl<W: WorkflowDef> Handle<W> {
         self.keiro.get_event(&self.key, event, timeout).await
     }
 
+    /// Sends update `name` with `request` to the instance and waits up to `timeout` for the
+    /// body's answer ([`Keiro::update`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Keiro::update`].
+    pub async fn update<R: Serialize + ?Sized, T: DeserializeOwned>(
+        &self,
+        name: &str,
+        request: &R,
+        timeout: Duration,
+    ) -> Result<T, Error> {
+        self.keiro.update(&self.key, name, request, timeout).await
+    }
+
+    /// Sends `call` to the instance and waits for the answer ([`Keiro::update_with`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Keiro::update_with`].
+    pub async fn update_with<R: Serialize + ?Sized, T: DeserializeOwned>(
+        &self,
+        call: crate::workflow::UpdateCall<'_, R>,
+    ) -> Result<T, Error> {
+        self.keiro.update_with(&self.key, call).await
+    }
+
     /// Follows the instance's stream `stream` from offset `from` ([`Keiro::read_stream`]).
     ///
     /// # Errors

@@ -16,3 +16,5 @@ pub use keiro_journal::{
 
 pub use crate::messages::StreamReader;
 pub use crate::result::{RESULT_POLL_INTERVAL_DEFAULT, RESULT_POLL_INTERVAL_MIN};
+pub use crate::updates::{UpdateCall, UPDATE_TIMEOUT_DEFAULT};
+pub use keiro_journal::update::{SignalStarted, Update, UpdateRecord, UpdateState};

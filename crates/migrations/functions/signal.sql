@@ -268,3 +268,26 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+-- signal_with_start: starts instance p_name/p_id with p_input when it does not exist
+-- (`keiro_instance_start`, `started` when this call did) and sends the signal
+-- (`keiro_signal_send`), in one transaction: a caller never sees the run started without its
+-- signal, nor the signal buffered for a run that was never started. The token's lock is taken
+-- first (the order of every signal operation: tokens before instance rows). Outcomes: those of
+-- `keiro_signal_send`.
+-- Called by: keiro_postgres ops::signal::signal_with_start; tested by contract::signal.
+CREATE OR REPLACE FUNCTION keiro_signal_with_start(p_name text, p_id text, p_input jsonb,
+                                                   p_priority integer, p_token text,
+                                                   p_payload jsonb, p_ttl_ms bigint,
+                                                   OUT started boolean, OUT outcome text,
+                                                   OUT to_name text, OUT to_id text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM keiro_signal_lock(p_token);
+    SELECT s.created INTO started
+    FROM keiro_instance_start(p_name, p_id, p_input, NULL, NULL, p_priority) s;
+    SELECT s.outcome, s.to_name, s.to_id INTO outcome, to_name, to_id
+    FROM keiro_signal_send(p_token, p_payload, p_ttl_ms) s;
+END;
+$$;

@@ -182,6 +182,12 @@ pub const MIGRATIONS: &[Migration] = &[
         shipped: None,
     },
     Migration {
+        version: 24,
+        name: "updates",
+        sql: include_str!("../numbered/0024_updates.sql"),
+        shipped: None,
+    },
+    Migration {
         version: 25,
         name: "versions",
         sql: include_str!("../numbered/0025_versions.sql"),
@@ -251,6 +257,10 @@ pub const FUNCTION_FILES: &[FunctionFile] = &[
     FunctionFile {
         name: "message",
         sql: include_str!("../functions/message.sql"),
+    },
+    FunctionFile {
+        name: "update",
+        sql: include_str!("../functions/update.sql"),
     },
 ];
 

@@ -467,6 +467,32 @@ impl InspectStore for PgStore {
         traced(span, self.waits(key, limit)).await
     }
 
+    async fn instance_updates(
+        &self,
+        key: &InstanceKey,
+        limit: u32,
+    ) -> Result<Vec<keiro_journal::update::UpdateRecord>> {
+        let span = store_span!("instance_updates", key = key);
+        traced(
+            span,
+            crate::ops::update::instance_updates(self.db(), key, limit),
+        )
+        .await
+    }
+
+    async fn update_get(
+        &self,
+        key: &InstanceKey,
+        update_id: &str,
+    ) -> Result<Option<keiro_journal::update::UpdateRead>> {
+        let span = store_span!("update_get", key = key);
+        traced(
+            span,
+            crate::ops::update::update_get(self.db(), key, update_id),
+        )
+        .await
+    }
+
     async fn event_get(
         &self,
         key: &InstanceKey,

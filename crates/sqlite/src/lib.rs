@@ -47,6 +47,9 @@
 //! - message.sql: `event_set`, `stream_write` (closed and full streams refused),
 //!   `stream_close`, and the reads `event_get`, `stream_read`, `instance_messages` (a
 //!   transaction step's `stream_append_in` is the Postgres store's alone);
+//! - update.sql: `update_send` (with or without a start), `update_answer`, `update_get`, the
+//!   settle of a finished run's unanswered updates (a trigger in migration 0006); signal.sql's
+//!   `signal_with_start` in `signal.rs`;
 //! - reads: `instance_get`, `journal_load`, `journal_history`;
 //! - notify.sql: `keiro_notify_wake`, `keiro_notify_timer`, `keiro_notify_remote`,
 //!   `keiro_notify_message` (a row of
@@ -143,6 +146,7 @@ mod storable;
 mod store;
 mod temporary;
 mod timer;
+mod update;
 mod versions;
 mod writer;
 

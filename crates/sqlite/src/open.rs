@@ -31,6 +31,7 @@ pub(crate) const MIGRATIONS: &[(i64, &str, &str)] = &[
         "events_streams",
         include_str!("../migrations/0005_events_streams.sql"),
     ),
+    (6, "updates", include_str!("../migrations/0006_updates.sql")),
     (
         7,
         "versions",

@@ -1,6 +1,7 @@
 //! Rules of crates/migrations/functions/signal.sql: the wait, the send (buffered while nobody waits, for a
 //! TTL) and its delivery half (the offer), and the return of the signals a race's losing waits
-//! took; then the Postgres store's one-statement withdraw (crates/postgres/src/signal.rs).
+//! took, and signal-with-start; then the Postgres store's one-statement withdraw
+//! (crates/postgres/src/signal.rs).
 //!
 //! `keiro_signal_lock` has no twin: it orders a wait and a send on one token, and the writer
 //! already runs every operation alone in its transaction, holding the file's write lock. The
@@ -236,6 +237,26 @@ pub(crate) fn signal_send(
     conn.execute_cached(BUFFER_SWEEP, params![at])
         .map_err(|e| store(SEND, e))?;
     Ok(to)
+}
+
+/// keiro_signal_with_start: starts instance `name`/`id` with `input` when it does not exist
+/// (the first value: whether this call did), then sends the signal as `signal_send` does (the
+/// second: the instance that received it, `None` when buffered), in the writer's transaction.
+#[allow(clippy::too_many_arguments)] // keiro_signal_with_start's parameters, in its order
+pub(crate) fn signal_with_start(
+    conn: &Connection,
+    now: OffsetDateTime,
+    name: &str,
+    id: &str,
+    input: &Value,
+    priority: i32,
+    token: &str,
+    payload: &Value,
+    ttl_ms: i64,
+) -> Result<(bool, Option<(String, String)>)> {
+    let (started, _) = crate::instance::instance_start(conn, now, name, id, input, None, priority)?;
+    let to = signal_send(conn, now, token, payload, ttl_ms)?;
+    Ok((started, to))
 }
 
 const BUFFER_OF: &str = "SELECT payload, created_at, expires_at FROM signal_buffer \

@@ -325,6 +325,13 @@ macro_rules! contract_suite {
                     bad_stream_requests_are_typed_errors,
                     a_body_appends_each_item_once_whatever_replays_it,
                 ],
+                update [
+                    an_update_is_taken_in_order_answered_once_and_a_resend_gets_the_answer,
+                    a_send_wakes_the_run_parked_on_its_take,
+                    an_update_to_an_unknown_or_finished_run_is_refused_and_a_run_that_ends_settles_its_updates,
+                    bad_update_requests_are_typed_outcomes_and_write_nothing,
+                    update_and_signal_with_start_start_and_deliver_in_one_call,
+                ],
             },
             versions {
                 claims [

@@ -33,6 +33,7 @@ mod transaction_step;
 mod two_workers;
 mod typed;
 mod typed_remote;
+mod updates;
 mod versions;
 mod wake;
 mod wake_edges;

@@ -202,3 +202,74 @@ async fn the_dashboard_serves_a_sqlite_file() -> Result<(), Box<dyn std::error::
     assert!(instances.to_string().contains("greet-ui"), "{instances}");
     Ok(())
 }
+
+/// Doubles the amounts it is asked to approve, rejecting those over 100, until one passes.
+async fn approve(ctx: Ctx, (): ()) -> Result<u32, WorkflowError> {
+    loop {
+        let update = ctx.next_update::<u32>("approve").await?;
+        if update.request > 100 {
+            ctx.reject(&update, "over the limit").await?;
+            continue;
+        }
+        ctx.reply(&update, &(update.request * 2)).await?;
+        return Ok(update.request);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_is_sent_and_answered_through_the_cli() -> Result<(), Box<dyn std::error::Error>>
+{
+    let scratch = Scratch::new("update");
+    let file = scratch.0.join("update.db");
+    let (migrated, text) = keiro(&file, &["migrate"])?;
+    assert!(migrated.status.success(), "{text}");
+    let handle = Keiro::connect(format!("sqlite:{}", file.display()).as_str()).await?;
+    handle.start("approve", "a-1", &()).await?;
+    let worker = handle.worker().register("approve", approve).build()?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        worker
+            .run_until(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    let cli = |args: &'static [&'static str]| {
+        let file = file.clone();
+        tokio::task::spawn_blocking(move || keiro(&file, args))
+    };
+
+    let (rejected, text) = cli(&["update", "approve", "a-1", "approve", "500"]).await??;
+    assert_eq!(rejected.status.code(), Some(1), "{text}");
+    assert!(text.contains("over the limit"), "{text}");
+    let args = &[
+        "update",
+        "approve",
+        "a-1",
+        "approve",
+        "21",
+        "--update-id",
+        "u-1",
+    ];
+    let (answered, text) = cli(args).await??;
+    assert!(answered.status.success(), "{text}");
+    assert_eq!(String::from_utf8_lossy(&answered.stdout).trim(), "42");
+    // The same id again, after the run ended: the same answer.
+    let (again, text) = cli(args).await??;
+    assert!(again.status.success(), "{text}");
+    assert_eq!(String::from_utf8_lossy(&again.stdout).trim(), "42");
+    let (show, text) = cli(&["show", "approve", "a-1"]).await??;
+    assert!(show.status.success(), "{text}");
+    assert!(
+        text.contains("updates 2") && text.contains("u-1") && text.contains("replied 42"),
+        "{text}"
+    );
+    assert!(text.contains("rejected: over the limit"), "{text}");
+    let (finished, text) = cli(&["update", "approve", "a-1", "approve", "1"]).await??;
+    assert_eq!(finished.status.code(), Some(1), "{text}");
+    let (bad, text) = cli(&["update", "approve", "a-1", "approve", "{not json"]).await??;
+    assert_eq!(bad.status.code(), Some(2), "{text}");
+    let _ = stop.send(());
+    running.await?;
+    Ok(())
+}

@@ -11,7 +11,7 @@
 //! steps with a retry policy (`retry`), steps journaled in their own transaction
 //! (`transaction`), awaits of deliveries (`awaits`), patches and continue-as-new (`patch`),
 //! durable sleeps (`timers`), signals, awakeables, child workflows, remote steps and races
-//! (`race`), events and streams (`messages`).
+//! (`race`), events and streams (`messages`), updates (`updates`).
 //!
 //! A fresh step costs one store round trip in steady state: its append also renews the lease
 //! (a store may skip the rewrite while more than 3/4 of the lease is left, so a confirmation
@@ -32,6 +32,7 @@ pub(crate) mod signals;
 pub(crate) mod step;
 pub(crate) mod timers;
 pub(crate) mod transaction;
+pub(crate) mod updates;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -98,6 +99,8 @@ pub(crate) enum RecordVia {
     Stream(store::StreamWrite),
     /// A stream's close, under this key.
     StreamClose(String),
+    /// An update's answer.
+    Update(crate::update::UpdateAnswer),
 }
 
 /// The handle a workflow body uses. Cheap to clone; clones share one run.
@@ -540,6 +543,22 @@ impl Ctx {
                         bytes: bytes.saturating_add(u64::try_from(len).unwrap_or(u64::MAX)),
                         budget_items: write.items_max,
                         budget_bytes: write.bytes_max,
+                    })
+                }
+                Err(e) => Err(e),
+            },
+            RecordVia::Update(answer) => match store.update_answer(&append, answer).await {
+                Ok(crate::update::UpdateAnswerOutcome::Append(outcome)) => Ok(outcome),
+                Ok(crate::update::UpdateAnswerOutcome::Unknown) => {
+                    return Err(WorkflowError::UpdateUnknown {
+                        name: answer.name.clone(),
+                        id: answer.id.clone(),
+                    })
+                }
+                Ok(crate::update::UpdateAnswerOutcome::Answered) => {
+                    return Err(WorkflowError::UpdateAnswered {
+                        name: answer.name.clone(),
+                        id: answer.id.clone(),
                     })
                 }
                 Err(e) => Err(e),

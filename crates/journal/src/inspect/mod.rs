@@ -21,6 +21,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::model::message::{EventRead, Messages, StreamPage};
+use crate::model::update::{UpdateRead, UpdateRecord};
 use crate::store::contract::Result;
 use crate::{
     AwakeableStatus, Generation, IdError, Instance, InstanceKey, Status, TimerKind, WorkflowName,
@@ -695,6 +696,13 @@ pub trait InspectStore: Send + Sync + fmt::Debug + 'static {
 
     /// The events and streams of `key`, by key; empty for an unknown instance.
     async fn instance_messages(&self, key: &InstanceKey) -> Result<Messages>;
+
+    /// Update `update_id` of `key` with the instance's status, in one snapshot; `None` for an
+    /// unknown instance.
+    async fn update_get(&self, key: &InstanceKey, update_id: &str) -> Result<Option<UpdateRead>>;
+
+    /// The updates of `key`, oldest first, at most `limit`; empty for an unknown instance.
+    async fn instance_updates(&self, key: &InstanceKey, limit: u32) -> Result<Vec<UpdateRecord>>;
 }
 
 /// Serde for a status as its column text.

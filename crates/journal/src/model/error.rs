@@ -148,6 +148,24 @@ pub enum WorkflowError {
         /// The stream.
         key: String,
     },
+    /// An answer to an update the instance does not have (no update of that name under that
+    /// id). Nothing was written.
+    #[error("no update {name:?} with id {id:?} to answer")]
+    UpdateUnknown {
+        /// The update's name.
+        name: String,
+        /// Its id.
+        id: String,
+    },
+    /// A second answer to an update (answered already, or settled when the run ended). Nothing
+    /// was written.
+    #[error("update {name:?} with id {id:?} is answered already")]
+    UpdateAnswered {
+        /// The update's name.
+        name: String,
+        /// Its id.
+        id: String,
+    },
     /// The step name is not valid.
     #[error("invalid step name")]
     InvalidStep(#[from] IdError),
@@ -244,6 +262,8 @@ impl WorkflowError {
                     | Self::JournalFull { .. }
                     | Self::StreamFull { .. }
                     | Self::StreamClosed { .. }
+                    | Self::UpdateUnknown { .. }
+                    | Self::UpdateAnswered { .. }
                     | Self::InvalidQueue(_)
                     | Self::Unsupported { .. }
             )

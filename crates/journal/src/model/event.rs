@@ -96,6 +96,9 @@ pub enum StepKind {
     /// A stream's append or close ([`Ctx::write_stream`](crate::Ctx::write_stream),
     /// [`Ctx::close_stream`](crate::Ctx::close_stream)).
     Stream,
+    /// An update's answer ([`Ctx::reply`](crate::Ctx::reply),
+    /// [`Ctx::reject`](crate::Ctx::reject)).
+    Update,
 }
 
 impl StepKind {
@@ -114,6 +117,7 @@ impl StepKind {
             Self::Race => "race",
             Self::Event => "event",
             Self::Stream => "stream",
+            Self::Update => "update",
         }
     }
 
@@ -131,6 +135,7 @@ impl StepKind {
             "race" => Self::Race,
             "event" => Self::Event,
             "stream" => Self::Stream,
+            "update" => Self::Update,
             _ => return None,
         })
     }

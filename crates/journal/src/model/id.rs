@@ -61,6 +61,11 @@ pub enum IdError {
 /// `child:<id>:result`, `generation#n`), so identities may not contain them.
 const SEPARATORS: [char; 3] = [':', '#', '/'];
 
+/// Checks `value` as an identity (an instance's name or id, an update's name or id).
+pub(crate) fn validate_identity(what: &'static str, value: &str) -> Result<(), IdError> {
+    validate(what, value)
+}
+
 fn validate(what: &'static str, value: &str) -> Result<(), IdError> {
     if value.is_empty() {
         return Err(IdError::Empty { what });
@@ -186,7 +191,7 @@ identity!(
 );
 
 /// Step-name prefixes keiro reserves for its own wake sources and markers.
-pub const RESERVED_STEP_PREFIXES: [&str; 13] = [
+pub const RESERVED_STEP_PREFIXES: [&str; 14] = [
     "await:",
     "attempt:",
     "race:",
@@ -199,6 +204,7 @@ pub const RESERVED_STEP_PREFIXES: [&str; 13] = [
     "patch:",
     "event:",
     "stream:",
+    "update:",
     "__workflow_",
 ];
 

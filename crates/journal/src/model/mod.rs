@@ -22,4 +22,5 @@ pub(crate) mod remote;
 pub(crate) mod retry;
 pub(crate) mod storable;
 pub(crate) mod store_error;
+pub(crate) mod update;
 pub(crate) mod wake;

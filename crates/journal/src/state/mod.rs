@@ -115,6 +115,9 @@ pub(crate) struct State {
     /// The stream items and their encoded bytes this generation wrote so far (replayed and
     /// fresh), for the per-generation stream budget.
     pub(crate) stream_written: (u64, u64),
+    /// The answer steps of the updates this run answered (replayed and fresh), so a second
+    /// answer to one update is refused.
+    pub(crate) updates_answered: std::collections::HashSet<String>,
     /// The park at the end of the run, if it parked.
     pub(crate) parked: Option<Parked>,
     /// Remote steps armed but not yet written: they go with the park, or before the body's
@@ -162,6 +165,7 @@ impl State {
             signal_ordinals: std::collections::HashMap::new(),
             message_ordinals: std::collections::HashMap::new(),
             stream_written: (0, 0),
+            updates_answered: std::collections::HashSet::new(),
             parked: None,
             deferred: Vec::new(),
             actions_running: 0,

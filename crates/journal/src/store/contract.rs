@@ -11,6 +11,7 @@ use uuid::Uuid;
 
 use crate::model::instance::StartRequest;
 use crate::model::remote::{RemoteArm, RemoteArmOutcome};
+use crate::model::update::{SignalStarted, UpdateAnswer, UpdateSend, UpdateSendOutcome};
 use crate::model::wake::{
     AwakeableOutcome, ChildSpawn, ReturnedSignal, SignalOptions, SignalSendOutcome, SignalWait,
     SignalWaitOutcome, TimerArm, TimerFiring,
@@ -135,6 +136,18 @@ pub struct StreamWrite {
     pub items_max: u64,
     /// The most encoded bytes the stream may hold.
     pub bytes_max: u64,
+}
+
+/// What [`JournalStore::update_answer`](crate::JournalStore::update_answer) did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum UpdateAnswerOutcome {
+    /// It went through the append rules, with this outcome; when appended, the update is
+    /// answered.
+    Append(AppendOutcome),
+    /// Refused, nothing written: the instance has no update of that name under that id.
+    Unknown,
+    /// Refused, nothing written: the update was answered already (or settled unanswered).
+    Answered,
 }
 
 /// What [`JournalStore::stream_write`] did.
@@ -503,6 +516,56 @@ pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
     /// the stream closed (creating it empty if it was never written), in one transaction.
     /// Outcomes and errors as [`journal_append`](Self::journal_append).
     async fn stream_close(&self, append: &Append, key: &str) -> Result<AppendOutcome>;
+
+    // ----- Updates --------------------------------------------------------------------------
+    //
+    // A caller's request into a run, answered once by the run (`model::update`). The send and
+    // the take ride on the signal machinery (one token per instance and update name).
+
+    /// Sends update `send` in one transaction: starts the instance first when `send.start`
+    /// asks and it does not exist; then, with an update already under `send.id`, answers
+    /// `Sent { created: false, state }` when its name and request are the same and
+    /// [`UpdateSendOutcome::Conflict`] when not; else refuses an unknown instance
+    /// ([`UpdateSendOutcome::NotFound`]) and a terminal one ([`UpdateSendOutcome::Finished`]);
+    /// else writes the update `requested` and offers it (`{"id", "name", "request"}`) on
+    /// [`update_token`](crate::update::update_token) as
+    /// [`signal_send_with`](Self::signal_send_with) does: to the run waiting in
+    /// `ctx.next_update` (journaled, the run woken), or buffered until the run takes it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ValueRefused`] for a request the store cannot keep, before anything is
+    /// written; [`Error::Unavailable`] and [`Error::Database`].
+    async fn update_send(&self, send: &UpdateSend) -> Result<UpdateSendOutcome>;
+
+    /// Journals the answer step `append` (kind [`StepKind::Update`](crate::StepKind::Update),
+    /// `{"ok": reply}` or `{"rejected": message}`) and, only when it is appended, settles update
+    /// `answer.id` of the instance `replied` or `rejected` with that value and notifies its
+    /// callers, in one transaction. A replayed answer is `AlreadyPresent` and writes nothing. An
+    /// answer step not journaled yet is refused, with nothing written, when the instance has no
+    /// such update ([`UpdateAnswerOutcome::Unknown`]) or it is no longer `requested`
+    /// ([`UpdateAnswerOutcome::Answered`]). Errors as [`journal_append`](Self::journal_append).
+    async fn update_answer(
+        &self,
+        append: &Append,
+        answer: &UpdateAnswer,
+    ) -> Result<UpdateAnswerOutcome>;
+
+    /// Starts `start` if it does not exist (as [`instance_start`](Self::instance_start); no
+    /// queue) and sends the signal (as [`signal_send_with`](Self::signal_send_with)), in one
+    /// transaction: signal-with-start.
+    ///
+    /// # Errors
+    ///
+    /// As the two operations; [`Error::ValueRefused`] for a start on a queue, before anything
+    /// is written.
+    async fn signal_with_start(
+        &self,
+        start: &StartRequest,
+        token: &str,
+        payload: &Value,
+        options: &SignalOptions,
+    ) -> Result<SignalStarted>;
 
     /// Arms a remote step, in one transaction (see [`RemoteArm`]):
     ///

@@ -32,6 +32,7 @@ pub use crate::model::message::{validate_message_key, EVENT_STEP_PREFIX, STREAM_
 pub use crate::model::payload::encode_payload;
 pub use crate::model::remote::{remote_group, remote_step_id, RemoteArm, RemoteArmOutcome};
 pub use crate::model::storable::{check_value, storable_text};
+pub use crate::model::update::validate_store_token;
 pub use crate::model::wake::{
     awakeable_step, child_result_step, validate_signal_token, ChildSpawn, FiredTimer,
     ReturnedSignal, SignalWait, SignalWaitOutcome, TimerArm, TimerDue,

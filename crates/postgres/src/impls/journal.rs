@@ -325,6 +325,42 @@ impl JournalStore for PgStore {
         append_of_message(outcome, append)
     }
 
+    async fn update_send(
+        &self,
+        send: &keiro_journal::update::UpdateSend,
+    ) -> Result<keiro_journal::update::UpdateSendOutcome> {
+        let span = store_span!("update_send", key = send.key);
+        traced(span, op::update::update_send(self.db(), send)).await
+    }
+
+    async fn update_answer(
+        &self,
+        append: &Append,
+        answer: &keiro_journal::update::UpdateAnswer,
+    ) -> Result<keiro_journal::update::UpdateAnswerOutcome> {
+        let span = store_span!("update_answer", key = append.key, keiro.workflow.step = %append.event.step_name());
+        let outcome = traced(span, op::update::update_answer(self.db(), append, answer)).await?;
+        if outcome == keiro_journal::update::UpdateAnswerOutcome::Append(AppendOutcome::Appended) {
+            self.messages_here(&append.key);
+        }
+        Ok(outcome)
+    }
+
+    async fn signal_with_start(
+        &self,
+        start: &keiro_journal::store::StartRequest,
+        token: &str,
+        payload: &serde_json::Value,
+        options: &keiro_journal::SignalOptions,
+    ) -> Result<keiro_journal::update::SignalStarted> {
+        let span = store_span!("signal_with_start", key = start.key);
+        traced(
+            span,
+            op::signal::signal_with_start(self.db(), start, token, payload, options),
+        )
+        .await
+    }
+
     async fn remote_arm(&self, arm: &RemoteArm) -> Result<RemoteArmOutcome> {
         let span = store_span!(
             "remote_arm",

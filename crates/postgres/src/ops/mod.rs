@@ -21,6 +21,7 @@ pub(crate) mod queue;
 pub(crate) mod remote;
 pub(crate) mod signal;
 pub(crate) mod timer;
+pub(crate) mod update;
 
 /// The longest span sent to the database: longer leases and delays are cut to this, which is
 /// "forever" for a workflow, so that `now() + span` can never leave the timestamp range.

@@ -6,9 +6,10 @@
 //! buffer by the wait or handed to the waiter by the send, exactly once. Delivery journals the
 //! envelope into the waiter and flips it `running` in the same transaction.
 
-use keiro_journal::store::{Append, AppendOutcome, Result};
+use keiro_journal::store::{Append, AppendOutcome, Result, StartRequest};
+use keiro_journal::update::SignalStarted;
 use keiro_journal::{
-    store::validate_signal_token, store::ReturnedSignal, store::SignalWait,
+    store::validate_store_token, store::ReturnedSignal, store::SignalWait,
     store::SignalWaitOutcome, InstanceKey, SignalOptions, SignalSendOutcome, StoreError,
 };
 use serde_json::Value;
@@ -29,7 +30,7 @@ const SIGNAL_WAIT: &str =
 /// Refuses a token no wait could take before the database is asked anything: a send would
 /// buffer it for nobody.
 pub(crate) fn signal_token(operation: &'static str, token: &str) -> Result<()> {
-    validate_signal_token(token).map_err(|e| StoreError::ValueRefused {
+    validate_store_token(token).map_err(|e| StoreError::ValueRefused {
         operation,
         reason: e.to_string(),
     })
@@ -109,6 +110,44 @@ pub(crate) fn send_outcome(row: &Row) -> Result<SignalSendOutcome> {
         "buffered" => Ok(SignalSendOutcome::Buffered),
         other => Err(unknown_outcome(SEND, other)),
     }
+}
+
+const WITH_START: &str = "sending a signal with a start";
+
+const SIGNAL_WITH_START: &str = "SELECT started, outcome, to_name, to_id \
+     FROM keiro_signal_with_start($1, $2, $3, $4, $5, $6, $7)";
+
+/// `keiro_signal_with_start`: the instance started when it does not exist, and the signal
+/// sent, in one transaction.
+pub(crate) async fn signal_with_start(
+    db: &Db,
+    start: &StartRequest,
+    token: &str,
+    payload: &Value,
+    options: &SignalOptions,
+) -> Result<SignalStarted> {
+    signal_token(WITH_START, token)?;
+    crate::ops::update::plain_start(WITH_START, start)?;
+    let ttl_ms = ttl_ms(options);
+    let row = db
+        .query_one(
+            WITH_START,
+            SIGNAL_WITH_START,
+            &[
+                &start.key.name.as_str(),
+                &start.key.id.as_str(),
+                &start.input,
+                &start.priority,
+                &token,
+                payload,
+                &ttl_ms,
+            ],
+        )
+        .await?;
+    Ok(SignalStarted {
+        started: column(&row, "started", WITH_START)?,
+        signal: send_outcome(&row)?,
+    })
 }
 
 const RETURN: &str = "giving signals back to their tokens";

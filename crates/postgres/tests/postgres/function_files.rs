@@ -134,7 +134,7 @@ async fn a_schema_migrated_step_by_step_ends_like_a_fresh_one() -> TestResult {
 
     let expected = snapshot(&fresh.store(), fresh.schema()).await?;
     assert!(of_kind(&expected, "function").len() > 30);
-    assert_eq!(of_kind(&expected, "trigger").len(), 6);
+    assert_eq!(of_kind(&expected, "trigger").len(), 7);
     assert_same(
         &expected,
         &snapshot(&store, stepped.schema()).await?,

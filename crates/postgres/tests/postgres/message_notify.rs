@@ -105,6 +105,66 @@ async fn writes_notify_only_instances_a_reader_elsewhere_watches() -> TestResult
     Ok(())
 }
 
+/// An update's answer (update.sql) notifies a watched instance's readers as an event's write
+/// does: a caller waiting in another process is woken by the answer, not by its fallback poll.
+#[tokio::test]
+async fn an_update_answer_notifies_a_watched_instance() -> TestResult {
+    use keiro_journal::update::{UpdateAnswer, UpdateAnswerOutcome, UpdateSend};
+
+    let db = TestDb::new().await;
+    let store = db.store();
+    let k = key("order", "o-3");
+    store.instance_start(&start(&k, json!(null))).await?;
+    let send = UpdateSend {
+        key: k.clone(),
+        name: "approve".into(),
+        id: "u-1".into(),
+        request: json!(1),
+        start: None,
+    };
+    store.update_send(&send).await?;
+    let mut listener = Listener::on(&store).await?;
+    let channel = store.wake_channel().to_owned();
+
+    let other = PgStore::connect(db.config()).await?;
+    let mut caller = other.subscribe_messages(&k);
+    while caller.wait(QUIET).await != WakeReason::Timeout {}
+    assert_eq!(
+        caller.wait(Duration::from_secs(30)).await,
+        WakeReason::Notified,
+        "the caller marks the instance watched"
+    );
+    let answer = write(
+        "o-3",
+        "update:approve#u-1",
+        StepKind::Update,
+        json!({"ok": 2}),
+    );
+    let outcome = store
+        .update_answer(
+            &answer,
+            &UpdateAnswer {
+                name: "approve".into(),
+                id: "u-1".into(),
+                rejected: false,
+            },
+        )
+        .await?;
+    assert_eq!(
+        outcome,
+        UpdateAnswerOutcome::Append(AppendOutcome::Appended)
+    );
+    assert_eq!(
+        listener.drain(QUIET).await,
+        vec![(channel, "msg:order/o-3".to_owned())]
+    );
+    assert_eq!(
+        caller.wait(Duration::from_secs(30)).await,
+        WakeReason::Notified
+    );
+    Ok(())
+}
+
 /// A caller waiting for an event's value elsewhere (`Keiro::get_event`) marks the instance
 /// watched after 50 ms without a wake from its own process, not after the second a stream's
 /// reader gives its run: its first wait of 150 ms ends with the mark, where a stream reader's

@@ -37,6 +37,7 @@ mod sources;
 mod timer;
 mod traits;
 mod transport;
+mod update;
 mod versions;
 
 /// The longest span the store adds to an instant, in milliseconds: the Postgres store's bound

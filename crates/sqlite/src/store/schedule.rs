@@ -4,8 +4,11 @@
 use std::time::Duration;
 
 use keiro_journal::store::Result;
+use keiro_journal::{span::traced, store_span};
 use keiro_journal::{Fence, Started};
-use keiro_resume::{FireOutcome, Schedule, ScheduleFire, ScheduleSpec, SchedulesDue};
+use keiro_resume::{
+    FireOutcome, Schedule, ScheduleFire, ScheduleSpec, ScheduleStore, SchedulesDue,
+};
 use time::OffsetDateTime;
 
 use crate::schedule;
@@ -226,5 +229,122 @@ impl SqliteStore {
                 schedule::schedule_record_error(conn, now, &name, revision, &error, retry_at)
             })
             .await
+    }
+}
+
+// The trait sits beside its operations, each method its inherent operation of the same name
+// run in the `keiro.store.<operation>` span (traits.rs holds the other traits).
+#[async_trait::async_trait]
+impl ScheduleStore for SqliteStore {
+    async fn schedule_upsert(
+        &self,
+        spec: &ScheduleSpec,
+        now: Option<OffsetDateTime>,
+    ) -> Result<Schedule> {
+        traced(
+            store_span!("schedule_upsert", keiro.schedule.name = %spec.name),
+            SqliteStore::schedule_upsert(self, spec, now),
+        )
+        .await
+    }
+
+    async fn schedule_get(&self, name: &str) -> Result<Option<Schedule>> {
+        traced(
+            store_span!("schedule_get", keiro.schedule.name = %name),
+            SqliteStore::schedule_get(self, name),
+        )
+        .await
+    }
+
+    async fn schedules_list(&self) -> Result<Vec<Schedule>> {
+        traced(
+            store_span!("schedules_list"),
+            SqliteStore::schedules_list(self),
+        )
+        .await
+    }
+
+    async fn schedule_delete(&self, name: &str) -> Result<bool> {
+        traced(
+            store_span!("schedule_delete", keiro.schedule.name = %name),
+            SqliteStore::schedule_delete(self, name),
+        )
+        .await
+    }
+
+    async fn schedule_set_paused(
+        &self,
+        name: &str,
+        paused: bool,
+        now: Option<OffsetDateTime>,
+    ) -> Result<Option<Schedule>> {
+        traced(
+            store_span!("schedule_set_paused", keiro.schedule.name = %name),
+            SqliteStore::schedule_set_paused(self, name, paused, now),
+        )
+        .await
+    }
+
+    async fn schedule_trigger(
+        &self,
+        name: &str,
+        now: Option<OffsetDateTime>,
+    ) -> Result<Option<Started>> {
+        traced(
+            store_span!("schedule_trigger", keiro.schedule.name = %name),
+            SqliteStore::schedule_trigger(self, name, now),
+        )
+        .await
+    }
+
+    async fn scheduler_lease(
+        &self,
+        owner: &str,
+        ttl: Duration,
+        now: Option<OffsetDateTime>,
+    ) -> Result<Option<Fence>> {
+        traced(
+            store_span!("scheduler_lease"),
+            SqliteStore::scheduler_lease(self, owner, ttl, now),
+        )
+        .await
+    }
+
+    async fn scheduler_release(&self, owner: &str) -> Result<bool> {
+        traced(
+            store_span!("scheduler_release"),
+            SqliteStore::scheduler_release(self, owner),
+        )
+        .await
+    }
+
+    async fn schedules_due(&self, now: Option<OffsetDateTime>, limit: i64) -> Result<SchedulesDue> {
+        traced(
+            store_span!("schedules_due"),
+            SqliteStore::schedules_due(self, now, limit),
+        )
+        .await
+    }
+
+    async fn schedule_fire(&self, fire: &ScheduleFire) -> Result<FireOutcome> {
+        traced(
+            store_span!("schedule_fire", keiro.schedule.name = %fire.name),
+            SqliteStore::schedule_fire(self, fire),
+        )
+        .await
+    }
+
+    async fn schedule_record_error(
+        &self,
+        name: &str,
+        revision: i64,
+        error: &str,
+        retry_at: OffsetDateTime,
+    ) -> Result<bool> {
+        traced(
+            store_span!("schedule_record_error", keiro.schedule.name = %name),
+            SqliteStore::schedule_record_error(self, name, revision, error, retry_at),
+        )
+        .await
     }
 }

@@ -3,7 +3,7 @@
 
 use keiro_journal::store::{Append, AppendOutcome, Error as StoreError, Result};
 use keiro_journal::{
-    store::awakeable_step, store::validate_signal_token, store::ChildSpawn, store::ReturnedSignal,
+    store::awakeable_step, store::validate_store_token, store::ChildSpawn, store::ReturnedSignal,
     store::SignalWait, store::SignalWaitOutcome, AwakeableOutcome, AwakeableStatus, Envelope,
     Generation, InstanceKey, SignalOptions, SignalSendOutcome,
 };
@@ -33,7 +33,7 @@ const SPAWN: &str = "spawning a child";
 /// Refuses a token no wait could take before anything is written: a send would buffer it for
 /// nobody.
 fn signal_token(operation: &'static str, token: &str) -> Result<()> {
-    validate_signal_token(token).map_err(|e| StoreError::ValueRefused {
+    validate_store_token(token).map_err(|e| StoreError::ValueRefused {
         operation,
         reason: e.to_string(),
     })

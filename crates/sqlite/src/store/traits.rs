@@ -1,15 +1,20 @@
 //! The store traits [`SqliteStore`] implements (but `QueueStore`, in `queue.rs`, and
 //! `VersionStore`, in `versions.rs`), each method its inherent operation of the same
 //! name (in `journal.rs`, `timer.rs`, `sources.rs`, `remote.rs`, `lease.rs`, `queue.rs`,
-//! `inspect.rs`, `retention.rs` and `schedule.rs`) run in the `keiro.store.<operation>` span every store
-//! opens. A trait is implemented here only once every one of its methods is (see the crate's
-//! Status).
+//! `inspect.rs`, `retention.rs`, `message.rs` and `update.rs`) run in the
+//! `keiro.store.<operation>` span every store opens; `ScheduleStore` is implemented beside its
+//! operations in `schedule.rs`. A trait is implemented only once every one of its methods is
+//! (see the crate's Status).
 
 use std::time::Duration;
 
 use keiro_journal::store::{
     Append, AppendOutcome, ClosingOutcome, DeliveryOutcome, Park, ParkOutcome, Result,
     StreamOutcome, StreamWrite,
+};
+use keiro_journal::update::{
+    SignalStarted, UpdateAnswer, UpdateAnswerOutcome, UpdateRead, UpdateRecord, UpdateSend,
+    UpdateSendOutcome,
 };
 use keiro_journal::{
     span::traced, store::ChildSpawn, store::RemoteArm, store::RemoteArmOutcome,
@@ -28,9 +33,6 @@ use keiro_lease::{
 use keiro_remote::{
     ClaimRequest, ClaimedTask, HeartbeatOutcome, RemoteAdmin, RemoteTask, ReportOutcome,
     RequeueOutcome, RetryOutcome, TaskFailure, Transport,
-};
-use keiro_resume::{
-    FireOutcome, Schedule, ScheduleFire, ScheduleSpec, ScheduleStore, SchedulesDue,
 };
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -224,6 +226,35 @@ impl JournalStore for SqliteStore {
     async fn stream_close(&self, append: &Append, key: &str) -> Result<AppendOutcome> {
         let span = store_span!("stream_close", key = append.key);
         traced(span, SqliteStore::stream_close(self, append, key)).await
+    }
+
+    async fn update_send(&self, send: &UpdateSend) -> Result<UpdateSendOutcome> {
+        let span = store_span!("update_send", key = send.key);
+        traced(span, SqliteStore::update_send(self, send)).await
+    }
+
+    async fn update_answer(
+        &self,
+        append: &Append,
+        answer: &UpdateAnswer,
+    ) -> Result<UpdateAnswerOutcome> {
+        let span = store_span!("update_answer", key = append.key);
+        traced(span, SqliteStore::update_answer(self, append, answer)).await
+    }
+
+    async fn signal_with_start(
+        &self,
+        start: &StartRequest,
+        token: &str,
+        payload: &Value,
+        options: &SignalOptions,
+    ) -> Result<SignalStarted> {
+        let span = store_span!("signal_with_start", key = start.key);
+        traced(
+            span,
+            SqliteStore::signal_with_start(self, start, token, payload, options),
+        )
+        .await
     }
 
     async fn awakeable_create(&self, append: &Append, id: Uuid) -> Result<AppendOutcome> {
@@ -611,6 +642,16 @@ impl InspectStore for SqliteStore {
         .await
     }
 
+    async fn instance_updates(&self, key: &InstanceKey, limit: u32) -> Result<Vec<UpdateRecord>> {
+        let span = store_span!("instance_updates", key = key);
+        traced(span, SqliteStore::instance_updates(self, key, limit)).await
+    }
+
+    async fn update_get(&self, key: &InstanceKey, update_id: &str) -> Result<Option<UpdateRead>> {
+        let span = store_span!("update_get", key = key);
+        traced(span, SqliteStore::update_get(self, key, update_id)).await
+    }
+
     async fn instance_messages(
         &self,
         key: &InstanceKey,
@@ -634,121 +675,6 @@ impl RetentionStore for SqliteStore {
         traced(
             store_span!("instances_gc_eligible"),
             SqliteStore::instances_gc_eligible(self, request),
-        )
-        .await
-    }
-}
-
-#[async_trait::async_trait]
-impl ScheduleStore for SqliteStore {
-    async fn schedule_upsert(
-        &self,
-        spec: &ScheduleSpec,
-        now: Option<OffsetDateTime>,
-    ) -> Result<Schedule> {
-        traced(
-            store_span!("schedule_upsert", keiro.schedule.name = %spec.name),
-            SqliteStore::schedule_upsert(self, spec, now),
-        )
-        .await
-    }
-
-    async fn schedule_get(&self, name: &str) -> Result<Option<Schedule>> {
-        traced(
-            store_span!("schedule_get", keiro.schedule.name = %name),
-            SqliteStore::schedule_get(self, name),
-        )
-        .await
-    }
-
-    async fn schedules_list(&self) -> Result<Vec<Schedule>> {
-        traced(
-            store_span!("schedules_list"),
-            SqliteStore::schedules_list(self),
-        )
-        .await
-    }
-
-    async fn schedule_delete(&self, name: &str) -> Result<bool> {
-        traced(
-            store_span!("schedule_delete", keiro.schedule.name = %name),
-            SqliteStore::schedule_delete(self, name),
-        )
-        .await
-    }
-
-    async fn schedule_set_paused(
-        &self,
-        name: &str,
-        paused: bool,
-        now: Option<OffsetDateTime>,
-    ) -> Result<Option<Schedule>> {
-        traced(
-            store_span!("schedule_set_paused", keiro.schedule.name = %name),
-            SqliteStore::schedule_set_paused(self, name, paused, now),
-        )
-        .await
-    }
-
-    async fn schedule_trigger(
-        &self,
-        name: &str,
-        now: Option<OffsetDateTime>,
-    ) -> Result<Option<Started>> {
-        traced(
-            store_span!("schedule_trigger", keiro.schedule.name = %name),
-            SqliteStore::schedule_trigger(self, name, now),
-        )
-        .await
-    }
-
-    async fn scheduler_lease(
-        &self,
-        owner: &str,
-        ttl: Duration,
-        now: Option<OffsetDateTime>,
-    ) -> Result<Option<Fence>> {
-        traced(
-            store_span!("scheduler_lease"),
-            SqliteStore::scheduler_lease(self, owner, ttl, now),
-        )
-        .await
-    }
-
-    async fn scheduler_release(&self, owner: &str) -> Result<bool> {
-        traced(
-            store_span!("scheduler_release"),
-            SqliteStore::scheduler_release(self, owner),
-        )
-        .await
-    }
-
-    async fn schedules_due(&self, now: Option<OffsetDateTime>, limit: i64) -> Result<SchedulesDue> {
-        traced(
-            store_span!("schedules_due"),
-            SqliteStore::schedules_due(self, now, limit),
-        )
-        .await
-    }
-
-    async fn schedule_fire(&self, fire: &ScheduleFire) -> Result<FireOutcome> {
-        traced(
-            store_span!("schedule_fire", keiro.schedule.name = %fire.name),
-            SqliteStore::schedule_fire(self, fire),
-        )
-        .await
-    }
-
-    async fn schedule_record_error(
-        &self,
-        name: &str,
-        revision: i64,
-        error: &str,
-        retry_at: OffsetDateTime,
-    ) -> Result<bool> {
-        traced(
-            store_span!("schedule_record_error", keiro.schedule.name = %name),
-            SqliteStore::schedule_record_error(self, name, revision, error, retry_at),
         )
         .await
     }
