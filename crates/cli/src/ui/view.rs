@@ -27,6 +27,8 @@ pub(crate) struct InstanceView {
     pub(crate) journal: Vec<JournalEntry>,
     pub(crate) waits: Waits,
     pub(crate) messages: Messages,
+    /// The updates sent to the run, oldest first, with their state and answer.
+    pub(crate) updates: Vec<keiro::workflow::UpdateRecord>,
     pub(crate) tasks: Vec<RemoteTask>,
     pub(crate) children: Vec<InstanceSummary>,
     /// For a live run: whether a live worker serves its version (`keiro versions`); a run no
@@ -43,6 +45,7 @@ impl InstanceView {
         let journal = keiro.journal((name, id)).await?;
         let waits = keiro.waits((name, id), WAITS_LIMIT_DEFAULT).await?;
         let messages = keiro.messages((name, id)).await?;
+        let updates = keiro.updates((name, id)).await?;
         let tasks = keiro.remote_tasks((name, id)).await?;
         let parent = instance.key.to_string();
         let children = keiro
@@ -71,6 +74,7 @@ impl InstanceView {
             journal,
             waits,
             messages,
+            updates,
             tasks,
             children,
         })
@@ -136,6 +140,7 @@ impl InstanceView {
             "waits_truncated": self.waits.truncated,
             "events": self.messages.events,
             "streams": self.messages.streams,
+            "updates": self.updates.iter().map(update_json).collect::<Vec<_>>(),
             "remote_tasks": self.tasks.iter().map(task_json).collect::<Vec<_>>(),
             "children": self.children,
         })
@@ -381,6 +386,32 @@ pub(crate) fn span(span: std::time::Duration) -> String {
     } else {
         format!("{major}{major_unit} {minor}{minor_unit}")
     }
+}
+
+/// An update's state as the page and the API show it: its name, and the answer (the reply,
+/// the rejection's message, or the status the run ended with).
+pub(crate) fn update_state(state: &keiro::workflow::UpdateState) -> (&'static str, Value) {
+    use keiro::workflow::UpdateState;
+    match state {
+        UpdateState::Requested => ("requested", Value::Null),
+        UpdateState::Replied(reply) => ("replied", reply.clone()),
+        UpdateState::Rejected(message) => ("rejected", Value::String(message.clone())),
+        UpdateState::Unanswered(status) => ("unanswered", Value::String(status.as_str().into())),
+    }
+}
+
+/// One update on `GET /api/v1/instances/{name}/{id}`.
+fn update_json(update: &keiro::workflow::UpdateRecord) -> Value {
+    let (state, answer) = update_state(&update.state);
+    json!({
+        "id": update.id,
+        "name": update.name,
+        "request": update.request,
+        "state": state,
+        "answer": answer,
+        "requested_at": timestamp(Some(update.requested_at)),
+        "settled_at": update.settled_at.map(|at| timestamp(Some(at))),
+    })
 }
 
 #[cfg(test)]

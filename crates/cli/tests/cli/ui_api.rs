@@ -1294,3 +1294,62 @@ async fn an_instance_shows_its_version_and_warns_when_no_live_worker_serves_it()
     assert!(!page.contains("No live worker serves"), "{page}");
     Ok(())
 }
+
+/// The updates sent to a run show on its page and in its API, with their state and answer; a
+/// request's markup is escaped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_shows_the_updates_sent_to_it() -> TestResult {
+    let h = Harness::postgres().await;
+    h.keiro.start("approve", "a-1", &json!(null)).await?;
+    // No worker serves the run: the update waits, `requested`, past its caller's timeout.
+    let request = json!({"note": "<b id=update-markup>x</b>"});
+    let sent = h
+        .keiro
+        .update_with::<_, Value>(
+            ("approve", "a-1"),
+            keiro::workflow::UpdateCall::new("decide", &request)
+                .id("u-1")
+                .timeout(std::time::Duration::from_millis(50)),
+        )
+        .await;
+    assert!(
+        matches!(sent, Err(keiro::Error::UpdateTimeout { .. })),
+        "{sent:?}"
+    );
+    let ui = Ui::start(&h, Some(TOKEN));
+    let client = reqwest::Client::new();
+    let (status, body) = get_json(
+        &client,
+        &format!("{}/api/v1/instances/approve/a-1", ui.base),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let updates = body["updates"].as_array().ok_or("updates")?;
+    assert_eq!(updates.len(), 1, "{body}");
+    assert_eq!(
+        (
+            &updates[0]["id"],
+            &updates[0]["name"],
+            &updates[0]["state"],
+            &updates[0]["request"],
+            &updates[0]["answer"],
+        ),
+        (
+            &json!("u-1"),
+            &json!("decide"),
+            &json!("requested"),
+            &request,
+            &Value::Null
+        )
+    );
+    let page = client
+        .get(format!("{}/instances/approve/a-1", ui.base))
+        .send()
+        .await?
+        .text()
+        .await?;
+    assert!(page.contains("id=\"updates\""), "{page}");
+    assert!(page.contains("u-1") && page.contains("requested"), "{page}");
+    assert!(!page.contains("<b id=update-markup>"), "{page}");
+    Ok(())
+}

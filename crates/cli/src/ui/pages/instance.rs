@@ -10,7 +10,7 @@ use super::{error_page, instance_href, layout, urlencode, ActionForm, Notice};
 use crate::ui::actions::{self, ACTIONS};
 use crate::ui::error::ApiError;
 use crate::ui::timeline;
-use crate::ui::view::{timer_kind, InstanceView};
+use crate::ui::view::{timer_kind, update_state, InstanceView};
 use crate::ui::when::when;
 use crate::ui::AppState;
 
@@ -176,6 +176,27 @@ pub(crate) async fn instance(
             }
             @for stream in view.messages.streams.iter().take(STREAMS_FOLLOWED) {
                 (follow(&href, &stream.key, stream.closed))
+            }
+        }
+        h2 { "Updates" }
+        @if view.updates.is_empty() {
+            p #updates.none { "None." }
+        } @else {
+            table #updates {
+                thead { tr { th { "id" } th { "name" } th { "state" } th { "request" } th { "answer" } th { "sent" } th { "settled" } } }
+                tbody {
+                    @for update in &view.updates {
+                        @let (state, answer) = update_state(&update.state);
+                        tr {
+                            td { code { (update.id) } } td { (update.name) }
+                            td class={ "update " (state) } { (state) }
+                            td { code { (update.request.to_string()) } }
+                            td { @if !answer.is_null() { code { (answer.to_string()) } } }
+                            td { (when(Some(update.requested_at), now)) }
+                            td { (when(update.settled_at, now)) }
+                        }
+                    }
+                }
             }
         }
         h2 { "Remote tasks" }
