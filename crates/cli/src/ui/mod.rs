@@ -152,6 +152,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/instances/{name}/{id}", get(pages::instance))
         .route("/instances/{name}/{id}/{action}", post(pages::action))
         .route("/instances/{name}/{id}/streams/{key}", get(pages::stream))
+        .route("/instances/{name}/{id}/events/{key}", get(pages::event))
         .route("/queues", get(pages::queues))
         .route("/queues/{name}", get(pages::queue))
         .route("/queues/{name}/{action}", post(pages::queue_action))

@@ -559,6 +559,7 @@ async fn a_request_for_another_host_is_refused_on_every_route() -> TestResult {
         "/api/v1/throughput",
         "/api/v1/instances/charge/c-1/streams/progress",
         "/instances/charge/c-1/streams/progress",
+        "/instances/charge/c-1/events/phase",
         "/no/such/route",
     ];
     // A page whose DNS name was rebound to 127.0.0.1 still says its own name.
@@ -1351,5 +1352,57 @@ async fn an_instance_shows_the_updates_sent_to_it() -> TestResult {
     assert!(page.contains("id=\"updates\""), "{page}");
     assert!(page.contains("u-1") && page.contains("requested"), "{page}");
     assert!(!page.contains("<b id=update-markup>"), "{page}");
+    Ok(())
+}
+
+/// An event has a page of its own: its current value and every write of it from the journal,
+/// linked from the instance page; an unknown instance is a 404, an event never set says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_page_shows_its_value_and_every_write() -> TestResult {
+    let h = Harness::postgres().await;
+    let registry = registry(broken());
+    seed_stream(&h, &registry).await?;
+    h.keiro.deliver(("streamer", "s-1"), "go", &"two").await?;
+    drive_until(&h, &registry, "streamer", "s-1", Status::Completed).await?;
+    let ui = Ui::start(&h, Some(TOKEN));
+    let client = reqwest::Client::new();
+
+    let instance = client
+        .get(format!("{}/instances/streamer/s-1", ui.base))
+        .send()
+        .await?
+        .text()
+        .await?;
+    assert!(
+        instance.contains("href=\"/instances/streamer/s-1/events/phase\""),
+        "{instance}"
+    );
+    let response = client
+        .get(format!("{}/instances/streamer/s-1/events/phase", ui.base))
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::OK);
+    let page = response.text().await?;
+    assert!(page.contains("id=\"event-version\">2<"), "{page}");
+    let started = page.find("&quot;started&quot;").ok_or("the first write")?;
+    let done = page.rfind("&quot;done&quot;").ok_or("the second write")?;
+    assert!(started < done, "oldest first: {page}");
+    assert!(page.contains("event:phase#"), "{page}");
+
+    let never = client
+        .get(format!("{}/instances/streamer/s-1/events/other", ui.base))
+        .send()
+        .await?
+        .text()
+        .await?;
+    assert!(never.contains("Never set."), "{never}");
+    let missing = client
+        .get(format!(
+            "{}/instances/streamer/nobody/events/phase",
+            ui.base
+        ))
+        .send()
+        .await?;
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
     Ok(())
 }

@@ -6,6 +6,7 @@ use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::Form;
 use maud::html;
 
+use super::event::event_href;
 use super::{error_page, instance_href, layout, urlencode, ActionForm, Notice};
 use crate::ui::actions::{self, ACTIONS};
 use crate::ui::error::ApiError;
@@ -149,7 +150,7 @@ pub(crate) async fn instance(
                     tbody {
                         @for event in &view.messages.events {
                             tr {
-                                td { code { (event.key) } } td { (event.version) }
+                                td { a.event-page href=(event_href(&href, &event.key)) { code { (event.key) } } } td { (event.version) }
                                 td { (when(Some(event.updated_at), now)) }
                                 td { code { (event.value.to_string()) } }
                             }

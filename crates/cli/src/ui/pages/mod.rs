@@ -6,11 +6,13 @@
 //! Rendered with maud, which escapes every interpolated value. This file holds what every page
 //! shares (the layout, the error page, links); each page is a file of its own.
 
+mod event;
 mod instance;
 mod list;
 mod overview;
 mod queue;
 
+pub(crate) use event::event;
 pub(crate) use instance::{action, instance, stream};
 pub(crate) use list::list;
 pub(crate) use overview::overview;
