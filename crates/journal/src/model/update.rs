@@ -177,7 +177,7 @@ pub struct UpdateRead {
 }
 
 /// Checks a token as a store takes it: a user's
-/// ([`validate_signal_token`](crate::store::validate_signal_token)) or an update's
+/// (`store::validate_signal_token`) or an update's
 /// ([`update_token`]: its prefix, then no control character, at most 3 identities long).
 ///
 /// # Errors
