@@ -31,10 +31,7 @@ BEGIN
         VALUES (p_name, p_id, p_key, p_payload)
         ON CONFLICT (workflow_name, workflow_id, key) DO UPDATE
             SET value = excluded.value, version = e.version + 1, updated_at = now();
-        IF EXISTS (SELECT 1 FROM workflows w
-                   WHERE w.workflow_name = p_name AND w.workflow_id = p_id AND w.watched) THEN
-            PERFORM keiro_notify_message(p_name, p_id);
-        END IF;
+        PERFORM keiro_notify_message_if_watched(p_name, p_id);
     END IF;
 END;
 $$;
@@ -93,10 +90,7 @@ BEGIN
         RETURNING h.next_offset, h.bytes INTO stream_items, stream_bytes;
         INSERT INTO workflow_streams (workflow_name, workflow_id, key, stream_offset, value)
         VALUES (p_name, p_id, p_key, stream_items - 1, p_payload);
-        IF EXISTS (SELECT 1 FROM workflows w
-                   WHERE w.workflow_name = p_name AND w.workflow_id = p_id AND w.watched) THEN
-            PERFORM keiro_notify_message(p_name, p_id);
-        END IF;
+        PERFORM keiro_notify_message_if_watched(p_name, p_id);
     END IF;
 END;
 $$;
@@ -122,10 +116,7 @@ BEGIN
         VALUES (p_name, p_id, p_key, true)
         ON CONFLICT (workflow_name, workflow_id, key) DO UPDATE
             SET closed = true, updated_at = now();
-        IF EXISTS (SELECT 1 FROM workflows w
-                   WHERE w.workflow_name = p_name AND w.workflow_id = p_id AND w.watched) THEN
-            PERFORM keiro_notify_message(p_name, p_id);
-        END IF;
+        PERFORM keiro_notify_message_if_watched(p_name, p_id);
     END IF;
 END;
 $$;
@@ -312,10 +303,7 @@ BEGIN
     INSERT INTO workflow_streams (workflow_name, workflow_id, key, stream_offset, value)
     VALUES (p_name, p_id, p_key, stream_items - 1, p_payload);
     stream_offset := stream_items - 1;
-    IF EXISTS (SELECT 1 FROM workflows w
-               WHERE w.workflow_name = p_name AND w.workflow_id = p_id AND w.watched) THEN
-        PERFORM keiro_notify_message(p_name, p_id);
-    END IF;
+    PERFORM keiro_notify_message_if_watched(p_name, p_id);
     outcome := 'appended';
 END;
 $$;

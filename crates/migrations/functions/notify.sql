@@ -22,11 +22,27 @@ $$;
 
 -- Tells the readers of an instance's events and streams that it set one or wrote to one.
 -- Listeners wake only the readers of that instance with it, never the worker loops.
--- Called by: SQL only (message.sql); tested in crates/postgres/tests only (LISTEN).
+-- Called by: SQL only (keiro_notify_message_if_watched, update.sql's settle trigger); tested
+-- in crates/postgres/tests only (LISTEN).
 CREATE OR REPLACE FUNCTION keiro_notify_message(p_name text, p_id text) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_notify(current_schema() || '.wake', 'msg:' || p_name || '/' || p_id);
+END;
+$$;
+
+-- keiro_notify_message, only for an instance a reader elsewhere watches (migration 0023's
+-- `watched`): the writes of events, streams and update answers call this, so an unwatched
+-- run's writes send no NOTIFY (a NOTIFY serializes commits; its readers, all in the writing
+-- process, are woken there).
+-- Called by: SQL only (message.sql, update.sql); tested in crates/postgres/tests only (LISTEN).
+CREATE OR REPLACE FUNCTION keiro_notify_message_if_watched(p_name text, p_id text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM workflows w
+               WHERE w.workflow_name = p_name AND w.workflow_id = p_id AND w.watched) THEN
+        PERFORM keiro_notify_message(p_name, p_id);
+    END IF;
 END;
 $$;
 

@@ -122,10 +122,7 @@ BEGIN
             reply = p_payload, settled_at = now()
         WHERE u.workflow_name = p_name AND u.workflow_id = p_id
           AND u.update_id = p_update_id AND u.state = 'requested';
-        IF EXISTS (SELECT 1 FROM workflows w
-                   WHERE w.workflow_name = p_name AND w.workflow_id = p_id AND w.watched) THEN
-            PERFORM keiro_notify_message(p_name, p_id);
-        END IF;
+        PERFORM keiro_notify_message_if_watched(p_name, p_id);
     END IF;
 END;
 $$;
