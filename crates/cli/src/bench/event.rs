@@ -113,15 +113,17 @@ pub(super) async fn measure(
             while i < runs {
                 let id = instance_id("event", i);
                 let pause_ms = 100 + fastrand::u64(0..200);
-                here.start(WORKFLOW, &id, &pause_ms).await?;
+                here.start(WORKFLOW, &id, &pause_ms)
+                    .await
+                    .context("starting")?;
                 let reader = if i % 2 == 0 { &here } else { &elsewhere };
                 let written: Option<i64> = reader
                     .get_event((WORKFLOW, id.as_str()), "ready", Duration::from_secs(30))
-                    .await?;
+                    .await
+                    .context("waiting for an event")?;
                 let got = now_us();
-                let written = written.ok_or_else(|| keiro::Error::Unsupported {
-                    what: "an event that never came (30 s)",
-                })?;
+                let written = written
+                    .ok_or_else(|| failure(format!("run {id}'s event never came (30 s)")))?;
                 let lag = Duration::from_micros(u64::try_from(got - written).unwrap_or(0));
                 if i % 2 == 0 {
                     samples.0.push(lag);
@@ -130,14 +132,12 @@ pub(super) async fn measure(
                 }
                 i += concurrency;
             }
-            Ok::<_, keiro::Error>(samples)
+            Ok::<_, crate::common::Error>(samples)
         });
     }
     let (mut local, mut remote) = (Vec::new(), Vec::new());
     while let Some(joined) = callers.join_next().await {
-        let (l, r) = joined
-            .context("a caller task failed")?
-            .context("waiting for an event")?;
+        let (l, r) = joined.context("a caller task failed")??;
         local.extend(l);
         remote.extend(r);
     }
