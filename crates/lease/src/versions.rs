@@ -28,6 +28,9 @@ pub const VERSION_LEN_MAX: usize = 64;
 pub const HEARTBEAT_INTERVAL_DEFAULT: Duration = Duration::from_secs(10);
 /// How recent a heartbeat must be for its worker to count as live.
 pub const LIVE_WINDOW_DEFAULT: Duration = Duration::from_secs(30);
+/// How long the row of a worker not seen (killed: a stopping worker deletes its own) is kept,
+/// so operators still see it: an hour, then a live worker's heartbeat deletes it.
+pub const FORGET_AFTER_DEFAULT: Duration = Duration::from_secs(3600);
 
 /// A version that cannot be recorded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -246,6 +249,10 @@ pub trait VersionStore: Send + Sync {
 
     /// Deletes a stopping worker's row. Returns whether it was there.
     async fn worker_leave(&self, worker_id: &str) -> Result<bool>;
+
+    /// Deletes the rows of workers whose `last_seen` is older than `not_seen_for` at the
+    /// store's clock (a killed worker never deletes its own). Returns how many.
+    async fn workers_forget(&self, not_seen_for: Duration) -> Result<u64>;
 
     /// Every heartbeat row, by worker id (live or not: [`live`] judges).
     async fn workers_list(&self) -> Result<Vec<WorkerRow>>;

@@ -9,11 +9,15 @@ use keiro_journal::store::Result;
 use keiro_journal::{span::traced, store_span, InstanceKey};
 use keiro_lease::versions::{VersionCount, VersionStore, Versions, WorkerBeat, WorkerRow};
 
+use std::time::Duration;
+
+use crate::ops::span_ms;
 use crate::row::{self, column};
 use crate::PgStore;
 
 const BEAT: &str = "writing a worker's heartbeat";
 const LEAVE: &str = "deleting a worker's heartbeat";
+const FORGET: &str = "deleting the heartbeats of workers not seen";
 const WORKERS: &str = "listing workers";
 const COUNT: &str = "counting runs per version";
 const MOVE: &str = "moving the runs of a version";
@@ -26,6 +30,9 @@ const WORKER_BEAT: &str = "INSERT INTO keiro_workers AS k \
          serves = excluded.serves, queues = excluded.queues, last_seen = now()";
 
 const WORKER_LEAVE: &str = "DELETE FROM keiro_workers WHERE worker_id = $1";
+
+const WORKERS_FORGET: &str =
+    "DELETE FROM keiro_workers WHERE last_seen < now() - $1::bigint * interval '1 millisecond'";
 
 const WORKERS_LIST: &str = "SELECT worker_id, coalesce(app_version, '') AS app_version, serves, \
          queues, started_at, last_seen \
@@ -76,6 +83,12 @@ impl VersionStore for PgStore {
                 > 0)
         })
         .await
+    }
+
+    async fn workers_forget(&self, not_seen_for: Duration) -> Result<u64> {
+        let span = store_span!("workers_forget");
+        let window = span_ms(not_seen_for);
+        traced(span, self.db().execute(FORGET, WORKERS_FORGET, &[&window])).await
     }
 
     async fn workers_list(&self) -> Result<Vec<WorkerRow>> {

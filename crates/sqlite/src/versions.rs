@@ -15,6 +15,7 @@ use crate::row;
 
 pub(crate) const BEAT: &str = "writing a worker's heartbeat";
 pub(crate) const LEAVE: &str = "deleting a worker's heartbeat";
+pub(crate) const FORGET: &str = "deleting the heartbeats of workers not seen";
 pub(crate) const WORKERS: &str = "listing workers";
 pub(crate) const COUNT: &str = "counting runs per version";
 pub(crate) const MOVE: &str = "moving the runs of a version";
@@ -49,6 +50,16 @@ pub(crate) fn worker_leave(conn: &Connection, worker_id: &str) -> Result<bool> {
         .execute_cached(WORKER_LEAVE, [worker_id])
         .map_err(|e| store(LEAVE, e))?
         > 0)
+}
+
+const WORKERS_FORGET: &str = "DELETE FROM keiro_workers WHERE last_seen < ?1";
+
+/// Deletes the rows of workers last seen before `before` (micros); how many.
+pub(crate) fn workers_forget(conn: &Connection, before: i64) -> Result<u64> {
+    let gone = conn
+        .execute_cached(WORKERS_FORGET, [before])
+        .map_err(|e| store(FORGET, e))?;
+    Ok(u64::try_from(gone).unwrap_or(u64::MAX))
 }
 
 const WORKERS_LIST: &str = "SELECT worker_id, coalesce(app_version, ''), serves, queues, \

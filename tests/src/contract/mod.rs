@@ -348,6 +348,7 @@ macro_rules! contract_suite {
                 workers [
                     heartbeats_are_written_refreshed_listed_and_removed,
                     runs_of_a_version_no_live_worker_serves_are_found,
+                    rows_of_workers_not_seen_for_a_while_are_forgotten,
                 ],
             },
             retention {

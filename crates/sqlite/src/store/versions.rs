@@ -1,6 +1,8 @@
 //! [`VersionStore`] for [`SqliteStore`]: heartbeats and moves through the writer, counts and
 //! lists through a reader.
 
+use std::time::Duration;
+
 use keiro_journal::store::Result;
 use keiro_journal::{span::traced, store_span, InstanceKey};
 use keiro_lease::versions::{VersionCount, VersionStore, WorkerBeat, WorkerRow};
@@ -33,6 +35,21 @@ impl VersionStore for SqliteStore {
             self.inner.writer.write(versions::LEAVE, move |conn, _| {
                 versions::worker_leave(conn, &worker_id)
             }),
+        )
+        .await
+    }
+
+    async fn workers_forget(&self, not_seen_for: Duration) -> Result<u64> {
+        traced(
+            store_span!("workers_forget"),
+            self.inner
+                .writer
+                .write(versions::FORGET, move |conn, clock| {
+                    let before = micros(clock).saturating_sub(
+                        i64::try_from(not_seen_for.as_micros()).unwrap_or(i64::MAX),
+                    );
+                    versions::workers_forget(conn, before)
+                }),
         )
         .await
     }

@@ -104,3 +104,32 @@ pub async fn runs_of_a_version_no_live_worker_serves_are_found(h: Harness) -> Te
     );
     Ok(())
 }
+
+/// A killed worker never deletes its own row: `workers_forget` deletes the rows not seen for
+/// the window given, and keeps the rest.
+pub async fn rows_of_workers_not_seen_for_a_while_are_forgotten(h: Harness) -> TestResult {
+    let beat = |id: &str| WorkerBeat {
+        worker_id: id.into(),
+        app_version: String::new(),
+        serves: Versions::Any,
+        queues: Vec::new(),
+    };
+    h.versions.worker_beat(&beat("w-killed")).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    h.versions.worker_beat(&beat("w-alive")).await?;
+    assert_eq!(
+        h.versions.workers_forget(Duration::from_secs(3600)).await?,
+        0,
+        "both were seen within the hour"
+    );
+    assert_eq!(
+        h.versions
+            .workers_forget(Duration::from_millis(150))
+            .await?,
+        1
+    );
+    let rows = h.versions.workers_list().await?;
+    let ids: Vec<&str> = rows.iter().map(|row| row.worker_id.as_str()).collect();
+    assert_eq!(ids, ["w-alive"]);
+    Ok(())
+}
