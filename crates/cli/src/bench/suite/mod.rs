@@ -73,7 +73,7 @@ fn parts(base: &BenchArgs) -> Vec<Part> {
             args: with(Mode::Throughput, size(4000, 40), 3),
             figures: vec![
                 figure("throughput K=3, worker (steps/s)", "/steps_per_s", true),
-                figure("  p50 start to done (ms)", "/p50_ms", false),
+                figure("throughput K=3, p50 start to done (ms)", "/p50_ms", false),
             ],
         },
         Part {
@@ -82,7 +82,7 @@ fn parts(base: &BenchArgs) -> Vec<Part> {
             args: with(Mode::Direct, size(4000, 40), 3),
             figures: vec![
                 figure("direct K=3, C=16 (steps/s)", "/steps_per_s", true),
-                figure("  p50 start to output (ms)", "/p50_ms", false),
+                figure("direct K=3, p50 start to output (ms)", "/p50_ms", false),
             ],
         },
         Part {
@@ -134,7 +134,7 @@ fn parts(base: &BenchArgs) -> Vec<Part> {
                     true,
                 ),
                 figure(
-                    "  idle dispatch to result p50 (ms)",
+                    "remote, idle dispatch to result p50 (ms)",
                     "/idle_dispatch_to_result_p50_ms",
                     false,
                 ),
@@ -241,7 +241,7 @@ fn table(rows: &[Row]) -> Vec<String> {
     for row in rows {
         lines.push(format!(
             "| {} | {} | {}-{} | {} |",
-            row.figure.trim_start(),
+            row.figure,
             shown(row.median),
             shown(row.min),
             shown(row.max),
