@@ -57,7 +57,10 @@ pub struct ResultOptions {
     pub timeout: Option<Duration>,
     /// The fallback: how long to wait for a notification before reading the row anyway
     /// (stretched by up to 20% so waiters started together do not read in lockstep; never
-    /// below [`RESULT_POLL_INTERVAL_MIN`]). Defaults to [`RESULT_POLL_INTERVAL_DEFAULT`].
+    /// below [`RESULT_POLL_INTERVAL_MIN`]). With the store's push, also never below the
+    /// process's waiters over [`CLOSED_FALLBACK_READS_PER_S`](keiro_resume::CLOSED_FALLBACK_READS_PER_S)
+    /// seconds, so ten thousand waiters do not read ten thousand rows a second while nothing
+    /// closes. Defaults to [`RESULT_POLL_INTERVAL_DEFAULT`].
     pub poll_interval: Duration,
 }
 
