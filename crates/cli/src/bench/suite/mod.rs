@@ -218,7 +218,7 @@ fn shown(value: f64) -> String {
         let digits = whole.unsigned_abs().to_string();
         let mut grouped = String::new();
         for (i, c) in digits.chars().enumerate() {
-            if i > 0 && (digits.len() - i) % 3 == 0 {
+            if i > 0 && (digits.len() - i).is_multiple_of(3) {
                 grouped.push(',');
             }
             grouped.push(c);
