@@ -178,7 +178,7 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=600))]
     pub(crate) pgbench_s: u64,
     /// `suite` and `scale`: the smallest sizes that still run every part, for a test (seconds
-    /// in all); the figures mean nothing.
+    /// a round); the figures mean nothing.
     #[arg(long)]
     pub(crate) quick: bool,
     /// `scale`: live (runnable) instances beside the N finished ones.

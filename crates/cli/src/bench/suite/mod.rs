@@ -289,7 +289,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     .context("connecting to the server")?;
     let mut machine = machine::Machine::read(&db).await?;
     let parts = parts(args);
-    let rounds = if args.quick { 1 } else { args.rounds };
+    let rounds = args.rounds;
     let pgbench_s = if args.quick { 1 } else { args.pgbench_s };
     let dir = scratch_dir()?;
     let sqlite_file = dir.join("bench.db");
