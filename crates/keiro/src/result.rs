@@ -247,8 +247,9 @@ pub(crate) async fn await_result<T: DeserializeOwned>(
         if let Some(outcome) = outcome(row) {
             return outcome;
         }
-        // Stretched, never shortened: no waiter reads more often than once per `poll`.
-        let mut wait = keiro_journal::store::stretched(poll);
+        // Stretched, never shortened: no waiter reads more often than once per `poll`; and
+        // not below the floor that spreads the fallback reads of a store's many waiters.
+        let mut wait = keiro_journal::store::stretched(poll).max(wake.fallback_floor());
         if let Some((deadline, timeout)) = deadline {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             if left.is_zero() {

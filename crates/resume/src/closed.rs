@@ -13,9 +13,11 @@
 //! learns the outcome: a notification lost (the listener was reconnecting) costs latency, and
 //! a reconnection wakes every waiter once, since what was sent meanwhile is unknown.
 //!
-//! The fallback polls are spread: however many waiters a registry holds, together they wake
-//! for a fallback read about [`CLOSED_FALLBACK_READS_PER_S`] times a second, so each waiter's
-//! fallback is at least `waiters / CLOSED_FALLBACK_READS_PER_S`. Ten waiters keep the caller's
+//! The fallback reads are spread: however many waiters a registry holds, together they read
+//! about [`CLOSED_FALLBACK_READS_PER_S`] times a second, since each waiter's caller reads at
+//! a fallback of at least `waiters / CLOSED_FALLBACK_READS_PER_S` seconds
+//! ([`WakeSource::fallback_floor`]; a store's own short waits before it marks an instance are
+//! its business and are not stretched). Ten waiters keep the caller's
 //! fallback; ten thousand each read once every 100 s instead of once a second, which would be
 //! ten thousand reads a second of instances that have not closed. What that costs is only the
 //! latency of a notification lost without a reconnection, which the listener does not lose.
@@ -196,10 +198,11 @@ impl WakeSource for ClosedWait {
         self.outcome()
     }
 
-    /// Waits for the close, or `fallback` stretched to the registry's
-    /// [`fallback_floor`](ClosedWaiters::fallback_floor), whichever comes first.
+    fn fallback_floor(&self) -> Duration {
+        self.waiters.fallback_floor()
+    }
+
     async fn wait(&mut self, fallback: Duration) -> WakeReason {
-        let fallback = fallback.max(self.waiters.fallback_floor());
         tokio::select! {
             biased;
             () = self.waiter.notify.notified() => WakeReason::Notified,
@@ -237,36 +240,37 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn many_waiters_spread_their_fallback_reads() {
         let waiters = ClosedWaiters::default();
-        let one_second = Duration::from_secs(1);
-        // Fewer waiters than the reads a second: each keeps its own fallback.
+        // Fewer waiters than the reads a second: a floor below every default fallback.
         let mut few: Vec<_> = (0..10)
             .map(|i| waiters.subscribe(&key(&format!("f{i}"))))
             .collect();
-        let started = tokio::time::Instant::now();
-        assert_eq!(few[0].wait(one_second).await, WakeReason::Timeout);
-        assert_eq!(started.elapsed(), one_second);
+        assert_eq!(few[0].fallback_floor(), Duration::from_millis(100));
         // 1,000 waiters: together about 100 fallback reads a second, so 10 s each.
         let mut many: Vec<_> = (0..990)
             .map(|i| waiters.subscribe(&key(&format!("m{i}"))))
             .collect();
         assert_eq!(waiters.fallback_floor(), Duration::from_secs(10));
-        let started = tokio::time::Instant::now();
-        assert_eq!(many[0].wait(one_second).await, WakeReason::Timeout);
-        assert_eq!(started.elapsed(), Duration::from_secs(10));
-        // A longer fallback of the caller's is kept; a close still wakes at once.
+        let boxed: Box<dyn WakeSource> = Box::new(waiters.subscribe(&key("boxed")));
+        assert_eq!(boxed.fallback_floor(), Duration::from_millis(10_010));
+        drop(boxed);
+        // The wait itself is not stretched (a store's own short waits stay short), and a
+        // close still wakes at once.
         let started = tokio::time::Instant::now();
         assert_eq!(
-            few[1].wait(Duration::from_secs(30)).await,
+            many[0].wait(Duration::from_secs(1)).await,
             WakeReason::Timeout
         );
-        assert_eq!(started.elapsed(), Duration::from_secs(30));
+        assert_eq!(started.elapsed(), Duration::from_secs(1));
         waiters.closed(&key("m5"));
-        assert_eq!(many[5].wait(one_second).await, WakeReason::Notified);
+        assert_eq!(
+            many[5].wait(Duration::from_secs(1)).await,
+            WakeReason::Notified
+        );
         // As the waiters leave, the floor falls back.
         many.clear();
         few.truncate(1);
         assert_eq!(waiters.len(), 1);
-        assert_eq!(waiters.fallback_floor(), Duration::from_millis(10));
+        assert_eq!(few[0].fallback_floor(), Duration::from_millis(10));
     }
 
     #[tokio::test(start_paused = true)]
