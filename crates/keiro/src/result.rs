@@ -57,7 +57,10 @@ pub struct ResultOptions {
     pub timeout: Option<Duration>,
     /// The fallback: how long to wait for a notification before reading the row anyway
     /// (stretched by up to 20% so waiters started together do not read in lockstep; never
-    /// below [`RESULT_POLL_INTERVAL_MIN`]). Defaults to [`RESULT_POLL_INTERVAL_DEFAULT`].
+    /// below [`RESULT_POLL_INTERVAL_MIN`]). With the store's push, also never below the
+    /// process's waiters over [`CLOSED_FALLBACK_READS_PER_S`](keiro_resume::CLOSED_FALLBACK_READS_PER_S)
+    /// seconds, so ten thousand waiters do not read ten thousand rows a second while nothing
+    /// closes. Defaults to [`RESULT_POLL_INTERVAL_DEFAULT`].
     pub poll_interval: Duration,
 }
 
@@ -244,8 +247,9 @@ pub(crate) async fn await_result<T: DeserializeOwned>(
         if let Some(outcome) = outcome(row) {
             return outcome;
         }
-        // Stretched, never shortened: no waiter reads more often than once per `poll`.
-        let mut wait = keiro_journal::store::stretched(poll);
+        // Stretched, never shortened: no waiter reads more often than once per `poll`; and
+        // not below the floor that spreads the fallback reads of a store's many waiters.
+        let mut wait = keiro_journal::store::stretched(poll).max(wake.fallback_floor());
         if let Some((deadline, timeout)) = deadline {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             if left.is_zero() {

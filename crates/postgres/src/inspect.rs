@@ -139,6 +139,9 @@ impl ListStatement {
         }
         if let Some(until) = filter.finished.until {
             statement.push(FILTER_FINISHED_UNTIL, Box::new(until));
+            // A run finishes after it was created: this bound lets a newest-first walk of the
+            // created_at index start at `until` instead of passing every run created since.
+            statement.push(FILTER_CREATED_UNTIL, Box::new(until));
         }
         if let Some(parent) = &filter.parent {
             statement.push(

@@ -636,6 +636,10 @@ impl WakeSource for ClosedSubscription {
         self.wait.outcome()
     }
 
+    fn fallback_floor(&self) -> Duration {
+        self.wait.fallback_floor()
+    }
+
     async fn wait(&mut self, mut fallback: Duration) -> WakeReason {
         if let Some(store) = self.store.upgrade() {
             store.listener_start();

@@ -12,6 +12,15 @@
 //! A notification is an optimisation over the waiter's fallback poll, never the only way it
 //! learns the outcome: a notification lost (the listener was reconnecting) costs latency, and
 //! a reconnection wakes every waiter once, since what was sent meanwhile is unknown.
+//!
+//! The fallback reads are spread: however many waiters a registry holds, together they read
+//! about [`CLOSED_FALLBACK_READS_PER_S`] times a second, since each waiter's caller reads at
+//! a fallback of at least `waiters / CLOSED_FALLBACK_READS_PER_S` seconds
+//! ([`WakeSource::fallback_floor`]; a store's own short waits before it marks an instance are
+//! its business and are not stretched). Ten waiters keep the caller's
+//! fallback; ten thousand each read once every 100 s instead of once a second, which would be
+//! ten thousand reads a second of instances that have not closed. What that costs is only the
+//! latency of a notification lost without a reconnection, which the listener does not lose.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -42,9 +51,15 @@ pub struct ClosedWaiters {
     inner: Arc<Mutex<Registry>>,
 }
 
+/// How many fallback reads a second the waiters of one registry make together, at most (about:
+/// each waiter's own fallback is stretched to `waiters / this`, never shortened): 100.
+pub const CLOSED_FALLBACK_READS_PER_S: u32 = 100;
+
 #[derive(Debug, Default)]
 struct Registry {
     next_id: u64,
+    /// Waiters over every key (the sum of `by_key`'s lists, kept so a wait need not add it up).
+    count: usize,
     by_key: HashMap<InstanceKey, Vec<(u64, Arc<Waiter>)>>,
 }
 
@@ -65,6 +80,7 @@ impl ClosedWaiters {
         let waiter = Arc::new(Waiter::default());
         let mut registry = self.lock();
         registry.next_id += 1;
+        registry.count += 1;
         let id = registry.next_id;
         registry
             .by_key
@@ -114,7 +130,15 @@ impl ClosedWaiters {
 
     /// How many waiters are registered, over every key.
     pub fn len(&self) -> usize {
-        self.lock().by_key.values().map(Vec::len).sum()
+        self.lock().count
+    }
+
+    /// The shortest fallback a waiter of this registry waits: its waiters over
+    /// [`CLOSED_FALLBACK_READS_PER_S`], in seconds (10 ms a waiter; below a second, so below
+    /// every default fallback, for fewer than 100 waiters).
+    pub fn fallback_floor(&self) -> Duration {
+        let waiters = u32::try_from(self.len()).unwrap_or(u32::MAX);
+        Duration::from_secs(1) * waiters / CLOSED_FALLBACK_READS_PER_S
     }
 
     /// Whether no waiter is registered.
@@ -130,10 +154,13 @@ impl ClosedWaiters {
     fn unregister(&self, key: &InstanceKey, id: u64) {
         let mut registry = self.lock();
         if let Some(waiters) = registry.by_key.get_mut(key) {
+            let before = waiters.len();
             waiters.retain(|(waiter, _)| *waiter != id);
+            let removed = before - waiters.len();
             if waiters.is_empty() {
                 registry.by_key.remove(key);
             }
+            registry.count -= removed;
         }
     }
 }
@@ -171,6 +198,10 @@ impl WakeSource for ClosedWait {
         self.outcome()
     }
 
+    fn fallback_floor(&self) -> Duration {
+        self.waiters.fallback_floor()
+    }
+
     async fn wait(&mut self, fallback: Duration) -> WakeReason {
         tokio::select! {
             biased;
@@ -204,6 +235,42 @@ mod tests {
         assert_eq!(a1.wait(fallback).await, WakeReason::Timeout);
         waiters.reconnected();
         assert_eq!(b.wait(fallback).await, WakeReason::Notified);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn many_waiters_spread_their_fallback_reads() {
+        let waiters = ClosedWaiters::default();
+        // Fewer waiters than the reads a second: a floor below every default fallback.
+        let mut few: Vec<_> = (0..10)
+            .map(|i| waiters.subscribe(&key(&format!("f{i}"))))
+            .collect();
+        assert_eq!(few[0].fallback_floor(), Duration::from_millis(100));
+        // 1,000 waiters: together about 100 fallback reads a second, so 10 s each.
+        let mut many: Vec<_> = (0..990)
+            .map(|i| waiters.subscribe(&key(&format!("m{i}"))))
+            .collect();
+        assert_eq!(waiters.fallback_floor(), Duration::from_secs(10));
+        let boxed: Box<dyn WakeSource> = Box::new(waiters.subscribe(&key("boxed")));
+        assert_eq!(boxed.fallback_floor(), Duration::from_millis(10_010));
+        drop(boxed);
+        // The wait itself is not stretched (a store's own short waits stay short), and a
+        // close still wakes at once.
+        let started = tokio::time::Instant::now();
+        assert_eq!(
+            many[0].wait(Duration::from_secs(1)).await,
+            WakeReason::Timeout
+        );
+        assert_eq!(started.elapsed(), Duration::from_secs(1));
+        waiters.closed(&key("m5"));
+        assert_eq!(
+            many[5].wait(Duration::from_secs(1)).await,
+            WakeReason::Notified
+        );
+        // As the waiters leave, the floor falls back.
+        many.clear();
+        few.truncate(1);
+        assert_eq!(waiters.len(), 1);
+        assert_eq!(few[0].fallback_floor(), Duration::from_millis(10));
     }
 
     #[tokio::test(start_paused = true)]

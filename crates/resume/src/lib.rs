@@ -53,7 +53,7 @@ mod timer;
 mod wake;
 mod worker;
 
-pub use closed::{ClosedWait, ClosedWaiters};
+pub use closed::{ClosedWait, ClosedWaiters, CLOSED_FALLBACK_READS_PER_S};
 pub use heartbeat::run_heartbeat;
 pub use log::{tracing_log_hook, LogHook, ResumeLogEvent};
 pub use options::{

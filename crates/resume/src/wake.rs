@@ -26,6 +26,14 @@ pub trait WakeSource: Send {
     fn closed_outcome(&self) -> Option<ClosedOutcome> {
         None
     }
+
+    /// For a result waiter's source: the shortest fallback its caller should read at, so the
+    /// waiters of one store spread their fallback reads (see
+    /// [`ClosedWaiters::fallback_floor`](crate::ClosedWaiters::fallback_floor)). Zero by
+    /// default: no floor.
+    fn fallback_floor(&self) -> Duration {
+        Duration::ZERO
+    }
 }
 
 /// How an instance closed, as the process that closed it knows it: what a result waiter would
@@ -101,6 +109,10 @@ pub trait Notifier: Send + Sync {
 impl WakeSource for Box<dyn WakeSource> {
     async fn wait(&mut self, fallback: Duration) -> WakeReason {
         self.as_mut().wait(fallback).await
+    }
+
+    fn fallback_floor(&self) -> Duration {
+        self.as_ref().fallback_floor()
     }
 }
 

@@ -194,9 +194,6 @@ pub(super) async fn run(args: &BenchArgs, store: Store) -> Result<Outcome> {
         synchronous: "FULL",
         rates,
     };
-    println!(
-        "{}",
-        serde_json::to_string(&report).context("encoding the report")?
-    );
+    super::emit(&report)?;
     Ok(Outcome::Success)
 }

@@ -346,9 +346,6 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         rss_peak_mb: round(rss_peak_mb, 1),
         round_trips,
     };
-    println!(
-        "{}",
-        serde_json::to_string(&report).context("encoding the report")?
-    );
+    super::emit(&report)?;
     Ok(outcome)
 }

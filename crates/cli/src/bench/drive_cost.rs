@@ -127,9 +127,6 @@ pub(crate) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         drives_per_length: DRIVES,
         lengths,
     };
-    println!(
-        "{}",
-        serde_json::to_string(&report).context("encoding the report")?
-    );
+    super::emit(&report)?;
     Ok(Outcome::Success)
 }

@@ -164,9 +164,6 @@ pub(super) async fn measure(
          in another store p50 {:.2} ms, p99 {:.2} ms (target p50 < {TARGET_P50_MS} ms)",
         l.p50_ms, l.p99_ms, r.p50_ms, r.p99_ms
     );
-    println!(
-        "{}",
-        serde_json::to_string(&report).context("encoding the report")?
-    );
+    super::emit(&report)?;
     Ok(Outcome::Success)
 }

@@ -231,10 +231,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         report.with_over_without,
         report.median_pair_ratio
     );
-    println!(
-        "{}",
-        serde_json::to_string(&report).context("encoding the report")?
-    );
+    super::emit(&report)?;
     Ok(Outcome::Success)
 }
 

@@ -33,7 +33,7 @@ use crate::common::{
 const IDLE_WARMUP: Duration = Duration::from_secs(5);
 
 /// The registered workflow name.
-const WORKFLOW: &str = "bench-park";
+pub(super) const WORKFLOW: &str = "bench-park";
 
 /// Parked runs made due to sample the price of a reconcile re-drive.
 const REDRIVE_SAMPLE: i64 = 100;
@@ -47,7 +47,7 @@ const RESUME_ONCE_PASSES: usize = 3;
 const IDLE_POOL_SIZE: usize = 4;
 
 /// Parks forever unless its awakeable is completed: the cheapest parked run.
-async fn parked(ctx: Ctx, _input: ()) -> Result<u64, WorkflowError> {
+pub(super) async fn parked(ctx: Ctx, _input: ()) -> Result<u64, WorkflowError> {
     let wake = ctx.awakeable::<u64>("wake").await?;
     let value = wake.value().await?;
     ctx.step("woke", || async move { Ok::<_, Infallible>(value) })
@@ -283,9 +283,6 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         park_s: round(park_s, 1),
         rss_mb: round(rss_mb, 1),
     };
-    println!(
-        "{}",
-        serde_json::to_string(&report).context("encoding the report")?
-    );
+    super::emit(&report)?;
     Ok(Outcome::Success)
 }

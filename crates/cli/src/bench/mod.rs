@@ -23,6 +23,10 @@
 //!   with and without a collecting worker, in interleaved rounds (see [`gc`]).
 //! - `sqlite-baseline`: durable one-row commits per second on a SQLite file at 1 and C
 //!   threads (see [`baseline`]).
+//! - `suite`: the standard set in rounds, each beside pgbench's one-row INSERT, as one table
+//!   with the machine it ran on (see [`suite`]).
+//! - `scale`: a workflows table of a million finished and a hundred thousand live instances,
+//!   and many parked runs and result waiters (see [`scale`]).
 
 mod baseline;
 mod direct;
@@ -31,9 +35,11 @@ mod event;
 mod gc;
 mod idle;
 pub(crate) mod remote;
+mod scale;
 mod server;
 mod sqlite;
 mod stream;
+mod suite;
 mod throughput;
 mod wake;
 
@@ -74,6 +80,12 @@ pub(crate) enum Mode {
     Stream,
     /// The latency from a run's event write to a caller waiting for it, here and elsewhere.
     Event,
+    /// The standard set (throughput, direct, K=100, wake latency, idle cost, remote, SQLite)
+    /// in rounds interleaved with pgbench: one table of medians and ratios, and the machine.
+    Suite,
+    /// At scale: claim, list, counts and retention over 1,000,000 finished and 100,000 live
+    /// instances; an idle worker over many parked runs; many concurrent result waiters.
+    Scale,
 }
 
 impl Mode {
@@ -90,6 +102,8 @@ impl Mode {
             Self::SqliteBaseline => 0,
             Self::Stream => 20_000,
             Self::Event => 200,
+            Self::Suite => 0,
+            Self::Scale => 1_000_000,
         }
     }
 }
@@ -156,9 +170,26 @@ pub(crate) struct BenchArgs {
     /// `gc`: workflows of the workload each round runs (N is the expired backlog seeded).
     #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) workload: u64,
-    /// `gc`: pairs of rounds (without gc, then with), interleaved.
+    /// `gc`: pairs of rounds (without gc, then with), interleaved; `suite`: rounds of the
+    /// standard set, each beside its own pgbench run.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
     pub(crate) rounds: u64,
+    /// `suite`: seconds of each round's pgbench run (one-row INSERT, 16 clients).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub(crate) pgbench_s: u64,
+    /// `suite` and `scale`: the smallest sizes that still run every part, for a test (seconds
+    /// a round); the figures mean nothing.
+    #[arg(long)]
+    pub(crate) quick: bool,
+    /// `scale`: live (runnable) instances beside the N finished ones.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) live: u64,
+    /// `scale`: runs parked on an awakeable while an idle worker is counted.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) parked: u64,
+    /// `scale`: concurrent `Keiro::result` waiters in this process.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) waiters: u64,
     /// `direct`: how the closed loop runs its workflows: by direct execution, through `start`,
     /// the worker and `result` (the comparison), or alternating the two in every task.
     #[arg(long, value_enum, default_value_t = direct::Path::Direct)]
@@ -258,7 +289,34 @@ pub(crate) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         Mode::SqliteBaseline => baseline::run(args, store).await,
         Mode::Stream => stream::run(global, args).await,
         Mode::Event => event::run_postgres(global, args).await,
+        Mode::Suite => suite::run(global, args).await,
+        Mode::Scale => scale::run(global, args).await,
     }
+}
+
+/// The report the last mode emitted, for [`suite`], which runs the modes in turn.
+static LAST_REPORT: std::sync::Mutex<Option<serde_json::Value>> = std::sync::Mutex::new(None);
+
+/// Prints a mode's report as its last line (keys in the report's order) and keeps it, so the
+/// suite reads each mode's figures as a script reading `tail -n1` would.
+fn emit<T: Serialize>(report: &T) -> Result<()> {
+    println!(
+        "{}",
+        serde_json::to_string(report).context("encoding the report")?
+    );
+    let value = serde_json::to_value(report).context("encoding the report")?;
+    *LAST_REPORT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(value);
+    Ok(())
+}
+
+/// The report [`emit`] kept last, taken (the next call finds none until another mode emits).
+fn take_report() -> Option<serde_json::Value> {
+    LAST_REPORT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take()
 }
 
 /// What every mode starts from: a fresh, migrated schema, the store (whose round-trip counter

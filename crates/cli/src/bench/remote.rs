@@ -429,10 +429,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         round_trips_per_remote_step: round(round_trips_f / steps_f, 3),
         worker_round_trips_per_remote_step: round(worker_round_trips_f / steps_f, 3),
     };
-    println!(
-        "{}",
-        serde_json::to_string(&report).context("encoding the report")?
-    );
+    super::emit(&report)?;
     Ok(if load_n == remote_steps {
         Outcome::Success
     } else {

@@ -177,10 +177,7 @@ fn report(args: &BenchArgs, workflows: u64, phase: &Phase) -> Result<()> {
         rss_mb: round(rss_mb, 1),
         rss_peak_mb: round(rss_peak_mb, 1),
     };
-    println!(
-        "{}",
-        serde_json::to_string(&report).context("encoding the report")?
-    );
+    super::emit(&report)?;
     Ok(())
 }
 

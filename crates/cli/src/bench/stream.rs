@@ -132,9 +132,6 @@ pub(crate) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
          append to reader p50 {:.2} ms, p99 {:.2} ms",
         p.p50_ms, p.p99_ms
     );
-    println!(
-        "{}",
-        serde_json::to_string(&report).context("encoding the report")?
-    );
+    super::emit(&report)?;
     Ok(Outcome::Success)
 }

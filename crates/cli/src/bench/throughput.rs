@@ -483,9 +483,6 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         admission_p50_ms: admission.map(|(p50, _)| round(p50, 2)),
         admission_p99_ms: admission.map(|(_, p99)| round(p99, 2)),
     };
-    println!(
-        "{}",
-        serde_json::to_string(&report).context("encoding the report")?
-    );
+    super::emit(&report)?;
     Ok(outcome)
 }

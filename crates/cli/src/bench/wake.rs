@@ -219,10 +219,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         push_p50_met: p50_met,
         push_p99_met: p99_met,
     };
-    println!(
-        "{}",
-        serde_json::to_string(&report).context("encoding the report")?
-    );
+    super::emit(&report)?;
     drop(setup);
     Ok(Outcome::Success)
 }

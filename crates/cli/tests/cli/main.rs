@@ -2,6 +2,7 @@
 //! serves) as a user would, against a real PostgreSQL schema or a SQLite file.
 
 mod bench_sqlite;
+mod bench_suite;
 mod credentials;
 mod migrate;
 mod queue;

@@ -432,14 +432,22 @@ pub(crate) async fn instance_resurrect(db: &Db, key: &InstanceKey) -> Result<Res
 }
 
 /// The discovery statement. Both arms name their status positively so the planner can prove
-/// the predicate implies `workflows_active_idx`'s and serve it from that partial index, whatever
-/// the number of terminal instances. `LIMIT NULL` is no limit.
+/// each implies a partial index's predicate and serve it from there, whatever the number of
+/// terminal instances: the running arm walks `workflows_running_claim_idx` in claim order and
+/// stops at the limit, so a limited discovery over a backlog of any size reads about the rows
+/// it returns (one query over both statuses sorted every runnable row first); the due
+/// suspended arm reads `workflows_active_idx`. `LIMIT NULL` is no limit.
 ///
 /// Public only so the plan test can `EXPLAIN` the exact statement the store runs.
-pub const INSTANCES_RUNNABLE: &str = "SELECT workflow_name, workflow_id FROM workflows \
-     WHERE (status = 'running' \
-        OR (status = 'suspended' AND wake_after IS NOT NULL AND wake_after <= coalesce($1, now()))) \
-       AND (queue IS NULL OR queue_admitted) \
+pub const INSTANCES_RUNNABLE: &str = "SELECT workflow_name, workflow_id FROM (\
+     (SELECT priority, created_at, workflow_name, workflow_id FROM workflows \
+      WHERE status = 'running' AND (queue IS NULL OR queue_admitted) \
+      ORDER BY priority DESC, created_at, workflow_name, workflow_id LIMIT $2) \
+     UNION ALL \
+     (SELECT priority, created_at, workflow_name, workflow_id FROM workflows \
+      WHERE status = 'suspended' AND wake_after IS NOT NULL AND wake_after <= coalesce($1, now()) \
+        AND (queue IS NULL OR queue_admitted) \
+      ORDER BY priority DESC, created_at, workflow_name, workflow_id LIMIT $2)) AS runnable \
      ORDER BY priority DESC, created_at, workflow_name, workflow_id \
      LIMIT $2";
 

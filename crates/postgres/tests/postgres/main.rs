@@ -29,6 +29,7 @@ mod remote_tasks;
 mod retention_locks;
 mod rolling_deploy;
 mod round_trips;
+mod scale_plans;
 mod schema_isolation;
 mod schema_not_migrated;
 mod search_path;
