@@ -92,10 +92,14 @@ pub use ctx::awakeables::Awakeable;
 pub use ctx::{BoxFuture, Ctx};
 pub use diagnostics::{error_chain, panic_message};
 pub use inspect::{
-    parse_status, AwakeableInfo, Counts, Cursor, FilterError, GroupCount, InspectStore,
-    InstanceSummary, ListFilter, ListOrder, ListRequest, Page, SignalWaitInfo, StatusCount,
-    TimeRange, TimerInfo, TimerState, Waits, ID_PREFIX_LEN_MAX, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX,
-    WAITS_LIMIT_DEFAULT,
+    parse_status, AttrFilter, AttrOp, AwakeableInfo, Counts, Cursor, FilterError, GroupCount,
+    InspectStore, InstanceSummary, ListFilter, ListOrder, ListRequest, Page, SignalWaitInfo,
+    StatusCount, TimeRange, TimerInfo, TimerState, Waits, ATTR_FILTERS_MAX, ID_PREFIX_LEN_MAX,
+    LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, WAITS_LIMIT_DEFAULT,
+};
+pub use model::attribute::{
+    validate_attribute_name, AttrError, AttrValue, Attributes, ATTRIBUTES_MAX,
+    ATTRIBUTES_STEP_PREFIX, ATTRIBUTE_NAME_LEN_MAX, ATTRIBUTE_TEXT_LEN_MAX,
 };
 pub use model::budget::{JournalBudget, JOURNAL_BYTES_MAX_DEFAULT, JOURNAL_STEPS_MAX_DEFAULT};
 pub use model::delivery::{

@@ -122,7 +122,8 @@ pub use direct::DirectError;
 pub use error::Error;
 pub use handle::Keiro;
 pub use keiro_journal::{
-    Backoff, Ctx, InstanceKey, SignalOptions, Status, StepOptions, WorkflowError,
+    AttrValue, Attributes, Backoff, Ctx, InstanceKey, SignalOptions, Status, StepOptions,
+    WorkflowError,
 };
 pub use keiro_telemetry::{Metrics, Tracing};
 pub use result::{ResultError, ResultOptions};

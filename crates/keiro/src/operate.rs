@@ -17,10 +17,12 @@ pub use keiro_journal::store::{
     TerminalCount, Throughput, ThroughputRequest, THROUGHPUT_BUCKETS_MAX, THROUGHPUT_BUCKET_MAX,
 };
 pub use keiro_journal::{
-    AwakeableInfo, AwakeableStatus, CancelOutcome, Counts, Cursor, FilterError, GcBatch, GcRequest,
-    GroupCount, InstanceSummary, ListFilter, ListOrder, ListRequest, Page, SignalWaitInfo,
-    StatusCount, TimeRange, TimerInfo, TimerKind, TimerState, Waits, GC_BATCH_DEFAULT,
-    GC_BATCH_MAX, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, WAITS_LIMIT_DEFAULT,
+    AttrError, AttrFilter, AttrOp, AttrValue, Attributes, AwakeableInfo, AwakeableStatus,
+    CancelOutcome, Counts, Cursor, FilterError, GcBatch, GcRequest, GroupCount, InstanceSummary,
+    ListFilter, ListOrder, ListRequest, Page, SignalWaitInfo, StatusCount, TimeRange, TimerInfo,
+    TimerKind, TimerState, Waits, ATTRIBUTES_MAX, ATTRIBUTE_NAME_LEN_MAX, ATTRIBUTE_TEXT_LEN_MAX,
+    ATTR_FILTERS_MAX, GC_BATCH_DEFAULT, GC_BATCH_MAX, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX,
+    WAITS_LIMIT_DEFAULT,
 };
 pub use keiro_lease::ResurrectOutcome;
 pub use keiro_remote::{AdminError, RequeueOutcome};
@@ -180,6 +182,32 @@ impl Keiro {
     pub async fn messages(&self, key: impl IntoInstanceKey) -> Result<Messages, Error> {
         let key = key.into_instance_key()?;
         Ok(self.operate()?.inspect.instance_messages(&key).await?)
+    }
+
+    /// The search attributes of an instance (set at its start and by its body, the latest
+    /// value of each name); empty for an unknown instance.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use keiro::{queue::StartOptions, AttrValue};
+    /// let keiro = keiro::Keiro::temporary()?;
+    /// let options = StartOptions::default().attribute("customer", "acme");
+    /// keiro.start_with("order", "order-1", &1, &options).await?;
+    /// let attributes = keiro.attributes(("order", "order-1")).await?;
+    /// assert_eq!(attributes.get("customer"), Some(&AttrValue::from("acme")));
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidId`], [`Error::Store`], [`Error::Unsupported`] for a store wrapped with
+    /// `KeiroBuilder::lease_only`.
+    pub async fn attributes(&self, key: impl IntoInstanceKey) -> Result<Attributes, Error> {
+        let key = key.into_instance_key()?;
+        Ok(self.operate()?.inspect.instance_attributes(&key).await?)
     }
 
     /// The updates sent to an instance, oldest first, at most [`UPDATES_LISTED`]: each one's

@@ -54,7 +54,7 @@ use crate::function_set::{
 /// The revision of [`FUNCTION_FILES`], raised by one with every change to a function file of
 /// `keiro-migrations` (or to that list), so that of two builds migrating one schema only the one
 /// with the newer files applies them.
-const FUNCTIONS_REVISION: i32 = 15;
+const FUNCTIONS_REVISION: i32 = 16;
 
 /// The combined checksum (hex) of [`FUNCTION_FILES`] at [`FUNCTIONS_REVISION`], as
 /// [`FunctionSet::checksum`] computes it: the unit test
@@ -63,7 +63,7 @@ const FUNCTIONS_REVISION: i32 = 15;
 /// computes, so a build whose files differ from this one's refuses this one's revision.
 #[cfg(test)]
 const FUNCTIONS_REVISION_CHECKSUM: &str =
-    "0badb1319b20cc88d24c59971814021e28c5773d6a59839df8c00958e1d273eb";
+    "137eff640c914bfac2f3ad4043f1aee0757383b25a03d591bc20c1e8bdaa8881";
 
 /// This build's function files.
 const FUNCTIONS: FunctionSet<'static> = FunctionSet {

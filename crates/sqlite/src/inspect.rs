@@ -11,8 +11,8 @@
 
 use keiro_journal::store::{Result, Throughput, ThroughputRequest};
 use keiro_journal::{
-    AwakeableInfo, Counts, GroupCount, InstanceSummary, ListOrder, ListRequest, Page,
-    SignalWaitInfo, StatusCount, TimerInfo, TimerKind, TimerState, Waits, WorkflowName,
+    AttrFilter, AttrOp, AwakeableInfo, Counts, GroupCount, InstanceSummary, ListOrder, ListRequest,
+    Page, SignalWaitInfo, StatusCount, TimerInfo, TimerKind, TimerState, Waits, WorkflowName,
 };
 use rusqlite::types::Value as Sql;
 use rusqlite::{params, params_from_iter, Connection, Row};
@@ -29,7 +29,9 @@ const WAITS: &str = "reading an instance's waits";
 
 const INSTANCES_LIST_SELECT: &str = "SELECT w.workflow_name, w.workflow_id, w.generation, \
      w.status, w.attempts, w.last_error, w.parent_name, w.parent_id, w.priority, \
-     w.created_at, w.updated_at, w.completed_at, w.queue, w.queue_key, w.next_attempt_at \
+     w.created_at, w.updated_at, w.completed_at, w.queue, w.queue_key, w.next_attempt_at, \
+     (SELECT json_group_object(a.attr, json(a.value)) FROM workflow_attributes a \
+      WHERE a.workflow_name = w.workflow_name AND a.workflow_id = w.workflow_id) \
      FROM workflows w WHERE 1";
 // Served by workflows_list_name_idx.
 const FILTER_NAME: &str = " AND w.workflow_name = ?";
@@ -64,6 +66,28 @@ const FILTER_QUEUE_KEY: &str = " AND w.queue_key = ?";
 const FILTER_FAILED_REMOTE: &str = " AND EXISTS (SELECT 1 FROM remote_tasks t \
      WHERE t.workflow_name = w.workflow_name AND t.workflow_id = w.workflow_id \
      AND t.status = 'failed')";
+// An attribute filter: the instance among those an index of migration 0008 gives for the
+// attribute and value (workflow_attributes_text_idx, _num_idx or _time_idx, by the kind).
+const FILTER_ATTR: &str = " AND (w.workflow_name, w.workflow_id) IN (SELECT a.workflow_name, \
+     a.workflow_id FROM workflow_attributes a WHERE a.attr = ?";
+// Text and booleans share text_value: the kind tells `"true"` from `true`.
+const FILTER_ATTR_KIND: &str = " AND a.kind = ?";
+const FILTER_ATTR_TEXT: &str = " AND a.text_value = ?";
+// [=, >, >=, <, <=] on a number, then on a time.
+const FILTER_ATTR_NUM: [&str; 5] = [
+    " AND a.num_value = ?",
+    " AND a.num_value > ?",
+    " AND a.num_value >= ?",
+    " AND a.num_value < ?",
+    " AND a.num_value <= ?",
+];
+const FILTER_ATTR_TIME: [&str; 5] = [
+    " AND a.time_value = ?",
+    " AND a.time_value > ?",
+    " AND a.time_value >= ?",
+    " AND a.time_value < ?",
+    " AND a.time_value <= ?",
+];
 const KEYSET_BEFORE: &str = " AND (w.created_at, w.workflow_name, w.workflow_id) < (?";
 const KEYSET_AFTER: &str = " AND (w.created_at, w.workflow_name, w.workflow_id) > (?";
 // The same keyset without the name, for a name-filtered page whose cursor has that name: what
@@ -94,6 +118,27 @@ impl ListStatement {
         self.params.push(value);
         self.sql.push_str(", ?");
         self.sql.push_str(&self.params.len().to_string());
+    }
+
+    /// The subquery of one attribute filter (validated: a range compares a number or a time).
+    fn attr(&mut self, filter: &AttrFilter) {
+        let op = match filter.op {
+            AttrOp::Eq => 0,
+            AttrOp::Gt => 1,
+            AttrOp::Ge => 2,
+            AttrOp::Lt => 3,
+            AttrOp::Le => 4,
+        };
+        self.push(FILTER_ATTR, Sql::Text(filter.name.clone()));
+        if let Some(text) = filter.value.text_key() {
+            self.push(FILTER_ATTR_KIND, Sql::Text(filter.value.kind().to_owned()));
+            self.push(FILTER_ATTR_TEXT, Sql::Text(text));
+        } else if let Some(number) = filter.value.number_key() {
+            self.push(FILTER_ATTR_NUM[op], Sql::Real(number));
+        } else if let Some(at) = filter.value.time_key() {
+            self.push(FILTER_ATTR_TIME[op], Sql::Integer(micros(at)));
+        }
+        self.sql.push(')');
     }
 
     /// The statement for `request`, fetching one row more than its limit (the probe for a
@@ -150,6 +195,9 @@ impl ListStatement {
         if filter.failed_remote {
             statement.sql.push_str(FILTER_FAILED_REMOTE);
         }
+        for attr in &filter.attributes {
+            statement.attr(attr);
+        }
         if let Some(cursor) = &request.cursor {
             let newest = request.order == ListOrder::NewestFirst;
             statement.push(
@@ -198,6 +246,7 @@ type StoredSummary = (
     Option<String>,
     Option<String>,
     Option<i64>,
+    Option<String>,
 );
 
 fn stored_summary(r: &Row<'_>) -> rusqlite::Result<StoredSummary> {
@@ -217,6 +266,7 @@ fn stored_summary(r: &Row<'_>) -> rusqlite::Result<StoredSummary> {
         r.get(12)?,
         r.get(13)?,
         r.get(14)?,
+        r.get(15)?,
     ))
 }
 
@@ -243,6 +293,11 @@ fn summary(stored: StoredSummary) -> Result<InstanceSummary> {
         queue: stored.12,
         queue_key: stored.13,
         not_before: row::instant_opt(stored.14, LIST)?,
+        attributes: match stored.15 {
+            Some(text) => serde_json::from_str(&text)
+                .map_err(|e| malformed(LIST, format_args!("attributes: {e}")))?,
+            None => keiro_journal::Attributes::new(),
+        },
     })
 }
 

@@ -228,6 +228,15 @@ impl JournalStore for SqliteStore {
         traced(span, SqliteStore::stream_close(self, append, key)).await
     }
 
+    async fn attributes_set(
+        &self,
+        append: &Append,
+        attributes: &keiro_journal::Attributes,
+    ) -> Result<keiro_journal::store::AttributesOutcome> {
+        let span = store_span!("attributes_set", key = append.key);
+        traced(span, SqliteStore::attributes_set(self, append, attributes)).await
+    }
+
     async fn update_send(&self, send: &UpdateSend) -> Result<UpdateSendOutcome> {
         let span = store_span!("update_send", key = send.key);
         traced(span, SqliteStore::update_send(self, send)).await
@@ -658,6 +667,11 @@ impl InspectStore for SqliteStore {
     ) -> Result<keiro_journal::message::Messages> {
         let span = store_span!("instance_messages", key = key);
         traced(span, SqliteStore::instance_messages(self, key)).await
+    }
+
+    async fn instance_attributes(&self, key: &InstanceKey) -> Result<keiro_journal::Attributes> {
+        let span = store_span!("instance_attributes", key = key);
+        traced(span, SqliteStore::instance_attributes(self, key)).await
     }
 }
 
