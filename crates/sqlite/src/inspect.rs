@@ -120,23 +120,29 @@ impl ListStatement {
         self.sql.push_str(&self.params.len().to_string());
     }
 
-    /// The subquery of one attribute filter (validated: a range compares a number or a time).
-    fn attr(&mut self, filter: &AttrFilter) {
-        let op = match filter.op {
-            AttrOp::Eq => 0,
-            AttrOp::Gt => 1,
-            AttrOp::Ge => 2,
-            AttrOp::Lt => 3,
-            AttrOp::Le => 4,
+    /// The subquery of one group of attribute filters (validated: a range compares a number
+    /// or a time): one attribute, one typed column, every bound of the group on it.
+    fn attrs(&mut self, group: &[&AttrFilter]) {
+        let Some(first) = group.first() else {
+            return;
         };
-        self.push(FILTER_ATTR, Sql::Text(filter.name.clone()));
-        if let Some(text) = filter.value.text_key() {
-            self.push(FILTER_ATTR_KIND, Sql::Text(filter.value.kind().to_owned()));
-            self.push(FILTER_ATTR_TEXT, Sql::Text(text));
-        } else if let Some(number) = filter.value.number_key() {
-            self.push(FILTER_ATTR_NUM[op], Sql::Real(number));
-        } else if let Some(at) = filter.value.time_key() {
-            self.push(FILTER_ATTR_TIME[op], Sql::Integer(micros(at)));
+        self.push(FILTER_ATTR, Sql::Text(first.name.clone()));
+        for filter in group {
+            let op = match filter.op {
+                AttrOp::Eq => 0,
+                AttrOp::Gt => 1,
+                AttrOp::Ge => 2,
+                AttrOp::Lt => 3,
+                AttrOp::Le => 4,
+            };
+            if let Some(text) = filter.value.text_key() {
+                self.push(FILTER_ATTR_KIND, Sql::Text(filter.value.kind().to_owned()));
+                self.push(FILTER_ATTR_TEXT, Sql::Text(text));
+            } else if let Some(number) = filter.value.number_key() {
+                self.push(FILTER_ATTR_NUM[op], Sql::Real(number));
+            } else if let Some(at) = filter.value.time_key() {
+                self.push(FILTER_ATTR_TIME[op], Sql::Integer(micros(at)));
+            }
         }
         self.sql.push(')');
     }
@@ -195,8 +201,8 @@ impl ListStatement {
         if filter.failed_remote {
             statement.sql.push_str(FILTER_FAILED_REMOTE);
         }
-        for attr in &filter.attributes {
-            statement.attr(attr);
+        for group in AttrFilter::groups(&filter.attributes) {
+            statement.attrs(&group);
         }
         if let Some(cursor) = &request.cursor {
             let newest = request.order == ListOrder::NewestFirst;

@@ -108,6 +108,47 @@ impl AttrFilter {
         Ok(filter)
     }
 
+    /// `filters` in groups a store compares in one lookup each: the filters on the same
+    /// attribute and the same kind of value (text and booleans, numbers, or times), in the
+    /// order their first member comes. So `amount>1000` and `amount<=2000` are one range of one
+    /// index, not two lookups the planner must intersect.
+    ///
+    /// ```
+    /// use keiro_journal::AttrFilter;
+    /// let filters = [
+    ///     AttrFilter::parse("amount>1000")?,
+    ///     AttrFilter::parse("customer=acme")?,
+    ///     AttrFilter::parse("amount<=2000")?,
+    /// ];
+    /// let groups = AttrFilter::groups(&filters);
+    /// assert_eq!(groups.len(), 2);
+    /// assert_eq!(groups[0].len(), 2);
+    /// # Ok::<(), keiro_journal::FilterError>(())
+    /// ```
+    pub fn groups(filters: &[AttrFilter]) -> Vec<Vec<&AttrFilter>> {
+        let mut groups: Vec<Vec<&AttrFilter>> = Vec::new();
+        for filter in filters {
+            let class = filter.class();
+            match groups
+                .iter_mut()
+                .find(|g| g[0].name == filter.name && g[0].class() == class)
+            {
+                Some(group) => group.push(filter),
+                None => groups.push(vec![filter]),
+            }
+        }
+        groups
+    }
+
+    /// Which typed column the value compares with: 0 text, 1 number, 2 time.
+    fn class(&self) -> u8 {
+        match self.value {
+            AttrValue::Text(_) | AttrValue::Bool(_) => 0,
+            AttrValue::Int(_) | AttrValue::Float(_) => 1,
+            AttrValue::Time(_) => 2,
+        }
+    }
+
     /// Whether `attributes` pass this filter: the attribute is there and compares with the
     /// value (text and booleans by kind and equality; numbers, integers and floats alike, as
     /// 64-bit floats; times as instants). What the stores' list does, as plain data.
