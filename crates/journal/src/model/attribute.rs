@@ -1,11 +1,11 @@
 //! Search attributes: typed name-value pairs a run carries so operators can find it
 //! (`customer = "acme"`, `amount = 1200`, `region = "eu"`).
 //!
-//! A run gets them at its start (the start's [`StartRequest::attributes`]) and from its body
-//! ([`Ctx::set_attributes`]), each set a journaled step (`attrs:#<n>`, the `n`-th set of the
+//! A run gets them at its start (the start request's `attributes`) and from its body
+//! (`Ctx::set_attributes`), each set a journaled step (`attrs:#<n>`, the `n`-th set of the
 //! generation) written in the same transaction as the attribute rows, so a replayed set writes
 //! nothing and a later set of a name replaces its value (the latest wins). The list filters on
-//! them by equality and, for numbers and times, by range ([`AttrFilter`](crate::AttrFilter)).
+//! them by equality and, for numbers and times, by range (the list's `AttrFilter`).
 //!
 //! A value is one of five kinds, serialized with its kind as a tag so the JSON shape is stable
 //! (`{"type": "int", "value": 1200}`). Integers and floats are both numbers to a filter
@@ -15,9 +15,6 @@
 //! They are bounded ([`ATTRIBUTES_MAX`] names per run, [`ATTRIBUTE_NAME_LEN_MAX`] bytes a name,
 //! [`ATTRIBUTE_TEXT_LEN_MAX`] bytes a text value), and a value past a bound is refused with a
 //! typed [`AttrError`] before anything is written.
-//!
-//! [`StartRequest::attributes`]: crate::store::StartRequest::attributes
-//! [`Ctx::set_attributes`]: crate::Ctx::set_attributes
 
 use std::collections::BTreeMap;
 use std::fmt;

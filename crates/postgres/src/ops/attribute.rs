@@ -10,11 +10,11 @@ use keiro_journal::{AttrValue, Attributes, InstanceKey, Started, ATTRIBUTES_MAX}
 use serde_json::Value;
 
 use crate::db::Db;
-use crate::ops::instance::START;
 use crate::ops::journal::{append_outcome, encoded_step, AppendArgs};
 use crate::ops::queue::queue_started;
 use crate::row::{column, count, instance_columns, malformed};
 
+const START: &str = "starting an instance";
 const ATTRIBUTES_SET: &str = "setting search attributes";
 const ATTRIBUTES_READ: &str = "reading search attributes";
 

@@ -103,7 +103,7 @@ async fn attribute_filters_on_100k_instances_use_their_index() -> TestResult {
                         request.cursor = Some(cursor.clone());
                     }
                     request.validate()?;
-                    let plan = plan_of(&**client, &request).await?;
+                    let plan = plan_of(&client, &request).await?;
                     assert!(!plan.contains("Seq Scan"), "{request:?}\n{plan}");
                     assert!(plan.contains(index), "{request:?} reads {index}\n{plan}");
                     shapes += 1;
@@ -116,7 +116,7 @@ async fn attribute_filters_on_100k_instances_use_their_index() -> TestResult {
     // and probe each row's attribute, but it scans nothing whole either way.
     let mut request = ListRequest::default();
     request.filter.attributes = vec![AttrFilter::eq("region", "eu")];
-    let plan = plan_of(&**client, &request).await?;
+    let plan = plan_of(&client, &request).await?;
     assert!(!plan.contains("Seq Scan"), "{plan}");
 
     // Sanity: the filters return what they say on this data (g * 7919 % 100000 >= 99900 for
