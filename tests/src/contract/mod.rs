@@ -343,6 +343,7 @@ macro_rules! contract_suite {
                     a_set_past_the_bound_is_refused_and_writes_nothing,
                     retention_deletes_attributes_with_their_instance,
                     a_body_sets_attributes_once_whatever_replays_it,
+                    starts_that_keep_no_attributes_refuse_them_and_start_nothing,
                 ],
                 list [
                     attribute_filters_select_what_matches_selects_in_pages_of_both_orders,

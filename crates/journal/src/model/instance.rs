@@ -136,7 +136,8 @@ pub struct StartRequest {
     /// any worker may claim at once.
     pub queue: Option<crate::queue::QueueStart>,
     /// The run's search attributes, written with the row when the start creates it (a start
-    /// that finds the instance writes none). Empty by default.
+    /// that finds the instance writes none). Only `instance_start` and `instances_start` keep
+    /// them; the other operations that take a start refuse them. Empty by default.
     pub attributes: crate::Attributes,
 }
 

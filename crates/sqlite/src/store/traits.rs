@@ -451,6 +451,13 @@ impl LeaseStore for SqliteStore {
         ttl: Duration,
         now: Option<OffsetDateTime>,
     ) -> Result<StartClaim> {
+        if !request.attributes.is_empty() {
+            // A direct start is the caller's own run: it takes none (nothing would keep them).
+            return Err(keiro_journal::StoreError::ValueRefused {
+                operation: "starting a claimed instance",
+                reason: "a direct start takes no search attributes".into(),
+            });
+        }
         traced(
             store_span!("instance_start_claimed", key = request.key),
             SqliteStore::instance_start_claimed(self, request, owner, ttl, now),

@@ -306,3 +306,35 @@ pub async fn a_body_sets_attributes_once_whatever_replays_it(h: Harness) -> Test
 fn store_of(h: &Harness) -> &dyn keiro_lease::LeaseStore {
     &*h.store
 }
+
+pub async fn starts_that_keep_no_attributes_refuse_them_and_start_nothing(
+    h: Harness,
+) -> TestResult {
+    let store = &*h.store;
+    let mut request = start(&key("wf", "a-5"), json!(null));
+    request.attributes = Attributes::new().with("customer", "acme");
+    let direct = store
+        .instance_start_claimed(&request, "w-1", Duration::from_secs(60), None)
+        .await;
+    assert!(
+        matches!(&direct, Err(keiro_journal::StoreError::ValueRefused { .. })),
+        "{direct:?}"
+    );
+    let with_signal = store
+        .signal_with_start(
+            &request,
+            "token-a-5",
+            &json!(1),
+            &keiro_journal::SignalOptions::default(),
+        )
+        .await;
+    assert!(
+        matches!(
+            &with_signal,
+            Err(keiro_journal::StoreError::ValueRefused { .. })
+        ),
+        "{with_signal:?}"
+    );
+    assert!(store.instance_get(&request.key).await?.is_none());
+    Ok(())
+}
