@@ -8,6 +8,9 @@
 //! `(created_at, workflow_name, workflow_id)`, so a page is one index walk that stops after
 //! `limit + 1` rows however deep the page is (the test `list_plans` proves no sequential scan).
 //! The one exception is the `updated` window, unindexed on purpose (see `ListFilter::updated`).
+//! The attribute filters are semi-joins on `workflow_attributes`, one per attribute and kind
+//! (`AttrFilter::groups`), each a range of that kind's index of migration 0026 (the test
+//! `attribute_plans`); every row carries its attributes, read by a primary-key probe.
 //!
 //! An instance's waits (its timers, awakeables and pending signal waits) are one statement, so
 //! they come from one snapshot in one round trip: a signal delivered meanwhile cannot show both

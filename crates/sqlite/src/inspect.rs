@@ -8,6 +8,8 @@
 //! list index of migration 0001, so a page is one index walk that stops after `limit + 1` rows.
 //! An id prefix is compared byte-wise (`substr` of the id's bytes), the `^@` of the C
 //! collation; the `>=` beside it lets SQLite start the walk of `workflows_list_id_idx` there.
+//! An attribute filter keeps the instances among those one range of a `workflow_attributes`
+//! index (migration 0008) gives, one subquery per attribute and kind (`AttrFilter::groups`).
 
 use keiro_journal::store::{Result, Throughput, ThroughputRequest};
 use keiro_journal::{
@@ -620,6 +622,56 @@ mod tests {
                     assert!(plan.contains(index), "{request:?}:\n{plan}");
                     assert!(!plan.contains("TEMP B-TREE"), "{request:?}:\n{plan}");
                 }
+            }
+        }
+    }
+
+    /// An attribute filter reads one range of its kind's index (migration 0008) and looks the
+    /// instances up by key: never a scan of either table. (The rows are then sorted: a page
+    /// costs the matching attribute rows, so a filter that matches most runs is best combined
+    /// with a narrower one.)
+    #[test]
+    fn attribute_filters_read_their_kind_index() {
+        use keiro_journal::{AttrFilter, AttrOp};
+        let conn = Connection::open_in_memory().expect("opens");
+        for (_, _, sql) in crate::open::MIGRATIONS {
+            conn.execute_batch(sql).expect("migrates");
+        }
+        let at = OffsetDateTime::UNIX_EPOCH;
+        let cases = [
+            (
+                vec![AttrFilter::eq("customer", "acme")],
+                "workflow_attributes_text_idx",
+            ),
+            (
+                vec![AttrFilter::eq("vip", true)],
+                "workflow_attributes_text_idx",
+            ),
+            (
+                vec![
+                    AttrFilter::new("amount", AttrOp::Gt, 10),
+                    AttrFilter::new("amount", AttrOp::Le, 20.5),
+                ],
+                "workflow_attributes_num_idx",
+            ),
+            (
+                vec![AttrFilter::new("due", AttrOp::Ge, at)],
+                "workflow_attributes_time_idx",
+            ),
+        ];
+        for (attributes, index) in cases {
+            for name in [None, Some(WorkflowName::new("wf").expect("valid"))] {
+                let request = ListRequest {
+                    filter: ListFilter {
+                        name,
+                        attributes: attributes.clone(),
+                        ..ListFilter::default()
+                    },
+                    ..ListRequest::default()
+                };
+                let plan = plan(&conn, &request);
+                assert!(plan.contains(index), "{request:?}:\n{plan}");
+                assert!(!plan.contains("SCAN"), "{request:?}:\n{plan}");
             }
         }
     }
