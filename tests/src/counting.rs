@@ -237,7 +237,7 @@ impl JournalStore for CountingStore {
     async fn attributes_set(
         &self,
         append: &Append,
-        attributes: &keiro_journal::Attributes,
+        attributes: &keiro_journal::attribute::Attributes,
     ) -> Result<keiro_journal::store::AttributesOutcome> {
         self.count("attributes_set");
         self.inner.attributes_set(append, attributes).await

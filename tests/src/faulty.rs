@@ -210,7 +210,7 @@ impl JournalStore for FaultyStore {
     async fn attributes_set(
         &self,
         append: &Append,
-        attributes: &keiro_journal::Attributes,
+        attributes: &keiro_journal::attribute::Attributes,
     ) -> Result<keiro_journal::store::AttributesOutcome> {
         if self.fail_appends.load(Ordering::SeqCst) {
             return Err(unavailable("setting search attributes"));

@@ -288,7 +288,7 @@ fn print_instance(row: &Instance) {
 }
 
 /// The run's search attributes, one a line with its kind.
-fn print_attributes(attributes: &keiro::Attributes) {
+fn print_attributes(attributes: &keiro::operate::Attributes) {
     if attributes.is_empty() {
         println!("attributes   -");
         return;

@@ -74,6 +74,15 @@ pub mod message {
         STREAM_GENERATION_ITEMS_MAX_DEFAULT, STREAM_ITEMS_MAX_DEFAULT,
     };
 }
+/// Search attributes: the typed name-value pairs a run carries (plain data), their bounds, and
+/// the list's filters on them.
+pub mod attribute {
+    pub use crate::inspect::{AttrFilter, AttrOp, ATTR_FILTERS_MAX};
+    pub use crate::model::attribute::{
+        validate_attribute_name, AttrError, AttrValue, Attributes, ATTRIBUTES_MAX,
+        ATTRIBUTES_STEP_PREFIX, ATTRIBUTE_NAME_LEN_MAX, ATTRIBUTE_TEXT_LEN_MAX,
+    };
+}
 /// Updates: a caller's request into a running run, answered once (plain data).
 pub mod update {
     pub use crate::model::update::{
@@ -92,14 +101,10 @@ pub use ctx::awakeables::Awakeable;
 pub use ctx::{BoxFuture, Ctx};
 pub use diagnostics::{error_chain, panic_message};
 pub use inspect::{
-    parse_status, AttrFilter, AttrOp, AwakeableInfo, Counts, Cursor, FilterError, GroupCount,
-    InspectStore, InstanceSummary, ListFilter, ListOrder, ListRequest, Page, SignalWaitInfo,
-    StatusCount, TimeRange, TimerInfo, TimerState, Waits, ATTR_FILTERS_MAX, ID_PREFIX_LEN_MAX,
-    LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, WAITS_LIMIT_DEFAULT,
-};
-pub use model::attribute::{
-    validate_attribute_name, AttrError, AttrValue, Attributes, ATTRIBUTES_MAX,
-    ATTRIBUTES_STEP_PREFIX, ATTRIBUTE_NAME_LEN_MAX, ATTRIBUTE_TEXT_LEN_MAX,
+    parse_status, AwakeableInfo, Counts, Cursor, FilterError, GroupCount, InspectStore,
+    InstanceSummary, ListFilter, ListOrder, ListRequest, Page, SignalWaitInfo, StatusCount,
+    TimeRange, TimerInfo, TimerState, Waits, ID_PREFIX_LEN_MAX, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX,
+    WAITS_LIMIT_DEFAULT,
 };
 pub use model::budget::{JournalBudget, JOURNAL_BYTES_MAX_DEFAULT, JOURNAL_STEPS_MAX_DEFAULT};
 pub use model::delivery::{

@@ -48,7 +48,7 @@ pub enum Error {
     Queue(#[from] keiro_journal::queue::QueueError),
     /// Search attributes refused before the store: a bad name or value, or too many.
     #[error("invalid search attributes")]
-    Attributes(#[from] keiro_journal::AttrError),
+    Attributes(#[from] keiro_journal::attribute::AttrError),
     /// No schedule has this name.
     #[error("no schedule {name}")]
     NoSchedule {

@@ -122,8 +122,7 @@ pub use direct::DirectError;
 pub use error::Error;
 pub use handle::Keiro;
 pub use keiro_journal::{
-    AttrValue, Attributes, Backoff, Ctx, InstanceKey, SignalOptions, Status, StepOptions,
-    WorkflowError,
+    Backoff, Ctx, InstanceKey, SignalOptions, Status, StepOptions, WorkflowError,
 };
 pub use keiro_telemetry::{Metrics, Tracing};
 pub use result::{ResultError, ResultOptions};

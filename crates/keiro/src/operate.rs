@@ -12,17 +12,19 @@ use serde::Serialize;
 use crate::handle::Operate;
 use crate::{Error, InstanceKey, Keiro};
 
+pub use keiro_journal::attribute::{
+    AttrError, AttrFilter, AttrOp, AttrValue, Attributes, ATTRIBUTES_MAX, ATTRIBUTE_NAME_LEN_MAX,
+    ATTRIBUTE_TEXT_LEN_MAX, ATTR_FILTERS_MAX,
+};
 pub use keiro_journal::message::{EventRecord, Messages, StreamHead, StreamItem, StreamPage};
 pub use keiro_journal::store::{
     TerminalCount, Throughput, ThroughputRequest, THROUGHPUT_BUCKETS_MAX, THROUGHPUT_BUCKET_MAX,
 };
 pub use keiro_journal::{
-    AttrError, AttrFilter, AttrOp, AttrValue, Attributes, AwakeableInfo, AwakeableStatus,
-    CancelOutcome, Counts, Cursor, FilterError, GcBatch, GcRequest, GroupCount, InstanceSummary,
-    ListFilter, ListOrder, ListRequest, Page, SignalWaitInfo, StatusCount, TimeRange, TimerInfo,
-    TimerKind, TimerState, Waits, ATTRIBUTES_MAX, ATTRIBUTE_NAME_LEN_MAX, ATTRIBUTE_TEXT_LEN_MAX,
-    ATTR_FILTERS_MAX, GC_BATCH_DEFAULT, GC_BATCH_MAX, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX,
-    WAITS_LIMIT_DEFAULT,
+    AwakeableInfo, AwakeableStatus, CancelOutcome, Counts, Cursor, FilterError, GcBatch, GcRequest,
+    GroupCount, InstanceSummary, ListFilter, ListOrder, ListRequest, Page, SignalWaitInfo,
+    StatusCount, TimeRange, TimerInfo, TimerKind, TimerState, Waits, GC_BATCH_DEFAULT,
+    GC_BATCH_MAX, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, WAITS_LIMIT_DEFAULT,
 };
 pub use keiro_lease::ResurrectOutcome;
 pub use keiro_remote::{AdminError, RequeueOutcome};
@@ -191,7 +193,7 @@ impl Keiro {
     /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use keiro::{queue::StartOptions, AttrValue};
+    /// use keiro::{operate::AttrValue, queue::StartOptions};
     /// let keiro = keiro::Keiro::temporary()?;
     /// let options = StartOptions::default().attribute("customer", "acme");
     /// keiro.start_with("order", "order-1", &1, &options).await?;

@@ -42,7 +42,7 @@ pub use keiro_journal::queue::{
 
 use crate::store::Started;
 use crate::typed::Handle;
-use crate::{AttrValue, Attributes};
+use crate::workflow::{AttrValue, Attributes};
 use crate::{Error, Keiro, WorkflowDef};
 
 /// How to start a run beyond its name, id and input: its queue (with key, dedup id and delay),

@@ -16,12 +16,13 @@
 //! they come from one snapshot in one round trip: a signal delivered meanwhile cannot show both
 //! as a pending wait and as a fired timeout.
 
+use keiro_journal::attribute::{AttrFilter, AttrOp};
 use keiro_journal::store::{Throughput, ThroughputRequest};
 use keiro_journal::{span::traced, store_span};
 use keiro_journal::{
-    AttrFilter, AttrOp, AwakeableInfo, Counts, GroupCount, InspectStore, InstanceKey,
-    InstanceSummary, ListOrder, ListRequest, Page, SignalWaitInfo, StatusCount, StoreError,
-    TimerInfo, TimerKind, TimerState, Waits, WorkflowName,
+    AwakeableInfo, Counts, GroupCount, InspectStore, InstanceKey, InstanceSummary, ListOrder,
+    ListRequest, Page, SignalWaitInfo, StatusCount, StoreError, TimerInfo, TimerKind, TimerState,
+    Waits, WorkflowName,
 };
 use time::OffsetDateTime;
 use tokio_postgres::types::ToSql;
@@ -578,7 +579,10 @@ impl InspectStore for PgStore {
         .await
     }
 
-    async fn instance_attributes(&self, key: &InstanceKey) -> Result<keiro_journal::Attributes> {
+    async fn instance_attributes(
+        &self,
+        key: &InstanceKey,
+    ) -> Result<keiro_journal::attribute::Attributes> {
         let span = store_span!("instance_attributes", key = key);
         traced(
             span,

@@ -8,8 +8,8 @@
 //! wins. Each row keeps the tagged value and the same value in its kind's column.
 
 use crate::cached::Cached;
+use keiro_journal::attribute::{AttrValue, Attributes};
 use keiro_journal::store::Result;
-use keiro_journal::{AttrValue, Attributes};
 use rusqlite::{params, Connection};
 use time::OffsetDateTime;
 

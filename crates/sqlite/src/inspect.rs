@@ -11,10 +11,11 @@
 //! An attribute filter keeps the instances among those one range of a `workflow_attributes`
 //! index (migration 0008) gives, one subquery per attribute and kind (`AttrFilter::groups`).
 
+use keiro_journal::attribute::{AttrFilter, AttrOp};
 use keiro_journal::store::{Result, Throughput, ThroughputRequest};
 use keiro_journal::{
-    AttrFilter, AttrOp, AwakeableInfo, Counts, GroupCount, InstanceSummary, ListOrder, ListRequest,
-    Page, SignalWaitInfo, StatusCount, TimerInfo, TimerKind, TimerState, Waits, WorkflowName,
+    AwakeableInfo, Counts, GroupCount, InstanceSummary, ListOrder, ListRequest, Page,
+    SignalWaitInfo, StatusCount, TimerInfo, TimerKind, TimerState, Waits, WorkflowName,
 };
 use rusqlite::types::Value as Sql;
 use rusqlite::{params, params_from_iter, Connection, Row};
@@ -304,7 +305,7 @@ fn summary(stored: StoredSummary) -> Result<InstanceSummary> {
         attributes: match stored.15 {
             Some(text) => serde_json::from_str(&text)
                 .map_err(|e| malformed(LIST, format_args!("attributes: {e}")))?,
-            None => keiro_journal::Attributes::new(),
+            None => keiro_journal::attribute::Attributes::new(),
         },
     })
 }
@@ -632,7 +633,7 @@ mod tests {
     /// with a narrower one.)
     #[test]
     fn attribute_filters_read_their_kind_index() {
-        use keiro_journal::{AttrFilter, AttrOp};
+        use keiro_journal::attribute::{AttrFilter, AttrOp};
         let conn = Connection::open_in_memory().expect("opens");
         for (_, _, sql) in crate::open::MIGRATIONS {
             conn.execute_batch(sql).expect("migrates");

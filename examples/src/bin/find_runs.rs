@@ -5,7 +5,8 @@
 
 use keiro::operate::{AttrFilter, AttrOp, ListRequest};
 use keiro::queue::StartOptions;
-use keiro::{Attributes, Ctx, Keiro, WorkflowError};
+use keiro::workflow::Attributes;
+use keiro::{Ctx, Keiro, WorkflowError};
 
 /// Ships an order: marks it `stage = shipped` once the (pretend) shipment went out.
 async fn order(ctx: Ctx, sku: u32) -> Result<u32, WorkflowError> {

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use keiro::operate::ListRequest;
 use keiro::queue::StartOptions;
-use keiro::{AttrValue, Attributes, Ctx, Status, WorkflowError};
+use keiro::workflow::{AttrValue, Attributes};
+use keiro::{Ctx, Status, WorkflowError};
 use keiro_tests::{on_both_stores, spawn_worker, FastWorker, Harness, Ledger, TestResult};
 
 on_both_stores!(

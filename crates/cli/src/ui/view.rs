@@ -28,7 +28,7 @@ pub(crate) struct InstanceView {
     pub(crate) waits: Waits,
     pub(crate) messages: Messages,
     /// The run's search attributes.
-    pub(crate) attributes: keiro::Attributes,
+    pub(crate) attributes: keiro::operate::Attributes,
     /// The updates sent to the run, oldest first, with their state and answer.
     pub(crate) updates: Vec<keiro::workflow::UpdateRecord>,
     pub(crate) tasks: Vec<RemoteTask>,

@@ -7,9 +7,10 @@
 
 use std::time::Instant;
 
+use crate::attribute::{AttrError, Attributes};
 use crate::ctx::RecordVia;
 use crate::model::attribute::{attributes_step, ATTRIBUTES_STEP_PREFIX};
-use crate::{AttrError, Attributes, Ctx, StepKind, WorkflowError};
+use crate::{Ctx, StepKind, WorkflowError};
 
 impl Ctx {
     /// Sets the run's search attributes in `attributes` (a name set earlier, here or at the
@@ -19,7 +20,7 @@ impl Ctx {
     ///
     /// ```no_run
     /// # async fn body(ctx: keiro_journal::Ctx) -> Result<(), keiro_journal::WorkflowError> {
-    /// use keiro_journal::Attributes;
+    /// use keiro_journal::attribute::Attributes;
     /// ctx.set_attributes(&Attributes::new().with("stage", "shipped").with("amount", 1200)).await?;
     /// # Ok(()) }
     /// ```
@@ -28,7 +29,7 @@ impl Ctx {
     ///
     /// [`WorkflowError::InvalidAttributes`] for a name or value
     /// [`Attributes::validate`] refuses, or when the run would carry more than
-    /// [`ATTRIBUTES_MAX`](crate::ATTRIBUTES_MAX) names: nothing is written then, and the body
+    /// [`ATTRIBUTES_MAX`](crate::attribute::ATTRIBUTES_MAX) names: nothing is written then, and the body
     /// may go on. [`WorkflowError::Halted`] when the run must stop (its lease was lost, it was
     /// cancelled).
     pub async fn set_attributes(&self, attributes: &Attributes) -> Result<(), WorkflowError> {
@@ -73,6 +74,6 @@ impl Ctx {
 pub(crate) fn too_many(count: u64) -> WorkflowError {
     WorkflowError::InvalidAttributes(AttrError::TooMany {
         count: usize::try_from(count).unwrap_or(usize::MAX),
-        max: crate::ATTRIBUTES_MAX,
+        max: crate::attribute::ATTRIBUTES_MAX,
     })
 }

@@ -103,7 +103,7 @@ pub(crate) enum RecordVia {
     /// An update's answer.
     Update(crate::update::UpdateAnswer),
     /// A set of search attributes.
-    Attributes(crate::Attributes),
+    Attributes(crate::attribute::Attributes),
 }
 
 /// The handle a workflow body uses. Cheap to clone; clones share one run.

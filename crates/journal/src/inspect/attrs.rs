@@ -44,7 +44,7 @@ impl AttrOp {
 /// Only instances whose attribute `name` compares with `value` by `op`.
 ///
 /// ```
-/// use keiro_journal::{AttrFilter, AttrOp, AttrValue};
+/// use keiro_journal::attribute::{AttrFilter, AttrOp, AttrValue};
 /// let filter = AttrFilter::parse("amount>=1000")?;
 /// assert_eq!(filter, AttrFilter { name: "amount".into(), op: AttrOp::Ge, value: AttrValue::Int(1000) });
 /// assert_eq!(filter.to_string(), "amount>=1000");
@@ -114,7 +114,7 @@ impl AttrFilter {
     /// index, not two lookups the planner must intersect.
     ///
     /// ```
-    /// use keiro_journal::AttrFilter;
+    /// use keiro_journal::attribute::AttrFilter;
     /// let filters = [
     ///     AttrFilter::parse("amount>1000")?,
     ///     AttrFilter::parse("customer=acme")?,
@@ -154,7 +154,7 @@ impl AttrFilter {
     /// 64-bit floats; times as instants). What the stores' list does, as plain data.
     ///
     /// ```
-    /// use keiro_journal::{AttrFilter, Attributes};
+    /// use keiro_journal::attribute::{AttrFilter, Attributes};
     /// let attrs = Attributes::new().with("amount", 1200);
     /// assert!(AttrFilter::parse("amount>=1000")?.matches(&attrs));
     /// assert!(!AttrFilter::parse("amount<1000")?.matches(&attrs));

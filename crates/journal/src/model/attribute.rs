@@ -36,7 +36,7 @@ pub const ATTRIBUTES_STEP_PREFIX: &str = "attrs:";
 /// One attribute's value.
 ///
 /// ```
-/// use keiro_journal::AttrValue;
+/// use keiro_journal::attribute::AttrValue;
 /// let value = AttrValue::from(1200);
 /// assert_eq!(serde_json::to_string(&value)?, r#"{"type":"int","value":1200}"#);
 /// assert_eq!(value.to_string(), "1200");
@@ -101,7 +101,7 @@ impl AttrValue {
     /// else text.
     ///
     /// ```
-    /// use keiro_journal::AttrValue;
+    /// use keiro_journal::attribute::AttrValue;
     /// assert_eq!(AttrValue::parse("acme"), AttrValue::Text("acme".into()));
     /// assert_eq!(AttrValue::parse("1200"), AttrValue::Int(1200));
     /// assert_eq!(AttrValue::parse("\"02139\""), AttrValue::Text("02139".into()));
@@ -251,7 +251,7 @@ pub enum AttrError {
 /// [`AttrError::InvalidName`].
 ///
 /// ```
-/// use keiro_journal::validate_attribute_name;
+/// use keiro_journal::attribute::validate_attribute_name;
 /// assert!(validate_attribute_name("customer").is_ok());
 /// assert!(validate_attribute_name("a=b").is_err());
 /// ```
@@ -284,7 +284,7 @@ pub fn validate_attribute_name(name: &str) -> Result<(), AttrError> {
 /// latest value of a name wins.
 ///
 /// ```
-/// use keiro_journal::{AttrValue, Attributes};
+/// use keiro_journal::attribute::{AttrValue, Attributes};
 /// let attrs = Attributes::new().with("customer", "acme").with("amount", 1200);
 /// assert_eq!(attrs.get("amount"), Some(&AttrValue::Int(1200)));
 /// assert!(attrs.validate().is_ok());

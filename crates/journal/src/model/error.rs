@@ -145,7 +145,7 @@ pub enum WorkflowError {
     /// Search attributes refused: a bad name or value, or more names than a run may carry.
     /// Nothing was written; the body may go on.
     #[error("search attributes refused: {0}")]
-    InvalidAttributes(#[from] crate::AttrError),
+    InvalidAttributes(#[from] crate::attribute::AttrError),
     /// A write to a stream the run closed. Nothing was written.
     #[error("stream {key:?} is closed")]
     StreamClosed {

@@ -138,7 +138,7 @@ pub struct StartRequest {
     /// The run's search attributes, written with the row when the start creates it (a start
     /// that finds the instance writes none). Only `instance_start` and `instances_start` keep
     /// them; the other operations that take a start refuse them. Empty by default.
-    pub attributes: crate::Attributes,
+    pub attributes: crate::attribute::Attributes,
 }
 
 /// The result of `start`.

@@ -175,7 +175,7 @@ pub enum AttributesOutcome {
     /// hold the set's values.
     Append(AppendOutcome),
     /// Refused, nothing written: the run would carry `count` attribute names, more than
-    /// [`ATTRIBUTES_MAX`](crate::ATTRIBUTES_MAX).
+    /// [`ATTRIBUTES_MAX`](crate::attribute::ATTRIBUTES_MAX).
     TooMany {
         /// The names it would carry.
         count: u64,
@@ -538,14 +538,14 @@ pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
     /// and, only when it is appended, sets each of `attributes` on the instance (replacing an
     /// earlier value of the name), in one transaction. A step already journaled answers
     /// `AlreadyPresent` and writes nothing. Otherwise, when the instance would then carry more
-    /// than [`ATTRIBUTES_MAX`](crate::ATTRIBUTES_MAX) names, it answers
+    /// than [`ATTRIBUTES_MAX`](crate::attribute::ATTRIBUTES_MAX) names, it answers
     /// [`AttributesOutcome::TooMany`] with nothing written. `attributes` were validated by the
-    /// caller ([`Attributes::validate`](crate::Attributes::validate)). Errors as
+    /// caller ([`Attributes::validate`](crate::attribute::Attributes::validate)). Errors as
     /// [`journal_append`](Self::journal_append).
     async fn attributes_set(
         &self,
         append: &Append,
-        attributes: &crate::Attributes,
+        attributes: &crate::attribute::Attributes,
     ) -> Result<AttributesOutcome>;
 
     // ----- Updates --------------------------------------------------------------------------

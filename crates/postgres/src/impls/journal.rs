@@ -328,7 +328,7 @@ impl JournalStore for PgStore {
     async fn attributes_set(
         &self,
         append: &Append,
-        _attributes: &keiro_journal::Attributes,
+        _attributes: &keiro_journal::attribute::Attributes,
     ) -> Result<keiro_journal::store::AttributesOutcome> {
         let span = store_span!("attributes_set", key = append.key, keiro.workflow.step = %append.event.step_name());
         traced(span, op::attribute::attributes_set(self.db(), append)).await

@@ -4,9 +4,10 @@
 //! journal step and, only when it was appended, the attribute rows, in one transaction. The
 //! read of one instance's attributes is a plain statement.
 
+use keiro_journal::attribute::{AttrValue, Attributes, ATTRIBUTES_MAX};
 use keiro_journal::queue::QueueStart;
 use keiro_journal::store::{Append, AttributesOutcome, Result, StartRequest};
-use keiro_journal::{AttrValue, Attributes, InstanceKey, Started, ATTRIBUTES_MAX};
+use keiro_journal::{InstanceKey, Started};
 use serde_json::Value;
 
 use crate::db::Db;

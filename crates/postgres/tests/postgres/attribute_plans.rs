@@ -4,9 +4,8 @@
 //! orders) read the attribute index of their kind and scan no table sequentially.
 
 use crate::common::TestResult;
-use keiro_journal::{
-    AttrFilter, AttrOp, AttrValue, Cursor, InstanceKey, ListOrder, ListRequest, Status,
-};
+use keiro_journal::attribute::{AttrFilter, AttrOp, AttrValue};
+use keiro_journal::{Cursor, InstanceKey, ListOrder, ListRequest, Status};
 use keiro_postgres::plans::ListStatement;
 use keiro_tests::pg::TestDb;
 use time::{Duration, OffsetDateTime};

@@ -2,8 +2,9 @@
 //! `InspectStore::instance_attributes`), over the rules of the crate's `attribute` module. A
 //! start's attributes are written by the start operations (`journal.rs`, `queue.rs`).
 
+use keiro_journal::attribute::{Attributes, ATTRIBUTES_MAX};
 use keiro_journal::store::{Append, AttributesOutcome, Result};
-use keiro_journal::{Attributes, InstanceKey, ATTRIBUTES_MAX};
+use keiro_journal::InstanceKey;
 
 use crate::attribute::{self, AttributesCode};
 use crate::storable;

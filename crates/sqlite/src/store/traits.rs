@@ -231,7 +231,7 @@ impl JournalStore for SqliteStore {
     async fn attributes_set(
         &self,
         append: &Append,
-        attributes: &keiro_journal::Attributes,
+        attributes: &keiro_journal::attribute::Attributes,
     ) -> Result<keiro_journal::store::AttributesOutcome> {
         let span = store_span!("attributes_set", key = append.key);
         traced(span, SqliteStore::attributes_set(self, append, attributes)).await
@@ -676,7 +676,10 @@ impl InspectStore for SqliteStore {
         traced(span, SqliteStore::instance_messages(self, key)).await
     }
 
-    async fn instance_attributes(&self, key: &InstanceKey) -> Result<keiro_journal::Attributes> {
+    async fn instance_attributes(
+        &self,
+        key: &InstanceKey,
+    ) -> Result<keiro_journal::attribute::Attributes> {
         let span = store_span!("instance_attributes", key = key);
         traced(span, SqliteStore::instance_attributes(self, key)).await
     }

@@ -5,9 +5,10 @@
 use crate::contract::support::{append, key, TestResult, T0};
 use crate::Harness;
 use keiro::queue::StartOptions;
+use keiro_journal::attribute::{AttrFilter, AttrOp, AttrValue, Attributes, ATTR_FILTERS_MAX};
 use keiro_journal::{
-    AttrFilter, AttrOp, AttrValue, Attributes, Cursor, Event, FilterError, InspectStore,
-    ListFilter, ListOrder, ListRequest, Status, WorkflowName, ATTR_FILTERS_MAX,
+    Cursor, Event, FilterError, InspectStore, ListFilter, ListOrder, ListRequest, Status,
+    WorkflowName,
 };
 use serde_json::json;
 

@@ -5,7 +5,8 @@
 pub mod list;
 pub mod set;
 
-use keiro_journal::{Append, Attributes, Event, Fence, InstanceKey, StepKind};
+use keiro_journal::attribute::Attributes;
+use keiro_journal::{Append, Event, Fence, InstanceKey, StepKind};
 
 /// The fenced append of the run's `n`-th set of `attributes`.
 pub(crate) fn attrs_step(

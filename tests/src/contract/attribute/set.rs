@@ -9,10 +9,9 @@ use crate::contract::support::*;
 use crate::{FastWorker, Harness, Ledger};
 use keiro::queue::StartOptions;
 use keiro::{Ctx, Error, WorkflowError};
+use keiro_journal::attribute::{AttrError, AttrValue, Attributes, ATTRIBUTES_MAX};
 use keiro_journal::store::AttributesOutcome;
-use keiro_journal::{
-    AppendOutcome, AttrError, AttrValue, Attributes, Fence, Status, ATTRIBUTES_MAX,
-};
+use keiro_journal::{AppendOutcome, Fence, Status};
 use serde_json::json;
 
 pub async fn a_start_writes_its_attributes_only_when_it_creates_the_instance(

@@ -366,7 +366,7 @@ pub(crate) async fn stream(
 }
 
 /// The list of the runs with the same value of attribute `name`.
-fn same_attribute_href(name: &str, value: &keiro::AttrValue) -> String {
+fn same_attribute_href(name: &str, value: &keiro::operate::AttrValue) -> String {
     let filter = keiro::operate::AttrFilter::eq(name, value.clone());
     format!("/instances?attr={}", super::urlencode(&filter.to_string()))
 }
