@@ -51,11 +51,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The same filters as `keiro list --attr customer=acme --attr 'amount>=1000'`.
     let request = ListRequest::from_pairs([("attr", "customer=acme"), ("attr", "amount>=1000")])?;
     for row in keiro.list(&request).await?.instances {
+        let stage = row.attributes.get("stage").map(ToString::to_string);
         println!(
-            "{} {} {:?}",
+            "{} {} stage {}",
             row.key,
             row.status,
-            row.attributes.get("stage")
+            stage.unwrap_or_default()
         );
     }
     // Or typed, with the other filters and the keyset cursor as usual.
@@ -73,9 +74,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map(|r| r.key.to_string())
             .collect::<Vec<_>>()
     );
-    println!(
-        "order-3: {:?}",
-        keiro.attributes(("order", "order-3")).await?
-    );
+    for (name, value) in keiro.attributes(("order", "order-3")).await?.iter() {
+        println!("order-3 {name} = {value} ({})", value.kind());
+    }
     Ok(())
 }
