@@ -234,6 +234,14 @@ impl JournalStore for CountingStore {
         self.count("event_set");
         self.inner.event_set(append, key).await
     }
+    async fn attributes_set(
+        &self,
+        append: &Append,
+        attributes: &keiro_journal::attribute::Attributes,
+    ) -> Result<keiro_journal::store::AttributesOutcome> {
+        self.count("attributes_set");
+        self.inner.attributes_set(append, attributes).await
+    }
     async fn stream_write(
         &self,
         append: &Append,

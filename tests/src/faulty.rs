@@ -207,6 +207,16 @@ impl JournalStore for FaultyStore {
         }
         self.inner.event_set(append, key).await
     }
+    async fn attributes_set(
+        &self,
+        append: &Append,
+        attributes: &keiro_journal::attribute::Attributes,
+    ) -> Result<keiro_journal::store::AttributesOutcome> {
+        if self.fail_appends.load(Ordering::SeqCst) {
+            return Err(unavailable("setting search attributes"));
+        }
+        self.inner.attributes_set(append, attributes).await
+    }
     async fn stream_write(
         &self,
         append: &Append,

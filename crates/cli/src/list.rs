@@ -35,6 +35,11 @@ pub(crate) struct ListArgs {
     /// Only runs with this key on their queue (with --queue).
     #[arg(long)]
     queue_key: Option<String>,
+    /// Only runs whose search attribute compares so: `name=value`, or `>`, `>=`, `<`, `<=` on
+    /// a number or an RFC 3339 time; quote to compare text (`zip="02139"`). Repeatable (all
+    /// must hold).
+    #[arg(long = "attr", value_name = "FILTER")]
+    attrs: Vec<String>,
     /// Only instances with a remote task that failed for good.
     #[arg(long)]
     failed_remote: bool,
@@ -85,6 +90,7 @@ impl ListArgs {
                 .into_iter()
                 .filter_map(|(key, value)| value.map(|value| (key, value))),
         );
+        pairs.extend(self.attrs.iter().map(|attr| ("attr", attr.as_str())));
         if self.failed_remote {
             pairs.push(("failed_remote", "true"));
         }
@@ -147,6 +153,15 @@ fn print_page(page: &Page) {
                 .map(|at| format!(" delayed until {}", timestamp(Some(at))))
                 .unwrap_or_default();
             error = format!("[queue {queue}{key}{delayed}] {error}");
+        }
+        if !row.attributes.is_empty() {
+            // The run's search attributes, before the error.
+            let attrs: Vec<String> = row
+                .attributes
+                .iter()
+                .map(|(name, value)| format!("{name}={value}"))
+                .collect();
+            error = format!("{{{}}} {error}", attrs.join(" "));
         }
         println!(
             "{:<20} {:<36} {:<9} {:>3} {:>3}  {:<27} {:<27} {error}",

@@ -73,6 +73,10 @@ pub(crate) async fn show(global: &Global, key: &KeyArgs) -> Result<Outcome> {
         .updates(key)
         .await
         .context(format!("reading the updates of {what}"))?;
+    let attributes = keiro
+        .attributes(key)
+        .await
+        .context(format!("reading the search attributes of {what}"))?;
     let tasks = keiro
         .remote_tasks(key)
         .await
@@ -89,6 +93,7 @@ pub(crate) async fn show(global: &Global, key: &KeyArgs) -> Result<Outcome> {
         .await
         .context(format!("listing the children of {what}"))?;
     print_instance(&instance);
+    print_attributes(&attributes);
     print_journal(&journal);
     crate::timeline::print(&instance, &journal);
     print_waits(&waits);
@@ -280,6 +285,18 @@ fn print_instance(row: &Instance) {
             .as_ref()
             .map_or_else(|| "-".to_owned(), ToString::to_string)
     );
+}
+
+/// The run's search attributes, one a line with its kind.
+fn print_attributes(attributes: &keiro::operate::Attributes) {
+    if attributes.is_empty() {
+        println!("attributes   -");
+        return;
+    }
+    println!("attributes   {}", attributes.len());
+    for (name, value) in attributes.iter() {
+        println!("  {name:<32} {:<5} {value}", value.kind());
+    }
 }
 
 fn print_journal(journal: &[JournalEntry]) {

@@ -74,6 +74,15 @@ pub mod message {
         STREAM_GENERATION_ITEMS_MAX_DEFAULT, STREAM_ITEMS_MAX_DEFAULT,
     };
 }
+/// Search attributes: the typed name-value pairs a run carries (plain data), their bounds, and
+/// the list's filters on them.
+pub mod attribute {
+    pub use crate::inspect::{AttrFilter, AttrOp, ATTR_FILTERS_MAX};
+    pub use crate::model::attribute::{
+        validate_attribute_name, AttrError, AttrValue, Attributes, ATTRIBUTES_MAX,
+        ATTRIBUTES_STEP_PREFIX, ATTRIBUTE_NAME_LEN_MAX, ATTRIBUTE_TEXT_LEN_MAX,
+    };
+}
 /// Updates: a caller's request into a running run, answered once (plain data).
 pub mod update {
     pub use crate::model::update::{

@@ -197,6 +197,7 @@ impl Worker {
             .clone()
             .unwrap_or_else(|| format!("keiro-{}", uuid::Uuid::new_v4()));
         let request = StartRequest {
+            attributes: Default::default(),
             key,
             input,
             parent: None,

@@ -207,6 +207,7 @@ impl Keiro {
                     )
                     .map_err(Error::Payload)?;
                     Ok(keiro_journal::store::StartRequest {
+                        attributes: Default::default(),
                         key: InstanceKey::new(name.clone(), id),
                         input,
                         parent: None,

@@ -46,6 +46,9 @@ pub enum Error {
     /// an invalid name, a limit below 1, a zero rate period, a key too long.
     #[error("queue refused")]
     Queue(#[from] keiro_journal::queue::QueueError),
+    /// Search attributes refused before the store: a bad name or value, or too many.
+    #[error("invalid search attributes")]
+    Attributes(#[from] keiro_journal::attribute::AttrError),
     /// No schedule has this name.
     #[error("no schedule {name}")]
     NoSchedule {

@@ -12,6 +12,10 @@ use serde::Serialize;
 use crate::handle::Operate;
 use crate::{Error, InstanceKey, Keiro};
 
+pub use keiro_journal::attribute::{
+    AttrError, AttrFilter, AttrOp, AttrValue, Attributes, ATTRIBUTES_MAX, ATTRIBUTE_NAME_LEN_MAX,
+    ATTRIBUTE_TEXT_LEN_MAX, ATTR_FILTERS_MAX,
+};
 pub use keiro_journal::message::{EventRecord, Messages, StreamHead, StreamItem, StreamPage};
 pub use keiro_journal::store::{
     TerminalCount, Throughput, ThroughputRequest, THROUGHPUT_BUCKETS_MAX, THROUGHPUT_BUCKET_MAX,
@@ -180,6 +184,32 @@ impl Keiro {
     pub async fn messages(&self, key: impl IntoInstanceKey) -> Result<Messages, Error> {
         let key = key.into_instance_key()?;
         Ok(self.operate()?.inspect.instance_messages(&key).await?)
+    }
+
+    /// The search attributes of an instance (set at its start and by its body, the latest
+    /// value of each name); empty for an unknown instance.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")]
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use keiro::{operate::AttrValue, queue::StartOptions};
+    /// let keiro = keiro::Keiro::temporary()?;
+    /// let options = StartOptions::default().attribute("customer", "acme");
+    /// keiro.start_with("order", "order-1", &1, &options).await?;
+    /// let attributes = keiro.attributes(("order", "order-1")).await?;
+    /// assert_eq!(attributes.get("customer"), Some(&AttrValue::from("acme")));
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidId`], [`Error::Store`], [`Error::Unsupported`] for a store wrapped with
+    /// `KeiroBuilder::lease_only`.
+    pub async fn attributes(&self, key: impl IntoInstanceKey) -> Result<Attributes, Error> {
+        let key = key.into_instance_key()?;
+        Ok(self.operate()?.inspect.instance_attributes(&key).await?)
     }
 
     /// The updates sent to an instance, oldest first, at most [`UPDATES_LISTED`]: each one's

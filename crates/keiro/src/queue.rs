@@ -42,10 +42,11 @@ pub use keiro_journal::queue::{
 
 use crate::store::Started;
 use crate::typed::Handle;
+use crate::workflow::{AttrValue, Attributes};
 use crate::{Error, Keiro, WorkflowDef};
 
-/// How to start a run beyond its name, id and input: its queue (with key, dedup id and delay)
-/// and its priority.
+/// How to start a run beyond its name, id and input: its queue (with key, dedup id and delay),
+/// its priority and its search attributes.
 ///
 /// ```
 /// use std::time::Duration;
@@ -53,16 +54,18 @@ use crate::{Error, Keiro, WorkflowDef};
 /// let options = StartOptions::on_queue("payments")
 ///     .key("merchant-42")
 ///     .dedup_id("invoice-7")
-///     .delay(Duration::from_secs(30));
+///     .delay(Duration::from_secs(30))
+///     .attribute("customer", "acme");
 /// assert_eq!(options.queue_name(), Some("payments"));
 /// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct StartOptions {
     queue: Option<String>,
     key: Option<String>,
     dedup_id: Option<String>,
     priority: i32,
     delay: Option<Duration>,
+    attributes: Attributes,
 }
 
 impl StartOptions {
@@ -97,6 +100,21 @@ impl StartOptions {
     /// No admission before `delay` from the start (a queue's run waits as delayed).
     pub fn delay(mut self, delay: Duration) -> Self {
         self.delay = Some(delay);
+        self
+    }
+
+    /// Search attribute `name` set to `value` (with or without a queue): written with the run
+    /// when the start creates it, so the list finds it by them from the start on.
+    pub fn attribute(mut self, name: impl Into<String>, value: impl Into<AttrValue>) -> Self {
+        self.attributes.insert(name, value);
+        self
+    }
+
+    /// Every attribute of `attributes` set (replacing those set before under the same names).
+    pub fn attributes(mut self, attributes: &Attributes) -> Self {
+        for (name, value) in attributes.iter() {
+            self.attributes.insert(name, value.clone());
+        }
         self
     }
 
@@ -332,7 +350,8 @@ impl Keiro {
     ///
     /// # Errors
     ///
-    /// As [`start`](Self::start), and [`Error::Queue`] for invalid options (a key, dedup id,
+    /// As [`start`](Self::start), [`Error::Attributes`] for attributes
+    /// [`Attributes::validate`] refuses, and [`Error::Queue`] for invalid options (a key, dedup id,
     /// priority or delay with no queue, a delay too far, a key too long); the store refuses
     /// an undeclared queue, a dedup id or priority the queue does not take, and a duplicate
     /// dedup id under [`DedupPolicy::Refuse`] with [`Error::Store`] carrying a
@@ -357,7 +376,9 @@ impl Keiro {
         options: &StartOptions,
     ) -> Result<keiro_journal::store::StartRequest, Error> {
         let key = keiro_journal::InstanceKey::parse(name, id)?;
+        options.attributes.validate()?;
         Ok(keiro_journal::store::StartRequest {
+            attributes: options.attributes.clone(),
             input: keiro_journal::store::encode_payload(
                 keiro_journal::store::INPUT_STEP,
                 input,

@@ -81,6 +81,7 @@ impl Keiro {
         let input =
             encode_payload(INPUT_STEP, input, self.payload_len_max()).map_err(Error::Payload)?;
         let request = StartRequest {
+            attributes: Default::default(),
             key,
             input,
             parent: None,

@@ -232,6 +232,7 @@ impl Keiro {
         input: &I,
     ) -> Result<StartRequest, Error> {
         Ok(StartRequest {
+            attributes: Default::default(),
             key: key.clone(),
             input: self.encoded("input", input)?,
             parent: None,

@@ -1,8 +1,12 @@
 //! For workflow authors, beyond the root: the [`Workflow`] trait behind hand-written
 //! workflows, what driving a run returns, the journal budget, deliveries and awakeables, the
 //! identities an [`InstanceKey`](crate::InstanceKey) is made of, and the helpers that describe
-//! an error.
+//! an error, and the search attributes a body sets (`Ctx::set_attributes`).
 
+pub use keiro_journal::attribute::{
+    AttrError, AttrValue, Attributes, ATTRIBUTES_MAX, ATTRIBUTE_NAME_LEN_MAX,
+    ATTRIBUTE_TEXT_LEN_MAX,
+};
 pub use keiro_journal::message::{
     StreamBudget, STREAM_BYTES_MAX_DEFAULT, STREAM_GENERATION_BYTES_MAX_DEFAULT,
     STREAM_GENERATION_ITEMS_MAX_DEFAULT, STREAM_ITEMS_MAX_DEFAULT,

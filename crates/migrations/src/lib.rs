@@ -193,6 +193,12 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../numbered/0025_versions.sql"),
         shipped: None,
     },
+    Migration {
+        version: 26,
+        name: "search_attributes",
+        sql: include_str!("../numbered/0026_search_attributes.sql"),
+        shipped: None,
+    },
 ];
 
 /// One function file of `functions/`: the definitions of one group of functions (and the
@@ -261,6 +267,10 @@ pub const FUNCTION_FILES: &[FunctionFile] = &[
     FunctionFile {
         name: "update",
         sql: include_str!("../functions/update.sql"),
+    },
+    FunctionFile {
+        name: "attribute",
+        sql: include_str!("../functions/attribute.sql"),
     },
 ];
 

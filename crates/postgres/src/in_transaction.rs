@@ -68,7 +68,7 @@ use crate::PgStore;
 /// let tx = client.transaction().await?;
 /// tx.execute("INSERT INTO orders (id) VALUES ($1)", &[&"order-42"]).await?;
 /// let key = InstanceKey::parse("order", "order-42")?;
-/// let request = StartRequest { key, input: serde_json::json!({ "sku": 7 }), parent: None, priority: 0, queue: None };
+/// let request = StartRequest { key, input: serde_json::json!({ "sku": 7 }), parent: None, priority: 0, queue: None, attributes: Default::default() };
 /// store.in_transaction(&tx).instance_start(&request).await?;
 /// tx.commit().await?; // the order row and the instance, or neither
 /// # Ok(()) }
@@ -161,6 +161,9 @@ where
     ///
     /// As the pooled operation.
     pub async fn instance_start(&self, request: &StartRequest) -> Result<Started> {
+        if !request.attributes.is_empty() {
+            return self.start_attributed(request).await;
+        }
         if let Some(queue) = &request.queue {
             return self.queue_start(request, queue).await;
         }
@@ -189,6 +192,46 @@ where
             created: column(&row, "created", START)?,
             instance: row::instance(&row, START)?,
         })
+    }
+
+    /// A start with search attributes in the caller's transaction
+    /// (`keiro_instance_start_attributed`, on its queue if it has one).
+    async fn start_attributed(&self, request: &StartRequest) -> Result<Started> {
+        let sql = format!(
+            "SELECT s.outcome, s.created, {} FROM {}.keiro_instance_start_attributed($1, $2, $3, \
+             $4, $5, $6, $7, $8, $9, $10, $11) s",
+            instance_columns!("(s.instance)."),
+            self.schema
+        );
+        let parent_name = request.parent.as_ref().map(|p| p.name.as_str());
+        let parent_id = request.parent.as_ref().map(|p| p.id.as_str());
+        let queue = request.queue.as_ref();
+        let queue_name = queue.map(|q| q.queue.as_str());
+        let key = queue.and_then(|q| q.key.as_deref());
+        let dedup_id = queue.and_then(|q| q.dedup_id.as_deref());
+        let not_before = queue.and_then(|q| q.not_before);
+        let attrs = serde_json::to_value(&request.attributes)
+            .map_err(|e| crate::row::malformed(START, format_args!("attributes: {e}")))?;
+        let row = self
+            .query_one(
+                START,
+                &sql,
+                &[
+                    &request.key.name.as_str(),
+                    &request.key.id.as_str(),
+                    &request.input,
+                    &parent_name,
+                    &parent_id,
+                    &request.priority,
+                    &queue_name,
+                    &key,
+                    &dedup_id,
+                    &not_before,
+                    &attrs,
+                ],
+            )
+            .await?;
+        crate::ops::queue::queue_started(&row, queue_name.unwrap_or(""))
     }
 
     /// A start on a queue in the caller's transaction (`keiro_queue_start`): the queue's checks

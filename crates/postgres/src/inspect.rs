@@ -8,11 +8,15 @@
 //! `(created_at, workflow_name, workflow_id)`, so a page is one index walk that stops after
 //! `limit + 1` rows however deep the page is (the test `list_plans` proves no sequential scan).
 //! The one exception is the `updated` window, unindexed on purpose (see `ListFilter::updated`).
+//! The attribute filters are semi-joins on `workflow_attributes`, one per attribute and kind
+//! (`AttrFilter::groups`), each a range of that kind's index of migration 0026 (the test
+//! `attribute_plans`); every row carries its attributes, read by a primary-key probe.
 //!
 //! An instance's waits (its timers, awakeables and pending signal waits) are one statement, so
 //! they come from one snapshot in one round trip: a signal delivered meanwhile cannot show both
 //! as a pending wait and as a fired timeout.
 
+use keiro_journal::attribute::{AttrFilter, AttrOp};
 use keiro_journal::store::{Throughput, ThroughputRequest};
 use keiro_journal::{span::traced, store_span};
 use keiro_journal::{
@@ -36,7 +40,9 @@ const WAITS: &str = "reading an instance's waits";
 
 const INSTANCES_LIST_SELECT: &str = "SELECT w.workflow_name, w.workflow_id, w.generation, \
      w.status, w.attempts, w.last_error, w.parent_name, w.parent_id, w.priority, \
-     w.created_at, w.updated_at, w.completed_at, w.queue, w.queue_key, w.next_attempt_at \
+     w.created_at, w.updated_at, w.completed_at, w.queue, w.queue_key, w.next_attempt_at, \
+     (SELECT jsonb_object_agg(a.attr, a.value) FROM workflow_attributes a \
+      WHERE a.workflow_name = w.workflow_name AND a.workflow_id = w.workflow_id) AS attributes \
      FROM workflows w WHERE true";
 // Served by workflows_list_name_idx.
 const FILTER_NAME: &str = " AND w.workflow_name = $";
@@ -65,6 +71,28 @@ const FILTER_QUEUE_KEY: &str = " AND w.queue_key = $";
 const FILTER_FAILED_REMOTE: &str = " AND EXISTS (SELECT 1 FROM remote_tasks t \
      WHERE t.workflow_name = w.workflow_name AND t.workflow_id = w.workflow_id \
      AND t.status = 'failed')";
+// An attribute filter: a semi-join on workflow_attributes, its attribute and value a range of
+// workflow_attributes_text_idx, _num_idx or _time_idx (migration 0026), by the kind compared.
+const FILTER_ATTR: &str = " AND EXISTS (SELECT 1 FROM workflow_attributes a \
+     WHERE a.workflow_name = w.workflow_name AND a.workflow_id = w.workflow_id AND a.attr = $";
+// Text and booleans share text_value: the kind tells `"true"` from `true`.
+const FILTER_ATTR_KIND: &str = " AND a.kind = $";
+const FILTER_ATTR_TEXT: &str = " AND a.text_value = $";
+// [=, >, >=, <, <=] on a number, then on a time.
+const FILTER_ATTR_NUM: [&str; 5] = [
+    " AND a.num_value = $",
+    " AND a.num_value > $",
+    " AND a.num_value >= $",
+    " AND a.num_value < $",
+    " AND a.num_value <= $",
+];
+const FILTER_ATTR_TIME: [&str; 5] = [
+    " AND a.time_value = $",
+    " AND a.time_value > $",
+    " AND a.time_value >= $",
+    " AND a.time_value < $",
+    " AND a.time_value <= $",
+];
 const KEYSET_BEFORE: &str = " AND (w.created_at, w.workflow_name, w.workflow_id) < ($";
 const KEYSET_AFTER: &str = " AND (w.created_at, w.workflow_name, w.workflow_id) > ($";
 // The same keyset without the name, for a name-filtered page whose cursor has that name: it is
@@ -162,6 +190,9 @@ impl ListStatement {
         if filter.failed_remote {
             statement.sql.push_str(FILTER_FAILED_REMOTE);
         }
+        for group in AttrFilter::groups(&filter.attributes) {
+            statement.attrs(&group);
+        }
         if let Some(cursor) = &request.cursor {
             let newest = request.order == ListOrder::NewestFirst;
             statement.push(
@@ -190,6 +221,33 @@ impl ListStatement {
         };
         statement.push(order, Box::new(i64::from(request.limit) + 1));
         statement
+    }
+
+    /// The semi-join of one group of attribute filters (validated: a range compares a number
+    /// or a time): one attribute, one typed column, every bound of the group on it.
+    fn attrs(&mut self, group: &[&AttrFilter]) {
+        let Some(first) = group.first() else {
+            return;
+        };
+        self.push(FILTER_ATTR, Box::new(first.name.clone()));
+        for filter in group {
+            let op = match filter.op {
+                AttrOp::Eq => 0,
+                AttrOp::Gt => 1,
+                AttrOp::Ge => 2,
+                AttrOp::Lt => 3,
+                AttrOp::Le => 4,
+            };
+            if let Some(text) = filter.value.text_key() {
+                self.push(FILTER_ATTR_KIND, Box::new(filter.value.kind()));
+                self.push(FILTER_ATTR_TEXT, Box::new(text));
+            } else if let Some(number) = filter.value.number_key() {
+                self.push(FILTER_ATTR_NUM[op], Box::new(number));
+            } else if let Some(at) = filter.value.time_key() {
+                self.push(FILTER_ATTR_TIME[op], Box::new(at));
+            }
+        }
+        self.sql.push(')');
     }
 
     /// The parameters as `query` takes them.
@@ -233,6 +291,10 @@ fn summary(row: &Row) -> Result<InstanceSummary> {
         queue: column(row, "queue", LIST)?,
         queue_key: column(row, "queue_key", LIST)?,
         not_before: column(row, "next_attempt_at", LIST)?,
+        attributes: crate::ops::attribute::listed_attributes(
+            column(row, "attributes", LIST)?,
+            LIST,
+        )?,
     })
 }
 
@@ -516,6 +578,18 @@ impl InspectStore for PgStore {
         traced(
             span,
             crate::ops::message::stream_read(self.db(), key, stream, from, limit),
+        )
+        .await
+    }
+
+    async fn instance_attributes(
+        &self,
+        key: &InstanceKey,
+    ) -> Result<keiro_journal::attribute::Attributes> {
+        let span = store_span!("instance_attributes", key = key);
+        traced(
+            span,
+            crate::ops::attribute::instance_attributes(self.db(), key),
         )
         .await
     }

@@ -19,7 +19,7 @@
 //! store.migrate().await?; // idempotent; safe to race
 //!
 //! let key = InstanceKey::parse("order", "order-42")?;
-//! let request = StartRequest { key, input: serde_json::json!({ "sku": 7 }), parent: None, priority: 0, queue: None };
+//! let request = StartRequest { key, input: serde_json::json!({ "sku": 7 }), parent: None, priority: 0, queue: None, attributes: Default::default() };
 //! let started = store.instance_start(&request).await?; // idempotent by key
 //! println!("{} created: {}", started.instance.key, started.created);
 //!

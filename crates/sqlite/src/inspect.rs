@@ -8,7 +8,10 @@
 //! list index of migration 0001, so a page is one index walk that stops after `limit + 1` rows.
 //! An id prefix is compared byte-wise (`substr` of the id's bytes), the `^@` of the C
 //! collation; the `>=` beside it lets SQLite start the walk of `workflows_list_id_idx` there.
+//! An attribute filter keeps the instances among those one range of a `workflow_attributes`
+//! index (migration 0008) gives, one subquery per attribute and kind (`AttrFilter::groups`).
 
+use keiro_journal::attribute::{AttrFilter, AttrOp};
 use keiro_journal::store::{Result, Throughput, ThroughputRequest};
 use keiro_journal::{
     AwakeableInfo, Counts, GroupCount, InstanceSummary, ListOrder, ListRequest, Page,
@@ -29,7 +32,9 @@ const WAITS: &str = "reading an instance's waits";
 
 const INSTANCES_LIST_SELECT: &str = "SELECT w.workflow_name, w.workflow_id, w.generation, \
      w.status, w.attempts, w.last_error, w.parent_name, w.parent_id, w.priority, \
-     w.created_at, w.updated_at, w.completed_at, w.queue, w.queue_key, w.next_attempt_at \
+     w.created_at, w.updated_at, w.completed_at, w.queue, w.queue_key, w.next_attempt_at, \
+     (SELECT json_group_object(a.attr, json(a.value)) FROM workflow_attributes a \
+      WHERE a.workflow_name = w.workflow_name AND a.workflow_id = w.workflow_id) \
      FROM workflows w WHERE 1";
 // Served by workflows_list_name_idx.
 const FILTER_NAME: &str = " AND w.workflow_name = ?";
@@ -64,6 +69,28 @@ const FILTER_QUEUE_KEY: &str = " AND w.queue_key = ?";
 const FILTER_FAILED_REMOTE: &str = " AND EXISTS (SELECT 1 FROM remote_tasks t \
      WHERE t.workflow_name = w.workflow_name AND t.workflow_id = w.workflow_id \
      AND t.status = 'failed')";
+// An attribute filter: the instance among those an index of migration 0008 gives for the
+// attribute and value (workflow_attributes_text_idx, _num_idx or _time_idx, by the kind).
+const FILTER_ATTR: &str = " AND (w.workflow_name, w.workflow_id) IN (SELECT a.workflow_name, \
+     a.workflow_id FROM workflow_attributes a WHERE a.attr = ?";
+// Text and booleans share text_value: the kind tells `"true"` from `true`.
+const FILTER_ATTR_KIND: &str = " AND a.kind = ?";
+const FILTER_ATTR_TEXT: &str = " AND a.text_value = ?";
+// [=, >, >=, <, <=] on a number, then on a time.
+const FILTER_ATTR_NUM: [&str; 5] = [
+    " AND a.num_value = ?",
+    " AND a.num_value > ?",
+    " AND a.num_value >= ?",
+    " AND a.num_value < ?",
+    " AND a.num_value <= ?",
+];
+const FILTER_ATTR_TIME: [&str; 5] = [
+    " AND a.time_value = ?",
+    " AND a.time_value > ?",
+    " AND a.time_value >= ?",
+    " AND a.time_value < ?",
+    " AND a.time_value <= ?",
+];
 const KEYSET_BEFORE: &str = " AND (w.created_at, w.workflow_name, w.workflow_id) < (?";
 const KEYSET_AFTER: &str = " AND (w.created_at, w.workflow_name, w.workflow_id) > (?";
 // The same keyset without the name, for a name-filtered page whose cursor has that name: what
@@ -94,6 +121,33 @@ impl ListStatement {
         self.params.push(value);
         self.sql.push_str(", ?");
         self.sql.push_str(&self.params.len().to_string());
+    }
+
+    /// The subquery of one group of attribute filters (validated: a range compares a number
+    /// or a time): one attribute, one typed column, every bound of the group on it.
+    fn attrs(&mut self, group: &[&AttrFilter]) {
+        let Some(first) = group.first() else {
+            return;
+        };
+        self.push(FILTER_ATTR, Sql::Text(first.name.clone()));
+        for filter in group {
+            let op = match filter.op {
+                AttrOp::Eq => 0,
+                AttrOp::Gt => 1,
+                AttrOp::Ge => 2,
+                AttrOp::Lt => 3,
+                AttrOp::Le => 4,
+            };
+            if let Some(text) = filter.value.text_key() {
+                self.push(FILTER_ATTR_KIND, Sql::Text(filter.value.kind().to_owned()));
+                self.push(FILTER_ATTR_TEXT, Sql::Text(text));
+            } else if let Some(number) = filter.value.number_key() {
+                self.push(FILTER_ATTR_NUM[op], Sql::Real(number));
+            } else if let Some(at) = filter.value.time_key() {
+                self.push(FILTER_ATTR_TIME[op], Sql::Integer(micros(at)));
+            }
+        }
+        self.sql.push(')');
     }
 
     /// The statement for `request`, fetching one row more than its limit (the probe for a
@@ -150,6 +204,9 @@ impl ListStatement {
         if filter.failed_remote {
             statement.sql.push_str(FILTER_FAILED_REMOTE);
         }
+        for group in AttrFilter::groups(&filter.attributes) {
+            statement.attrs(&group);
+        }
         if let Some(cursor) = &request.cursor {
             let newest = request.order == ListOrder::NewestFirst;
             statement.push(
@@ -198,6 +255,7 @@ type StoredSummary = (
     Option<String>,
     Option<String>,
     Option<i64>,
+    Option<String>,
 );
 
 fn stored_summary(r: &Row<'_>) -> rusqlite::Result<StoredSummary> {
@@ -217,6 +275,7 @@ fn stored_summary(r: &Row<'_>) -> rusqlite::Result<StoredSummary> {
         r.get(12)?,
         r.get(13)?,
         r.get(14)?,
+        r.get(15)?,
     ))
 }
 
@@ -243,6 +302,11 @@ fn summary(stored: StoredSummary) -> Result<InstanceSummary> {
         queue: stored.12,
         queue_key: stored.13,
         not_before: row::instant_opt(stored.14, LIST)?,
+        attributes: match stored.15 {
+            Some(text) => serde_json::from_str(&text)
+                .map_err(|e| malformed(LIST, format_args!("attributes: {e}")))?,
+            None => keiro_journal::attribute::Attributes::new(),
+        },
     })
 }
 
@@ -559,6 +623,56 @@ mod tests {
                     assert!(plan.contains(index), "{request:?}:\n{plan}");
                     assert!(!plan.contains("TEMP B-TREE"), "{request:?}:\n{plan}");
                 }
+            }
+        }
+    }
+
+    /// An attribute filter reads one range of its kind's index (migration 0008) and looks the
+    /// instances up by key: never a scan of either table. (The rows are then sorted: a page
+    /// costs the matching attribute rows, so a filter that matches most runs is best combined
+    /// with a narrower one.)
+    #[test]
+    fn attribute_filters_read_their_kind_index() {
+        use keiro_journal::attribute::{AttrFilter, AttrOp};
+        let conn = Connection::open_in_memory().expect("opens");
+        for (_, _, sql) in crate::open::MIGRATIONS {
+            conn.execute_batch(sql).expect("migrates");
+        }
+        let at = OffsetDateTime::UNIX_EPOCH;
+        let cases = [
+            (
+                vec![AttrFilter::eq("customer", "acme")],
+                "workflow_attributes_text_idx",
+            ),
+            (
+                vec![AttrFilter::eq("vip", true)],
+                "workflow_attributes_text_idx",
+            ),
+            (
+                vec![
+                    AttrFilter::new("amount", AttrOp::Gt, 10),
+                    AttrFilter::new("amount", AttrOp::Le, 20.5),
+                ],
+                "workflow_attributes_num_idx",
+            ),
+            (
+                vec![AttrFilter::new("due", AttrOp::Ge, at)],
+                "workflow_attributes_time_idx",
+            ),
+        ];
+        for (attributes, index) in cases {
+            for name in [None, Some(WorkflowName::new("wf").expect("valid"))] {
+                let request = ListRequest {
+                    filter: ListFilter {
+                        name,
+                        attributes: attributes.clone(),
+                        ..ListFilter::default()
+                    },
+                    ..ListRequest::default()
+                };
+                let plan = plan(&conn, &request);
+                assert!(plan.contains(index), "{request:?}:\n{plan}");
+                assert!(!plan.contains("SCAN"), "{request:?}:\n{plan}");
             }
         }
     }

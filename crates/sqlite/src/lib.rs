@@ -85,6 +85,7 @@
 //!         parent: None,
 //!         priority: 0,
 //!         queue: None,
+//!         attributes: Default::default(),
 //!     })
 //!     .await?;
 //! assert!(started.created);
@@ -123,6 +124,7 @@
 //! a file migrated by a newer keiro, a durability setting that did not take. Operations
 //! answer `keiro_journal::StoreError` as the Postgres store does.
 
+mod attribute;
 mod awakeable;
 mod cached;
 mod child;

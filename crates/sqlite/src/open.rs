@@ -37,6 +37,11 @@ pub(crate) const MIGRATIONS: &[(i64, &str, &str)] = &[
         "versions",
         include_str!("../migrations/0007_versions.sql"),
     ),
+    (
+        8,
+        "search_attributes",
+        include_str!("../migrations/0008_search_attributes.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.

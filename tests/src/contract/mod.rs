@@ -2,7 +2,7 @@
 //! take a [`Harness`](crate::Harness), run on every store by one macro.
 //!
 //! One module per file of `sql/functions/` (`journal`, `instance`, `lease`, `timer`, `signal`,
-//! `awakeable`, `child`, `remote`, `queue`, `message`), plus `retention`, `inspect` and `schedule`; inside each,
+//! `awakeable`, `child`, `remote`, `queue`, `message`, `attribute`), plus `retention`, `inspect` and `schedule`; inside each,
 //! one file per behaviour. A scenario is `pub async fn name(h: Harness) -> TestResult`, uses
 //! only what every store offers (the store traits, the facade, the harness's tools) and
 //! branches on [`Backend`](crate::Backend) only where the stores are allowed to differ.
@@ -27,6 +27,7 @@
 // A scenario's name says what it checks; its opening comment says how.
 #![allow(missing_docs)]
 
+pub mod attribute;
 pub mod awakeable;
 pub mod child;
 pub mod inspect;
@@ -331,6 +332,22 @@ macro_rules! contract_suite {
                     an_update_to_an_unknown_or_finished_run_is_refused_and_a_run_that_ends_settles_its_updates,
                     bad_update_requests_are_typed_outcomes_and_write_nothing,
                     update_and_signal_with_start_start_and_deliver_in_one_call,
+                ],
+            },
+            attribute {
+                set [
+                    a_start_writes_its_attributes_only_when_it_creates_the_instance,
+                    bad_start_attributes_are_typed_errors_and_start_nothing,
+                    a_set_is_journaled_once_and_the_latest_value_wins,
+                    a_stale_holder_sets_nothing,
+                    a_set_past_the_bound_is_refused_and_writes_nothing,
+                    retention_deletes_attributes_with_their_instance,
+                    a_body_sets_attributes_once_whatever_replays_it,
+                    starts_that_keep_no_attributes_refuse_them_and_start_nothing,
+                ],
+                list [
+                    attribute_filters_select_what_matches_selects_in_pages_of_both_orders,
+                    bad_attribute_filters_are_typed_errors,
                 ],
             },
             versions {

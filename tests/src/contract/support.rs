@@ -22,6 +22,7 @@ pub fn key(name: &str, id: &str) -> InstanceKey {
 /// A start request with `input` and no parent.
 pub fn start(key: &InstanceKey, input: serde_json::Value) -> StartRequest {
     StartRequest {
+        attributes: Default::default(),
         key: key.clone(),
         input,
         parent: None,

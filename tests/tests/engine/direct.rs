@@ -79,6 +79,7 @@ async fn a_direct_run_completes_in_its_caller_without_a_worker(h: Harness) -> Te
 async fn the_direct_start_leases_the_instance_from_its_first_moment(h: Harness) -> TestResult {
     let k = key("sum", "s-2");
     let request = StartRequest {
+        attributes: Default::default(),
         key: k.clone(),
         input: serde_json::json!(1),
         parent: None,
@@ -187,6 +188,7 @@ async fn an_existing_instance_is_driven_only_under_a_claim_a_worker_could_make(
 
     // Parked with no due wake-up, or paced by a crash: not claimed, the row as it was.
     let request = |id: &str| StartRequest {
+        attributes: Default::default(),
         key: key("sum", id),
         input: serde_json::json!(0),
         parent: None,

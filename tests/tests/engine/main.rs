@@ -2,6 +2,7 @@
 //! API, telemetry, failure semantics, and the multi-process tests (which run the binaries of
 //! `tests/src/bin`). The store rules are the contract suite's (`tests/tests/contract.rs`).
 
+mod attributes;
 mod completed_runs;
 mod database_outage;
 mod direct;

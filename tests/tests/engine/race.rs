@@ -373,6 +373,7 @@ async fn signal_return_gives_signals_back_only_with_the_decision(h: Harness) -> 
     let (racer, waiter) = (key("race", "r-1"), key("take", "w-1"));
     for k in [&racer, &waiter] {
         let request = StartRequest {
+            attributes: Default::default(),
             key: k.clone(),
             input: serde_json::Value::Null,
             parent: None,

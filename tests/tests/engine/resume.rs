@@ -914,6 +914,7 @@ async fn a_batch_claim_goes_by_priority_then_age_across_free_expired_and_due_run
     ] {
         h.store
             .instance_start(&keiro_journal::store::StartRequest {
+                attributes: Default::default(),
                 key: key("mine", id),
                 input: json!(null),
                 parent: None,

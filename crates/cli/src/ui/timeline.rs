@@ -530,6 +530,7 @@ mod tests {
             queue: None,
             queue_key: None,
             not_before: None,
+            attributes: keiro::operate::Attributes::default(),
         };
         let done = InstanceSummary {
             status: Status::Completed,

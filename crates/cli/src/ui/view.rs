@@ -27,6 +27,8 @@ pub(crate) struct InstanceView {
     pub(crate) journal: Vec<JournalEntry>,
     pub(crate) waits: Waits,
     pub(crate) messages: Messages,
+    /// The run's search attributes.
+    pub(crate) attributes: keiro::operate::Attributes,
     /// The updates sent to the run, oldest first, with their state and answer.
     pub(crate) updates: Vec<keiro::workflow::UpdateRecord>,
     pub(crate) tasks: Vec<RemoteTask>,
@@ -45,6 +47,7 @@ impl InstanceView {
         let journal = keiro.journal((name, id)).await?;
         let waits = keiro.waits((name, id), WAITS_LIMIT_DEFAULT).await?;
         let messages = keiro.messages((name, id)).await?;
+        let attributes = keiro.attributes((name, id)).await?;
         let updates = keiro.updates((name, id)).await?;
         let tasks = keiro.remote_tasks((name, id)).await?;
         let parent = instance.key.to_string();
@@ -74,6 +77,7 @@ impl InstanceView {
             journal,
             waits,
             messages,
+            attributes,
             updates,
             tasks,
             children,
@@ -138,6 +142,7 @@ impl InstanceView {
             "awakeables": self.waits.awakeables,
             "signal_waits": self.waits.signal_waits,
             "waits_truncated": self.waits.truncated,
+            "attributes": self.attributes,
             "events": self.messages.events,
             "streams": self.messages.streams,
             "updates": self.updates.iter().map(update_json).collect::<Vec<_>>(),

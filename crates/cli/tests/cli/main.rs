@@ -1,6 +1,7 @@
 //! The `keiro` binary's tests, one binary: each module runs the command line (or the dashboard it
 //! serves) as a user would, against a real PostgreSQL schema or a SQLite file.
 
+mod attributes;
 mod bench_sqlite;
 mod bench_suite;
 mod credentials;

@@ -59,8 +59,9 @@ async fn migrate_prints_the_function_files_it_applied_or_why_it_left_them() -> T
     assert!(out.contains(&format!("schema {schema}: applied ")), "{out}");
     assert!(
         out.contains(&format!(
-            "schema {schema}: applied 12 function file(s) (revision {ours}): notify, journal, \
-             instance, lease, timer, signal, awakeable, child, remote, queue, message, update\n"
+            "schema {schema}: applied 13 function file(s) (revision {ours}): notify, journal, \
+             instance, lease, timer, signal, awakeable, child, remote, queue, message, update, \
+             attribute\n"
         )),
         "{out}"
     );

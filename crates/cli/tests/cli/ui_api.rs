@@ -1406,3 +1406,96 @@ async fn an_event_page_shows_its_value_and_every_write() -> TestResult {
     assert_eq!(missing.status(), StatusCode::NOT_FOUND);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_list_filters_by_attribute_and_shows_chosen_attributes_as_columns() -> TestResult {
+    let h = Harness::postgres().await;
+    for (id, customer, amount) in [
+        ("o-1", "acme", 1200),
+        ("o-2", "acme", 300),
+        ("o-3", "globex", 5000),
+    ] {
+        let options = keiro::queue::StartOptions::default()
+            .attribute("customer", customer)
+            .attribute("amount", amount);
+        h.keiro.start_with("order", id, &1, &options).await?;
+    }
+    let ui = Ui::start(&h, None);
+    let client = reqwest::Client::new();
+    let api = format!("{}/api/v1", ui.base);
+
+    // The API: one filter per `attr`, all of them holding; each row carries its attributes.
+    let (status, page) = get_json(
+        &client,
+        &format!("{api}/instances?attr=customer%3Dacme&attr=amount%3E%3D1000"),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::OK);
+    let ids: Vec<&str> = page["instances"]
+        .as_array()
+        .expect("instances")
+        .iter()
+        .filter_map(|row| row["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["o-1"]);
+    assert_eq!(
+        page["instances"][0]["attributes"]["amount"],
+        json!({"type": "int", "value": 1200})
+    );
+    let (status, body) =
+        get_json(&client, &format!("{api}/instances?attr=customer%3Eacme")).await?;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (_, one) = get_json(&client, &format!("{api}/instances/order/o-3")).await?;
+    assert_eq!(
+        one["attributes"]["customer"],
+        json!({"type": "text", "value": "globex"})
+    );
+
+    // The page: the filter in the form, the chosen attributes as columns.
+    let page = client
+        .get(format!(
+            "{}/instances?attr=customer%3Dacme&columns=amount,customer",
+            ui.base
+        ))
+        .send()
+        .await?
+        .text()
+        .await?;
+    assert!(
+        page.contains(r#"<th class="attr">amount</th><th class="attr">customer</th>"#),
+        "{page}"
+    );
+    assert!(
+        page.contains(r#"<td class="attr">1200</td><td class="attr">acme</td>"#),
+        "{page}"
+    );
+    assert!(page.contains(r#"<td class="attr">300</td>"#), "{page}");
+    assert!(!page.contains("o-3"), "{page}");
+    assert!(
+        page.contains(r#"name="attr" value="customer=acme""#),
+        "{page}"
+    );
+    // With no columns chosen, one column holds them all.
+    let page = client
+        .get(format!("{}/instances?attr=amount%3E%3D5000", ui.base))
+        .send()
+        .await?
+        .text()
+        .await?;
+    assert!(
+        page.contains(r#"<span class="attr">customer=globex</span>"#),
+        "{page}"
+    );
+    // The instance page lists them, each linking to the runs with the same value.
+    let page = client
+        .get(format!("{}/instances/order/o-3", ui.base))
+        .send()
+        .await?
+        .text()
+        .await?;
+    assert!(
+        page.contains(r#"href="/instances?attr=customer%3Dglobex""#),
+        "{page}"
+    );
+    Ok(())
+}

@@ -20,6 +20,7 @@
 //! explicitly only when the last confirmation is older than [`RunOptions::confirm_after`], so a
 //! long gap between steps (or a slow body) never runs an action on a stale lease.
 
+pub(crate) mod attributes;
 pub(crate) mod awaits;
 pub(crate) mod awakeables;
 pub(crate) mod children;
@@ -101,6 +102,8 @@ pub(crate) enum RecordVia {
     StreamClose(String),
     /// An update's answer.
     Update(crate::update::UpdateAnswer),
+    /// A set of search attributes.
+    Attributes(crate::attribute::Attributes),
 }
 
 /// The handle a workflow body uses. Cheap to clone; clones share one run.
@@ -547,6 +550,15 @@ impl Ctx {
                 }
                 Err(e) => Err(e),
             },
+            RecordVia::Attributes(attributes) => {
+                match store.attributes_set(&append, attributes).await {
+                    Ok(store::AttributesOutcome::Append(outcome)) => Ok(outcome),
+                    Ok(store::AttributesOutcome::TooMany { count }) => {
+                        return Err(attributes::too_many(count))
+                    }
+                    Err(e) => Err(e),
+                }
+            }
             RecordVia::Update(answer) => match store.update_answer(&append, answer).await {
                 Ok(crate::update::UpdateAnswerOutcome::Append(outcome)) => Ok(outcome),
                 Ok(crate::update::UpdateAnswerOutcome::Unknown) => {

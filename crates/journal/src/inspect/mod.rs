@@ -20,6 +20,7 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use crate::model::attribute::Attributes;
 use crate::model::message::{EventRead, Messages, StreamPage};
 use crate::model::update::{UpdateRead, UpdateRecord};
 use crate::store::contract::Result;
@@ -27,9 +28,11 @@ use crate::{
     AwakeableStatus, Generation, IdError, Instance, InstanceKey, Status, TimerKind, WorkflowName,
 };
 
+mod attrs;
 mod cursor;
 mod throughput;
 
+pub use attrs::{AttrFilter, AttrOp, ATTR_FILTERS_MAX};
 pub use cursor::Cursor;
 pub use throughput::{
     TerminalCount, Throughput, ThroughputRequest, THROUGHPUT_BUCKETS_MAX, THROUGHPUT_BUCKET_MAX,
@@ -119,7 +122,7 @@ impl TimeRange {
 /// let filter = ListFilter { status: Some(Status::Failed), failed_remote: true, ..ListFilter::default() };
 /// assert!(filter.status.is_some());
 /// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ListFilter {
     /// Only this workflow.
@@ -146,10 +149,15 @@ pub struct ListFilter {
     pub queue: Option<String>,
     /// Only runs with this key on their queue; needs `queue`.
     pub queue_key: Option<String>,
+    /// Only runs whose search attributes pass every one of these (at most
+    /// [`ATTR_FILTERS_MAX`]); index-served on both stores (`workflow_attributes`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub attributes: Vec<AttrFilter>,
 }
 
 impl ListFilter {
-    /// Whether `instance` passes every filter but `failed_remote` (which needs the tasks).
+    /// Whether `instance` passes every filter but `failed_remote` and `attributes` (which need
+    /// the tasks and the attributes).
     pub fn matches_row(&self, instance: &Instance) -> bool {
         self.name
             .as_ref()
@@ -193,7 +201,7 @@ pub enum ListOrder {
 }
 
 /// One page request.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ListRequest {
     /// Which instances.
@@ -261,6 +269,16 @@ impl ListRequest {
                 }
             }
         }
+        if self.filter.attributes.len() > ATTR_FILTERS_MAX {
+            return Err(FilterError::invalid(
+                "attr",
+                &self.filter.attributes.len().to_string(),
+                format_args!("at most {ATTR_FILTERS_MAX} attribute filters"),
+            ));
+        }
+        for filter in &self.filter.attributes {
+            filter.validate()?;
+        }
         if let (Some(key), None) = (&self.filter.queue_key, &self.filter.queue) {
             return Err(FilterError::invalid(
                 "queue_key",
@@ -274,7 +292,7 @@ impl ListRequest {
     /// Builds a request from text parameters, as a URL query or command-line flags carry them:
     /// `name`, `status`, `created_since`, `created_until`, `updated_since`, `updated_until`,
     /// `finished_since`, `finished_until` (RFC 3339), `parent` (`<name>/<id>`), `id_prefix`, `queue`, `queue_key`, `failed_remote` (`true`/`false`),
-    /// `order` (`newest_first`/`oldest_first`), `limit`, `cursor`. An empty value is ignored.
+    /// `attr` (repeatable: `customer=acme`, `amount>=1000`, as [`AttrFilter::parse`] reads it), `order` (`newest_first`/`oldest_first`), `limit`, `cursor`. An empty value is ignored.
     ///
     /// ```
     /// use keiro_journal::{FilterError, ListRequest, Status};
@@ -322,6 +340,7 @@ impl ListRequest {
                 "id_prefix" => filter.id_prefix = Some(value.to_owned()),
                 "queue" => filter.queue = Some(value.to_owned()),
                 "queue_key" => filter.queue_key = Some(value.to_owned()),
+                "attr" => filter.attributes.push(AttrFilter::parse(value)?),
                 "failed_remote" => {
                     filter.failed_remote = match value {
                         "true" | "1" => true,
@@ -431,6 +450,9 @@ pub struct InstanceSummary {
     /// No claim or admission before this instant: a delayed start or a crash backoff.
     #[serde(default, with = "time::serde::rfc3339::option")]
     pub not_before: Option<OffsetDateTime>,
+    /// Its search attributes.
+    #[serde(default, skip_serializing_if = "Attributes::is_empty")]
+    pub attributes: Attributes,
 }
 
 impl From<&Instance> for InstanceSummary {
@@ -449,6 +471,7 @@ impl From<&Instance> for InstanceSummary {
             queue: row.queue.clone(),
             queue_key: row.queue_key.clone(),
             not_before: row.next_attempt_at,
+            attributes: Attributes::default(),
         }
     }
 }
@@ -703,6 +726,10 @@ pub trait InspectStore: Send + Sync + fmt::Debug + 'static {
 
     /// The updates of `key`, oldest first, at most `limit`; empty for an unknown instance.
     async fn instance_updates(&self, key: &InstanceKey, limit: u32) -> Result<Vec<UpdateRecord>>;
+
+    /// The search attributes of `key` (the start's and the body's sets, the latest value of
+    /// each name); empty for an unknown instance.
+    async fn instance_attributes(&self, key: &InstanceKey) -> Result<Attributes>;
 }
 
 /// Serde for a status as its column text.

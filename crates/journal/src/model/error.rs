@@ -142,6 +142,10 @@ pub enum WorkflowError {
         /// The bytes budget.
         budget_bytes: u64,
     },
+    /// Search attributes refused: a bad name or value, or more names than a run may carry.
+    /// Nothing was written; the body may go on.
+    #[error("search attributes refused: {0}")]
+    InvalidAttributes(#[from] crate::attribute::AttrError),
     /// A write to a stream the run closed. Nothing was written.
     #[error("stream {key:?} is closed")]
     StreamClosed {
@@ -262,6 +266,7 @@ impl WorkflowError {
                     | Self::JournalFull { .. }
                     | Self::StreamFull { .. }
                     | Self::StreamClosed { .. }
+                    | Self::InvalidAttributes(_)
                     | Self::UpdateUnknown { .. }
                     | Self::UpdateAnswered { .. }
                     | Self::InvalidQueue(_)

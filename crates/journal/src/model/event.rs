@@ -99,6 +99,8 @@ pub enum StepKind {
     /// An update's answer ([`Ctx::reply`](crate::Ctx::reply),
     /// [`Ctx::reject`](crate::Ctx::reject)).
     Update,
+    /// A set of search attributes ([`Ctx::set_attributes`](crate::Ctx::set_attributes)).
+    Attributes,
 }
 
 impl StepKind {
@@ -118,6 +120,7 @@ impl StepKind {
             Self::Event => "event",
             Self::Stream => "stream",
             Self::Update => "update",
+            Self::Attributes => "attributes",
         }
     }
 
@@ -136,6 +139,7 @@ impl StepKind {
             "event" => Self::Event,
             "stream" => Self::Stream,
             "update" => Self::Update,
+            "attributes" => Self::Attributes,
             _ => return None,
         })
     }

@@ -191,7 +191,7 @@ identity!(
 );
 
 /// Step-name prefixes keiro reserves for its own wake sources and markers.
-pub const RESERVED_STEP_PREFIXES: [&str; 14] = [
+pub const RESERVED_STEP_PREFIXES: [&str; 15] = [
     "await:",
     "attempt:",
     "race:",
@@ -205,6 +205,7 @@ pub const RESERVED_STEP_PREFIXES: [&str; 14] = [
     "event:",
     "stream:",
     "update:",
+    "attrs:",
     "__workflow_",
 ];
 

@@ -135,6 +135,10 @@ pub struct StartRequest {
     /// The queue to start the run on, with its key, dedup id and delay; `None` for a run
     /// any worker may claim at once.
     pub queue: Option<crate::queue::QueueStart>,
+    /// The run's search attributes, written with the row when the start creates it (a start
+    /// that finds the instance writes none). Only `instance_start` and `instances_start` keep
+    /// them; the other operations that take a start refuse them. Empty by default.
+    pub attributes: crate::attribute::Attributes,
 }
 
 /// The result of `start`.

@@ -8,6 +8,7 @@
 //! ([`error`]) and the error a store operation returns ([`store_error`]). Nothing here depends
 //! on a run, a context or the store contract.
 
+pub(crate) mod attribute;
 pub(crate) mod budget;
 pub(crate) mod delivery;
 pub(crate) mod error;

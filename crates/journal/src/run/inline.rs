@@ -86,6 +86,7 @@ pub async fn start<I: Serialize + ?Sized>(
     let input = encode_payload(crate::workflow::INPUT_STEP, input, payload_len_max)
         .map_err(Error::Payload)?;
     let request = StartRequest {
+        attributes: Default::default(),
         key: key.clone(),
         input,
         parent: None,

@@ -83,7 +83,11 @@ pub(crate) fn recorded_by_body(step: &str, kind: StepKind) -> bool {
         StepKind::Awakeable => step.starts_with("awkid:"),
         StepKind::Child => !step.ends_with(":result"),
         StepKind::Attempt => crate::model::event::is_final_attempt(step),
-        StepKind::Race | StepKind::Event | StepKind::Stream | StepKind::Update => true,
+        StepKind::Race
+        | StepKind::Event
+        | StepKind::Stream
+        | StepKind::Update
+        | StepKind::Attributes => true,
         _ => false,
     }
 }

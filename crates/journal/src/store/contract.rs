@@ -168,6 +168,20 @@ pub enum StreamOutcome {
     },
 }
 
+/// What [`JournalStore::attributes_set`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttributesOutcome {
+    /// It went through the append rules, with this outcome; when appended, the attributes
+    /// hold the set's values.
+    Append(AppendOutcome),
+    /// Refused, nothing written: the run would carry `count` attribute names, more than
+    /// [`ATTRIBUTES_MAX`](crate::attribute::ATTRIBUTES_MAX).
+    TooMany {
+        /// The names it would carry.
+        count: u64,
+    },
+}
+
 /// What a delivery did ([`JournalStore::delivery_append`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum DeliveryOutcome {
@@ -516,6 +530,23 @@ pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
     /// the stream closed (creating it empty if it was never written), in one transaction.
     /// Outcomes and errors as [`journal_append`](Self::journal_append).
     async fn stream_close(&self, append: &Append, key: &str) -> Result<AppendOutcome>;
+
+    // ----- Search attributes ----------------------------------------------------------------
+
+    /// Journals the attributes step `append` (kind
+    /// [`StepKind::Attributes`](crate::StepKind::Attributes), its value `attributes` as JSON)
+    /// and, only when it is appended, sets each of `attributes` on the instance (replacing an
+    /// earlier value of the name), in one transaction. A step already journaled answers
+    /// `AlreadyPresent` and writes nothing. Otherwise, when the instance would then carry more
+    /// than [`ATTRIBUTES_MAX`](crate::attribute::ATTRIBUTES_MAX) names, it answers
+    /// [`AttributesOutcome::TooMany`] with nothing written. `attributes` were validated by the
+    /// caller ([`Attributes::validate`](crate::attribute::Attributes::validate)). Errors as
+    /// [`journal_append`](Self::journal_append).
+    async fn attributes_set(
+        &self,
+        append: &Append,
+        attributes: &crate::attribute::Attributes,
+    ) -> Result<AttributesOutcome>;
 
     // ----- Updates --------------------------------------------------------------------------
     //

@@ -81,6 +81,7 @@ pub async fn verify_replay(
     let store = SqliteStore::temporary().map_err(|e| unreplayable(&e))?;
     store
         .instance_start(&StartRequest {
+            attributes: Default::default(),
             key: key.clone(),
             input: input.clone(),
             parent: None,

@@ -325,6 +325,15 @@ impl JournalStore for PgStore {
         append_of_message(outcome, append)
     }
 
+    async fn attributes_set(
+        &self,
+        append: &Append,
+        _attributes: &keiro_journal::attribute::Attributes,
+    ) -> Result<keiro_journal::store::AttributesOutcome> {
+        let span = store_span!("attributes_set", key = append.key, keiro.workflow.step = %append.event.step_name());
+        traced(span, op::attribute::attributes_set(self.db(), append)).await
+    }
+
     async fn update_send(
         &self,
         send: &keiro_journal::update::UpdateSend,

@@ -104,6 +104,13 @@ impl LeaseStore for PgStore {
         ttl: Duration,
         now: Option<OffsetDateTime>,
     ) -> Result<StartClaim> {
+        if !request.attributes.is_empty() {
+            // A direct start is the caller's own run: it takes none (nothing would keep them).
+            return Err(keiro_journal::StoreError::ValueRefused {
+                operation: "starting a claimed instance",
+                reason: "a direct start takes no search attributes".into(),
+            });
+        }
         let span = store_span!("instance_start_claimed", key = request.key);
         traced(
             span,

@@ -15,6 +15,11 @@ impl Batched for StartRequest {
 
     const NAME: &'static str = "instance_start";
 
+    // A start with attributes is its own function (`keiro_instance_start_attributed`).
+    fn batchable(&self) -> bool {
+        self.attributes.is_empty()
+    }
+
     async fn send_many(db: &Db, batch: &[Self]) -> Result<Vec<Option<Result<Started>>>> {
         op::instances_start(db, batch).await
     }

@@ -36,6 +36,9 @@ pub(crate) const INSTANCE_START: &str = concat!(
 
 /// One start: `keiro_instance_start`.
 pub(crate) async fn instance_start(db: &Db, request: &StartRequest) -> Result<Started> {
+    if !request.attributes.is_empty() {
+        return crate::ops::attribute::instance_start_attributed(db, request).await;
+    }
     if let Some(queue) = &request.queue {
         return crate::ops::queue::queue_start(db, request, queue).await;
     }
@@ -69,10 +72,14 @@ const INSTANCES_START: &str = concat!(
 
 /// Starts of several callers in one statement (`keiro_instances_start`, or
 /// `keiro_queues_start` when some are on a queue): an outcome per request, in the order given.
+/// A batch with a start that has attributes is left alone whole (each `None`, so sent alone).
 pub(crate) async fn instances_start(
     db: &Db,
     requests: &[StartRequest],
 ) -> Result<Vec<Option<Result<Started>>>> {
+    if requests.iter().any(|r| !r.attributes.is_empty()) {
+        return Ok(requests.iter().map(|_| None).collect());
+    }
     if requests.iter().any(|r| r.queue.is_some()) {
         return crate::ops::queue::queues_start(db, requests).await;
     }

@@ -11,6 +11,7 @@ use keiro_journal::{Fence, InstanceKey, StoreError};
 
 use crate::row::malformed;
 
+pub(crate) mod attribute;
 pub(crate) mod awakeable;
 pub(crate) mod child;
 pub(crate) mod instance;

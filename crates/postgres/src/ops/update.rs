@@ -29,12 +29,19 @@ pub(crate) fn update_ttl_ms() -> i64 {
     i64::try_from(SIGNAL_TTL_MAX.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// Refuses a start that takes a queue: a start with an update or a signal is a plain start.
+/// Refuses a start that takes a queue or search attributes: a start with an update or a signal
+/// is a plain start.
 pub(crate) fn plain_start(operation: &'static str, start: &StartRequest) -> Result<()> {
     if start.queue.is_some() {
         return Err(StoreError::ValueRefused {
             operation,
             reason: "a start with an update or a signal takes no queue".into(),
+        });
+    }
+    if !start.attributes.is_empty() {
+        return Err(StoreError::ValueRefused {
+            operation,
+            reason: "a start with an update or a signal takes no search attributes".into(),
         });
     }
     Ok(())

@@ -6,6 +6,7 @@
 mod common;
 
 mod async_commit;
+mod attribute_plans;
 mod child_delivery;
 mod claim_snapshot;
 mod closed_notify;

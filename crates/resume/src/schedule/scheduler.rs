@@ -304,6 +304,7 @@ async fn fire(
             })
         })?;
         starts.push(StartRequest {
+            attributes: Default::default(),
             key: InstanceKey {
                 name: spec.workflow.clone(),
                 id,

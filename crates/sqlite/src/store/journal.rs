@@ -69,6 +69,15 @@ impl SqliteStore {
                     parent,
                     request.priority,
                 )?;
+                if created {
+                    crate::attribute::attributes_put(
+                        conn,
+                        now,
+                        request.key.name.as_str(),
+                        request.key.id.as_str(),
+                        &request.attributes,
+                    )?;
+                }
                 Ok(Started {
                     instance: row.instance(START)?,
                     created,

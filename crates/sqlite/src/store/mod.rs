@@ -24,6 +24,7 @@ use crate::temporary::TempDir;
 use crate::writer::Writer;
 
 mod admin;
+mod attribute;
 mod inspect;
 mod journal;
 mod lease;

@@ -34,7 +34,7 @@ use super::SqliteStore;
 /// let store = SqliteStore::open(dir.join("app.db"), Config::default())?;
 /// let mut wakes = store.subscribe(WakeFilter::Instances);
 /// let key = InstanceKey::parse("greet", "greet-1")?;
-/// let request = StartRequest { key, input: serde_json::json!("ada"), parent: None, priority: 0, queue: None };
+/// let request = StartRequest { key, input: serde_json::json!("ada"), parent: None, priority: 0, queue: None, attributes: Default::default() };
 /// store.instance_start(&request).await?;
 /// assert_eq!(wakes.wait(Duration::from_secs(30)).await, WakeReason::Notified);
 /// # drop(store);

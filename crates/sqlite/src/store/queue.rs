@@ -125,10 +125,21 @@ impl SqliteStore {
                     refusal,
                 };
                 match code {
-                    QueueStartCode::Started(created, row) => Ok(Started {
-                        created,
-                        instance: row.instance(START)?,
-                    }),
+                    QueueStartCode::Started(created, row) => {
+                        if created {
+                            crate::attribute::attributes_put(
+                                conn,
+                                now,
+                                request.key.name.as_str(),
+                                request.key.id.as_str(),
+                                &request.attributes,
+                            )?;
+                        }
+                        Ok(Started {
+                            created,
+                            instance: row.instance(START)?,
+                        })
+                    }
                     QueueStartCode::Existing(row) => Ok(Started {
                         created: false,
                         instance: row.instance(START)?,

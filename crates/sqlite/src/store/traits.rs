@@ -228,6 +228,15 @@ impl JournalStore for SqliteStore {
         traced(span, SqliteStore::stream_close(self, append, key)).await
     }
 
+    async fn attributes_set(
+        &self,
+        append: &Append,
+        attributes: &keiro_journal::attribute::Attributes,
+    ) -> Result<keiro_journal::store::AttributesOutcome> {
+        let span = store_span!("attributes_set", key = append.key);
+        traced(span, SqliteStore::attributes_set(self, append, attributes)).await
+    }
+
     async fn update_send(&self, send: &UpdateSend) -> Result<UpdateSendOutcome> {
         let span = store_span!("update_send", key = send.key);
         traced(span, SqliteStore::update_send(self, send)).await
@@ -442,6 +451,13 @@ impl LeaseStore for SqliteStore {
         ttl: Duration,
         now: Option<OffsetDateTime>,
     ) -> Result<StartClaim> {
+        if !request.attributes.is_empty() {
+            // A direct start is the caller's own run: it takes none (nothing would keep them).
+            return Err(keiro_journal::StoreError::ValueRefused {
+                operation: "starting a claimed instance",
+                reason: "a direct start takes no search attributes".into(),
+            });
+        }
         traced(
             store_span!("instance_start_claimed", key = request.key),
             SqliteStore::instance_start_claimed(self, request, owner, ttl, now),
@@ -658,6 +674,14 @@ impl InspectStore for SqliteStore {
     ) -> Result<keiro_journal::message::Messages> {
         let span = store_span!("instance_messages", key = key);
         traced(span, SqliteStore::instance_messages(self, key)).await
+    }
+
+    async fn instance_attributes(
+        &self,
+        key: &InstanceKey,
+    ) -> Result<keiro_journal::attribute::Attributes> {
+        let span = store_span!("instance_attributes", key = key);
+        traced(span, SqliteStore::instance_attributes(self, key)).await
     }
 }
 

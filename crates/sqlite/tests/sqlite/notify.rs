@@ -177,6 +177,7 @@ async fn a_freed_queue_slot_and_a_resumed_queue_wake_the_workers() {
     }
     subs.woken(false, false, false).await;
     let on_queue = |id: &str, queue: &str| StartRequest {
+        attributes: Default::default(),
         queue: Some(QueueStart::new(queue)),
         ..start_request(id, json!(null))
     };

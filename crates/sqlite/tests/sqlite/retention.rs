@@ -20,6 +20,7 @@ fn k(id: &str) -> InstanceKey {
 async fn start(store: &SqliteStore, id: &str, parent: Option<&str>) -> InstanceKey {
     store
         .instance_start(&StartRequest {
+            attributes: Default::default(),
             key: k(id),
             input: Value::Null,
             parent: parent.map(k),

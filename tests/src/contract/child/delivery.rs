@@ -438,6 +438,7 @@ pub async fn a_spawn_adopts_an_existing_instance_and_a_closed_parent_refuses_qui
     let parent = started(store, "parent").await?;
     let orphan = InstanceKey::parse("child", "orphan").unwrap();
     let request = keiro_journal::store::StartRequest {
+        attributes: Default::default(),
         key: orphan.clone(),
         input: json!("own input"),
         parent: None,

@@ -57,6 +57,7 @@ pub async fn every_filter_selects_what_matches_row_selects_in_pages_of_both_orde
     store.instance_start(&start(&parent, Value::Null)).await?;
     for (n, k) in keys.iter().enumerate() {
         let request = StartRequest {
+            attributes: Default::default(),
             parent: (n % 3 == 0).then(|| parent.clone()),
             ..start(k, Value::Null)
         };

@@ -12,6 +12,7 @@ pub async fn start_is_idempotent_and_notifies_only_on_create(h: Harness) -> Test
     let key = started(store, "a").await?;
     let created_at = store.instance_get(&key).await?.ok_or("missing")?.created_at;
     let again = StartRequest {
+        attributes: Default::default(),
         key: key.clone(),
         input: json!("other"),
         parent: None,
@@ -43,6 +44,7 @@ pub async fn many_starts_answer_in_order_and_a_started_child_names_its_parent(
     let store = &*h.store;
     let parent = started(store, "p").await?;
     let request = |id: &str, input: Value| StartRequest {
+        attributes: Default::default(),
         key: crate::contract::support::key("wf", id),
         input,
         parent: Some(parent.clone()),

@@ -39,6 +39,7 @@ async fn started(h: &Harness, name: &str, id: &str) -> Result<InstanceKey, Store
     let k = key(name, id);
     h.store
         .instance_start(&StartRequest {
+            attributes: Default::default(),
             key: k.clone(),
             input: json!(id),
             parent: None,
@@ -568,6 +569,7 @@ pub async fn start_many_answers_each_item(h: Harness) -> TestResult {
         .into_iter()
         .enumerate()
         .map(|(i, input)| StartRequest {
+            attributes: Default::default(),
             key: key("batch", &format!("store-{i}")),
             input,
             parent: None,
@@ -625,6 +627,7 @@ pub async fn concurrent_direct_starts_lease_each_instance_once(h: Harness) -> Te
         for n in 0..IDS {
             let i = if starter % 2 == 0 { n } else { IDS - 1 - n };
             let request = StartRequest {
+                attributes: Default::default(),
                 key: key("direct", &format!("d-{i:02}")),
                 input: json!(starter),
                 parent: None,

@@ -30,6 +30,7 @@ async fn claimed(
     let k = key(name, id);
     h.store
         .instance_start(&StartRequest {
+            attributes: Default::default(),
             key: k.clone(),
             input: json!(null),
             parent: None,

@@ -50,6 +50,7 @@ async fn started(h: &Harness, name: &str, id: &str) -> Result<InstanceKey, Store
     let k = key(name, id);
     h.store
         .instance_start(&StartRequest {
+            attributes: Default::default(),
             key: k.clone(),
             input: json!("in"),
             parent: None,
@@ -71,6 +72,7 @@ fn step(name: &str, kind: StepKind, result: Value) -> Event {
 pub async fn a_start_with_a_refused_input_creates_nothing(h: Harness) -> TestResult {
     let k = key("refused", "start");
     let request = StartRequest {
+        attributes: Default::default(),
         key: k.clone(),
         input: json!({"name": NUL}),
         parent: None,

@@ -261,6 +261,7 @@ pub async fn discovery_orders_by_priority_then_age(h: Harness) -> TestResult {
     let store = &*h.store;
     for (id, priority) in [("low", 0), ("high", 5), ("low-later", 0)] {
         let request = StartRequest {
+            attributes: Default::default(),
             priority,
             ..start(&key("order", id), json!(null))
         };
@@ -377,6 +378,7 @@ pub async fn a_batch_claim_takes_discovery_order_for_the_names_asked_and_skips_h
     // Started one after the other, so age and key order agree among equal priorities.
     for (id, priority) in [("a-1", 0), ("a-2", 0), ("a-3", 0), ("z", 5)] {
         let request = StartRequest {
+            attributes: Default::default(),
             priority,
             ..start(&key("wf", id), json!(null))
         };

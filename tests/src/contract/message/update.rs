@@ -372,6 +372,7 @@ pub async fn update_and_signal_with_start_start_and_deliver_in_one_call(h: Harne
     let k = key("approval", "u-5");
     let with_start = UpdateSend {
         start: Some(StartRequest {
+            attributes: Default::default(),
             key: k.clone(),
             input: json!({"limit": 10}),
             parent: None,
@@ -409,6 +410,7 @@ pub async fn update_and_signal_with_start_start_and_deliver_in_one_call(h: Harne
 
     let s = key("approval", "u-6");
     let start = StartRequest {
+        attributes: Default::default(),
         key: s.clone(),
         input: json!(null),
         parent: None,
@@ -438,6 +440,7 @@ pub async fn update_and_signal_with_start_start_and_deliver_in_one_call(h: Harne
     );
     // A start on a queue is refused before anything is written.
     let queued = StartRequest {
+        attributes: Default::default(),
         key: key("approval", "u-7"),
         queue: Some(keiro_journal::queue::QueueStart::new("q")),
         ..start.clone()

@@ -331,6 +331,7 @@ pub async fn a_fix_copies_the_parent_link_and_delivers_only_its_success(h: Harne
     let (parent, child) = (key("parent", "p-1"), key("child", "c-1"));
     store
         .instance_start(&keiro_journal::store::StartRequest {
+            attributes: Default::default(),
             priority: 3,
             ..start(&parent, Value::Null)
         })

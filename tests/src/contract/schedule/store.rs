@@ -43,6 +43,7 @@ fn at(secs: i64) -> OffsetDateTime {
 
 fn start(id: &str, input: Value) -> StartRequest {
     StartRequest {
+        attributes: Default::default(),
         key: InstanceKey::parse("job", id).expect("valid"),
         input,
         parent: None,

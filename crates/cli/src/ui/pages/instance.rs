@@ -139,6 +139,23 @@ pub(crate) async fn instance(
         @if view.waits.truncated {
             p #waits-truncated { "Only the newest " (keiro::operate::WAITS_LIMIT_DEFAULT) " of each kind are shown." }
         }
+        h2 { "Attributes" }
+        @if view.attributes.is_empty() {
+            p #attributes.none { "None." }
+        } @else {
+            table #attributes {
+                thead { tr { th { "name" } th { "kind" } th { "value" } } }
+                tbody {
+                    @for (name, value) in view.attributes.iter() {
+                        tr {
+                            td { a.attr-filter href=(same_attribute_href(name, value)) { code { (name) } } }
+                            td { (value.kind()) }
+                            td { code { (value.to_string()) } }
+                        }
+                    }
+                }
+            }
+        }
         h2 { "Events" }
         // Refreshed by the script while the run is live: each event's latest value.
         div #events-box data-live=(format!("/api/v1{href}")) data-terminal=(row.status.is_terminal()) {
@@ -346,4 +363,10 @@ pub(crate) async fn stream(
         (follow(&href, &key, closed))
     };
     Html(layout(&format!("Stream {key}"), body).into_string()).into_response()
+}
+
+/// The list of the runs with the same value of attribute `name`.
+fn same_attribute_href(name: &str, value: &keiro::operate::AttrValue) -> String {
+    let filter = keiro::operate::AttrFilter::eq(name, value.clone());
+    format!("/instances?attr={}", super::urlencode(&filter.to_string()))
 }

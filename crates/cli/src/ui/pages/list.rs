@@ -21,7 +21,13 @@ const KEPT: [&str; 5] = [
     "finished_until",
 ];
 
-/// `GET /instances`: one page of the list, with the filter form.
+/// The page's own parameter, no filter of the list: the attributes shown as columns, by name
+/// separated by commas (`columns=customer,amount`).
+const COLUMNS: &str = "columns";
+
+/// `GET /instances`: one page of the list, with the filter form. Rows show their search
+/// attributes: the ones named in `columns` each in a column of its own, or else all of them in
+/// one column.
 pub(crate) async fn list(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
     let pairs = parse_query(query.as_deref().unwrap_or(""));
     let value = |key: &str| {
@@ -31,7 +37,23 @@ pub(crate) async fn list(State(state): State<AppState>, RawQuery(query): RawQuer
             .map_or("", |(_, v)| v.as_str())
             .to_owned()
     };
-    let page = match list_request(query.as_deref()) {
+    let filters: Vec<String> = pairs
+        .iter()
+        .filter(|(k, _)| k != COLUMNS)
+        .map(|(k, v)| format!("{}={}", urlencode(k), urlencode(v)))
+        .collect();
+    let columns: Vec<String> = value(COLUMNS)
+        .split(',')
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let attr_filters: Vec<String> = pairs
+        .iter()
+        .filter(|(k, v)| k == "attr" && !v.is_empty())
+        .map(|(_, v)| v.clone())
+        .collect();
+    let page = match list_request(Some(&filters.join("&"))) {
         Ok(request) => state.keiro.list(&request).await.map_err(ApiError::from),
         Err(error) => Err(error),
     };
@@ -49,6 +71,8 @@ pub(crate) async fn list(State(state): State<AppState>, RawQuery(query): RawQuer
         format!("/instances?{}", kept.join("&"))
     });
     let status = value("status");
+    let all_attributes =
+        columns.is_empty() && page.instances.iter().any(|row| !row.attributes.is_empty());
     let now = time::OffsetDateTime::now_utc();
     let body = html! {
         h1 { "Instances" }
@@ -65,6 +89,12 @@ pub(crate) async fn list(State(state): State<AppState>, RawQuery(query): RawQuer
             label { "Created since " input name="created_since" placeholder="RFC 3339" value=(value("created_since")); }
             label { "Queue " input name="queue" value=(value("queue")); }
             label { "Queue key " input name="queue_key" value=(value("queue_key")); }
+            // One field per attribute filter the URL has, and one more for a new one.
+            @for attr in &attr_filters {
+                label { "Attribute " input name="attr" value=(attr); }
+            }
+            label { "Attribute " input name="attr" placeholder="customer=acme, amount>=1000" value=""; }
+            label { "Columns " input name=(COLUMNS) placeholder="customer,amount" value=(value(COLUMNS)); }
             label { "Failed remote tasks " input type="checkbox" name="failed_remote" value="true" checked[value("failed_remote") == "true"]; }
             @let order = value("order");
             label { "Order "
@@ -82,7 +112,10 @@ pub(crate) async fn list(State(state): State<AppState>, RawQuery(query): RawQuer
             button #apply type="submit" { "Filter" }
         }
         table #instances {
-            thead { tr { th { "workflow" } th { "id" } th { "status" } th { "gen" } th { "attempts" } th { "created" } th { "updated" } th { "took" } th { "queue" } th { "last error" } } }
+            thead { tr { th { "workflow" } th { "id" } th { "status" } th { "gen" } th { "attempts" } th { "created" } th { "updated" } th { "took" } th { "queue" }
+                @for column in &columns { th.attr { (column) } }
+                @if all_attributes { th { "attributes" } }
+                th { "last error" } } }
             tbody {
                 @for row in &page.instances {
                     tr {
@@ -107,6 +140,16 @@ pub(crate) async fn list(State(state): State<AppState>, RawQuery(query): RawQuer
                                 }
                                 @if let Some(at) = delayed_until(row, now) {
                                     br; span.delayed { "delayed until " (when(Some(at), now)) }
+                                }
+                            }
+                        }
+                        @for column in &columns {
+                            td.attr { (row.attributes.get(column).map(ToString::to_string).unwrap_or_default()) }
+                        }
+                        @if all_attributes {
+                            td.attrs {
+                                @for (name, value) in row.attributes.iter() {
+                                    span.attr { (name) "=" (value.to_string()) } " "
                                 }
                             }
                         }

@@ -23,6 +23,7 @@ pub(crate) fn key(name: &str, id: &str) -> InstanceKey {
 /// A start request with `input` and no parent.
 pub(crate) fn start(key: &InstanceKey, input: serde_json::Value) -> StartRequest {
     StartRequest {
+        attributes: Default::default(),
         key: key.clone(),
         input,
         parent: None,

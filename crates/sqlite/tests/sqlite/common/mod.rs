@@ -54,6 +54,7 @@ pub fn key(id: &str) -> InstanceKey {
 
 pub fn start_request(id: &str, input: Value) -> StartRequest {
     StartRequest {
+        attributes: Default::default(),
         key: key(id),
         input,
         parent: None,
