@@ -95,6 +95,7 @@
 //! Facade operations return [`Error`]; workflow bodies see [`WorkflowError`].
 
 mod builder;
+pub mod codec;
 mod connect;
 mod direct;
 mod engine;

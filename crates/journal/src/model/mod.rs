@@ -9,6 +9,7 @@
 //! on a run, a context or the store contract.
 
 pub(crate) mod budget;
+pub(crate) mod codec;
 pub(crate) mod delivery;
 pub(crate) mod error;
 pub(crate) mod event;
