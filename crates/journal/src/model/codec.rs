@@ -76,10 +76,25 @@ pub fn sealed_key_id(value: &Value) -> Option<&str> {
 
 /// Whether `value` holds a sealed envelope anywhere inside it.
 pub fn holds_sealed(value: &Value) -> bool {
+    first_sealed_key_id(value).is_some()
+}
+
+/// The key id of the first sealed envelope inside `value` (itself included), if any: what a
+/// reader without the key names when it refuses the value.
+///
+/// ```
+/// use keiro_journal::codec::first_sealed_key_id;
+/// let wrapped = serde_json::json!({"ok": {"$keiro_enc": 1, "kid": "k2"}});
+/// assert_eq!(first_sealed_key_id(&wrapped), Some("k2"));
+/// assert_eq!(first_sealed_key_id(&serde_json::json!([1, "two"])), None);
+/// ```
+pub fn first_sealed_key_id(value: &Value) -> Option<&str> {
     match value {
-        Value::Object(map) => map.contains_key(SEALED_TAG) || map.values().any(holds_sealed),
-        Value::Array(items) => items.iter().any(holds_sealed),
-        _ => false,
+        Value::Object(map) => {
+            sealed_key_id(value).or_else(|| map.values().find_map(first_sealed_key_id))
+        }
+        Value::Array(items) => items.iter().find_map(first_sealed_key_id),
+        _ => None,
     }
 }
 

@@ -17,6 +17,42 @@ use super::Sealing;
 const CLAIM: &str = "claiming an instance (payload codec)";
 const START: &str = "starting an instance (payload codec)";
 
+impl<T: LeaseStore + ?Sized> Sealing<T> {
+    /// `claims` opened. A claim the codec cannot open (its payloads are sealed with a key this
+    /// process lacks) is released at once, so a process with the key can claim it, instead of
+    /// staying leased until its lease expires; it is logged with the key id. The claims that
+    /// opened are returned; when none did, the first error is.
+    async fn open_or_release(&self, claims: Vec<Claim>) -> Result<Vec<Claim>> {
+        let mut opened = Vec::with_capacity(claims.len());
+        let mut refused = None;
+        for claim in claims {
+            let (key, fence) = (claim.instance.key.clone(), claim.fence.clone());
+            match self.open_claim(CLAIM, claim) {
+                Ok(claim) => opened.push(claim),
+                Err(error) => {
+                    tracing::warn!(%key, %error, "a claimed run's payload cannot be opened; released");
+                    let _ = self.inner.instance_release(&key, &fence, false).await;
+                    refused.get_or_insert(error);
+                }
+            }
+        }
+        match refused {
+            Some(error) if opened.is_empty() => Err(error),
+            _ => Ok(opened),
+        }
+    }
+
+    async fn open_or_release_outcome(&self, outcome: ClaimOutcome) -> Result<ClaimOutcome> {
+        Ok(match outcome {
+            ClaimOutcome::Acquired(claim) => {
+                let mut opened = self.open_or_release(vec![*claim]).await?;
+                ClaimOutcome::Acquired(Box::new(opened.remove(0)))
+            }
+            other => other,
+        })
+    }
+}
+
 #[async_trait::async_trait]
 impl<T: LeaseStore + ?Sized> LeaseStore for Sealing<T> {
     async fn instances_runnable(
@@ -39,7 +75,7 @@ impl<T: LeaseStore + ?Sized> LeaseStore for Sealing<T> {
             .inner
             .instance_claim_serving(key, versions, owner, ttl, now)
             .await?;
-        self.open_claim_outcome(CLAIM, outcome)
+        self.open_or_release_outcome(outcome).await
     }
 
     async fn instances_claim_batch_serving(
@@ -55,7 +91,7 @@ impl<T: LeaseStore + ?Sized> LeaseStore for Sealing<T> {
             .inner
             .instances_claim_batch_serving(names, versions, owner, ttl, limit, now)
             .await?;
-        self.open_claims(CLAIM, claims)
+        self.open_or_release(claims).await
     }
 
     async fn queue_admit_serving(
@@ -72,7 +108,7 @@ impl<T: LeaseStore + ?Sized> LeaseStore for Sealing<T> {
             .inner
             .queue_admit_serving(queues, names, versions, owner, ttl, limit, now)
             .await?;
-        self.open_claims(CLAIM, claims)
+        self.open_or_release(claims).await
     }
 
     async fn claim_and_admit_serving(
@@ -89,10 +125,23 @@ impl<T: LeaseStore + ?Sized> LeaseStore for Sealing<T> {
             .inner
             .claim_and_admit_serving(names, queues, versions, owner, ttl, limit, now)
             .await?;
-        Ok(ClaimBatch {
-            claimed: self.open_claims(CLAIM, batch.claimed)?,
-            admitted: self.open_claims(CLAIM, batch.admitted)?,
-        })
+        let claimed = self.open_or_release(batch.claimed).await;
+        let admitted = self.open_or_release(batch.admitted).await;
+        // A side whose every claim was refused is an error only when nothing else opened.
+        match (claimed, admitted) {
+            (Ok(claimed), Ok(admitted)) => Ok(ClaimBatch { claimed, admitted }),
+            (Ok(claimed), Err(error)) if claimed.is_empty() => Err(error),
+            (Err(error), Ok(admitted)) if admitted.is_empty() => Err(error),
+            (Err(error), Err(_)) => Err(error),
+            (Ok(claimed), Err(_)) => Ok(ClaimBatch {
+                claimed,
+                admitted: Vec::new(),
+            }),
+            (Err(_), Ok(admitted)) => Ok(ClaimBatch {
+                claimed: Vec::new(),
+                admitted,
+            }),
+        }
     }
 
     async fn instance_start_claimed(
@@ -109,7 +158,7 @@ impl<T: LeaseStore + ?Sized> LeaseStore for Sealing<T> {
             .await?;
         Ok(StartClaim {
             created: started.created,
-            claim: self.open_claim_outcome(CLAIM, started.claim)?,
+            claim: self.open_or_release_outcome(started.claim).await?,
         })
     }
 

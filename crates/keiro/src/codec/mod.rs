@@ -53,7 +53,7 @@ use keiro_journal::update::{UpdateSend, UpdateSendOutcome, UpdateState};
 use keiro_journal::{
     Append, AppendOutcome, Event, Instance, JournalEntry, Started, StepKind, StoreError,
 };
-use keiro_lease::{Claim, ClaimOutcome};
+use keiro_lease::Claim;
 use serde_json::Value;
 
 pub use aes::{AesGcmCodec, KeyError, ENCRYPTION_KEYS_ENV};
@@ -267,30 +267,6 @@ impl<T: ?Sized> Sealing<T> {
             fence: claim.fence,
             instance: self.open_instance(operation, claim.instance)?,
             journal: self.open_journal(operation, claim.journal)?,
-        })
-    }
-
-    fn open_claims(
-        &self,
-        operation: &'static str,
-        claims: Vec<Claim>,
-    ) -> Result<Vec<Claim>, StoreError> {
-        claims
-            .into_iter()
-            .map(|claim| self.open_claim(operation, claim))
-            .collect()
-    }
-
-    fn open_claim_outcome(
-        &self,
-        operation: &'static str,
-        outcome: ClaimOutcome,
-    ) -> Result<ClaimOutcome, StoreError> {
-        Ok(match outcome {
-            ClaimOutcome::Acquired(claim) => {
-                ClaimOutcome::Acquired(Box::new(self.open_claim(operation, *claim)?))
-            }
-            other => other,
         })
     }
 
