@@ -198,6 +198,31 @@ impl KeiroBuilder {
         self
     }
 
+    /// [`codec`](Self::codec) with the AES-256-GCM key ring of `KEIRO_ENCRYPTION_KEYS`
+    /// ([`AesGcmCodec::from_env`](crate::codec::AesGcmCodec::from_env)); unset or empty, no
+    /// codec. What [`Keiro::connect`](crate::Keiro::connect) and the `keiro` CLI do.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::builder(keiro::store::sqlite::SqliteStore::temporary()?)
+    ///     .codec_from_env()?
+    ///     .build();
+    /// # let _ = keiro;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::EncryptionKeys`](crate::Error::EncryptionKeys) for a key list it cannot read.
+    pub fn codec_from_env(self) -> Result<Self, crate::Error> {
+        Ok(match crate::codec::AesGcmCodec::from_env()? {
+            Some(codec) => self.codec(Arc::new(codec)),
+            None => self,
+        })
+    }
+
     /// The handle.
     ///
     /// ```

@@ -57,7 +57,7 @@ use keiro_lease::Claim;
 use serde_json::Value;
 
 pub use aes::{AesGcmCodec, KeyError, ENCRYPTION_KEYS_ENV};
-pub use keiro_journal::codec::{sealed_key_id, Codec, CodecError};
+pub use keiro_journal::codec::{first_sealed_key_id, sealed_key_id, Codec, CodecError};
 
 /// The field of an update answer's value that holds the reply (`{"ok": reply}`).
 const REPLY: &str = "ok";
