@@ -19,6 +19,7 @@ on_both_stores!(
     runs_complete_across_a_key_rotation,
     a_wrong_key_is_a_typed_error_naming_the_key_id,
     a_remote_worker_without_the_key_refuses_the_task_and_one_with_it_runs_it,
+    writes_in_the_callers_transaction_are_sealed_too,
 );
 
 /// The string every payload carries.
@@ -401,5 +402,88 @@ async fn a_remote_worker_without_the_key_refuses_the_task_and_one_with_it_runs_i
     assert_eq!(out, format!("{}-done", marked("task")));
     let _ = with_key.send(());
     spawned.stop().await?;
+    Ok(())
+}
+
+/// A transaction step that appends a stream item in its transaction, then awaits a delivery
+/// and a signal; returns them all.
+async fn ledger(ctx: Ctx, input: String) -> Result<String, WorkflowError> {
+    use keiro::postgres::{write_stream_in, TransactionStep};
+    let c = ctx.clone();
+    let tx_value: String = ctx
+        .transaction("book", move |tx| {
+            let ctx = c.clone();
+            Box::pin(async move {
+                write_stream_in(&ctx, tx, "booked", &marked("stream-in"))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok::<_, String>(marked("transaction"))
+            })
+        })
+        .await?;
+    let delivered: String = ctx.await_step("d").await?;
+    let signalled: String = ctx.wait_signal("tok-in", None).await?;
+    let awakeable = ctx.awakeable::<String>("a").await?;
+    ctx.set_event("awk", &awakeable.id()).await?;
+    let settled = awakeable.value().await?;
+    Ok([input, tx_value, delivered, signalled, settled].join("|"))
+}
+
+async fn writes_in_the_callers_transaction_are_sealed_too(h: Harness) -> TestResult {
+    if h.backend != Backend::Postgres {
+        return Ok(()); // transaction steps and `*_in` calls are the Postgres store's own
+    }
+    let keiro = sealed(&h, codec("k1", 1));
+    let db = h.db.as_ref().expect("a schema");
+    let (mut client, connection) = tokio_postgres::connect(db.url(), tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    let key = ("ledger", "l-1");
+    let tx = client.transaction().await?;
+    keiro
+        .start_in(&tx, "ledger", "l-1", &marked("start-in"))
+        .await?;
+    tx.commit().await?;
+    let worker = spawn_worker(keiro.worker().fast().register("ledger", ledger).build()?);
+    let tx = client.transaction().await?;
+    keiro
+        .deliver_in(&tx, key, "d", &marked("deliver-in"))
+        .await?;
+    keiro.signal_in(&tx, "tok-in", &marked("signal-in")).await?;
+    tx.commit().await?;
+    let id: Uuid = keiro
+        .get_event(key, "awk", TIMEOUT)
+        .await?
+        .expect("the awakeable's id is announced");
+    let tx = client.transaction().await?;
+    keiro
+        .complete_awakeable_in(&tx, id, &marked("awakeable-in"))
+        .await?;
+    tx.commit().await?;
+    let output: String = keiro.result(key, TIMEOUT).await?;
+    worker.stop().await?;
+    for part in [
+        "start-in",
+        "transaction",
+        "deliver-in",
+        "signal-in",
+        "awakeable-in",
+    ] {
+        assert!(output.contains(&marked(part)), "{part} read back: {output}");
+    }
+    let items: Vec<(u64, String)> = {
+        use futures_util::StreamExt;
+        keiro
+            .read_stream::<String>(key, "booked", 0)?
+            .map(|item| item.expect("an item"))
+            .collect()
+            .await
+    };
+    assert_eq!(items, [(0, marked("stream-in"))]);
+    let rows = every_row(&h).await?;
+    let leaks: Vec<&String> = rows.iter().filter(|row| row.contains(MARKER)).collect();
+    assert!(
+        leaks.is_empty(),
+        "the marker is stored in plain: {leaks:#?}"
+    );
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! [`JournalStore`] through the codec: every operation forwards to the inner store's own (its
 //! batched forms too), with the payloads of its request sealed and of its answer opened.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use keiro_journal::store::{
@@ -17,7 +18,7 @@ use serde_json::Value;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::Sealing;
+use super::{Codec, Sealing};
 
 const START: &str = "starting an instance (payload codec)";
 const READ: &str = "reading an instance (payload codec)";
@@ -51,6 +52,10 @@ impl<T: JournalStore + ?Sized> JournalStore for Sealing<T> {
         // The built-in store underneath: its push, and the Postgres store's own kinds of step,
         // which seal through the run's options.
         self.inner.as_any()
+    }
+
+    fn payload_codec(&self) -> Option<Arc<dyn Codec>> {
+        Some(self.codec.clone())
     }
 
     async fn instance_start(&self, request: &StartRequest) -> Result<Started> {

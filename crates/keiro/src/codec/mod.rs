@@ -88,7 +88,7 @@ impl<T: ?Sized> Sealing<T> {
 
     /// `value` sealed; a value that is sealed already (copied from a store, or left sealed by
     /// an operator's read) as it is.
-    fn seal(&self, operation: &'static str, value: &Value) -> Result<Value, StoreError> {
+    pub(crate) fn seal(&self, operation: &'static str, value: &Value) -> Result<Value, StoreError> {
         if sealed_key_id(value).is_some() {
             return Ok(value.clone());
         }
@@ -178,14 +178,18 @@ impl<T: ?Sized> Sealing<T> {
         })
     }
 
-    fn seal_append(&self, operation: &'static str, append: &Append) -> Result<Append, StoreError> {
+    pub(crate) fn seal_append(
+        &self,
+        operation: &'static str,
+        append: &Append,
+    ) -> Result<Append, StoreError> {
         Ok(Append {
             event: self.seal_event(operation, &append.event)?,
             ..append.clone()
         })
     }
 
-    fn open_outcome(
+    pub(crate) fn open_outcome(
         &self,
         operation: &'static str,
         outcome: AppendOutcome,
@@ -200,7 +204,7 @@ impl<T: ?Sized> Sealing<T> {
 
     /// A signal's payload sealed: an update's offer seals its request alone (the stores read
     /// its id and name), any other payload as a whole.
-    fn seal_signal(
+    pub(crate) fn seal_signal(
         &self,
         operation: &'static str,
         token: &str,
@@ -213,7 +217,7 @@ impl<T: ?Sized> Sealing<T> {
         }
     }
 
-    fn seal_start(
+    pub(crate) fn seal_start(
         &self,
         operation: &'static str,
         request: &StartRequest,
@@ -237,7 +241,7 @@ impl<T: ?Sized> Sealing<T> {
         Ok(instance)
     }
 
-    fn open_started(
+    pub(crate) fn open_started(
         &self,
         operation: &'static str,
         started: Started,
@@ -314,6 +318,14 @@ impl<T: ?Sized> Sealing<T> {
             },
             other => other,
         })
+    }
+}
+
+impl Sealing<()> {
+    /// The codec's half alone, for the calls that write through the Postgres store in the
+    /// caller's own transaction (`start_in` and its siblings), which the decorator cannot see.
+    pub(crate) fn bare(codec: Arc<dyn Codec>) -> Self {
+        Self::new(Arc::new(()), codec)
     }
 }
 
