@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use keiro::codec::{AesGcmCodec, Codec};
 use keiro::remote::{RemoteOptions, RemoteWorker, RemoteWorkerOptions, TaskContext, TaskError};
+use keiro::workflow::UpdateCall;
 use keiro::{Ctx, Keiro, Status, WorkflowError};
 use keiro_tests::{on_both_stores, spawn_worker, Backend, FastWorker, Harness, TestResult};
 use serde::{Deserialize, Serialize};
@@ -213,8 +214,13 @@ async fn a_marker_in_every_kind_of_payload_never_reaches_a_table(h: Harness) -> 
         .await?
         .expect("the awakeable's id is announced");
     keiro.complete_awakeable(id, &marked("awakeable")).await?;
-    let reply: String = keiro.update(key, "u", &marked("update"), TIMEOUT).await?;
+    let request = marked("update");
+    let call = || UpdateCall::new("u", &request).id("u-1").timeout(TIMEOUT);
+    let reply: String = keiro.update_with(key, call()).await?;
     assert_eq!(reply, marked("reply"));
+    // A retry under the same id is the same update (its request sealed under a new nonce).
+    let again: String = keiro.update_with(key, call()).await?;
+    assert_eq!(again, marked("reply"));
     let output: String = keiro.result(key, TIMEOUT).await?;
     assert_eq!(output, format!("{}-output", marked("continued")));
     // Reads through the handle open what it sealed.
