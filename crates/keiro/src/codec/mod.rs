@@ -2,7 +2,20 @@
 //! it stores, and the provided one, [`AesGcmCodec`] (AES-256-GCM with rotating keys).
 //!
 //! Configure it once on the handle ([`KeiroBuilder::codec`](crate::KeiroBuilder::codec)); the
-//! workers, remote workers and operators' reads built from the handle inherit it.
+//! workers, remote workers and operators' reads built from the handle inherit it. This example
+//! is the README's "Encrypting payloads" snippet (a test keeps the two equal):
+//!
+//! ```rust,no_run
+//! use std::sync::Arc;
+//! use keiro::codec::AesGcmCodec;
+//!
+//! # async fn demo(store: keiro::postgres::PgStore, new_key: [u8; 32], old_key: [u8; 32]) -> Result<(), Box<dyn std::error::Error>> {
+//! // New payloads are sealed with k2; payloads sealed with k1 still open.
+//! let codec = AesGcmCodec::new("k2", new_key)?.with_old_key("k1", old_key)?;
+//! let keiro = keiro::Keiro::builder(store).codec(Arc::new(codec)).build();
+//! keiro.start("charge", "order-42", &"4242 4242 4242 4242").await?; // stored sealed
+//! # Ok(()) }
+//! ```
 //!
 //! # Where it is applied, and why there
 //!
