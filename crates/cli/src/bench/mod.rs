@@ -125,6 +125,10 @@ pub(crate) struct BenchArgs {
     /// to compare the overhead against a run without (`throughput`, `idle`).
     #[arg(long)]
     pub(crate) metrics: bool,
+    /// `throughput`: seal every payload with an AES-256-GCM codec (`KeiroBuilder::codec`, a key
+    /// made for the run), to compare the cost of payload encryption against a run without.
+    #[arg(long)]
+    pub(crate) codec: bool,
     /// How long the measured phase may take, in seconds (`throughput`).
     #[arg(long, default_value_t = 600)]
     pub(crate) timeout_s: u64,

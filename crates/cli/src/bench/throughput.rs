@@ -190,6 +190,8 @@ struct ThroughputReport {
     round_trips: u64,
     producers: u64,
     metrics: bool,
+    /// Payloads sealed with AES-256-GCM (`--codec`).
+    codec: bool,
     batching: bool,
     /// Starts per `start_many` call (1: one `start` each).
     start_batch: u64,
@@ -245,7 +247,14 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
             .await
             .context("analyzing the seeded runs")?;
     }
-    let keiro = Keiro::builder(setup.store.clone()).without_push().build();
+    let mut builder = Keiro::builder(setup.store.clone()).without_push();
+    if args.codec {
+        let key = keiro::codec::AesGcmCodec::generate_key_text();
+        let codec = keiro::codec::AesGcmCodec::from_keys(&format!("bench:{key}"))
+            .context("making the bench's key")?;
+        builder = builder.codec(Arc::new(codec));
+    }
+    let keiro = builder.build();
     let total_steps = workflows * args.steps;
 
     let finish = Arc::new(FinishLine::new(workflows));
@@ -476,6 +485,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         round_trips,
         producers: args.producers,
         metrics: args.metrics,
+        codec: args.codec,
         batching: args.batching,
         start_batch: args.start_batch,
         in_progress: args.in_progress,
