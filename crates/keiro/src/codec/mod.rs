@@ -40,12 +40,12 @@
 //! A store's SQL sometimes copies a payload into a value of its own (a child's output into its
 //! parent's journal as `{"ok": <output>}`, a remote output likewise). The sealed envelope
 //! travels inside unchanged, and reading opens envelopes wherever they are in a value
-//! ([`open_all`](crate::store::codec::open_all)); both sides share the handle's keys.
+//! ([`open_all`]); both sides share the handle's keys.
 //!
 //! # Errors
 //!
 //! A run path (claims, journal reads, appends' recorded values, result reads) that meets an
-//! envelope its codec cannot open fails with [`StoreError::Codec`](crate::StoreError) naming the
+//! envelope its codec cannot open fails with [`StoreError::Codec`] naming the
 //! key id: a store error, so the run is retried later and nothing is guessed or lost. An
 //! operator's read (list, events, streams, updates, remote tasks) leaves such an envelope in
 //! place instead, so `keiro show` and the dashboard can say "encrypted". A remote worker that
@@ -60,7 +60,6 @@ mod operate;
 use std::fmt;
 use std::sync::Arc;
 
-use keiro_journal::codec::{open_all, open_readable};
 use keiro_journal::store::StartRequest;
 use keiro_journal::update::{UpdateSend, UpdateSendOutcome, UpdateState};
 use keiro_journal::{
@@ -70,7 +69,9 @@ use keiro_lease::Claim;
 use serde_json::Value;
 
 pub use aes::{AesGcmCodec, KeyError, ENCRYPTION_KEYS_ENV};
-pub use keiro_journal::codec::{first_sealed_key_id, sealed_key_id, Codec, CodecError};
+pub use keiro_journal::codec::{
+    first_sealed_key_id, open_all, open_readable, sealed_key_id, Codec, CodecError,
+};
 
 /// The field of an update answer's value that holds the reply (`{"ok": reply}`).
 const REPLY: &str = "ok";
