@@ -62,7 +62,7 @@ pub mod store;
 /// the module's docs); the facade applies one to every stored payload.
 pub mod codec {
     pub use crate::model::codec::{
-        first_sealed_key_id, holds_sealed, open_all, open_readable, sealed_key_id, Codec,
+        first_sealed_key_id, holds_sealed, open_all, open_readable, reseal, sealed_key_id, Codec,
         CodecError, SEALED_KEY_ID, SEALED_TAG,
     };
 }

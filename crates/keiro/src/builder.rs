@@ -246,6 +246,7 @@ impl KeiroBuilder {
             operate: self.operate.map(|operate| Operate {
                 inspect: Arc::new(Sealing::new(operate.inspect, codec.clone())),
                 retention: operate.retention,
+                payloads: operate.payloads,
             }),
             schedules: self
                 .schedules

@@ -26,13 +26,16 @@ pub(crate) struct Remote {
 pub(crate) struct Operate {
     pub(crate) inspect: Arc<dyn InspectStore>,
     pub(crate) retention: Arc<dyn RetentionStore>,
+    /// The stored payloads, as they are (never through the codec): re-encryption's.
+    pub(crate) payloads: Arc<dyn keiro_journal::PayloadStore>,
 }
 
 impl Operate {
     pub(crate) fn new<S: Store>(store: Arc<S>) -> Self {
         Self {
             inspect: store.clone(),
-            retention: store,
+            retention: store.clone(),
+            payloads: store,
         }
     }
 

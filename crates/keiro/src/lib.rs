@@ -104,6 +104,7 @@ mod handle;
 mod messages;
 pub mod operate;
 pub mod queue;
+mod reencrypt;
 pub mod remote;
 mod result;
 pub mod schedule;

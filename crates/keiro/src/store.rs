@@ -7,7 +7,8 @@ pub use crate::connect::Database;
 pub use keiro_journal::store::*;
 pub use keiro_journal::{
     Append, AppendOutcome, Envelope, Event, Fence, Generation, InspectStore, Instance,
-    JournalEntry, Marker, RetentionStore, Started, StepKind, StoreError, TimerFiring,
+    JournalEntry, Marker, PayloadPlace, PayloadRewrite, PayloadStore, RetentionStore, Started,
+    StepKind, StoreError, StoredPayload, TimerFiring,
 };
 pub use keiro_lease::{
     ClaimOutcome, CrashOutcome, LeaseStore, QueueStore, StartClaim, VersionStore,
@@ -18,7 +19,7 @@ pub use keiro_resume::ScheduleStore;
 
 /// A store with every capability keiro uses: the journal and wake sources, leases, remote
 /// steps (their transport and the operator's tools), the operators' list, counts and
-/// retention, schedules, and queues. `PgStore` and `SqliteStore` are ones.
+/// retention, schedules, queues, and the payloads re-encryption rewrites. `PgStore` and `SqliteStore` are ones.
 pub trait Store:
     LeaseStore
     + QueueStore
@@ -28,6 +29,7 @@ pub trait Store:
     + InspectStore
     + RetentionStore
     + ScheduleStore
+    + PayloadStore
 {
 }
 
@@ -39,7 +41,8 @@ impl<
             + RemoteAdmin
             + InspectStore
             + RetentionStore
-            + ScheduleStore,
+            + ScheduleStore
+            + PayloadStore,
     > Store for T
 {
 }

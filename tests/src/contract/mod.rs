@@ -34,6 +34,7 @@ pub mod instance;
 pub mod journal;
 pub mod lease;
 pub mod message;
+pub mod payloads;
 pub mod queue;
 pub mod remote;
 pub mod retention;
@@ -348,6 +349,11 @@ macro_rules! contract_suite {
                 workers [
                     heartbeats_are_written_refreshed_listed_and_removed,
                     runs_of_a_version_no_live_worker_serves_are_found,
+                ],
+            },
+            payloads {
+                rewrite [
+                    payloads_are_read_with_their_places_and_rewritten_only_where_unchanged,
                 ],
             },
             retention {

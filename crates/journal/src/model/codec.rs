@@ -33,6 +33,10 @@ pub const SEALED_KEY_ID: &str = "kid";
 /// the key it used; `open` is only ever called with such an object. The provided codec is
 /// AES-256-GCM (`keiro::codec::AesGcmCodec`).
 pub trait Codec: Send + Sync + fmt::Debug + 'static {
+    /// The id of the key [`seal`](Self::seal) uses: an envelope naming another is re-sealed by
+    /// a re-encryption.
+    fn sealing_key_id(&self) -> &str;
+
     /// Seals `value`.
     ///
     /// # Errors
@@ -130,6 +134,55 @@ pub fn open_all(codec: &dyn Codec, value: Value) -> Result<Value, CodecError> {
     }
 }
 
+/// `value` with every envelope sealed with a key other than the codec's current one opened and
+/// sealed again with the current key, everything around them unchanged; `None` when it holds
+/// no such envelope.
+///
+/// # Errors
+///
+/// The first envelope `codec` cannot open.
+pub fn reseal(codec: &dyn Codec, value: &Value) -> Result<Option<Value>, CodecError> {
+    let current = codec.sealing_key_id();
+    match value {
+        Value::Object(_) if sealed_key_id(value).is_some() => {
+            if sealed_key_id(value) == Some(current) {
+                return Ok(None);
+            }
+            codec.seal(&codec.open(value)?).map(Some)
+        }
+        Value::Object(map) => {
+            let mut changed = false;
+            let mut out = serde_json::Map::new();
+            for (k, v) in map {
+                let v = match reseal(codec, v)? {
+                    Some(new) => {
+                        changed = true;
+                        new
+                    }
+                    None => v.clone(),
+                };
+                out.insert(k.clone(), v);
+            }
+            Ok(changed.then_some(Value::Object(out)))
+        }
+        Value::Array(items) => {
+            let mut changed = false;
+            let mut out = Vec::with_capacity(items.len());
+            for v in items {
+                match reseal(codec, v)? {
+                    Some(new) => {
+                        changed = true;
+                        out.push(new);
+                    }
+                    None => out.push(v.clone()),
+                }
+            }
+            Ok(changed.then_some(Value::Array(out)))
+        }
+        _ => Ok(None),
+    }
+}
+
 /// [`open_all`] that leaves an envelope `codec` cannot open in place, for an operator's read: a
 /// display then says "encrypted" where it finds one ([`sealed_key_id`]).
 pub fn open_readable(codec: &dyn Codec, value: Value) -> Value {
@@ -160,6 +213,9 @@ mod tests {
     struct Wrap;
 
     impl Codec for Wrap {
+        fn sealing_key_id(&self) -> &str {
+            "k1"
+        }
         fn seal(&self, value: &Value) -> Result<Value, CodecError> {
             Ok(json!({SEALED_TAG: 1, "kid": "k1", "v": value}))
         }

@@ -211,6 +211,10 @@ fn decode_key(key_id: &str, text: &str) -> Result<[u8; 32], KeyError> {
 }
 
 impl Codec for AesGcmCodec {
+    fn sealing_key_id(&self) -> &str {
+        &self.current
+    }
+
     fn seal(&self, value: &Value) -> Result<Value, CodecError> {
         let fail = |reason: String| CodecError {
             key_id: self.current.clone(),
