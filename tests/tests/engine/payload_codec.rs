@@ -21,6 +21,7 @@ on_both_stores!(
     a_wrong_key_is_a_typed_error_naming_the_key_id,
     a_remote_worker_without_the_key_refuses_the_task_and_one_with_it_runs_it,
     writes_in_the_callers_transaction_are_sealed_too,
+    reencryption_moves_every_payload_of_a_run_to_the_current_key,
 );
 
 /// The string every payload carries.
@@ -177,8 +178,9 @@ fn run_remote(worker: RemoteWorker) -> tokio::sync::oneshot::Sender<()> {
     stop
 }
 
-async fn a_marker_in_every_kind_of_payload_never_reaches_a_table(h: Harness) -> TestResult {
-    let keiro = sealed(&h, codec("k1", 1));
+/// Runs `vault` to its end through `keiro` (every kind of payload), with a schedule and a
+/// debounced start beside it.
+async fn run_vault(keiro: &Keiro) -> TestResult {
     let worker = spawn_worker(
         keiro
             .worker()
@@ -243,7 +245,12 @@ async fn a_marker_in_every_kind_of_payload_never_reaches_a_table(h: Harness) -> 
         .await?;
     let _ = remote.send(());
     worker.stop().await?;
+    Ok(())
+}
 
+async fn a_marker_in_every_kind_of_payload_never_reaches_a_table(h: Harness) -> TestResult {
+    let keiro = sealed(&h, codec("k1", 1));
+    run_vault(&keiro).await?;
     let rows = every_row(&h).await?;
     assert!(
         rows.iter().any(|row| row.contains("vault")),
@@ -490,6 +497,37 @@ async fn writes_in_the_callers_transaction_are_sealed_too(h: Harness) -> TestRes
     assert!(
         leaks.is_empty(),
         "the marker is stored in plain: {leaks:#?}"
+    );
+    Ok(())
+}
+
+async fn reencryption_moves_every_payload_of_a_run_to_the_current_key(h: Harness) -> TestResult {
+    run_vault(&sealed(&h, codec("k1", 1))).await?;
+    let ring = AesGcmCodec::new("k2", [2; 32])?.with_old_key("k1", [1; 32])?;
+    let keiro = sealed(&h, Arc::new(ring));
+    let mut rewritten = 0;
+    for key in [("vault", "v-1"), ("echo", "echo-1")] {
+        rewritten += keiro.reencrypt(key).await?;
+    }
+    assert!(rewritten > 10, "{rewritten} payloads rewritten");
+    assert_eq!(keiro.reencrypt(("vault", "v-1")).await?, 0, "idempotent");
+    // With k1 gone, the runs still read: every payload is k2's now.
+    let only_new = sealed(&h, codec("k2", 2));
+    let output: String = only_new.result(("vault", "v-1"), TIMEOUT).await?;
+    assert_eq!(output, format!("{}-output", marked("continued")));
+    assert!(only_new.journal(("vault", "v-1")).await?.len() > 10);
+    only_new.journal(("echo", "echo-1")).await?;
+    let old_key_rows: Vec<String> = every_row(&h)
+        .await?
+        .into_iter()
+        .filter(|row| {
+            row.contains("\"k1\"") && (row.starts_with("journal") || row.starts_with("workflow"))
+        })
+        .filter(|row| row.contains("v-1") || row.contains("echo-1"))
+        .collect();
+    assert!(
+        old_key_rows.is_empty(),
+        "rows still sealed with k1: {old_key_rows:#?}"
     );
     Ok(())
 }
