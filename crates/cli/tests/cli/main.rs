@@ -5,6 +5,7 @@ mod bench_sqlite;
 mod credentials;
 mod migrate;
 mod queue;
+mod reencrypt;
 mod schedule_list;
 mod scratch_sqlite;
 mod sqlite_commands;
