@@ -247,14 +247,9 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
             .await
             .context("analyzing the seeded runs")?;
     }
-    let mut builder = Keiro::builder(setup.store.clone()).without_push();
-    if args.codec {
-        let key = keiro::codec::AesGcmCodec::generate_key_text();
-        let codec = keiro::codec::AesGcmCodec::from_keys(&format!("bench:{key}"))
-            .context("making the bench's key")?;
-        builder = builder.codec(Arc::new(codec));
-    }
-    let keiro = builder.build();
+    let keiro = args
+        .sealed(Keiro::builder(setup.store.clone()).without_push())?
+        .build();
     let total_steps = workflows * args.steps;
 
     let finish = Arc::new(FinishLine::new(workflows));
