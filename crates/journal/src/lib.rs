@@ -124,7 +124,6 @@ pub use model::wake::{
     AwakeableOutcome, AwakeableStatus, Envelope, SignalOptions, SignalSendOutcome, TimerFiring,
     TimerKind, SIGNAL_TTL_DEFAULT, SIGNAL_TTL_MAX,
 };
-pub use payloads::{PayloadPlace, PayloadRewrite, PayloadStore, StoredPayload};
 pub use retention::{GcBatch, GcRequest, RetentionStore, GC_BATCH_DEFAULT, GC_BATCH_MAX};
 pub use run::inline::{
     cancel, deliver, deliver_to, run, start, CancelOutcome, DeliveryRefusal, Error,

@@ -13,8 +13,11 @@ use std::fmt;
 
 use serde_json::Value;
 
-use crate::store::contract::Result;
+use crate::model::store_error::Error;
 use crate::InstanceKey;
+
+/// `Result` with the store's error.
+type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Where one of an instance's payloads is stored. Exhaustive: every store matches on it.
 #[derive(Debug, Clone, PartialEq, Eq)]

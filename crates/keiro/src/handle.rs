@@ -27,7 +27,7 @@ pub(crate) struct Operate {
     pub(crate) inspect: Arc<dyn InspectStore>,
     pub(crate) retention: Arc<dyn RetentionStore>,
     /// The stored payloads, as they are (never through the codec): re-encryption's.
-    pub(crate) payloads: Arc<dyn keiro_journal::PayloadStore>,
+    pub(crate) payloads: Arc<dyn keiro_journal::store::PayloadStore>,
 }
 
 impl Operate {

@@ -6,7 +6,8 @@
 //! one transaction, each only while it still holds what was read.
 
 use keiro_journal::codec::reseal;
-use keiro_journal::{IntoInstanceKey, PayloadRewrite, StoreError};
+use keiro_journal::store::PayloadRewrite;
+use keiro_journal::{IntoInstanceKey, StoreError};
 
 use crate::{Error, Keiro};
 

@@ -7,8 +7,7 @@ pub use crate::connect::Database;
 pub use keiro_journal::store::*;
 pub use keiro_journal::{
     Append, AppendOutcome, Envelope, Event, Fence, Generation, InspectStore, Instance,
-    JournalEntry, Marker, PayloadPlace, PayloadRewrite, PayloadStore, RetentionStore, Started,
-    StepKind, StoreError, StoredPayload, TimerFiring,
+    JournalEntry, Marker, RetentionStore, Started, StepKind, StoreError, TimerFiring,
 };
 pub use keiro_lease::{
     ClaimOutcome, CrashOutcome, LeaseStore, QueueStore, StartClaim, VersionStore,

@@ -3,10 +3,8 @@
 //! and a rewrite updates each place in one transaction, only while it still holds the value
 //! read (jsonb equality). The rule is keiro-journal's `payloads` module.
 
-use keiro_journal::{
-    span::traced, store_span, InstanceKey, PayloadPlace, PayloadRewrite, PayloadStore, StoreError,
-    StoredPayload,
-};
+use keiro_journal::store::{PayloadPlace, PayloadRewrite, PayloadStore, StoredPayload};
+use keiro_journal::{span::traced, store_span, InstanceKey, StoreError};
 use serde_json::Value;
 
 use crate::row::column;

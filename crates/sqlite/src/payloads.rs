@@ -4,7 +4,8 @@
 //! whose spelling a trigger may choose). The rule is keiro-journal's `payloads` module.
 
 use keiro_journal::store::Result;
-use keiro_journal::{PayloadPlace, PayloadRewrite, StoreError, StoredPayload};
+use keiro_journal::store::{PayloadPlace, PayloadRewrite, StoredPayload};
+use keiro_journal::StoreError;
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{params_from_iter, Connection, OptionalExtension};
 

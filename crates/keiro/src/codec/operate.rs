@@ -210,17 +210,8 @@ impl<T: ScheduleStore + ?Sized> ScheduleStore for Sealing<T> {
         spec: &ScheduleSpec,
         now: Option<OffsetDateTime>,
     ) -> Result<Schedule> {
-        // The same input as stored keeps its sealed value: sealed again under a new nonce it
-        // would read as a changed definition (a new revision) on every identical upsert.
-        let stored = self.inner.schedule_get(&spec.name).await?;
-        let kept = stored.map(|s| s.spec.input).filter(|sealed| {
-            self.open(SCHEDULE, sealed.clone()).ok().as_ref() == Some(&spec.input)
-        });
         let spec = ScheduleSpec {
-            input: match kept {
-                Some(sealed) => sealed,
-                None => self.seal(SCHEDULE, &spec.input)?,
-            },
+            input: self.seal(SCHEDULE, &spec.input)?,
             ..spec.clone()
         };
         let schedule = self.inner.schedule_upsert(&spec, now).await?;

@@ -1,10 +1,8 @@
 //! [`SqliteStore`]'s `PayloadStore`: the read on a reader, the rewrite on the writer (one
 //! transaction).
 
-use keiro_journal::store::Result;
-use keiro_journal::{
-    span::traced, store_span, InstanceKey, PayloadRewrite, PayloadStore, StoredPayload,
-};
+use keiro_journal::store::{PayloadRewrite, PayloadStore, Result, StoredPayload};
+use keiro_journal::{span::traced, store_span, InstanceKey};
 
 use crate::payloads;
 
