@@ -41,6 +41,8 @@ pub struct Harness {
     pub queues: Arc<dyn keiro_lease::QueueStore>,
     /// The same store's application versions (unversioned).
     pub versions: Arc<dyn keiro_lease::VersionStore>,
+    /// The same store's stored payloads, as they are.
+    pub payloads: Arc<dyn keiro::store::PayloadStore>,
     /// The facade over the same store.
     pub keiro: Keiro,
     /// The Postgres schema, when `backend` is Postgres; dropped with the harness.
@@ -130,6 +132,7 @@ impl Harness {
             inspect: store.clone(),
             queues: store.clone(),
             versions: store.clone(),
+            payloads: store.clone(),
             sqlite: Some((*store).clone()),
             store,
             db: None,
@@ -150,6 +153,7 @@ impl Harness {
             inspect: store.clone(),
             queues: store.clone(),
             versions: store.clone(),
+            payloads: store.clone(),
             store,
             db: Some(db),
             sqlite_dir: None,
@@ -174,6 +178,7 @@ impl Harness {
             inspect: store.clone(),
             queues: store.clone(),
             versions: store.clone(),
+            payloads: store.clone(),
             store,
             db: Some(db),
             sqlite_dir: None,

@@ -245,6 +245,8 @@ pub(crate) async fn keiro(global: &Global, pool_size: usize) -> Result<Keiro> {
         Store::Postgres => Ok(Keiro::builder(
             connect_store(global.config(&global.schema, pool_size)?).await?,
         )
+        .codec_from_env()
+        .context("reading KEIRO_ENCRYPTION_KEYS")?
         .build()),
         Store::Sqlite(path) => {
             if !path.exists() {

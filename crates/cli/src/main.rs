@@ -44,6 +44,7 @@ mod migrate;
 mod ops;
 mod proof;
 mod queue;
+mod reencrypt;
 mod schedule;
 mod stream;
 mod timeline;
@@ -100,6 +101,8 @@ enum Command {
     Stream(stream::StreamArgs),
     /// Send an update to a running workflow and print its answer (JSON).
     Update(update::UpdateArgs),
+    /// Seal the payloads of chosen runs again with the current key of KEIRO_ENCRYPTION_KEYS.
+    Reencrypt(reencrypt::ReencryptArgs),
     /// Operate schedules: list, pause, resume, trigger.
     #[command(subcommand)]
     Schedule(schedule::ScheduleCommand),
@@ -172,6 +175,7 @@ fn main() -> ExitCode {
             Command::Redispatch(key) => ops::redispatch(&global, &key).await,
             Command::RetryWithInput(args) => ops::retry_with_input(&global, &args).await,
             Command::Stream(args) => stream::run(&global, &args).await,
+            Command::Reencrypt(args) => reencrypt::run(&global, &args).await,
             Command::Update(args) => update::run(&global, &args).await,
             Command::Schedule(command) => schedule::run(&global, &command).await,
             Command::Queue(command) => queue::run(&global, &command).await,

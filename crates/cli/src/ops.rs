@@ -116,7 +116,7 @@ fn print_messages(messages: &Messages) {
             event.key,
             event.version,
             timestamp(Some(event.updated_at)),
-            event.value
+            shown(&event.value)
         );
     }
     if !messages.streams.is_empty() {
@@ -278,12 +278,10 @@ fn print_instance(row: &Instance) {
     println!("created_at   {}", timestamp(Some(row.created_at)));
     println!("updated_at   {}", timestamp(Some(row.updated_at)));
     println!("completed_at {}", timestamp(row.completed_at));
-    println!("input        {}", row.input);
+    println!("input        {}", shown(&row.input));
     println!(
         "output       {}",
-        row.output
-            .as_ref()
-            .map_or_else(|| "-".to_owned(), ToString::to_string)
+        row.output.as_ref().map_or_else(|| "-".to_owned(), shown)
     );
 }
 
@@ -299,6 +297,15 @@ fn print_attributes(attributes: &keiro::operate::Attributes) {
     }
 }
 
+/// A payload as `keiro show` prints it: its JSON, or `encrypted (key "k1")` for a value sealed
+/// with a key this process was not given (`KEIRO_ENCRYPTION_KEYS`).
+fn shown(value: &serde_json::Value) -> String {
+    match keiro::codec::first_sealed_key_id(value) {
+        Some(key_id) => format!("encrypted (key {key_id:?})"),
+        None => value.to_string(),
+    }
+}
+
 fn print_journal(journal: &[JournalEntry]) {
     println!("journal      {} event(s)", journal.len());
     for entry in journal {
@@ -310,7 +317,7 @@ fn print_journal(journal: &[JournalEntry]) {
             timestamp(Some(entry.recorded_at)),
             row.kind,
             row.step_name,
-            row.payload
+            shown(&row.payload)
         );
     }
 }

@@ -53,10 +53,19 @@ mod diagnostics;
 mod faults;
 mod inspect;
 mod model;
+mod payloads;
 mod retention;
 mod run;
 mod state;
 pub mod store;
+/// Payload codecs: the contract of what seals a payload for the store and opens it again (see
+/// the module's docs); the facade applies one to every stored payload.
+pub mod codec {
+    pub use crate::model::codec::{
+        first_sealed_key_id, holds_sealed, open_all, open_readable, reseal, sealed_key_id, Codec,
+        CodecError, SEALED_KEY_ID, SEALED_TAG,
+    };
+}
 
 /// Queues: flow-control declarations and what a start on a queue asks (plain data).
 pub mod queue {

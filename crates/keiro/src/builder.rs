@@ -3,10 +3,12 @@
 use std::any::Any;
 use std::sync::Arc;
 
+use keiro_journal::codec::Codec;
 use keiro_journal::{DeliveryBacklog, PAYLOAD_LEN_MAX_DEFAULT};
-use keiro_lease::LeaseStore;
-use keiro_resume::Notifier;
+use keiro_lease::{LeaseStore, QueueStore};
+use keiro_resume::{Notifier, ScheduleStore};
 
+use crate::codec::Sealing;
 use crate::handle::{Keiro, Operate, Remote};
 use crate::store::Store;
 
@@ -35,6 +37,7 @@ pub struct KeiroBuilder {
     notifier: Option<Arc<dyn Notifier>>,
     payload_len_max: usize,
     delivery_backlog: DeliveryBacklog,
+    codec: Option<Arc<dyn Codec>>,
 }
 
 impl std::fmt::Debug for KeiroBuilder {
@@ -44,6 +47,7 @@ impl std::fmt::Debug for KeiroBuilder {
             .field("push", &self.notifier.is_some())
             .field("payload_len_max", &self.payload_len_max)
             .field("delivery_backlog", &self.delivery_backlog)
+            .field("codec", &self.codec)
             .finish_non_exhaustive()
     }
 }
@@ -63,6 +67,7 @@ impl KeiroBuilder {
             versions: Some(store),
             payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
             delivery_backlog: DeliveryBacklog::default(),
+            codec: None,
         }
     }
 
@@ -93,6 +98,7 @@ impl KeiroBuilder {
             versions: None,
             payload_len_max: PAYLOAD_LEN_MAX_DEFAULT,
             delivery_backlog: DeliveryBacklog::default(),
+            codec: None,
         }
     }
 
@@ -169,6 +175,54 @@ impl KeiroBuilder {
         self
     }
 
+    /// Seals every payload the handle stores with `codec` and opens it on the way out (see
+    /// [`codec`](crate::codec)): inputs, outputs, step results, deliveries, signals, updates,
+    /// events, streams, remote tasks, schedules. The workers, remote workers and operators'
+    /// reads built from the handle inherit it. Defaults to none: payloads are stored as they
+    /// are.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::Arc;
+    /// let codec = keiro::codec::AesGcmCodec::new("k1", [7; 32])?;
+    /// let keiro = keiro::Keiro::builder(keiro::store::sqlite::SqliteStore::temporary()?)
+    ///     .codec(Arc::new(codec))
+    ///     .build();
+    /// assert!(keiro.codec().is_some());
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
+    /// ```
+    pub fn codec(mut self, codec: Arc<dyn Codec>) -> Self {
+        self.codec = Some(codec);
+        self
+    }
+
+    /// [`codec`](Self::codec) with the AES-256-GCM key ring of `KEIRO_ENCRYPTION_KEYS`
+    /// ([`AesGcmCodec::from_env`](crate::codec::AesGcmCodec::from_env)); unset or empty, no
+    /// codec. What [`Keiro::connect`](crate::Keiro::connect) and the `keiro` CLI do.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keiro = keiro::Keiro::builder(keiro::store::sqlite::SqliteStore::temporary()?)
+    ///     .codec_from_env()?
+    ///     .build();
+    /// # let _ = keiro;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::EncryptionKeys`](crate::Error::EncryptionKeys) for a key list it cannot read.
+    pub fn codec_from_env(self) -> Result<Self, crate::Error> {
+        Ok(match crate::codec::AesGcmCodec::from_env()? {
+            Some(codec) => self.codec(Arc::new(codec)),
+            None => self,
+        })
+    }
+
     /// The handle.
     ///
     /// ```
@@ -180,6 +234,32 @@ impl KeiroBuilder {
     /// # #[cfg(not(feature = "sqlite"))] fn main() {}
     /// ```
     pub fn build(self) -> Keiro {
+        let Some(codec) = self.codec.clone() else {
+            return self.assemble();
+        };
+        Self {
+            store: Arc::new(Sealing::new(self.store, codec.clone())),
+            remote: self.remote.map(|remote| Remote {
+                transport: Arc::new(Sealing::new(remote.transport, codec.clone())),
+                admin: Arc::new(Sealing::new(remote.admin, codec.clone())),
+            }),
+            operate: self.operate.map(|operate| Operate {
+                inspect: Arc::new(Sealing::new(operate.inspect, codec.clone())),
+                retention: operate.retention,
+                payloads: operate.payloads,
+            }),
+            schedules: self
+                .schedules
+                .map(|s| Arc::new(Sealing::new(s, codec.clone())) as Arc<dyn ScheduleStore>),
+            queues: self
+                .queues
+                .map(|q| Arc::new(Sealing::new(q, codec.clone())) as Arc<dyn QueueStore>),
+            ..self
+        }
+        .assemble()
+    }
+
+    fn assemble(self) -> Keiro {
         Keiro {
             store: self.store,
             remote: self.remote,
@@ -190,6 +270,7 @@ impl KeiroBuilder {
             schedules: self.schedules,
             queues: self.queues,
             versions: self.versions,
+            codec: self.codec,
         }
     }
 }

@@ -206,7 +206,8 @@ impl Keiro {
     /// Either way the store's application version (`keiro::versions`), which the runs it
     /// starts record and its workers serve, is `KEIRO_APP_VERSION` from the environment,
     /// unless a PostgreSQL [`Config`](keiro_postgres::Config) sets one; unset, it is
-    /// unversioned.
+    /// unversioned. Payloads are sealed with the AES-256-GCM keys of `KEIRO_ENCRYPTION_KEYS`
+    /// when it is set ([`KeiroBuilder::codec_from_env`](crate::KeiroBuilder::codec_from_env)).
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), keiro::Error> {
@@ -240,7 +241,7 @@ impl Keiro {
                 if migrate {
                     store.migrate().await?;
                 }
-                Ok(Self::builder(store).build())
+                Ok(Self::builder(store).codec_from_env()?.build())
             }
             #[cfg(feature = "sqlite")]
             Database::Sqlite(path) => {
@@ -264,7 +265,7 @@ impl Keiro {
                         })
                     }
                 };
-                Ok(Self::builder(store).build())
+                Ok(Self::builder(store).codec_from_env()?.build())
             }
         }
     }

@@ -588,6 +588,20 @@ impl Keiro {
         self.notifier.as_ref()
     }
 
+    /// The payload codec every stored payload passes through
+    /// ([`KeiroBuilder::codec`](crate::KeiroBuilder::codec)), if one is configured.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// assert!(keiro::Keiro::temporary()?.codec().is_none());
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
+    /// ```
+    pub fn codec(&self) -> Option<&Arc<dyn crate::codec::Codec>> {
+        self.codec.as_ref()
+    }
+
     pub(crate) fn remote(&self) -> Result<&Remote, Error> {
         self.remote.as_ref().ok_or(Error::Unsupported {
             what: "remote steps (the store was wrapped with `KeiroBuilder::lease_only`)",

@@ -118,6 +118,9 @@ pub enum Error {
         /// Its id, for a retry.
         id: String,
     },
+    /// The encryption keys given (`KEIRO_ENCRYPTION_KEYS`, `keiro::codec`) are refused.
+    #[error("invalid encryption keys")]
+    EncryptionKeys(#[from] crate::codec::KeyError),
     /// The store does not offer this capability.
     #[error("the store does not support {what}")]
     Unsupported {

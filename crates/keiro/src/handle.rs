@@ -26,13 +26,16 @@ pub(crate) struct Remote {
 pub(crate) struct Operate {
     pub(crate) inspect: Arc<dyn InspectStore>,
     pub(crate) retention: Arc<dyn RetentionStore>,
+    /// The stored payloads, as they are (never through the codec): re-encryption's.
+    pub(crate) payloads: Arc<dyn keiro_journal::store::PayloadStore>,
 }
 
 impl Operate {
     pub(crate) fn new<S: Store>(store: Arc<S>) -> Self {
         Self {
             inspect: store.clone(),
-            retention: store,
+            retention: store.clone(),
+            payloads: store,
         }
     }
 
@@ -70,6 +73,9 @@ pub struct Keiro {
     /// Application versions: the store's own, heartbeats, moves (`None` for a store built
     /// with `KeiroBuilder::lease_only`).
     pub(crate) versions: Option<Arc<dyn keiro_lease::VersionStore>>,
+    /// The payload codec the store is wrapped in (`crate::codec`), for the calls that write in
+    /// the caller's own transaction; `None` stores payloads as they are.
+    pub(crate) codec: Option<Arc<dyn keiro_journal::codec::Codec>>,
 }
 
 impl std::fmt::Debug for Keiro {
@@ -79,6 +85,7 @@ impl std::fmt::Debug for Keiro {
             .field("push", &self.notifier.is_some())
             .field("payload_len_max", &self.payload_len_max)
             .field("delivery_backlog", &self.delivery_backlog)
+            .field("codec", &self.codec)
             .finish()
     }
 }

@@ -95,6 +95,7 @@
 //! Facade operations return [`Error`]; workflow bodies see [`WorkflowError`].
 
 mod builder;
+pub mod codec;
 mod connect;
 mod direct;
 mod engine;
@@ -103,6 +104,7 @@ mod handle;
 mod messages;
 pub mod operate;
 pub mod queue;
+mod reencrypt;
 pub mod remote;
 mod result;
 pub mod schedule;

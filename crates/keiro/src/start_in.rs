@@ -24,9 +24,34 @@ use keiro_postgres::{InTransaction, PgStore};
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::codec::Sealing;
 use crate::{Error, Keiro};
 
+/// The operations of `start_in` and its siblings, as the codec reports them.
+const SEAL: &str = "writing in the caller's transaction (payload codec)";
+
 impl Keiro {
+    /// The handle's codec on its own, for the writes the store decorator does not see.
+    fn sealing(&self) -> Option<Sealing<()>> {
+        self.codec.clone().map(Sealing::bare)
+    }
+
+    /// `request` with its input sealed by the handle's codec, if it has one.
+    fn sealed_start(&self, request: StartRequest) -> Result<StartRequest, Error> {
+        Ok(match self.sealing() {
+            Some(sealing) => sealing.seal_start(SEAL, &request)?,
+            None => request,
+        })
+    }
+
+    /// `started` with its payloads opened by the handle's codec, if it has one.
+    fn opened_started(&self, started: Started) -> Result<Started, Error> {
+        Ok(match self.sealing() {
+            Some(sealing) => sealing.open_started(SEAL, started)?,
+            None => started,
+        })
+    }
+
     /// The Postgres store's operations on the caller's `client`.
     fn in_transaction<'c, C>(&self, client: &'c C) -> Result<InTransaction<'c, C>, Error>
     where
@@ -80,18 +105,19 @@ impl Keiro {
         let key = InstanceKey::parse(name, id)?;
         let input =
             encode_payload(INPUT_STEP, input, self.payload_len_max()).map_err(Error::Payload)?;
-        let request = StartRequest {
+        let request = self.sealed_start(StartRequest {
             attributes: Default::default(),
             key,
             input,
             parent: None,
             priority: 0,
             queue: None,
-        };
-        Ok(self
+        })?;
+        let started = self
             .in_transaction(client)?
             .instance_start(&request)
-            .await?)
+            .await?;
+        self.opened_started(started)
     }
 
     /// [`start_with`](Self::start_with) inside the caller's transaction `client`: on a queue,
@@ -113,11 +139,12 @@ impl Keiro {
         C: GenericClient + Sync + ?Sized,
         I: Serialize + ?Sized,
     {
-        let request = self.start_request(name, id, input, options)?;
-        Ok(self
+        let request = self.sealed_start(self.start_request(name, id, input, options)?)?;
+        let started = self
             .in_transaction(client)?
             .instance_start(&request)
-            .await?)
+            .await?;
+        self.opened_started(started)
     }
 
     /// [`deliver`](Self::deliver) inside the caller's transaction `client`: the value is
@@ -197,6 +224,10 @@ impl Keiro {
             value,
             self.payload_len_max(),
         )?;
+        let append = match self.sealing() {
+            Some(sealing) => sealing.seal_append(SEAL, &append)?,
+            None => append,
+        };
         let tx = self.in_transaction(client)?;
         let backlog = self.delivery_backlog();
         match tx.delivery_append(&append, backlog).await? {
@@ -209,7 +240,10 @@ impl Keiro {
                     .generation;
                 Err(keiro_journal::store::delivery_refused(step, generation, current).into())
             }
-            DeliveryOutcome::Append(outcome) => Ok(outcome),
+            DeliveryOutcome::Append(outcome) => Ok(match self.sealing() {
+                Some(sealing) => sealing.open_outcome(SEAL, outcome)?,
+                None => outcome,
+            }),
             DeliveryOutcome::Backlog(unread) => {
                 Err(keiro_journal::store::delivery_backlogged(step, unread, *backlog).into())
             }
@@ -274,6 +308,10 @@ impl Keiro {
         keiro_journal::store::validate_signal_token(token)?;
         let payload =
             encode_payload(token, payload, self.payload_len_max()).map_err(Error::Payload)?;
+        let payload = match self.sealing() {
+            Some(sealing) => sealing.seal_signal(SEAL, token, &payload)?,
+            None => payload,
+        };
         Ok(self
             .in_transaction(client)?
             .signal_send_with(token, &payload, &options)
@@ -380,6 +418,10 @@ impl Keiro {
     {
         let payload =
             encode_payload("awakeable", payload, self.payload_len_max()).map_err(Error::Payload)?;
+        let payload = match self.sealing() {
+            Some(sealing) => sealing.seal(SEAL, &payload)?,
+            None => payload,
+        };
         Ok(self
             .in_transaction(client)?
             .awakeable_complete(id, &payload)

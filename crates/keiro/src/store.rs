@@ -18,7 +18,7 @@ pub use keiro_resume::ScheduleStore;
 
 /// A store with every capability keiro uses: the journal and wake sources, leases, remote
 /// steps (their transport and the operator's tools), the operators' list, counts and
-/// retention, schedules, and queues. `PgStore` and `SqliteStore` are ones.
+/// retention, schedules, queues, and the payloads re-encryption rewrites. `PgStore` and `SqliteStore` are ones.
 pub trait Store:
     LeaseStore
     + QueueStore
@@ -28,6 +28,7 @@ pub trait Store:
     + InspectStore
     + RetentionStore
     + ScheduleStore
+    + PayloadStore
 {
 }
 
@@ -39,7 +40,8 @@ impl<
             + RemoteAdmin
             + InspectStore
             + RetentionStore
-            + ScheduleStore,
+            + ScheduleStore
+            + PayloadStore,
     > Store for T
 {
 }

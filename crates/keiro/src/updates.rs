@@ -89,6 +89,10 @@ impl<'a, R: Serialize + ?Sized> UpdateCall<'a, R> {
     }
 }
 
+/// How many of an instance's updates a sealed retry looks through for its own
+/// (`sealed_retry`).
+const UPDATES_SCANNED_MAX: u32 = 10_000;
+
 impl Keiro {
     /// Sends update `name` with `request` to the instance (a key, `(name, id)`, or a typed
     /// handle) under a fresh update id and waits up to `timeout` for the body's answer
@@ -250,6 +254,24 @@ impl Keiro {
             .map_err(Error::Payload)
     }
 
+    /// With a payload codec, a retry of an update sends its request sealed under a fresh
+    /// nonce, which the store cannot tell from another request: its conflict is checked here
+    /// against the stored update, opened. The same name and request is the same update: its
+    /// state. `None` for a real conflict, or without a codec.
+    async fn sealed_retry(&self, send: &UpdateSend) -> Result<Option<UpdateState>, Error> {
+        let (Some(_), Some(operate)) = (&self.codec, &self.operate) else {
+            return Ok(None);
+        };
+        let records = operate
+            .inspect
+            .instance_updates(&send.key, UPDATES_SCANNED_MAX)
+            .await?;
+        Ok(records
+            .into_iter()
+            .find(|r| r.id == send.id && r.name == send.name && r.request == send.request)
+            .map(|r| r.state))
+    }
+
     async fn send_and_wait<R: Serialize + ?Sized, T: DeserializeOwned>(
         &self,
         key: InstanceKey,
@@ -279,7 +301,10 @@ impl Keiro {
         let deadline = tokio::time::Instant::now() + call.timeout;
         let mut state = match self.store().update_send(&send).await? {
             UpdateSendOutcome::Sent { state, .. } => state,
-            UpdateSendOutcome::Conflict => return Err(Error::UpdateConflict { key, id }),
+            UpdateSendOutcome::Conflict => match self.sealed_retry(&send).await? {
+                Some(state) => state,
+                None => return Err(Error::UpdateConflict { key, id }),
+            },
             UpdateSendOutcome::Finished(status) => return Err(Error::RunFinished { key, status }),
             UpdateSendOutcome::NotFound => return Err(Error::Store(StoreError::NotFound { key })),
         };

@@ -77,6 +77,7 @@ mod lanes;
 mod listen;
 mod migrate;
 mod ops;
+mod payloads;
 mod readiness;
 mod retention;
 mod row;

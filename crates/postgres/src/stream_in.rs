@@ -94,6 +94,16 @@ pub async fn write_stream_in<T: Serialize + ?Sized>(
         })?;
     let step = format!("stream:{key}");
     let json = encode_payload(&step, value, ctx.options().payload_len_max).map_err(refused)?;
+    // Sealed as the store's own stream writes are, when the run's store applies a codec.
+    let json = match run_store(ctx).payload_codec() {
+        Some(codec) => codec.seal(&json).map_err(|source| {
+            refused(WorkflowError::Store(keiro_journal::StoreError::Codec {
+                operation: "writing to a stream in a transaction",
+                source,
+            }))
+        })?,
+        None => json,
+    };
     let budget = ctx.options().stream_budget;
     let len = i64::try_from(encoded_len(&json)).unwrap_or(i64::MAX);
     let items_max = i64::try_from(budget.items).unwrap_or(i64::MAX);

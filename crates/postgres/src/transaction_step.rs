@@ -52,7 +52,7 @@ use std::time::Duration;
 
 use keiro_journal::{
     store::SelfJournalError, store::SelfJournaled, store::StepJournal, AppendOutcome, BoxFuture,
-    Ctx, Event, Marker, StepOptions, WorkflowError,
+    Ctx, Event, Marker, StepOptions, StoreError, WorkflowError,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -538,7 +538,22 @@ where
         Event::StepRecorded { result, .. } => result.clone(),
         _ => unreachable!("append_for makes a step's append"),
     };
-    let args = AppendArgs::new(&append, append.event.encode());
+    // The handle's payload codec, when the run's store applies one: the row is sealed as the
+    // store's own appends are, and a value recorded already is opened.
+    let codec = journal.payload_codec();
+    let mut stored = append.event.encode();
+    if let Some(codec) = &codec {
+        match codec.seal(&stored.payload) {
+            Ok(sealed) => stored.payload = sealed,
+            Err(source) => {
+                return Tried::Done(Err(SelfJournalError::Store(StoreError::Codec {
+                    operation: OPERATION,
+                    source,
+                })))
+            }
+        }
+    }
+    let args = AppendArgs::new(&append, stored);
     // Qualified by keiro's schema: the session's search_path is now the application's.
     let sql = format!(
         "SELECT outcome, recorded, marker \
@@ -555,6 +570,18 @@ where
         Err(error) => return refused(TransactionStage::Append, error),
     };
     let outcome = match append_outcome(&row, OPERATION, &append.key, append.fence.as_ref()) {
+        Ok(AppendOutcome::AlreadyPresent(recorded)) if codec.is_some() => {
+            let codec = codec.as_deref().expect("checked");
+            match keiro_journal::codec::open_all(codec, recorded) {
+                Ok(opened) => AppendOutcome::AlreadyPresent(opened),
+                Err(source) => {
+                    return Tried::Done(Err(SelfJournalError::Store(StoreError::Codec {
+                        operation: OPERATION,
+                        source,
+                    })))
+                }
+            }
+        }
         Ok(outcome) => outcome,
         Err(error) => return Tried::Done(Err(SelfJournalError::Store(error))),
     };

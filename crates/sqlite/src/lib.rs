@@ -138,6 +138,7 @@ mod lease;
 mod message;
 mod notify;
 mod open;
+mod payloads;
 mod queue;
 mod remote;
 mod retention;

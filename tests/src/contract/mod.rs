@@ -35,6 +35,7 @@ pub mod instance;
 pub mod journal;
 pub mod lease;
 pub mod message;
+pub mod payloads;
 pub mod queue;
 pub mod remote;
 pub mod retention;
@@ -366,6 +367,11 @@ macro_rules! contract_suite {
                     heartbeats_are_written_refreshed_listed_and_removed,
                     runs_of_a_version_no_live_worker_serves_are_found,
                     rows_of_workers_not_seen_for_a_while_are_forgotten,
+                ],
+            },
+            payloads {
+                rewrite [
+                    payloads_are_read_with_their_places_and_rewritten_only_where_unchanged,
                 ],
             },
             retention {

@@ -13,6 +13,7 @@ mod journal_budget;
 mod least_privilege;
 mod metric_queries;
 mod one_way_in;
+mod payload_codec;
 mod race;
 mod remote;
 mod remote_processes;

@@ -139,6 +139,10 @@ pub(crate) struct BenchArgs {
     /// to compare the overhead against a run without (`throughput`, `idle`).
     #[arg(long)]
     pub(crate) metrics: bool,
+    /// `throughput` (both stores): seal every payload with an AES-256-GCM codec (`KeiroBuilder::codec`, a key
+    /// made for the run), to compare the cost of payload encryption against a run without.
+    #[arg(long)]
+    pub(crate) codec: bool,
     /// How long the measured phase may take, in seconds (`throughput`).
     #[arg(long, default_value_t = 600)]
     pub(crate) timeout_s: u64,
@@ -242,6 +246,17 @@ pub(crate) struct BenchArgs {
 }
 
 impl BenchArgs {
+    /// `builder` with an AES-256-GCM codec under a key made for the run when `--codec` asks.
+    fn sealed(&self, builder: keiro::KeiroBuilder) -> Result<keiro::KeiroBuilder> {
+        if !self.codec {
+            return Ok(builder);
+        }
+        let key = keiro::codec::AesGcmCodec::generate_key_text();
+        let codec = keiro::codec::AesGcmCodec::from_keys(&format!("bench:{key}"))
+            .context("making the bench's key")?;
+        Ok(builder.codec(std::sync::Arc::new(codec)))
+    }
+
     /// N: `-n`, or the mode's default.
     fn workflows(&self) -> u64 {
         self.workflows

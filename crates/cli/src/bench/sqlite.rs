@@ -58,6 +58,8 @@ struct SqliteReport {
     p99_ms: f64,
     rss_mb: f64,
     rss_peak_mb: f64,
+    /// Payloads sealed with AES-256-GCM (`--codec`; `throughput` only).
+    codec: bool,
 }
 
 /// The store's settings: its defaults (durable commits), but for the reader pool and the batch
@@ -176,6 +178,7 @@ fn report(args: &BenchArgs, workflows: u64, phase: &Phase) -> Result<()> {
         p99_ms: phase.latency.p99_ms,
         rss_mb: round(rss_mb, 1),
         rss_peak_mb: round(rss_peak_mb, 1),
+        codec: args.codec && phase.mode == "throughput",
     };
     super::emit(&report)?;
     Ok(())
@@ -189,7 +192,9 @@ pub(super) async fn throughput(args: &BenchArgs, path: &Path) -> Result<Outcome>
     let config = config(args);
     let (readers, batch_max) = (config.readers, config.batch_max);
     let store = open_fresh(path, config).await?;
-    let keiro = Keiro::builder(store.clone()).without_push().build();
+    let keiro = args
+        .sealed(Keiro::builder(store.clone()).without_push())?
+        .build();
     let finish = Arc::new(FinishLine::new(workflows));
     let log = {
         let (finish, store, default_log) =

@@ -190,6 +190,8 @@ struct ThroughputReport {
     round_trips: u64,
     producers: u64,
     metrics: bool,
+    /// Payloads sealed with AES-256-GCM (`--codec`).
+    codec: bool,
     batching: bool,
     /// Starts per `start_many` call (1: one `start` each).
     start_batch: u64,
@@ -245,7 +247,9 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
             .await
             .context("analyzing the seeded runs")?;
     }
-    let keiro = Keiro::builder(setup.store.clone()).without_push().build();
+    let keiro = args
+        .sealed(Keiro::builder(setup.store.clone()).without_push())?
+        .build();
     let total_steps = workflows * args.steps;
 
     let finish = Arc::new(FinishLine::new(workflows));
@@ -476,6 +480,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         round_trips,
         producers: args.producers,
         metrics: args.metrics,
+        codec: args.codec,
         batching: args.batching,
         start_batch: args.start_batch,
         in_progress: args.in_progress,

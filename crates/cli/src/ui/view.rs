@@ -378,6 +378,15 @@ impl QueueView {
 
 /// A span as a page shows it, in its largest two units, a zero second one left out: `45s`,
 /// `3m 12s`, `1m`, `2h 5m`, `3d 4h`.
+/// A payload as the dashboard prints it: pretty JSON, or `encrypted (key "k1")` for a value
+/// sealed with a key this process was not given (`KEIRO_ENCRYPTION_KEYS`).
+pub(crate) fn payload_text(value: &Value) -> String {
+    match keiro::codec::first_sealed_key_id(value) {
+        Some(key_id) => format!("encrypted (key {key_id:?})"),
+        None => serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string()),
+    }
+}
+
 pub(crate) fn span(span: std::time::Duration) -> String {
     let secs = span.as_secs();
     let (major, major_unit, minor, minor_unit) = match secs {
@@ -425,6 +434,13 @@ mod tests {
 
     use keiro::queue::{QueueSpec, Rate};
     use time::macros::datetime;
+
+    #[test]
+    fn a_payload_sealed_with_a_key_not_given_reads_encrypted_naming_the_key() {
+        let sealed = serde_json::json!({"ok": {"$keiro_enc": 1, "kid": "k2", "ct": "AAAA"}});
+        assert_eq!(super::payload_text(&sealed), "encrypted (key \"k2\")");
+        assert_eq!(super::payload_text(&serde_json::json!([1])), "[\n  1\n]");
+    }
 
     use super::*;
 

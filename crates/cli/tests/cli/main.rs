@@ -7,6 +7,7 @@ mod bench_suite;
 mod credentials;
 mod migrate;
 mod queue;
+mod reencrypt;
 mod schedule_list;
 mod scratch_sqlite;
 mod sqlite_commands;

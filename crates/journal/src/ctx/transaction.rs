@@ -79,6 +79,14 @@ impl<'a> StepJournal<'a> {
         LeaseHeld(self.ctx)
     }
 
+    /// The payload codec of the run's store ([`JournalStore::payload_codec`]): the action seals
+    /// its append's value with it, as the store's own appends are sealed.
+    ///
+    /// [`JournalStore::payload_codec`]: crate::JournalStore::payload_codec
+    pub fn payload_codec(&self) -> Option<std::sync::Arc<dyn crate::codec::Codec>> {
+        self.ctx.store().payload_codec()
+    }
+
     /// The append that journals `value` as this step's result, carrying the run's fence and
     /// lease renewal. The action makes it inside its own transaction and commits only when it
     /// answers [`AppendOutcome::Appended`].

@@ -10,6 +10,7 @@
 
 pub(crate) mod attribute;
 pub(crate) mod budget;
+pub(crate) mod codec;
 pub(crate) mod delivery;
 pub(crate) mod error;
 pub(crate) mod event;

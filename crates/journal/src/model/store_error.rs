@@ -100,6 +100,18 @@ pub enum Error {
         /// Why.
         refusal: crate::queue::QueueRefusal,
     },
+    /// A payload the handle's codec could not seal or open (`keiro::codec`): an envelope whose
+    /// key id the codec has no key for, or a key that does not open it (a wrong key under that
+    /// id, a tampered envelope). Deterministic: nothing was written, and no value was guessed;
+    /// configuring the key that id names fixes it.
+    #[error("{operation}: {source}")]
+    Codec {
+        /// What was being done.
+        operation: &'static str,
+        /// Which key, and what went wrong.
+        #[source]
+        source: crate::codec::CodecError,
+    },
     /// The database refused the operation.
     #[error("{operation} failed")]
     Database {
@@ -143,6 +155,14 @@ impl Error {
     pub fn queue_refusal(&self) -> Option<&crate::queue::QueueRefusal> {
         match self {
             Self::QueueRefused { refusal, .. } => Some(refusal),
+            _ => None,
+        }
+    }
+
+    /// The codec could not seal or open a payload: the key id it names, when it is one.
+    pub fn codec_key_id(&self) -> Option<&str> {
+        match self {
+            Self::Codec { source, .. } => Some(&source.key_id),
             _ => None,
         }
     }

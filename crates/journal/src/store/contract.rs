@@ -241,6 +241,14 @@ pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// The payload codec this store seals payloads with, when it is a decorator that applies
+    /// one (the facade's `KeiroBuilder::codec`): a store's own kind of step that writes in its
+    /// caller's transaction, past the trait (the Postgres store's transaction step and its
+    /// stream append), seals with it too. `None` by default.
+    fn payload_codec(&self) -> Option<std::sync::Arc<dyn crate::codec::Codec>> {
+        None
+    }
+
     /// Creates the instance row `running` with its input, idempotently by key.
     async fn instance_start(&self, request: &StartRequest) -> Result<Started>;
 

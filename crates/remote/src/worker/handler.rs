@@ -168,12 +168,17 @@ where
     }
 }
 
+/// The code of an attempt refused for an input sealed with a key the worker lacks.
+pub(crate) const PAYLOAD_ENCRYPTED: &str = "payload_encrypted";
+
 /// A handler with its input and output types erased to JSON.
 pub(crate) type ErasedHandler =
     Arc<dyn Fn(Value, TaskContext) -> BoxFuture<Result<Value, TaskError>> + Send + Sync>;
 
 /// Erases a typed handler: decodes the input (a bad input fails the step at once with code
-/// `bad_input`, since no retry can decode it) and encodes the output.
+/// `bad_input`, since no retry can decode it) and encodes the output. An input still sealed by
+/// a payload codec (this worker lacks the key it names) fails the attempt, retryable, with code
+/// `payload_encrypted` naming the key id: a worker that has the key can run a later attempt.
 pub(crate) fn erase<I, O, F, Fut>(handler: F) -> ErasedHandler
 where
     I: DeserializeOwned + Send + 'static,
@@ -185,6 +190,12 @@ where
     Arc::new(move |input: Value, task: TaskContext| {
         let handler = handler.clone();
         Box::pin(async move {
+            if let Some(key_id) = keiro_journal::codec::first_sealed_key_id(&input) {
+                return Err(TaskError::retryable(format!(
+                    "the input is sealed with key {key_id:?}, which this worker does not have"
+                ))
+                .with_code(PAYLOAD_ENCRYPTED));
+            }
             let input: I = serde_json::from_value(input).map_err(|e| {
                 TaskError::fatal(format!("the input does not decode: {e}")).with_code("bad_input")
             })?;

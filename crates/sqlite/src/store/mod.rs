@@ -30,6 +30,7 @@ mod journal;
 mod lease;
 mod message;
 mod notify;
+mod payloads;
 mod queue;
 mod remote;
 mod retention;

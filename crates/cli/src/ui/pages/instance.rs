@@ -29,9 +29,7 @@ pub(crate) async fn instance(
         Err(error) => return error_page(error),
     };
     let row = &view.instance;
-    let pretty = |value: &serde_json::Value| {
-        serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
-    };
+    let pretty = crate::ui::view::payload_text;
     let href = instance_href(&name, &id);
     let now = time::OffsetDateTime::now_utc();
     let body = html! {

@@ -1,0 +1,231 @@
+//! [`LeaseStore`] and [`QueueStore`] through the codec: a claim hands the run its instance
+//! and journal opened; a start's or a debounce's input is sealed.
+
+use std::time::Duration;
+
+use keiro_journal::queue::{DebounceRequest, QueueInfo, QueueSpec};
+use keiro_journal::store::{Result, StartRequest};
+use keiro_journal::{Fence, InstanceKey, Started, WorkflowName};
+use keiro_lease::{
+    Claim, ClaimBatch, ClaimOutcome, Crash, CrashOutcome, LeaseStore, QueueStore, ResurrectOutcome,
+    StartClaim, Versions,
+};
+use time::OffsetDateTime;
+
+use super::Sealing;
+
+const CLAIM: &str = "claiming an instance (payload codec)";
+const START: &str = "starting an instance (payload codec)";
+
+impl<T: LeaseStore + ?Sized> Sealing<T> {
+    /// `claims` opened. A claim the codec cannot open (its payloads are sealed with a key this
+    /// process lacks) is released at once, so a process with the key can claim it, instead of
+    /// staying leased until its lease expires; it is logged with the key id. The claims that
+    /// opened are returned; when none did, the first error is.
+    async fn open_or_release(&self, claims: Vec<Claim>) -> Result<Vec<Claim>> {
+        let mut opened = Vec::with_capacity(claims.len());
+        let mut refused = None;
+        for claim in claims {
+            let (key, fence) = (claim.instance.key.clone(), claim.fence.clone());
+            match self.open_claim(CLAIM, claim) {
+                Ok(claim) => opened.push(claim),
+                Err(error) => {
+                    tracing::warn!(%key, %error, "a claimed run's payload cannot be opened; released");
+                    let _ = self.inner.instance_release(&key, &fence, false).await;
+                    refused.get_or_insert(error);
+                }
+            }
+        }
+        match refused {
+            Some(error) if opened.is_empty() => Err(error),
+            _ => Ok(opened),
+        }
+    }
+
+    async fn open_or_release_outcome(&self, outcome: ClaimOutcome) -> Result<ClaimOutcome> {
+        Ok(match outcome {
+            ClaimOutcome::Acquired(claim) => {
+                let mut opened = self.open_or_release(vec![*claim]).await?;
+                ClaimOutcome::Acquired(Box::new(opened.remove(0)))
+            }
+            other => other,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl<T: LeaseStore + ?Sized> LeaseStore for Sealing<T> {
+    async fn instances_runnable(
+        &self,
+        now: Option<OffsetDateTime>,
+        limit: Option<i64>,
+    ) -> Result<Vec<InstanceKey>> {
+        self.inner.instances_runnable(now, limit).await
+    }
+
+    async fn instance_claim_serving(
+        &self,
+        key: &InstanceKey,
+        versions: &Versions,
+        owner: &str,
+        ttl: Duration,
+        now: Option<OffsetDateTime>,
+    ) -> Result<ClaimOutcome> {
+        let outcome = self
+            .inner
+            .instance_claim_serving(key, versions, owner, ttl, now)
+            .await?;
+        self.open_or_release_outcome(outcome).await
+    }
+
+    async fn instances_claim_batch_serving(
+        &self,
+        names: &[WorkflowName],
+        versions: &Versions,
+        owner: &str,
+        ttl: Duration,
+        limit: i64,
+        now: Option<OffsetDateTime>,
+    ) -> Result<Vec<Claim>> {
+        let claims = self
+            .inner
+            .instances_claim_batch_serving(names, versions, owner, ttl, limit, now)
+            .await?;
+        self.open_or_release(claims).await
+    }
+
+    async fn queue_admit_serving(
+        &self,
+        queues: &[String],
+        names: &[WorkflowName],
+        versions: &Versions,
+        owner: &str,
+        ttl: Duration,
+        limit: i64,
+        now: Option<OffsetDateTime>,
+    ) -> Result<Vec<Claim>> {
+        let claims = self
+            .inner
+            .queue_admit_serving(queues, names, versions, owner, ttl, limit, now)
+            .await?;
+        self.open_or_release(claims).await
+    }
+
+    async fn claim_and_admit_serving(
+        &self,
+        names: &[WorkflowName],
+        queues: &[String],
+        versions: &Versions,
+        owner: &str,
+        ttl: Duration,
+        limit: i64,
+        now: Option<OffsetDateTime>,
+    ) -> Result<ClaimBatch> {
+        let batch = self
+            .inner
+            .claim_and_admit_serving(names, queues, versions, owner, ttl, limit, now)
+            .await?;
+        let claimed = self.open_or_release(batch.claimed).await;
+        let admitted = self.open_or_release(batch.admitted).await;
+        // A side whose every claim was refused is an error only when nothing else opened.
+        match (claimed, admitted) {
+            (Ok(claimed), Ok(admitted)) => Ok(ClaimBatch { claimed, admitted }),
+            (Ok(claimed), Err(error)) if claimed.is_empty() => Err(error),
+            (Err(error), Ok(admitted)) if admitted.is_empty() => Err(error),
+            (Err(error), Err(_)) => Err(error),
+            (Ok(claimed), Err(_)) => Ok(ClaimBatch {
+                claimed,
+                admitted: Vec::new(),
+            }),
+            (Err(_), Ok(admitted)) => Ok(ClaimBatch {
+                claimed: Vec::new(),
+                admitted,
+            }),
+        }
+    }
+
+    async fn instance_start_claimed(
+        &self,
+        request: &StartRequest,
+        owner: &str,
+        ttl: Duration,
+        now: Option<OffsetDateTime>,
+    ) -> Result<StartClaim> {
+        let request = self.seal_start(START, request)?;
+        let started = self
+            .inner
+            .instance_start_claimed(&request, owner, ttl, now)
+            .await?;
+        Ok(StartClaim {
+            created: started.created,
+            claim: self.open_or_release_outcome(started.claim).await?,
+        })
+    }
+
+    async fn instance_lease_renew(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        ttl: Duration,
+    ) -> Result<()> {
+        self.inner.instance_lease_renew(key, fence, ttl).await
+    }
+
+    async fn instance_release(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        progressed: bool,
+    ) -> Result<bool> {
+        self.inner.instance_release(key, fence, progressed).await
+    }
+
+    async fn instance_lease_force_release(&self, key: &InstanceKey) -> Result<bool> {
+        self.inner.instance_lease_force_release(key).await
+    }
+
+    async fn instance_record_crash(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        crash: &Crash,
+    ) -> Result<CrashOutcome> {
+        self.inner.instance_record_crash(key, fence, crash).await
+    }
+
+    async fn instance_resurrect(&self, key: &InstanceKey) -> Result<ResurrectOutcome> {
+        self.inner.instance_resurrect(key).await
+    }
+}
+
+#[async_trait::async_trait]
+impl<T: QueueStore + ?Sized> QueueStore for Sealing<T> {
+    async fn queue_declare(&self, spec: &QueueSpec) -> Result<()> {
+        self.inner.queue_declare(spec).await
+    }
+
+    async fn queue_set_paused(&self, queue: &str, paused: bool) -> Result<bool> {
+        self.inner.queue_set_paused(queue, paused).await
+    }
+
+    async fn queue_key_weight(&self, queue: &str, key: &str, weight: i32) -> Result<bool> {
+        self.inner.queue_key_weight(queue, key, weight).await
+    }
+
+    async fn queue_debounce(&self, request: &DebounceRequest) -> Result<Started> {
+        let request = DebounceRequest {
+            input: self.seal(START, &request.input)?,
+            ..request.clone()
+        };
+        let started = self.inner.queue_debounce(&request).await?;
+        self.open_started(START, started)
+    }
+
+    async fn queues_list(
+        &self,
+        only: Option<&str>,
+        now: Option<OffsetDateTime>,
+    ) -> Result<Vec<QueueInfo>> {
+        self.inner.queues_list(only, now).await
+    }
+}
