@@ -22,6 +22,7 @@ on_both_stores!(
     a_remote_worker_without_the_key_refuses_the_task_and_one_with_it_runs_it,
     writes_in_the_callers_transaction_are_sealed_too,
     reencryption_moves_every_payload_of_a_run_to_the_current_key,
+    search_attributes_work_under_the_codec_and_stay_readable,
 );
 
 /// The string every payload carries.
@@ -528,6 +529,43 @@ async fn reencryption_moves_every_payload_of_a_run_to_the_current_key(h: Harness
     assert!(
         old_key_rows.is_empty(),
         "rows still sealed with k1: {old_key_rows:#?}"
+    );
+    Ok(())
+}
+
+/// Sets a search attribute from its body, then returns its (sealed) input.
+async fn tagged(ctx: Ctx, text: String) -> Result<String, WorkflowError> {
+    ctx.set_attributes(&keiro::workflow::Attributes::new().with("stage", "tagged"))
+        .await?;
+    Ok(text)
+}
+
+/// Search attributes are not sealed (operators filter on them): under the codec a start's and
+/// a body's attributes are written, listed and read back, and the run's payloads stay sealed.
+async fn search_attributes_work_under_the_codec_and_stay_readable(h: Harness) -> TestResult {
+    let keiro = sealed(&h, codec("k1", 1));
+    let worker = keiro.worker().fast().register("tagged", tagged).build()?;
+    let options = keiro::queue::StartOptions::default().attribute("customer", "acme");
+    keiro
+        .start_with("tagged", "t-1", &marked("tagged"), &options)
+        .await?;
+    worker.drain().await?;
+    let output: String = keiro.result(("tagged", "t-1"), TIMEOUT).await?;
+    assert_eq!(output, marked("tagged"));
+    let request = keiro::operate::ListRequest::from_pairs([
+        ("attr", "customer=acme"),
+        ("attr", "stage=tagged"),
+    ])?;
+    let page = keiro.list(&request).await?;
+    assert_eq!(page.instances.len(), 1);
+    let attrs = keiro.attributes(("tagged", "t-1")).await?;
+    assert_eq!(
+        attrs.get("stage"),
+        Some(&keiro::workflow::AttrValue::from("tagged"))
+    );
+    assert!(
+        every_row(&h).await?.iter().all(|row| !row.contains(MARKER)),
+        "the run's payloads stay sealed"
     );
     Ok(())
 }
