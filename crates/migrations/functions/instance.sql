@@ -604,6 +604,8 @@ BEGIN
         attempts = 0, last_error = NULL, next_attempt_at = NULL, wake_after = NULL,
         lease_owner = NULL, lease_expires_at = NULL,
         completed_at = NULL,
+        -- Back from its end, a run of a queue waits for admission (0027).
+        queue_free = false,
         updated_at = now()
     WHERE w.workflow_name = p_name AND w.workflow_id = p_id;
     PERFORM keiro_notify_wake(p_name, p_id);

@@ -258,10 +258,14 @@ $$;
 --
 -- Only runs of the versions in `p_versions` are claimed (NULL: any; '' stands for the
 -- unversioned runs; 0025): the claim order's walk passes over the others as over leased rows.
--- Called by: keiro_postgres ops::lease::instances_claim_batch; tested by contract::lease and contract::versions.
+-- A run on a queue is claimed here while it holds its slot, or when it is free (its queue
+-- counts nothing; 0027) and its queue is one of `p_queues`, the queues the claimer serves;
+-- the walk passes over free runs of other queues as over leased rows.
+-- Called by: SQL only (keiro_instances_claim_batch, keiro_instances_claim_and_admit); tested by contract::lease, contract::queue and contract::versions.
 CREATE OR REPLACE FUNCTION keiro_instances_claim_batch(p_names text[], p_owner text,
                                                        p_ttl_ms bigint, p_limit integer,
-                                                       p_now timestamptz, p_versions text[])
+                                                       p_now timestamptz, p_versions text[],
+                                                       p_queues text[])
 RETURNS TABLE (instance workflows, journal_seq bigint[], journal_step text[],
                journal_kind text[], journal_payload jsonb[],
                journal_recorded_at timestamptz[])
@@ -282,7 +286,8 @@ BEGIN
               AND w.workflow_name = ANY (p_names)
               AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
               AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= v_now)
-              AND (w.queue IS NULL OR (w.queue_admitted AND w.lease_expires_at IS NULL))
+              AND (w.queue IS NULL OR (w.queue_admitted AND w.lease_expires_at IS NULL)
+                   OR (w.queue_free AND w.queue = ANY (p_queues)))
             ORDER BY w.priority DESC, w.created_at, w.workflow_name, w.workflow_id
             LIMIT greatest(p_limit, 0)
             FOR UPDATE SKIP LOCKED
@@ -293,7 +298,8 @@ BEGIN
               AND w.workflow_name = ANY (p_names)
               AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
               AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= v_now)
-              AND (w.queue IS NULL OR (w.queue_admitted AND w.lease_expires_at IS NULL))
+              AND (w.queue IS NULL OR (w.queue_admitted AND w.lease_expires_at IS NULL)
+                   OR (w.queue_free AND w.queue = ANY (p_queues)))
             ORDER BY w.priority DESC, w.created_at, w.workflow_name, w.workflow_id
             LIMIT greatest(p_limit, 0)
             FOR UPDATE SKIP LOCKED
@@ -326,7 +332,8 @@ BEGIN
               AND w.workflow_name = ANY (p_names)
               AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
               AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= v_now)
-              AND (w.queue IS NULL OR (w.queue_admitted AND w.lease_expires_at IS NULL))
+              AND (w.queue IS NULL OR (w.queue_admitted AND w.lease_expires_at IS NULL)
+                   OR (w.queue_free AND w.queue = ANY (p_queues)))
               AND coalesce(w.app_version, '') = ANY (p_versions)
             ORDER BY w.priority DESC, w.created_at, w.workflow_name, w.workflow_id
             LIMIT greatest(p_limit, 0)
@@ -338,7 +345,8 @@ BEGIN
               AND w.workflow_name = ANY (p_names)
               AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
               AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= v_now)
-              AND (w.queue IS NULL OR (w.queue_admitted AND w.lease_expires_at IS NULL))
+              AND (w.queue IS NULL OR (w.queue_admitted AND w.lease_expires_at IS NULL)
+                   OR (w.queue_free AND w.queue = ANY (p_queues)))
               AND coalesce(w.app_version, '') = ANY (p_versions)
             ORDER BY w.priority DESC, w.created_at, w.workflow_name, w.workflow_id
             LIMIT greatest(p_limit, 0)
@@ -370,6 +378,20 @@ BEGIN
 END;
 $$;
 
+-- instances_claim_batch without queues: no free run of a queue (the signature a claimer that
+-- serves no queue calls).
+-- Called by: keiro_postgres ops::lease::instances_claim_batch; tested by contract::lease and contract::versions.
+CREATE OR REPLACE FUNCTION keiro_instances_claim_batch(p_names text[], p_owner text,
+                                                       p_ttl_ms bigint, p_limit integer,
+                                                       p_now timestamptz, p_versions text[])
+RETURNS TABLE (instance workflows, journal_seq bigint[], journal_step text[],
+               journal_kind text[], journal_payload jsonb[],
+               journal_recorded_at timestamptz[])
+LANGUAGE sql AS $$
+    SELECT * FROM keiro_instances_claim_batch(p_names, p_owner, p_ttl_ms, p_limit, p_now,
+                                              p_versions, '{}'::text[]);
+$$;
+
 -- instances_claim_batch without versions: any version's runs (the signature the builds before
 -- versions call).
 -- Called by: SQL only (builds before versions); tested by contract::lease.
@@ -381,7 +403,7 @@ RETURNS TABLE (instance workflows, journal_seq bigint[], journal_step text[],
                journal_recorded_at timestamptz[])
 LANGUAGE sql AS $$
     SELECT * FROM keiro_instances_claim_batch(p_names, p_owner, p_ttl_ms, p_limit, p_now,
-                                              NULL::text[]);
+                                              NULL::text[], '{}'::text[]);
 $$;
 
 -- claims_with_journals: each row of `p_claimed` (claims just made, in claim order) with its
@@ -510,6 +532,8 @@ BEGIN
         attempts = 0, last_error = NULL, next_attempt_at = NULL,
         lease_owner = NULL, lease_expires_at = NULL,
         completed_at = NULL,
+        -- Back from its end, a run of a queue waits for admission (0027).
+        queue_free = false,
         updated_at = now()
     WHERE w.workflow_name = p_name AND w.workflow_id = p_id;
     PERFORM keiro_notify_wake(p_name, p_id);

@@ -18,6 +18,50 @@ LANGUAGE sql IMMUTABLE AS $$
        AND q.rate_limit IS NULL AND q.key_rate_limit IS NULL AND q.fairness = 'fifo'
 $$;
 
+-- queue_free: whether a run started on `q` now is started free (0027): `q` counts nothing and
+-- is not paused, so the run is runnable as started and the ordinary claim of a worker serving
+-- `q` takes it, as it takes a run without a queue.
+-- Called by: SQL only (keiro_queue_start, keiro_queues_start, keiro_queue_declare, keiro_queue_set_paused); tested by contract::queue.
+CREATE OR REPLACE FUNCTION keiro_queue_free(q keiro_queues) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT NOT q.paused AND keiro_queue_counts_nothing(q)
+$$;
+
+-- queue_lock_key: the advisory lock of queue `p_queue` in this schema. A start that makes a
+-- free run holds it shared until it commits; a change that takes a queue's runs out of the
+-- free state (limits declared, a pause) holds it exclusively before it turns the free runs
+-- into waiting ones, so it sees every free run a start that read the queue as free made, and
+-- a start after it reads the change.
+-- Called by: SQL only (keiro_queue_start, keiro_queues_start, keiro_queue_declare, keiro_queue_set_paused); tested by contract::queue.
+CREATE OR REPLACE FUNCTION keiro_queue_lock_key(p_queue text) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT hashtextextended(current_schema() || '.queue/' || p_queue, 0)
+$$;
+
+-- queue_unfree: turns the live free runs of queue `p_name` into waiting ones, under the queue's
+-- exclusive advisory lock; a run leased now is marked as holding a slot when `p_mark_leased`
+-- (the queue is about to count slots), so the new limits count it. Found through the list by
+-- queue (every run of the queue, a rare operator's change).
+-- Called by: SQL only (keiro_queue_declare, keiro_queue_set_paused); tested by contract::queue.
+CREATE OR REPLACE FUNCTION keiro_queue_unfree(p_name text, p_mark_leased boolean)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(keiro_queue_lock_key(p_name));
+    UPDATE workflows w SET
+        queue_free = false,
+        queue_admitted = p_mark_leased AND w.status = 'running'
+                         AND coalesce(w.lease_expires_at >= now(), false),
+        queue_admitted_at = CASE
+            WHEN p_mark_leased AND w.status = 'running'
+                 AND coalesce(w.lease_expires_at >= now(), false)
+                THEN coalesce(w.queue_admitted_at, now())
+            ELSE w.queue_admitted_at END,
+        updated_at = now()
+    WHERE w.queue = p_name AND w.queue_free AND w.status IN ('running', 'suspended');
+END;
+$$;
+
 -- queue_declare: records a queue's limits, or replaces them; a paused queue stays paused, and
 -- weighted fairness keeps its virtual time and the keys' passes and weights. A queue that
 -- counted nothing and now counts something marks the runs it leased as holding slots, so the
@@ -70,6 +114,8 @@ BEGIN
     SELECT * INTO v_new FROM keiro_queues q WHERE q.name = p_name;
     IF v_old.name IS NOT NULL AND keiro_queue_counts_nothing(v_old)
        AND NOT keiro_queue_counts_nothing(v_new) THEN
+        -- Free runs first (0027): they wait from now on, and those leased hold slots.
+        PERFORM keiro_queue_unfree(p_name, true);
         UPDATE workflows w SET
             queue_admitted = true,
             queue_admitted_at = coalesce(w.queue_admitted_at, now()),
@@ -86,8 +132,16 @@ $$;
 CREATE OR REPLACE FUNCTION keiro_queue_set_paused(p_name text, p_paused boolean)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_old keiro_queues%ROWTYPE;
 BEGIN
+    SELECT * INTO v_old FROM keiro_queues q WHERE q.name = p_name FOR UPDATE;
     UPDATE keiro_queues q SET paused = p_paused, updated_at = now() WHERE q.name = p_name;
+    IF FOUND AND p_paused AND keiro_queue_free(v_old) THEN
+        -- Its free runs wait from now on (0027); a resumed queue's waiting runs are admitted
+        -- as a queue that counts nothing admits them.
+        PERFORM keiro_queue_unfree(p_name, false);
+    END IF;
     IF FOUND AND NOT p_paused THEN
         -- Resumed: workers serving the queue look now rather than at their next poll.
         PERFORM pg_notify(current_schema() || '.wake', 'queue/' || p_name);
@@ -134,13 +188,22 @@ CREATE OR REPLACE FUNCTION keiro_queue_start(p_name text, p_id text, p_input jso
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    q keiro_queues%ROWTYPE;
+    q      keiro_queues%ROWTYPE;
+    v_free boolean := false;
 BEGIN
     created := false;
     SELECT * INTO q FROM keiro_queues k WHERE k.name = p_queue;
     IF NOT FOUND THEN
         outcome := 'unknown';
         RETURN;
+    END IF;
+    -- A free run (0027) only under the queue's shared lock, read again after taking it, and
+    -- only in a READ COMMITTED transaction, whose next statement sees what a change that held
+    -- the lock committed; in any other, the run waits and is admitted.
+    IF keiro_queue_free(q) AND current_setting('transaction_isolation') = 'read committed' THEN
+        PERFORM pg_advisory_xact_lock_shared(keiro_queue_lock_key(p_queue));
+        SELECT * INTO q FROM keiro_queues k WHERE k.name = p_queue;
+        v_free := keiro_queue_free(q);
     END IF;
     IF p_dedup_id IS NOT NULL AND q.dedup IS NULL THEN
         outcome := 'dedup_not_enabled';
@@ -154,9 +217,10 @@ BEGIN
     -- may end between the insert and the read, and the start is then tried again.
     LOOP
         INSERT INTO workflows AS w (workflow_name, workflow_id, input, parent_name, parent_id,
-                                    priority, queue, queue_key, dedup_id, next_attempt_at)
+                                    priority, queue, queue_key, dedup_id, next_attempt_at,
+                                    queue_free)
         VALUES (p_name, p_id, p_input, p_parent_name, p_parent_id, p_priority, p_queue, p_key,
-                p_dedup_id, p_not_before)
+                p_dedup_id, p_not_before, v_free)
         ON CONFLICT DO NOTHING
         RETURNING w.* INTO instance;
         IF FOUND THEN
@@ -211,7 +275,19 @@ DECLARE
     v_created integer[];
     v_start   record;
     v_notify  boolean := false;
+    v_free    text[] := '{}';
 BEGIN
+    -- The queues whose runs start free (0027), each under its shared lock, taken before the
+    -- insert's statement so that statement reads the queues as the last change left them (as
+    -- `keiro_queue_start` explains).
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        PERFORM pg_advisory_xact_lock_shared(keiro_queue_lock_key(q.name))
+        FROM keiro_queues q
+        WHERE q.name = ANY (p_queues) AND keiro_queue_free(q);
+        SELECT coalesce(array_agg(q.name), '{}') INTO v_free
+        FROM keiro_queues q
+        WHERE q.name = ANY (p_queues) AND keiro_queue_free(q);
+    END IF;
     WITH requests AS (
         SELECT DISTINCT ON (r.name COLLATE "C", r.id COLLATE "C") r.*
         FROM unnest(p_names, p_ids, p_inputs, p_parent_names, p_parent_ids, p_priorities,
@@ -227,11 +303,13 @@ BEGIN
                AND (r.priority = 0 OR q.priority))
     ), inserted AS (
         INSERT INTO workflows AS w (workflow_name, workflow_id, input, parent_name, parent_id,
-                                    priority, queue, queue_key, dedup_id, next_attempt_at)
+                                    priority, queue, queue_key, dedup_id, next_attempt_at,
+                                    queue_free)
         SELECT t.name, t.id, t.input, t.parent_name, t.parent_id, t.priority, t.queue,
                CASE WHEN t.queue IS NOT NULL THEN t.key END,
                CASE WHEN t.queue IS NOT NULL THEN t.dedup_id END,
-               CASE WHEN t.queue IS NOT NULL THEN t.not_before END
+               CASE WHEN t.queue IS NOT NULL THEN t.not_before END,
+               coalesce(t.queue = ANY (v_free), false)
         FROM taken t
         ORDER BY t.name COLLATE "C", t.id COLLATE "C"
         ON CONFLICT DO NOTHING
@@ -451,6 +529,14 @@ BEGIN
         EXIT WHEN v_left <= 0;
         SELECT * INTO q FROM keiro_queues k WHERE k.name = v_name;
         v_light := keiro_queue_counts_nothing(q);
+        -- A queue that counts nothing starts its runs free, and the ordinary claim takes them
+        -- (0027): only a run that returned from an end, or was started in a transaction of
+        -- another isolation level or while the queue was paused, waits here. One probe of the
+        -- waiting index says whether any does.
+        CONTINUE WHEN v_light AND NOT EXISTS (
+            SELECT 1 FROM workflows w
+            WHERE w.queue = v_name AND w.status = 'running' AND NOT w.queue_admitted
+              AND NOT w.queue_free);
         IF v_light THEN
             -- Shared: light admissions run side by side, and a declaration that gives the
             -- queue limits waits for them (and they for it).
@@ -491,6 +577,7 @@ BEGIN
                 SELECT w.workflow_name, w.workflow_id
                 FROM workflows w
                 WHERE w.queue = v_name AND w.status = 'running' AND NOT w.queue_admitted
+                  AND NOT w.queue_free
                   AND w.workflow_name = ANY (p_names)
                   AND (p_versions IS NULL OR coalesce(w.app_version, '') = ANY (p_versions))
                   AND (w.lease_expires_at IS NULL OR w.lease_expires_at < v_now)
@@ -523,11 +610,13 @@ BEGIN
             WITH RECURSIVE keys (key) AS (
                 (SELECT w.queue_key FROM workflows w
                  WHERE w.queue = v_name AND w.status = 'running' AND NOT w.queue_admitted
+                   AND NOT w.queue_free
                    AND w.queue_key IS NOT NULL
                  ORDER BY w.queue_key LIMIT 1)
                 UNION ALL
                 SELECT (SELECT w.queue_key FROM workflows w
                         WHERE w.queue = v_name AND w.status = 'running' AND NOT w.queue_admitted
+                          AND NOT w.queue_free
                           AND w.queue_key > k.key
                         ORDER BY w.queue_key LIMIT 1)
                 FROM keys k WHERE k.key IS NOT NULL
@@ -537,6 +626,7 @@ BEGIN
                 SELECT NULL WHERE EXISTS (
                     SELECT 1 FROM workflows w
                     WHERE w.queue = v_name AND w.status = 'running' AND NOT w.queue_admitted
+                      AND NOT w.queue_free
                       AND w.queue_key IS NULL)
             ), rooms AS (
                 SELECT k.key,
@@ -569,6 +659,7 @@ BEGIN
                     SELECT w.workflow_name, w.workflow_id, w.priority, w.created_at
                     FROM workflows w
                     WHERE w.queue = v_name AND w.status = 'running' AND NOT w.queue_admitted
+                      AND NOT w.queue_free
                       AND k.key IS NOT NULL AND w.queue_key = k.key
                       AND w.workflow_name = ANY (p_names)
                       AND (p_versions IS NULL OR coalesce(w.app_version, '') = ANY (p_versions))
@@ -585,6 +676,7 @@ BEGIN
                     SELECT w.workflow_name, w.workflow_id, w.priority, w.created_at
                     FROM workflows w
                     WHERE w.queue = v_name AND w.status = 'running' AND NOT w.queue_admitted
+                      AND NOT w.queue_free
                       AND k.key IS NULL AND w.queue_key IS NULL
                       AND w.workflow_name = ANY (p_names)
                       AND (p_versions IS NULL OR coalesce(w.app_version, '') = ANY (p_versions))
@@ -666,9 +758,9 @@ LANGUAGE sql AS $$
 $$;
 
 -- instances_claim_and_admit: a worker's claim in one transaction: up to `p_limit` runs as
--- `keiro_instances_claim_batch` claims them (`admitted` false), then, with the room left and
--- when `p_queues` names any, waiting runs of those queues as `keiro_queue_admit` admits them
--- (`admitted` true). One round trip and one commit where the two calls took two of each.
+-- `keiro_instances_claim_batch` claims them, free runs of `p_queues` among them (`admitted`
+-- false), then, with the room left and when `p_queues` names any, waiting runs of those
+-- queues as `keiro_queue_admit` admits them (`admitted` true). One round trip and one commit where the two calls took two of each.
 -- Both halves serve only the versions in `p_versions` (NULL: any; 0025).
 -- Called by: keiro_postgres ops::queue::claim_and_admit; tested by contract::queue and contract::versions.
 CREATE OR REPLACE FUNCTION keiro_instances_claim_and_admit(p_names text[], p_queues text[],
@@ -685,7 +777,7 @@ DECLARE
 BEGIN
     RETURN QUERY
     SELECT false, c.* FROM keiro_instances_claim_batch(p_names, p_owner, p_ttl_ms, p_limit,
-                                                       p_now, p_versions) c;
+                                                       p_now, p_versions, p_queues) c;
     GET DIAGNOSTICS v_claimed = ROW_COUNT;
     IF v_claimed < p_limit AND cardinality(p_queues) > 0 THEN
         RETURN QUERY
@@ -791,7 +883,7 @@ BEGIN
         END IF;
         IF EXISTS (SELECT 1 FROM workflows w
                    WHERE w.queue = NEW.queue AND w.status = 'running'
-                     AND NOT w.queue_admitted) THEN
+                     AND NOT w.queue_admitted AND NOT w.queue_free) THEN
             PERFORM pg_notify(current_schema() || '.wake', 'queue/' || NEW.queue);
         END IF;
     END IF;

@@ -199,6 +199,12 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../numbered/0026_search_attributes.sql"),
         shipped: None,
     },
+    Migration {
+        version: 27,
+        name: "free_queue_runs",
+        sql: include_str!("../numbered/0027_free_queue_runs.sql"),
+        shipped: None,
+    },
 ];
 
 /// One function file of `functions/`: the definitions of one group of functions (and the

@@ -54,7 +54,7 @@ use crate::function_set::{
 /// The revision of [`FUNCTION_FILES`], raised by one with every change to a function file of
 /// `keiro-migrations` (or to that list), so that of two builds migrating one schema only the one
 /// with the newer files applies them.
-const FUNCTIONS_REVISION: i32 = 16;
+const FUNCTIONS_REVISION: i32 = 17;
 
 /// The combined checksum (hex) of [`FUNCTION_FILES`] at [`FUNCTIONS_REVISION`], as
 /// [`FunctionSet::checksum`] computes it: the unit test
@@ -63,7 +63,7 @@ const FUNCTIONS_REVISION: i32 = 16;
 /// computes, so a build whose files differ from this one's refuses this one's revision.
 #[cfg(test)]
 const FUNCTIONS_REVISION_CHECKSUM: &str =
-    "368c5e85b8b87a20f03952d2e34fa58697b3a0091e0c447962b2ecf78b090e7f";
+    "5921abf855886de3a51678ec2b20e07dbe351d27045f16be87aca863e19bf9ef";
 
 /// This build's function files.
 const FUNCTIONS: FunctionSet<'static> = FunctionSet {

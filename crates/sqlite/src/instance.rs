@@ -492,7 +492,8 @@ const CHILDREN_RELINK: &str = "UPDATE workflows SET parent_step = ?5, updated_at
 
 const INSTANCE_REQUEUED: &str = "UPDATE workflows SET status = 'running', \
          attempts = 0, last_error = NULL, next_attempt_at = NULL, wake_after = NULL, \
-         lease_owner = NULL, lease_expires_at = NULL, completed_at = NULL, updated_at = ?3 \
+         lease_owner = NULL, lease_expires_at = NULL, completed_at = NULL, updated_at = ?3, \
+         queue_free = 0 \
      WHERE workflow_name = ?1 AND workflow_id = ?2";
 
 /// keiro_instance_requeue_one: the requeue of one failed instance. It supersedes each current

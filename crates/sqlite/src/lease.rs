@@ -183,7 +183,7 @@ pub(crate) fn instance_start_claimed(
 
 /// The candidates of a batch claim: running rows, and suspended ones with a due `wake_after`,
 /// of the given names, lease free or expired, gate open, and on a queue only while holding a
-/// slot; highest priority first, then oldest.
+/// slot or free on a queue served (`?5`, a JSON array); highest priority first, then oldest.
 /// Served by `workflows_running_claim_idx` and `workflows_active_idx`. No `SKIP LOCKED`:
 /// the writer is alone in its transaction, so no row is held by another claimer.
 const INSTANCES_CLAIMABLE: &str = "SELECT workflow_name, workflow_id FROM workflows \
@@ -192,7 +192,8 @@ const INSTANCES_CLAIMABLE: &str = "SELECT workflow_name, workflow_id FROM workfl
             OR (status = 'suspended' AND wake_after IS NOT NULL AND wake_after <= ?2)) \
        AND (lease_expires_at IS NULL OR lease_expires_at < ?2) \
        AND (next_attempt_at IS NULL OR next_attempt_at <= ?2) \
-       AND (queue IS NULL OR (queue_admitted AND lease_expires_at IS NULL)) \
+       AND (queue IS NULL OR (queue_admitted AND lease_expires_at IS NULL) \
+            OR (queue_free AND queue IN (SELECT value FROM json_each(?5)))) \
        AND (?4 IS NULL OR coalesce(app_version, '') IN (SELECT value FROM json_each(?4))) \
      ORDER BY priority DESC, created_at, workflow_name, workflow_id \
      LIMIT max(?3, 0)";
@@ -203,7 +204,8 @@ const INSTANCE_CLAIM_PICKED: &str = "UPDATE workflows SET \
 
 /// keiro_instances_claim_batch: claims up to `limit` runnable instances of `names` for
 /// `owner`, each with its row after the claim and its current generation's journal, in claim
-/// order. Only runs of a version in `versions` (`None`: any) are claimed.
+/// order. Only runs of a version in `versions` (`None`: any) are claimed, and free runs of a
+/// queue (0009) only when `queues` names it.
 #[allow(clippy::too_many_arguments)] // keiro_instances_claim_batch's parameters, in its order
 pub(crate) fn instances_claim_batch(
     conn: &Connection,
@@ -214,14 +216,16 @@ pub(crate) fn instances_claim_batch(
     limit: i64,
     p_now: Option<OffsetDateTime>,
     versions: Option<&[String]>,
+    queues: &[String],
 ) -> Result<Vec<(Stored, Vec<JournalEntry>)>> {
     let judged = micros(p_now.unwrap_or(now));
     let names = serde_json::Value::from(names.to_vec()).to_string();
+    let queues = serde_json::Value::from(queues.to_vec()).to_string();
     let picked: Vec<(String, String)> = conn
         .prepare_cached(INSTANCES_CLAIMABLE)
         .and_then(|mut s| {
             s.query_map(
-                params![names, judged, limit, versions_filter(versions)],
+                params![names, judged, limit, versions_filter(versions), queues],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )?
             .collect()
@@ -339,9 +343,11 @@ pub(crate) enum ResurrectCode {
     NotFound,
 }
 
+/// Back from its end, a run of a queue waits for admission (0009).
 const INSTANCE_RESURRECT: &str = "UPDATE workflows SET status = 'running', \
          attempts = 0, last_error = NULL, next_attempt_at = NULL, \
-         lease_owner = NULL, lease_expires_at = NULL, completed_at = NULL, updated_at = ?3 \
+         lease_owner = NULL, lease_expires_at = NULL, completed_at = NULL, updated_at = ?3, \
+         queue_free = 0 \
      WHERE workflow_name = ?1 AND workflow_id = ?2";
 
 /// keiro_instance_resurrect: the operator returns a failed instance to `running`. The failure

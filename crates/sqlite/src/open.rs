@@ -42,6 +42,11 @@ pub(crate) const MIGRATIONS: &[(i64, &str, &str)] = &[
         "search_attributes",
         include_str!("../migrations/0008_search_attributes.sql"),
     ),
+    (
+        9,
+        "free_queue_runs",
+        include_str!("../migrations/0009_free_queue_runs.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.

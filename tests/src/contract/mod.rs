@@ -469,6 +469,9 @@ macro_rules! contract_suite {
                 light [
                     a_queue_that_counts_nothing_leases_its_runs_and_shows_them_running,
                     a_limit_declared_later_counts_the_runs_the_queue_leased,
+                    only_a_worker_serving_the_queue_claims_its_free_runs,
+                    a_paused_queue_that_counts_nothing_holds_its_runs_until_resumed,
+                    a_run_back_from_its_end_waits_under_the_limits_of_its_return,
                 ],
                 debounce [
                     calls_in_a_burst_share_one_run_that_starts_quiet_with_the_last_input,

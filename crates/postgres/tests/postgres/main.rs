@@ -13,6 +13,7 @@ mod closed_notify;
 mod credentials;
 mod discovery_plan;
 mod drop_schema;
+mod free_queue_runs;
 mod function_files;
 mod group_commit;
 mod hot_claims;

@@ -76,7 +76,11 @@ async fn an_admission_gives_back_an_unreadable_run_and_keeps_the_others() -> Tes
     use keiro_lease::QueueStore;
     let db = TestDb::new().await;
     let store = db.store();
-    store.queue_declare(&QueueSpec::new("q")?).await?;
+    // A queue that counts slots, so its runs wait for admission (a queue that counts nothing
+    // starts them free, and the ordinary claim, covered above, takes them).
+    store
+        .queue_declare(&QueueSpec::new("q")?.concurrency(10))
+        .await?;
     for id in ["bad", "good"] {
         let mut request = start(&key("order", id), json!(null));
         request.queue = Some(QueueStart::new("q"));

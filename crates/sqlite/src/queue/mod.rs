@@ -1,7 +1,8 @@
 //! Rules of crates/migrations/functions/queue.sql, in its order: declaring a queue, pausing
 //! it, weighting a key, starting a run on a queue, admitting waiting runs (the claim that
-//! enforces the limits), and the park trigger's rule (a parked run gives its slot back). The
-//! list of queues the Postgres store reads with plain statements is in `list.rs`.
+//! enforces the limits), and the park trigger's rule (a parked run gives its slot back). Declaring,
+//! pausing and weighting are in `declare.rs`; the list of queues the Postgres store reads with
+//! plain statements is in `list.rs`.
 //!
 //! queue.sql's other trigger, `workflows_queue_slot_freed` (a freed slot wakes the workers), is
 //! a trigger here too, in migration 0003. The park rule cannot be one: PostgreSQL's is a BEFORE
@@ -17,7 +18,7 @@
 
 use std::collections::BTreeMap;
 
-use keiro_journal::queue::{DedupPolicy, Fairness, QueueSpec, Rate};
+use keiro_journal::queue::{DedupPolicy, Fairness};
 use keiro_journal::store::Result;
 use keiro_journal::JournalEntry;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -30,146 +31,20 @@ use crate::notify;
 use crate::row::{self, micros, Stored};
 
 mod debounce;
+mod declare;
 mod held;
 mod keys;
 mod list;
 
 pub(crate) use debounce::queue_debounce;
+pub(crate) use declare::{queue_declare, queue_key_weight, queue_set_paused};
 pub(crate) use held::{queue_admitted_since, queue_held, Whose};
 pub(crate) use keys::{waiting_keys, KeyScan};
 pub(crate) use list::{queues_list, LIST};
 
-const DECLARE: &str = "declaring a queue";
-const PAUSE: &str = "pausing or resuming a queue";
-const WEIGHT: &str = "weighting a queue key";
 const START: &str = "starting an instance on a queue";
 const ADMIT: &str = "admitting runs of a queue";
 const PARK: &str = "parking an instance";
-
-const QUEUE_DECLARE: &str = "INSERT INTO keiro_queues \
-         (name, concurrency, worker_concurrency, key_concurrency, rate_limit, rate_period_ms, \
-          key_rate_limit, key_rate_period_ms, priority, fairness, dedup, release_on_park, \
-          created_at, updated_at) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13) \
-     ON CONFLICT (name) DO UPDATE SET \
-         concurrency = excluded.concurrency, \
-         worker_concurrency = excluded.worker_concurrency, \
-         key_concurrency = excluded.key_concurrency, \
-         rate_limit = excluded.rate_limit, \
-         rate_period_ms = excluded.rate_period_ms, \
-         key_rate_limit = excluded.key_rate_limit, \
-         key_rate_period_ms = excluded.key_rate_period_ms, \
-         priority = excluded.priority, \
-         fairness = excluded.fairness, \
-         dedup = excluded.dedup, \
-         release_on_park = excluded.release_on_park, \
-         updated_at = excluded.updated_at \
-     WHERE keiro_queues.concurrency IS NOT excluded.concurrency \
-        OR keiro_queues.worker_concurrency IS NOT excluded.worker_concurrency \
-        OR keiro_queues.key_concurrency IS NOT excluded.key_concurrency \
-        OR keiro_queues.rate_limit IS NOT excluded.rate_limit \
-        OR keiro_queues.rate_period_ms IS NOT excluded.rate_period_ms \
-        OR keiro_queues.key_rate_limit IS NOT excluded.key_rate_limit \
-        OR keiro_queues.key_rate_period_ms IS NOT excluded.key_rate_period_ms \
-        OR keiro_queues.priority IS NOT excluded.priority \
-        OR keiro_queues.fairness IS NOT excluded.fairness \
-        OR keiro_queues.dedup IS NOT excluded.dedup \
-        OR keiro_queues.release_on_park IS NOT excluded.release_on_park";
-
-/// keiro_queue_declare: records a queue's limits, or replaces them; a paused queue stays
-/// paused, and weighted fairness keeps its virtual time and the keys' passes and weights. The
-/// row is left untouched (its `updated_at` too) when nothing changed. A queue that counted
-/// nothing and now counts something marks the runs it leased as holding slots, so the new
-/// limits count them. `spec` carries the function's parameters, in its order.
-pub(crate) fn queue_declare(
-    conn: &Connection,
-    now: OffsetDateTime,
-    spec: &QueueSpec,
-) -> Result<()> {
-    let before = limits(conn, &spec.name, DECLARE)?;
-    let rate = |r: Option<Rate>| (r.map(|r| r.limit()), r.map(|r| r.period_ms()));
-    let (rate_limit, rate_period) = rate(spec.rate);
-    let (key_rate_limit, key_rate_period) = rate(spec.key_rate);
-    conn.execute_cached(
-        QUEUE_DECLARE,
-        params![
-            spec.name,
-            spec.concurrency,
-            spec.worker_concurrency,
-            spec.key_concurrency,
-            rate_limit,
-            rate_period,
-            key_rate_limit,
-            key_rate_period,
-            spec.priority,
-            spec.fairness.as_str(),
-            spec.dedup.map(DedupPolicy::as_str),
-            spec.release_on_park,
-            micros(now)
-        ],
-    )
-    .map_err(|e| store(DECLARE, e))?;
-    let after = limits(conn, &spec.name, DECLARE)?;
-    if before.is_some_and(|b| b.counts_nothing()) && after.is_some_and(|a| !a.counts_nothing()) {
-        conn.execute_cached(QUEUE_MARK_LEASED, params![spec.name, micros(now)])
-            .map_err(|e| store(DECLARE, e))?;
-    }
-    Ok(())
-}
-
-/// The runs a queue that counted nothing leased without marking them: they hold slots once
-/// it counts something.
-const QUEUE_MARK_LEASED: &str = "UPDATE workflows SET queue_admitted = 1, \
-         queue_admitted_at = coalesce(queue_admitted_at, ?2), updated_at = ?2 \
-     WHERE queue = ?1 AND status = 'running' AND NOT queue_admitted \
-       AND lease_expires_at >= ?2";
-
-const QUEUE_SET_PAUSED: &str =
-    "UPDATE keiro_queues SET paused = ?2, updated_at = ?3 WHERE name = ?1";
-
-/// keiro_queue_set_paused: pauses or resumes admission (runs holding a slot go on). Returns
-/// whether the queue exists. A resumed queue wakes the workers serving it.
-pub(crate) fn queue_set_paused(
-    conn: &Connection,
-    now: OffsetDateTime,
-    name: &str,
-    paused: bool,
-) -> Result<bool> {
-    let found = conn
-        .execute_cached(QUEUE_SET_PAUSED, params![name, paused, micros(now)])
-        .map_err(|e| store(PAUSE, e))?
-        == 1;
-    if found && !paused {
-        // Resumed: workers serving the queue look now rather than at their next poll.
-        notify::queue(conn, PAUSE, name)?;
-    }
-    Ok(found)
-}
-
-const QUEUE_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM keiro_queues WHERE name = ?1)";
-
-const QUEUE_KEY_WEIGHT: &str = "INSERT INTO keiro_queue_keys (queue, key, weight) \
-     VALUES (?1, ?2, ?3) \
-     ON CONFLICT (queue, key) DO UPDATE SET weight = excluded.weight";
-
-/// keiro_queue_key_weight: sets a key's weight under weighted fairness. Returns whether the
-/// queue exists.
-pub(crate) fn queue_key_weight(
-    conn: &Connection,
-    queue: &str,
-    key: &str,
-    weight: i32,
-) -> Result<bool> {
-    let exists: bool = conn
-        .query_row_cached(QUEUE_EXISTS, [queue], |r| r.get(0))
-        .map_err(|e| store(WEIGHT, e))?;
-    if !exists {
-        return Ok(false);
-    }
-    conn.execute_cached(QUEUE_KEY_WEIGHT, params![queue, key, weight])
-        .map_err(|e| store(WEIGHT, e))?;
-    Ok(true)
-}
 
 /// keiro_queue_start's outcomes. Nothing is written unless the outcome is `Started` with
 /// `created`.
@@ -193,8 +68,8 @@ const QUEUE_START_OPTIONS: &str = "SELECT dedup, priority FROM keiro_queues WHER
 /// or to a live run holding the dedup id (`workflows_queue_dedup_idx`).
 const QUEUE_INSERT: &str = "INSERT INTO workflows \
          (workflow_name, workflow_id, input, parent_name, parent_id, priority, queue, queue_key, \
-          dedup_id, next_attempt_at, created_at, updated_at, app_version) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?11, keiro_app_version()) \
+          dedup_id, next_attempt_at, created_at, updated_at, app_version, queue_free) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?11, keiro_app_version(), ?12) \
      ON CONFLICT DO NOTHING";
 
 /// The live run holding a dedup id, served by `workflows_queue_dedup_idx`.
@@ -236,6 +111,8 @@ pub(crate) fn queue_start(
     if priority != 0 && !ordered {
         return Ok(QueueStartCode::PriorityNotEnabled);
     }
+    // A queue that counts nothing and is not paused starts its runs free (0009).
+    let free = limits(conn, queue, START)?.is_some_and(|q| q.free());
     let created = conn
         .execute_cached(
             QUEUE_INSERT,
@@ -250,7 +127,8 @@ pub(crate) fn queue_start(
                 key,
                 dedup_id,
                 not_before.map(micros),
-                micros(now)
+                micros(now),
+                free
             ],
         )
         .map_err(|e| store(START, e))?
@@ -307,8 +185,8 @@ impl Limits {
     }
 
     /// keiro_queue_counts_nothing: no limit of any kind, first in first out. Such a queue keeps
-    /// no admission state: its runs are leased as an ordinary claim leases a run, never marked
-    /// admitted.
+    /// no admission state: its runs are claimed as runs without a queue are (free, 0009) or
+    /// leased as an ordinary claim leases a run, never marked admitted.
     pub(crate) fn counts_nothing(&self) -> bool {
         self.concurrency.is_none()
             && self.worker_concurrency.is_none()
@@ -316,6 +194,13 @@ impl Limits {
             && self.rate_limit.is_none()
             && self.key_rate_limit.is_none()
             && !self.weighted
+    }
+
+    /// keiro_queue_free: whether a run started on the queue now starts free (0009): it counts
+    /// nothing and is not paused, so a worker serving it claims the run as it claims a run
+    /// without a queue.
+    pub(crate) fn free(&self) -> bool {
+        !self.paused && self.counts_nothing()
     }
 }
 
@@ -330,7 +215,11 @@ pub(crate) fn queue_limits(
 }
 
 /// The limits of queue `name`, if it is declared.
-fn limits(conn: &Connection, name: &str, operation: &'static str) -> Result<Option<Limits>> {
+pub(super) fn limits(
+    conn: &Connection,
+    name: &str,
+    operation: &'static str,
+) -> Result<Option<Limits>> {
     conn.query_row_cached(QUEUE_LIMITS, [name], |r| {
         Ok(Limits {
             concurrency: r.get(0)?,
@@ -470,6 +359,7 @@ const QUEUE_UNADMIT_EXPIRED: &str =
 const QUEUE_WAITING: &str = "SELECT workflow_name, workflow_id, priority, created_at \
      FROM workflows INDEXED BY workflows_queue_waiting_idx \
      WHERE queue = ?1 AND status = 'running' AND queue IS NOT NULL AND NOT queue_admitted \
+       AND NOT queue_free \
        AND workflow_name IN (SELECT value FROM json_each(?2)) \
        AND (lease_expires_at IS NULL OR lease_expires_at < ?3) \
        AND (next_attempt_at IS NULL OR next_attempt_at <= ?3) \
@@ -477,24 +367,36 @@ const QUEUE_WAITING: &str = "SELECT workflow_name, workflow_id, priority, create
      ORDER BY priority DESC, created_at, workflow_name, workflow_id \
      LIMIT ?4";
 
+/// Whether a run of a queue waits for admission, served by `workflows_queue_waiting_idx`.
+const QUEUE_ANY_WAITING: &str =
+    "SELECT EXISTS (SELECT 1 FROM workflows INDEXED BY workflows_queue_waiting_idx \
+     WHERE queue = ?1 AND status = 'running' AND queue IS NOT NULL AND NOT queue_admitted \
+       AND NOT queue_free)";
+
+/// Whether a run of `queue` waits for admission.
+fn queue_has_waiting(conn: &Connection, queue: &str) -> Result<bool> {
+    conn.query_row_cached(QUEUE_ANY_WAITING, [queue], |r| r.get(0))
+        .map_err(|e| store(ADMIT, e))
+}
+
 /// The skip scan of the keys with runs waiting (`workflows_queue_key_waiting_idx`): the first
 /// key, then the next after one.
 const KEY_FIRST: &str =
     "SELECT queue_key FROM workflows INDEXED BY workflows_queue_key_waiting_idx \
      WHERE queue = ?1 AND status = 'running' AND queue IS NOT NULL AND NOT queue_admitted \
-       AND queue_key IS NOT NULL \
+       AND NOT queue_free AND queue_key IS NOT NULL \
      ORDER BY queue_key LIMIT 1";
 
 const KEY_NEXT: &str =
     "SELECT queue_key FROM workflows INDEXED BY workflows_queue_key_waiting_idx \
      WHERE queue = ?1 AND status = 'running' AND queue IS NOT NULL AND NOT queue_admitted \
-       AND queue_key > ?2 \
+       AND NOT queue_free AND queue_key > ?2 \
      ORDER BY queue_key LIMIT 1";
 
 const KEY_NONE_WAITING: &str =
     "SELECT EXISTS (SELECT 1 FROM workflows INDEXED BY workflows_queue_key_waiting_idx \
      WHERE queue = ?1 AND status = 'running' AND queue IS NOT NULL AND NOT queue_admitted \
-       AND queue_key IS NULL)";
+       AND NOT queue_free AND queue_key IS NULL)";
 
 /// The skip scan of the keys with runs waiting.
 const KEY_SCAN: KeyScan = KeyScan {
@@ -509,7 +411,7 @@ const KEY_STATE: &str = "SELECT pass, weight FROM keiro_queue_keys WHERE queue =
 const KEY_WAITING: &str = "SELECT workflow_name, workflow_id, priority, created_at \
      FROM workflows INDEXED BY workflows_queue_key_waiting_idx \
      WHERE queue = ?1 AND status = 'running' AND queue IS NOT NULL AND NOT queue_admitted \
-       AND queue_key IS ?2 \
+       AND NOT queue_free AND queue_key IS ?2 \
        AND workflow_name IN (SELECT value FROM json_each(?3)) \
        AND (lease_expires_at IS NULL OR lease_expires_at < ?4) \
        AND (next_attempt_at IS NULL OR next_attempt_at <= ?4) \
@@ -674,6 +576,12 @@ pub(crate) fn queue_admit(
             continue;
         }
         let light = q.counts_nothing();
+        // A queue that counts nothing starts its runs free, and the ordinary claim takes them
+        // (0009): only a run back from its end, or started while the queue was paused, waits
+        // here. One probe of the waiting index says whether any does.
+        if light && !queue_has_waiting(conn, &queue)? {
+            continue;
+        }
 
         conn.execute_cached(QUEUE_UNADMIT_EXPIRED, params![queue, v_now, at])
             .map_err(|e| store(ADMIT, e))?;
@@ -730,8 +638,9 @@ pub(crate) type ClaimedAndAdmitted = (
 );
 
 /// keiro_instances_claim_and_admit: a worker's claim in one transaction: up to `limit` runs as
-/// `instances_claim_batch` claims them, then, with the room left and when `queues` names any,
-/// waiting runs of those queues as [`queue_admit`] admits them.
+/// `instances_claim_batch` claims them, free runs of `queues` among them, then, with the room
+/// left and when `queues` names any, waiting runs of those queues as [`queue_admit`] admits
+/// them.
 #[allow(clippy::too_many_arguments)] // keiro_instances_claim_and_admit's parameters, in its order
 pub(crate) fn instances_claim_and_admit(
     conn: &Connection,
@@ -745,7 +654,7 @@ pub(crate) fn instances_claim_and_admit(
     versions: Option<&[String]>,
 ) -> Result<ClaimedAndAdmitted> {
     let claimed = crate::lease::instances_claim_batch(
-        conn, now, names, owner, ttl_ms, limit, p_now, versions,
+        conn, now, names, owner, ttl_ms, limit, p_now, versions, queues,
     )?;
     let room = limit.saturating_sub(i64::try_from(claimed.len()).unwrap_or(i64::MAX));
     let admitted = if room > 0 && !queues.is_empty() {

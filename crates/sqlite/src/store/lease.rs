@@ -186,6 +186,7 @@ impl SqliteStore {
                     limit,
                     now,
                     versions.as_deref(),
+                    &[],
                 )?
                 .into_iter()
                 .map(|(row, journal)| claim(&row, journal, CLAIM_BATCH))

@@ -39,8 +39,10 @@ pub async fn start_on(h: &Harness, queue: &str, id: &str, run_key: &str) -> Resu
     Ok(started.instance.key)
 }
 
-/// What `owner` gets admitted from `queue`, at most `limit`, at `now` (`None`: the store's
-/// clock).
+/// What `owner`, a worker serving `queue`, claims of workflow `wf`, at most `limit`, at `now`
+/// (`None`: the store's clock): its claim (`LeaseStore::claim_and_admit`), the runs the
+/// ordinary claim takes (those holding their slot, and the free runs of a queue that counts
+/// nothing) first, then the runs the queue admits.
 pub async fn admit(
     store: &dyn LeaseStore,
     queue: &str,
@@ -49,9 +51,12 @@ pub async fn admit(
     now: Option<OffsetDateTime>,
 ) -> Result<Vec<Claim>> {
     let names = [keiro_journal::WorkflowName::new("wf")?];
-    Ok(store
-        .queue_admit(&[queue.to_owned()], &names, owner, TTL, limit, now)
-        .await?)
+    let batch = store
+        .claim_and_admit(&names, &[queue.to_owned()], owner, TTL, limit, now)
+        .await?;
+    let mut claims = batch.claimed;
+    claims.extend(batch.admitted);
+    Ok(claims)
 }
 
 /// The ids of `claims`, in order.
