@@ -8,35 +8,13 @@
 -- Completions, parks and crashes never take that lock: a slot freed meanwhile is seen by the
 -- next admission, which only errs on the side of the limit.
 
--- queue_counts_nothing: whether `q` has no limit of any kind and serves first in first out.
--- Such a queue keeps no admission state: its runs are leased as an ordinary claim leases a run,
--- never marked admitted, so their admission rewrites no index entry (0021).
--- Called by: SQL only (keiro_queue_declare, keiro_queue_admit); tested by contract::queue.
-CREATE OR REPLACE FUNCTION keiro_queue_counts_nothing(q keiro_queues) RETURNS boolean
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT q.concurrency IS NULL AND q.worker_concurrency IS NULL AND q.key_concurrency IS NULL
-       AND q.rate_limit IS NULL AND q.key_rate_limit IS NULL AND q.fairness = 'fifo'
-$$;
-
--- queue_free: whether a run started on `q` now is started free (0027): `q` counts nothing and
--- is not paused, so the run is runnable as started and the ordinary claim of a worker serving
--- `q` takes it, as it takes a run without a queue.
--- Called by: SQL only (keiro_queue_start, keiro_queues_start, keiro_queue_declare, keiro_queue_set_paused); tested by contract::queue.
-CREATE OR REPLACE FUNCTION keiro_queue_free(q keiro_queues) RETURNS boolean
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT NOT q.paused AND keiro_queue_counts_nothing(q)
-$$;
-
--- queue_lock_key: the advisory lock of queue `p_queue` in this schema. A start that makes a
--- free run holds it shared until it commits; a change that takes a queue's runs out of the
--- free state (limits declared, a pause) holds it exclusively before it turns the free runs
--- into waiting ones, so it sees every free run a start that read the queue as free made, and
--- a start after it reads the change.
--- Called by: SQL only (keiro_queue_start, keiro_queues_start, keiro_queue_declare, keiro_queue_set_paused); tested by contract::queue.
-CREATE OR REPLACE FUNCTION keiro_queue_lock_key(p_queue text) RETURNS bigint
-LANGUAGE sql STABLE AS $$
-    SELECT hashtextextended(current_schema() || '.queue/' || p_queue, 0)
-$$;
+-- What a queue counts is a column of its row (0027): `counts_nothing`, no limit of any kind and
+-- first in first out. Such a queue keeps no admission state: while it is not paused its runs
+-- start free (`queue_free`) and the ordinary claim takes them, and a run of it that waits is
+-- leased as an ordinary claim leases a run, never marked admitted. A free run is started
+-- under the queue's advisory lock, held shared (`pg_advisory_xact_lock_shared(q.tableoid::integer,
+-- hashtext(q.name))`: the queues table of this schema, and the queue); a change that takes the
+-- queue out of the free state holds it exclusively (`keiro_queue_unfree`).
 
 -- queue_unfree: turns the live free runs of queue `p_name` into waiting ones, under the queue's
 -- exclusive advisory lock; a run leased now is marked as holding a slot when `p_mark_leased`
@@ -47,7 +25,8 @@ CREATE OR REPLACE FUNCTION keiro_queue_unfree(p_name text, p_mark_leased boolean
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_advisory_xact_lock(keiro_queue_lock_key(p_name));
+    PERFORM pg_advisory_xact_lock(q.tableoid::integer, hashtext(q.name))
+    FROM keiro_queues q WHERE q.name = p_name;
     UPDATE workflows w SET
         queue_free = false,
         queue_admitted = p_mark_leased AND w.status = 'running'
@@ -112,8 +91,7 @@ BEGIN
            EXCLUDED.key_rate_period_ms, EXCLUDED.priority, EXCLUDED.fairness, EXCLUDED.dedup,
            EXCLUDED.release_on_park);
     SELECT * INTO v_new FROM keiro_queues q WHERE q.name = p_name;
-    IF v_old.name IS NOT NULL AND keiro_queue_counts_nothing(v_old)
-       AND NOT keiro_queue_counts_nothing(v_new) THEN
+    IF v_old.name IS NOT NULL AND v_old.counts_nothing AND NOT v_new.counts_nothing THEN
         -- Free runs first (0027): they wait from now on, and those leased hold slots.
         PERFORM keiro_queue_unfree(p_name, true);
         UPDATE workflows w SET
@@ -137,7 +115,7 @@ DECLARE
 BEGIN
     SELECT * INTO v_old FROM keiro_queues q WHERE q.name = p_name FOR UPDATE;
     UPDATE keiro_queues q SET paused = p_paused, updated_at = now() WHERE q.name = p_name;
-    IF FOUND AND p_paused AND keiro_queue_free(v_old) THEN
+    IF FOUND AND p_paused AND NOT v_old.paused AND v_old.counts_nothing THEN
         -- Its free runs wait from now on (0027); a resumed queue's waiting runs are admitted
         -- as a queue that counts nothing admits them.
         PERFORM keiro_queue_unfree(p_name, false);
@@ -200,10 +178,11 @@ BEGIN
     -- A free run (0027) only under the queue's shared lock, read again after taking it, and
     -- only in a READ COMMITTED transaction, whose next statement sees what a change that held
     -- the lock committed; in any other, the run waits and is admitted.
-    IF keiro_queue_free(q) AND current_setting('transaction_isolation') = 'read committed' THEN
-        PERFORM pg_advisory_xact_lock_shared(keiro_queue_lock_key(p_queue));
+    IF NOT q.paused AND q.counts_nothing
+       AND current_setting('transaction_isolation') = 'read committed' THEN
+        PERFORM pg_advisory_xact_lock_shared(q.tableoid::integer, hashtext(q.name));
         SELECT * INTO q FROM keiro_queues k WHERE k.name = p_queue;
-        v_free := keiro_queue_free(q);
+        v_free := NOT q.paused AND q.counts_nothing;
     END IF;
     IF p_dedup_id IS NOT NULL AND q.dedup IS NULL THEN
         outcome := 'dedup_not_enabled';
@@ -281,12 +260,12 @@ BEGIN
     -- insert's statement so that statement reads the queues as the last change left them (as
     -- `keiro_queue_start` explains).
     IF current_setting('transaction_isolation') = 'read committed' THEN
-        PERFORM pg_advisory_xact_lock_shared(keiro_queue_lock_key(q.name))
+        PERFORM pg_advisory_xact_lock_shared(q.tableoid::integer, hashtext(q.name))
         FROM keiro_queues q
-        WHERE q.name = ANY (p_queues) AND keiro_queue_free(q);
+        WHERE q.name = ANY (p_queues) AND NOT q.paused AND q.counts_nothing;
         SELECT coalesce(array_agg(q.name), '{}') INTO v_free
         FROM keiro_queues q
-        WHERE q.name = ANY (p_queues) AND keiro_queue_free(q);
+        WHERE q.name = ANY (p_queues) AND NOT q.paused AND q.counts_nothing;
     END IF;
     WITH requests AS (
         SELECT DISTINCT ON (r.name COLLATE "C", r.id COLLATE "C") r.*
@@ -528,7 +507,7 @@ BEGIN
                   WHERE k.name = ANY (p_queues) AND NOT k.paused ORDER BY k.name LOOP
         EXIT WHEN v_left <= 0;
         SELECT * INTO q FROM keiro_queues k WHERE k.name = v_name;
-        v_light := keiro_queue_counts_nothing(q);
+        v_light := q.counts_nothing;
         -- A queue that counts nothing starts its runs free, and the ordinary claim takes them
         -- (0027): only a run that returned from an end, or was started in a transaction of
         -- another isolation level or while the queue was paused, waits here. One probe of the
@@ -541,7 +520,7 @@ BEGIN
             -- Shared: light admissions run side by side, and a declaration that gives the
             -- queue limits waits for them (and they for it).
             SELECT * INTO q FROM keiro_queues k WHERE k.name = v_name FOR SHARE;
-            CONTINUE WHEN q.paused OR NOT keiro_queue_counts_nothing(q);
+            CONTINUE WHEN q.paused OR NOT q.counts_nothing;
         ELSE
             SELECT * INTO q FROM keiro_queues k WHERE k.name = v_name FOR UPDATE;
             CONTINUE WHEN q.paused;

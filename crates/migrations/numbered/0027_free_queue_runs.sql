@@ -14,6 +14,15 @@
 -- queue as free commits a free run after the change. A run that returns from an end
 -- (resurrected, requeued) or was started in a transaction of another isolation level waits as
 -- before, and admission of a queue that counts nothing still leases such runs.
+-- Whether a queue counts nothing, kept on its row, so that the statements that ask (each start
+-- on a queue, each admission) read a column: a helper function would be called, not inlined
+-- (every keiro function carries its search_path, 0009), and a call plans the function's body
+-- again in every statement that makes it.
+ALTER TABLE keiro_queues ADD COLUMN counts_nothing boolean NOT NULL GENERATED ALWAYS AS (
+    concurrency IS NULL AND worker_concurrency IS NULL AND key_concurrency IS NULL
+    AND rate_limit IS NULL AND key_rate_limit IS NULL AND fairness = 'fifo') STORED;
+DROP FUNCTION IF EXISTS keiro_queue_counts_nothing(keiro_queues);
+
 ALTER TABLE workflows ADD COLUMN queue_free boolean NOT NULL DEFAULT false,
     ADD CONSTRAINT workflows_queue_free CHECK (queue IS NOT NULL OR NOT queue_free);
 
