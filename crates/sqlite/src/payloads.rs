@@ -1,11 +1,13 @@
 //! An instance's stored payloads, the twin of crates/postgres/src/payloads.rs (plain SQL there
 //! too): every payload column of every row the instance owns, and their rewrite, each place
 //! only while it still holds the value read (compared as JSON values, since SQLite keeps text
-//! whose spelling a trigger may choose). The rule is keiro-journal's `payloads` module.
+//! whose spelling a trigger may choose). The rule is keiro-journal's `payloads` module, and so
+//! is the list of places (`PAYLOAD_PLACES`) both statements are built from.
+
+use std::sync::OnceLock;
 
 use keiro_journal::store::Result;
-use keiro_journal::store::{PayloadPlace, PayloadRewrite, StoredPayload};
-use keiro_journal::StoreError;
+use keiro_journal::store::{PayloadPlace, PayloadRewrite, StoredPayload, PAYLOAD_PLACES};
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{params_from_iter, Connection, OptionalExtension};
 
@@ -15,65 +17,37 @@ use crate::row::{json, value};
 const READ: &str = "reading an instance's payloads";
 const REWRITE: &str = "rewriting an instance's payloads";
 
-/// Every payload of instance (?1, ?2), as Postgres's `PAYLOADS_READ` reads it.
-const PAYLOADS_READ: &str = "\
-    SELECT 'input', NULL, NULL, input FROM workflows \
-     WHERE workflow_name = ?1 AND workflow_id = ?2 \
-    UNION ALL SELECT 'output', NULL, NULL, output FROM workflows \
-     WHERE workflow_name = ?1 AND workflow_id = ?2 AND output IS NOT NULL \
-    UNION ALL SELECT 'journal', NULL, seq, payload FROM journal \
-     WHERE workflow_name = ?1 AND workflow_id = ?2 \
-    UNION ALL SELECT 'awakeable', id, NULL, payload FROM awakeables \
-     WHERE workflow_name = ?1 AND workflow_id = ?2 AND payload IS NOT NULL \
-    UNION ALL SELECT 'task_input', step_id, NULL, input FROM remote_tasks \
-     WHERE workflow_name = ?1 AND workflow_id = ?2 \
-    UNION ALL SELECT 'task_output', step_id, NULL, output FROM remote_tasks \
-     WHERE workflow_name = ?1 AND workflow_id = ?2 AND output IS NOT NULL \
-    UNION ALL SELECT 'event', key, NULL, value FROM workflow_events \
-     WHERE workflow_name = ?1 AND workflow_id = ?2 \
-    UNION ALL SELECT 'stream', key, stream_offset, value FROM workflow_streams \
-     WHERE workflow_name = ?1 AND workflow_id = ?2 \
-    UNION ALL SELECT 'update_request', update_id, NULL, request FROM workflow_updates \
-     WHERE workflow_name = ?1 AND workflow_id = ?2 \
-    UNION ALL SELECT 'update_reply', update_id, NULL, reply FROM workflow_updates \
-     WHERE workflow_name = ?1 AND workflow_id = ?2 AND reply IS NOT NULL";
-
-/// A read row's place.
-fn place(kind: &str, k: Option<String>, n: Option<i64>) -> Result<PayloadPlace> {
-    let malformed = || StoreError::Malformed {
-        operation: READ,
-        detail: format!("payload place {kind:?} without its key"),
-    };
-    let text = || k.clone().ok_or_else(malformed);
-    Ok(match kind {
-        "input" => PayloadPlace::Input,
-        "output" => PayloadPlace::Output,
-        "journal" => PayloadPlace::Journal {
-            seq: n.ok_or_else(malformed)?,
-        },
-        "awakeable" => PayloadPlace::Awakeable { id: text()? },
-        "task_input" => PayloadPlace::TaskInput { step_id: text()? },
-        "task_output" => PayloadPlace::TaskOutput { step_id: text()? },
-        "event" => PayloadPlace::Event { key: text()? },
-        "stream" => PayloadPlace::StreamItem {
-            key: text()?,
-            offset: n.ok_or_else(malformed)?,
-        },
-        "update_request" => PayloadPlace::UpdateRequest { id: text()? },
-        "update_reply" => PayloadPlace::UpdateReply { id: text()? },
-        other => {
-            return Err(StoreError::Malformed {
-                operation: READ,
-                detail: format!("unknown payload place {other:?}"),
+/// Every payload of instance (?1, ?2), as Postgres's read reads it: one `SELECT` per place of
+/// keiro-journal's `PAYLOAD_PLACES`, joined by `UNION ALL`. Built once from that table (names
+/// only, never a value), which is why it is not a `const`.
+fn payloads_read_sql() -> &'static str {
+    static SQL: OnceLock<String> = OnceLock::new();
+    SQL.get_or_init(|| {
+        let parts: Vec<String> = PAYLOAD_PLACES
+            .iter()
+            .map(|place| {
+                let text = place.text_key.map_or("NULL", |key| key.column);
+                let number = place.number_key.unwrap_or("NULL");
+                let present = if place.nullable {
+                    format!(" AND {} IS NOT NULL", place.column)
+                } else {
+                    String::new()
+                };
+                format!(
+                    "SELECT '{}', {text}, {number}, {} FROM {} \
+                     WHERE workflow_name = ?1 AND workflow_id = ?2{present}",
+                    place.name, place.column, place.table
+                )
             })
-        }
+            .collect();
+        parts.join(" UNION ALL ")
     })
 }
 
 /// Every payload of `(name, id)`.
 pub(crate) fn payloads_read(conn: &Connection, name: &str, id: &str) -> Result<Vec<StoredPayload>> {
     let mut statement = conn
-        .prepare_cached(PAYLOADS_READ)
+        .prepare_cached(payloads_read_sql())
         .map_err(|e| store(READ, e))?;
     let rows = statement
         .query_map([name, id], |row| {
@@ -89,60 +63,29 @@ pub(crate) fn payloads_read(conn: &Connection, name: &str, id: &str) -> Result<V
     for row in rows {
         let (kind, k, n, text) = row.map_err(|e| store(READ, e))?;
         payloads.push(StoredPayload {
-            place: place(&kind, k, n)?,
+            place: PayloadPlace::from_row(&kind, k, n, READ)?,
             value: value(&text, READ)?,
         });
     }
     Ok(payloads)
 }
 
-/// A place's table, column and key condition (`?3` its text key, then its number).
-fn target(place: &PayloadPlace) -> (&'static str, &'static str, &'static str, Vec<SqlValue>) {
-    let text = |t: &str| SqlValue::Text(t.to_owned());
-    match place {
-        PayloadPlace::Input => ("workflows", "input", "", vec![]),
-        PayloadPlace::Output => ("workflows", "output", "", vec![]),
-        PayloadPlace::Journal { seq } => (
-            "journal",
-            "payload",
-            " AND seq = ?3",
-            vec![SqlValue::Integer(*seq)],
-        ),
-        PayloadPlace::Awakeable { id } => ("awakeables", "payload", " AND id = ?3", vec![text(id)]),
-        PayloadPlace::TaskInput { step_id } => (
-            "remote_tasks",
-            "input",
-            " AND step_id = ?3",
-            vec![text(step_id)],
-        ),
-        PayloadPlace::TaskOutput { step_id } => (
-            "remote_tasks",
-            "output",
-            " AND step_id = ?3",
-            vec![text(step_id)],
-        ),
-        PayloadPlace::Event { key } => {
-            ("workflow_events", "value", " AND key = ?3", vec![text(key)])
-        }
-        PayloadPlace::StreamItem { key, offset } => (
-            "workflow_streams",
-            "value",
-            " AND key = ?3 AND stream_offset = ?4",
-            vec![text(key), SqlValue::Integer(*offset)],
-        ),
-        PayloadPlace::UpdateRequest { id } => (
-            "workflow_updates",
-            "request",
-            " AND update_id = ?3",
-            vec![text(id)],
-        ),
-        PayloadPlace::UpdateReply { id } => (
-            "workflow_updates",
-            "reply",
-            " AND update_id = ?3",
-            vec![text(id)],
-        ),
+/// A place's table, column and key condition (`?3` its text key, then its number), from its
+/// entry of `PAYLOAD_PLACES`.
+fn target(place: &PayloadPlace) -> (&'static str, &'static str, String, Vec<SqlValue>) {
+    let column = place.column();
+    let (text, number) = place.keys();
+    let mut keyed = String::new();
+    let mut keys = Vec::new();
+    if let (Some(key), Some(text)) = (column.text_key, text) {
+        keys.push(SqlValue::Text(text.to_owned()));
+        keyed.push_str(&format!(" AND {} = ?{}", key.column, keys.len() + 2));
     }
+    if let (Some(key), Some(number)) = (column.number_key, number) {
+        keys.push(SqlValue::Integer(number));
+        keyed.push_str(&format!(" AND {key} = ?{}", keys.len() + 2));
+    }
+    (column.table, column.column, keyed, keys)
 }
 
 /// Applies `rewrites` to `(name, id)`'s payloads (the caller's transaction); how many applied.
@@ -160,7 +103,7 @@ pub(crate) fn payloads_rewrite(
             SqlValue::Text(id.to_owned()),
         ];
         params.extend(keys);
-        // The table and column names are constants of `target`, never input.
+        // The table and column names are constants of `PAYLOAD_PLACES`, never input.
         let select = format!(
             "SELECT {column} FROM {table} WHERE workflow_name = ?1 AND workflow_id = ?2{keyed}"
         );

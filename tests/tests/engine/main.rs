@@ -14,6 +14,7 @@ mod least_privilege;
 mod metric_queries;
 mod one_way_in;
 mod payload_codec;
+mod payload_poison;
 mod race;
 mod remote;
 mod remote_processes;

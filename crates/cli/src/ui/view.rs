@@ -125,6 +125,7 @@ impl InstanceView {
             "generation": row.generation,
             "attempts": row.attempts,
             "last_error": row.last_error,
+            "next_attempt_at": timestamp(row.next_attempt_at),
             "lease_owner": row.lease_owner,
             "lease_epoch": row.lease_epoch,
             "parent": row.parent.as_ref().map(ToString::to_string),

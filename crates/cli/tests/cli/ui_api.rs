@@ -1499,3 +1499,56 @@ async fn the_list_filters_by_attribute_and_shows_chosen_attributes_as_columns() 
     );
     Ok(())
 }
+
+/// A run a worker could not open (its payload sealed with a key the worker lacks) says why on
+/// its page and in its API, naming the key, and when it is tried again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_a_worker_cannot_open_shows_why_and_its_next_attempt() -> TestResult {
+    use std::sync::Arc;
+
+    use keiro::codec::{AesGcmCodec, OPEN_REFUSED};
+    let h = Harness::postgres().await;
+    let db = h.db.as_ref().expect("a schema");
+    let with = |kid: &str, key: u8| -> Result<keiro::Keiro, keiro::codec::KeyError> {
+        Ok(keiro::Keiro::builder(db.store())
+            .codec(Arc::new(AesGcmCodec::new(kid, [key; 32])?))
+            .without_push()
+            .build())
+    };
+    with("k2", 2)?.start("wf", "sealed-1", &1).await?;
+    let keyless = with("k1", 1)?
+        .worker()
+        .register("wf", |_ctx: keiro::Ctx, n: u32| async move {
+            Ok::<_, keiro::WorkflowError>(n)
+        })
+        .build()?;
+    // The claim is refused (an error of the drain), and handed back with a backoff.
+    let _ = keyless.drain().await;
+    let ui = Ui::start(&h, None);
+    let client = reqwest::Client::new();
+    let (status, body) = get_json(
+        &client,
+        &format!("{}/api/v1/instances/wf/sealed-1", ui.base),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::OK);
+    let error = body["last_error"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        error.starts_with(OPEN_REFUSED) && error.contains("\"k2\""),
+        "{body}"
+    );
+    assert!(body["next_attempt_at"].is_string(), "{body}");
+    let page = client
+        .get(format!("{}/instances/wf/sealed-1", ui.base))
+        .send()
+        .await?
+        .text()
+        .await?;
+    assert!(page.contains(r#"id="next-attempt""#), "{page}");
+    assert!(
+        page.contains("payload cannot be opened by this worker"),
+        "{page}"
+    );
+    assert!(page.contains("&quot;k2&quot;"), "{page}");
+    Ok(())
+}

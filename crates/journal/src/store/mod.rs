@@ -37,7 +37,10 @@ pub use crate::model::wake::{
     awakeable_step, child_result_step, validate_signal_token, ChildSpawn, FiredTimer,
     ReturnedSignal, SignalWait, SignalWaitOutcome, TimerArm, TimerDue,
 };
-pub use crate::payloads::{PayloadPlace, PayloadRewrite, PayloadStore, StoredPayload};
+pub use crate::payloads::{
+    PayloadColumn, PayloadPlace, PayloadRewrite, PayloadStore, StoredPayload, TextKey,
+    PAYLOAD_PLACES,
+};
 pub use crate::run::drive_notifying;
 pub use crate::run::inline::{
     cancel_outcome, delivery_append, delivery_backlogged, delivery_refused,

@@ -1,37 +1,48 @@
 //! [`LeaseStore`] and [`QueueStore`] through the codec: a claim hands the run its instance
-//! and journal opened; a start's or a debounce's input is sealed.
+//! and journal opened (a claim it cannot open is handed back with a backoff); a start's or a
+//! debounce's input is sealed.
 
 use std::time::Duration;
 
 use keiro_journal::queue::{DebounceRequest, QueueInfo, QueueSpec};
-use keiro_journal::store::{Result, StartRequest};
-use keiro_journal::{Fence, InstanceKey, Started, WorkflowName};
+use keiro_journal::store::{storable_text, Result, StartRequest};
+use keiro_journal::{Fence, InstanceKey, Started, StoreError, WorkflowName};
 use keiro_lease::{
-    Claim, ClaimBatch, ClaimOutcome, Crash, CrashOutcome, LeaseStore, QueueStore, ResurrectOutcome,
-    StartClaim, Versions,
+    crash_delay, Claim, ClaimBatch, ClaimOutcome, Crash, CrashOutcome, LeaseStore, QueueStore,
+    ResurrectOutcome, StartClaim, Versions,
 };
 use time::OffsetDateTime;
 
-use super::Sealing;
+use super::{Sealing, OPEN_REFUSED, OPEN_REFUSED_BACKOFF};
+
+/// What a refused claim records after [`OPEN_REFUSED`]: the codec's own words (which key,
+/// what went wrong), without the operation the store error adds.
+fn open_refusal(error: &StoreError) -> String {
+    match error {
+        StoreError::Codec { source, .. } => source.to_string(),
+        other => other.to_string(),
+    }
+}
 
 const CLAIM: &str = "claiming an instance (payload codec)";
 const START: &str = "starting an instance (payload codec)";
 
 impl<T: LeaseStore + ?Sized> Sealing<T> {
     /// `claims` opened. A claim the codec cannot open (its payloads are sealed with a key this
-    /// process lacks) is released at once, so a process with the key can claim it, instead of
-    /// staying leased until its lease expires; it is logged with the key id. The claims that
-    /// opened are returned; when none did, the first error is.
+    /// process lacks, or an envelope is corrupt) is handed back at once through the store's
+    /// crash record ([`refuse`](Self::refuse)), so the run is claimed again only after a
+    /// growing backoff and says why it does not progress; it is logged with the key id. The
+    /// claims that opened are returned; when none did, the first error is.
     async fn open_or_release(&self, claims: Vec<Claim>) -> Result<Vec<Claim>> {
         let mut opened = Vec::with_capacity(claims.len());
         let mut refused = None;
         for claim in claims {
             let (key, fence) = (claim.instance.key.clone(), claim.fence.clone());
+            let refusals = claim.instance.attempts;
             match self.open_claim(CLAIM, claim) {
                 Ok(claim) => opened.push(claim),
                 Err(error) => {
-                    tracing::warn!(%key, %error, "a claimed run's payload cannot be opened; released");
-                    let _ = self.inner.instance_release(&key, &fence, false).await;
+                    self.refuse(&key, &fence, refusals, &error).await;
                     refused.get_or_insert(error);
                 }
             }
@@ -39,6 +50,37 @@ impl<T: LeaseStore + ?Sized> Sealing<T> {
         match refused {
             Some(error) if opened.is_empty() => Err(error),
             _ => Ok(opened),
+        }
+    }
+
+    /// Hands back a claim whose payload could not be opened, recorded as a crash that never
+    /// fails the run: `last_error` says which key it needs, `attempts` counts the refusal, and
+    /// the next claim waits [`OPEN_REFUSED_BACKOFF`]'s rung for `attempts` (the run's queue
+    /// slot, if any, is given back meanwhile). Nothing of the run changes, so a worker that
+    /// holds the key runs it as it would have. Best effort, like the release it replaces: when
+    /// the record fails the lease is released plainly, and when that fails too the lease
+    /// expires.
+    async fn refuse(&self, key: &InstanceKey, fence: &Fence, attempts: i32, error: &StoreError) {
+        let crash = Crash {
+            error: storable_text(&format!("{OPEN_REFUSED}{}", open_refusal(error))).into_owned(),
+            retry_delay: crash_delay(&OPEN_REFUSED_BACKOFF, attempts),
+            max_attempts: i32::MAX,
+        };
+        match self.inner.instance_record_crash(key, fence, &crash).await {
+            Ok(CrashOutcome::Retrying {
+                attempts,
+                next_attempt_at,
+            }) => {
+                tracing::warn!(%key, %error, attempts, %next_attempt_at,
+                    "a claimed run's payload cannot be opened; released until its backoff passes");
+            }
+            Ok(CrashOutcome::Failed { .. } | CrashOutcome::AlreadyTerminal) => {}
+            Err(record) if record.is_lease_lost() => {}
+            Err(record) => {
+                tracing::warn!(%key, %error, %record,
+                    "a claimed run's payload cannot be opened; released without a backoff");
+                let _ = self.inner.instance_release(key, fence, false).await;
+            }
         }
     }
 

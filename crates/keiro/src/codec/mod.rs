@@ -46,7 +46,13 @@
 //!
 //! A run path (claims, journal reads, appends' recorded values, result reads) that meets an
 //! envelope its codec cannot open fails with [`StoreError::Codec`] naming the
-//! key id: a store error, so the run is retried later and nothing is guessed or lost. An
+//! key id: a store error, so the run is retried later and nothing is guessed or lost. A claim
+//! whose run cannot be opened is handed back through the store's crash record, which never
+//! fails the run for it: its last error (shown by `keiro show`, `keiro list` and the
+//! dashboard) begins with [`OPEN_REFUSED`] and names the key, and its next claim waits on
+//! [`OPEN_REFUSED_BACKOFF`], so a worker without the key claims it at most about once every
+//! two minutes instead of at every poll, and one with the key runs it once the wait has passed. The
+//! refusals count in the run's attempts until it next parks or completes, like crashes. An
 //! operator's read (list, events, streams, updates, remote tasks) leaves such an envelope in
 //! place instead, so `keiro show` and the dashboard can say "encrypted". A remote worker that
 //! claims a task whose input it cannot open fails the attempt with code `payload_encrypted`,
@@ -59,11 +65,12 @@ mod operate;
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use keiro_journal::store::StartRequest;
 use keiro_journal::update::{UpdateSend, UpdateSendOutcome, UpdateState};
 use keiro_journal::{
-    Append, AppendOutcome, Event, Instance, JournalEntry, Started, StepKind, StoreError,
+    Append, AppendOutcome, Backoff, Event, Instance, JournalEntry, Started, StepKind, StoreError,
 };
 use keiro_lease::Claim;
 use serde_json::Value;
@@ -72,6 +79,25 @@ pub use aes::{AesGcmCodec, KeyError, ENCRYPTION_KEYS_ENV};
 pub use keiro_journal::codec::{
     first_sealed_key_id, open_all, open_readable, sealed_key_id, Codec, CodecError,
 };
+
+/// How long a run whose payload a claim could not open waits before it may be claimed again,
+/// by the number of refusals and crashes it has had since it last progressed: about 1 s after
+/// the first, doubling, at most 2 min, jittered so a fleet's refusals spread. A worker that
+/// holds the key claims it once the wait has passed.
+///
+/// ```
+/// use std::time::Duration;
+/// use keiro::codec::OPEN_REFUSED_BACKOFF;
+/// assert_eq!(OPEN_REFUSED_BACKOFF.delay(1), Duration::from_secs(1));
+/// assert_eq!(OPEN_REFUSED_BACKOFF.delay(20), Duration::from_secs(120));
+/// ```
+pub const OPEN_REFUSED_BACKOFF: Backoff =
+    Backoff::exponential(Duration::from_secs(1), Duration::from_secs(120));
+
+/// How the last error of a run whose payload a claim could not open begins; the codec's error
+/// (which key, what went wrong) follows, e.g. `payload cannot be opened by this worker:
+/// payload sealed with key "k2": no key with this id is configured`.
+pub const OPEN_REFUSED: &str = "payload cannot be opened by this worker: ";
 
 /// The field of an update answer's value that holds the reply (`{"ok": reply}`).
 const REPLY: &str = "ok";

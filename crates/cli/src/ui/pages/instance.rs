@@ -46,7 +46,8 @@ pub(crate) async fn instance(
             dt { "generation" } dd { (row.generation) }
             dt { "version" } dd #app-version { (row.app_version.as_deref().unwrap_or("(unversioned)")) }
             dt { "attempts" } dd { (row.attempts) }
-            dt { "last error" } dd.error { (row.last_error.as_deref().unwrap_or("-")) }
+            dt { "last error" } dd.error #last-error { (row.last_error.as_deref().unwrap_or("-")) }
+            dt { "next attempt" } dd #next-attempt { (when(row.next_attempt_at, now)) }
             dt { "lease" } dd { (row.lease_owner.as_deref().unwrap_or("free")) " (epoch " (row.lease_epoch) ")" }
             dt { "parent" } dd {
                 @if let Some(parent) = &row.parent {
