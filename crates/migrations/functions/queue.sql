@@ -12,9 +12,9 @@
 -- first in first out. Such a queue keeps no admission state: while it is not paused its runs
 -- start free (`queue_free`) and the ordinary claim takes them, and a run of it that waits is
 -- leased as an ordinary claim leases a run, never marked admitted. A free run is started
--- under the queue's advisory lock, held shared (`pg_advisory_xact_lock_shared(q.tableoid::integer,
--- hashtext(q.name))`: the queues table of this schema, and the queue); a change that takes the
--- queue out of the free state holds it exclusively (`keiro_queue_unfree`).
+-- under the queue's advisory lock, held shared: the key is the pair (the oid of this schema's
+-- `keiro_queues`, `hashtext` of the queue's name), so schemas never share a lock; a change that
+-- takes the queue out of the free state holds it exclusively (`keiro_queue_unfree`).
 
 -- queue_unfree: turns the live free runs of queue `p_name` into waiting ones, under the queue's
 -- exclusive advisory lock; a run leased now is marked as holding a slot when `p_mark_leased`
@@ -25,8 +25,7 @@ CREATE OR REPLACE FUNCTION keiro_queue_unfree(p_name text, p_mark_leased boolean
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_advisory_xact_lock(q.tableoid::integer, hashtext(q.name))
-    FROM keiro_queues q WHERE q.name = p_name;
+    PERFORM pg_advisory_xact_lock('keiro_queues'::regclass::oid::integer, hashtext(p_name));
     UPDATE workflows w SET
         queue_free = false,
         queue_admitted = p_mark_leased AND w.status = 'running'
@@ -180,7 +179,8 @@ BEGIN
     -- the lock committed; in any other, the run waits and is admitted.
     IF NOT q.paused AND q.counts_nothing
        AND current_setting('transaction_isolation') = 'read committed' THEN
-        PERFORM pg_advisory_xact_lock_shared(q.tableoid::integer, hashtext(q.name));
+        PERFORM pg_advisory_xact_lock_shared('keiro_queues'::regclass::oid::integer,
+                                             hashtext(p_queue));
         SELECT * INTO q FROM keiro_queues k WHERE k.name = p_queue;
         v_free := NOT q.paused AND q.counts_nothing;
     END IF;
@@ -254,18 +254,17 @@ DECLARE
     v_created integer[];
     v_start   record;
     v_notify  boolean := false;
-    v_free    text[] := '{}';
+    v_free    boolean := current_setting('transaction_isolation') = 'read committed';
 BEGIN
-    -- The queues whose runs start free (0027), each under its shared lock, taken before the
-    -- insert's statement so that statement reads the queues as the last change left them (as
-    -- `keiro_queue_start` explains).
-    IF current_setting('transaction_isolation') = 'read committed' THEN
-        PERFORM pg_advisory_xact_lock_shared(q.tableoid::integer, hashtext(q.name))
-        FROM keiro_queues q
-        WHERE q.name = ANY (p_queues) AND NOT q.paused AND q.counts_nothing;
-        SELECT coalesce(array_agg(q.name), '{}') INTO v_free
-        FROM keiro_queues q
-        WHERE q.name = ANY (p_queues) AND NOT q.paused AND q.counts_nothing;
+    -- Runs of a queue that counts nothing start free (0027) under the queue's shared lock,
+    -- taken before the insert's statement so that statement reads the queues as the last
+    -- change left them (as `keiro_queue_start` explains); every queue of the batch is locked,
+    -- which costs less than reading which of them count nothing first.
+    IF v_free THEN
+        PERFORM pg_advisory_xact_lock_shared('keiro_queues'::regclass::oid::integer,
+                                             hashtext(x.queue))
+        FROM (SELECT DISTINCT r.queue FROM unnest(p_queues) AS r (queue)
+              WHERE r.queue IS NOT NULL) x;
     END IF;
     WITH requests AS (
         SELECT DISTINCT ON (r.name COLLATE "C", r.id COLLATE "C") r.*
@@ -275,7 +274,8 @@ BEGIN
                                    key, dedup_id, not_before, n)
         ORDER BY r.name COLLATE "C", r.id COLLATE "C", r.n
     ), taken AS (
-        SELECT r.* FROM requests r
+        SELECT r.*, coalesce(v_free AND NOT q.paused AND q.counts_nothing, false) AS free
+        FROM requests r
         LEFT JOIN keiro_queues q ON q.name = r.queue
         WHERE r.queue IS NULL
            OR (q.name IS NOT NULL AND (r.dedup_id IS NULL OR q.dedup IS NOT NULL)
@@ -288,7 +288,7 @@ BEGIN
                CASE WHEN t.queue IS NOT NULL THEN t.key END,
                CASE WHEN t.queue IS NOT NULL THEN t.dedup_id END,
                CASE WHEN t.queue IS NOT NULL THEN t.not_before END,
-               coalesce(t.queue = ANY (v_free), false)
+               t.free
         FROM taken t
         ORDER BY t.name COLLATE "C", t.id COLLATE "C"
         ON CONFLICT DO NOTHING
@@ -304,29 +304,32 @@ BEGIN
     FROM unnest(p_names, p_ids) WITH ORDINALITY AS r (name, id, n)
     WHERE r.n = ANY (v_created);
 
-    FOR i IN
-        SELECT r.n FROM unnest(p_names, p_ids) WITH ORDINALITY AS r (name, id, n)
-        WHERE NOT r.n = ANY (v_created)
-        ORDER BY r.name COLLATE "C", r.id COLLATE "C", r.n
-    LOOP
-        IF p_queues[i] IS NULL THEN
-            RETURN QUERY
-            SELECT i, 'started'::text, s.created, s.instance
-            FROM keiro_instance_start(p_names[i], p_ids[i], p_inputs[i], p_parent_names[i],
-                                      p_parent_ids[i], p_priorities[i]) s;
-        ELSE
-            SELECT s.* INTO v_start
-            FROM keiro_queue_start(p_names[i], p_ids[i], p_inputs[i], p_parent_names[i],
-                                   p_parent_ids[i], p_priorities[i], p_queues[i], p_keys[i],
-                                   p_dedup_ids[i], p_not_befores[i], false) s;
-            v_notify := v_notify OR v_start.created;
-            n := i;
-            outcome := v_start.outcome;
-            created := v_start.created;
-            instance := v_start.instance;
-            RETURN NEXT;
-        END IF;
-    END LOOP;
+    -- Unless every request created its run (the usual batch), the others one by one.
+    IF cardinality(v_created) < cardinality(p_names) THEN
+        FOR i IN
+            SELECT r.n FROM unnest(p_names, p_ids) WITH ORDINALITY AS r (name, id, n)
+            WHERE NOT r.n = ANY (v_created)
+            ORDER BY r.name COLLATE "C", r.id COLLATE "C", r.n
+        LOOP
+            IF p_queues[i] IS NULL THEN
+                RETURN QUERY
+                SELECT i, 'started'::text, s.created, s.instance
+                FROM keiro_instance_start(p_names[i], p_ids[i], p_inputs[i], p_parent_names[i],
+                                          p_parent_ids[i], p_priorities[i]) s;
+            ELSE
+                SELECT s.* INTO v_start
+                FROM keiro_queue_start(p_names[i], p_ids[i], p_inputs[i], p_parent_names[i],
+                                       p_parent_ids[i], p_priorities[i], p_queues[i], p_keys[i],
+                                       p_dedup_ids[i], p_not_befores[i], false) s;
+                v_notify := v_notify OR v_start.created;
+                n := i;
+                outcome := v_start.outcome;
+                created := v_start.created;
+                instance := v_start.instance;
+                RETURN NEXT;
+            END IF;
+        END LOOP;
+    END IF;
     -- One wake for the batch's new runs (a listener only learns that some run became
     -- runnable), as `keiro_instances_start` sends one for its own.
     IF v_notify OR v_created <> '{}' THEN
