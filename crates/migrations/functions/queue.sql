@@ -16,6 +16,14 @@
 -- `keiro_queues`, `hashtext` of the queue's name), so schemas never share a lock; a change that
 -- takes the queue out of the free state holds it exclusively (`keiro_queue_unfree`).
 
+-- queue_counts_nothing: the column `counts_nothing` of `q`. Nothing in this build calls it; it is
+-- kept for the builds before 0027, whose functions called it, during a rolling deploy.
+-- Called by: SQL only (builds before 0027); tested by the rolling deploy test.
+CREATE OR REPLACE FUNCTION keiro_queue_counts_nothing(q keiro_queues) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT q.counts_nothing
+$$;
+
 -- queue_unfree: turns the live free runs of queue `p_name` into waiting ones, under the queue's
 -- exclusive advisory lock; a run leased now is marked as holding a slot when `p_mark_leased`
 -- (the queue is about to count slots), so the new limits count it. Found through the list by

@@ -21,7 +21,7 @@
 ALTER TABLE keiro_queues ADD COLUMN counts_nothing boolean NOT NULL GENERATED ALWAYS AS (
     concurrency IS NULL AND worker_concurrency IS NULL AND key_concurrency IS NULL
     AND rate_limit IS NULL AND key_rate_limit IS NULL AND fairness = 'fifo') STORED;
-DROP FUNCTION IF EXISTS keiro_queue_counts_nothing(keiro_queues);
+-- (queue.sql's `keiro_queue_counts_nothing` now reads it, for the builds before this one.)
 
 ALTER TABLE workflows ADD COLUMN queue_free boolean NOT NULL DEFAULT false,
     ADD CONSTRAINT workflows_queue_free CHECK (queue IS NOT NULL OR NOT queue_free);

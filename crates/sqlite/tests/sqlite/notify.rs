@@ -171,7 +171,12 @@ async fn a_freed_queue_slot_and_a_resumed_queue_wake_the_workers() {
     };
     for spec in [
         QueueSpec::new("q").unwrap().concurrency(1),
-        QueueSpec::new("kept").unwrap().release_on_park(false),
+        // Counts slots, so its run holds one to keep (a queue that counts nothing starts its
+        // runs free, holding nothing).
+        QueueSpec::new("kept")
+            .unwrap()
+            .concurrency(5)
+            .release_on_park(false),
     ] {
         store.queue_declare(&spec).await.unwrap();
     }
