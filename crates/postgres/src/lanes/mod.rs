@@ -26,9 +26,10 @@ mod park;
 mod read;
 mod start;
 mod start_claimed;
+mod stats;
 
 use lane::Lane;
-pub use lane::LaneStats;
+pub use stats::{CallTime, LaneStats};
 
 /// What each group-commit lane of a store sent so far ([`PgStore::batch_stats`](crate::PgStore::batch_stats)).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
