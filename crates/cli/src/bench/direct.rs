@@ -23,8 +23,8 @@ use clap::ValueEnum;
 use keiro::{Keiro, ResultOptions, Worker};
 use serde::Serialize;
 
-use super::throughput::{bench_worker, BenchInput, WORKFLOW};
 use super::phases::{self, server_stats, Phases};
+use super::throughput::{bench_worker, BenchInput, WORKFLOW};
 use super::{instance_id, server, Background, BenchArgs, Percentiles, Setup};
 use crate::common::{ms, resident_memory_mb, round, Global, Outcome, Result, ResultExt};
 

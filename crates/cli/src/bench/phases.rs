@@ -43,7 +43,10 @@ pub(super) fn with_tracking(url: &str) -> Result<String> {
     };
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         let separator = if url.contains('?') { '&' } else { '?' };
-        Ok(format!("{url}{separator}options={}", percent_encode(&options)))
+        Ok(format!(
+            "{url}{separator}options={}",
+            percent_encode(&options)
+        ))
     } else {
         let quoted = options.replace('\\', r"\\").replace('\'', r"\'");
         Ok(format!("{url} options='{quoted}'"))
@@ -109,7 +112,9 @@ impl ServerStats {
                     .iter()
                     .find(|(n, _, _)| n == name)
                     .map_or((0, 0.0), |(_, c, t)| (*c, *t));
-                let calls = u64::try_from(calls - calls_before).ok().filter(|c| *c > 0)?;
+                let calls = u64::try_from(calls - calls_before)
+                    .ok()
+                    .filter(|c| *c > 0)?;
                 #[allow(clippy::cast_precision_loss)] // counts far below 2^52 convert exactly
                 let per_call = (total - total_before) / calls as f64;
                 Some(FunctionTime {
@@ -254,7 +259,8 @@ pub(super) fn report(measured: &Measured<'_>) -> Phases {
     };
     let (pg_busy, keiro_busy) = (share(measured.spent.cpu), share(measured.own_cpu));
     let host_busy = measured.host_idle.map(|idle| round(1.0 - idle, 3));
-    let percent = |s: Option<f64>| s.map_or_else(|| "n/a".to_owned(), |s| format!("{:.0}%", s * 100.0));
+    let percent =
+        |s: Option<f64>| s.map_or_else(|| "n/a".to_owned(), |s| format!("{:.0}%", s * 100.0));
     println!(
         "bench: phases: the machine's {cores} cores were {} busy: PostgreSQL {}, the bench \
          process {}",
@@ -357,9 +363,10 @@ mod tests {
         let config: tokio_postgres::Config = plain.parse().unwrap();
         assert_eq!(config.get_options(), Some(TRACKING_OPTIONS));
 
-        let with_query =
-            with_tracking("postgres://postgres@127.0.0.1/postgres?sslmode=disable&options=-c%20work_mem%3D8MB")
-                .unwrap();
+        let with_query = with_tracking(
+            "postgres://postgres@127.0.0.1/postgres?sslmode=disable&options=-c%20work_mem%3D8MB",
+        )
+        .unwrap();
         let config: tokio_postgres::Config = with_query.parse().unwrap();
         assert_eq!(
             config.get_options(),

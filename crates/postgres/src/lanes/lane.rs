@@ -230,12 +230,12 @@ impl<T: Batched> Lane<T> {
                 let answer = outcome.await;
                 self.counters.call(called.elapsed());
                 answer.unwrap_or_else(|_| {
-                // The loop dropped the request unanswered: its runtime is shutting down. The
-                // batch may or may not have committed; the caller retries as after any
-                // dropped connection.
-                Err(StoreError::Unavailable {
-                    operation: T::OPERATION,
-                    source: "the store's batching task stopped before answering".into(),
+                    // The loop dropped the request unanswered: its runtime is shutting down. The
+                    // batch may or may not have committed; the caller retries as after any
+                    // dropped connection.
+                    Err(StoreError::Unavailable {
+                        operation: T::OPERATION,
+                        source: "the store's batching task stopped before answering".into(),
                     })
                 })
             }

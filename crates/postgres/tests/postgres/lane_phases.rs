@@ -60,7 +60,10 @@ async fn a_call_behind_a_batch_counts_its_queue_and_a_lone_call_none() -> TestRe
     // The append found the lanes idle: no queue, one statement, which its slot covered.
     let append = sent.appends;
     assert_eq!((append.batches, append.requests), (1, 1));
-    assert_eq!(append.queued_ns, 0, "a lone call on an idle lane never queues");
+    assert_eq!(
+        append.queued_ns, 0,
+        "a lone call on an idle lane never queues"
+    );
     assert!(append.statement_ns > 0);
     assert_eq!(append.request_statement_ns, append.statement_ns);
     assert!(append.call_ns >= append.statement_ns, "{append:?}");
@@ -80,6 +83,9 @@ async fn a_call_behind_a_batch_counts_its_queue_and_a_lone_call_none() -> TestRe
     );
     assert!(starts.slot_ns >= starts.statement_ns, "{starts:?}");
     let per_call = starts.per_call().expect("calls were made");
-    assert_eq!(per_call.call, per_call.queued + per_call.statement + per_call.hand_off);
+    assert_eq!(
+        per_call.call,
+        per_call.queued + per_call.statement + per_call.hand_off
+    );
     Ok(())
 }
