@@ -322,7 +322,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         lanes,
         others,
         elapsed,
-        in_flight: args.concurrency,
+        in_flight: Some(args.concurrency),
         own_cpu,
         host_idle,
         spent: &spent,

@@ -178,8 +178,11 @@ pub(super) struct LanePhases {
 #[derive(Debug, Serialize)]
 pub(super) struct Phases {
     lanes: Vec<LanePhases>,
+    /// The runs' calls of their lanes in flight on average (their call time over the phase).
+    calls_in_flight: Option<f64>,
     /// The runs' time outside the lanes (engine, worker, tasks), per lane call: runs in flight
-    /// times the phase, less the lanes' call time, over the calls.
+    /// times the phase, less the lanes' call time, over the calls; for a closed loop of
+    /// callers (`direct`) only, whose runs are each in one call or none at a time.
     outside_ms_per_call: Option<f64>,
     /// Shares of the machine's CPU time (every core) over the phase: busy in all, by
     /// PostgreSQL's processes of the bench's database, by this process.
@@ -198,8 +201,10 @@ pub(super) struct Measured<'a> {
     /// and left out of the runs' time outside the lanes.
     pub(super) others: &'a [(&'static str, LaneStats)],
     pub(super) elapsed: Duration,
-    /// Runs in flight (C).
-    pub(super) in_flight: u64,
+    /// Runs in flight (C) when each is a caller in a closed loop, in at most one lane call at a
+    /// time (`direct`); `None` where a run's closing write outlives its worker slot
+    /// (`throughput`), so the calls in flight may outnumber C.
+    pub(super) in_flight: Option<u64>,
     pub(super) own_cpu: Option<Duration>,
     pub(super) host_idle: Option<f64>,
     pub(super) spent: &'a Spent,
@@ -238,16 +243,18 @@ pub(super) fn report(measured: &Measured<'_>) -> Phases {
     let calls: u64 = measured.lanes.iter().map(|(_, l)| l.requests).sum();
     let call_ns: u64 = measured.lanes.iter().map(|(_, l)| l.call_ns).sum();
     #[allow(clippy::cast_precision_loss)] // a mean; rounding is immaterial
-    let outside_ms_per_call = (calls > 0).then(|| {
-        let runs_ms = secs * 1000.0 * measured.in_flight as f64;
+    let calls_in_flight = (calls > 0 && secs > 0.0).then(|| call_ns as f64 / 1e9 / secs);
+    #[allow(clippy::cast_precision_loss)] // a mean; rounding is immaterial
+    let outside_ms_per_call = measured.in_flight.filter(|_| calls > 0).map(|runs| {
+        let runs_ms = secs * 1000.0 * runs as f64;
         (runs_ms - call_ns as f64 / 1e6).max(0.0) / calls as f64
     });
-    if let Some(outside) = outside_ms_per_call {
+    if let Some(in_flight) = calls_in_flight {
         println!(
-            "bench: phases: outside the lanes (the engine, the worker, the tasks' turns): \
-             {outside:.3} ms per lane call ({} runs in flight x {:.0} ms, less the calls)",
-            measured.in_flight,
-            secs * 1000.0
+            "bench: phases: the runs' lane calls in flight: {in_flight:.1} on average{}",
+            outside_ms_per_call.map_or_else(String::new, |outside| format!(
+                "; outside the lanes (the engine, the tasks' turns) {outside:.3} ms per call"
+            ))
         );
     }
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
@@ -280,6 +287,7 @@ pub(super) fn report(measured: &Measured<'_>) -> Phases {
     }
     Phases {
         lanes,
+        calls_in_flight: calls_in_flight.map(|n| round(n, 2)),
         outside_ms_per_call: outside_ms_per_call.map(|ms| round(ms, 4)),
         host_busy,
         pg_busy,

@@ -403,7 +403,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         lanes: &[("append", batches.appends), ("park", batches.parks)],
         others: &[("start", batches.starts)],
         elapsed,
-        in_flight: args.concurrency,
+        in_flight: None,
         own_cpu,
         host_idle,
         spent: &spent,
