@@ -99,7 +99,7 @@ pub use config::{
 pub use error::{Error, Result};
 pub use function_set::FunctionFiles;
 pub use in_transaction::InTransaction;
-pub use lanes::{BatchStats, LaneStats};
+pub use lanes::{BatchStats, CallTime, LaneStats};
 pub use migrate::Migrated;
 pub use scratch::DROP_SCHEMA_LOCK_TIMEOUT;
 pub use store::PgStore;

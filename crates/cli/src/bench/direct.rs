@@ -23,6 +23,7 @@ use clap::ValueEnum;
 use keiro::{Keiro, ResultOptions, Worker};
 use serde::Serialize;
 
+use super::phases::{self, server_stats, Phases};
 use super::throughput::{bench_worker, BenchInput, WORKFLOW};
 use super::{instance_id, server, Background, BenchArgs, Percentiles, Setup};
 use crate::common::{ms, resident_memory_mb, round, Global, Outcome, Result, ResultExt};
@@ -161,6 +162,8 @@ struct DirectReport {
     rss_mb: f64,
     rss_peak_mb: f64,
     round_trips: u64,
+    /// Where the time went (`phases`).
+    phases: Phases,
 }
 
 /// Start-to-completion latency from the instance rows.
@@ -191,6 +194,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
 
     let input = BenchInput { steps: args.steps };
     let server_before = server::read_before(&setup.db, &setup.store).await?;
+    let stats_before = server_stats(&setup.db, args).await?;
     let round_trips_before = setup.store.round_trips();
     let phase_cpu = server::PhaseCpu::start();
     let batches_before = setup.store.batch_stats();
@@ -211,6 +215,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let (own_cpu, host_idle) = phase_cpu.finish();
     let summary = background.stop().await?;
     let spent = server_before.spent_until(&server::read_after(&setup.db, &setup.store).await?);
+    let stats_after = server_stats(&setup.db, args).await?;
     let Some(latencies) = looped? else {
         println!(
             "bench: FAIL: not every one of the {workflows} workflows completed within {} s",
@@ -296,6 +301,33 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
             ])
         );
     }
+    let lanes = [
+        ("direct start", batches.direct_starts),
+        ("append", batches.appends),
+    ];
+    let others = [
+        ("start", batches.starts),
+        ("result read", batches.reads),
+        ("awaited mark", batches.awaited_marks),
+    ];
+    // Through the worker, the callers wait in starts and reads while the worker's runs append:
+    // the runs' time outside the lanes is a direct caller's only.
+    let all: Vec<_> = lanes.iter().chain(&others).copied().collect();
+    let (lanes, others): (&[_], &[_]) = if via_worker.is_some() {
+        (&[], &all)
+    } else {
+        (&lanes, &[])
+    };
+    let phases = phases::report(&phases::Measured {
+        lanes,
+        others,
+        elapsed,
+        in_flight: Some(args.concurrency),
+        own_cpu,
+        host_idle,
+        spent: &spent,
+        server: stats_before.as_ref().zip(stats_after.as_ref()),
+    });
     println!(
         "bench: start-to-output latency p50 {:.2} ms, p99 {:.2} ms (rows: p50 {:.2} ms, p99 {:.2} \
          ms); resident memory {rss_mb:.1} MiB (peak {rss_peak_mb:.1} MiB)",
@@ -345,6 +377,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         rss_mb: round(rss_mb, 1),
         rss_peak_mb: round(rss_peak_mb, 1),
         round_trips,
+        phases,
     };
     super::emit(&report)?;
     Ok(outcome)

@@ -34,6 +34,7 @@ mod drive_cost;
 mod event;
 mod gc;
 mod idle;
+mod phases;
 pub(crate) mod remote;
 mod scale;
 mod server;
@@ -243,6 +244,11 @@ pub(crate) struct BenchArgs {
     /// absent).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub(crate) batch_in_flight: Option<u64>,
+    /// `throughput` and `direct`: also split the statements' time on the server, with
+    /// `track_functions` and `track_wal_io_timing` on for the bench store's connections (a
+    /// superuser's session settings), read from `pg_stat_user_functions` and `pg_stat_wal`.
+    #[arg(long)]
+    pub(crate) phases: bool,
 }
 
 impl BenchArgs {
@@ -271,6 +277,9 @@ impl BenchArgs {
             .batching(self.batching);
         if let Some(in_flight) = self.batch_in_flight.and_then(|n| usize::try_from(n).ok()) {
             config.batch_in_flight = in_flight;
+        }
+        if self.phases {
+            config.url = phases::with_tracking(&config.url)?;
         }
         Ok(config)
     }

@@ -12,6 +12,7 @@ use keiro::{worker::ResumeLogEvent, worker::ResumeOptions, Ctx, Keiro, WorkflowE
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
+use super::phases::{self, server_stats, Phases};
 use super::{server, start_all_many, Background, BenchArgs, MetricsSink, Setup};
 use crate::common::{ms, resident_memory_mb, round, Global, Outcome, Result, ResultExt};
 
@@ -202,6 +203,8 @@ struct ThroughputReport {
     /// Admission at the queue's concurrency limit, p50 and p99 in ms (`--queue-concurrency`).
     admission_p50_ms: Option<f64>,
     admission_p99_ms: Option<f64>,
+    /// Where the time went (`phases`).
+    phases: Phases,
 }
 
 /// Start-to-completion latency from the instance rows, and the same span the wall clock saw
@@ -294,6 +297,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         args.bench_schema
     );
     let server_before = server::read_before(&setup.db, &setup.store).await?;
+    let stats_before = server_stats(&setup.db, args).await?;
     let phase_cpu = server::PhaseCpu::start();
     let round_trips_before = setup.store.round_trips();
     let batches_before = setup.store.batch_stats();
@@ -327,6 +331,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
     let batches = setup.store.batch_stats().since(&batches_before);
     let (own_cpu, host_idle) = phase_cpu.finish();
     let spent = server_before.spent_until(&server::read_after(&setup.db, &setup.store).await?);
+    let stats_after = server_stats(&setup.db, args).await?;
     let Some((finished_at, round_trips_after)) = reached else {
         println!(
             "bench: FAIL: only {}/{} workflows completed within {} s",
@@ -394,6 +399,16 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
             super::group_commit_line(&[("append", batches.appends), ("start", batches.starts)])
         );
     }
+    let phases = phases::report(&phases::Measured {
+        lanes: &[("append", batches.appends), ("park", batches.parks)],
+        others: &[("start", batches.starts)],
+        elapsed,
+        in_flight: None,
+        own_cpu,
+        host_idle,
+        spent: &spent,
+        server: stats_before.as_ref().zip(stats_after.as_ref()),
+    });
     println!(
         "bench: start-to-completion latency p50 {p50:.1} ms, p99 {p99:.1} ms; resident memory \
          {rss_mb:.1} MiB (peak {rss_peak_mb:.1} MiB)"
@@ -487,6 +502,7 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         queue_keys: args.queue_keys,
         admission_p50_ms: admission.map(|(p50, _)| round(p50, 2)),
         admission_p99_ms: admission.map(|(_, p99)| round(p99, 2)),
+        phases,
     };
     super::emit(&report)?;
     Ok(outcome)

@@ -2,6 +2,7 @@
 //! serves) as a user would, against a real PostgreSQL schema or a SQLite file.
 
 mod attributes;
+mod bench_phases;
 mod bench_sqlite;
 mod bench_suite;
 mod credentials;

@@ -37,9 +37,8 @@
 //! docs/benchmarks-history.md ("Moved from the code").
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use keiro_journal::store::Result;
 use keiro_journal::{
@@ -49,6 +48,7 @@ use keiro_journal::{
 use tokio::sync::oneshot;
 use tracing::Instrument as _;
 
+use super::stats::{add_nanos, LaneCounters, LaneStats};
 use crate::db::Db;
 
 /// The longest a group-commit batch keeps its lane's slot: far longer than a batch takes, short
@@ -95,22 +95,33 @@ struct Waiting<T: Batched> {
     reply: oneshot::Sender<Result<T::Output>>,
     /// The caller's span, which the span of the batch that carries the request follows from.
     caller: tracing::Span,
+    /// When it joined the lane's queue.
+    pushed: Instant,
 }
 
 /// A batch's hold on its lane's slot. The lane gives the slot back once the batch's commit is
 /// acknowledged and its callers are answered (and have had a turn to ask again), so the
 /// requests they make next leave together; a statement gives it back early when it is kept
 /// waiting ([`in_slot`]), so the lane never waits behind a batch stuck on a lock.
-struct SlotHold(Mutex<Option<Slot>>);
+struct SlotHold {
+    slot: Mutex<Option<Slot>>,
+    /// When the batch took the slot, and where the time it held it is counted.
+    taken: Instant,
+    counters: Arc<LaneCounters>,
+}
 
 impl SlotHold {
-    fn new(slot: Slot) -> Self {
-        Self(Mutex::new(Some(slot)))
+    fn new(slot: Slot, counters: &Arc<LaneCounters>) -> Self {
+        Self {
+            slot: Mutex::new(Some(slot)),
+            taken: Instant::now(),
+            counters: Arc::clone(counters),
+        }
     }
 
     /// How many requests wait in the lane for the next batch (0 once the slot is back).
     fn queued(&self) -> usize {
-        self.0
+        self.slot
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .as_ref()
@@ -119,12 +130,15 @@ impl SlotHold {
 
     /// Gives the slot back now (once; later calls do nothing).
     fn release(&self) {
-        drop(
-            self.0
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .take(),
-        );
+        let slot = self
+            .slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if slot.is_some() {
+            add_nanos(&self.counters.slot_ns, self.taken.elapsed());
+        }
+        drop(slot);
     }
 }
 
@@ -138,60 +152,6 @@ pub(crate) struct Lane<T: Batched> {
     batching: bool,
     /// How the lane cuts its batches.
     limits: BatchLimits,
-}
-
-/// Batches a lane cut and the requests they carried, counted as they leave.
-#[derive(Debug, Default)]
-struct LaneCounters {
-    batches: AtomicU64,
-    requests: AtomicU64,
-}
-
-impl LaneCounters {
-    fn count(&self, requests: usize) {
-        self.batches.fetch_add(1, Ordering::Relaxed);
-        self.requests.fetch_add(
-            u64::try_from(requests).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
-    }
-
-    fn read(&self) -> LaneStats {
-        LaneStats {
-            batches: self.batches.load(Ordering::Relaxed),
-            requests: self.requests.load(Ordering::Relaxed),
-        }
-    }
-}
-
-/// What one group-commit lane sent: each batch is one statement and one commit, so
-/// `requests / batches` is how many calls shared a commit on average. A call sent by itself
-/// because its lane was idle counts as a batch of one; calls made with batching off, or of a
-/// kind a lane never carries, are not counted.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LaneStats {
-    /// Batches sent (statements, each in a transaction of its own).
-    pub batches: u64,
-    /// Calls those batches carried.
-    pub requests: u64,
-}
-
-impl LaneStats {
-    /// Calls per batch; `None` before the first batch.
-    #[must_use]
-    pub fn mean_len(&self) -> Option<f64> {
-        #[allow(clippy::cast_precision_loss)] // counts far below 2^52 convert exactly
-        (self.batches > 0).then(|| self.requests as f64 / self.batches as f64)
-    }
-
-    /// What was sent between `earlier` and `self` (two reads of the same lane).
-    #[must_use]
-    pub fn since(&self, earlier: &Self) -> Self {
-        Self {
-            batches: self.batches.saturating_sub(earlier.batches),
-            requests: self.requests.saturating_sub(earlier.requests),
-        }
-    }
 }
 
 /// Where a lane that does not have slots of its own takes them from.
@@ -242,10 +202,13 @@ impl<T: Batched> Lane<T> {
         if !self.batching || !request.batchable() {
             return T::send_one(db, &request).await;
         }
+        let called = Instant::now();
         let idle = self.with_batcher(db, slots, Batcher::try_slot);
         if let Some(slot) = idle {
-            self.counters.count(1);
-            return send_idle(db, &request, slot).await;
+            self.counters.count(1, Duration::ZERO);
+            let outcome = send_idle(db, &request, slot, &self.counters).await;
+            self.counters.call(called.elapsed());
+            return outcome;
         }
         let (reply, outcome) = oneshot::channel();
         // Taken only while store spans are on: a clone of the current span is not free, and
@@ -259,18 +222,23 @@ impl<T: Batched> Lane<T> {
             request,
             reply,
             caller,
+            pushed: called,
         };
         let pushed = self.with_batcher(db, slots, |batcher| batcher.push(waiting));
         match pushed {
-            Ok(()) => outcome.await.unwrap_or_else(|_| {
-                // The loop dropped the request unanswered: its runtime is shutting down. The
-                // batch may or may not have committed; the caller retries as after any
-                // dropped connection.
-                Err(StoreError::Unavailable {
-                    operation: T::OPERATION,
-                    source: "the store's batching task stopped before answering".into(),
+            Ok(()) => {
+                let answer = outcome.await;
+                self.counters.call(called.elapsed());
+                answer.unwrap_or_else(|_| {
+                    // The loop dropped the request unanswered: its runtime is shutting down. The
+                    // batch may or may not have committed; the caller retries as after any
+                    // dropped connection.
+                    Err(StoreError::Unavailable {
+                        operation: T::OPERATION,
+                        source: "the store's batching task stopped before answering".into(),
+                    })
                 })
-            }),
+            }
             Err(waiting) => T::send_one(db, &waiting.request).await,
         }
     }
@@ -302,7 +270,12 @@ impl<T: Batched> Lane<T> {
 /// slot: the requests that arrive meanwhile queue for the next batch, and this one costs what
 /// it would without batching (no hop through the lane's task). Its `keiro.store.batch` span
 /// (of length 1) follows from the caller's span, as a batch's does.
-async fn send_idle<T: Batched>(db: &Db, request: &T, slot: Slot) -> Result<T::Output> {
+async fn send_idle<T: Batched>(
+    db: &Db,
+    request: &T,
+    slot: Slot,
+    counters: &Arc<LaneCounters>,
+) -> Result<T::Output> {
     let span = store_span!(
         "batch",
         keiro.store.operation = T::NAME,
@@ -311,8 +284,9 @@ async fn send_idle<T: Batched>(db: &Db, request: &T, slot: Slot) -> Result<T::Ou
     if !span.is_disabled() {
         span.follows_from(tracing::Span::current());
     }
-    let hold = SlotHold::new(slot);
+    let hold = SlotHold::new(slot, counters);
     let outcome = alone_in_slot(db, request, &hold).instrument(span).await;
+    counters.statement(1, hold.taken.elapsed());
     hold.release();
     outcome
 }
@@ -328,8 +302,11 @@ fn spawn<T: Batched>(
     let db: Weak<Db> = Arc::downgrade(db);
     let send = move |batch: Vec<Waiting<T>>, slot| {
         let db = db.upgrade()?;
-        counters.count(batch.len());
-        Some(async move { send(&db, batch, slot).await })
+        let cut = Instant::now();
+        let queued = batch.iter().map(|w| cut.duration_since(w.pushed)).sum();
+        counters.count(batch.len(), queued);
+        let counters = Arc::clone(&counters);
+        Some(async move { send(&db, batch, slot, &counters).await })
     };
     match slots {
         Some(slots) => Batcher::spawn_with_slots(slots, limits, send),
@@ -340,7 +317,12 @@ fn spawn<T: Batched>(
 /// Sends one batch in a `keiro.store.batch` span of its own, which follows from the span of
 /// each call it carries: the batch runs in the lane's task, apart from every caller, and one
 /// commit serves them all.
-async fn send<T: Batched>(db: &Db, batch: Vec<Waiting<T>>, slot: Slot) {
+async fn send<T: Batched>(
+    db: &Db,
+    batch: Vec<Waiting<T>>,
+    slot: Slot,
+    counters: &Arc<LaneCounters>,
+) {
     let span = store_span!(
         "batch",
         keiro.store.operation = T::NAME,
@@ -353,7 +335,7 @@ async fn send<T: Batched>(db: &Db, batch: Vec<Waiting<T>>, slot: Slot) {
     }
     let (requests, replies): (Vec<T>, Vec<_>) =
         batch.into_iter().map(|w| (w.request, w.reply)).unzip();
-    send_batch(db, requests, replies, slot)
+    send_batch(db, requests, replies, slot, counters)
         .instrument(span)
         .await;
 }
@@ -365,20 +347,24 @@ async fn send_batch<T: Batched>(
     requests: Vec<T>,
     replies: Vec<oneshot::Sender<Result<T::Output>>>,
     slot: Slot,
+    counters: &Arc<LaneCounters>,
 ) {
-    let hold = SlotHold::new(slot);
+    let hold = SlotHold::new(slot, counters);
     if let [request] = requests.as_slice() {
         // A lone request: the lane was idle when it came, so nobody is waiting to join its
         // caller's next one. The slot goes before the answer, which that next request then
         // finds free, as it would without batching.
         let outcome = alone_in_slot(db, request, &hold).await;
+        counters.statement(1, hold.taken.elapsed());
         hold.release();
         if let Some(reply) = replies.into_iter().next() {
             let _ = reply.send(outcome);
         }
         return;
     }
+    let len = requests.len();
     send_many(db, requests, replies, &hold).await;
+    counters.statement(len, hold.taken.elapsed());
     // The answered callers run on this runtime: turns for them to queue what they do next
     // before the slot frees, so that it leaves as one batch rather than a lone first request
     // and the rest behind it.

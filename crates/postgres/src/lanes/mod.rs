@@ -2,6 +2,8 @@
 //! operation share one statement and one commit. `lane` is the lane itself, generic over the
 //! request; each other file here is one batched operation: its request, the statement that
 //! carries a batch of them (an operation of `ops`), and the calls the store traits make.
+//! `stats` is what each lane counts as its batches leave: batches, calls, and where the calls'
+//! time went (queue, statement, hand-off).
 
 use std::sync::Arc;
 
@@ -26,9 +28,10 @@ mod park;
 mod read;
 mod start;
 mod start_claimed;
+mod stats;
 
 use lane::Lane;
-pub use lane::LaneStats;
+pub use stats::{CallTime, LaneStats};
 
 /// What each group-commit lane of a store sent so far ([`PgStore::batch_stats`](crate::PgStore::batch_stats)).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -20,6 +20,7 @@ mod hot_claims;
 mod hot_path;
 mod isolation;
 mod journal_append;
+mod lane_phases;
 mod list_plans;
 mod listen_health;
 mod malformed_rows;
