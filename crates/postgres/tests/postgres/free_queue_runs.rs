@@ -1,8 +1,9 @@
 //! Runs of a queue that counts nothing start free (migration 0027) and the ordinary claim
 //! takes them; a change that makes the queue count, or pauses it, turns its free runs into
-//! waiting ones. Only SQL shows the race this file covers: a start that read the queue as free
+//! waiting ones. Only SQL shows what this file covers: a start that read the queue as free
 //! just before such a change commits must not leave a free run behind it, which the queue's
-//! advisory lock (shared by starts, exclusive for the change) prevents. The rules themselves
+//! advisory lock (shared by starts, exclusive for the change) prevents; and a start in a
+//! transaction that is not READ COMMITTED makes a waiting run instead. The rules themselves
 //! are the contract suite's (`keiro_tests::contract::queue::light`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -105,5 +106,81 @@ async fn no_start_leaves_a_free_run_behind_a_limit_or_a_pause() -> TestResult {
         .await?
         .get(0);
     assert!(free > 0, "no run started free");
+    Ok(())
+}
+
+/// A start in a transaction that is not READ COMMITTED cannot see a change that commits after
+/// its snapshot, so it makes a waiting run, not a free one; the claim of a worker serving the
+/// queue still takes it, through admission (`admitted` true), and an ordinary claim does not.
+#[tokio::test]
+async fn a_start_under_repeatable_read_waits_and_is_admitted() -> TestResult {
+    let db = TestDb::new().await;
+    let mut client = db.store().pool().get().await?;
+    client
+        .batch_execute(
+            "SELECT keiro_queue_declare('q', NULL, NULL, NULL, NULL, NULL, NULL, NULL, \
+                                        false, 'fifo', NULL, true)",
+        )
+        .await?;
+    let tx = client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .start()
+        .await?;
+    tx.execute(
+        "SELECT 1 FROM keiro_queue_start('wf', 'rr', 'null', NULL, NULL, 0, 'q', NULL, NULL, \
+         NULL, false)",
+        &[],
+    )
+    .await?;
+    tx.commit().await?;
+    client
+        .execute(
+            "SELECT 1 FROM keiro_queue_start('wf', 'rc', 'null', NULL, NULL, 0, 'q', NULL, NULL, \
+             NULL, false)",
+            &[],
+        )
+        .await?;
+    let free = |id: &'static str| {
+        let client = &client;
+        async move {
+            client
+                .query_one(
+                    "SELECT queue_free FROM workflows WHERE workflow_id = $1",
+                    &[&id],
+                )
+                .await
+                .map(|row| row.get::<_, bool>(0))
+        }
+    };
+    assert!(!free("rr").await?, "a repeatable-read start waits");
+    assert!(free("rc").await?, "a read-committed start is free");
+
+    let ordinary = client
+        .query(
+            "SELECT 1 FROM keiro_instances_claim_batch(ARRAY['wf'], 'w', 60000, 10, NULL)",
+            &[],
+        )
+        .await?;
+    assert!(
+        ordinary.is_empty(),
+        "a claim serving no queue takes neither"
+    );
+    let mut claims: Vec<(bool, String)> = client
+        .query(
+            "SELECT c.admitted, (c.instance).workflow_id FROM \
+             keiro_instances_claim_and_admit(ARRAY['wf'], ARRAY['q'], 'w', 60000, 10, NULL) c",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    claims.sort();
+    assert_eq!(
+        claims,
+        [(false, "rc".to_owned()), (true, "rr".to_owned())],
+        "the free run by the ordinary claim, the waiting one by admission"
+    );
     Ok(())
 }
