@@ -271,6 +271,7 @@ impl KeiroBuilder {
             queues: self.queues,
             versions: self.versions,
             codec: self.codec,
+            hand_offs: Arc::default(),
         }
     }
 }

@@ -137,6 +137,12 @@ impl Keiro {
     /// (status `running`) when this returns, and a worker will drive it. Idempotent by id: a
     /// second start returns the existing instance (`created == false`).
     ///
+    /// When a worker built from this handle ([`worker`](Self::worker)) is running in this
+    /// process, serves `name` and this handle's application version, has a free slot and
+    /// found nothing else to claim, the run is started leased to it and handed over in memory
+    /// (no notification, no claim: [`WorkerBuilder::hand_offs`](crate::WorkerBuilder::hand_offs));
+    /// the returned row then shows that lease.
+    ///
     /// ```
     /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")]
@@ -163,6 +169,9 @@ impl Keiro {
         input: &I,
     ) -> Result<Started, Error> {
         let key = InstanceKey::parse(name, id)?;
+        if let Some(started) = self.start_handed_off(&key, input).await {
+            return started;
+        }
         Ok(keiro_journal::start(self.store.as_ref(), &key, input, self.payload_len_max).await?)
     }
 
@@ -572,6 +581,7 @@ impl Keiro {
             .schedule_store(self.schedules.clone())
             .queue_store(self.queues.clone())
             .version_store(self.versions.clone())
+            .hand_offs(Some(self.hand_offs.clone()))
     }
 
     /// This handle with `notifier` as its push notifier.

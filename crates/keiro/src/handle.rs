@@ -76,6 +76,9 @@ pub struct Keiro {
     /// The payload codec the store is wrapped in (`crate::codec`), for the calls that write in
     /// the caller's own transaction; `None` stores payloads as they are.
     pub(crate) codec: Option<Arc<dyn keiro_journal::codec::Codec>>,
+    /// The worker loops built from this handle (and its clones) that take the runs it starts
+    /// (`keiro_resume::HandOffs`), while they run.
+    pub(crate) hand_offs: Arc<keiro_resume::HandOffs>,
 }
 
 impl std::fmt::Debug for Keiro {

@@ -100,6 +100,7 @@ mod connect;
 mod direct;
 mod engine;
 mod error;
+mod hand_off;
 mod handle;
 mod messages;
 pub mod operate;

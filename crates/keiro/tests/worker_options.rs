@@ -97,6 +97,8 @@ fn the_order_of_the_calls_does_not_matter() -> Result<(), keiro::Error> {
         retention: Some(Duration::from_secs(3600)),
         queues: vec!["llm".to_owned()],
         versions: keiro::versions::Versions::only(["v1", "v2"]),
+        // Opened by the worker's loop while it runs, on `WorkerBuilder::hand_offs`.
+        hand_off: None,
     };
     let forward = built(calls(&log))?;
     let backward = built(calls(&log).into_iter().rev())?;

@@ -128,9 +128,32 @@ pub(crate) async fn claim_pass(
     // When a claim that came back short may be sent again without a wake: the poll interval
     // after it, kept across the loop's turns so that runs ending often do not postpone it.
     let mut poll_at: Option<Instant> = None;
+    let hand_off = options.hand_off.as_ref();
     loop {
         let stopping = stop.load(Ordering::Relaxed);
+        if let Some(hand_off) = hand_off {
+            // Runs started in this process, leased to this loop from their start; once
+            // stopping, none more (those delivered are released below with the others).
+            let delivered = if stopping {
+                hand_off.close()
+            } else {
+                hand_off.take()
+            };
+            summary.discovered += u64::try_from(delivered.len()).unwrap_or(u64::MAX);
+            held.pending.extend(delivered);
+        }
         let waiting = held.pending.len() + held.bodies();
+        if let Some(hand_off) = hand_off {
+            // Room for hand-offs only while nothing else is claimable (the last claim came back
+            // short and none is in flight), so they never overtake runs waiting in the store;
+            // and only up to a free slot each, so none waits here for a body to end.
+            let open = !stopping && exhausted && claiming.is_none();
+            hand_off.set_room(if open {
+                concurrency.saturating_sub(waiting)
+            } else {
+                0
+            });
+        }
         let room = !stopping && waiting < low_water && claimed < limit;
         if claiming.is_none() && !exhausted && room {
             let want = refill.saturating_sub(waiting).min(limit - claimed);
@@ -221,6 +244,9 @@ pub(crate) async fn claim_pass(
             Ok(slot) = slots.acquire_owned(), if waiting_for_slot => held.spare = Some(slot),
             // Something may have become runnable since the short claim: claim again.
             _ = wake.wait(poll_in), if claim_again => (exhausted, poll_at) = (false, None),
+            // A run started here was handed to this loop: taken at the top of the next turn.
+            () = async { hand_off.expect("guarded").delivered().await },
+                if hand_off.is_some() && !stopping => {}
             (batch, want, asked) = async { claiming.as_mut().expect("guarded").await },
                 if claiming.is_some() =>
             {

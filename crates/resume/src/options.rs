@@ -96,6 +96,11 @@ pub struct ResumeOptions {
     /// over runs of other versions. The facade's worker builder sets its store's version
     /// unless told otherwise. Defaults to [`Versions::Any`](keiro_lease::Versions::Any).
     pub versions: keiro_lease::Versions,
+    /// Where runs started in this process are handed to this worker's loop, leased to it
+    /// from their start (`keiro_resume::HandOffs`); `None` takes runs through claims only.
+    /// The facade's worker opens one on its `Keiro`'s hand-offs while it runs. Defaults to
+    /// `None`.
+    pub hand_off: Option<crate::HandOff>,
 }
 
 impl std::fmt::Debug for ResumeOptions {
@@ -118,6 +123,7 @@ impl std::fmt::Debug for ResumeOptions {
             .field("faults", &self.faults)
             .field("retention", &self.retention)
             .field("queues", &self.queues)
+            .field("hand_off", &self.hand_off.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -143,6 +149,7 @@ impl Default for ResumeOptions {
             retention: None,
             queues: Vec::new(),
             versions: keiro_lease::Versions::Any,
+            hand_off: None,
         }
     }
 }

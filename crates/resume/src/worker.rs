@@ -8,6 +8,7 @@ use keiro_lease::LeaseStore;
 
 use crate::claim_pass::{claim_pass, Held};
 use crate::log::ResumeLogEvent;
+use crate::pass::release;
 use crate::wake::{WakeReason, WakeSource};
 use crate::{Registry, ResumeOptions, ResumeSummary};
 use keiro_journal::error_chain;
@@ -65,20 +66,38 @@ pub async fn run_loop<W: WakeSource>(
         // Stopped with runs still held (they were handed over as the shutdown came): the next
         // pass, stopping, waits for them.
         if stop.load(Ordering::Relaxed) && held.is_empty() {
+            give_back_hand_offs(&store, &options).await;
             return total;
         }
         // A pass that reached its claim limit left runs going: the next one takes them over.
         if advanced || !held.is_empty() {
             continue;
         }
+        let hand_off = options.hand_off.as_ref();
         tokio::select! {
             biased;
-            () = &mut shutdown => return total,
+            () = &mut shutdown => {
+                give_back_hand_offs(&store, &options).await;
+                return total;
+            }
+            // A run started in this process was handed to this loop: the next pass takes it.
+            () = async { hand_off.expect("guarded").delivered().await }, if hand_off.is_some() => {}
             reason = wake.wait(keiro_journal::store::stretched(options.poll_interval)) => {
                 if reason == WakeReason::Reconnected {
                     tracing::debug!("wake source reconnected; polling at once");
                 }
             }
         }
+    }
+}
+
+/// Closes the loop's hand-off, if it has one, and gives back the leases of the runs delivered
+/// to it and not taken, so other workers claim them at once.
+async fn give_back_hand_offs(store: &Arc<dyn LeaseStore>, options: &ResumeOptions) {
+    let Some(hand_off) = &options.hand_off else {
+        return;
+    };
+    for (claim, _) in hand_off.close() {
+        release(store, options, &claim.instance.key, &claim.fence, false).await;
     }
 }

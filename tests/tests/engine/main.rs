@@ -8,6 +8,7 @@ mod database_outage;
 mod direct;
 mod failure_semantics;
 mod generation_bound;
+mod hand_off;
 mod instance_keys;
 mod journal_budget;
 mod least_privilege;

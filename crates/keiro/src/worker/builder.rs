@@ -60,6 +60,9 @@ pub struct WorkerBuilder {
     serve: Option<keiro_lease::Versions>,
     /// Where schedules live, and how this worker's scheduler runs (`schedules`).
     schedules: WorkerSchedules,
+    /// Where this worker's loops take runs started beside them (`Keiro::worker` passes its
+    /// handle's).
+    hand_offs: Option<Arc<keiro_resume::HandOffs>>,
 }
 
 impl std::fmt::Debug for WorkerBuilder {
@@ -97,7 +100,29 @@ impl WorkerBuilder {
             version_store: None,
             serve: None,
             schedules: WorkerSchedules::default(),
+            hand_offs: None,
         }
+    }
+
+    /// The hand-offs of the `Keiro` handle this worker runs beside: while one of its loops
+    /// runs, a run that handle starts without a queue, of a workflow the worker serves, when
+    /// the loop has a free slot and nothing else is claimable, is started leased to the loop
+    /// and handed to it in memory (no notification, no claim; `keiro_resume::HandOffs`).
+    /// `None` takes every run through claims. Defaults to the handle's when built through
+    /// `Keiro::worker`, else `None`.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // A worker that only claims, beside a handle that starts runs.
+    /// let worker = keiro::Keiro::temporary()?.worker().hand_offs(None).build()?;
+    /// # let _ = worker;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
+    /// ```
+    pub fn hand_offs(mut self, hand_offs: Option<Arc<keiro_resume::HandOffs>>) -> Self {
+        self.hand_offs = hand_offs;
+        self
     }
 
     /// The store's application versions: the version this worker runs (and serves by
@@ -622,6 +647,7 @@ impl WorkerBuilder {
             queue_store: self.queue_store,
             version_store: self.version_store,
             schedules: self.schedules,
+            hand_offs: self.hand_offs,
         })
     }
 }

@@ -36,6 +36,7 @@ pub struct Worker {
     pub(crate) queue_store: Option<Arc<dyn keiro_lease::QueueStore>>,
     version_store: Option<Arc<dyn keiro_lease::VersionStore>>,
     schedules: schedules::WorkerSchedules,
+    hand_offs: Option<Arc<keiro_resume::HandOffs>>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -332,10 +333,28 @@ impl Worker {
         wake: W,
         shutdown: impl Future<Output = ()> + Send,
     ) -> ResumeSummary {
+        let mut options = self.options.clone();
+        // Open while this loop runs: the loop closes it as it stops, and the guard if the
+        // loop is dropped before (runs delivered and not taken then wait out their lease).
+        let mut _closing = None;
+        if let Some(hand_offs) = &self.hand_offs {
+            options.hand_off = Some(
+                hand_offs.open(
+                    self.registry.names(),
+                    options.versions.clone(),
+                    options
+                        .owner
+                        .clone()
+                        .unwrap_or_else(|| format!("keiro-{}", uuid::Uuid::new_v4())),
+                    options.lease_ttl,
+                ),
+            );
+            _closing = options.hand_off.clone().map(ClosingHandOff);
+        }
         keiro_resume::run_loop(
             self.store.clone(),
             self.registry.clone(),
-            self.options.clone(),
+            options,
             wake,
             shutdown,
         )
@@ -361,5 +380,14 @@ impl Worker {
             }
         })
         .await
+    }
+}
+
+/// Closes a loop's hand-off when dropped, however the loop ended.
+struct ClosingHandOff(keiro_resume::HandOff);
+
+impl Drop for ClosingHandOff {
+    fn drop(&mut self) {
+        drop(self.0.close());
     }
 }
