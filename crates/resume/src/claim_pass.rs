@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 use crate::log::ResumeLogEvent;
 use crate::pass::{drive_claimed, pass, release, sample_awakeables_pending, transient};
 use crate::wake::WakeSource;
-use crate::{Registry, ResumeOptions, ResumeSummary};
+use crate::{Delivered, Registry, ResumeOptions, ResumeSummary};
 
 /// The runs a worker loop holds between and across its passes: claimed and waiting for a slot,
 /// running their bodies, and closing (their body returned; their completion, park or release
@@ -38,6 +38,9 @@ pub(crate) struct Held {
     spare: Option<OwnedSemaphorePermit>,
     /// `max_concurrent_advances`, as the slots were sized.
     concurrency: usize,
+    /// Whether the last claim, of this pass or an earlier one, came back short: nothing else
+    /// was claimable then.
+    last_claim_short: bool,
 }
 
 impl Held {
@@ -52,6 +55,7 @@ impl Held {
             slots: Arc::new(Semaphore::new(concurrency)),
             spare: None,
             concurrency,
+            last_claim_short: false,
         }
     }
 
@@ -96,8 +100,12 @@ type ClaimInFlight =
 /// holds a slot, so the next run starts while that write waits for its commit. Runs running
 /// and closing together stay within two slot-sets, so a slow store cannot pile up closings.
 ///
-/// Once `stop` is set the pass claims and starts nothing more, waits for every run held
-/// (handed over ones too) and releases the claims not started.
+/// Runs started in this process and handed to the loop (`options.hand_off`,
+/// [`HandOff`](crate::HandOff)) join the claimed ones as they come, and count as claims; the
+/// pass takes them only while its last claim came back short, each in a free slot it took.
+///
+/// Once `stop` is set the pass claims and starts nothing more, closes its hand-off, waits for
+/// every run held (handed over ones too) and releases the claims not started.
 pub(crate) async fn claim_pass(
     store: &Arc<dyn LeaseStore>,
     registry: &Registry,
@@ -129,31 +137,39 @@ pub(crate) async fn claim_pass(
     // after it, kept across the loop's turns so that runs ending often do not postpone it.
     let mut poll_at: Option<Instant> = None;
     let hand_off = options.hand_off.as_ref();
+    if let Some(hand_off) = hand_off {
+        hand_off.attach_slots(held.slots.clone());
+    }
     loop {
         let stopping = stop.load(Ordering::Relaxed);
         if let Some(hand_off) = hand_off {
-            // Runs started in this process, leased to this loop from their start; once
-            // stopping, none more (those delivered are released below with the others).
+            // Runs started in this process, leased to this loop from their start, each in a
+            // slot it took; once stopping, none more, and those delivered are given back.
             let delivered = if stopping {
                 hand_off.close()
             } else {
                 hand_off.take()
             };
+            // Counted as claims: the pass limit bounds them too.
+            claimed += delivered.len();
             summary.discovered += u64::try_from(delivered.len()).unwrap_or(u64::MAX);
-            held.pending.extend(delivered);
+            for Delivered { claim, asked, slot } in delivered {
+                let workflow = registry.get(&claim.instance.key.name).cloned();
+                let Some(workflow) = workflow.filter(|_| !stopping) else {
+                    release(store, options, &claim.instance.key, &claim.fence, false).await;
+                    continue;
+                };
+                let (store, shared) = (store.clone(), shared.clone());
+                held.tasks.spawn(async move {
+                    drive_claimed(&store, workflow, &shared, claim, asked, move || drop(slot)).await
+                });
+            }
+            // Taking hand-offs only while nothing else was claimable (the last claim came
+            // back short), so they do not overtake runs waiting in the store (those that
+            // became runnable since wait at most for the claim in flight).
+            hand_off.set_taking(!stopping && held.last_claim_short && claimed < limit);
         }
         let waiting = held.pending.len() + held.bodies();
-        if let Some(hand_off) = hand_off {
-            // Room for hand-offs only while nothing else is claimable (the last claim came back
-            // short and none is in flight), so they never overtake runs waiting in the store;
-            // and only up to a free slot each, so none waits here for a body to end.
-            let open = !stopping && exhausted && claiming.is_none();
-            hand_off.set_room(if open {
-                concurrency.saturating_sub(waiting)
-            } else {
-                0
-            });
-        }
         let room = !stopping && waiting < low_water && claimed < limit;
         if claiming.is_none() && !exhausted && room {
             let want = refill.saturating_sub(waiting).min(limit - claimed);
@@ -218,7 +234,11 @@ pub(crate) async fn claim_pass(
             if stopping || (held.pending.is_empty() && exhausted) {
                 break;
             }
-            continue;
+            // Unless slots are taken by hand-offs still being started: their delivery (or
+            // their end without one) wakes the wait below.
+            if hand_off.is_none_or(|hand_off| hand_off.reserved() == 0) {
+                continue;
+            }
         }
         let waiting_for_slot = !stopping
             && held.spare.is_none()
@@ -254,6 +274,7 @@ pub(crate) async fn claim_pass(
                 match batch {
                     Ok(claims) => {
                         exhausted = claims.len() < want;
+                        held.last_claim_short = exhausted;
                         if exhausted {
                             poll_at = Some(Instant::now() + stretched(options.poll_interval));
                         }

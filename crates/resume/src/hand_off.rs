@@ -3,24 +3,25 @@
 //!
 //! A start made through the ordinary path commits the run, notifies the workers, and a worker's
 //! loop wakes, claims it (one more statement and commit) and drives it. When the caller's own
-//! process runs a worker loop that serves the workflow and has room, that hop buys nothing: the
-//! caller asks the loop's [`HandOff`] for a place ([`HandOffs::reserve`]), starts the run leased
-//! to the loop's owner in the same statement that creates it (as direct execution does), and
-//! delivers the claim ([`Reservation::deliver`]); the loop takes it on its next turn as if its
-//! own claim had returned it.
+//! process runs a worker loop that serves the workflow and has a free slot, that hop buys
+//! nothing: the caller takes one of the loop's slots ([`HandOffs::reserve`]), starts the run
+//! leased to the loop's owner in the same statement that creates it (as direct execution
+//! does), and delivers the claim with the slot ([`Reservation::deliver`]); the loop drives it
+//! on its next turn as if its own claim had returned it.
 //!
-//! A loop offers room only while its last claim came back short (nothing else was runnable),
-//! so a handed-off run never overtakes runs already waiting in the store, and only up to the
-//! runs it would claim itself (`max_concurrent_advances`-based, as its claims are sized). If
-//! the process dies after the start, the run is leased to a loop that is gone: another worker
-//! claims it once the lease expires (`lease_ttl`), as for any run of a killed worker.
+//! A loop takes hand-offs only while its last claim came back short (nothing else was
+//! runnable then), so a handed-off run does not overtake runs already waiting in the store,
+//! and only into a free slot of its `max_concurrent_advances`, so none waits for a body to
+//! end. If the process dies after the start, the run is leased to a loop that is gone: another
+//! worker claims it once the lease expires (`lease_ttl`), as for any run of a killed worker.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use keiro_journal::WorkflowName;
 use keiro_lease::{Claim, Versions};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The worker loops of one process (of one `Keiro` handle and its clones) that take runs
 /// started there: where a start looks for a loop to hand its run to.
@@ -37,8 +38,8 @@ impl HandOffs {
     }
 
     /// Opens a hand-off for a loop serving `names` of `versions`, leasing as `owner` for
-    /// `ttl`: registered until the [`HandOff`] is closed or dropped. It offers no room until
-    /// its loop says it has some.
+    /// `ttl`: registered until the [`HandOff`] is closed or the last clone of it dropped. It
+    /// takes nothing until its loop gives it its slots and says it is taking.
     #[must_use]
     pub fn open(
         &self,
@@ -54,9 +55,10 @@ impl HandOffs {
             ttl,
             state: Mutex::new(State {
                 open: true,
-                room: 0,
+                taking: false,
                 reserved: 0,
-                claims: VecDeque::new(),
+                slots: None,
+                delivered: VecDeque::new(),
             }),
             notify: tokio::sync::Notify::new(),
         });
@@ -66,25 +68,26 @@ impl HandOffs {
         HandOff { inbox }
     }
 
-    /// A place in a loop that serves workflow `name` at application `version` (`""`:
-    /// unversioned) and has room, taken for one run; `None` when no loop of this process can
-    /// take it now (start it the ordinary way).
+    /// A free slot of a loop that serves workflow `name` at application `version` (`""`:
+    /// unversioned) and is taking hand-offs, taken for one run; `None` when no loop of this
+    /// process can take it now (start it the ordinary way).
     #[must_use]
     pub fn reserve(&self, name: &WorkflowName, version: &str) -> Option<Reservation> {
         let loops = self.loops.lock().unwrap_or_else(PoisonError::into_inner);
-        loops
-            .iter()
-            .filter_map(Weak::upgrade)
-            .find(|inbox| {
-                inbox.names.iter().any(|n| n == name)
-                    && inbox.versions.serves(version)
-                    && inbox.take_room()
+        loops.iter().filter_map(Weak::upgrade).find_map(|inbox| {
+            if !inbox.names.iter().any(|n| n == name) || !inbox.versions.serves(version) {
+                return None;
+            }
+            let slot = inbox.free_slot()?;
+            Some(Reservation {
+                inbox,
+                slot: Some(slot),
             })
-            .map(|inbox| Reservation { inbox: Some(inbox) })
+        })
     }
 }
 
-/// One loop's side of the hand-off: the runs delivered to it and the room it offers.
+/// One loop's side of the hand-off: the runs delivered to it, and whether it takes more.
 #[derive(Debug)]
 struct Inbox {
     names: Vec<WorkflowName>,
@@ -98,129 +101,227 @@ struct Inbox {
 
 #[derive(Debug)]
 struct State {
-    /// Whether the loop still takes runs.
+    /// Whether the loop still runs.
     open: bool,
-    /// Runs the loop can take beyond those reserved and delivered.
-    room: usize,
-    /// Places taken whose run is not delivered yet.
+    /// Whether the loop takes hand-offs now.
+    taking: bool,
+    /// Slots taken by reservations not delivered yet.
     reserved: usize,
-    /// Delivered, not taken by the loop yet, each with when its lease was asked for.
-    claims: VecDeque<(Claim, Instant)>,
+    /// The loop's slots, one per run whose body runs.
+    slots: Option<Arc<Semaphore>>,
+    /// Delivered, not taken by the loop yet.
+    delivered: VecDeque<Delivered>,
 }
 
 impl Inbox {
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+    fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn take_room(&self) -> bool {
+    fn free_slot(&self) -> Option<OwnedSemaphorePermit> {
         let mut state = self.state();
-        if !state.open || state.room == 0 {
-            return false;
+        if !state.open || !state.taking {
+            return None;
         }
-        state.room -= 1;
+        let slot = state.slots.clone()?.try_acquire_owned().ok()?;
         state.reserved += 1;
-        true
+        Some(slot)
+    }
+
+    /// A reservation ended, delivered or not: the loop looks again.
+    fn settled(&self, mut state: MutexGuard<'_, State>) {
+        state.reserved = state.reserved.saturating_sub(1);
+        drop(state);
+        self.notify.notify_one();
     }
 }
 
-/// A loop's hand-off, held by the loop: it says how much room it has and takes what was
-/// delivered. Closed (no more deliveries) when dropped.
+/// A run handed to a loop: its claim, when its lease was asked for, and the loop's slot it
+/// runs in.
+#[derive(Debug)]
+pub struct Delivered {
+    /// The claim, as the loop's own claim would have returned it.
+    pub claim: Claim,
+    /// When the lease was asked for: it was granted no earlier.
+    pub asked: Instant,
+    /// The slot the run's body holds; given back when the body returns.
+    pub slot: OwnedSemaphorePermit,
+}
+
+/// A loop's hand-off, held by the loop: it gives the hand-off its slots, says when it takes
+/// runs, and takes what was delivered.
 #[derive(Debug, Clone)]
 pub struct HandOff {
     inbox: Arc<Inbox>,
 }
 
 impl HandOff {
-    /// Says the loop can take `room` more runs now, counting those reserved and delivered but
-    /// not taken yet; 0 offers none.
-    pub fn set_room(&self, room: usize) {
-        let mut state = self.inbox.state();
-        state.room = room.saturating_sub(state.reserved + state.claims.len());
+    /// The slots the loop's bodies run in: a reservation takes one of them.
+    pub fn attach_slots(&self, slots: Arc<Semaphore>) {
+        self.inbox.state().slots = Some(slots);
     }
 
-    /// The runs delivered since the last call, each with when its lease was asked for.
-    pub fn take(&self) -> Vec<(Claim, Instant)> {
-        self.inbox.state().claims.drain(..).collect()
+    /// Says whether the loop takes hand-offs now (while its last claim came back short).
+    pub fn set_taking(&self, taking: bool) {
+        self.inbox.state().taking = taking;
     }
 
-    /// Waits for the next delivery (at once if one came since the last wait).
+    /// The runs delivered since the last call.
+    pub fn take(&self) -> Vec<Delivered> {
+        self.inbox.state().delivered.drain(..).collect()
+    }
+
+    /// Slots taken by starts whose run is not delivered yet: the loop cannot use them, and
+    /// waits for [`delivered`](Self::delivered) rather than for its own runs.
+    #[must_use]
+    pub fn reserved(&self) -> usize {
+        self.inbox.state().reserved
+    }
+
+    /// Waits for the next delivery, or the end of a reservation without one (at once if one
+    /// came since the last wait).
     pub async fn delivered(&self) {
         self.inbox.notify.notified().await;
     }
 
     /// Takes no more runs; returns those delivered and not taken, whose leases the loop gives
     /// back.
-    pub fn close(&self) -> Vec<(Claim, Instant)> {
+    pub fn close(&self) -> Vec<Delivered> {
         let mut state = self.inbox.state();
         state.open = false;
-        state.room = 0;
-        state.claims.drain(..).collect()
+        state.taking = false;
+        state.delivered.drain(..).collect()
     }
 }
 
-/// A place in a loop for one run ([`HandOffs::reserve`]): start the run leased to
+/// A loop's slot taken for one run ([`HandOffs::reserve`]): start the run leased to
 /// [`owner`](Self::owner) for [`ttl`](Self::ttl), then [`deliver`](Self::deliver) its claim.
-/// Dropped without a delivery, the place is given back.
+/// Dropped without a delivery, the slot is given back.
 #[derive(Debug)]
 pub struct Reservation {
-    inbox: Option<Arc<Inbox>>,
+    inbox: Arc<Inbox>,
+    /// Until delivered.
+    slot: Option<OwnedSemaphorePermit>,
 }
 
-/// Why a claim was not delivered: it comes back, and its lease is the caller's to give back.
+/// A claim the loop did not take: it comes back, and its lease is the caller's to give back.
 #[derive(Debug)]
 pub struct NotDelivered(pub Box<Claim>);
 
 impl Reservation {
-    fn inbox(&self) -> &Inbox {
-        self.inbox
-            .as_ref()
-            .expect("a reservation holds its inbox until used")
-    }
-
     /// The lease owner the run is started under.
     #[must_use]
     pub fn owner(&self) -> &str {
-        &self.inbox().owner
+        &self.inbox.owner
     }
 
     /// The lease's time to live.
     #[must_use]
     pub fn ttl(&self) -> Duration {
-        self.inbox().ttl
+        self.inbox.ttl
     }
 
-    /// Delivers the run's claim to the loop. It comes back when the loop closed meanwhile, or
-    /// does not serve the run's application version after all (the run existed, started by
-    /// another version): give its lease back, so another worker claims it at once.
+    /// Delivers the run's claim to the loop, with the slot. It comes back when the loop
+    /// stopped meanwhile, or does not serve the run's application version after all (the run
+    /// existed, started by another version): give its lease back, so another worker claims
+    /// it at once.
     ///
     /// # Errors
     ///
     /// [`NotDelivered`], holding the claim.
     pub fn deliver(mut self, claim: Box<Claim>, asked: Instant) -> Result<(), NotDelivered> {
-        let inbox = self.inbox.take().expect("a reservation is used once");
         let version = claim.instance.app_version.as_deref().unwrap_or_default();
-        let serves = inbox.versions.serves(version);
-        let mut state = inbox.state();
-        state.reserved = state.reserved.saturating_sub(1);
+        let serves = self.inbox.versions.serves(version);
+        let mut state = self.inbox.state();
+        let slot = self
+            .slot
+            .take()
+            .expect("a reservation holds its slot until used");
         if !state.open || !serves {
+            drop(slot);
+            self.inbox.settled(state);
             return Err(NotDelivered(claim));
         }
-        state.claims.push_back((*claim, asked));
-        drop(state);
-        inbox.notify.notify_one();
+        state.delivered.push_back(Delivered {
+            claim: *claim,
+            asked,
+            slot,
+        });
+        self.inbox.settled(state);
         Ok(())
     }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        if let Some(inbox) = self.inbox.take() {
-            let mut state = inbox.state();
-            state.reserved = state.reserved.saturating_sub(1);
-            if state.open {
-                state.room += 1;
-            }
+        if let Some(slot) = self.slot.take() {
+            drop(slot);
+            self.inbox.settled(self.inbox.state());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(name: &str) -> WorkflowName {
+        WorkflowName::new(name).expect("a valid name")
+    }
+
+    #[test]
+    fn a_start_takes_a_free_slot_of_a_taking_loop_that_serves_it() {
+        let hand_offs = HandOffs::new();
+        let loop_ = hand_offs.open(
+            [name("w")],
+            Versions::only(["v1"]),
+            "owner".into(),
+            Duration::from_secs(1),
+        );
+        assert!(
+            hand_offs.reserve(&name("w"), "v1").is_none(),
+            "no slots yet"
+        );
+        let slots = Arc::new(Semaphore::new(1));
+        loop_.attach_slots(slots.clone());
+        assert!(hand_offs.reserve(&name("w"), "v1").is_none(), "not taking");
+        loop_.set_taking(true);
+        assert!(
+            hand_offs.reserve(&name("x"), "v1").is_none(),
+            "another workflow"
+        );
+        assert!(
+            hand_offs.reserve(&name("w"), "v2").is_none(),
+            "another version"
+        );
+        let reserved = hand_offs.reserve(&name("w"), "v1").expect("a free slot");
+        assert_eq!(reserved.owner(), "owner");
+        assert_eq!(loop_.reserved(), 1);
+        assert_eq!(slots.available_permits(), 0);
+        assert!(
+            hand_offs.reserve(&name("w"), "v1").is_none(),
+            "its one slot is taken"
+        );
+        drop(reserved);
+        assert_eq!(loop_.reserved(), 0);
+        assert_eq!(slots.available_permits(), 1, "given back undelivered");
+        assert!(loop_.close().is_empty());
+        assert!(hand_offs.reserve(&name("w"), "v1").is_none(), "closed");
+    }
+
+    #[test]
+    fn a_dropped_loop_leaves_the_list() {
+        let hand_offs = HandOffs::new();
+        let loop_ = hand_offs.open(
+            [name("w")],
+            Versions::Any,
+            "o".into(),
+            Duration::from_secs(1),
+        );
+        loop_.attach_slots(Arc::new(Semaphore::new(4)));
+        loop_.set_taking(true);
+        assert!(hand_offs.reserve(&name("w"), "").is_some());
+        drop(loop_);
+        assert!(hand_offs.reserve(&name("w"), "").is_none());
     }
 }

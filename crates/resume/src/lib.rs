@@ -55,7 +55,7 @@ mod wake;
 mod worker;
 
 pub use closed::{ClosedWait, ClosedWaiters, CLOSED_FALLBACK_READS_PER_S};
-pub use hand_off::{HandOff, HandOffs, NotDelivered, Reservation};
+pub use hand_off::{Delivered, HandOff, HandOffs, NotDelivered, Reservation};
 pub use heartbeat::run_heartbeat;
 pub use log::{tracing_log_hook, LogHook, ResumeLogEvent};
 pub use options::{

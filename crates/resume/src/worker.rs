@@ -97,7 +97,8 @@ async fn give_back_hand_offs(store: &Arc<dyn LeaseStore>, options: &ResumeOption
     let Some(hand_off) = &options.hand_off else {
         return;
     };
-    for (claim, _) in hand_off.close() {
+    for delivered in hand_off.close() {
+        let claim = &delivered.claim;
         release(store, options, &claim.instance.key, &claim.fence, false).await;
     }
 }

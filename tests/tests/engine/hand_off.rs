@@ -13,7 +13,7 @@ use std::time::Duration;
 use keiro::versions::Versions;
 use keiro::worker::FixedPoll;
 use keiro::{Ctx, Keiro, Status, Worker};
-use keiro_tests::{on_both_stores, FastWorker, Harness, TestResult};
+use keiro_tests::{on_both_stores, spawn_worker, FastWorker, Harness, TestResult};
 use tokio::sync::{oneshot, Semaphore};
 use tokio::task::JoinHandle;
 
@@ -22,6 +22,7 @@ on_both_stores!(
     a_worker_without_a_free_slot_takes_no_hand_off,
     a_stopped_worker_takes_no_hand_off,
     a_run_of_a_version_the_worker_does_not_serve_is_left_unleased,
+    a_handed_off_run_of_a_killed_loop_is_claimed_once_its_lease_expires,
 );
 
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -29,7 +30,7 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 /// Long enough that no test here sees the loop's poll.
 const POLL: Duration = Duration::from_secs(60);
 
-/// How long a loop is given to make its first claim (which comes back empty) before a start.
+/// How long a loop that is expected to take no hand-off is given to be ready before a start.
 const SETTLE: Duration = Duration::from_millis(300);
 
 /// A worker loop on a fixed poll of [`POLL`], stopped through its sender.
@@ -50,6 +51,39 @@ impl Loop {
         });
         tokio::time::sleep(SETTLE).await;
         Self { stop, task }
+    }
+
+    /// [`spawn`](Self::spawn), then waits until the loop takes hand-offs (its first claim came
+    /// back empty): until a `double` run it is given is handed to it, and every such run ended.
+    async fn ready(
+        worker: Worker,
+        keiro: &Keiro,
+    ) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+        let running = Self::spawn(worker).await;
+        let mut warm = Vec::new();
+        loop {
+            let id = format!("warm-{}", warm.len());
+            let started = keiro.start("double", &id, &0_u64).await?;
+            warm.push(id);
+            if started.instance.lease_owner.is_some() {
+                break;
+            }
+            if warm.len() > 100 {
+                return Err("the loop took no hand-off".into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for id in &warm {
+            ended(keiro, ("double", id)).await?;
+        }
+        Ok(running)
+    }
+
+    /// Ends the loop as a crash would: its task and the runs it drives are dropped.
+    async fn kill(self) {
+        self.task.abort();
+        // Once the aborted task is gone, so is the loop and every run it drove.
+        let _ = self.task.await;
     }
 
     async fn stop(self) -> TestResult {
@@ -103,7 +137,7 @@ async fn ended(
 
 async fn a_run_started_beside_its_running_worker_runs_without_a_claim(h: Harness) -> TestResult {
     let gate = Arc::new(Semaphore::new(0));
-    let running = Loop::spawn(worker(&h.keiro, &gate).build()?).await;
+    let running = Loop::ready(worker(&h.keiro, &gate).build()?, &h.keiro).await?;
     let started = h.keiro.start("double", "d-1", &21_u64).await?;
     assert!(started.created);
     assert!(
@@ -125,7 +159,7 @@ async fn a_run_started_beside_its_running_worker_runs_without_a_claim(h: Harness
 
 async fn a_worker_without_a_free_slot_takes_no_hand_off(h: Harness) -> TestResult {
     let gate = Arc::new(Semaphore::new(0));
-    let running = Loop::spawn(worker(&h.keiro, &gate).concurrency(1).build()?).await;
+    let running = Loop::ready(worker(&h.keiro, &gate).concurrency(1).build()?, &h.keiro).await?;
     // The first run takes the loop's one slot, and holds it at its gate.
     let first = h.keiro.start("gate", "g-1", &1_u64).await?;
     assert!(
@@ -183,5 +217,36 @@ async fn a_run_of_a_version_the_worker_does_not_serve_is_left_unleased(h: Harnes
         ended(&v1.keiro, ("double", "d-1")).await?.status,
         Status::Completed
     );
+    Ok(())
+}
+
+async fn a_handed_off_run_of_a_killed_loop_is_claimed_once_its_lease_expires(
+    h: Harness,
+) -> TestResult {
+    let gate = Arc::new(Semaphore::new(0));
+    let ttl = Duration::from_secs(2);
+    let running = Loop::ready(worker(&h.keiro, &gate).lease_ttl(ttl).build()?, &h.keiro).await?;
+    let started = h.keiro.start("gate", "g-1", &7_u64).await?;
+    let owner = started.instance.lease_owner.clone().expect("handed off");
+    // The run is in its step when its process dies.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    running.kill().await;
+    gate.add_permits(1);
+    // Another worker (taking no hand-offs) claims it once the lease has expired.
+    let other = spawn_worker(
+        worker(&h.keiro, &gate)
+            .poll_interval(Duration::from_millis(20))
+            .hand_offs(None)
+            .build()?,
+    );
+    let row = ended(&h.keiro, ("gate", "g-1")).await?;
+    assert_eq!(row.status, Status::Completed);
+    assert_eq!(row.output, Some(serde_json::json!(7)));
+    assert_eq!(
+        row.lease_epoch, 2,
+        "claimed again after the first lease: {row:?}"
+    );
+    assert_ne!(row.lease_owner.as_deref(), Some(owner.as_str()));
+    other.stop().await?;
     Ok(())
 }
