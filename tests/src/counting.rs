@@ -17,7 +17,7 @@ use keiro_journal::{
     store::TimerArm, store::TimerDue, AwakeableOutcome, SignalOptions, SignalSendOutcome,
     TimerFiring,
 };
-use keiro_lease::Crash;
+use keiro_lease::{Crash, OpenRefusal, RefusalOutcome};
 use serde_json::Value;
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -462,6 +462,15 @@ impl LeaseStore for CountingStore {
     ) -> Result<CrashOutcome> {
         self.count("instance_record_crash");
         self.inner.instance_record_crash(key, fence, crash).await
+    }
+    async fn instance_refuse_open(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        refusal: &OpenRefusal,
+    ) -> Result<RefusalOutcome> {
+        self.count("instance_refuse_open");
+        self.inner.instance_refuse_open(key, fence, refusal).await
     }
     async fn instance_resurrect(&self, key: &InstanceKey) -> Result<ResurrectOutcome> {
         self.count("instance_resurrect");

@@ -15,7 +15,7 @@ use keiro_journal::{
     store::ReturnedSignal, store::SignalWait, store::SignalWaitOutcome, store::StartRequest,
     store::TimerArm, AwakeableOutcome, SignalOptions, SignalSendOutcome, TimerFiring,
 };
-use keiro_lease::Crash;
+use keiro_lease::{Crash, OpenRefusal, RefusalOutcome};
 use serde_json::Value;
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -402,6 +402,14 @@ impl LeaseStore for FaultyStore {
         crash: &Crash,
     ) -> Result<CrashOutcome> {
         self.inner.instance_record_crash(key, fence, crash).await
+    }
+    async fn instance_refuse_open(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        refusal: &OpenRefusal,
+    ) -> Result<RefusalOutcome> {
+        self.inner.instance_refuse_open(key, fence, refusal).await
     }
     async fn instance_resurrect(&self, key: &InstanceKey) -> Result<ResurrectOutcome> {
         self.inner.instance_resurrect(key).await

@@ -10,8 +10,8 @@ pub use keiro_journal::{
     JournalEntry, Marker, RetentionStore, Started, StepKind, StoreError, TimerFiring,
 };
 pub use keiro_lease::{
-    ClaimOutcome, CrashOutcome, LeaseStore, QueueStore, StartClaim, VersionStore,
-    CRASH_BACKOFF_DEFAULT,
+    ClaimOutcome, CrashOutcome, LeaseStore, OpenRefusal, QueueStore, RefusalOutcome, StartClaim,
+    VersionStore, CRASH_BACKOFF_DEFAULT,
 };
 pub use keiro_remote::{RemoteAdmin, Transport};
 pub use keiro_resume::ScheduleStore;

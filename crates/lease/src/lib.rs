@@ -54,7 +54,7 @@ pub use backoff::{crash_delay, CRASH_BACKOFF_DEFAULT, MAX_ATTEMPTS_DEFAULT};
 pub use claim::{
     classify_refusal, Claim, ClaimBatch, ClaimGate, ClaimOutcome, Refusal, StartClaim,
 };
-pub use crash::{Crash, CrashOutcome, ResurrectOutcome};
+pub use crash::{Crash, CrashOutcome, OpenRefusal, RefusalOutcome, ResurrectOutcome};
 pub use queue::QueueStore;
 pub use store::LeaseStore;
 pub use versions::{VersionStore, Versions};

@@ -7,7 +7,7 @@ use keiro_journal::{store::StartRequest, Fence, InstanceKey, JournalStore, Statu
 use time::OffsetDateTime;
 
 use crate::{classify_refusal, Claim, ClaimBatch, ClaimGate, ClaimOutcome, Crash, CrashOutcome};
-use crate::{ResurrectOutcome, StartClaim, Versions};
+use crate::{OpenRefusal, RefusalOutcome, ResurrectOutcome, StartClaim, Versions};
 
 /// Lease, discovery and crash operations, each one transaction.
 ///
@@ -226,7 +226,8 @@ pub trait LeaseStore: JournalStore {
         ttl: Duration,
     ) -> Result<()>;
 
-    /// Releases a held lease; when `progressed`, also resets attempts, error and backoff gate.
+    /// Releases a held lease; when `progressed`, also resets attempts, open refusals, error and
+    /// backoff gate.
     /// Returns `false` when the fence no longer matched (nothing changed).
     async fn instance_release(
         &self,
@@ -248,6 +249,28 @@ pub trait LeaseStore: JournalStore {
         fence: &Fence,
         crash: &Crash,
     ) -> Result<CrashOutcome>;
+
+    /// Hands back the lease of the run holding `fence`, whose payload the claiming worker could
+    /// not open (it lacks the key), in one transaction: `open_refusals` + 1, `last_error`,
+    /// `next_attempt_at = now + retry_delay`, lease cleared, the run's queue slot (if any) given
+    /// back. It is not a crash: `attempts` stay, so a run refused any number of times keeps its
+    /// whole crash budget for the worker that can open it. `open_refusals` resets wherever
+    /// `attempts` does (a park, a completion, a continue-as-new, a release after progress, a
+    /// resurrection).
+    ///
+    /// No default: the other operations could only record the refusal as a crash (spending
+    /// the budget) or release without a gate (the run claimed again at every poll).
+    ///
+    /// # Errors
+    ///
+    /// `LeaseLost` when the fence no longer matches, `NotFound` when the instance does not
+    /// exist.
+    async fn instance_refuse_open(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        refusal: &OpenRefusal,
+    ) -> Result<RefusalOutcome>;
 
     /// Returns a failed instance to `running` with fresh attempts, appending `Resurrected`; its
     /// failure history stays. It may fail again later.

@@ -206,7 +206,7 @@ BEGIN
         UPDATE workflows w SET
             status = 'running',
             lease_owner = NULL, lease_expires_at = NULL,
-            attempts = 0, last_error = NULL, next_attempt_at = NULL,
+            attempts = 0, open_refusals = 0, last_error = NULL, next_attempt_at = NULL,
             parked_on = CASE WHEN p_generation = w.generation THEN v_parked_on
                              ELSE w.parked_on END,
             updated_at = now()
@@ -217,7 +217,7 @@ BEGIN
         UPDATE workflows w SET
             status = 'suspended', wake_after = p_wake_after,
             lease_owner = NULL, lease_expires_at = NULL,
-            attempts = 0, last_error = NULL, next_attempt_at = NULL,
+            attempts = 0, open_refusals = 0, last_error = NULL, next_attempt_at = NULL,
             parked_on = v_parked_on,
             updated_at = now()
         WHERE w.workflow_name = p_name AND w.workflow_id = p_id;
@@ -601,7 +601,8 @@ BEGIN
             'resurrected', 'null'::jsonb);
     UPDATE workflows w SET
         status = 'running',
-        attempts = 0, last_error = NULL, next_attempt_at = NULL, wake_after = NULL,
+        attempts = 0, open_refusals = 0, last_error = NULL, next_attempt_at = NULL,
+        wake_after = NULL,
         lease_owner = NULL, lease_expires_at = NULL,
         completed_at = NULL,
         -- Back from its end, a run of a queue waits for admission (0027).

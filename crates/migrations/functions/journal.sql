@@ -258,7 +258,8 @@ BEGIN
         UPDATE workflows w SET
             status = 'completed', output = p_payload, completed_at = now(),
             lease_owner = NULL, lease_expires_at = NULL,
-            attempts = 0, last_error = NULL, next_attempt_at = NULL, wake_after = NULL,
+            attempts = 0, open_refusals = 0, last_error = NULL, next_attempt_at = NULL,
+            wake_after = NULL,
             updated_at = now()
         WHERE w.workflow_name = p_name AND w.workflow_id = p_id
         RETURNING w.* INTO v_row;
@@ -288,7 +289,8 @@ BEGIN
             input = coalesce(p_payload -> 'input', 'null'::jsonb),
             status = 'running', output = NULL,
             lease_owner = NULL, lease_expires_at = NULL,
-            attempts = 0, last_error = NULL, next_attempt_at = NULL, wake_after = NULL,
+            attempts = 0, open_refusals = 0, last_error = NULL, next_attempt_at = NULL,
+            wake_after = NULL,
             parked_on = NULL,
             -- The next generation runs on the version of the process that continued it.
             app_version = nullif(current_setting('keiro.app_version', true), ''),
@@ -577,6 +579,7 @@ BEGIN
                     ELSE w.lease_expires_at
                 END,
                 attempts = CASE WHEN r.kind = 'completed' THEN 0 ELSE w.attempts END,
+                open_refusals = CASE WHEN r.kind = 'completed' THEN 0 ELSE w.open_refusals END,
                 last_error = CASE WHEN r.kind = 'completed' THEN NULL ELSE w.last_error END,
                 next_attempt_at = CASE WHEN r.kind = 'completed' THEN NULL
                                        ELSE w.next_attempt_at END,

@@ -1,5 +1,6 @@
 -- Leases and crash accounting (keiro-lease's `LeaseStore`): the claim of one instance, the
--- batch claim of a worker, the crash count of a fenced run, and the operator's resurrection.
+-- batch claim of a worker, the crash count of a fenced run, the hand-back of a run its worker
+-- could not open, and the operator's resurrection.
 
 -- instance_claim: one conditional UPDATE takes the lease; a granted claim also returns the row
 -- and the current generation's journal (as parallel arrays), so claiming and loading cost one
@@ -499,6 +500,54 @@ BEGIN
 END;
 $$;
 
+-- instance_refuse_open: hands back the lease of a fenced run whose payload the claiming worker
+-- could not open (it lacks the key), without counting a crash (0028): open_refusals + 1,
+-- last_error, next_attempt_at = now + p_retry_delay_ms, the run's queue slot given back;
+-- attempts stay as they are, so refusals never spend the run's crash budget. One conditional
+-- UPDATE; only when it changes nothing is the row read, to say why. Outcomes: refused
+-- (refusals, retry_at), terminal, not_found, lease_lost.
+-- Called by: keiro_postgres ops::lease::instance_refuse_open; tested by contract::lease.
+CREATE OR REPLACE FUNCTION keiro_instance_refuse_open(p_name text, p_id text, p_owner text,
+                                                      p_epoch bigint, p_error text,
+                                                      p_retry_delay_ms bigint,
+                                                      OUT outcome text,
+                                                      OUT refusals integer,
+                                                      OUT retry_at timestamptz)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_status text;
+BEGIN
+    retry_at := now() + p_retry_delay_ms * interval '1 millisecond';
+    UPDATE workflows w SET
+        open_refusals = w.open_refusals + 1,
+        last_error = p_error,
+        next_attempt_at = retry_at,
+        lease_owner = NULL, lease_expires_at = NULL,
+        -- As after a crash, a run on a queue gives its slot back while it waits.
+        queue_admitted = false,
+        updated_at = now()
+    WHERE w.workflow_name = p_name AND w.workflow_id = p_id
+      AND w.status IN ('running', 'suspended')
+      AND w.lease_owner = p_owner AND w.lease_epoch = p_epoch
+    RETURNING w.open_refusals INTO refusals;
+    IF FOUND THEN
+        outcome := 'refused';
+        RETURN;
+    END IF;
+    retry_at := NULL;
+    SELECT w.status INTO v_status FROM workflows w
+    WHERE w.workflow_name = p_name AND w.workflow_id = p_id;
+    IF NOT FOUND THEN
+        outcome := 'not_found';
+    ELSIF v_status IN ('completed', 'failed', 'cancelled') THEN
+        outcome := 'terminal';
+    ELSE
+        outcome := 'lease_lost';
+    END IF;
+END;
+$$;
+
 -- instance_resurrect: the operator returns a failed instance to `running`. The failure stays
 -- in history and a `resurrected` row is appended beside it. Outcomes: resurrected,
 -- not_failed (row_status), not_found.
@@ -529,7 +578,7 @@ BEGIN
             'resurrected', 'null'::jsonb);
     UPDATE workflows w SET
         status = 'running',
-        attempts = 0, last_error = NULL, next_attempt_at = NULL,
+        attempts = 0, open_refusals = 0, last_error = NULL, next_attempt_at = NULL,
         lease_owner = NULL, lease_expires_at = NULL,
         completed_at = NULL,
         -- Back from its end, a run of a queue waits for admission (0027).

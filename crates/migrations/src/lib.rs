@@ -205,6 +205,12 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../numbered/0027_free_queue_runs.sql"),
         shipped: None,
     },
+    Migration {
+        version: 28,
+        name: "open_refusals",
+        sql: include_str!("../numbered/0028_open_refusals.sql"),
+        shipped: None,
+    },
 ];
 
 /// One function file of `functions/`: the definitions of one group of functions (and the

@@ -132,7 +132,7 @@ const JOURNAL_HAS_ANY: &str = "SELECT EXISTS (SELECT 1 FROM journal \
 
 const INSTANCE_PARK_WOKEN: &str = "UPDATE workflows SET status = 'running', \
          lease_owner = NULL, lease_expires_at = NULL, \
-         attempts = 0, last_error = NULL, next_attempt_at = NULL, \
+         attempts = 0, open_refusals = 0, last_error = NULL, next_attempt_at = NULL, \
          parked_on = CASE WHEN ?3 = generation THEN ?4 ELSE parked_on END, \
          updated_at = ?5 \
      WHERE workflow_name = ?1 AND workflow_id = ?2";
@@ -140,7 +140,7 @@ const INSTANCE_PARK_WOKEN: &str = "UPDATE workflows SET status = 'running', \
 /// `?6`: the park gives the run's queue slot back (queue.sql's park trigger, `queue_park`).
 const INSTANCE_PARK_SUSPEND: &str = "UPDATE workflows SET status = 'suspended', wake_after = ?3, \
          lease_owner = NULL, lease_expires_at = NULL, \
-         attempts = 0, last_error = NULL, next_attempt_at = NULL, \
+         attempts = 0, open_refusals = 0, last_error = NULL, next_attempt_at = NULL, \
          parked_on = ?4, updated_at = ?5, \
          queue_admitted = CASE WHEN ?6 THEN 0 ELSE queue_admitted END \
      WHERE workflow_name = ?1 AND workflow_id = ?2";
@@ -491,7 +491,8 @@ const CHILDREN_RELINK: &str = "UPDATE workflows SET parent_step = ?5, updated_at
      WHERE parent_name = ?1 AND parent_id = ?2 AND parent_generation = ?3 AND parent_step = ?4";
 
 const INSTANCE_REQUEUED: &str = "UPDATE workflows SET status = 'running', \
-         attempts = 0, last_error = NULL, next_attempt_at = NULL, wake_after = NULL, \
+         attempts = 0, open_refusals = 0, last_error = NULL, next_attempt_at = NULL, \
+         wake_after = NULL, \
          lease_owner = NULL, lease_expires_at = NULL, completed_at = NULL, updated_at = ?3, \
          queue_free = 0 \
      WHERE workflow_name = ?1 AND workflow_id = ?2";

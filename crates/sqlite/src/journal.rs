@@ -204,7 +204,8 @@ const INSTANCE_STEP_TOUCH: &str = "UPDATE workflows SET status = 'running', \
 const INSTANCE_COMPLETE: &str = "UPDATE workflows SET \
          status = 'completed', output = ?3, completed_at = ?4, \
          lease_owner = NULL, lease_expires_at = NULL, \
-         attempts = 0, last_error = NULL, next_attempt_at = NULL, wake_after = NULL, \
+         attempts = 0, open_refusals = 0, last_error = NULL, next_attempt_at = NULL, \
+         wake_after = NULL, \
          updated_at = ?4 \
      WHERE workflow_name = ?1 AND workflow_id = ?2";
 
@@ -223,7 +224,8 @@ const INSTANCE_CANCEL: &str = "UPDATE workflows SET \
 const INSTANCE_CONTINUE: &str = "UPDATE workflows SET \
          generation = ?3, input = ?4, status = 'running', output = NULL, \
          lease_owner = NULL, lease_expires_at = NULL, \
-         attempts = 0, last_error = NULL, next_attempt_at = NULL, wake_after = NULL, \
+         attempts = 0, open_refusals = 0, last_error = NULL, next_attempt_at = NULL, \
+         wake_after = NULL, \
          parked_on = NULL, app_version = keiro_app_version(), updated_at = ?5 \
      WHERE workflow_name = ?1 AND workflow_id = ?2";
 

@@ -1,4 +1,5 @@
-//! Rules of crates/migrations/functions/lease.sql (claims, crash accounting, resurrection), then the
+//! Rules of crates/migrations/functions/lease.sql (claims, crash accounting, the hand-back of a
+//! run its worker could not open, resurrection), then the
 //! one-statement lease operations the Postgres store runs from Rust
 //! (crates/postgres/src/lease.rs: discovery, renew, release, force release).
 //!
@@ -21,6 +22,7 @@ const CLAIM: &str = "claiming an instance";
 const START_CLAIMED: &str = "starting an instance claimed";
 const CLAIM_BATCH: &str = "claiming a batch of instances";
 const RECORD_CRASH: &str = "recording a crash";
+const REFUSE_OPEN: &str = "handing back a run its worker cannot open";
 const RESURRECT: &str = "resurrecting an instance";
 pub(crate) const RUNNABLE: &str = "listing runnable instances";
 const RENEW: &str = "renewing a lease";
@@ -334,6 +336,64 @@ pub(crate) fn instance_record_crash(
     }
 }
 
+/// keiro_instance_refuse_open's outcomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RefuseCode {
+    /// Released; refusals so far, and the instant the run may be claimed again.
+    Refused(i32, OffsetDateTime),
+    Terminal,
+    NotFound,
+    LeaseLost,
+}
+
+/// As after a crash, a run on a queue gives its slot back while it waits.
+const INSTANCE_REFUSE_OPEN: &str = "UPDATE workflows SET \
+         open_refusals = open_refusals + 1, last_error = ?5, next_attempt_at = ?6, \
+         lease_owner = NULL, lease_expires_at = NULL, queue_admitted = 0, updated_at = ?7 \
+     WHERE workflow_name = ?1 AND workflow_id = ?2 \
+       AND status IN ('running', 'suspended') AND lease_owner = ?3 AND lease_epoch = ?4 \
+     RETURNING open_refusals";
+
+/// keiro_instance_refuse_open: hands back the lease of a fenced run whose payload the claiming
+/// worker could not open, without counting a crash: open_refusals + 1, last_error, the gate
+/// `retry_delay_ms` from now, the queue slot given back; attempts stay. One conditional
+/// UPDATE; only when it changes nothing is the row read, to say why.
+#[allow(clippy::too_many_arguments)] // keiro_instance_refuse_open's parameters, in its order
+pub(crate) fn instance_refuse_open(
+    conn: &Connection,
+    now: OffsetDateTime,
+    name: &str,
+    id: &str,
+    owner: &str,
+    epoch: i64,
+    error: &str,
+    retry_delay_ms: i64,
+) -> Result<RefuseCode> {
+    use rusqlite::OptionalExtension;
+    let at = micros(now);
+    let retry_at = at.saturating_add(retry_delay_ms.saturating_mul(1000));
+    let refusals: Option<i32> = conn
+        .prepare_cached(INSTANCE_REFUSE_OPEN)
+        .and_then(|mut s| {
+            s.query_row(params![name, id, owner, epoch, error, retry_at, at], |r| {
+                r.get(0)
+            })
+            .optional()
+        })
+        .map_err(|e| store(REFUSE_OPEN, e))?;
+    if let Some(refusals) = refusals {
+        return Ok(RefuseCode::Refused(
+            refusals,
+            row::instant(retry_at, REFUSE_OPEN)?,
+        ));
+    }
+    Ok(match row::instance_row(conn, name, id, REFUSE_OPEN)? {
+        None => RefuseCode::NotFound,
+        Some(row) if row.is_terminal() => RefuseCode::Terminal,
+        Some(_) => RefuseCode::LeaseLost,
+    })
+}
+
 /// keiro_instance_resurrect's outcomes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum ResurrectCode {
@@ -345,7 +405,7 @@ pub(crate) enum ResurrectCode {
 
 /// Back from its end, a run of a queue waits for admission (0009).
 const INSTANCE_RESURRECT: &str = "UPDATE workflows SET status = 'running', \
-         attempts = 0, last_error = NULL, next_attempt_at = NULL, \
+         attempts = 0, open_refusals = 0, last_error = NULL, next_attempt_at = NULL, \
          lease_owner = NULL, lease_expires_at = NULL, completed_at = NULL, updated_at = ?3, \
          queue_free = 0 \
      WHERE workflow_name = ?1 AND workflow_id = ?2";
@@ -446,6 +506,7 @@ pub(crate) fn instance_lease_renew(
 
 const INSTANCE_RELEASE: &str = "UPDATE workflows SET lease_owner = NULL, lease_expires_at = NULL, \
          attempts = CASE WHEN ?5 THEN 0 ELSE attempts END, \
+         open_refusals = CASE WHEN ?5 THEN 0 ELSE open_refusals END, \
          last_error = CASE WHEN ?5 THEN NULL ELSE last_error END, \
          next_attempt_at = CASE WHEN ?5 THEN NULL ELSE next_attempt_at END, \
          updated_at = ?6 \

@@ -18,8 +18,8 @@
 //!   `journal_append_batch` and `journal_append_closing`; `delivery_append`, and the Postgres
 //!   store's one-statement `deliveries_read`;
 //! - lease.sql: `instance_claim`, `instance_start_claimed`, `instances_claim_batch`,
-//!   `instance_record_crash`, `instance_resurrect`; and the Postgres store's one-statement
-//!   `instances_runnable`, `instance_lease_renew`, `instance_release`,
+//!   `instance_record_crash`, `instance_refuse_open`, `instance_resurrect`; and the Postgres
+//!   store's one-statement `instances_runnable`, `instance_lease_renew`, `instance_release`,
 //!   `instance_lease_force_release`;
 //! - queue.sql: `queue_declare`, `queue_set_paused`, `queue_key_weight`, `queue_start` (which
 //!   `instance_start` routes a start on a queue to), `queue_admit` (concurrency fleet-wide, per

@@ -47,6 +47,11 @@ pub(crate) const MIGRATIONS: &[(i64, &str, &str)] = &[
         "free_queue_runs",
         include_str!("../migrations/0009_free_queue_runs.sql"),
     ),
+    (
+        10,
+        "open_refusals",
+        include_str!("../migrations/0010_open_refusals.sql"),
+    ),
 ];
 
 /// The newest schema version this build knows.

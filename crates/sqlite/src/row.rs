@@ -73,6 +73,8 @@ pub(crate) struct Stored {
     pub(crate) parent_step: Option<String>,
     /// The version that started (or continued) the run; `None`: unversioned.
     pub(crate) app_version: Option<String>,
+    /// Claims handed back unopened since the run last progressed.
+    pub(crate) open_refusals: i32,
 }
 
 impl Stored {
@@ -104,6 +106,7 @@ impl Stored {
             parent_generation: row.get(22)?,
             parent_step: row.get(23)?,
             app_version: row.get(24)?,
+            open_refusals: row.get(25)?,
         })
     }
 
@@ -135,6 +138,7 @@ impl Stored {
                 .map(|o| value(o, operation))
                 .transpose()?,
             attempts: self.attempts,
+            open_refusals: self.open_refusals,
             last_error: self.last_error.clone(),
             next_attempt_at: instant_opt(self.next_attempt_at, operation)?,
             lease_owner: self.lease_owner.clone(),
@@ -210,7 +214,7 @@ const INSTANCE_ROW: &str = concat!(
     "input, output, attempts, last_error, next_attempt_at, lease_owner, lease_epoch, ",
     "lease_expires_at, wake_after, parent_name, parent_id, priority, queue, queue_key, ",
     "queue_admitted, created_at, updated_at, ",
-    "completed_at, parent_generation, parent_step, app_version ",
+    "completed_at, parent_generation, parent_step, app_version, open_refusals ",
     "FROM workflows WHERE workflow_name = ?1 AND workflow_id = ?2"
 );
 

@@ -186,6 +186,11 @@ macro_rules! contract_suite {
                     a_park_never_masks_a_wake_that_landed_first,
                     parks_and_divergence_respect_terminal_rows_and_fences,
                 ],
+                refuse [
+                    refusals_gate_the_next_claim_and_never_spend_the_crash_budget,
+                    a_refusal_is_fenced_and_leaves_a_finished_run_alone,
+                    every_kind_of_progress_resets_the_refusals,
+                ],
             },
             timer {
                 arm [

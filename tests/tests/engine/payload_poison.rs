@@ -1,7 +1,8 @@
 //! A run whose payload a worker cannot open (sealed with a key it does not hold) is not claimed
 //! again at every poll: each refused claim is recorded as the run's last error, naming the key,
-//! and pushes the next claim back on a growing backoff. A worker that holds the key then runs
-//! it to its end, replaying what was recorded. Both stores.
+//! and pushes the next claim back on a growing backoff. The refusals are not crashes: they
+//! spend none of the run's crash budget. A worker that holds the key then runs it to its end,
+//! replaying what was recorded. Both stores.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +11,10 @@ use keiro::codec::{AesGcmCodec, Codec};
 use keiro::{Ctx, Keiro, Status, WorkflowError};
 use keiro_tests::{on_both_stores, spawn_worker, FastWorker, Harness, Ledger, TestResult};
 
-on_both_stores!(a_run_a_worker_cannot_open_backs_off_and_runs_where_the_key_is);
+on_both_stores!(
+    a_run_a_worker_cannot_open_backs_off_and_runs_where_the_key_is,
+    refusals_do_not_spend_the_crash_budget
+);
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -98,6 +102,11 @@ async fn a_run_a_worker_cannot_open_backs_off_and_runs_where_the_key_is(h: Harne
     );
     assert_eq!(refused.status, Status::Running);
     assert_eq!(refused.lease_owner, None, "a refused claim is released");
+    assert_eq!(
+        (refused.open_refusals, refused.attempts),
+        (i32::try_from(claims)?, before.attempts),
+        "each claim counted as a refusal, none as a crash"
+    );
     assert_eq!(ledger.count("first"), 1);
     assert_eq!(ledger.count("second"), 0);
     // Why the run does not progress is on the row, as `keiro show` prints it, and in the list.
@@ -132,5 +141,91 @@ async fn a_run_a_worker_cannot_open_backs_off_and_runs_where_the_key_is(h: Harne
     let done = h.keiro.instance(key).await?.expect("started");
     assert_eq!(done.status, Status::Completed);
     assert_eq!(done.last_error, None, "a completion clears the refusal");
+    assert_eq!(done.open_refusals, 0, "and its count");
+    Ok(())
+}
+
+/// How many times the keyless worker must refuse the run in
+/// [`refusals_do_not_spend_the_crash_budget`]: more than the keyed worker's `max_attempts`.
+const REFUSALS: i64 = 3;
+
+/// The keyed worker's crash ceiling in [`refusals_do_not_spend_the_crash_budget`].
+const MAX_ATTEMPTS: i32 = 2;
+
+/// Registers `flaky`: one step whose first execution crashes the run (a plain step's error),
+/// and whose second returns.
+fn flaky(worker: keiro::WorkerBuilder, ledger: &Ledger) -> keiro::WorkerBuilder {
+    let ledger = ledger.clone();
+    worker.register("flaky", move |ctx: Ctx, input: String| {
+        let ledger = ledger.clone();
+        async move {
+            let out: String = ctx
+                .step("once", || async move {
+                    ledger.bump("once");
+                    if ledger.count("once") == 1 {
+                        Err(std::io::Error::other("the first execution crashes"))
+                    } else {
+                        Ok("once".to_owned())
+                    }
+                })
+                .await?;
+            Ok::<_, WorkflowError>(format!("{input}|{out}"))
+        }
+    })
+}
+
+async fn refusals_do_not_spend_the_crash_budget(h: Harness) -> TestResult {
+    let ledger = Ledger::default();
+    let keyed = sealed(&h, codec("k2", 2));
+    let key = ("flaky", "f-1");
+    keyed.start("flaky", "f-1", &"input".to_owned()).await?;
+    let before = h.keiro.instance(key).await?.expect("started");
+
+    // A worker without the key refuses the run more times than the keyed worker's ceiling.
+    let keyless = sealed(&h, codec("k1", 1));
+    let worker = spawn_worker(flaky(keyless.worker().fast(), &ledger).build()?);
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        let row = h.keiro.instance(key).await?.expect("started");
+        if row.lease_epoch - before.lease_epoch >= REFUSALS && row.lease_owner.is_none() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the keyless worker claimed the run {} times",
+            row.lease_epoch - before.lease_epoch
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    worker.stop().await?;
+    let refused = h.keiro.instance(key).await?.expect("started");
+    assert_eq!(refused.status, Status::Running);
+    assert_eq!(
+        (refused.attempts, i64::from(refused.open_refusals)),
+        (0, refused.lease_epoch - before.lease_epoch),
+        "a refusal is not a crash"
+    );
+    assert_eq!(ledger.count("once"), 0);
+
+    // A worker that holds the key, whose step crashes once, completes the run: its crash
+    // budget is whole.
+    let tuning = keiro::worker::Tuning {
+        max_attempts: MAX_ATTEMPTS,
+        ..h.fast_tuning()
+    };
+    let worker = spawn_worker(flaky(keyed.worker().fast().tuning(tuning), &ledger).build()?);
+    let output = keyed.result::<String>(key, TIMEOUT).await;
+    worker.stop().await?;
+    let done = h.keiro.instance(key).await?.expect("started");
+    assert_eq!(
+        (done.status, output?.as_str()),
+        (Status::Completed, "input|once"),
+        "{done:?}"
+    );
+    assert_eq!(ledger.count("once"), 2, "{:?}", ledger.all());
+    assert_eq!(
+        (done.attempts, done.open_refusals, done.last_error),
+        (0, 0, None)
+    );
     Ok(())
 }

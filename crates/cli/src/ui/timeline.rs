@@ -388,6 +388,7 @@ mod tests {
             input: json!(null),
             output: None,
             attempts: 0,
+            open_refusals: 0,
             last_error: None,
             next_attempt_at: None,
             lease_owner: None,

@@ -89,6 +89,10 @@ pub struct Instance {
     pub output: Option<Value>,
     /// Crashes since the last progress.
     pub attempts: i32,
+    /// Claims handed back since the last progress because the claiming worker could not open
+    /// the run's payload (it lacks the key): they gate the next claim on their own backoff and
+    /// never count as crashes, so they spend none of `attempts`' budget.
+    pub open_refusals: i32,
     /// The last crash's error, or the failure reason.
     pub last_error: Option<String>,
     /// The backoff gate: no claim before this time.

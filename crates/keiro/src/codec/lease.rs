@@ -8,8 +8,8 @@ use keiro_journal::queue::{DebounceRequest, QueueInfo, QueueSpec};
 use keiro_journal::store::{storable_text, Result, StartRequest};
 use keiro_journal::{Fence, InstanceKey, Started, StoreError, WorkflowName};
 use keiro_lease::{
-    crash_delay, Claim, ClaimBatch, ClaimOutcome, Crash, CrashOutcome, LeaseStore, QueueStore,
-    ResurrectOutcome, StartClaim, Versions,
+    crash_delay, Claim, ClaimBatch, ClaimOutcome, Crash, CrashOutcome, LeaseStore, OpenRefusal,
+    QueueStore, RefusalOutcome, ResurrectOutcome, StartClaim, Versions,
 };
 use time::OffsetDateTime;
 
@@ -29,16 +29,16 @@ const START: &str = "starting an instance (payload codec)";
 
 impl<T: LeaseStore + ?Sized> Sealing<T> {
     /// `claims` opened. A claim the codec cannot open (its payloads are sealed with a key this
-    /// process lacks, or an envelope is corrupt) is handed back at once through the store's
-    /// crash record ([`refuse`](Self::refuse)), so the run is claimed again only after a
-    /// growing backoff and says why it does not progress; it is logged with the key id. The
-    /// claims that opened are returned; when none did, the first error is.
+    /// process lacks, or an envelope is corrupt) is handed back at once
+    /// ([`refuse`](Self::refuse)), so the run is claimed again only after a growing backoff
+    /// and says why it does not progress; it is logged with the key id. The claims that opened
+    /// are returned; when none did, the first error is.
     async fn open_or_release(&self, claims: Vec<Claim>) -> Result<Vec<Claim>> {
         let mut opened = Vec::with_capacity(claims.len());
         let mut refused = None;
         for claim in claims {
             let (key, fence) = (claim.instance.key.clone(), claim.fence.clone());
-            let refusals = claim.instance.attempts;
+            let refusals = claim.instance.open_refusals;
             match self.open_claim(CLAIM, claim) {
                 Ok(claim) => opened.push(claim),
                 Err(error) => {
@@ -53,28 +53,28 @@ impl<T: LeaseStore + ?Sized> Sealing<T> {
         }
     }
 
-    /// Hands back a claim whose payload could not be opened, recorded as a crash that never
-    /// fails the run: `last_error` says which key it needs, `attempts` counts the refusal, and
-    /// the next claim waits [`OPEN_REFUSED_BACKOFF`]'s rung for `attempts` (the run's queue
-    /// slot, if any, is given back meanwhile). Nothing of the run changes, so a worker that
-    /// holds the key runs it as it would have. Best effort, like the release it replaces: when
-    /// the record fails the lease is released plainly, and when that fails too the lease
-    /// expires.
-    async fn refuse(&self, key: &InstanceKey, fence: &Fence, attempts: i32, error: &StoreError) {
-        let crash = Crash {
+    /// Hands back a claim whose payload could not be opened
+    /// ([`LeaseStore::instance_refuse_open`]), which is not a crash: `last_error` says which key
+    /// it needs, the run's open refusals count it, and the next claim waits
+    /// [`OPEN_REFUSED_BACKOFF`]'s rung for the `refusals` it had (the run's queue slot, if any,
+    /// is given back meanwhile). Its attempts stay, so a worker that holds the key runs it with
+    /// its whole crash budget, as it would have. Best effort, like the release it replaces:
+    /// when the hand-back fails the lease is released plainly, and when that fails too the
+    /// lease expires.
+    async fn refuse(&self, key: &InstanceKey, fence: &Fence, refusals: i32, error: &StoreError) {
+        let refusal = OpenRefusal {
             error: storable_text(&format!("{OPEN_REFUSED}{}", open_refusal(error))).into_owned(),
-            retry_delay: crash_delay(&OPEN_REFUSED_BACKOFF, attempts),
-            max_attempts: i32::MAX,
+            retry_delay: crash_delay(&OPEN_REFUSED_BACKOFF, refusals),
         };
-        match self.inner.instance_record_crash(key, fence, &crash).await {
-            Ok(CrashOutcome::Retrying {
-                attempts,
+        match self.inner.instance_refuse_open(key, fence, &refusal).await {
+            Ok(RefusalOutcome::Released {
+                refusals,
                 next_attempt_at,
             }) => {
-                tracing::warn!(%key, %error, attempts, %next_attempt_at,
+                tracing::warn!(%key, %error, refusals, %next_attempt_at,
                     "a claimed run's payload cannot be opened; released until its backoff passes");
             }
-            Ok(CrashOutcome::Failed { .. } | CrashOutcome::AlreadyTerminal) => {}
+            Ok(RefusalOutcome::AlreadyTerminal) => {}
             Err(record) if record.is_lease_lost() => {}
             Err(record) => {
                 tracing::warn!(%key, %error, %record,
@@ -233,6 +233,15 @@ impl<T: LeaseStore + ?Sized> LeaseStore for Sealing<T> {
         crash: &Crash,
     ) -> Result<CrashOutcome> {
         self.inner.instance_record_crash(key, fence, crash).await
+    }
+
+    async fn instance_refuse_open(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        refusal: &OpenRefusal,
+    ) -> Result<RefusalOutcome> {
+        self.inner.instance_refuse_open(key, fence, refusal).await
     }
 
     async fn instance_resurrect(&self, key: &InstanceKey) -> Result<ResurrectOutcome> {

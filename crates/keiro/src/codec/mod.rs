@@ -47,12 +47,13 @@
 //! A run path (claims, journal reads, appends' recorded values, result reads) that meets an
 //! envelope its codec cannot open fails with [`StoreError::Codec`] naming the
 //! key id: a store error, so the run is retried later and nothing is guessed or lost. A claim
-//! whose run cannot be opened is handed back through the store's crash record, which never
-//! fails the run for it: its last error (shown by `keiro show`, `keiro list` and the
+//! whose run cannot be opened is handed back (`LeaseStore::instance_refuse_open`), which is not
+//! a crash and never fails the run: its last error (shown by `keiro show`, `keiro list` and the
 //! dashboard) begins with [`OPEN_REFUSED`] and names the key, and its next claim waits on
 //! [`OPEN_REFUSED_BACKOFF`], so a worker without the key claims it at most about once every
-//! two minutes instead of at every poll, and one with the key runs it once the wait has passed. The
-//! refusals count in the run's attempts until it next parks or completes, like crashes. An
+//! two minutes instead of at every poll, and one with the key runs it once the wait has passed.
+//! The refusals are counted apart from crashes (the run's `open_refusals`, reset when it next
+//! parks or completes), so they spend none of its crash budget (`max_attempts`). An
 //! operator's read (list, events, streams, updates, remote tasks) leaves such an envelope in
 //! place instead, so `keiro show` and the dashboard can say "encrypted". A remote worker that
 //! claims a task whose input it cannot open fails the attempt with code `payload_encrypted`,
@@ -81,7 +82,7 @@ pub use keiro_journal::codec::{
 };
 
 /// How long a run whose payload a claim could not open waits before it may be claimed again,
-/// by the number of refusals and crashes it has had since it last progressed: about 1 s after
+/// by the number of such refusals it has had since it last progressed: about 1 s after
 /// the first, doubling, at most 2 min, jittered so a fleet's refusals spread. A worker that
 /// holds the key claims it once the wait has passed.
 ///

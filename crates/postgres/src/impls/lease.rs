@@ -8,8 +8,8 @@ use keiro_journal::store::Result;
 use keiro_journal::{span::traced, store_span};
 use keiro_journal::{store::StartRequest, Fence, InstanceKey, WorkflowName};
 use keiro_lease::{
-    Claim, ClaimBatch, ClaimOutcome, Crash, CrashOutcome, LeaseStore, QueueStore, ResurrectOutcome,
-    StartClaim, Versions,
+    Claim, ClaimBatch, ClaimOutcome, Crash, CrashOutcome, LeaseStore, OpenRefusal, QueueStore,
+    RefusalOutcome, ResurrectOutcome, StartClaim, Versions,
 };
 use time::OffsetDateTime;
 
@@ -166,6 +166,20 @@ impl LeaseStore for PgStore {
         traced(
             span,
             op::instance_record_crash(self.db(), key, fence, crash),
+        )
+        .await
+    }
+
+    async fn instance_refuse_open(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        refusal: &OpenRefusal,
+    ) -> Result<RefusalOutcome> {
+        let span = store_span!("instance_refuse_open", key = key);
+        traced(
+            span,
+            op::instance_refuse_open(self.db(), key, fence, refusal),
         )
         .await
     }

@@ -1,5 +1,5 @@
 //! `crates/migrations/functions/lease.sql`: claims (one, a direct start leased to its caller, or a worker's
-//! batch), crash accounting and resurrection, with the plain statements of discovery,
+//! batch), crash accounting, the hand-back of a run its worker could not open, and resurrection, with the plain statements of discovery,
 //! renewal and release beside them; each one statement and one round trip.
 //!
 //! # Design
@@ -19,8 +19,8 @@ use keiro_journal::{
     store::StartRequest, Fence, Instance, InstanceKey, JournalEntry, WorkflowName,
 };
 use keiro_lease::{
-    classify_refusal, Claim, ClaimGate, ClaimOutcome, Crash, CrashOutcome, ResurrectOutcome,
-    StartClaim, Versions,
+    classify_refusal, Claim, ClaimGate, ClaimOutcome, Crash, CrashOutcome, OpenRefusal,
+    RefusalOutcome, ResurrectOutcome, StartClaim, Versions,
 };
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -37,6 +37,7 @@ const RENEW: &str = "renewing a lease";
 const RELEASE: &str = "releasing a lease";
 const FORCE_RELEASE: &str = "force-releasing a lease";
 const RECORD_CRASH: &str = "recording a crash";
+const REFUSE_OPEN: &str = "handing back a run its worker cannot open";
 const RESURRECT: &str = "resurrecting an instance";
 const CLAIM_BATCH: &str = "claiming a batch of instances";
 
@@ -407,6 +408,42 @@ pub(crate) async fn instance_record_crash(
     }
 }
 
+const INSTANCE_REFUSE_OPEN: &str =
+    "SELECT outcome, refusals, retry_at FROM keiro_instance_refuse_open($1, $2, $3, $4, $5, $6)";
+
+pub(crate) async fn instance_refuse_open(
+    db: &Db,
+    key: &InstanceKey,
+    fence: &Fence,
+    refusal: &OpenRefusal,
+) -> Result<RefusalOutcome> {
+    let row = db
+        .query_one(
+            REFUSE_OPEN,
+            INSTANCE_REFUSE_OPEN,
+            &[
+                &key.name.as_str(),
+                &key.id.as_str(),
+                &fence.owner,
+                &fence.epoch,
+                &refusal.error,
+                &span_ms(refusal.retry_delay),
+            ],
+        )
+        .await?;
+    let outcome: String = column(&row, "outcome", REFUSE_OPEN)?;
+    match outcome.as_str() {
+        "refused" => Ok(RefusalOutcome::Released {
+            refusals: column(&row, "refusals", REFUSE_OPEN)?,
+            next_attempt_at: column(&row, "retry_at", REFUSE_OPEN)?,
+        }),
+        "terminal" => Ok(RefusalOutcome::AlreadyTerminal),
+        "not_found" => Err(not_found(key)),
+        "lease_lost" => Err(lease_lost(key, fence)),
+        other => Err(unknown_outcome(REFUSE_OPEN, other)),
+    }
+}
+
 const INSTANCE_RESURRECT: &str = "SELECT outcome, row_status FROM keiro_instance_resurrect($1, $2)";
 
 pub(crate) async fn instance_resurrect(db: &Db, key: &InstanceKey) -> Result<ResurrectOutcome> {
@@ -512,6 +549,7 @@ pub(crate) async fn instance_lease_renew(
 
 const INSTANCE_RELEASE: &str = "UPDATE workflows SET lease_owner = NULL, lease_expires_at = NULL, \
          attempts = CASE WHEN $5 THEN 0 ELSE attempts END, \
+         open_refusals = CASE WHEN $5 THEN 0 ELSE open_refusals END, \
          last_error = CASE WHEN $5 THEN NULL ELSE last_error END, \
          next_attempt_at = CASE WHEN $5 THEN NULL ELSE next_attempt_at END, \
          updated_at = now() \

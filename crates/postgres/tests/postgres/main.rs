@@ -28,6 +28,7 @@ mod message_batch;
 mod message_notify;
 mod migrations_checksum;
 mod migrations_idempotent;
+mod open_refusals;
 mod remote_tasks;
 mod retention_locks;
 mod rolling_deploy;

@@ -5,12 +5,13 @@ use std::time::Duration;
 use keiro_journal::store::Result;
 use keiro_journal::{store::StartRequest, Fence, InstanceKey, JournalEntry, WorkflowName};
 use keiro_lease::{
-    Claim, ClaimGate, ClaimOutcome, Crash, CrashOutcome, ResurrectOutcome, StartClaim, Versions,
+    Claim, ClaimGate, ClaimOutcome, Crash, CrashOutcome, OpenRefusal, RefusalOutcome,
+    ResurrectOutcome, StartClaim, Versions,
 };
 use time::OffsetDateTime;
 
 use crate::error::malformed;
-use crate::lease::{self, CrashCode, ResurrectCode};
+use crate::lease::{self, CrashCode, RefuseCode, ResurrectCode};
 use crate::row::{self, Stored};
 use crate::storable;
 
@@ -23,6 +24,7 @@ const RENEW: &str = "renewing a lease";
 const RELEASE: &str = "releasing a lease";
 const FORCE_RELEASE: &str = "force-releasing a lease";
 const RECORD_CRASH: &str = "recording a crash";
+const REFUSE_OPEN: &str = "handing back a run its worker cannot open";
 const RESURRECT: &str = "resurrecting an instance";
 
 impl SqliteStore {
@@ -308,6 +310,48 @@ impl SqliteStore {
                     CrashCode::Terminal => Ok(CrashOutcome::AlreadyTerminal),
                     CrashCode::NotFound => Err(not_found(&key)),
                     CrashCode::LeaseLost => Err(lease_lost(&key, &fence.owner, fence.epoch)),
+                },
+            )
+            .await
+    }
+
+    /// Hands back the lease of the run holding `fence`, whose payload the claiming worker
+    /// could not open, without counting a crash (`LeaseStore::instance_refuse_open`).
+    ///
+    /// # Errors
+    ///
+    /// `LeaseLost`, `NotFound`, `ValueRefused` for an error text holding a NUL.
+    pub async fn instance_refuse_open(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        refusal: &OpenRefusal,
+    ) -> Result<RefusalOutcome> {
+        storable::text(REFUSE_OPEN, "refusal reason", &refusal.error)?;
+        let (key, fence, refusal) = (key.clone(), fence.clone(), refusal.clone());
+        self.inner
+            .writer
+            .write(
+                REFUSE_OPEN,
+                move |conn, now| match lease::instance_refuse_open(
+                    conn,
+                    now,
+                    key.name.as_str(),
+                    key.id.as_str(),
+                    &fence.owner,
+                    fence.epoch,
+                    &refusal.error,
+                    span_ms(refusal.retry_delay),
+                )? {
+                    RefuseCode::Refused(refusals, next_attempt_at) => {
+                        Ok(RefusalOutcome::Released {
+                            refusals,
+                            next_attempt_at,
+                        })
+                    }
+                    RefuseCode::Terminal => Ok(RefusalOutcome::AlreadyTerminal),
+                    RefuseCode::NotFound => Err(not_found(&key)),
+                    RefuseCode::LeaseLost => Err(lease_lost(&key, &fence.owner, fence.epoch)),
                 },
             )
             .await

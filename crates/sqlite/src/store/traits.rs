@@ -27,8 +27,8 @@ use keiro_journal::{
     Counts, GcBatch, GcRequest, InspectStore, ListRequest, Page, RetentionStore, Waits,
 };
 use keiro_lease::{
-    Claim, ClaimBatch, ClaimOutcome, Crash, CrashOutcome, LeaseStore, ResurrectOutcome, StartClaim,
-    Versions,
+    Claim, ClaimBatch, ClaimOutcome, Crash, CrashOutcome, LeaseStore, OpenRefusal, RefusalOutcome,
+    ResurrectOutcome, StartClaim, Versions,
 };
 use keiro_remote::{
     ClaimRequest, ClaimedTask, HeartbeatOutcome, RemoteAdmin, RemoteTask, ReportOutcome,
@@ -508,6 +508,19 @@ impl LeaseStore for SqliteStore {
         traced(
             store_span!("instance_record_crash", key = key),
             SqliteStore::instance_record_crash(self, key, fence, crash),
+        )
+        .await
+    }
+
+    async fn instance_refuse_open(
+        &self,
+        key: &InstanceKey,
+        fence: &Fence,
+        refusal: &OpenRefusal,
+    ) -> Result<RefusalOutcome> {
+        traced(
+            store_span!("instance_refuse_open", key = key),
+            SqliteStore::instance_refuse_open(self, key, fence, refusal),
         )
         .await
     }

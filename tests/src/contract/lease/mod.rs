@@ -1,6 +1,7 @@
-//! `sql/functions/lease.sql`: discovery, claims, renewals, releases, parking and crash
-//! accounting.
+//! `sql/functions/lease.sql`: discovery, claims, renewals, releases, parking, crash
+//! accounting, and the hand-back of a run its worker cannot open.
 
 pub mod claim;
 pub mod lifecycle;
 pub mod park;
+pub mod refuse;
