@@ -220,6 +220,20 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_boxed_waiter_answers_with_the_outcome_its_close_brought() {
+        let waiters = ClosedWaiters::default();
+        // As a notifier hands it out, and as a result waiter holds it.
+        let mut wait: Box<dyn WakeSource> = Box::new(waiters.subscribe(&key("a")));
+        let done = ClosedOutcome::Completed(serde_json::json!(42));
+        waiters.closed_with(&key("a"), &done);
+        assert_eq!(
+            wait.wait(Duration::from_secs(30)).await,
+            WakeReason::Notified
+        );
+        assert_eq!(wait.closed_outcome(), Some(done));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_close_wakes_only_the_waiters_of_its_key() {
         let waiters = ClosedWaiters::default();
         let mut a1 = waiters.subscribe(&key("a"));

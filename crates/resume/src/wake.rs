@@ -105,10 +105,16 @@ pub trait Notifier: Send + Sync {
     }
 }
 
+/// A boxed source is the source it holds: every method forwards, the provided ones too (a
+/// call on the box picks this impl, not the boxed source's).
 #[async_trait::async_trait]
 impl WakeSource for Box<dyn WakeSource> {
     async fn wait(&mut self, fallback: Duration) -> WakeReason {
         self.as_mut().wait(fallback).await
+    }
+
+    fn closed_outcome(&self) -> Option<ClosedOutcome> {
+        self.as_ref().closed_outcome()
     }
 
     fn fallback_floor(&self) -> Duration {
