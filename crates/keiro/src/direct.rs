@@ -196,14 +196,7 @@ impl Worker {
             .owner
             .clone()
             .unwrap_or_else(|| format!("keiro-{}", uuid::Uuid::new_v4()));
-        let request = StartRequest {
-            attributes: Default::default(),
-            key,
-            input,
-            parent: None,
-            priority: 0,
-            queue: None,
-        };
+        let request = StartRequest::new(key, input);
         let ttl = self.options.lease_ttl;
         // The lease is granted no earlier than this: the drive's first confirmation time.
         let mut asked = Instant::now();

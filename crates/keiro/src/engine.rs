@@ -215,14 +215,10 @@ impl Keiro {
                         self.payload_len_max,
                     )
                     .map_err(Error::Payload)?;
-                    Ok(keiro_journal::store::StartRequest {
-                        attributes: Default::default(),
-                        key: InstanceKey::new(name.clone(), id),
+                    Ok(keiro_journal::store::StartRequest::new(
+                        InstanceKey::new(name.clone(), id),
                         input,
-                        parent: None,
-                        priority: 0,
-                        queue: None,
-                    })
+                    ))
                 });
             match request {
                 Ok(request) => {

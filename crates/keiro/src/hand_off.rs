@@ -33,14 +33,7 @@ impl Keiro {
     ) -> Result<Started, Error> {
         let input =
             encode_payload(INPUT_STEP, input, self.payload_len_max).map_err(Error::Payload)?;
-        let request = StartRequest {
-            attributes: Default::default(),
-            key: key.clone(),
-            input,
-            parent: None,
-            priority: 0,
-            queue: None,
-        };
+        let request = StartRequest::new(key.clone(), input);
         // The lease is granted no earlier than this: the loop's first confirmation time.
         let asked = Instant::now();
         let started = self

@@ -23,6 +23,7 @@ on_both_stores!(
     a_stopped_worker_takes_no_hand_off,
     a_run_of_a_version_the_worker_does_not_serve_is_left_unleased,
     a_handed_off_run_of_a_killed_loop_is_claimed_once_its_lease_expires,
+    an_existing_run_of_another_version_is_given_back_at_once,
 );
 
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -248,5 +249,34 @@ async fn a_handed_off_run_of_a_killed_loop_is_claimed_once_its_lease_expires(
     );
     assert_ne!(row.lease_owner.as_deref(), Some(owner.as_str()));
     other.stop().await?;
+    Ok(())
+}
+
+async fn an_existing_run_of_another_version_is_given_back_at_once(h: Harness) -> TestResult {
+    let gate = Arc::new(Semaphore::new(0));
+    let (v0, v1) = (h.versioned("v0").await, h.versioned("v1").await);
+    // Started by v0 while nothing runs: runnable, unleased.
+    assert!(v0.keiro.start("double", "d-1", &21_u64).await?.created);
+    let running = Loop::ready(worker(&v1.keiro, &gate).build()?, &v1.keiro).await?;
+    // v1's start of the same id takes a slot of v1's loop and claims the existing run in its
+    // statement; the loop does not serve v0, so the lease goes back before the call returns.
+    let again = v1.keiro.start("double", "d-1", &5_u64).await?;
+    assert!(!again.created);
+    let row = v1
+        .keiro
+        .instance(("double", "d-1"))
+        .await?
+        .expect("started");
+    assert_eq!(row.status, Status::Running);
+    assert_eq!(row.lease_owner, None, "{row:?}");
+    assert_eq!(row.app_version.as_deref(), Some("v0"));
+    assert_eq!(row.input, serde_json::json!(21));
+    running.stop().await?;
+    // A worker serving v0 runs it at once.
+    worker(&v0.keiro, &gate).build()?.drain().await?;
+    assert_eq!(
+        ended(&v0.keiro, ("double", "d-1")).await?.output,
+        Some(serde_json::json!(42))
+    );
     Ok(())
 }

@@ -145,6 +145,29 @@ pub struct StartRequest {
     pub attributes: crate::attribute::Attributes,
 }
 
+impl StartRequest {
+    /// A plain start of `key` with `input`: no parent, priority 0, no queue, no attributes
+    /// (what `start` sends).
+    ///
+    /// ```
+    /// use keiro_journal::{store::StartRequest, InstanceKey};
+    /// let request = StartRequest::new(InstanceKey::parse("order", "o-1")?, serde_json::json!(7));
+    /// assert_eq!((request.priority, request.queue.is_none()), (0, true));
+    /// # Ok::<_, keiro_journal::IdError>(())
+    /// ```
+    #[must_use]
+    pub fn new(key: InstanceKey, input: Value) -> Self {
+        Self {
+            key,
+            input,
+            parent: None,
+            priority: 0,
+            queue: None,
+            attributes: crate::attribute::Attributes::default(),
+        }
+    }
+}
+
 /// The result of `start`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Started {

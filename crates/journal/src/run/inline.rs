@@ -85,15 +85,9 @@ pub async fn start<I: Serialize + ?Sized>(
 ) -> Result<Started, Error> {
     let input = encode_payload(crate::workflow::INPUT_STEP, input, payload_len_max)
         .map_err(Error::Payload)?;
-    let request = StartRequest {
-        attributes: Default::default(),
-        key: key.clone(),
-        input,
-        parent: None,
-        priority: 0,
-        queue: None,
-    };
-    Ok(store.instance_start(&request).await?)
+    Ok(store
+        .instance_start(&StartRequest::new(key.clone(), input))
+        .await?)
 }
 
 /// Loads the instance and its current generation's journal and drives one run inline.
