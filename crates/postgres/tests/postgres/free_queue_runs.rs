@@ -90,6 +90,17 @@ async fn no_start_leaves_a_free_run_behind_a_limit_or_a_pause() -> TestResult {
             admin.batch_execute(light).await?;
         }
     }
+    // The free state came back after the last change: the starters, still running, make free
+    // runs again (waited for, not assumed: on a loaded host the last change may leave them no
+    // time before a fixed stop).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let free = loop {
+        let free: i64 = admin.query_one(FREE_LIVE, &[]).await?.get(0);
+        if free > 0 || tokio::time::Instant::now() > deadline {
+            break free;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
     stop.store(true, Ordering::Relaxed);
     let mut started = 0;
     while let Some(joined) = starters.join_next().await {
@@ -100,12 +111,7 @@ async fn no_start_leaves_a_free_run_behind_a_limit_or_a_pause() -> TestResult {
         stale.iter().all(|&n| n == 0),
         "free runs left behind each change: {stale:?}"
     );
-    // The free state came back each time: runs started on the light queue are free.
-    let free: i64 = admin
-        .query_one("SELECT count(*) FROM workflows WHERE queue_free", &[])
-        .await?
-        .get(0);
-    assert!(free > 0, "no run started free");
+    assert!(free > 0, "no run started free after the last change");
     Ok(())
 }
 
