@@ -179,6 +179,10 @@ pub(crate) struct BenchArgs {
     /// standard set, each beside its own pgbench run.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
     pub(crate) rounds: u64,
+    /// `suite`: which set: the headline's standard set, or the throughput targets at the
+    /// concurrency each names, with a table of the targets met round by round.
+    #[arg(long, value_enum, default_value_t = suite::Set::Standard)]
+    pub(crate) suite_set: suite::Set,
     /// `suite`: seconds of each round's pgbench run (one-row INSERT, 16 clients).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=600))]
     pub(crate) pgbench_s: u64,

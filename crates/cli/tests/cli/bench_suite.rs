@@ -105,6 +105,69 @@ async fn the_quick_suite_prints_the_machine_one_row_per_figure_and_a_json_line()
     Ok(())
 }
 
+/// The targets the targets set holds, in order, as its second table names them.
+const TARGETS: [&str; 8] = [
+    "direct K=3, C=64 (steps/s) x pgbench: at least 1.00",
+    "direct K=100, C=16 (steps/s) x pgbench: at least 1.20",
+    "worker K=3, C=64 (steps/s) x direct K=3, C=64 (steps/s): at least 0.80",
+    "worker K=100, C=16 (steps/s) x direct K=100, C=16 (steps/s): at least 0.80",
+    "worker K=3, C=32, unlimited queue (workflows/s) x worker K=3, C=32, no queue (workflows/s): at least 0.95",
+    "start then await K=3, C=32 (workflows/s) x worker K=3, C=32, no queue (workflows/s): at least 0.80",
+    "start then await K=3, C=32, p50 (ms) x direct K=3, C=32, p50 start to output (ms): at most 1.50",
+    "start then await K=3, C=32, commits a workflow: at most 1.50",
+];
+
+#[tokio::test]
+async fn the_quick_targets_set_holds_each_target_round_by_round() -> TestResult {
+    let db = TestDb::new().await;
+    // Two rounds: the second runs the parts in the opposite order.
+    let (stdout, json) = report(&bench(
+        &db,
+        &[
+            "--mode",
+            "suite",
+            "--suite-set",
+            "targets",
+            "--quick",
+            "--rounds",
+            "2",
+        ],
+    )?)?;
+    assert!(
+        stdout.contains("| target | per round | median | rounds met |"),
+        "{stdout}"
+    );
+    let targets = json["targets"].as_array().ok_or("targets is no array")?;
+    assert_eq!(targets.len(), TARGETS.len(), "{json}");
+    for (row, target) in targets.iter().zip(TARGETS) {
+        assert_eq!(row["target"], target, "{row}");
+        let rounds = row["rounds"].as_array().ok_or("rounds is no array")?;
+        assert_eq!(rounds.len(), 2, "{row}");
+        assert!(
+            rounds.iter().all(|x| x.as_f64().is_some_and(|x| x > 0.0)),
+            "{row}"
+        );
+        let met = row["rounds_met"].as_u64().ok_or("no rounds_met")?;
+        assert!(met <= 2, "{row}");
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with(&format!("| {target} | "))),
+            "no row for {target:?} in\n{stdout}"
+        );
+    }
+    // The commits a workflow are a figure of their own, with no ratio to pgbench; the rates
+    // each have one.
+    let rows = json["rows"].as_array().ok_or("rows is no array")?;
+    assert_eq!(rows.len(), 11, "{json}");
+    for row in rows {
+        let figure = row["figure"].as_str().unwrap_or_default();
+        let rate = figure.ends_with("/s)") || figure.ends_with("(tps)");
+        assert_eq!(row["x_pgbench"].is_number(), rate, "{row}");
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn the_suite_without_pgbench_on_path_says_how_to_get_it() -> TestResult {
     let db = TestDb::new().await;

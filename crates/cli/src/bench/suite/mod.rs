@@ -8,6 +8,12 @@
 //! with the suite's sizes; its figures are the report it emits. The rates are set against
 //! pgbench's transactions per second of the same round, because the machine's speed swings
 //! within minutes and a ratio taken within one round does not.
+//!
+//! `--suite-set targets` runs instead the set the engine's throughput targets are held to
+//! (steps per second against pgbench at 64 and 16 runs in flight, the worker path against
+//! direct execution, an unlimited queue against no queue, start-then-await against the worker's
+//! own throughput and direct execution's latency) and adds a second table: each target's ratio
+//! in every round, its median and the rounds that met it.
 
 mod machine;
 mod pgbench;
@@ -17,10 +23,22 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use serde_json::Value;
 
+use clap::ValueEnum;
+
 use super::{direct, idle, remote, sqlite, take_report, throughput, wake, BenchArgs, Mode};
 use crate::common::{
     failure, open_connection, recreate_scratch_schema, round, Global, Outcome, Result, ResultExt,
 };
+
+/// Which set `--mode suite` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Set {
+    /// The headline's: throughput, direct, K=100, wake latency, idle cost, remote, SQLite.
+    Standard,
+    /// The throughput targets: each part at the concurrency its target names, and a table of
+    /// the targets met round by round.
+    Targets,
+}
 
 /// What a part of the set runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,9 +73,17 @@ const fn figure(label: &'static str, pointer: &'static str, against_pgbench: boo
     }
 }
 
-/// The set, sized from `base` (the user's options): small enough that three rounds take a few
-/// minutes, or with `--quick` seconds.
+/// The parts of `base`'s set.
 fn parts(base: &BenchArgs) -> Vec<Part> {
+    match base.suite_set {
+        Set::Standard => standard_parts(base),
+        Set::Targets => target_parts(base),
+    }
+}
+
+/// The standard set, sized from `base` (the user's options): small enough that three rounds
+/// take a few minutes, or with `--quick` seconds.
+fn standard_parts(base: &BenchArgs) -> Vec<Part> {
     let quick = base.quick;
     let size = |full: u64, small: u64| if quick { small } else { full };
     let with = |mode: Mode, n: u64, steps: u64| BenchArgs {
@@ -153,6 +179,260 @@ fn parts(base: &BenchArgs) -> Vec<Part> {
     ]
 }
 
+/// A part of the targets set: `mode` with N workflows of K steps, C in flight.
+fn target_part(
+    base: &BenchArgs,
+    name: &'static str,
+    (mode, n, steps, concurrency): (Mode, u64, u64, u64),
+    figures: Vec<Figure>,
+) -> Part {
+    let n = if base.quick { (n / 100).max(4) } else { n };
+    Part {
+        name,
+        on: On::Postgres,
+        args: BenchArgs {
+            mode,
+            workflows: Some(n),
+            steps,
+            concurrency,
+            // Enough producers that the worker's claims, not the starts, bound it (at 64 in
+            // flight four producers' start batches of four cap it).
+            producers: if concurrency >= 64 {
+                16
+            } else {
+                base.producers
+            },
+            queue_keys: 0,
+            path: direct::Path::Direct,
+            ..base.clone()
+        },
+        figures,
+    }
+}
+
+/// The targets set: every part a target reads, at the concurrency the target names.
+fn target_parts(base: &BenchArgs) -> Vec<Part> {
+    let steps_per_s = |label| vec![figure(label, "/steps_per_s", true)];
+    let mut parts = vec![
+        target_part(
+            base,
+            "direct K=3 C=64",
+            (Mode::Direct, 8000, 3, 64),
+            steps_per_s(DIRECT_3_64),
+        ),
+        target_part(
+            base,
+            "worker K=3 C=64",
+            (Mode::Throughput, 8000, 3, 64),
+            steps_per_s(WORKER_3_64),
+        ),
+        target_part(
+            base,
+            "direct K=100 C=16",
+            (Mode::Direct, 240, 100, 16),
+            steps_per_s(DIRECT_100_16),
+        ),
+        target_part(
+            base,
+            "worker K=100 C=16",
+            (Mode::Throughput, 240, 100, 16),
+            steps_per_s(WORKER_100_16),
+        ),
+        target_part(
+            base,
+            "worker K=3 C=32",
+            (Mode::Throughput, 8000, 3, 32),
+            vec![figure(WORKER_3_32, "/workflows_per_s", true)],
+        ),
+        target_part(
+            base,
+            "unlimited queue K=3 C=32",
+            (Mode::Throughput, 8000, 3, 32),
+            vec![figure(QUEUE_3_32, "/workflows_per_s", true)],
+        ),
+        target_part(
+            base,
+            "direct K=3 C=32",
+            (Mode::Direct, 4000, 3, 32),
+            vec![figure(DIRECT_3_32_P50, "/p50_ms", false)],
+        ),
+        target_part(
+            base,
+            "start then await K=3 C=32",
+            (Mode::Direct, 4000, 3, 32),
+            vec![
+                figure(AWAIT_3_32, "/workflows_per_s", true),
+                figure(AWAIT_3_32_P50, "/p50_ms", false),
+                figure(AWAIT_3_32_COMMITS, "/commits_per_workflow", false),
+            ],
+        ),
+    ];
+    parts[5].args.queue_keys = 1;
+    parts[7].args.path = direct::Path::Worker;
+    parts
+}
+
+const DIRECT_3_64: &str = "direct K=3, C=64 (steps/s)";
+const WORKER_3_64: &str = "worker K=3, C=64 (steps/s)";
+const DIRECT_100_16: &str = "direct K=100, C=16 (steps/s)";
+const WORKER_100_16: &str = "worker K=100, C=16 (steps/s)";
+const WORKER_3_32: &str = "worker K=3, C=32, no queue (workflows/s)";
+const QUEUE_3_32: &str = "worker K=3, C=32, unlimited queue (workflows/s)";
+const DIRECT_3_32_P50: &str = "direct K=3, C=32, p50 start to output (ms)";
+const AWAIT_3_32: &str = "start then await K=3, C=32 (workflows/s)";
+const AWAIT_3_32_P50: &str = "start then await K=3, C=32, p50 (ms)";
+const AWAIT_3_32_COMMITS: &str = "start then await K=3, C=32, commits a workflow";
+
+/// What a target divides by.
+#[derive(Debug, Clone, Copy)]
+enum Over {
+    /// The same round's pgbench transactions per second.
+    Pgbench,
+    /// Another figure of the same round, by its label.
+    Figure(&'static str),
+    /// Nothing: the figure itself is held to the bound.
+    One,
+}
+
+/// A target: `figure / over` at least or at most `bound` in a round.
+struct Target {
+    figure: &'static str,
+    over: Over,
+    at_most: bool,
+    bound: f64,
+}
+
+/// The targets the targets set is held to.
+const TARGETS: [Target; 8] = [
+    Target {
+        figure: DIRECT_3_64,
+        over: Over::Pgbench,
+        at_most: false,
+        bound: 1.0,
+    },
+    Target {
+        figure: DIRECT_100_16,
+        over: Over::Pgbench,
+        at_most: false,
+        bound: 1.2,
+    },
+    Target {
+        figure: WORKER_3_64,
+        over: Over::Figure(DIRECT_3_64),
+        at_most: false,
+        bound: 0.8,
+    },
+    Target {
+        figure: WORKER_100_16,
+        over: Over::Figure(DIRECT_100_16),
+        at_most: false,
+        bound: 0.8,
+    },
+    Target {
+        figure: QUEUE_3_32,
+        over: Over::Figure(WORKER_3_32),
+        at_most: false,
+        bound: 0.95,
+    },
+    Target {
+        figure: AWAIT_3_32,
+        over: Over::Figure(WORKER_3_32),
+        at_most: false,
+        bound: 0.8,
+    },
+    Target {
+        figure: AWAIT_3_32_P50,
+        over: Over::Figure(DIRECT_3_32_P50),
+        at_most: true,
+        bound: 1.5,
+    },
+    Target {
+        figure: AWAIT_3_32_COMMITS,
+        over: Over::One,
+        at_most: true,
+        bound: 1.5,
+    },
+];
+
+/// A target's outcome over the rounds; serialized into the suite's report.
+#[derive(Debug, Serialize)]
+struct TargetRow {
+    target: String,
+    /// Each round's ratio (or value, for a bound on the figure itself).
+    rounds: Vec<f64>,
+    median: f64,
+    rounds_met: usize,
+    median_met: bool,
+}
+
+/// Each target's per-round ratios, from the rows' values (`rows[0]` is pgbench's).
+fn target_rows(rows: &[Row]) -> Vec<TargetRow> {
+    let values = |label: &str| rows.iter().find(|r| r.figure == label).map(|r| &r.rounds);
+    TARGETS
+        .iter()
+        .filter_map(|target| {
+            let numerator = values(target.figure)?;
+            let denominator: Vec<f64> = match target.over {
+                Over::Pgbench => rows.first()?.rounds.clone(),
+                Over::Figure(label) => values(label)?.clone(),
+                Over::One => vec![1.0; numerator.len()],
+            };
+            let ratios: Vec<f64> = numerator
+                .iter()
+                .zip(&denominator)
+                .filter(|(_, d)| **d > 0.0)
+                .map(|(n, d)| round(n / d, 3))
+                .collect();
+            let met = |x: f64| {
+                if target.at_most {
+                    x <= target.bound
+                } else {
+                    x >= target.bound
+                }
+            };
+            let median = median(&ratios);
+            let over = match target.over {
+                Over::Pgbench => " x pgbench".to_owned(),
+                Over::Figure(label) => format!(" x {label}"),
+                Over::One => String::new(),
+            };
+            let sign = if target.at_most {
+                "at most"
+            } else {
+                "at least"
+            };
+            Some(TargetRow {
+                target: format!("{}{over}: {sign} {:.2}", target.figure, target.bound),
+                rounds_met: ratios.iter().filter(|x| met(**x)).count(),
+                median_met: met(median),
+                median: round(median, 3),
+                rounds: ratios,
+            })
+        })
+        .collect()
+}
+
+/// The targets' table, as Markdown.
+fn target_table(rows: &[TargetRow]) -> Vec<String> {
+    let mut lines = vec![
+        "| target | per round | median | rounds met |".to_owned(),
+        "| --- | ---: | ---: | ---: |".to_owned(),
+    ];
+    for row in rows {
+        let rounds: Vec<String> = row.rounds.iter().map(|x| format!("{x:.2}")).collect();
+        lines.push(format!(
+            "| {} | {} | {:.2}{} | {} of {} |",
+            row.target,
+            rounds.join(" / "),
+            row.median,
+            if row.median_met { "" } else { " (not met)" },
+            row.rounds_met,
+            row.rounds.len()
+        ));
+    }
+    lines
+}
+
 /// One row of the table, over the rounds; serialized into the suite's report.
 #[derive(Debug, Serialize)]
 struct Row {
@@ -177,6 +457,8 @@ struct SuiteReport {
     pgbench_s: u64,
     machine: machine::Machine,
     rows: Vec<Row>,
+    /// The targets set's targets (empty for the standard set).
+    targets: Vec<TargetRow>,
 }
 
 /// The middle value (the mean of the two middle ones for an even count); 0 when empty.
@@ -312,7 +594,13 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
             let rate = pgbench::run(global.url(), schema, pgbench_s, machine.cores).await?;
             println!("suite: round {round_no}: pgbench {rate:.0} tps");
             tps.push(rate);
-            for (part, values) in parts.iter().zip(&mut values) {
+            let mut order: Vec<_> = parts.iter().zip(values.iter_mut()).collect();
+            // The targets set compares parts run side by side: every other round runs them in
+            // the opposite order, so no part always runs on what the one before it left.
+            if args.suite_set == Set::Targets && round_no % 2 == 0 {
+                order.reverse();
+            }
+            for (part, values) in order {
                 println!("suite: round {round_no}: {}", part.name);
                 let report = run_part(global, part, &sqlite_file).await?;
                 for (figure, values) in part.figures.iter().zip(values.iter_mut()) {
@@ -359,6 +647,13 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         println!("{line}");
     }
     println!();
+    let targets = target_rows(&rows);
+    if args.suite_set == Set::Targets {
+        for line in target_table(&targets) {
+            println!("{line}");
+        }
+        println!();
+    }
     super::emit(&SuiteReport {
         mode: "suite",
         rounds,
@@ -367,6 +662,11 @@ pub(super) async fn run(global: &Global, args: &BenchArgs) -> Result<Outcome> {
         pgbench_s,
         machine,
         rows,
+        targets: if args.suite_set == Set::Targets {
+            targets
+        } else {
+            Vec::new()
+        },
     })?;
     Ok(Outcome::Success)
 }
