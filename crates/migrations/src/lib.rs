@@ -211,6 +211,12 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../numbered/0028_open_refusals.sql"),
         shipped: None,
     },
+    Migration {
+        version: 29,
+        name: "journal_without_seq_index",
+        sql: include_str!("../numbered/0029_journal_without_seq_index.sql"),
+        shipped: None,
+    },
 ];
 
 /// One function file of `functions/`: the definitions of one group of functions (and the
