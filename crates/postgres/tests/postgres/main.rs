@@ -20,6 +20,7 @@ mod hot_claims;
 mod hot_path;
 mod isolation;
 mod journal_append;
+mod journal_indexes;
 mod lane_phases;
 mod list_plans;
 mod listen_health;
