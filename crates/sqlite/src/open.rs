@@ -295,12 +295,18 @@ fn immediate<T>(conn: &Connection, path: &Path, body: impl FnOnce() -> Result<T>
 /// bookkeeping row, after refusing a file migrated by a newer build. The write lock makes a
 /// second process opening the same file wait, then find the migration applied.
 fn migrate(conn: &Connection, path: &Path, now_micros: i64) -> Result<()> {
+    migrate_through(conn, path, now_micros, SCHEMA_VERSION)
+}
+
+/// [`migrate`] up to and including version `last`: a test makes the file an older build left,
+/// to check what a later migration does to its rows.
+fn migrate_through(conn: &Connection, path: &Path, now_micros: i64, last: i64) -> Result<()> {
     immediate(conn, path, || {
         conn.execute_batch(MIGRATIONS_TABLE)
             .map_err(sqlite("creating the migrations table of", path))?;
         applied(conn, path).map(drop)
     })?;
-    for (version, name, sql) in MIGRATIONS {
+    for (version, name, sql) in MIGRATIONS.iter().take_while(|(v, _, _)| *v <= last) {
         immediate(conn, path, || {
             if applied(conn, path)?.contains(version) {
                 return Ok(());
@@ -321,4 +327,69 @@ fn migrate(conn: &Connection, path: &Path, now_micros: i64) -> Result<()> {
 /// The path as given, for errors.
 pub(crate) fn owned(path: &Path) -> PathBuf {
     path.to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// How a refusal's last error begins (`keiro::codec::OPEN_REFUSED`).
+    const REFUSED: &str = "payload cannot be opened by this worker: payload sealed with key \"k2\"";
+
+    /// Migration 0010 moves the refusals the builds before it counted in `attempts` to
+    /// `open_refusals`, for live runs only (PostgreSQL's 0028 is tested the same way).
+    #[test]
+    fn the_refusals_counted_as_attempts_move_to_their_own_count() -> Result<()> {
+        let dir = std::env::temp_dir().join(format!(
+            "keiro-open-0010-{}-{}",
+            std::process::id(),
+            uuid::Uuid::new_v4()
+        ));
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        let path = dir.join("before.db");
+        let conn = Connection::open(&path).expect("a new file");
+        // The file as the build before 0010 left it, with the rows it wrote.
+        migrate_through(&conn, &path, 0, 9)?;
+        let rows = [
+            ("refused", "running", 4, Some(REFUSED)),
+            ("refused-parked", "suspended", 2, Some(REFUSED)),
+            ("crashed", "running", 2, Some("boom")),
+            ("fresh", "running", 0, None),
+            ("failed", "failed", 3, Some(REFUSED)),
+        ];
+        for (id, status, attempts, error) in rows {
+            conn.execute(
+                "INSERT INTO workflows (workflow_name, workflow_id, status, attempts, \
+                                        last_error, created_at, updated_at) \
+                 VALUES ('wf', ?1, ?2, ?3, ?4, 0, 0)",
+                rusqlite::params![id, status, attempts, error],
+            )
+            .expect("a row of the older schema");
+        }
+        migrate(&conn, &path, 0)?;
+        let mut counts = Vec::new();
+        for (id, ..) in rows {
+            let (attempts, refusals): (i64, i64) = conn
+                .query_row(
+                    "SELECT attempts, open_refusals FROM workflows WHERE workflow_id = ?1",
+                    [id],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .expect("kept");
+            counts.push((id, attempts, refusals));
+        }
+        drop(conn);
+        std::fs::remove_dir_all(&dir).ok();
+        assert_eq!(
+            counts,
+            [
+                ("refused", 0, 4),
+                ("refused-parked", 0, 2),
+                ("crashed", 2, 0),
+                ("fresh", 0, 0),
+                ("failed", 3, 0),
+            ]
+        );
+        Ok(())
+    }
 }
