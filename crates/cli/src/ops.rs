@@ -269,6 +269,7 @@ fn print_instance(row: &Instance) {
     println!("status       {}", row.status);
     println!("generation   {}", row.generation);
     println!("attempts     {}", row.attempts);
+    println!("open_refusals {}", row.open_refusals);
     println!("last_error   {}", row.last_error.as_deref().unwrap_or("-"));
     println!("next_attempt {}", timestamp(row.next_attempt_at));
     println!("lease        {lease}");

@@ -124,6 +124,7 @@ impl InstanceView {
             "status": row.status.as_str(),
             "generation": row.generation,
             "attempts": row.attempts,
+            "open_refusals": row.open_refusals,
             "last_error": row.last_error,
             "next_attempt_at": timestamp(row.next_attempt_at),
             "lease_owner": row.lease_owner,

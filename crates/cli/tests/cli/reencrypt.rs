@@ -94,3 +94,43 @@ async fn show_says_encrypted_without_the_key_and_reencrypt_moves_runs_to_the_cur
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
+
+#[tokio::test]
+async fn show_counts_the_claims_a_worker_without_the_key_handed_back(
+) -> Result<(), Box<dyn std::error::Error>> {
+    let dir: PathBuf = std::env::temp_dir().join(format!(
+        "keiro-cli-refusals-{}-{}",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(&dir)?;
+    let file = dir.join("codec.db");
+    let store =
+        keiro::store::sqlite::SqliteStore::open(&file, keiro::store::sqlite::Config::default())?;
+    Keiro::builder(store.clone())
+        .codec(Arc::new(AesGcmCodec::new("k2", [2; 32])?))
+        .build()
+        .start("shout", "s-2", &"sealed with k2")
+        .await?;
+    // A worker holding k1 only claims the run and hands it back: a refusal, not a crash.
+    let lacking = Keiro::builder(store.clone())
+        .codec(Arc::new(AesGcmCodec::new("k1", [1; 32])?))
+        .build();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        lacking.worker().register("shout", shout).build()?.drain(),
+    )
+    .await??;
+
+    let (ok, text) = keiro_cli(&file, None, &["show", "shout", "s-2"])?;
+    assert!(ok, "{text}");
+    assert!(text.contains("attempts     0"), "{text}");
+    assert!(text.contains("open_refusals 1"), "{text}");
+    assert!(
+        text.contains("\"k2\""),
+        "the last error names the key: {text}"
+    );
+    drop(store);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}

@@ -236,6 +236,7 @@ async fn an_instance_shows_its_timers_awakeables_signal_waits_and_children() -> 
     let (status, waiter) = get_json(&client, &format!("{api}/instances/waiter/w-1")).await?;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(waiter["status"], "suspended");
+    assert_eq!(waiter["open_refusals"], 0, "{waiter}");
     let timers = waiter["timers"].as_array().expect("timers");
     assert_eq!(timers.len(), 2, "{waiter}");
     let wait_step = format!("signal:{XSS_TOKEN}:1");

@@ -46,6 +46,7 @@ pub(crate) async fn instance(
             dt { "generation" } dd { (row.generation) }
             dt { "version" } dd #app-version { (row.app_version.as_deref().unwrap_or("(unversioned)")) }
             dt { "attempts" } dd { (row.attempts) }
+            dt { "open refusals" } dd { (row.open_refusals) }
             dt { "last error" } dd.error #last-error { (row.last_error.as_deref().unwrap_or("-")) }
             dt { "next attempt" } dd #next-attempt { (when(row.next_attempt_at, now)) }
             dt { "lease" } dd { (row.lease_owner.as_deref().unwrap_or("free")) " (epoch " (row.lease_epoch) ")" }
