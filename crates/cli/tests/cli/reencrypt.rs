@@ -39,6 +39,22 @@ fn keiro_cli(file: &Path, keys: Option<&str>, args: &[&str]) -> std::io::Result<
     ))
 }
 
+/// A directory of its own for the test and a SQLite file in it, opened.
+fn scratch_file(
+    label: &str,
+) -> Result<(PathBuf, PathBuf, keiro::store::sqlite::SqliteStore), Box<dyn std::error::Error>> {
+    let dir: PathBuf = std::env::temp_dir().join(format!(
+        "keiro-cli-{label}-{}-{}",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(&dir)?;
+    let file = dir.join("codec.db");
+    let store =
+        keiro::store::sqlite::SqliteStore::open(&file, keiro::store::sqlite::Config::default())?;
+    Ok((dir, file, store))
+}
+
 async fn shout(ctx: Ctx, text: String) -> Result<String, WorkflowError> {
     ctx.step("up", || async move {
         Ok::<_, std::io::Error>(text.to_uppercase())
@@ -49,15 +65,7 @@ async fn shout(ctx: Ctx, text: String) -> Result<String, WorkflowError> {
 #[tokio::test]
 async fn show_says_encrypted_without_the_key_and_reencrypt_moves_runs_to_the_current_key(
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let dir: PathBuf = std::env::temp_dir().join(format!(
-        "keiro-cli-reencrypt-{}-{}",
-        std::process::id(),
-        uuid::Uuid::new_v4().simple()
-    ));
-    std::fs::create_dir_all(&dir)?;
-    let file = dir.join("codec.db");
-    let store =
-        keiro::store::sqlite::SqliteStore::open(&file, keiro::store::sqlite::Config::default())?;
+    let (dir, file, store) = scratch_file("reencrypt")?;
     let old = Keiro::builder(store.clone())
         .codec(Arc::new(AesGcmCodec::new("k1", [1; 32])?))
         .build();
@@ -98,15 +106,7 @@ async fn show_says_encrypted_without_the_key_and_reencrypt_moves_runs_to_the_cur
 #[tokio::test]
 async fn show_counts_the_claims_a_worker_without_the_key_handed_back(
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let dir: PathBuf = std::env::temp_dir().join(format!(
-        "keiro-cli-refusals-{}-{}",
-        std::process::id(),
-        uuid::Uuid::new_v4().simple()
-    ));
-    std::fs::create_dir_all(&dir)?;
-    let file = dir.join("codec.db");
-    let store =
-        keiro::store::sqlite::SqliteStore::open(&file, keiro::store::sqlite::Config::default())?;
+    let (dir, file, store) = scratch_file("refusals")?;
     Keiro::builder(store.clone())
         .codec(Arc::new(AesGcmCodec::new("k2", [2; 32])?))
         .build()
