@@ -106,12 +106,13 @@ async fn the_quick_suite_prints_the_machine_one_row_per_figure_and_a_json_line()
 }
 
 /// The targets the targets set holds, in order, as its second table names them.
-const TARGETS: [&str; 8] = [
+const TARGETS: [&str; 9] = [
     "direct K=3, C=64 (steps/s) x pgbench: at least 1.00",
     "direct K=100, C=16 (steps/s) x pgbench: at least 1.20",
     "worker K=3, C=64 (steps/s) x direct K=3, C=64 (steps/s): at least 0.80",
     "worker K=100, C=16 (steps/s) x direct K=100, C=16 (steps/s): at least 0.80",
     "worker K=3, C=32, unlimited queue (workflows/s) x worker K=3, C=32, no queue (workflows/s): at least 0.95",
+    "worker K=3, C=32, 16 producers, unlimited queue (workflows/s) x worker K=3, C=32, 16 producers, no queue (workflows/s): at least 0.95",
     "start then await K=3, C=32 (workflows/s) x worker K=3, C=32, no queue (workflows/s): at least 0.80",
     "start then await K=3, C=32, p50 (ms) x direct K=3, C=32, p50 start to output (ms): at most 1.50",
     "start then await K=3, C=32, commits a workflow: at most 1.50",
@@ -159,7 +160,7 @@ async fn the_quick_targets_set_holds_each_target_round_by_round() -> TestResult 
     // The commits a workflow are a figure of their own, with no ratio to pgbench; the rates
     // each have one.
     let rows = json["rows"].as_array().ok_or("rows is no array")?;
-    assert_eq!(rows.len(), 11, "{json}");
+    assert_eq!(rows.len(), 13, "{json}");
     for row in rows {
         let figure = row["figure"].as_str().unwrap_or_default();
         let rate = figure.ends_with("/s)") || figure.ends_with("(tps)");
