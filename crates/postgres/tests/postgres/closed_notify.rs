@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::common::{key, start, Listener, TestResult};
+use crate::common::{key, start, start_completed, Listener, TestResult};
 use keiro_journal::{Append, Event, JournalStore};
 use keiro_resume::{Notifier, WakeReason};
 use keiro_tests::pg::TestDb;
@@ -95,13 +95,7 @@ async fn a_waiter_on_an_instance_already_closed_reads_at_once() -> TestResult {
     let db = TestDb::new().await;
     let store = db.store();
     let k = key("order", "closed");
-    store.instance_start(&start(&k, json!(null))).await?;
-    store
-        .journal_append(&Append::external(
-            k.clone(),
-            Event::WorkflowCompleted { output: json!(1) },
-        ))
-        .await?;
+    start_completed(&store, &k).await?;
     // The mark finds no live row, so the wait says "read now" instead of sleeping an hour.
     let mut wait = store.subscribe_closed(&k);
     let woken = tokio::time::timeout(

@@ -5,10 +5,9 @@
 
 use std::time::Duration;
 
-use crate::common::{sql, start, TestResult};
-use keiro_journal::{Append, Event, GcRequest, InstanceKey, JournalStore, RetentionStore};
+use crate::common::{key, sql, start_completed, TestResult};
+use keiro_journal::{GcRequest, RetentionStore};
 use keiro_tests::pg::TestDb;
-use serde_json::json;
 
 #[tokio::test]
 async fn the_journal_has_the_step_key_as_its_only_index() -> TestResult {
@@ -34,14 +33,7 @@ async fn the_journal_has_the_step_key_as_its_only_index() -> TestResult {
 async fn retention_deletes_journal_rows_a_publication_replicates() -> TestResult {
     let db = TestDb::new().await;
     let store = db.store();
-    let k = InstanceKey::parse("order", "old")?;
-    store.instance_start(&start(&k, json!(null))).await?;
-    store
-        .journal_append(&Append::external(
-            k.clone(),
-            Event::WorkflowCompleted { output: json!(1) },
-        ))
-        .await?;
+    start_completed(&store, &key("order", "old")).await?;
 
     // A publication that replicates deletes of the journal, as a `FOR ALL TABLES` one would.
     // Publication names are the database's, not the schema's: this one is the test's own.

@@ -134,6 +134,26 @@ pub(crate) async fn start_parked(
     Ok(())
 }
 
+/// Starts `k` and completes it with output 1, as an operator's append would: a finished run.
+pub(crate) async fn start_completed(
+    store: &PgStore,
+    k: &InstanceKey,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    use keiro_journal::{Append, Event, JournalStore};
+    store
+        .instance_start(&start(k, serde_json::Value::Null))
+        .await?;
+    store
+        .journal_append(&Append::external(
+            k.clone(),
+            Event::WorkflowCompleted {
+                output: serde_json::json!(1),
+            },
+        ))
+        .await?;
+    Ok(())
+}
+
 /// The instance's status, failing the test when it is missing.
 pub(crate) async fn status(
     store: &PgStore,
