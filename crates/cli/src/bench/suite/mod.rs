@@ -211,10 +211,21 @@ fn target_part(
     }
 }
 
+/// `part` with its arguments changed by `change`.
+fn adjusted(mut part: Part, change: impl FnOnce(&mut BenchArgs)) -> Part {
+    change(&mut part.args);
+    part
+}
+
 /// The targets set: every part a target reads, at the concurrency the target names.
 fn target_parts(base: &BenchArgs) -> Vec<Part> {
     let steps_per_s = |label| vec![figure(label, "/steps_per_s", true)];
-    let mut parts = vec![
+    let workflows_per_s = |label| vec![figure(label, "/workflows_per_s", true)];
+    // The queue's cost is read twice: with four producers each waiting for its start, every
+    // start batch holds four and the start statement sets the rate; with sixteen, it does not.
+    let k3_c32 = (Mode::Throughput, 8000, 3, 32);
+    let sixteen_producers = |args: &mut BenchArgs| args.producers = 16;
+    vec![
         target_part(
             base,
             "direct K=3 C=64",
@@ -242,14 +253,17 @@ fn target_parts(base: &BenchArgs) -> Vec<Part> {
         target_part(
             base,
             "worker K=3 C=32",
-            (Mode::Throughput, 8000, 3, 32),
-            vec![figure(WORKER_3_32, "/workflows_per_s", true)],
+            k3_c32,
+            workflows_per_s(WORKER_3_32),
         ),
-        target_part(
-            base,
-            "unlimited queue K=3 C=32",
-            (Mode::Throughput, 8000, 3, 32),
-            vec![figure(QUEUE_3_32, "/workflows_per_s", true)],
+        adjusted(
+            target_part(
+                base,
+                "unlimited queue K=3 C=32",
+                k3_c32,
+                workflows_per_s(QUEUE_3_32),
+            ),
+            |args| args.queue_keys = 1,
         ),
         target_part(
             base,
@@ -257,43 +271,41 @@ fn target_parts(base: &BenchArgs) -> Vec<Part> {
             (Mode::Direct, 4000, 3, 32),
             vec![figure(DIRECT_3_32_P50, "/p50_ms", false)],
         ),
-        target_part(
-            base,
-            "start then await K=3 C=32",
-            (Mode::Direct, 4000, 3, 32),
-            vec![
-                figure(AWAIT_3_32, "/workflows_per_s", true),
-                figure(AWAIT_3_32_P50, "/p50_ms", false),
-                figure(AWAIT_3_32_COMMITS, "/commits_per_workflow", false),
-            ],
+        adjusted(
+            target_part(
+                base,
+                "start then await K=3 C=32",
+                (Mode::Direct, 4000, 3, 32),
+                vec![
+                    figure(AWAIT_3_32, "/workflows_per_s", true),
+                    figure(AWAIT_3_32_P50, "/p50_ms", false),
+                    figure(AWAIT_3_32_COMMITS, "/commits_per_workflow", false),
+                ],
+            ),
+            |args| args.path = direct::Path::Worker,
         ),
-    ];
-    parts[5].args.queue_keys = 1;
-    parts[7].args.path = direct::Path::Worker;
-    // The queue's cost where the starts do not bound the run: with four producers each waiting
-    // for its start, every start batch holds four and the start statement sets the rate.
-    let sixteen_producers = |name, label, queue_keys| {
-        let mut part = target_part(
-            base,
-            name,
-            (Mode::Throughput, 8000, 3, 32),
-            vec![figure(label, "/workflows_per_s", true)],
-        );
-        part.args.producers = 16;
-        part.args.queue_keys = queue_keys;
-        part
-    };
-    parts.push(sixteen_producers(
-        "worker K=3 C=32 16 producers",
-        WORKER_3_32_P16,
-        0,
-    ));
-    parts.push(sixteen_producers(
-        "unlimited queue K=3 C=32 16 producers",
-        QUEUE_3_32_P16,
-        1,
-    ));
-    parts
+        adjusted(
+            target_part(
+                base,
+                "worker K=3 C=32 16 producers",
+                k3_c32,
+                workflows_per_s(WORKER_3_32_P16),
+            ),
+            sixteen_producers,
+        ),
+        adjusted(
+            target_part(
+                base,
+                "unlimited queue K=3 C=32 16 producers",
+                k3_c32,
+                workflows_per_s(QUEUE_3_32_P16),
+            ),
+            |args| {
+                sixteen_producers(args);
+                args.queue_keys = 1;
+            },
+        ),
+    ]
 }
 
 const DIRECT_3_64: &str = "direct K=3, C=64 (steps/s)";
