@@ -140,6 +140,11 @@ async fn the_quick_targets_set_holds_each_target_round_by_round() -> TestResult 
     );
     let targets = json["targets"].as_array().ok_or("targets is no array")?;
     assert_eq!(targets.len(), TARGETS.len(), "{json}");
+    // Each part runs with its own arguments: the two queue parts on the queue, the two parts
+    // at 32 in flight of the second pair with sixteen producers; two rounds each.
+    let count = |needle: &str| stdout.lines().filter(|l| l.contains(needle)).count();
+    assert_eq!(count("bench: queue `bench`"), 4, "{stdout}");
+    assert_eq!(count("worker concurrency 32, 16 producers"), 4, "{stdout}");
     for (row, target) in targets.iter().zip(TARGETS) {
         assert_eq!(row["target"], target, "{row}");
         let rounds = row["rounds"].as_array().ok_or("rounds is no array")?;
