@@ -1,6 +1,7 @@
 //! Payload encryption from the command line, on a SQLite file: `keiro show` says "encrypted"
 //! where it has no key and shows the payload where `KEIRO_ENCRYPTION_KEYS` gives it, and
 //! `keiro reencrypt` seals a run's payloads again with the current key (refused without keys).
+//! On both stores, `keiro show` counts the claims workers without the key handed back.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,20 +16,27 @@ fn key_text(fill: u8) -> String {
     base64::engine::general_purpose::STANDARD.encode([fill; 32])
 }
 
-/// Runs `keiro` on the SQLite file with `args`, with `keys` as `KEIRO_ENCRYPTION_KEYS`.
-fn keiro_cli(file: &Path, keys: Option<&str>, args: &[&str]) -> std::io::Result<(bool, String)> {
+/// Runs `keiro` on `url` (and `schema`) with `args`, with `keys` as `KEIRO_ENCRYPTION_KEYS`:
+/// whether it succeeded, and its output and errors together.
+fn keiro_on(
+    url: &str,
+    schema: Option<&str>,
+    keys: Option<&str>,
+    args: &[&str],
+) -> std::io::Result<(bool, String)> {
     let mut command = Command::new(env!("CARGO_BIN_EXE_keiro"));
     command
         .env_remove("DATABASE_URL")
         .env_remove("KEIRO_SCHEMA")
         .env_remove("KEIRO_ENCRYPTION_KEYS")
-        .arg("--database-url")
-        .arg(format!("sqlite:{}", file.display()))
-        .args(args);
+        .args(["--database-url", url]);
+    if let Some(schema) = schema {
+        command.args(["--schema", schema]);
+    }
     if let Some(keys) = keys {
         command.env("KEIRO_ENCRYPTION_KEYS", keys);
     }
-    let output = command.output()?;
+    let output = command.args(args).output()?;
     Ok((
         output.status.success(),
         format!(
@@ -37,6 +45,11 @@ fn keiro_cli(file: &Path, keys: Option<&str>, args: &[&str]) -> std::io::Result<
             String::from_utf8_lossy(&output.stderr)
         ),
     ))
+}
+
+/// Runs `keiro` on the SQLite file with `args`, with `keys` as `KEIRO_ENCRYPTION_KEYS`.
+fn keiro_cli(file: &Path, keys: Option<&str>, args: &[&str]) -> std::io::Result<(bool, String)> {
+    keiro_on(&format!("sqlite:{}", file.display()), None, keys, args)
 }
 
 /// A directory of its own for the test and a SQLite file in it, opened.
@@ -103,17 +116,18 @@ async fn show_says_encrypted_without_the_key_and_reencrypt_moves_runs_to_the_cur
     Ok(())
 }
 
-#[tokio::test]
-async fn show_counts_the_claims_a_worker_without_the_key_handed_back(
+/// A run sealed with k2, drained by a worker holding k1 only: it claims the run and hands it
+/// back, a refusal and not a crash. `show` (run by `cli`) then says so.
+async fn refused_once_then_shown<S: keiro::store::Store + Clone>(
+    store: S,
+    cli: impl Fn(&[&str]) -> std::io::Result<(bool, String)>,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let (dir, file, store) = scratch_file("refusals")?;
     Keiro::builder(store.clone())
         .codec(Arc::new(AesGcmCodec::new("k2", [2; 32])?))
         .build()
         .start("shout", "s-2", &"sealed with k2")
         .await?;
-    // A worker holding k1 only claims the run and hands it back: a refusal, not a crash.
-    let lacking = Keiro::builder(store.clone())
+    let lacking = Keiro::builder(store)
         .codec(Arc::new(AesGcmCodec::new("k1", [1; 32])?))
         .build();
     tokio::time::timeout(
@@ -122,7 +136,7 @@ async fn show_counts_the_claims_a_worker_without_the_key_handed_back(
     )
     .await??;
 
-    let (ok, text) = keiro_cli(&file, None, &["show", "shout", "s-2"])?;
+    let (ok, text) = cli(&["show", "shout", "s-2"])?;
     assert!(ok, "{text}");
     assert!(text.contains("attempts     0"), "{text}");
     assert!(text.contains("open_refusals 1"), "{text}");
@@ -130,7 +144,24 @@ async fn show_counts_the_claims_a_worker_without_the_key_handed_back(
         text.contains("\"k2\""),
         "the last error names the key: {text}"
     );
-    drop(store);
+    Ok(())
+}
+
+#[tokio::test]
+async fn show_counts_the_claims_a_worker_without_the_key_handed_back(
+) -> Result<(), Box<dyn std::error::Error>> {
+    let (dir, file, store) = scratch_file("refusals")?;
+    refused_once_then_shown(store, |args| keiro_cli(&file, None, args)).await?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
+}
+
+#[tokio::test]
+async fn show_counts_the_claims_a_worker_without_the_key_handed_back_on_postgres(
+) -> Result<(), Box<dyn std::error::Error>> {
+    let db = keiro_tests::pg::TestDb::new().await;
+    refused_once_then_shown(db.store(), |args| {
+        keiro_on(db.url(), Some(db.schema()), None, args)
+    })
+    .await
 }
