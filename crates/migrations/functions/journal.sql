@@ -635,6 +635,70 @@ BEGIN
 END;
 $$;
 
+-- journal_append_steps: the common batch of `keiro_journal_append_batch` in one statement, for
+-- batches that hold steps only (no marker, no closing pair): each step on a running row by its
+-- lease holder, whose lease is not due for renewal, is journaled, and the row is left as it is
+-- (`appended`); a step whose row another transaction holds is `busy`; every other step (a
+-- parked row to wake, a lease due, an unfenced step, another generation, a stale fence, a
+-- terminal or missing row) is `slow`, and nothing of it is written. The store sends the busy
+-- and the slow ones alone afterwards, as `keiro_journal_append_to` calls, which answer and
+-- write each as it always does.
+--
+-- Why a second function: at 100 steps a run, nearly every batch is steps on running rows, and
+-- `keiro_journal_append_batch` pays for what such a batch never uses (its order check, a
+-- second statement for the answers, the branches after them): 13 % of a 16-step batch's
+-- instructions (docs/benchmarks-history.md, "Issue 39, stop 58").
+--
+-- The order of the requests does not matter here: rows are locked with SKIP LOCKED, nothing
+-- waits for a row, and no other row is written. An instance named twice is locked once and
+-- both its steps journaled in request order (distinct steps of one run) or, for the same step,
+-- the unique index raises and the store sends each request alone. The journal INSERT has no ON
+-- CONFLICT, for the reason `keiro_journal_append_batch` gives.
+-- Called by: keiro_postgres ops::journal::journal_append_steps; tested by contract::journal and postgres::group_commit.
+CREATE OR REPLACE FUNCTION keiro_journal_append_steps(
+    p_names text[], p_ids text[], p_generations integer[], p_steps text[], p_kinds text[],
+    p_payloads jsonb[], p_owners text[], p_epochs bigint[], p_renew_ms bigint[])
+RETURNS TABLE (n integer, outcome text)
+-- As keiro_journal_append_batch's.
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+SET lock_timeout = '100ms'
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH c AS (
+        -- The class of each request: 0 busy, 1 slow, 2 journaled.
+        SELECT r.n, r.name, r.id, w.generation,
+               CASE
+                   WHEN w.status IS NULL THEN 0
+                   WHEN r.kind IN ('completed', 'failed', 'cancelled', 'continued')
+                        OR coalesce(r.generation, w.generation) <> w.generation
+                        OR w.status <> 'running'
+                        OR r.owner IS NULL OR r.renew_ms IS NULL
+                        OR w.lease_owner IS DISTINCT FROM r.owner
+                        OR w.lease_epoch IS DISTINCT FROM r.epoch
+                        OR w.lease_expires_at IS NULL
+                        OR w.lease_expires_at <= now() + r.renew_ms * interval '750 microseconds'
+                       THEN 1
+                   ELSE 2
+               END AS class
+        FROM unnest(p_names, p_ids, p_generations, p_kinds, p_owners, p_epochs, p_renew_ms)
+             WITH ORDINALITY AS r (name, id, generation, kind, owner, epoch, renew_ms, n)
+        LEFT JOIN LATERAL (
+            SELECT y.generation, y.status, y.lease_owner, y.lease_epoch, y.lease_expires_at
+            FROM workflows y WHERE y.workflow_name = r.name AND y.workflow_id = r.id
+            FOR UPDATE SKIP LOCKED) w ON true
+    ), journaled AS (
+        INSERT INTO journal (workflow_name, workflow_id, generation, step_name, kind, payload)
+        SELECT c.name, c.id, c.generation, p_steps[c.n], p_kinds[c.n], p_payloads[c.n]
+        FROM c WHERE c.class = 2 -- in `c`'s order, the requests'
+    )
+    SELECT c.n::integer, CASE c.class WHEN 0 THEN 'busy' WHEN 1 THEN 'slow' ELSE 'appended' END
+    FROM c;
+END;
+$$;
+
 -- The first form of journal_append, kept for statements prepared against it by older builds
 -- (same signature and outcomes). The store calls `keiro_journal_append_to` directly: this
 -- LANGUAGE sql wrapper returning a record cannot be inlined, so it is parsed and planned again

@@ -54,7 +54,7 @@ use crate::function_set::{
 /// The revision of [`FUNCTION_FILES`], raised by one with every change to a function file of
 /// `keiro-migrations` (or to that list), so that of two builds migrating one schema only the one
 /// with the newer files applies them.
-const FUNCTIONS_REVISION: i32 = 18;
+const FUNCTIONS_REVISION: i32 = 19;
 
 /// The combined checksum (hex) of [`FUNCTION_FILES`] at [`FUNCTIONS_REVISION`], as
 /// [`FunctionSet::checksum`] computes it: the unit test
@@ -63,7 +63,7 @@ const FUNCTIONS_REVISION: i32 = 18;
 /// computes, so a build whose files differ from this one's refuses this one's revision.
 #[cfg(test)]
 const FUNCTIONS_REVISION_CHECKSUM: &str =
-    "4a639f76ab2a3abe04a318decb3eaa9ccdb700cf0bbac484810d82b1d5f16c25";
+    "85b5b57161e62c88e86ba089970fb62cca6651a1b0f11d313edaefec600e3c49";
 
 /// This build's function files.
 const FUNCTIONS: FunctionSet<'static> = FunctionSet {

@@ -1,6 +1,7 @@
 //! The append lane: journal appends and closing pairs (a run's last step with its completion)
 //! of concurrent runs, sent as one call of `keiro_journal_append_batch` (`lane` for the lane,
-//! `ops::journal` and `crates/migrations/functions/journal.sql` for the statement).
+//! `ops::journal` and `crates/migrations/functions/journal.sql` for the statement), or of
+//! `keiro_journal_append_steps` when the batch holds fenced steps only.
 //!
 //! A closing pair is one request: its two rows travel side by side in the statement's arrays,
 //! the step first, and the statement journals both in one transaction, the completion only if
@@ -70,8 +71,17 @@ impl AppendRequest {
 async fn append_many(db: &Db, all: &[AppendRequest]) -> Result<Vec<Option<Result<AppendAnswer>>>> {
     let sent = first_per_instance_in_key_order(all, AppendRequest::key);
     let rows: Vec<&Append> = sent.iter().flat_map(|&i| all[i].rows()).collect();
-    let answers = op::journal_append_batch(db, &rows).await?;
     let mut outcomes: Vec<Option<Result<AppendAnswer>>> = all.iter().map(|_| None).collect();
+    if rows.len() == sent.len() && rows.iter().all(|a| op::plain_step(a)) {
+        // The common batch, steps only: the statement that journals them and nothing else;
+        // the requests it leaves (`None`) go alone, as busy ones do.
+        let answers = op::journal_append_steps(db, &rows).await?;
+        for (&i, answer) in sent.iter().zip(answers) {
+            outcomes[i] = answer.map(|outcome| outcome.map(AppendAnswer::One));
+        }
+        return Ok(outcomes);
+    }
+    let answers = op::journal_append_batch(db, &rows).await?;
     let mut answers = answers.into_iter();
     for &i in &sent {
         outcomes[i] = match &all[i] {

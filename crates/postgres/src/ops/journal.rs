@@ -239,47 +239,75 @@ pub(crate) async fn delivery_append(
 const JOURNAL_APPEND_BATCH: &str = "SELECT a.n, a.outcome, a.recorded, a.marker \
      FROM keiro_journal_append_batch($1, $2, $3, $4, $5, $6, $7, $8, $9) a";
 
+const JOURNAL_APPEND_STEPS: &str =
+    "SELECT a.n, a.outcome FROM keiro_journal_append_steps($1, $2, $3, $4, $5, $6, $7, $8, $9) a";
+
 /// One row's answer from `keiro_journal_append_batch`: `None` when its instance's row was held
 /// by another transaction (the caller sends it alone), `Some(Ok(None))` for a closing pair's
 /// completion that was not tried.
 pub(crate) type RowAnswer = Option<Result<Option<AppendOutcome>>>;
 
+/// The nine arrays of a batch of appends, a column each, rows in the order given.
+struct BatchColumns<'a> {
+    names: Vec<&'a str>,
+    ids: Vec<&'a str>,
+    generations: Vec<Option<i32>>,
+    encoded: Vec<EncodedEvent>,
+    owners: Vec<Option<&'a str>>,
+    epochs: Vec<Option<i64>>,
+    renew_ms: Vec<Option<i64>>,
+}
+
+impl<'a> BatchColumns<'a> {
+    fn new(rows: &[&'a Append]) -> Self {
+        Self {
+            names: rows.iter().map(|a| a.key.name.as_str()).collect(),
+            ids: rows.iter().map(|a| a.key.id.as_str()).collect(),
+            generations: rows.iter().map(|a| a.generation).collect(),
+            encoded: rows.iter().map(|a| a.event.encode()).collect(),
+            owners: rows
+                .iter()
+                .map(|a| a.fence.as_ref().map(|f| f.owner.as_str()))
+                .collect(),
+            epochs: rows
+                .iter()
+                .map(|a| a.fence.as_ref().map(|f| f.epoch))
+                .collect(),
+            renew_ms: rows.iter().map(|a| a.renew.map(span_ms)).collect(),
+        }
+    }
+
+    /// Sends `statement` (one of the two batch functions) with the columns as its nine
+    /// parameters.
+    async fn send(&self, db: &Db, statement: &str) -> Result<Vec<Row>> {
+        let steps: Vec<&str> = self.encoded.iter().map(|e| e.step_name.as_str()).collect();
+        let kinds: Vec<&str> = self.encoded.iter().map(|e| e.kind).collect();
+        let payloads: Vec<&Value> = self.encoded.iter().map(|e| &e.payload).collect();
+        db.query(
+            APPEND,
+            statement,
+            &[
+                &self.names,
+                &self.ids,
+                &self.generations,
+                &steps,
+                &kinds,
+                &payloads,
+                &self.owners,
+                &self.epochs,
+                &self.renew_ms,
+            ],
+        )
+        .await
+    }
+}
+
 /// Appends of several runs in one statement: `keiro_journal_append_batch` over the rows in the
 /// order given (sorted by instance key, one instance's rows side by side, the form the
 /// function journals without sorting), answered row by row in that order.
 pub(crate) async fn journal_append_batch(db: &Db, rows: &[&Append]) -> Result<Vec<RowAnswer>> {
-    let encoded: Vec<EncodedEvent> = rows.iter().map(|a| a.event.encode()).collect();
-    let names: Vec<&str> = rows.iter().map(|a| a.key.name.as_str()).collect();
-    let ids: Vec<&str> = rows.iter().map(|a| a.key.id.as_str()).collect();
-    let generations: Vec<Option<i32>> = rows.iter().map(|a| a.generation).collect();
-    let steps: Vec<&str> = encoded.iter().map(|e| e.step_name.as_str()).collect();
-    let kinds: Vec<&str> = encoded.iter().map(|e| e.kind).collect();
-    let payloads: Vec<&Value> = encoded.iter().map(|e| &e.payload).collect();
-    let owners: Vec<Option<&str>> = rows
-        .iter()
-        .map(|a| a.fence.as_ref().map(|f| f.owner.as_str()))
-        .collect();
-    let epochs: Vec<Option<i64>> = rows
-        .iter()
-        .map(|a| a.fence.as_ref().map(|f| f.epoch))
-        .collect();
-    let renew_ms: Vec<Option<i64>> = rows.iter().map(|a| a.renew.map(span_ms)).collect();
-    let answered = db
-        .query(
-            APPEND,
-            JOURNAL_APPEND_BATCH,
-            &[
-                &names,
-                &ids,
-                &generations,
-                &steps,
-                &kinds,
-                &payloads,
-                &owners,
-                &epochs,
-                &renew_ms,
-            ],
-        )
+    let answered = BatchColumns::new(rows)
+        .send(db, JOURNAL_APPEND_BATCH)
         .await?;
     Ok(in_batch_order(
         &answered,
@@ -296,6 +324,37 @@ pub(crate) async fn journal_append_batch(db: &Db, rows: &[&Append]) -> Result<Ve
                     Some(append_outcome(row, APPEND, &append.key, append.fence.as_ref()).map(Some))
                 }
             }
+        },
+    ))
+}
+
+/// Whether `journal_append_steps` takes `append`: a step (no marker), which that function
+/// journals when its run holds a lease that is not due and answers `slow` otherwise.
+pub(crate) fn plain_step(append: &Append) -> bool {
+    matches!(append.event, Event::StepRecorded { .. }) && append.fence.is_some()
+}
+
+/// Steps of several runs in one statement: `keiro_journal_append_steps`, the common batch
+/// (every row a [`plain_step`]). Answers `Some(Ok(Appended))` for a step it journaled and
+/// `None` for every other (its row held by another transaction, or a step that changes its
+/// row or is refused), which the caller sends alone.
+pub(crate) async fn journal_append_steps(
+    db: &Db,
+    rows: &[&Append],
+) -> Result<Vec<Option<Result<AppendOutcome>>>> {
+    let answered = BatchColumns::new(rows)
+        .send(db, JOURNAL_APPEND_STEPS)
+        .await?;
+    Ok(in_batch_order(
+        &answered,
+        rows.len(),
+        APPEND,
+        "n",
+        |row, _| match column::<String>(row, "outcome", APPEND) {
+            Ok(outcome) if outcome == "appended" => Some(Ok(AppendOutcome::Appended)),
+            Ok(outcome) if outcome == "busy" || outcome == "slow" => None,
+            Ok(outcome) => Some(Err(unknown_outcome(APPEND, &outcome))),
+            Err(error) => Some(Err(error)),
         },
     ))
 }

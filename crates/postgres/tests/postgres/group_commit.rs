@@ -736,7 +736,7 @@ async fn a_batch_out_of_key_order_or_naming_an_instance_twice_goes_request_by_re
 }
 
 /// Whatever order its callers came in, the store sends an append batch in the one form the
-/// batch function journals at once (sorted by instance, one append per instance): none of the
+/// batch functions journal at once (sorted by instance, one append per instance): none of the
 /// batch's requests falls back to `keiro_journal_append_to`, and only the second append to an
 /// instance goes alone, after the batch. Counted by PostgreSQL itself (`track_functions`), on
 /// the store's one connection.
@@ -780,7 +780,9 @@ async fn appends_in_any_order_share_the_batch_path_but_a_repeated_instance() -> 
             Ok::<i64, tokio_postgres::Error>(row.map_or(0, |r| r.get(0)))
         }
     };
-    assert_eq!(calls("keiro_journal_append_batch").await?, 1, "one batch");
+    // Steps only: the batch is the steps function's (`append_steps`).
+    assert_eq!(calls("keiro_journal_append_steps").await?, 1, "one batch");
+    assert_eq!(calls("keiro_journal_append_batch").await?, 0);
     assert_eq!(
         calls("keiro_journal_append_to").await?,
         1,

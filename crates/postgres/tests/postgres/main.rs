@@ -5,6 +5,7 @@
 
 mod common;
 
+mod append_steps;
 mod async_commit;
 mod attribute_plans;
 mod child_delivery;
