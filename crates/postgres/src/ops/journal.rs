@@ -278,27 +278,35 @@ impl<'a> BatchColumns<'a> {
     }
 
     /// Sends `statement` (one of the two batch functions) with the columns as its nine
-    /// parameters.
-    async fn send(&self, db: &Db, statement: &str) -> Result<Vec<Row>> {
+    /// parameters, and reads its rows with `answer` (a row, the position of its request), in
+    /// the batch's order.
+    async fn send<O>(
+        &self,
+        db: &Db,
+        statement: &str,
+        answer: impl FnMut(&Row, usize) -> Option<Result<O>>,
+    ) -> Result<Vec<Option<Result<O>>>> {
         let steps: Vec<&str> = self.encoded.iter().map(|e| e.step_name.as_str()).collect();
         let kinds: Vec<&str> = self.encoded.iter().map(|e| e.kind).collect();
         let payloads: Vec<&Value> = self.encoded.iter().map(|e| &e.payload).collect();
-        db.query(
-            APPEND,
-            statement,
-            &[
-                &self.names,
-                &self.ids,
-                &self.generations,
-                &steps,
-                &kinds,
-                &payloads,
-                &self.owners,
-                &self.epochs,
-                &self.renew_ms,
-            ],
-        )
-        .await
+        let rows = db
+            .query(
+                APPEND,
+                statement,
+                &[
+                    &self.names,
+                    &self.ids,
+                    &self.generations,
+                    &steps,
+                    &kinds,
+                    &payloads,
+                    &self.owners,
+                    &self.epochs,
+                    &self.renew_ms,
+                ],
+            )
+            .await?;
+        Ok(in_batch_order(&rows, self.names.len(), APPEND, "n", answer))
     }
 }
 
@@ -306,15 +314,8 @@ impl<'a> BatchColumns<'a> {
 /// order given (sorted by instance key, one instance's rows side by side, the form the
 /// function journals without sorting), answered row by row in that order.
 pub(crate) async fn journal_append_batch(db: &Db, rows: &[&Append]) -> Result<Vec<RowAnswer>> {
-    let answered = BatchColumns::new(rows)
-        .send(db, JOURNAL_APPEND_BATCH)
-        .await?;
-    Ok(in_batch_order(
-        &answered,
-        rows.len(),
-        APPEND,
-        "n",
-        |row, r| {
+    BatchColumns::new(rows)
+        .send(db, JOURNAL_APPEND_BATCH, |row, r| {
             let append = rows[r];
             match column::<String>(row, "outcome", APPEND) {
                 // The instance's row was held by another transaction: sent alone.
@@ -324,8 +325,8 @@ pub(crate) async fn journal_append_batch(db: &Db, rows: &[&Append]) -> Result<Ve
                     Some(append_outcome(row, APPEND, &append.key, append.fence.as_ref()).map(Some))
                 }
             }
-        },
-    ))
+        })
+        .await
 }
 
 /// Whether `journal_append_steps` takes `append`: a step (no marker), which that function
@@ -342,21 +343,17 @@ pub(crate) async fn journal_append_steps(
     db: &Db,
     rows: &[&Append],
 ) -> Result<Vec<Option<Result<AppendOutcome>>>> {
-    let answered = BatchColumns::new(rows)
-        .send(db, JOURNAL_APPEND_STEPS)
-        .await?;
-    Ok(in_batch_order(
-        &answered,
-        rows.len(),
-        APPEND,
-        "n",
-        |row, _| match column::<String>(row, "outcome", APPEND) {
-            Ok(outcome) if outcome == "appended" => Some(Ok(AppendOutcome::Appended)),
-            Ok(outcome) if outcome == "busy" || outcome == "slow" => None,
-            Ok(outcome) => Some(Err(unknown_outcome(APPEND, &outcome))),
-            Err(error) => Some(Err(error)),
-        },
-    ))
+    BatchColumns::new(rows)
+        .send(db, JOURNAL_APPEND_STEPS, |row, _| {
+            match column::<String>(row, "outcome", APPEND) {
+                Ok(outcome) if outcome == "appended" => Some(Ok(AppendOutcome::Appended)),
+                // Held by another transaction, or not a step this statement writes.
+                Ok(outcome) if outcome == "busy" || outcome == "slow" => None,
+                Ok(outcome) => Some(Err(unknown_outcome(APPEND, &outcome))),
+                Err(error) => Some(Err(error)),
+            }
+        })
+        .await
 }
 
 // Served by the journal's unique index: its (name, id, generation) prefix.

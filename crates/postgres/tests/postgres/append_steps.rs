@@ -3,59 +3,14 @@
 //! held and not due and writes nothing else; every other request is left to the single append,
 //! which the store sends after the batch.
 
-use std::time::Duration;
-
-use crate::common::{claim, key, sql, start, start_parked, status, TestResult};
-use keiro_journal::{
-    Append, AppendOutcome, Event, Fence, InstanceKey, JournalStore, Status, StepKind,
+use crate::common::{
+    fenced_step, key, lease_ending_soon, lease_left, sql, start_parked, started_claimed, status,
+    TestResult,
 };
+use keiro_journal::{Append, AppendOutcome, Event, Fence, InstanceKey, JournalStore, Status};
 use keiro_postgres::PgStore;
 use keiro_tests::pg::TestDb;
 use serde_json::json;
-
-const TTL: Duration = Duration::from_secs(60);
-
-/// Step `name` of `k` by `fence`'s holder, renewing for [`TTL`] (as a run's steps carry it).
-fn fenced_step(k: &InstanceKey, fence: Option<&Fence>, name: &str) -> Append {
-    Append {
-        key: k.clone(),
-        generation: Some(0),
-        event: Event::StepRecorded {
-            step: name.to_owned(),
-            kind: StepKind::Step,
-            result: json!(name),
-        },
-        fence: fence.cloned(),
-        renew: fence.map(|_| TTL),
-    }
-}
-
-/// `id` of workflow `steps`, started and claimed by `w`.
-async fn claimed(
-    store: &PgStore,
-    id: &str,
-) -> Result<(InstanceKey, Fence), Box<dyn std::error::Error + Send + Sync>> {
-    let k = key("steps", id);
-    store.instance_start(&start(&k, json!(null))).await?;
-    let fence = claim(store, &k, "w").await?;
-    Ok((k, fence))
-}
-
-/// Seconds left on `id`'s lease.
-async fn lease_left(
-    store: &PgStore,
-    id: &str,
-) -> Result<f64, Box<dyn std::error::Error + Send + Sync>> {
-    let row = sql(store)
-        .await?
-        .query_one(
-            "SELECT extract(epoch FROM lease_expires_at - now())::float8 FROM workflows \
-             WHERE workflow_name = 'steps' AND workflow_id = $1",
-            &[&id],
-        )
-        .await?;
-    Ok(row.get(0))
-}
 
 /// One request of a direct call of `keiro_journal_append_steps`, with the outcome it must get.
 struct Request {
@@ -74,24 +29,18 @@ struct Request {
 async fn the_steps_function_journals_only_steps_of_leases_held_and_not_due() -> TestResult {
     let db = TestDb::new().await;
     let store = db.store();
-    let (fresh, fresh_fence) = claimed(&store, "fresh").await?;
-    let (due, due_fence) = claimed(&store, "due").await?;
-    let (stale, stale_fence) = claimed(&store, "stale").await?;
-    let (unfenced, _) = claimed(&store, "unfenced").await?;
-    let (later, later_fence) = claimed(&store, "generation").await?;
-    let (marker, marker_fence) = claimed(&store, "marker").await?;
-    let (held, held_fence) = claimed(&store, "held").await?;
+    let (fresh, fresh_fence) = started_claimed(&store, key("steps", "fresh")).await?;
+    let (due, due_fence) = started_claimed(&store, key("steps", "due")).await?;
+    let (stale, stale_fence) = started_claimed(&store, key("steps", "stale")).await?;
+    let (unfenced, _) = started_claimed(&store, key("steps", "unfenced")).await?;
+    let (later, later_fence) = started_claimed(&store, key("steps", "generation")).await?;
+    let (marker, marker_fence) = started_claimed(&store, key("steps", "marker")).await?;
+    let (held, held_fence) = started_claimed(&store, key("steps", "held")).await?;
     let parked = key("steps", "parked");
     start_parked(&store, &parked).await?;
     let missing = key("steps", "missing");
+    lease_ending_soon(&store, &due).await?;
     let client = sql(&store).await?;
-    client
-        .execute(
-            "UPDATE workflows SET lease_expires_at = now() + interval '10 seconds' \
-             WHERE workflow_id = 'due'",
-            &[],
-        )
-        .await?;
     let xmin = "SELECT xmin::text FROM workflows WHERE workflow_id = 'fresh'";
     let fresh_version: String = client.query_one(xmin, &[]).await?.get(0);
     // Another transaction holds `held`'s row.
@@ -197,7 +146,7 @@ async fn the_steps_function_journals_only_steps_of_leases_held_and_not_due() -> 
         version, fresh_version,
         "the fresh run's row was not written"
     );
-    assert!(lease_left(&store, "due").await? < 11.0, "nothing renewed");
+    assert!(lease_left(&store, &due).await? < 11.0, "nothing renewed");
     assert_eq!(status(&store, &parked).await?, Status::Suspended);
     Ok(())
 }
@@ -236,17 +185,10 @@ async fn a_batch_of_fenced_steps_takes_the_steps_function_and_its_lease_due_goes
     let schema = db.schema();
     let mut runs = Vec::new();
     for i in 0..4 {
-        runs.push(claimed(&store, &format!("run{i}")).await?);
+        runs.push(started_claimed(&store, key("steps", &format!("run{i}"))).await?);
     }
-    let (due, due_fence) = claimed(&store, "due").await?;
-    sql(&store)
-        .await?
-        .execute(
-            "UPDATE workflows SET lease_expires_at = now() + interval '10 seconds' \
-             WHERE workflow_id = 'due'",
-            &[],
-        )
-        .await?;
+    let (due, due_fence) = started_claimed(&store, key("steps", "due")).await?;
+    lease_ending_soon(&store, &due).await?;
     let count = |function: &'static str| calls(&store, schema, function);
     let before = (
         count("keiro_journal_append_steps").await?,
@@ -271,7 +213,7 @@ async fn a_batch_of_fenced_steps_takes_the_steps_function_and_its_lease_due_goes
         (1, 0, 1),
         "(steps, batch, single) calls"
     );
-    assert!(lease_left(&store, "due").await? > 50.0, "renewed alone");
+    assert!(lease_left(&store, &due).await? > 50.0, "renewed alone");
     for (k, _) in runs.iter().chain([(due.clone(), due_fence.clone())].iter()) {
         assert_eq!(store.journal_load(k, 0).await?.len(), 1, "{k}");
     }

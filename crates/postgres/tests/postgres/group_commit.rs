@@ -4,7 +4,10 @@
 
 use std::time::Duration;
 
-use crate::common::{key, sql, start, start_parked, status, Listener, TestResult};
+use crate::common::{
+    fenced_step as step, key, lease_ending_soon, lease_left, sql, start, start_parked,
+    started_claimed, status, Listener, TestResult,
+};
 use keiro_journal::{
     Append, AppendOutcome, Event, Fence, InstanceKey, JournalStore, Status, StepKind,
 };
@@ -15,30 +18,12 @@ use serde_json::json;
 
 const TTL: Duration = Duration::from_secs(60);
 
-fn step(k: &InstanceKey, fence: Option<&Fence>, name: &str) -> Append {
-    Append {
-        key: k.clone(),
-        generation: Some(0),
-        event: Event::StepRecorded {
-            step: name.to_owned(),
-            kind: StepKind::Step,
-            result: json!(name),
-        },
-        fence: fence.cloned(),
-        renew: fence.map(|_| TTL),
-    }
-}
-
+/// `id` of workflow `gc`, started and claimed by `w`.
 async fn claimed(
     store: &PgStore,
     id: &str,
 ) -> Result<(InstanceKey, Fence), Box<dyn std::error::Error + Send + Sync>> {
-    let k = key("gc", id);
-    store.instance_start(&start(&k, json!(null))).await?;
-    let ClaimOutcome::Acquired(claim) = store.instance_claim(&k, "w", TTL, None).await? else {
-        panic!("claimable");
-    };
-    Ok((k, claim.fence))
+    started_claimed(store, key("gc", id)).await
 }
 
 /// `n` instances started and claimed, named `{prefix}00`, `{prefix}01`, ...
@@ -126,14 +111,7 @@ async fn a_batched_step_wakes_a_parked_row_and_renews_a_lease_due() -> TestResul
     let (due, due_fence) = claimed(&store, "due").await?;
     let (fresh, fresh_fence) = claimed(&store, "fresh").await?;
     // `due`'s lease has 10 s left, under 3/4 of the 60 s renewal: the append renews it.
-    sql(&store)
-        .await?
-        .execute(
-            "UPDATE workflows SET lease_expires_at = now() + interval '10 seconds' \
-             WHERE workflow_id = 'due'",
-            &[],
-        )
-        .await?;
+    lease_ending_soon(&store, &due).await?;
     wakes.drain(Duration::from_millis(200)).await;
     let appends = [
         step(&parked, None, "s"),
@@ -151,22 +129,11 @@ async fn a_batched_step_wakes_a_parked_row_and_renews_a_lease_due() -> TestResul
         .map(|(_, payload)| payload)
         .collect();
     assert_eq!(woken, ["gc/parked"], "one wake, for the parked row only");
-    let left = |id: &'static str| {
-        let store = store.clone();
-        async move {
-            let row = sql(&store)
-                .await?
-                .query_one(
-                    "SELECT extract(epoch FROM lease_expires_at - now())::float8 \
-                     FROM workflows WHERE workflow_id = $1",
-                    &[&id],
-                )
-                .await?;
-            Ok::<f64, Box<dyn std::error::Error + Send + Sync>>(row.get(0))
-        }
-    };
-    assert!(left("due").await? > 50.0, "the lease due was renewed");
-    assert!(left("fresh").await? > 50.0);
+    assert!(
+        lease_left(&store, &due).await? > 50.0,
+        "the lease due was renewed"
+    );
+    assert!(lease_left(&store, &fresh).await? > 50.0);
     Ok(())
 }
 

@@ -95,6 +95,72 @@ pub(crate) fn step(
     )
 }
 
+/// Step `name` of `k` on generation 0 by `fence`'s holder, renewing its lease for 60 s (as a
+/// run's steps carry it); unfenced, no renewal.
+pub(crate) fn fenced_step(
+    k: &InstanceKey,
+    fence: Option<&keiro_journal::Fence>,
+    name: &str,
+) -> keiro_journal::Append {
+    keiro_journal::Append {
+        key: k.clone(),
+        generation: Some(0),
+        event: keiro_journal::Event::StepRecorded {
+            step: name.to_owned(),
+            kind: keiro_journal::StepKind::Step,
+            result: serde_json::json!(name),
+        },
+        fence: fence.cloned(),
+        renew: fence.map(|_| Duration::from_secs(60)),
+    }
+}
+
+/// Starts `k` (input null) and claims it for `w` with a 60 s lease.
+pub(crate) async fn started_claimed(
+    store: &PgStore,
+    k: InstanceKey,
+) -> Result<(InstanceKey, keiro_journal::Fence), Box<dyn std::error::Error + Send + Sync>> {
+    use keiro_journal::JournalStore;
+    store
+        .instance_start(&start(&k, serde_json::Value::Null))
+        .await?;
+    let fence = claim(store, &k, "w").await?;
+    Ok((k, fence))
+}
+
+/// Leaves `k`'s lease 10 s to run: under three quarters of a 60 s renewal, so its next
+/// renewing append is due to renew it.
+pub(crate) async fn lease_ending_soon(
+    store: &PgStore,
+    k: &InstanceKey,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    sql(store)
+        .await?
+        .execute(
+            "UPDATE workflows SET lease_expires_at = now() + interval '10 seconds' \
+             WHERE workflow_name = $1 AND workflow_id = $2",
+            &[&k.name.as_str(), &k.id.as_str()],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Seconds left on `k`'s lease.
+pub(crate) async fn lease_left(
+    store: &PgStore,
+    k: &InstanceKey,
+) -> Result<f64, Box<dyn std::error::Error + Send + Sync>> {
+    let row = sql(store)
+        .await?
+        .query_one(
+            "SELECT extract(epoch FROM lease_expires_at - now())::float8 FROM workflows \
+             WHERE workflow_name = $1 AND workflow_id = $2",
+            &[&k.name.as_str(), &k.id.as_str()],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
 /// Claims `k` for `owner`, failing the test when refused.
 pub(crate) async fn claim(
     store: &PgStore,
