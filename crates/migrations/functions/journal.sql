@@ -654,7 +654,7 @@ $$;
 -- both its steps journaled in request order (distinct steps of one run) or, for the same step,
 -- the unique index raises and the store sends each request alone. The journal INSERT has no ON
 -- CONFLICT, for the reason `keiro_journal_append_batch` gives.
--- Called by: keiro_postgres ops::journal::journal_append_steps; tested by contract::journal and postgres::group_commit.
+-- Called by: keiro_postgres ops::journal::journal_append_steps; tested by contract::journal, postgres::append_steps and postgres::group_commit.
 CREATE OR REPLACE FUNCTION keiro_journal_append_steps(
     p_names text[], p_ids text[], p_generations integer[], p_steps text[], p_kinds text[],
     p_payloads jsonb[], p_owners text[], p_epochs bigint[], p_renew_ms bigint[])

@@ -1,6 +1,7 @@
 //! `crates/migrations/functions/journal.sql`: the append rules (`keiro_journal_append_to`), bounded
 //! deliveries (`keiro_delivery_append`) and the batch of appends of several runs
-//! (`keiro_journal_append_batch`), with the plain reads and writes of the journal beside them.
+//! (`keiro_journal_append_batch`, and `keiro_journal_append_steps` for a batch of fenced steps
+//! only), with the plain reads and writes of the journal beside them.
 //! Every function that journals something (a wake source, a child, a signal) takes the
 //! parameters of [`AppendArgs`] first and answers with the columns [`append_outcome`] reads.
 
