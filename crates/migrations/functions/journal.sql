@@ -646,7 +646,7 @@ $$;
 --
 -- Why a second function: at 100 steps a run, nearly every batch is steps on running rows, and
 -- `keiro_journal_append_batch` pays for what such a batch never uses (its order check, a
--- second statement for the answers, the branches after them): 13 % of a 16-step batch's
+-- second statement for the answers, the branches after them): 14 % of a 16-step batch's
 -- instructions (docs/benchmarks-history.md, "Issue 39, stop 58").
 --
 -- The order of the requests does not matter here: rows are locked with SKIP LOCKED, nothing

@@ -246,6 +246,12 @@ $$;
 -- (refused by its queue, a key met twice or already there, a dedup id a live run holds) is
 -- then answered one by one, in key order, by the single start, which writes nothing for it or
 -- finds the row it met. One wake notification serves the batch.
+--
+-- The usual batch (a producer's starts on one declared queue with no dedup id, and priorities
+-- only where the queue takes them) reads its queue's row once and inserts with
+-- `keiro_instances_start`'s statement plus the queue's columns; only a batch with more in it
+-- joins each request to `keiro_queues`. The join, its lock statement and the targetless
+-- conflict a dedup id needs were a third of what a queue cost a start (BENCHMARKS.md, "Queues").
 -- Called by: keiro_postgres ops::queue::queues_start; tested by contract::queue.
 CREATE OR REPLACE FUNCTION keiro_queues_start(
     p_names text[], p_ids text[], p_inputs jsonb[], p_parent_names text[], p_parent_ids text[],
@@ -258,53 +264,98 @@ SET plan_cache_mode = force_generic_plan
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    i         integer;
-    v_created integer[];
-    v_start   record;
-    v_notify  boolean := false;
-    v_free    boolean := current_setting('transaction_isolation') = 'read committed';
+    i          integer;
+    v_created  integer[];
+    v_start    record;
+    v_notify   boolean := false;
+    v_free     boolean := current_setting('transaction_isolation') = 'read committed';
+    v_count    integer := cardinality(p_names);
+    -- One queue's batch: its queue takes every request; whether they start free.
+    v_one      boolean := false;
+    v_one_free boolean;
 BEGIN
-    -- Runs of a queue that counts nothing start free (0027) under the queue's shared lock,
-    -- taken before the insert's statement so that statement reads the queues as the last
-    -- change left them (as `keiro_queue_start` explains); every queue of the batch is locked,
-    -- which costs less than reading which of them count nothing first.
-    IF v_free THEN
-        PERFORM pg_advisory_xact_lock_shared('keiro_queues'::regclass::oid::integer,
-                                             hashtext(x.queue))
-        FROM (SELECT DISTINCT r.queue FROM unnest(p_queues) AS r (queue)
-              WHERE r.queue IS NOT NULL) x;
+    -- One queue and no dedup id (array comparisons, which run no statement): read that queue,
+    -- after its shared lock, as below.
+    IF p_queues[1] IS NOT NULL
+       AND p_queues = array_fill(p_queues[1], ARRAY[v_count])
+       AND p_dedup_ids = array_fill(NULL::text, ARRAY[v_count]) THEN
+        IF v_free THEN
+            PERFORM pg_advisory_xact_lock_shared('keiro_queues'::regclass::oid::integer,
+                                                 hashtext(p_queues[1]));
+        END IF;
+        -- Unknown, or a priority it does not take: the general statement refuses it alone.
+        SELECT v_free AND NOT q.paused AND q.counts_nothing INTO v_one_free
+        FROM keiro_queues q
+        WHERE q.name = p_queues[1]
+          AND (q.priority OR p_priorities = array_fill(0, ARRAY[v_count]));
+        v_one := FOUND;
     END IF;
-    WITH requests AS (
-        SELECT DISTINCT ON (r.name COLLATE "C", r.id COLLATE "C") r.*
-        FROM unnest(p_names, p_ids, p_inputs, p_parent_names, p_parent_ids, p_priorities,
-                    p_queues, p_keys, p_dedup_ids, p_not_befores)
-             WITH ORDINALITY AS r (name, id, input, parent_name, parent_id, priority, queue,
-                                   key, dedup_id, not_before, n)
-        ORDER BY r.name COLLATE "C", r.id COLLATE "C", r.n
-    ), taken AS (
-        SELECT r.*, coalesce(v_free AND NOT q.paused AND q.counts_nothing, false) AS free
+    IF v_one THEN
+        WITH requests AS (
+            SELECT DISTINCT ON (r.name COLLATE "C", r.id COLLATE "C") r.*
+            FROM unnest(p_names, p_ids, p_inputs, p_parent_names, p_parent_ids, p_priorities,
+                        p_keys, p_not_befores)
+                 WITH ORDINALITY AS r (name, id, input, parent_name, parent_id, priority, key,
+                                       not_before, n)
+            ORDER BY r.name COLLATE "C", r.id COLLATE "C", r.n
+        ), inserted AS (
+            INSERT INTO workflows AS w (workflow_name, workflow_id, input, parent_name,
+                                        parent_id, priority, queue, queue_key, next_attempt_at,
+                                        queue_free)
+            SELECT r.name, r.id, r.input, r.parent_name, r.parent_id, r.priority,
+                   p_queues[1], r.key, r.not_before, v_one_free
+            FROM requests r
+            ORDER BY r.name COLLATE "C", r.id COLLATE "C"
+            -- Without a dedup id a new row can meet no unique index but the key's.
+            ON CONFLICT (workflow_name, workflow_id) DO NOTHING
+            RETURNING w.workflow_name, w.workflow_id
+        )
+        SELECT coalesce(array_agg(r.n), '{}') INTO v_created
         FROM requests r
-        LEFT JOIN keiro_queues q ON q.name = r.queue
-        WHERE r.queue IS NULL
-           OR (q.name IS NOT NULL AND (r.dedup_id IS NULL OR q.dedup IS NOT NULL)
-               AND (r.priority = 0 OR q.priority))
-    ), inserted AS (
-        INSERT INTO workflows AS w (workflow_name, workflow_id, input, parent_name, parent_id,
-                                    priority, queue, queue_key, dedup_id, next_attempt_at,
-                                    queue_free)
-        SELECT t.name, t.id, t.input, t.parent_name, t.parent_id, t.priority, t.queue,
-               CASE WHEN t.queue IS NOT NULL THEN t.key END,
-               CASE WHEN t.queue IS NOT NULL THEN t.dedup_id END,
-               CASE WHEN t.queue IS NOT NULL THEN t.not_before END,
-               t.free
+        JOIN inserted x ON x.workflow_name = r.name AND x.workflow_id = r.id;
+    ELSE
+        -- Runs of a queue that counts nothing start free (0027) under the queue's shared lock,
+        -- taken before the insert's statement so that statement reads the queues as the last
+        -- change left them (as `keiro_queue_start` explains); every queue of the batch is locked,
+        -- which costs less than reading which of them count nothing first.
+        IF v_free THEN
+            PERFORM pg_advisory_xact_lock_shared('keiro_queues'::regclass::oid::integer,
+                                                 hashtext(x.queue))
+            FROM (SELECT DISTINCT r.queue FROM unnest(p_queues) AS r (queue)
+                  WHERE r.queue IS NOT NULL) x;
+        END IF;
+        WITH requests AS (
+            SELECT DISTINCT ON (r.name COLLATE "C", r.id COLLATE "C") r.*
+            FROM unnest(p_names, p_ids, p_inputs, p_parent_names, p_parent_ids, p_priorities,
+                        p_queues, p_keys, p_dedup_ids, p_not_befores)
+                 WITH ORDINALITY AS r (name, id, input, parent_name, parent_id, priority, queue,
+                                       key, dedup_id, not_before, n)
+            ORDER BY r.name COLLATE "C", r.id COLLATE "C", r.n
+        ), taken AS (
+            SELECT r.*, coalesce(v_free AND NOT q.paused AND q.counts_nothing, false) AS free
+            FROM requests r
+            LEFT JOIN keiro_queues q ON q.name = r.queue
+            WHERE r.queue IS NULL
+               OR (q.name IS NOT NULL AND (r.dedup_id IS NULL OR q.dedup IS NOT NULL)
+                   AND (r.priority = 0 OR q.priority))
+        ), inserted AS (
+            INSERT INTO workflows AS w (workflow_name, workflow_id, input, parent_name, parent_id,
+                                        priority, queue, queue_key, dedup_id, next_attempt_at,
+                                        queue_free)
+            SELECT t.name, t.id, t.input, t.parent_name, t.parent_id, t.priority, t.queue,
+                   CASE WHEN t.queue IS NOT NULL THEN t.key END,
+                   CASE WHEN t.queue IS NOT NULL THEN t.dedup_id END,
+                   CASE WHEN t.queue IS NOT NULL THEN t.not_before END,
+                   t.free
+            FROM taken t
+            ORDER BY t.name COLLATE "C", t.id COLLATE "C"
+            ON CONFLICT DO NOTHING
+            RETURNING w.workflow_name, w.workflow_id
+        )
+        SELECT coalesce(array_agg(t.n), '{}') INTO v_created
         FROM taken t
-        ORDER BY t.name COLLATE "C", t.id COLLATE "C"
-        ON CONFLICT DO NOTHING
-        RETURNING w.workflow_name, w.workflow_id
-    )
-    SELECT coalesce(array_agg(t.n), '{}') INTO v_created
-    FROM taken t
-    JOIN inserted x ON x.workflow_name = t.name AND x.workflow_id = t.id;
+        JOIN inserted x ON x.workflow_name = t.name AND x.workflow_id = t.id;
+    END IF;
 
     RETURN QUERY
     SELECT r.n::integer, 'started'::text, true,

@@ -445,6 +445,7 @@ macro_rules! contract_suite {
                     dedup_refuses_or_returns_the_holder_while_it_is_live,
                     concurrent_starts_with_one_dedup_id_create_one_run,
                     start_many_with_starts_each_item_on_its_queue_and_refuses_alone,
+                    a_batch_on_one_queue_answers_each_item_as_a_start_alone,
                 ],
                 admit [
                     concurrency_holds_across_owners_and_a_slot_comes_back_at_the_end,

@@ -315,3 +315,85 @@ pub async fn start_many_with_starts_each_item_on_its_queue_and_refuses_alone(
     assert_eq!(claimed, ["a", "c"]);
     Ok(())
 }
+
+/// A batch whose items are all on one queue with no dedup id (a producer's usual batch, which
+/// the Postgres store inserts without joining each item to its queue) answers each item as a
+/// start alone would: a new run, an existing key, a key met twice, a delay, a priority its
+/// queue refuses or takes, an unknown queue.
+pub async fn a_batch_on_one_queue_answers_each_item_as_a_start_alone(h: Harness) -> TestResult {
+    declare(&h, QueueSpec::new("q")?).await?;
+    declare(&h, QueueSpec::new("p")?.with_priority()).await?;
+    start_on(&h, "q", "x", "").await?;
+    let on_q = |key: &str| StartOptions::on_queue("q").key(key);
+    let outcomes = h
+        .keiro
+        .start_many_with(
+            "wf",
+            [
+                ("a", &json!(1), on_q("k1")),
+                ("b", &json!(2), on_q("k2").delay(Duration::from_secs(3600))),
+                ("x", &json!(3), on_q("k3")),
+                ("a", &json!(4), on_q("k4")),
+                ("c", &json!(5), on_q("k5").priority(5)),
+            ],
+        )
+        .await;
+    assert_eq!(outcomes.len(), 5);
+    let a = outcomes[0].as_ref().expect("started");
+    assert!(a.created);
+    assert_eq!(a.instance.queue.as_deref(), Some("q"));
+    assert_eq!(a.instance.queue_key.as_deref(), Some("k1"));
+    let b = outcomes[1].as_ref().expect("started");
+    assert!(b.created);
+    assert!(b.instance.next_attempt_at.is_some(), "{:?}", b.instance);
+    let x = outcomes[2].as_ref().expect("the existing run");
+    assert!(!x.created);
+    assert_eq!(x.instance.queue_key, None);
+    let again = outcomes[3].as_ref().expect("the same key");
+    assert!(!again.created);
+    assert_eq!(again.instance.queue_key.as_deref(), Some("k1"));
+    let refusal = outcomes[4]
+        .as_ref()
+        .expect_err("q takes no priority")
+        .queue_refusal();
+    assert_eq!(refusal, Some(&QueueRefusal::PriorityNotEnabled));
+    assert!(h.store.instance_get(&wf("c")).await?.is_none());
+
+    let prioritized = h
+        .keiro
+        .start_many_with(
+            "wf",
+            [
+                ("d", &json!(6), StartOptions::on_queue("p").priority(7)),
+                ("e", &json!(7), StartOptions::on_queue("p")),
+            ],
+        )
+        .await;
+    let d = prioritized[0].as_ref().expect("started");
+    let e = prioritized[1].as_ref().expect("started");
+    assert!(d.created && e.created);
+    assert_eq!((d.instance.priority, e.instance.priority), (7, 0));
+
+    let unknown = h
+        .keiro
+        .start_many_with(
+            "wf",
+            [
+                ("f", &json!(8), StartOptions::on_queue("nope")),
+                ("g", &json!(9), StartOptions::on_queue("nope")),
+            ],
+        )
+        .await;
+    for outcome in &unknown {
+        let refusal = outcome.as_ref().expect_err("unknown").queue_refusal();
+        assert_eq!(refusal, Some(&QueueRefusal::Unknown));
+    }
+    assert!(h.store.instance_get(&wf("f")).await?.is_none());
+    assert!(h.store.instance_get(&wf("g")).await?.is_none());
+
+    // A worker serving `q` takes `x` and `a`; `b` waits out its delay.
+    let mut claimed = super::ids(&admit(&*h.store, "q", "w", 10, None).await?);
+    claimed.sort();
+    assert_eq!(claimed, ["a", "x"]);
+    Ok(())
+}
