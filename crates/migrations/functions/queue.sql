@@ -252,7 +252,7 @@ $$;
 -- `keiro_instances_start`'s statement plus the queue's columns; only a batch with more in it
 -- joins each request to `keiro_queues`. The join, its lock statement and the targetless
 -- conflict a dedup id needs were a third of what a queue cost a start (BENCHMARKS.md, "Queues").
--- Called by: keiro_postgres ops::queue::queues_start; tested by contract::queue.
+-- Called by: keiro_postgres ops::queue::queues_start; tested by contract::queue, postgres::queued_starts and postgres::free_queue_runs.
 CREATE OR REPLACE FUNCTION keiro_queues_start(
     p_names text[], p_ids text[], p_inputs jsonb[], p_parent_names text[], p_parent_ids text[],
     p_priorities integer[], p_queues text[], p_keys text[], p_dedup_ids text[],

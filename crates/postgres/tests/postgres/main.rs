@@ -31,6 +31,7 @@ mod message_notify;
 mod migrations_checksum;
 mod migrations_idempotent;
 mod open_refusals;
+mod queued_starts;
 mod remote_tasks;
 mod retention_locks;
 mod rolling_deploy;
