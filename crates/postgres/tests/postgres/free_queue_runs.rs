@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::TestResult;
+use crate::common::{TestResult, DECLARE_LIGHT_QUEUE};
 use keiro_tests::pg::TestDb;
 
 /// Live free runs of queue `q`.
@@ -21,8 +21,7 @@ const FREE_LIVE: &str = "SELECT count(*) FROM workflows \
 async fn no_start_leaves_a_free_run_behind_a_limit_or_a_pause() -> TestResult {
     let db = TestDb::new().await;
     let pool = db.store().pool().clone();
-    let light = "SELECT keiro_queue_declare('q', NULL, NULL, NULL, NULL, NULL, NULL, NULL, \
-                 false, 'fifo', NULL, true)";
+    let light = DECLARE_LIGHT_QUEUE;
     let limited = "SELECT keiro_queue_declare('q', 2, NULL, NULL, NULL, NULL, NULL, NULL, \
                    false, 'fifo', NULL, true)";
     pool.get().await?.batch_execute(light).await?;
@@ -122,12 +121,7 @@ async fn no_start_leaves_a_free_run_behind_a_limit_or_a_pause() -> TestResult {
 async fn a_start_under_repeatable_read_waits_and_is_admitted() -> TestResult {
     let db = TestDb::new().await;
     let mut client = db.store().pool().get().await?;
-    client
-        .batch_execute(
-            "SELECT keiro_queue_declare('q', NULL, NULL, NULL, NULL, NULL, NULL, NULL, \
-                                        false, 'fifo', NULL, true)",
-        )
-        .await?;
+    client.batch_execute(DECLARE_LIGHT_QUEUE).await?;
     let tx = client
         .build_transaction()
         .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)

@@ -4,7 +4,7 @@
 //! (`contract::queue::start`); only the table's own counters show which path a batch took, and
 //! that the one-read path still starts a run free only in a READ COMMITTED transaction.
 
-use crate::common::TestResult;
+use crate::common::{TestResult, DECLARE_LIGHT_QUEUE};
 use keiro_tests::pg::TestDb;
 
 /// Eight starts of `wf` on queue `$2` (ids `$1-0` .. `$1-7`), priority `$3` on the last; the
@@ -51,12 +51,7 @@ async fn a_batch_on_one_queue_reads_its_queue_once_and_starts_free_only_in_read_
     use tokio_postgres::IsolationLevel::{ReadCommitted, RepeatableRead};
     let db = TestDb::new().await;
     let mut client = db.store().pool().get().await?;
-    client
-        .batch_execute(
-            "SELECT keiro_queue_declare('q', NULL, NULL, NULL, NULL, NULL, NULL, NULL, \
-                                        false, 'fifo', NULL, true)",
-        )
-        .await?;
+    client.batch_execute(DECLARE_LIGHT_QUEUE).await?;
     let free = "SELECT count(*) FILTER (WHERE queue_free), count(*) FROM workflows \
                 WHERE workflow_id LIKE $1 || '-%'";
 

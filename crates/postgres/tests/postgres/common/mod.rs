@@ -15,6 +15,10 @@ use tokio_postgres::{AsyncMessage, NoTls};
 /// What a test returns: `?` works on every error.
 pub(crate) type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
+/// Declares queue `q` with no limit of any kind, first in first out (its runs start free, 0027).
+pub(crate) const DECLARE_LIGHT_QUEUE: &str = "SELECT keiro_queue_declare('q', NULL, NULL, NULL, \
+     NULL, NULL, NULL, NULL, false, 'fifo', NULL, true)";
+
 /// Parses a key, for brevity.
 pub(crate) fn key(name: &str, id: &str) -> InstanceKey {
     InstanceKey::parse(name, id).expect("test keys are valid")
