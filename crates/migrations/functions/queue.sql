@@ -269,16 +269,14 @@ DECLARE
     v_start    record;
     v_notify   boolean := false;
     v_free     boolean := current_setting('transaction_isolation') = 'read committed';
-    v_count    integer := cardinality(p_names);
     -- One queue's batch: its queue takes every request; whether they start free.
     v_one      boolean := false;
     v_one_free boolean;
 BEGIN
-    -- One queue and no dedup id (array comparisons, which run no statement): read that queue,
-    -- after its shared lock, as below.
-    IF p_queues[1] IS NOT NULL
-       AND p_queues = array_fill(p_queues[1], ARRAY[v_count])
-       AND p_dedup_ids = array_fill(NULL::text, ARRAY[v_count]) THEN
+    -- One queue and no dedup id (tests on the arrays, which run no statement and build no
+    -- array; a NULL queue makes the first one NULL): read that queue, after its shared lock,
+    -- as below.
+    IF NOT (p_queues[1] <> ANY (p_queues)) AND num_nonnulls(VARIADIC p_dedup_ids) = 0 THEN
         IF v_free THEN
             PERFORM pg_advisory_xact_lock_shared('keiro_queues'::regclass::oid::integer,
                                                  hashtext(p_queues[1]));
@@ -287,7 +285,7 @@ BEGIN
         SELECT v_free AND NOT q.paused AND q.counts_nothing INTO v_one_free
         FROM keiro_queues q
         WHERE q.name = p_queues[1]
-          AND (q.priority OR p_priorities = array_fill(0, ARRAY[v_count]));
+          AND (q.priority OR NOT (0 <> ANY (p_priorities)));
         v_one := FOUND;
     END IF;
     IF v_one THEN

@@ -217,6 +217,12 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../numbered/0029_journal_without_seq_index.sql"),
         shipped: None,
     },
+    Migration {
+        version: 30,
+        name: "list_by_queue_key_posting_lists",
+        sql: include_str!("../numbered/0030_list_by_queue_key_posting_lists.sql"),
+        shipped: None,
+    },
 ];
 
 /// One function file of `functions/`: the definitions of one group of functions (and the

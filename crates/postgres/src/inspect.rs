@@ -64,7 +64,9 @@ const FILTER_PARENT_NAME: &str = " AND w.parent_name = $";
 const FILTER_PARENT_ID: &str = " AND w.parent_id = $";
 // Served by workflows_list_id_idx: with the C collation `^@` is a range on a btree.
 const FILTER_ID_PREFIX: &str = " AND w.workflow_id ^@ $";
-// Served by workflows_list_queue_idx (migration 0020).
+// With a key, served by workflows_list_queue_idx (0030: queue, key, created_at; the runs of one
+// instant sorted by name and id after it); a queue alone filters the walk of
+// workflows_list_created_idx (or of another filter's index).
 const FILTER_QUEUE: &str = " AND w.queue = $";
 const FILTER_QUEUE_KEY: &str = " AND w.queue_key = $";
 // Served by remote_tasks_failed_idx (the probe per row, or the scan of failed tasks joined).

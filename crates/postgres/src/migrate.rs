@@ -54,7 +54,7 @@ use crate::function_set::{
 /// The revision of [`FUNCTION_FILES`], raised by one with every change to a function file of
 /// `keiro-migrations` (or to that list), so that of two builds migrating one schema only the one
 /// with the newer files applies them.
-const FUNCTIONS_REVISION: i32 = 21;
+const FUNCTIONS_REVISION: i32 = 22;
 
 /// The combined checksum (hex) of [`FUNCTION_FILES`] at [`FUNCTIONS_REVISION`], as
 /// [`FunctionSet::checksum`] computes it: the unit test
@@ -63,7 +63,7 @@ const FUNCTIONS_REVISION: i32 = 21;
 /// computes, so a build whose files differ from this one's refuses this one's revision.
 #[cfg(test)]
 const FUNCTIONS_REVISION_CHECKSUM: &str =
-    "32ddfb25f86e1b8837f6a454d421ea1f8ba806f68380533c8568406ccaa4ab94";
+    "2e6a0f40652e7d6d7fe09fe3a655991a3eebb9d14ee4c27a2d0605790c0d2d08";
 
 /// This build's function files.
 const FUNCTIONS: FunctionSet<'static> = FunctionSet {

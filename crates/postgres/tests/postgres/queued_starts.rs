@@ -77,3 +77,50 @@ async fn a_batch_on_one_queue_reads_its_queue_once_and_starts_free_only_in_read_
     );
     Ok(())
 }
+
+/// The list by queue and key (0030) keys on the key and the start's time alone, so the runs of
+/// one start batch (one transaction time) and their rows' later versions share index entries
+/// (PostgreSQL's posting lists) where a key ending with each run's name and id gave every run
+/// an entry of its own: 400 runs started in one batch and then ended fit one leaf page.
+#[tokio::test]
+async fn a_start_batch_shares_its_entries_of_the_list_by_queue() -> TestResult {
+    let db = TestDb::new().await;
+    let client = db.store().pool().get().await?;
+    client.batch_execute(DECLARE_LIGHT_QUEUE).await?;
+    let started: i64 = client
+        .query_one(
+            "SELECT count(*) FILTER (WHERE s.created) \
+             FROM keiro_queues_start(array_fill('wf'::text, ARRAY[400]), \
+                 ARRAY(SELECT 'run-' || g FROM generate_series(1, 400) g), \
+                 array_fill('null'::jsonb, ARRAY[400]), array_fill(NULL::text, ARRAY[400]), \
+                 array_fill(NULL::text, ARRAY[400]), array_fill(0, ARRAY[400]), \
+                 array_fill('q'::text, ARRAY[400]), array_fill('tenant'::text, ARRAY[400]), \
+                 array_fill(NULL::text, ARRAY[400]), \
+                 array_fill(NULL::timestamptz, ARRAY[400])) s",
+            &[],
+        )
+        .await?
+        .get(0);
+    assert_eq!(started, 400);
+    // Their ends: a status change is a new row version, with a new entry in every index.
+    client
+        .execute(
+            "UPDATE workflows SET status = 'completed', completed_at = now() \
+             WHERE workflow_name = 'wf'",
+            &[],
+        )
+        .await?;
+    let pages: i64 = client
+        .query_one(
+            "SELECT pg_relation_size('workflows_list_queue_idx') \
+                    / current_setting('block_size')::bigint",
+            &[],
+        )
+        .await?
+        .get(0);
+    assert_eq!(
+        pages, 2,
+        "the metapage and one leaf hold the batch's 800 row versions"
+    );
+    Ok(())
+}
