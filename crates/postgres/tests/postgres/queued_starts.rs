@@ -2,7 +2,9 @@
 //! its queue's row once, where any other batch of queued starts probes `keiro_queues` once a
 //! request (`keiro_queues_start`). The contract suite checks that both answer alike
 //! (`contract::queue::start`); only the table's own counters show which path a batch took, and
-//! that the one-read path still starts a run free only in a READ COMMITTED transaction.
+//! that the one-read path still starts a run free only in a READ COMMITTED transaction. And
+//! what a queued start writes beyond a plain one: its entry in the list by queue and key, which
+//! a start batch's runs share (migration 0030).
 
 use crate::common::{TestResult, DECLARE_LIGHT_QUEUE};
 use keiro_tests::pg::TestDb;
