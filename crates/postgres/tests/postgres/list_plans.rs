@@ -1,6 +1,7 @@
 //! Every list query shape the CLI offers is served by indexes (migrations 0015 and 0020): on 100,000
 //! instances and 20,000 remote tasks, analyzed, the planner's own choice for each combination
-//! of filters, with and without a cursor, in both orders, has no sequential scan. Retention's
+//! of filters, with and without a cursor, in both orders, has no sequential scan (and a queue
+//! key filter walks the list by queue and key, migration 0030). Retention's
 //! batch query and the overview's throughput are checked the same way.
 
 use crate::common::TestResult;
@@ -131,6 +132,15 @@ async fn no_list_query_shape_scans_a_table_sequentially() -> TestResult {
             "{request:?}\n{}\n{plan}",
             statement.sql
         );
+        // A key is one range of the list by queue and key (0030), with or without a cursor.
+        let filter = &request.filter;
+        if filter.queue_key.is_some() && filter.status.is_none() && filter.name.is_none() {
+            assert!(
+                plan.contains("workflows_list_queue_idx"),
+                "{request:?}\n{}\n{plan}",
+                statement.sql
+            );
+        }
         shapes += 1;
     }
     assert_eq!(shapes, 64 * 4 + 8 * 4 + 2);

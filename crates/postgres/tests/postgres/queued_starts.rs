@@ -9,22 +9,25 @@
 use crate::common::{TestResult, DECLARE_LIGHT_QUEUE};
 use keiro_tests::pg::TestDb;
 
-/// Eight starts of `wf` on queue `$2` (ids `$1-0` .. `$1-7`), priority `$3` on the last; the
-/// rows created.
-const START_EIGHT: &str = "SELECT count(*) FILTER (WHERE s.created) \
-     FROM keiro_queues_start(array_fill('wf'::text, ARRAY[8]), \
-         ARRAY(SELECT $1::text || '-' || g FROM generate_series(0, 7) g), \
-         array_fill('null'::jsonb, ARRAY[8]), array_fill(NULL::text, ARRAY[8]), \
-         array_fill(NULL::text, ARRAY[8]), array_fill(0, ARRAY[7]) || $3::integer, \
-         array_fill($2::text, ARRAY[8]), array_fill(NULL::text, ARRAY[8]), \
-         array_fill(NULL::text, ARRAY[8]), array_fill(NULL::timestamptz, ARRAY[8])) s";
+/// Starts of `wf` on the queues `$2` (an item each; NULL: no queue), ids `$1-1` .. `$1-n`,
+/// key `$4`, priority `$3` on the last; the rows created.
+const START_BATCH: &str = "SELECT count(*) FILTER (WHERE s.created) \
+     FROM keiro_queues_start(array_fill('wf'::text, ARRAY[cardinality($2::text[])]), \
+         ARRAY(SELECT $1::text || '-' || g FROM generate_series(1, cardinality($2)) g), \
+         array_fill('null'::jsonb, ARRAY[cardinality($2)]), \
+         array_fill(NULL::text, ARRAY[cardinality($2)]), \
+         array_fill(NULL::text, ARRAY[cardinality($2)]), \
+         array_fill(0, ARRAY[cardinality($2) - 1]) || $3::integer, $2, \
+         array_fill($4::text, ARRAY[cardinality($2)]), \
+         array_fill(NULL::text, ARRAY[cardinality($2)]), \
+         array_fill(NULL::timestamptz, ARRAY[cardinality($2)])) s";
 
 /// Index scans of `keiro_queues` this transaction has started so far.
 const QUEUE_SCANS: &str = "SELECT coalesce(idx_scan, 0)::bigint FROM pg_stat_xact_user_tables \
      WHERE relid = 'keiro_queues'::regclass";
 
-/// Runs `START_EIGHT` in a transaction of `isolation` and returns (runs created, index scans
-/// of `keiro_queues`).
+/// Runs `START_BATCH` of eight starts on `queue` in a transaction of `isolation` and returns
+/// (runs created, index scans of `keiro_queues`).
 async fn start_eight(
     client: &mut deadpool_postgres::Object,
     isolation: tokio_postgres::IsolationLevel,
@@ -38,8 +41,12 @@ async fn start_eight(
         .start()
         .await?;
     let before: i64 = tx.query_one(QUEUE_SCANS, &[]).await?.get(0);
+    let queues = vec![Some(queue); 8];
     let created: i64 = tx
-        .query_one(START_EIGHT, &[&prefix, &queue, &last_priority])
+        .query_one(
+            START_BATCH,
+            &[&prefix, &queues, &last_priority, &None::<&str>],
+        )
         .await?
         .get(0);
     let after: i64 = tx.query_one(QUEUE_SCANS, &[]).await?.get(0);
@@ -77,6 +84,26 @@ async fn a_batch_on_one_queue_reads_its_queue_once_and_starts_free_only_in_read_
         scans > 1,
         "the general statement read the queue {scans} time(s)"
     );
+
+    // A batch whose later item has no queue is not one queue's: each run is on its own item's.
+    let mixed: i64 = client
+        .query_one(
+            START_BATCH,
+            &[&"mx", &vec![Some("q"), None], &0, &None::<&str>],
+        )
+        .await?
+        .get(0);
+    assert_eq!(mixed, 2);
+    let queues: Vec<Option<String>> = client
+        .query(
+            "SELECT queue FROM workflows WHERE workflow_id LIKE 'mx-%' ORDER BY workflow_id",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(queues, [Some("q".to_owned()), None]);
     Ok(())
 }
 
@@ -91,15 +118,8 @@ async fn a_start_batch_shares_its_entries_of_the_list_by_queue() -> TestResult {
     client.batch_execute(DECLARE_LIGHT_QUEUE).await?;
     let started: i64 = client
         .query_one(
-            "SELECT count(*) FILTER (WHERE s.created) \
-             FROM keiro_queues_start(array_fill('wf'::text, ARRAY[400]), \
-                 ARRAY(SELECT 'run-' || g FROM generate_series(1, 400) g), \
-                 array_fill('null'::jsonb, ARRAY[400]), array_fill(NULL::text, ARRAY[400]), \
-                 array_fill(NULL::text, ARRAY[400]), array_fill(0, ARRAY[400]), \
-                 array_fill('q'::text, ARRAY[400]), array_fill('tenant'::text, ARRAY[400]), \
-                 array_fill(NULL::text, ARRAY[400]), \
-                 array_fill(NULL::timestamptz, ARRAY[400])) s",
-            &[],
+            START_BATCH,
+            &[&"run", &vec![Some("q"); 400], &0, &Some("tenant")],
         )
         .await?
         .get(0);
